@@ -1,0 +1,73 @@
+/* ckpt.h — safetensors reading/writing, Hugging Face GPT-2 / Llama
+ * import and export (fused q|k|v and gate|up split back into HF's names),
+ * and training checkpoints (one folder per step). */
+#ifndef LLMTRAIN_CKPT_H
+#define LLMTRAIN_CKPT_H
+#include <stddef.h>
+#include <stdint.h>
+#include "config.h"
+#include "model.h"
+
+/* ---- safetensors ---- */
+enum { ST_F32 = 0, ST_BF16 = 1, ST_F16 = 2, ST_I64 = 3, ST_I32 = 4 };
+typedef struct StTensor {
+    char name[128];
+    int dtype;
+    int ndim;
+    int64_t shape[4];
+    size_t begin, end;    /* byte range in the data section */
+} StTensor;
+typedef struct StFile {
+    char path[1024];
+    const unsigned char *map; size_t map_len;
+    const unsigned char *data; /* data section */
+    StTensor *t; int n;
+} StFile;
+/* Open and validate (header JSON, byte ranges within the file, dtypes).
+ * On error: one line naming the file, exit(EXIT_USAGE). */
+void st_open(StFile *f, const char *path);
+const StTensor *st_find(const StFile *f, const char *name);
+/* Copy tensor to fp32 (converting BF16/F16). */
+void st_read_f32(const StFile *f, const StTensor *t, float *out);
+void st_close(StFile *f);
+
+/* Writer: add fp32 tensors, then write. Data pointers must stay valid until
+ * st_write. Writes to path.tmp, fsyncs, renames. */
+typedef struct StWriter {
+    int n, cap;
+    struct { char name[128]; int ndim; int64_t shape[4]; const float *data; } *t;
+} StWriter;
+void st_writer_add(StWriter *w, const char *name, int ndim, const int64_t *shape, const float *data);
+void st_writer_write(StWriter *w, const char *path, const char *metadata_json);
+void st_writer_free(StWriter *w);
+
+/* ---- Hugging Face folders ---- */
+/* Read <dir>/config.json into a ModelConfig (model_type gpt2 or llama).
+ * On error: one line, exit(EXIT_USAGE). */
+void hf_read_config(const char *dir, ModelConfig *out);
+/* Load <dir>/model.safetensors (F32 or BF16) into m->params (host copy).
+ * Missing tensor or wrong shape: one line naming it, exit(EXIT_USAGE). */
+void hf_load_weights(Model *m, const char *dir);
+/* Write config.json + model.safetensors from a host fp32 array laid out as
+ * m's table (m->params on CPU; pass `flat` to export any array, e.g. grads). */
+void hf_export(const Model *m, const float *flat, const char *dir);
+
+/* ---- training checkpoints ----
+ * <root>/step_%08d/ {model.safetensors (internal names), optim.safetensors
+ * (m., v.), state.json {step, config, ...}}; written as <name>.tmp then
+ * renamed, so a folder under its final name is complete. */
+typedef struct TrainState {
+    int step;            /* optimizer steps completed */
+    uint64_t seq_cursor; /* next global sequence index */
+    uint64_t rng;
+} TrainState;
+void ckpt_save(const Model *m, const Config *cfg, const TrainState *st, const char *root);
+/* Resolve a step folder or a root (newest complete step). Returns 0 and
+ * fills out_dir, or -1 when none is found. */
+int ckpt_resolve(const char *path, char *out_dir, size_t out_len);
+/* Read state.json: config JSON text (malloc'd) and state. */
+char *ckpt_read_state(const char *step_dir, TrainState *st);
+void ckpt_load_params(Model *m, const char *step_dir);
+void ckpt_load_optim(Model *m, const char *step_dir);
+
+#endif

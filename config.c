@@ -1,0 +1,413 @@
+/* config.c — the job config. One table (KEYS) names every key with its
+ * type, default, range and meaning; parsing, defaults, --set overrides,
+ * unknown-key errors and `llmtrain keys` are all driven by it, so a key is
+ * declared in exactly one place. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "config.h"
+#include "util.h"
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+typedef enum { K_INT, K_U64, K_FLOAT, K_DOUBLE, K_BOOL, K_STR, K_ENUM } KeyType;
+
+typedef struct Key {
+    const char *path;     /* "section.name" */
+    KeyType type;
+    size_t off;           /* offsetof(Config, field) */
+    size_t size;          /* K_STR: buffer size */
+    const char *def;      /* default, as JSON text */
+    double lo, hi;        /* numeric range, inclusive */
+    const char *choices;  /* K_ENUM: "a|b|c" (stored as index for int fields, else string) */
+    const char *doc;
+} Key;
+
+#define OFF(f) offsetof(Config, f)
+#define STR(f) OFF(f), sizeof(((Config *)0)->f)
+#define BIG 2147483647.0
+
+static const Key KEYS[] = {
+    {"description", K_STR, STR(path), "\"\"", 0, 0, NULL, "free text saying what the job is for (ignored)"},
+    /* model */
+    {"model.arch", K_ENUM, OFF(model.arch), 0, "\"gpt2\"", 0, 0, "gpt2|llama", "model family: GPT-2 (LayerNorm, GELU, learned positions, biases, tied embeddings) or Llama (RMSNorm, RoPE, SwiGLU, GQA)"},
+    {"model.n_layer", K_INT, OFF(model.n_layer), 0, "12", 1, 4096, NULL, "transformer layers"},
+    {"model.n_embd", K_INT, OFF(model.n_embd), 0, "768", 1, 1 << 20, NULL, "model width"},
+    {"model.n_head", K_INT, OFF(model.n_head), 0, "12", 1, 4096, NULL, "attention heads (must divide n_embd)"},
+    {"model.n_kv_head", K_INT, OFF(model.n_kv_head), 0, "0", 0, 4096, NULL, "key/value heads for grouped-query attention (0 = n_head; must divide n_head; GPT-2: n_head)"},
+    {"model.ffn_hidden", K_INT, OFF(model.ffn_hidden), 0, "0", 0, 1 << 24, NULL, "MLP width (0 = GPT-2: 4*n_embd; Llama: ffn_multiple_of * ceil(8*n_embd/3 / ffn_multiple_of))"},
+    {"model.ffn_multiple_of", K_INT, OFF(model.ffn_multiple_of), 0, "256", 1, 1 << 20, NULL, "Llama's rounding for the default ffn_hidden"},
+    {"model.vocab_size", K_INT, OFF(model.vocab_size), 0, "50257", 2, BIG, NULL, "vocabulary size; every token id must be below it"},
+    {"model.max_seq_len", K_INT, OFF(model.max_seq_len), 0, "1024", 1, 1 << 24, NULL, "longest sequence (GPT-2: rows of the position table)"},
+    {"model.norm_eps", K_FLOAT, OFF(model.norm_eps), 0, "1e-5", 0, 1, NULL, "LayerNorm / RMSNorm epsilon"},
+    {"model.rope_theta", K_FLOAT, OFF(model.rope_theta), 0, "10000", 1, 1e12, NULL, "RoPE base (Llama)"},
+    {"model.tie_embeddings", K_BOOL, OFF(model.tie_embeddings), 0, "false", 0, 0, NULL, "share the token embedding with the LM head (GPT-2: always true)"},
+    /* init */
+    {"init.from", K_STR, STR(init_from), "\"\"", 0, 0, NULL, "Hugging Face folder (config.json + model.safetensors, F32 or BF16) to start from; the model section then comes from it"},
+    {"init.std", K_FLOAT, OFF(init_std), 0, "0.02", 0, 10, NULL, "std of the normal init; residual output projections use std/sqrt(2*n_layer)"},
+    {"init.seed", K_U64, OFF(seed), 0, "1337", 0, 1.8e19, NULL, "seed of the init and of data shuffling"},
+    /* data */
+    {"data.train", K_STR, STR(data_train), "\"\"", 0, 0, NULL, "training token shards: a path or a glob (llm.c format, uint16 or uint32 tokens)"},
+    {"data.val", K_STR, STR(data_val), "\"\"", 0, 0, NULL, "validation token shards (empty: no validation loss)"},
+    {"data.vocab", K_STR, STR(data_vocab), "\"\"", 0, 0, NULL, "token-to-bytes table for printing samples (llm.c tokenizer format; empty: print ids)"},
+    {"data.shuffle", K_BOOL, OFF(data_shuffle), 0, "false", 0, 0, NULL, "visit sequences in a seeded random order per epoch instead of in file order"},
+    /* train */
+    {"train.steps", K_INT, OFF(steps), 0, "100", 0, BIG, NULL, "optimizer steps"},
+    {"train.seq_len", K_INT, OFF(seq_len), 0, "0", 0, 1 << 24, NULL, "sequence length T (0 = model.max_seq_len)"},
+    {"train.micro_batch", K_INT, OFF(micro_batch), 0, "4", 1, 1 << 20, NULL, "sequences per forward pass on one rank"},
+    {"train.global_batch", K_INT, OFF(global_batch), 0, "0", 0, BIG, NULL, "sequences per optimizer step over all ranks (0 = micro_batch * dp); accumulation = global / (micro * dp)"},
+    {"train.device", K_STR, STR(device), "\"auto\"", 0, 0, "auto|cpu|cuda", "compute backend: auto (CUDA when a GPU is present, else CPU), cpu or cuda"},
+    /* optim */
+    {"optim.lr", K_FLOAT, OFF(lr), 0, "6e-4", 0, 10, NULL, "peak learning rate"},
+    {"optim.min_lr", K_FLOAT, OFF(min_lr), 0, "0", 0, 10, NULL, "learning rate at the end of the cosine decay"},
+    {"optim.warmup_steps", K_INT, OFF(warmup_steps), 0, "0", 0, BIG, NULL, "linear warmup steps"},
+    {"optim.decay_steps", K_INT, OFF(decay_steps), 0, "0", 0, BIG, NULL, "step at which the cosine reaches min_lr (0 = train.steps)"},
+    {"optim.weight_decay", K_FLOAT, OFF(weight_decay), 0, "0.1", 0, 10, NULL, "AdamW decoupled weight decay"},
+    {"optim.decay_all", K_BOOL, OFF(decay_all), 0, "false", 0, 0, NULL, "decay every parameter (Llama 2 recipe) instead of 2-D weights only"},
+    {"optim.beta1", K_FLOAT, OFF(beta1), 0, "0.9", 0, 0.999999, NULL, "AdamW beta1"},
+    {"optim.beta2", K_FLOAT, OFF(beta2), 0, "0.95", 0, 0.999999, NULL, "AdamW beta2"},
+    {"optim.eps", K_FLOAT, OFF(eps), 0, "1e-8", 0, 1, NULL, "AdamW epsilon"},
+    {"optim.grad_clip", K_FLOAT, OFF(grad_clip), 0, "1.0", 0, 1e30, NULL, "clip the global gradient norm to this (0 = off)"},
+    {"optim.max_nonfinite_steps", K_INT, OFF(max_nonfinite_steps), 0, "5", 1, BIG, NULL, "consecutive steps with non-finite loss or gradients before the job exits with code 4"},
+    /* eval */
+    {"eval.every_steps", K_INT, OFF(eval_every), 0, "0", 0, BIG, NULL, "validation loss and a sample every this many steps, and at the end (0 = only at the end)"},
+    {"eval.batches", K_INT, OFF(eval_batches), 0, "4", 0, BIG, NULL, "micro-batches of validation data per evaluation"},
+    {"eval.sample_tokens", K_INT, OFF(sample_tokens), 0, "64", 0, BIG, NULL, "tokens to generate for the printed sample (0 = none)"},
+    {"eval.temperature", K_FLOAT, OFF(sample_temperature), 0, "1.0", 0, 100, NULL, "sampling temperature (0 = greedy)"},
+    /* log */
+    {"log.dir", K_STR, STR(log_dir), "\"\"", 0, 0, NULL, "where metrics.jsonl goes (empty: runs/<job file name>)"},
+    {"log.every_steps", K_INT, OFF(log_every), 0, "1", 1, BIG, NULL, "print a step line every this many steps"},
+    {"log.peak_gflops", K_DOUBLE, OFF(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s used for MFU (0 = measure sgemm on the CPU)"},
+    /* checkpoint */
+    {"checkpoint.dir", K_STR, STR(ckpt_dir), "\"\"", 0, 0, NULL, "checkpoint root, one folder per step (empty: <log.dir>/checkpoints)"},
+    {"checkpoint.every_steps", K_INT, OFF(ckpt_every), 0, "0", 0, BIG, NULL, "write a checkpoint every this many steps (0 = only at the end)"},
+    {"checkpoint.keep_last", K_INT, OFF(ckpt_keep_last), 0, "0", 0, BIG, NULL, "keep only the newest this many checkpoints (0 = keep all)"},
+    /* parallel */
+    {"parallel.tensor", K_INT, OFF(tp), 0, "1", 1, 1024, NULL, "tensor-parallel degree"},
+    {"parallel.strategy", K_STR, STR(strategy), "\"NO_SHARD\"", 0, 0, "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD|HYBRID_SHARD_ZERO2", "data-parallel sharding strategy (PyTorch FSDP names)"},
+    {"parallel.shard_degree", K_INT, OFF(shard_degree), 0, "0", 0, 1 << 20, NULL, "ranks per shard group for the hybrid strategies (0 = all data-parallel ranks)"},
+    {"parallel.timeout_s", K_DOUBLE, OFF(timeout_s), 0, "600", 0, 1e9, NULL, "a step or collective slower than this ends the job (exit 5)"},
+    /* debug */
+    {"debug.dump", K_STR, STR(debug_dump), "\"\"", 0, 0, NULL, "tests: write step-0 logits, loss, initial weights and gradients to this folder"},
+};
+#define NKEYS (int)(sizeof KEYS / sizeof KEYS[0])
+
+static const char *type_name(KeyType t) {
+    switch (t) {
+    case K_INT: case K_U64: return "integer";
+    case K_FLOAT: case K_DOUBLE: return "number";
+    case K_BOOL: return "boolean";
+    default: return "string";
+    }
+}
+
+/* "did you mean" for unknown keys: the closest known key by edit distance. */
+static int edit_distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
+static const Key *find_key(const char *path) {
+    for (int i = 0; i < NKEYS; i++)
+        if (strcmp(KEYS[i].path, path) == 0) return &KEYS[i];
+    return NULL;
+}
+
+static int is_section(const char *path) {
+    size_t n = strlen(path);
+    for (int i = 0; i < NKEYS; i++)
+        if (strncmp(KEYS[i].path, path, n) == 0 && KEYS[i].path[n] == '.') return 1;
+    return 0;
+}
+
+static void die_unknown(const char *origin, const char *path) {
+    const char *best = NULL;
+    int bestd = 4;
+    for (int i = 0; i < NKEYS; i++) {
+        int dd = edit_distance(path, KEYS[i].path);
+        if (dd < bestd) { bestd = dd; best = KEYS[i].path; }
+    }
+    if (best) die(EXIT_USAGE, "%s: unknown key '%s' (did you mean '%s'?)", origin, path, best);
+    die(EXIT_USAGE, "%s: unknown key '%s' (see `llmtrain keys`)", origin, path);
+}
+
+/* Reject keys the table does not know, and objects where a value belongs. */
+static void check_known(const cJSON *obj, const char *prefix, const char *origin) {
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        char path[256];
+        snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] ? "." : "", it->string);
+        if (cJSON_IsObject(it)) {
+            if (find_key(path)) die(EXIT_USAGE, "%s: %s: expected a %s, got an object", origin, path, type_name(find_key(path)->type));
+            if (!is_section(path)) die_unknown(origin, path);
+            check_known(it, path, origin);
+        } else if (!find_key(path)) {
+            if (is_section(path)) die(EXIT_USAGE, "%s: %s: expected an object of keys", origin, path);
+            die_unknown(origin, path);
+        }
+    }
+}
+
+static const cJSON *lookup(const cJSON *root, const char *path) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    const cJSON *node = root;
+    for (char *save = NULL, *tok = strtok_r(buf, ".", &save); tok; tok = strtok_r(NULL, ".", &save)) {
+        if (!cJSON_IsObject(node)) return NULL;
+        node = cJSON_GetObjectItemCaseSensitive(node, tok);
+        if (!node) return NULL;
+    }
+    return node;
+}
+
+static int enum_index(const char *choices, const char *s) {
+    int idx = 0;
+    const char *p = choices;
+    size_t n = strlen(s);
+    while (*p) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, s, n) == 0) return idx;
+        if (!bar) break;
+        p = bar + 1;
+        idx++;
+    }
+    return -1;
+}
+
+/* Store one JSON value into the Config field of key k, checking type and range. */
+static void store(Config *cfg, const Key *k, const cJSON *v, const char *origin) {
+    char *field = (char *)cfg + k->off;
+    char *shown = cJSON_PrintUnformatted(v);
+    char got[96];
+    snprintf(got, sizeof got, "%s", shown ? shown : "?");
+    free(shown);
+    if (k->type == K_STR || k->type == K_ENUM) {
+        if (!cJSON_IsString(v)) die(EXIT_USAGE, "%s: %s: expected a string, got %s", origin, k->path, got);
+        const char *s = v->valuestring;
+        int idx = k->choices ? enum_index(k->choices, s) : 0;
+        if (idx < 0) die(EXIT_USAGE, "%s: %s: expected one of %s, got \"%s\"", origin, k->path, k->choices, s);
+        if (k->type == K_ENUM) { *(int *)field = idx; return; }
+        if (strlen(s) >= k->size) die(EXIT_USAGE, "%s: %s: string longer than %zu bytes", origin, k->path, k->size - 1);
+        if (field != (char *)cfg->path) memcpy(field, s, strlen(s) + 1);
+        return;
+    }
+    if (k->type == K_BOOL) {
+        if (!cJSON_IsBool(v)) die(EXIT_USAGE, "%s: %s: expected true or false, got %s", origin, k->path, got);
+        *(int *)field = cJSON_IsTrue(v);
+        return;
+    }
+    if (!cJSON_IsNumber(v)) die(EXIT_USAGE, "%s: %s: expected a %s, got %s", origin, k->path, type_name(k->type), got);
+    double x = v->valuedouble;
+    if (!isfinite(x)) die(EXIT_USAGE, "%s: %s: expected a finite number, got %s", origin, k->path, got);
+    if ((k->type == K_INT || k->type == K_U64) && x != floor(x))
+        die(EXIT_USAGE, "%s: %s: expected an integer, got %s", origin, k->path, got);
+    if (x < k->lo || x > k->hi)
+        die(EXIT_USAGE, "%s: %s: expected a value in [%g, %g], got %s", origin, k->path, k->lo, k->hi, got);
+    switch (k->type) {
+    case K_INT: *(int *)field = (int)x; break;
+    case K_U64: *(uint64_t *)field = (uint64_t)x; break;
+    case K_FLOAT: *(float *)field = (float)x; break;
+    case K_DOUBLE: *(double *)field = x; break;
+    default: break;
+    }
+}
+
+/* Apply "a.b=value": the value is JSON when it parses, else a plain string. */
+static void apply_set(cJSON *root, const char *arg) {
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg) die(EXIT_USAGE, "--set %s: expected key=value", arg);
+    char path[256];
+    size_t n = (size_t)(eq - arg);
+    if (n >= sizeof path) die(EXIT_USAGE, "--set %s: key too long", arg);
+    memcpy(path, arg, n);
+    path[n] = '\0';
+    if (!find_key(path)) die_unknown("--set", path);
+    cJSON *val = cJSON_Parse(eq + 1);
+    if (!val) val = cJSON_CreateString(eq + 1);
+    cJSON *node = root;
+    char *save = NULL;
+    char *tok = strtok_r(path, ".", &save);
+    for (;;) {
+        char *next = strtok_r(NULL, ".", &save);
+        if (!next) {
+            if (cJSON_GetObjectItemCaseSensitive(node, tok)) cJSON_ReplaceItemInObjectCaseSensitive(node, tok, val);
+            else cJSON_AddItemToObject(node, tok, val);
+            return;
+        }
+        cJSON *child = cJSON_GetObjectItemCaseSensitive(node, tok);
+        if (!child) child = cJSON_AddObjectToObject(node, tok);
+        else if (!cJSON_IsObject(child)) die(EXIT_USAGE, "--set %s: %s is not a section", arg, tok);
+        node = child;
+        tok = next;
+    }
+}
+
+void model_config_finish(ModelConfig *m, const char *where) {
+    if (m->n_embd % m->n_head != 0)
+        die(EXIT_USAGE, "%s: model.n_head %d does not divide model.n_embd %d", where, m->n_head, m->n_embd);
+    if (m->arch == ARCH_GPT2) {
+        if (m->n_kv_head != 0 && m->n_kv_head != m->n_head)
+            die(EXIT_USAGE, "%s: model.n_kv_head %d: GPT-2 has no grouped-query attention (expected %d or 0)", where, m->n_kv_head, m->n_head);
+        m->n_kv_head = m->n_head;
+        if (m->ffn_hidden != 0 && m->ffn_hidden != 4 * m->n_embd)
+            die(EXIT_USAGE, "%s: model.ffn_hidden %d: GPT-2's MLP is 4*n_embd = %d", where, m->ffn_hidden, 4 * m->n_embd);
+        m->ffn_hidden = 4 * m->n_embd;
+        m->tie_embeddings = 1;
+    } else {
+        if (m->n_kv_head == 0) m->n_kv_head = m->n_head;
+        if (m->n_head % m->n_kv_head != 0)
+            die(EXIT_USAGE, "%s: model.n_kv_head %d does not divide model.n_head %d", where, m->n_kv_head, m->n_head);
+        if ((m->n_embd / m->n_head) % 2 != 0)
+            die(EXIT_USAGE, "%s: head dimension n_embd/n_head = %d must be even for RoPE", where, m->n_embd / m->n_head);
+        if (m->ffn_hidden == 0) {
+            long h = (long)(8.0 * m->n_embd / 3.0);
+            long mo = m->ffn_multiple_of > 0 ? m->ffn_multiple_of : 256;
+            m->ffn_hidden = (int)(mo * ((h + mo - 1) / mo));
+        }
+    }
+}
+
+static void set_defaults(Config *cfg) {
+    for (int i = 0; i < NKEYS; i++) {
+        if (KEYS[i].off == OFF(path)) continue;
+        cJSON *v = cJSON_Parse(KEYS[i].def);
+        store(cfg, &KEYS[i], v, "default");
+        cJSON_Delete(v);
+    }
+}
+
+/* Fill values that default to other values, and check cross-key rules. */
+static void finish(Config *cfg, const char *origin, const cJSON *root) {
+    model_config_finish(&cfg->model, origin);
+    if (cfg->seq_len == 0) cfg->seq_len = cfg->model.max_seq_len;
+    if (cfg->seq_len > cfg->model.max_seq_len)
+        die(EXIT_USAGE, "%s: train.seq_len %d exceeds model.max_seq_len %d", origin, cfg->seq_len, cfg->model.max_seq_len);
+    if (cfg->decay_steps == 0) cfg->decay_steps = cfg->steps;
+    if (cfg->min_lr > cfg->lr) die(EXIT_USAGE, "%s: optim.min_lr %g exceeds optim.lr %g", origin, cfg->min_lr, cfg->lr);
+    if (cfg->global_batch != 0 && cfg->global_batch % cfg->micro_batch != 0)
+        die(EXIT_USAGE, "%s: train.global_batch %d is not a multiple of train.micro_batch %d", origin, cfg->global_batch, cfg->micro_batch);
+    if (!cfg->data_train[0] && !lookup(root, "data.train"))
+        die(EXIT_USAGE, "%s: data.train: required (a path or glob of token shards)", origin);
+    if (!cfg->log_dir[0]) {
+        const char *base = strrchr(origin, '/');
+        base = base ? base + 1 : origin;
+        char name[256];
+        snprintf(name, sizeof name, "%s", base);
+        char *dot = strrchr(name, '.');
+        if (dot && dot != name) *dot = '\0';
+        snprintf(cfg->log_dir, sizeof cfg->log_dir, "runs/%s", name);
+    }
+    if (!cfg->ckpt_dir[0]) {
+        if (strlen(cfg->log_dir) + 13 >= sizeof cfg->ckpt_dir) die(EXIT_USAGE, "%s: log.dir too long", origin);
+        snprintf(cfg->ckpt_dir, sizeof cfg->ckpt_dir, "%.1000s/checkpoints", cfg->log_dir);
+    }
+}
+
+static void load_tree(Config *cfg, cJSON *root, const char *origin) {
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->path, sizeof cfg->path, "%s", origin);
+    set_defaults(cfg);
+    check_known(root, "", origin);
+    for (int i = 0; i < NKEYS; i++) {
+        const cJSON *v = lookup(root, KEYS[i].path);
+        if (v) store(cfg, &KEYS[i], v, origin);
+    }
+    finish(cfg, origin, root);
+    cfg->json_text = cJSON_PrintUnformatted(root);
+}
+
+/* Where the JSON parser stopped, as line:column, for the error message. */
+static void parse_position(const char *text, const char *at, int *line, int *col) {
+    *line = 1;
+    *col = 1;
+    for (const char *p = text; p < at && *p; p++) {
+        if (*p == '\n') { (*line)++; *col = 1; } else (*col)++;
+    }
+}
+
+void config_load(Config *cfg, const char *path, int n_set, char **sets) {
+    size_t len;
+    char *text = read_text_file(path, &len);
+    if (!text) die(EXIT_USAGE, "%s: cannot read job file (%s)", path, strerror(errno ? errno : ENOENT));
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root) {
+        int line, col;
+        parse_position(text, cJSON_GetErrorPtr(), &line, &col);
+        die(EXIT_USAGE, "%s:%d:%d: malformed JSON", path, line, col);
+    }
+    if (!cJSON_IsObject(root)) die(EXIT_USAGE, "%s: expected a JSON object at the top level", path);
+    for (int i = 0; i < n_set; i++) apply_set(root, sets[i]);
+    load_tree(cfg, root, path);
+    cJSON_Delete(root);
+    free(text);
+}
+
+void config_load_string(Config *cfg, const char *json, const char *origin) {
+    cJSON *root = cJSON_Parse(json);
+    if (!root || !cJSON_IsObject(root)) die(EXIT_USAGE, "%s: malformed config JSON", origin);
+    load_tree(cfg, root, origin);
+    cJSON_Delete(root);
+}
+
+/* True when the job file set this key explicitly (init.from conflicts). */
+int config_has_key(const Config *cfg, const char *path) {
+    cJSON *root = cJSON_Parse(cfg->json_text);
+    int has = root && lookup(root, path) != NULL;
+    cJSON_Delete(root);
+    return has;
+}
+
+void config_print_keys(void) {
+    printf("| key | type | default | meaning |\n|---|---|---|---|\n");
+    for (int i = 0; i < NKEYS; i++) {
+        const Key *k = &KEYS[i];
+        const char *t = k->choices ? k->choices : type_name(k->type);
+        printf("| `%s` | %s | `%s` | %s |\n", k->path, t, k->def, k->doc);
+    }
+}
+
+void config_free(Config *cfg) {
+    free(cfg->json_text);
+    cfg->json_text = NULL;
+}
+
+/* init.from: the model section comes from the Hugging Face config; a value
+ * the job file also sets must agree with it. */
+void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir) {
+    cJSON *root = cJSON_Parse(cfg->json_text);
+    Config tmp = *cfg;
+    tmp.model = *hf;
+    for (int i = 0; i < NKEYS; i++) {
+        const Key *k = &KEYS[i];
+        if (strncmp(k->path, "model.", 6) != 0) continue;
+        const cJSON *v = lookup(root, k->path);
+        if (!v) continue;
+        Config mine = *cfg;
+        store(&mine, k, v, cfg->path);
+        size_t sz = k->type == K_ENUM || k->type == K_INT || k->type == K_BOOL ? sizeof(int) : sizeof(float);
+        if (memcmp((char *)&mine + k->off, (char *)&tmp + k->off, sz) != 0) {
+            char *s = cJSON_PrintUnformatted(v);
+            die(EXIT_USAGE, "%s: %s = %s conflicts with init.from %s/config.json", cfg->path, k->path, s, hf_dir);
+        }
+    }
+    cJSON_Delete(root);
+    cfg->model = *hf;
+    if (!config_has_key(cfg, "train.seq_len") || cfg->seq_len == 0) cfg->seq_len = cfg->model.max_seq_len;
+    if (cfg->seq_len > cfg->model.max_seq_len)
+        die(EXIT_USAGE, "%s: train.seq_len %d exceeds the model's max_seq_len %d (from %s)", cfg->path, cfg->seq_len, cfg->model.max_seq_len, hf_dir);
+}

@@ -1,0 +1,90 @@
+/* config.h — the JSON job config: one schema table gives every key its
+ * type, default, range and documentation; parsing, --set overrides,
+ * unknown-key detection and `llmtrain keys` all come from that table. */
+#ifndef LLMTRAIN_CONFIG_H
+#define LLMTRAIN_CONFIG_H
+#include <stdint.h>
+
+enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 };
+
+typedef struct ModelConfig {
+    int arch;            /* ARCH_GPT2 | ARCH_LLAMA */
+    int n_layer;
+    int n_embd;
+    int n_head;
+    int n_kv_head;       /* GQA; == n_head for GPT-2 */
+    int ffn_hidden;      /* GPT-2: 4*n_embd; Llama: per Llama's rule unless set */
+    int ffn_multiple_of; /* Llama's rule rounds ffn_hidden up to this */
+    int vocab_size;
+    int max_seq_len;
+    float norm_eps;
+    float rope_theta;
+    int tie_embeddings;  /* GPT-2 always tied */
+} ModelConfig;
+
+typedef struct Config {
+    char path[1024];     /* job file, for messages */
+    ModelConfig model;
+    /* init */
+    char init_from[1024];
+    float init_std;
+    uint64_t seed;
+    /* data */
+    char data_train[1024];
+    char data_val[1024];
+    char data_vocab[1024];
+    int data_shuffle;
+    /* train */
+    int steps;
+    int seq_len;
+    int micro_batch;
+    int global_batch;
+    char device[16];
+    /* optim */
+    float lr, min_lr;
+    int warmup_steps, decay_steps;
+    float weight_decay;
+    int decay_all;
+    float beta1, beta2, eps;
+    float grad_clip;
+    int max_nonfinite_steps;
+    /* eval */
+    int eval_every, eval_batches, sample_tokens;
+    float sample_temperature;
+    /* log */
+    char log_dir[1024];
+    int log_every;
+    double peak_gflops;  /* 0: measure (CPU) / detect (GPU) */
+    /* checkpoint */
+    char ckpt_dir[1024];
+    int ckpt_every;
+    int ckpt_keep_last;
+    /* parallel */
+    int tp;
+    char strategy[32];
+    int shard_degree;
+    double timeout_s;
+    /* debug */
+    char debug_dump[1024]; /* write step-0 logits, loss and grads here (tests) */
+
+    char *json_text;     /* the effective config (after --set), for checkpoints */
+} Config;
+
+/* Parse job file + overrides ("a.b=value"; value parsed as JSON, else a
+ * string). On any error: one line on stderr and exit(EXIT_USAGE). */
+void config_load(Config *cfg, const char *path, int n_set, char **sets);
+/* Same from a JSON string (checkpoints carry their config). */
+void config_load_string(Config *cfg, const char *json, const char *origin);
+/* Fill derived model values (n_kv_head, ffn_hidden defaults) and validate
+ * the model shape; `where` names the source for messages. */
+void model_config_finish(ModelConfig *m, const char *where);
+/* Print every key, its type, default and description (README table). */
+void config_print_keys(void);
+/* True when the job (after --set) names this key explicitly. */
+int config_has_key(const Config *cfg, const char *path);
+/* init.from: adopt the model section of a Hugging Face config; an explicit
+ * job value that disagrees is an error naming the key. */
+void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir);
+void config_free(Config *cfg);
+
+#endif

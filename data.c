@@ -1,0 +1,319 @@
+/* data.c — token shards in llm.c's format, memory-mapped (never read into
+ * RAM), addressed by global sequence number; and the llm.c vocab table.
+ *
+ * Addressing (see data.h): n = total tokens of all shards concatenated in
+ * path order.
+ *   shuffle off: start = (seq * T) mod n   (128-bit product, so any seq works)
+ *   shuffle on:  n_seqs = n / T (>= 1 because n >= T+1), epoch = seq / n_seqs,
+ *                j = seq % n_seqs, start = perm(seed, epoch, j) * T
+ *   inputs[i] = tok[(start + i) mod n], targets[i] = tok[(start + i + 1) mod n]
+ *   for i < T, i.e. reads wrap to the start of the data.
+ *
+ * perm(seed, epoch, .) is a bijection on [0, n_seqs) that needs no memory: a
+ * balanced Feistel network with 6 rounds on the smallest domain of 2^(2h)
+ * elements that holds n_seqs (h >= 1), keyed per round by splitmix64 of
+ * (seed, epoch, round), with cycle-walking: the network is applied again
+ * until the value falls inside [0, n_seqs). Since the domain is at most 4x
+ * n_seqs, that takes under 4 applications on average. Each epoch therefore
+ * visits every sequence start j*T exactly once, in an order that depends on
+ * (seed, epoch) only, so any rank can compute any step's sequences.
+ *
+ * data.h's DataSet has no field for the config key used in messages
+ * ("data.train"), which dataset_sequence needs for its out-of-vocab error:
+ * dataset_open allocates one hidden sentinel Shard after the n_shards real
+ * ones and keeps the key in its path (it travels with copies of DataSet). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "data.h"
+#include "util.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- shards */
+
+static const char *ds_what(const DataSet *d) {
+    return d->shards[d->n_shards].path; /* sentinel, see top of file */
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void shard_open(Shard *s, const char *path, const char *what) {
+    if (strlen(path) >= sizeof s->path)
+        die(EXIT_USAGE, "%s: %s: path too long (at most %zu bytes)", what, path, sizeof s->path - 1);
+    memset(s, 0, sizeof *s);
+    strcpy(s->path, path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) die(EXIT_USAGE, "%s: %s: cannot open (%s)", what, path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) die(EXIT_USAGE, "%s: %s: cannot stat (%s)", what, path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        die(EXIT_USAGE, "%s: %s: not a regular file (expected a token shard)", what, path);
+    const size_t header_bytes = SHARD_HEADER_INTS * sizeof(int32_t);
+    uint64_t size = (uint64_t)st.st_size;
+    if (size < header_bytes)
+        die(EXIT_USAGE, "%s: %s: file has %llu bytes, shorter than the %zu-byte shard header", what, path,
+            (unsigned long long)size, header_bytes);
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) die(EXIT_USAGE, "%s: %s: cannot mmap (%s)", what, path, strerror(errno));
+    close(fd);
+    const int32_t *h = (const int32_t *)map;
+    int32_t magic = h[0], version = h[1];
+    int tb;
+    if (magic == SHARD_MAGIC_U16) {
+        tb = 2;
+        if (version != SHARD_VERSION_U16)
+            die(EXIT_USAGE, "%s: %s: bad version %d for magic %d (expected %d)", what, path, version, magic,
+                SHARD_VERSION_U16);
+    } else if (magic == SHARD_MAGIC_U32) {
+        tb = 4;
+        if (version != SHARD_VERSION_U32)
+            die(EXIT_USAGE, "%s: %s: bad version %d for magic %d (expected %d)", what, path, version, magic,
+                SHARD_VERSION_U32);
+    } else {
+        die(EXIT_USAGE, "%s: %s: bad magic %d (expected %d or %d)", what, path, magic, SHARD_MAGIC_U16,
+            SHARD_MAGIC_U32);
+    }
+    /* The count is an int32 in llm.c; read it unsigned so a shard of up to
+     * 2^32-1 uint32 tokens works; a negative count then fails the size check. */
+    uint64_t ntok = (uint32_t)h[2];
+    uint64_t have = size - header_bytes;
+    if (ntok * (uint64_t)tb != have)
+        die(EXIT_USAGE, "%s: %s: header says %llu tokens (%llu bytes) but file has %llu bytes of tokens", what,
+            path, (unsigned long long)ntok, (unsigned long long)(ntok * (uint64_t)tb), (unsigned long long)have);
+    if (ntok == 0) die(EXIT_USAGE, "%s: %s: empty shard (header says 0 tokens)", what, path);
+    s->map = map;
+    s->map_len = (size_t)size;
+    s->tokens = (const char *)map + header_bytes;
+    s->token_bytes = tb;
+    s->n_tokens = ntok;
+}
+
+void dataset_open(DataSet *d, const char *pattern, const char *what, int vocab_size, int T, int shuffle,
+                  uint64_t seed) {
+    memset(d, 0, sizeof *d);
+    if (!what) what = "data";
+    if (!pattern || !*pattern) die(EXIT_USAGE, "%s: empty path (expected a token shard file or glob)", what);
+    if (T <= 0) die(EXIT_USAGE, "%s: sequence length %d must be positive", what, T);
+    if (vocab_size <= 0) die(EXIT_USAGE, "%s: model.vocab_size %d must be positive", what, vocab_size);
+
+    /* A path that names an existing file is taken literally (it may contain
+     * glob metacharacters); anything else is a glob. */
+    char **paths;
+    int n = 0;
+    glob_t g;
+    int globbed = 0;
+    struct stat st;
+    if (stat(pattern, &st) == 0) {
+        paths = malloc_check(sizeof *paths);
+        paths[0] = (char *)pattern;
+        n = 1;
+    } else {
+        int rc = glob(pattern, 0, NULL, &g);
+        if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0))
+            die(EXIT_USAGE, "%s: no file matches '%s'", what, pattern);
+        if (rc != 0) die(EXIT_USAGE, "%s: cannot expand '%s' (glob error %d)", what, pattern, rc);
+        globbed = 1;
+        n = (int)g.gl_pathc;
+        paths = malloc_check((size_t)n * sizeof *paths);
+        for (int i = 0; i < n; i++) paths[i] = g.gl_pathv[i];
+        qsort(paths, (size_t)n, sizeof *paths, cmp_str); /* byte order, independent of locale */
+    }
+
+    d->shards = calloc_check((size_t)n + 1, sizeof(Shard)); /* +1: sentinel holding `what` */
+    d->n_shards = n;
+    snprintf(d->shards[n].path, sizeof d->shards[n].path, "%s", what);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        shard_open(&d->shards[i], paths[i], what);
+        d->shards[i].start = total;
+        total += d->shards[i].n_tokens;
+        madvise((void *)d->shards[i].map, d->shards[i].map_len, shuffle ? MADV_NORMAL : MADV_SEQUENTIAL);
+    }
+    free(paths);
+    if (globbed) globfree(&g);
+
+    if (total < (uint64_t)T + 1)
+        die(EXIT_USAGE, "%s: '%s': %llu tokens in %d file%s, need at least sequence length + 1 = %llu", what,
+            pattern, (unsigned long long)total, n, n == 1 ? "" : "s", (unsigned long long)T + 1);
+    d->n_tokens = total;
+    d->vocab_size = vocab_size;
+    d->T = T;
+    d->shuffle = shuffle ? 1 : 0;
+    d->seed = seed;
+    d->n_seqs = total / (uint64_t)T;
+}
+
+void dataset_close(DataSet *d) {
+    if (d->shards) {
+        for (int i = 0; i < d->n_shards; i++)
+            if (d->shards[i].map) munmap((void *)d->shards[i].map, d->shards[i].map_len);
+        free(d->shards);
+    }
+    memset(d, 0, sizeof *d);
+}
+
+/* ---------------------------------------------------------- permutation */
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+#define FEISTEL_ROUNDS 6
+
+/* Bijection on [0, n) keyed by (seed, epoch); see the comment at the top. */
+static uint64_t permute(uint64_t j, uint64_t n, uint64_t seed, uint64_t epoch) {
+    if (n <= 1) return 0;
+    int bits = 0;
+    while (bits < 64 && (n - 1) >> bits) bits++; /* n-1 < 2^bits */
+    int h = (bits + 1) / 2;                       /* domain 2^(2h) >= n */
+    uint64_t mask = (h >= 32) ? 0xFFFFFFFFull : ((1ull << h) - 1);
+    uint64_t keys[FEISTEL_ROUNDS];
+    uint64_t k = splitmix64(seed ^ 0x6C6C6D747261696Eull);
+    k = splitmix64(k ^ epoch);
+    for (int r = 0; r < FEISTEL_ROUNDS; r++) keys[r] = splitmix64(k + (uint64_t)r * 0xD1B54A32D192ED03ull);
+    uint64_t x = j;
+    do {
+        uint64_t L = (x >> h) & mask, R = x & mask;
+        for (int r = 0; r < FEISTEL_ROUNDS; r++) {
+            uint64_t F = splitmix64(R ^ keys[r]) & mask;
+            uint64_t nl = R;
+            R = L ^ F;
+            L = nl;
+        }
+        x = (L << h) | R;
+    } while (x >= n); /* cycle-walk: x started inside [0,n), so this ends */
+    return x;
+}
+
+/* ---------------------------------------------------------------- reads */
+
+static int find_shard(const DataSet *d, uint64_t pos) {
+    int lo = 0, hi = d->n_shards - 1;
+    while (lo < hi) { /* last shard with start <= pos */
+        int mid = (lo + hi + 1) / 2;
+        if (d->shards[mid].start <= pos) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+static void bad_token(const DataSet *d, const Shard *s, uint64_t tok, uint64_t off) {
+    die(EXIT_USAGE, "%s: %s: token %llu at token offset %llu >= model.vocab_size %d", ds_what(d), s->path,
+        (unsigned long long)tok, (unsigned long long)off, d->vocab_size);
+}
+
+/* out[0..count) = tok[(pos + i) mod n]; find the shard once, then walk. */
+static void read_tokens(const DataSet *d, uint64_t pos, int *out, uint64_t count) {
+    int si = find_shard(d, pos);
+    uint64_t off = pos - d->shards[si].start;
+    const uint32_t V = (uint32_t)d->vocab_size;
+    while (count) {
+        const Shard *s = &d->shards[si];
+        uint64_t m = s->n_tokens - off;
+        if (m > count) m = count;
+        if (s->token_bytes == 2) {
+            const uint16_t *t = (const uint16_t *)s->tokens + off;
+            for (uint64_t i = 0; i < m; i++) {
+                uint32_t v = t[i];
+                if (v >= V) bad_token(d, s, v, off + i);
+                out[i] = (int)v;
+            }
+        } else {
+            const uint32_t *t = (const uint32_t *)s->tokens + off;
+            for (uint64_t i = 0; i < m; i++) {
+                uint32_t v = t[i];
+                if (v >= V) bad_token(d, s, v, off + i);
+                out[i] = (int)v;
+            }
+        }
+        out += m;
+        count -= m;
+        off = 0;
+        if (++si == d->n_shards) si = 0; /* wrap to the start of the data */
+    }
+}
+
+void dataset_sequence(const DataSet *d, uint64_t seq, int *inputs, int *targets) {
+    const uint64_t T = (uint64_t)d->T, n = d->n_tokens;
+    uint64_t start;
+    if (!d->shuffle) {
+        start = (uint64_t)(((__uint128_t)seq * T) % n);
+    } else {
+        uint64_t epoch = seq / d->n_seqs, j = seq % d->n_seqs;
+        start = permute(j, d->n_seqs, d->seed, epoch) * T;
+    }
+    /* targets = tokens [start+1, start+T], inputs = [start, start+T) */
+    read_tokens(d, start, inputs, 1);
+    read_tokens(d, (start + 1) % n, targets, T);
+    if (T > 1) memcpy(inputs + 1, targets, (size_t)(T - 1) * sizeof *inputs);
+}
+
+/* ---------------------------------------------------------------- vocab */
+
+void vocab_load(Vocab *v, const char *path) {
+    memset(v, 0, sizeof *v);
+    size_t len;
+    char *buf = read_text_file(path, &len);
+    if (!buf) die(EXIT_USAGE, "%s: cannot read vocab file (%s)", path, strerror(errno ? errno : EIO));
+    const size_t hb = 256 * sizeof(uint32_t);
+    if (len < hb)
+        die(EXIT_USAGE, "%s: vocab file has %zu bytes, shorter than the %zu-byte header", path, len, hb);
+    uint32_t h[256];
+    memcpy(h, buf, hb);
+    if (h[0] != VOCAB_MAGIC)
+        die(EXIT_USAGE, "%s: bad vocab magic %u (expected %d)", path, h[0], VOCAB_MAGIC);
+    if (h[1] != 1 && h[1] != 2) die(EXIT_USAGE, "%s: bad vocab version %u (expected 1 or 2)", path, h[1]);
+    if (h[2] == 0 || h[2] > (1u << 30)) die(EXIT_USAGE, "%s: bad vocab size %u in header", path, h[2]);
+    int n = (int)h[2];
+    int eot = -1;
+    if (h[1] == 2 && h[3] != 0xFFFFFFFFu) {
+        if (h[3] >= h[2])
+            die(EXIT_USAGE, "%s: eot token %u >= vocab size %u (expected < vocab size, or 0xFFFFFFFF for none)",
+                path, h[3], h[2]);
+        eot = (int)h[3];
+    }
+    v->tok = calloc_check((size_t)n, sizeof *v->tok);
+    v->len = malloc_check((size_t)n);
+    v->n = n;
+    v->eot = eot;
+    size_t p = hb;
+    for (int i = 0; i < n; i++) {
+        if (p >= len)
+            die(EXIT_USAGE, "%s: truncated vocab file: ends at token %d of %d (expected a length byte)", path, i, n);
+        unsigned l = (unsigned char)buf[p++];
+        if (len - p < l)
+            die(EXIT_USAGE, "%s: truncated vocab file: token %d needs %u bytes, file has %zu left", path, i, l,
+                len - p);
+        v->tok[i] = malloc_check(l + 1);
+        memcpy(v->tok[i], buf + p, l);
+        v->tok[i][l] = '\0';
+        v->len[i] = (unsigned char)l;
+        p += l;
+    }
+    free(buf);
+}
+
+void vocab_print(const Vocab *v, int id, void *file) {
+    FILE *f = (FILE *)file;
+    if (v && v->tok && id >= 0 && id < v->n) fwrite(v->tok[id], 1, v->len[id], f);
+    else fprintf(f, "<%d>", id);
+}
+
+void vocab_free(Vocab *v) {
+    if (v->tok)
+        for (int i = 0; i < v->n; i++) free(v->tok[i]);
+    free(v->tok);
+    free(v->len);
+    memset(v, 0, sizeof *v);
+}

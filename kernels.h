@@ -1,0 +1,118 @@
+/* kernels.h — the compute interface every backend implements.
+ *
+ * model.c calls only these functions (through a Kernels table), so a new
+ * backend (kernels.cu) plugs in without touching the model. Pointers are
+ * backend memory (host for CPU, device for CUDA). Shapes are row-major.
+ *
+ * Conventions, the same for every kernel:
+ *   - N = number of token rows (B*T), C = channels, OC = output channels.
+ *   - Linear weights are stored [OC, C] (out, in), as torch.nn.Linear.
+ *   - Forward kernels OVERWRITE their outputs.
+ *   - Backward kernels ADD into every gradient output (dinp, dweight, dbias):
+ *     callers zero a buffer that must start empty. This is what makes
+ *     gradient accumulation across micro-batches and the residual stream free.
+ *     The exceptions are the in-place kernels, marked "in place".
+ *   - Any gradient output may be NULL, meaning "not needed".
+ */
+#ifndef LLMTRAIN_KERNELS_H
+#define LLMTRAIN_KERNELS_H
+#include <stddef.h>
+
+typedef struct Kernels {
+    const char *name; /* "cpu", "cuda" */
+
+    /* ---- memory (never called inside the step loop except zero/copy) ---- */
+    void *(*alloc)(size_t bytes);           /* zero-filled */
+    void (*free)(void *p);
+    void (*zero)(void *p, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes); /* within backend memory */
+    void (*to_host)(void *host_dst, const void *src, size_t bytes);
+    void (*from_host)(void *dst, const void *host_src, size_t bytes);
+
+    /* ---- embeddings ----
+     * out[n,:] = wte[tokens[n],:] + (wpe ? wpe[n % T,:] : 0)           */
+    void (*embed_forward)(float *out, const int *tokens, const float *wte, const float *wpe,
+                          int N, int T, int C);
+    /* dwte[tokens[n],:] += dout[n,:]; dwpe[n % T,:] += dout[n,:] (dwpe may be NULL) */
+    void (*embed_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                           int N, int T, int C);
+
+    /* ---- norms (statistics in fp32; mean/rstd saved for backward, [N]) ---- */
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int N, int C, float eps);
+    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C);
+    /* out = inp * rsqrt(mean(inp^2) + eps) * w */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w,
+                            int N, int C, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp,
+                             const float *w, const float *rstd, int N, int C);
+
+    /* ---- matrix products ----
+     * out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC] when bias != NULL)   */
+    void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
+                           int N, int C, int OC);
+    /* dinp[N,C] += dout @ w; dw[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout */
+    void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, int N, int C, int OC);
+
+    /* ---- attention ----
+     * qkv is [B, T, (nh + 2*nkv) * hd]: per token all q heads, then all k
+     * heads, then all v heads. Query head h uses kv head h / (nh / nkv) (GQA).
+     * Causal softmax(q k^T / sqrt(hd)) v. out is [B, T, nh*hd].
+     * att is saved softmax probabilities [B, nh, T, T] (upper triangle zero). */
+    void (*attention_forward)(float *out, float *att, const float *qkv,
+                              int B, int T, int nh, int nkv, int hd);
+    /* dqkv += d(out)/d(qkv) . dout */
+    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int nh, int nkv, int hd);
+    /* Rotary embedding, Hugging Face rotate-half convention, on the q and k
+     * heads of qkv ([B,T,(nh+2nkv)*hd]), in place; position of row n is
+     * pos0 + n % T. inv_freq[i] = theta^(-2i/hd), i < hd/2.
+     * rope_backward applies the inverse rotation to dqkv, in place. */
+    void (*rope_forward)(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0);
+    void (*rope_backward)(float *dqkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0);
+
+    /* ---- pointwise ---- */
+    /* GELU, tanh approximation (GPT-2's gelu_new) */
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    /* inp is [N, 2F]: gate in columns [0,F), up in [F,2F).
+     * out[N,F] = silu(gate) * up */
+    void (*swiglu_forward)(float *out, const float *inp, int N, int F);
+    void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, int N, int F);
+    /* out = a + b (out may alias a) */
+    void (*add)(float *out, const float *a, const float *b, size_t n);
+
+    /* ---- loss ----
+     * logits [N, V] are replaced by softmax probabilities (in place);
+     * losses[n] = -log p[n, targets[n]].                                 */
+    void (*crossentropy_forward)(float *losses, float *logits, const int *targets, int N, int V);
+    /* probs [N,V] -> dlogits = (probs - onehot(target)) * dloss, in place */
+    void (*crossentropy_backward)(float *probs, const int *targets, float dloss, int N, int V);
+
+    /* ---- optimizer and reductions over flat parameter ranges ---- */
+    /* sum of squares, accumulated in double */
+    double (*sumsq)(const float *x, size_t n);
+    /* sum (double) */
+    double (*sum)(const float *x, size_t n);
+    void (*scale)(float *x, float s, size_t n);
+    /* torch.optim.AdamW for one range. step t is 1-based; wd already 0 for
+     * ranges that are not decayed. grad_scale multiplies g first (clipping). */
+    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, int t, float grad_scale);
+} Kernels;
+
+/* The CPU backend (kernels_cpu.c). Always available. */
+const Kernels *kernels_cpu(void);
+/* Name of the BLAS core in use, e.g. "OpenBLAS 0.3.21 SkylakeX (2 threads)". */
+const char *kernels_cpu_blas_info(void);
+/* Call first thing in main(): when OpenBLAS would not recognise this CPU and
+ * fall back to a slow kernel, pick the right core type and re-exec. */
+void kernels_cpu_select_blas_core(char **argv);
+/* Measured single-precision GEMM throughput of this machine (GFLOP/s),
+ * from a short timed sgemm; used as the CPU peak for MFU. */
+double kernels_cpu_sgemm_peak_gflops(void);
+
+#endif

@@ -1,0 +1,714 @@
+/* kernels_cpu.c — the CPU backend of kernels.h: plain C loops parallelised
+ * with OpenMP over rows/tokens, OpenBLAS sgemm for every matrix product. */
+#define _GNU_SOURCE
+#include "kernels.h"
+#include "util.h"
+#include <cblas.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+// ----------------------------------------------------------------------------
+// vectorisable transcendental helpers
+
+/* glibc's expf is only vectorised under -ffast-math, and exp dominates the
+ * 50257-wide softmax and the GELU/SiLU loops, so this is Cephes' expf (about
+ * 1 ulp on the clamped range) written so gcc vectorises it: round-to-nearest
+ * by the 1.5*2^23 trick, Cody-Waite reduction, degree-6 polynomial, and the
+ * power of two built directly in the exponent bits. Inputs below -87 give
+ * e^-87 (~1.6e-38) instead of denormals, which is zero for every use here. */
+static inline float exp_f(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float n = x * 1.44269504088896341f + 12582912.0f;
+    n -= 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    union { int32_t i; float f; } s;
+    s.i = ((int32_t)n + 127) << 23;
+    return p * s.f;
+}
+
+// ----------------------------------------------------------------------------
+// memory
+
+static void *cpu_alloc(size_t bytes) {
+    // aligned_alloc wants a multiple of the alignment; 64 B = one cache line / zmm
+    size_t sz = (bytes + 63) & ~(size_t)63;
+    if (sz == 0) sz = 64;
+    void *p = aligned_alloc(64, sz);
+    if (!p) die(EXIT_IO, "out of memory allocating %zu bytes (kernels_cpu)", bytes);
+    memset(p, 0, sz);
+    return p;
+}
+
+static void cpu_free(void *p) { free(p); }
+
+/* Gradient buffers are hundreds of MB and zeroed every step: one memset per
+ * core gets more memory bandwidth than one. */
+static void cpu_zero(void *p, size_t bytes) {
+    const size_t chunk = (size_t)1 << 20;
+    if (bytes < 4 * chunk) { memset(p, 0, bytes); return; }
+    long nchunks = (long)((bytes + chunk - 1) / chunk);
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < nchunks; i++) {
+        size_t off = (size_t)i * chunk;
+        size_t len = bytes - off < chunk ? bytes - off : chunk;
+        memset((char *)p + off, 0, len);
+    }
+}
+
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+// ----------------------------------------------------------------------------
+// embeddings
+
+static void embed_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                          int N, int T, int C) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * C;
+        const float *we = wte + (size_t)tokens[n] * C;
+        if (wpe) {
+            const float *pe = wpe + (size_t)(n % T) * C;
+            for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
+        } else {
+            memcpy(o, we, (size_t)C * sizeof(float));
+        }
+    }
+}
+
+/* Repeated tokens (and every batch row for wpe) hit the same gradient row,
+ * so threads split the channels, not the tokens: race-free and deterministic. */
+#define COLBLOCK 64
+
+static void embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                           int N, int T, int C) {
+    int nblocks = (C + COLBLOCK - 1) / COLBLOCK;
+    #pragma omp parallel for
+    for (int cb = 0; cb < nblocks; cb++) {
+        int c0 = cb * COLBLOCK, c1 = c0 + COLBLOCK < C ? c0 + COLBLOCK : C;
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * C;
+            if (dwte) {
+                float *g = dwte + (size_t)tokens[n] * C;
+                for (int c = c0; c < c1; c++) g[c] += d[c];
+            }
+            if (dwpe) {
+                float *g = dwpe + (size_t)(n % T) * C;
+                for (int c = c0; c < c1; c++) g[c] += d[c];
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// norms
+
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int N, int C, float eps) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        // two passes in double: one-pass E[x^2]-E[x]^2 cancels badly on large means
+        double s = 0.0;
+        #pragma omp simd reduction(+:s)
+        for (int c = 0; c < C; c++) s += x[c];
+        double m = s / C;
+        double v = 0.0;
+        #pragma omp simd reduction(+:v)
+        for (int c = 0; c < C; c++) { double d = x[c] - m; v += d * d; }
+        float mf = (float)m;
+        float rs = (float)(1.0 / sqrt(v / C + eps));
+        if (b) {
+            for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * rs * w[c] + b[c];
+        } else {
+            for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * rs * w[c];
+        }
+        if (mean) mean[n] = mf;
+        if (rstd) rstd[n] = rs;
+    }
+}
+
+/* dw and db sum over rows, so they get their own pass split by channels;
+ * dinp is per row. */
+static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C) {
+    if (dinp) {
+        #pragma omp parallel for
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float *g = dinp + (size_t)n * C;
+            float m = mean[n], rs = rstd[n];
+            double sd = 0.0, sdx = 0.0;
+            #pragma omp simd reduction(+:sd, sdx)
+            for (int c = 0; c < C; c++) {
+                float dn = d[c] * w[c];
+                sd += dn;
+                sdx += dn * ((x[c] - m) * rs);
+            }
+            float md = (float)(sd / C), mdx = (float)(sdx / C);
+            for (int c = 0; c < C; c++) {
+                float xh = (x[c] - m) * rs;
+                g[c] += rs * (d[c] * w[c] - md - xh * mdx);
+            }
+        }
+    }
+    if (!dw && !db) return;
+    int nblocks = (C + COLBLOCK - 1) / COLBLOCK;
+    #pragma omp parallel for
+    for (int cb = 0; cb < nblocks; cb++) {
+        int c0 = cb * COLBLOCK, nc = C - c0 < COLBLOCK ? C - c0 : COLBLOCK;
+        double aw[COLBLOCK] = {0}, ab[COLBLOCK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * C + c0, *x = inp + (size_t)n * C + c0;
+            float m = mean[n], rs = rstd[n];
+            for (int j = 0; j < nc; j++) {
+                aw[j] += d[j] * ((x[j] - m) * rs);
+                ab[j] += d[j];
+            }
+        }
+        for (int j = 0; j < nc; j++) {
+            if (dw) dw[c0 + j] += (float)aw[j];
+            if (db) db[c0 + j] += (float)ab[j];
+        }
+    }
+}
+
+static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w,
+                            int N, int C, float eps) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        double ss = 0.0;
+        #pragma omp simd reduction(+:ss)
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        float rs = (float)(1.0 / sqrt(ss / C + eps));
+        for (int c = 0; c < C; c++) o[c] = x[c] * rs * w[c];
+        if (rstd) rstd[n] = rs;
+    }
+}
+
+static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                             const float *w, const float *rstd, int N, int C) {
+    if (dinp) {
+        #pragma omp parallel for
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float *g = dinp + (size_t)n * C;
+            float rs = rstd[n];
+            double s = 0.0;
+            #pragma omp simd reduction(+:s)
+            for (int c = 0; c < C; c++) s += d[c] * w[c] * (x[c] * rs);
+            float mdx = (float)(s / C);
+            // d/dx of x*rs: rs * (g - xhat * mean(g * xhat)), g = dout * w
+            for (int c = 0; c < C; c++) g[c] += rs * (d[c] * w[c] - x[c] * rs * mdx);
+        }
+    }
+    if (!dw) return;
+    int nblocks = (C + COLBLOCK - 1) / COLBLOCK;
+    #pragma omp parallel for
+    for (int cb = 0; cb < nblocks; cb++) {
+        int c0 = cb * COLBLOCK, nc = C - c0 < COLBLOCK ? C - c0 : COLBLOCK;
+        double aw[COLBLOCK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * C + c0, *x = inp + (size_t)n * C + c0;
+            float rs = rstd[n];
+            for (int j = 0; j < nc; j++) aw[j] += d[j] * (x[j] * rs);
+        }
+        for (int j = 0; j < nc; j++) dw[c0 + j] += (float)aw[j];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// matrix products
+
+static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                           int N, int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    float beta = 0.0f;
+    if (bias) {
+        // start from the bias and let sgemm accumulate onto it
+        #pragma omp parallel for
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
+                1.0f, inp, C, w, C, beta, out, OC);
+}
+
+static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, int N, int C, int OC) {
+    if (N <= 0 || OC <= 0 || C <= 0) return;
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
+                    1.0f, dout, OC, w, C, 1.0f, dinp, C);
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N,
+                    1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (dbias) {
+        int nblocks = (OC + COLBLOCK - 1) / COLBLOCK;
+        #pragma omp parallel for
+        for (int cb = 0; cb < nblocks; cb++) {
+            int c0 = cb * COLBLOCK, nc = OC - c0 < COLBLOCK ? OC - c0 : COLBLOCK;
+            double acc[COLBLOCK] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *d = dout + (size_t)n * OC + c0;
+                for (int j = 0; j < nc; j++) acc[j] += d[j];
+            }
+            for (int j = 0; j < nc; j++) dbias[c0 + j] += (float)acc[j];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// attention
+
+/* Rows are processed in blocks of ATT_BLOCK queries so that the causal upper
+ * triangle costs at most one block of wasted sgemm work instead of half. */
+#define ATT_BLOCK 256
+
+static void check_heads(int nh, int nkv) {
+    if (nh <= 0 || nkv <= 0 || nh % nkv != 0)
+        die(EXIT_INTERNAL, "attention: n_head %d is not a multiple of n_kv_head %d", nh, nkv);
+}
+
+/* softmax over att row [0, t], zero beyond: the scores arrive pre-scaled */
+static void causal_softmax_row(float *row, int t, int T) {
+    float m = row[0];
+    #pragma omp simd reduction(max:m)
+    for (int j = 1; j <= t; j++) m = row[j] > m ? row[j] : m;
+    double s = 0.0;
+    #pragma omp simd reduction(+:s)
+    for (int j = 0; j <= t; j++) { float e = exp_f(row[j] - m); row[j] = e; s += e; }
+    float inv = (float)(1.0 / s);
+    for (int j = 0; j <= t; j++) row[j] *= inv;
+    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+}
+
+static void attention_forward(float *out, float *att, const float *qkv,
+                              int B, int T, int nh, int nkv, int hd) {
+    check_heads(nh, nkv);
+    const int S = (nh + 2 * nkv) * hd, OS = nh * hd, group = nh / nkv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    // one (b,h) at a time: sgemm threads itself once T is large; at small T
+    // the whole attention is too cheap to matter next to the linear layers
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < nh; h++) {
+            int kh = h / group;
+            const float *q = qkv + (size_t)b * T * S + (size_t)h * hd;
+            const float *k = qkv + (size_t)b * T * S + (size_t)(nh + kh) * hd;
+            const float *v = qkv + (size_t)b * T * S + (size_t)(nh + nkv + kh) * hd;
+            float *P = att + ((size_t)b * nh + h) * T * T;
+            float *o = out + (size_t)b * T * OS + (size_t)h * hd;
+            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, M = r1 - r0;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, hd,
+                            scale, q + (size_t)r0 * S, S, k, S, 0.0f, P + (size_t)r0 * T, T);
+                #pragma omp parallel for if (M * r1 > 4096)
+                for (int t = r0; t < r1; t++) causal_softmax_row(P + (size_t)t * T, t, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, r1,
+                            1.0f, P + (size_t)r0 * T, T, v, S, 0.0f, o + (size_t)r0 * OS, OS);
+            }
+        }
+    }
+}
+
+/* Scratch for dP (one block of rows), per thread so that concurrent callers
+ * stay safe; it only grows, so steady-state steps never allocate. */
+static _Thread_local float *att_scratch;
+static _Thread_local size_t att_scratch_cap;
+
+static void attention_backward(float *dqkv, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int nh, int nkv, int hd) {
+    if (!dqkv) return;
+    check_heads(nh, nkv);
+    const int S = (nh + 2 * nkv) * hd, OS = nh * hd, group = nh / nkv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    size_t need = (size_t)(T < ATT_BLOCK ? T : ATT_BLOCK) * T;
+    if (need > att_scratch_cap) {
+        free(att_scratch);
+        att_scratch = malloc_check(need * sizeof(float));
+        att_scratch_cap = need;
+    }
+    float *dS = att_scratch;
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < nh; h++) {
+            int kh = h / group;
+            size_t base = (size_t)b * T * S;
+            const float *q = qkv + base + (size_t)h * hd;
+            const float *k = qkv + base + (size_t)(nh + kh) * hd;
+            const float *v = qkv + base + (size_t)(nh + nkv + kh) * hd;
+            float *dq = dqkv + base + (size_t)h * hd;
+            float *dk = dqkv + base + (size_t)(nh + kh) * hd;
+            float *dv = dqkv + base + (size_t)(nh + nkv + kh) * hd;
+            const float *P = att + ((size_t)b * nh + h) * T * T;
+            const float *dO = dout + (size_t)b * T * OS + (size_t)h * hd;
+            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, M = r1 - r0;
+                const float *Pb = P + (size_t)r0 * T;
+                // dP = dO V^T, dV += P^T dO
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, hd,
+                            1.0f, dO + (size_t)r0 * OS, OS, v, S, 0.0f, dS, r1);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, M,
+                            1.0f, Pb, T, dO + (size_t)r0 * OS, OS, 1.0f, dv, S);
+                // softmax backward: dS = P * (dP - sum(P * dP)), with the score scale folded in
+                #pragma omp parallel for if (M * r1 > 4096)
+                for (int t = r0; t < r1; t++) {
+                    const float *p = Pb + (size_t)(t - r0) * T;
+                    float *ds = dS + (size_t)(t - r0) * r1;
+                    double dot = 0.0;
+                    #pragma omp simd reduction(+:dot)
+                    for (int j = 0; j <= t; j++) dot += p[j] * ds[j];
+                    float df = (float)dot;
+                    for (int j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - df) * scale;
+                    for (int j = t + 1; j < r1; j++) ds[j] = 0.0f;
+                }
+                // dQ += dS K, dK += dS^T Q
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, r1,
+                            1.0f, dS, r1, k, S, 1.0f, dq + (size_t)r0 * S, S);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, M,
+                            1.0f, dS, r1, q + (size_t)r0 * S, S, 1.0f, dk, S);
+            }
+        }
+    }
+}
+
+/* Rotate the q and k heads of every row by its position's angles; dir = +1
+ * forward, -1 the inverse (= transpose) rotation for the backward pass.
+ * Threads split positions so each computes its cos/sin once for all B rows. */
+#define ROPE_MAX_HALF 512
+
+static void rope_rotate(float *x, int B, int T, int nh, int nkv, int hd, float theta, int pos0,
+                        float dir) {
+    if (hd % 2 != 0 || hd / 2 > ROPE_MAX_HALF)
+        die(EXIT_INTERNAL, "rope: head_dim %d must be even and at most %d", hd, 2 * ROPE_MAX_HALF);
+    const int half = hd / 2, S = (nh + 2 * nkv) * hd, nrot = nh + nkv;
+    double inv_freq[ROPE_MAX_HALF];
+    for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / hd);
+    #pragma omp parallel for
+    for (int t = 0; t < T; t++) {
+        float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+        // angles in double: pos * inv_freq reaches thousands of radians
+        double pos = (double)pos0 + t;
+        for (int i = 0; i < half; i++) {
+            cs[i] = (float)cos(pos * inv_freq[i]);
+            sn[i] = dir * (float)sin(pos * inv_freq[i]);
+        }
+        for (int b = 0; b < B; b++) {
+            float *row = x + ((size_t)b * T + t) * S;
+            for (int hh = 0; hh < nrot; hh++) {
+                float *v = row + (size_t)hh * hd;
+                for (int i = 0; i < half; i++) {
+                    float a = v[i], c = v[i + half];
+                    v[i] = a * cs[i] - c * sn[i];
+                    v[i + half] = c * cs[i] + a * sn[i];
+                }
+            }
+        }
+    }
+}
+
+static void rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
+    rope_rotate(qkv, B, T, nh, nkv, hd, theta, pos0, 1.0f);
+}
+
+static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
+    rope_rotate(dqkv, B, T, nh, nkv, hd, theta, pos0, -1.0f);
+}
+
+// ----------------------------------------------------------------------------
+// pointwise
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+/* 0.5x(1 + tanh(u)) == x * sigmoid(2u): one exp, and no cancellation near -1 */
+static void gelu_forward(float *out, const float *inp, size_t n) {
+    #pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        out[i] = x / (1.0f + exp_f(-2.0f * u));
+    }
+}
+
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    #pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        float e = exp_f(-2.0f * u);
+        float sg = 1.0f / (1.0f + e);
+        float omsg = e * sg; // 1 - sigmoid, without the cancellation
+        float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += dout[i] * (sg + 2.0f * x * sg * omsg * du);
+    }
+}
+
+static void swiglu_forward(float *out, const float *inp, int N, int F) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *g = inp + (size_t)n * 2 * F, *u = g + F;
+        float *o = out + (size_t)n * F;
+        for (int j = 0; j < F; j++) o[j] = g[j] / (1.0f + exp_f(-g[j])) * u[j];
+    }
+}
+
+static void swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
+    if (!dinp) return;
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *g = inp + (size_t)n * 2 * F, *u = g + F, *d = dout + (size_t)n * F;
+        float *dg = dinp + (size_t)n * 2 * F, *du = dg + F;
+        for (int j = 0; j < F; j++) {
+            float e = exp_f(-g[j]);
+            float sg = 1.0f / (1.0f + e);
+            float silu = g[j] * sg;
+            // silu'(g) = sg * (1 + g * (1 - sg)), with 1 - sg = e * sg
+            dg[j] += d[j] * u[j] * sg * (1.0f + g[j] * e * sg);
+            du[j] += d[j] * silu;
+        }
+    }
+}
+
+static void add(float *out, const float *a, const float *b, size_t n) {
+    #pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+// ----------------------------------------------------------------------------
+// loss
+
+static void crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
+    for (int n = 0; n < N; n++)
+        if (targets[n] < 0 || targets[n] >= V)
+            die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], V);
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *x = logits + (size_t)n * V;
+        float m = x[0];
+        #pragma omp simd reduction(max:m)
+        for (int j = 1; j < V; j++) m = x[j] > m ? x[j] : m;
+        float xt = x[targets[n]];
+        double s = 0.0;
+        #pragma omp simd reduction(+:s)
+        for (int j = 0; j < V; j++) { float e = exp_f(x[j] - m); x[j] = e; s += e; }
+        float inv = (float)(1.0 / s);
+        for (int j = 0; j < V; j++) x[j] *= inv;
+        // log-sum-exp form: exact even when p[target] underflows to zero
+        losses[n] = (float)(log(s) - ((double)xt - m));
+    }
+}
+
+static void crossentropy_backward(float *probs, const int *targets, float dloss, int N, int V) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *p = probs + (size_t)n * V;
+        p[targets[n]] -= 1.0f;
+        for (int j = 0; j < V; j++) p[j] *= dloss;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// reductions and optimizer
+
+static double sumsq(const float *x, size_t n) {
+    double s = 0.0;
+    #pragma omp parallel for simd reduction(+:s) schedule(static)
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+static double sum(const float *x, size_t n) {
+    double s = 0.0;
+    #pragma omp parallel for simd reduction(+:s) schedule(static)
+    for (size_t i = 0; i < n; i++) s += x[i];
+    return s;
+}
+
+static void scale(float *x, float s, size_t n) {
+    #pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* sqrtf in a loop is only vectorised under -fno-math-errno (which cannot be
+ * set per function), and a scalar sqrt makes adamw 5x slower, so the square
+ * roots go through the vector instruction directly. */
+static void sqrt_inplace(float *x, int n) {
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_sqrt_ps(_mm512_loadu_ps(x + i)));
+#elif defined(__AVX__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) x[i] = sqrtf(x[i]);
+}
+
+/* torch.optim.AdamW (single-tensor path), operation for operation:
+ * p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * p -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps). */
+#define ADAM_BLOCK 1024
+
+static void adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, int t, float grad_scale) {
+    double bc1 = 1.0 - pow((double)beta1, t);
+    double bc2 = 1.0 - pow((double)beta2, t);
+    const float step_size = (float)((double)lr / bc1);
+    const float bc2_sqrt = (float)sqrt(bc2);
+    const float decay = (float)(1.0 - (double)lr * wd);
+    const float ob1 = (float)(1.0 - (double)beta1), ob2 = (float)(1.0 - (double)beta2);
+    long nblocks = (long)((n + ADAM_BLOCK - 1) / ADAM_BLOCK);
+    #pragma omp parallel for schedule(static)
+    for (long blk = 0; blk < nblocks; blk++) {
+        size_t i0 = (size_t)blk * ADAM_BLOCK;
+        int len = n - i0 < ADAM_BLOCK ? (int)(n - i0) : ADAM_BLOCK;
+        float *pb = p + i0, *mb = m + i0, *vb = v + i0;
+        const float *gb = g + i0;
+        float den[ADAM_BLOCK];
+        for (int i = 0; i < len; i++) {
+            float gi = gb[i] * grad_scale;
+            mb[i] = beta1 * mb[i] + ob1 * gi;
+            vb[i] = beta2 * vb[i] + ob2 * gi * gi;
+            den[i] = vb[i];
+        }
+        sqrt_inplace(den, len);
+        for (int i = 0; i < len; i++)
+            pb[i] = pb[i] * decay - step_size * (mb[i] / (den[i] / bc2_sqrt + eps));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the table
+
+static const Kernels cpu_kernels = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .to_host = cpu_copy,
+    .from_host = cpu_copy,
+    .embed_forward = embed_forward,
+    .embed_backward = embed_backward,
+    .layernorm_forward = layernorm_forward,
+    .layernorm_backward = layernorm_backward,
+    .rmsnorm_forward = rmsnorm_forward,
+    .rmsnorm_backward = rmsnorm_backward,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .rope_forward = rope_forward,
+    .rope_backward = rope_backward,
+    .gelu_forward = gelu_forward,
+    .gelu_backward = gelu_backward,
+    .swiglu_forward = swiglu_forward,
+    .swiglu_backward = swiglu_backward,
+    .add = add,
+    .crossentropy_forward = crossentropy_forward,
+    .crossentropy_backward = crossentropy_backward,
+    .sumsq = sumsq,
+    .sum = sum,
+    .scale = scale,
+    .adamw = adamw,
+};
+
+const Kernels *kernels_cpu(void) { return &cpu_kernels; }
+
+// ----------------------------------------------------------------------------
+// OpenBLAS core selection and speed
+
+const char *kernels_cpu_blas_info(void) {
+    static char info[160];
+    // openblas_get_config() is "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...": keep name and version
+    const char *cfg = openblas_get_config();
+    int len = 0, words = 0;
+    while (cfg[len] && !(cfg[len] == ' ' && ++words == 2)) len++;
+    snprintf(info, sizeof info, "%.*s core %s, %d threads", len, cfg,
+             openblas_get_corename(), openblas_get_num_threads());
+    return info;
+}
+
+/* OpenBLAS cores with AVX2/FMA or AVX-512 sgemm kernels. Anything else on a
+ * CPU that has those instructions means DYNAMIC_ARCH did not recognise it and
+ * fell back to an SSE-era kernel several times slower. */
+static int blas_core_is_fast(const char *core) {
+    static const char *fast[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"};
+    for (size_t i = 0; i < sizeof fast / sizeof fast[0]; i++)
+        if (strcasecmp(core, fast[i]) == 0) return 1;
+    return 0;
+}
+
+/* OpenBLAS reads OPENBLAS_CORETYPE in a library constructor, before main, so
+ * the only way to choose the core from inside the program is to set it and
+ * exec ourselves again. LLMTRAIN_BLAS_REEXEC makes that happen at most once. */
+void kernels_cpu_select_blas_core(char **argv) {
+    if (!argv || !argv[0]) return;
+    if (getenv("OPENBLAS_CORETYPE") || getenv("LLMTRAIN_BLAS_REEXEC")) return;
+    const char *core = openblas_get_corename();
+    if (core && blas_core_is_fast(core)) return;
+    __builtin_cpu_init();
+    const char *want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                     : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
+                     : NULL;
+    if (!want) return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    setenv("LLMTRAIN_BLAS_REEXEC", "1", 1);
+    fflush(stdout);
+    fflush(stderr);
+    execv("/proc/self/exe", argv);
+    // still here: exec failed, carry on with the slow core rather than stop
+    warnf("could not re-exec to select OpenBLAS core %s (running with %s)", want,
+          core ? core : "?");
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double kernels_cpu_sgemm_peak_gflops(void) {
+    static double cached = 0.0;
+    if (cached > 0.0) return cached;
+    const int n = 1024;
+    size_t nn = (size_t)n * n;
+    float *a = malloc_check(nn * sizeof(float));
+    float *b = malloc_check(nn * sizeof(float));
+    float *c = malloc_check(nn * sizeof(float));
+    for (size_t i = 0; i < nn; i++) {
+        a[i] = (float)(i % 17) * 0.01f;
+        b[i] = (float)(i % 13) * 0.01f;
+    }
+    // the shape of a linear layer (A B^T); warm up threads and caches first
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    // median of the repetitions: robust to a noisy neighbour on shared machines
+    enum { MAXREP = 32 };
+    double rates[MAXREP];
+    int reps = 0;
+    double t_start = now_s();
+    while (reps < MAXREP && (reps < 3 || now_s() - t_start < 0.25)) {
+        double t0 = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        double dt = now_s() - t0;
+        rates[reps++] = 2.0 * n * n * (double)n / (dt > 1e-9 ? dt : 1e-9) * 1e-9;
+    }
+    qsort(rates, (size_t)reps, sizeof rates[0], cmp_double);
+    cached = rates[reps / 2];
+    free(a);
+    free(b);
+    free(c);
+    return cached;
+}

@@ -1,0 +1,457 @@
+/* llmtrain.c — main: job -> topology -> model -> train loop -> exit code.
+ *
+ * One training step, top to bottom (train_step below):
+ *   zero grads; for each micro-batch: forward, backward (accumulating)
+ *   -> sum gradients over data-parallel ranks -> global norm -> clip
+ *   -> AdamW at the scheduled LR -> log.
+ * Everything numeric is in model.c/kernels; everything collective in parallel.c. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "ckpt.h"
+#include "config.h"
+#include "data.h"
+#include "kernels.h"
+#include "model.h"
+#include "parallel.h"
+#include "util.h"
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#define LLMTRAIN_VERSION "0.1.0"
+
+typedef struct Trainer {
+    Config cfg;
+    Dist dist;
+    const Kernels *k;
+    Model model;
+    DataSet train, val;
+    int have_val;
+    Vocab vocab;
+    int have_vocab;
+    int accum;                 /* micro-batches per rank per step */
+    int *tok, *tgt;            /* host batch [B*T] */
+    float *host_flat;          /* host copy of a flat array (dump, checkpoints) */
+    FILE *metrics;
+    double peak_gflops;
+    double flops_per_token;
+    int nonfinite_run;         /* consecutive skipped steps */
+    int nonfinite_total;
+    double train_time;         /* seconds spent in steps, for the ETA */
+    int timed_steps;
+    uint64_t sample_rng;
+} Trainer;
+
+static int is_root(const Trainer *t) { return t->dist.rank == 0; }
+
+/* ------------------------------------------------------------------ */
+/* schedule and optimizer                                              */
+
+/* LR at 0-based step s: linear warmup, then cosine from lr to min_lr. */
+static float lr_at(const Config *c, int s) {
+    if (s < c->warmup_steps) return c->lr * (float)(s + 1) / (float)c->warmup_steps;
+    int span = c->decay_steps - c->warmup_steps;
+    double p = (double)(s - c->warmup_steps) / (double)(span > 1 ? span : 1);
+    if (p > 1.0) p = 1.0;
+    return (float)(c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * p)));
+}
+
+static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
+    const Config *c = &t->cfg;
+    Model *m = &t->model;
+    for (int i = 0; i < m->n_specs; i++) {
+        const ParamSpec *s = &m->specs[i];
+        float wd = (c->decay_all || s->decay) ? c->weight_decay : 0.0f;
+        t->k->adamw(m->params + s->offset, m->grads + s->offset, m->m + s->offset, m->v + s->offset,
+                    s->numel, lr, c->beta1, c->beta2, c->eps, wd, step + 1, grad_scale);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* data                                                                */
+
+/* Fill the host batch with micro-batch j of this rank for step `step`:
+ * global sequence i of step k is k*G + i; rank r owns i in [r*G/dp, (r+1)*G/dp). */
+static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
+    int B = t->model.B, T = t->model.T;
+    for (int b = 0; b < B; b++) dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
+}
+
+static uint64_t micro_first_seq(const Trainer *t, int step, int j) {
+    uint64_t G = (uint64_t)t->cfg.global_batch;
+    return (uint64_t)step * G + (uint64_t)t->dist.dp_rank * (G / (uint64_t)t->dist.dp) + (uint64_t)j * (uint64_t)t->model.B;
+}
+
+/* ------------------------------------------------------------------ */
+/* evaluation and sampling                                             */
+
+static double eval_loss(Trainer *t) {
+    double sum[2] = {0, 0};
+    for (int j = 0; j < t->cfg.eval_batches; j++) {
+        uint64_t first = ((uint64_t)t->dist.dp_rank * (uint64_t)t->cfg.eval_batches + (uint64_t)j) * (uint64_t)t->model.B;
+        load_batch(t, &t->val, first);
+        sum[0] += model_forward(&t->model, t->tok, t->tgt);
+        sum[1] += 1;
+    }
+    dist_allreduce_sum_f64(&t->dist, sum, 2);
+    return sum[1] > 0 ? sum[0] / sum[1] : NAN;
+}
+
+static uint64_t xorshift(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Generate sample_tokens tokens after a short prompt taken from the data,
+ * and print them (rank 0). Uses B = 1 forwards over the growing context. */
+static void print_sample(Trainer *t) {
+    const Config *c = &t->cfg;
+    Model *m = &t->model;
+    int T = m->T, V = m->cfg.vocab_size;
+    if (c->sample_tokens <= 0 || !is_root(t)) return;
+    const DataSet *ds = t->have_val ? &t->val : &t->train;
+    int prompt = T < 16 ? (T > 1 ? T / 2 : 1) : 8;
+    int total = prompt + c->sample_tokens;
+    int *ctx = malloc_check((size_t)total * sizeof(int));
+    int *tg = malloc_check((size_t)(T > total ? T : total) * sizeof(int));
+    dataset_sequence(ds, 0, t->tok, t->tgt);
+    memcpy(ctx, t->tok, (size_t)prompt * sizeof(int));
+    float *row = malloc_check((size_t)V * sizeof(float));
+    for (int n = prompt; n < total; n++) {
+        int len = n < T ? n : T;
+        const int *win = ctx + (n - len);
+        model_forward_bt(m, win, NULL, 1, len);
+        t->k->to_host(row, m->logits + (size_t)(len - 1) * V, (size_t)V * sizeof(float));
+        int next = 0;
+        if (c->sample_temperature <= 0) {
+            for (int v = 1; v < V; v++) if (row[v] > row[next]) next = v;
+        } else {
+            float mx = row[0];
+            for (int v = 1; v < V; v++) if (row[v] > mx) mx = row[v];
+            double z = 0;
+            for (int v = 0; v < V; v++) z += exp((row[v] - mx) / c->sample_temperature);
+            double u = (xorshift(&t->sample_rng) >> 11) * 0x1.0p-53 * z, acc = 0;
+            for (next = 0; next < V - 1; next++) {
+                acc += exp((row[next] - mx) / c->sample_temperature);
+                if (acc >= u) break;
+            }
+        }
+        ctx[n] = next;
+    }
+    printf("--- sample ---\n");
+    for (int n = 0; n < total; n++) {
+        if (n == prompt) printf("%s", t->have_vocab ? "" : "| ");
+        if (t->have_vocab) vocab_print(&t->vocab, ctx[n], stdout);
+        else printf("%d ", ctx[n]);
+    }
+    printf("\n--------------\n");
+    fflush(stdout);
+    free(ctx); free(tg); free(row);
+}
+
+/* ------------------------------------------------------------------ */
+/* logging                                                             */
+
+static double peak_rss_bytes(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss * 1024.0;
+}
+
+static void fmt_duration(char *buf, size_t n, double s) {
+    if (!isfinite(s) || s < 0) s = 0;
+    long x = (long)(s + 0.5);
+    snprintf(buf, n, "%ld:%02ld:%02ld", x / 3600, (x / 60) % 60, x % 60);
+}
+
+static void json_num(FILE *f, const char *key, double v) {
+    if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
+    else fprintf(f, ",\"%s\":null", key);
+}
+
+typedef struct StepStats {
+    int step;          /* 0-based */
+    double loss, lr, norm, dt, val_loss;
+    int clipped, skipped;
+} StepStats;
+
+static void log_step(Trainer *t, const StepStats *s) {
+    const Config *c = &t->cfg;
+    double tokens = (double)c->global_batch * c->seq_len;
+    double tps = tokens / s->dt;
+    double mfu = t->peak_gflops > 0 ? t->flops_per_token * tps / (t->peak_gflops * 1e9) / t->dist.world : NAN;
+    double mem = peak_rss_bytes();
+    if (s->step > 0 || c->steps == 1) { t->train_time += s->dt; t->timed_steps++; }
+    double avg = t->timed_steps ? t->train_time / t->timed_steps : s->dt;
+    char eta[32];
+    fmt_duration(eta, sizeof eta, avg * (c->steps - s->step - 1));
+    if (!is_root(t)) return;
+    if ((s->step + 1) % c->log_every == 0 || s->step + 1 == c->steps || s->skipped) {
+        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB | %.0f ms | ETA %s%s\n",
+               s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", tps, 100 * mfu,
+               mem / (1 << 30), 1000 * s->dt, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
+        if (isfinite(s->val_loss)) printf("step %5d/%d | val_loss %.4f\n", s->step + 1, c->steps, s->val_loss);
+        fflush(stdout);
+    }
+    FILE *f = t->metrics;
+    fprintf(f, "{\"step\":%d", s->step + 1);
+    json_num(f, "loss", s->loss);
+    json_num(f, "lr", s->lr);
+    json_num(f, "grad_norm", s->norm);
+    json_num(f, "tokens_per_s", tps);
+    json_num(f, "mfu", mfu);
+    json_num(f, "mem_bytes", mem);
+    json_num(f, "step_ms", 1000 * s->dt);
+    fprintf(f, ",\"clipped\":%s,\"skipped\":%s,\"nonfinite_total\":%d", s->clipped ? "true" : "false",
+            s->skipped ? "true" : "false", t->nonfinite_total);
+    if (isfinite(s->val_loss)) json_num(f, "val_loss", s->val_loss);
+    fprintf(f, "}\n");
+    fflush(f);
+}
+
+/* ------------------------------------------------------------------ */
+/* debug dump (tests compare it against PyTorch)                       */
+
+static void dump_flat(Trainer *t, const float *flat, const char *sub) {
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/%s", t->cfg.debug_dump, sub);
+    t->k->to_host(t->host_flat, flat, t->model.n_params * sizeof(float));
+    hf_export(&t->model, t->host_flat, dir);
+}
+
+static void dump_logits(Trainer *t, double loss) {
+    Model *m = &t->model;
+    size_t n = (size_t)m->B * m->T * m->cfg.vocab_size;
+    float *logits = malloc_check(n * sizeof(float));
+    load_batch(t, &t->train, micro_first_seq(t, 0, 0));
+    model_forward(m, t->tok, NULL);
+    t->k->to_host(logits, m->logits, n * sizeof(float));
+    float lossf = (float)loss;
+    StWriter w = {0};
+    int64_t shape[3] = {m->B, m->T, m->cfg.vocab_size}, one = 1;
+    st_writer_add(&w, "logits", 3, shape, logits);
+    st_writer_add(&w, "loss", 1, &one, &lossf);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/logits.safetensors", t->cfg.debug_dump);
+    st_writer_write(&w, path, NULL);
+    st_writer_free(&w);
+    free(logits);
+}
+
+/* ------------------------------------------------------------------ */
+/* one step                                                            */
+
+static StepStats train_step(Trainer *t, int step) {
+    Config *c = &t->cfg;
+    Model *m = &t->model;
+    const Kernels *k = t->k;
+    StepStats s = {.step = step, .val_loss = NAN};
+    double t0 = now_s();
+    int dump = c->debug_dump[0] && step == 0 && is_root(t);
+    if (dump) dump_flat(t, m->params, "params0");
+
+    k->zero(m->grads, m->n_params * sizeof(float));
+    double loss_sum = 0;
+    float loss_scale = 1.0f / ((float)c->global_batch * (float)c->seq_len);
+    for (int j = 0; j < t->accum; j++) {
+        load_batch(t, &t->train, micro_first_seq(t, step, j));
+        loss_sum += model_forward(m, t->tok, t->tgt);
+        model_backward(m, loss_scale);
+    }
+    /* gradients of the mean loss: each rank holds its share, the sum is the mean */
+    dist_allreduce_sum_f32(&t->dist, m->grads, m->n_params);
+    double red[2] = {loss_sum / t->accum, k->sumsq(m->grads, m->n_params)};
+    dist_allreduce_sum_f64(&t->dist, red, 1);
+    s.loss = red[0] / t->dist.dp;
+    s.norm = sqrt(red[1]);
+    s.lr = lr_at(c, step);
+    if (dump) { dump_logits(t, s.loss); dump_flat(t, m->grads, "grads"); }
+
+    if (!isfinite(s.loss) || !isfinite(s.norm)) {
+        s.skipped = 1;
+        t->nonfinite_run++;
+        t->nonfinite_total++;
+    } else {
+        t->nonfinite_run = 0;
+        float scale = 1.0f;
+        if (c->grad_clip > 0 && s.norm > c->grad_clip) {
+            scale = (float)(c->grad_clip / (s.norm + 1e-6));
+            s.clipped = 1;
+        }
+        adamw_step(t, (float)s.lr, scale, step);
+    }
+    s.dt = now_s() - t0;
+    return s;
+}
+
+/* ------------------------------------------------------------------ */
+/* setup                                                               */
+
+static void check_layout(Trainer *t) {
+    Config *c = &t->cfg;
+    Dist *d = &t->dist;
+    if (c->tp != 1) die(EXIT_USAGE, "%s: parallel.tensor %d: tensor parallelism is not available in this build (expected 1)", c->path, c->tp);
+    if (c->global_batch == 0) c->global_batch = c->micro_batch * d->dp;
+    if (c->global_batch % (c->micro_batch * d->dp) != 0)
+        die(EXIT_USAGE, "%s: train.global_batch %d is not divisible by train.micro_batch %d x data-parallel ranks %d",
+            c->path, c->global_batch, c->micro_batch, d->dp);
+    t->accum = c->global_batch / (c->micro_batch * d->dp);
+}
+
+static void select_backend(Trainer *t) {
+    const char *dev = t->cfg.device;
+    if (strcmp(dev, "cuda") == 0)
+        die(EXIT_USAGE, "%s: train.device \"cuda\": this binary was built without the CUDA backend (use \"cpu\" or \"auto\")", t->cfg.path);
+    t->k = kernels_cpu();
+}
+
+static void open_metrics(Trainer *t) {
+    if (!is_root(t)) return;
+    if (mkdir_p(t->cfg.log_dir) != 0) die(EXIT_IO, "log.dir: cannot create %s (%s)", t->cfg.log_dir, strerror(errno));
+    char path[1200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->cfg.log_dir);
+    t->metrics = fopen(path, "w");
+    if (!t->metrics) die(EXIT_IO, "%s: cannot open for writing (%s)", path, strerror(errno));
+}
+
+static void print_header(Trainer *t) {
+    if (!is_root(t)) return;
+    const Config *c = &t->cfg;
+    const ModelConfig *mc = &t->model.cfg;
+    printf("llmtrain %s | %s | backend %s | %s\n", LLMTRAIN_VERSION, c->path, t->k->name, kernels_cpu_blas_info());
+    printf("model %s: %d layers, %d embd, %d heads (%d kv), ffn %d, vocab %d, %.2fM parameters%s\n",
+           mc->arch == ARCH_GPT2 ? "gpt2" : "llama", mc->n_layer, mc->n_embd, mc->n_head, mc->n_kv_head,
+           mc->ffn_hidden, mc->vocab_size, t->model.n_real_params / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "");
+    printf("batch: %d seqs x %d tokens = %d tokens/step; micro %d x accum %d x dp %d | world %d\n",
+           c->global_batch, c->seq_len, c->global_batch * c->seq_len, c->micro_batch, t->accum, t->dist.dp, t->dist.world);
+    printf("data: %s (%llu tokens)%s | peak for MFU %.1f GFLOP/s (%s)\n", c->data_train, (unsigned long long)t->train.n_tokens,
+           t->have_val ? ", val on" : "", t->peak_gflops, c->peak_gflops > 0 ? "log.peak_gflops" : "measured sgemm");
+    fflush(stdout);
+}
+
+static int train(int argc, char **argv) {
+    static Trainer tr;
+    Trainer *t = &tr;
+    dist_init(&t->dist, &argc, &argv);
+    const char *job = NULL;
+    char **sets = malloc_check((size_t)argc * sizeof(char *));
+    int n_set = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--set") == 0) {
+            if (i + 1 >= argc) die(EXIT_USAGE, "--set: expected key=value after it");
+            sets[n_set++] = argv[++i];
+        } else if (strncmp(argv[i], "--set=", 6) == 0) {
+            sets[n_set++] = argv[i] + 6;
+        } else if (argv[i][0] == '-') {
+            die(EXIT_USAGE, "unknown option '%s' (see llmtrain --help)", argv[i]);
+        } else if (!job) {
+            job = argv[i];
+        } else {
+            die(EXIT_USAGE, "unexpected argument '%s': one job file only", argv[i]);
+        }
+    }
+    if (!job) die(EXIT_USAGE, "no job file given (usage: llmtrain job.json [--set key=value ...])");
+    Config *c = &t->cfg;
+    config_load(c, job, n_set, sets);
+    free(sets);
+    if (c->init_from[0]) {
+        ModelConfig hf;
+        hf_read_config(c->init_from, &hf);
+        config_take_model(c, &hf, c->init_from);
+    }
+    check_layout(t);
+    select_backend(t);
+
+    /* data first: a bad path should fail before minutes of setup */
+    dataset_open(&t->train, c->data_train, "data.train", c->model.vocab_size, c->seq_len, c->data_shuffle, c->seed);
+    if (c->data_val[0]) {
+        dataset_open(&t->val, c->data_val, "data.val", c->model.vocab_size, c->seq_len, 0, c->seed);
+        t->have_val = 1;
+    }
+    if (c->data_vocab[0]) { vocab_load(&t->vocab, c->data_vocab); t->have_vocab = 1; }
+
+    model_build(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, 1);
+    if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
+    else model_init_random(&t->model, c->init_std, c->seed);
+    t->tok = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
+    t->tgt = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
+    t->host_flat = malloc_check(t->model.n_params * sizeof(float));
+    t->flops_per_token = model_flops_per_token(&c->model, c->seq_len);
+    t->peak_gflops = c->peak_gflops > 0 ? c->peak_gflops : kernels_cpu_sgemm_peak_gflops();
+    t->sample_rng = c->seed * 2654435761ull + 88172645463325252ull;
+    open_metrics(t);
+    print_header(t);
+
+    TrainState st = {0};
+    for (int step = 0; step < c->steps; step++) {
+        StepStats s = train_step(t, step);
+        int last = step + 1 == c->steps;
+        int eval = (c->eval_every > 0 && (step + 1) % c->eval_every == 0) || last;
+        if (eval && t->have_val && c->eval_batches > 0) s.val_loss = eval_loss(t);
+        log_step(t, &s);
+        if (eval) print_sample(t);
+        if (t->nonfinite_run >= c->max_nonfinite_steps) {
+            if (is_root(t)) fprintf(stderr, "llmtrain: %d consecutive steps with non-finite loss or gradients (step %d); exiting\n",
+                                    t->nonfinite_run, step + 1);
+            dist_abort(&t->dist, EXIT_NONFINITE);
+        }
+        st.step = step + 1;
+        st.seq_cursor = (uint64_t)(step + 1) * (uint64_t)c->global_batch;
+        if (is_root(t) && ((c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last)) {
+            ckpt_save(&t->model, c, &st, c->ckpt_dir);
+            printf("checkpoint: %s/step_%08d\n", c->ckpt_dir, st.step);
+        }
+    }
+    if (t->metrics) fclose_check(t->metrics, "metrics.jsonl");
+    dist_finalize(&t->dist);
+    return EXIT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* export                                                              */
+
+static int cmd_export(int argc, char **argv) {
+    if (argc != 2) die(EXIT_USAGE, "usage: llmtrain export CHECKPOINT_DIR OUT_DIR");
+    char step_dir[2048];
+    if (ckpt_resolve(argv[0], step_dir, sizeof step_dir) != 0)
+        die(EXIT_USAGE, "export: %s: no complete checkpoint found (expected a step folder with state.json, or a root holding step_* folders)", argv[0]);
+    TrainState st;
+    char *json = ckpt_read_state(step_dir, &st);
+    Config c;
+    config_load_string(&c, json, step_dir);
+    free(json);
+    Model m;
+    model_build(&m, &c.model, kernels_cpu(), 1, 1, 1);
+    ckpt_load_params(&m, step_dir);
+    float *host = malloc_check(m.n_params * sizeof(float));
+    m.k->to_host(host, m.params, m.n_params * sizeof(float));
+    hf_export(&m, host, argv[1]);
+    printf("exported %s (step %d) -> %s\n", step_dir, st.step, argv[1]);
+    free(host);
+    model_free(&m);
+    config_free(&c);
+    return EXIT_OK;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: llmtrain JOB.json [--set key=value ...]   train (mpirun -np N for several ranks)\n"
+            "       llmtrain export CHECKPOINT_DIR OUT_DIR    write a Hugging Face folder\n"
+            "       llmtrain keys                             list every config key with its default\n"
+            "       llmtrain --version\n");
+}
+
+int main(int argc, char **argv) {
+    kernels_cpu_select_blas_core(argv);
+    if (argc < 2) { usage(stderr); return EXIT_USAGE; }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) { usage(stdout); return EXIT_OK; }
+    if (strcmp(argv[1], "--version") == 0) { printf("llmtrain %s\n", LLMTRAIN_VERSION); return EXIT_OK; }
+    if (strcmp(argv[1], "keys") == 0) { config_print_keys(); return EXIT_OK; }
+    if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
+    return train(argc, argv);
+}

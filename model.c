@@ -1,0 +1,386 @@
+/* model.c — GPT-2 and Llama over flat arrays: the layout table (the one
+ * place a tensor's name and shape are written), deterministic init, and
+ * the forward and backward passes. Orchestration only: it never touches a
+ * tensor element (that is kernels.h) and never communicates (parallel.h). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "model.h"
+#include "util.h"
+#include <math.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ */
+/* layout table                                                        */
+
+typedef struct {
+    Model *m;
+    size_t off;
+    int cap;
+} LayoutBuilder;
+
+static void add_spec(LayoutBuilder *lb, const char *name, ParamKind kind, int layer, int chunk,
+                     int rows, int cols, int tp_axis, int nparts) {
+    Model *m = lb->m;
+    if (m->n_specs == lb->cap) {
+        lb->cap = lb->cap ? 2 * lb->cap : 64;
+        ParamSpec *ns = malloc_check((size_t)lb->cap * sizeof *ns);
+        if (m->specs) memcpy(ns, m->specs, (size_t)m->n_specs * sizeof *ns);
+        free(m->specs);
+        m->specs = ns;
+    }
+    ParamSpec *s = &m->specs[m->n_specs++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->kind = kind;
+    s->layer = layer;
+    s->chunk = chunk;
+    s->ndim = cols > 0 ? 2 : 1;
+    s->shape[0] = rows;
+    s->shape[1] = cols > 0 ? cols : 1;
+    s->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    s->offset = lb->off;
+    s->tp_axis = tp_axis;
+    s->nparts = nparts;
+    s->decay = s->ndim == 2;
+    lb->off += s->numel;
+}
+
+static void end_chunk(LayoutBuilder *lb, int chunk, size_t chunk_start, size_t pad) {
+    size_t size = lb->off - chunk_start;
+    size = (size + pad - 1) / pad * pad;
+    lb->m->chunk_offset[chunk] = chunk_start;
+    lb->m->chunk_size[chunk] = size;
+    lb->off = chunk_start + size;
+}
+
+/* Build the table: chunk 0 embeddings, chunk 1+l layer l, last chunk the
+ * final norm (and untied LM head). Each chunk is contiguous and padded so a
+ * shard group can split it evenly. */
+static void build_layout(Model *m, int pad_multiple) {
+    const ModelConfig *c = &m->cfg;
+    int gpt2 = c->arch == ARCH_GPT2;
+    int C = c->n_embd, F = c->ffn_hidden, V = c->vocab_size;
+    LayoutBuilder lb = {m, 0, 0};
+    m->n_chunks = c->n_layer + 2;
+    m->chunk_offset = calloc_check((size_t)m->n_chunks, sizeof(size_t));
+    m->chunk_size = calloc_check((size_t)m->n_chunks, sizeof(size_t));
+    size_t pad = (size_t)(pad_multiple > 0 ? pad_multiple : 1) * 16; /* 64-byte aligned chunks */
+    char nm[64];
+
+    size_t start = lb.off;
+    add_spec(&lb, "wte.weight", P_WTE, -1, 0, V, C, 0, 1);
+    if (gpt2) add_spec(&lb, "wpe.weight", P_WPE, -1, 0, c->max_seq_len, C, -1, 1);
+    end_chunk(&lb, 0, start, pad);
+
+    for (int l = 0; l < c->n_layer; l++) {
+        int ch = l + 1;
+        start = lb.off;
+#define L(suffix) (snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix), nm)
+        add_spec(&lb, L("ln1.weight"), P_LN1_W, l, ch, C, 0, -1, 1);
+        if (gpt2) add_spec(&lb, L("ln1.bias"), P_LN1_B, l, ch, C, 0, -1, 1);
+        add_spec(&lb, L("attn.qkv.weight"), P_QKV_W, l, ch, m->qkv_dim, C, 0, 3);
+        if (gpt2) add_spec(&lb, L("attn.qkv.bias"), P_QKV_B, l, ch, m->qkv_dim, 0, 0, 3);
+        add_spec(&lb, L("attn.out.weight"), P_ATTN_OUT_W, l, ch, C, c->n_head * m->hd, 1, 1);
+        if (gpt2) add_spec(&lb, L("attn.out.bias"), P_ATTN_OUT_B, l, ch, C, 0, -1, 1);
+        add_spec(&lb, L("ln2.weight"), P_LN2_W, l, ch, C, 0, -1, 1);
+        if (gpt2) add_spec(&lb, L("ln2.bias"), P_LN2_B, l, ch, C, 0, -1, 1);
+        add_spec(&lb, L("mlp.fc.weight"), P_FC_W, l, ch, m->fc_dim, C, 0, gpt2 ? 1 : 2);
+        if (gpt2) add_spec(&lb, L("mlp.fc.bias"), P_FC_B, l, ch, m->fc_dim, 0, 0, 1);
+        add_spec(&lb, L("mlp.proj.weight"), P_PROJ_W, l, ch, C, F, 1, 1);
+        if (gpt2) add_spec(&lb, L("mlp.proj.bias"), P_PROJ_B, l, ch, C, 0, -1, 1);
+#undef L
+        end_chunk(&lb, ch, start, pad);
+    }
+
+    int last = c->n_layer + 1;
+    start = lb.off;
+    add_spec(&lb, "lnf.weight", P_LNF_W, -1, last, C, 0, -1, 1);
+    if (gpt2) add_spec(&lb, "lnf.bias", P_LNF_B, -1, last, C, 0, -1, 1);
+    if (!c->tie_embeddings) add_spec(&lb, "lm_head.weight", P_LM_HEAD, -1, last, V, C, 0, 1);
+    end_chunk(&lb, last, start, pad);
+
+    m->n_params = lb.off;
+    m->n_real_params = 0;
+    for (int i = 0; i < m->n_specs; i++) m->n_real_params += m->specs[i].numel;
+}
+
+/* Resolve the named tensors into pointers inside one flat array. */
+static void bind(const Model *m, float *base, ModelPtrs *out) {
+    memset(out->layers, 0, (size_t)m->cfg.n_layer * sizeof(LayerPtrs));
+    out->wte = out->wpe = out->lnf_w = out->lnf_b = out->lm_head = NULL;
+    for (int i = 0; i < m->n_specs; i++) {
+        const ParamSpec *s = &m->specs[i];
+        float *p = base + s->offset;
+        LayerPtrs *L = s->layer >= 0 ? &out->layers[s->layer] : NULL;
+        switch (s->kind) {
+        case P_WTE: out->wte = p; break;
+        case P_WPE: out->wpe = p; break;
+        case P_LNF_W: out->lnf_w = p; break;
+        case P_LNF_B: out->lnf_b = p; break;
+        case P_LM_HEAD: out->lm_head = p; break;
+        case P_LN1_W: L->ln1_w = p; break;
+        case P_LN1_B: L->ln1_b = p; break;
+        case P_QKV_W: L->qkv_w = p; break;
+        case P_QKV_B: L->qkv_b = p; break;
+        case P_ATTN_OUT_W: L->attn_out_w = p; break;
+        case P_ATTN_OUT_B: L->attn_out_b = p; break;
+        case P_LN2_W: L->ln2_w = p; break;
+        case P_LN2_B: L->ln2_b = p; break;
+        case P_FC_W: L->fc_w = p; break;
+        case P_FC_B: L->fc_b = p; break;
+        case P_PROJ_W: L->proj_w = p; break;
+        case P_PROJ_B: L->proj_b = p; break;
+        default: die(EXIT_INTERNAL, "bind: unknown tensor kind %d", (int)s->kind);
+        }
+    }
+    if (!out->lm_head) out->lm_head = out->wte; /* tied */
+}
+
+const ParamSpec *model_find(const Model *m, const char *name) {
+    for (int i = 0; i < m->n_specs; i++)
+        if (strcmp(m->specs[i].name, name) == 0) return &m->specs[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* activations                                                         */
+
+/* Carve every activation buffer out of one allocation. With base NULL it
+ * only counts, so the same code sizes and assigns. */
+static size_t carve_acts(Model *m, float *base) {
+    const ModelConfig *c = &m->cfg;
+    size_t N = (size_t)m->B * m->T, C = (size_t)c->n_embd, off = 0;
+    size_t att = (size_t)m->B * c->n_head * m->T * m->T;
+    size_t F = (size_t)c->ffn_hidden, widest = N * (size_t)(m->fc_dim > m->qkv_dim ? m->fc_dim : m->qkv_dim);
+    if (widest < N * C) widest = N * C;
+    int gpt2 = c->arch == ARCH_GPT2;
+#define TAKE(ptr, n) do { size_t n_ = (n); (ptr) = base ? base + off : NULL; off += (n_ + 15) / 16 * 16; } while (0)
+    TAKE(m->encoded, N * C);
+    for (int l = 0; l < c->n_layer; l++) {
+        LayerActs *a = &m->la[l];
+        TAKE(a->ln1, N * C);
+        if (gpt2) TAKE(a->ln1_mean, N); else a->ln1_mean = NULL;
+        TAKE(a->ln1_rstd, N);
+        TAKE(a->qkv, N * (size_t)m->qkv_dim);
+        TAKE(a->atty, N * C);
+        TAKE(a->att, att);
+        TAKE(a->res2, N * C);
+        TAKE(a->ln2, N * C);
+        if (gpt2) TAKE(a->ln2_mean, N); else a->ln2_mean = NULL;
+        TAKE(a->ln2_rstd, N);
+        TAKE(a->fch, N * (size_t)m->fc_dim);
+        TAKE(a->fch_act, N * F);
+        TAKE(a->res3, N * C);
+    }
+    TAKE(m->lnf, N * C);
+    if (gpt2) TAKE(m->lnf_mean, N); else m->lnf_mean = NULL;
+    TAKE(m->lnf_rstd, N);
+    TAKE(m->logits, N * (size_t)c->vocab_size);
+    TAKE(m->losses, N);
+    TAKE(m->dres, N * C);
+    TAKE(m->dbuf1, widest);
+    TAKE(m->dbuf2, widest);
+    TAKE(m->dlnf, N * C);
+#undef TAKE
+    return off;
+}
+
+void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->k = k;
+    m->B = B;
+    m->T = T;
+    m->hd = cfg->n_embd / cfg->n_head;
+    m->qkv_dim = (cfg->n_head + 2 * cfg->n_kv_head) * m->hd;
+    m->fc_dim = cfg->arch == ARCH_LLAMA ? 2 * cfg->ffn_hidden : cfg->ffn_hidden;
+    build_layout(m, pad_multiple);
+
+    size_t bytes = m->n_params * sizeof(float);
+    m->params = k->alloc(bytes);
+    m->grads = k->alloc(bytes);
+    m->m = k->alloc(bytes);
+    m->v = k->alloc(bytes);
+    m->p.layers = calloc_check((size_t)cfg->n_layer, sizeof(LayerPtrs));
+    m->g.layers = calloc_check((size_t)cfg->n_layer, sizeof(LayerPtrs));
+    bind(m, m->params, &m->p);
+    bind(m, m->grads, &m->g);
+
+    m->la = calloc_check((size_t)cfg->n_layer, sizeof(LayerActs));
+    m->acts_floats = carve_acts(m, NULL);
+    m->acts_mem = k->alloc(m->acts_floats * sizeof(float));
+    carve_acts(m, m->acts_mem);
+    m->tokens = k->alloc((size_t)B * T * sizeof(int));
+    m->targets = k->alloc((size_t)B * T * sizeof(int));
+}
+
+void model_free(Model *m) {
+    const Kernels *k = m->k;
+    k->free(m->params); k->free(m->grads); k->free(m->m); k->free(m->v);
+    k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets);
+    free(m->p.layers); free(m->g.layers); free(m->la);
+    free(m->specs); free(m->chunk_offset); free(m->chunk_size);
+    memset(m, 0, sizeof *m);
+}
+
+/* ------------------------------------------------------------------ */
+/* init                                                                */
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t hash_name(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Each tensor draws from its own stream keyed by (seed, name), so a
+ * tensor's initial values do not depend on the layout or parallelism. */
+void model_init_random(Model *m, float std, uint64_t seed) {
+    float *host = malloc_check(m->n_params * sizeof(float));
+    memset(host, 0, m->n_params * sizeof(float));
+    float resid_std = std / sqrtf(2.0f * (float)m->cfg.n_layer);
+    for (int i = 0; i < m->n_specs; i++) {
+        const ParamSpec *s = &m->specs[i];
+        float *p = host + s->offset;
+        switch (s->kind) {
+        case P_LN1_W: case P_LN2_W: case P_LNF_W:
+            for (size_t j = 0; j < s->numel; j++) p[j] = 1.0f;
+            break;
+        case P_LN1_B: case P_LN2_B: case P_LNF_B: case P_QKV_B: case P_ATTN_OUT_B: case P_FC_B: case P_PROJ_B:
+            break; /* zero */
+        default: {
+            float sd = (s->kind == P_ATTN_OUT_W || s->kind == P_PROJ_W) ? resid_std : std;
+            uint64_t st = seed ^ hash_name(s->name);
+            for (size_t j = 0; j < s->numel; j += 2) { /* Box-Muller pairs */
+                double u1 = ((splitmix64(&st) >> 11) + 1.0) * 0x1.0p-53;
+                double u2 = (splitmix64(&st) >> 11) * 0x1.0p-53;
+                double r = sqrt(-2.0 * log(u1));
+                p[j] = (float)(sd * r * cos(2 * M_PI * u2));
+                if (j + 1 < s->numel) p[j + 1] = (float)(sd * r * sin(2 * M_PI * u2));
+            }
+        }
+        }
+    }
+    m->k->from_host(m->params, host, m->n_params * sizeof(float));
+    free(host);
+}
+
+/* ------------------------------------------------------------------ */
+/* forward and backward                                                */
+
+static void norm_forward(const Model *m, float *out, float *mean, float *rstd, const float *inp,
+                         const float *w, const float *b, int N) {
+    const ModelConfig *c = &m->cfg;
+    if (c->arch == ARCH_GPT2) m->k->layernorm_forward(out, mean, rstd, inp, w, b, N, c->n_embd, c->norm_eps);
+    else m->k->rmsnorm_forward(out, rstd, inp, w, N, c->n_embd, c->norm_eps);
+}
+
+static void norm_backward(const Model *m, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean, const float *rstd, int N) {
+    if (m->cfg.arch == ARCH_GPT2) m->k->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.n_embd);
+    else m->k->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.n_embd);
+}
+
+float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T) {
+    const Kernels *k = m->k;
+    const ModelConfig *c = &m->cfg;
+    if (B > m->B || T > m->T) die(EXIT_INTERNAL, "model_forward: %dx%d exceeds the built %dx%d", B, T, m->B, m->T);
+    int N = B * T, C = c->n_embd, F = c->ffn_hidden, nh = c->n_head, nkv = c->n_kv_head, hd = m->hd;
+    int llama = c->arch == ARCH_LLAMA;
+    m->cur_B = B;
+    m->cur_T = T;
+    k->from_host(m->tokens, tokens, (size_t)N * sizeof(int));
+    if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
+
+    k->embed_forward(m->encoded, m->tokens, m->p.wte, m->p.wpe, N, T, C);
+    const float *x = m->encoded;
+    for (int l = 0; l < c->n_layer; l++) {
+        const LayerPtrs *w = &m->p.layers[l];
+        LayerActs *a = &m->la[l];
+        /* attention block: res2 = x + out_proj(attn(qkv(norm1(x)))) */
+        norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
+        k->matmul_forward(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->qkv_dim);
+        if (llama) k->rope_forward(a->qkv, B, T, nh, nkv, hd, c->rope_theta, 0);
+        k->attention_forward(a->atty, a->att, a->qkv, B, T, nh, nkv, hd);
+        k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, w->attn_out_b, N, nh * hd, C);
+        k->add(a->res2, x, m->dbuf1, (size_t)N * C);
+        /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))) */
+        norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N);
+        k->matmul_forward(a->fch, a->ln2, w->fc_w, w->fc_b, N, C, m->fc_dim);
+        if (llama) k->swiglu_forward(a->fch_act, a->fch, N, F);
+        else k->gelu_forward(a->fch_act, a->fch, (size_t)N * F);
+        k->matmul_forward(m->dbuf1, a->fch_act, w->proj_w, w->proj_b, N, F, C);
+        k->add(a->res3, a->res2, m->dbuf1, (size_t)N * C);
+        x = a->res3;
+    }
+    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, N);
+    k->matmul_forward(m->logits, m->lnf, m->p.lm_head, NULL, N, C, c->vocab_size);
+    if (!targets) return NAN;
+    k->crossentropy_forward(m->losses, m->logits, m->targets, N, c->vocab_size);
+    return (float)(k->sum(m->losses, (size_t)N) / N);
+}
+
+float model_forward(Model *m, const int *tokens, const int *targets) {
+    return model_forward_bt(m, tokens, targets, m->B, m->T);
+}
+
+void model_backward(Model *m, float loss_scale) {
+    const Kernels *k = m->k;
+    const ModelConfig *c = &m->cfg;
+    int B = m->cur_B, T = m->cur_T, N = B * T, C = c->n_embd, F = c->ffn_hidden;
+    int nh = c->n_head, nkv = c->n_kv_head, hd = m->hd, V = c->vocab_size;
+    int llama = c->arch == ARCH_LLAMA;
+    size_t NC = (size_t)N * C;
+
+    k->crossentropy_backward(m->logits, m->targets, loss_scale, N, V);
+    k->zero(m->dlnf, NC * sizeof(float));
+    k->matmul_backward(m->dlnf, m->g.lm_head, NULL, m->logits, m->lnf, m->p.lm_head, N, C, V);
+    const float *xL = c->n_layer > 0 ? m->la[c->n_layer - 1].res3 : m->encoded;
+    k->zero(m->dres, NC * sizeof(float));
+    norm_backward(m, m->dres, m->g.lnf_w, m->g.lnf_b, m->dlnf, xL, m->p.lnf_w, m->lnf_mean, m->lnf_rstd, N);
+
+    for (int l = c->n_layer - 1; l >= 0; l--) {
+        const LayerPtrs *w = &m->p.layers[l];
+        const LayerPtrs *g = &m->g.layers[l];
+        const LayerActs *a = &m->la[l];
+        const float *x = l > 0 ? m->la[l - 1].res3 : m->encoded;
+        /* MLP block; m->dres holds d(res3) and becomes d(res2) */
+        k->zero(m->dbuf1, (size_t)N * F * sizeof(float));
+        k->matmul_backward(m->dbuf1, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, N, F, C);
+        k->zero(m->dbuf2, (size_t)N * m->fc_dim * sizeof(float));
+        if (llama) k->swiglu_backward(m->dbuf2, a->fch, m->dbuf1, N, F);
+        else k->gelu_backward(m->dbuf2, a->fch, m->dbuf1, (size_t)N * F);
+        k->zero(m->dbuf1, NC * sizeof(float));
+        k->matmul_backward(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim);
+        norm_backward(m, m->dres, g->ln2_w, g->ln2_b, m->dbuf1, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
+        /* attention block; m->dres becomes d(x) */
+        k->zero(m->dbuf1, (size_t)N * nh * hd * sizeof(float));
+        k->matmul_backward(m->dbuf1, g->attn_out_w, g->attn_out_b, m->dres, a->atty, w->attn_out_w, N, nh * hd, C);
+        k->zero(m->dbuf2, (size_t)N * m->qkv_dim * sizeof(float));
+        k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->att, B, T, nh, nkv, hd);
+        if (llama) k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, c->rope_theta, 0);
+        k->zero(m->dbuf1, NC * sizeof(float));
+        k->matmul_backward(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, a->ln1, w->qkv_w, N, C, m->qkv_dim);
+        norm_backward(m, m->dres, g->ln1_w, g->ln1_b, m->dbuf1, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
+    }
+    k->embed_backward(m->g.wte, m->g.wpe, m->dres, m->tokens, N, T, C);
+}
+
+double model_flops_per_token(const ModelConfig *c, int T) {
+    /* 6 FLOPs per parameter that takes part in a matrix product (forward
+     * 2, backward 4), plus attention's scores and weighted sum, 12*L*C*T
+     * (PaLM's count; causal masking is not subtracted). */
+    double C = c->n_embd, hd = C / c->n_head;
+    double qkv = (c->n_head + 2.0 * c->n_kv_head) * hd;
+    double fc = c->arch == ARCH_LLAMA ? 2.0 * c->ffn_hidden : c->ffn_hidden;
+    double per_layer = qkv * C + C * C + fc * C + c->ffn_hidden * C;
+    double matmul_params = c->n_layer * per_layer + (double)c->vocab_size * C;
+    return 6.0 * matmul_params + 12.0 * c->n_layer * C * T;
+}

@@ -1,0 +1,120 @@
+/* model.h — GPT-2 and Llama as one flat parameter array carved by a
+ * layout table, and the forward/backward passes over it (orchestration
+ * only: every element-wise or matrix operation is a call into kernels.h). */
+#ifndef LLMTRAIN_MODEL_H
+#define LLMTRAIN_MODEL_H
+#include <stddef.h>
+#include <stdint.h>
+#include "config.h"
+#include "kernels.h"
+
+/* What a tensor is, so code can find it without string compares. */
+typedef enum {
+    P_WTE, P_WPE,                     /* chunk 0: embeddings */
+    P_LN1_W, P_LN1_B,                 /* per layer */
+    P_QKV_W, P_QKV_B,                 /* fused [ (nh+2nkv)*hd, C ] rows q|k|v */
+    P_ATTN_OUT_W, P_ATTN_OUT_B,       /* [C, nh*hd] */
+    P_LN2_W, P_LN2_B,
+    P_FC_W, P_FC_B,                   /* GPT-2 c_fc [4C, C]; Llama fused gate|up [2F, C] */
+    P_PROJ_W, P_PROJ_B,               /* [C, F] */
+    P_LNF_W, P_LNF_B,                 /* last chunk: final norm, untied lm_head */
+    P_LM_HEAD,                        /* [V, C], only when untied */
+    P_NKINDS
+} ParamKind;
+
+/* One named tensor of the layout table. The same table drives init,
+ * optimizer decay, sharding, checkpoints and Hugging Face import/export. */
+typedef struct ParamSpec {
+    char name[64];     /* internal name, e.g. "layers.3.attn.qkv.weight" */
+    ParamKind kind;
+    int layer;         /* transformer layer, or -1 */
+    int chunk;         /* 0 = embeddings, 1..L = layers, L+1 = final */
+    int ndim;
+    int shape[2];      /* [rows, cols] (1-D: shape[0]) */
+    size_t offset;     /* in floats, into the flat arrays */
+    size_t numel;
+    int tp_axis;       /* tensor-parallel split axis: -1 replicated, 0 rows, 1 cols */
+    int nparts;        /* fused tensors: row blocks split separately by tp (qkv: 3, gate|up: 2) */
+    int decay;         /* weight decay applies under decay_all = false (2-D tensors) */
+} ParamSpec;
+
+/* Pointers to one layer's tensors inside some flat array (params or grads). */
+typedef struct LayerPtrs {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attn_out_w, *attn_out_b;
+    float *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;
+} LayerPtrs;
+
+typedef struct ModelPtrs {
+    float *wte, *wpe, *lnf_w, *lnf_b, *lm_head; /* lm_head == wte when tied */
+    LayerPtrs *layers;                           /* [n_layer] */
+} ModelPtrs;
+
+/* Saved activations of one layer (NULL where an arch has no such tensor). */
+typedef struct LayerActs {
+    float *ln1, *ln1_mean, *ln1_rstd;   /* [N,C], [N], [N] */
+    float *qkv;                         /* [N, QKV] after rope */
+    float *atty;                        /* [N, nh*hd] */
+    float *att;                         /* [B, nh, T, T] */
+    float *res2;                        /* [N,C] residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch;                         /* [N, F] (gpt2) or [N, 2F] (llama) */
+    float *fch_act;                     /* [N, F] after gelu / swiglu */
+    float *res3;                        /* [N,C] layer output */
+} LayerActs;
+
+typedef struct Model {
+    ModelConfig cfg;
+    const Kernels *k;
+    int B, T;                 /* micro-batch shape activations are sized for */
+    int cur_B, cur_T;         /* shape of the last forward, which backward reuses */
+    int hd, qkv_dim, fc_dim;  /* head dim, fused qkv rows, fc rows (F or 2F) */
+
+    ParamSpec *specs;
+    int n_specs;
+    size_t n_params;          /* floats in the flat arrays (incl. chunk padding) */
+    int n_chunks;
+    size_t *chunk_offset, *chunk_size; /* [n_chunks] in floats */
+    size_t n_real_params;     /* parameters a user counts (no padding) */
+
+    float *params;            /* [n_params] backend memory */
+    float *grads;             /* [n_params] */
+    float *m, *v;             /* AdamW moments [n_params] */
+    ModelPtrs p, g;           /* views of params and grads */
+
+    /* activations (one allocation) */
+    float *acts_mem;
+    size_t acts_floats;
+    float *encoded;           /* [N,C] embedding output = residual stream input */
+    LayerActs *la;            /* [n_layer] */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *logits;            /* [N,V] logits -> probs -> dlogits */
+    float *losses;            /* [N] */
+    /* backward scratch */
+    float *dres;              /* [N,C] gradient of the residual stream */
+    float *dbuf1, *dbuf2;     /* [N, max(qkv_dim, fc_dim, C)] */
+    float *dlnf;              /* [N,C] */
+    int *tokens, *targets;    /* [N] backend memory */
+} Model;
+
+/* Build the layout table and allocate params/grads/moments and activations
+ * for micro-batch B x T. pad_multiple: every chunk is padded to a multiple
+ * of it (sharding needs chunks divisible by the shard degree); 1 = none. */
+void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple);
+void model_free(Model *m);
+/* Random init: N(0, std), residual output projections std/sqrt(2*n_layer),
+ * biases 0, norm weights 1. Deterministic in seed, independent of layout. */
+void model_init_random(Model *m, float std, uint64_t seed);
+/* Look up a tensor by internal name; NULL if absent. */
+const ParamSpec *model_find(const Model *m, const char *name);
+/* Forward over a micro-batch (tokens/targets are host arrays of B*T).
+ * Returns the mean loss over its B*T targets (targets may be NULL: no loss). */
+float model_forward(Model *m, const int *tokens, const int *targets);
+/* The same for a smaller B x T (sampling runs B = 1, growing T). */
+float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T);
+/* Backward of the last forward; grads += d(loss_scale * sum of losses)/dparams.
+ * Use loss_scale = 1/(total targets of the step) for a mean loss. */
+void model_backward(Model *m, float loss_scale);
+/* Training FLOPs per token: 6*params(matmuls) + attention, as in the README. */
+double model_flops_per_token(const ModelConfig *cfg, int T);
+
+#endif

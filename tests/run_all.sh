@@ -1,0 +1,36 @@
+#!/bin/bash
+# Run every test suite; each prints "N passed, M failed" as its last line.
+# Prints the totals the same way and exits non-zero if anything failed.
+cd "$(dirname "$0")/.." || exit 2
+PY=/usr/bin/python3
+total_pass=0; total_fail=0; broken=""
+run() {
+    local name="$1"; shift
+    echo "=== $name: $*"
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    echo "$out" | tail -n 40
+    local line
+    line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "--- $name: no summary line (exit $rc)"; broken="$broken $name"; total_fail=$((total_fail + 1)); return
+    fi
+    local p f
+    p=$(echo "$line" | awk '{print $1}'); f=$(echo "$line" | awk '{print $3}')
+    total_pass=$((total_pass + p)); total_fail=$((total_fail + f))
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then broken="$broken $name"; total_fail=$((total_fail + 1)); fi
+}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+run kernels tests/test_kernels
+run data tests/test_data
+run ckpt tests/test_ckpt
+run cli tests/test_cli.sh
+run torch "$PY" tests/test_torch.py --bin ./llmtrain
+for t in tests/test_*.sh; do
+    case "$t" in tests/test_cli.sh) continue;; esac
+    [ -x "$t" ] && run "$(basename "$t" .sh)" "$t"
+done
+echo "==="
+[ -n "$broken" ] && echo "suites that crashed or exited non-zero:$broken"
+echo "$total_pass passed, $total_fail failed"
+[ "$total_fail" -eq 0 ]

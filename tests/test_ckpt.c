@@ -1,0 +1,826 @@
+/* test_ckpt.c — tests of ckpt.c: safetensors read/write (F32, BF16, F16),
+ * Hugging Face GPT-2 / Llama export and import (bit-exact round trips,
+ * sharded folders, config.json), training checkpoints (save, resolve, load)
+ * and the one-line errors on bad files (each in a forked child). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "ckpt.h"
+#include "config.h"
+#include "kernels.h"
+#include "model.h"
+#include "util.h"
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int n_pass, n_fail;
+static char TMP[256];
+
+static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+    va_end(ap);
+    if (ok) n_pass++; else n_fail++;
+}
+
+/* ---------------------------------------------------------------- files */
+
+static char *tpath(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *tpath(const char *fmt, ...) {
+    static char bufs[8][1024];
+    static int i;
+    char *b = bufs[i++ % 8];
+    int n = snprintf(b, 1024, "%s/", TMP);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b + n, 1024 - (size_t)n, fmt, ap);
+    va_end(ap);
+    return b;
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int f, struct FTW *ftw) {
+    (void)sb; (void)f; (void)ftw;
+    return remove(p);
+}
+static void rm_rf(const char *p) { nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+
+static int exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+static void copy_file(const char *src, const char *dst) {
+    size_t n;
+    char *buf = read_text_file(src, &n);
+    if (!buf) die(EXIT_INTERNAL, "test: cannot read %s", src);
+    FILE *f = fopen_check(dst, "wb");
+    fwrite_check(buf, 1, n, f, dst);
+    fclose_check(f, dst);
+    free(buf);
+}
+
+static void write_bytes(const char *path, const void *p, size_t n) {
+    FILE *f = fopen_check(path, "wb");
+    fwrite_check(p, 1, n, f, path);
+    fclose_check(f, path);
+}
+
+static void write_text(const char *path, const char *s) { write_bytes(path, s, strlen(s)); }
+
+/* A tensor held in memory by the tests: raw bytes of any dtype. */
+typedef struct {
+    char name[128];
+    const char *dtype;
+    int ndim;
+    int64_t shape[4];
+    unsigned char *data;
+    size_t bytes;
+} Raw;
+
+/* Hand-made safetensors (any dtype) so the reader is tested against bytes
+ * it did not write. */
+static void write_raw(const char *path, const Raw *t, int n) {
+    char hdr[65536];
+    size_t len = (size_t)snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"format\":\"pt\"}");
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        len += (size_t)snprintf(hdr + len, sizeof hdr - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t[i].name, t[i].dtype);
+        for (int d = 0; d < t[i].ndim; d++)
+            len += (size_t)snprintf(hdr + len, sizeof hdr - len, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+        len += (size_t)snprintf(hdr + len, sizeof hdr - len, "],\"data_offsets\":[%zu,%zu]}", off, off + t[i].bytes);
+        off += t[i].bytes;
+    }
+    len += (size_t)snprintf(hdr + len, sizeof hdr - len, "}");
+    while (len % 8) hdr[len++] = ' ';
+    FILE *f = fopen_check(path, "wb");
+    uint64_t l = len;
+    fwrite_check(&l, 8, 1, f, path);
+    fwrite_check(hdr, 1, len, f, path);
+    for (int i = 0; i < n; i++) fwrite_check(t[i].data, 1, t[i].bytes, f, path);
+    fclose_check(f, path);
+}
+
+/* Every tensor of a file as F32 Raw entries. */
+static Raw *read_all(const char *path, int *n) {
+    StFile f;
+    st_open(&f, path);
+    Raw *r = calloc_check((size_t)f.n + 8, sizeof *r); /* room for tests to add */
+    for (int i = 0; i < f.n; i++) {
+        const StTensor *t = &f.t[i];
+        snprintf(r[i].name, sizeof r[i].name, "%s", t->name);
+        r[i].dtype = "F32";
+        r[i].ndim = t->ndim;
+        size_t numel = 1;
+        for (int d = 0; d < t->ndim; d++) { r[i].shape[d] = t->shape[d]; numel *= (size_t)t->shape[d]; }
+        r[i].bytes = numel * 4;
+        r[i].data = malloc_check(r[i].bytes);
+        st_read_f32(&f, t, (float *)r[i].data);
+    }
+    *n = f.n;
+    st_close(&f);
+    return r;
+}
+
+static void free_all(Raw *r, int n) {
+    for (int i = 0; i < n; i++) free(r[i].data);
+    free(r);
+}
+
+static Raw *raw_find(Raw *r, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(r[i].name, name) == 0) return &r[i];
+    return NULL;
+}
+
+static void raw_remove(Raw *r, int *n, const char *name) {
+    Raw *t = raw_find(r, *n, name);
+    if (!t) die(EXIT_INTERNAL, "test: no tensor %s", name);
+    free(t->data);
+    *t = r[--*n];
+}
+
+/* ------------------------------------------------------------- children */
+
+typedef void (*ChildFn)(const char *arg);
+
+/* Run fn in a child; check it exits with `code` after one stderr line that
+ * contains `want`. */
+static void expect_die(const char *what, ChildFn fn, const char *arg, int code, const char *want) {
+    int pfd[2];
+    if (pipe(pfd) != 0) die(EXIT_INTERNAL, "pipe");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pfd[0]);
+        dup2(pfd[1], 2);
+        fn(arg);
+        _exit(0);
+    }
+    close(pfd[1]);
+    char err[4096];
+    size_t len = 0;
+    ssize_t r;
+    while (len < sizeof err - 1 && (r = read(pfd[0], err + len, sizeof err - 1 - len)) > 0) len += (size_t)r;
+    err[len] = '\0';
+    close(pfd[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    int lines = 0;
+    for (size_t i = 0; i < len; i++) lines += err[i] == '\n';
+    int ok = WIFEXITED(status) && WEXITSTATUS(status) == code && lines == 1 && err[len - 1] == '\n' &&
+             strstr(err, want) != NULL;
+    if (len) err[len - 1] = '\0';
+    check(ok, "%s -> exit %d, one line: %s", what, WIFEXITED(status) ? WEXITSTATUS(status) : -1, err);
+}
+
+/* ------------------------------------------------------- safetensors */
+
+static void test_st_roundtrip(void) {
+    float a[6] = {1, -2, 3.5f, 1e-30f, -0.0f, INFINITY}, b[3] = {0.1f, 0.2f, 0.3f}, s = 42;
+    StWriter w = {0};
+    int64_t sa[2] = {2, 3}, sb[1] = {3};
+    st_writer_add(&w, "a", 2, sa, a);
+    st_writer_add(&w, "b\"quoted", 1, sb, b);
+    st_writer_add(&w, "scalar", 0, NULL, &s);
+    char *p = tpath("rt.safetensors");
+    st_writer_write(&w, p, "{\"format\":\"pt\",\"note\":\"x\"}");
+    st_writer_free(&w);
+    check(!exists(tpath("rt.safetensors.tmp")), "st writer: no .tmp left behind");
+
+    size_t len;
+    char *bytes = read_text_file(p, &len);
+    uint64_t hl;
+    memcpy(&hl, bytes, 8);
+    check(hl % 8 == 0,
+          "st writer: header length %llu is a multiple of 8", (unsigned long long)hl);
+    cJSON *h = cJSON_ParseWithLength(bytes + 8, hl);
+    const cJSON *meta = cJSON_GetObjectItem(h, "__metadata__");
+    check(meta && cJSON_IsString(cJSON_GetObjectItem(meta, "format")) &&
+              strcmp(cJSON_GetObjectItem(meta, "format")->valuestring, "pt") == 0,
+          "st writer: __metadata__ {\"format\":\"pt\"} written");
+    check(len == 8 + hl + sizeof a + sizeof b + sizeof s, "st writer: file size = 8 + header + data");
+    cJSON_Delete(h);
+    free(bytes);
+
+    StFile f;
+    st_open(&f, p);
+    const StTensor *ta = st_find(&f, "a"), *tb = st_find(&f, "b\"quoted"), *ts = st_find(&f, "scalar");
+    check(f.n == 3 && ta && tb && ts && !st_find(&f, "__metadata__"), "st reader: 3 tensors, metadata skipped");
+    check(ta && ta->dtype == ST_F32 && ta->ndim == 2 && ta->shape[0] == 2 && ta->shape[1] == 3, "st reader: shape [2, 3] F32");
+    check(ts && ts->ndim == 0 && ts->end - ts->begin == 4, "st reader: 0-d scalar");
+    float ra[6], rb[3], rs;
+    st_read_f32(&f, ta, ra);
+    st_read_f32(&f, tb, rb);
+    st_read_f32(&f, ts, &rs);
+    check(memcmp(ra, a, sizeof a) == 0 && memcmp(rb, b, sizeof b) == 0 && rs == 42, "st reader: values bit-identical");
+    st_close(&f);
+}
+
+static void test_st_dtypes(void) {
+    /* bf16: the top 16 bits of fp32 */
+    float want_bf[5] = {1.0f, -2.5f, 3.14159274f, 1e-20f, -65504.0f};
+    uint16_t bf[5];
+    float want_bf_exact[5];
+    for (int i = 0; i < 5; i++) {
+        uint32_t u;
+        memcpy(&u, &want_bf[i], 4);
+        bf[i] = (uint16_t)(u >> 16);
+        u &= 0xffff0000u;
+        memcpy(&want_bf_exact[i], &u, 4);
+    }
+    uint16_t hf[10] = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x03ff, 0x7c00, 0xfc00, 0x7e00, 0x8000, 0x3555};
+    float want_hf[10] = {1.0f, -2.0f, 65504.0f, 0x1p-24f, 1023 * 0x1p-24f, INFINITY, -INFINITY, NAN, -0.0f, 0.333251953125f};
+    int64_t ids[2] = {7, -1};
+    Raw t[3] = {
+        {"bf", "BF16", 1, {5}, (unsigned char *)bf, sizeof bf},
+        {"hf", "F16", 2, {2, 5}, (unsigned char *)hf, sizeof hf},
+        {"ids", "I64", 1, {2}, (unsigned char *)ids, sizeof ids},
+    };
+    char *p = tpath("dtypes.safetensors");
+    write_raw(p, t, 3);
+    StFile f;
+    st_open(&f, p);
+    float out[10];
+    st_read_f32(&f, st_find(&f, "bf"), out);
+    check(memcmp(out, want_bf_exact, sizeof want_bf_exact) == 0 && out[0] == 1.0f && out[1] == -2.5f,
+          "st reader: BF16 -> fp32 exact (upper 16 bits)");
+    st_read_f32(&f, st_find(&f, "hf"), out);
+    int ok = 1;
+    for (int i = 0; i < 10; i++) {
+        if (isnan(want_hf[i])) ok &= isnan(out[i]) != 0;
+        else ok &= out[i] == want_hf[i] && signbit(out[i]) == signbit(want_hf[i]);
+    }
+    check(ok, "st reader: F16 -> fp32 (normal, max, subnormal, inf, nan, -0)");
+    check(st_find(&f, "ids")->dtype == ST_I64, "st reader: I64 tensor accepted in the header");
+    st_close(&f);
+}
+
+static void child_st_open(const char *path) {
+    StFile f;
+    st_open(&f, path);
+}
+
+static void child_st_read_ids(const char *path) {
+    StFile f;
+    st_open(&f, path);
+    float out[2];
+    st_read_f32(&f, st_find(&f, "ids"), out);
+}
+
+/* Header text after the 8-byte length, written as is (no padding). */
+static void write_header_file(const char *path, const char *hdr, size_t data_bytes) {
+    size_t len = strlen(hdr);
+    unsigned char *buf = calloc_check(8 + len + data_bytes, 1);
+    uint64_t l = len;
+    memcpy(buf, &l, 8);
+    memcpy(buf + 8, hdr, len);
+    write_bytes(path, buf, 8 + len + data_bytes);
+    free(buf);
+}
+
+static void test_st_errors(void) {
+    char *p;
+    p = tpath("short.safetensors");
+    write_bytes(p, "abc", 3);
+    expect_die("st_open: 3-byte file", child_st_open, p, EXIT_USAGE, "short.safetensors");
+
+    p = tpath("hdrlen.safetensors");
+    unsigned char big[16] = {0xff, 0xff, 0, 0, 0, 0, 0, 0, '{', '}'};
+    write_bytes(p, big, sizeof big);
+    expect_die("st_open: header length past EOF", child_st_open, p, EXIT_USAGE, "header length 65535");
+
+    p = tpath("badjson.safetensors");
+    write_header_file(p, "{\"a\":{\"dtype\":", 0);
+    expect_die("st_open: malformed header JSON", child_st_open, p, EXIT_USAGE, "badjson.safetensors");
+
+    p = tpath("dtype.safetensors");
+    write_header_file(p, "{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2);
+    expect_die("st_open: unknown dtype", child_st_open, p, EXIT_USAGE, "tensor a: unsupported dtype F8_E4M3");
+
+    p = tpath("size.safetensors");
+    write_header_file(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 20);
+    expect_die("st_open: size != prod(shape)*4", child_st_open, p, EXIT_USAGE, "tensor a: 20 bytes for shape [2, 3]");
+
+    p = tpath("trunc.safetensors");
+    write_header_file(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", 10);
+    expect_die("st_open: truncated data section", child_st_open, p, EXIT_USAGE, "tensor a: data_offsets [0, 24] outside");
+
+    p = tpath("offs.safetensors");
+    write_header_file(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4]}}", 8);
+    expect_die("st_open: malformed data_offsets", child_st_open, p, EXIT_USAGE, "tensor a: data_offsets must be");
+
+    expect_die("st_open: missing file", child_st_open, tpath("nope.safetensors"), EXIT_USAGE, "nope.safetensors: cannot open");
+    expect_die("st_read_f32: integer tensor", child_st_read_ids, tpath("dtypes.safetensors"), EXIT_USAGE, "tensor ids has dtype I64");
+}
+
+/* Writing past RLIMIT_FSIZE fails like a full disk. */
+static void child_write_big(const char *path) {
+    struct rlimit rl = {4096, 4096};
+    setrlimit(RLIMIT_FSIZE, &rl);
+    signal(SIGXFSZ, SIG_IGN);
+    static float big[1 << 16];
+    StWriter w = {0};
+    int64_t sh[1] = {1 << 16};
+    st_writer_add(&w, "big", 1, sh, big);
+    st_writer_write(&w, path, NULL);
+}
+
+static void test_st_write_error(void) {
+    char *p = tpath("full.safetensors");
+    expect_die("st_writer_write: write failure (file size limit)", child_write_big, p, EXIT_IO, "write failed");
+    check(!exists(tpath("full.safetensors.tmp")) && !exists(p), "st_writer_write: tmp file removed after a failed write");
+}
+
+/* ------------------------------------------------------------ models */
+
+static ModelConfig gpt2_cfg(void) {
+    ModelConfig c = {0};
+    c.arch = ARCH_GPT2;
+    c.n_layer = 2; c.n_embd = 32; c.n_head = 4; c.vocab_size = 67; c.max_seq_len = 16;
+    c.norm_eps = 1e-5f; c.rope_theta = 10000; c.ffn_multiple_of = 256;
+    model_config_finish(&c, "test");
+    return c;
+}
+
+static ModelConfig llama_cfg(int tied) {
+    ModelConfig c = {0};
+    c.arch = ARCH_LLAMA;
+    c.n_layer = 2; c.n_embd = 32; c.n_head = 4; c.n_kv_head = 2; c.ffn_hidden = 48; c.vocab_size = 61;
+    c.max_seq_len = 32; c.norm_eps = 1e-6f; c.rope_theta = 500000; c.tie_embeddings = tied; c.ffn_multiple_of = 256;
+    model_config_finish(&c, "test");
+    return c;
+}
+
+static int cfg_equal(const ModelConfig *a, const ModelConfig *b) {
+    return a->arch == b->arch && a->n_layer == b->n_layer && a->n_embd == b->n_embd && a->n_head == b->n_head &&
+           a->n_kv_head == b->n_kv_head && a->ffn_hidden == b->ffn_hidden && a->ffn_multiple_of == b->ffn_multiple_of &&
+           a->vocab_size == b->vocab_size && a->max_seq_len == b->max_seq_len && a->norm_eps == b->norm_eps &&
+           a->rope_theta == b->rope_theta && a->tie_embeddings == b->tie_embeddings;
+}
+
+static void build(Model *m, const ModelConfig *c, uint64_t seed) {
+    model_build(m, c, kernels_cpu(), 1, 4, 3); /* pad_multiple 3: chunks carry padding */
+    model_init_random(m, 0.02f, seed);
+    /* norm weights and biases are constant after init: vary them so a
+     * swapped tensor would show */
+    float *h = malloc_check(m->n_params * sizeof(float));
+    m->k->to_host(h, m->params, m->n_params * sizeof(float));
+    for (int i = 0; i < m->n_specs; i++) {
+        const ParamSpec *s = &m->specs[i];
+        if (s->ndim == 1)
+            for (size_t j = 0; j < s->numel; j++) h[s->offset + j] += 0.001f * (float)(i + 1) + 1e-5f * (float)j;
+    }
+    m->k->from_host(m->params, h, m->n_params * sizeof(float));
+    free(h);
+}
+
+/* Same params (all of them, padding included) in two models of one layout. */
+static int same_params(const Model *a, const Model *b, uint32_t mask) {
+    if (a->n_params != b->n_params) return 0;
+    for (size_t i = 0; i < a->n_params; i++) {
+        uint32_t x, y;
+        memcpy(&x, &a->params[i], 4);
+        memcpy(&y, &b->params[i], 4);
+        if ((x & mask) != y) return 0;
+    }
+    return 1;
+}
+
+/* Export m, reload into a fresh model, compare. */
+static void roundtrip(const char *what, const Model *m, const char *dir) {
+    hf_export(m, m->params, dir);
+    ModelConfig rc;
+    hf_read_config(dir, &rc);
+    check(cfg_equal(&rc, &m->cfg), "%s: config.json round-trips to the same ModelConfig", what);
+    Model m2;
+    model_build(&m2, &rc, kernels_cpu(), 1, 4, 3);
+    hf_load_weights(&m2, dir);
+    check(same_params(m, &m2, 0xffffffffu), "%s: params bit-identical after export + load", what);
+    model_free(&m2);
+}
+
+static const float *spec_data(const Model *m, const char *name) {
+    const ParamSpec *s = model_find(m, name);
+    if (!s) die(EXIT_INTERNAL, "test: no spec %s", name);
+    return m->params + s->offset;
+}
+
+static void test_gpt2(void) {
+    ModelConfig c = gpt2_cfg();
+    Model m;
+    build(&m, &c, 1);
+    char *dir = tpath("hf_gpt2");
+    roundtrip("gpt2", &m, dir);
+
+    int n;
+    Raw *r = read_all(tpath("hf_gpt2/model.safetensors"), &n);
+    Raw *ca = raw_find(r, n, "transformer.h.1.attn.c_attn.weight");
+    Raw *fc = raw_find(r, n, "transformer.h.0.mlp.c_fc.weight");
+    Raw *pj = raw_find(r, n, "transformer.h.0.mlp.c_proj.weight");
+    check(ca && ca->ndim == 2 && ca->shape[0] == 32 && ca->shape[1] == 96, "gpt2 export: c_attn.weight is [C, 3C]");
+    check(fc && fc->shape[0] == 32 && fc->shape[1] == 128 && pj && pj->shape[0] == 128 && pj->shape[1] == 32,
+          "gpt2 export: c_fc [C, 4C], c_proj [4C, C]");
+    /* Conv1D: HF[c][r] == ours[r][c]; q|k|v columns */
+    const float *qkv = spec_data(&m, "layers.1.attn.qkv.weight");
+    int ok = ca != NULL;
+    for (int row = 0; ok && row < 96; row++)
+        for (int col = 0; col < 32; col++) ok &= ((float *)ca->data)[col * 96 + row] == qkv[row * 32 + col];
+    check(ok, "gpt2 export: c_attn.weight is the transpose of qkv");
+    check(!raw_find(r, n, "lm_head.weight") && raw_find(r, n, "transformer.wpe.weight") &&
+              raw_find(r, n, "transformer.ln_f.bias") && n == 2 + 2 * 12 + 2,
+          "gpt2 export: %d tensors, tied lm_head omitted", n);
+
+    size_t len;
+    char *text = read_text_file(tpath("hf_gpt2/config.json"), &len);
+    cJSON *j = cJSON_Parse(text);
+    check(j && strcmp(cJSON_GetObjectItem(j, "model_type")->valuestring, "gpt2") == 0 &&
+              strcmp(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "architectures"), 0)->valuestring, "GPT2LMHeadModel") == 0 &&
+              cJSON_IsNull(cJSON_GetObjectItem(j, "n_inner")) && cJSON_GetObjectItem(j, "n_ctx")->valueint == 16 &&
+              cJSON_IsTrue(cJSON_GetObjectItem(j, "tie_word_embeddings")) && strstr(text, "1e-05") &&
+              strcmp(cJSON_GetObjectItem(j, "activation_function")->valuestring, "gelu_new") == 0,
+          "gpt2 export: config.json keys (architectures, n_inner null, n_ctx, eps 1e-05)");
+    cJSON_Delete(j);
+    free(text);
+
+    /* GPT2Model naming (no "transformer.") with old attn.bias buffers and a
+     * tied lm_head, as in the original gpt2 checkpoint */
+    char *d2 = tpath("hf_gpt2_noprefix");
+    mkdir_p(d2);
+    copy_file(tpath("hf_gpt2/config.json"), tpath("hf_gpt2_noprefix/config.json"));
+    for (int i = 0; i < n; i++) memmove(r[i].name, r[i].name + 12, strlen(r[i].name + 12) + 1);
+    static float mask[16 * 16], mb = -1e4f;
+    r[n++] = (Raw){"h.0.attn.bias", "F32", 4, {1, 1, 16, 16}, (unsigned char *)mask, sizeof mask};
+    r[n++] = (Raw){"h.1.attn.masked_bias", "F32", 0, {0}, (unsigned char *)&mb, 4};
+    Raw *wte = raw_find(r, n, "wte.weight");
+    r[n++] = (Raw){"lm_head.weight", "F32", 2, {wte->shape[0], wte->shape[1]}, wte->data, wte->bytes};
+    write_raw(tpath("hf_gpt2_noprefix/model.safetensors"), r, n);
+    Model m2;
+    model_build(&m2, &c, kernels_cpu(), 1, 4, 3);
+    hf_load_weights(&m2, d2);
+    check(same_params(&m, &m2, 0xffffffffu), "gpt2: GPT2Model names + attn.bias buffers + tied lm_head load identically");
+    model_free(&m2);
+    n -= 3;
+    free_all(r, n);
+    model_free(&m);
+}
+
+static void test_llama(void) {
+    for (int tied = 0; tied <= 1; tied++) {
+        ModelConfig c = llama_cfg(tied);
+        Model m;
+        build(&m, &c, 7 + (uint64_t)tied);
+        char *dir = tpath("hf_llama%d", tied);
+        char what[64];
+        snprintf(what, sizeof what, "llama GQA %s", tied ? "tied" : "untied");
+        roundtrip(what, &m, dir);
+        int n;
+        Raw *r = read_all(tpath("hf_llama%d/model.safetensors", tied), &n);
+        Raw *q = raw_find(r, n, "model.layers.1.self_attn.q_proj.weight"), *k = raw_find(r, n, "model.layers.1.self_attn.k_proj.weight");
+        Raw *v = raw_find(r, n, "model.layers.1.self_attn.v_proj.weight"), *up = raw_find(r, n, "model.layers.0.mlp.up_proj.weight");
+        Raw *gate = raw_find(r, n, "model.layers.0.mlp.gate_proj.weight");
+        check(q && k && v && q->shape[0] == 32 && k->shape[0] == 16 && v->shape[0] == 16 && v->shape[1] == 32,
+              "%s export: q [32,32], k [16,32], v [16,32]", what);
+        const float *qkv = spec_data(&m, "layers.1.attn.qkv.weight"), *fc = spec_data(&m, "layers.0.mlp.fc.weight");
+        check(q && k && v && memcmp(q->data, qkv, 32 * 32 * 4) == 0 && memcmp(k->data, qkv + 32 * 32, 16 * 32 * 4) == 0 &&
+                  memcmp(v->data, qkv + 48 * 32, 16 * 32 * 4) == 0,
+              "%s export: q|k|v are the row blocks of qkv", what);
+        check(gate && up && gate->shape[0] == 48 && memcmp(gate->data, fc, 48 * 32 * 4) == 0 &&
+                  memcmp(up->data, fc + 48 * 32, 48 * 32 * 4) == 0,
+              "%s export: gate|up are the row blocks of fc", what);
+        check((raw_find(r, n, "lm_head.weight") != NULL) == !tied && n == 2 + 9 * 2 + !tied,
+              "%s export: %d tensors, lm_head %s", what, n, tied ? "omitted" : "present");
+        free_all(r, n);
+        model_free(&m);
+    }
+}
+
+/* llama (untied) folder rewritten: every tensor as BF16 (truncated). */
+static void test_bf16_load(void) {
+    ModelConfig c = llama_cfg(0);
+    Model m;
+    build(&m, &c, 7);
+    char *d = tpath("hf_llama_bf16");
+    mkdir_p(d);
+    copy_file(tpath("hf_llama0/config.json"), tpath("hf_llama_bf16/config.json"));
+    int n;
+    Raw *r = read_all(tpath("hf_llama0/model.safetensors"), &n);
+    for (int i = 0; i < n; i++) {
+        size_t numel = r[i].bytes / 4;
+        uint16_t *b = malloc_check(numel * 2);
+        for (size_t j = 0; j < numel; j++) {
+            uint32_t u;
+            memcpy(&u, r[i].data + 4 * j, 4);
+            b[j] = (uint16_t)(u >> 16);
+        }
+        free(r[i].data);
+        r[i].data = (unsigned char *)b;
+        r[i].bytes = numel * 2;
+        r[i].dtype = "BF16";
+    }
+    write_raw(tpath("hf_llama_bf16/model.safetensors"), r, n);
+    free_all(r, n);
+    Model m2;
+    model_build(&m2, &c, kernels_cpu(), 1, 4, 3);
+    hf_load_weights(&m2, d);
+    check(same_params(&m, &m2, 0xffff0000u), "llama BF16 folder: loads as the fp32 values' upper 16 bits");
+    model_free(&m2);
+    model_free(&m);
+}
+
+/* llama (untied) split into two shards + model.safetensors.index.json. */
+static void test_sharded(void) {
+    ModelConfig c = llama_cfg(0);
+    Model m;
+    build(&m, &c, 7);
+    char *d = tpath("hf_llama_sharded");
+    mkdir_p(d);
+    copy_file(tpath("hf_llama0/config.json"), tpath("hf_llama_sharded/config.json"));
+    int n;
+    Raw *r = read_all(tpath("hf_llama0/model.safetensors"), &n);
+    int half = n / 2;
+    write_raw(tpath("hf_llama_sharded/model-00001-of-00002.safetensors"), r, half);
+    write_raw(tpath("hf_llama_sharded/model-00002-of-00002.safetensors"), r + half, n - half);
+    cJSON *idx = cJSON_CreateObject(), *wm = cJSON_AddObjectToObject(idx, "weight_map");
+    cJSON_AddObjectToObject(idx, "metadata");
+    for (int i = 0; i < n; i++)
+        cJSON_AddStringToObject(wm, r[i].name, i < half ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors");
+    char *text = cJSON_Print(idx);
+    write_text(tpath("hf_llama_sharded/model.safetensors.index.json"), text);
+    free(text);
+    cJSON_Delete(idx);
+    free_all(r, n);
+    Model m2;
+    model_build(&m2, &c, kernels_cpu(), 1, 4, 3);
+    hf_load_weights(&m2, d);
+    check(same_params(&m, &m2, 0xffffffffu), "llama sharded folder (index.json + 2 files): params bit-identical");
+    model_free(&m2);
+    model_free(&m);
+}
+
+/* ---------------------------------------------------------- HF errors */
+
+static void child_hf_load(const char *dir) {
+    ModelConfig c;
+    hf_read_config(dir, &c);
+    Model m;
+    model_build(&m, &c, kernels_cpu(), 1, 4, 1);
+    hf_load_weights(&m, dir);
+}
+
+static void child_hf_config(const char *dir) {
+    ModelConfig c;
+    hf_read_config(dir, &c);
+}
+
+/* A copy of the untied llama folder whose tensors `edit` may change. */
+static char *variant(const char *name, void (*edit)(Raw *r, int *n)) {
+    char *d = tpath("%s", name);
+    static char keep[8][1024];
+    static int k;
+    char *out = keep[k++ % 8];
+    snprintf(out, 1024, "%s", d);
+    mkdir_p(out);
+    char cfg[1100], st[1100];
+    snprintf(cfg, sizeof cfg, "%s/config.json", out);
+    snprintf(st, sizeof st, "%s/model.safetensors", out);
+    copy_file(tpath("hf_llama0/config.json"), cfg);
+    int n;
+    Raw *r = read_all(tpath("hf_llama0/model.safetensors"), &n);
+    if (edit) edit(r, &n);
+    write_raw(st, r, n);
+    free_all(r, n);
+    return out;
+}
+
+static void edit_missing(Raw *r, int *n) { raw_remove(r, n, "model.layers.1.mlp.up_proj.weight"); }
+static void edit_shape(Raw *r, int *n) {
+    Raw *t = raw_find(r, *n, "model.layers.1.mlp.up_proj.weight");
+    t->shape[0] = 64;
+    t->shape[1] = 32;
+    t->bytes = 64 * 32 * 4;
+    t->data = realloc(t->data, t->bytes);
+}
+static void edit_extra(Raw *r, int *n) {
+    static float bias[32];
+    Raw *t = &r[(*n)++];
+    *t = (Raw){"model.layers.0.self_attn.q_proj.bias", "F32", 1, {32}, NULL, sizeof bias};
+    t->data = malloc_check(sizeof bias);
+    memcpy(t->data, bias, sizeof bias);
+}
+
+static void set_config(const char *dir, const char *key, const char *json_value) {
+    char p[1100];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    size_t len;
+    char *text = read_text_file(p, &len);
+    cJSON *j = cJSON_Parse(text);
+    cJSON_DeleteItemFromObject(j, key);
+    if (json_value) cJSON_AddItemToObject(j, key, cJSON_Parse(json_value));
+    char *out = cJSON_Print(j);
+    write_text(p, out);
+    free(out);
+    free(text);
+    cJSON_Delete(j);
+}
+
+static void test_hf_errors(void) {
+    char *d = variant("err_missing", edit_missing);
+    expect_die("hf load: missing tensor", child_hf_load, d, EXIT_USAGE,
+               "model.safetensors: missing tensor model.layers.1.mlp.up_proj.weight");
+    d = variant("err_shape", edit_shape);
+    expect_die("hf load: wrong shape", child_hf_load, d, EXIT_USAGE,
+               "tensor model.layers.1.mlp.up_proj.weight has shape [64, 32], expected [48, 32]");
+    d = variant("err_extra", edit_extra);
+    expect_die("hf load: unexpected tensor", child_hf_load, d, EXIT_USAGE,
+               "unexpected tensor model.layers.0.self_attn.q_proj.bias");
+
+    d = variant("err_trunc", NULL);
+    char st[1100];
+    snprintf(st, sizeof st, "%s/model.safetensors", d);
+    struct stat sb;
+    stat(st, &sb);
+    if (truncate(st, sb.st_size - 100) != 0) die(EXIT_INTERNAL, "truncate");
+    expect_die("hf load: truncated file", child_hf_load, d, EXIT_USAGE, "outside the data section");
+    if (truncate(st, 20) != 0) die(EXIT_INTERNAL, "truncate");
+    expect_die("hf load: header length past EOF", child_hf_load, d, EXIT_USAGE, "runs past the end of the file");
+    unlink(st);
+    expect_die("hf load: no weights file", child_hf_load, d, EXIT_USAGE, "no model.safetensors or model.safetensors.index.json");
+
+    d = variant("err_cfg", NULL);
+    set_config(d, "rope_scaling", "{\"type\":\"linear\",\"factor\":2.0}");
+    expect_die("hf config: rope_scaling", child_hf_config, d, EXIT_USAGE, "config.json: key rope_scaling: rope_scaling is not supported");
+    set_config(d, "rope_scaling", "null");
+    set_config(d, "hidden_act", "\"gelu\"");
+    expect_die("hf config: hidden_act gelu", child_hf_config, d, EXIT_USAGE, "key hidden_act");
+    set_config(d, "hidden_act", NULL);
+    set_config(d, "head_dim", "16");
+    expect_die("hf config: head_dim != hidden/heads", child_hf_config, d, EXIT_USAGE, "key head_dim");
+    set_config(d, "head_dim", NULL);
+    set_config(d, "attention_bias", "true");
+    expect_die("hf config: attention_bias true", child_hf_config, d, EXIT_USAGE, "key attention_bias");
+    set_config(d, "attention_bias", NULL);
+    set_config(d, "hidden_size", NULL);
+    expect_die("hf config: missing hidden_size", child_hf_config, d, EXIT_USAGE, "config.json: missing key hidden_size");
+    set_config(d, "hidden_size", "32");
+    set_config(d, "model_type", "\"mistral\"");
+    expect_die("hf config: model_type mistral", child_hf_config, d, EXIT_USAGE, "key model_type");
+    set_config(d, "model_type", "\"llama\"");
+    set_config(d, "intermediate_size", "64");
+    expect_die("hf config/weights mismatch: wrong shape", child_hf_load, d, EXIT_USAGE, "has shape [48, 32], expected [64, 32]");
+
+    char *g = tpath("err_gpt2cfg");
+    mkdir_p(g);
+    copy_file(tpath("hf_gpt2/config.json"), tpath("err_gpt2cfg/config.json"));
+    set_config(g, "n_inner", "100");
+    expect_die("hf config: gpt2 n_inner != 4C", child_hf_config, g, EXIT_USAGE, "key n_inner");
+    set_config(g, "n_inner", "128");
+    ModelConfig c;
+    hf_read_config(g, &c);
+    check(c.ffn_hidden == 128, "hf config: gpt2 n_inner = 4C accepted");
+    set_config(g, "activation_function", "\"relu\"");
+    expect_die("hf config: gpt2 activation relu", child_hf_config, g, EXIT_USAGE, "key activation_function");
+    set_config(g, "activation_function", "\"gelu_pytorch_tanh\"");
+    hf_read_config(g, &c);
+    check(c.arch == ARCH_GPT2 && c.tie_embeddings && c.n_kv_head == 4, "hf config: gpt2 gelu_pytorch_tanh accepted");
+    expect_die("hf config: missing config.json", child_hf_config, tpath("nowhere"), EXIT_USAGE, "config.json: cannot read");
+}
+
+/* ------------------------------------------------- training checkpoints */
+
+static void fill(const Model *m, float *dst, float base) {
+    float *h = malloc_check(m->n_params * sizeof(float));
+    for (size_t i = 0; i < m->n_params; i++) h[i] = base + (float)i * 1e-3f;
+    m->k->from_host(dst, h, m->n_params * sizeof(float));
+    free(h);
+}
+
+static int same_real(const Model *a, const float *x, const float *y) {
+    for (int i = 0; i < a->n_specs; i++)
+        if (memcmp(x + a->specs[i].offset, y + a->specs[i].offset, a->specs[i].numel * 4) != 0) return 0;
+    return 1;
+}
+
+static const char *JOB = "{\"model\":{\"arch\":\"llama\",\"n_layer\":2,\"n_embd\":32,\"n_head\":4,\"n_kv_head\":2,"
+                         "\"ffn_hidden\":48,\"vocab_size\":61,\"max_seq_len\":32},\"data\":{\"train\":\"x.bin\"},"
+                         "\"optim\":{\"lr\":0.001}}";
+
+static void child_load_params(const char *dir) {
+    ModelConfig c = gpt2_cfg();
+    Model m;
+    model_build(&m, &c, kernels_cpu(), 1, 4, 1);
+    ckpt_load_params(&m, dir);
+}
+
+static void test_ckpt(void) {
+    ModelConfig c = llama_cfg(0);
+    Model m;
+    build(&m, &c, 11);
+    fill(&m, m.m, 0.5f);
+    fill(&m, m.v, 2.0f);
+    Config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.json_text = strdup(JOB);
+    char root[1024];
+    snprintf(root, sizeof root, "%s", tpath("ckpts")); /* tpath's buffers are reused */
+    TrainState st = {7, (1ull << 40) + 3, 0xDEADBEEFCAFEF00Dull};
+    ckpt_save(&m, &cfg, &st, root);
+    st.step = 12;
+    ckpt_save(&m, &cfg, &st, root);
+    check(exists(tpath("ckpts/step_00000007/state.json")) && exists(tpath("ckpts/step_00000012/optim.safetensors")) &&
+              !exists(tpath("ckpts/step_00000012.tmp")),
+          "ckpt_save: step_00000007 and step_00000012 written, no .tmp left");
+    /* a re-save of the same step replaces the folder */
+    ckpt_save(&m, &cfg, &st, root);
+    check(exists(tpath("ckpts/step_00000012/model.safetensors")) && !exists(tpath("ckpts/step_00000012.old")),
+          "ckpt_save: saving an existing step replaces it");
+
+    /* decoys: a complete .tmp folder with a higher step, and a folder
+     * without state.json */
+    mkdir_p(tpath("ckpts/step_00000099.tmp"));
+    mkdir_p(tpath("ckpts/step_00000050"));
+    const char *files[] = {"model.safetensors", "optim.safetensors", "state.json"};
+    for (int i = 0; i < 3; i++) {
+        copy_file(tpath("ckpts/step_00000012/%s", files[i]), tpath("ckpts/step_00000099.tmp/%s", files[i]));
+        if (i < 2) copy_file(tpath("ckpts/step_00000012/%s", files[i]), tpath("ckpts/step_00000050/%s", files[i]));
+    }
+    char dir[1024];
+    int rc = ckpt_resolve(root, dir, sizeof dir);
+    check(rc == 0 && strcmp(dir, tpath("ckpts/step_00000012")) == 0, "ckpt_resolve(root): newest complete step (%s)", rc == 0 ? dir : "none");
+    char dir7[1024];
+    rc = ckpt_resolve(tpath("ckpts/step_00000007"), dir7, sizeof dir7);
+    check(rc == 0 && strcmp(dir7, tpath("ckpts/step_00000007")) == 0, "ckpt_resolve(step dir): the folder itself");
+    mkdir_p(tpath("empty_root"));
+    check(ckpt_resolve(tpath("empty_root"), dir7, sizeof dir7) == -1 && ckpt_resolve(tpath("missing_root"), dir7, sizeof dir7) == -1,
+          "ckpt_resolve: -1 for an empty or missing root");
+
+    TrainState st2 = {0};
+    char *text = ckpt_read_state(tpath("ckpts/step_00000012"), &st2);
+    check(st2.step == 12 && st2.seq_cursor == (1ull << 40) + 3 && st2.rng == 0xDEADBEEFCAFEF00Dull,
+          "ckpt_read_state: step, 64-bit seq_cursor and rng round-trip");
+    cJSON *a = cJSON_Parse(JOB);
+    char *want = cJSON_PrintUnformatted(a);
+    check(strcmp(text, want) == 0, "ckpt_read_state: config JSON round-trips");
+    Config cfg2;
+    config_load_string(&cfg2, text, "checkpoint state.json");
+    check(cfg2.model.arch == ARCH_LLAMA && cfg2.model.n_kv_head == 2 && cfg2.lr == 0.001f, "ckpt_read_state: config text loads with config_load_string");
+    config_free(&cfg2);
+    free(want);
+    cJSON_Delete(a);
+    free(text);
+
+    Model m2;
+    model_build(&m2, &c, kernels_cpu(), 1, 4, 1); /* a different padding: loading is by name */
+    ckpt_load_params(&m2, dir);
+    ckpt_load_optim(&m2, dir);
+    int okp = 1, okm = 1, okv = 1;
+    for (int i = 0; i < m.n_specs; i++) {
+        const ParamSpec *s = &m.specs[i], *s2 = model_find(&m2, s->name);
+        okp &= memcmp(m.params + s->offset, m2.params + s2->offset, s->numel * 4) == 0;
+        okm &= memcmp(m.m + s->offset, m2.m + s2->offset, s->numel * 4) == 0;
+        okv &= memcmp(m.v + s->offset, m2.v + s2->offset, s->numel * 4) == 0;
+    }
+    check(okp && okm && okv, "ckpt_load_params/optim: params, m and v bit-identical (across paddings)");
+    model_free(&m2);
+    Model m3;
+    model_build(&m3, &c, kernels_cpu(), 1, 4, 3);
+    ckpt_load_params(&m3, dir);
+    check(same_real(&m, m.params, m3.params), "ckpt_load_params: same layout loads identically");
+    model_free(&m3);
+
+    expect_die("ckpt_load_params: checkpoint of another model", child_load_params, dir, EXIT_USAGE, "step_00000012/model.safetensors: tensor wte.weight has shape [61, 32], expected [67, 32]");
+
+    free(cfg.json_text);
+    model_free(&m);
+}
+
+int main(void) {
+    snprintf(TMP, sizeof TMP, "/tmp/test_ckpt_XXXXXX");
+    if (!mkdtemp(TMP)) die(EXIT_INTERNAL, "mkdtemp failed");
+    test_st_roundtrip();
+    test_st_dtypes();
+    test_st_errors();
+    test_st_write_error();
+    test_gpt2();
+    test_llama();
+    test_bf16_load();
+    test_sharded();
+    test_hf_errors();
+    test_ckpt();
+    if (n_fail == 0) rm_rf(TMP);
+    else printf("(files kept in %s)\n", TMP);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,105 @@
+#!/bin/bash
+# Bad input: every case must end with exit code 2 and exactly one line on
+# stderr that names the culprit. Also: --set overrides, `keys` covers the
+# README, and a good job exits 0.
+cd "$(dirname "$0")/.." || exit 2
+BIN=./llmtrain
+PY=/usr/bin/python3
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0; fail=0
+ok() { echo "ok   $*"; pass=$((pass + 1)); }
+bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+
+# tiny data: 2000 byte tokens, header [20240520, 1, n]
+$PY - "$TMP" <<'EOF'
+import sys, numpy as np
+d = sys.argv[1]
+def shard(path, toks, magic=20240520, version=1, count=None, dtype=np.uint16):
+    h = np.zeros(256, np.int32); h[0] = magic; h[1] = version; h[2] = len(toks) if count is None else count
+    with open(path, "wb") as f:
+        f.write(h.tobytes()); f.write(np.asarray(toks, dtype).tobytes())
+rng = np.random.default_rng(0)
+t = rng.integers(0, 64, 2000)
+shard(f"{d}/train.bin", t)
+shard(f"{d}/badmagic.bin", t, magic=1234)
+shard(f"{d}/trunc.bin", t, count=5000)
+t2 = t.copy(); t2[1500] = 100
+shard(f"{d}/oob.bin", t2)
+shard(f"{d}/u32.bin", t, magic=20240801, version=7, dtype=np.uint32)
+EOF
+
+cat > "$TMP/job.json" <<EOF
+{"model": {"arch": "llama", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_kv_head": 1, "vocab_size": 64, "max_seq_len": 16},
+ "data": {"train": "$TMP/train.bin"},
+ "train": {"steps": 2, "seq_len": 16, "micro_batch": 2, "global_batch": 4},
+ "eval": {"sample_tokens": 0},
+ "log": {"dir": "$TMP/run"}, "checkpoint": {"dir": "$TMP/ckpt"}}
+EOF
+
+# expect_fail NAME SUBSTRING CMD... : exit 2, one stderr line containing SUBSTRING
+expect_fail() {
+    local name="$1" want="$2"; shift 2
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$? lines
+    lines=$(wc -l <"$TMP/err")
+    if [ "$rc" -ne 2 ]; then bad "$name: exit $rc, expected 2 ($(head -c 200 "$TMP/err"))"; return; fi
+    if [ "$lines" -ne 1 ]; then bad "$name: $lines stderr lines, expected 1: $(head -c 300 "$TMP/err")"; return; fi
+    if ! grep -qF -- "$want" "$TMP/err"; then bad "$name: stderr lacks '$want': $(cat "$TMP/err")"; return; fi
+    ok "$name: $(cat "$TMP/err")"
+}
+
+# a good run first, so the cases below fail for the reason they name
+if $BIN "$TMP/job.json" >"$TMP/out" 2>"$TMP/err"; then ok "good job exits 0"; else bad "good job failed: $(cat "$TMP/err")"; fi
+if grep -q '"step":2' "$TMP/run/metrics.jsonl" 2>/dev/null; then ok "metrics.jsonl has step 2"; else bad "metrics.jsonl lacks step 2"; fi
+
+printf '{"model": {"arch": "llama",\n "n_layer": 1,, }}' >"$TMP/malformed.json"
+expect_fail "malformed JSON" "malformed.json:2:" $BIN "$TMP/malformed.json"
+expect_fail "missing job file" "nope.json" $BIN "$TMP/nope.json"
+expect_fail "unknown key" "unknown key 'model.n_layers' (did you mean 'model.n_layer'?)" $BIN "$TMP/job.json" --set model.n_layers=2
+expect_fail "unknown section" "unknown key 'trian.steps'" $BIN "$TMP/job.json" --set trian.steps=2
+expect_fail "wrong type (string for int)" "model.n_layer: expected a integer" $BIN "$TMP/job.json" --set model.n_layer=two
+expect_fail "wrong type (float for int)" "train.steps: expected an integer, got 2.5" $BIN "$TMP/job.json" --set train.steps=2.5
+expect_fail "wrong type (bool)" "data.shuffle: expected true or false" $BIN "$TMP/job.json" --set data.shuffle=1
+expect_fail "out of range" "optim.beta2: expected a value in" $BIN "$TMP/job.json" --set optim.beta2=1.5
+expect_fail "negative" "model.n_layer: expected a value in [1," $BIN "$TMP/job.json" --set model.n_layer=0
+expect_fail "bad enum" "model.arch: expected one of gpt2|llama" $BIN "$TMP/job.json" --set model.arch=bert
+expect_fail "n_head not dividing n_embd" "model.n_head 3 does not divide model.n_embd 16" $BIN "$TMP/job.json" --set model.n_head=3
+expect_fail "n_kv_head not dividing n_head" "model.n_kv_head 4 does not divide model.n_head 6" $BIN "$TMP/job.json" --set model.n_embd=24 --set model.n_head=6 --set model.n_kv_head=4
+expect_fail "seq_len > max_seq_len" "train.seq_len 32 exceeds model.max_seq_len 16" $BIN "$TMP/job.json" --set train.seq_len=32
+expect_fail "global batch not divisible" "train.global_batch 5 is not a multiple of train.micro_batch 2" $BIN "$TMP/job.json" --set train.global_batch=5
+expect_fail "missing data" "data.train: no file matches" $BIN "$TMP/job.json" --set data.train="$TMP/none*.bin"
+expect_fail "bad magic" "bad magic 1234" $BIN "$TMP/job.json" --set data.train="$TMP/badmagic.bin"
+expect_fail "truncated shard" "trunc.bin" $BIN "$TMP/job.json" --set data.train="$TMP/trunc.bin"
+expect_fail "token id out of range" "token 100 at token offset 1500 >= model.vocab_size 64" $BIN "$TMP/job.json" --set data.train="$TMP/oob.bin" --set train.steps=40
+expect_fail "missing init folder" "config.json" $BIN "$TMP/job.json" --set init.from="$TMP/nohf"
+expect_fail "unknown option" "unknown option '--bogus'" $BIN "$TMP/job.json" --bogus
+expect_fail "cuda without CUDA build" "train.device" $BIN "$TMP/job.json" --set train.device=cuda
+expect_fail "export of nothing" "no complete checkpoint" $BIN export "$TMP/empty" "$TMP/out_hf"
+
+# uint32 shards are read too
+if $BIN "$TMP/job.json" --set data.train="$TMP/u32.bin" --set log.dir="$TMP/run32" >/dev/null 2>&1; then ok "uint32 shard trains"; else bad "uint32 shard failed"; fi
+
+# init.from: export the good run, then conflicting and mismatched weights
+if $BIN export "$TMP/ckpt" "$TMP/hf" >/dev/null 2>"$TMP/err"; then ok "export of the good run"; else bad "export failed: $(cat "$TMP/err")"; fi
+expect_fail "init.from conflicts with model key" "model.n_layer = 2 conflicts with init.from" $BIN "$TMP/job.json" --set init.from="$TMP/hf" --set model.n_layer=2
+cp -r "$TMP/hf" "$TMP/hf_bad"
+$PY - "$TMP/hf_bad/config.json" <<'EOF'
+import json, sys
+p = sys.argv[1]; c = json.load(open(p)); c["intermediate_size"] = c["intermediate_size"] + 8; json.dump(c, open(p, "w"))
+EOF
+expect_fail "init weights with wrong shape" "has shape" $BIN "$TMP/job.json" --set init.from="$TMP/hf_bad"
+rm -f "$TMP/hf_bad/model.safetensors"
+expect_fail "init weights missing" "hf_bad" $BIN "$TMP/job.json" --set init.from="$TMP/hf_bad"
+
+# --set really overrides (the run has 3 steps, not 2)
+$BIN "$TMP/job.json" --set train.steps=3 --set log.dir="$TMP/run3" >/dev/null 2>&1
+if grep -q '"step":3' "$TMP/run3/metrics.jsonl" 2>/dev/null; then ok "--set train.steps=3 overrides"; else bad "--set did not override"; fi
+
+# every key of `llmtrain keys` is documented in the README
+missing=""
+for k in $($BIN keys | sed -n 's/^| `\([^`]*\)`.*/\1/p'); do grep -qF "\`$k\`" README.md || missing="$missing $k"; done
+if [ -z "$missing" ]; then ok "README documents every config key"; else bad "README lacks keys:$missing"; fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,620 @@
+/* tests/test_kernels.c — checks every CPU kernel: forward against a naive
+ * double-precision reference, backward against central finite differences
+ * of L = sum(forward_output * R) for a fixed random R, and the "backward adds
+ * into its outputs" convention. Prints one line per check, then
+ * "N passed, M failed"; exits non-zero when anything failed. */
+#define _GNU_SOURCE
+#include "kernels.h"
+#include "util.h"
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static const Kernels *K;
+static int npass, nfail;
+
+// ----------------------------------------------------------------------------
+// helpers
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static float frand(void) { // uniform in [-1, 1)
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (1.0 / (1ull << 24)) * 2.0 - 1.0);
+}
+static int irand(int n) { return (int)((frand() * 0.5f + 0.5f) * n) % n; }
+
+static float *randv(size_t n, float scale) {
+    float *x = malloc_check(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = frand() * scale;
+    return x;
+}
+static float *zerov(size_t n) { return calloc_check(n, sizeof(float)); }
+static float *dup(const float *x, size_t n) {
+    float *y = malloc_check(n * sizeof(float));
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static void report(int ok, const char *name, const char *fmt, double a, double b) {
+    printf("%s %s ", ok ? "ok  " : "FAIL", name);
+    printf(fmt, a, b);
+    printf("\n");
+    if (ok) npass++; else nfail++;
+}
+
+/* gradient vs finite differences: relative L2 error of the whole vector, and
+ * the worst element against the largest gradient magnitude */
+static void check_grad(const char *name, const float *a, const float *f, size_t n) {
+    double num = 0, den = 0, maxabs = 0, maxf = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - f[i];
+        num += d * d;
+        den += (double)f[i] * f[i];
+        if (fabs(d) > maxabs) maxabs = fabs(d);
+        if (fabs(f[i]) > maxf) maxf = fabs(f[i]);
+    }
+    double rel = sqrt(num) / (sqrt(den) + 1e-30);
+    int ok = isfinite(rel) && rel < 1e-2 && maxabs <= 1e-2 * maxf + 1e-4;
+    report(ok, name, "rel_err=%.1e max_abs_err=%.1e", rel, maxabs);
+}
+
+/* forward output vs a double reference: worst error relative to the largest value */
+static void check_close(const char *name, const float *got, const double *ref, size_t n,
+                        double tol) {
+    double maxabs = 0, maxr = 0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) finite = 0;
+        double d = fabs(got[i] - ref[i]);
+        if (d > maxabs) maxabs = d;
+        if (fabs(ref[i]) > maxr) maxr = fabs(ref[i]);
+    }
+    double rel = maxabs / (maxr + 1e-30);
+    report(finite && rel < tol, name, "rel_err=%.1e max_abs_err=%.1e", rel, maxabs);
+}
+
+/* backward must ADD: a second call on the same buffers doubles them */
+static void check_doubles(const char *name, const float *once, const float *twice, size_t n) {
+    double maxd = 0, maxv = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)twice[i] - 2.0 * once[i]);
+        if (d > maxd) maxd = d;
+        if (fabs(once[i]) > maxv) maxv = fabs(once[i]);
+    }
+    report(maxv > 0 && maxd <= 1e-6 * maxv, name, "max_abs_err=%.1e (max %.1e)", maxd, maxv);
+}
+
+static double dot_r(const float *out, const float *R, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)out[i] * R[i];
+    return s;
+}
+
+/* central differences of loss() w.r.t. each x[i] (or only idx[0..n) when idx) */
+typedef double (*LossFn)(void *ctx);
+static void fd_grad(LossFn loss, void *ctx, float *x, size_t n, float eps, float *g) {
+    for (size_t i = 0; i < n; i++) {
+        float orig = x[i];
+        float xp = orig + eps, xm = orig - eps;
+        x[i] = xp;
+        double lp = loss(ctx);
+        x[i] = xm;
+        double lm = loss(ctx);
+        x[i] = orig;
+        g[i] = (float)((lp - lm) / ((double)xp - xm));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// embeddings
+
+typedef struct { float *out, *wte, *wpe, *R; int *tokens; int N, T, C; } EmbedCtx;
+static double embed_loss(void *p) {
+    EmbedCtx *c = p;
+    K->embed_forward(c->out, c->tokens, c->wte, c->wpe, c->N, c->T, c->C);
+    return dot_r(c->out, c->R, (size_t)c->N * c->C);
+}
+
+static void test_embed(void) {
+    int B = 2, T = 3, N = B * T, C = 8, V = 4;
+    int tokens[6] = {1, 3, 1, 0, 3, 3}; // repeats: the scatter-add must sum them
+    EmbedCtx c = {zerov(N * C), randv(V * C, 1), randv(T * C, 1), randv(N * C, 1), tokens, N, T, C};
+    // forward vs reference, with and without wpe
+    double *ref = malloc_check(sizeof(double) * N * C);
+    K->embed_forward(c.out, tokens, c.wte, c.wpe, N, T, C);
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < C; i++)
+            ref[n * C + i] = (double)c.wte[tokens[n] * C + i] + c.wpe[(n % T) * C + i];
+    check_close("embed_forward", c.out, ref, N * C, 1e-6);
+    K->embed_forward(c.out, tokens, c.wte, NULL, N, T, C);
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < C; i++) ref[n * C + i] = c.wte[tokens[n] * C + i];
+    check_close("embed_forward no-wpe", c.out, ref, N * C, 1e-6);
+
+    float *dwte = zerov(V * C), *dwpe = zerov(T * C), *fwte = zerov(V * C), *fwpe = zerov(T * C);
+    K->embed_backward(dwte, dwpe, c.R, tokens, N, T, C);
+    fd_grad(embed_loss, &c, c.wte, V * C, 1e-2f, fwte);
+    fd_grad(embed_loss, &c, c.wpe, T * C, 1e-2f, fwpe);
+    check_grad("embed_backward dwte", dwte, fwte, V * C);
+    check_grad("embed_backward dwpe", dwpe, fwpe, T * C);
+    float *once = dup(dwte, V * C);
+    K->embed_backward(dwte, NULL, c.R, tokens, N, T, C);
+    check_doubles("embed_backward adds (dwpe NULL)", once, dwte, V * C);
+    free(ref); free(dwte); free(dwpe); free(fwte); free(fwpe); free(once);
+    free(c.out); free(c.wte); free(c.wpe); free(c.R);
+}
+
+// ----------------------------------------------------------------------------
+// norms
+
+typedef struct { float *out, *mean, *rstd, *inp, *w, *b, *R; int N, C; } NormCtx;
+static double layernorm_loss(void *p) {
+    NormCtx *c = p;
+    K->layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, 1e-5f);
+    return dot_r(c->out, c->R, (size_t)c->N * c->C);
+}
+static double rmsnorm_loss(void *p) {
+    NormCtx *c = p;
+    K->rmsnorm_forward(c->out, c->rstd, c->inp, c->w, c->N, c->C, 1e-5f);
+    return dot_r(c->out, c->R, (size_t)c->N * c->C);
+}
+
+static void test_layernorm(void) {
+    int N = 6, C = 8;
+    NormCtx c = {zerov(N * C), zerov(N), zerov(N), randv(N * C, 2), randv(C, 1), randv(C, 1),
+                 randv(N * C, 1), N, C};
+    for (int i = 0; i < C; i++) c.inp[i] += 100.0f; // a row with a large mean
+    double *ref = malloc_check(sizeof(double) * N * C);
+    for (int n = 0; n < N; n++) {
+        double m = 0, v = 0;
+        for (int i = 0; i < C; i++) m += c.inp[n * C + i];
+        m /= C;
+        for (int i = 0; i < C; i++) v += (c.inp[n * C + i] - m) * (c.inp[n * C + i] - m);
+        double rs = 1.0 / sqrt(v / C + 1e-5);
+        for (int i = 0; i < C; i++) ref[n * C + i] = (c.inp[n * C + i] - m) * rs * c.w[i] + c.b[i];
+    }
+    layernorm_loss(&c);
+    check_close("layernorm_forward", c.out, ref, N * C, 1e-5);
+
+    float *dinp = zerov(N * C), *dw = zerov(C), *db = zerov(C);
+    float *finp = zerov(N * C), *fw = zerov(C), *fb = zerov(C);
+    layernorm_loss(&c);
+    K->layernorm_backward(dinp, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
+    fd_grad(layernorm_loss, &c, c.inp, N * C, 1e-3f, finp);
+    fd_grad(layernorm_loss, &c, c.w, C, 1e-3f, fw);
+    fd_grad(layernorm_loss, &c, c.b, C, 1e-3f, fb);
+    layernorm_loss(&c);
+    check_grad("layernorm_backward dinp", dinp, finp, N * C);
+    check_grad("layernorm_backward dw", dw, fw, C);
+    check_grad("layernorm_backward db", db, fb, C);
+    float *o1 = dup(dinp, N * C), *o2 = dup(dw, C), *o3 = dup(db, C);
+    K->layernorm_backward(dinp, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
+    check_doubles("layernorm_backward adds dinp", o1, dinp, N * C);
+    check_doubles("layernorm_backward adds dw", o2, dw, C);
+    check_doubles("layernorm_backward adds db", o3, db, C);
+    // NULL outputs are skipped, the others still accumulate
+    memcpy(dw, o2, C * sizeof(float));
+    K->layernorm_backward(NULL, dw, NULL, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
+    check_doubles("layernorm_backward NULL dinp/db", o2, dw, C);
+    free(ref); free(dinp); free(dw); free(db); free(finp); free(fw); free(fb);
+    free(o1); free(o2); free(o3);
+    free(c.out); free(c.mean); free(c.rstd); free(c.inp); free(c.w); free(c.b); free(c.R);
+}
+
+static void test_rmsnorm(void) {
+    int N = 6, C = 8;
+    NormCtx c = {zerov(N * C), NULL, zerov(N), randv(N * C, 2), randv(C, 1), NULL,
+                 randv(N * C, 1), N, C};
+    double *ref = malloc_check(sizeof(double) * N * C);
+    for (int n = 0; n < N; n++) {
+        double ss = 0;
+        for (int i = 0; i < C; i++) ss += (double)c.inp[n * C + i] * c.inp[n * C + i];
+        double rs = 1.0 / sqrt(ss / C + 1e-5);
+        for (int i = 0; i < C; i++) ref[n * C + i] = c.inp[n * C + i] * rs * c.w[i];
+    }
+    rmsnorm_loss(&c);
+    check_close("rmsnorm_forward", c.out, ref, N * C, 1e-5);
+
+    float *dinp = zerov(N * C), *dw = zerov(C), *finp = zerov(N * C), *fw = zerov(C);
+    K->rmsnorm_backward(dinp, dw, c.R, c.inp, c.w, c.rstd, N, C);
+    fd_grad(rmsnorm_loss, &c, c.inp, N * C, 1e-3f, finp);
+    fd_grad(rmsnorm_loss, &c, c.w, C, 1e-3f, fw);
+    rmsnorm_loss(&c);
+    check_grad("rmsnorm_backward dinp", dinp, finp, N * C);
+    check_grad("rmsnorm_backward dw", dw, fw, C);
+    float *o1 = dup(dinp, N * C);
+    K->rmsnorm_backward(dinp, NULL, c.R, c.inp, c.w, c.rstd, N, C);
+    check_doubles("rmsnorm_backward adds dinp (dw NULL)", o1, dinp, N * C);
+    free(ref); free(dinp); free(dw); free(finp); free(fw); free(o1);
+    free(c.out); free(c.rstd); free(c.inp); free(c.w); free(c.R);
+}
+
+// ----------------------------------------------------------------------------
+// matmul
+
+typedef struct { float *out, *inp, *w, *bias, *R; int N, C, OC; } MatmulCtx;
+static double matmul_loss(void *p) {
+    MatmulCtx *c = p;
+    K->matmul_forward(c->out, c->inp, c->w, c->bias, c->N, c->C, c->OC);
+    return dot_r(c->out, c->R, (size_t)c->N * c->OC);
+}
+
+static void test_matmul(void) {
+    int N = 6, C = 8, OC = 5;
+    MatmulCtx c = {zerov(N * OC), randv(N * C, 1), randv(OC * C, 1), randv(OC, 1),
+                   randv(N * OC, 1), N, C, OC};
+    double *ref = malloc_check(sizeof(double) * N * OC);
+    for (int pass = 0; pass < 2; pass++) {
+        const float *bias = pass == 0 ? c.bias : NULL;
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) {
+                double s = bias ? bias[o] : 0.0;
+                for (int i = 0; i < C; i++) s += (double)c.inp[n * C + i] * c.w[o * C + i];
+                ref[n * OC + o] = s;
+            }
+        K->matmul_forward(c.out, c.inp, c.w, bias, N, C, OC);
+        check_close(pass == 0 ? "matmul_forward bias" : "matmul_forward no-bias", c.out, ref,
+                    N * OC, 1e-5);
+    }
+    float *dinp = zerov(N * C), *dw = zerov(OC * C), *db = zerov(OC);
+    float *finp = zerov(N * C), *fw = zerov(OC * C), *fb = zerov(OC);
+    K->matmul_backward(dinp, dw, db, c.R, c.inp, c.w, N, C, OC);
+    fd_grad(matmul_loss, &c, c.inp, N * C, 1e-2f, finp);
+    fd_grad(matmul_loss, &c, c.w, OC * C, 1e-2f, fw);
+    fd_grad(matmul_loss, &c, c.bias, OC, 1e-2f, fb);
+    check_grad("matmul_backward dinp", dinp, finp, N * C);
+    check_grad("matmul_backward dweight", dw, fw, OC * C);
+    check_grad("matmul_backward dbias", db, fb, OC);
+    float *o1 = dup(dinp, N * C), *o2 = dup(dw, OC * C), *o3 = dup(db, OC);
+    K->matmul_backward(dinp, dw, db, c.R, c.inp, c.w, N, C, OC);
+    check_doubles("matmul_backward adds dinp", o1, dinp, N * C);
+    check_doubles("matmul_backward adds dweight", o2, dw, OC * C);
+    check_doubles("matmul_backward adds dbias", o3, db, OC);
+    memcpy(dw, o2, OC * C * sizeof(float));
+    K->matmul_backward(NULL, dw, NULL, c.R, c.inp, c.w, N, C, OC);
+    check_doubles("matmul_backward NULL dinp/dbias", o2, dw, OC * C);
+    free(ref); free(dinp); free(dw); free(db); free(finp); free(fw); free(fb);
+    free(o1); free(o2); free(o3);
+    free(c.out); free(c.inp); free(c.w); free(c.bias); free(c.R);
+}
+
+// ----------------------------------------------------------------------------
+// attention
+
+typedef struct { float *out, *att, *qkv, *R; int B, T, nh, nkv, hd; } AttnCtx;
+static double attn_loss(void *p) {
+    AttnCtx *c = p;
+    K->attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->nh, c->nkv, c->hd);
+    return dot_r(c->out, c->R, (size_t)c->B * c->T * c->nh * c->hd);
+}
+
+/* naive causal attention in double: out and probabilities */
+static void attn_ref(double *out, double *att, const float *qkv, int B, int T, int nh, int nkv,
+                     int hd) {
+    int S = (nh + 2 * nkv) * hd;
+    double *s = malloc_check(sizeof(double) * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            int kh = h / (nh / nkv);
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * S + h * hd;
+                double m = -INFINITY, z = 0;
+                for (int u = 0; u <= t; u++) {
+                    const float *k = qkv + ((size_t)b * T + u) * S + (nh + kh) * hd;
+                    double d = 0;
+                    for (int i = 0; i < hd; i++) d += (double)q[i] * k[i];
+                    s[u] = d / sqrt((double)hd);
+                    if (s[u] > m) m = s[u];
+                }
+                for (int u = 0; u <= t; u++) { s[u] = exp(s[u] - m); z += s[u]; }
+                double *a = att + (((size_t)b * nh + h) * T + t) * T;
+                for (int u = 0; u < T; u++) a[u] = u <= t ? s[u] / z : 0.0;
+                double *o = out + ((size_t)b * T + t) * nh * hd + h * hd;
+                for (int i = 0; i < hd; i++) {
+                    double acc = 0;
+                    for (int u = 0; u <= t; u++)
+                        acc += a[u] * qkv[((size_t)b * T + u) * S + (nh + nkv + kh) * hd + i];
+                    o[i] = acc;
+                }
+            }
+        }
+    free(s);
+}
+
+/* nsub > 0: finite differences only at nsub random qkv entries (large T) */
+static void test_attention(int B, int T, int nh, int nkv, int hd, int nsub) {
+    char name[128];
+    size_t nqkv = (size_t)B * T * (nh + 2 * nkv) * hd, nout = (size_t)B * T * nh * hd;
+    size_t natt = (size_t)B * nh * T * T;
+    AttnCtx c = {zerov(nout), zerov(natt), randv(nqkv, 1.5f), randv(nout, 1), B, T, nh, nkv, hd};
+    double *rout = malloc_check(sizeof(double) * nout), *ratt = malloc_check(sizeof(double) * natt);
+    attn_ref(rout, ratt, c.qkv, B, T, nh, nkv, hd);
+    attn_loss(&c);
+    snprintf(name, sizeof name, "attention_forward out T=%d nh=%d nkv=%d", T, nh, nkv);
+    check_close(name, c.out, rout, nout, 1e-5);
+    snprintf(name, sizeof name, "attention_forward att T=%d nh=%d nkv=%d", T, nh, nkv);
+    check_close(name, c.att, ratt, natt, 1e-5);
+
+    float *dqkv = zerov(nqkv);
+    K->attention_backward(dqkv, c.R, c.qkv, c.att, B, T, nh, nkv, hd);
+    float *fd = zerov(nqkv);
+    if (nsub == 0) {
+        fd_grad(attn_loss, &c, c.qkv, nqkv, 1e-3f, fd);
+        snprintf(name, sizeof name, "attention_backward dqkv T=%d nh=%d nkv=%d", T, nh, nkv);
+        check_grad(name, dqkv, fd, nqkv);
+    } else {
+        float *a = zerov(nsub);
+        for (int j = 0; j < nsub; j++) {
+            size_t i = (size_t)irand((int)nqkv);
+            fd_grad(attn_loss, &c, c.qkv + i, 1, 1e-2f, fd + j);
+            a[j] = dqkv[i];
+        }
+        snprintf(name, sizeof name, "attention_backward dqkv T=%d nh=%d nkv=%d (%d entries)",
+                 T, nh, nkv, nsub);
+        check_grad(name, a, fd, nsub);
+        free(a);
+    }
+    attn_loss(&c);
+    float *once = dup(dqkv, nqkv);
+    K->attention_backward(dqkv, c.R, c.qkv, c.att, B, T, nh, nkv, hd);
+    snprintf(name, sizeof name, "attention_backward adds T=%d nh=%d nkv=%d", T, nh, nkv);
+    check_doubles(name, once, dqkv, nqkv);
+    free(rout); free(ratt); free(dqkv); free(fd); free(once);
+    free(c.out); free(c.att); free(c.qkv); free(c.R);
+}
+
+// ----------------------------------------------------------------------------
+// rope
+
+typedef struct { float *x, *tmp, *R; int B, T, nh, nkv, hd, pos0; } RopeCtx;
+static double rope_loss(void *p) {
+    RopeCtx *c = p;
+    size_t n = (size_t)c->B * c->T * (c->nh + 2 * c->nkv) * c->hd;
+    memcpy(c->tmp, c->x, n * sizeof(float));
+    K->rope_forward(c->tmp, c->B, c->T, c->nh, c->nkv, c->hd, 10000.0f, c->pos0);
+    return dot_r(c->tmp, c->R, n);
+}
+
+static void test_rope(void) {
+    int B = 2, T = 5, nh = 4, nkv = 2, hd = 8, pos0 = 3, S = (nh + 2 * nkv) * hd, half = hd / 2;
+    size_t n = (size_t)B * T * S;
+    RopeCtx c = {randv(n, 1), zerov(n), randv(n, 1), B, T, nh, nkv, hd, pos0};
+    double *ref = malloc_check(sizeof(double) * n);
+    for (int r = 0; r < B * T; r++)
+        for (int hh = 0; hh < nh + 2 * nkv; hh++) {
+            const float *x = c.x + (size_t)r * S + hh * hd;
+            double *o = ref + (size_t)r * S + hh * hd;
+            for (int i = 0; i < half; i++) {
+                if (hh >= nh + nkv) { o[i] = x[i]; o[i + half] = x[i + half]; continue; }
+                double ang = (pos0 + r % T) * pow(10000.0, -2.0 * i / hd);
+                o[i] = x[i] * cos(ang) - x[i + half] * sin(ang);
+                o[i + half] = x[i + half] * cos(ang) + x[i] * sin(ang);
+            }
+        }
+    rope_loss(&c);
+    check_close("rope_forward", c.tmp, ref, n, 1e-5);
+
+    // forward then backward is the identity (the rotation is orthogonal)
+    K->rope_backward(c.tmp, B, T, nh, nkv, hd, 10000.0f, pos0);
+    for (size_t i = 0; i < n; i++) ref[i] = c.x[i];
+    check_close("rope_forward+backward identity", c.tmp, ref, n, 1e-5);
+
+    float *g = dup(c.R, n), *fd = zerov(n);
+    K->rope_backward(g, B, T, nh, nkv, hd, 10000.0f, pos0);
+    fd_grad(rope_loss, &c, c.x, n, 1e-2f, fd);
+    check_grad("rope_backward dqkv", g, fd, n);
+    free(ref); free(g); free(fd); free(c.x); free(c.tmp); free(c.R);
+}
+
+// ----------------------------------------------------------------------------
+// pointwise
+
+typedef struct { float *out, *inp, *R; size_t n; int N, F; } PwCtx;
+static double gelu_loss(void *p) {
+    PwCtx *c = p;
+    K->gelu_forward(c->out, c->inp, c->n);
+    return dot_r(c->out, c->R, c->n);
+}
+static double swiglu_loss(void *p) {
+    PwCtx *c = p;
+    K->swiglu_forward(c->out, c->inp, c->N, c->F);
+    return dot_r(c->out, c->R, (size_t)c->N * c->F);
+}
+
+static void test_gelu(void) {
+    size_t n = 97;
+    PwCtx c = {zerov(n), randv(n, 5), randv(n, 1), n, 0, 0};
+    c.inp[0] = -30.0f; c.inp[1] = 30.0f; c.inp[2] = 0.0f; c.inp[3] = 1e-6f;
+    double *ref = malloc_check(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) {
+        double x = c.inp[i];
+        ref[i] = 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    }
+    gelu_loss(&c);
+    check_close("gelu_forward", c.out, ref, n, 1e-5);
+    float *d = zerov(n), *fd = zerov(n);
+    K->gelu_backward(d, c.inp, c.R, n);
+    fd_grad(gelu_loss, &c, c.inp, n, 1e-3f, fd);
+    check_grad("gelu_backward dinp", d, fd, n);
+    float *once = dup(d, n);
+    K->gelu_backward(d, c.inp, c.R, n);
+    check_doubles("gelu_backward adds", once, d, n);
+    free(ref); free(d); free(fd); free(once); free(c.out); free(c.inp); free(c.R);
+}
+
+static void test_swiglu(void) {
+    int N = 6, F = 8;
+    PwCtx c = {zerov(N * F), randv(N * 2 * F, 4), randv(N * F, 1), 0, N, F};
+    double *ref = malloc_check(sizeof(double) * N * F);
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < F; j++) {
+            double g = c.inp[r * 2 * F + j], u = c.inp[r * 2 * F + F + j];
+            ref[r * F + j] = g / (1.0 + exp(-g)) * u;
+        }
+    swiglu_loss(&c);
+    check_close("swiglu_forward", c.out, ref, N * F, 1e-5);
+    float *d = zerov(N * 2 * F), *fd = zerov(N * 2 * F);
+    K->swiglu_backward(d, c.inp, c.R, N, F);
+    fd_grad(swiglu_loss, &c, c.inp, N * 2 * F, 1e-3f, fd);
+    check_grad("swiglu_backward dinp", d, fd, N * 2 * F);
+    float *once = dup(d, N * 2 * F);
+    K->swiglu_backward(d, c.inp, c.R, N, F);
+    check_doubles("swiglu_backward adds", once, d, N * 2 * F);
+    free(ref); free(d); free(fd); free(once); free(c.out); free(c.inp); free(c.R);
+}
+
+// ----------------------------------------------------------------------------
+// cross-entropy
+
+typedef struct { float *logits, *tmp, *losses, r; int *targets; int N, V; } CeCtx;
+static double ce_loss(void *p) {
+    CeCtx *c = p;
+    memcpy(c->tmp, c->logits, sizeof(float) * c->N * c->V);
+    K->crossentropy_forward(c->losses, c->tmp, c->targets, c->N, c->V);
+    double s = 0;
+    for (int n = 0; n < c->N; n++) s += (double)c->losses[n] * c->r;
+    return s;
+}
+
+static void ce_ref(double *probs, double *losses, const float *logits, const int *targets,
+                   int N, int V) {
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * V;
+        double m = -INFINITY, z = 0;
+        for (int j = 0; j < V; j++) if (x[j] > m) m = x[j];
+        for (int j = 0; j < V; j++) z += exp(x[j] - m);
+        for (int j = 0; j < V; j++) probs[(size_t)n * V + j] = exp(x[j] - m) / z;
+        losses[n] = log(z) - (x[targets[n]] - m);
+    }
+}
+
+static void test_crossentropy(void) {
+    int N = 6, V = 11;
+    int targets[6] = {0, 10, 3, 3, 7, 1};
+    CeCtx c = {randv(N * V, 3), zerov(N * V), zerov(N), 0.37f, targets, N, V};
+    double *rp = malloc_check(sizeof(double) * N * V), rl[6];
+    ce_ref(rp, rl, c.logits, targets, N, V);
+    ce_loss(&c);
+    check_close("crossentropy_forward probs", c.tmp, rp, N * V, 1e-5);
+    check_close("crossentropy_forward losses", c.losses, rl, N, 1e-5);
+    K->crossentropy_backward(c.tmp, targets, c.r, N, V);
+    float *fd = zerov(N * V), *g = dup(c.tmp, N * V);
+    fd_grad(ce_loss, &c, c.logits, N * V, 1e-3f, fd);
+    check_grad("crossentropy_backward dlogits", g, fd, N * V);
+    free(rp); free(fd); free(g); free(c.logits); free(c.tmp); free(c.losses);
+
+    // a real vocabulary, with logits far from zero: stable, and exp accurate
+    N = 4; V = 50257;
+    float *x = randv((size_t)N * V, 20), *t = zerov((size_t)N * V), l[4];
+    for (int j = 0; j < V; j++) x[j] += 1000.0f; // row 0 would overflow a naive exp
+    x[(size_t)2 * V + 5] = 80.0f;               // row 2: one dominant logit
+    int tg[4] = {5, 50256, 5, 12345};
+    double *bp = malloc_check(sizeof(double) * N * V), bl[4];
+    ce_ref(bp, bl, x, tg, N, V);
+    memcpy(t, x, sizeof(float) * N * V);
+    K->crossentropy_forward(l, t, tg, N, V);
+    check_close("crossentropy_forward probs V=50257", t, bp, (size_t)N * V, 1e-5);
+    double worst = 0;
+    int finite = 1;
+    for (int n = 0; n < N; n++) {
+        if (!isfinite(l[n])) finite = 0;
+        double e = fabs(l[n] - bl[n]) / fmax(fabs(bl[n]), 1e-3);
+        if (e > worst) worst = e;
+    }
+    report(finite && worst < 1e-5, "crossentropy_forward losses V=50257", "rel_err=%.1e (loss0 %.3g)",
+           worst, bl[0]);
+    free(x); free(t); free(bp);
+}
+
+// ----------------------------------------------------------------------------
+// optimizer, reductions, memory
+
+static void test_adamw(void) {
+    size_t n = 1000;
+    float *p = randv(n, 1), *m = zerov(n), *v = zerov(n);
+    double *pd = malloc_check(sizeof(double) * n), *md = calloc_check(n, sizeof(double)),
+           *vd = calloc_check(n, sizeof(double));
+    for (size_t i = 0; i < n; i++) pd[i] = p[i];
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    for (int t = 1; t <= 3; t++) {
+        float *g = randv(n, 2);
+        g[0] = 0.0f; // zero gradient: m = v = 0 path
+        K->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t, gs);
+        for (size_t i = 0; i < n; i++) {
+            double gi = (double)g[i] * gs;
+            pd[i] -= (double)lr * wd * pd[i];
+            md[i] = (double)b1 * md[i] + (1.0 - b1) * gi;
+            vd[i] = (double)b2 * vd[i] + (1.0 - b2) * gi * gi;
+            double mh = md[i] / (1.0 - pow(b1, t)), vh = vd[i] / (1.0 - pow(b2, t));
+            pd[i] -= (double)lr * mh / (sqrt(vh) + eps);
+        }
+        free(g);
+    }
+    // the update itself is ~lr: judge the error against it, not against |p|
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(p[i] - pd[i]));
+    report(worst < 1e-3 * lr * 3, "adamw 3 steps vs double", "max_abs_err=%.1e (lr %.0e)", worst, lr);
+    free(p); free(m); free(v); free(pd); free(md); free(vd);
+}
+
+static void test_misc(void) {
+    size_t n = 100003;
+    float *x = randv(n, 3), *y = randv(n, 1), *z = zerov(n);
+    double s = 0, ss = 0;
+    for (size_t i = 0; i < n; i++) { s += x[i]; ss += (double)x[i] * x[i]; }
+    double gs = K->sum(x, n), gss = K->sumsq(x, n);
+    report(fabs(gs - s) <= 1e-9 * fabs(ss), "sum", "got=%.9g want=%.9g", gs, s);
+    report(fabs(gss - ss) <= 1e-12 * ss, "sumsq", "got=%.9g want=%.9g", gss, ss);
+    double *ref = malloc_check(sizeof(double) * n);
+    K->add(z, x, y, n);
+    for (size_t i = 0; i < n; i++) ref[i] = (double)x[i] + y[i];
+    check_close("add", z, ref, n, 1e-7);
+    K->add(x, x, y, n); // out aliases a
+    check_close("add in place", x, ref, n, 1e-7);
+    K->scale(z, 0.25f, n);
+    for (size_t i = 0; i < n; i++) ref[i] *= 0.25;
+    check_close("scale", z, ref, n, 1e-7);
+
+    size_t bytes = 10u << 20;
+    unsigned char *a = K->alloc(bytes);
+    int zero = ((uintptr_t)a % 64) == 0;
+    for (size_t i = 0; i < bytes; i++) zero &= a[i] == 0;
+    report(zero, "alloc zero-filled and 64-byte aligned", "(%.0f MiB%.0s)", bytes / 1048576.0, 0.0);
+    memset(a, 7, bytes);
+    K->zero(a, bytes);
+    int zeroed = 1;
+    for (size_t i = 0; i < bytes; i++) zeroed &= a[i] == 0;
+    K->copy(a, x, n * sizeof(float));
+    zeroed &= memcmp(a, x, n * sizeof(float)) == 0;
+    report(zeroed, "zero and copy", "(%.0f MiB%.0s)", bytes / 1048576.0, 0.0);
+    K->free(a);
+
+    const char *info = kernels_cpu_blas_info();
+    report(info && strstr(info, "OpenBLAS") != NULL, "blas_info", "%.0f%.0s", 0.0, 0.0);
+    printf("     (%s)\n", info);
+    free(x); free(y); free(z); free(ref);
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    kernels_cpu_select_blas_core(argv);
+    K = kernels_cpu();
+    test_embed();
+    test_layernorm();
+    test_rmsnorm();
+    test_matmul();
+    test_attention(2, 5, 4, 2, 8, 0);   // GQA
+    test_attention(2, 5, 2, 2, 8, 0);   // plain multi-head
+    test_attention(1, 4, 3, 1, 4, 0);   // multi-query
+    test_attention(1, 300, 2, 1, 8, 60); // more rows than one attention block
+    test_rope();
+    test_gelu();
+    test_swiglu();
+    test_crossentropy();
+    test_adamw();
+    test_misc();
+    printf("%d passed, %d failed\n", npass, nfail);
+    return nfail ? 1 : 0;
+}

@@ -1,0 +1,590 @@
+"""test_torch.py — compares llmtrain against the independent PyTorch
+reference in tests/torch_ref.py.
+
+    /usr/bin/python3 tests/test_torch.py [--bin ./llmtrain] [--cases gpt2,llama_gqa,llama_tied]
+                                         [--keep] [-v]
+
+For each model case it writes random token shards (llm.c format), a random
+Hugging Face init folder and a job file into a temp dir, runs the binary and
+checks:
+  - the step-0 debug dump: initial weights, logits of the first micro-batch,
+    the step loss, and every gradient tensor, against torch (float64);
+  - a 20-step trajectory (warmup, cosine decay, weight decay, clipping that
+    triggers, gradient accumulation 2): per-step loss, lr and grad_norm from
+    metrics.jsonl, and every tensor of the exported final checkpoint;
+  - init.from round trips: the dumped params0 folder (F32) and a BF16 copy
+    load and give torch's logits;
+  - the model-section path (C's own random init, --set override).
+Prints one line per check and ends with "N passed, M failed"; exit 1 on any
+failure.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hfio  # noqa: E402
+import torch_ref as R  # noqa: E402
+
+# tolerances (C computes in fp32; the reference in float64)
+TOL_LOGITS = 1e-4      # relative norm error of the logits
+TOL_LOSS = 1e-4        # relative error of a loss
+TOL_GRAD = 1e-3        # relative norm error per gradient tensor
+TOL_STEP_LOSS = 1e-3   # per-step trajectory loss
+TOL_NORM = 1e-3        # per-step grad_norm
+TOL_LR = 1e-5          # per-step lr
+TOL_FINAL = 1e-4       # relative norm error per final weight tensor
+
+# --------------------------------------------------------------------------
+
+VERBOSE = False
+
+
+class Checker:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+        self.fail_lines = []
+
+    def check(self, ok, msg):
+        line = ("ok   " if ok else "FAIL ") + msg
+        print(line, flush=True)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+            self.fail_lines.append(line)
+        return ok
+
+
+CK = Checker()
+
+
+def rel_err(c, t):
+    c = c.detach().double().reshape(-1)
+    t = t.detach().double().reshape(-1)
+    d = (c - t).norm().item()
+    n = t.norm().item()
+    if n == 0.0:
+        return 0.0 if d == 0.0 else float("inf")
+    return d / n
+
+
+def diagnose(c, t):
+    """Extra facts about a mismatch: best-fit scale, max abs error, transposition."""
+    c = c.detach().double()
+    t = t.detach().double()
+    out = []
+    if c.shape != t.shape:
+        return f"shape C={tuple(c.shape)} torch={tuple(t.shape)}"
+    tt = (t * t).sum().item()
+    if tt > 0:
+        out.append(f"scale={((c * t).sum().item() / tt):.6g}")
+    out.append(f"|C|={c.norm().item():.4g} |torch|={t.norm().item():.4g}")
+    d = (c - t).abs()
+    j = int(d.argmax().item())
+    idx = np.unravel_index(j, tuple(t.shape)) if t.dim() else ()
+    out.append(f"maxabs={d.max().item():.3g} at {tuple(int(i) for i in idx)} "
+               f"(C={c.reshape(-1)[j].item():.6g} torch={t.reshape(-1)[j].item():.6g})")
+    if c.dim() == 2 and c.shape[0] == c.shape[1] and rel_err(c.t(), t) < 1e-3:
+        out.append("C == torch TRANSPOSED")
+    if t.dim() == 2:  # which rows are wrong
+        rows = ((c - t).norm(dim=1) > 1e-3 * t.norm(dim=1).clamp_min(1e-12)).nonzero().reshape(-1)
+        if 0 < len(rows) < t.shape[0]:
+            out.append(f"bad rows {len(rows)}/{t.shape[0]} first {rows[:8].tolist()}")
+    return " ".join(out)
+
+
+def cmp_tensor(label, c, t, tol, always_diag=False):
+    if c is None:
+        return CK.check(False, f"{label} missing on the C side")
+    if tuple(c.shape) != tuple(t.shape):
+        return CK.check(False, f"{label} shape C={tuple(c.shape)} torch={tuple(t.shape)}")
+    if not torch.isfinite(c).all():
+        return CK.check(False, f"{label} non-finite values on the C side")
+    r = rel_err(c, t)
+    ok = r <= tol
+    if t.double().norm().item() == 0.0:
+        m = c.double().abs().max().item() if c.numel() else 0.0
+        ok = m <= 1e-7
+        return CK.check(ok, f"{label} torch=0 C maxabs={m:.2g}")
+    msg = f"{label} rel={r:.2g}"
+    if not ok:
+        msg += f" (tol {tol:g}) " + diagnose(c, t)
+    elif always_diag or VERBOSE:
+        msg += " " + diagnose(c, t)
+    return CK.check(ok, msg)
+
+
+def cmp_scalar(label, c, t, tol):
+    if c is None or not math.isfinite(c):
+        return CK.check(False, f"{label} C={c} torch={t:.8g}")
+    r = abs(c - t) / max(abs(t), 1e-30)
+    ok = r <= tol
+    return CK.check(ok, f"{label} rel={r:.2g} C={c:.8g} torch={t:.8g}" + ("" if ok else f" (tol {tol:g})"))
+
+
+# --------------------------------------------------------------------------
+# data, jobs, running the binary
+# --------------------------------------------------------------------------
+
+def markov_tokens(n, vocab, seed):
+    """A token stream with structure (each token has 3 likely successors), so
+    training makes progress and gradients are not noise."""
+    rs = np.random.RandomState(seed)
+    succ = rs.randint(0, vocab, size=(vocab, 3))
+    out = np.empty(n, dtype=np.int64)
+    out[0] = rs.randint(vocab)
+    r = rs.rand(n)
+    pick = rs.randint(0, 3, size=n)
+    rnd = rs.randint(0, vocab, size=n)
+    for i in range(1, n):
+        out[i] = succ[out[i - 1], pick[i]] if r[i] < 0.9 else rnd[i]
+    return out
+
+
+def write_shard(path, tokens):
+    header = np.zeros(256, dtype="<i4")
+    header[0] = 20240520
+    header[1] = 1
+    header[2] = len(tokens)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype="<u2").tobytes())
+
+
+def read_shard(path):
+    with open(path, "rb") as f:
+        h = np.frombuffer(f.read(1024), dtype="<i4")
+        n = int(h[2])
+        assert h[0] == 20240520 and h[1] == 1
+        return np.frombuffer(f.read(2 * n), dtype="<u2").astype(np.int64)
+
+
+def run_bin(binary, job, workdir, name, sets=(), args_prefix=(), timeout=300):
+    """Write job JSON and run; returns (ok, stdout+stderr tail)."""
+    if job is not None:
+        jp = os.path.join(workdir, name + ".json")
+        with open(jp, "w") as f:
+            json.dump(job, f, indent=1)
+        cmd = [binary, jp]
+        for s in sets:
+            cmd += ["--set", s]
+    else:
+        cmd = [binary] + list(args_prefix)
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"timeout after {timeout}s: {' '.join(cmd)}"
+    out = p.stdout.decode("utf-8", "replace")
+    if VERBOSE:
+        print(f"  [{name}] rc={p.returncode} {time.time() - t0:.1f}s\n" +
+              "\n".join("  | " + l for l in out.splitlines()[-15:]))
+    if p.returncode != 0:
+        tail = " | ".join(out.strip().splitlines()[-4:])
+        return False, f"rc={p.returncode}: {tail}"
+    return True, out
+
+
+def read_dump_logits(dump):
+    p = os.path.join(dump, "logits.safetensors")
+    if not os.path.exists(p):
+        return None, None
+    t = hfio.read_safetensors(p)
+    return t.get("logits"), t.get("loss")
+
+
+def read_metrics(logdir):
+    p = os.path.join(logdir, "metrics.jsonl")
+    steps = {}
+    if not os.path.exists(p):
+        return None
+    with open(p) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                o = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(o, dict) and "step" in o and "loss" in o:
+                steps[int(o["step"])] = o
+    return steps
+
+
+# --------------------------------------------------------------------------
+# the cases
+# --------------------------------------------------------------------------
+
+CASES = {
+    # (a) GPT-2 tiny
+    "gpt2": dict(arch="gpt2", n_layer=2, n_embd=32, n_head=4, n_kv_head=4, ffn_hidden=None,
+                 vocab=64, max_seq_len=32, eps=1e-5, theta=None, tie=True, decay_all=False,
+                 model_section_in_main=True),
+    # (b) Llama with GQA, untied
+    "llama_gqa": dict(arch="llama", n_layer=2, n_embd=32, n_head=4, n_kv_head=2, ffn_hidden=64,
+                      vocab=80, max_seq_len=32, eps=1e-5, theta=10000.0, tie=False,
+                      decay_all=False, model_section_in_main=False),
+    # (c) Llama tied, n_kv_head == n_head, explicit ffn_hidden 48, other eps/theta, decay_all
+    "llama_tied": dict(arch="llama", n_layer=2, n_embd=32, n_head=4, n_kv_head=4, ffn_hidden=48,
+                       vocab=64, max_seq_len=32, eps=1e-6, theta=100.0, tie=True,
+                       decay_all=True, model_section_in_main=True),
+}
+
+T = 16            # seq_len (< max_seq_len, so GPT-2's unused wpe rows must get zero grad)
+MB = 2            # micro_batch
+GB = 4            # global_batch -> 2 accumulation micro-batches
+STEPS = 20
+LR, MIN_LR, WARMUP, DECAY = 3e-3, 3e-4, 5, 20
+WD, B1, B2, EPS = 0.1, 0.9, 0.95, 1e-8
+
+
+def hf_config(c):
+    if c["arch"] == "gpt2":
+        return R.gpt2_config(c["n_layer"], c["n_embd"], c["n_head"], c["vocab"], c["max_seq_len"],
+                             eps=c["eps"])
+    cfg = R.llama_config(c["n_layer"], c["n_embd"], c["n_head"], c["n_kv_head"], c["ffn_hidden"],
+                         c["vocab"], c["max_seq_len"], eps=c["eps"], theta=c["theta"], tie=c["tie"])
+    # keys a real HF Llama config.json carries
+    cfg.update({"rope_scaling": None, "torch_dtype": "float32", "bos_token_id": 1,
+                "eos_token_id": 2, "initializer_range": 0.02})
+    return cfg
+
+
+def model_section(c, ffn=True):
+    m = {"arch": c["arch"], "n_layer": c["n_layer"], "n_embd": c["n_embd"], "n_head": c["n_head"],
+         "vocab_size": c["vocab"], "max_seq_len": c["max_seq_len"], "norm_eps": c["eps"]}
+    if c["arch"] == "llama":
+        m.update({"n_kv_head": c["n_kv_head"], "rope_theta": c["theta"],
+                  "tie_embeddings": c["tie"]})
+        if ffn:
+            m["ffn_hidden"] = c["ffn_hidden"]
+    return m
+
+
+def base_job(work, name, c, steps, grad_clip, init=None, model=None, dump=True, train_glob=None):
+    job = {
+        "description": f"test_torch {name}",
+        "data": {"train": train_glob or os.path.join(work, "train_*.bin"),
+                 "val": os.path.join(work, "val.bin"), "shuffle": False},
+        "train": {"steps": steps, "seq_len": T, "micro_batch": MB, "global_batch": GB,
+                  "device": "cpu"},
+        "optim": {"lr": LR, "min_lr": MIN_LR, "warmup_steps": WARMUP, "decay_steps": DECAY,
+                  "weight_decay": WD, "decay_all": c["decay_all"], "beta1": B1, "beta2": B2,
+                  "eps": EPS, "grad_clip": grad_clip},
+        "eval": {"every_steps": 0, "batches": 1, "sample_tokens": 0},
+        "log": {"dir": os.path.join(work, name, "log"), "every_steps": 1},
+        "checkpoint": {"dir": os.path.join(work, name, "ckpt"), "every_steps": 0},
+    }
+    if init is not None:
+        job["init"] = init
+    if model is not None:
+        job["model"] = model
+    if dump:
+        job["debug"] = {"dump": os.path.join(work, name, "dump")}
+    return job
+
+
+def torch_step0(cfg, tensors, tokens, dtype=torch.float64):
+    """Loss, first-micro-batch logits and grads of step 0 in torch."""
+    m = R.RefModel(cfg, tensors, dtype=dtype)
+    x, y = R.global_batch(tokens, 0, GB, T)
+    loss, logits = R.forward_backward(m, x, y, MB)
+    return loss, logits, R.grads_dict(m)
+
+
+def check_names(label, got, cfg):
+    exp = set(R.expected_shapes(cfg))
+    g = set(got)
+    ok = g == exp
+    msg = f"{label} tensor names ({len(g)})"
+    if not ok:
+        msg += f" missing={sorted(exp - g)[:6]} extra={sorted(g - exp)[:6]}"
+    return CK.check(ok, msg)
+
+
+def run_case(binary, cname, c, root):
+    work = os.path.join(root, cname)
+    os.makedirs(work)
+    tag = cname
+    V = c["vocab"]
+
+    # ---- data: two train shards (glob) + val ----
+    toks = markov_tokens(2200, V, seed=sorted(CASES).index(cname) + 101)
+    write_shard(os.path.join(work, "train_000.bin"), toks[:1300])
+    write_shard(os.path.join(work, "train_001.bin"), toks[1300:])
+    write_shard(os.path.join(work, "val.bin"), markov_tokens(600, V, seed=7))
+    train_tokens = np.concatenate([read_shard(p) for p in sorted(glob.glob(os.path.join(work, "train_*.bin")))])
+
+    # ---- random HF init folder ----
+    cfg = hf_config(c)
+    init_t = R.random_hf_tensors(cfg, std=0.1, seed=17, norm_jitter=0.1, bias_std=0.05)
+    init_dir = os.path.join(work, "init_hf")
+    hfio.write_hf_folder(init_dir, cfg, init_t)
+    init_t = hfio.read_hf_folder(init_dir)[1]
+
+    # ---- choose grad_clip so that clipping triggers on some steps only ----
+    probe = R.RefModel(cfg, init_t, dtype=torch.float64)
+    norms = [r["grad_norm"] for r in R.train(probe, train_tokens, STEPS, T, MB, GB, LR, MIN_LR, WARMUP,
+                                             DECAY, WD, c["decay_all"], B1, B2, EPS, grad_clip=0.0)]
+    clip = float(np.float32(np.median(norms)))
+
+    # ---- main run: dump + 20-step trajectory + final checkpoint ----
+    job = base_job(work, "main", c, STEPS, clip, init={"from": init_dir},
+                   model=model_section(c) if c["model_section_in_main"] else None)
+    ok, out = run_bin(binary, job, work, "main")
+    if not CK.check(ok, f"{tag} main run (init.from HF folder, {STEPS} steps)" + ("" if ok else f": {out}")):
+        return
+    dump = os.path.join(work, "main", "dump")
+
+    # params0 == the init folder
+    p0_dir = os.path.join(dump, "params0")
+    if not CK.check(os.path.exists(os.path.join(p0_dir, "model.safetensors")),
+                    f"{tag} dump/params0 written"):
+        return
+    p0_cfg, p0 = hfio.read_hf_folder(p0_dir)
+    check_names(f"{tag} params0", p0, cfg)
+    keys = ["model_type", "vocab_size"] + (
+        ["n_layer", "n_embd", "n_head", "n_positions"] if c["arch"] == "gpt2" else
+        ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "max_position_embeddings"])
+    bad = {k: (p0_cfg.get(k), cfg[k]) for k in keys if p0_cfg.get(k) != cfg[k]}
+    epsk = "layer_norm_epsilon" if c["arch"] == "gpt2" else "rms_norm_eps"
+    if abs(float(p0_cfg.get(epsk, -1)) - cfg[epsk]) > 1e-6 * cfg[epsk]:
+        bad[epsk] = (p0_cfg.get(epsk), cfg[epsk])
+    if c["arch"] == "llama":
+        if abs(float(p0_cfg.get("rope_theta", -1)) - cfg["rope_theta"]) > 1e-6 * cfg["rope_theta"]:
+            bad["rope_theta"] = (p0_cfg.get("rope_theta"), cfg["rope_theta"])
+        if bool(p0_cfg.get("tie_word_embeddings", False)) != cfg["tie_word_embeddings"]:
+            bad["tie_word_embeddings"] = (p0_cfg.get("tie_word_embeddings"), cfg["tie_word_embeddings"])
+    CK.check(not bad, f"{tag} params0 config.json" + (f" mismatches (C, expected): {bad}" if bad else ""))
+    worst = max((rel_err(p0[n], init_t[n]) for n in init_t if n in p0), default=float("inf"))
+    CK.check(worst == 0.0, f"{tag} params0 == init.from weights exactly (worst rel={worst:.2g})")
+
+    # step 0 in torch on params0
+    loss_t, logits_t, grads_t = torch_step0(cfg, p0, train_tokens)
+    logits_c, loss_c = read_dump_logits(dump)
+    if CK.check(logits_c is not None and loss_c is not None, f"{tag} dump/logits.safetensors has logits+loss"):
+        cmp_tensor(f"{tag} step0 logits [first micro-batch]", logits_c, logits_t, TOL_LOGITS)
+        cmp_scalar(f"{tag} step0 loss", float(loss_c.reshape(-1)[0]), loss_t, TOL_LOSS)
+    g_dir = os.path.join(dump, "grads")
+    if CK.check(os.path.exists(os.path.join(g_dir, "model.safetensors")), f"{tag} dump/grads written"):
+        _, grads_c = hfio.read_hf_folder(g_dir)
+        check_names(f"{tag} grads", grads_c, cfg)
+        for n in R.expected_shapes(cfg):
+            cmp_tensor(f"{tag} grad {n}", grads_c.get(n), grads_t[n], TOL_GRAD)
+        gn_c = math.sqrt(sum(float((g.double() ** 2).sum()) for n, g in grads_c.items()
+                             if n in grads_t))
+        gn_t = math.sqrt(sum(float((g ** 2).sum()) for g in grads_t.values()))
+        cmp_scalar(f"{tag} step0 global grad norm (from dumped grads)", gn_c, gn_t, TOL_NORM)
+
+    # ---- trajectory ----
+    ref = R.RefModel(cfg, p0, dtype=torch.float64)
+    recs = R.train(ref, train_tokens, STEPS, T, MB, GB, LR, MIN_LR, WARMUP, DECAY, WD, c["decay_all"],
+                   B1, B2, EPS, grad_clip=clip)
+    n_clipped = sum(r["clipped"] for r in recs)
+    CK.check(0 < n_clipped < STEPS, f"{tag} grad_clip={clip:.4g} triggers in torch on {n_clipped}/{STEPS} steps")
+    ref32 = R.RefModel(cfg, p0, dtype=torch.float32)  # fp32 torch: the noise floor, for context
+    R.train(ref32, train_tokens, STEPS, T, MB, GB, LR, MIN_LR, WARMUP, DECAY, WD, c["decay_all"],
+            B1, B2, EPS, grad_clip=clip)
+    steps = read_metrics(os.path.join(work, "main", "log"))
+    if CK.check(steps is not None and sorted(steps) == list(range(1, STEPS + 1)),
+                f"{tag} metrics.jsonl has step lines 1..{STEPS}" +
+                ("" if steps is None else f" (got {sorted(steps)[:3]}..{sorted(steps)[-3:]})")):
+        worst = {"loss": 0.0, "lr": 0.0, "grad_norm": 0.0}
+        for r in recs:
+            o = steps[r["step"]]
+            for key, tol in (("loss", TOL_STEP_LOSS), ("lr", TOL_LR), ("grad_norm", TOL_NORM)):
+                cv = o.get(key)
+                if cv is None or not isinstance(cv, (int, float)):
+                    CK.check(False, f"{tag} step {r['step']} {key} missing in metrics.jsonl: {o}")
+                    continue
+                e = abs(cv - r[key]) / max(abs(r[key]), 1e-30)
+                worst[key] = max(worst[key], e)
+                if e > tol or VERBOSE:
+                    CK.check(e <= tol, f"{tag} step {r['step']} {key} rel={e:.2g} C={cv:.8g} "
+                                       f"torch={r[key]:.8g}" + ("" if e <= tol else f" (tol {tol:g})"))
+        for key, tol in (("loss", TOL_STEP_LOSS), ("lr", TOL_LR), ("grad_norm", TOL_NORM)):
+            CK.check(worst[key] <= tol, f"{tag} trajectory {key} steps 1..{STEPS} worst rel={worst[key]:.2g}")
+        CK.check(recs[-1]["loss"] < recs[0]["loss"],
+                 f"{tag} loss decreases {recs[0]['loss']:.4f} -> {recs[-1]['loss']:.4f} (torch)")
+
+    # ---- final weights via export ----
+    exp_dir = os.path.join(work, "main", "export")
+    ok, out = run_bin(binary, None, work, "export",
+                      args_prefix=["export", os.path.join(work, "main", "ckpt"), exp_dir])
+    if CK.check(ok and os.path.exists(os.path.join(exp_dir, "model.safetensors")),
+                f"{tag} llmtrain export <ckpt> <dir>" + ("" if ok else f": {out}")):
+        ecfg, fin = hfio.read_hf_folder(exp_dir)
+        check_names(f"{tag} export", fin, cfg)
+        CK.check(all(ecfg.get(k) == cfg[k] for k in keys), f"{tag} export config.json")
+        fin_t = ref.state_dict()
+        fin_32 = ref32.state_dict()
+        for n in R.expected_shapes(cfg):
+            noise = rel_err(fin_32[n], fin_t[n])
+            cmp_tensor(f"{tag} final {n} (fp32-torch noise {noise:.1g})", fin.get(n), fin_t[n], TOL_FINAL)
+
+    # ---- init.from round trip: params0 (F32) ----
+    with torch.no_grad():
+        m = R.RefModel(cfg, p0)
+        x, _ = R.global_batch(train_tokens, 0, GB, T)
+        logits_p0 = m(x[:MB])
+    job = base_job(work, "rt_f32", c, 1, 1.0, init={"from": p0_dir})
+    ok, out = run_bin(binary, job, work, "rt_f32")
+    if CK.check(ok, f"{tag} init.from dumped params0 (F32)" + ("" if ok else f": {out}")):
+        lc, _ = read_dump_logits(os.path.join(work, "rt_f32", "dump"))
+        cmp_tensor(f"{tag} init.from params0 logits", lc, logits_p0, TOL_LOGITS)
+
+    # ---- init.from a BF16 folder ----
+    bf_dir = os.path.join(work, "params0_bf16")
+    hfio.write_hf_folder(bf_dir, p0_cfg, p0, dtype="BF16")
+    p0_bf = {n: torch.from_numpy(hfio.round_to_bf16(t.numpy())) for n, t in p0.items()}
+    with open(os.path.join(bf_dir, "model.safetensors"), "rb") as f:
+        hl = int.from_bytes(f.read(8), "little")
+        hdr = json.loads(f.read(hl))
+    CK.check(all(v["dtype"] == "BF16" for k, v in hdr.items() if k != "__metadata__"),
+             f"{tag} BF16 folder written as BF16")
+    with torch.no_grad():
+        logits_bf = R.RefModel(cfg, p0_bf)(x[:MB])
+    job = base_job(work, "rt_bf16", c, 1, 1.0, init={"from": bf_dir})
+    ok, out = run_bin(binary, job, work, "rt_bf16")
+    if CK.check(ok, f"{tag} init.from BF16 folder" + ("" if ok else f": {out}")):
+        d = os.path.join(work, "rt_bf16", "dump")
+        lc, _ = read_dump_logits(d)
+        cmp_tensor(f"{tag} init.from BF16 logits", lc, logits_bf, TOL_LOGITS)
+        if os.path.exists(os.path.join(d, "params0", "model.safetensors")):
+            _, pb = hfio.read_hf_folder(os.path.join(d, "params0"))
+            worst = max((rel_err(pb[n], p0_bf[n]) for n in p0_bf if n in pb), default=float("inf"))
+            CK.check(worst == 0.0 and set(pb) == set(p0_bf),
+                     f"{tag} BF16 load == bf16-rounded weights exactly (worst rel={worst:.2g})")
+
+    # ---- model section, C's own random init, --set override ----
+    ms = model_section(c, ffn=(c["arch"] == "llama" and cname != "llama_gqa"))
+    job = base_job(work, "cinit", c, STEPS, 1.0, init={"std": 0.02, "seed": 1}, model=ms)
+    ok, out = run_bin(binary, job, work, "cinit", sets=["train.steps=1"])
+    if CK.check(ok, f"{tag} model section + C random init + --set train.steps=1" + ("" if ok else f": {out}")):
+        d = os.path.join(work, "cinit", "dump")
+        st = read_metrics(os.path.join(work, "cinit", "log")) or {}
+        CK.check(sorted(st) == [1], f"{tag} --set train.steps=1 ran 1 step (step lines {sorted(st)})")
+        if os.path.exists(os.path.join(d, "params0", "model.safetensors")):
+            ccfg, cp = hfio.read_hf_folder(os.path.join(d, "params0"))
+            if c["arch"] == "llama" and "ffn_hidden" not in ms:
+                exp_ffn = 256 * math.ceil(8 * c["n_embd"] / 3 / 256)
+                CK.check(ccfg.get("intermediate_size") == exp_ffn,
+                         f"{tag} default ffn_hidden (Llama rule) = {ccfg.get('intermediate_size')} "
+                         f"expected {exp_ffn}")
+            try:
+                R.RefModel(ccfg, cp)
+                built = True
+            except Exception as e:  # noqa: BLE001
+                built = CK.check(False, f"{tag} C-init params0 does not build in torch: {e}")
+            if built:
+                # init statistics
+                L = ccfg.get("n_layer", ccfg.get("num_hidden_layers"))
+                stats = []
+                for n, t in cp.items():
+                    if t.dim() == 2:
+                        resid = any(s in n for s in ("attn.c_proj", "mlp.c_proj", "o_proj", "down_proj"))
+                        exp_std = 0.02 / math.sqrt(2 * L) if resid else 0.02
+                        s = t.double().std().item()
+                        if abs(s / exp_std - 1) > 0.15:
+                            stats.append(f"{n} std={s:.4g} expected~{exp_std:.4g}")
+                    elif n.endswith(".bias"):
+                        if t.abs().max().item() != 0.0:
+                            stats.append(f"{n} not zero")
+                    elif not torch.all(t == 1.0):
+                        stats.append(f"{n} not all ones")
+                CK.check(not stats, f"{tag} C random init statistics" + (": " + "; ".join(stats[:4]) if stats else ""))
+                lt, lgt, gt = torch_step0(ccfg, cp, train_tokens)
+                lc, lsc = read_dump_logits(d)
+                cmp_tensor(f"{tag} C-init step0 logits", lc, lgt, TOL_LOGITS)
+                if lsc is not None:
+                    cmp_scalar(f"{tag} C-init step0 loss", float(lsc.reshape(-1)[0]), lt, TOL_LOSS)
+                if os.path.exists(os.path.join(d, "grads", "model.safetensors")):
+                    _, gc = hfio.read_hf_folder(os.path.join(d, "grads"))
+                    worst_n, worst_r = None, 0.0
+                    for n in gt:
+                        r = rel_err(gc[n], gt[n]) if n in gc and gc[n].shape == gt[n].shape else float("inf")
+                        if gt[n].norm() == 0 and n in gc:
+                            r = 0.0 if gc[n].abs().max() <= 1e-7 else float("inf")
+                        if r > worst_r or worst_n is None:
+                            worst_n, worst_r = n, r
+                    CK.check(worst_r <= TOL_GRAD, f"{tag} C-init step0 grads worst rel={worst_r:.2g} ({worst_n})")
+        else:
+            CK.check(False, f"{tag} cinit dump/params0 missing")
+
+    # ---- data wrap (GPT-2 only): data shorter than one global batch ----
+    if cname == "gpt2":
+        wrap_dir = os.path.join(work, "wrapdata")
+        os.makedirs(wrap_dir)
+        wt = toks[:50]  # sequence 3 of step 0 starts at 48 and wraps to the start
+        write_shard(os.path.join(wrap_dir, "train_000.bin"), wt)
+        job = base_job(work, "wrap", c, 1, 1.0, init={"from": init_dir},
+                       train_glob=os.path.join(wrap_dir, "train_*.bin"))
+        ok, out = run_bin(binary, job, work, "wrap")
+        if CK.check(ok, f"{tag} run on 50-token data (wraps inside step 0)" + ("" if ok else f": {out}")):
+            lc, lsc = read_dump_logits(os.path.join(work, "wrap", "dump"))
+            lt, _, _ = torch_step0(cfg, init_t, wt)
+            if lsc is not None:
+                cmp_scalar(f"{tag} wrapped step0 loss (token offset mod n_tokens)",
+                           float(lsc.reshape(-1)[0]), lt, TOL_LOSS)
+
+
+def main():
+    global VERBOSE
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default="./llmtrain")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args()
+    VERBOSE = a.verbose
+    torch.set_num_threads(2)
+    t0 = time.time()
+    binary = os.path.abspath(a.bin)
+    print(f"torch {torch.__version__}, binary {binary}", flush=True)
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        CK.check(False, f"binary {binary} not found / not executable")
+    else:
+        root = tempfile.mkdtemp(prefix="llmtrain_torch_")
+        try:
+            for cname in a.cases.split(","):
+                if cname not in CASES:
+                    CK.check(False, f"unknown case {cname}")
+                    continue
+                try:
+                    run_case(binary, cname, CASES[cname], root)
+                except Exception as e:  # a crash in the test is a failure, not a traceback
+                    import traceback
+                    traceback.print_exc()
+                    CK.check(False, f"{cname} test raised {type(e).__name__}: {e}")
+        finally:
+            if a.keep:
+                print(f"kept {root}")
+            else:
+                shutil.rmtree(root, ignore_errors=True)
+    print(f"time {time.time() - t0:.1f}s", flush=True)
+    if CK.fail_lines and CK.passed + CK.failed > 30:
+        print("failures:")
+        for l in CK.fail_lines:
+            print("  " + l)
+    print(f"{CK.passed} passed, {CK.failed} failed")
+    return 1 if CK.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

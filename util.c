@@ -1,0 +1,95 @@
+/* util.c — checked-call helpers: every failure reports where it happened. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "util.h"
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("llmtrain: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stdout);
+    fflush(stderr);
+    exit(code);
+}
+
+void warnf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("llmtrain: warning: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void *malloc_check_(size_t size, const char *file, int line) {
+    void *p = malloc(size ? size : 1);
+    if (!p) die(EXIT_IO, "out of memory allocating %zu bytes (%s:%d)", size, file, line);
+    return p;
+}
+
+void *calloc_check_(size_t n, size_t size, const char *file, int line) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) die(EXIT_IO, "out of memory allocating %zu x %zu bytes (%s:%d)", n, size, file, line);
+    return p;
+}
+
+FILE *fopen_check_(const char *path, const char *mode, const char *file, int line) {
+    FILE *f = fopen(path, mode);
+    if (!f) die(mode[0] == 'r' ? EXIT_USAGE : EXIT_IO, "%s: cannot open (%s) (%s:%d)", path, strerror(errno), file, line);
+    return f;
+}
+
+void fwrite_check_(const void *p, size_t size, size_t n, FILE *f, const char *path, const char *file, int line) {
+    if (n && fwrite(p, size, n, f) != n)
+        die(EXIT_IO, "%s: write failed (%s) (%s:%d)", path, strerror(errno), file, line);
+}
+
+void fclose_check_(FILE *f, const char *path, const char *file, int line) {
+    if (fclose(f) != 0) die(EXIT_IO, "%s: close failed (%s) (%s:%d)", path, strerror(errno), file, line);
+}
+
+char *read_text_file(const char *path, size_t *len) {
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return NULL; }
+    long n = ftell(f);
+    if (n < 0) { fclose(f); return NULL; }
+    rewind(f);
+    char *buf = malloc_check((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    if (got != (size_t)n) { free(buf); return NULL; }
+    buf[n] = '\0';
+    *len = (size_t)n;
+    return buf;
+}
+
+int mkdir_p(const char *path) {
+    char tmp[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof tmp) { errno = ENAMETOOLONG; return -1; }
+    memcpy(tmp, path, n + 1);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,45 @@
+/* util.h — checked-call helpers shared by every file: a failure names the
+ * file and line (or the user's file and key) and exits non-zero. */
+#ifndef LLMTRAIN_UTIL_H
+#define LLMTRAIN_UTIL_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stddef.h>
+
+/* Exit codes (documented in the README). */
+enum {
+    EXIT_OK = 0,
+    EXIT_USAGE = 2,        /* bad command line, config, data or weights */
+    EXIT_IO = 3,           /* I/O failure while running (disk full, unreadable file) */
+    EXIT_NONFINITE = 4,    /* too many consecutive non-finite steps */
+    EXIT_TIMEOUT = 5,      /* watchdog: a step or collective exceeded parallel.timeout_s */
+    EXIT_PEER = 6,         /* another rank failed; this one aborts */
+    EXIT_INTERNAL = 70,    /* a bug: an invariant failed */
+};
+
+/* Print "llmtrain: <message>" on stderr (one line) and exit with code. */
+void die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+void warnf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+void *malloc_check_(size_t size, const char *file, int line);
+void *calloc_check_(size_t n, size_t size, const char *file, int line);
+FILE *fopen_check_(const char *path, const char *mode, const char *file, int line);
+void fwrite_check_(const void *p, size_t size, size_t n, FILE *f, const char *path, const char *file, int line);
+void fclose_check_(FILE *f, const char *path, const char *file, int line);
+#define malloc_check(sz) malloc_check_((sz), __FILE__, __LINE__)
+#define calloc_check(n, sz) calloc_check_((n), (sz), __FILE__, __LINE__)
+#define fopen_check(p, m) fopen_check_((p), (m), __FILE__, __LINE__)
+#define fwrite_check(ptr, sz, n, f, path) fwrite_check_((ptr), (sz), (n), (f), (path), __FILE__, __LINE__)
+#define fclose_check(f, path) fclose_check_((f), (path), __FILE__, __LINE__)
+
+/* Read a whole small file (configs, json headers) into a NUL-terminated buffer.
+ * Returns NULL (and sets *len = 0) when it cannot be read. */
+char *read_text_file(const char *path, size_t *len);
+/* mkdir -p; returns 0 or -1 with errno set. */
+int mkdir_p(const char *path);
+/* Wall clock in seconds (monotonic). */
+double now_s(void);
+
+#endif
