@@ -570,6 +570,9 @@ static void gpt2_config(const HfCfg *c, ModelConfig *o) {
         die(EXIT_USAGE, HF_CTX "%s: key scale_attn_weights: false is not supported", c->path);
     if (cfg_bool(c, "scale_attn_by_inverse_layer_idx", false))
         die(EXIT_USAGE, HF_CTX "%s: key scale_attn_by_inverse_layer_idx: true is not supported", c->path);
+    /* GPT2LMHeadModel unties only when told to; we would drop its lm_head */
+    if (!cfg_bool(c, "tie_word_embeddings", true))
+        die(EXIT_USAGE, HF_CTX "%s: key tie_word_embeddings: false is not supported for GPT-2", c->path);
     o->rope_theta = 10000.0f;
     o->tie_embeddings = 1;
 }

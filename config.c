@@ -376,7 +376,9 @@ void config_print_keys(void) {
     printf("| key | type | default | meaning |\n|---|---|---|---|\n");
     for (int i = 0; i < NKEYS; i++) {
         const Key *k = &KEYS[i];
-        const char *t = k->choices ? k->choices : type_name(k->type);
+        char t[160];
+        snprintf(t, sizeof t, "%s", k->choices ? k->choices : type_name(k->type));
+        for (char *p = t; *p; p++) if (*p == '|') *p = '/'; /* keep the markdown table intact */
         printf("| `%s` | %s | `%s` | %s |\n", k->path, t, k->def, k->doc);
     }
 }

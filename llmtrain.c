@@ -296,6 +296,8 @@ static void check_layout(Trainer *t) {
     Config *c = &t->cfg;
     Dist *d = &t->dist;
     if (c->tp != 1) die(EXIT_USAGE, "%s: parallel.tensor %d: tensor parallelism is not available in this build (expected 1)", c->path, c->tp);
+    if (d->dp > 1 && strcmp(c->strategy, "NO_SHARD") != 0)
+        die(EXIT_USAGE, "%s: parallel.strategy \"%s\": only NO_SHARD (replicated data parallel) is available in this build", c->path, c->strategy);
     if (c->global_batch == 0) c->global_batch = c->micro_batch * d->dp;
     if (c->global_batch % (c->micro_batch * d->dp) != 0)
         die(EXIT_USAGE, "%s: train.global_batch %d is not divisible by train.micro_batch %d x data-parallel ranks %d",

@@ -695,6 +695,8 @@ static void test_hf_errors(void) {
     set_config(g, "activation_function", "\"gelu_pytorch_tanh\"");
     hf_read_config(g, &c);
     check(c.arch == ARCH_GPT2 && c.tie_embeddings && c.n_kv_head == 4, "hf config: gpt2 gelu_pytorch_tanh accepted");
+    set_config(g, "tie_word_embeddings", "false");
+    expect_die("hf config: gpt2 untied", child_hf_config, g, EXIT_USAGE, "key tie_word_embeddings");
     expect_die("hf config: missing config.json", child_hf_config, tpath("nowhere"), EXIT_USAGE, "config.json: cannot read");
 }
 
@@ -819,7 +821,7 @@ int main(void) {
     test_sharded();
     test_hf_errors();
     test_ckpt();
-    if (n_fail == 0) rm_rf(TMP);
+    if (n_fail == 0 && !getenv("TEST_CKPT_KEEP")) rm_rf(TMP);
     else printf("(files kept in %s)\n", TMP);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

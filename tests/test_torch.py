@@ -249,7 +249,7 @@ T = 16            # seq_len (< max_seq_len, so GPT-2's unused wpe rows must get 
 MB = 2            # micro_batch
 GB = 4            # global_batch -> 2 accumulation micro-batches
 STEPS = 20
-LR, MIN_LR, WARMUP, DECAY = 3e-3, 3e-4, 5, 20
+LR, MIN_LR, WARMUP, DECAY = 3e-3, 3e-4, 5, 15  # steps 16..20 run at min_lr
 WD, B1, B2, EPS = 0.1, 0.9, 0.95, 1e-8
 
 
@@ -387,6 +387,16 @@ def run_case(binary, cname, c, root):
         check_names(f"{tag} grads", grads_c, cfg)
         for n in R.expected_shapes(cfg):
             cmp_tensor(f"{tag} grad {n}", grads_c.get(n), grads_t[n], TOL_GRAD)
+        if c["arch"] == "gpt2":
+            # d loss / d key-bias is analytically 0: C's must be rounding-level
+            C = c["n_embd"]
+            for i in range(c["n_layer"]):
+                n = f"transformer.h.{i}.attn.c_attn.bias"
+                if n in grads_c:
+                    gk = grads_c[n][C:2 * C].double().norm().item()
+                    gq = grads_t[n].double().norm().item()
+                    CK.check(gk <= 1e-4 * gq, f"{tag} grad {n} [k part] ~ 0 (analytically zero): "
+                                              f"|C|={gk:.2g} vs |whole|={gq:.2g}")
         gn_c = math.sqrt(sum(float((g.double() ** 2).sum()) for n, g in grads_c.items()
                              if n in grads_t))
         gn_t = math.sqrt(sum(float((g ** 2).sum()) for g in grads_t.values()))
@@ -436,6 +446,20 @@ def run_case(binary, cname, c, root):
         fin_32 = ref32.state_dict()
         for n in R.expected_shapes(cfg):
             noise = rel_err(fin_32[n], fin_t[n])
+            if n.endswith("attn.c_attn.bias") and fin.get(n) is not None and fin[n].shape == fin_t[n].shape:
+                # The key bias has an analytically zero gradient (q.b_k is constant
+                # over the keys a query attends to, softmax ignores it), so its
+                # gradient is rounding noise that Adam turns into +-lr steps: the
+                # fp32 trajectory of that slice is noise. Compare q|v exactly and
+                # only bound the k slice.
+                C = c["n_embd"]
+                sel = torch.cat([torch.arange(0, C), torch.arange(2 * C, 3 * C)])
+                cmp_tensor(f"{tag} final {n} [q|v parts]", fin[n][sel], fin_t[n][sel], TOL_FINAL)
+                dk = (fin[n][C:2 * C].double() - fin_t[n][C:2 * C]).abs().max().item()
+                CK.check(dk <= STEPS * LR, f"{tag} final {n} [k part, zero-gradient noise] "
+                                           f"maxabs={dk:.2g} <= steps*lr={STEPS * LR:g} "
+                                           f"(fp32-torch noise whole tensor {noise:.1g})")
+                continue
             cmp_tensor(f"{tag} final {n} (fp32-torch noise {noise:.1g})", fin.get(n), fin_t[n], TOL_FINAL)
 
     # ---- init.from round trip: params0 (F32) ----

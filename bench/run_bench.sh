@@ -1,0 +1,60 @@
+#!/bin/bash
+# make bench: CPU training throughput of llmtrain for GPT-2 124M (B=4, T=64)
+# and a small Llama, next to this machine's measured sgemm peak and next to
+# PyTorch CPU training the same model and batch, all in the same run.
+# FLOPs per token = 6 x (parameters in matrix products) + 12 x L x C x T.
+# Environment: BENCH_STEPS (default 6; the first is warm-up).
+set -e
+cd "$(dirname "$0")/.."
+PY=/usr/bin/python3
+STEPS=${BENCH_STEPS:-6}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+$PY - "$TMP" <<'EOF'
+import sys, numpy as np
+d = sys.argv[1]
+for name, vocab, magic, ver, dt in (("gpt2", 50257, 20240520, 1, np.uint16), ("llama", 32000, 20240520, 1, np.uint16)):
+    t = np.random.default_rng(0).integers(0, vocab, 200_000)
+    h = np.zeros(256, np.int32); h[:3] = (magic, ver, len(t))
+    with open(f"{d}/{name}.bin", "wb") as f:
+        f.write(h.tobytes()); f.write(t.astype(dt).tobytes())
+EOF
+
+# name | llmtrain model json | torch_train.py args | B | T
+run_case() {
+    local name="$1" model="$2" targs="$3" B="$4" T="$5"
+    cat >"$TMP/$name.json" <<EOF
+{"model": $model,
+ "data": {"train": "$TMP/$name.bin"},
+ "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $B, "device": "cpu"},
+ "optim": {"lr": 3e-4, "warmup_steps": 0},
+ "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name"}, "checkpoint": {"dir": "$TMP/ck_$name", "every_steps": 1000000}}
+EOF
+    ./llmtrain "$TMP/$name.json" --set checkpoint.every_steps=0 >"$TMP/$name.out" 2>&1 || { cat "$TMP/$name.out"; exit 1; }
+    local torch_json
+    torch_json=$($PY bench/torch_train.py $targs --seq_len "$T" --batch "$B" --steps "$STEPS")
+    $PY - "$name" "$TMP/$name.out" "$TMP/run_$name/metrics.jsonl" "$torch_json" <<'EOF'
+import json, re, statistics, sys
+name, out, metrics, tj = sys.argv[1:5]
+text = open(out).read()
+peak = float(re.search(r"peak for MFU ([0-9.]+) GFLOP/s", text).group(1))
+blas = re.search(r"backend cpu \| (.*)", text).group(1)
+params = re.search(r"([0-9.]+)M parameters", text).group(1)
+steps = [json.loads(l) for l in open(metrics) if l.startswith("{")]
+ms = statistics.median(s["step_ms"] for s in steps[1:]) if len(steps) > 1 else steps[0]["step_ms"]
+tps = statistics.median(s["tokens_per_s"] for s in steps[1:]) if len(steps) > 1 else steps[0]["tokens_per_s"]
+mfu = statistics.median(s["mfu"] for s in steps[1:]) if len(steps) > 1 else steps[0]["mfu"]
+torch = json.loads(tj)
+print(f"{name}: {params}M params | llmtrain {ms:.0f} ms/step, {tps:.0f} tokens/s, {mfu * peak:.1f} GFLOP/s, "
+      f"MFU {100 * mfu:.1f}% of sgemm peak {peak:.1f} GFLOP/s | PyTorch {torch['torch_version']} "
+      f"{torch['ms_per_step']:.0f} ms/step, {torch['tokens_per_s']:.0f} tokens/s | speed-up {tps / torch['tokens_per_s']:.2f}x")
+print(f"  BLAS: {blas}")
+EOF
+}
+
+echo "llmtrain CPU benchmark ($(nproc) cores, $STEPS steps, median after the first)"
+run_case gpt2_124M '{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "max_seq_len": 1024}' \
+    "--arch gpt2 --n_layer 12 --n_embd 768 --n_head 12 --vocab 50257 --max_seq_len 1024" 4 64
+run_case llama_small '{"arch": "llama", "n_layer": 8, "n_embd": 512, "n_head": 8, "n_kv_head": 4, "ffn_hidden": 1536, "vocab_size": 32000, "max_seq_len": 256}' \
+    "--arch llama --n_layer 8 --n_embd 512 --n_head 8 --n_kv_head 4 --ffn_hidden 1536 --vocab 32000 --max_seq_len 256" 4 128
