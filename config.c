@@ -413,3 +413,41 @@ void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir) {
     if (cfg->seq_len > cfg->model.max_seq_len)
         die(EXIT_USAGE, "%s: train.seq_len %d exceeds the model's max_seq_len %d (from %s)", cfg->path, cfg->seq_len, cfg->model.max_seq_len, hf_dir);
 }
+
+/* Write the resolved model section (defaults and init.from filled in) into
+ * the effective config text, so a checkpoint rebuilds the same model
+ * without the job file or the init folder. */
+void config_freeze_model(Config *cfg) {
+    cJSON *root = cJSON_Parse(cfg->json_text);
+    if (!root) die(EXIT_INTERNAL, "config_freeze_model: effective config does not parse");
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "model");
+    cJSON *model = cJSON_AddObjectToObject(root, "model");
+    for (int i = 0; i < NKEYS; i++) {
+        const Key *k = &KEYS[i];
+        if (strncmp(k->path, "model.", 6) != 0) continue;
+        const char *name = k->path + 6;
+        const char *field = (const char *)cfg + k->off;
+        switch (k->type) {
+        case K_ENUM: {
+            int idx = *(const int *)field;
+            const char *p = k->choices;
+            for (int j = 0; j < idx; j++) p = strchr(p, '|') + 1;
+            const char *bar = strchr(p, '|');
+            char buf[32];
+            snprintf(buf, sizeof buf, "%.*s", (int)(bar ? bar - p : (long)strlen(p)), p);
+            cJSON_AddStringToObject(model, name, buf);
+            break;
+        }
+        case K_INT: cJSON_AddNumberToObject(model, name, *(const int *)field); break;
+        case K_FLOAT: cJSON_AddNumberToObject(model, name, *(const float *)field); break;
+        case K_BOOL: cJSON_AddBoolToObject(model, name, *(const int *)field); break;
+        default: die(EXIT_INTERNAL, "config_freeze_model: unexpected type of %s", k->path);
+        }
+    }
+    /* the weights now come from the checkpoint, not the init folder */
+    cJSON *init = cJSON_GetObjectItemCaseSensitive(root, "init");
+    if (init) cJSON_DeleteItemFromObjectCaseSensitive(init, "from");
+    free(cfg->json_text);
+    cfg->json_text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+}

@@ -85,6 +85,9 @@ int config_has_key(const Config *cfg, const char *path);
 /* init.from: adopt the model section of a Hugging Face config; an explicit
  * job value that disagrees is an error naming the key. */
 void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir);
+/* Put the resolved model section into json_text (checkpoints rebuild the
+ * model from it, without the job file or init.from). */
+void config_freeze_model(Config *cfg);
 void config_free(Config *cfg);
 
 #endif

@@ -17,11 +17,7 @@
  * n_seqs, that takes under 4 applications on average. Each epoch therefore
  * visits every sequence start j*T exactly once, in an order that depends on
  * (seed, epoch) only, so any rank can compute any step's sequences.
- *
- * data.h's DataSet has no field for the config key used in messages
- * ("data.train"), which dataset_sequence needs for its out-of-vocab error:
- * dataset_open allocates one hidden sentinel Shard after the n_shards real
- * ones and keeps the key in its path (it travels with copies of DataSet). */
+ */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -38,7 +34,7 @@
 /* ---------------------------------------------------------------- shards */
 
 static const char *ds_what(const DataSet *d) {
-    return d->shards[d->n_shards].path; /* sentinel, see top of file */
+    return d->what;
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -127,9 +123,9 @@ void dataset_open(DataSet *d, const char *pattern, const char *what, int vocab_s
         qsort(paths, (size_t)n, sizeof *paths, cmp_str); /* byte order, independent of locale */
     }
 
-    d->shards = calloc_check((size_t)n + 1, sizeof(Shard)); /* +1: sentinel holding `what` */
+    d->shards = calloc_check((size_t)n, sizeof(Shard));
     d->n_shards = n;
-    snprintf(d->shards[n].path, sizeof d->shards[n].path, "%s", what);
+    snprintf(d->what, sizeof d->what, "%s", what);
     uint64_t total = 0;
     for (int i = 0; i < n; i++) {
         shard_open(&d->shards[i], paths[i], what);

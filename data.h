@@ -26,6 +26,7 @@ typedef struct Shard {
 } Shard;
 
 typedef struct DataSet {
+    char what[64];        /* config key for messages, e.g. "data.train" */
     Shard *shards;        /* sorted by path */
     int n_shards;
     uint64_t n_tokens;    /* all shards concatenated */
@@ -59,7 +60,7 @@ typedef struct Vocab {
     char **tok;           /* NUL-terminated byte strings */
     unsigned char *len;
 } Vocab;
-/* Returns 0 on success; on error prints one line and exits(EXIT_USAGE). */
+/* On error prints one line and exits(EXIT_USAGE). Version 1 (no eot) and 2. */
 void vocab_load(Vocab *v, const char *path);
 /* Write the bytes of token id (or "<id>" when unknown) to f. */
 void vocab_print(const Vocab *v, int id, void *file);

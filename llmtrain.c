@@ -366,6 +366,7 @@ static int train(int argc, char **argv) {
         hf_read_config(c->init_from, &hf);
         config_take_model(c, &hf, c->init_from);
     }
+    config_freeze_model(c);
     check_layout(t);
     select_backend(t);
 
