@@ -259,11 +259,15 @@ static StepStats train_step(Trainer *t, int step) {
     double loss_sum = 0;
     float loss_scale = 1.0f / ((float)c->global_batch * (float)c->seq_len);
     for (int j = 0; j < t->accum; j++) {
+        dist_phase(&t->dist, step + 1, "forward");
         load_batch(t, &t->train, micro_first_seq(t, step, j));
         loss_sum += model_forward(m, t->tok, t->tgt);
+        dist_phase(&t->dist, step + 1, "backward");
         model_backward(m, loss_scale);
     }
+    if (dist_fault_nan(&t->dist, step + 1)) { float poison = NAN; k->from_host(m->grads, &poison, sizeof poison); } /* test hook */
     /* gradients of the mean loss: each rank holds its share, the sum is the mean */
+    dist_phase(&t->dist, step + 1, "allreduce");
     dist_allreduce_sum_f32(&t->dist, m->grads, m->n_params);
     double red[2] = {loss_sum / t->accum, k->sumsq(m->grads, m->n_params)};
     dist_allreduce_sum_f64(&t->dist, red, 1);
@@ -283,6 +287,7 @@ static StepStats train_step(Trainer *t, int step) {
             scale = (float)(c->grad_clip / (s.norm + 1e-6));
             s.clipped = 1;
         }
+        dist_phase(&t->dist, step + 1, "optimizer");
         adamw_step(t, (float)s.lr, scale, step);
     }
     s.dt = now_s() - t0;
@@ -361,6 +366,7 @@ static int train(int argc, char **argv) {
     Config *c = &t->cfg;
     config_load(c, job, n_set, sets);
     free(sets);
+    dist_watchdog_start(&t->dist, c->timeout_s);
     if (c->init_from[0]) {
         ModelConfig hf;
         hf_read_config(c->init_from, &hf);
@@ -392,9 +398,12 @@ static int train(int argc, char **argv) {
 
     TrainState st = {0};
     for (int step = 0; step < c->steps; step++) {
+        dist_phase(&t->dist, step + 1, "forward");
+        dist_fault_point(&t->dist, step + 1);
         StepStats s = train_step(t, step);
         int last = step + 1 == c->steps;
         int eval = (c->eval_every > 0 && (step + 1) % c->eval_every == 0) || last;
+        if (eval) dist_phase(&t->dist, step + 1, "eval");
         if (eval && t->have_val && c->eval_batches > 0) s.val_loss = eval_loss(t);
         log_step(t, &s);
         if (eval) print_sample(t);
@@ -406,11 +415,13 @@ static int train(int argc, char **argv) {
         st.step = step + 1;
         st.seq_cursor = (uint64_t)(step + 1) * (uint64_t)c->global_batch;
         if (is_root(t) && ((c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last)) {
+            dist_phase(&t->dist, step + 1, "checkpoint");
             ckpt_save(&t->model, c, &st, c->ckpt_dir);
             printf("checkpoint: %s/step_%08d\n", c->ckpt_dir, st.step);
         }
     }
     if (t->metrics) fclose_check(t->metrics, "metrics.jsonl");
+    dist_phase(&t->dist, c->steps, "finalize");
     dist_finalize(&t->dist);
     return EXIT_OK;
 }

@@ -5,8 +5,25 @@
 #include "parallel.h"
 #include "util.h"
 #include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { FAULT_NONE, FAULT_HANG, FAULT_DIE, FAULT_NAN };
+
+/* Watchdog state shared by the main thread (dist_phase, collectives) and the
+ * watchdog thread; every field is read and written under mu. */
+struct DistWatch {
+    pthread_mutex_t mu;
+    pthread_t thread;
+    double timeout_s;
+    int rank, armed, step;
+    const char *phase, *collective;
+    double since; /* now_s() when the phase began */
+};
 
 static int env_int(const char *name, int dflt) {
     const char *s = getenv(name);
@@ -16,6 +33,138 @@ static int env_int(const char *name, int dflt) {
 static int launched_by_mpi(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") ||
            getenv("PMI_RANK") || getenv("MPI_LOCALNRANKS");
+}
+
+/* LLMTRAIN_FAULT="rank=R,step=S[-E],kind=hang|die|nan" (rank optional:
+ * every rank). Malformed: one line and exit 2. */
+static void fault_parse(Dist *d) {
+    const char *env = getenv("LLMTRAIN_FAULT");
+    d->fault_kind = FAULT_NONE;
+    if (!env || !*env) return;
+    char buf[256];
+    if (strlen(env) >= sizeof buf) die(EXIT_USAGE, "LLMTRAIN_FAULT: value too long (expected rank=R,step=S[-E],kind=hang|die|nan)");
+    strcpy(buf, env);
+    int kind = FAULT_NONE, rank = -1, lo = 0, hi = 0, have_step = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        char *end;
+        if (!eq) goto bad;
+        *eq = 0;
+        const char *v = eq + 1;
+        if (strcmp(tok, "rank") == 0) {
+            long r = strtol(v, &end, 10);
+            if (end == v || *end || r < 0 || r > 1000000) goto bad;
+            rank = (int)r;
+        } else if (strcmp(tok, "step") == 0) {
+            long a = strtol(v, &end, 10), b = a;
+            if (end == v || a < 1 || a > 1000000000) goto bad;
+            if (*end == '-') {
+                const char *v2 = end + 1;
+                b = strtol(v2, &end, 10);
+                if (end == v2 || b < a || b > 1000000000) goto bad;
+            }
+            if (*end) goto bad;
+            lo = (int)a; hi = (int)b; have_step = 1;
+        } else if (strcmp(tok, "kind") == 0) {
+            if (strcmp(v, "hang") == 0) kind = FAULT_HANG;
+            else if (strcmp(v, "die") == 0) kind = FAULT_DIE;
+            else if (strcmp(v, "nan") == 0) kind = FAULT_NAN;
+            else goto bad;
+        } else {
+            goto bad;
+        }
+    }
+    if (kind == FAULT_NONE || !have_step) goto bad;
+    d->fault_kind = kind;
+    d->fault_rank = rank;
+    d->fault_step_lo = lo;
+    d->fault_step_hi = hi;
+    return;
+bad:
+    die(EXIT_USAGE, "LLMTRAIN_FAULT \"%s\": malformed (expected rank=R,step=S or step=S-E,kind=hang|die|nan; "
+        "S is the 1-based step number)", env);
+}
+
+static int fault_here(const Dist *d, int kind, int step) {
+    return d->fault_kind == kind && (d->fault_rank < 0 || d->fault_rank == d->rank) &&
+           step >= d->fault_step_lo && step <= d->fault_step_hi;
+}
+
+void dist_fault_point(Dist *d, int step) {
+    if (fault_here(d, FAULT_DIE, step)) {
+        fflush(stdout);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
+    if (fault_here(d, FAULT_HANG, step)) {
+        fflush(stdout);
+        fflush(stderr);
+        for (;;) pause();
+    }
+}
+
+int dist_fault_nan(Dist *d, int step) { return fault_here(d, FAULT_NAN, step); }
+
+static void watch_collective(Dist *d, const char *name) {
+    struct DistWatch *w = d->watch;
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->collective = name;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void dist_phase(Dist *d, int step, const char *phase) {
+    struct DistWatch *w = d->watch;
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->step = step;
+    w->phase = phase;
+    w->since = now_s();
+    w->armed = 1;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Polls the heartbeat; on expiry prints one line and ends this process
+ * with EXIT_TIMEOUT. MPI_Abort is not called: the main thread owns MPI
+ * (MPI_THREAD_FUNNELED); mpirun ends the other ranks when one exits
+ * non-zero. */
+static void *watchdog_main(void *arg) {
+    struct DistWatch *w = arg;
+    double poll = w->timeout_s / 10;
+    if (poll > 0.5) poll = 0.5;
+    if (poll < 0.02) poll = 0.02;
+    struct timespec ts = {(time_t)poll, (long)((poll - (double)(time_t)poll) * 1e9)};
+    for (;;) {
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&w->mu);
+        int fire = w->armed && now_s() - w->since > w->timeout_s;
+        int step = w->step;
+        const char *phase = w->phase ? w->phase : "?", *coll = w->collective ? w->collective : "none";
+        pthread_mutex_unlock(&w->mu);
+        if (fire) {
+            fprintf(stderr, "llmtrain: rank %d: watchdog: step %d phase %s (collective %s) exceeded parallel.timeout_s=%g s; aborting\n",
+                    w->rank, step, phase, coll, w->timeout_s);
+            fflush(stderr);
+            _exit(EXIT_TIMEOUT);
+        }
+    }
+    return NULL;
+}
+
+void dist_watchdog_start(Dist *d, double timeout_s) {
+    if (timeout_s <= 0 || d->watch) return;
+    struct DistWatch *w = calloc_check(1, sizeof *w);
+    pthread_mutex_init(&w->mu, NULL);
+    w->timeout_s = timeout_s;
+    w->rank = d->rank;
+    w->since = now_s();
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&w->thread, &attr, watchdog_main, w) != 0) die(EXIT_INTERNAL, "watchdog: pthread_create failed");
+    pthread_attr_destroy(&attr);
+    d->watch = w;
 }
 
 void dist_init(Dist *d, int *argc, char ***argv) {
@@ -36,10 +185,13 @@ void dist_init(Dist *d, int *argc, char ***argv) {
     }
     d->dp = d->world;
     d->dp_rank = d->rank;
+    fault_parse(d);
 }
 
 void dist_finalize(Dist *d) {
+    watch_collective(d, "MPI_Finalize");
     if (d->use_mpi) MPI_Finalize();
+    watch_collective(d, NULL);
 }
 
 static void check(Dist *d, int rc, const char *what) {
@@ -55,18 +207,24 @@ void dist_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     if (d->world == 1) return;
     for (size_t off = 0; off < n; off += (size_t)1 << 30) {
         int cnt = (int)(n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30));
+        watch_collective(d, "MPI_Allreduce");
         check(d, MPI_Allreduce(MPI_IN_PLACE, x + off, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+        watch_collective(d, NULL);
     }
     d->bytes_allreduce += 2.0 * (d->world - 1) / d->world * (double)n * sizeof(float);
 }
 
 void dist_allreduce_sum_f64(Dist *d, double *x, size_t n) {
     if (d->world == 1) return;
+    watch_collective(d, "MPI_Allreduce");
     check(d, MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+    watch_collective(d, NULL);
 }
 
 void dist_barrier(Dist *d) {
+    watch_collective(d, "MPI_Barrier");
     if (d->use_mpi) MPI_Barrier(MPI_COMM_WORLD);
+    watch_collective(d, NULL);
 }
 
 void dist_abort(Dist *d, int code) {
