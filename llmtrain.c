@@ -2,7 +2,9 @@
  *
  * One training step, top to bottom (train_step below):
  *   zero grads; for each micro-batch: forward, backward (accumulating)
- *   -> sum gradients over data-parallel ranks -> global norm -> clip
+ *   -> sum gradients over data-parallel ranks (NO_SHARD: all-reduce; sharded
+ *   strategies: all-gather weights before forward/backward, reduce-scatter
+ *   into the local shard, all-reduce over replicas) -> global norm -> clip
  *   -> AdamW at the scheduled LR -> log.
  * Everything numeric is in model.c/kernels; everything collective in parallel.c. */
 #ifndef _GNU_SOURCE
@@ -43,6 +45,15 @@ typedef struct Trainer {
     double train_time;         /* seconds spent in steps, for the ETA */
     int timed_steps;
     uint64_t sample_rng;
+    /* sharded data parallel (parallel.strategy other than NO_SHARD with a
+     * shard group of S > 1 ranks): the optimizer owns, per chunk, the slice
+     * [chunk_offset + shard_index*len, +len) with len = chunk_size / S. */
+    int S;                     /* shard group size (1: replicated) */
+    int sharded;               /* S > 1 */
+    int reshard;               /* FULL_SHARD / HYBRID_SHARD: re-gather before backward */
+    size_t *shard_off;         /* [n_chunks] offset of chunk c's shard in the arrays below */
+    size_t n_shard;            /* floats in the local shard (sum over chunks) */
+    float *master, *gshard, *mshard, *vshard; /* [n_shard] fp32 master weights, grads, AdamW m, v */
 } Trainer;
 
 static int is_root(const Trainer *t) { return t->dist.rank == 0; }
@@ -57,6 +68,87 @@ static float lr_at(const Config *c, int s) {
     double p = (double)(s - c->warmup_steps) / (double)(span > 1 ? span : 1);
     if (p > 1.0) p = 1.0;
     return (float)(c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * p)));
+}
+
+static size_t shard_len(const Trainer *t, int c) { return t->model.chunk_size[c] / (size_t)t->S; }
+
+/* AdamW on the local shard only: each chunk's shard range is walked spec by
+ * spec (padding has no spec and is skipped), with the spec's weight decay. */
+static void adamw_step_sharded(Trainer *t, float lr, float grad_scale, int step) {
+    const Config *c = &t->cfg;
+    Model *m = &t->model;
+    for (int i = 0; i < m->n_specs; i++) {
+        const ParamSpec *s = &m->specs[i];
+        size_t len = shard_len(t, s->chunk);
+        size_t lo = m->chunk_offset[s->chunk] + (size_t)t->dist.shard_index * len, hi = lo + len;
+        size_t a = s->offset > lo ? s->offset : lo, b = s->offset + s->numel < hi ? s->offset + s->numel : hi;
+        if (a >= b) continue;
+        size_t o = t->shard_off[s->chunk] + (a - lo);
+        float wd = (c->decay_all || s->decay) ? c->weight_decay : 0.0f;
+        t->k->adamw(t->master + o, t->gshard + o, t->mshard + o, t->vshard + o, b - a, lr, c->beta1, c->beta2, c->eps, wd,
+                    step + 1, grad_scale);
+    }
+}
+
+/* All-gather every chunk's parameters from the shard group's master shards
+ * into the working params (chunk order). */
+static void gather_params(Trainer *t) {
+    Model *m = &t->model;
+    for (int c = 0; c < m->n_chunks; c++)
+        dist_shard_allgather_f32(&t->dist, t->master + t->shard_off[c], m->params + m->chunk_offset[c], shard_len(t, c));
+}
+
+/* Reduce-scatter each chunk's gradient within the shard group, then sum
+ * the shards over the replicate group. */
+static void reduce_grads(Trainer *t) {
+    Model *m = &t->model;
+    for (int c = 0; c < m->n_chunks; c++)
+        dist_shard_reduce_scatter_f32(&t->dist, m->grads + m->chunk_offset[c], t->gshard + t->shard_off[c], shard_len(t, c));
+    dist_replicate_allreduce_sum_f32(&t->dist, t->gshard, t->n_shard);
+}
+
+static void setup_shards(Trainer *t) {
+    Model *m = &t->model;
+    t->shard_off = calloc_check((size_t)m->n_chunks, sizeof(size_t));
+    t->n_shard = 0;
+    for (int c = 0; c < m->n_chunks; c++) { t->shard_off[c] = t->n_shard; t->n_shard += shard_len(t, c); }
+    if (!t->sharded) return;
+    size_t bytes = t->n_shard * sizeof(float);
+    t->master = t->k->alloc(bytes);
+    t->gshard = t->k->alloc(bytes);
+    t->mshard = t->k->alloc(bytes);
+    t->vshard = t->k->alloc(bytes);
+    for (int c = 0; c < m->n_chunks; c++)
+        t->k->copy(t->master + t->shard_off[c], m->params + m->chunk_offset[c] + (size_t)t->dist.shard_index * shard_len(t, c),
+                   shard_len(t, c) * sizeof(float));
+}
+
+/* Checkpoint: rank 0 writes; with sharded optimizer state the shard group of
+ * rank 0 first gathers m and v into full-size buffers there (all ranks call
+ * this; the working params are already gathered). */
+static void save_checkpoint(Trainer *t, const TrainState *st) {
+    Model *m = &t->model;
+    float *fm = NULL, *fv = NULL;
+    if (t->sharded) {
+        if (t->dist.shard_group != 0) return;
+        if (is_root(t)) { fm = t->k->alloc(m->n_params * sizeof(float)); fv = t->k->alloc(m->n_params * sizeof(float)); }
+        for (int c = 0; c < m->n_chunks; c++) {
+            size_t len = shard_len(t, c);
+            dist_shard_gather_f32(&t->dist, t->mshard + t->shard_off[c], fm ? fm + m->chunk_offset[c] : NULL, len);
+            dist_shard_gather_f32(&t->dist, t->vshard + t->shard_off[c], fv ? fv + m->chunk_offset[c] : NULL, len);
+        }
+        m->m = fm;
+        m->v = fv;
+    }
+    if (is_root(t)) {
+        ckpt_save(m, &t->cfg, st, t->cfg.ckpt_dir);
+        printf("checkpoint: %s/step_%08d\n", t->cfg.ckpt_dir, st->step);
+    }
+    if (t->sharded) {
+        if (fm) t->k->free(fm);
+        if (fv) t->k->free(fv);
+        m->m = m->v = NULL;
+    }
 }
 
 static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
@@ -178,6 +270,7 @@ typedef struct StepStats {
     int step;          /* 0-based */
     double loss, lr, norm, dt, val_loss;
     int clipped, skipped;
+    double comm_ag, comm_rs, comm_ar; /* bus bytes of this step per collective kind */
 } StepStats;
 
 static void log_step(Trainer *t, const StepStats *s) {
@@ -192,9 +285,10 @@ static void log_step(Trainer *t, const StepStats *s) {
     fmt_duration(eta, sizeof eta, avg * (c->steps - s->step - 1));
     if (!is_root(t)) return;
     if ((s->step + 1) % c->log_every == 0 || s->step + 1 == c->steps || s->skipped) {
-        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB | %.0f ms | ETA %s%s\n",
+        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB | comm %.2f MB | %.0f ms | ETA %s%s\n",
                s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", tps, 100 * mfu,
-               mem / (1 << 30), 1000 * s->dt, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
+               mem / (1 << 30), (s->comm_ag + s->comm_rs + s->comm_ar) / 1e6, 1000 * s->dt, eta,
+               s->skipped ? " | SKIPPED (non-finite)" : "");
         if (isfinite(s->val_loss)) printf("step %5d/%d | val_loss %.4f\n", s->step + 1, c->steps, s->val_loss);
         fflush(stdout);
     }
@@ -210,6 +304,8 @@ static void log_step(Trainer *t, const StepStats *s) {
     fprintf(f, ",\"clipped\":%s,\"skipped\":%s,\"nonfinite_total\":%d", s->clipped ? "true" : "false",
             s->skipped ? "true" : "false", t->nonfinite_total);
     if (isfinite(s->val_loss)) json_num(f, "val_loss", s->val_loss);
+    fprintf(f, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f}", s->comm_ag, s->comm_rs,
+            s->comm_ar);
     fprintf(f, "}\n");
     fflush(f);
 }
@@ -252,6 +348,7 @@ static StepStats train_step(Trainer *t, int step) {
     const Kernels *k = t->k;
     StepStats s = {.step = step, .val_loss = NAN};
     double t0 = now_s();
+    dist_comm_reset(&t->dist);
     int dump = c->debug_dump[0] && step == 0 && is_root(t);
     if (dump) dump_flat(t, m->params, "params0");
 
@@ -259,18 +356,35 @@ static StepStats train_step(Trainer *t, int step) {
     double loss_sum = 0;
     float loss_scale = 1.0f / ((float)c->global_batch * (float)c->seq_len);
     for (int j = 0; j < t->accum; j++) {
+        /* sharded: all-gather the weights before the forward (every
+         * micro-batch under FULL_SHARD / HYBRID_SHARD, once per step under
+         * the ZeRO-2 strategies) and again before the backward when
+         * resharding after forward */
+        if (t->sharded && (j == 0 || t->reshard)) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
         dist_phase(&t->dist, step + 1, "forward");
         load_batch(t, &t->train, micro_first_seq(t, step, j));
         loss_sum += model_forward(m, t->tok, t->tgt);
+        if (t->sharded && t->reshard) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
         dist_phase(&t->dist, step + 1, "backward");
         model_backward(m, loss_scale);
     }
     if (dist_fault_nan(&t->dist, step + 1)) { float poison = NAN; k->from_host(m->grads, &poison, sizeof poison); } /* test hook */
     /* gradients of the mean loss: each rank holds its share, the sum is the mean */
-    dist_phase(&t->dist, step + 1, "allreduce");
-    dist_allreduce_sum_f32(&t->dist, m->grads, m->n_params);
-    double red[2] = {loss_sum / t->accum, k->sumsq(m->grads, m->n_params)};
-    dist_allreduce_sum_f64(&t->dist, red, 1);
+    double red[2] = {loss_sum / t->accum, 0};
+    if (t->sharded) {
+        dist_phase(&t->dist, step + 1, "reduce_scatter");
+        reduce_grads(t);
+        /* replicas hold identical shards: the norm sums over the shard group only */
+        double sq = k->sumsq(t->gshard, t->n_shard);
+        dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
+        dist_allreduce_sum_f64(&t->dist, red, 1);
+        red[1] = sq;
+    } else {
+        dist_phase(&t->dist, step + 1, "allreduce");
+        dist_allreduce_sum_f32(&t->dist, m->grads, m->n_params);
+        red[1] = k->sumsq(m->grads, m->n_params);
+        dist_allreduce_sum_f64(&t->dist, red, 1);
+    }
     s.loss = red[0] / t->dist.dp;
     s.norm = sqrt(red[1]);
     s.lr = lr_at(c, step);
@@ -288,8 +402,12 @@ static StepStats train_step(Trainer *t, int step) {
             s.clipped = 1;
         }
         dist_phase(&t->dist, step + 1, "optimizer");
-        adamw_step(t, (float)s.lr, scale, step);
+        if (t->sharded) adamw_step_sharded(t, (float)s.lr, scale, step);
+        else adamw_step(t, (float)s.lr, scale, step);
     }
+    s.comm_ag = t->dist.bytes_allgather;
+    s.comm_rs = t->dist.bytes_reduce_scatter;
+    s.comm_ar = t->dist.bytes_allreduce;
     s.dt = now_s() - t0;
     return s;
 }
@@ -301,8 +419,21 @@ static void check_layout(Trainer *t) {
     Config *c = &t->cfg;
     Dist *d = &t->dist;
     if (c->tp != 1) die(EXIT_USAGE, "%s: parallel.tensor %d: tensor parallelism is not available in this build (expected 1)", c->path, c->tp);
-    if (d->dp > 1 && strcmp(c->strategy, "NO_SHARD") != 0)
-        die(EXIT_USAGE, "%s: parallel.strategy \"%s\": only NO_SHARD (replicated data parallel) is available in this build", c->path, c->strategy);
+    if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
+        t->S = d->dp;
+    } else if (strcmp(c->strategy, "NO_SHARD") == 0) {
+        t->S = 1;
+    } else if (strcmp(c->strategy, "HYBRID_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD_ZERO2") == 0) {
+        t->S = c->shard_degree > 0 ? c->shard_degree : d->dp;
+        if (d->dp % t->S != 0)
+            die(EXIT_USAGE, "%s: parallel.shard_degree %d does not divide the %d data-parallel ranks (parallel.strategy %s)",
+                c->path, c->shard_degree, d->dp, c->strategy);
+    } else {
+        die(EXIT_USAGE, "%s: parallel.strategy \"%s\": expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2",
+            c->path, c->strategy);
+    }
+    t->sharded = t->S > 1;
+    t->reshard = strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD") == 0;
     if (c->global_batch == 0) c->global_batch = c->micro_batch * d->dp;
     if (c->global_batch % (c->micro_batch * d->dp) != 0)
         die(EXIT_USAGE, "%s: train.global_batch %d is not divisible by train.micro_batch %d x data-parallel ranks %d",
@@ -339,6 +470,39 @@ static void print_header(Trainer *t) {
     printf("data: %s (%llu tokens)%s | peak for MFU %.1f GFLOP/s (%s)\n", c->data_train, (unsigned long long)t->train.n_tokens,
            t->have_val ? ", val on" : "", t->peak_gflops, c->peak_gflops > 0 ? "log.peak_gflops" : "measured sgemm");
     fflush(stdout);
+}
+
+/* Rank 0 prints the data-parallel layout and every rank's memory for
+ * working parameters, fp32 master weights, gradients and optimizer state. */
+static void print_layout(Trainer *t) {
+    Dist *d = &t->dist;
+    const Model *m = &t->model;
+    double full = (double)m->n_params * sizeof(float), shard = (double)t->n_shard * sizeof(float);
+    double mine[4] = {full, t->sharded ? shard : full, t->sharded ? full + shard : full, 2 * (t->sharded ? shard : full)};
+    double *all = is_root(t) ? malloc_check((size_t)d->world * 4 * sizeof(double)) : NULL;
+    dist_gather_f64(d, mine, all, 4);
+    if (!is_root(t)) return;
+    int S = d->shard_size, R = d->replicate_size;
+    printf("parallel: strategy %s | shard groups of %d x %d replicas | %s\n", t->cfg.strategy, S, R,
+           t->sharded ? (t->reshard ? "params, grads and optimizer state sharded; re-gather before backward"
+                                    : "grads and optimizer state sharded; params gathered once per step")
+                      : "replicated");
+    for (int g = 0; g < R; g++) {
+        printf("  shard group %d: ranks", g);
+        for (int i = 0; i < S; i++) printf(" %d", g * S + i);
+        printf("\n");
+    }
+    for (int i = 0; i < S; i++) {
+        printf("  replicate group %d: ranks", i);
+        for (int g = 0; g < R; g++) printf(" %d", g * S + i);
+        printf("\n");
+    }
+    for (int r = 0; r < d->world; r++) {
+        const double *x = all + 4 * r;
+        printf("  rank %d: params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f\n", r, x[0], x[1], x[2], x[3]);
+    }
+    fflush(stdout);
+    free(all);
 }
 
 static int train(int argc, char **argv) {
@@ -384,9 +548,11 @@ static int train(int argc, char **argv) {
     }
     if (c->data_vocab[0]) { vocab_load(&t->vocab, c->data_vocab); t->have_vocab = 1; }
 
-    model_build(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, 1);
+    dist_setup_groups(&t->dist, t->S);
+    model_build_ex(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded);
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
+    setup_shards(t);
     t->tok = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->tgt = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->host_flat = malloc_check(t->model.n_params * sizeof(float));
@@ -395,6 +561,7 @@ static int train(int argc, char **argv) {
     t->sample_rng = c->seed * 2654435761ull + 88172645463325252ull;
     open_metrics(t);
     print_header(t);
+    print_layout(t);
 
     TrainState st = {0};
     for (int step = 0; step < c->steps; step++) {
@@ -403,6 +570,10 @@ static int train(int argc, char **argv) {
         StepStats s = train_step(t, step);
         int last = step + 1 == c->steps;
         int eval = (c->eval_every > 0 && (step + 1) % c->eval_every == 0) || last;
+        int save = (c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last;
+        /* sharded: the update lives in the master shards; gather the full
+         * weights before anything reads them outside a step */
+        if (t->sharded && (eval || save)) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
         if (eval) dist_phase(&t->dist, step + 1, "eval");
         if (eval && t->have_val && c->eval_batches > 0) s.val_loss = eval_loss(t);
         log_step(t, &s);
@@ -414,10 +585,9 @@ static int train(int argc, char **argv) {
         }
         st.step = step + 1;
         st.seq_cursor = (uint64_t)(step + 1) * (uint64_t)c->global_batch;
-        if (is_root(t) && ((c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last)) {
+        if (save) {
             dist_phase(&t->dist, step + 1, "checkpoint");
-            ckpt_save(&t->model, c, &st, c->ckpt_dir);
-            printf("checkpoint: %s/step_%08d\n", c->ckpt_dir, st.step);
+            save_checkpoint(t, &st);
         }
     }
     if (t->metrics) fclose_check(t->metrics, "metrics.jsonl");

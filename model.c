@@ -187,6 +187,10 @@ static size_t carve_acts(Model *m, float *base) {
 }
 
 void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple) {
+    model_build_ex(m, cfg, k, B, T, pad_multiple, 1);
+}
+
+void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->k = k;
@@ -200,8 +204,10 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
     size_t bytes = m->n_params * sizeof(float);
     m->params = k->alloc(bytes);
     m->grads = k->alloc(bytes);
-    m->m = k->alloc(bytes);
-    m->v = k->alloc(bytes);
+    if (alloc_moments) {
+        m->m = k->alloc(bytes);
+        m->v = k->alloc(bytes);
+    }
     m->p.layers = calloc_check((size_t)cfg->n_layer, sizeof(LayerPtrs));
     m->g.layers = calloc_check((size_t)cfg->n_layer, sizeof(LayerPtrs));
     bind(m, m->params, &m->p);
@@ -217,7 +223,9 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
 
 void model_free(Model *m) {
     const Kernels *k = m->k;
-    k->free(m->params); k->free(m->grads); k->free(m->m); k->free(m->v);
+    k->free(m->params); k->free(m->grads);
+    if (m->m) k->free(m->m);
+    if (m->v) k->free(m->v);
     k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets);
     free(m->p.layers); free(m->g.layers); free(m->la);
     free(m->specs); free(m->chunk_offset); free(m->chunk_size);

@@ -100,6 +100,9 @@ typedef struct Model {
  * for micro-batch B x T. pad_multiple: every chunk is padded to a multiple
  * of it (sharding needs chunks divisible by the shard degree); 1 = none. */
 void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple);
+/* The same; alloc_moments = 0 leaves m and v NULL (a sharded optimizer
+ * keeps its own state for the local shard only). */
+void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments);
 void model_free(Model *m);
 /* Random init: N(0, std), residual output projections std/sqrt(2*n_layer),
  * biases 0, norm weights 1. Deterministic in seed, independent of layout. */

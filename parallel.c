@@ -12,6 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
+struct DistGroups {
+    MPI_Comm shard, replicate;
+};
+
 enum { FAULT_NONE, FAULT_HANG, FAULT_DIE, FAULT_NAN };
 
 /* Watchdog state shared by the main thread (dist_phase, collectives) and the
@@ -185,11 +189,20 @@ void dist_init(Dist *d, int *argc, char ***argv) {
     }
     d->dp = d->world;
     d->dp_rank = d->rank;
+    d->shard_size = 1;
+    d->replicate_size = d->dp;
+    d->shard_group = d->rank;
     fault_parse(d);
 }
 
 void dist_finalize(Dist *d) {
     watch_collective(d, "MPI_Finalize");
+    if (d->groups) {
+        MPI_Comm_free(&d->groups->shard);
+        MPI_Comm_free(&d->groups->replicate);
+        free(d->groups);
+        d->groups = NULL;
+    }
     if (d->use_mpi) MPI_Finalize();
     watch_collective(d, NULL);
 }
@@ -232,4 +245,92 @@ void dist_abort(Dist *d, int code) {
     fflush(stderr);
     if (d->use_mpi && d->world > 1) MPI_Abort(MPI_COMM_WORLD, code);
     exit(code);
+}
+
+/* ------------------------------------------------------------------ */
+/* shard / replicate groups                                            */
+
+void dist_setup_groups(Dist *d, int S) {
+    if (S < 1 || d->dp % S != 0) die(EXIT_INTERNAL, "dist_setup_groups: shard size %d does not divide %d ranks", S, d->dp);
+    d->shard_size = S;
+    d->replicate_size = d->dp / S;
+    d->shard_index = d->dp_rank % S;
+    d->shard_group = d->dp_rank / S;
+    if (!d->use_mpi) return;
+    struct DistGroups *g = calloc_check(1, sizeof *g);
+    watch_collective(d, "MPI_Comm_split");
+    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->shard_group, d->shard_index, &g->shard), "MPI_Comm_split");
+    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->shard_index, d->shard_group, &g->replicate), "MPI_Comm_split");
+    watch_collective(d, NULL);
+    MPI_Comm_set_errhandler(g->shard, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(g->replicate, MPI_ERRORS_RETURN);
+    d->groups = g;
+}
+
+void dist_comm_reset(Dist *d) { d->bytes_allgather = d->bytes_reduce_scatter = d->bytes_allreduce = 0; }
+
+static int count_of(size_t n, const char *what) {
+    if (n > (size_t)0x7fffffff) die(EXIT_INTERNAL, "%s: %zu elements exceed one MPI call", what, n);
+    return (int)n;
+}
+
+void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n) {
+    int S = d->shard_size;
+    if (S == 1 || !d->groups) {
+        if (recv != send) memcpy(recv, send, n * sizeof(float));
+        return;
+    }
+    watch_collective(d, "MPI_Allgather");
+    check(d, MPI_Allgather(send, count_of(n, "MPI_Allgather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, d->groups->shard), "MPI_Allgather");
+    watch_collective(d, NULL);
+    d->bytes_allgather += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
+}
+
+void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
+    int S = d->shard_size;
+    if (S == 1 || !d->groups) {
+        if (recv != send) memcpy(recv, send, n * sizeof(float));
+        return;
+    }
+    watch_collective(d, "MPI_Reduce_scatter_block");
+    check(d, MPI_Reduce_scatter_block(send, recv, count_of(n, "MPI_Reduce_scatter_block"), MPI_FLOAT, MPI_SUM, d->groups->shard),
+          "MPI_Reduce_scatter_block");
+    watch_collective(d, NULL);
+    d->bytes_reduce_scatter += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
+}
+
+void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n) {
+    if (d->shard_size == 1 || !d->groups) return;
+    watch_collective(d, "MPI_Allreduce");
+    check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_DOUBLE, MPI_SUM, d->groups->shard), "MPI_Allreduce");
+    watch_collective(d, NULL);
+}
+
+void dist_shard_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
+    if (d->shard_size == 1 || !d->groups) {
+        if (recv && recv != send) memcpy(recv, send, n * sizeof(float));
+        return;
+    }
+    watch_collective(d, "MPI_Gather");
+    check(d, MPI_Gather(send, count_of(n, "MPI_Gather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, 0, d->groups->shard), "MPI_Gather");
+    watch_collective(d, NULL);
+}
+
+void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n) {
+    int R = d->replicate_size;
+    if (R == 1 || !d->groups) return;
+    watch_collective(d, "MPI_Allreduce");
+    check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_FLOAT, MPI_SUM, d->groups->replicate), "MPI_Allreduce");
+    watch_collective(d, NULL);
+    d->bytes_allreduce += 2.0 * (R - 1) / R * (double)n * sizeof(float);
+}
+
+void dist_gather_f64(Dist *d, const double *send, double *recv, size_t n) {
+    if (d->world == 1) {
+        memcpy(recv, send, n * sizeof(double));
+        return;
+    }
+    watch_collective(d, "MPI_Gather");
+    check(d, MPI_Gather(send, count_of(n, "MPI_Gather"), MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, 0, MPI_COMM_WORLD), "MPI_Gather");
+    watch_collective(d, NULL);
 }

@@ -10,7 +10,14 @@ typedef struct Dist {
     int rank, world, local_rank;
     int use_mpi;          /* collectives go through MPI */
     int dp, dp_rank;      /* data-parallel degree and this rank's index */
-    double bytes_allreduce; /* communication volume of the current step */
+    /* communication volume of the current step in bus bytes (NCCL-tests
+     * convention), reset by dist_comm_reset */
+    double bytes_allgather, bytes_reduce_scatter, bytes_allreduce;
+    /* data-parallel groups (dist_setup_groups): shard x replicate, shard
+     * innermost. shard_size S ranks share one copy of the sharded state;
+     * shard_index = rank % S, shard_group = rank / S; replicate_size R = dp / S. */
+    int shard_size, shard_index, shard_group, replicate_size;
+    struct DistGroups *groups; /* the two sub-communicators (NULL: none) */
     struct DistWatch *watch; /* watchdog state (NULL until dist_watchdog_start) */
     /* test-only fault injection from LLMTRAIN_FAULT (kind 0: none) */
     int fault_kind, fault_rank, fault_step_lo, fault_step_hi;
@@ -25,6 +32,21 @@ void dist_finalize(Dist *d);
 void dist_allreduce_sum_f32(Dist *d, float *x, size_t n);
 void dist_allreduce_sum_f64(Dist *d, double *x, size_t n);
 void dist_barrier(Dist *d);
+/* Split the data-parallel ranks into shard groups of S consecutive ranks
+ * and replicate groups (same rank % S). S must divide dp. Collective. */
+void dist_setup_groups(Dist *d, int S);
+void dist_comm_reset(Dist *d);
+/* Shard group: all-gather n floats from every member into recv[S*n]
+ * (member i's block at i*n); reduce-scatter (sum) send[S*n] into recv[n];
+ * float64 sum in place; gather n floats to shard index 0 (recv[S*n] there). */
+void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n);
+void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
+void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n);
+void dist_shard_gather_f32(Dist *d, const float *send, float *recv, size_t n);
+/* Replicate group: sum n floats in place. */
+void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n);
+/* World: gather n doubles from every rank to rank 0 (recv[world*n] there). */
+void dist_gather_f64(Dist *d, const double *send, double *recv, size_t n);
 /* Watchdog: a background thread that ends the job with exit code 5
  * (EXIT_TIMEOUT) when the phase recorded by dist_phase has lasted longer
  * than timeout_s seconds, printing one line naming rank, step, phase and the

@@ -1,7 +1,10 @@
 #!/bin/bash
 # Data parallel over MPI: 2 and 4 ranks (with gradient accumulation) must
 # reproduce the single-process loss trajectory and final weights within fp32
-# reduction-order tolerance, for a small GPT-2 and a small Llama with GQA.
+# reduction-order tolerance, for a small GPT-2 and a small Llama with GQA,
+# under every sharding strategy (NO_SHARD, FULL_SHARD, SHARD_GRAD_OP,
+# HYBRID_SHARD and HYBRID_SHARD_ZERO2 as 2 shards x 2 replicas); FULL_SHARD
+# at 4 ranks keeps at most a quarter of the optimizer state per rank.
 cd "$(dirname "$0")/.." || exit 2
 BIN=$PWD/llmtrain
 PY=/usr/bin/python3
@@ -27,24 +30,38 @@ for arch in gpt2 llama; do
  "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
  "eval": {"sample_tokens": 0}}
 EOF
-    for np in 1 2 4; do
-        set_args="--set log.dir=$TMP/$arch-$np --set checkpoint.dir=$TMP/$arch-$np/ckpt"
+    # run name: ranks-strategy[-shard_degree]
+    for run in 1 2 4 2-FULL_SHARD 4-FULL_SHARD 2-SHARD_GRAD_OP 4-HYBRID_SHARD-2 4-HYBRID_SHARD_ZERO2-2; do
+        IFS=- read -r np strategy degree <<<"$run"
+        set_args="--set log.dir=$TMP/$arch-$run --set checkpoint.dir=$TMP/$arch-$run/ckpt"
+        [ -n "$strategy" ] && set_args="$set_args --set parallel.strategy=$strategy"
+        [ -n "$degree" ] && set_args="$set_args --set parallel.shard_degree=$degree"
         if [ $np = 1 ]; then cmd="$BIN"; else cmd="$MPIRUN $np $BIN"; fi
-        if ! $cmd "$TMP/$arch.json" $set_args >"$TMP/$arch-$np.out" 2>&1; then
-            echo "FAIL $arch np=$np exited non-zero: $(tail -3 "$TMP/$arch-$np.out")"; fail=$((fail + 1)); continue
+        if ! $cmd "$TMP/$arch.json" $set_args >"$TMP/$arch-$run.out" 2>&1; then
+            echo "FAIL $arch $run exited non-zero: $(tail -3 "$TMP/$arch-$run.out")"; fail=$((fail + 1)); continue
         fi
-        $BIN export "$TMP/$arch-$np/ckpt" "$TMP/$arch-$np/hf" >/dev/null
-    done
-    # Weights get 1e-3: GPT-2's key bias has an exactly-zero true gradient
-    # (softmax ignores a constant shift of the scores), so its gradient is pure
-    # round-off, which Adam normalises into visible, order-dependent updates.
-    for np in 2 4; do
-        if $PY tests/compare_runs.py "$TMP/$arch-1" "$TMP/$arch-$np" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3; then
-            echo "ok   $arch: $np ranks match 1 rank"; pass=$((pass + 1))
+        $BIN export "$TMP/$arch-$run/ckpt" "$TMP/$arch-$run/hf" >/dev/null
+        [ $run = 1 ] && continue
+        # Weights get 1e-3: GPT-2's key bias has an exactly-zero true gradient
+        # (softmax ignores a constant shift of the scores), so its gradient is pure
+        # round-off, which Adam normalises into visible, order-dependent updates.
+        if $PY tests/compare_runs.py "$TMP/$arch-1" "$TMP/$arch-$run" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3; then
+            echo "ok   $arch: $run matches 1 rank"; pass=$((pass + 1))
         else
-            echo "FAIL $arch: $np ranks differ from 1 rank"; fail=$((fail + 1))
+            echo "FAIL $arch: $run differs from 1 rank"; fail=$((fail + 1))
         fi
     done
+
+    # optimizer state per rank: FULL_SHARD over 4 ranks holds a quarter of it
+    # (plus chunk padding: 16 x 4 floats per chunk, 4 chunks)
+    one=$(grep -o "rank 0: .*optimizer_state_bytes [0-9]*" "$TMP/$arch-1.out" | awk '{print $NF}')
+    mx=$(grep -o "rank [0-9]*: .*optimizer_state_bytes [0-9]*" "$TMP/$arch-4-FULL_SHARD.out" | awk '{print $NF}' | sort -n | tail -1)
+    nr=$(grep -c "rank [0-9]*: .*optimizer_state_bytes" "$TMP/$arch-4-FULL_SHARD.out")
+    if [ -n "$one" ] && [ -n "$mx" ] && [ "$nr" = 4 ] && [ "$mx" -le $((one / 4 + 2 * 4 * 64 * 4)) ]; then
+        echo "ok   $arch: FULL_SHARD x4 optimizer state $mx bytes/rank vs $one at 1 rank"; pass=$((pass + 1))
+    else
+        echo "FAIL $arch: FULL_SHARD x4 optimizer state '$mx' bytes/rank ($nr rank lines) vs '$one' at 1 rank"; fail=$((fail + 1))
+    fi
 done
 
 # layout errors: global batch not divisible by micro x dp
@@ -54,6 +71,15 @@ if [ $rc -ne 0 ] && grep -q "train.global_batch 6 is not divisible by train.micr
     echo "ok   impossible batch layout rejected"; pass=$((pass + 1))
 else
     echo "FAIL impossible batch layout: rc=$rc $(cat "$TMP/bad.out" | head -3)"; fail=$((fail + 1))
+fi
+
+# shard degree must divide the data-parallel ranks
+$MPIRUN 4 $BIN "$TMP/gpt2.json" --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=3 --set log.dir="$TMP/bad3" >"$TMP/bad3.out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "parallel.shard_degree 3 does not divide the 4 data-parallel ranks" "$TMP/bad3.out"; then
+    echo "ok   shard_degree 3 with 4 ranks rejected"; pass=$((pass + 1))
+else
+    echo "FAIL shard_degree 3 with 4 ranks: rc=$rc $(head -3 "$TMP/bad3.out")"; fail=$((fail + 1))
 fi
 
 echo "$pass passed, $fail failed"
