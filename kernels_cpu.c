@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 #include <strings.h>
@@ -236,6 +237,45 @@ static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const fl
 // ----------------------------------------------------------------------------
 // matrix products
 
+/* Debian's OpenBLAS is the pthread build: it keeps its own worker threads
+ * next to OpenMP's, and both pools spin for a while after finishing work. On
+ * a small machine they then fight over the cores, and every kernel that
+ * follows a sgemm (or the sgemm that follows a kernel) slows down severalfold.
+ * So OpenBLAS runs single-threaded and the threading is ours: every OpenMP
+ * thread computes its own slice of C with a single-threaded sgemm. */
+static void blas_init(void) {
+    static int done;
+    if (!done) {
+        openblas_set_num_threads(1);
+        done = 1;
+    }
+}
+
+/* row-major C[M,N] = alpha op(A) op(B) + beta C, sliced over threads along
+ * the larger of M and N (slice edges on multiples of 16 floats) */
+static void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (nt == 1 || (double)M * N * K < 262144.0) {
+        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    int split_n = N >= M, D = split_n ? N : M;
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int i = 0; i < nt; i++) {
+        int d0 = (int)((long)D * i / nt) & ~15;
+        int d1 = i == nt - 1 ? D : (int)((long)D * (i + 1) / nt) & ~15;
+        if (d1 <= d0) continue;
+        if (split_n)
+            cblas_sgemm(CblasRowMajor, ta, tb, M, d1 - d0, K, alpha, A, lda,
+                        tb == CblasNoTrans ? B + d0 : B + (size_t)d0 * ldb, ldb, beta, C + d0, ldc);
+        else
+            cblas_sgemm(CblasRowMajor, ta, tb, d1 - d0, N, K, alpha,
+                        ta == CblasNoTrans ? A + (size_t)d0 * lda : A + d0, lda, B, ldb, beta,
+                        C + (size_t)d0 * ldc, ldc);
+    }
+}
+
 static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                            int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
@@ -246,19 +286,16 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
         for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
-                1.0f, inp, C, w, C, beta, out, OC);
+    sgemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
 }
 
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
-                    1.0f, dout, OC, w, C, 1.0f, dinp, C);
+        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
     if (dw)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N,
-                    1.0f, dout, OC, inp, C, 1.0f, dw, C);
+        sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     if (dbias) {
         int nblocks = (OC + COLBLOCK - 1) / COLBLOCK;
         #pragma omp parallel for
@@ -286,17 +323,46 @@ static void check_heads(int nh, int nkv) {
         die(EXIT_INTERNAL, "attention: n_head %d is not a multiple of n_kv_head %d", nh, nkv);
 }
 
-/* softmax over att row [0, t], zero beyond: the scores arrive pre-scaled */
-static void causal_softmax_row(float *row, int t, int T) {
-    float m = row[0];
+/* The exp is a loop of its own and the double sum a second one: gcc gives up
+ * vectorising a loop that mixes exp_f's 16-lane int/float work with an
+ * 8-lane double reduction, and a second pass over a row in L1/L2 is cheap. */
+static float row_max(const float *x, int n) {
+    float m = x[0];
     #pragma omp simd reduction(max:m)
-    for (int j = 1; j <= t; j++) m = row[j] > m ? row[j] : m;
+    for (int j = 1; j < n; j++) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+static double row_sum(const float *x, int n) {
     double s = 0.0;
     #pragma omp simd reduction(+:s)
-    for (int j = 0; j <= t; j++) { float e = exp_f(row[j] - m); row[j] = e; s += e; }
-    float inv = (float)(1.0 / s);
+    for (int j = 0; j < n; j++) s += x[j];
+    return s;
+}
+
+/* x = exp(x - m) in place; returns the sum */
+static double row_exp_sum(float *x, int n, float m) {
+    for (int j = 0; j < n; j++) x[j] = exp_f(x[j] - m);
+    return row_sum(x, n);
+}
+
+/* softmax over att row [0, t], zero beyond: the scores arrive pre-scaled */
+static void causal_softmax_row(float *row, int t, int T) {
+    float m = row_max(row, t + 1);
+    float inv = (float)(1.0 / row_exp_sum(row, t + 1, m));
     for (int j = 0; j <= t; j++) row[j] *= inv;
     for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+}
+
+/* softmax backward of one causal row, dP -> dS in place, times the score
+ * scale: dS = P * (dP - sum(P * dP)) */
+static void causal_softmax_backward_row(float *ds, const float *p, int t, int ncols, float scale) {
+    double dot = 0.0;
+    #pragma omp simd reduction(+:dot)
+    for (int j = 0; j <= t; j++) dot += p[j] * ds[j];
+    float df = (float)dot;
+    for (int j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - df) * scale;
+    for (int j = t + 1; j < ncols; j++) ds[j] = 0.0f;
 }
 
 static void attention_forward(float *out, float *att, const float *qkv,
@@ -304,8 +370,8 @@ static void attention_forward(float *out, float *att, const float *qkv,
     check_heads(nh, nkv);
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd, group = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
-    // one (b,h) at a time: sgemm threads itself once T is large; at small T
-    // the whole attention is too cheap to matter next to the linear layers
+    // each thread owns whole (b,h) pairs: single-threaded sgemms, no sharing
+    #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < nh; h++) {
             int kh = h / group;
@@ -318,7 +384,6 @@ static void attention_forward(float *out, float *att, const float *qkv,
                 int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, M = r1 - r0;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, hd,
                             scale, q + (size_t)r0 * S, S, k, S, 0.0f, P + (size_t)r0 * T, T);
-                #pragma omp parallel for if (M * r1 > 4096)
                 for (int t = r0; t < r1; t++) causal_softmax_row(P + (size_t)t * T, t, T);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, r1,
                             1.0f, P + (size_t)r0 * T, T, v, S, 0.0f, o + (size_t)r0 * OS, OS);
@@ -327,8 +392,8 @@ static void attention_forward(float *out, float *att, const float *qkv,
     }
 }
 
-/* Scratch for dP (one block of rows), per thread so that concurrent callers
- * stay safe; it only grows, so steady-state steps never allocate. */
+/* Scratch for dP (one block of rows), per thread; it only grows, so
+ * steady-state steps never allocate. */
 static _Thread_local float *att_scratch;
 static _Thread_local size_t att_scratch_cap;
 
@@ -338,50 +403,45 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
     check_heads(nh, nkv);
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd, group = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
-    size_t need = (size_t)(T < ATT_BLOCK ? T : ATT_BLOCK) * T;
-    if (need > att_scratch_cap) {
-        free(att_scratch);
-        att_scratch = malloc_check(need * sizeof(float));
-        att_scratch_cap = need;
-    }
-    float *dS = att_scratch;
+    const size_t need = (size_t)(T < ATT_BLOCK ? T : ATT_BLOCK) * T;
+    // the query heads of one kv head all add into its dK and dV, so a thread
+    // owns a whole (b, kv head) group
+    #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < nh; h++) {
-            int kh = h / group;
+        for (int kh = 0; kh < nkv; kh++) {
+            if (need > att_scratch_cap) {
+                free(att_scratch);
+                att_scratch = malloc_check(need * sizeof(float));
+                att_scratch_cap = need;
+            }
+            float *dS = att_scratch;
             size_t base = (size_t)b * T * S;
-            const float *q = qkv + base + (size_t)h * hd;
             const float *k = qkv + base + (size_t)(nh + kh) * hd;
             const float *v = qkv + base + (size_t)(nh + nkv + kh) * hd;
-            float *dq = dqkv + base + (size_t)h * hd;
             float *dk = dqkv + base + (size_t)(nh + kh) * hd;
             float *dv = dqkv + base + (size_t)(nh + nkv + kh) * hd;
-            const float *P = att + ((size_t)b * nh + h) * T * T;
-            const float *dO = dout + (size_t)b * T * OS + (size_t)h * hd;
-            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, M = r1 - r0;
-                const float *Pb = P + (size_t)r0 * T;
-                // dP = dO V^T, dV += P^T dO
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, hd,
-                            1.0f, dO + (size_t)r0 * OS, OS, v, S, 0.0f, dS, r1);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, M,
-                            1.0f, Pb, T, dO + (size_t)r0 * OS, OS, 1.0f, dv, S);
-                // softmax backward: dS = P * (dP - sum(P * dP)), with the score scale folded in
-                #pragma omp parallel for if (M * r1 > 4096)
-                for (int t = r0; t < r1; t++) {
-                    const float *p = Pb + (size_t)(t - r0) * T;
-                    float *ds = dS + (size_t)(t - r0) * r1;
-                    double dot = 0.0;
-                    #pragma omp simd reduction(+:dot)
-                    for (int j = 0; j <= t; j++) dot += p[j] * ds[j];
-                    float df = (float)dot;
-                    for (int j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - df) * scale;
-                    for (int j = t + 1; j < r1; j++) ds[j] = 0.0f;
+            for (int h = kh * group; h < (kh + 1) * group; h++) {
+                const float *q = qkv + base + (size_t)h * hd;
+                float *dq = dqkv + base + (size_t)h * hd;
+                const float *P = att + ((size_t)b * nh + h) * T * T;
+                const float *dO = dout + (size_t)b * T * OS + (size_t)h * hd;
+                for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                    int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, M = r1 - r0;
+                    const float *Pb = P + (size_t)r0 * T;
+                    // dP = dO V^T, dV += P^T dO
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, hd,
+                                1.0f, dO + (size_t)r0 * OS, OS, v, S, 0.0f, dS, r1);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, M,
+                                1.0f, Pb, T, dO + (size_t)r0 * OS, OS, 1.0f, dv, S);
+                    for (int t = r0; t < r1; t++)
+                        causal_softmax_backward_row(dS + (size_t)(t - r0) * r1,
+                                                    Pb + (size_t)(t - r0) * T, t, r1, scale);
+                    // dQ += dS K, dK += dS^T Q
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, r1,
+                                1.0f, dS, r1, k, S, 1.0f, dq + (size_t)r0 * S, S);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, M,
+                                1.0f, dS, r1, q + (size_t)r0 * S, S, 1.0f, dk, S);
                 }
-                // dQ += dS K, dK += dS^T Q
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, r1,
-                            1.0f, dS, r1, k, S, 1.0f, dq + (size_t)r0 * S, S);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, M,
-                            1.0f, dS, r1, q + (size_t)r0 * S, S, 1.0f, dk, S);
             }
         }
     }
@@ -499,13 +559,9 @@ static void crossentropy_forward(float *losses, float *logits, const int *target
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * V;
-        float m = x[0];
-        #pragma omp simd reduction(max:m)
-        for (int j = 1; j < V; j++) m = x[j] > m ? x[j] : m;
+        float m = row_max(x, V);
         float xt = x[targets[n]];
-        double s = 0.0;
-        #pragma omp simd reduction(+:s)
-        for (int j = 0; j < V; j++) { float e = exp_f(x[j] - m); x[j] = e; s += e; }
+        double s = row_exp_sum(x, V, m);
         float inv = (float)(1.0 / s);
         for (int j = 0; j < V; j++) x[j] *= inv;
         // log-sum-exp form: exact even when p[target] underflows to zero
@@ -626,19 +682,23 @@ static const Kernels cpu_kernels = {
     .adamw = adamw,
 };
 
-const Kernels *kernels_cpu(void) { return &cpu_kernels; }
+const Kernels *kernels_cpu(void) {
+    blas_init();
+    return &cpu_kernels;
+}
 
 // ----------------------------------------------------------------------------
 // OpenBLAS core selection and speed
 
 const char *kernels_cpu_blas_info(void) {
     static char info[160];
+    blas_init();
     // openblas_get_config() is "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...": keep name and version
     const char *cfg = openblas_get_config();
     int len = 0, words = 0;
     while (cfg[len] && !(cfg[len] == ' ' && ++words == 2)) len++;
-    snprintf(info, sizeof info, "%.*s core %s, %d threads", len, cfg,
-             openblas_get_corename(), openblas_get_num_threads());
+    snprintf(info, sizeof info, "%.*s core %s, %d threads", len, cfg, openblas_get_corename(),
+             omp_get_max_threads());
     return info;
 }
 
@@ -683,6 +743,7 @@ static int cmp_double(const void *a, const void *b) {
 double kernels_cpu_sgemm_peak_gflops(void) {
     static double cached = 0.0;
     if (cached > 0.0) return cached;
+    blas_init();
     const int n = 1024;
     size_t nn = (size_t)n * n;
     float *a = malloc_check(nn * sizeof(float));
@@ -693,7 +754,7 @@ double kernels_cpu_sgemm_peak_gflops(void) {
         b[i] = (float)(i % 13) * 0.01f;
     }
     // the shape of a linear layer (A B^T); warm up threads and caches first
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    sgemm(CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
     // median of the repetitions: robust to a noisy neighbour on shared machines
     enum { MAXREP = 32 };
     double rates[MAXREP];
@@ -701,7 +762,7 @@ double kernels_cpu_sgemm_peak_gflops(void) {
     double t_start = now_s();
     while (reps < MAXREP && (reps < 3 || now_s() - t_start < 0.25)) {
         double t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        sgemm(CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
         double dt = now_s() - t0;
         rates[reps++] = 2.0 * n * n * (double)n / (dt > 1e-9 ? dt : 1e-9) * 1e-9;
     }
