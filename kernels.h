@@ -106,6 +106,9 @@ typedef struct Kernels {
 
 /* The CPU backend (kernels_cpu.c). Always available. */
 const Kernels *kernels_cpu(void);
+/* Threads for the CPU kernels (OpenMP). n <= 0: cores / ranks on this
+ * node, unless OMP_NUM_THREADS is set. Returns the count in use. */
+int kernels_cpu_set_threads(int n, int ranks_on_node);
 /* Name of the BLAS core in use, e.g. "OpenBLAS 0.3.21 SkylakeX (2 threads)". */
 const char *kernels_cpu_blas_info(void);
 /* Call first thing in main(): when OpenBLAS would not recognise this CPU and

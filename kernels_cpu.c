@@ -773,3 +773,15 @@ double kernels_cpu_sgemm_peak_gflops(void) {
     free(c);
     return cached;
 }
+
+int kernels_cpu_set_threads(int n, int ranks_on_node) {
+    if (n <= 0) {
+        const char *env = getenv("OMP_NUM_THREADS");
+        if (env && *env) return omp_get_max_threads();
+        int cores = omp_get_num_procs();
+        n = cores / (ranks_on_node > 0 ? ranks_on_node : 1);
+        if (n < 1) n = 1;
+    }
+    omp_set_num_threads(n);
+    return n;
+}

@@ -35,6 +35,7 @@ typedef struct Trainer {
     Vocab vocab;
     int have_vocab;
     int accum;                 /* micro-batches per rank per step */
+    int threads;               /* CPU threads of this rank */
     int *tok, *tgt;            /* host batch [B*T] */
     float *host_flat;          /* host copy of a flat array (dump, checkpoints) */
     FILE *metrics;
@@ -461,7 +462,8 @@ static void print_header(Trainer *t) {
     if (!is_root(t)) return;
     const Config *c = &t->cfg;
     const ModelConfig *mc = &t->model.cfg;
-    printf("llmtrain %s | %s | backend %s | %s\n", LLMTRAIN_VERSION, c->path, t->k->name, kernels_cpu_blas_info());
+    printf("llmtrain %s | %s | backend %s, %d threads/rank | %s\n", LLMTRAIN_VERSION, c->path, t->k->name, t->threads,
+           kernels_cpu_blas_info());
     printf("model %s: %d layers, %d embd, %d heads (%d kv), ffn %d, vocab %d, %.2fM parameters%s\n",
            mc->arch == ARCH_GPT2 ? "gpt2" : "llama", mc->n_layer, mc->n_embd, mc->n_head, mc->n_kv_head,
            mc->ffn_hidden, mc->vocab_size, t->model.n_real_params / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "");
@@ -539,6 +541,7 @@ static int train(int argc, char **argv) {
     config_freeze_model(c);
     check_layout(t);
     select_backend(t);
+    t->threads = kernels_cpu_set_threads(0, t->dist.local_size);
 
     /* data first: a bad path should fail before minutes of setup */
     dataset_open(&t->train, c->data_train, "data.train", c->model.vocab_size, c->seq_len, c->data_shuffle, c->seed);

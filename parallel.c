@@ -174,6 +174,7 @@ void dist_watchdog_start(Dist *d, double timeout_s) {
 void dist_init(Dist *d, int *argc, char ***argv) {
     memset(d, 0, sizeof *d);
     d->world = 1;
+    d->local_size = 1;
     if (launched_by_mpi()) {
         int provided;
         if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
@@ -182,6 +183,7 @@ void dist_init(Dist *d, int *argc, char ***argv) {
         MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &d->world);
         d->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", env_int("PMI_LOCAL_RANK", 0)));
+        d->local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", env_int("PMI_LOCAL_SIZE", 1)));
         d->use_mpi = 1;
     } else if (env_int("WORLD_SIZE", 1) > 1) {
         die(EXIT_USAGE, "WORLD_SIZE=%d set by a torchrun-style launcher, but the CPU backend needs MPI for "

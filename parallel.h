@@ -8,6 +8,7 @@
 
 typedef struct Dist {
     int rank, world, local_rank;
+    int local_size;       /* ranks on this node */
     int use_mpi;          /* collectives go through MPI */
     int dp, dp_rank;      /* data-parallel degree and this rank's index */
     /* communication volume of the current step in bus bytes (NCCL-tests

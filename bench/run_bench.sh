@@ -14,7 +14,7 @@ trap 'rm -rf "$TMP"' EXIT
 $PY - "$TMP" <<'EOF'
 import sys, numpy as np
 d = sys.argv[1]
-for name, vocab, magic, ver, dt in (("gpt2", 50257, 20240520, 1, np.uint16), ("llama", 32000, 20240520, 1, np.uint16)):
+for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16), ("llama_small", 32000, 20240520, 1, np.uint16)):
     t = np.random.default_rng(0).integers(0, vocab, 200_000)
     h = np.zeros(256, np.int32); h[:3] = (magic, ver, len(t))
     with open(f"{d}/{name}.bin", "wb") as f:
@@ -39,7 +39,7 @@ import json, re, statistics, sys
 name, out, metrics, tj = sys.argv[1:5]
 text = open(out).read()
 peak = float(re.search(r"peak for MFU ([0-9.]+) GFLOP/s", text).group(1))
-blas = re.search(r"backend cpu \| (.*)", text).group(1)
+blas = re.search(r"backend cpu[^|]*\| (.*)", text).group(1)
 params = re.search(r"([0-9.]+)M parameters", text).group(1)
 steps = [json.loads(l) for l in open(metrics) if l.startswith("{")]
 ms = statistics.median(s["step_ms"] for s in steps[1:]) if len(steps) > 1 else steps[0]["step_ms"]
