@@ -87,7 +87,7 @@ static const Key KEYS[] = {
     {"checkpoint.every_steps", K_INT, OFF(ckpt_every), 0, "0", 0, BIG, NULL, "write a checkpoint every this many steps (0 = only at the end)"},
     {"checkpoint.keep_last", K_INT, OFF(ckpt_keep_last), 0, "0", 0, BIG, NULL, "keep only the newest this many checkpoints (0 = keep all)"},
     /* parallel */
-    {"parallel.tensor", K_INT, OFF(tp), 0, "1", 1, 1024, NULL, "tensor-parallel degree"},
+    {"parallel.tensor", K_INT, OFF(tp), 0, "1", 1, 1024, NULL, "tensor-parallel degree (Megatron-style, tp innermost; must divide the ranks, n_kv_head, ffn_hidden and vocab_size)"},
     {"parallel.strategy", K_STR, STR(strategy), "\"NO_SHARD\"", 0, 0, "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD|HYBRID_SHARD_ZERO2", "data-parallel sharding strategy (PyTorch FSDP names)"},
     {"parallel.shard_degree", K_INT, OFF(shard_degree), 0, "0", 0, 1 << 20, NULL, "ranks per shard group for the hybrid strategies (0 = all data-parallel ranks)"},
     {"parallel.timeout_s", K_DOUBLE, OFF(timeout_s), 0, "600", 0, 1e9, NULL, "a step or collective slower than this ends the job (exit 5)"},

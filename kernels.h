@@ -37,6 +37,14 @@ typedef struct Kernels {
     void (*embed_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
                            int N, int T, int C);
 
+    /* Vocab-parallel (tensor parallel) forms: wte holds only vocabulary rows
+     * [v0, v0 + V); a token outside contributes zero (wpe is still added when
+     * given), backward adds only rows in range. The caller sums over ranks. */
+    void (*embed_forward_vp)(float *out, const int *tokens, const float *wte, const float *wpe,
+                             int N, int T, int C, int v0, int V);
+    void (*embed_backward_vp)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                              int N, int T, int C, int v0, int V);
+
     /* ---- norms (statistics in fp32; mean/rstd saved for backward, [N]) ---- */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C, float eps);
@@ -91,6 +99,21 @@ typedef struct Kernels {
     void (*crossentropy_forward)(float *losses, float *logits, const int *targets, int N, int V);
     /* probs [N,V] -> dlogits = (probs - onehot(target)) * dloss, in place */
     void (*crossentropy_backward)(float *probs, const int *targets, float dloss, int N, int V);
+
+    /* Vocab-parallel cross-entropy over local logits [N, V] holding the
+     * vocabulary columns [v0, v0 + V); the caller reduces over ranks between
+     * the steps: rowmax = max over the row (then all-reduce MAX);
+     * expsum: logits = exp(logits - rowmax) in place, sums[n] = row sum and
+     * tgt[n] = the target's logit when this rank owns it, else 0 (then
+     * all-reduce SUM of both); finish: logits /= sums (probabilities, in
+     * place) and losses[n] = log(sums) + rowmax - tgt;
+     * backward: probs -> (probs - onehot_local) * dloss, in place. */
+    void (*crossentropy_vp_max)(float *rowmax, const float *logits, int N, int V);
+    void (*crossentropy_vp_expsum)(float *sums, float *tgt, float *logits, const float *rowmax,
+                                   const int *targets, int N, int V, int v0);
+    void (*crossentropy_vp_finish)(float *losses, float *logits, const float *rowmax, const float *sums,
+                                   const float *tgt, int N, int V);
+    void (*crossentropy_vp_backward)(float *probs, const int *targets, float dloss, int N, int V, int v0);
 
     /* ---- optimizer and reductions over flat parameter ranges ---- */
     /* sum of squares, accumulated in double */

@@ -89,6 +89,22 @@ static void embed_forward(float *out, const int *tokens, const float *wte, const
     }
 }
 
+static void embed_forward_vp(float *out, const int *tokens, const float *wte, const float *wpe,
+                             int N, int T, int C, int v0, int V) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * C;
+        int t = tokens[n] - v0;
+        const float *pe = wpe ? wpe + (size_t)(n % T) * C : NULL;
+        if (t >= 0 && t < V) {
+            const float *we = wte + (size_t)t * C;
+            for (int c = 0; c < C; c++) o[c] = pe ? we[c] + pe[c] : we[c];
+        } else {
+            for (int c = 0; c < C; c++) o[c] = pe ? pe[c] : 0.0f;
+        }
+    }
+}
+
 /* Repeated tokens (and every batch row for wpe) hit the same gradient row,
  * so threads split the channels, not the tokens: race-free and deterministic. */
 #define COLBLOCK 64
@@ -103,6 +119,27 @@ static void embed_backward(float *dwte, float *dwpe, const float *dout, const in
             const float *d = dout + (size_t)n * C;
             if (dwte) {
                 float *g = dwte + (size_t)tokens[n] * C;
+                for (int c = c0; c < c1; c++) g[c] += d[c];
+            }
+            if (dwpe) {
+                float *g = dwpe + (size_t)(n % T) * C;
+                for (int c = c0; c < c1; c++) g[c] += d[c];
+            }
+        }
+    }
+}
+
+static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                              int N, int T, int C, int v0, int V) {
+    int nblocks = (C + COLBLOCK - 1) / COLBLOCK;
+    #pragma omp parallel for
+    for (int cb = 0; cb < nblocks; cb++) {
+        int c0 = cb * COLBLOCK, c1 = c0 + COLBLOCK < C ? c0 + COLBLOCK : C;
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * C;
+            int t = tokens[n] - v0;
+            if (dwte && t >= 0 && t < V) {
+                float *g = dwte + (size_t)t * C;
                 for (int c = c0; c < c1; c++) g[c] += d[c];
             }
             if (dwpe) {
@@ -578,6 +615,43 @@ static void crossentropy_backward(float *probs, const int *targets, float dloss,
     }
 }
 
+static void crossentropy_vp_max(float *rowmax, const float *logits, int N, int V) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) rowmax[n] = row_max(logits + (size_t)n * V, V);
+}
+
+static void crossentropy_vp_expsum(float *sums, float *tgt, float *logits, const float *rowmax,
+                                   const int *targets, int N, int V, int v0) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *x = logits + (size_t)n * V;
+        int t = targets[n] - v0;
+        tgt[n] = t >= 0 && t < V ? x[t] : 0.0f;
+        sums[n] = (float)row_exp_sum(x, V, rowmax[n]);
+    }
+}
+
+static void crossentropy_vp_finish(float *losses, float *logits, const float *rowmax, const float *sums,
+                                   const float *tgt, int N, int V) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *x = logits + (size_t)n * V;
+        float inv = (float)(1.0 / sums[n]);
+        for (int j = 0; j < V; j++) x[j] *= inv;
+        losses[n] = (float)(log((double)sums[n]) - ((double)tgt[n] - rowmax[n]));
+    }
+}
+
+static void crossentropy_vp_backward(float *probs, const int *targets, float dloss, int N, int V, int v0) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *p = probs + (size_t)n * V;
+        int t = targets[n] - v0;
+        if (t >= 0 && t < V) p[t] -= 1.0f;
+        for (int j = 0; j < V; j++) p[j] *= dloss;
+    }
+}
+
 // ----------------------------------------------------------------------------
 // reductions and optimizer
 
@@ -659,6 +733,8 @@ static const Kernels cpu_kernels = {
     .from_host = cpu_copy,
     .embed_forward = embed_forward,
     .embed_backward = embed_backward,
+    .embed_forward_vp = embed_forward_vp,
+    .embed_backward_vp = embed_backward_vp,
     .layernorm_forward = layernorm_forward,
     .layernorm_backward = layernorm_backward,
     .rmsnorm_forward = rmsnorm_forward,
@@ -676,6 +752,10 @@ static const Kernels cpu_kernels = {
     .add = add,
     .crossentropy_forward = crossentropy_forward,
     .crossentropy_backward = crossentropy_backward,
+    .crossentropy_vp_max = crossentropy_vp_max,
+    .crossentropy_vp_expsum = crossentropy_vp_expsum,
+    .crossentropy_vp_finish = crossentropy_vp_finish,
+    .crossentropy_vp_backward = crossentropy_vp_backward,
     .sumsq = sumsq,
     .sum = sum,
     .scale = scale,

@@ -127,9 +127,12 @@ static void setup_shards(Trainer *t) {
 /* Checkpoint: rank 0 writes; with sharded optimizer state the shard group of
  * rank 0 first gathers m and v into full-size buffers there (all ranks call
  * this; the working params are already gathered). */
+static void save_checkpoint_tp(Trainer *t, const TrainState *st);
+
 static void save_checkpoint(Trainer *t, const TrainState *st) {
     Model *m = &t->model;
     float *fm = NULL, *fv = NULL;
+    if (t->dist.tp > 1) { save_checkpoint_tp(t, st); return; }
     if (t->sharded) {
         if (t->dist.shard_group != 0) return;
         if (is_root(t)) { fm = t->k->alloc(m->n_params * sizeof(float)); fv = t->k->alloc(m->n_params * sizeof(float)); }
@@ -149,6 +152,67 @@ static void save_checkpoint(Trainer *t, const TrainState *st) {
         if (fm) t->k->free(fm);
         if (fv) t->k->free(fv);
         m->m = m->v = NULL;
+    }
+}
+
+/* Tensor parallel: the checkpoint is layout-independent, exactly what a
+ * tp = 1 run writes. Each TP rank's shard group 0 gathers its m and v (as
+ * above) to its data-parallel rank 0; the TP group of data-parallel rank 0
+ * gathers the local params, m and v to rank 0, which assembles the GLOBAL
+ * tensors into a tp = 1 model and saves that. */
+static void save_checkpoint_tp(Trainer *t, const TrainState *st) {
+    Model *m = &t->model;
+    const Kernels *k = t->k;
+    size_t n = m->n_params, bytes = n * sizeof(float);
+    if (t->dist.shard_group != 0) return;
+    float *fm = m->m, *fv = m->v;
+    if (t->sharded) {
+        fm = t->dist.shard_index == 0 ? k->alloc(bytes) : NULL;
+        fv = t->dist.shard_index == 0 ? k->alloc(bytes) : NULL;
+        for (int c = 0; c < m->n_chunks; c++) {
+            size_t len = shard_len(t, c);
+            dist_shard_gather_f32(&t->dist, t->mshard + t->shard_off[c], fm ? fm + m->chunk_offset[c] : NULL, len);
+            dist_shard_gather_f32(&t->dist, t->vshard + t->shard_off[c], fv ? fv + m->chunk_offset[c] : NULL, len);
+        }
+    }
+    if (t->dist.dp_rank == 0) {
+        int tp = t->dist.tp;
+        float *all[3] = {NULL, NULL, NULL}, *src[3] = {m->params, fm, fv};
+        for (int a = 0; a < 3; a++) {
+            if (is_root(t)) all[a] = malloc_check((size_t)tp * bytes);
+            dist_tp_gather_f32(&t->dist, src[a], all[a], n);
+        }
+        if (is_root(t)) {
+            Model g;
+            model_build_ex(&g, &m->cfg, k, 1, 1, 1, 1);
+            float *dst[3] = {g.params, g.m, g.v};
+            Model view = *m;
+            int differ = 0; /* replicated tensors must agree on every TP rank */
+            for (int r = 0; r < tp; r++) {
+                view.tp_rank = r;
+                for (int i = 0; i < m->n_specs; i++) {
+                    const ParamSpec *s = &m->specs[i];
+                    if (s->tp_axis < 0 && r > 0 &&
+                        memcmp(all[0] + (size_t)r * n + s->offset, all[0] + s->offset, s->numel * sizeof(float)) != 0) {
+                        fprintf(stderr, "llmtrain: checkpoint: replicated tensor %s differs between TP ranks 0 and %d\n", s->name, r);
+                        differ = 1;
+                    }
+                    const ParamSpec *gs = model_find(&g, s->name);
+                    if (!gs) die(EXIT_INTERNAL, "checkpoint: %s missing from the global layout", s->name);
+                    for (int a = 0; a < 3; a++)
+                        model_tp_copy(&view, s, dst[a] + gs->offset, all[a] + (size_t)r * n + s->offset, 1);
+                }
+            }
+            ckpt_save(&g, &t->cfg, st, t->cfg.ckpt_dir);
+            printf("checkpoint: %s/step_%08d (assembled from %d TP ranks; replicated tensors %s)\n", t->cfg.ckpt_dir, st->step, tp,
+                   differ ? "DIFFER" : "identical");
+            model_free(&g);
+            for (int a = 0; a < 3; a++) free(all[a]);
+        }
+    }
+    if (t->sharded) {
+        if (fm) k->free(fm);
+        if (fv) k->free(fv);
     }
 }
 
@@ -205,8 +269,10 @@ static uint64_t xorshift(uint64_t *s) {
 static void print_sample(Trainer *t) {
     const Config *c = &t->cfg;
     Model *m = &t->model;
-    int T = m->T, V = m->cfg.vocab_size;
-    if (c->sample_tokens <= 0 || !is_root(t)) return;
+    int T = m->T, V = m->cfg.vocab_size, tp = t->dist.tp;
+    /* tensor parallel: the TP group of data-parallel rank 0 runs the
+     * forwards; rank 0 gathers the last row's vocabulary slices and picks */
+    if (c->sample_tokens <= 0 || t->dist.dp_rank != 0) return;
     const DataSet *ds = t->have_val ? &t->val : &t->train;
     int prompt = T < 16 ? (T > 1 ? T / 2 : 1) : 8;
     int total = prompt + c->sample_tokens;
@@ -219,9 +285,17 @@ static void print_sample(Trainer *t) {
         int len = n < T ? n : T;
         const int *win = ctx + (n - len);
         model_forward_bt(m, win, NULL, 1, len);
-        t->k->to_host(row, m->logits + (size_t)(len - 1) * V, (size_t)V * sizeof(float));
         int next = 0;
-        if (c->sample_temperature <= 0) {
+        if (tp > 1) {
+            float *mine = malloc_check((size_t)m->V * sizeof(float));
+            t->k->to_host(mine, m->logits + (size_t)(len - 1) * m->V, (size_t)m->V * sizeof(float));
+            dist_tp_gather_f32(&t->dist, mine, is_root(t) ? row : NULL, (size_t)m->V);
+            free(mine);
+        } else {
+            t->k->to_host(row, m->logits + (size_t)(len - 1) * V, (size_t)V * sizeof(float));
+        }
+        if (!is_root(t)) {
+        } else if (c->sample_temperature <= 0) {
             for (int v = 1; v < V; v++) if (row[v] > row[next]) next = v;
         } else {
             float mx = row[0];
@@ -234,8 +308,14 @@ static void print_sample(Trainer *t) {
                 if (acc >= u) break;
             }
         }
+        if (tp > 1) { /* share the choice: only rank 0 contributes */
+            float f = is_root(t) ? (float)next : 0.0f;
+            dist_tp_allreduce_f32(&t->dist, &f, 1, 0);
+            next = (int)f;
+        }
         ctx[n] = next;
     }
+    if (!is_root(t)) { free(ctx); free(tg); free(row); return; }
     printf("--- sample ---\n");
     for (int n = 0; n < total; n++) {
         if (n == prompt) printf("%s", t->have_vocab ? "" : "| ");
@@ -271,7 +351,7 @@ typedef struct StepStats {
     int step;          /* 0-based */
     double loss, lr, norm, dt, val_loss;
     int clipped, skipped;
-    double comm_ag, comm_rs, comm_ar; /* bus bytes of this step per collective kind */
+    double comm_ag, comm_rs, comm_ar, comm_tp; /* bus bytes of this step per collective kind */
 } StepStats;
 
 static void log_step(Trainer *t, const StepStats *s) {
@@ -288,7 +368,7 @@ static void log_step(Trainer *t, const StepStats *s) {
     if ((s->step + 1) % c->log_every == 0 || s->step + 1 == c->steps || s->skipped) {
         printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB | comm %.2f MB | %.0f ms | ETA %s%s\n",
                s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", tps, 100 * mfu,
-               mem / (1 << 30), (s->comm_ag + s->comm_rs + s->comm_ar) / 1e6, 1000 * s->dt, eta,
+               mem / (1 << 30), (s->comm_ag + s->comm_rs + s->comm_ar + s->comm_tp) / 1e6, 1000 * s->dt, eta,
                s->skipped ? " | SKIPPED (non-finite)" : "");
         if (isfinite(s->val_loss)) printf("step %5d/%d | val_loss %.4f\n", s->step + 1, c->steps, s->val_loss);
         fflush(stdout);
@@ -305,8 +385,8 @@ static void log_step(Trainer *t, const StepStats *s) {
     fprintf(f, ",\"clipped\":%s,\"skipped\":%s,\"nonfinite_total\":%d", s->clipped ? "true" : "false",
             s->skipped ? "true" : "false", t->nonfinite_total);
     if (isfinite(s->val_loss)) json_num(f, "val_loss", s->val_loss);
-    fprintf(f, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f}", s->comm_ag, s->comm_rs,
-            s->comm_ar);
+    fprintf(f, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f,\"tp_allreduce\":%.0f}",
+            s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp);
     fprintf(f, "}\n");
     fflush(f);
 }
@@ -343,6 +423,36 @@ static void dump_logits(Trainer *t, double loss) {
 /* ------------------------------------------------------------------ */
 /* one step                                                            */
 
+/* Gradient sum of squares with tensor parallelism, each parameter counted
+ * once: split tensors on every TP rank, replicated ones on tp_rank 0 only,
+ * then summed over the TP group. */
+static double tp_sumsq(Trainer *t) {
+    const Model *m = &t->model;
+    double sq = 0;
+    for (int i = 0; i < m->n_specs; i++) {
+        const ParamSpec *s = &m->specs[i];
+        if (s->tp_axis >= 0 || t->dist.tp_rank == 0) sq += t->k->sumsq(m->grads + s->offset, s->numel);
+    }
+    dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
+    return sq;
+}
+
+/* The same over the local gradient shard (summed over the TP group by the caller). */
+static double tp_sumsq_sharded(Trainer *t) {
+    const Model *m = &t->model;
+    double sq = 0;
+    for (int i = 0; i < m->n_specs; i++) {
+        const ParamSpec *s = &m->specs[i];
+        if (s->tp_axis < 0 && t->dist.tp_rank != 0) continue;
+        size_t len = shard_len(t, s->chunk);
+        size_t lo = m->chunk_offset[s->chunk] + (size_t)t->dist.shard_index * len, hi = lo + len;
+        size_t a = s->offset > lo ? s->offset : lo, b = s->offset + s->numel < hi ? s->offset + s->numel : hi;
+        if (a >= b) continue;
+        sq += t->k->sumsq(t->gshard + t->shard_off[s->chunk] + (a - lo), b - a);
+    }
+    return sq;
+}
+
 static StepStats train_step(Trainer *t, int step) {
     Config *c = &t->cfg;
     Model *m = &t->model;
@@ -376,17 +486,19 @@ static StepStats train_step(Trainer *t, int step) {
         dist_phase(&t->dist, step + 1, "reduce_scatter");
         reduce_grads(t);
         /* replicas hold identical shards: the norm sums over the shard group only */
-        double sq = k->sumsq(t->gshard, t->n_shard);
+        double sq = t->dist.tp > 1 ? tp_sumsq_sharded(t) : k->sumsq(t->gshard, t->n_shard);
         dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
+        dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
         dist_allreduce_sum_f64(&t->dist, red, 1);
         red[1] = sq;
     } else {
         dist_phase(&t->dist, step + 1, "allreduce");
         dist_allreduce_sum_f32(&t->dist, m->grads, m->n_params);
-        red[1] = k->sumsq(m->grads, m->n_params);
+        red[1] = t->dist.tp > 1 ? tp_sumsq(t) : k->sumsq(m->grads, m->n_params);
         dist_allreduce_sum_f64(&t->dist, red, 1);
     }
-    s.loss = red[0] / t->dist.dp;
+    /* every TP rank of a data-parallel slot holds the same loss */
+    s.loss = red[0] / t->dist.world;
     s.norm = sqrt(red[1]);
     s.lr = lr_at(c, step);
     if (dump) { dump_logits(t, s.loss); dump_flat(t, m->grads, "grads"); }
@@ -409,6 +521,7 @@ static StepStats train_step(Trainer *t, int step) {
     s.comm_ag = t->dist.bytes_allgather;
     s.comm_rs = t->dist.bytes_reduce_scatter;
     s.comm_ar = t->dist.bytes_allreduce;
+    s.comm_tp = t->dist.bytes_tp_allreduce;
     s.dt = now_s() - t0;
     return s;
 }
@@ -419,7 +532,20 @@ static StepStats train_step(Trainer *t, int step) {
 static void check_layout(Trainer *t) {
     Config *c = &t->cfg;
     Dist *d = &t->dist;
-    if (c->tp != 1) die(EXIT_USAGE, "%s: parallel.tensor %d: tensor parallelism is not available in this build (expected 1)", c->path, c->tp);
+    const ModelConfig *mc = &c->model;
+    if (d->world % c->tp != 0)
+        die(EXIT_USAGE, "%s: parallel.tensor %d does not divide the %d ranks", c->path, c->tp, d->world);
+    if (mc->n_kv_head % c->tp != 0 || mc->n_head % c->tp != 0)
+        die(EXIT_USAGE, "%s: model.n_kv_head %d (n_head %d) is not divisible by parallel.tensor %d", c->path, mc->n_kv_head,
+            mc->n_head, c->tp);
+    if (mc->ffn_hidden % c->tp != 0)
+        die(EXIT_USAGE, "%s: model.ffn_hidden %d is not divisible by parallel.tensor %d", c->path, mc->ffn_hidden, c->tp);
+    if (mc->vocab_size % c->tp != 0)
+        die(EXIT_USAGE, "%s: model.vocab_size %d is not divisible by parallel.tensor %d; pad the vocabulary", c->path,
+            mc->vocab_size, c->tp);
+    if (c->tp > 1 && c->debug_dump[0])
+        die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
+    dist_set_tp(d, c->tp);
     if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
         t->S = d->dp;
     } else if (strcmp(c->strategy, "NO_SHARD") == 0) {
@@ -489,15 +615,28 @@ static void print_layout(Trainer *t) {
            t->sharded ? (t->reshard ? "params, grads and optimizer state sharded; re-gather before backward"
                                     : "grads and optimizer state sharded; params gathered once per step")
                       : "replicated");
-    for (int g = 0; g < R; g++) {
-        printf("  shard group %d: ranks", g);
-        for (int i = 0; i < S; i++) printf(" %d", g * S + i);
-        printf("\n");
+    int P = d->tp;
+    if (P > 1) {
+        printf("tensor parallel: %d ranks per TP group (tp innermost); heads, ffn and vocabulary split %d ways\n", P, P);
+        for (int g = 0; g < d->dp; g++) {
+            printf("  TP group %d: ranks", g);
+            for (int i = 0; i < P; i++) printf(" %d", g * P + i);
+            printf("\n");
+        }
     }
-    for (int i = 0; i < S; i++) {
-        printf("  replicate group %d: ranks", i);
-        for (int g = 0; g < R; g++) printf(" %d", g * S + i);
-        printf("\n");
+    for (int tr = 0; tr < P; tr++) {
+        for (int g = 0; g < R; g++) {
+            if (P > 1) printf("  tp_rank %d", tr);
+            printf("  shard group %d: ranks", g);
+            for (int i = 0; i < S; i++) printf(" %d", (g * S + i) * P + tr);
+            printf("\n");
+        }
+        for (int i = 0; i < S; i++) {
+            if (P > 1) printf("  tp_rank %d", tr);
+            printf("  replicate group %d: ranks", i);
+            for (int g = 0; g < R; g++) printf(" %d", (g * S + i) * P + tr);
+            printf("\n");
+        }
     }
     for (int r = 0; r < d->world; r++) {
         const double *x = all + 4 * r;
@@ -506,6 +645,8 @@ static void print_layout(Trainer *t) {
     fflush(stdout);
     free(all);
 }
+
+static void tp_allreduce_cb(void *ctx, float *x, size_t n, int max) { dist_tp_allreduce_f32(ctx, x, n, max); }
 
 static int train(int argc, char **argv) {
     static Trainer tr;
@@ -552,7 +693,10 @@ static int train(int argc, char **argv) {
     if (c->data_vocab[0]) { vocab_load(&t->vocab, c->data_vocab); t->have_vocab = 1; }
 
     dist_setup_groups(&t->dist, t->S);
-    model_build_ex(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded);
+    model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank);
+    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb};
+    if (c->init_from[0] && t->dist.tp > 1)
+        die(EXIT_USAGE, "%s: init.from is not available with parallel.tensor %d yet (expected 1)", c->path, t->dist.tp);
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
     setup_shards(t);

@@ -60,7 +60,7 @@ static void end_chunk(LayoutBuilder *lb, int chunk, size_t chunk_start, size_t p
 static void build_layout(Model *m, int pad_multiple) {
     const ModelConfig *c = &m->cfg;
     int gpt2 = c->arch == ARCH_GPT2;
-    int C = c->n_embd, F = c->ffn_hidden, V = c->vocab_size;
+    int C = c->n_embd, F = m->F, V = m->V;
     LayoutBuilder lb = {m, 0, 0};
     m->n_chunks = c->n_layer + 2;
     m->chunk_offset = calloc_check((size_t)m->n_chunks, sizeof(size_t));
@@ -81,7 +81,7 @@ static void build_layout(Model *m, int pad_multiple) {
         if (gpt2) add_spec(&lb, L("ln1.bias"), P_LN1_B, l, ch, C, 0, -1, 1);
         add_spec(&lb, L("attn.qkv.weight"), P_QKV_W, l, ch, m->qkv_dim, C, 0, 3);
         if (gpt2) add_spec(&lb, L("attn.qkv.bias"), P_QKV_B, l, ch, m->qkv_dim, 0, 0, 3);
-        add_spec(&lb, L("attn.out.weight"), P_ATTN_OUT_W, l, ch, C, c->n_head * m->hd, 1, 1);
+        add_spec(&lb, L("attn.out.weight"), P_ATTN_OUT_W, l, ch, C, m->nh * m->hd, 1, 1);
         if (gpt2) add_spec(&lb, L("attn.out.bias"), P_ATTN_OUT_B, l, ch, C, 0, -1, 1);
         add_spec(&lb, L("ln2.weight"), P_LN2_W, l, ch, C, 0, -1, 1);
         if (gpt2) add_spec(&lb, L("ln2.bias"), P_LN2_B, l, ch, C, 0, -1, 1);
@@ -151,8 +151,8 @@ const ParamSpec *model_find(const Model *m, const char *name) {
 static size_t carve_acts(Model *m, float *base) {
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)m->B * m->T, C = (size_t)c->n_embd, off = 0;
-    size_t att = (size_t)m->B * c->n_head * m->T * m->T;
-    size_t F = (size_t)c->ffn_hidden, widest = N * (size_t)(m->fc_dim > m->qkv_dim ? m->fc_dim : m->qkv_dim);
+    size_t att = (size_t)m->B * m->nh * m->T * m->T;
+    size_t F = (size_t)m->F, widest = N * (size_t)(m->fc_dim > m->qkv_dim ? m->fc_dim : m->qkv_dim);
     if (widest < N * C) widest = N * C;
     int gpt2 = c->arch == ARCH_GPT2;
 #define TAKE(ptr, n) do { size_t n_ = (n); (ptr) = base ? base + off : NULL; off += (n_ + 15) / 16 * 16; } while (0)
@@ -176,8 +176,10 @@ static size_t carve_acts(Model *m, float *base) {
     TAKE(m->lnf, N * C);
     if (gpt2) TAKE(m->lnf_mean, N); else m->lnf_mean = NULL;
     TAKE(m->lnf_rstd, N);
-    TAKE(m->logits, N * (size_t)c->vocab_size);
+    TAKE(m->logits, N * (size_t)m->V);
     TAKE(m->losses, N);
+    if (m->tp > 1) { TAKE(m->ce_max, N); TAKE(m->ce_sum, 2 * N); m->ce_tgt = base ? m->ce_sum + N : NULL; }
+    else m->ce_max = m->ce_sum = m->ce_tgt = NULL;
     TAKE(m->dres, N * C);
     TAKE(m->dbuf1, widest);
     TAKE(m->dbuf2, widest);
@@ -191,14 +193,28 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
 }
 
 void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments) {
+    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0);
+}
+
+void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
+                    int tp, int tp_rank) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->k = k;
     m->B = B;
     m->T = T;
+    if (tp < 1 || cfg->n_kv_head % tp || cfg->n_head % tp || cfg->ffn_hidden % tp || cfg->vocab_size % tp)
+        die(EXIT_INTERNAL, "model_build: tensor-parallel degree %d does not divide the model", tp);
+    m->tp = tp;
+    m->tp_rank = tp_rank;
+    m->nh = cfg->n_head / tp;
+    m->nkv = cfg->n_kv_head / tp;
+    m->F = cfg->ffn_hidden / tp;
+    m->V = cfg->vocab_size / tp;
+    m->v0 = tp_rank * m->V;
     m->hd = cfg->n_embd / cfg->n_head;
-    m->qkv_dim = (cfg->n_head + 2 * cfg->n_kv_head) * m->hd;
-    m->fc_dim = cfg->arch == ARCH_LLAMA ? 2 * cfg->ffn_hidden : cfg->ffn_hidden;
+    m->qkv_dim = (m->nh + 2 * m->nkv) * m->hd;
+    m->fc_dim = cfg->arch == ARCH_LLAMA ? 2 * m->F : m->F;
     build_layout(m, pad_multiple);
 
     size_t bytes = m->n_params * sizeof(float);
@@ -235,6 +251,44 @@ void model_free(Model *m) {
 /* ------------------------------------------------------------------ */
 /* init                                                                */
 
+size_t model_global_numel(const Model *m, const ParamSpec *s) {
+    return s->tp_axis >= 0 ? s->numel * (size_t)m->tp : s->numel;
+}
+
+void model_tp_copy(const Model *m, const ParamSpec *s, float *global, float *local, int to_global) {
+    size_t tp = (size_t)m->tp, r = (size_t)m->tp_rank;
+    if (s->tp_axis < 0 || tp == 1) {
+        if (to_global) memcpy(global, local, s->numel * sizeof(float));
+        else memcpy(local, global, s->numel * sizeof(float));
+        return;
+    }
+    size_t cols = s->ndim == 2 ? (size_t)s->shape[1] : 1, rows = (size_t)s->shape[0];
+    if (s->tp_axis == 1) { /* column split: each row's local columns sit at r*cols of the global row */
+        for (size_t i = 0; i < rows; i++) {
+            float *g = global + i * cols * tp + r * cols, *l = local + i * cols;
+            if (to_global) memcpy(g, l, cols * sizeof(float));
+            else memcpy(l, g, cols * sizeof(float));
+        }
+        return;
+    }
+    /* row split, fused row blocks (qkv: q|k|v, llama fc: gate|up) split separately */
+    size_t parts[3] = {rows, 0, 0};
+    int np = 1;
+    if (s->kind == P_QKV_W || s->kind == P_QKV_B) {
+        parts[0] = (size_t)m->nh * m->hd; parts[1] = parts[2] = (size_t)m->nkv * m->hd; np = 3;
+    } else if ((s->kind == P_FC_W || s->kind == P_FC_B) && s->nparts == 2) {
+        parts[0] = parts[1] = (size_t)m->F; np = 2;
+    }
+    size_t goff = 0, loff = 0;
+    for (int p = 0; p < np; p++) {
+        float *g = global + (goff + r * parts[p]) * cols, *l = local + loff * cols;
+        if (to_global) memcpy(g, l, parts[p] * cols * sizeof(float));
+        else memcpy(l, g, parts[p] * cols * sizeof(float));
+        goff += parts[p] * tp;
+        loff += parts[p];
+    }
+}
+
 static uint64_t splitmix64(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -256,7 +310,10 @@ void model_init_random(Model *m, float std, uint64_t seed) {
     float resid_std = std / sqrtf(2.0f * (float)m->cfg.n_layer);
     for (int i = 0; i < m->n_specs; i++) {
         const ParamSpec *s = &m->specs[i];
-        float *p = host + s->offset;
+        /* tensor parallel: generate the GLOBAL tensor, keep the local slice */
+        int split = m->tp > 1 && s->tp_axis >= 0;
+        size_t numel = model_global_numel(m, s);
+        float *p = split ? calloc_check(numel, sizeof(float)) : host + s->offset;
         switch (s->kind) {
         case P_LN1_W: case P_LN2_W: case P_LNF_W:
             for (size_t j = 0; j < s->numel; j++) p[j] = 1.0f;
@@ -266,15 +323,16 @@ void model_init_random(Model *m, float std, uint64_t seed) {
         default: {
             float sd = (s->kind == P_ATTN_OUT_W || s->kind == P_PROJ_W) ? resid_std : std;
             uint64_t st = seed ^ hash_name(s->name);
-            for (size_t j = 0; j < s->numel; j += 2) { /* Box-Muller pairs */
+            for (size_t j = 0; j < numel; j += 2) { /* Box-Muller pairs */
                 double u1 = ((splitmix64(&st) >> 11) + 1.0) * 0x1.0p-53;
                 double u2 = (splitmix64(&st) >> 11) * 0x1.0p-53;
                 double r = sqrt(-2.0 * log(u1));
                 p[j] = (float)(sd * r * cos(2 * M_PI * u2));
-                if (j + 1 < s->numel) p[j + 1] = (float)(sd * r * sin(2 * M_PI * u2));
+                if (j + 1 < numel) p[j + 1] = (float)(sd * r * sin(2 * M_PI * u2));
             }
         }
         }
+        if (split) { model_tp_copy(m, s, p, host + s->offset, 0); free(p); }
     }
     m->k->from_host(m->params, host, m->n_params * sizeof(float));
     free(host);
@@ -296,18 +354,27 @@ static void norm_backward(const Model *m, float *dinp, float *dw, float *db, con
     else m->k->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.n_embd);
 }
 
+static void tp_allreduce(const Model *m, float *x, size_t n, int max) {
+    if (m->tp > 1) m->comm.allreduce(m->comm.ctx, x, n, max);
+}
+
 float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
     if (B > m->B || T > m->T) die(EXIT_INTERNAL, "model_forward: %dx%d exceeds the built %dx%d", B, T, m->B, m->T);
-    int N = B * T, C = c->n_embd, F = c->ffn_hidden, nh = c->n_head, nkv = c->n_kv_head, hd = m->hd;
-    int llama = c->arch == ARCH_LLAMA;
+    int N = B * T, C = c->n_embd, F = m->F, nh = m->nh, nkv = m->nkv, hd = m->hd;
+    int llama = c->arch == ARCH_LLAMA, tp = m->tp > 1, root = m->tp_rank == 0;
     m->cur_B = B;
     m->cur_T = T;
     k->from_host(m->tokens, tokens, (size_t)N * sizeof(int));
     if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
 
-    k->embed_forward(m->encoded, m->tokens, m->p.wte, m->p.wpe, N, T, C);
+    if (tp) { /* vocab-parallel lookup; wpe added once (tp rank 0) */
+        k->embed_forward_vp(m->encoded, m->tokens, m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
+        tp_allreduce(m, m->encoded, (size_t)N * C, 0);
+    } else {
+        k->embed_forward(m->encoded, m->tokens, m->p.wte, m->p.wpe, N, T, C);
+    }
     const float *x = m->encoded;
     for (int l = 0; l < c->n_layer; l++) {
         const LayerPtrs *w = &m->p.layers[l];
@@ -317,21 +384,35 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
         k->matmul_forward(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->qkv_dim);
         if (llama) k->rope_forward(a->qkv, B, T, nh, nkv, hd, c->rope_theta, 0);
         k->attention_forward(a->atty, a->att, a->qkv, B, T, nh, nkv, hd);
-        k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, w->attn_out_b, N, nh * hd, C);
+        /* row-parallel: partial sums, the replicated bias added once (rank 0) */
+        k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, root ? w->attn_out_b : NULL, N, nh * hd, C);
+        if (tp) tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
         k->add(a->res2, x, m->dbuf1, (size_t)N * C);
         /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))) */
         norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N);
         k->matmul_forward(a->fch, a->ln2, w->fc_w, w->fc_b, N, C, m->fc_dim);
         if (llama) k->swiglu_forward(a->fch_act, a->fch, N, F);
         else k->gelu_forward(a->fch_act, a->fch, (size_t)N * F);
-        k->matmul_forward(m->dbuf1, a->fch_act, w->proj_w, w->proj_b, N, F, C);
+        k->matmul_forward(m->dbuf1, a->fch_act, w->proj_w, root ? w->proj_b : NULL, N, F, C);
+        if (tp) tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
         k->add(a->res3, a->res2, m->dbuf1, (size_t)N * C);
         x = a->res3;
     }
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, N);
-    k->matmul_forward(m->logits, m->lnf, m->p.lm_head, NULL, N, C, c->vocab_size);
+    k->matmul_forward(m->logits, m->lnf, m->p.lm_head, NULL, N, C, m->V);
     if (!targets) return NAN;
-    k->crossentropy_forward(m->losses, m->logits, m->targets, N, c->vocab_size);
+    if (tp) { /* vocab-parallel cross-entropy: no rank holds a full row */
+        for (int n = 0; n < N; n++)
+            if (targets[n] < 0 || targets[n] >= c->vocab_size)
+                die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], c->vocab_size);
+        k->crossentropy_vp_max(m->ce_max, m->logits, N, m->V);
+        tp_allreduce(m, m->ce_max, (size_t)N, 1);
+        k->crossentropy_vp_expsum(m->ce_sum, m->ce_tgt, m->logits, m->ce_max, m->targets, N, m->V, m->v0);
+        tp_allreduce(m, m->ce_sum, 2 * (size_t)N, 0);
+        k->crossentropy_vp_finish(m->losses, m->logits, m->ce_max, m->ce_sum, m->ce_tgt, N, m->V);
+    } else {
+        k->crossentropy_forward(m->losses, m->logits, m->targets, N, c->vocab_size);
+    }
     return (float)(k->sum(m->losses, (size_t)N) / N);
 }
 
@@ -342,14 +423,16 @@ float model_forward(Model *m, const int *tokens, const int *targets) {
 void model_backward(Model *m, float loss_scale) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
-    int B = m->cur_B, T = m->cur_T, N = B * T, C = c->n_embd, F = c->ffn_hidden;
-    int nh = c->n_head, nkv = c->n_kv_head, hd = m->hd, V = c->vocab_size;
-    int llama = c->arch == ARCH_LLAMA;
+    int B = m->cur_B, T = m->cur_T, N = B * T, C = c->n_embd, F = m->F;
+    int nh = m->nh, nkv = m->nkv, hd = m->hd, V = m->V;
+    int llama = c->arch == ARCH_LLAMA, tp = m->tp > 1;
     size_t NC = (size_t)N * C;
 
-    k->crossentropy_backward(m->logits, m->targets, loss_scale, N, V);
+    if (tp) k->crossentropy_vp_backward(m->logits, m->targets, loss_scale, N, V, m->v0);
+    else k->crossentropy_backward(m->logits, m->targets, loss_scale, N, V);
     k->zero(m->dlnf, NC * sizeof(float));
     k->matmul_backward(m->dlnf, m->g.lm_head, NULL, m->logits, m->lnf, m->p.lm_head, N, C, V);
+    if (tp) tp_allreduce(m, m->dlnf, NC, 0); /* partial over the vocabulary slices */
     const float *xL = c->n_layer > 0 ? m->la[c->n_layer - 1].res3 : m->encoded;
     k->zero(m->dres, NC * sizeof(float));
     norm_backward(m, m->dres, m->g.lnf_w, m->g.lnf_b, m->dlnf, xL, m->p.lnf_w, m->lnf_mean, m->lnf_rstd, N);
@@ -367,6 +450,7 @@ void model_backward(Model *m, float loss_scale) {
         else k->gelu_backward(m->dbuf2, a->fch, m->dbuf1, (size_t)N * F);
         k->zero(m->dbuf1, NC * sizeof(float));
         k->matmul_backward(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim);
+        if (tp) tp_allreduce(m, m->dbuf1, NC, 0); /* column-parallel: partial input gradient */
         norm_backward(m, m->dres, g->ln2_w, g->ln2_b, m->dbuf1, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
         /* attention block; m->dres becomes d(x) */
         k->zero(m->dbuf1, (size_t)N * nh * hd * sizeof(float));
@@ -376,9 +460,11 @@ void model_backward(Model *m, float loss_scale) {
         if (llama) k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, c->rope_theta, 0);
         k->zero(m->dbuf1, NC * sizeof(float));
         k->matmul_backward(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, a->ln1, w->qkv_w, N, C, m->qkv_dim);
+        if (tp) tp_allreduce(m, m->dbuf1, NC, 0);
         norm_backward(m, m->dres, g->ln1_w, g->ln1_b, m->dbuf1, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
     }
-    k->embed_backward(m->g.wte, m->g.wpe, m->dres, m->tokens, N, T, C);
+    if (tp) k->embed_backward_vp(m->g.wte, m->g.wpe, m->dres, m->tokens, N, T, C, m->v0, m->V);
+    else k->embed_backward(m->g.wte, m->g.wpe, m->dres, m->tokens, N, T, C);
 }
 
 double model_flops_per_token(const ModelConfig *c, int T) {

@@ -62,12 +62,25 @@ typedef struct LayerActs {
     float *res3;                        /* [N,C] layer output */
 } LayerActs;
 
+/* Tensor-parallel collectives the model needs, supplied by the trainer
+ * (model.c stays free of MPI): in place over the TP group, sum (max = 0) or
+ * elementwise max (max = 1). Unused when tp == 1. */
+typedef struct ModelComm {
+    void *ctx;
+    void (*allreduce)(void *ctx, float *x, size_t n, int max);
+} ModelComm;
+
 typedef struct Model {
     ModelConfig cfg;
     const Kernels *k;
     int B, T;                 /* micro-batch shape activations are sized for */
     int cur_B, cur_T;         /* shape of the last forward, which backward reuses */
-    int hd, qkv_dim, fc_dim;  /* head dim, fused qkv rows, fc rows (F or 2F) */
+    int hd, qkv_dim, fc_dim;  /* head dim, fused qkv rows, fc rows (F or 2F): LOCAL (per TP rank) */
+    /* tensor parallelism: tp ranks each hold nh = n_head/tp query heads,
+     * nkv = n_kv_head/tp kv heads, F = ffn_hidden/tp hidden units and the
+     * vocabulary rows [v0, v0 + V) of V = vocab_size/tp (tp = 1: the full model) */
+    int tp, tp_rank, nh, nkv, F, V, v0;
+    ModelComm comm;
 
     ParamSpec *specs;
     int n_specs;
@@ -87,8 +100,9 @@ typedef struct Model {
     float *encoded;           /* [N,C] embedding output = residual stream input */
     LayerActs *la;            /* [n_layer] */
     float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;            /* [N,V] logits -> probs -> dlogits */
+    float *logits;            /* [N,V] (local V) logits -> probs -> dlogits */
     float *losses;            /* [N] */
+    float *ce_max, *ce_sum, *ce_tgt; /* [N] vocab-parallel cross-entropy pieces (tp > 1) */
     /* backward scratch */
     float *dres;              /* [N,C] gradient of the residual stream */
     float *dbuf1, *dbuf2;     /* [N, max(qkv_dim, fc_dim, C)] */
@@ -103,7 +117,17 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
 /* The same; alloc_moments = 0 leaves m and v NULL (a sharded optimizer
  * keeps its own state for the local shard only). */
 void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments);
+/* The same for tensor-parallel rank tp_rank of tp: specs carry LOCAL shapes.
+ * Set m->comm before a forward when tp > 1. */
+void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
+                    int tp, int tp_rank);
 void model_free(Model *m);
+/* Elements of the GLOBAL tensor behind spec s (numel * tp when split). */
+size_t model_global_numel(const Model *m, const ParamSpec *s);
+/* Copy between the GLOBAL tensor (host, model_global_numel floats, the
+ * tp = 1 layout) and this rank's local slice (host, s->numel floats):
+ * to_global = 0 takes the slice, 1 writes it into its place in global. */
+void model_tp_copy(const Model *m, const ParamSpec *s, float *global, float *local, int to_global);
 /* Random init: N(0, std), residual output projections std/sqrt(2*n_layer),
  * biases 0, norm weights 1. Deterministic in seed, independent of layout. */
 void model_init_random(Model *m, float std, uint64_t seed);

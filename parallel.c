@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 struct DistGroups {
-    MPI_Comm shard, replicate;
+    MPI_Comm shard, replicate, tp, dp;
 };
 
 enum { FAULT_NONE, FAULT_HANG, FAULT_DIE, FAULT_NAN };
@@ -191,6 +191,7 @@ void dist_init(Dist *d, int *argc, char ***argv) {
     }
     d->dp = d->world;
     d->dp_rank = d->rank;
+    d->tp = 1;
     d->shard_size = 1;
     d->replicate_size = d->dp;
     d->shard_group = d->rank;
@@ -202,6 +203,8 @@ void dist_finalize(Dist *d) {
     if (d->groups) {
         MPI_Comm_free(&d->groups->shard);
         MPI_Comm_free(&d->groups->replicate);
+        MPI_Comm_free(&d->groups->tp);
+        MPI_Comm_free(&d->groups->dp);
         free(d->groups);
         d->groups = NULL;
     }
@@ -219,14 +222,15 @@ static void check(Dist *d, int rc, const char *what) {
 }
 
 void dist_allreduce_sum_f32(Dist *d, float *x, size_t n) {
-    if (d->world == 1) return;
+    if (d->dp == 1) return;
     for (size_t off = 0; off < n; off += (size_t)1 << 30) {
         int cnt = (int)(n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30));
         watch_collective(d, "MPI_Allreduce");
-        check(d, MPI_Allreduce(MPI_IN_PLACE, x + off, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+        check(d, MPI_Allreduce(MPI_IN_PLACE, x + off, cnt, MPI_FLOAT, MPI_SUM, d->tp > 1 ? d->groups->dp : MPI_COMM_WORLD),
+              "MPI_Allreduce");
         watch_collective(d, NULL);
     }
-    d->bytes_allreduce += 2.0 * (d->world - 1) / d->world * (double)n * sizeof(float);
+    d->bytes_allreduce += 2.0 * (d->dp - 1) / d->dp * (double)n * sizeof(float);
 }
 
 void dist_allreduce_sum_f64(Dist *d, double *x, size_t n) {
@@ -261,20 +265,63 @@ void dist_setup_groups(Dist *d, int S) {
     if (!d->use_mpi) return;
     struct DistGroups *g = calloc_check(1, sizeof *g);
     watch_collective(d, "MPI_Comm_split");
-    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->shard_group, d->shard_index, &g->shard), "MPI_Comm_split");
-    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->shard_index, d->shard_group, &g->replicate), "MPI_Comm_split");
+    int tp = d->tp;
+    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->shard_group * tp + d->tp_rank, d->shard_index, &g->shard), "MPI_Comm_split");
+    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->shard_index * tp + d->tp_rank, d->shard_group, &g->replicate), "MPI_Comm_split");
+    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->dp_rank, d->tp_rank, &g->tp), "MPI_Comm_split");
+    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->tp_rank, d->dp_rank, &g->dp), "MPI_Comm_split");
     watch_collective(d, NULL);
     MPI_Comm_set_errhandler(g->shard, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(g->replicate, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(g->tp, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(g->dp, MPI_ERRORS_RETURN);
     d->groups = g;
 }
-
-void dist_comm_reset(Dist *d) { d->bytes_allgather = d->bytes_reduce_scatter = d->bytes_allreduce = 0; }
 
 static int count_of(size_t n, const char *what) {
     if (n > (size_t)0x7fffffff) die(EXIT_INTERNAL, "%s: %zu elements exceed one MPI call", what, n);
     return (int)n;
 }
+
+void dist_comm_reset(Dist *d) { d->bytes_allgather = d->bytes_reduce_scatter = d->bytes_allreduce = d->bytes_tp_allreduce = 0; }
+
+void dist_set_tp(Dist *d, int tp) {
+    if (tp < 1 || d->world % tp != 0) die(EXIT_INTERNAL, "dist_set_tp: %d does not divide %d ranks", tp, d->world);
+    d->tp = tp;
+    d->tp_rank = d->rank % tp;
+    d->dp = d->world / tp;
+    d->dp_rank = d->rank / tp;
+    d->replicate_size = d->dp;
+    d->shard_group = d->dp_rank;
+}
+
+void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max) {
+    int P = d->tp;
+    if (P == 1 || !d->groups) return;
+    watch_collective(d, "MPI_Allreduce");
+    check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_FLOAT, max ? MPI_MAX : MPI_SUM, d->groups->tp),
+          "MPI_Allreduce");
+    watch_collective(d, NULL);
+    d->bytes_tp_allreduce += 2.0 * (P - 1) / P * (double)n * sizeof(float);
+}
+
+void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
+    if (d->tp == 1 || !d->groups) return;
+    watch_collective(d, "MPI_Allreduce");
+    check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_DOUBLE, MPI_SUM, d->groups->tp), "MPI_Allreduce");
+    watch_collective(d, NULL);
+}
+
+void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
+    if (d->tp == 1 || !d->groups) {
+        if (recv && recv != send) memcpy(recv, send, n * sizeof(float));
+        return;
+    }
+    watch_collective(d, "MPI_Gather");
+    check(d, MPI_Gather(send, count_of(n, "MPI_Gather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, 0, d->groups->tp), "MPI_Gather");
+    watch_collective(d, NULL);
+}
+
 
 void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n) {
     int S = d->shard_size;

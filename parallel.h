@@ -11,9 +11,12 @@ typedef struct Dist {
     int local_size;       /* ranks on this node */
     int use_mpi;          /* collectives go through MPI */
     int dp, dp_rank;      /* data-parallel degree and this rank's index */
+    /* tensor parallelism (dist_set_tp): world = tp x dp, tp innermost:
+     * tp_rank = rank % tp, dp_rank = rank / tp, dp = world / tp */
+    int tp, tp_rank;
     /* communication volume of the current step in bus bytes (NCCL-tests
      * convention), reset by dist_comm_reset */
-    double bytes_allgather, bytes_reduce_scatter, bytes_allreduce;
+    double bytes_allgather, bytes_reduce_scatter, bytes_allreduce, bytes_tp_allreduce;
     /* data-parallel groups (dist_setup_groups): shard x replicate, shard
      * innermost. shard_size S ranks share one copy of the sharded state;
      * shard_index = rank % S, shard_group = rank / S; replicate_size R = dp / S. */
@@ -29,13 +32,23 @@ typedef struct Dist {
  * one clear error: CPU collectives need MPI. */
 void dist_init(Dist *d, int *argc, char ***argv);
 void dist_finalize(Dist *d);
-/* Sum in place over the data-parallel group (float32 / float64). */
+/* Sum in place: float32 over the data-parallel group (ranks of the same
+ * tp_rank), float64 over the world. */
 void dist_allreduce_sum_f32(Dist *d, float *x, size_t n);
 void dist_allreduce_sum_f64(Dist *d, double *x, size_t n);
 void dist_barrier(Dist *d);
 /* Split the data-parallel ranks into shard groups of S consecutive ranks
  * and replicate groups (same rank % S). S must divide dp. Collective. */
 void dist_setup_groups(Dist *d, int S);
+/* Set the tensor-parallel degree (before dist_setup_groups; tp divides
+ * world). Shard / replicate / data-parallel groups are then formed among
+ * ranks of the same tp_rank, and a TP group of the tp consecutive ranks. */
+void dist_set_tp(Dist *d, int tp);
+/* TP group: in place over the tp ranks, sum (max = 0) or max (max = 1)
+ * of floats; sum of doubles; gather n floats to tp_rank 0 (recv[tp*n]). */
+void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max);
+void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n);
+void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n);
 void dist_comm_reset(Dist *d);
 /* Shard group: all-gather n floats from every member into recv[S*n]
  * (member i's block at i*n); reduce-scatter (sum) send[S*n] into recv[n];

@@ -3,7 +3,8 @@
 # and a small Llama, next to this machine's measured sgemm peak and next to
 # PyTorch CPU training the same model and batch, all in the same run.
 # FLOPs per token = 6 x (parameters in matrix products) + 12 x L x C x T.
-# Environment: BENCH_STEPS (default 6; the first is warm-up).
+# Environment: BENCH_STEPS (default 6; the first is warm-up),
+# BENCH_MULTIRANK_ONLY=1 (only the multi-rank table).
 set -e
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -54,7 +55,43 @@ EOF
 }
 
 echo "llmtrain CPU benchmark ($(nproc) cores, $STEPS steps, median after the first)"
+if [ "${BENCH_MULTIRANK_ONLY:-0}" != 1 ]; then
 run_case gpt2_124M '{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "max_seq_len": 1024}' \
     "--arch gpt2 --n_layer 12 --n_embd 768 --n_head 12 --vocab 50257 --max_seq_len 1024" 4 64
 run_case llama_small '{"arch": "llama", "n_layer": 8, "n_embd": 512, "n_head": 8, "n_kv_head": 4, "ffn_hidden": 1536, "vocab_size": 32000, "max_seq_len": 256}' \
     "--arch llama --n_layer 8 --n_embd 512 --n_head 8 --n_kv_head 4 --ffn_hidden 1536 --vocab 32000 --max_seq_len 256" 4 128
+fi
+
+# Multi-rank: the same model and global batch at 1, 2 and 4 ranks under each
+# strategy: tokens/s and communication bytes per step (bus bytes as
+# nccl-tests counts them), so the saving of hybrid over full sharding shows.
+# On a 2-core machine ranks share cores, so tokens/s says little; bytes are exact.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MR_MODEL='{"arch": "gpt2", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 50257, "max_seq_len": 128}'
+cat >"$TMP/multirank.json" <<EOF2
+{"model": $MR_MODEL,
+ "data": {"train": "$TMP/gpt2_124M.bin"},
+ "train": {"steps": 4, "seq_len": 64, "micro_batch": 2, "global_batch": 8, "device": "cpu"},
+ "eval": {"sample_tokens": 0}, "checkpoint": {"every_steps": 0}}
+EOF2
+echo "multi-rank (gpt2 4x256, vocab 50257, 8 x 64 tokens/step):"
+for spec in "1 NO_SHARD 0" "2 NO_SHARD 0" "2 FULL_SHARD 0" "2 SHARD_GRAD_OP 0" "4 NO_SHARD 0" "4 FULL_SHARD 0" "4 SHARD_GRAD_OP 0" "4 HYBRID_SHARD 2" "4 HYBRID_SHARD_ZERO2 2"; do
+    set -- $spec
+    np=$1; strat=$2; sd=$3
+    dir="$TMP/mr_${np}_${strat}"
+    args="--set parallel.strategy=$strat --set parallel.shard_degree=$sd --set log.dir=$dir --set checkpoint.dir=$dir/ckpt"
+    if [ "$np" = 1 ]; then ./llmtrain "$TMP/multirank.json" $args >"$dir.out" 2>&1 || { cat "$dir.out"; exit 1; }
+    else OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np "$np" ./llmtrain "$TMP/multirank.json" $args >"$dir.out" 2>&1 || { cat "$dir.out"; exit 1; }
+    fi
+    $PY - "$np" "$strat" "$sd" "$dir/metrics.jsonl" <<'EOF2'
+import json, statistics, sys
+np_, strat, sd, path = sys.argv[1:5]
+steps = [json.loads(l) for l in open(path) if l.startswith("{")]
+tps = statistics.median(s["tokens_per_s"] for s in steps[1:])
+comm = steps[-1].get("comm_bytes", {}) or {}
+total = sum(v for v in comm.values() if isinstance(v, (int, float)))
+kinds = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in comm.items() if v)
+layout = f"{strat}" + (f" {sd}x{int(np_) // int(sd)}" if strat.startswith("HYBRID") else "")
+print(f"  ranks {np_} {layout:<24} {tps:8.0f} tokens/s | comm {total / 1e6:7.1f} MB/step ({kinds or 'none'})")
+EOF2
+done

@@ -152,6 +152,37 @@ static void test_embed(void) {
     free(c.out); free(c.wte); free(c.wpe); free(c.R);
 }
 
+/* vocab-parallel embedding: P slices of the vocabulary, summed as the TP
+ * all-reduce would (wpe on slice 0 only), must equal the full lookup; each
+ * slice's backward must equal its rows of the full backward */
+static void test_embed_vp(void) {
+    int B = 2, T = 3, N = B * T, C = 8, V = 6, P = 3, Vl = V / P;
+    int tokens[6] = {1, 5, 1, 0, 3, 5};
+    float *wte = randv(V * C, 1), *wpe = randv(T * C, 1), *dout = randv(N * C, 1);
+    float *full = zerov(N * C), *part = zerov(N * C), *sum = zerov(N * C);
+    K->embed_forward(full, tokens, wte, wpe, N, T, C);
+    double *ref = malloc_check(sizeof(double) * N * C);
+    for (int i = 0; i < N * C; i++) ref[i] = full[i];
+    float *dfull = zerov(V * C), *dwpe = zerov(T * C), *dpart = zerov(V * C), *dwpe_p = zerov(T * C);
+    K->embed_backward(dfull, dwpe, dout, tokens, N, T, C);
+    for (int r = 0; r < P; r++) {
+        K->embed_forward_vp(part, tokens, wte + (size_t)r * Vl * C, r == 0 ? wpe : NULL, N, T, C, r * Vl, Vl);
+        for (int i = 0; i < N * C; i++) sum[i] += part[i];
+        memset(dwpe_p, 0, sizeof(float) * T * C);
+        K->embed_backward_vp(dpart + (size_t)r * Vl * C, dwpe_p, dout, tokens, N, T, C, r * Vl, Vl);
+        for (int i = 0; i < T * C; i++) dwpe_p[i] -= dwpe[i];
+        int same = 1;
+        for (int i = 0; i < T * C; i++) same &= fabsf(dwpe_p[i]) <= 1e-6f;
+        report(same, "embed_backward_vp dwpe equals full", "(slice %d)", r);
+    }
+    check_close("embed_forward_vp summed over slices", sum, ref, N * C, 1e-6);
+    double *dref = malloc_check(sizeof(double) * V * C);
+    for (int i = 0; i < V * C; i++) dref[i] = dfull[i];
+    check_close("embed_backward_vp slices = full dwte", dpart, dref, V * C, 1e-6);
+    free(wte); free(wpe); free(dout); free(full); free(part); free(sum); free(ref);
+    free(dfull); free(dwpe); free(dpart); free(dwpe_p); free(dref);
+}
+
 // ----------------------------------------------------------------------------
 // norms
 
@@ -587,6 +618,42 @@ static void test_crossentropy(void) {
     free(x); free(t); free(bp);
 }
 
+/* vocab-parallel cross-entropy: P column slices with the reductions done
+ * here (max, then sums) must give the reference probabilities and losses,
+ * and the slices' backward the finite-difference gradient of the full loss */
+static void test_crossentropy_vp(void) {
+    int N = 6, V = 12, P = 3, Vl = V / P;
+    int targets[6] = {0, 11, 3, 4, 7, 8};
+    CeCtx c = {randv(N * V, 3), zerov(N * V), zerov(N), 0.37f, targets, N, V};
+    double *rp = malloc_check(sizeof(double) * N * V), rl[6];
+    ce_ref(rp, rl, c.logits, targets, N, V);
+    float *sl[3], mx[6], gmax[6], sums[12], acc[12], losses[6];
+    for (int n = 0; n < N; n++) gmax[n] = -INFINITY;
+    for (int i = 0; i < 2 * N; i++) acc[i] = 0;
+    for (int r = 0; r < P; r++) { /* local column slices */
+        sl[r] = zerov(N * Vl);
+        for (int n = 0; n < N; n++) memcpy(sl[r] + n * Vl, c.logits + n * V + r * Vl, sizeof(float) * Vl);
+        K->crossentropy_vp_max(mx, sl[r], N, Vl);
+        for (int n = 0; n < N; n++) gmax[n] = fmaxf(gmax[n], mx[n]);
+    }
+    for (int r = 0; r < P; r++) {
+        K->crossentropy_vp_expsum(sums, sums + N, sl[r], gmax, targets, N, Vl, r * Vl);
+        for (int i = 0; i < 2 * N; i++) acc[i] += sums[i];
+    }
+    float *probs = zerov(N * V);
+    for (int r = 0; r < P; r++) {
+        K->crossentropy_vp_finish(losses, sl[r], gmax, acc, acc + N, N, Vl);
+        K->crossentropy_vp_backward(sl[r], targets, c.r, N, Vl, r * Vl);
+        for (int n = 0; n < N; n++) memcpy(probs + n * V + r * Vl, sl[r] + n * Vl, sizeof(float) * Vl);
+    }
+    check_close("crossentropy_vp losses", losses, rl, N, 1e-5);
+    float *fd = zerov(N * V);
+    fd_grad(ce_loss, &c, c.logits, N * V, 1e-3f, fd);
+    check_grad("crossentropy_vp_backward dlogits (slices)", probs, fd, N * V);
+    for (int r = 0; r < P; r++) free(sl[r]);
+    free(rp); free(fd); free(probs); free(c.logits); free(c.tmp); free(c.losses);
+}
+
 // ----------------------------------------------------------------------------
 // optimizer, reductions, memory
 
@@ -660,6 +727,7 @@ int main(int argc, char **argv) {
     kernels_cpu_select_blas_core(argv);
     K = kernels_cpu();
     test_embed();
+    test_embed_vp();
     test_layernorm();
     test_rmsnorm();
     test_matmul();
@@ -673,6 +741,7 @@ int main(int argc, char **argv) {
     test_gelu();
     test_swiglu();
     test_crossentropy();
+    test_crossentropy_vp();
     test_adamw();
     test_misc();
     printf("%d passed, %d failed\n", npass, nfail);
