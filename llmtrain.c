@@ -247,8 +247,9 @@ static uint64_t micro_first_seq(const Trainer *t, int step, int j) {
 
 static double eval_loss(Trainer *t) {
     double sum[2] = {0, 0};
-    for (int j = 0; j < t->cfg.eval_batches; j++) {
-        uint64_t first = ((uint64_t)t->dist.dp_rank * (uint64_t)t->cfg.eval_batches + (uint64_t)j) * (uint64_t)t->model.B;
+    /* the same eval.batches micro-batches whatever the layout: dp rank r takes r, r+dp, ... */
+    for (int j = t->dist.dp_rank; j < t->cfg.eval_batches; j += t->dist.dp) {
+        uint64_t first = (uint64_t)j * (uint64_t)t->model.B;
         load_batch(t, &t->val, first);
         sum[0] += model_forward(&t->model, t->tok, t->tgt);
         sum[1] += 1;

@@ -40,7 +40,13 @@ def main():
         print(f"  step count: {len(sa)} vs {len(sb)}, expected {args.steps}")
         bad += 1
     for s in sorted(set(sa) & set(sb)):
-        for key in ("loss", "grad_norm"):
+        for key in ("loss", "grad_norm", "val_loss"):
+            if key not in sa[s] and key not in sb[s]:
+                continue
+            if key not in sa[s] or key not in sb[s]:
+                print(f"  step {s} {key}: present in only one run")
+                bad += 1
+                continue
             x, y = sa[s][key], sb[s][key]
             err = abs(x - y) / max(abs(x), 1e-12)
             if (args.exact and x != y) or err > args.loss_rtol:

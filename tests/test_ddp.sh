@@ -25,10 +25,10 @@ for arch in gpt2 llama; do
     cat >"$TMP/$arch.json" <<EOF
 {"model": {"arch": "$arch", "n_layer": 2, "n_embd": 32, "n_head": 4, "n_kv_head": $([ $arch = llama ] && echo 2 || echo 4),
            "vocab_size": 96, "max_seq_len": 16},
- "data": {"train": "$TMP/train.bin"},
+ "data": {"train": "$TMP/train.bin", "val": "$TMP/train.bin"},
  "train": {"steps": 10, "seq_len": 16, "micro_batch": 2, "global_batch": 8},
  "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
- "eval": {"sample_tokens": 0}}
+ "eval": {"sample_tokens": 0, "batches": 4, "every_steps": 5}}
 EOF
     # run name: ranks-strategy[-shard_degree]
     for run in 1 2 4 2-FULL_SHARD 4-FULL_SHARD 2-SHARD_GRAD_OP 4-HYBRID_SHARD-2 4-HYBRID_SHARD_ZERO2-2; do
