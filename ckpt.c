@@ -1000,6 +1000,49 @@ int ckpt_resolve(const char *path, char *out_dir, size_t out_len) {
     return best < 0 ? -1 : copy_out(out_dir, out_len, best_dir);
 }
 
+static int cmp_long(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+/* keep_last: delete the oldest complete step folders beyond the newest
+ * keep_last. Called only after a newer checkpoint is complete, so the
+ * newest one is never at risk; incomplete (.tmp) folders are left alone. */
+int ckpt_prune(const char *root, int keep_last) {
+    if (keep_last <= 0) return 0;
+    DIR *d = opendir(root);
+    if (!d) return 0;
+    long *steps = NULL;
+    size_t n = 0, cap = 0;
+    char p[PATH_BUF];
+    for (struct dirent *e; (e = readdir(d));) {
+        long step = step_of(e->d_name);
+        if (step < 0) continue;
+        int len = snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        if (len < 0 || (size_t)len >= sizeof p || !step_complete(p)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            long *ns = malloc_check(cap * sizeof *ns);
+            if (steps) memcpy(ns, steps, n * sizeof *ns);
+            free(steps);
+            steps = ns;
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    int removed = 0;
+    if (n > (size_t)keep_last) {
+        qsort(steps, n, sizeof *steps, cmp_long);
+        for (size_t i = 0; i + (size_t)keep_last < n; i++) {
+            snprintf(p, sizeof p, "%s/step_%08ld", root, steps[i]);
+            rm_tree(p);
+            removed++;
+        }
+    }
+    free(steps);
+    return removed;
+}
+
 static uint64_t state_u64(const cJSON *root, const char *key, const char *path) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     uint64_t u;

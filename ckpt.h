@@ -67,6 +67,9 @@ void ckpt_save(const Model *m, const Config *cfg, const TrainState *st, const ch
 int ckpt_resolve(const char *path, char *out_dir, size_t out_len);
 /* Read state.json: config JSON text (malloc'd) and state. */
 char *ckpt_read_state(const char *step_dir, TrainState *st);
+/* checkpoint.keep_last: remove complete step folders older than the newest
+ * keep_last (0 = keep all). Returns how many were removed. */
+int ckpt_prune(const char *root, int keep_last);
 void ckpt_load_params(Model *m, const char *step_dir);
 void ckpt_load_optim(Model *m, const char *step_dir);
 

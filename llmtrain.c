@@ -147,6 +147,7 @@ static void save_checkpoint(Trainer *t, const TrainState *st) {
     if (is_root(t)) {
         ckpt_save(m, &t->cfg, st, t->cfg.ckpt_dir);
         printf("checkpoint: %s/step_%08d\n", t->cfg.ckpt_dir, st->step);
+        ckpt_prune(t->cfg.ckpt_dir, t->cfg.ckpt_keep_last); /* only after the new one is complete */
     }
     if (t->sharded) {
         if (fm) t->k->free(fm);
@@ -206,6 +207,7 @@ static void save_checkpoint_tp(Trainer *t, const TrainState *st) {
             ckpt_save(&g, &t->cfg, st, t->cfg.ckpt_dir);
             printf("checkpoint: %s/step_%08d (assembled from %d TP ranks; replicated tensors %s)\n", t->cfg.ckpt_dir, st->step, tp,
                    differ ? "DIFFER" : "identical");
+            ckpt_prune(t->cfg.ckpt_dir, t->cfg.ckpt_keep_last);
             model_free(&g);
             for (int a = 0; a < 3; a++) free(all[a]);
         }

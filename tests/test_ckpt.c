@@ -804,6 +804,23 @@ static void test_ckpt(void) {
 
     expect_die("ckpt_load_params: checkpoint of another model", child_load_params, dir, EXIT_USAGE, "step_00000012/model.safetensors: tensor wte.weight has shape [61, 32], expected [67, 32]");
 
+    /* keep_last: of steps 3, 5, 7, 12 (7 and 12 from above) keep the newest 2;
+     * incomplete folders (the .tmp decoy, step 50 without state.json) stay */
+    char proot[1024];
+    snprintf(proot, sizeof proot, "%s", tpath("prune"));
+    for (int s = 3; s <= 12; s++) {
+        if (s != 3 && s != 5 && s != 7 && s != 12) continue;
+        st.step = s;
+        ckpt_save(&m, &cfg, &st, proot);
+    }
+    mkdir_p(tpath("prune/step_00000001.tmp"));
+    int removed = ckpt_prune(proot, 2);
+    check(removed == 2 && !exists(tpath("prune/step_00000003")) && !exists(tpath("prune/step_00000005")) &&
+              exists(tpath("prune/step_00000007/state.json")) && exists(tpath("prune/step_00000012/state.json")) &&
+              exists(tpath("prune/step_00000001.tmp")),
+          "ckpt_prune(keep_last=2): the two oldest complete steps removed, newest two and incomplete folders kept (removed %d)", removed);
+    check(ckpt_prune(proot, 0) == 0 && exists(tpath("prune/step_00000007/state.json")), "ckpt_prune(keep_last=0): keeps everything");
+
     free(cfg.json_text);
     model_free(&m);
 }

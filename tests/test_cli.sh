@@ -96,6 +96,12 @@ expect_fail "init weights missing" "hf_bad" $BIN "$TMP/job.json" --set init.from
 $BIN "$TMP/job.json" --set train.steps=3 --set log.dir="$TMP/run3" >/dev/null 2>&1
 if grep -q '"step":3' "$TMP/run3/metrics.jsonl" 2>/dev/null; then ok "--set train.steps=3 overrides"; else bad "--set did not override"; fi
 
+# checkpoint.keep_last: 4 steps, a checkpoint each, keep the newest 2
+$BIN "$TMP/job.json" --set train.steps=4 --set checkpoint.every_steps=1 --set checkpoint.keep_last=2 \
+    --set log.dir="$TMP/runkl" --set checkpoint.dir="$TMP/ckkl" >/dev/null 2>&1
+kept=$(ls "$TMP/ckkl" 2>/dev/null | tr '\n' ' ')
+if [ "$kept" = "step_00000003 step_00000004 " ]; then ok "checkpoint.keep_last=2 keeps the newest two"; else bad "keep_last left: $kept"; fi
+
 # every key of `llmtrain keys` is documented in the README
 missing=""
 for k in $($BIN keys | sed -n 's/^| `\([^`]*\)`.*/\1/p'); do grep -qF "\`$k\`" README.md || missing="$missing $k"; done
