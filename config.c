@@ -91,6 +91,8 @@ static const Key KEYS[] = {
     {"parallel.strategy", K_STR, STR(strategy), "\"NO_SHARD\"", 0, 0, "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD|HYBRID_SHARD_ZERO2", "data-parallel sharding strategy (PyTorch FSDP names)"},
     {"parallel.shard_degree", K_INT, OFF(shard_degree), 0, "0", 0, 1 << 20, NULL, "ranks per shard group for the hybrid strategies (0 = all data-parallel ranks)"},
     {"parallel.timeout_s", K_DOUBLE, OFF(timeout_s), 0, "600", 0, 1e9, NULL, "a step or collective slower than this ends the job (exit 5)"},
+    {"parallel.health_check", K_BOOL, OFF(health_check), 0, "true", 0, 0, NULL, "time an all-reduce on every process group at start and print its bus bandwidth"},
+    {"parallel.min_bus_gbps", K_DOUBLE, OFF(min_bus_gbps), 0, "0", 0, 1e6, NULL, "fail at start (exit 7) when any group's measured all-reduce bus bandwidth is below this (GB/s)"},
     /* debug */
     {"debug.dump", K_STR, STR(debug_dump), "\"\"", 0, 0, NULL, "tests: write step-0 logits, loss, initial weights and gradients to this folder"},
 };

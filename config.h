@@ -64,6 +64,8 @@ typedef struct Config {
     char strategy[32];
     int shard_degree;
     double timeout_s;
+    double min_bus_gbps;
+    int health_check;
     /* debug */
     char debug_dump[1024]; /* write step-0 logits, loss and grads here (tests) */
 

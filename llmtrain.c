@@ -609,9 +609,10 @@ static void print_layout(Trainer *t) {
     Dist *d = &t->dist;
     const Model *m = &t->model;
     double full = (double)m->n_params * sizeof(float), shard = (double)t->n_shard * sizeof(float);
-    double mine[4] = {full, t->sharded ? shard : full, t->sharded ? full + shard : full, 2 * (t->sharded ? shard : full)};
-    double *all = is_root(t) ? malloc_check((size_t)d->world * 4 * sizeof(double)) : NULL;
-    dist_gather_f64(d, mine, all, 4);
+    double acts = (double)m->acts_floats * sizeof(float) + 2.0 * t->cfg.micro_batch * t->cfg.seq_len * sizeof(int);
+    double mine[5] = {full, t->sharded ? shard : full, t->sharded ? full + shard : full, 2 * (t->sharded ? shard : full), acts};
+    double *all = is_root(t) ? malloc_check((size_t)d->world * 5 * sizeof(double)) : NULL;
+    dist_gather_f64(d, mine, all, 5);
     if (!is_root(t)) return;
     int S = d->shard_size, R = d->replicate_size;
     printf("parallel: strategy %s | shard groups of %d x %d replicas | %s\n", t->cfg.strategy, S, R,
@@ -642,8 +643,9 @@ static void print_layout(Trainer *t) {
         }
     }
     for (int r = 0; r < d->world; r++) {
-        const double *x = all + 4 * r;
-        printf("  rank %d: params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f\n", r, x[0], x[1], x[2], x[3]);
+        const double *x = all + 5 * r;
+        printf("  rank %d: params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f activations_bytes %.0f\n", r, x[0], x[1],
+               x[2], x[3], x[4]);
     }
     fflush(stdout);
     free(all);
@@ -712,6 +714,10 @@ static int train(int argc, char **argv) {
     open_metrics(t);
     print_header(t);
     print_layout(t);
+    if (c->health_check && !dist_health_check(&t->dist, (size_t)1 << 20, c->min_bus_gbps)) {
+        dist_finalize(&t->dist);
+        exit(EXIT_SLOW_FABRIC);
+    }
 
     TrainState st = {0};
     for (int step = 0; step < c->steps; step++) {

@@ -278,6 +278,63 @@ void dist_setup_groups(Dist *d, int S) {
     d->groups = g;
 }
 
+/* ------------------------------------------------------------------ */
+/* startup health check                                                */
+
+int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
+    if (!d->use_mpi || d->world < 2 || !d->groups) return 1;
+    struct DistGroups *g = d->groups;
+    const char *kinds[4] = {"tp", "shard", "replicate", "dp"};
+    MPI_Comm comms[4] = {g->tp, g->shard, g->replicate, g->dp};
+    size_t n = bytes / sizeof(float);
+    float *buf = calloc_check(n, sizeof(float));
+    int ok = 1;
+    watch_collective(d, "health check all-reduce");
+    for (int k = 0; k < 4; k++) {
+        int gn = 1;
+        MPI_Comm_size(comms[k], &gn);
+        /* every rank takes part in the world reductions below, so a kind
+         * with no multi-rank groups is skipped on all ranks alike */
+        int maxn = gn;
+        check(d, MPI_Allreduce(MPI_IN_PLACE, &maxn, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+        if (maxn < 2) continue;
+        double bus = 1e300;
+        if (gn > 1) {
+            for (int i = 0; i < 3; i++)
+                check(d, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comms[k]), "MPI_Allreduce");
+            check(d, MPI_Barrier(comms[k]), "MPI_Barrier");
+            const int iters = 5;
+            double t0 = MPI_Wtime();
+            for (int i = 0; i < iters; i++)
+                check(d, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comms[k]), "MPI_Allreduce");
+            double dt = (MPI_Wtime() - t0) / iters;
+            if (dt < 1e-9) dt = 1e-9;
+            double algbw = (double)(n * sizeof(float)) / dt / 1e9;
+            bus = algbw * 2.0 * (gn - 1) / gn;
+            /* slowest member of the group */
+            check(d, MPI_Allreduce(MPI_IN_PLACE, &bus, 1, MPI_DOUBLE, MPI_MIN, comms[k]), "MPI_Allreduce");
+        }
+        /* slowest group of this kind */
+        check(d, MPI_Allreduce(MPI_IN_PLACE, &bus, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
+        if (d->rank == 0) {
+            printf("health: %s all-reduce %zu over %d ranks: %.3f GB/s bus bandwidth (slowest group)\n", kinds[k],
+                   n * sizeof(float), maxn, bus);
+            fflush(stdout);
+        }
+        if (ok && min_gbps > 0 && bus < min_gbps) {
+            ok = 0;
+            if (d->rank == 0) {
+                fprintf(stderr, "llmtrain: health check: %s group bus bandwidth %.3f GB/s is below parallel.min_bus_gbps %g\n",
+                        kinds[k], bus, min_gbps);
+                fflush(stderr);
+            }
+        }
+    }
+    watch_collective(d, NULL);
+    free(buf);
+    return ok;
+}
+
 static int count_of(size_t n, const char *what) {
     if (n > (size_t)0x7fffffff) die(EXIT_INTERNAL, "%s: %zu elements exceed one MPI call", what, n);
     return (int)n;

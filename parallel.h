@@ -76,6 +76,11 @@ void dist_phase(Dist *d, int step, const char *phase);
  * dist_fault_nan says whether this rank poisons its gradients at `step`. */
 void dist_fault_point(Dist *d, int step);
 int dist_fault_nan(Dist *d, int step);
+/* Startup health check (collective, every rank): time an all-reduce of
+ * `bytes` on each group this rank is in; rank 0 prints one `health:` line per
+ * group kind with the slowest group's bus bandwidth. Returns 1 when every
+ * group reaches min_gbps, else 0 (rank 0 has printed the failure line). */
+int dist_health_check(Dist *d, size_t bytes, double min_gbps);
 /* Bring every rank down after a fatal error on this one. */
 void dist_abort(Dist *d, int code) __attribute__((noreturn));
 

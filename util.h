@@ -16,6 +16,7 @@ enum {
     EXIT_NONFINITE = 4,    /* too many consecutive non-finite steps */
     EXIT_TIMEOUT = 5,      /* watchdog: a step or collective exceeded parallel.timeout_s */
     EXIT_PEER = 6,         /* another rank failed; this one aborts */
+    EXIT_SLOW_FABRIC = 7,  /* startup health check: bus bandwidth below parallel.min_bus_gbps */
     EXIT_INTERNAL = 70,    /* a bug: an invariant failed */
 };
 

@@ -82,5 +82,38 @@ else
     echo "FAIL shard_degree 3 with 4 ranks: rc=$rc $(head -3 "$TMP/bad3.out")"; fail=$((fail + 1))
 fi
 
+# startup health check and per-rank activation memory
+$MPIRUN 2 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/hc" >"$TMP/hc.out" 2>"$TMP/hc.err"
+rc=$?
+bw=$(grep -m1 -o "^health: dp all-reduce [0-9]* over 2 ranks: [0-9.]* GB/s" "$TMP/hc.out" | awk '{print $(NF-1)}')
+if [ $rc -eq 0 ] && [ -n "$bw" ] && awk -v b="$bw" 'BEGIN{exit !(b > 0)}'; then
+    echo "ok   2-rank health check: dp bus bandwidth $bw GB/s"; pass=$((pass + 1))
+else
+    echo "FAIL 2-rank health check: rc=$rc bw='$bw' $(grep health "$TMP/hc.out" | head -3)"; fail=$((fail + 1))
+fi
+acts=$(grep -o "rank [0-9]*: .*activations_bytes [0-9]*" "$TMP/hc.out" | awk '{print $NF}' | sort -n | head -1)
+nr=$(grep -c "rank [0-9]*: .*activations_bytes" "$TMP/hc.out")
+if [ "$nr" = 2 ] && [ -n "$acts" ] && [ "$acts" -gt 0 ]; then
+    echo "ok   per-rank activations_bytes $acts"; pass=$((pass + 1))
+else
+    echo "FAIL per-rank activations_bytes '$acts' ($nr rank lines)"; fail=$((fail + 1))
+fi
+$MPIRUN 2 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/hc7" --set parallel.min_bus_gbps=1000000 >"$TMP/hc7.out" 2>"$TMP/hc7.err"
+rc=$?
+nl=$(grep -c "llmtrain: health check: .* group bus bandwidth .* GB/s is below parallel.min_bus_gbps 1e+06" "$TMP/hc7.err")
+steps=$(cat "$TMP"/hc7/metrics.jsonl 2>/dev/null | grep -c '"step"')
+if [ $rc -eq 7 ] && [ "$nl" = 1 ] && [ "$steps" = 0 ]; then
+    echo "ok   min_bus_gbps=1e6: exit 7, one health-check line, no steps"; pass=$((pass + 1))
+else
+    echo "FAIL min_bus_gbps=1e6: rc=$rc lines=$nl steps=$steps $(head -3 "$TMP/hc7.err")"; fail=$((fail + 1))
+fi
+$MPIRUN 2 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/hcoff" --set parallel.health_check=false >"$TMP/hcoff.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && ! grep -q "^health:" "$TMP/hcoff.out"; then
+    echo "ok   parallel.health_check=false: no health line"; pass=$((pass + 1))
+else
+    echo "FAIL parallel.health_check=false: rc=$rc $(grep health "$TMP/hcoff.out" | head -2)"; fail=$((fail + 1))
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
