@@ -5,21 +5,9 @@
 # exported final weights, for a small GPT-2 and a small Llama with GQA; the
 # checkpoint holds GLOBAL tensors (export needs no layout) and replicated
 # tensors must agree on every TP rank. Impossible layouts: one line, exit 2.
-cd "$(dirname "$0")/.." || exit 2
-BIN=$PWD/llmtrain
-PY=/usr/bin/python3
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN="mpirun --oversubscribe --allow-run-as-root -np"
-pass=0; fail=0
+. "$(dirname "$0")/lib.sh"
 
-$PY - "$TMP" <<'EOF'
-import sys, numpy as np
-t = np.random.default_rng(1).integers(0, 96, 20000)
-h = np.zeros(256, np.int32); h[:3] = (20240520, 1, len(t))
-open(f"{sys.argv[1]}/train.bin", "wb").write(h.tobytes() + t.astype(np.uint16).tobytes())
-EOF
+write_shard "$TMP/train.bin" 96 20000 1
 
 for arch in gpt2 llama; do
     cat >"$TMP/$arch.json" <<EOF

@@ -5,24 +5,12 @@
 # enough of them in a row is exit 4; a malformed value is exit 2; a healthy
 # 2-rank run is not disturbed by the watchdog. Every case is bounded by
 # `timeout 60`, so a regression fails instead of hanging CI.
-cd "$(dirname "$0")/.." || exit 2
-BIN=$PWD/llmtrain
-PY=/usr/bin/python3
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+. "$(dirname "$0")/lib.sh"
 unset LLMTRAIN_FAULT
-MPIRUN="mpirun --oversubscribe --allow-run-as-root -np"
-pass=0; fail=0
 ok() { echo "ok   $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 
-$PY - "$TMP" <<'EOF'
-import sys, numpy as np
-t = np.random.default_rng(1).integers(0, 96, 20000)
-h = np.zeros(256, np.int32); h[:3] = (20240520, 1, len(t))
-open(f"{sys.argv[1]}/train.bin", "wb").write(h.tobytes() + t.astype(np.uint16).tobytes())
-EOF
+write_shard "$TMP/train.bin" 96 20000 1
 
 cat >"$TMP/job.json" <<EOF
 {"model": {"arch": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 96, "max_seq_len": 16},
