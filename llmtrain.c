@@ -369,10 +369,12 @@ static void log_step(Trainer *t, const StepStats *s) {
     fmt_duration(eta, sizeof eta, avg * (c->steps - s->step - 1));
     if (!is_root(t)) return;
     if ((s->step + 1) % c->log_every == 0 || s->step + 1 == c->steps || s->skipped) {
-        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB | comm %.2f MB | %.0f ms | ETA %s%s\n",
+        char comm[48] = ""; /* a world of one does not communicate */
+        if (t->dist.world > 1)
+            snprintf(comm, sizeof comm, " | comm %.2f MB", (s->comm_ag + s->comm_rs + s->comm_ar + s->comm_tp) / 1e6);
+        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s | %.0f ms | ETA %s%s\n",
                s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", tps, 100 * mfu,
-               mem / (1 << 30), (s->comm_ag + s->comm_rs + s->comm_ar + s->comm_tp) / 1e6, 1000 * s->dt, eta,
-               s->skipped ? " | SKIPPED (non-finite)" : "");
+               mem / (1 << 30), comm, 1000 * s->dt, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
         if (isfinite(s->val_loss)) printf("step %5d/%d | val_loss %.4f\n", s->step + 1, c->steps, s->val_loss);
         fflush(stdout);
     }
