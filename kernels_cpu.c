@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <immintrin.h>
 #include <math.h>
+#include <limits.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
@@ -74,21 +75,6 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src
 // ----------------------------------------------------------------------------
 // embeddings
 
-static void embed_forward(float *out, const int *tokens, const float *wte, const float *wpe,
-                          int N, int T, int C) {
-    #pragma omp parallel for
-    for (int n = 0; n < N; n++) {
-        float *o = out + (size_t)n * C;
-        const float *we = wte + (size_t)tokens[n] * C;
-        if (wpe) {
-            const float *pe = wpe + (size_t)(n % T) * C;
-            for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
-        } else {
-            memcpy(o, we, (size_t)C * sizeof(float));
-        }
-    }
-}
-
 static void embed_forward_vp(float *out, const int *tokens, const float *wte, const float *wpe,
                              int N, int T, int C, int v0, int V) {
     #pragma omp parallel for
@@ -109,26 +95,6 @@ static void embed_forward_vp(float *out, const int *tokens, const float *wte, co
  * so threads split the channels, not the tokens: race-free and deterministic. */
 #define COLBLOCK 64
 
-static void embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                           int N, int T, int C) {
-    int nblocks = (C + COLBLOCK - 1) / COLBLOCK;
-    #pragma omp parallel for
-    for (int cb = 0; cb < nblocks; cb++) {
-        int c0 = cb * COLBLOCK, c1 = c0 + COLBLOCK < C ? c0 + COLBLOCK : C;
-        for (int n = 0; n < N; n++) {
-            const float *d = dout + (size_t)n * C;
-            if (dwte) {
-                float *g = dwte + (size_t)tokens[n] * C;
-                for (int c = c0; c < c1; c++) g[c] += d[c];
-            }
-            if (dwpe) {
-                float *g = dwpe + (size_t)(n % T) * C;
-                for (int c = c0; c < c1; c++) g[c] += d[c];
-            }
-        }
-    }
-}
-
 static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens,
                               int N, int T, int C, int v0, int V) {
     int nblocks = (C + COLBLOCK - 1) / COLBLOCK;
@@ -148,6 +114,15 @@ static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const
             }
         }
     }
+}
+
+/* Without tensor parallelism the whole vocabulary is this rank's slice. */
+static void embed_forward(float *out, const int *tokens, const float *wte, const float *wpe, int N, int T, int C) {
+    embed_forward_vp(out, tokens, wte, wpe, N, T, C, 0, INT_MAX);
+}
+
+static void embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int N, int T, int C) {
+    embed_backward_vp(dwte, dwpe, dout, tokens, N, T, C, 0, INT_MAX);
 }
 
 // ----------------------------------------------------------------------------

@@ -75,18 +75,27 @@ static size_t shard_len(const Trainer *t, int c) { return t->model.chunk_size[c]
 
 /* AdamW on the local shard only: each chunk's shard range is walked spec by
  * spec (padding has no spec and is skipped), with the spec's weight decay. */
+/* The part of tensor s in this rank's shard of its chunk: sets *off (into
+ * the shard arrays) and returns its length, 0 when s lies outside. */
+static size_t spec_in_shard(const Trainer *t, const ParamSpec *s, size_t *off) {
+    const Model *m = &t->model;
+    size_t len = shard_len(t, s->chunk);
+    size_t lo = m->chunk_offset[s->chunk] + (size_t)t->dist.shard_index * len, hi = lo + len;
+    size_t a = s->offset > lo ? s->offset : lo, b = s->offset + s->numel < hi ? s->offset + s->numel : hi;
+    if (a >= b) return 0;
+    *off = t->shard_off[s->chunk] + (a - lo);
+    return b - a;
+}
+
 static void adamw_step_sharded(Trainer *t, float lr, float grad_scale, int step) {
     const Config *c = &t->cfg;
     Model *m = &t->model;
     for (int i = 0; i < m->n_specs; i++) {
         const ParamSpec *s = &m->specs[i];
-        size_t len = shard_len(t, s->chunk);
-        size_t lo = m->chunk_offset[s->chunk] + (size_t)t->dist.shard_index * len, hi = lo + len;
-        size_t a = s->offset > lo ? s->offset : lo, b = s->offset + s->numel < hi ? s->offset + s->numel : hi;
-        if (a >= b) continue;
-        size_t o = t->shard_off[s->chunk] + (a - lo);
+        size_t o, n = spec_in_shard(t, s, &o);
+        if (n == 0) continue;
         float wd = (c->decay_all || s->decay) ? c->weight_decay : 0.0f;
-        t->k->adamw(t->master + o, t->gshard + o, t->mshard + o, t->vshard + o, b - a, lr, c->beta1, c->beta2, c->eps, wd,
+        t->k->adamw(t->master + o, t->gshard + o, t->mshard + o, t->vshard + o, n, lr, c->beta1, c->beta2, c->eps, wd,
                     step + 1, grad_scale);
     }
 }
@@ -124,6 +133,17 @@ static void setup_shards(Trainer *t) {
                    shard_len(t, c) * sizeof(float));
 }
 
+/* Gather the shard group's AdamW moments into full-size m and v at its shard
+ * index 0 (fm, fv NULL elsewhere). */
+static void gather_moments(Trainer *t, float *fm, float *fv) {
+    const Model *m = &t->model;
+    for (int c = 0; c < m->n_chunks; c++) {
+        size_t len = shard_len(t, c);
+        dist_shard_gather_f32(&t->dist, t->mshard + t->shard_off[c], fm ? fm + m->chunk_offset[c] : NULL, len);
+        dist_shard_gather_f32(&t->dist, t->vshard + t->shard_off[c], fv ? fv + m->chunk_offset[c] : NULL, len);
+    }
+}
+
 /* Checkpoint: rank 0 writes; with sharded optimizer state the shard group of
  * rank 0 first gathers m and v into full-size buffers there (all ranks call
  * this; the working params are already gathered). */
@@ -136,11 +156,7 @@ static void save_checkpoint(Trainer *t, const TrainState *st) {
     if (t->sharded) {
         if (t->dist.shard_group != 0) return;
         if (is_root(t)) { fm = t->k->alloc(m->n_params * sizeof(float)); fv = t->k->alloc(m->n_params * sizeof(float)); }
-        for (int c = 0; c < m->n_chunks; c++) {
-            size_t len = shard_len(t, c);
-            dist_shard_gather_f32(&t->dist, t->mshard + t->shard_off[c], fm ? fm + m->chunk_offset[c] : NULL, len);
-            dist_shard_gather_f32(&t->dist, t->vshard + t->shard_off[c], fv ? fv + m->chunk_offset[c] : NULL, len);
-        }
+        gather_moments(t, fm, fv);
         m->m = fm;
         m->v = fv;
     }
@@ -170,11 +186,7 @@ static void save_checkpoint_tp(Trainer *t, const TrainState *st) {
     if (t->sharded) {
         fm = t->dist.shard_index == 0 ? k->alloc(bytes) : NULL;
         fv = t->dist.shard_index == 0 ? k->alloc(bytes) : NULL;
-        for (int c = 0; c < m->n_chunks; c++) {
-            size_t len = shard_len(t, c);
-            dist_shard_gather_f32(&t->dist, t->mshard + t->shard_off[c], fm ? fm + m->chunk_offset[c] : NULL, len);
-            dist_shard_gather_f32(&t->dist, t->vshard + t->shard_off[c], fv ? fv + m->chunk_offset[c] : NULL, len);
-        }
+        gather_moments(t, fm, fv);
     }
     if (t->dist.dp_rank == 0) {
         int tp = t->dist.tp;
@@ -267,67 +279,75 @@ static uint64_t xorshift(uint64_t *s) {
     return *s;
 }
 
+/* The next token from a row of logits: argmax at temperature 0, else a
+ * draw from softmax(row / temperature). */
+static int pick_token(Trainer *t, const float *row, int V) {
+    float temp = t->cfg.sample_temperature;
+    int next = 0;
+    if (temp <= 0) {
+        for (int v = 1; v < V; v++) if (row[v] > row[next]) next = v;
+        return next;
+    }
+    float mx = row[0];
+    for (int v = 1; v < V; v++) if (row[v] > mx) mx = row[v];
+    double z = 0;
+    for (int v = 0; v < V; v++) z += exp((row[v] - mx) / temp);
+    double u = (xorshift(&t->sample_rng) >> 11) * 0x1.0p-53 * z, acc = 0;
+    for (next = 0; next < V - 1; next++) {
+        acc += exp((row[next] - mx) / temp);
+        if (acc >= u) break;
+    }
+    return next;
+}
+
 /* Generate sample_tokens tokens after a short prompt taken from the data,
- * and print them (rank 0). Uses B = 1 forwards over the growing context. */
+ * and print them (rank 0). Uses B = 1 forwards over the growing context.
+ * Tensor parallel: the TP group of data-parallel rank 0 runs the forwards;
+ * rank 0 gathers the last row's vocabulary slices, picks, and shares it. */
 static void print_sample(Trainer *t) {
     const Config *c = &t->cfg;
     Model *m = &t->model;
     int T = m->T, V = m->cfg.vocab_size, tp = t->dist.tp;
-    /* tensor parallel: the TP group of data-parallel rank 0 runs the
-     * forwards; rank 0 gathers the last row's vocabulary slices and picks */
     if (c->sample_tokens <= 0 || t->dist.dp_rank != 0) return;
     const DataSet *ds = t->have_val ? &t->val : &t->train;
     int prompt = T < 16 ? (T > 1 ? T / 2 : 1) : 8;
     int total = prompt + c->sample_tokens;
     int *ctx = malloc_check((size_t)total * sizeof(int));
-    int *tg = malloc_check((size_t)(T > total ? T : total) * sizeof(int));
     dataset_sequence(ds, 0, t->tok, t->tgt);
     memcpy(ctx, t->tok, (size_t)prompt * sizeof(int));
     float *row = malloc_check((size_t)V * sizeof(float));
+    float *mine = tp > 1 ? malloc_check((size_t)m->V * sizeof(float)) : NULL; /* this rank's vocabulary slice */
     for (int n = prompt; n < total; n++) {
         int len = n < T ? n : T;
-        const int *win = ctx + (n - len);
-        model_forward_bt(m, win, NULL, 1, len);
-        int next = 0;
+        model_forward_bt(m, ctx + (n - len), NULL, 1, len);
+        const float *last = m->logits + (size_t)(len - 1) * m->V;
         if (tp > 1) {
-            float *mine = malloc_check((size_t)m->V * sizeof(float));
-            t->k->to_host(mine, m->logits + (size_t)(len - 1) * m->V, (size_t)m->V * sizeof(float));
+            t->k->to_host(mine, last, (size_t)m->V * sizeof(float));
             dist_tp_gather_f32(&t->dist, mine, is_root(t) ? row : NULL, (size_t)m->V);
-            free(mine);
         } else {
-            t->k->to_host(row, m->logits + (size_t)(len - 1) * V, (size_t)V * sizeof(float));
+            t->k->to_host(row, last, (size_t)V * sizeof(float));
         }
-        if (!is_root(t)) {
-        } else if (c->sample_temperature <= 0) {
-            for (int v = 1; v < V; v++) if (row[v] > row[next]) next = v;
-        } else {
-            float mx = row[0];
-            for (int v = 1; v < V; v++) if (row[v] > mx) mx = row[v];
-            double z = 0;
-            for (int v = 0; v < V; v++) z += exp((row[v] - mx) / c->sample_temperature);
-            double u = (xorshift(&t->sample_rng) >> 11) * 0x1.0p-53 * z, acc = 0;
-            for (next = 0; next < V - 1; next++) {
-                acc += exp((row[next] - mx) / c->sample_temperature);
-                if (acc >= u) break;
-            }
-        }
+        int next = is_root(t) ? pick_token(t, row, V) : 0;
         if (tp > 1) { /* share the choice: only rank 0 contributes */
-            float f = is_root(t) ? (float)next : 0.0f;
+            float f = (float)next;
             dist_tp_allreduce_f32(&t->dist, &f, 1, 0);
             next = (int)f;
         }
         ctx[n] = next;
     }
-    if (!is_root(t)) { free(ctx); free(tg); free(row); return; }
-    printf("--- sample ---\n");
-    for (int n = 0; n < total; n++) {
-        if (n == prompt) printf("%s", t->have_vocab ? "" : "| ");
-        if (t->have_vocab) vocab_print(&t->vocab, ctx[n], stdout);
-        else printf("%d ", ctx[n]);
+    if (is_root(t)) {
+        printf("--- sample ---\n");
+        for (int n = 0; n < total; n++) {
+            if (n == prompt) printf("%s", t->have_vocab ? "" : "| ");
+            if (t->have_vocab) vocab_print(&t->vocab, ctx[n], stdout);
+            else printf("%d ", ctx[n]);
+        }
+        printf("\n--------------\n");
+        fflush(stdout);
     }
-    printf("\n--------------\n");
-    fflush(stdout);
-    free(ctx); free(tg); free(row);
+    free(mine);
+    free(ctx);
+    free(row);
 }
 
 /* ------------------------------------------------------------------ */
@@ -449,11 +469,8 @@ static double tp_sumsq_sharded(Trainer *t) {
     for (int i = 0; i < m->n_specs; i++) {
         const ParamSpec *s = &m->specs[i];
         if (s->tp_axis < 0 && t->dist.tp_rank != 0) continue;
-        size_t len = shard_len(t, s->chunk);
-        size_t lo = m->chunk_offset[s->chunk] + (size_t)t->dist.shard_index * len, hi = lo + len;
-        size_t a = s->offset > lo ? s->offset : lo, b = s->offset + s->numel < hi ? s->offset + s->numel : hi;
-        if (a >= b) continue;
-        sq += t->k->sumsq(t->gshard + t->shard_off[s->chunk] + (a - lo), b - a);
+        size_t o, n = spec_in_shard(t, s, &o);
+        if (n) sq += t->k->sumsq(t->gshard + o, n);
     }
     return sq;
 }

@@ -362,21 +362,31 @@ void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max) {
     d->bytes_tp_allreduce += 2.0 * (P - 1) / P * (double)n * sizeof(float);
 }
 
-void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
-    if (d->tp == 1 || !d->groups) return;
+/* Sum doubles over one group (size > 1) of this rank. */
+static void allreduce_sum_f64_in(Dist *d, MPI_Comm comm, double *x, size_t n) {
     watch_collective(d, "MPI_Allreduce");
-    check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_DOUBLE, MPI_SUM, d->groups->tp), "MPI_Allreduce");
+    check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_DOUBLE, MPI_SUM, comm), "MPI_Allreduce");
     watch_collective(d, NULL);
 }
 
-void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
-    if (d->tp == 1 || !d->groups) {
+/* Gather floats to the group's first rank; a group of one copies. */
+static void gather_f32_in(Dist *d, MPI_Comm comm, int size, const float *send, float *recv, size_t n) {
+    if (size == 1 || !d->groups) {
         if (recv && recv != send) memcpy(recv, send, n * sizeof(float));
         return;
     }
     watch_collective(d, "MPI_Gather");
-    check(d, MPI_Gather(send, count_of(n, "MPI_Gather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, 0, d->groups->tp), "MPI_Gather");
+    check(d, MPI_Gather(send, count_of(n, "MPI_Gather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, 0, comm), "MPI_Gather");
     watch_collective(d, NULL);
+}
+
+void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
+    if (d->tp == 1 || !d->groups) return;
+    allreduce_sum_f64_in(d, d->groups->tp, x, n);
+}
+
+void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
+    gather_f32_in(d, d->groups ? d->groups->tp : MPI_COMM_NULL, d->tp, send, recv, n);
 }
 
 
@@ -407,19 +417,11 @@ void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size
 
 void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n) {
     if (d->shard_size == 1 || !d->groups) return;
-    watch_collective(d, "MPI_Allreduce");
-    check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_DOUBLE, MPI_SUM, d->groups->shard), "MPI_Allreduce");
-    watch_collective(d, NULL);
+    allreduce_sum_f64_in(d, d->groups->shard, x, n);
 }
 
 void dist_shard_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
-    if (d->shard_size == 1 || !d->groups) {
-        if (recv && recv != send) memcpy(recv, send, n * sizeof(float));
-        return;
-    }
-    watch_collective(d, "MPI_Gather");
-    check(d, MPI_Gather(send, count_of(n, "MPI_Gather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, 0, d->groups->shard), "MPI_Gather");
-    watch_collective(d, NULL);
+    gather_f32_in(d, d->groups ? d->groups->shard : MPI_COMM_NULL, d->shard_size, send, recv, n);
 }
 
 void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n) {
