@@ -11,7 +11,7 @@ BLAS_LIBS = -lopenblas
 LIBS = -lcjson $(BLAS_LIBS) -lm
 PY = /usr/bin/python3
 
-SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c util.c
+SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpoint.c util.c
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt
 
@@ -35,8 +35,8 @@ tests/test_kernels: tests/test_kernels.c kernels_cpu.c util.c $(HDR)
 tests/test_data: tests/test_data.c data.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< data.c util.c -o $@
 
-tests/test_ckpt: tests/test_ckpt.c ckpt.c model.c config.c kernels_cpu.c util.c $(HDR)
-	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c model.c config.c kernels_cpu.c util.c $(LIBS) -o $@
+tests/test_ckpt: tests/test_ckpt.c ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
+	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -o $@
 
 deps:
 	scripts/install_deps.sh

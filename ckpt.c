@@ -1,6 +1,6 @@
 /* ckpt.c — owns every weight file llmtrain reads or writes: safetensors
  * (reader and writer), the Hugging Face GPT-2 / Llama folder mapping in both
- * directions, and the step_XXXXXXXX training checkpoint folders. */
+ * directions. Training checkpoints live in checkpoint.c. */
 #ifndef _GNU_SOURCE /* mmap, nftw, fsync under -std=c11; guarded so -D_GNU_SOURCE also works */
 #define _GNU_SOURCE
 #endif
@@ -10,7 +10,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
@@ -35,11 +34,6 @@ static bool is_file(const char *path) {
     return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
-static bool is_dir(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
 /* A rename or create is only durable once its directory entry is synced. */
 static void fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
@@ -59,19 +53,7 @@ static void fsync_parent(const char *path) {
     fsync_dir(dir);
 }
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
-
 /* rm -rf for our own half-written folders. */
-static void rm_tree(const char *path) {
-    struct stat sb;
-    if (lstat(path, &sb) != 0) return;
-    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        die(EXIT_IO, "%s: cannot remove (%s)", path, strerror(errno));
-}
-
 static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
     size_t used = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < ndim && used < n; i++)
@@ -93,27 +75,6 @@ static bool json_uint(const cJSON *v, uint64_t *out) {
     if (!(d >= 0 && d < 9007199254740992.0) || d != floor(d)) return false;
     *out = (uint64_t)d;
     return true;
-}
-
-/* Growable string for JSON headers written by hand (cJSON would print
- * large offsets as doubles). */
-typedef struct { char *s; size_t len, cap; } Buf;
-
-static void buf_add(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_add(Buf *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int w = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (w < 0) die(EXIT_INTERNAL, "vsnprintf failed");
-        if (b->s && b->len + (size_t)w < b->cap) { b->len += (size_t)w; return; }
-        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)w;
-        char *s = realloc(b->s, cap);
-        if (!s) die(EXIT_IO, "out of memory building a safetensors header");
-        b->s = s;
-        b->cap = cap;
-    }
 }
 
 /* ======================================================================
@@ -858,282 +819,4 @@ void hf_export(const Model *m, const float *flat, const char *dir) {
     for (int i = 0; i < m->n_specs; i++) free(owned[i]);
     free(owned);
     st_writer_free(&w);
-}
-
-/* ======================================================================
- * training checkpoints
- * ====================================================================== */
-
-/* Add every spec of `flat` under prefix + internal name. */
-static void add_internal(StWriter *w, const Model *m, const char *prefix, const float *flat) {
-    for (int i = 0; i < m->n_specs; i++) {
-        const ParamSpec *s = &m->specs[i];
-        char name[128];
-        snprintf(name, sizeof name, "%s%s", prefix, s->name);
-        int64_t shape[2] = {s->shape[0], s->ndim == 2 ? s->shape[1] : 0};
-        st_writer_add(w, name, s->ndim, shape, flat + s->offset);
-    }
-}
-
-static float *backend_to_host(const Model *m, const float *src) {
-    float *h = malloc_check(m->n_params * sizeof(float));
-    m->k->to_host(h, src, m->n_params * sizeof(float));
-    return h;
-}
-
-static void save_params(const Model *m, const char *dir) {
-    float *p = backend_to_host(m, m->params);
-    StWriter w = {0};
-    add_internal(&w, m, "", p);
-    char path[PATH_BUF];
-    join_path(path, sizeof path, dir, "model.safetensors");
-    st_writer_write(&w, path, "{\"format\":\"pt\"}");
-    st_writer_free(&w);
-    free(p);
-}
-
-static void save_optim(const Model *m, const char *dir) {
-    float *mm = backend_to_host(m, m->m), *vv = backend_to_host(m, m->v);
-    StWriter w = {0};
-    add_internal(&w, m, "m.", mm);
-    add_internal(&w, m, "v.", vv);
-    char path[PATH_BUF];
-    join_path(path, sizeof path, dir, "optim.safetensors");
-    st_writer_write(&w, path, "{\"format\":\"pt\"}");
-    st_writer_free(&w);
-    free(mm);
-    free(vv);
-}
-
-/* 64-bit counters go in as decimal strings: JSON numbers are doubles. */
-static void save_state(const Config *cfg, const TrainState *st, const char *dir) {
-    cJSON *config = cfg->json_text ? cJSON_Parse(cfg->json_text) : NULL;
-    if (!cJSON_IsObject(config)) die(EXIT_INTERNAL, "ckpt_save: cfg->json_text is not a JSON object");
-    cJSON *o = cJSON_CreateObject();
-    char num[32];
-    cJSON_AddNumberToObject(o, "step", st->step);
-    snprintf(num, sizeof num, "%llu", (unsigned long long)st->seq_cursor);
-    cJSON_AddStringToObject(o, "seq_cursor", num);
-    snprintf(num, sizeof num, "%llu", (unsigned long long)st->rng);
-    cJSON_AddStringToObject(o, "rng", num);
-    cJSON_AddItemToObject(o, "config", config);
-    char *text = cJSON_Print(o);
-    char path[PATH_BUF];
-    join_path(path, sizeof path, dir, "state.json");
-    write_text_durable(path, text);
-    cJSON_free(text);
-    cJSON_Delete(o);
-}
-
-/* Replace final with tmp; an existing folder of the same step (a re-run)
- * is moved aside first because rename() cannot replace a non-empty dir. */
-static void publish_dir(const char *tmp, const char *final, const char *root) {
-    char old[PATH_BUF + 8];
-    snprintf(old, sizeof old, "%s.old", final);
-    bool replace = is_dir(final);
-    if (replace) {
-        rm_tree(old);
-        if (rename(final, old) != 0) die(EXIT_IO, "%s: cannot move aside (%s)", final, strerror(errno));
-    }
-    if (rename(tmp, final) != 0) die(EXIT_IO, "%s: cannot rename to %s (%s)", tmp, final, strerror(errno));
-    fsync_dir(root);
-    if (replace) rm_tree(old);
-}
-
-void ckpt_save(const Model *m, const Config *cfg, const TrainState *st, const char *root) {
-    if (mkdir_p(root) != 0) die(EXIT_IO, "%s: cannot create directory (%s)", root, strerror(errno));
-    char final[PATH_BUF], tmp[PATH_BUF + 8];
-    int n = snprintf(final, sizeof final, "%s/step_%08d", root, st->step);
-    if (n < 0 || (size_t)n >= sizeof final) die(EXIT_USAGE, "%s: path too long", root);
-    snprintf(tmp, sizeof tmp, "%s.tmp", final);
-    rm_tree(tmp); /* left over from a save that died */
-    if (mkdir(tmp, 0755) != 0) die(EXIT_IO, "%s: cannot create directory (%s)", tmp, strerror(errno));
-    save_params(m, tmp);
-    save_optim(m, tmp);
-    save_state(cfg, st, tmp);
-    fsync_dir(tmp);
-    publish_dir(tmp, final, root);
-}
-
-/* "step_" followed by at least 8 digits and nothing else (no .tmp/.old). */
-static long step_of(const char *name) {
-    if (strncmp(name, "step_", 5) != 0) return -1;
-    const char *d = name + 5;
-    size_t n = strlen(d);
-    if (n < 8 || n > 10 || strspn(d, "0123456789") != n) return -1;
-    return strtol(d, NULL, 10);
-}
-
-static bool step_complete(const char *dir) {
-    static const char *const need[] = {"state.json", "model.safetensors", "optim.safetensors"};
-    for (int i = 0; i < 3; i++) {
-        char p[PATH_BUF];
-        int n = snprintf(p, sizeof p, "%s/%s", dir, need[i]);
-        if (n < 0 || (size_t)n >= sizeof p || !is_file(p)) return false;
-    }
-    return true;
-}
-
-static int copy_out(char *out, size_t out_len, const char *s) {
-    if (strlen(s) >= out_len) die(EXIT_USAGE, "%s: path too long", s);
-    snprintf(out, out_len, "%s", s);
-    return 0;
-}
-
-int ckpt_resolve(const char *path, char *out_dir, size_t out_len) {
-    char p[PATH_BUF];
-    int n = snprintf(p, sizeof p, "%s/state.json", path);
-    if (n >= 0 && (size_t)n < sizeof p && is_file(p)) return copy_out(out_dir, out_len, path);
-    DIR *d = opendir(path);
-    if (!d) return -1;
-    long best = -1;
-    char best_dir[PATH_BUF] = "";
-    for (struct dirent *e; (e = readdir(d));) {
-        long step = step_of(e->d_name);
-        if (step <= best) continue;
-        n = snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        if (n < 0 || (size_t)n >= sizeof p || !step_complete(p)) continue;
-        best = step;
-        snprintf(best_dir, sizeof best_dir, "%s", p);
-    }
-    closedir(d);
-    return best < 0 ? -1 : copy_out(out_dir, out_len, best_dir);
-}
-
-static int cmp_long(const void *a, const void *b) {
-    long x = *(const long *)a, y = *(const long *)b;
-    return (x > y) - (x < y);
-}
-
-/* keep_last: delete the oldest complete step folders beyond the newest
- * keep_last. Called only after a newer checkpoint is complete, so the
- * newest one is never at risk; incomplete (.tmp) folders are left alone. */
-int ckpt_prune(const char *root, int keep_last) {
-    if (keep_last <= 0) return 0;
-    DIR *d = opendir(root);
-    if (!d) return 0;
-    long *steps = NULL;
-    size_t n = 0, cap = 0;
-    char p[PATH_BUF];
-    for (struct dirent *e; (e = readdir(d));) {
-        long step = step_of(e->d_name);
-        if (step < 0) continue;
-        int len = snprintf(p, sizeof p, "%s/%s", root, e->d_name);
-        if (len < 0 || (size_t)len >= sizeof p || !step_complete(p)) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            long *ns = malloc_check(cap * sizeof *ns);
-            if (steps) memcpy(ns, steps, n * sizeof *ns);
-            free(steps);
-            steps = ns;
-        }
-        steps[n++] = step;
-    }
-    closedir(d);
-    int removed = 0;
-    if (n > (size_t)keep_last) {
-        qsort(steps, n, sizeof *steps, cmp_long);
-        for (size_t i = 0; i + (size_t)keep_last < n; i++) {
-            snprintf(p, sizeof p, "%s/step_%08ld", root, steps[i]);
-            rm_tree(p);
-            removed++;
-        }
-    }
-    free(steps);
-    return removed;
-}
-
-static uint64_t state_u64(const cJSON *root, const char *key, const char *path) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    uint64_t u;
-    if (cJSON_IsString(v)) {
-        char *end;
-        errno = 0;
-        unsigned long long x = strtoull(v->valuestring, &end, 10);
-        if (v->valuestring[0] >= '0' && v->valuestring[0] <= '9' && !*end && errno == 0) return x;
-    } else if (json_uint(v, &u)) {
-        return u;
-    }
-    die(EXIT_USAGE, "%s: key %s: expected a non-negative integer (decimal string)", path, key);
-}
-
-char *ckpt_read_state(const char *step_dir, TrainState *st) {
-    char path[PATH_BUF];
-    join_path(path, sizeof path, step_dir, "state.json");
-    size_t len;
-    char *text = read_text_file(path, &len);
-    if (!text) die(EXIT_USAGE, "%s: cannot read (%s)", path, strerror(errno ? errno : ENOENT));
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    if (!cJSON_IsObject(root)) die(EXIT_USAGE, "%s: not a JSON object (malformed JSON?)", path);
-    uint64_t step = state_u64(root, "step", path);
-    if (step > 0x7fffffff) die(EXIT_USAGE, "%s: key step: out of range", path);
-    st->step = (int)step;
-    st->seq_cursor = state_u64(root, "seq_cursor", path);
-    st->rng = state_u64(root, "rng", path);
-    const cJSON *config = cJSON_GetObjectItemCaseSensitive(root, "config");
-    if (!cJSON_IsObject(config)) die(EXIT_USAGE, "%s: key config: missing or not an object", path);
-    char *out = cJSON_PrintUnformatted(config);
-    if (!out) die(EXIT_IO, "%s: out of memory", path);
-    cJSON_Delete(root);
-    free(text);
-    return out;
-}
-
-/* Read prefix + name for every spec into host array `flat`, with shape
- * checks; marks what it used in `used`. */
-static void load_internal(const Model *m, const StFile *f, const char *prefix, float *flat, unsigned char *used) {
-    for (int i = 0; i < m->n_specs; i++) {
-        const ParamSpec *s = &m->specs[i];
-        char name[128];
-        snprintf(name, sizeof name, "%s%s", prefix, s->name);
-        const StTensor *t = st_find(f, name);
-        if (!t) die(EXIT_USAGE, "%s: missing tensor %s", f->path, name);
-        used[t - f->t] = 1;
-        int64_t shape[2] = {s->shape[0], s->ndim == 2 ? s->shape[1] : 0};
-        if (!same_shape(t, s->ndim, shape)) {
-            char got[128], want[128];
-            shape_str(got, sizeof got, t->ndim, t->shape);
-            shape_str(want, sizeof want, s->ndim, shape);
-            die(EXIT_USAGE, "%s: tensor %s has shape %s, expected %s (checkpoint of a different model?)", f->path, name, got, want);
-        }
-        st_read_f32(f, t, flat + s->offset);
-    }
-}
-
-static void check_all_used(const StFile *f, const unsigned char *used) {
-    for (int j = 0; j < f->n; j++)
-        if (!used[j]) die(EXIT_USAGE, "%s: unexpected tensor %s (checkpoint of a different model?)", f->path, f->t[j].name);
-}
-
-void ckpt_load_params(Model *m, const char *step_dir) {
-    char path[PATH_BUF];
-    join_path(path, sizeof path, step_dir, "model.safetensors");
-    StFile f;
-    st_open(&f, path);
-    unsigned char *used = calloc_check((size_t)f.n + 1, 1);
-    float *flat = calloc_check(m->n_params, sizeof(float));
-    load_internal(m, &f, "", flat, used);
-    check_all_used(&f, used);
-    m->k->from_host(m->params, flat, m->n_params * sizeof(float));
-    free(flat);
-    free(used);
-    st_close(&f);
-}
-
-void ckpt_load_optim(Model *m, const char *step_dir) {
-    char path[PATH_BUF];
-    join_path(path, sizeof path, step_dir, "optim.safetensors");
-    StFile f;
-    st_open(&f, path);
-    unsigned char *used = calloc_check((size_t)f.n + 1, 1);
-    float *flat = calloc_check(m->n_params, sizeof(float));
-    load_internal(m, &f, "m.", flat, used);
-    m->k->from_host(m->m, flat, m->n_params * sizeof(float));
-    memset(flat, 0, m->n_params * sizeof(float));
-    load_internal(m, &f, "v.", flat, used);
-    m->k->from_host(m->v, flat, m->n_params * sizeof(float));
-    check_all_used(&f, used);
-    free(flat);
-    free(used);
-    st_close(&f);
 }

@@ -1,6 +1,6 @@
 /* ckpt.h — safetensors reading/writing, Hugging Face GPT-2 / Llama
- * import and export (fused q|k|v and gate|up split back into HF's names),
- * and training checkpoints (one folder per step). */
+ * import and export (fused q|k|v and gate|up split back into HF's names).
+ * Training checkpoints: checkpoint.h. */
 #ifndef LLMTRAIN_CKPT_H
 #define LLMTRAIN_CKPT_H
 #include <stddef.h>
@@ -51,26 +51,5 @@ void hf_load_weights(Model *m, const char *dir);
 /* Write config.json + model.safetensors from a host fp32 array laid out as
  * m's table (m->params on CPU; pass `flat` to export any array, e.g. grads). */
 void hf_export(const Model *m, const float *flat, const char *dir);
-
-/* ---- training checkpoints ----
- * <root>/step_%08d/ {model.safetensors (internal names), optim.safetensors
- * (m., v.), state.json {step, config, ...}}; written as <name>.tmp then
- * renamed, so a folder under its final name is complete. */
-typedef struct TrainState {
-    int step;            /* optimizer steps completed */
-    uint64_t seq_cursor; /* next global sequence index */
-    uint64_t rng;
-} TrainState;
-void ckpt_save(const Model *m, const Config *cfg, const TrainState *st, const char *root);
-/* Resolve a step folder or a root (newest complete step). Returns 0 and
- * fills out_dir, or -1 when none is found. */
-int ckpt_resolve(const char *path, char *out_dir, size_t out_len);
-/* Read state.json: config JSON text (malloc'd) and state. */
-char *ckpt_read_state(const char *step_dir, TrainState *st);
-/* checkpoint.keep_last: remove complete step folders older than the newest
- * keep_last (0 = keep all). Returns how many were removed. */
-int ckpt_prune(const char *root, int keep_last);
-void ckpt_load_params(Model *m, const char *step_dir);
-void ckpt_load_optim(Model *m, const char *step_dir);
 
 #endif

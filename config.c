@@ -85,7 +85,11 @@ static const Key KEYS[] = {
     /* checkpoint */
     {"checkpoint.dir", K_STR, STR(ckpt_dir), "\"\"", 0, 0, NULL, "checkpoint root, one folder per step (empty: <log.dir>/checkpoints)"},
     {"checkpoint.every_steps", K_INT, OFF(ckpt_every), 0, "0", 0, BIG, NULL, "write a checkpoint every this many steps (0 = only at the end)"},
-    {"checkpoint.keep_last", K_INT, OFF(ckpt_keep_last), 0, "0", 0, BIG, NULL, "keep only the newest this many checkpoints (0 = keep all)"},
+    {"checkpoint.keep_last", K_INT, OFF(ckpt_keep_last), 0, "0", 0, BIG, NULL, "keep only the newest this many checkpoints (0 = keep all); the oldest goes only after a newer one is complete"},
+    {"checkpoint.every_minutes", K_DOUBLE, OFF(ckpt_every_minutes), 0, "0", 0, 1e9, NULL, "also write a checkpoint when this many minutes have passed since the last one (0 = off)"},
+    {"checkpoint.async", K_BOOL, OFF(ckpt_async), 0, "true", 0, 0, NULL, "write in a background thread; training blocks only while the state is copied to host memory"},
+    {"checkpoint.durable_dir", K_STR, STR(ckpt_durable_dir), "\"\"", 0, 0, NULL, "second copy of every checkpoint, made in the background after the local one is complete (SageMaker: /opt/ml/checkpoints; empty = none)"},
+    {"checkpoint.resume", K_STR, STR(ckpt_resume), "\"auto\"", 0, 0, NULL, "auto: newest complete checkpoint in checkpoint.dir, else in durable_dir; none; or a checkpoint folder / root to resume from"},
     /* parallel */
     {"parallel.tensor", K_INT, OFF(tp), 0, "1", 1, 1024, NULL, "tensor-parallel degree (Megatron-style, tp innermost; must divide the ranks, n_kv_head, ffn_hidden and vocab_size)"},
     {"parallel.strategy", K_STR, STR(strategy), "\"NO_SHARD\"", 0, 0, "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD|HYBRID_SHARD_ZERO2", "data-parallel sharding strategy (PyTorch FSDP names)"},
@@ -452,4 +456,25 @@ void config_freeze_model(Config *cfg) {
     free(cfg->json_text);
     cfg->json_text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
+}
+
+int config_model_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n) {
+    Config ca, cb;
+    memset(&ca, 0, sizeof ca);
+    memset(&cb, 0, sizeof cb);
+    ca.model = *a;
+    cb.model = *b;
+    for (int i = 0; i < NKEYS; i++) {
+        const Key *k = &KEYS[i];
+        if (strncmp(k->path, "model.", 6) != 0) continue;
+        const char *fa = (const char *)&ca + k->off, *fb = (const char *)&cb + k->off;
+        if (k->type == K_FLOAT) {
+            float x = *(const float *)fa, y = *(const float *)fb;
+            if (x != y) { snprintf(out, n, "%s %g vs %g", k->path, x, y); return 1; }
+        } else if (*(const int *)fa != *(const int *)fb) {
+            snprintf(out, n, "%s %d vs %d", k->path, *(const int *)fa, *(const int *)fb);
+            return 1;
+        }
+    }
+    return 0;
 }

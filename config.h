@@ -3,6 +3,7 @@
  * unknown-key detection and `llmtrain keys` all come from that table. */
 #ifndef LLMTRAIN_CONFIG_H
 #define LLMTRAIN_CONFIG_H
+#include <stddef.h>
 #include <stdint.h>
 
 enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 };
@@ -59,6 +60,10 @@ typedef struct Config {
     char ckpt_dir[1024];
     int ckpt_every;
     int ckpt_keep_last;
+    double ckpt_every_minutes;
+    int ckpt_async;
+    char ckpt_durable_dir[1024];
+    char ckpt_resume[1024];
     /* parallel */
     int tp;
     char strategy[32];
@@ -90,6 +95,9 @@ void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir);
 /* Put the resolved model section into json_text (checkpoints rebuild the
  * model from it, without the job file or init.from). */
 void config_freeze_model(Config *cfg);
+/* The first model key on which a and b differ ("model.n_layer 4 vs 2" into
+ * out); returns 0 when they describe the same model. */
+int config_model_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n);
 void config_free(Config *cfg);
 
 #endif

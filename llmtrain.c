@@ -10,6 +10,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include "checkpoint.h"
 #include "ckpt.h"
 #include "config.h"
 #include "data.h"
@@ -19,6 +20,7 @@
 #include "util.h"
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -42,7 +44,6 @@ typedef struct Trainer {
     double peak_gflops;
     double flops_per_token;
     int nonfinite_run;         /* consecutive skipped steps */
-    int nonfinite_total;
     double train_time;         /* seconds spent in steps, for the ETA */
     int timed_steps;
     uint64_t sample_rng;
@@ -55,7 +56,25 @@ typedef struct Trainer {
     size_t *shard_off;         /* [n_chunks] offset of chunk c's shard in the arrays below */
     size_t n_shard;            /* floats in the local shard (sum over chunks) */
     float *master, *gshard, *mshard, *vshard; /* [n_shard] fp32 master weights, grads, AdamW m, v */
+    /* resume: step `step_base` reads global sequences from `seq_base` on */
+    int step_base;
+    uint64_t seq_base;
+    TrainState st;             /* counters and the spike tracker, saved with every checkpoint */
+    /* checkpoint in flight (checkpoint.c writes; the protocol is below) */
+    CkptWriter *ckw;
+    size_t ck_owned;           /* floats per state kind this rank writes */
+    int ck_phase;              /* CK_IDLE, CK_LOCAL, CK_DURABLE */
+    int ck_direct;             /* the local write failed: writing straight to durable_dir */
+    TrainState ck_state;       /* state of the checkpoint in flight */
+    char ck_root[1024];        /* where the phase in flight writes */
+    char *ck_manifest;         /* kept for the durable copy's commit */
+    double ck_began, ck_last;  /* now_s() when it began / when the last one began */
+    int ck_done_step;          /* newest step whose checkpoint is complete (-1: none) */
 } Trainer;
+
+enum { CK_IDLE, CK_LOCAL, CK_DURABLE };
+static volatile sig_atomic_t g_stop_signal; /* SIGTERM / SIGUSR1: checkpoint and stop */
+static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 static int is_root(const Trainer *t) { return t->dist.rank == 0; }
 
@@ -133,103 +152,6 @@ static void setup_shards(Trainer *t) {
                    shard_len(t, c) * sizeof(float));
 }
 
-/* Gather the shard group's AdamW moments into full-size m and v at its shard
- * index 0 (fm, fv NULL elsewhere). */
-static void gather_moments(Trainer *t, float *fm, float *fv) {
-    const Model *m = &t->model;
-    for (int c = 0; c < m->n_chunks; c++) {
-        size_t len = shard_len(t, c);
-        dist_shard_gather_f32(&t->dist, t->mshard + t->shard_off[c], fm ? fm + m->chunk_offset[c] : NULL, len);
-        dist_shard_gather_f32(&t->dist, t->vshard + t->shard_off[c], fv ? fv + m->chunk_offset[c] : NULL, len);
-    }
-}
-
-/* Checkpoint: rank 0 writes; with sharded optimizer state the shard group of
- * rank 0 first gathers m and v into full-size buffers there (all ranks call
- * this; the working params are already gathered). */
-static void save_checkpoint_tp(Trainer *t, const TrainState *st);
-
-static void save_checkpoint(Trainer *t, const TrainState *st) {
-    Model *m = &t->model;
-    float *fm = NULL, *fv = NULL;
-    if (t->dist.tp > 1) { save_checkpoint_tp(t, st); return; }
-    if (t->sharded) {
-        if (t->dist.shard_group != 0) return;
-        if (is_root(t)) { fm = t->k->alloc(m->n_params * sizeof(float)); fv = t->k->alloc(m->n_params * sizeof(float)); }
-        gather_moments(t, fm, fv);
-        m->m = fm;
-        m->v = fv;
-    }
-    if (is_root(t)) {
-        ckpt_save(m, &t->cfg, st, t->cfg.ckpt_dir);
-        printf("checkpoint: %s/step_%08d\n", t->cfg.ckpt_dir, st->step);
-        ckpt_prune(t->cfg.ckpt_dir, t->cfg.ckpt_keep_last); /* only after the new one is complete */
-    }
-    if (t->sharded) {
-        if (fm) t->k->free(fm);
-        if (fv) t->k->free(fv);
-        m->m = m->v = NULL;
-    }
-}
-
-/* Tensor parallel: the checkpoint is layout-independent, exactly what a
- * tp = 1 run writes. Each TP rank's shard group 0 gathers its m and v (as
- * above) to its data-parallel rank 0; the TP group of data-parallel rank 0
- * gathers the local params, m and v to rank 0, which assembles the GLOBAL
- * tensors into a tp = 1 model and saves that. */
-static void save_checkpoint_tp(Trainer *t, const TrainState *st) {
-    Model *m = &t->model;
-    const Kernels *k = t->k;
-    size_t n = m->n_params, bytes = n * sizeof(float);
-    if (t->dist.shard_group != 0) return;
-    float *fm = m->m, *fv = m->v;
-    if (t->sharded) {
-        fm = t->dist.shard_index == 0 ? k->alloc(bytes) : NULL;
-        fv = t->dist.shard_index == 0 ? k->alloc(bytes) : NULL;
-        gather_moments(t, fm, fv);
-    }
-    if (t->dist.dp_rank == 0) {
-        int tp = t->dist.tp;
-        float *all[3] = {NULL, NULL, NULL}, *src[3] = {m->params, fm, fv};
-        for (int a = 0; a < 3; a++) {
-            if (is_root(t)) all[a] = malloc_check((size_t)tp * bytes);
-            dist_tp_gather_f32(&t->dist, src[a], all[a], n);
-        }
-        if (is_root(t)) {
-            Model g;
-            model_build_ex(&g, &m->cfg, k, 1, 1, 1, 1);
-            float *dst[3] = {g.params, g.m, g.v};
-            Model view = *m;
-            int differ = 0; /* replicated tensors must agree on every TP rank */
-            for (int r = 0; r < tp; r++) {
-                view.tp_rank = r;
-                for (int i = 0; i < m->n_specs; i++) {
-                    const ParamSpec *s = &m->specs[i];
-                    if (s->tp_axis < 0 && r > 0 &&
-                        memcmp(all[0] + (size_t)r * n + s->offset, all[0] + s->offset, s->numel * sizeof(float)) != 0) {
-                        fprintf(stderr, "llmtrain: checkpoint: replicated tensor %s differs between TP ranks 0 and %d\n", s->name, r);
-                        differ = 1;
-                    }
-                    const ParamSpec *gs = model_find(&g, s->name);
-                    if (!gs) die(EXIT_INTERNAL, "checkpoint: %s missing from the global layout", s->name);
-                    for (int a = 0; a < 3; a++)
-                        model_tp_copy(&view, s, dst[a] + gs->offset, all[a] + (size_t)r * n + s->offset, 1);
-                }
-            }
-            ckpt_save(&g, &t->cfg, st, t->cfg.ckpt_dir);
-            printf("checkpoint: %s/step_%08d (assembled from %d TP ranks; replicated tensors %s)\n", t->cfg.ckpt_dir, st->step, tp,
-                   differ ? "DIFFER" : "identical");
-            ckpt_prune(t->cfg.ckpt_dir, t->cfg.ckpt_keep_last);
-            model_free(&g);
-            for (int a = 0; a < 3; a++) free(all[a]);
-        }
-    }
-    if (t->sharded) {
-        if (fm) k->free(fm);
-        if (fv) k->free(fv);
-    }
-}
-
 static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
     const Config *c = &t->cfg;
     Model *m = &t->model;
@@ -242,10 +164,320 @@ static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
 }
 
 /* ------------------------------------------------------------------ */
+/* checkpoints: the protocol across ranks (format and writer: checkpoint.c)
+ *
+ *   begin   (every rank, blocking) wait for the previous checkpoint, copy
+ *           the slices this rank owns into the host staging buffer, hand
+ *           them to the writer thread -> <dir>/step_N.tmp/rank_R.bin
+ *   advance (every step, one small all-reduce) once every writer is done:
+ *           exchange sizes and checksums; each node's first rank writes the
+ *           manifest and renames step_N.tmp -> step_N; then the same files
+ *           are copied to durable_dir and committed there the same way.
+ * A failed local write (disk full) is retried straight into durable_dir;
+ * a checkpoint that fails everywhere is dropped with a warning, and the
+ * previous complete one stays the newest. */
+
+static CkptLayout ck_layout(const Trainer *t) {
+    return (CkptLayout){t->dist.world, t->dist.tp, t->dist.shard_size, t->dist.replicate_size};
+}
+
+static void ck_range(const Trainer *t, int c, size_t *lo, size_t *hi) {
+    ckpt_owned_range(&t->model, c, t->dist.shard_size, t->dist.shard_index, t->dist.replicate_size, t->dist.shard_group, lo, hi);
+}
+
+/* Where state kind k (0 weights, 1 exp_avg, 2 exp_avg_sq) of local flat
+ * index lo of chunk c lives on this rank (lo lies in this rank's shard). */
+static float *state_ptr(Trainer *t, int k, int c, size_t lo) {
+    Model *m = &t->model;
+    if (!t->sharded) {
+        float *a[3] = {m->params, m->m, m->v};
+        return a[k] + lo;
+    }
+    float *a[3] = {t->master, t->mshard, t->vshard};
+    size_t base = m->chunk_offset[c] + (size_t)t->dist.shard_index * shard_len(t, c);
+    return a[k] + t->shard_off[c] + (lo - base);
+}
+
+static void ck_setup(Trainer *t) {
+    t->ck_owned = ckpt_owned_floats(&t->model, t->dist.shard_size, t->dist.shard_index, t->dist.replicate_size, t->dist.shard_group);
+    t->ckw = ckpt_writer_new(3 * t->ck_owned);
+    t->ck_done_step = -1;
+    t->ck_last = now_s();
+}
+
+static int node_leader(const Trainer *t) { return t->dist.local_rank == 0; }
+
+static void ck_file(char *out, size_t n, const char *root, int step, int tmp, int rank) {
+    char dir[1100];
+    ckpt_step_dir(dir, sizeof dir, root, step, tmp);
+    snprintf(out, n, "%s/rank_%05d.bin", dir, rank);
+}
+
+/* Start writing the staged state into root. */
+static void ck_start_write(Trainer *t, const char *root) {
+    snprintf(t->ck_root, sizeof t->ck_root, "%s", root);
+    if (!t->ck_owned) return;
+    char path[1200];
+    ck_file(path, sizeof path, root, t->ck_state.step, 1, t->dist.rank);
+    ckpt_writer_write(t->ckw, path, 3 * t->ck_owned);
+}
+
+static void ck_advance(Trainer *t, int any_failed);
+
+/* One small all-reduce: checkpoint writers still busy / failed, a stop
+ * signal on any rank, the every_minutes clock (rank 0 decides). Moves the
+ * checkpoint in flight on when every writer is done. wait: block on this
+ * rank's writer first. Returns the stop and time flags via *stop, *due. */
+static void ck_control(Trainer *t, int wait, int *stop, int *due) {
+    double ctl[4] = {0, 0, 0, 0};
+    if (t->ck_phase != CK_IDLE) {
+        int st = wait ? ckpt_writer_wait(t->ckw) : ckpt_writer_state(t->ckw);
+        ctl[0] = st == CKPT_BUSY;
+        ctl[1] = st == CKPT_FAILED;
+    }
+    ctl[2] = g_stop_signal != 0;
+    ctl[3] = is_root(t) && t->cfg.ckpt_every_minutes > 0 && now_s() - t->ck_last >= 60.0 * t->cfg.ckpt_every_minutes;
+    dist_allreduce_sum_f64(&t->dist, ctl, 4);
+    if (stop) *stop = ctl[2] > 0;
+    if (due) *due = ctl[3] > 0;
+    if (t->ck_phase != CK_IDLE && ctl[0] == 0) ck_advance(t, ctl[1] > 0);
+}
+
+/* Block until the checkpoint in flight is complete everywhere (or dropped). */
+static void ck_drain(Trainer *t) {
+    while (t->ck_phase != CK_IDLE) ck_control(t, 1, NULL, NULL);
+}
+
+/* Every writer is done with the phase in flight. */
+static void ck_advance(Trainer *t, int any_failed) {
+    Dist *d = &t->dist;
+    int W = d->world, step = t->ck_state.step;
+    CkptJobResult r = ckpt_writer_take(t->ckw);
+    if (r.state == CKPT_FAILED) fprintf(stderr, "llmtrain: rank %d: checkpoint step %d: %s\n", d->rank, step, r.error);
+    /* sizes, checksums (as two exact 32-bit halves) and times of every rank */
+    double *info = calloc_check((size_t)W * 4, sizeof(double));
+    if (r.state == CKPT_DONE) {
+        double *x = info + 4 * (size_t)d->rank;
+        x[0] = (double)r.bytes;
+        x[1] = (double)(r.checksum >> 32);
+        x[2] = (double)(r.checksum & 0xffffffffu);
+        x[3] = r.seconds;
+    }
+    dist_allreduce_sum_f64(d, info, (size_t)W * 4);
+    char tmp[1100], fin[1100], why[600] = "";
+    ckpt_step_dir(tmp, sizeof tmp, t->ck_root, step, 1);
+    ckpt_step_dir(fin, sizeof fin, t->ck_root, step, 0);
+    uint64_t *bytes = calloc_check((size_t)W, sizeof(uint64_t)), *sums = calloc_check((size_t)W, sizeof(uint64_t));
+    double total = 0, secs = 0;
+    for (int i = 0; i < W; i++) {
+        bytes[i] = (uint64_t)info[4 * i];
+        sums[i] = ((uint64_t)info[4 * i + 1] << 32) | (uint64_t)info[4 * i + 2];
+        total += info[4 * i];
+        if (info[4 * i + 3] > secs) secs = info[4 * i + 3];
+    }
+    free(info);
+    int failed = any_failed;
+    if (!failed) {
+        if (t->ck_phase == CK_LOCAL) {
+            free(t->ck_manifest);
+            CkptLayout L = ck_layout(t);
+            t->ck_manifest = ckpt_manifest_text(&t->model, &L, bytes, sums, &t->cfg, &t->ck_state);
+        }
+        double bad = node_leader(t) && ckpt_commit(tmp, fin, t->ck_root, t->ck_manifest, why, sizeof why) != 0;
+        if (bad) fprintf(stderr, "llmtrain: rank %d: checkpoint step %d: %s\n", d->rank, step, why);
+        dist_allreduce_sum_f64(d, &bad, 1);
+        failed = bad > 0;
+    }
+    free(bytes);
+    free(sums);
+    int durable = t->cfg.ckpt_durable_dir[0] != 0;
+    if (failed) {
+        if (node_leader(t)) ckpt_remove(tmp);
+        dist_barrier(d);
+        if (t->ck_phase == CK_LOCAL && durable && !t->ck_direct) {
+            if (is_root(t)) fprintf(stderr, "llmtrain: checkpoint step %d: local write failed; writing it to %s instead\n", step, t->cfg.ckpt_durable_dir);
+            t->ck_direct = 1;
+            ck_start_write(t, t->cfg.ckpt_durable_dir); /* the staging buffer still holds the state */
+            return;
+        }
+        if (is_root(t)) fprintf(stderr, "llmtrain: warning: checkpoint step %d dropped; the newest complete checkpoint is %s\n", step,
+                                t->ck_done_step >= 0 ? "still the previous one" : "none yet");
+        t->ck_phase = CK_IDLE;
+        t->ck_direct = 0;
+        return;
+    }
+    if (node_leader(t)) ckpt_prune(t->ck_root, t->cfg.ckpt_keep_last); /* only now that a newer one is complete */
+    if (is_root(t)) {
+        printf("checkpoint: %s complete | %.1f MB in %.2f s background (%.0f MB/s)%s\n", fin, total / 1e6, secs,
+               secs > 0 ? total / 1e6 / secs : 0.0, t->ck_phase == CK_DURABLE ? " [durable copy]" : "");
+        fflush(stdout);
+        if (t->metrics) {
+            fprintf(t->metrics, "{\"event\":\"checkpoint\",\"step\":%d,\"path\":\"%s\",\"bytes\":%.0f,\"write_s\":%.6f,\"durable\":%s}\n", step,
+                    fin, total, secs, t->ck_phase == CK_DURABLE || t->ck_direct ? "true" : "false");
+            fflush(t->metrics);
+        }
+    }
+    t->ck_done_step = step;
+    if (t->ck_phase == CK_LOCAL && durable && !t->ck_direct) {
+        t->ck_phase = CK_DURABLE;
+        snprintf(t->ck_root, sizeof t->ck_root, "%s", t->cfg.ckpt_durable_dir);
+        if (t->ck_owned) {
+            char src[1200], dst[1200];
+            ck_file(src, sizeof src, t->cfg.ckpt_dir, step, 0, d->rank);
+            ck_file(dst, sizeof dst, t->ck_root, step, 1, d->rank);
+            ckpt_writer_copy(t->ckw, src, dst);
+        }
+        return;
+    }
+    t->ck_phase = CK_IDLE;
+    t->ck_direct = 0;
+}
+
+/* Begin a checkpoint of the state after `step` steps. Returns the time
+ * training was blocked (seconds). */
+static double ck_begin(Trainer *t, int step) {
+    double t0 = now_s();
+    ck_drain(t);
+    float *stage = ckpt_writer_staging(t->ckw);
+    size_t pos = 0;
+    for (int k = 0; k < 3; k++)
+        for (int c = 0; c < t->model.n_chunks; c++) {
+            size_t lo, hi;
+            ck_range(t, c, &lo, &hi);
+            t->k->to_host(stage + pos, state_ptr(t, k, c, lo), (hi - lo) * sizeof(float));
+            pos += hi - lo;
+        }
+    t->ck_state = t->st;
+    t->ck_state.step = step;
+    t->ck_state.seq_cursor = t->seq_base + (uint64_t)(step - t->step_base) * (uint64_t)t->cfg.global_batch;
+    t->ck_state.rng = t->sample_rng;
+    t->ck_phase = CK_LOCAL;
+    t->ck_direct = 0;
+    t->ck_began = t->ck_last = t0;
+    ck_start_write(t, t->cfg.ckpt_dir);
+    if (!t->cfg.ckpt_async) ck_drain(t);
+    return now_s() - t0;
+}
+
+/* Install loaded state (host arrays of the local layout) as the working
+ * weights and this rank's optimizer state. */
+static void install_state(Trainer *t, const float *p, const float *mm, const float *vv) {
+    Model *m = &t->model;
+    const Kernels *k = t->k;
+    k->from_host(m->params, p, m->n_params * sizeof(float));
+    if (!t->sharded) {
+        k->from_host(m->m, mm, m->n_params * sizeof(float));
+        k->from_host(m->v, vv, m->n_params * sizeof(float));
+        return;
+    }
+    for (int c = 0; c < m->n_chunks; c++) {
+        size_t len = shard_len(t, c), src = m->chunk_offset[c] + (size_t)t->dist.shard_index * len;
+        k->from_host(t->master + t->shard_off[c], p + src, len * sizeof(float));
+        k->from_host(t->mshard + t->shard_off[c], mm + src, len * sizeof(float));
+        k->from_host(t->vshard + t->shard_off[c], vv + src, len * sizeof(float));
+    }
+}
+
+#define MAX_CANDIDATES 256
+
+/* checkpoint.resume: find the newest checkpoint every rank can read and
+ * whose checksums hold (skipping the others with a warning), load it into
+ * this layout and continue from its step. Returns 1 when resumed. */
+static int resume(Trainer *t) {
+    Config *c = &t->cfg;
+    Dist *d = &t->dist;
+    if (strcmp(c->ckpt_resume, "none") == 0) return 0;
+    int explicit = strcmp(c->ckpt_resume, "auto") != 0;
+    size_t PN = 1100;
+    char *cand = calloc_check((size_t)MAX_CANDIDATES * 2, PN);
+    int nc = 0;
+    if (is_root(t)) {
+        if (explicit) {
+            char one[1100];
+            if (ckpt_resolve(c->ckpt_resume, one, sizeof one) == 0) snprintf(cand, PN, "%s", one);
+            else snprintf(cand, PN, "%s", c->ckpt_resume); /* let the checks below name what is wrong */
+            nc = 1;
+        } else { /* newest first; at equal steps the local copy first */
+            int nl = ckpt_list(c->ckpt_dir, cand, PN, MAX_CANDIDATES);
+            int nd = c->ckpt_durable_dir[0] ? ckpt_list(c->ckpt_durable_dir, cand + (size_t)nl * PN, PN, MAX_CANDIDATES) : 0;
+            nc = nl + nd;
+            for (int i = 1; i < nc; i++) /* stable insertion sort by step, descending */
+                for (int j = i; j > 0; j--) {
+                    const char *a = strrchr(cand + (size_t)(j - 1) * PN, '_'), *b = strrchr(cand + (size_t)j * PN, '_');
+                    if (atol(a + 1) >= atol(b + 1)) break;
+                    char tmp[1100];
+                    memcpy(tmp, cand + (size_t)(j - 1) * PN, PN);
+                    memcpy(cand + (size_t)(j - 1) * PN, cand + (size_t)j * PN, PN);
+                    memcpy(cand + (size_t)j * PN, tmp, PN);
+                }
+        }
+    }
+    CkptManifest *mf = NULL;
+    char path[1100];
+    for (int i = 0;; i++) {
+        memset(path, 0, sizeof path);
+        if (is_root(t) && i < nc) snprintf(path, sizeof path, "%s", cand + (size_t)i * PN);
+        dist_bcast_bytes(d, path, sizeof path);
+        if (!path[0]) break;
+        char why[1400] = "";
+        mf = ckpt_manifest_open(path, why, sizeof why);
+        if (mf && ckpt_manifest_verify(mf, d->rank, d->world, why, sizeof why) != 0) { ckpt_manifest_close(mf); mf = NULL; }
+        if (mf) {
+            Config old;
+            config_load_string(&old, ckpt_manifest_config(mf), path);
+            char diff[200];
+            if (config_model_diff(&old.model, &c->model, diff, sizeof diff)) /* a user error, not damage: never skipped */
+                die(EXIT_USAGE, "checkpoint.resume: %s was written for another model (checkpoint vs job: %s); use checkpoint.resume=none or another checkpoint.dir",
+                    path, diff);
+            config_free(&old);
+        }
+        double bad = mf == NULL;
+        if (bad) {
+            if (explicit) die(EXIT_USAGE, "checkpoint.resume: %s", why);
+            fprintf(stderr, "llmtrain: rank %d: warning: skipping checkpoint %s: %s\n", d->rank, path, why);
+        }
+        dist_allreduce_sum_f64(d, &bad, 1);
+        if (bad == 0) break;
+        ckpt_manifest_close(mf);
+        mf = NULL;
+    }
+    free(cand);
+    if (!mf) {
+        if (is_root(t)) printf("resume: no complete checkpoint in %s%s%s; starting at step 0\n", c->ckpt_dir,
+                               c->ckpt_durable_dir[0] ? " or " : "", c->ckpt_durable_dir);
+        return 0;
+    }
+    Model *m = &t->model;
+    size_t bytes = m->n_params * sizeof(float);
+    float *p = calloc_check(1, bytes), *mm = calloc_check(1, bytes), *vv = calloc_check(1, bytes);
+    ckpt_manifest_load(mf, m, p, mm, vv);
+    install_state(t, p, mm, vv);
+    free(p);
+    free(mm);
+    free(vv);
+    const TrainState *st = ckpt_manifest_state(mf);
+    CkptLayout L = ckpt_manifest_layout(mf);
+    t->st = *st;
+    t->step_base = st->step;
+    t->seq_base = st->seq_cursor;
+    t->sample_rng = st->rng;
+    t->ck_done_step = st->step;
+    if (is_root(t)) {
+        printf("resume: %s at step %d (written by %d ranks: tp %d x shard %d x replicate %d; now %d: tp %d x shard %d x replicate %d)\n",
+               path, st->step, L.world, L.tp, L.shard, L.replicate, d->world, d->tp, d->shard_size, d->replicate_size);
+        fflush(stdout);
+    }
+    ckpt_manifest_close(mf);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
 /* data                                                                */
 
 /* Fill the host batch with micro-batch j of this rank for step `step`:
- * global sequence i of step k is k*G + i; rank r owns i in [r*G/dp, (r+1)*G/dp). */
+ * global sequence i of step k is k*G + i, counted from the resumed
+ * checkpoint's data cursor (so a changed global batch continues the data);
+ * rank r owns i in [r*G/dp, (r+1)*G/dp). */
 static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
     int B = t->model.B, T = t->model.T;
     for (int b = 0; b < B; b++) dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
@@ -253,7 +485,8 @@ static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
 
 static uint64_t micro_first_seq(const Trainer *t, int step, int j) {
     uint64_t G = (uint64_t)t->cfg.global_batch;
-    return (uint64_t)step * G + (uint64_t)t->dist.dp_rank * (G / (uint64_t)t->dist.dp) + (uint64_t)j * (uint64_t)t->model.B;
+    return t->seq_base + (uint64_t)(step - t->step_base) * G + (uint64_t)t->dist.dp_rank * (G / (uint64_t)t->dist.dp) +
+           (uint64_t)j * (uint64_t)t->model.B;
 }
 
 /* ------------------------------------------------------------------ */
@@ -375,7 +608,36 @@ typedef struct StepStats {
     double loss, lr, norm, dt, val_loss;
     int clipped, skipped;
     double comm_ag, comm_rs, comm_ar, comm_tp; /* bus bytes of this step per collective kind */
+    double ck_block;   /* seconds training was blocked by a checkpoint begun after this step */
+    double norm_mean;  /* running mean of the previous CKPT_SPIKE_WINDOW norms (NAN: none yet) */
+    int spike;         /* norm above norm_mean + 0.1 */
+    int spike_ended;   /* a spike ended at this step after this many steps (0: none) */
 } StepStats;
+
+/* Gradient-norm spikes as the Llama 2 recipe tracks them: the running mean
+ * r of the norm over the previous 20 steps; a spike is a norm above r + 0.1,
+ * lasting until the norm is back below it. Skipped steps do not count. */
+static void track_spikes(Trainer *t, StepStats *s) {
+    TrainState *st = &t->st;
+    s->norm_mean = NAN;
+    if (s->skipped || !isfinite(s->norm)) return;
+    int n = st->norm_n < CKPT_SPIKE_WINDOW ? st->norm_n : CKPT_SPIKE_WINDOW;
+    if (n > 0) {
+        double sum = 0;
+        for (int i = 0; i < n; i++) sum += st->norm_hist[i];
+        s->norm_mean = sum / n;
+        s->spike = s->norm > s->norm_mean + 0.1;
+    }
+    if (s->spike) {
+        st->spike_len++;
+    } else if (st->spike_len > 0) {
+        s->spike_ended = st->spike_len;
+        st->spikes++;
+        st->spike_len = 0;
+    }
+    st->norm_hist[st->norm_n % CKPT_SPIKE_WINDOW] = s->norm;
+    st->norm_n++;
+}
 
 static void log_step(Trainer *t, const StepStats *s) {
     const Config *c = &t->cfg;
@@ -392,9 +654,11 @@ static void log_step(Trainer *t, const StepStats *s) {
         char comm[48] = ""; /* a world of one does not communicate */
         if (t->dist.world > 1)
             snprintf(comm, sizeof comm, " | comm %.2f MB", (s->comm_ag + s->comm_rs + s->comm_ar + s->comm_tp) / 1e6);
-        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s | %.0f ms | ETA %s%s\n",
-               s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", tps, 100 * mfu,
-               mem / (1 << 30), comm, 1000 * s->dt, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
+        char ck[48] = "";
+        if (s->ck_block > 0) snprintf(ck, sizeof ck, " | ckpt blocked %.0f ms", 1000 * s->ck_block);
+        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s | %.0f ms%s | ETA %s%s\n",
+               s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", s->spike ? " SPIKE" : "", tps, 100 * mfu,
+               mem / (1 << 30), comm, 1000 * s->dt, ck, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
         if (isfinite(s->val_loss)) printf("step %5d/%d | val_loss %.4f\n", s->step + 1, c->steps, s->val_loss);
         fflush(stdout);
     }
@@ -408,8 +672,12 @@ static void log_step(Trainer *t, const StepStats *s) {
     json_num(f, "mem_bytes", mem);
     json_num(f, "step_ms", 1000 * s->dt);
     fprintf(f, ",\"clipped\":%s,\"skipped\":%s,\"nonfinite_total\":%d", s->clipped ? "true" : "false",
-            s->skipped ? "true" : "false", t->nonfinite_total);
+            s->skipped ? "true" : "false", t->st.nonfinite_total);
     if (isfinite(s->val_loss)) json_num(f, "val_loss", s->val_loss);
+    if (isfinite(s->norm_mean)) json_num(f, "grad_norm_mean20", s->norm_mean);
+    fprintf(f, ",\"grad_spike\":%s", s->spike ? "true" : "false");
+    if (s->spike_ended) fprintf(f, ",\"grad_spike_steps\":%d", s->spike_ended);
+    if (s->ck_block > 0) json_num(f, "ckpt_block_ms", 1000 * s->ck_block);
     fprintf(f, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f,\"tp_allreduce\":%.0f}",
             s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp);
     fprintf(f, "}\n");
@@ -528,7 +796,7 @@ static StepStats train_step(Trainer *t, int step) {
     if (!isfinite(s.loss) || !isfinite(s.norm)) {
         s.skipped = 1;
         t->nonfinite_run++;
-        t->nonfinite_total++;
+        t->st.nonfinite_total++;
     } else {
         t->nonfinite_run = 0;
         float scale = 1.0f;
@@ -597,13 +865,19 @@ static void select_backend(Trainer *t) {
     t->k = kernels_cpu();
 }
 
-static void open_metrics(Trainer *t) {
+/* A resumed run appends (a resume event line marks where; steps after the
+ * checkpoint that the failed attempt logged stay, and are logged again). */
+static void open_metrics(Trainer *t, int resumed) {
     if (!is_root(t)) return;
     if (mkdir_p(t->cfg.log_dir) != 0) die(EXIT_IO, "log.dir: cannot create %s (%s)", t->cfg.log_dir, strerror(errno));
     char path[1200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->cfg.log_dir);
-    t->metrics = fopen(path, "w");
+    t->metrics = fopen(path, resumed ? "a" : "w");
     if (!t->metrics) die(EXIT_IO, "%s: cannot open for writing (%s)", path, strerror(errno));
+    if (resumed) {
+        fprintf(t->metrics, "{\"event\":\"resume\",\"step\":%d,\"world\":%d}\n", t->step_base, t->dist.world);
+        fflush(t->metrics);
+    }
 }
 
 static void print_header(Trainer *t) {
@@ -730,7 +1004,14 @@ static int train(int argc, char **argv) {
     t->flops_per_token = model_flops_per_token(&c->model, c->seq_len);
     t->peak_gflops = c->peak_gflops > 0 ? c->peak_gflops : kernels_cpu_sgemm_peak_gflops();
     t->sample_rng = c->seed * 2654435761ull + 88172645463325252ull;
-    open_metrics(t);
+    int resumed = resume(t);
+    ck_setup(t);
+    if (node_leader(t)) { /* folders a run that died left half-written */
+        ckpt_remove_partial(c->ckpt_dir);
+        if (c->ckpt_durable_dir[0]) ckpt_remove_partial(c->ckpt_durable_dir);
+    }
+    dist_barrier(&t->dist);
+    open_metrics(t, resumed);
     print_header(t);
     print_layout(t);
     if (c->health_check && !dist_health_check(&t->dist, (size_t)1 << 20, c->min_bus_gbps)) {
@@ -738,37 +1019,60 @@ static int train(int argc, char **argv) {
         exit(EXIT_SLOW_FABRIC);
     }
 
-    TrainState st = {0};
-    for (int step = 0; step < c->steps; step++) {
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
+    int stopped = 0;
+    for (int step = t->step_base; step < c->steps; step++) {
         dist_phase(&t->dist, step + 1, "forward");
         dist_fault_point(&t->dist, step + 1);
         StepStats s = train_step(t, step);
+        track_spikes(t, &s);
         int last = step + 1 == c->steps;
+        int stop = 0, due = 0;
+        dist_phase(&t->dist, step + 1, "checkpoint");
+        ck_control(t, 0, &stop, &due);
         int eval = (c->eval_every > 0 && (step + 1) % c->eval_every == 0) || last;
-        int save = (c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last;
+        int save = (c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop || due;
         /* sharded: the update lives in the master shards; gather the full
          * weights before anything reads them outside a step */
-        if (t->sharded && (eval || save)) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
+        if (t->sharded && eval) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
         if (eval) dist_phase(&t->dist, step + 1, "eval");
         if (eval && t->have_val && c->eval_batches > 0) s.val_loss = eval_loss(t);
-        log_step(t, &s);
-        if (eval) print_sample(t);
         if (t->nonfinite_run >= c->max_nonfinite_steps) {
+            log_step(t, &s);
             if (is_root(t)) fprintf(stderr, "llmtrain: %d consecutive steps with non-finite loss or gradients (step %d); exiting\n",
                                     t->nonfinite_run, step + 1);
             dist_abort(&t->dist, EXIT_NONFINITE);
         }
-        st.step = step + 1;
-        st.seq_cursor = (uint64_t)(step + 1) * (uint64_t)c->global_batch;
         if (save) {
             dist_phase(&t->dist, step + 1, "checkpoint");
-            save_checkpoint(t, &st);
+            s.ck_block = ck_begin(t, step + 1);
+        }
+        log_step(t, &s);
+        if (eval) print_sample(t);
+        if (stop && !last) {
+            stopped = 1;
+            break;
         }
     }
+    dist_phase(&t->dist, c->steps, "checkpoint");
+    ck_drain(t);
+    ckpt_writer_free(t->ckw);
+    int final_step = t->step_base < c->steps ? t->ck_state.step : t->ck_done_step;
+    if (is_root(t) && t->st.norm_n > 0)
+        printf("grad-norm spikes: %d (norm above its %d-step running mean + 0.1; lengths in metrics.jsonl grad_spike_steps)\n",
+               t->st.spikes + (t->st.spike_len > 0), CKPT_SPIKE_WINDOW);
     if (t->metrics) fclose_check(t->metrics, "metrics.jsonl");
+    if (t->ck_done_step != final_step) {
+        if (is_root(t)) fprintf(stderr, "llmtrain: the final checkpoint (step %d) could not be written to %s%s%s; see the lines above\n",
+                                final_step, c->ckpt_dir, c->ckpt_durable_dir[0] ? " or " : "", c->ckpt_durable_dir);
+        dist_abort(&t->dist, EXIT_IO);
+    }
+    if (stopped && is_root(t))
+        fprintf(stderr, "llmtrain: stopped by signal after step %d; checkpoint written, exiting %d\n", final_step, EXIT_STOPPED);
     dist_phase(&t->dist, c->steps, "finalize");
     dist_finalize(&t->dist);
-    return EXIT_OK;
+    return stopped ? EXIT_STOPPED : EXIT_OK;
 }
 
 /* ------------------------------------------------------------------ */
@@ -776,23 +1080,24 @@ static int train(int argc, char **argv) {
 
 static int cmd_export(int argc, char **argv) {
     if (argc != 2) die(EXIT_USAGE, "usage: llmtrain export CHECKPOINT_DIR OUT_DIR");
-    char step_dir[2048];
+    char step_dir[2048], why[800];
     if (ckpt_resolve(argv[0], step_dir, sizeof step_dir) != 0)
-        die(EXIT_USAGE, "export: %s: no complete checkpoint found (expected a step folder with state.json, or a root holding step_* folders)", argv[0]);
-    TrainState st;
-    char *json = ckpt_read_state(step_dir, &st);
+        die(EXIT_USAGE, "export: %s: no complete checkpoint found (expected a step folder with manifest.json, or a root holding step_* folders)", argv[0]);
+    CkptManifest *mf = ckpt_manifest_open(step_dir, why, sizeof why);
+    if (!mf || ckpt_manifest_verify(mf, 0, 1, why, sizeof why) != 0) die(EXIT_USAGE, "export: %s", why);
     Config c;
-    config_load_string(&c, json, step_dir);
-    free(json);
-    Model m;
-    model_build(&m, &c.model, kernels_cpu(), 1, 1, 1);
-    ckpt_load_params(&m, step_dir);
-    float *host = malloc_check(m.n_params * sizeof(float));
-    m.k->to_host(host, m.params, m.n_params * sizeof(float));
+    config_load_string(&c, ckpt_manifest_config(mf), step_dir);
+    Model m; /* the global (tp = 1) layout: any written layout is reassembled into it */
+    model_layout(&m, &c.model, 1, 1, 0);
+    float *host = calloc_check(m.n_params, sizeof(float));
+    ckpt_manifest_load(mf, &m, host, NULL, NULL);
     hf_export(&m, host, argv[1]);
-    printf("exported %s (step %d) -> %s\n", step_dir, st.step, argv[1]);
+    CkptLayout L = ckpt_manifest_layout(mf);
+    printf("exported %s (step %d, written by %d ranks: tp %d x shard %d x replicate %d) -> %s\n", step_dir, ckpt_manifest_state(mf)->step,
+           L.world, L.tp, L.shard, L.replicate, argv[1]);
     free(host);
-    model_free(&m);
+    model_layout_free(&m);
+    ckpt_manifest_close(mf);
     config_free(&c);
     return EXIT_OK;
 }

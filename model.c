@@ -196,13 +196,9 @@ void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
     model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0);
 }
 
-void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
-                    int tp, int tp_rank) {
+void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, int tp_rank) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
-    m->k = k;
-    m->B = B;
-    m->T = T;
     if (tp < 1 || cfg->n_kv_head % tp || cfg->n_head % tp || cfg->ffn_hidden % tp || cfg->vocab_size % tp)
         die(EXIT_INTERNAL, "model_build: tensor-parallel degree %d does not divide the model", tp);
     m->tp = tp;
@@ -216,7 +212,19 @@ void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
     m->qkv_dim = (m->nh + 2 * m->nkv) * m->hd;
     m->fc_dim = cfg->arch == ARCH_LLAMA ? 2 * m->F : m->F;
     build_layout(m, pad_multiple);
+}
 
+void model_layout_free(Model *m) {
+    free(m->specs); free(m->chunk_offset); free(m->chunk_size);
+    memset(m, 0, sizeof *m);
+}
+
+void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
+                    int tp, int tp_rank) {
+    model_layout(m, cfg, pad_multiple, tp, tp_rank);
+    m->k = k;
+    m->B = B;
+    m->T = T;
     size_t bytes = m->n_params * sizeof(float);
     m->params = k->alloc(bytes);
     m->grads = k->alloc(bytes);

@@ -442,3 +442,10 @@ void dist_gather_f64(Dist *d, const double *send, double *recv, size_t n) {
     check(d, MPI_Gather(send, count_of(n, "MPI_Gather"), MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, 0, MPI_COMM_WORLD), "MPI_Gather");
     watch_collective(d, NULL);
 }
+
+void dist_bcast_bytes(Dist *d, void *buf, size_t n) {
+    if (d->world == 1) return;
+    watch_collective(d, "MPI_Bcast");
+    check(d, MPI_Bcast(buf, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
+    watch_collective(d, NULL);
+}

@@ -81,6 +81,8 @@ int dist_fault_nan(Dist *d, int step);
  * group kind with the slowest group's bus bandwidth. Returns 1 when every
  * group reaches min_gbps, else 0 (rank 0 has printed the failure line). */
 int dist_health_check(Dist *d, size_t bytes, double min_gbps);
+/* World: broadcast n bytes from rank 0. */
+void dist_bcast_bytes(Dist *d, void *buf, size_t n);
 /* Bring every rank down after a fatal error on this one. */
 void dist_abort(Dist *d, int code) __attribute__((noreturn));
 

@@ -93,3 +93,19 @@ double now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+void buf_add(Buf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int w = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (w < 0) die(EXIT_INTERNAL, "vsnprintf failed");
+        if (b->s && b->len + (size_t)w < b->cap) { b->len += (size_t)w; return; }
+        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)w;
+        char *s = realloc(b->s, cap);
+        if (!s) die(EXIT_IO, "out of memory building a JSON text");
+        b->s = s;
+        b->cap = cap;
+    }
+}

@@ -18,6 +18,7 @@ enum {
     EXIT_PEER = 6,         /* another rank failed; this one aborts */
     EXIT_SLOW_FABRIC = 7,  /* startup health check: bus bandwidth below parallel.min_bus_gbps */
     EXIT_INTERNAL = 70,    /* a bug: an invariant failed */
+    EXIT_STOPPED = 143,    /* SIGTERM / SIGUSR1: stopped after writing a checkpoint */
 };
 
 /* Print "llmtrain: <message>" on stderr (one line) and exit with code. */
@@ -34,6 +35,11 @@ void fclose_check_(FILE *f, const char *path, const char *file, int line);
 #define fopen_check(p, m) fopen_check_((p), (m), __FILE__, __LINE__)
 #define fwrite_check(ptr, sz, n, f, path) fwrite_check_((ptr), (sz), (n), (f), (path), __FILE__, __LINE__)
 #define fclose_check(f, path) fclose_check_((f), (path), __FILE__, __LINE__)
+
+/* Growable string for JSON written by hand (cJSON would print large
+ * offsets as doubles): buf_add appends printf-style; b->s is malloc'd. */
+typedef struct Buf { char *s; size_t len, cap; } Buf;
+void buf_add(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Read a whole small file (configs, json headers) into a NUL-terminated buffer.
  * Returns NULL (and sets *len = 0) when it cannot be read. */

@@ -1,10 +1,13 @@
 /* test_ckpt.c — tests of ckpt.c: safetensors read/write (F32, BF16, F16),
  * Hugging Face GPT-2 / Llama export and import (bit-exact round trips,
- * sharded folders, config.json), training checkpoints (save, resolve, load)
- * and the one-line errors on bad files (each in a forked child). */
+ * sharded folders, config.json), training checkpoints of checkpoint.c
+ * (write in any layout, load into any other bit-exactly, manifest, checksums,
+ * commit, resolve, prune, damage detection) and the one-line errors on bad
+ * files (each in a forked child). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include "checkpoint.h"
 #include "ckpt.h"
 #include "config.h"
 #include "kernels.h"
@@ -702,127 +705,296 @@ static void test_hf_errors(void) {
 
 /* ------------------------------------------------- training checkpoints */
 
-static void fill(const Model *m, float *dst, float base) {
-    float *h = malloc_check(m->n_params * sizeof(float));
-    for (size_t i = 0; i < m->n_params; i++) h[i] = base + (float)i * 1e-3f;
-    m->k->from_host(dst, h, m->n_params * sizeof(float));
-    free(h);
-}
-
-static int same_real(const Model *a, const float *x, const float *y) {
-    for (int i = 0; i < a->n_specs; i++)
-        if (memcmp(x + a->specs[i].offset, y + a->specs[i].offset, a->specs[i].numel * 4) != 0) return 0;
-    return 1;
-}
-
 static const char *JOB = "{\"model\":{\"arch\":\"llama\",\"n_layer\":2,\"n_embd\":32,\"n_head\":4,\"n_kv_head\":2,"
-                         "\"ffn_hidden\":48,\"vocab_size\":61,\"max_seq_len\":32},\"data\":{\"train\":\"x.bin\"},"
+                         "\"ffn_hidden\":48,\"vocab_size\":64,\"max_seq_len\":32},\"data\":{\"train\":\"x.bin\"},"
                          "\"optim\":{\"lr\":0.001}}";
 
-static void child_load_params(const char *dir) {
-    ModelConfig c = gpt2_cfg();
-    Model m;
-    model_build(&m, &c, kernels_cpu(), 1, 4, 1);
-    ckpt_load_params(&m, dir);
+static ModelConfig ck_cfg(void) {
+    ModelConfig c = llama_cfg(0);
+    c.vocab_size = 64; /* divisible by tp 2 */
+    return c;
+}
+
+/* The global (tp = 1) state the tests write: distinct values everywhere. */
+typedef struct GState { Model g; float *p, *m, *v; } GState;
+
+static void gstate_init(GState *G) {
+    ModelConfig c = ck_cfg();
+    model_layout(&G->g, &c, 1, 1, 0);
+    size_t n = G->g.n_params;
+    G->p = malloc_check(n * 4); G->m = malloc_check(n * 4); G->v = malloc_check(n * 4);
+    for (size_t i = 0; i < n; i++) { G->p[i] = (float)i * 1e-3f - 1.0f; G->m[i] = 0.5f + (float)i * 1e-5f; G->v[i] = 2.0f + (float)i * 1e-6f; }
+}
+
+/* This layout's local TP-rank-tr state of kind k (host, n_params floats). */
+static float *local_state(const GState *G, const Model *lm, int k) {
+    const float *src[3] = {G->p, G->m, G->v};
+    float *out = calloc_check(lm->n_params, sizeof(float));
+    for (int i = 0; i < lm->n_specs; i++) {
+        const ParamSpec *s = &lm->specs[i], *gs = model_find(&G->g, s->name);
+        model_tp_copy(lm, s, (float *)src[k] + gs->offset, out + s->offset, 0);
+    }
+    return out;
+}
+
+/* Write the global state as layout L would (every rank its owned slices,
+ * through the background writer), then the manifest and the commit. */
+static int save_as(const GState *G, const CkptLayout *L, const char *root, int step, const Config *cfg, char *why, size_t wn) {
+    uint64_t *bytes = calloc_check((size_t)L->world, 8), *sums = calloc_check((size_t)L->world, 8);
+    Model lm0;
+    ModelConfig c = ck_cfg();
+    char tmp[1200], fin[1200];
+    ckpt_step_dir(tmp, sizeof tmp, root, step, 1);
+    ckpt_step_dir(fin, sizeof fin, root, step, 0);
+    int rc = 0;
+    for (int r = 0; r < L->world; r++) {
+        int tr = r % L->tp, si = (r / L->tp) % L->shard, ri = r / (L->tp * L->shard);
+        Model lm;
+        model_layout(&lm, &c, L->shard, L->tp, tr);
+        size_t own = ckpt_owned_floats(&lm, L->shard, si, L->replicate, ri), pos = 0;
+        CkptWriter *w = ckpt_writer_new(3 * own);
+        float *stage = ckpt_writer_staging(w);
+        for (int k = 0; k < 3; k++) {
+            float *loc = local_state(G, &lm, k);
+            for (int ch = 0; ch < lm.n_chunks; ch++) {
+                size_t lo, hi;
+                ckpt_owned_range(&lm, ch, L->shard, si, L->replicate, ri, &lo, &hi);
+                memcpy(stage + pos, loc + lo, (hi - lo) * 4);
+                pos += hi - lo;
+            }
+            free(loc);
+        }
+        char path[1300];
+        snprintf(path, sizeof path, "%s/rank_%05d.bin", tmp, r);
+        ckpt_writer_write(w, path, 3 * own);
+        CkptJobResult res = ckpt_writer_take(w); /* still busy: take must not reset */
+        if (ckpt_writer_wait(w) != CKPT_DONE) { snprintf(why, wn, "write failed"); rc = -1; }
+        res = ckpt_writer_take(w);
+        if (res.state != CKPT_DONE || ckpt_writer_state(w) != CKPT_IDLE) { snprintf(why, wn, "writer state after take"); rc = -1; }
+        bytes[r] = res.bytes;
+        sums[r] = res.checksum;
+        ckpt_writer_free(w);
+        model_layout_free(&lm);
+    }
+    TrainState st = {0};
+    st.step = step;
+    st.seq_cursor = (1ull << 40) + 3;
+    st.rng = 0xDEADBEEFCAFEF00Dull;
+    st.nonfinite_total = 2;
+    st.norm_n = 23;
+    st.spike_len = 1;
+    st.spikes = 4;
+    for (int i = 0; i < CKPT_SPIKE_WINDOW; i++) st.norm_hist[i] = 0.1 * i + 1e-17;
+    model_layout(&lm0, &c, L->shard, L->tp, 0);
+    char *text = ckpt_manifest_text(&lm0, L, bytes, sums, cfg, &st);
+    if (rc == 0) rc = ckpt_commit(tmp, fin, root, text, why, wn);
+    free(text);
+    model_layout_free(&lm0);
+    free(bytes);
+    free(sums);
+    return rc;
+}
+
+/* Load a checkpoint into TP rank tr of tp (padding pad) and compare every
+ * tensor of all three kinds with the global state, bit for bit. */
+static int load_matches(const GState *G, const char *dir, int tp, int tr, int pad) {
+    char why[600];
+    CkptManifest *mf = ckpt_manifest_open(dir, why, sizeof why);
+    if (!mf) { printf("  %s\n", why); return 0; }
+    ModelConfig c = ck_cfg();
+    Model lm;
+    model_layout(&lm, &c, pad, tp, tr);
+    float *got[3], *want[3];
+    for (int k = 0; k < 3; k++) { got[k] = calloc_check(lm.n_params, 4); want[k] = local_state(G, &lm, k); }
+    ckpt_manifest_load(mf, &lm, got[0], got[1], got[2]);
+    int ok = 1;
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < lm.n_specs; i++) {
+            const ParamSpec *s = &lm.specs[i];
+            if (memcmp(got[k] + s->offset, want[k] + s->offset, s->numel * 4) != 0) { ok = 0; printf("  kind %d %s differs\n", k, s->name); }
+        }
+        free(got[k]);
+        free(want[k]);
+    }
+    model_layout_free(&lm);
+    ckpt_manifest_close(mf);
+    return ok;
+}
+
+static void child_load_other_model(const char *dir) {
+    char why[600];
+    CkptManifest *mf = ckpt_manifest_open(dir, why, sizeof why);
+    ModelConfig c = ck_cfg();
+    c.vocab_size = 66;
+    Model lm;
+    model_layout(&lm, &c, 1, 1, 0);
+    float *p = calloc_check(lm.n_params, 4);
+    ckpt_manifest_load(mf, &lm, p, NULL, NULL);
+}
+
+static void flip_byte(const char *path, long off) {
+    FILE *f = fopen_check(path, "r+b");
+    fseek(f, off, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, off, SEEK_SET);
+    fputc(ch ^ 0x40, f);
+    fclose_check(f, path);
 }
 
 static void test_ckpt(void) {
-    ModelConfig c = llama_cfg(0);
-    Model m;
-    build(&m, &c, 11);
-    fill(&m, m.m, 0.5f);
-    fill(&m, m.v, 2.0f);
+    GState G;
+    gstate_init(&G);
     Config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.json_text = strdup(JOB);
-    char root[1024];
+    char root[1024], why[600];
     snprintf(root, sizeof root, "%s", tpath("ckpts")); /* tpath's buffers are reused */
-    TrainState st = {7, (1ull << 40) + 3, 0xDEADBEEFCAFEF00Dull};
-    ckpt_save(&m, &cfg, &st, root);
-    st.step = 12;
-    ckpt_save(&m, &cfg, &st, root);
-    check(exists(tpath("ckpts/step_00000007/state.json")) && exists(tpath("ckpts/step_00000012/optim.safetensors")) &&
+
+    /* checksum: streaming in odd pieces equals one pass; any bit flip shows */
+    unsigned char buf[1000];
+    for (int i = 0; i < 1000; i++) buf[i] = (unsigned char)(i * 7 + 3);
+    CkptHash h1, h2;
+    ckpt_hash_init(&h1); ckpt_hash_update(&h1, buf, 1000);
+    ckpt_hash_init(&h2); ckpt_hash_update(&h2, buf, 3); ckpt_hash_update(&h2, buf + 3, 500); ckpt_hash_update(&h2, buf + 503, 497);
+    uint64_t a = ckpt_hash_final(&h1), b = ckpt_hash_final(&h2);
+    buf[777] ^= 1;
+    ckpt_hash_init(&h1); ckpt_hash_update(&h1, buf, 1000);
+    check(a == b && ckpt_hash_final(&h1) != a, "checksum: streaming in pieces equals one pass; a flipped bit changes it");
+
+    /* ownership: every local float written exactly once per TP rank, replicas split the writing */
+    {
+        ModelConfig c = ck_cfg();
+        Model lm;
+        model_layout(&lm, &c, 4, 2, 1);
+        unsigned char *cnt = calloc_check(lm.n_params, 1);
+        for (int si = 0; si < 4; si++)
+            for (int ri = 0; ri < 3; ri++)
+                for (int ch = 0; ch < lm.n_chunks; ch++) {
+                    size_t lo, hi;
+                    ckpt_owned_range(&lm, ch, 4, si, 3, ri, &lo, &hi);
+                    for (size_t x = lo; x < hi; x++) cnt[x]++;
+                }
+        int once = 1;
+        for (size_t x = 0; x < lm.n_params; x++) once &= cnt[x] == 1;
+        size_t f0 = ckpt_owned_floats(&lm, 4, 0, 3, 0), f2 = ckpt_owned_floats(&lm, 4, 0, 3, 2);
+        check(once && f0 > 0 && f0 < lm.n_params / 10 && f2 + 8 >= f0, "ownership: shard 4 x replicate 3 covers each float once, replicas split evenly (%zu, %zu of %zu)",
+              f0, f2, lm.n_params);
+        free(cnt);
+        model_layout_free(&lm);
+    }
+
+    /* write with tp 2 x shard 2 x replicate 2 (8 ranks), read into other layouts */
+    CkptLayout L8 = {8, 2, 2, 2};
+    int rc = save_as(&G, &L8, root, 12, &cfg, why, sizeof why);
+    check(rc == 0 && exists(tpath("ckpts/step_00000012/manifest.json")) && exists(tpath("ckpts/step_00000012/rank_00007.bin")) &&
               !exists(tpath("ckpts/step_00000012.tmp")),
-          "ckpt_save: step_00000007 and step_00000012 written, no .tmp left");
-    /* a re-save of the same step replaces the folder */
-    ckpt_save(&m, &cfg, &st, root);
-    check(exists(tpath("ckpts/step_00000012/model.safetensors")) && !exists(tpath("ckpts/step_00000012.old")),
-          "ckpt_save: saving an existing step replaces it");
-
-    /* decoys: a complete .tmp folder with a higher step, and a folder
-     * without state.json */
-    mkdir_p(tpath("ckpts/step_00000099.tmp"));
-    mkdir_p(tpath("ckpts/step_00000050"));
-    const char *files[] = {"model.safetensors", "optim.safetensors", "state.json"};
-    for (int i = 0; i < 3; i++) {
-        copy_file(tpath("ckpts/step_00000012/%s", files[i]), tpath("ckpts/step_00000099.tmp/%s", files[i]));
-        if (i < 2) copy_file(tpath("ckpts/step_00000012/%s", files[i]), tpath("ckpts/step_00000050/%s", files[i]));
-    }
-    char dir[1024];
-    int rc = ckpt_resolve(root, dir, sizeof dir);
-    check(rc == 0 && strcmp(dir, tpath("ckpts/step_00000012")) == 0, "ckpt_resolve(root): newest complete step (%s)", rc == 0 ? dir : "none");
+          "save: 8 rank files + manifest committed, no .tmp left%s%s", rc ? ": " : "", rc ? why : "");
+    char dir12[1024];
+    snprintf(dir12, sizeof dir12, "%s", tpath("ckpts/step_00000012"));
+    check(load_matches(&G, dir12, 1, 0, 1), "load: tp2 x shard2 x replicate2 -> one rank (tp 1): params, exp_avg, exp_avg_sq bit-identical");
+    check(load_matches(&G, dir12, 2, 1, 3) && load_matches(&G, dir12, 2, 0, 1), "load: -> tp 2 (other padding): each TP rank's slices bit-identical");
+    CkptLayout L1 = {1, 1, 1, 1};
+    rc = save_as(&G, &L1, root, 7, &cfg, why, sizeof why);
     char dir7[1024];
-    rc = ckpt_resolve(tpath("ckpts/step_00000007"), dir7, sizeof dir7);
-    check(rc == 0 && strcmp(dir7, tpath("ckpts/step_00000007")) == 0, "ckpt_resolve(step dir): the folder itself");
-    mkdir_p(tpath("empty_root"));
-    check(ckpt_resolve(tpath("empty_root"), dir7, sizeof dir7) == -1 && ckpt_resolve(tpath("missing_root"), dir7, sizeof dir7) == -1,
-          "ckpt_resolve: -1 for an empty or missing root");
+    snprintf(dir7, sizeof dir7, "%s", tpath("ckpts/step_00000007"));
+    check(rc == 0 && load_matches(&G, dir7, 2, 1, 2), "load: one rank -> tp 2 rank 1 bit-identical");
 
-    TrainState st2 = {0};
-    char *text = ckpt_read_state(tpath("ckpts/step_00000012"), &st2);
-    check(st2.step == 12 && st2.seq_cursor == (1ull << 40) + 3 && st2.rng == 0xDEADBEEFCAFEF00Dull,
-          "ckpt_read_state: step, 64-bit seq_cursor and rng round-trip");
-    cJSON *a = cJSON_Parse(JOB);
-    char *want = cJSON_PrintUnformatted(a);
-    check(strcmp(text, want) == 0, "ckpt_read_state: config JSON round-trips");
+    CkptManifest *mf = ckpt_manifest_open(dir12, why, sizeof why);
+    const TrainState *st = mf ? ckpt_manifest_state(mf) : NULL;
+    CkptLayout L = mf ? ckpt_manifest_layout(mf) : (CkptLayout){0, 0, 0, 0};
+    check(st && st->step == 12 && st->seq_cursor == (1ull << 40) + 3 && st->rng == 0xDEADBEEFCAFEF00Dull && st->nonfinite_total == 2 &&
+              st->norm_n == 23 && st->spike_len == 1 && st->spikes == 4 && st->norm_hist[19] == 0.1 * 19 + 1e-17,
+          "manifest: step, 64-bit cursor and rng, counters and spike window round-trip exactly");
+    check(L.world == 8 && L.tp == 2 && L.shard == 2 && L.replicate == 2, "manifest: layout recorded");
     Config cfg2;
-    config_load_string(&cfg2, text, "checkpoint state.json");
-    check(cfg2.model.arch == ARCH_LLAMA && cfg2.model.n_kv_head == 2 && cfg2.lr == 0.001f, "ckpt_read_state: config text loads with config_load_string");
-    config_free(&cfg2);
-    free(want);
-    cJSON_Delete(a);
-    free(text);
-
-    Model m2;
-    model_build(&m2, &c, kernels_cpu(), 1, 4, 1); /* a different padding: loading is by name */
-    ckpt_load_params(&m2, dir);
-    ckpt_load_optim(&m2, dir);
-    int okp = 1, okm = 1, okv = 1;
-    for (int i = 0; i < m.n_specs; i++) {
-        const ParamSpec *s = &m.specs[i], *s2 = model_find(&m2, s->name);
-        okp &= memcmp(m.params + s->offset, m2.params + s2->offset, s->numel * 4) == 0;
-        okm &= memcmp(m.m + s->offset, m2.m + s2->offset, s->numel * 4) == 0;
-        okv &= memcmp(m.v + s->offset, m2.v + s2->offset, s->numel * 4) == 0;
+    if (mf) {
+        config_load_string(&cfg2, ckpt_manifest_config(mf), "manifest");
+        check(cfg2.model.vocab_size == 64 && cfg2.lr == 0.001f, "manifest: config loads with config_load_string");
+        config_free(&cfg2);
+        check(ckpt_manifest_verify(mf, 0, 1, why, sizeof why) == 0, "verify: all checksums hold");
+        ckpt_manifest_close(mf);
     }
-    check(okp && okm && okv, "ckpt_load_params/optim: params, m and v bit-identical (across paddings)");
-    model_free(&m2);
-    Model m3;
-    model_build(&m3, &c, kernels_cpu(), 1, 4, 3);
-    ckpt_load_params(&m3, dir);
-    check(same_real(&m, m.params, m3.params), "ckpt_load_params: same layout loads identically");
-    model_free(&m3);
+    expect_die("load: checkpoint of another model", child_load_other_model, dir12, EXIT_USAGE, "tensor wte.weight has 2048 elements, this model expects 2112");
 
-    expect_die("ckpt_load_params: checkpoint of another model", child_load_params, dir, EXIT_USAGE, "step_00000012/model.safetensors: tensor wte.weight has shape [61, 32], expected [67, 32]");
+    /* resolve / list: newest complete; .tmp and folders without a manifest are not candidates */
+    mkdir_p(tpath("ckpts/step_00000099.tmp"));
+    copy_file(tpath("ckpts/step_00000012/manifest.json"), tpath("ckpts/step_00000099.tmp/manifest.json"));
+    mkdir_p(tpath("ckpts/step_00000050"));
+    char dir[1024];
+    rc = ckpt_resolve(root, dir, sizeof dir);
+    check(rc == 0 && strcmp(dir, dir12) == 0, "resolve(root): newest complete step (%s)", rc == 0 ? dir : "none");
+    rc = ckpt_resolve(dir7, dir, sizeof dir);
+    check(rc == 0 && strcmp(dir, dir7) == 0, "resolve(step dir): the folder itself");
+    mkdir_p(tpath("empty_root"));
+    check(ckpt_resolve(tpath("empty_root"), dir, sizeof dir) == -1 && ckpt_resolve(tpath("missing_root"), dir, sizeof dir) == -1,
+          "resolve: -1 for an empty or missing root");
+    char list[3][1024];
+    int nl = ckpt_list(root, &list[0][0], 1024, 3);
+    check(nl == 2 && strcmp(list[0], dir12) == 0 && strcmp(list[1], dir7) == 0, "list: complete steps newest first (%d)", nl);
+    ckpt_remove_partial(root);
+    check(!exists(tpath("ckpts/step_00000099.tmp")) && exists(dir12), "remove_partial: .tmp folders gone, complete ones kept");
 
-    /* keep_last: of steps 3, 5, 7, 12 (7 and 12 from above) keep the newest 2;
-     * incomplete folders (the .tmp decoy, step 50 without state.json) stay */
+    /* damage: each is reported by open/verify, never loaded */
+    char f3[1200];
+    snprintf(f3, sizeof f3, "%s/rank_00003.bin", dir12);
+    flip_byte(f3, 100);
+    mf = ckpt_manifest_open(dir12, why, sizeof why);
+    rc = mf ? ckpt_manifest_verify(mf, 3 % 2, 2, why, sizeof why) : 0;
+    check(mf && rc == -1 && strstr(why, "rank_00003.bin: checksum"), "verify: a flipped byte in a rank file fails its checksum (%s)", why);
+    rc = mf ? ckpt_manifest_verify(mf, 0, 2, why, sizeof why) : -1;
+    check(rc == 0, "verify: ranks split the checksum reading (rank 0 of 2 does not read file 3)");
+    ckpt_manifest_close(mf);
+    flip_byte(f3, 100);
+    if (truncate(f3, 64) != 0) die(EXIT_INTERNAL, "truncate");
+    mf = ckpt_manifest_open(dir12, why, sizeof why);
+    rc = mf ? ckpt_manifest_verify(mf, 0, 8, why, sizeof why) : 0;
+    check(rc == -1 && strstr(why, "64 bytes, the manifest says"), "verify: a truncated rank file is caught by any rank (%s)", why);
+    ckpt_manifest_close(mf);
+    char man[1200];
+    snprintf(man, sizeof man, "%s/manifest.json", dir7);
+    size_t mlen;
+    char *mtext = read_text_file(man, &mlen);
+    write_bytes(man, mtext, mlen / 2);
+    mf = ckpt_manifest_open(dir7, why, sizeof why);
+    check(!mf && strstr(why, "not valid JSON (truncated?)"), "open: a truncated manifest is refused (%s)", why);
+    free(mtext);
+    unlink(man);
+    mf = ckpt_manifest_open(dir7, why, sizeof why);
+    check(!mf && strstr(why, "manifest.json: cannot read"), "open: a missing manifest is refused (%s)", why);
+
+    /* commit over an existing step replaces it; keep_last prunes only complete folders */
     char proot[1024];
     snprintf(proot, sizeof proot, "%s", tpath("prune"));
-    for (int s = 3; s <= 12; s++) {
-        if (s != 3 && s != 5 && s != 7 && s != 12) continue;
-        st.step = s;
-        ckpt_save(&m, &cfg, &st, proot);
-    }
+    int okc = 1;
+    for (int s = 3; s <= 12; s++)
+        if (s == 3 || s == 5 || s == 7 || s == 12) okc &= save_as(&G, &L1, proot, s, &cfg, why, sizeof why) == 0;
+    okc &= save_as(&G, &L1, proot, 12, &cfg, why, sizeof why) == 0;
+    check(okc && exists(tpath("prune/step_00000012/manifest.json")) && !exists(tpath("prune/step_00000012.old")),
+          "commit: saving an existing step replaces it");
     mkdir_p(tpath("prune/step_00000001.tmp"));
     int removed = ckpt_prune(proot, 2);
     check(removed == 2 && !exists(tpath("prune/step_00000003")) && !exists(tpath("prune/step_00000005")) &&
-              exists(tpath("prune/step_00000007/state.json")) && exists(tpath("prune/step_00000012/state.json")) &&
+              exists(tpath("prune/step_00000007/manifest.json")) && exists(tpath("prune/step_00000012/manifest.json")) &&
               exists(tpath("prune/step_00000001.tmp")),
-          "ckpt_prune(keep_last=2): the two oldest complete steps removed, newest two and incomplete folders kept (removed %d)", removed);
-    check(ckpt_prune(proot, 0) == 0 && exists(tpath("prune/step_00000007/state.json")), "ckpt_prune(keep_last=0): keeps everything");
+          "prune(keep_last=2): the two oldest complete steps removed, newest two and incomplete folders kept (removed %d)", removed);
+    check(ckpt_prune(proot, 0) == 0 && exists(tpath("prune/step_00000007/manifest.json")), "prune(keep_last=0): keeps everything");
+
+    /* a write that cannot happen reports, leaves no file, and the writer survives */
+    CkptWriter *w = ckpt_writer_new(16);
+    write_bytes(tpath("afile"), "x", 1);
+    ckpt_writer_write(w, tpath("afile/sub/rank.bin"), 16);
+    int ws = ckpt_writer_wait(w);
+    CkptJobResult res = ckpt_writer_take(w);
+    check(ws == CKPT_FAILED && strstr(res.error, "cannot create directory"), "writer: failure reported as one line (%s)", res.error);
+    ckpt_writer_copy(w, dir12, tpath("copy.bin")); /* a directory cannot be read as a file */
+    ws = ckpt_writer_wait(w);
+    res = ckpt_writer_take(w);
+    check(ws == CKPT_FAILED && !exists(tpath("copy.bin")), "writer: a failed copy leaves no partial file (%s)", res.error);
+    ckpt_writer_free(w);
 
     free(cfg.json_text);
-    model_free(&m);
+    model_layout_free(&G.g);
+    free(G.p); free(G.m); free(G.v);
 }
 
 int main(void) {

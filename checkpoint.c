@@ -1,0 +1,799 @@
+/* checkpoint.c — sharded training checkpoints (see checkpoint.h): who
+ * writes which slice, the background writer thread, the manifest, the
+ * atomic commit, and loading into any layout of the same model. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "checkpoint.h"
+#include "util.h"
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define PATH_BUF 4096
+#define FORMAT "llmtrain-checkpoint/2"
+#define IO_CHUNK ((size_t)16 << 20)
+
+static const char *const KIND_NAME[3] = {"param", "exp_avg", "exp_avg_sq"};
+
+/* ======================================================================
+ * ownership
+ * ====================================================================== */
+
+void ckpt_owned_range(const Model *m, int c, int S, int si, int R, int ri, size_t *lo, size_t *hi) {
+    size_t len = m->chunk_size[c] / (size_t)S;
+    size_t base = m->chunk_offset[c] + (size_t)si * len;
+    *lo = base + len * (size_t)ri / (size_t)R;
+    *hi = base + len * (size_t)(ri + 1) / (size_t)R;
+}
+
+size_t ckpt_owned_floats(const Model *m, int S, int si, int R, int ri) {
+    size_t n = 0;
+    for (int c = 0; c < m->n_chunks; c++) {
+        size_t lo, hi;
+        ckpt_owned_range(m, c, S, si, R, ri, &lo, &hi);
+        n += hi - lo;
+    }
+    return n;
+}
+
+/* ======================================================================
+ * checksum: 64-bit multiply-xorshift over little-endian words
+ * ====================================================================== */
+
+static uint64_t mix_word(uint64_t h, uint64_t w) {
+    h ^= w;
+    h *= 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 29);
+}
+
+void ckpt_hash_init(CkptHash *h) { memset(h, 0, sizeof *h); h->h = 0x6a09e667f3bcc909ull; }
+
+void ckpt_hash_update(CkptHash *h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    h->len += n;
+    while (h->ntail && n) { h->tail[h->ntail++] = *b++; n--; if (h->ntail == 8) { uint64_t w; memcpy(&w, h->tail, 8); h->h = mix_word(h->h, w); h->ntail = 0; } }
+    uint64_t x = h->h;
+    for (; n >= 8; n -= 8, b += 8) {
+        uint64_t w;
+        memcpy(&w, b, 8);
+        x = mix_word(x, w);
+    }
+    h->h = x;
+    while (n--) h->tail[h->ntail++] = *b++;
+}
+
+uint64_t ckpt_hash_final(CkptHash *h) {
+    uint64_t w = 0;
+    memcpy(&w, h->tail, (size_t)h->ntail);
+    uint64_t x = mix_word(mix_word(h->h, w), h->len);
+    return mix_word(x, 0x2545f4914f6cdd1dull);
+}
+
+/* ======================================================================
+ * file helpers (report errors; the writer thread must not exit)
+ * ====================================================================== */
+
+static int errf(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int errf(char *why, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    if (rc != 0 && errno == EINVAL) rc = 0; /* some filesystems cannot sync directories */
+    close(fd);
+    return rc;
+}
+
+static void parent_of(char *out, size_t n, const char *path) {
+    snprintf(out, n, "%s", path);
+    char *slash = strrchr(out, '/');
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == out) out[1] = '\0';
+    else *slash = '\0';
+}
+
+static int write_all(int fd, const void *p, size_t n) {
+    const char *b = p;
+    while (n) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0) { if (errno == EINTR) continue; return -1; }
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+
+void ckpt_remove(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static bool path_exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+/* Write (src == NULL: from buf) or copy (from file src) into dst with a
+ * checksum; fsync; the partial file is removed on failure. */
+static int write_file(const char *dst, const float *buf, size_t floats, const char *src, CkptJobResult *r) {
+    char dir[PATH_BUF];
+    parent_of(dir, sizeof dir, dst);
+    if (mkdir_p(dir) != 0) return errf(r->error, sizeof r->error, "%s: cannot create directory (%s)", dir, strerror(errno));
+    int in = -1;
+    unsigned char *tmp = NULL;
+    if (src) {
+        in = open(src, O_RDONLY);
+        if (in < 0) return errf(r->error, sizeof r->error, "%s: cannot open (%s)", src, strerror(errno));
+        tmp = malloc_check(IO_CHUNK);
+    }
+    int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        if (in >= 0) close(in);
+        free(tmp);
+        return errf(r->error, sizeof r->error, "%s: cannot create (%s)", dst, strerror(errno));
+    }
+    CkptHash h;
+    ckpt_hash_init(&h);
+    size_t total = src ? 0 : floats * sizeof(float), done = 0;
+    int rc = 0;
+    for (;;) {
+        const void *p;
+        size_t n;
+        if (src) {
+            ssize_t got = read(in, tmp, IO_CHUNK);
+            if (got < 0) { if (errno == EINTR) continue; rc = errf(r->error, sizeof r->error, "%s: read failed (%s)", src, strerror(errno)); break; }
+            if (got == 0) break;
+            p = tmp;
+            n = (size_t)got;
+        } else {
+            if (done == total) break;
+            n = total - done < IO_CHUNK ? total - done : IO_CHUNK;
+            p = (const char *)buf + done;
+        }
+        ckpt_hash_update(&h, p, n);
+        if (write_all(fd, p, n) != 0) { rc = errf(r->error, sizeof r->error, "%s: write failed (%s)", dst, strerror(errno)); break; }
+        done += n;
+    }
+    if (rc == 0 && fsync(fd) != 0) rc = errf(r->error, sizeof r->error, "%s: fsync failed (%s)", dst, strerror(errno));
+    if (close(fd) != 0 && rc == 0) rc = errf(r->error, sizeof r->error, "%s: close failed (%s)", dst, strerror(errno));
+    if (in >= 0) close(in);
+    free(tmp);
+    if (rc != 0) { unlink(dst); return rc; }
+    r->bytes = done;
+    r->checksum = ckpt_hash_final(&h);
+    return 0;
+}
+
+/* ======================================================================
+ * background writer
+ * ====================================================================== */
+
+struct CkptWriter {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int quit, job;          /* job: 0 none, 1 write, 2 copy */
+    int state;
+    char dst[PATH_BUF], src[PATH_BUF];
+    size_t floats;
+    float *staging;
+    CkptJobResult result;
+};
+
+static void *writer_main(void *arg) {
+    CkptWriter *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->job && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->quit) break;
+        int job = w->job;
+        pthread_mutex_unlock(&w->mu);
+        CkptJobResult r;
+        memset(&r, 0, sizeof r);
+        double t0 = now_s();
+        int rc = write_file(w->dst, job == 1 ? w->staging : NULL, w->floats, job == 2 ? w->src : NULL, &r);
+        r.seconds = now_s() - t0;
+        r.state = rc == 0 ? CKPT_DONE : CKPT_FAILED;
+        pthread_mutex_lock(&w->mu);
+        w->result = r;
+        w->state = r.state;
+        w->job = 0;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+CkptWriter *ckpt_writer_new(size_t staging_floats) {
+    CkptWriter *w = calloc_check(1, sizeof *w);
+    /* touch every page now, so the first checkpoint's blocking copy does not
+     * pay for page faults */
+    w->staging = calloc_check(staging_floats ? staging_floats : 1, sizeof(float));
+    memset(w->staging, 0, staging_floats * sizeof(float));
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (pthread_create(&w->thread, NULL, writer_main, w) != 0) die(EXIT_INTERNAL, "checkpoint: cannot start the writer thread");
+    return w;
+}
+
+void ckpt_writer_free(CkptWriter *w) {
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->quit = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w->staging);
+    free(w);
+}
+
+float *ckpt_writer_staging(CkptWriter *w) { return w->staging; }
+
+static void start_job(CkptWriter *w, int job, const char *dst, const char *src, size_t floats) {
+    pthread_mutex_lock(&w->mu);
+    if (w->state == CKPT_BUSY) die(EXIT_INTERNAL, "checkpoint: writer busy");
+    snprintf(w->dst, sizeof w->dst, "%s", dst);
+    snprintf(w->src, sizeof w->src, "%s", src ? src : "");
+    w->floats = floats;
+    w->job = job;
+    w->state = CKPT_BUSY;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void ckpt_writer_write(CkptWriter *w, const char *path, size_t floats) { start_job(w, 1, path, NULL, floats); }
+void ckpt_writer_copy(CkptWriter *w, const char *src, const char *dst) { start_job(w, 2, dst, src, 0); }
+
+int ckpt_writer_state(CkptWriter *w) {
+    pthread_mutex_lock(&w->mu);
+    int s = w->state;
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
+int ckpt_writer_wait(CkptWriter *w) {
+    pthread_mutex_lock(&w->mu);
+    while (w->state == CKPT_BUSY) pthread_cond_wait(&w->cv, &w->mu);
+    int s = w->state;
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
+CkptJobResult ckpt_writer_take(CkptWriter *w) {
+    pthread_mutex_lock(&w->mu);
+    CkptJobResult r = w->result;
+    r.state = w->state;
+    if (w->state != CKPT_BUSY) w->state = CKPT_IDLE;
+    pthread_mutex_unlock(&w->mu);
+    return r;
+}
+
+/* ======================================================================
+ * manifest
+ * ====================================================================== */
+
+void ckpt_step_dir(char *out, size_t n, const char *root, int step, int tmp) {
+    int w = snprintf(out, n, "%s/step_%08d%s", root, step, tmp ? ".tmp" : "");
+    if (w < 0 || (size_t)w >= n) die(EXIT_USAGE, "%s: checkpoint path too long", root);
+}
+
+/* Rank r of layout L: its TP rank, shard index and replica index. */
+static void rank_coords(const CkptLayout *L, int r, int *tr, int *si, int *ri) {
+    *tr = r % L->tp;
+    *si = (r / L->tp) % L->shard;
+    *ri = r / (L->tp * L->shard);
+}
+
+char *ckpt_manifest_text(const Model *m, const CkptLayout *L, const uint64_t *bytes, const uint64_t *checksums,
+                         const Config *cfg, const TrainState *st) {
+    Buf b = {0};
+    buf_add(&b, "{\n\"format\": \"" FORMAT "\",\n\"step\": %d,\n\"seq_cursor\": \"%llu\",\n\"rng\": \"%llu\",\n", st->step,
+            (unsigned long long)st->seq_cursor, (unsigned long long)st->rng);
+    buf_add(&b, "\"state\": {\"nonfinite_total\": %d, \"norm_n\": %d, \"spike_len\": %d, \"spikes\": %d, \"norm_hist\": [",
+            st->nonfinite_total, st->norm_n, st->spike_len, st->spikes);
+    for (int i = 0; i < CKPT_SPIKE_WINDOW; i++) buf_add(&b, "%s%.17g", i ? ", " : "", st->norm_hist[i]);
+    buf_add(&b, "]},\n\"layout\": {\"world\": %d, \"tp\": %d, \"shard\": %d, \"replicate\": %d},\n", L->world, L->tp, L->shard,
+            L->replicate);
+    /* file index of each rank that wrote something */
+    int *file_of = malloc_check((size_t)L->world * sizeof(int));
+    int nf = 0;
+    buf_add(&b, "\"checksum\": \"mix64\",\n\"files\": [");
+    for (int r = 0; r < L->world; r++) {
+        file_of[r] = -1;
+        if (!bytes[r]) continue;
+        file_of[r] = nf;
+        buf_add(&b, "%s\n  {\"name\": \"rank_%05d.bin\", \"rank\": %d, \"bytes\": %llu, \"checksum\": \"%016llx\"}", nf ? "," : "", r, r,
+                (unsigned long long)bytes[r], (unsigned long long)checksums[r]);
+        nf++;
+    }
+    buf_add(&b, "\n],\n\"tensors\": [");
+    /* per rank: where each chunk's owned range starts in its file (floats) */
+    size_t *pos = malloc_check((size_t)L->world * (size_t)m->n_chunks * sizeof(size_t));
+    size_t *owned = malloc_check((size_t)L->world * sizeof(size_t));
+    for (int r = 0; r < L->world; r++) {
+        int tr, si, ri;
+        rank_coords(L, r, &tr, &si, &ri);
+        size_t p = 0;
+        for (int c = 0; c < m->n_chunks; c++) {
+            size_t lo, hi;
+            ckpt_owned_range(m, c, L->shard, si, L->replicate, ri, &lo, &hi);
+            pos[(size_t)r * m->n_chunks + c] = p;
+            p += hi - lo;
+        }
+        owned[r] = p;
+    }
+    int first = 1;
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < m->n_specs; i++) {
+            const ParamSpec *s = &m->specs[i];
+            buf_add(&b, "%s\n  {\"name\": \"%s\", \"kind\": \"%s\", \"shape\": [", first ? "" : ",", s->name, KIND_NAME[k]);
+            first = 0;
+            if (s->ndim == 2) {
+                int64_t r0 = s->shape[0], c0 = s->shape[1];
+                if (s->tp_axis == 0) r0 *= L->tp;
+                if (s->tp_axis == 1) c0 *= L->tp;
+                buf_add(&b, "%lld, %lld]", (long long)r0, (long long)c0);
+            } else {
+                buf_add(&b, "%lld]", (long long)s->shape[0] * (s->tp_axis == 0 ? L->tp : 1));
+            }
+            buf_add(&b, ", \"local_shape\": [%d", s->shape[0]);
+            if (s->ndim == 2) buf_add(&b, ", %d", s->shape[1]);
+            buf_add(&b, "], \"tp_axis\": %d, \"slices\": [", s->tp_axis);
+            int ns = 0;
+            for (int r = 0; r < L->world; r++) {
+                int tr, si, ri;
+                rank_coords(L, r, &tr, &si, &ri);
+                if (s->tp_axis < 0 && tr != 0) continue; /* replicated: TP rank 0's copy */
+                size_t lo, hi;
+                ckpt_owned_range(m, s->chunk, L->shard, si, L->replicate, ri, &lo, &hi);
+                size_t a = s->offset > lo ? s->offset : lo, e = s->offset + s->numel < hi ? s->offset + s->numel : hi;
+                if (a >= e) continue;
+                size_t fpos = (size_t)k * owned[r] + pos[(size_t)r * m->n_chunks + s->chunk] + (a - lo);
+                /* [tp_rank, file, byte offset, first element, elements] */
+                buf_add(&b, "%s[%d, %d, %zu, %zu, %zu]", ns++ ? ", " : "", tr, file_of[r], fpos * sizeof(float), a - s->offset, e - a);
+            }
+            buf_add(&b, "]}");
+        }
+    }
+    buf_add(&b, "\n],\n\"config\": %s\n}\n", cfg->json_text ? cfg->json_text : "{}");
+    free(pos);
+    free(owned);
+    free(file_of);
+    return b.s;
+}
+
+int ckpt_commit(const char *tmp_dir, const char *final_dir, const char *root, const char *manifest, char *why, size_t n) {
+    char path[PATH_BUF], tmp[PATH_BUF + 16];
+    snprintf(path, sizeof path, "%s/manifest.json", tmp_dir);
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    if (!path_exists(tmp_dir) && path_exists(final_dir)) return 0; /* another node committed it */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return errf(why, n, "%s: cannot create (%s)", tmp, strerror(errno));
+    if (write_all(fd, manifest, strlen(manifest)) != 0 || fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return errf(why, n, "%s: write failed (%s)", tmp, strerror(e));
+    }
+    close(fd);
+    if (rename(tmp, path) != 0) { unlink(tmp); return errf(why, n, "%s: cannot rename (%s)", tmp, strerror(errno)); }
+    if (sync_dir(tmp_dir) != 0) return errf(why, n, "%s: fsync failed (%s)", tmp_dir, strerror(errno));
+    char old[PATH_BUF + 8];
+    snprintf(old, sizeof old, "%s.old", final_dir);
+    bool replace = path_exists(final_dir);
+    if (replace) { /* the same step again (a re-run after resume): move the old one aside first */
+        ckpt_remove(old);
+        if (rename(final_dir, old) != 0) return errf(why, n, "%s: cannot move aside (%s)", final_dir, strerror(errno));
+    }
+    if (rename(tmp_dir, final_dir) != 0) {
+        if (errno == ENOENT && path_exists(final_dir)) return 0;
+        return errf(why, n, "%s: cannot rename to %s (%s)", tmp_dir, final_dir, strerror(errno));
+    }
+    if (sync_dir(root) != 0) return errf(why, n, "%s: fsync failed (%s)", root, strerror(errno));
+    if (replace) ckpt_remove(old);
+    return 0;
+}
+
+/* "step_" followed by 8-10 digits and nothing else (no .tmp / .old). */
+static long step_of(const char *name, const char *suffix) {
+    if (strncmp(name, "step_", 5) != 0) return -1;
+    const char *d = name + 5;
+    size_t n = strspn(d, "0123456789");
+    if (n < 8 || n > 10 || strcmp(d + n, suffix) != 0) return -1;
+    return strtol(d, NULL, 10);
+}
+
+static bool has_manifest(const char *dir) {
+    char p[PATH_BUF];
+    int w = snprintf(p, sizeof p, "%s/manifest.json", dir);
+    struct stat sb;
+    return w > 0 && (size_t)w < sizeof p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x < y) - (x > y);
+}
+
+/* Steps of complete folders under root, newest first (malloc'd). */
+static long *complete_steps(const char *root, size_t *count) {
+    *count = 0;
+    DIR *d = opendir(root);
+    if (!d) return NULL;
+    long *steps = NULL;
+    size_t n = 0, cap = 0;
+    char p[PATH_BUF];
+    for (struct dirent *e; (e = readdir(d));) {
+        long step = step_of(e->d_name, "");
+        if (step < 0) continue;
+        int len = snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        if (len < 0 || (size_t)len >= sizeof p || !has_manifest(p)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            long *ns = malloc_check(cap * sizeof *ns);
+            if (steps) memcpy(ns, steps, n * sizeof *ns);
+            free(steps);
+            steps = ns;
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    if (n) qsort(steps, n, sizeof *steps, cmp_desc);
+    *count = n;
+    return steps;
+}
+
+int ckpt_list(const char *root, char *paths, size_t n, int max) {
+    size_t count;
+    long *steps = complete_steps(root, &count);
+    int k = 0;
+    for (size_t i = 0; i < count && k < max; i++, k++) snprintf(paths + (size_t)k * n, n, "%s/step_%08ld", root, steps[i]);
+    free(steps);
+    return k;
+}
+
+void ckpt_remove_partial(const char *root) {
+    DIR *d = opendir(root);
+    if (!d) return;
+    char p[PATH_BUF];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (step_of(e->d_name, ".tmp") < 0 && step_of(e->d_name, ".old") < 0) continue;
+        int len = snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        if (len > 0 && (size_t)len < sizeof p) ckpt_remove(p);
+    }
+    closedir(d);
+}
+
+int ckpt_prune(const char *root, int keep_last) {
+    if (keep_last <= 0) return 0;
+    size_t count;
+    long *steps = complete_steps(root, &count);
+    int removed = 0;
+    char p[PATH_BUF];
+    for (size_t i = (size_t)keep_last; i < count; i++) {
+        snprintf(p, sizeof p, "%s/step_%08ld", root, steps[i]);
+        ckpt_remove(p);
+        removed++;
+    }
+    free(steps);
+    return removed;
+}
+
+int ckpt_resolve(const char *path, char *out_dir, size_t out_len) {
+    if (has_manifest(path)) {
+        if (strlen(path) >= out_len) return -1;
+        snprintf(out_dir, out_len, "%s", path);
+        return 0;
+    }
+    return ckpt_list(path, out_dir, out_len, 1) == 1 ? 0 : -1;
+}
+
+/* ======================================================================
+ * reading
+ * ====================================================================== */
+
+typedef struct Slice { int tp_rank, file; size_t byte_off, start, count; } Slice;
+typedef struct MTensor {
+    char name[64];
+    int kind, ndim, tp_axis;
+    int64_t shape[2], local_shape[2];
+    Slice *slices;
+    int n_slices;
+} MTensor;
+typedef struct MFile { char name[64]; uint64_t bytes, checksum; } MFile;
+
+struct CkptManifest {
+    char dir[PATH_BUF];
+    TrainState st;
+    CkptLayout layout;
+    char *config;
+    MFile *files;
+    int n_files;
+    MTensor *tensors;
+    int n_tensors;
+};
+
+void ckpt_manifest_close(CkptManifest *mf) {
+    if (!mf) return;
+    for (int i = 0; i < mf->n_tensors; i++) free(mf->tensors[i].slices);
+    free(mf->tensors);
+    free(mf->files);
+    free(mf->config);
+    free(mf);
+}
+
+static bool get_u64(const cJSON *o, const char *key, uint64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsString(v)) {
+        char *end;
+        errno = 0;
+        unsigned long long x = strtoull(v->valuestring, &end, 0);
+        if (!v->valuestring[0] || *end || errno) return false;
+        *out = x;
+        return true;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0 || v->valuedouble != (double)(uint64_t)v->valuedouble)
+        return false;
+    *out = (uint64_t)v->valuedouble;
+    return true;
+}
+
+static bool get_int(const cJSON *o, const char *key, int lo, int *out) {
+    uint64_t u;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v) && v->valuedouble < 0 && lo < 0 && v->valuedouble == (int)v->valuedouble && v->valuedouble >= lo) {
+        *out = (int)v->valuedouble;
+        return true;
+    }
+    if (!get_u64(o, key, &u) || u > 0x7fffffff || (int)u < lo) return false;
+    *out = (int)u;
+    return true;
+}
+
+static bool get_shape(const cJSON *o, const char *key, int *ndim, int64_t *shape) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+    int n = cJSON_GetArraySize(a);
+    if (!cJSON_IsArray(a) || n < 1 || n > 2) return false;
+    for (int i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetArrayItem(a, i);
+        if (!cJSON_IsNumber(v) || v->valuedouble < 1) return false;
+        shape[i] = (int64_t)v->valuedouble;
+    }
+    *ndim = n;
+    return true;
+}
+
+#define BAD(...) do { errf(why, n, __VA_ARGS__); goto fail; } while (0)
+
+CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
+    char path[PATH_BUF];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    size_t len;
+    char *text = read_text_file(path, &len);
+    CkptManifest *mf = calloc_check(1, sizeof *mf);
+    snprintf(mf->dir, sizeof mf->dir, "%s", dir);
+    cJSON *root = NULL;
+    if (!text) BAD("%s: cannot read (%s)", path, strerror(errno ? errno : ENOENT));
+    root = cJSON_ParseWithLength(text, len);
+    if (!cJSON_IsObject(root)) BAD("%s: not valid JSON (truncated?)", path);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, FORMAT) != 0) BAD("%s: key format: expected \"" FORMAT "\"", path);
+    uint64_t u;
+    if (!get_int(root, "step", 0, &mf->st.step)) BAD("%s: key step: expected a non-negative integer", path);
+    if (!get_u64(root, "seq_cursor", &mf->st.seq_cursor)) BAD("%s: key seq_cursor: expected a decimal string", path);
+    if (!get_u64(root, "rng", &u)) BAD("%s: key rng: expected a decimal string", path);
+    mf->st.rng = u;
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "state");
+    const cJSON *hist = cJSON_GetObjectItemCaseSensitive(st, "norm_hist");
+    if (!cJSON_IsObject(st) || !get_int(st, "nonfinite_total", 0, &mf->st.nonfinite_total) || !get_int(st, "norm_n", 0, &mf->st.norm_n) ||
+        !get_int(st, "spike_len", 0, &mf->st.spike_len) || !get_int(st, "spikes", 0, &mf->st.spikes) || !cJSON_IsArray(hist) ||
+        cJSON_GetArraySize(hist) != CKPT_SPIKE_WINDOW)
+        BAD("%s: key state: expected nonfinite_total, norm_n, spike_len, spikes and %d norm_hist values", path, CKPT_SPIKE_WINDOW);
+    for (int i = 0; i < CKPT_SPIKE_WINDOW; i++) mf->st.norm_hist[i] = cJSON_GetArrayItem(hist, i)->valuedouble;
+    const cJSON *lay = cJSON_GetObjectItemCaseSensitive(root, "layout");
+    CkptLayout *L = &mf->layout;
+    if (!get_int(lay, "world", 1, &L->world) || !get_int(lay, "tp", 1, &L->tp) || !get_int(lay, "shard", 1, &L->shard) ||
+        !get_int(lay, "replicate", 1, &L->replicate) || L->world != L->tp * L->shard * L->replicate)
+        BAD("%s: key layout: expected world = tp x shard x replicate", path);
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
+    if (!cJSON_IsArray(files)) BAD("%s: key files: expected an array", path);
+    mf->n_files = cJSON_GetArraySize(files);
+    mf->files = calloc_check((size_t)mf->n_files + 1, sizeof(MFile));
+    for (int i = 0; i < mf->n_files; i++) {
+        const cJSON *f = cJSON_GetArrayItem(files, i), *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+        MFile *F = &mf->files[i];
+        if (!cJSON_IsString(nm) || strlen(nm->valuestring) >= sizeof F->name || strchr(nm->valuestring, '/') ||
+            !get_u64(f, "bytes", &F->bytes))
+            BAD("%s: files[%d]: expected name and bytes", path, i);
+        snprintf(F->name, sizeof F->name, "%s", nm->valuestring);
+        const cJSON *cs = cJSON_GetObjectItemCaseSensitive(f, "checksum");
+        char *end;
+        if (!cJSON_IsString(cs) || !cs->valuestring[0]) BAD("%s: files[%d]: expected a hex checksum", path, i);
+        F->checksum = strtoull(cs->valuestring, &end, 16);
+        if (*end) BAD("%s: files[%d]: expected a hex checksum", path, i);
+    }
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(root, "tensors");
+    if (!cJSON_IsArray(tensors)) BAD("%s: key tensors: expected an array", path);
+    mf->n_tensors = cJSON_GetArraySize(tensors);
+    mf->tensors = calloc_check((size_t)mf->n_tensors + 1, sizeof(MTensor));
+    for (int i = 0; i < mf->n_tensors; i++) {
+        const cJSON *t = cJSON_GetArrayItem(tensors, i), *nm = cJSON_GetObjectItemCaseSensitive(t, "name"),
+                    *kind = cJSON_GetObjectItemCaseSensitive(t, "kind"), *sl = cJSON_GetObjectItemCaseSensitive(t, "slices");
+        MTensor *T = &mf->tensors[i];
+        int lnd;
+        if (!cJSON_IsString(nm) || strlen(nm->valuestring) >= sizeof T->name || !cJSON_IsString(kind) ||
+            !get_shape(t, "shape", &T->ndim, T->shape) || !get_shape(t, "local_shape", &lnd, T->local_shape) || lnd != T->ndim ||
+            !get_int(t, "tp_axis", -1, &T->tp_axis) || !cJSON_IsArray(sl))
+            BAD("%s: tensors[%d]: expected name, kind, shape, local_shape, tp_axis and slices", path, i);
+        snprintf(T->name, sizeof T->name, "%s", nm->valuestring);
+        T->kind = -1;
+        for (int k = 0; k < 3; k++) if (strcmp(kind->valuestring, KIND_NAME[k]) == 0) T->kind = k;
+        if (T->kind < 0) BAD("%s: tensors[%d] (%s): kind \"%s\": expected param, exp_avg or exp_avg_sq", path, i, T->name, kind->valuestring);
+        T->n_slices = cJSON_GetArraySize(sl);
+        T->slices = calloc_check((size_t)T->n_slices + 1, sizeof(Slice));
+        for (int j = 0; j < T->n_slices; j++) {
+            const cJSON *a = cJSON_GetArrayItem(sl, j);
+            double v[5];
+            if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 5) BAD("%s: tensors[%d] (%s): slice %d: expected 5 numbers", path, i, T->name, j);
+            for (int q = 0; q < 5; q++) {
+                const cJSON *x = cJSON_GetArrayItem(a, q);
+                if (!cJSON_IsNumber(x) || x->valuedouble < 0) BAD("%s: tensors[%d] (%s): slice %d: expected 5 non-negative numbers", path, i, T->name, j);
+                v[q] = x->valuedouble;
+            }
+            Slice *S = &T->slices[j];
+            S->tp_rank = (int)v[0];
+            S->file = (int)v[1];
+            S->byte_off = (size_t)v[2];
+            S->start = (size_t)v[3];
+            S->count = (size_t)v[4];
+            if (S->tp_rank >= L->tp || S->file >= mf->n_files || S->byte_off + S->count * sizeof(float) > mf->files[S->file].bytes)
+                BAD("%s: tensors[%d] (%s): slice %d lies outside the files or the layout", path, i, T->name, j);
+        }
+    }
+    const cJSON *config = cJSON_GetObjectItemCaseSensitive(root, "config");
+    if (!cJSON_IsObject(config)) BAD("%s: key config: expected an object", path);
+    mf->config = cJSON_PrintUnformatted(config);
+    cJSON_Delete(root);
+    free(text);
+    return mf;
+fail:
+    cJSON_Delete(root);
+    free(text);
+    ckpt_manifest_close(mf);
+    return NULL;
+}
+
+int ckpt_manifest_verify(const CkptManifest *mf, int rank, int world, char *why, size_t n) {
+    unsigned char *buf = NULL;
+    for (int i = 0; i < mf->n_files; i++) {
+        const MFile *F = &mf->files[i];
+        char path[PATH_BUF + 80];
+        snprintf(path, sizeof path, "%s/%s", mf->dir, F->name);
+        struct stat sb;
+        if (stat(path, &sb) != 0) { free(buf); return errf(why, n, "%s: missing (%s)", path, strerror(errno)); }
+        if ((uint64_t)sb.st_size != F->bytes) {
+            free(buf);
+            return errf(why, n, "%s: %lld bytes, the manifest says %llu (truncated?)", path, (long long)sb.st_size, (unsigned long long)F->bytes);
+        }
+        if (i % world != rank) continue;
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) { free(buf); return errf(why, n, "%s: cannot open (%s)", path, strerror(errno)); }
+        if (!buf) buf = malloc_check(IO_CHUNK);
+        CkptHash h;
+        ckpt_hash_init(&h);
+        for (;;) {
+            ssize_t got = read(fd, buf, IO_CHUNK);
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0) { close(fd); free(buf); return errf(why, n, "%s: read failed (%s)", path, strerror(errno)); }
+            if (got == 0) break;
+            ckpt_hash_update(&h, buf, (size_t)got);
+        }
+        close(fd);
+        uint64_t sum = ckpt_hash_final(&h);
+        if (sum != F->checksum) {
+            free(buf);
+            return errf(why, n, "%s: checksum %016llx, the manifest says %016llx (corrupted)", path, (unsigned long long)sum,
+                        (unsigned long long)F->checksum);
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+const char *ckpt_manifest_config(const CkptManifest *mf) { return mf->config; }
+const TrainState *ckpt_manifest_state(const CkptManifest *mf) { return &mf->st; }
+CkptLayout ckpt_manifest_layout(const CkptManifest *mf) { return mf->layout; }
+
+static const MTensor *find_tensor(const CkptManifest *mf, const char *name, int kind) {
+    for (int i = 0; i < mf->n_tensors; i++)
+        if (mf->tensors[i].kind == kind && strcmp(mf->tensors[i].name, name) == 0) return &mf->tensors[i];
+    return NULL;
+}
+
+/* Read the slices of TP rank tr of tensor T into local[numel]; dies unless
+ * every element is covered. */
+static void read_local(const CkptManifest *mf, const int *fds, const MTensor *T, int tr, float *local, size_t numel) {
+    size_t covered = 0;
+    for (int j = 0; j < T->n_slices; j++) {
+        const Slice *S = &T->slices[j];
+        if (S->tp_rank != tr) continue;
+        if (S->start + S->count > numel)
+            die(EXIT_USAGE, "%s/manifest.json: tensor %s (%s): slice beyond its %zu elements", mf->dir, T->name, KIND_NAME[T->kind], numel);
+        size_t want = S->count * sizeof(float), got = 0;
+        char *dst = (char *)(local + S->start);
+        while (got < want) {
+            ssize_t r = pread(fds[S->file], dst + got, want - got, (off_t)(S->byte_off + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) die(EXIT_IO, "%s/%s: read failed at byte %zu (%s)", mf->dir, mf->files[S->file].name, S->byte_off + got,
+                            r < 0 ? strerror(errno) : "unexpected end of file");
+            got += (size_t)r;
+        }
+        covered += S->count;
+    }
+    if (covered != numel)
+        die(EXIT_USAGE, "%s/manifest.json: tensor %s (%s): slices of TP rank %d cover %zu of %zu elements", mf->dir, T->name,
+            KIND_NAME[T->kind], tr, covered, numel);
+}
+
+void ckpt_manifest_load(const CkptManifest *mf, const Model *m, float *params, float *exp_avg, float *exp_avg_sq) {
+    float *dst[3] = {params, exp_avg, exp_avg_sq};
+    int *fds = malloc_check(((size_t)mf->n_files + 1) * sizeof(int));
+    for (int i = 0; i < mf->n_files; i++) {
+        char path[PATH_BUF + 80];
+        snprintf(path, sizeof path, "%s/%s", mf->dir, mf->files[i].name);
+        fds[i] = open(path, O_RDONLY);
+        if (fds[i] < 0) die(EXIT_IO, "%s: cannot open (%s)", path, strerror(errno));
+    }
+    int wtp = mf->layout.tp;
+    Model wl; /* the writer's TP layout, to place its slices in the global tensor */
+    model_layout(&wl, &m->cfg, 1, wtp, 0);
+    for (int k = 0; k < 3; k++) {
+        if (!dst[k]) continue;
+        for (int i = 0; i < m->n_specs; i++) {
+            const ParamSpec *s = &m->specs[i];
+            const MTensor *T = find_tensor(mf, s->name, k);
+            if (!T) die(EXIT_USAGE, "%s/manifest.json: no tensor %s (%s) (a checkpoint of a different model?)", mf->dir, s->name, KIND_NAME[k]);
+            const ParamSpec *ws = model_find(&wl, s->name);
+            size_t gnum = model_global_numel(m, s);
+            int64_t gsz = T->shape[0] * (T->ndim == 2 ? T->shape[1] : 1);
+            if (!ws || T->ndim != s->ndim || (size_t)gsz != gnum || (size_t)(T->local_shape[0] * (T->ndim == 2 ? T->local_shape[1] : 1)) != ws->numel)
+                die(EXIT_USAGE, "%s/manifest.json: tensor %s has %lld elements, this model expects %zu (a checkpoint of a different model?)",
+                    mf->dir, s->name, (long long)gsz, gnum);
+            if (wtp == m->tp) { /* same TP split: this rank's slices are exactly its tensor */
+                read_local(mf, fds, T, s->tp_axis < 0 ? 0 : m->tp_rank, dst[k] + s->offset, s->numel);
+                continue;
+            }
+            float *global = malloc_check(gnum * sizeof(float)), *local = malloc_check(ws->numel * sizeof(float));
+            for (int r = 0; r < (ws->tp_axis < 0 ? 1 : wtp); r++) {
+                read_local(mf, fds, T, r, local, ws->numel);
+                wl.tp_rank = r;
+                model_tp_copy(&wl, ws, global, local, 1);
+            }
+            model_tp_copy(m, s, global, dst[k] + s->offset, 0);
+            free(global);
+            free(local);
+        }
+    }
+    model_layout_free(&wl);
+    for (int i = 0; i < mf->n_files; i++) close(fds[i]);
+    free(fds);
+}

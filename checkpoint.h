@@ -1,0 +1,128 @@
+/* checkpoint.h — training checkpoints: one folder per step holding one
+ * file per writing rank and a manifest, written in the background, verified
+ * and loaded into any parallel layout of the same model.
+ *
+ *   <root>/step_%08d/rank_%05d.bin   raw fp32: this rank's slices of the
+ *                                    master weights, then exp_avg, then exp_avg_sq
+ *   <root>/step_%08d/manifest.json   every tensor, its global shape and which
+ *                                    file / byte range holds which slice; a
+ *                                    checksum per file; step, data cursor, RNG,
+ *                                    config and the layout it was written with
+ *
+ * A folder is written as step_%08d.tmp and renamed only after the manifest
+ * (written last, after every rank reported success) is durable. Nothing here
+ * calls MPI: the trainer drives the protocol across ranks. */
+#ifndef LLMTRAIN_CHECKPOINT_H
+#define LLMTRAIN_CHECKPOINT_H
+#include <stddef.h>
+#include <stdint.h>
+#include "config.h"
+#include "model.h"
+
+#define CKPT_SPIKE_WINDOW 20
+
+/* Everything besides tensors that an exact resume needs. */
+typedef struct TrainState {
+    int step;                   /* optimizer steps completed */
+    uint64_t seq_cursor;        /* global sequence index of the next step's first sequence */
+    uint64_t rng;               /* sampling RNG */
+    int nonfinite_total;        /* skipped steps so far */
+    /* gradient-norm spike tracker (running mean over CKPT_SPIKE_WINDOW steps) */
+    double norm_hist[CKPT_SPIKE_WINDOW];
+    int norm_n;                 /* norms seen (window holds min(norm_n, WINDOW)) */
+    int spike_len;              /* steps the current spike has lasted (0: none) */
+    int spikes;                 /* spikes that have ended */
+} TrainState;
+
+/* The parallel layout a checkpoint was written with. World = tp x shard x
+ * replicate; rank r has tp_rank r % tp, shard index (r / tp) % shard and
+ * replica index r / (tp * shard). */
+typedef struct CkptLayout {
+    int world, tp, shard, replicate;
+} CkptLayout;
+
+/* The local flat-array range [lo, hi) (of the rank's TP slice of the model)
+ * that the rank with shard index si (of S) and replica index ri (of R)
+ * writes, for chunk c: the chunk's shard [off + si*len, +len), len =
+ * chunk_size / S, split R ways so replicas share the writing. */
+void ckpt_owned_range(const Model *m, int c, int S, int si, int R, int ri, size_t *lo, size_t *hi);
+/* Floats one rank writes per state kind (sum over chunks). */
+size_t ckpt_owned_floats(const Model *m, int S, int si, int R, int ri);
+
+/* ---- background writer (one per rank) ----
+ * The trainer fills the staging buffer (3 x owned floats: params, exp_avg,
+ * exp_avg_sq), then asks for a write; the thread writes, fsyncs and
+ * checksums. A copy job copies a finished file (durable_dir). */
+typedef struct CkptWriter CkptWriter;
+enum { CKPT_IDLE = 0, CKPT_BUSY = 1, CKPT_DONE = 2, CKPT_FAILED = 3 };
+CkptWriter *ckpt_writer_new(size_t staging_floats);
+void ckpt_writer_free(CkptWriter *w);
+float *ckpt_writer_staging(CkptWriter *w);
+/* Start writing staging[0, floats) to path (its folder is created). */
+void ckpt_writer_write(CkptWriter *w, const char *path, size_t floats);
+/* Start copying src to dst (its folder is created), checksumming the copy. */
+void ckpt_writer_copy(CkptWriter *w, const char *src, const char *dst);
+int ckpt_writer_state(CkptWriter *w);
+/* Block until the job ends; returns CKPT_DONE or CKPT_FAILED (or CKPT_IDLE). */
+int ckpt_writer_wait(CkptWriter *w);
+/* After CKPT_DONE: bytes, checksum and seconds of the last job; after
+ * CKPT_FAILED: the reason (one line). Resets the state to CKPT_IDLE. */
+typedef struct CkptJobResult {
+    int state;
+    uint64_t bytes, checksum;
+    double seconds;
+    char error[512];
+} CkptJobResult;
+CkptJobResult ckpt_writer_take(CkptWriter *w);
+
+/* Streaming 64-bit checksum of the file bytes (the manifest's "mix64"). */
+typedef struct CkptHash { uint64_t h, len; unsigned char tail[8]; int ntail; } CkptHash;
+void ckpt_hash_init(CkptHash *h);
+void ckpt_hash_update(CkptHash *h, const void *p, size_t n);
+uint64_t ckpt_hash_final(CkptHash *h);
+
+/* ---- manifest and commit ---- */
+/* The manifest JSON text (malloc'd). m: any TP rank's local model (the
+ * layout of TP ranks differs only in which global slice they hold);
+ * bytes/checksums: per world rank (0 bytes: that rank wrote nothing). */
+char *ckpt_manifest_text(const Model *m, const CkptLayout *L, const uint64_t *bytes, const uint64_t *checksums,
+                         const Config *cfg, const TrainState *st);
+/* Write manifest.json into tmp_dir durably, then rename tmp_dir to
+ * final_dir and sync root. Tolerates another node having committed the same
+ * folder already. Returns 0, or -1 with a reason in why. */
+int ckpt_commit(const char *tmp_dir, const char *final_dir, const char *root, const char *manifest, char *why, size_t n);
+/* <root>/step_%08d (.tmp when tmp). */
+void ckpt_step_dir(char *out, size_t n, const char *root, int step, int tmp);
+/* Remove every step_*.tmp folder under root (left by a run that died). */
+void ckpt_remove_partial(const char *root);
+/* keep_last: remove complete step folders older than the newest keep_last
+ * (0 = keep all). Only called after a newer one is complete. Returns how
+ * many were removed. */
+int ckpt_prune(const char *root, int keep_last);
+/* Remove a folder tree (a failed .tmp). */
+void ckpt_remove(const char *dir);
+
+/* ---- reading ---- */
+typedef struct CkptManifest CkptManifest;
+/* Complete step folders (a manifest.json, not .tmp) of root, newest first:
+ * fills up to max paths of PATH_MAX-ish length n each; returns the count. */
+int ckpt_list(const char *root, char *paths, size_t n, int max);
+/* Parse <dir>/manifest.json; NULL with a reason in why when it is missing,
+ * truncated or malformed. */
+CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n);
+void ckpt_manifest_close(CkptManifest *mf);
+/* Every file present with its recorded size; the checksum of the files
+ * i with i % world == rank recomputed (ranks split the reading). 0 or -1. */
+int ckpt_manifest_verify(const CkptManifest *mf, int rank, int world, char *why, size_t n);
+const char *ckpt_manifest_config(const CkptManifest *mf); /* config JSON text */
+const TrainState *ckpt_manifest_state(const CkptManifest *mf);
+CkptLayout ckpt_manifest_layout(const CkptManifest *mf);
+/* Fill host arrays (m->n_params floats each, NULL = skip) with the state of
+ * m's layout (its tp and tp_rank; any pad) from a checkpoint written with
+ * any layout of the same model. A tensor missing or of another shape: one
+ * line, exit(EXIT_USAGE). */
+void ckpt_manifest_load(const CkptManifest *mf, const Model *m, float *params, float *exp_avg, float *exp_avg_sq);
+/* A step folder, or a root (its newest complete step). 0, or -1 when none. */
+int ckpt_resolve(const char *path, char *out_dir, size_t out_len);
+
+#endif
