@@ -551,6 +551,9 @@ static StepStats train_step(Trainer *t, int step) {
 /* ------------------------------------------------------------------ */
 /* setup                                                               */
 
+/* Validate the parallel layout for t->dist.world ranks and derive S and the
+ * accumulation. Arithmetic only (no MPI), so `llmtrain check` runs it for
+ * any world size with the same messages as a training start. */
 static void check_layout(Trainer *t) {
     Config *c = &t->cfg;
     Dist *d = &t->dist;

@@ -131,14 +131,23 @@ env | grep -E '^(FI_|NCCL_)' | sort >"\$WRAP_ENV"
 exec "$BIN" "\$@"
 EOF
 chmod +x "$TMP/wrap.sh"
+# (this run also takes its training data from SM_CHANNEL_TRAIN and validates on a "validation" channel)
 R=$TMP/noefa/ml
-make_root "$R" '{"job": "tiny.json", "train.steps": "1"}' train val
-env LLMTRAIN_SM_ROOT="$R" LLMTRAIN_BIN="$TMP/wrap.sh" WRAP_ENV="$TMP/noefa.env" "$ENTRY" >"$R.out" 2>&1
+cp "$TMP/val.bin" "$TMP/validation.bin"
+make_root "$R" '{"job": "tiny.json", "train.steps": "1"}' validation
+mkdir -p "$TMP/elsewhere" && cp "$TMP/train.bin" "$TMP/elsewhere/part-0.bin"
+env LLMTRAIN_SM_ROOT="$R" LLMTRAIN_BIN="$TMP/wrap.sh" WRAP_ENV="$TMP/noefa.env" SM_CHANNEL_TRAIN="$TMP/elsewhere" "$ENTRY" >"$R.out" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && [ -f "$TMP/noefa.env" ] && [ ! -s "$TMP/noefa.env" ]; then
     ok "no EFA device: no FI_/NCCL_ variables"
 else
     bad "no EFA: rc=$rc env: $(cat "$TMP/noefa.env" 2>&1)"
+fi
+if grep -q "^data: $TMP/elsewhere/\*.bin (6000 tokens), val on" "$R.out" &&
+   grep -qF -- "--set 'data.val=\"$R/input/data/validation/*.bin\"'" "$R.out"; then
+    ok "SM_CHANNEL_TRAIN names the train channel; 'validation' maps to data.val"
+else
+    bad "SM_CHANNEL_TRAIN / validation channel: $(grep -E '^(data:|train: 1 host)' "$R.out")"
 fi
 mkdir -p "$TMP/efa/rdmap0s6-efa"
 R=$TMP/efa1/ml
