@@ -19,25 +19,23 @@ cleanup() {
         for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
         ip netns del "$ns" 2>/dev/null
     done
+    ip link del vsa$$ 2>/dev/null   # only left in this namespace when the set-up failed half way
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-if ! err=$(ip netns add $NS1 2>&1); then
-    echo "SKIP: this machine does not permit network namespaces (ip netns add: $err)"
+netns_setup() {
+    ip netns add $NS1 && ip netns add $NS2 &&
+    ip link add vsa$$ type veth peer name vsb$$ &&
+    ip link set vsa$$ netns $NS1 && ip link set vsb$$ netns $NS2 &&
+    ip -n $NS1 link set vsa$$ name smeth0 && ip -n $NS2 link set vsb$$ name smeth0 &&
+    ip -n $NS1 addr add 10.77.0.1/24 dev smeth0 && ip -n $NS2 addr add 10.77.0.2/24 dev smeth0 &&
+    for ns in $NS1 $NS2; do ip -n $ns link set smeth0 up && ip -n $ns link set lo up || return 1; done
+}
+if ! err=$(netns_setup 2>&1); then
+    echo "SKIP: this machine does not permit network namespaces joined by veth ($err)"
     echo "0 passed, 0 failed"
     exit 0
 fi
-set -e
-ip netns add $NS2
-ip link add vsa$$ type veth peer name vsb$$
-ip link set vsa$$ netns $NS1
-ip link set vsb$$ netns $NS2
-ip -n $NS1 link set vsa$$ name smeth0
-ip -n $NS2 link set vsb$$ name smeth0
-ip -n $NS1 addr add 10.77.0.1/24 dev smeth0
-ip -n $NS2 addr add 10.77.0.2/24 dev smeth0
-for ns in $NS1 $NS2; do ip -n $ns link set smeth0 up; ip -n $ns link set lo up; done
-set +e
 
 # rsh agent: `agent [options] HOST COMMAND...` runs COMMAND in HOST's namespace
 cat >"$TMP/agent" <<EOF
