@@ -793,7 +793,7 @@ void ckpt_manifest_load(const CkptManifest *mf, const Model *m, float *params, f
             free(local);
         }
     }
-    model_layout_free(&wl);
+    model_free(&wl);
     for (int i = 0; i < mf->n_files; i++) close(fds[i]);
     free(fds);
 }

@@ -32,7 +32,7 @@ typedef struct Key {
 #define BIG 2147483647.0
 
 static const Key KEYS[] = {
-    {"description", K_STR, STR(path), "\"\"", 0, 0, NULL, "free text saying what the job is for (ignored)"},
+    {"description", K_STR, STR(description), "\"\"", 0, 0, NULL, "free text saying what the job is for (printed by `llmtrain check`; training ignores it)"},
     /* model */
     {"model.arch", K_ENUM, OFF(model.arch), 0, "\"gpt2\"", 0, 0, "gpt2|llama", "model family: GPT-2 (LayerNorm, GELU, learned positions, biases, tied embeddings) or Llama (RMSNorm, RoPE, SwiGLU, GQA)"},
     {"model.n_layer", K_INT, OFF(model.n_layer), 0, "12", 1, 4096, NULL, "transformer layers"},
@@ -209,7 +209,7 @@ static void store(Config *cfg, const Key *k, const cJSON *v, const char *origin)
         if (idx < 0) die(EXIT_USAGE, "%s: %s: expected one of %s, got \"%s\"", origin, k->path, k->choices, s);
         if (k->type == K_ENUM) { *(int *)field = idx; return; }
         if (strlen(s) >= k->size) die(EXIT_USAGE, "%s: %s: string longer than %zu bytes", origin, k->path, k->size - 1);
-        if (field != (char *)cfg->path) memcpy(field, s, strlen(s) + 1);
+        memcpy(field, s, strlen(s) + 1);
         return;
     }
     if (k->type == K_BOOL) {
@@ -290,7 +290,6 @@ void model_config_finish(ModelConfig *m, const char *where) {
 
 static void set_defaults(Config *cfg) {
     for (int i = 0; i < NKEYS; i++) {
-        if (KEYS[i].off == OFF(path)) continue;
         cJSON *v = cJSON_Parse(KEYS[i].def);
         store(cfg, &KEYS[i], v, "default");
         cJSON_Delete(v);

@@ -25,6 +25,7 @@ typedef struct ModelConfig {
 
 typedef struct Config {
     char path[1024];     /* job file, for messages */
+    char description[512]; /* free text (`llmtrain check` prints it) */
     ModelConfig model;
     /* init */
     char init_from[1024];

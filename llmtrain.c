@@ -283,7 +283,12 @@ static void ck_advance(Trainer *t, int any_failed) {
             CkptLayout L = ck_layout(t);
             t->ck_manifest = ckpt_manifest_text(&t->model, &L, bytes, sums, &t->cfg, &t->ck_state);
         }
-        double bad = node_leader(t) && ckpt_commit(tmp, fin, t->ck_root, t->ck_manifest, why, sizeof why) != 0;
+        /* rank 0 commits first; then the first rank of every other node
+         * commits its own copy where the folder is node-local (on a shared
+         * filesystem rank 0's rename already took the folder away) */
+        double bad = is_root(t) && ckpt_commit(tmp, fin, t->ck_root, t->ck_manifest, why, sizeof why) != 0;
+        dist_barrier(d);
+        if (!is_root(t) && node_leader(t)) bad = ckpt_commit(tmp, fin, t->ck_root, t->ck_manifest, why, sizeof why) != 0;
         if (bad) fprintf(stderr, "llmtrain: rank %d: checkpoint step %d: %s\n", d->rank, step, why);
         dist_allreduce_sum_f64(d, &bad, 1);
         failed = bad > 0;
@@ -819,6 +824,9 @@ static StepStats train_step(Trainer *t, int step) {
 /* ------------------------------------------------------------------ */
 /* setup                                                               */
 
+/* Validate the parallel layout for t->dist.world ranks and derive S and the
+ * accumulation. Arithmetic only (no MPI), so `llmtrain check` runs it for
+ * any world size with the same messages as a training start. */
 static void check_layout(Trainer *t) {
     Config *c = &t->cfg;
     Dist *d = &t->dist;
@@ -835,6 +843,8 @@ static void check_layout(Trainer *t) {
             mc->vocab_size, c->tp);
     if (c->tp > 1 && c->debug_dump[0])
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
+    if (c->tp > 1 && c->init_from[0])
+        die(EXIT_USAGE, "%s: init.from is not available with parallel.tensor %d yet (expected 1)", c->path, c->tp);
     dist_set_tp(d, c->tp);
     if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
         t->S = d->dp;
@@ -880,30 +890,52 @@ static void open_metrics(Trainer *t, int resumed) {
     }
 }
 
+/* The model and batch-arithmetic lines (training start and `llmtrain check`).
+ * The parameter count is the whole model's (GLOBAL tensors under tp > 1). */
+static void print_model_batch(const Trainer *t) {
+    const Config *c = &t->cfg;
+    const ModelConfig *mc = &c->model;
+    double n = 0;
+    for (int i = 0; i < t->model.n_specs; i++) n += (double)model_global_numel(&t->model, &t->model.specs[i]);
+    printf("model %s: %d layers, %d embd, %d heads (%d kv), ffn %d, vocab %d, %.2fM parameters%s\n",
+           mc->arch == ARCH_GPT2 ? "gpt2" : "llama", mc->n_layer, mc->n_embd, mc->n_head, mc->n_kv_head,
+           mc->ffn_hidden, mc->vocab_size, n / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "");
+    printf("batch: %d seqs x %d tokens = %lld tokens/step; micro %d x accum %d x dp %d | world %d\n", c->global_batch, c->seq_len,
+           (long long)c->global_batch * c->seq_len, c->micro_batch, t->accum, t->dist.dp, t->dist.world);
+}
+
 static void print_header(Trainer *t) {
     if (!is_root(t)) return;
     const Config *c = &t->cfg;
-    const ModelConfig *mc = &t->model.cfg;
     printf("llmtrain %s | %s | backend %s, %d threads/rank | %s\n", LLMTRAIN_VERSION, c->path, t->k->name, t->threads,
            kernels_cpu_blas_info());
-    printf("model %s: %d layers, %d embd, %d heads (%d kv), ffn %d, vocab %d, %.2fM parameters%s\n",
-           mc->arch == ARCH_GPT2 ? "gpt2" : "llama", mc->n_layer, mc->n_embd, mc->n_head, mc->n_kv_head,
-           mc->ffn_hidden, mc->vocab_size, t->model.n_real_params / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "");
-    printf("batch: %d seqs x %d tokens = %d tokens/step; micro %d x accum %d x dp %d | world %d\n",
-           c->global_batch, c->seq_len, c->global_batch * c->seq_len, c->micro_batch, t->accum, t->dist.dp, t->dist.world);
+    print_model_batch(t);
     printf("data: %s (%llu tokens)%s | peak for MFU %.1f GFLOP/s (%s)\n", c->data_train, (unsigned long long)t->train.n_tokens,
            t->have_val ? ", val on" : "", t->peak_gflops, c->peak_gflops > 0 ? "log.peak_gflops" : "measured sgemm");
     fflush(stdout);
+}
+
+/* This rank's bytes of working parameters, fp32 master weights, gradients,
+ * optimizer state and activations, from the layout table alone (so
+ * `llmtrain check` can size a model it never allocates). */
+static void rank_bytes(const Trainer *t, double out[5]) {
+    const Model *m = &t->model;
+    size_t n_shard = 0;
+    for (int c = 0; c < m->n_chunks; c++) n_shard += shard_len(t, c);
+    double full = (double)m->n_params * sizeof(float), shard = (double)n_shard * sizeof(float);
+    out[0] = full;
+    out[1] = t->sharded ? shard : full;
+    out[2] = t->sharded ? full + shard : full;
+    out[3] = 2 * (t->sharded ? shard : full);
+    out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * t->cfg.micro_batch * t->cfg.seq_len * sizeof(int);
 }
 
 /* Rank 0 prints the data-parallel layout and every rank's memory for
  * working parameters, fp32 master weights, gradients and optimizer state. */
 static void print_layout(Trainer *t) {
     Dist *d = &t->dist;
-    const Model *m = &t->model;
-    double full = (double)m->n_params * sizeof(float), shard = (double)t->n_shard * sizeof(float);
-    double acts = (double)m->acts_floats * sizeof(float) + 2.0 * t->cfg.micro_batch * t->cfg.seq_len * sizeof(int);
-    double mine[5] = {full, t->sharded ? shard : full, t->sharded ? full + shard : full, 2 * (t->sharded ? shard : full), acts};
+    double mine[5];
+    rank_bytes(t, mine);
     double *all = is_root(t) ? malloc_check((size_t)d->world * 5 * sizeof(double)) : NULL;
     dist_gather_f64(d, mine, all, 5);
     if (!is_root(t)) return;
@@ -946,10 +978,9 @@ static void print_layout(Trainer *t) {
 
 static void tp_allreduce_cb(void *ctx, float *x, size_t n, int max) { dist_tp_allreduce_f32(ctx, x, n, max); }
 
-static int train(int argc, char **argv) {
-    static Trainer tr;
-    Trainer *t = &tr;
-    dist_init(&t->dist, &argc, &argv);
+/* `JOB [--set k=v ...]` (and `--world N` when world is not NULL): load the
+ * job into t->cfg, take init.from's model section and freeze the model. */
+static void load_job(Trainer *t, int argc, char **argv, int *world, const char *usage_line) {
     const char *job = NULL;
     char **sets = malloc_check((size_t)argc * sizeof(char *));
     int n_set = 0;
@@ -959,6 +990,13 @@ static int train(int argc, char **argv) {
             sets[n_set++] = argv[++i];
         } else if (strncmp(argv[i], "--set=", 6) == 0) {
             sets[n_set++] = argv[i] + 6;
+        } else if (world && strcmp(argv[i], "--world") == 0) {
+            char *end = NULL;
+            long n = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (!end || *end || n < 1 || n > (1 << 24))
+                die(EXIT_USAGE, "--world: expected a number of ranks in [1, %d], got '%s'", 1 << 24, i + 1 < argc ? argv[i + 1] : "");
+            *world = (int)n;
+            i++;
         } else if (argv[i][0] == '-') {
             die(EXIT_USAGE, "unknown option '%s' (see llmtrain --help)", argv[i]);
         } else if (!job) {
@@ -967,17 +1005,25 @@ static int train(int argc, char **argv) {
             die(EXIT_USAGE, "unexpected argument '%s': one job file only", argv[i]);
         }
     }
-    if (!job) die(EXIT_USAGE, "no job file given (usage: llmtrain job.json [--set key=value ...])");
+    if (!job) die(EXIT_USAGE, "no job file given (usage: %s)", usage_line);
     Config *c = &t->cfg;
     config_load(c, job, n_set, sets);
     free(sets);
-    dist_watchdog_start(&t->dist, c->timeout_s);
     if (c->init_from[0]) {
         ModelConfig hf;
         hf_read_config(c->init_from, &hf);
         config_take_model(c, &hf, c->init_from);
     }
     config_freeze_model(c);
+}
+
+static int train(int argc, char **argv) {
+    static Trainer tr;
+    Trainer *t = &tr;
+    dist_init(&t->dist, &argc, &argv);
+    load_job(t, argc, argv, NULL, "llmtrain job.json [--set key=value ...]");
+    Config *c = &t->cfg;
+    dist_watchdog_start(&t->dist, c->timeout_s);
     check_layout(t);
     select_backend(t);
     t->threads = kernels_cpu_set_threads(0, t->dist.local_size);
@@ -993,8 +1039,6 @@ static int train(int argc, char **argv) {
     dist_setup_groups(&t->dist, t->S);
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank);
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb};
-    if (c->init_from[0] && t->dist.tp > 1)
-        die(EXIT_USAGE, "%s: init.from is not available with parallel.tensor %d yet (expected 1)", c->path, t->dist.tp);
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
     setup_shards(t);
@@ -1096,9 +1140,41 @@ static int cmd_export(int argc, char **argv) {
     printf("exported %s (step %d, written by %d ranks: tp %d x shard %d x replicate %d) -> %s\n", step_dir, ckpt_manifest_state(mf)->step,
            L.world, L.tp, L.shard, L.replicate, argv[1]);
     free(host);
-    model_layout_free(&m);
+    model_free(&m);
     ckpt_manifest_close(mf);
     config_free(&c);
+    return EXIT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* check: validate a job and its parallel layout for N ranks, no MPI     */
+
+/* The same config and layout checks (and messages) as a training start on
+ * --world N ranks, then the layout summary and this implementation's
+ * per-rank memory estimate, without opening data or allocating the model. */
+static int cmd_check(int argc, char **argv) {
+    static Trainer tr;
+    Trainer *t = &tr;
+    int world = 1;
+    load_job(t, argc, argv, &world, "llmtrain check JOB.json [--world N] [--set key=value ...]");
+    const Config *c = &t->cfg;
+    t->dist.world = world;
+    t->dist.local_size = 1;
+    check_layout(t);
+    select_backend(t);
+    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0);
+    printf("check: %s: valid for %d ranks\n", c->path, world);
+    if (c->description[0]) printf("description: %s\n", c->description);
+    print_model_batch(t);
+    int tp = t->dist.tp, dp = t->dist.dp;
+    printf("parallel: tensor %d x data-parallel %d | strategy %s: shard groups of %d x %d replicas\n", tp, dp, c->strategy,
+           t->S, dp / t->S);
+    double b[5];
+    rank_bytes(t, b);
+    printf("per rank (estimate): params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f "
+           "activations_bytes %.0f | total %.1f GiB\n", b[0], b[1], b[2], b[3], b[4], (b[0] + b[1] + b[2] + b[3] + b[4]) / (1 << 30));
+    model_free(&t->model);
+    config_free(&t->cfg);
     return EXIT_OK;
 }
 
@@ -1106,6 +1182,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: llmtrain JOB.json [--set key=value ...]   train (mpirun -np N for several ranks)\n"
             "       llmtrain export CHECKPOINT_DIR OUT_DIR    write a Hugging Face folder\n"
+            "       llmtrain check JOB.json [--world N] [--set key=value ...]\n"
+            "                                                 validate the job and its layout for N ranks\n"
             "       llmtrain keys                             list every config key with its default\n"
             "       llmtrain --version\n");
 }
@@ -1117,5 +1195,6 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "--version") == 0) { printf("llmtrain %s\n", LLMTRAIN_VERSION); return EXIT_OK; }
     if (strcmp(argv[1], "keys") == 0) { config_print_keys(); return EXIT_OK; }
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
+    if (strcmp(argv[1], "check") == 0) return cmd_check(argc - 1, argv + 1);
     return train(argc, argv);
 }

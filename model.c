@@ -214,17 +214,18 @@ void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, in
     build_layout(m, pad_multiple);
 }
 
-void model_layout_free(Model *m) {
-    free(m->specs); free(m->chunk_offset); free(m->chunk_size);
-    memset(m, 0, sizeof *m);
+void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank) {
+    model_layout(m, cfg, pad_multiple, tp, tp_rank);
+    m->B = B;
+    m->T = T;
+    m->la = calloc_check((size_t)cfg->n_layer, sizeof(LayerActs));
+    m->acts_floats = carve_acts(m, NULL);
 }
 
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
                     int tp, int tp_rank) {
-    model_layout(m, cfg, pad_multiple, tp, tp_rank);
+    model_plan_tp(m, cfg, B, T, pad_multiple, tp, tp_rank);
     m->k = k;
-    m->B = B;
-    m->T = T;
     size_t bytes = m->n_params * sizeof(float);
     m->params = k->alloc(bytes);
     m->grads = k->alloc(bytes);
@@ -237,8 +238,6 @@ void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
     bind(m, m->params, &m->p);
     bind(m, m->grads, &m->g);
 
-    m->la = calloc_check((size_t)cfg->n_layer, sizeof(LayerActs));
-    m->acts_floats = carve_acts(m, NULL);
     m->acts_mem = k->alloc(m->acts_floats * sizeof(float));
     carve_acts(m, m->acts_mem);
     m->tokens = k->alloc((size_t)B * T * sizeof(int));
@@ -247,10 +246,12 @@ void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
 
 void model_free(Model *m) {
     const Kernels *k = m->k;
-    k->free(m->params); k->free(m->grads);
-    if (m->m) k->free(m->m);
-    if (m->v) k->free(m->v);
-    k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets);
+    if (k) { /* NULL: a layout or plan owns no backend memory */
+        k->free(m->params); k->free(m->grads);
+        if (m->m) k->free(m->m);
+        if (m->v) k->free(m->v);
+        k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets);
+    }
     free(m->p.layers); free(m->g.layers); free(m->la);
     free(m->specs); free(m->chunk_offset); free(m->chunk_size);
     memset(m, 0, sizeof *m);

@@ -121,11 +121,13 @@ void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
  * Set m->comm before a forward when tp > 1. */
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
                     int tp, int tp_rank);
+/* Only the layout table and the activation size (acts_floats): no backend
+ * memory, so `llmtrain check` can size a 70B model. Free with model_free. */
+void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank);
 void model_free(Model *m);
 /* Only the layout table (specs, chunks, TP geometry) of TP rank tp_rank of
- * tp: nothing allocated on the backend; free with model_layout_free. */
+ * tp: nothing allocated on the backend. Free with model_free. */
 void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, int tp_rank);
-void model_layout_free(Model *m);
 /* Elements of the GLOBAL tensor behind spec s (numel * tp when split). */
 size_t model_global_numel(const Model *m, const ParamSpec *s);
 /* Copy between the GLOBAL tensor (host, model_global_numel floats, the

@@ -774,7 +774,7 @@ static int save_as(const GState *G, const CkptLayout *L, const char *root, int s
         bytes[r] = res.bytes;
         sums[r] = res.checksum;
         ckpt_writer_free(w);
-        model_layout_free(&lm);
+        model_free(&lm);
     }
     TrainState st = {0};
     st.step = step;
@@ -789,7 +789,7 @@ static int save_as(const GState *G, const CkptLayout *L, const char *root, int s
     char *text = ckpt_manifest_text(&lm0, L, bytes, sums, cfg, &st);
     if (rc == 0) rc = ckpt_commit(tmp, fin, root, text, why, wn);
     free(text);
-    model_layout_free(&lm0);
+    model_free(&lm0);
     free(bytes);
     free(sums);
     return rc;
@@ -816,7 +816,7 @@ static int load_matches(const GState *G, const char *dir, int tp, int tr, int pa
         free(got[k]);
         free(want[k]);
     }
-    model_layout_free(&lm);
+    model_free(&lm);
     ckpt_manifest_close(mf);
     return ok;
 }
@@ -880,7 +880,7 @@ static void test_ckpt(void) {
         check(once && f0 > 0 && f0 < lm.n_params / 10 && f2 + 8 >= f0, "ownership: shard 4 x replicate 3 covers each float once, replicas split evenly (%zu, %zu of %zu)",
               f0, f2, lm.n_params);
         free(cnt);
-        model_layout_free(&lm);
+        model_free(&lm);
     }
 
     /* write with tp 2 x shard 2 x replicate 2 (8 ranks), read into other layouts */
@@ -993,7 +993,7 @@ static void test_ckpt(void) {
     ckpt_writer_free(w);
 
     free(cfg.json_text);
-    model_layout_free(&G.g);
+    model_free(&G.g);
     free(G.p); free(G.m); free(G.v);
 }
 

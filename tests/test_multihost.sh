@@ -1,0 +1,140 @@
+#!/bin/bash
+# Two "hosts" on this machine: network namespaces joined by a veth pair (10.77.0.1 and
+# 10.77.0.2, interface smeth0 in both), Open MPI launching one rank in each through an
+# rsh agent that runs the remote command with `ip netns exec`. Checks: a 2-host job
+# reproduces the single-process loss trajectory and weights (plain mpirun, and through
+# the SageMaker entry point with a leader and a waiting worker); a rank SIGKILLed on the
+# second host ends the job on both hosts promptly and non-zero, the leader's failure
+# file says so, and no process is left in either namespace. Skips only where network
+# namespaces are not permitted. Namespaces are removed on exit.
+. "$(dirname "$0")/lib.sh"
+unset LLMTRAIN_FAULT
+ok() { echo "ok   $*"; pass=$((pass + 1)); }
+bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+
+command -v ip >/dev/null 2>&1 || scripts/install_deps.sh >/dev/null 2>&1
+NS1=llmsm$$a NS2=llmsm$$b
+cleanup() {
+    for ns in $NS1 $NS2; do
+        for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+        ip netns del "$ns" 2>/dev/null
+    done
+    ip link del vsa$$ 2>/dev/null   # only left in this namespace when the set-up failed half way
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+netns_setup() {
+    ip netns add $NS1 && ip netns add $NS2 &&
+    ip link add vsa$$ type veth peer name vsb$$ &&
+    ip link set vsa$$ netns $NS1 && ip link set vsb$$ netns $NS2 &&
+    ip -n $NS1 link set vsa$$ name smeth0 && ip -n $NS2 link set vsb$$ name smeth0 &&
+    ip -n $NS1 addr add 10.77.0.1/24 dev smeth0 && ip -n $NS2 addr add 10.77.0.2/24 dev smeth0 &&
+    for ns in $NS1 $NS2; do ip -n $ns link set smeth0 up && ip -n $ns link set lo up || return 1; done
+}
+if ! err=$(netns_setup 2>&1); then
+    echo "SKIP: this machine does not permit network namespaces joined by veth ($err)"
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+
+# rsh agent: `agent [options] HOST COMMAND...` runs COMMAND in HOST's namespace
+cat >"$TMP/agent" <<EOF
+#!/bin/sh
+while [ "\${1#-}" != "\$1" ]; do shift; done
+host=\$1; shift
+case \$host in 10.77.0.1) ns=$NS1 ;; 10.77.0.2) ns=$NS2 ;; *) echo "agent: unknown host \$host" >&2; exit 255 ;; esac
+exec ip netns exec \$ns sh -c "\$*"
+EOF
+chmod +x "$TMP/agent"
+printf '10.77.0.1 slots=1\n10.77.0.2 slots=1\n' >"$TMP/hostfile"
+MH="mpirun --hostfile $TMP/hostfile -np 2 --mca plm_rsh_agent $TMP/agent --mca btl tcp,self
+    --mca btl_tcp_if_include smeth0 --mca oob_tcp_if_include smeth0 -x OMP_NUM_THREADS"
+
+write_shard "$TMP/train.bin" 96 20000 1
+cat >"$TMP/job.json" <<EOF
+{"model": {"arch": "llama", "n_layer": 2, "n_embd": 32, "n_head": 4, "n_kv_head": 2, "vocab_size": 96, "max_seq_len": 16},
+ "data": {"train": "$TMP/train.bin", "val": "$TMP/train.bin"},
+ "train": {"steps": 10, "seq_len": 16, "micro_batch": 2, "global_batch": 8},
+ "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
+ "eval": {"sample_tokens": 0, "batches": 4, "every_steps": 5}}
+EOF
+left() { echo "$(ip netns pids $NS1 | wc -l) $(ip netns pids $NS2 | wc -l)"; }
+
+# 1. the single-process reference and a plain 2-host mpirun
+$BIN "$TMP/job.json" --set log.dir="$TMP/one" --set checkpoint.dir="$TMP/one/ckpt" >"$TMP/one.out" 2>&1 &&
+    $BIN export "$TMP/one/ckpt" "$TMP/one/hf" >/dev/null || bad "single-process run failed: $(tail -3 "$TMP/one.out")"
+timeout 90 ip netns exec $NS1 $MH $BIN "$TMP/job.json" --set log.dir="$TMP/mh" --set checkpoint.dir="$TMP/mh/ckpt" >"$TMP/mh.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "health: dp all-reduce .* over 2 ranks" "$TMP/mh.out" && $BIN export "$TMP/mh/ckpt" "$TMP/mh/hf" >/dev/null &&
+   $PY tests/compare_runs.py "$TMP/one" "$TMP/mh" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3; then
+    ok "2 hosts (one rank per namespace over veth) match the single-process losses and weights"
+else
+    bad "2-host mpirun: rc=$rc $(tail -5 "$TMP/mh.out")"
+fi
+
+# SageMaker trees for the two hosts (each host has its own /opt/ml)
+for h in 1 2; do
+    r=$TMP/h$h/ml
+    mkdir -p "$r/input/config" "$r/code" "$r/input/data/train" "$r/input/data/val"
+    cp "$TMP/job.json" "$r/code/job.json"
+    cp "$TMP/train.bin" "$r/input/data/train/"
+    cp "$TMP/train.bin" "$r/input/data/val/"
+    echo "{\"current_host\": \"10.77.0.$h\", \"hosts\": [\"10.77.0.2\", \"10.77.0.1\"], \"network_interface_name\": \"smeth0\"}" \
+        >"$r/input/config/resourceconfig.json"
+    echo '{"job": "job.json"}' >"$r/input/config/hyperparameters.json"
+done
+# sm_job NAME [env...]: worker entry point in NS2 (background), leader in NS1; sets rc wrc secs
+sm_job() {
+    local name=$1; shift
+    rm -rf "$TMP/h1/ml/output" "$TMP/h1/ml/checkpoints" "$TMP/h1/ml/model" "$TMP/h1/llmtrain-local"
+    env LLMTRAIN_SM_ROOT="$TMP/h2/ml" LLMTRAIN_SM_WORKER_WAIT_S=60 LLMTRAIN_SM_SSHD=0 LLMTRAIN_SM_EFA_PROBE=/nonexistent \
+        timeout 90 ip netns exec $NS2 scripts/sagemaker/train >"$TMP/$name.worker" 2>&1 &
+    local wpid=$! t0 t1
+    t0=$(date +%s.%N)
+    env LLMTRAIN_SM_ROOT="$TMP/h1/ml" LLMTRAIN_SM_RSH_AGENT="$TMP/agent" LLMTRAIN_SM_SSHD=0 LLMTRAIN_SM_EFA_PROBE=/nonexistent \
+        LLMTRAIN_BIN="$BIN" "$@" timeout 90 ip netns exec $NS1 scripts/sagemaker/train >"$TMP/$name.leader" 2>&1
+    rc=$?
+    t1=$(date +%s.%N)
+    wait $wpid
+    wrc=$?
+    secs=$($PY -c "print(round($t1 - $t0, 1))")
+}
+
+# 2. through the entry point: the leader (10.77.0.1, first when sorted) runs mpirun over both
+sm_job sm
+cp -r "$TMP/h1/ml/output/data" "$TMP/sm" 2>/dev/null && cp -r "$TMP/h1/ml/model" "$TMP/sm/hf" 2>/dev/null
+if [ $rc -eq 0 ] && [ $wrc -eq 0 ] && grep -q "worker: MPI job finished" "$TMP/sm.worker" &&
+   [ "$(cat "$TMP/h1/llmtrain-local/hostfile")" = "$(printf '10.77.0.1 slots=1\n10.77.0.2 slots=1')" ] &&
+   $PY tests/compare_runs.py "$TMP/one" "$TMP/sm" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3; then
+    ok "entry point, 2 hosts: leader's mpirun over the hostfile matches 1 process; the worker exits 0 after the job"
+else
+    bad "entry point 2 hosts: leader rc=$rc worker rc=$wrc $(tail -3 "$TMP/sm.leader") | $(tail -2 "$TMP/sm.worker")"
+fi
+
+# 3. rank 1 (second host) SIGKILLed at step 3: both hosts end promptly, non-zero, nothing left behind
+sm_job die LLMTRAIN_FAULT="rank=1,step=3,kind=die"
+f=$TMP/h1/ml/output/failure
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $wrc -eq 0 ] && $PY -c "import sys; sys.exit(not $secs <= 30)" &&
+   [ -f "$f" ] && [ "$(wc -l <"$f")" -eq 1 ] && grep -q "^llmtrain exited with code $rc: .*rank 1 .* on node 10.77.0.2 exited on signal 9" "$f"; then
+    ok "rank killed on host 2: job ends on both hosts in ${secs}s, exit $rc, failure: $(cat "$f")"
+else
+    bad "killed rank: leader rc=$rc worker rc=$wrc after ${secs}s failure='$(cat "$f" 2>/dev/null)' $(tail -3 "$TMP/die.leader")"
+fi
+sleep 1
+if [ "$(left)" = "0 0" ]; then ok "no process left in either namespace"; else bad "processes left (ns1 ns2): $(left)"; fi
+
+# 4. the same kill under plain mpirun
+t0=$(date +%s)
+LLMTRAIN_FAULT="rank=1,step=3,kind=die" timeout 90 ip netns exec $NS1 $MH -x LLMTRAIN_FAULT $BIN "$TMP/job.json" \
+    --set log.dir="$TMP/mhdie" --set checkpoint.dir="$TMP/mhdie/ckpt" >"$TMP/mhdie.out" 2>&1
+rc=$?
+secs=$(($(date +%s) - t0))
+sleep 1
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $secs -le 30 ] && [ "$(left)" = "0 0" ]; then
+    ok "plain mpirun: rank killed on host 2 ends the job in ${secs}s (exit $rc), no process left"
+else
+    bad "plain mpirun kill: rc=$rc after ${secs}s, left $(left): $(tail -3 "$TMP/mhdie.out")"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
