@@ -709,16 +709,34 @@ static void hf_check_unused(const Model *m, const HfFiles *h) {
 void hf_load_weights(Model *m, const char *dir) {
     HfFiles h;
     hf_open(&h, dir);
+    /* Hugging Face tensors are global: read them into the tp = 1 layout and,
+     * under tensor parallelism, keep this rank's slices */
+    Model global;
+    const Model *g = m;
+    if (m->tp > 1) {
+        model_layout(&global, &m->cfg, 1, 1, 0);
+        g = &global;
+    }
     /* GPT2Model checkpoints (e.g. the original gpt2) have no "transformer." prefix */
     const char *pre = (m->cfg.arch == ARCH_GPT2 && !hf_has(&h, "transformer.wte.weight") && hf_has(&h, "wte.weight"))
                           ? "" : "transformer.";
-    float *flat = calloc_check(m->n_params, sizeof(float));
-    for (int i = 0; i < m->n_specs; i++) {
+    float *flat = calloc_check(g->n_params, sizeof(float));
+    for (int i = 0; i < g->n_specs; i++) {
         HfPart parts[3];
-        int np = hf_parts(m, &m->specs[i], pre, parts);
-        for (int j = 0; j < np; j++) hf_load_part(&h, &m->specs[i], &parts[j], flat);
+        int np = hf_parts(g, &g->specs[i], pre, parts);
+        for (int j = 0; j < np; j++) hf_load_part(&h, &g->specs[i], &parts[j], flat);
     }
-    hf_check_unused(m, &h);
+    hf_check_unused(g, &h);
+    if (m->tp > 1) {
+        float *local = calloc_check(m->n_params, sizeof(float));
+        for (int i = 0; i < m->n_specs; i++) {
+            const ParamSpec *s = &m->specs[i];
+            model_tp_copy(m, s, flat + model_find(g, s->name)->offset, local + s->offset, 0);
+        }
+        free(flat);
+        flat = local;
+        model_free(&global);
+    }
     m->k->from_host(m->params, flat, m->n_params * sizeof(float));
     free(flat);
     hf_close(&h);

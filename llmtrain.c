@@ -843,8 +843,6 @@ static void check_layout(Trainer *t) {
             mc->vocab_size, c->tp);
     if (c->tp > 1 && c->debug_dump[0])
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
-    if (c->tp > 1 && c->init_from[0])
-        die(EXIT_USAGE, "%s: init.from is not available with parallel.tensor %d yet (expected 1)", c->path, c->tp);
     dist_set_tp(d, c->tp);
     if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
         t->S = d->dp;

@@ -47,6 +47,22 @@ else
     echo "FAIL TP group lines or tp_allreduce bytes missing"; fail=$((fail + 1))
 fi
 
+# init.from under tensor parallelism: each rank keeps its slices of the Hugging Face tensors
+for run in init-1 init-2; do
+    np=${run#init-}
+    cmd="$BIN"; [ $np -gt 1 ] && cmd="$MPIRUN $np $BIN"
+    $cmd "$TMP/llama.json" --set init.from="$TMP/llama-1-1/hf" --set parallel.tensor=$np --set train.steps=4 \
+        --set log.dir="$TMP/$run" --set checkpoint.dir="$TMP/$run/ckpt" >"$TMP/$run.out" 2>&1
+    $BIN export "$TMP/$run/ckpt" "$TMP/$run/hf" >/dev/null 2>&1
+done
+if $PY tests/compare_runs.py "$TMP/init-1" "$TMP/init-2" --steps 4 --loss-rtol 1e-5 --weight-rtol 1e-3 &&
+   $PY -c "import json,sys; f=lambda p: [json.loads(l)['loss'] for l in open(p) if '\"loss\"' in l][0]
+sys.exit(0 if f('$TMP/init-2/metrics.jsonl') < f('$TMP/llama-1-1/metrics.jsonl') - 0.01 else 1)"; then
+    echo "ok   init.from with tp 2 continues the trained weights like tp 1"; pass=$((pass + 1))
+else
+    echo "FAIL init.from with tp 2: $(tail -2 "$TMP/init-2.out")"; fail=$((fail + 1))
+fi
+
 # impossible layouts: one clear line and exit 2 before any work
 reject() { # name ranks expected-message set-args...
     local name=$1 np=$2 msg=$3; shift 3
