@@ -58,19 +58,21 @@ static void cpu_free(void *p) { free(p); }
 
 /* Gradient buffers are hundreds of MB and zeroed every step: one memset per
  * core gets more memory bandwidth than one. */
-static void cpu_zero(void *p, size_t bytes) {
+static void cpu_fill(void *dst, const void *src, size_t bytes) { /* src NULL: zero */
     const size_t chunk = (size_t)1 << 20;
-    if (bytes < 4 * chunk) { memset(p, 0, bytes); return; }
     long nchunks = (long)((bytes + chunk - 1) / chunk);
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if (bytes >= 4 * chunk)
     for (long i = 0; i < nchunks; i++) {
         size_t off = (size_t)i * chunk;
         size_t len = bytes - off < chunk ? bytes - off : chunk;
-        memset((char *)p + off, 0, len);
+        if (src) memcpy((char *)dst + off, (const char *)src + off, len);
+        else memset((char *)dst + off, 0, len);
     }
 }
 
-static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void cpu_zero(void *p, size_t bytes) { cpu_fill(p, NULL, bytes); }
+/* large copies (checkpoint staging, resume) are split over the threads too */
+static void cpu_copy(void *dst, const void *src, size_t bytes) { cpu_fill(dst, src, bytes); }
 
 // ----------------------------------------------------------------------------
 // embeddings
