@@ -61,7 +61,7 @@ tests/test_gpu: tests/test_gpu.c kernels_cpu.c util.c $(HDR) $(CUDA_OBJ)
 	$(CC) -O2 -march=native $(WARN) $(OMP) $(CUDA_DEFS) -I. $< kernels_cpu.c util.c $(CUDA_LIBS) $(BLAS_LIBS) -lm -o $@
 
 test-gpu: check-deps llmtrain tests/test_gpu
-	tests/test_gpu.sh
+	tests/gpu_tests.sh
 
 bench-gpu: check-deps llmtrain
 	bench/run_bench_gpu.sh
