@@ -447,8 +447,8 @@ static void plan_destroy(GemmPlan *p) {
 
 /* Build desc + layouts for the column-major product D[m=N, n=M] (see
  * rm_gemm) and ask the heuristic; returns 0 when it has no algorithm. */
-static int plan_build(GemmPlan *p, int epi_bias) {
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F));
+static int plan_build(GemmPlan *p, int epi_bias, cublasComputeType_t compute) {
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
     int32_t opA = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opB = p->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
@@ -502,7 +502,10 @@ static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const floa
     GemmPlan key;
     memset(&key, 0, sizeof key);
     key.ta = ta; key.tb = tb; key.M = M; key.N = N; key.K = K;
-    key.lda = lda; key.ldb = ldb; key.ldc = ldc; key.batch = batch; key.bias = bias != NULL;
+    /* bias: 0 none, 1 added by a kernel, 2 fused epilogue (16-byte aligned
+     * vectors only: cuBLASLt has no alignment preference for the bias) */
+    key.bias = !bias ? 0 : ((uintptr_t)bias % 16 == 0 && batch == 1) ? 2 : 1;
+    key.lda = lda; key.ldb = ldb; key.ldc = ldc; key.batch = batch;
     key.sA = batch > 1 ? sA : 0; key.sB = batch > 1 ? sB : 0; key.sC = batch > 1 ? sC : 0;
     key.al_a = alignment_of(A, lda, key.sA);
     key.al_b = alignment_of(B, ldb, key.sB);
@@ -522,8 +525,14 @@ static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const floa
         plan_next = (plan_next + 1) % MAX_PLANS;
         plan_destroy(p);
         *p = key;
-        if (!plan_build(p, key.bias) && !(key.bias && plan_build(p, 0)))
-            die(EXIT_INTERNAL, "cuBLASLt has no TF32 algorithm for a %dx%dx%d GEMM (ta %d tb %d, batch %d, alignment %d/%d/%d)",
+        /* TF32 with the fused bias, TF32, then plain fp32 (a shape or
+         * alignment no tensor-core kernel takes) */
+        const cublasComputeType_t ct[2] = {CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F};
+        int ok = 0;
+        for (int c = 0; c < 2 && !ok; c++)
+            ok = (key.bias == 2 && plan_build(p, 1, ct[c])) || plan_build(p, 0, ct[c]);
+        if (!ok)
+            die(EXIT_INTERNAL, "cuBLASLt has no algorithm for a %dx%dx%d fp32 GEMM (ta %d tb %d, batch %d, alignment %d/%d/%d)",
                 M, N, K, ta, tb, batch, key.al_a, key.al_b, key.al_c);
     }
     if (p->epi_bias) {
@@ -555,51 +564,30 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 // ----------------------------------------------------------------------------
 // attention: batched GEMMs + causal softmax kernels
 
-/* The (b, h) pairs are covered by "passes", each one strided-batched GEMM.
- * GQA makes a single stride over all heads impossible, so either
- *   per query head h, batch over b (nh passes of B), or
- *   per (b, g < group), batch over the kv heads (B*group passes of nkv);
- * whichever needs fewer passes. Offsets and strides are in floats. */
+/* The (b, h) pairs are covered by nh "passes", one per query head h, each a
+ * strided-batched GEMM over the B sequences: GQA (h reads kv head h/group)
+ * rules out one stride over all heads, and batching over b keeps every
+ * batch entry's output in its own non-overlapping block. Offsets and
+ * strides are in floats. */
 typedef struct {
     size_t q, k, v, o, p; /* base offsets of q/k/v (in qkv), out, att */
-    long long sq, skv, so, sp;
+    long long sqkv, so, sp;
     int count;
 } AttPass;
 
-static int att_npasses(int B, int nh, int nkv) {
-    int group = nh / nkv;
-    return nh <= B * group ? nh : B * group;
-}
-
-static AttPass att_pass(int i, int B, int T, int nh, int nkv, int hd) {
-    int group = nh / nkv, S = (nh + 2 * nkv) * hd, OS = nh * hd;
+static AttPass att_pass(int h, int B, int T, int nh, int nkv, int hd) {
+    int group = nh / nkv, kh = h / group, S = (nh + 2 * nkv) * hd, OS = nh * hd;
     size_t TT = (size_t)T * T;
     AttPass a;
-    if (nh <= B * group) {
-        int h = i, kh = h / group;
-        a.q = (size_t)h * hd;
-        a.k = (size_t)(nh + kh) * hd;
-        a.v = (size_t)(nh + nkv + kh) * hd;
-        a.o = (size_t)h * hd;
-        a.p = (size_t)h * TT;
-        a.sq = a.skv = (long long)T * S;
-        a.so = (long long)T * OS;
-        a.sp = (long long)nh * (long long)TT;
-        a.count = B;
-    } else {
-        int b = i / group, g = i % group;
-        size_t base = (size_t)b * T * S;
-        a.q = base + (size_t)g * hd;
-        a.k = base + (size_t)nh * hd;
-        a.v = base + (size_t)(nh + nkv) * hd;
-        a.o = (size_t)b * T * OS + (size_t)g * hd;
-        a.p = ((size_t)b * nh + g) * TT;
-        a.sq = (long long)group * hd;
-        a.skv = hd;
-        a.so = (long long)group * hd;
-        a.sp = (long long)group * (long long)TT;
-        a.count = nkv;
-    }
+    a.q = (size_t)h * hd;
+    a.k = (size_t)(nh + kh) * hd;
+    a.v = (size_t)(nh + nkv + kh) * hd;
+    a.o = (size_t)h * hd;
+    a.p = (size_t)h * TT;
+    a.sqkv = (long long)T * S;
+    a.so = (long long)T * OS;
+    a.sp = (long long)nh * (long long)TT;
+    a.count = B;
     return a;
 }
 
@@ -648,17 +636,18 @@ static void attention_forward(float *out, float *att, const float *qkv, int B, i
     check_heads(nh, nkv);
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    int np = att_npasses(B, nh, nkv);
-    for (int i = 0; i < np; i++) {
-        AttPass a = att_pass(i, B, T, nh, nkv, hd);
+    for (int h = 0; h < nh; h++) {
+        AttPass a = att_pass(h, B, T, nh, nkv, hd);
         /* P = scale * Q K^T over the full square */
-        rm_gemm(0, 1, T, T, hd, scale, qkv + a.q, S, a.sq, qkv + a.k, S, a.skv, 0.0f, att + a.p, T, a.sp, a.count, NULL);
+        rm_gemm(0, 1, T, T, hd, scale, qkv + a.q, S, a.sqkv, qkv + a.k, S, a.sqkv, 0.0f, att + a.p, T, a.sp, a.count,
+                NULL);
     }
     causal_softmax_k<<<(unsigned)((size_t)B * nh * T), row_threads(T)>>>(att, T);
     LAUNCH_CHECK();
-    for (int i = 0; i < np; i++) {
-        AttPass a = att_pass(i, B, T, nh, nkv, hd);
-        rm_gemm(0, 0, T, hd, T, 1.0f, att + a.p, T, a.sp, qkv + a.v, S, a.skv, 0.0f, out + a.o, OS, a.so, a.count, NULL);
+    for (int h = 0; h < nh; h++) {
+        AttPass a = att_pass(h, B, T, nh, nkv, hd);
+        rm_gemm(0, 0, T, hd, T, 1.0f, att + a.p, T, a.sp, qkv + a.v, S, a.sqkv, 0.0f, out + a.o, OS, a.so, a.count,
+                NULL);
     }
 }
 
@@ -669,22 +658,20 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     const long long TT = (long long)T * T;
-    int np = att_npasses(B, nh, nkv);
-    int maxc = att_pass(0, B, T, nh, nkv, hd).count;
-    float *dS = (float *)scratch_get(&sc_att, (size_t)maxc * (size_t)TT * sizeof(float));
+    float *dS = (float *)scratch_get(&sc_att, (size_t)B * (size_t)TT * sizeof(float));
     /* passes run one after another on the stream, so the query heads of one
      * kv head add into its dK and dV in turn, and dS is reused */
-    for (int i = 0; i < np; i++) {
-        AttPass a = att_pass(i, B, T, nh, nkv, hd);
+    for (int h = 0; h < nh; h++) {
+        AttPass a = att_pass(h, B, T, nh, nkv, hd);
         const float *dO = dout + a.o, *P = att + a.p;
         /* dP = dO V^T; dV += P^T dO */
-        rm_gemm(0, 1, T, T, hd, 1.0f, dO, OS, a.so, qkv + a.v, S, a.skv, 0.0f, dS, T, TT, a.count, NULL);
-        rm_gemm(1, 0, T, hd, T, 1.0f, P, T, a.sp, dO, OS, a.so, 1.0f, dqkv + a.v, S, a.skv, a.count, NULL);
+        rm_gemm(0, 1, T, T, hd, 1.0f, dO, OS, a.so, qkv + a.v, S, a.sqkv, 0.0f, dS, T, TT, a.count, NULL);
+        rm_gemm(1, 0, T, hd, T, 1.0f, P, T, a.sp, dO, OS, a.so, 1.0f, dqkv + a.v, S, a.sqkv, a.count, NULL);
         causal_softmax_bwd_k<<<(unsigned)((size_t)a.count * T), row_threads(T)>>>(dS, P, a.sp, T, scale);
         LAUNCH_CHECK();
         /* dQ += dS K; dK += dS^T Q */
-        rm_gemm(0, 0, T, hd, T, 1.0f, dS, T, TT, qkv + a.k, S, a.skv, 1.0f, dqkv + a.q, S, a.sq, a.count, NULL);
-        rm_gemm(1, 0, T, hd, T, 1.0f, dS, T, TT, qkv + a.q, S, a.sq, 1.0f, dqkv + a.k, S, a.skv, a.count, NULL);
+        rm_gemm(0, 0, T, hd, T, 1.0f, dS, T, TT, qkv + a.k, S, a.sqkv, 1.0f, dqkv + a.q, S, a.sqkv, a.count, NULL);
+        rm_gemm(1, 0, T, hd, T, 1.0f, dS, T, TT, qkv + a.q, S, a.sqkv, 1.0f, dqkv + a.k, S, a.sqkv, a.count, NULL);
     }
 }
 

@@ -315,8 +315,8 @@ int main(void) {
     test_matmul_case(100, 72, 130, 0, 1);
     test_matmul_case(37, 50, 29, 1, 1); /* odd sizes, 4-byte aligned operands */
     test_matmul_case(256, 768, 2304, 0, 0);
-    test_attention_case(3, 40, 4, 2, 16);  /* GQA, passes per query head */
-    test_attention_case(1, 64, 4, 2, 16);  /* GQA, passes per (b, group member) */
+    test_attention_case(3, 40, 4, 2, 16);  /* GQA, batched over 3 sequences */
+    test_attention_case(1, 64, 4, 2, 16);  /* GQA, one sequence (unbatched GEMMs) */
     test_attention_case(2, 130, 6, 6, 32); /* MHA */
     test_attention_case(1, 17, 8, 1, 8);   /* MQA, T not a multiple of anything */
     test_rope();
