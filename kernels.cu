@@ -438,10 +438,10 @@ static void layout_create(cublasLtMatrixLayout_t *l, uint64_t rows, uint64_t col
 
 static void plan_destroy(GemmPlan *p) {
     if (!p->used) return;
-    cublasLtMatmulDescDestroy(p->desc);
-    cublasLtMatrixLayoutDestroy(p->la);
-    cublasLtMatrixLayoutDestroy(p->lb);
-    cublasLtMatrixLayoutDestroy(p->lc);
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lc));
     p->used = 0;
 }
 
@@ -472,7 +472,7 @@ static int plan_build(GemmPlan *p, int epi_bias, cublasComputeType_t compute) {
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(G.lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
-    cublasLtMatmulPreferenceDestroy(pref);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     p->used = 1;
     if (st != CUBLAS_STATUS_SUCCESS || nres < 1) {
         plan_destroy(p);
@@ -1096,7 +1096,7 @@ extern "C" int kernels_cuda_available(char *why, size_t n) {
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
         if (why && n) snprintf(why, n, "%s", cudaGetErrorString(e));
-        cudaGetLastError();
+        (void)cudaGetLastError(); /* clear the probe's error */
         return 0;
     }
     if (count < 1) {
@@ -1112,7 +1112,7 @@ extern "C" int kernels_cuda_available(char *why, size_t n) {
         if (why && n)
             snprintf(why, n, "%s%s (compute capability %d.%d): %s", ok ? "" : "device 0", ok ? prop.name : "",
                      ok ? prop.major : 0, ok ? prop.minor : 0, cudaGetErrorString(e));
-        cudaGetLastError();
+        (void)cudaGetLastError(); /* clear the probe's error */
         return 0;
     }
     if (why && n) snprintf(why, n, "%d device%s", count, count == 1 ? "" : "s");
