@@ -28,6 +28,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
@@ -52,8 +53,24 @@ static void cublas_check_(cublasStatus_t s, const char *what, const char *file, 
 
 #define CUDA_CHECK(x) cuda_check_((x), #x, __FILE__, __LINE__)
 #define CUBLAS_CHECK(x) cublas_check_((x), #x, __FILE__, __LINE__)
+
+/* LLMTRAIN_CUDA_SYNC=1: synchronise after every kernel and GEMM, so an
+ * asynchronous fault is reported at the line of the launch that caused it
+ * (slow; for debugging). Without it a fault surfaces at the next
+ * synchronising call. */
+static int sync_debug = -1;
+
+static void launch_check_(const char *what, const char *file, int line) {
+    cuda_check_(cudaGetLastError(), what, file, line);
+    if (sync_debug < 0) {
+        const char *e = getenv("LLMTRAIN_CUDA_SYNC");
+        sync_debug = e && *e && strcmp(e, "0") != 0;
+    }
+    if (sync_debug) cuda_check_(cudaDeviceSynchronize(), what, file, line);
+}
+
 /* after every kernel launch: a bad configuration is reported at its line */
-#define LAUNCH_CHECK() cuda_check_(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+#define LAUNCH_CHECK() launch_check_("kernel launch", __FILE__, __LINE__)
 
 // ----------------------------------------------------------------------------
 // device state (one device per process in this tranche)
@@ -541,6 +558,7 @@ static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const floa
     }
     CUBLAS_CHECK(cublasLtMatmul(G.lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, G.ws,
                                 G.ws_bytes, 0));
+    launch_check_("cublasLtMatmul", __FILE__, __LINE__);
     if (bias && !p->epi_bias) {
         if (batch > 1) die(EXIT_INTERNAL, "cuda gemm: unfused bias with a batched GEMM");
         add_bias_k<<<grid_for((size_t)M * N, 256), 256>>>(C, bias, M, N, ldc);
