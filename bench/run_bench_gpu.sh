@@ -1,6 +1,6 @@
 #!/bin/bash
 # make bench-gpu: CUDA training throughput of llmtrain on this machine's GPU
-#   GPT-2 124M   B=16, T=1024
+#   GPT-2 124M   B=16, T=1024 (vocabulary padded to 50304)
 #   Llama ~1B    (Llama 3.2 1B shape: 16 layers, 2048 embd, 32 heads / 8 kv,
 #                ffn 8192, vocab 128256, tied) B=1, T=4096
 # printing ms/step, tokens/s and MFU against the GPU's bf16 dense peak
@@ -61,6 +61,8 @@ print(f"{name} ({params}M params) B={B} T={T} on {dev}: {med('step_ms'):.0f} ms/
 PYEOF
 }
 
-run_case gpt2_124M '{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "max_seq_len": 1024}' 16 1024
+# vocabulary padded to 50304 (= 64 x 786) as llm.c does, so the LM-head GEMM
+# operands are 16-byte aligned rows (50257 floats per row is only 4-byte aligned)
+run_case gpt2_124M '{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304, "max_seq_len": 1024}' 16 1024
 run_case llama_1B '{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
                     "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096

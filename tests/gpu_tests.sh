@@ -14,7 +14,8 @@
 unset LLMTRAIN_DEVICE
 LOSS_RTOL=5e-3
 
-out=$(tests/test_gpu 2>&1); rc=$?
+# synchronous launches: a kernel fault is reported at its own line
+out=$(LLMTRAIN_CUDA_SYNC=1 tests/test_gpu 2>&1); rc=$?
 echo "$out"
 if grep -q "no usable CUDA device" <<<"$out"; then
     echo "test-gpu: FAIL: $(grep -o 'no usable CUDA device.*' <<<"$out" | head -1)" >&2
