@@ -24,6 +24,7 @@
  * never allocate. Every CUDA and cuBLASLt call is checked: a failure prints
  * one line with file:line and exits (70; 3 for out of memory). */
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -105,6 +106,9 @@ static Scratch sc_att, sc_col, sc_adam;
 
 #define RED_BLOCKS 512
 #define RED_THREADS 256
+
+#define GRID_STRIDE(i, n) \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 static unsigned grid_for(size_t n, int threads) {
     size_t g = (n + (size_t)threads - 1) / (size_t)threads;
@@ -422,7 +426,7 @@ static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const fl
 typedef struct {
     int used;
     /* key */
-    int ta, tb, M, N, K, lda, ldb, ldc, batch, bias, al_a, al_b, al_c;
+    int ta, tb, M, N, K, lda, ldb, ldc, batch, bias, al_a, al_b, al_c, bf16;
     long long sA, sB, sC;
     /* value */
     cublasLtMatmulDesc_t desc;
@@ -435,16 +439,16 @@ static GemmPlan plans[MAX_PLANS];
 static int plan_next;
 
 /* largest power of two (<= 256 bytes) dividing every address the GEMM touches */
-static int alignment_of(const void *p, long long ld, long long stride) {
-    uintptr_t a = (uintptr_t)p | (uintptr_t)(ld * 4) | (uintptr_t)(stride * 4) | 256u;
+static int alignment_of(const void *p, long long ld, long long stride, int esize) {
+    uintptr_t a = (uintptr_t)p | (uintptr_t)(ld * esize) | (uintptr_t)(stride * esize) | 256u;
     int al = 1;
     while (!(a & (uintptr_t)al)) al <<= 1;
     return al;
 }
 
-static void layout_create(cublasLtMatrixLayout_t *l, uint64_t rows, uint64_t cols, int64_t ld, int batch,
-                          long long stride) {
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, rows, cols, ld));
+static void layout_create(cublasLtMatrixLayout_t *l, cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld,
+                          int batch, long long stride) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(l, type, rows, cols, ld));
     if (batch > 1) {
         int32_t bc = batch;
         int64_t st = stride;
@@ -474,9 +478,10 @@ static int plan_build(GemmPlan *p, int epi_bias, cublasComputeType_t compute) {
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     }
     /* cuBLAS A := row-major B, cuBLAS B := row-major A, D := C^T */
-    layout_create(&p->la, p->tb ? p->K : p->N, p->tb ? p->N : p->K, p->ldb, p->batch, p->sB);
-    layout_create(&p->lb, p->ta ? p->M : p->K, p->ta ? p->K : p->M, p->lda, p->batch, p->sA);
-    layout_create(&p->lc, p->N, p->M, p->ldc, p->batch, p->sC);
+    cudaDataType_t in = p->bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    layout_create(&p->la, in, p->tb ? p->K : p->N, p->tb ? p->N : p->K, p->ldb, p->batch, p->sB);
+    layout_create(&p->lb, in, p->ta ? p->M : p->K, p->ta ? p->K : p->M, p->lda, p->batch, p->sA);
+    layout_create(&p->lc, CUDA_R_32F, p->N, p->M, p->ldc, p->batch, p->sC);
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = G.ws_bytes;
@@ -508,31 +513,67 @@ __global__ void add_bias_k(float *out, const float *bias, int M, int N, int ldc)
     }
 }
 
+/* LLMTRAIN_CUDA_MATMUL=bf16 (opt-in, for measurements): the linear layers'
+ * GEMMs convert both fp32 operands to bf16 into scratch buffers first and
+ * run bf16 x bf16 -> fp32 with fp32 accumulation (attention stays TF32).
+ * The default is TF32 (see the top of this file). */
+static int matmul_bf16(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("LLMTRAIN_CUDA_MATMUL");
+        on = e && strcmp(e, "bf16") == 0;
+    }
+    return on;
+}
+
+__global__ void to_bf16_k(__nv_bfloat16 *dst, const float *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+static Scratch sc_bf16_a, sc_bf16_b;
+
+static const void *bf16_copy(Scratch *s, const float *x, size_t n) {
+    __nv_bfloat16 *d = (__nv_bfloat16 *)scratch_get(s, n * sizeof(__nv_bfloat16));
+    to_bf16_k<<<grid_for(n, 256), 256>>>(d, x, n);
+    LAUNCH_CHECK();
+    return d;
+}
+
 /* Row-major, like cblas: C[M,N] = alpha op(A) op(B) + beta C (+ bias[N] per
  * row), batched with element strides sA, sB, sC. In column-major terms this
- * is C^T = op(B)^T op(A)^T, so cuBLAS sees m = N, n = M. */
-static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
-                    const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
-                    const float *bias) {
+ * is C^T = op(B)^T op(A)^T, so cuBLAS sees m = N, n = M. bf16: convert A
+ * and B (unbatched, each a dense rows x ld block) to bf16 first. */
+static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
+                       const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
+                       const float *bias, int bf16) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) die(EXIT_INTERNAL, "cuda gemm: K = %d", K);
+    if (bf16 && batch != 1) die(EXIT_INTERNAL, "cuda gemm: bf16 operands for a batched GEMM");
+    const void *Ap = A, *Bp = B;
+    if (bf16) {
+        Ap = bf16_copy(&sc_bf16_a, A, (size_t)(ta ? K : M) * (size_t)lda);
+        Bp = bf16_copy(&sc_bf16_b, B, (size_t)(tb ? N : K) * (size_t)ldb);
+    }
     GemmPlan key;
     memset(&key, 0, sizeof key);
+    key.bf16 = bf16;
     key.ta = ta; key.tb = tb; key.M = M; key.N = N; key.K = K;
     /* bias: 0 none, 1 added by a kernel, 2 fused epilogue (16-byte aligned
      * vectors only: cuBLASLt has no alignment preference for the bias) */
     key.bias = !bias ? 0 : ((uintptr_t)bias % 16 == 0 && batch == 1) ? 2 : 1;
     key.lda = lda; key.ldb = ldb; key.ldc = ldc; key.batch = batch;
     key.sA = batch > 1 ? sA : 0; key.sB = batch > 1 ? sB : 0; key.sC = batch > 1 ? sC : 0;
-    key.al_a = alignment_of(A, lda, key.sA);
-    key.al_b = alignment_of(B, ldb, key.sB);
-    key.al_c = alignment_of(C, ldc, key.sC);
+    int es = bf16 ? 2 : 4;
+    key.al_a = alignment_of(Ap, lda, key.sA, es);
+    key.al_b = alignment_of(Bp, ldb, key.sB, es);
+    key.al_c = alignment_of(C, ldc, key.sC, 4);
     GemmPlan *p = NULL;
     for (int i = 0; i < MAX_PLANS && plans[i].used; i++) {
         GemmPlan *q = &plans[i];
         if (q->ta == key.ta && q->tb == key.tb && q->M == M && q->N == N && q->K == K && q->lda == lda &&
             q->ldb == ldb && q->ldc == ldc && q->batch == batch && q->bias == key.bias && q->sA == key.sA &&
-            q->sB == key.sB && q->sC == key.sC && q->al_a == key.al_a && q->al_b == key.al_b && q->al_c == key.al_c) {
+            q->sB == key.sB && q->sC == key.sC && q->al_a == key.al_a && q->al_b == key.al_b && q->al_c == key.al_c &&
+            q->bf16 == key.bf16) {
             p = q;
             break;
         }
@@ -543,20 +584,20 @@ static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const floa
         plan_destroy(p);
         *p = key;
         /* TF32 with the fused bias, TF32, then plain fp32 (a shape or
-         * alignment no tensor-core kernel takes) */
-        const cublasComputeType_t ct[2] = {CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F};
+         * alignment no tensor-core kernel takes); bf16 inputs: fp32 compute */
+        const cublasComputeType_t ct[2] = {bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F};
         int ok = 0;
         for (int c = 0; c < 2 && !ok; c++)
             ok = (key.bias == 2 && plan_build(p, 1, ct[c])) || plan_build(p, 0, ct[c]);
         if (!ok)
-            die(EXIT_INTERNAL, "cuBLASLt has no algorithm for a %dx%dx%d fp32 GEMM (ta %d tb %d, batch %d, alignment %d/%d/%d)",
-                M, N, K, ta, tb, batch, key.al_a, key.al_b, key.al_c);
+            die(EXIT_INTERNAL, "cuBLASLt has no algorithm for a %dx%dx%d %s GEMM (ta %d tb %d, batch %d, alignment %d/%d/%d)",
+                M, N, K, bf16 ? "bf16" : "fp32", ta, tb, batch, key.al_a, key.al_b, key.al_c);
     }
     if (p->epi_bias) {
         const void *bp = bias;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
     }
-    CUBLAS_CHECK(cublasLtMatmul(G.lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, G.ws,
+    CUBLAS_CHECK(cublasLtMatmul(G.lt, p->desc, &alpha, Bp, p->la, Ap, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, G.ws,
                                 G.ws_bytes, 0));
     launch_check_("cublasLtMatmul", __FILE__, __LINE__);
     if (bias && !p->epi_bias) {
@@ -566,16 +607,23 @@ static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const floa
     }
 }
 
+static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
+                    const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
+                    const float *bias) {
+    rm_gemm_ex(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, 0);
+}
+
 static void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
-    rm_gemm(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias);
+    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, matmul_bf16());
 }
 
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                             int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
-    if (dinp) rm_gemm(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 1.0f, dinp, C, 0, 1, NULL);
-    if (dw) rm_gemm(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL);
+    int bf16 = matmul_bf16();
+    if (dinp) rm_gemm_ex(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 1.0f, dinp, C, 0, 1, NULL, bf16);
+    if (dw) rm_gemm_ex(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16);
     if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
 }
 
@@ -738,8 +786,6 @@ static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, fl
 // pointwise
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
-#define GRID_STRIDE(i, n) \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 __global__ void gelu_fwd_k(float *out, const float *inp, size_t n) {
     GRID_STRIDE(i, n) {
@@ -1161,9 +1207,10 @@ extern "C" const Kernels *kernels_cuda(void) {
 extern "C" const char *kernels_cuda_device_info(void) {
     static char info[512];
     cuda_init();
-    snprintf(info, sizeof info, "%.200s, %d SMs, cc %d.%d, %.1f GiB; matmuls TF32 tensor cores (cuBLASLt %zu)",
+    snprintf(info, sizeof info, "%.200s, %d SMs, cc %d.%d, %.1f GiB; matmuls %s tensor cores (cuBLASLt %zu)",
              G.prop.name, G.prop.multiProcessorCount, G.prop.major, G.prop.minor,
-             (double)G.prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), cublasLtGetVersion());
+             (double)G.prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
+             matmul_bf16() ? "bf16 (LLMTRAIN_CUDA_MATMUL=bf16)" : "TF32", cublasLtGetVersion());
     return info;
 }
 

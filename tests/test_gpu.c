@@ -11,6 +11,9 @@
  *                  (10-bit mantissa, unit roundoff 2^-11 = 4.9e-4) and
  *                  accumulates in fp32; K-term sums of random-sign products
  *                  stay within a few units of that
+ *   TOL_BF16 1e-2  matmuls under LLMTRAIN_CUDA_MATMUL=bf16: both operands
+ *                  rounded to bf16 (8-bit mantissa, unit roundoff 2^-8 =
+ *                  3.9e-3), fp32 accumulation; attention stays TF32
  *   TOL_RED  1e-9  sum / sumsq (both accumulate in double)  */
 #include "kernels.h"
 #include "util.h"
@@ -21,7 +24,10 @@
 
 #define TOL_F32 1e-5
 #define TOL_TF32 5e-3
+#define TOL_BF16 1e-2
 #define TOL_RED 1e-9
+
+static double tol_mm = TOL_TF32; /* the linear layers' GEMMs */
 
 static const Kernels *KC, *KG;
 static int pass, fail;
@@ -165,16 +171,16 @@ static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
     KC->matmul_forward(out, inp, w, with_bias ? bias : NULL, N, C, OC);
     KG->matmul_forward(gout, ginp, gw, with_bias ? gbias : NULL, N, C, OC);
     snprintf(name, sizeof name, "matmul_fwd %dx%dx%d%s%s", N, C, OC, with_bias ? " +bias" : "", off ? " unaligned" : "");
-    check(name, out, gout, (size_t)N * OC, TOL_TF32);
+    check(name, out, gout, (size_t)N * OC, tol_mm);
     float *dinp = hrand((size_t)N * C, 1), *dw = hrand((size_t)OC * C, 1), *db = hrand(OC, 1);
     float *gdinp = dcopy_off(dinp, (size_t)N * C, off), *gdw = dcopy_off(dw, (size_t)OC * C, off);
     float *gdb = dcopy_off(db, OC, off);
     KC->matmul_backward(dinp, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
     KG->matmul_backward(gdinp, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, N, C, OC);
     snprintf(name, sizeof name, "matmul_bwd dinp %dx%dx%d%s", N, C, OC, off ? " unaligned" : "");
-    check(name, dinp, gdinp, (size_t)N * C, TOL_TF32);
+    check(name, dinp, gdinp, (size_t)N * C, tol_mm);
     snprintf(name, sizeof name, "matmul_bwd dw %dx%dx%d%s", N, C, OC, off ? " unaligned" : "");
-    check(name, dw, gdw, (size_t)OC * C, TOL_TF32);
+    check(name, dw, gdw, (size_t)OC * C, tol_mm);
     if (with_bias) {
         snprintf(name, sizeof name, "matmul_bwd dbias %dx%dx%d", N, C, OC);
         check(name, db, gdb, OC, TOL_F32);
@@ -306,6 +312,8 @@ int main(void) {
         printf("0 passed, 1 failed\n");
         return 1;
     }
+    const char *mm = getenv("LLMTRAIN_CUDA_MATMUL");
+    if (mm && strcmp(mm, "bf16") == 0) tol_mm = TOL_BF16;
     KC = kernels_cpu();
     KG = kernels_cuda();
     printf("device: %s\n", kernels_cuda_device_info());
