@@ -513,18 +513,27 @@ __global__ void add_bias_k(float *out, const float *bias, int M, int N, int ldc)
     }
 }
 
-/* LLMTRAIN_CUDA_MATMUL=bf16 (opt-in, for measurements): the linear layers'
- * GEMMs convert both fp32 operands to bf16 into scratch buffers first and
- * run bf16 x bf16 -> fp32 with fp32 accumulation (attention stays TF32).
- * The default is TF32 (see the top of this file). */
-static int matmul_bf16(void) {
-    static int on = -1;
-    if (on < 0) {
+/* LLMTRAIN_CUDA_MATMUL picks the GEMM arithmetic (default tf32, see the top
+ * of this file); the others are opt-in:
+ *   bf16  the linear layers' GEMMs convert both fp32 operands to bf16 into
+ *         scratch buffers first and run bf16 x bf16 -> fp32 with fp32
+ *         accumulation (attention stays TF32): for measurements;
+ *   fp32  every GEMM in plain fp32 without tensor cores: for telling TF32
+ *         rounding from a bug when comparing with the CPU. */
+enum { MM_TF32 = 0, MM_BF16 = 1, MM_FP32 = 2 };
+
+static int matmul_mode(void) {
+    static int mode = -1;
+    if (mode < 0) {
         const char *e = getenv("LLMTRAIN_CUDA_MATMUL");
-        on = e && strcmp(e, "bf16") == 0;
+        mode = !e || !*e || strcmp(e, "tf32") == 0 ? MM_TF32 : strcmp(e, "bf16") == 0 ? MM_BF16
+               : strcmp(e, "fp32") == 0 ? MM_FP32 : -2;
+        if (mode == -2) die(EXIT_USAGE, "LLMTRAIN_CUDA_MATMUL=%s: expected tf32, bf16 or fp32", e);
     }
-    return on;
+    return mode;
 }
+
+static int matmul_bf16(void) { return matmul_mode() == MM_BF16; }
 
 __global__ void to_bf16_k(__nv_bfloat16 *dst, const float *src, size_t n) {
     GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
@@ -585,7 +594,8 @@ static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const f
         *p = key;
         /* TF32 with the fused bias, TF32, then plain fp32 (a shape or
          * alignment no tensor-core kernel takes); bf16 inputs: fp32 compute */
-        const cublasComputeType_t ct[2] = {bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F};
+        const cublasComputeType_t ct[2] = {
+            bf16 || matmul_mode() == MM_FP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F};
         int ok = 0;
         for (int c = 0; c < 2 && !ok; c++)
             ok = (key.bias == 2 && plan_build(p, 1, ct[c])) || plan_build(p, 0, ct[c]);
@@ -1196,6 +1206,7 @@ static void cuda_init(void) {
     CUDA_CHECK(cudaMalloc(&G.ws, G.ws_bytes));
     CUDA_CHECK(cudaMalloc((void **)&G.red_partial, RED_BLOCKS * sizeof(double)));
     CUDA_CHECK(cudaMalloc((void **)&G.red_out, sizeof(double)));
+    matmul_mode();
     G.ready = 1;
 }
 
@@ -1207,10 +1218,13 @@ extern "C" const Kernels *kernels_cuda(void) {
 extern "C" const char *kernels_cuda_device_info(void) {
     static char info[512];
     cuda_init();
-    snprintf(info, sizeof info, "%.200s, %d SMs, cc %d.%d, %.1f GiB; matmuls %s tensor cores (cuBLASLt %zu)",
+    snprintf(info, sizeof info, "%.200s, %d SMs, cc %d.%d, %.1f GiB; matmuls %s (cuBLASLt %zu)",
              G.prop.name, G.prop.multiProcessorCount, G.prop.major, G.prop.minor,
              (double)G.prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
-             matmul_bf16() ? "bf16 (LLMTRAIN_CUDA_MATMUL=bf16)" : "TF32", cublasLtGetVersion());
+             matmul_mode() == MM_BF16   ? "bf16 tensor cores (LLMTRAIN_CUDA_MATMUL=bf16)"
+             : matmul_mode() == MM_FP32 ? "plain fp32 (LLMTRAIN_CUDA_MATMUL=fp32)"
+                                        : "TF32 tensor cores",
+             cublasLtGetVersion());
     return info;
 }
 

@@ -2,12 +2,13 @@
 # make test-gpu: the CUDA backend against the CPU backend.
 #   1. tests/test_gpu: every CUDA kernel vs the CPU kernel on the same random
 #      inputs (tolerances stated in tests/test_gpu.c: 1e-5 fp32, 5e-3 TF32),
-#      then again with the linear layers' GEMMs in bf16 (1e-2).
+#      then again with the linear layers' GEMMs in bf16 (1e-2) and with
+#      plain fp32 GEMMs (1e-4).
 #   2. whole training runs, small GPT-2 and small Llama (GQA), 20 steps with
 #      gradient accumulation and a validation pass: train.device=cuda vs
 #      train.device=cpu, loss / grad norm / val loss per step within a
 #      relative 5e-3 (TF32 matmuls; the CPU is fp32 throughout), and the
-#      same with LLMTRAIN_CUDA_MATMUL=bf16 within 3e-2.
+#      same with LLMTRAIN_CUDA_MATMUL=bf16 within 3e-2 and =fp32 within 1e-4.
 #   3. with more than one GPU: a 2-rank CUDA run must be refused cleanly
 #      (exit 2, one line) until NCCL support lands.
 # Without a GPU this FAILS (exit 1, one line on stderr); it never skips.
@@ -16,10 +17,12 @@
 unset LLMTRAIN_DEVICE
 LOSS_RTOL=5e-3       # TF32 (default)
 LOSS_RTOL_BF16=3e-2  # LLMTRAIN_CUDA_MATMUL=bf16
+LOSS_RTOL_FP32=1e-4  # LLMTRAIN_CUDA_MATMUL=fp32 (summation order only)
 
 # synchronous launches: a kernel fault is reported at its own line; then
-# again with the opt-in bf16 GEMMs of the linear layers
-for mm in tf32 bf16; do
+# again with the opt-in bf16 GEMMs of the linear layers and with plain fp32
+# GEMMs
+for mm in tf32 bf16 fp32; do
     echo "--- tests/test_gpu, LLMTRAIN_CUDA_MATMUL=$mm"
     out=$(LLMTRAIN_CUDA_SYNC=1 LLMTRAIN_CUDA_MATMUL=$mm tests/test_gpu 2>&1); rc=$?
     echo "$out"
@@ -47,9 +50,9 @@ for arch in gpt2 llama; do
  "eval": {"sample_tokens": 16, "batches": 2, "every_steps": 10}}
 JSON
     ok_runs=1
-    for dev in cpu cuda cuda-bf16; do
-        mm=tf32; [ $dev = cuda-bf16 ] && mm=bf16
-        if ! LLMTRAIN_CUDA_MATMUL=$mm $BIN "$TMP/$arch.json" --set train.device=${dev%-bf16} --set log.dir="$TMP/$arch-$dev" \
+    for dev in cpu cuda cuda-bf16 cuda-fp32; do
+        mm=tf32; case $dev in *-bf16) mm=bf16;; *-fp32) mm=fp32;; esac
+        if ! LLMTRAIN_CUDA_MATMUL=$mm $BIN "$TMP/$arch.json" --set train.device=${dev%-*} --set log.dir="$TMP/$arch-$dev" \
              --set checkpoint.dir="$TMP/$arch-$dev/ckpt" >"$TMP/$arch-$dev.out" 2>&1; then
             echo "FAIL $arch train.device=$dev exited non-zero: $(tail -3 "$TMP/$arch-$dev.out")"; fail=$((fail + 1)); ok_runs=0
         fi
@@ -57,7 +60,7 @@ JSON
     [ $ok_runs = 1 ] || continue
     if grep -q "backend cuda" "$TMP/$arch-cuda.out"; then echo "ok   $arch: header names the CUDA device: $(grep -o 'backend cuda.*' "$TMP/$arch-cuda.out")"; pass=$((pass + 1))
     else echo "FAIL $arch: header lacks 'backend cuda'"; fail=$((fail + 1)); fi
-    for run in cuda:$LOSS_RTOL cuda-bf16:$LOSS_RTOL_BF16; do
+    for run in cuda:$LOSS_RTOL cuda-bf16:$LOSS_RTOL_BF16 cuda-fp32:$LOSS_RTOL_FP32; do
         dev=${run%%:*} tol=${run#*:}
         if $PY tests/compare_runs.py "$TMP/$arch-cpu" "$TMP/$arch-$dev" --steps 20 --loss-rtol $tol; then
             echo "ok   $arch: 20 steps $dev vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
