@@ -16,6 +16,8 @@
 set -u
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
+# GPU images may keep numpy in another python3 than Debian's
+$PY -c 'import numpy' 2>/dev/null || PY=python3
 STEPS=${BENCH_STEPS:-8}
 MATMUL=${BENCH_MATMUL:-tf32 bf16}
 TMP=$(mktemp -d)

@@ -15,6 +15,8 @@
 # Not named test_*.sh: tests/run_all.sh (the CPU suite) must not pick it up.
 . "$(dirname "$0")/lib.sh"
 unset LLMTRAIN_DEVICE
+# GPU images may keep numpy in another python3 than Debian's
+$PY -c 'import numpy' 2>/dev/null || PY=python3
 LOSS_RTOL=5e-3       # TF32 (default)
 LOSS_RTOL_BF16=3e-2  # LLMTRAIN_CUDA_MATMUL=bf16
 LOSS_RTOL_FP32=1e-4  # LLMTRAIN_CUDA_MATMUL=fp32 (summation order only)
