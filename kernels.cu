@@ -159,7 +159,15 @@ __device__ float block_max(float v) {
 static void *cu_alloc(size_t bytes) {
     void *p = NULL;
     size_t sz = bytes ? bytes : 256;
-    CUDA_CHECK(cudaMalloc(&p, sz));
+    cudaError_t e = cudaMalloc(&p, sz);
+    if (e == cudaErrorMemoryAllocation) {
+        size_t free_b = 0, total_b = 0;
+        (void)cudaGetLastError();
+        (void)cudaMemGetInfo(&free_b, &total_b);
+        die(EXIT_IO, "CUDA out of memory at %s:%d allocating %.2f GiB (%.2f of %.2f GiB free on the device)", __FILE__,
+            __LINE__, sz / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
+    }
+    CUDA_CHECK(e);
     CUDA_CHECK(cudaMemset(p, 0, sz));
     return p;
 }
