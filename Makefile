@@ -1,7 +1,8 @@
 # llmtrain — `make` builds ./llmtrain (installs nothing; says what is missing),
 # `make test` installs what the tests need and runs every test,
 # `make demo` trains the shipped small model on tinyshakespeare,
-# `make bench` prints the CPU benchmark.
+# `make bench` prints the CPU benchmark,
+# `make test-gpu` / `make bench-gpu` check and time the CUDA backend (need a GPU).
 CC ?= cc
 MPICC ?= mpicc
 CFLAGS ?= -O3 -march=native
@@ -15,7 +16,28 @@ SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpo
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt
 
-.PHONY: all check-deps deps test demo bench clean
+# CUDA backend: built whenever nvcc is found (on PATH or in /usr/local/cuda);
+# `make NVCC=` builds the CPU-only binary. CUDA_ARCH lists the SM versions
+# to emit machine code for (PTX of the last one is embedded too, for newer GPUs).
+ifeq ($(origin NVCC),undefined)
+NVCC := $(shell command -v nvcc 2>/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
+endif
+CUDA_ARCH ?= 80 90
+ifneq ($(strip $(NVCC)),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDA_LIBDIR = $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
+CUDA_GENCODE = $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a)) \
+               -gencode=arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+NVCCFLAGS ?= -O3
+NVCC_WARN = -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror
+CUDA_DEFS = -DLLMTRAIN_CUDA
+CUDA_OBJ = kernels_cuda.o
+# libcudart statically (it loads the driver only at the first CUDA call, so
+# CPU runs need no driver), cuBLASLt from the toolkit
+CUDA_LIBS = $(CUDA_OBJ) -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++
+endif
+
+.PHONY: all check-deps deps test demo bench clean test-gpu bench-gpu
 all: check-deps llmtrain
 
 # Name the missing package instead of failing inside a compiler error.
@@ -26,8 +48,23 @@ check-deps:
 	command -v $(MPICC) >/dev/null 2>&1 || missing="$$missing libopenmpi-dev openmpi-bin"; \
 	if [ -n "$$missing" ]; then echo "make: missing Debian packages:$$missing (run scripts/install_deps.sh, or make test / make demo which install them)" >&2; exit 1; fi
 
-llmtrain: $(SRC) $(HDR)
-	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(SRC) $(LIBS) -o $@
+llmtrain: $(SRC) $(HDR) $(CUDA_OBJ)
+	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(CUDA_DEFS) $(SRC) $(CUDA_LIBS) $(LIBS) -o $@
+
+kernels_cuda.o: kernels.cu kernels.h util.h
+	$(NVCC) $(NVCCFLAGS) -std=c++17 $(CUDA_GENCODE) $(NVCC_WARN) $(CUDA_DEFS) -I. -c $< -o $@
+
+# CUDA kernels against the CPU backend, then whole training runs cuda vs cpu:
+# fails (non-zero, one line) without a GPU or without nvcc
+tests/test_gpu: tests/test_gpu.c kernels_cpu.c util.c $(HDR) $(CUDA_OBJ)
+	@[ -n "$(CUDA_OBJ)" ] || { echo "make test-gpu: FAIL: nvcc not found, this build has no CUDA backend" >&2; exit 1; }
+	$(CC) -O2 -march=native $(WARN) $(OMP) $(CUDA_DEFS) -I. $< kernels_cpu.c util.c $(CUDA_LIBS) $(BLAS_LIBS) -lm -o $@
+
+test-gpu: check-deps llmtrain tests/test_gpu
+	tests/gpu_tests.sh
+
+bench-gpu: check-deps llmtrain
+	bench/run_bench_gpu.sh
 
 tests/test_kernels: tests/test_kernels.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< kernels_cpu.c util.c $(BLAS_LIBS) -lm -o $@
@@ -54,5 +91,5 @@ bench: deps
 	bench/run_bench.sh
 
 clean:
-	rm -f llmtrain $(TEST_BINS)
+	rm -f llmtrain $(TEST_BINS) tests/test_gpu kernels_cuda.o
 	rm -rf runs

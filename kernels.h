@@ -18,6 +18,13 @@
 #define LLMTRAIN_KERNELS_H
 #include <stddef.h>
 
+/* One range of the flat parameter arrays for adamw_multi: elements
+ * [offset, offset + n), weight decay wd (0 for ranges not decayed). */
+typedef struct AdamWRange {
+    size_t offset, n;
+    float wd;
+} AdamWRange;
+
 typedef struct Kernels {
     const char *name; /* "cpu", "cuda" */
 
@@ -125,6 +132,11 @@ typedef struct Kernels {
      * ranges that are not decayed. grad_scale multiplies g first (clipping). */
     void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float wd, int t, float grad_scale);
+    /* The same update over several ranges of the same flat arrays (p, g, m, v
+     * are the array bases) in one call: one launch on CUDA, a loop of adamw
+     * on the CPU. Results equal calling adamw per range. */
+    void (*adamw_multi)(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int n_ranges,
+                        float lr, float beta1, float beta2, float eps, int t, float grad_scale);
 } Kernels;
 
 /* The CPU backend (kernels_cpu.c). Always available. */
@@ -140,5 +152,21 @@ void kernels_cpu_select_blas_core(char **argv);
 /* Measured single-precision GEMM throughput of this machine (GFLOP/s),
  * from a short timed sgemm; used as the CPU peak for MFU. */
 double kernels_cpu_sgemm_peak_gflops(void);
+
+/* The CUDA backend (kernels.cu), defined only in CUDA builds (the build
+ * defines LLMTRAIN_CUDA). Nothing touches the CUDA driver before
+ * kernels_cuda_available() or kernels_cuda() is called, so CPU runs of a
+ * CUDA build work on machines without a GPU or driver. */
+#ifdef LLMTRAIN_CUDA
+/* 1 when a usable device exists; else 0 and the reason in why. */
+int kernels_cuda_available(char *why, size_t n);
+/* Initialises device 0 (dies with exit 2 when there is none). */
+const Kernels *kernels_cuda(void);
+/* "NVIDIA H200, 132 SMs, cc 9.0, 139.8 GiB; matmuls ..." */
+const char *kernels_cuda_device_info(void);
+/* Dense bf16 tensor-core peak of the device in GFLOP/s, for MFU; *source
+ * (optional) says where the figure comes from. */
+double kernels_cuda_peak_gflops(const char **source);
+#endif
 
 #endif

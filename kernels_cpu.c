@@ -697,6 +697,13 @@ static void adamw(float *p, const float *g, float *m, float *v, size_t n, float 
     }
 }
 
+static void adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *r, int nr, float lr,
+                        float beta1, float beta2, float eps, int t, float grad_scale) {
+    for (int i = 0; i < nr; i++)
+        adamw(p + r[i].offset, g + r[i].offset, m + r[i].offset, v + r[i].offset, r[i].n, lr, beta1, beta2, eps,
+              r[i].wd, t, grad_scale);
+}
+
 // ----------------------------------------------------------------------------
 // the table
 
@@ -737,6 +744,7 @@ static const Kernels cpu_kernels = {
     .sum = sum,
     .scale = scale,
     .adamw = adamw,
+    .adamw_multi = adamw_multi,
 };
 
 const Kernels *kernels_cpu(void) {

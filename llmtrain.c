@@ -42,6 +42,7 @@ typedef struct Trainer {
     float *host_flat;          /* host copy of a flat array (dump, checkpoints) */
     FILE *metrics;
     double peak_gflops;
+    const char *peak_source;   /* where peak_gflops comes from (header line) */
     double flops_per_token;
     int nonfinite_run;         /* consecutive skipped steps */
     double train_time;         /* seconds spent in steps, for the ETA */
@@ -866,11 +867,47 @@ static void check_layout(Trainer *t) {
     t->accum = c->global_batch / (c->micro_batch * d->dp);
 }
 
+/* train.device: "cpu"; "cuda" (exit 2 with one line when unusable); "auto":
+ * CUDA when this is a CUDA build, a device answers and the run is
+ * single-rank, else CPU. LLMTRAIN_DEVICE (cpu|cuda) overrides "auto" only,
+ * so the CPU test suite can pin the CPU on a machine with a GPU. The CUDA
+ * backend has no collectives yet (NCCL is a later tranche): multi-rank CUDA
+ * runs are refused. */
 static void select_backend(Trainer *t) {
     const char *dev = t->cfg.device;
+    const char *env = getenv("LLMTRAIN_DEVICE");
+    if (strcmp(dev, "auto") == 0 && env && (strcmp(env, "cpu") == 0 || strcmp(env, "cuda") == 0)) dev = env;
+#ifdef LLMTRAIN_CUDA
+    char why[320];
+    int want = strcmp(dev, "cuda") == 0;
+    if (want || (strcmp(dev, "auto") == 0 && t->dist.world == 1)) {
+        if (kernels_cuda_available(why, sizeof why)) {
+            if (t->dist.world > 1)
+                die(EXIT_USAGE, "%s: train.device \"cuda\" with %d ranks: the CUDA backend is single-rank until NCCL support lands (use 1 rank, or train.device \"cpu\")",
+                    t->cfg.path, t->dist.world);
+            t->k = kernels_cuda();
+            return;
+        }
+        if (want) die(EXIT_USAGE, "%s: train.device \"cuda\": no usable CUDA device (%s)", t->cfg.path, why);
+    }
+#else
     if (strcmp(dev, "cuda") == 0)
         die(EXIT_USAGE, "%s: train.device \"cuda\": this binary was built without the CUDA backend (use \"cpu\" or \"auto\")", t->cfg.path);
+#endif
     t->k = kernels_cpu();
+}
+
+static inline int backend_is_cuda(const Trainer *t) { return strcmp(t->k->name, "cuda") == 0; }
+
+/* MFU peak: log.peak_gflops, else the GPU's bf16 dense peak, else the
+ * measured CPU sgemm rate. */
+static double select_peak(Trainer *t, const char **source) {
+    if (t->cfg.peak_gflops > 0) { *source = "log.peak_gflops"; return t->cfg.peak_gflops; }
+#ifdef LLMTRAIN_CUDA
+    if (backend_is_cuda(t)) return kernels_cuda_peak_gflops(source);
+#endif
+    *source = "measured sgemm";
+    return kernels_cpu_sgemm_peak_gflops();
 }
 
 /* A resumed run appends (a resume event line marks where; steps after the
@@ -905,11 +942,16 @@ static void print_model_batch(const Trainer *t) {
 static void print_header(Trainer *t) {
     if (!is_root(t)) return;
     const Config *c = &t->cfg;
+#ifdef LLMTRAIN_CUDA
+    if (backend_is_cuda(t))
+        printf("llmtrain %s | %s | backend cuda | %s\n", LLMTRAIN_VERSION, c->path, kernels_cuda_device_info());
+    else
+#endif
     printf("llmtrain %s | %s | backend %s, %d threads/rank | %s\n", LLMTRAIN_VERSION, c->path, t->k->name, t->threads,
            kernels_cpu_blas_info());
     print_model_batch(t);
     printf("data: %s (%llu tokens)%s | peak for MFU %.1f GFLOP/s (%s)\n", c->data_train, (unsigned long long)t->train.n_tokens,
-           t->have_val ? ", val on" : "", t->peak_gflops, c->peak_gflops > 0 ? "log.peak_gflops" : "measured sgemm");
+           t->have_val ? ", val on" : "", t->peak_gflops, t->peak_source);
     fflush(stdout);
 }
 
@@ -1044,7 +1086,7 @@ static int train(int argc, char **argv) {
     t->tgt = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->host_flat = malloc_check(t->model.n_params * sizeof(float));
     t->flops_per_token = model_flops_per_token(&c->model, c->seq_len);
-    t->peak_gflops = c->peak_gflops > 0 ? c->peak_gflops : kernels_cpu_sgemm_peak_gflops();
+    t->peak_gflops = select_peak(t, &t->peak_source);
     t->sample_rng = c->seed * 2654435761ull + 88172645463325252ull;
     int resumed = resume(t);
     ck_setup(t);

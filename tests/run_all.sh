@@ -21,6 +21,9 @@ run() {
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then broken="$broken $name"; total_fail=$((total_fail + 1)); fi
 }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# The CPU suite checks the CPU backend: on a machine with a GPU, train.device
+# "auto" would pick CUDA. (make test-gpu checks the CUDA backend.)
+export LLMTRAIN_DEVICE=cpu
 run kernels tests/test_kernels
 run data tests/test_data
 run ckpt tests/test_ckpt

@@ -685,6 +685,24 @@ static void test_adamw(void) {
     free(p); free(m); free(v); free(pd); free(md); free(vd);
 }
 
+/* adamw_multi over several ranges (an empty one, a gap, different decays)
+ * equals adamw per range, bit for bit, and leaves the gaps alone */
+static void test_adamw_multi(void) {
+    size_t n = 5000;
+    float *p = randv(n, 1), *g = randv(n, 2), *m = randv(n, 0.1f), *v = randv(n, 0.1f);
+    for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    float *p2 = dup(p, n), *m2 = dup(m, n), *v2 = dup(v, n);
+    AdamWRange r[4] = {{0, 1000, 0.1f}, {1000, 0, 0.1f}, {1200, 2000, 0.0f}, {3500, 1500, 0.05f}};
+    K->adamw_multi(p, g, m, v, r, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 4, 0.7f);
+    for (int i = 0; i < 4; i++)
+        K->adamw(p2 + r[i].offset, g + r[i].offset, m2 + r[i].offset, v2 + r[i].offset, r[i].n, 1e-3f, 0.9f, 0.95f,
+                 1e-8f, r[i].wd, 4, 0.7f);
+    int same = memcmp(p, p2, n * sizeof(float)) == 0 && memcmp(m, m2, n * sizeof(float)) == 0 &&
+               memcmp(v, v2, n * sizeof(float)) == 0;
+    report(same, "adamw_multi equals adamw per range", "%s", same ? "bit-identical" : "differs");
+    free(p); free(g); free(m); free(v); free(p2); free(m2); free(v2);
+}
+
 static void test_misc(void) {
     size_t n = 100003;
     float *x = randv(n, 3), *y = randv(n, 1), *z = zerov(n);
@@ -743,6 +761,7 @@ int main(int argc, char **argv) {
     test_crossentropy();
     test_crossentropy_vp();
     test_adamw();
+    test_adamw_multi();
     test_misc();
     printf("%d passed, %d failed\n", npass, nfail);
     return nfail ? 1 : 0;

@@ -1,0 +1,78 @@
+#!/bin/bash
+# make bench-gpu: CUDA training throughput of llmtrain on this machine's GPU
+#   GPT-2 124M   B=16, T=1024 (vocabulary padded to 50304)
+#   Llama ~1B    (Llama 3.2 1B shape: 16 layers, 2048 embd, 32 heads / 8 kv,
+#                ffn 8192, vocab 128256, tied) B=1, T=4096
+# printing ms/step, tokens/s and MFU against the GPU's bf16 dense peak
+# (the header line says which peak; log.peak_gflops overrides).
+# Notes: this tranche stores fp32 and multiplies in TF32 (half the bf16
+# tensor rate), attention materialises the T x T probabilities in fp32, and
+# there is no activation checkpointing yet, so every layer's activations
+# (att alone: 2 GiB per layer for the Llama case) stay resident.
+# Each case runs with the default TF32 GEMMs and with the opt-in bf16 GEMMs
+# of the linear layers (LLMTRAIN_CUDA_MATMUL=bf16); BENCH_MATMUL="tf32" or
+# "bf16" picks one. Without a GPU it fails (exit 1, one line). BENCH_STEPS
+# (default 8; the first step is warm-up and not counted).
+set -u
+cd "$(dirname "$0")/.."
+PY=/usr/bin/python3
+# GPU images may keep numpy in another python3 than Debian's
+$PY -c 'import numpy' 2>/dev/null || PY=python3
+STEPS=${BENCH_STEPS:-8}
+MATMUL=${BENCH_MATMUL:-tf32 bf16}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+unset LLMTRAIN_DEVICE
+
+$PY - "$TMP" <<'PYEOF'
+import sys, numpy as np
+d = sys.argv[1]
+for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16),
+                                    ("llama_1B", 128256, 20240801, 7, np.uint32)):
+    t = np.random.default_rng(0).integers(0, vocab, 300_000)
+    h = np.zeros(256, np.int32); h[:3] = (magic, ver, len(t))
+    with open(f"{d}/{name}.bin", "wb") as f:
+        f.write(h.tobytes()); f.write(t.astype(dt).tobytes())
+PYEOF
+
+# name | model json | B | T | tf32|bf16
+run_case() {
+    local name="$1" model="$2" B="$3" T="$4" mm="$5"
+    cat >"$TMP/$name.json" <<JSON
+{"model": $model,
+ "data": {"train": "$TMP/$name.bin"},
+ "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $B, "device": "cuda"},
+ "optim": {"lr": 3e-4, "warmup_steps": 0},
+ "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name"}, "checkpoint": {"dir": "$TMP/ck_$name"}}
+JSON
+    rm -rf "$TMP/run_$name"
+    if ! LLMTRAIN_CUDA_MATMUL=$mm ./llmtrain "$TMP/$name.json" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
+        echo "bench-gpu: FAIL: $name: $(grep -m1 . "$TMP/$name.err")" >&2
+        exit 1
+    fi
+    rm -rf "$TMP/ck_$name" # the final checkpoint (the Llama's is 15 GB)
+    $PY - "$name" "$B" "$T" "$TMP/$name.out" "$TMP/run_$name/metrics.jsonl" "$mm" <<'PYEOF'
+import json, re, statistics, sys
+name, B, T, out, metrics, mm = sys.argv[1:7]
+text = open(out).read()
+peak = float(re.search(r"peak for MFU ([0-9.]+) GFLOP/s", text).group(1))
+dev = re.search(r"backend cuda \| ([^;\n]*)", text).group(1)
+params = re.search(r"([0-9.]+)M parameters", text).group(1)
+steps = [json.loads(l) for l in open(metrics) if l.startswith("{")]
+timed = steps[1:] if len(steps) > 1 else steps
+med = lambda k: statistics.median(s[k] for s in timed)
+print(f"{name} ({params}M params) B={B} T={T} {mm} GEMMs on {dev}: {med('step_ms'):.0f} ms/step, "
+      f"{med('tokens_per_s'):.0f} tokens/s, MFU {100 * med('mfu'):.1f}% of {peak / 1e3:.0f} TFLOP/s bf16 dense "
+      f"(median of {len(timed)} steps after warm-up)")
+PYEOF
+}
+
+# vocabulary padded to 50304 (= 64 x 786) as llm.c does, so the LM-head GEMM
+# operands are 16-byte aligned rows (50257 floats per row is only 4-byte aligned)
+for mm in $MATMUL; do
+    run_case gpt2_124M '{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304, "max_seq_len": 1024}' 16 1024 "$mm"
+done
+for mm in $MATMUL; do
+    run_case llama_1B '{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
+                        "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm"
+done

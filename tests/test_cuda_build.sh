@@ -1,0 +1,78 @@
+#!/bin/bash
+# The CUDA build on a machine without a GPU (CI): when nvcc exists, ./llmtrain
+# carries the CUDA backend and still runs on the CPU; train.device=cuda is one
+# clear error line and exit 2; `make test-gpu` fails loudly (non-zero, one
+# line naming the missing device) rather than skipping; `make NVCC=` builds a
+# CPU-only binary that names the missing backend. On a machine with a GPU the
+# no-GPU cases are replaced by "auto picks cuda".
+. "$(dirname "$0")/lib.sh"
+unset LLMTRAIN_DEVICE
+ok() { echo "ok   $*"; pass=$((pass + 1)); }
+bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+
+have_nvcc=0
+{ command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; } && have_nvcc=1
+have_gpu=0
+nvidia-smi -L 2>/dev/null | grep -q '^GPU' && have_gpu=1
+
+write_shard "$TMP/train.bin" 64 4000 1
+cat >"$TMP/job.json" <<JSON
+{"model": {"arch": "llama", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_kv_head": 1, "vocab_size": 64, "max_seq_len": 16},
+ "data": {"train": "$TMP/train.bin"},
+ "train": {"steps": 2, "seq_len": 16, "micro_batch": 2, "global_batch": 4},
+ "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run"}, "checkpoint": {"dir": "$TMP/ckpt"}}
+JSON
+
+if [ $have_nvcc = 1 ]; then
+    if nm "$BIN" 2>/dev/null | grep -q 'kernels_cuda_available'; then ok "nvcc present: ./llmtrain is built with the CUDA backend"
+    else bad "nvcc present but ./llmtrain has no CUDA backend (kernels_cuda_available missing)"; fi
+    if nm tests/test_gpu >/dev/null 2>&1 || make -s tests/test_gpu >"$TMP/mk.out" 2>&1; then ok "tests/test_gpu builds"
+    else bad "tests/test_gpu does not build: $(tail -3 "$TMP/mk.out")"; fi
+else
+    echo "note: no nvcc on this machine: only the CPU-only cases run"
+fi
+
+# CPU runs of this binary: auto and cpu
+if $BIN "$TMP/job.json" --set train.device=cpu >"$TMP/cpu.out" 2>&1 && grep -q "backend cpu" "$TMP/cpu.out"; then ok "train.device=cpu trains on the CPU"
+else bad "train.device=cpu: $(tail -3 "$TMP/cpu.out")"; fi
+$BIN "$TMP/job.json" --set log.dir="$TMP/run_auto" >"$TMP/auto.out" 2>&1; rc=$?
+want=cpu; [ $have_nvcc = 1 ] && [ $have_gpu = 1 ] && want=cuda
+if [ $rc -eq 0 ] && grep -q "backend $want" "$TMP/auto.out"; then ok "train.device=auto picks $want here"
+else bad "train.device=auto: exit $rc, expected backend $want: $(head -3 "$TMP/auto.out")"; fi
+if LLMTRAIN_DEVICE=cpu $BIN "$TMP/job.json" --set log.dir="$TMP/run_env" >"$TMP/env.out" 2>&1 && grep -q "backend cpu" "$TMP/env.out"; then
+    ok "LLMTRAIN_DEVICE=cpu pins auto to the CPU"
+else bad "LLMTRAIN_DEVICE=cpu: $(head -3 "$TMP/env.out")"; fi
+
+if [ $have_nvcc = 1 ] && [ $have_gpu = 0 ]; then
+    $BIN "$TMP/job.json" --set train.device=cuda >"$TMP/out" 2>"$TMP/err"; rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q 'train.device "cuda": no usable CUDA device' "$TMP/err"; then
+        ok "train.device=cuda without a GPU: exit 2, $(cat "$TMP/err")"
+    else bad "train.device=cuda without a GPU: exit $rc, stderr: $(head -c 300 "$TMP/err")"; fi
+    make -s test-gpu >"$TMP/tg.out" 2>"$TMP/tg.err"; rc=$?
+    if [ $rc -ne 0 ] && grep -q "test-gpu: FAIL: no usable CUDA device" "$TMP/tg.err"; then
+        ok "make test-gpu without a GPU fails loudly (exit $rc): $(grep 'test-gpu: FAIL' "$TMP/tg.err")"
+    else bad "make test-gpu without a GPU: exit $rc, stderr: $(head -c 300 "$TMP/tg.err")"; fi
+    make -s bench-gpu >"$TMP/bg.out" 2>"$TMP/bg.err"; rc=$?
+    if [ $rc -ne 0 ] && grep -q "bench-gpu: FAIL: .*no usable CUDA device" "$TMP/bg.err"; then
+        ok "make bench-gpu without a GPU fails loudly (exit $rc)"
+    else bad "make bench-gpu without a GPU: exit $rc, stderr: $(head -c 300 "$TMP/bg.err")"; fi
+fi
+
+# CPU-only build (make NVCC=) of a copy of the sources: links nothing CUDA
+mkdir -p "$TMP/src/tests"
+cp ./*.c ./*.h Makefile "$TMP/src/"
+if (cd "$TMP/src" && make -s NVCC= llmtrain >"$TMP/cpuonly.out" 2>&1); then
+    if ! nm "$TMP/src/llmtrain" | grep -q kernels_cuda && ! ldd "$TMP/src/llmtrain" | grep -q -i cublas; then ok "make NVCC= builds a CPU-only binary"
+    else bad "make NVCC= binary still carries CUDA"; fi
+    "$TMP/src/llmtrain" "$TMP/job.json" --set train.device=cuda >"$TMP/out" 2>"$TMP/err"; rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "built without the CUDA backend" "$TMP/err"; then
+        ok "CPU-only build: train.device=cuda is exit 2, $(cat "$TMP/err")"
+    else bad "CPU-only build, train.device=cuda: exit $rc, stderr: $(head -c 300 "$TMP/err")"; fi
+    if "$TMP/src/llmtrain" "$TMP/job.json" --set log.dir="$TMP/run_co" >"$TMP/co.out" 2>&1; then ok "CPU-only build trains (auto -> cpu)"
+    else bad "CPU-only build run failed: $(tail -3 "$TMP/co.out")"; fi
+else
+    bad "make NVCC= failed: $(tail -5 "$TMP/cpuonly.out")"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

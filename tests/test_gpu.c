@@ -1,0 +1,343 @@
+/* test_gpu.c — every kernel of the CUDA backend against the CPU backend on
+ * the same random inputs. Needs a GPU: without one it FAILS (exit 1, one
+ * line), it does not skip.
+ *
+ * Error metric: max |gpu - cpu| / max |cpu| over the output (outputs that
+ * are accumulated into start from the same random values on both sides, so
+ * the "adds, not overwrites" contract is checked too). Tolerances:
+ *   TOL_F32  1e-5  fp32 kernels (fp32 statistics vs the CPU's double ones,
+ *                  expf vs the CPU's polynomial exp, atomics order)
+ *   TOL_TF32 5e-3  matmuls and attention: cuBLASLt reads its inputs as TF32
+ *                  (10-bit mantissa, unit roundoff 2^-11 = 4.9e-4) and
+ *                  accumulates in fp32; K-term sums of random-sign products
+ *                  stay within a few units of that
+ *   TOL_BF16 1e-2  matmuls under LLMTRAIN_CUDA_MATMUL=bf16: both operands
+ *                  rounded to bf16 (8-bit mantissa, unit roundoff 2^-8 =
+ *                  3.9e-3), fp32 accumulation; attention stays TF32
+ *   TOL_FP32MM 1e-4 matmuls and attention under LLMTRAIN_CUDA_MATMUL=fp32
+ *                  (plain fp32 GEMMs: only the summation order differs)
+ *   TOL_RED  1e-9  sum / sumsq (both accumulate in double)  */
+#include "kernels.h"
+#include "util.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOL_F32 1e-5
+#define TOL_TF32 5e-3
+#define TOL_BF16 1e-2
+#define TOL_RED 1e-9
+
+#define TOL_FP32MM 1e-4
+
+static double tol_mm = TOL_TF32;  /* the linear layers' GEMMs */
+static double tol_att = TOL_TF32; /* attention (always TF32 unless fp32) */
+
+static const Kernels *KC, *KG;
+static int pass, fail;
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rnd_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float rnd_uniform(void) { return (float)(rnd_u32() & 0xFFFFFF) / 16777216.0f; }
+static float rnd_normal(void) {
+    float u = rnd_uniform() + 1e-7f, v = rnd_uniform();
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+static float *hrand(size_t n, float sd) {
+    float *x = malloc_check(n * sizeof(float) + 16);
+    for (size_t i = 0; i < n; i++) x[i] = sd * rnd_normal();
+    return x;
+}
+/* device copy; off > 0 shifts the pointer by off floats inside a larger
+ * allocation to exercise unaligned operands (the base is kept for free) */
+static float *dbase[4096];
+static int nbase;
+static float *dcopy_off(const float *h, size_t n, int off) {
+    float *base = KG->alloc((n + (size_t)off) * sizeof(float) + 16);
+    dbase[nbase++] = base;
+    KG->from_host(base + off, h, n * sizeof(float));
+    return base + off;
+}
+static float *dcopy(const float *h, size_t n) { return dcopy_off(h, n, 0); }
+static int *dcopy_int(const int *h, size_t n) {
+    int *d = KG->alloc(n * sizeof(int));
+    dbase[nbase++] = (float *)d;
+    KG->from_host(d, h, n * sizeof(int));
+    return d;
+}
+
+static void check(const char *name, const float *ref, const float *dev, size_t n, double tol) {
+    float *h = malloc_check(n * sizeof(float) + 16);
+    KG->to_host(h, dev, n * sizeof(float));
+    double maxerr = 0.0, maxref = 0.0;
+    size_t worst = 0;
+    int nonfinite = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(h[i]) && isfinite(ref[i])) nonfinite = 1;
+        double e = fabs((double)h[i] - ref[i]);
+        if (e > maxerr) { maxerr = e; worst = i; }
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+    }
+    double rel = maxerr / (maxref > 1e-30 ? maxref : 1.0);
+    if (!nonfinite && rel <= tol) {
+        printf("ok   %-34s max err %.2e of max |ref| %.2e (tol %.0e)\n", name, rel, maxref, tol);
+        pass++;
+    } else {
+        printf("FAIL %-34s max err %.2e of max |ref| %.2e (tol %.0e)%s; worst [%zu]: gpu %g cpu %g\n", name, rel,
+               maxref, tol, nonfinite ? ", non-finite" : "", worst, h[worst], ref[worst]);
+        fail++;
+    }
+    free(h);
+}
+
+static void check_scalar(const char *name, double ref, double got, double tol) {
+    double rel = fabs(got - ref) / (fabs(ref) > 1e-30 ? fabs(ref) : 1.0);
+    if (rel <= tol) { printf("ok   %-34s rel err %.2e (tol %.0e)\n", name, rel, tol); pass++; }
+    else { printf("FAIL %-34s gpu %.17g cpu %.17g rel %.2e (tol %.0e)\n", name, got, ref, rel, tol); fail++; }
+}
+
+static void test_embed(void) {
+    int B = 3, T = 37, C = 100, V = 211, N = B * T;
+    int tok[3 * 37];
+    for (int i = 0; i < N; i++) tok[i] = (int)(rnd_u32() % 40) * 5 % V; /* repeats */
+    float *wte = hrand((size_t)V * C, 1), *wpe = hrand((size_t)T * C, 1), *dout = hrand((size_t)N * C, 1);
+    int *dtok = dcopy_int(tok, N);
+    float *gwte = dcopy(wte, (size_t)V * C), *gwpe = dcopy(wpe, (size_t)T * C), *gdout = dcopy(dout, (size_t)N * C);
+    float *out = hrand((size_t)N * C, 1), *gout = dcopy(out, (size_t)N * C);
+    KC->embed_forward(out, tok, wte, wpe, N, T, C);
+    KG->embed_forward(gout, dtok, gwte, gwpe, N, T, C);
+    check("embed_forward", out, gout, (size_t)N * C, TOL_F32);
+    KC->embed_forward(out, tok, wte, NULL, N, T, C);
+    KG->embed_forward(gout, dtok, gwte, NULL, N, T, C);
+    check("embed_forward (no wpe)", out, gout, (size_t)N * C, TOL_F32);
+    float *dwte = hrand((size_t)V * C, 1), *dwpe = hrand((size_t)T * C, 1);
+    float *gdwte = dcopy(dwte, (size_t)V * C), *gdwpe = dcopy(dwpe, (size_t)T * C);
+    KC->embed_backward(dwte, dwpe, dout, tok, N, T, C);
+    KG->embed_backward(gdwte, gdwpe, gdout, dtok, N, T, C);
+    check("embed_backward dwte", dwte, gdwte, (size_t)V * C, TOL_F32);
+    check("embed_backward dwpe", dwpe, gdwpe, (size_t)T * C, TOL_F32);
+    /* vocabulary rows [v0, v0 + Vl) only */
+    int v0 = 60, Vl = 80;
+    float *wl = hrand((size_t)Vl * C, 1), *gwl = dcopy(wl, (size_t)Vl * C);
+    KC->embed_forward_vp(out, tok, wl, wpe, N, T, C, v0, Vl);
+    KG->embed_forward_vp(gout, dtok, gwl, gwpe, N, T, C, v0, Vl);
+    check("embed_forward_vp", out, gout, (size_t)N * C, TOL_F32);
+    float *dwl = hrand((size_t)Vl * C, 1), *gdwl = dcopy(dwl, (size_t)Vl * C);
+    KC->embed_backward_vp(dwl, NULL, dout, tok, N, T, C, v0, Vl);
+    KG->embed_backward_vp(gdwl, NULL, gdout, dtok, N, T, C, v0, Vl);
+    check("embed_backward_vp dwte", dwl, gdwl, (size_t)Vl * C, TOL_F32);
+}
+
+static void test_norms(void) {
+    int N = 70, C = 300;
+    size_t NC = (size_t)N * C;
+    float *x = hrand(NC, 2), *w = hrand(C, 1), *b = hrand(C, 1), *dout = hrand(NC, 1);
+    for (size_t i = 0; i < NC; i++) x[i] += 3.0f; /* a mean away from zero */
+    float *gx = dcopy(x, NC), *gw = dcopy(w, C), *gb = dcopy(b, C), *gdout = dcopy(dout, NC);
+    float *out = hrand(NC, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
+    float *gout = dcopy(out, NC), *gmean = dcopy(mean, N), *grstd = dcopy(rstd, N);
+    KC->layernorm_forward(out, mean, rstd, x, w, b, N, C, 1e-5f);
+    KG->layernorm_forward(gout, gmean, grstd, gx, gw, gb, N, C, 1e-5f);
+    check("layernorm_forward out", out, gout, NC, TOL_F32);
+    check("layernorm_forward mean", mean, gmean, N, TOL_F32);
+    check("layernorm_forward rstd", rstd, grstd, N, TOL_F32);
+    float *dinp = hrand(NC, 1), *dw = hrand(C, 1), *db = hrand(C, 1);
+    float *gdinp = dcopy(dinp, NC), *gdw = dcopy(dw, C), *gdb = dcopy(db, C);
+    KC->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
+    KG->layernorm_backward(gdinp, gdw, gdb, gdout, gx, gw, gmean, grstd, N, C);
+    check("layernorm_backward dinp", dinp, gdinp, NC, TOL_F32);
+    check("layernorm_backward dw", dw, gdw, C, TOL_F32);
+    check("layernorm_backward db", db, gdb, C, TOL_F32);
+
+    KC->rmsnorm_forward(out, rstd, x, w, N, C, 1e-5f);
+    KG->rmsnorm_forward(gout, grstd, gx, gw, N, C, 1e-5f);
+    check("rmsnorm_forward out", out, gout, NC, TOL_F32);
+    check("rmsnorm_forward rstd", rstd, grstd, N, TOL_F32);
+    KC->rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C);
+    KG->rmsnorm_backward(gdinp, gdw, gdout, gx, gw, grstd, N, C);
+    check("rmsnorm_backward dinp", dinp, gdinp, NC, TOL_F32);
+    check("rmsnorm_backward dw", dw, gdw, C, TOL_F32);
+}
+
+static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
+    char name[96];
+    float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 0.1f), *bias = hrand(OC, 1);
+    float *dout = hrand((size_t)N * OC, 1);
+    float *ginp = dcopy_off(inp, (size_t)N * C, off), *gw = dcopy_off(w, (size_t)OC * C, off);
+    float *gbias = dcopy_off(bias, OC, off), *gdout = dcopy_off(dout, (size_t)N * OC, off);
+    float *out = hrand((size_t)N * OC, 1), *gout = dcopy_off(out, (size_t)N * OC, off);
+    KC->matmul_forward(out, inp, w, with_bias ? bias : NULL, N, C, OC);
+    KG->matmul_forward(gout, ginp, gw, with_bias ? gbias : NULL, N, C, OC);
+    snprintf(name, sizeof name, "matmul_fwd %dx%dx%d%s%s", N, C, OC, with_bias ? " +bias" : "", off ? " unaligned" : "");
+    check(name, out, gout, (size_t)N * OC, tol_mm);
+    float *dinp = hrand((size_t)N * C, 1), *dw = hrand((size_t)OC * C, 1), *db = hrand(OC, 1);
+    float *gdinp = dcopy_off(dinp, (size_t)N * C, off), *gdw = dcopy_off(dw, (size_t)OC * C, off);
+    float *gdb = dcopy_off(db, OC, off);
+    KC->matmul_backward(dinp, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
+    KG->matmul_backward(gdinp, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, N, C, OC);
+    snprintf(name, sizeof name, "matmul_bwd dinp %dx%dx%d%s", N, C, OC, off ? " unaligned" : "");
+    check(name, dinp, gdinp, (size_t)N * C, tol_mm);
+    snprintf(name, sizeof name, "matmul_bwd dw %dx%dx%d%s", N, C, OC, off ? " unaligned" : "");
+    check(name, dw, gdw, (size_t)OC * C, tol_mm);
+    if (with_bias) {
+        snprintf(name, sizeof name, "matmul_bwd dbias %dx%dx%d", N, C, OC);
+        check(name, db, gdb, OC, TOL_F32);
+    }
+}
+
+static void test_attention_case(int B, int T, int nh, int nkv, int hd) {
+    char name[96];
+    int S = (nh + 2 * nkv) * hd, OS = nh * hd;
+    size_t nqkv = (size_t)B * T * S, nout = (size_t)B * T * OS, natt = (size_t)B * nh * T * T;
+    float *qkv = hrand(nqkv, 1), *dout = hrand(nout, 1);
+    float *gqkv = dcopy(qkv, nqkv), *gdout = dcopy(dout, nout);
+    float *out = hrand(nout, 1), *att = hrand(natt, 1);
+    float *gout = dcopy(out, nout), *gatt = dcopy(att, natt);
+    KC->attention_forward(out, att, qkv, B, T, nh, nkv, hd);
+    KG->attention_forward(gout, gatt, gqkv, B, T, nh, nkv, hd);
+    snprintf(name, sizeof name, "attention_fwd out B%d T%d h%d/%d", B, T, nh, nkv);
+    check(name, out, gout, nout, tol_att);
+    snprintf(name, sizeof name, "attention_fwd att B%d T%d h%d/%d", B, T, nh, nkv);
+    check(name, att, gatt, natt, tol_att);
+    float *dqkv = hrand(nqkv, 1), *gdqkv = dcopy(dqkv, nqkv);
+    KC->attention_backward(dqkv, dout, qkv, att, B, T, nh, nkv, hd);
+    KG->attention_backward(gdqkv, gdout, gqkv, gatt, B, T, nh, nkv, hd);
+    snprintf(name, sizeof name, "attention_bwd dqkv B%d T%d h%d/%d", B, T, nh, nkv);
+    check(name, dqkv, gdqkv, nqkv, tol_att);
+}
+
+static void test_rope(void) {
+    int B = 2, T = 33, nh = 4, nkv = 2, hd = 16, S = (nh + 2 * nkv) * hd;
+    size_t n = (size_t)B * T * S;
+    float *x = hrand(n, 1), *gx = dcopy(x, n);
+    KC->rope_forward(x, B, T, nh, nkv, hd, 10000.0f, 7);
+    KG->rope_forward(gx, B, T, nh, nkv, hd, 10000.0f, 7);
+    check("rope_forward", x, gx, n, TOL_F32);
+    KC->rope_backward(x, B, T, nh, nkv, hd, 500000.0f, 0);
+    KG->rope_backward(gx, B, T, nh, nkv, hd, 500000.0f, 0);
+    check("rope_backward", x, gx, n, TOL_F32);
+}
+
+static void test_pointwise(void) {
+    int N = 50, F = 123;
+    size_t n = (size_t)N * F;
+    float *x = hrand(2 * n, 2), *d = hrand(2 * n, 1), *o = hrand(2 * n, 1), *di = hrand(2 * n, 1);
+    float *gx = dcopy(x, 2 * n), *gd = dcopy(d, 2 * n), *go = dcopy(o, 2 * n), *gdi = dcopy(di, 2 * n);
+    KC->gelu_forward(o, x, 2 * n);
+    KG->gelu_forward(go, gx, 2 * n);
+    check("gelu_forward", o, go, 2 * n, TOL_F32);
+    KC->gelu_backward(di, x, d, 2 * n);
+    KG->gelu_backward(gdi, gx, gd, 2 * n);
+    check("gelu_backward", di, gdi, 2 * n, TOL_F32);
+    KC->swiglu_forward(o, x, N, F);
+    KG->swiglu_forward(go, gx, N, F);
+    check("swiglu_forward", o, go, n, TOL_F32);
+    KC->swiglu_backward(di, x, d, N, F);
+    KG->swiglu_backward(gdi, gx, gd, N, F);
+    check("swiglu_backward", di, gdi, 2 * n, TOL_F32);
+    KC->add(o, o, x, 2 * n); /* out aliases a */
+    KG->add(go, go, gx, 2 * n);
+    check("add (aliased)", o, go, 2 * n, TOL_F32);
+    KC->scale(o, 0.37f, 2 * n);
+    KG->scale(go, 0.37f, 2 * n);
+    check("scale", o, go, 2 * n, TOL_F32);
+    check_scalar("sum", KC->sum(o, 2 * n), KG->sum(go, 2 * n), TOL_RED);
+    check_scalar("sumsq", KC->sumsq(o, 2 * n), KG->sumsq(go, 2 * n), TOL_RED);
+    size_t big = (size_t)3 << 20; /* more than one element per reduction thread */
+    float *y = hrand(big, 1), *gy = dcopy(y, big);
+    check_scalar("sumsq (3M)", KC->sumsq(y, big), KG->sumsq(gy, big), TOL_RED);
+}
+
+static void test_crossentropy(void) {
+    int N = 45, V = 1037;
+    size_t n = (size_t)N * V;
+    int tgt[45];
+    for (int i = 0; i < N; i++) tgt[i] = (int)(rnd_u32() % V);
+    int *gtgt = dcopy_int(tgt, N);
+    float *lg = hrand(n, 3), *glg = dcopy(lg, n), *loss = hrand(N, 1), *gloss = dcopy(loss, N);
+    KC->crossentropy_forward(loss, lg, tgt, N, V);
+    KG->crossentropy_forward(gloss, glg, gtgt, N, V);
+    check("crossentropy_forward losses", loss, gloss, N, TOL_F32);
+    check("crossentropy_forward probs", lg, glg, n, TOL_F32);
+    KC->crossentropy_backward(lg, tgt, 0.01f, N, V);
+    KG->crossentropy_backward(glg, gtgt, 0.01f, N, V);
+    check("crossentropy_backward", lg, glg, n, TOL_F32);
+    /* vocab-parallel pieces on the columns [v0, v0 + Vl) */
+    int v0 = 300, Vl = 400;
+    size_t nl = (size_t)N * Vl;
+    float *l2 = hrand(nl, 3), *gl2 = dcopy(l2, nl);
+    float *mx = hrand(N, 1), *sm = hrand(N, 1), *tg = hrand(N, 1);
+    float *gmx = dcopy(mx, N), *gsm = dcopy(sm, N), *gtg = dcopy(tg, N);
+    KC->crossentropy_vp_max(mx, l2, N, Vl);
+    KG->crossentropy_vp_max(gmx, gl2, N, Vl);
+    check("crossentropy_vp_max", mx, gmx, N, TOL_F32);
+    KC->crossentropy_vp_expsum(sm, tg, l2, mx, tgt, N, Vl, v0);
+    KG->crossentropy_vp_expsum(gsm, gtg, gl2, gmx, gtgt, N, Vl, v0);
+    check("crossentropy_vp_expsum sums", sm, gsm, N, TOL_F32);
+    check("crossentropy_vp_expsum tgt", tg, gtg, N, TOL_F32);
+    check("crossentropy_vp_expsum exp", l2, gl2, nl, TOL_F32);
+    KC->crossentropy_vp_finish(loss, l2, mx, sm, tg, N, Vl);
+    KG->crossentropy_vp_finish(gloss, gl2, gmx, gsm, gtg, N, Vl);
+    check("crossentropy_vp_finish losses", loss, gloss, N, TOL_F32);
+    check("crossentropy_vp_finish probs", l2, gl2, nl, TOL_F32);
+    KC->crossentropy_vp_backward(l2, tgt, 0.5f, N, Vl, v0);
+    KG->crossentropy_vp_backward(gl2, gtgt, 0.5f, N, Vl, v0);
+    check("crossentropy_vp_backward", l2, gl2, nl, TOL_F32);
+}
+
+static void test_adamw(void) {
+    size_t n = 100003;
+    float *p = hrand(n, 1), *g = hrand(n, 1), *m = hrand(n, 0.1f), *v = hrand(n, 0.1f);
+    for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    float *gp = dcopy(p, n), *gg = dcopy(g, n), *gm = dcopy(m, n), *gv = dcopy(v, n);
+    KC->adamw(p, g, m, v, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.8f);
+    KG->adamw(gp, gg, gm, gv, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.8f);
+    check("adamw p", p, gp, n, TOL_F32);
+    check("adamw m", m, gm, n, TOL_F32);
+    check("adamw v", v, gv, n, TOL_F32);
+    AdamWRange r[4] = {{0, 1000, 0.1f}, {1000, 0, 0.1f}, {2000, 50000, 0.0f}, {60000, 40003, 0.05f}};
+    KC->adamw_multi(p, g, m, v, r, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 7, 1.0f);
+    KG->adamw_multi(gp, gg, gm, gv, r, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 7, 1.0f);
+    check("adamw_multi p", p, gp, n, TOL_F32);
+    check("adamw_multi m", m, gm, n, TOL_F32);
+    check("adamw_multi v", v, gv, n, TOL_F32);
+}
+
+int main(void) {
+    char why[320];
+    if (!kernels_cuda_available(why, sizeof why)) {
+        fprintf(stderr, "test_gpu: FAIL: no usable CUDA device (%s); the CUDA tests need a GPU\n", why);
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    const char *mm = getenv("LLMTRAIN_CUDA_MATMUL");
+    if (mm && strcmp(mm, "bf16") == 0) tol_mm = TOL_BF16;
+    if (mm && strcmp(mm, "fp32") == 0) tol_mm = tol_att = TOL_FP32MM;
+    KC = kernels_cpu();
+    KG = kernels_cuda();
+    printf("device: %s\n", kernels_cuda_device_info());
+    test_embed();
+    test_norms();
+    test_matmul_case(64, 128, 96, 0, 1);
+    test_matmul_case(100, 72, 130, 0, 1);
+    test_matmul_case(37, 50, 29, 1, 1); /* odd sizes, 4-byte aligned operands */
+    test_matmul_case(256, 768, 2304, 0, 0);
+    test_attention_case(3, 40, 4, 2, 16);  /* GQA, batched over 3 sequences */
+    test_attention_case(1, 64, 4, 2, 16);  /* GQA, one sequence (unbatched GEMMs) */
+    test_attention_case(2, 130, 6, 6, 32); /* MHA */
+    test_attention_case(1, 17, 8, 1, 8);   /* MQA, T not a multiple of anything */
+    test_rope();
+    test_pointwise();
+    test_crossentropy();
+    test_adamw();
+    for (int i = 0; i < nbase; i++) KG->free(dbase[i]);
+    printf("%d passed, %d failed\n", pass, fail);
+    return fail ? 1 : 0;
+}
