@@ -1103,6 +1103,9 @@ static int train(int argc, char **argv) {
         exit(EXIT_SLOW_FABRIC);
     }
 
+    if (t->step_base >= c->steps && is_root(t))
+        printf("resume: the checkpoint is at step %d and train.steps is %d: nothing to train (raise train.steps to continue)\n",
+               t->step_base, c->steps);
     signal(SIGTERM, on_stop_signal);
     signal(SIGUSR1, on_stop_signal);
     int stopped = 0;

@@ -137,6 +137,12 @@ run clock 1 --set checkpoint.every_steps=0 --set checkpoint.every_minutes=0.0000
 n=$(grep -c '"event":"checkpoint"' "$TMP/clock/metrics.jsonl")
 if [ "$n" -ge 3 ]; then ok "every_minutes: $n checkpoints by the clock in 6 steps"; else bad "every_minutes: $n checkpoints"; fi
 
+# ---- a finished run started again resumes at its end and trains nothing ----
+run ref-np1 1; rc=$?
+if [ $rc -eq 0 ] && grep -q "nothing to train" "$TMP/ref-np1.out" && [ "$(grep -c '"loss"' "$TMP/ref-np1/metrics.jsonl")" -eq 10 ]; then
+    ok "a finished run started again: exit 0, nothing trained"
+else bad "rerun of a finished job: rc $rc"; fi
+
 # ---- errors: one line, exit 2 ----
 run other 1 --set train.steps=2
 $BIN "$TMP/job.json" --set log.dir="$TMP/other" --set model.n_layer=3 >"$TMP/other3.out" 2>&1; rc=$?
