@@ -729,33 +729,44 @@ static const MTensor *find_tensor(const CkptManifest *mf, const char *name, int 
     return NULL;
 }
 
-/* Read the slices of TP rank tr of tensor T into local[numel]; dies unless
- * every element is covered. */
-static void read_local(const CkptManifest *mf, const int *fds, const MTensor *T, int tr, float *local, size_t numel) {
+/* Read elements [a, b) of TP rank tr's local tensor T (numel elements) into
+ * out[0, b - a); dies unless every element is covered. */
+static void read_local(const CkptManifest *mf, const int *fds, const MTensor *T, int tr, size_t numel, size_t a, size_t b, float *out) {
     size_t covered = 0;
     for (int j = 0; j < T->n_slices; j++) {
         const Slice *S = &T->slices[j];
         if (S->tp_rank != tr) continue;
         if (S->start + S->count > numel)
             die(EXIT_USAGE, "%s/manifest.json: tensor %s (%s): slice beyond its %zu elements", mf->dir, T->name, KIND_NAME[T->kind], numel);
-        size_t want = S->count * sizeof(float), got = 0;
-        char *dst = (char *)(local + S->start);
+        size_t lo = S->start > a ? S->start : a, hi = S->start + S->count < b ? S->start + S->count : b;
+        if (lo >= hi) continue;
+        size_t want = (hi - lo) * sizeof(float), got = 0, off = S->byte_off + (lo - S->start) * sizeof(float);
+        char *dst = (char *)(out + (lo - a));
         while (got < want) {
-            ssize_t r = pread(fds[S->file], dst + got, want - got, (off_t)(S->byte_off + got));
+            ssize_t r = pread(fds[S->file], dst + got, want - got, (off_t)(off + got));
             if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) die(EXIT_IO, "%s/%s: read failed at byte %zu (%s)", mf->dir, mf->files[S->file].name, S->byte_off + got,
+            if (r <= 0) die(EXIT_IO, "%s/%s: read failed at byte %zu (%s)", mf->dir, mf->files[S->file].name, off + got,
                             r < 0 ? strerror(errno) : "unexpected end of file");
             got += (size_t)r;
         }
-        covered += S->count;
+        covered += hi - lo;
     }
-    if (covered != numel)
-        die(EXIT_USAGE, "%s/manifest.json: tensor %s (%s): slices of TP rank %d cover %zu of %zu elements", mf->dir, T->name,
-            KIND_NAME[T->kind], tr, covered, numel);
+    if (covered != b - a)
+        die(EXIT_USAGE, "%s/manifest.json: tensor %s (%s): slices of TP rank %d cover %zu of elements [%zu, %zu)", mf->dir, T->name,
+            KIND_NAME[T->kind], tr, covered, a, b);
 }
 
-void ckpt_manifest_load(const CkptManifest *mf, const Model *m, float *params, float *exp_avg, float *exp_avg_sq) {
+void ckpt_manifest_load(const CkptManifest *mf, const Model *m, const size_t *lo, const size_t *hi, float *params, float *exp_avg,
+                        float *exp_avg_sq) {
     float *dst[3] = {params, exp_avg, exp_avg_sq};
+    size_t *base = malloc_check(((size_t)m->n_chunks + 1) * sizeof(size_t)); /* packed offset of each chunk's range */
+    size_t pos = 0;
+    for (int c = 0; c < m->n_chunks; c++) {
+        if (lo[c] > hi[c] || lo[c] < m->chunk_offset[c] || hi[c] > m->chunk_offset[c] + m->chunk_size[c])
+            die(EXIT_INTERNAL, "ckpt_manifest_load: range of chunk %d outside the chunk", c);
+        base[c] = pos;
+        pos += hi[c] - lo[c];
+    }
     int *fds = malloc_check(((size_t)mf->n_files + 1) * sizeof(int));
     for (int i = 0; i < mf->n_files; i++) {
         char path[PATH_BUF + 80];
@@ -778,22 +789,40 @@ void ckpt_manifest_load(const CkptManifest *mf, const Model *m, float *params, f
             if (!ws || T->ndim != s->ndim || (size_t)gsz != gnum || (size_t)(T->local_shape[0] * (T->ndim == 2 ? T->local_shape[1] : 1)) != ws->numel)
                 die(EXIT_USAGE, "%s/manifest.json: tensor %s has %lld elements, this model expects %zu (a checkpoint of a different model?)",
                     mf->dir, s->name, (long long)gsz, gnum);
-            if (wtp == m->tp) { /* same TP split: this rank's slices are exactly its tensor */
-                read_local(mf, fds, T, s->tp_axis < 0 ? 0 : m->tp_rank, dst[k] + s->offset, s->numel);
+            /* the part of this tensor inside the wanted range of its chunk */
+            size_t a = s->offset > lo[s->chunk] ? s->offset : lo[s->chunk];
+            size_t b = s->offset + s->numel < hi[s->chunk] ? s->offset + s->numel : hi[s->chunk];
+            if (a >= b) continue;
+            float *out = dst[k] + base[s->chunk] + (a - lo[s->chunk]);
+            if (wtp == m->tp) { /* same TP split: read just the wanted elements of this rank's slices */
+                read_local(mf, fds, T, s->tp_axis < 0 ? 0 : m->tp_rank, s->numel, a - s->offset, b - s->offset, out);
                 continue;
             }
+            /* another TP split: assemble the global tensor from the writer's TP
+             * ranks, cut this rank's slice, keep the wanted part */
             float *global = malloc_check(gnum * sizeof(float)), *local = malloc_check(ws->numel * sizeof(float));
+            float *mine = malloc_check(s->numel * sizeof(float));
             for (int r = 0; r < (ws->tp_axis < 0 ? 1 : wtp); r++) {
-                read_local(mf, fds, T, r, local, ws->numel);
+                read_local(mf, fds, T, r, ws->numel, 0, ws->numel, local);
                 wl.tp_rank = r;
                 model_tp_copy(&wl, ws, global, local, 1);
             }
-            model_tp_copy(m, s, global, dst[k] + s->offset, 0);
+            model_tp_copy(m, s, global, mine, 0);
+            memcpy(out, mine + (a - s->offset), (b - a) * sizeof(float));
             free(global);
             free(local);
+            free(mine);
         }
     }
     model_free(&wl);
     for (int i = 0; i < mf->n_files; i++) close(fds[i]);
     free(fds);
+    free(base);
+}
+
+void ckpt_full_ranges(const Model *m, size_t *lo, size_t *hi) {
+    for (int c = 0; c < m->n_chunks; c++) {
+        lo[c] = m->chunk_offset[c];
+        hi[c] = m->chunk_offset[c] + m->chunk_size[c];
+    }
 }

@@ -117,11 +117,16 @@ int ckpt_manifest_verify(const CkptManifest *mf, int rank, int world, char *why,
 const char *ckpt_manifest_config(const CkptManifest *mf); /* config JSON text */
 const TrainState *ckpt_manifest_state(const CkptManifest *mf);
 CkptLayout ckpt_manifest_layout(const CkptManifest *mf);
-/* Fill host arrays (m->n_params floats each, NULL = skip) with the state of
- * m's layout (its tp and tp_rank; any pad) from a checkpoint written with
- * any layout of the same model. A tensor missing or of another shape: one
- * line, exit(EXIT_USAGE). */
-void ckpt_manifest_load(const CkptManifest *mf, const Model *m, float *params, float *exp_avg, float *exp_avg_sq);
+/* Fill host arrays with the state of m's layout (its tp and tp_rank; any
+ * padding) from a checkpoint written with any layout of the same model,
+ * reading only the local flat ranges [lo[c], hi[c]) of each chunk c (a
+ * rank's shard), packed in chunk order into params / exp_avg / exp_avg_sq
+ * (NULL = skip that kind). A tensor missing or of another shape: one line,
+ * exit(EXIT_USAGE). */
+void ckpt_manifest_load(const CkptManifest *mf, const Model *m, const size_t *lo, const size_t *hi, float *params, float *exp_avg,
+                        float *exp_avg_sq);
+/* Ranges covering every chunk whole (packed = the flat layout itself). */
+void ckpt_full_ranges(const Model *m, size_t *lo, size_t *hi);
 /* A step folder, or a root (its newest complete step). 0, or -1 when none. */
 int ckpt_resolve(const char *path, char *out_dir, size_t out_len);
 

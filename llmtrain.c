@@ -365,23 +365,23 @@ static double ck_begin(Trainer *t, int step) {
     return now_s() - t0;
 }
 
-/* Install loaded state (host arrays of the local layout) as the working
- * weights and this rank's optimizer state. */
+/* Install loaded state as this rank's weights and optimizer state: the
+ * host arrays hold what the rank owns, packed in chunk order (the whole
+ * local model when replicated, its shard when sharded: n_shard floats,
+ * exactly the layout of master / mshard / vshard). */
 static void install_state(Trainer *t, const float *p, const float *mm, const float *vv) {
     Model *m = &t->model;
     const Kernels *k = t->k;
-    k->from_host(m->params, p, m->n_params * sizeof(float));
     if (!t->sharded) {
+        k->from_host(m->params, p, m->n_params * sizeof(float));
         k->from_host(m->m, mm, m->n_params * sizeof(float));
         k->from_host(m->v, vv, m->n_params * sizeof(float));
         return;
     }
-    for (int c = 0; c < m->n_chunks; c++) {
-        size_t len = shard_len(t, c), src = m->chunk_offset[c] + (size_t)t->dist.shard_index * len;
-        k->from_host(t->master + t->shard_off[c], p + src, len * sizeof(float));
-        k->from_host(t->mshard + t->shard_off[c], mm + src, len * sizeof(float));
-        k->from_host(t->vshard + t->shard_off[c], vv + src, len * sizeof(float));
-    }
+    k->from_host(t->master, p, t->n_shard * sizeof(float));
+    k->from_host(t->mshard, mm, t->n_shard * sizeof(float));
+    k->from_host(t->vshard, vv, t->n_shard * sizeof(float));
+    gather_params(t); /* the working weights from the new shards */
 }
 
 #define MAX_CANDIDATES 256
@@ -453,11 +453,21 @@ static int resume(Trainer *t) {
                                c->ckpt_durable_dir[0] ? " or " : "", c->ckpt_durable_dir);
         return 0;
     }
+    /* read only what this rank owns: its shard of every chunk, or all of it */
     Model *m = &t->model;
-    size_t bytes = m->n_params * sizeof(float);
-    float *p = calloc_check(1, bytes), *mm = calloc_check(1, bytes), *vv = calloc_check(1, bytes);
-    ckpt_manifest_load(mf, m, p, mm, vv);
+    size_t *lo = malloc_check((size_t)m->n_chunks * sizeof(size_t)), *hi = malloc_check((size_t)m->n_chunks * sizeof(size_t));
+    ckpt_full_ranges(m, lo, hi);
+    if (t->sharded)
+        for (int ch = 0; ch < m->n_chunks; ch++) {
+            lo[ch] += (size_t)d->shard_index * shard_len(t, ch);
+            hi[ch] = lo[ch] + shard_len(t, ch);
+        }
+    size_t n = t->sharded ? t->n_shard : m->n_params;
+    float *p = calloc_check(n, sizeof(float)), *mm = calloc_check(n, sizeof(float)), *vv = calloc_check(n, sizeof(float));
+    ckpt_manifest_load(mf, m, lo, hi, p, mm, vv);
     install_state(t, p, mm, vv);
+    free(lo);
+    free(hi);
     free(p);
     free(mm);
     free(vv);
@@ -1177,7 +1187,11 @@ static int cmd_export(int argc, char **argv) {
     Model m; /* the global (tp = 1) layout: any written layout is reassembled into it */
     model_layout(&m, &c.model, 1, 1, 0);
     float *host = calloc_check(m.n_params, sizeof(float));
-    ckpt_manifest_load(mf, &m, host, NULL, NULL);
+    size_t *lo = malloc_check((size_t)m.n_chunks * sizeof(size_t)), *hi = malloc_check((size_t)m.n_chunks * sizeof(size_t));
+    ckpt_full_ranges(&m, lo, hi);
+    ckpt_manifest_load(mf, &m, lo, hi, host, NULL, NULL);
+    free(lo);
+    free(hi);
     hf_export(&m, host, argv[1]);
     CkptLayout L = ckpt_manifest_layout(mf);
     printf("exported %s (step %d, written by %d ranks: tp %d x shard %d x replicate %d) -> %s\n", step_dir, ckpt_manifest_state(mf)->step,
