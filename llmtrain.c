@@ -3,8 +3,9 @@
  * One training step, top to bottom (train_step below):
  *   zero grads; for each micro-batch: forward, backward (accumulating)
  *   -> sum gradients over data-parallel ranks (NO_SHARD: all-reduce; sharded
- *   strategies: all-gather weights before forward/backward, reduce-scatter
- *   into the local shard, all-reduce over replicas) -> global norm -> clip
+ *   strategies: the chunk hooks all-gather each layer chunk before its
+ *   forward/backward and reduce-scatter its gradients into the local shard
+ *   after its backward; all-reduce over replicas) -> global norm -> clip
  *   -> AdamW at the scheduled LR -> log.
  * Everything numeric is in model.c/kernels; everything collective in parallel.c. */
 #ifndef _GNU_SOURCE
