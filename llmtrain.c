@@ -143,6 +143,12 @@ static void slot_range(const Trainer *t, int c, int n_slots, int *lo, int *hi) {
     *hi = c == 0 ? 1 : c == last ? 2 : n_slots;
 }
 
+/* Floats of pool slot i: the size of the chunk class it serves. */
+static size_t slot_floats(const Trainer *t, int i) {
+    const Model *m = &t->model;
+    return m->chunk_size[i == 0 ? 0 : i == 1 ? m->n_chunks - 1 : 1];
+}
+
 static int slot_take(const Trainer *t, int *owner, int n_slots, int c) {
     int lo, hi;
     slot_range(t, c, n_slots, &lo, &hi);
@@ -314,14 +320,8 @@ static void setup_shards(Trainer *t) {
     t->gbuf = calloc_check((size_t)t->n_gslots, sizeof(float *));
     t->powner = malloc_check((size_t)t->n_pslots * sizeof(int));
     t->gowner = malloc_check((size_t)t->n_gslots * sizeof(int));
-    for (int i = 0; i < t->n_pslots; i++) {
-        t->pbuf[i] = k->alloc(m->chunk_size[i == 0 ? 0 : i == 1 ? n - 1 : 1] * sizeof(float));
-        t->powner[i] = -1;
-    }
-    for (int i = 0; i < t->n_gslots; i++) {
-        t->gbuf[i] = k->alloc(m->chunk_size[i == 0 ? 0 : i == 1 ? n - 1 : 1] * sizeof(float));
-        t->gowner[i] = -1;
-    }
+    for (int i = 0; i < t->n_pslots; i++) { t->pbuf[i] = k->alloc(slot_floats(t, i) * sizeof(float)); t->powner[i] = -1; }
+    for (int i = 0; i < t->n_gslots; i++) { t->gbuf[i] = k->alloc(slot_floats(t, i) * sizeof(float)); t->gowner[i] = -1; }
     int *st = malloc_check(5 * (size_t)n * sizeof(int));
     t->pslot = st; t->gslot = st + n; t->ag_req = st + 2 * n; t->rs_req = st + 3 * n; t->rs_state = st + 4 * n;
     for (int i = 0; i < 4 * n; i++) st[i] = -1;
@@ -332,10 +332,8 @@ static void setup_shards(Trainer *t) {
 
 /* Bytes of the pooled working weights and gradient buffers. */
 static double pool_bytes(const Trainer *t, int grads) {
-    const Model *m = &t->model;
     double b = 0;
-    for (int i = 0; i < (grads ? t->n_gslots : t->n_pslots); i++)
-        b += (double)m->chunk_size[i == 0 ? 0 : i == 1 ? m->n_chunks - 1 : 1] * sizeof(float);
+    for (int i = 0; i < (grads ? t->n_gslots : t->n_pslots); i++) b += (double)slot_floats(t, i) * sizeof(float);
     return b;
 }
 
