@@ -65,8 +65,7 @@ typedef struct Trainer {
     int n_pslots, n_gslots;
     int *pslot, *gslot;        /* [n_chunks] slot a chunk holds, -1: none */
     int *ag_req, *rs_req;      /* [n_chunks] non-blocking all-gather / reduce-scatter handle, -1: none */
-    int *rs_state;             /* [n_chunks] 0: no reduce-scatter; 1: one in flight into gshard, 2: into gstage (added at the wait) */
-    float *gstage;             /* [n_shard] landing of micro-batches after the first (accum > 1 only) */
+    int *rs_state;             /* [n_chunks] 0: no reduce-scatter; 1: one in flight into gshard, 2: in place (added at the wait) */
     int in_step, micro, head_fwd; /* inside a step's forward/backward; micro-batch; inside the final chunk's forward */
     float *full;               /* outside a step: all weights gathered (eval, sample, checkpoint, dump), else NULL */
 } Trainer;
@@ -192,7 +191,7 @@ static void rs_finish(Trainer *t, int c) {
     t->rs_req[c] = -1;
     if (t->rs_state[c] == 2) {
         size_t o = t->shard_off[c];
-        t->k->add(t->gshard + o, t->gshard + o, t->gstage + o, shard_len(t, c));
+        t->k->add(t->gshard + o, t->gshard + o, t->gbuf[t->gslot[c]], shard_len(t, c));
     }
     t->rs_state[c] = 0;
     t->gowner[t->gslot[c]] = -1;
@@ -224,13 +223,13 @@ static void grads_take(Trainer *t, int c) {
 }
 
 /* Chunk c's backward is done: reduce-scatter its gradient (sum over the
- * shard group) into the local shard, the first micro-batch straight into
- * gshard, later ones into gstage, added at the wait. */
+ * shard group) into the local shard: the first micro-batch straight into
+ * gshard, later ones in place (the result lands at the start of the
+ * gradient buffer) and added to gshard at the wait. */
 static void rs_start(Trainer *t, int c) {
-    size_t o = t->shard_off[c];
+    float *g = t->gbuf[t->gslot[c]];
     t->rs_state[c] = t->micro > 0 ? 2 : 1;
-    t->rs_req[c] = dist_shard_ireduce_scatter_f32(&t->dist, t->gbuf[t->gslot[c]], (t->micro > 0 ? t->gstage : t->gshard) + o,
-                                                  shard_len(t, c));
+    t->rs_req[c] = dist_shard_ireduce_scatter_f32(&t->dist, g, t->micro > 0 ? g : t->gshard + t->shard_off[c], shard_len(t, c));
     t->model.chunk_grads[c] = NULL;
 }
 
@@ -305,7 +304,6 @@ static void setup_shards(Trainer *t) {
     t->gshard = k->alloc(bytes);
     t->mshard = k->alloc(bytes);
     t->vshard = k->alloc(bytes);
-    if (t->accum > 1) t->gstage = k->alloc(bytes);
     for (int c = 0; c < m->n_chunks; c++)
         k->copy(t->master + t->shard_off[c], m->params + m->chunk_offset[c] + (size_t)t->dist.shard_index * shard_len(t, c),
                 shard_len(t, c) * sizeof(float));
@@ -705,7 +703,7 @@ static StepStats train_step(Trainer *t, int step) {
         loss_sum += model_forward(m, t->tok, t->tgt);
         dist_phase(&t->dist, step + 1, "backward");
         model_backward(m, loss_scale);
-        if (t->sharded && j + 1 < t->accum) rs_finish_all(t); /* gstage is reused by the next micro-batch */
+        if (t->sharded && j + 1 < t->accum) rs_finish_all(t); /* the next micro-batch adds into gshard again */
     }
     t->in_step = 0;
     for (int ch = 0; t->sharded && ch < m->n_chunks; ch++)
@@ -856,9 +854,8 @@ static void print_layout(Trainer *t) {
     double full = (double)m->n_params * sizeof(float), shard = (double)t->n_shard * sizeof(float);
     double acts = (double)m->acts_floats * sizeof(float) + 2.0 * t->cfg.micro_batch * t->cfg.seq_len * sizeof(int);
     /* sharded: working weights and gradients are the chunk pools (setup_shards) */
-    double gstage = t->gstage ? shard : 0;
     double mine[5] = {t->sharded ? pool_bytes(t, 0) : full, t->sharded ? shard : full,
-                      t->sharded ? pool_bytes(t, 1) + shard + gstage : full, 2 * (t->sharded ? shard : full), acts};
+                      t->sharded ? pool_bytes(t, 1) + shard : full, 2 * (t->sharded ? shard : full), acts};
     double *all = is_root(t) ? malloc_check((size_t)d->world * 5 * sizeof(double)) : NULL;
     dist_gather_f64(d, mine, all, 5);
     if (!is_root(t)) return;

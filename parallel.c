@@ -451,7 +451,7 @@ static int shard_istart(Dist *d, int rs, const float *send, float *recv, size_t 
     int h = req_slot(d), cnt = count_of(n, name);
     MPI_Request *r = &d->groups->reqs[h];
     watch_collective(d, name);
-    check(d, rs ? MPI_Ireduce_scatter_block(send, recv, cnt, MPI_FLOAT, MPI_SUM, d->groups->shard, r)
+    check(d, rs ? MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, cnt, MPI_FLOAT, MPI_SUM, d->groups->shard, r)
                 : MPI_Iallgather(send, cnt, MPI_FLOAT, recv, cnt, MPI_FLOAT, d->groups->shard, r), name);
     watch_collective(d, NULL);
     d->groups->req_name[h] = name;

@@ -59,7 +59,9 @@ void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n);
 /* Non-blocking shard-group all-gather / reduce-scatter (same buffers and
  * byte counts as the blocking ones, counted when started). They return a
  * handle for dist_wait / dist_test, or -1 when the group has one member
- * (the copy is already done). Buffers stay untouched until the wait. */
+ * (the copy is already done). Buffers stay untouched until the wait. A
+ * reduce-scatter with recv == send runs in place: the result lands in
+ * send[0, n). */
 int dist_shard_iallgather_f32(Dist *d, const float *send, float *recv, size_t n);
 int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
 /* Complete and release a handle (-1: nothing); the watchdog names its
