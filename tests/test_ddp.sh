@@ -4,7 +4,10 @@
 # reduction-order tolerance, for a small GPT-2 and a small Llama with GQA,
 # under every sharding strategy (NO_SHARD, FULL_SHARD, SHARD_GRAD_OP,
 # HYBRID_SHARD and HYBRID_SHARD_ZERO2 as 2 shards x 2 replicas); FULL_SHARD
-# at 4 ranks keeps at most a quarter of the optimizer state per rank.
+# at 4 ranks keeps at most a quarter of the optimizer state per rank. Per-layer
+# (FSDP) gathering: reshard_after_forward both ways, gradient accumulation,
+# tied embeddings and 8 layers match 1 rank; comm_bytes per kind equal the
+# per-chunk figure; working weights and gradients stay a few chunks.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
