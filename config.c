@@ -94,6 +94,7 @@ static const Key KEYS[] = {
     {"parallel.tensor", K_INT, OFF(tp), 0, "1", 1, 1024, NULL, "tensor-parallel degree (Megatron-style, tp innermost; must divide the ranks, n_kv_head, ffn_hidden and vocab_size)"},
     {"parallel.strategy", K_STR, STR(strategy), "\"NO_SHARD\"", 0, 0, "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD|HYBRID_SHARD_ZERO2", "data-parallel sharding strategy (PyTorch FSDP names)"},
     {"parallel.shard_degree", K_INT, OFF(shard_degree), 0, "0", 0, 1 << 20, NULL, "ranks per shard group for the hybrid strategies (0 = all data-parallel ranks)"},
+    {"parallel.reshard_after_forward", K_ENUM, OFF(reshard_after_forward), 0, "\"auto\"", 0, 0, "auto|true|false", "sharded strategies: free each layer chunk's gathered weights after its forward and gather them again for its backward (auto = true for FULL_SHARD and HYBRID_SHARD, false for SHARD_GRAD_OP and HYBRID_SHARD_ZERO2)"},
     {"parallel.timeout_s", K_DOUBLE, OFF(timeout_s), 0, "600", 0, 1e9, NULL, "a step or collective slower than this ends the job (exit 5)"},
     {"parallel.health_check", K_BOOL, OFF(health_check), 0, "true", 0, 0, NULL, "time an all-reduce on every process group at start and print its bus bandwidth"},
     {"parallel.min_bus_gbps", K_DOUBLE, OFF(min_bus_gbps), 0, "0", 0, 1e6, NULL, "fail at start (exit 7) when any group's measured all-reduce bus bandwidth is below this (GB/s)"},
@@ -202,6 +203,10 @@ static void store(Config *cfg, const Key *k, const cJSON *v, const char *origin)
     char got[96];
     snprintf(got, sizeof got, "%s", shown ? shown : "?");
     free(shown);
+    if (k->type == K_ENUM && cJSON_IsBool(v) && enum_index(k->choices, "true") >= 0) { /* auto|true|false takes a boolean too */
+        *(int *)field = enum_index(k->choices, cJSON_IsTrue(v) ? "true" : "false");
+        return;
+    }
     if (k->type == K_STR || k->type == K_ENUM) {
         if (!cJSON_IsString(v)) die(EXIT_USAGE, "%s: %s: expected a string, got %s", origin, k->path, got);
         const char *s = v->valuestring;

@@ -69,6 +69,7 @@ typedef struct Config {
     int tp;
     char strategy[32];
     int shard_degree;
+    int reshard_after_forward; /* 0 auto (true for FULL_SHARD / HYBRID_SHARD), 1 true, 2 false */
     double timeout_s;
     double min_bus_gbps;
     int health_check;

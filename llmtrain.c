@@ -3,8 +3,9 @@
  * One training step, top to bottom (train_step below):
  *   zero grads; for each micro-batch: forward, backward (accumulating)
  *   -> sum gradients over data-parallel ranks (NO_SHARD: all-reduce; sharded
- *   strategies: all-gather weights before forward/backward, reduce-scatter
- *   into the local shard, all-reduce over replicas) -> global norm -> clip
+ *   strategies: the chunk hooks all-gather each layer chunk before its
+ *   forward/backward and reduce-scatter its gradients into the local shard
+ *   after its backward; all-reduce over replicas) -> global norm -> clip
  *   -> AdamW at the scheduled LR -> log.
  * Everything numeric is in model.c/kernels; everything collective in parallel.c. */
 #ifndef _GNU_SOURCE
@@ -53,10 +54,22 @@ typedef struct Trainer {
      * [chunk_offset + shard_index*len, +len) with len = chunk_size / S. */
     int S;                     /* shard group size (1: replicated) */
     int sharded;               /* S > 1 */
-    int reshard;               /* FULL_SHARD / HYBRID_SHARD: re-gather before backward */
+    int reshard;               /* parallel.reshard_after_forward: free a chunk's weights after its forward, re-gather for backward */
     size_t *shard_off;         /* [n_chunks] offset of chunk c's shard in the arrays below */
     size_t n_shard;            /* floats in the local shard (sum over chunks) */
     float *master, *gshard, *mshard, *vshard; /* [n_shard] fp32 master weights, grads, AdamW m, v */
+    /* Sharded: the model holds no full-size params or grads. A chunk's
+     * working weights / gradients live in a pooled buffer while the chunk
+     * hook (chunk_hook) has it gathered / accumulating; slots of class
+     * 0 (embeddings), 1 (final chunk) and 2 (layers) serve only that class. */
+    float **pbuf, **gbuf;      /* [n_pslots], [n_gslots] pooled working params / grads */
+    int *powner, *gowner;      /* chunk holding each slot, -1: free */
+    int n_pslots, n_gslots;
+    int *pslot, *gslot;        /* [n_chunks] slot a chunk holds, -1: none */
+    int *ag_req, *rs_req;      /* [n_chunks] non-blocking all-gather / reduce-scatter handle, -1: none */
+    int *rs_state;             /* [n_chunks] 0: no reduce-scatter; 1: one in flight into gshard, 2: in place (added at the wait) */
+    int in_step, micro, head_fwd; /* inside a step's forward/backward; micro-batch; inside the final chunk's forward */
+    float *full;               /* outside a step: all weights gathered (eval, sample, checkpoint, dump), else NULL */
     /* resume: step `step_base` reads global sequences from `seq_base` on */
     int step_base;
     uint64_t seq_base;
@@ -120,38 +133,238 @@ static void adamw_step_sharded(Trainer *t, float lr, float grad_scale, int step)
     }
 }
 
-/* All-gather every chunk's parameters from the shard group's master shards
- * into the working params (chunk order). */
+/* Outside a step (eval, sample, checkpoint, dump): all-gather every chunk
+ * into a temporary full-size array that the model reads with the chunk
+ * hooks idle; free_full_params gives it back. */
 static void gather_params(Trainer *t) {
     Model *m = &t->model;
-    for (int c = 0; c < m->n_chunks; c++)
-        dist_shard_allgather_f32(&t->dist, t->master + t->shard_off[c], m->params + m->chunk_offset[c], shard_len(t, c));
+    if (!t->full) t->full = t->k->alloc(m->n_params * sizeof(float));
+    for (int c = 0; c < m->n_chunks; c++) {
+        dist_shard_allgather_f32(&t->dist, t->master + t->shard_off[c], t->full + m->chunk_offset[c], shard_len(t, c));
+        m->chunk_params[c] = t->full + m->chunk_offset[c];
+    }
+    m->params = t->full;
 }
 
-/* Reduce-scatter each chunk's gradient within the shard group, then sum
- * the shards over the replicate group. */
-static void reduce_grads(Trainer *t) {
+static void free_full_params(Trainer *t) {
     Model *m = &t->model;
-    for (int c = 0; c < m->n_chunks; c++)
-        dist_shard_reduce_scatter_f32(&t->dist, m->grads + m->chunk_offset[c], t->gshard + t->shard_off[c], shard_len(t, c));
+    if (!t->full) return;
+    t->k->free(t->full);
+    t->full = m->params = NULL;
+    for (int c = 0; c < m->n_chunks; c++) m->chunk_params[c] = NULL;
+}
+
+/* Pool slot class of chunk c: [*lo, *hi) of the slot arrays (0 embeddings,
+ * 1 final chunk, 2.. layers). */
+static void slot_range(const Trainer *t, int c, int n_slots, int *lo, int *hi) {
+    int last = t->model.n_chunks - 1;
+    *lo = c == 0 ? 0 : c == last ? 1 : 2;
+    *hi = c == 0 ? 1 : c == last ? 2 : n_slots;
+}
+
+/* Floats of pool slot i: the size of the chunk class it serves. */
+static size_t slot_floats(const Trainer *t, int i) {
+    const Model *m = &t->model;
+    return m->chunk_size[i == 0 ? 0 : i == 1 ? m->n_chunks - 1 : 1];
+}
+
+/* Pool slots: weights for the embeddings, the final chunk and 2 layers (all
+ * layers without resharding, which keeps every chunk from its forward to its
+ * backward), gradients for the embeddings, the final chunk and 2 layers. */
+static void pool_slots(const Trainer *t, int *n_pslots, int *n_gslots) {
+    int L = t->model.cfg.n_layer;
+    *n_pslots = 2 + (t->reshard && L > 2 ? 2 : L);
+    *n_gslots = 2 + (L > 2 ? 2 : L);
+}
+
+/* Bytes of the pooled working weights (grads = 0) or gradient buffers. */
+static double pool_bytes(const Trainer *t, int grads) {
+    int np, ng;
+    pool_slots(t, &np, &ng);
+    double b = 0;
+    for (int i = 0; i < (grads ? ng : np); i++) b += (double)slot_floats(t, i) * sizeof(float);
+    return b;
+}
+
+static int slot_take(const Trainer *t, int *owner, int n_slots, int c) {
+    int lo, hi;
+    slot_range(t, c, n_slots, &lo, &hi);
+    for (int i = lo; i < hi; i++)
+        if (owner[i] < 0) { owner[i] = c; return i; }
+    return -1;
+}
+
+/* Start gathering chunk c's weights into a pooled buffer (nothing when it
+ * is gathered or on its way, or c is out of range). */
+static void chunk_fetch(Trainer *t, int c) {
+    Model *m = &t->model;
+    if (c < 0 || c >= m->n_chunks || t->pslot[c] >= 0) return;
+    int i = slot_take(t, t->powner, t->n_pslots, c);
+    if (i < 0) die(EXIT_INTERNAL, "sharded step: no free working-weight buffer for chunk %d", c);
+    t->pslot[c] = i;
+    m->chunk_params[c] = t->pbuf[i];
+    t->ag_req[c] = dist_shard_iallgather_f32(&t->dist, t->master + t->shard_off[c], t->pbuf[i], shard_len(t, c));
+}
+
+static void chunk_ready(Trainer *t, int c) {
+    chunk_fetch(t, c);
+    dist_wait(&t->dist, t->ag_req[c]);
+    t->ag_req[c] = -1;
+}
+
+static void chunk_release(Trainer *t, int c) {
+    if (t->pslot[c] < 0) return;
+    dist_wait(&t->dist, t->ag_req[c]);
+    t->ag_req[c] = -1;
+    t->powner[t->pslot[c]] = -1;
+    t->pslot[c] = -1;
+    t->model.chunk_params[c] = NULL;
+}
+
+/* Wait for chunk c's gradient reduce-scatter (if any), fold a staged one
+ * into the shard and give its gradient buffer back. */
+static void rs_finish(Trainer *t, int c) {
+    if (!t->rs_state[c]) return;
+    dist_wait(&t->dist, t->rs_req[c]);
+    t->rs_req[c] = -1;
+    if (t->rs_state[c] == 2) {
+        size_t o = t->shard_off[c];
+        t->k->add(t->gshard + o, t->gshard + o, t->gbuf[t->gslot[c]], shard_len(t, c));
+    }
+    t->rs_state[c] = 0;
+    t->gowner[t->gslot[c]] = -1;
+    t->gslot[c] = -1;
+}
+
+static void rs_finish_all(Trainer *t) {
+    for (int c = t->model.n_chunks - 1; c >= 0; c--) rs_finish(t, c);
+}
+
+/* A zeroed gradient buffer for chunk c; when its class is all taken by
+ * reduce-scatters in flight, wait for them (highest chunk first: the oldest
+ * of a backward). */
+static void grads_take(Trainer *t, int c) {
+    Model *m = &t->model;
+    if (t->gslot[c] >= 0) return;
+    int i;
+    while ((i = slot_take(t, t->gowner, t->n_gslots, c)) < 0) {
+        int lo, hi, o = -1;
+        slot_range(t, c, t->n_gslots, &lo, &hi);
+        for (int j = lo; j < hi; j++)
+            if (t->gowner[j] >= 0 && t->rs_state[t->gowner[j]] && t->gowner[j] > o) o = t->gowner[j];
+        if (o < 0) die(EXIT_INTERNAL, "sharded step: no free gradient buffer for chunk %d", c);
+        rs_finish(t, o);
+    }
+    t->gslot[c] = i;
+    m->chunk_grads[c] = t->gbuf[i];
+    t->k->zero(t->gbuf[i], m->chunk_size[c] * sizeof(float));
+}
+
+/* Chunk c's backward is done: reduce-scatter its gradient (sum over the
+ * shard group) into the local shard: the first micro-batch straight into
+ * gshard, later ones in place (the result lands at the start of the
+ * gradient buffer) and added to gshard at the wait. */
+static void rs_start(Trainer *t, int c) {
+    float *g = t->gbuf[t->gslot[c]];
+    t->rs_state[c] = t->micro > 0 ? 2 : 1;
+    t->rs_req[c] = dist_shard_ireduce_scatter_f32(&t->dist, g, t->micro > 0 ? g : t->gshard + t->shard_off[c], shard_len(t, c));
+    t->model.chunk_grads[c] = NULL;
+}
+
+/* Let the collectives in flight progress (MPI moves non-blocking
+ * collectives only inside MPI calls). */
+static void comm_progress(Trainer *t) {
+    for (int c = 0; c < t->model.n_chunks; c++) {
+        if (t->ag_req[c] >= 0) dist_test(&t->dist, t->ag_req[c]);
+        if (t->rs_req[c] >= 0) dist_test(&t->dist, t->rs_req[c]);
+    }
+}
+
+/* The model's chunk hook under sharding (FSDP): gather a chunk before its
+ * forward and backward, prefetching the next one in order (forward c+1,
+ * backward c-1); free it after its forward when resharding (the final
+ * chunk, and tied chunk 0 inside it, stay for the backward that follows at
+ * once) and after its backward always; reduce-scatter its gradients as soon
+ * as its backward is done. Idle outside a step (t->full is gathered). */
+static void chunk_hook(void *ctx, int c, int ev) {
+    Trainer *t = ctx;
+    if (!t->in_step) return;
+    int last = t->model.n_chunks - 1, tied = t->model.cfg.tie_embeddings;
+    switch (ev) {
+    case CHUNK_PRE_FORWARD:
+        chunk_ready(t, c);
+        if (c == last) t->head_fwd = 1;
+        if (!t->head_fwd) {
+            chunk_fetch(t, c + 1);
+            if (c + 1 == last && tied) chunk_fetch(t, 0);
+        }
+        break;
+    case CHUNK_POST_FORWARD:
+        if (t->reshard && !t->head_fwd) chunk_release(t, c);
+        break;
+    case CHUNK_PRE_BACKWARD:
+        t->head_fwd = 0;
+        chunk_ready(t, c);
+        grads_take(t, c);
+        if (c > 0) chunk_fetch(t, c - 1);
+        break;
+    case CHUNK_POST_BACKWARD:
+        chunk_release(t, c);
+        rs_start(t, c);
+        break;
+    default: die(EXIT_INTERNAL, "chunk hook: unknown event %d", ev);
+    }
+    comm_progress(t);
+}
+
+/* After the last micro-batch: the local gradient shard (every reduce-scatter
+ * is complete) summed over the replicate group. */
+static void reduce_grads(Trainer *t, int poison) {
+    rs_finish_all(t);
+    if (poison) { float nan = NAN; t->k->from_host(t->gshard, &nan, sizeof nan); } /* LLMTRAIN_FAULT kind=nan */
     dist_replicate_allreduce_sum_f32(&t->dist, t->gshard, t->n_shard);
 }
 
+/* Sharded: copy this rank's shard of the initial weights into the master
+ * shards, free the model's full params and grads and set up the chunk
+ * pools: params for the embeddings, the final chunk and 2 layers (all
+ * layers without resharding, which keeps every chunk from its forward to its
+ * backward), grads for the embeddings, the final chunk and 2 layers. */
 static void setup_shards(Trainer *t) {
     Model *m = &t->model;
+    const Kernels *k = t->k;
     t->shard_off = calloc_check((size_t)m->n_chunks, sizeof(size_t));
     t->n_shard = 0;
     for (int c = 0; c < m->n_chunks; c++) { t->shard_off[c] = t->n_shard; t->n_shard += shard_len(t, c); }
     if (!t->sharded) return;
     size_t bytes = t->n_shard * sizeof(float);
-    t->master = t->k->alloc(bytes);
-    t->gshard = t->k->alloc(bytes);
-    t->mshard = t->k->alloc(bytes);
-    t->vshard = t->k->alloc(bytes);
+    t->master = k->alloc(bytes);
+    t->gshard = k->alloc(bytes);
+    t->mshard = k->alloc(bytes);
+    t->vshard = k->alloc(bytes);
     for (int c = 0; c < m->n_chunks; c++)
-        t->k->copy(t->master + t->shard_off[c], m->params + m->chunk_offset[c] + (size_t)t->dist.shard_index * shard_len(t, c),
-                   shard_len(t, c) * sizeof(float));
+        k->copy(t->master + t->shard_off[c], m->params + m->chunk_offset[c] + (size_t)t->dist.shard_index * shard_len(t, c),
+                shard_len(t, c) * sizeof(float));
+    k->free(m->params);
+    k->free(m->grads);
+    m->params = m->grads = NULL;
+    int n = m->n_chunks;
+    for (int c = 0; c < n; c++) m->chunk_params[c] = m->chunk_grads[c] = NULL;
+    pool_slots(t, &t->n_pslots, &t->n_gslots);
+    t->pbuf = calloc_check((size_t)t->n_pslots, sizeof(float *));
+    t->gbuf = calloc_check((size_t)t->n_gslots, sizeof(float *));
+    t->powner = malloc_check((size_t)t->n_pslots * sizeof(int));
+    t->gowner = malloc_check((size_t)t->n_gslots * sizeof(int));
+    for (int i = 0; i < t->n_pslots; i++) { t->pbuf[i] = k->alloc(slot_floats(t, i) * sizeof(float)); t->powner[i] = -1; }
+    for (int i = 0; i < t->n_gslots; i++) { t->gbuf[i] = k->alloc(slot_floats(t, i) * sizeof(float)); t->gowner[i] = -1; }
+    int *st = malloc_check(5 * (size_t)n * sizeof(int));
+    t->pslot = st; t->gslot = st + n; t->ag_req = st + 2 * n; t->rs_req = st + 3 * n; t->rs_state = st + 4 * n;
+    for (int i = 0; i < 4 * n; i++) st[i] = -1;
+    for (int i = 4 * n; i < 5 * n; i++) st[i] = 0;
+    m->comm.hook_ctx = t;
+    m->comm.chunk = chunk_hook;
 }
+
 
 static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
     const Config *c = &t->cfg;
@@ -380,8 +593,7 @@ static void install_state(Trainer *t, const float *p, const float *mm, const flo
     }
     k->from_host(t->master, p, t->n_shard * sizeof(float));
     k->from_host(t->mshard, mm, t->n_shard * sizeof(float));
-    k->from_host(t->vshard, vv, t->n_shard * sizeof(float));
-    gather_params(t); /* the working weights from the new shards */
+    k->from_host(t->vshard, vv, t->n_shard * sizeof(float)); /* steps gather the working weights from these */
 }
 
 #define MAX_CANDIDATES 256
@@ -766,31 +978,38 @@ static StepStats train_step(Trainer *t, int step) {
     StepStats s = {.step = step, .val_loss = NAN};
     double t0 = now_s();
     dist_comm_reset(&t->dist);
-    int dump = c->debug_dump[0] && step == 0 && is_root(t);
-    if (dump) dump_flat(t, m->params, "params0");
+    /* debug dump: sharded, every rank takes part in gathering the weights */
+    int dump = c->debug_dump[0] && step == 0 && (is_root(t) || t->sharded);
+    if (dump && t->sharded) gather_params(t);
+    if (dump && is_root(t)) dump_flat(t, m->params, "params0");
+    if (dump) free_full_params(t);
 
-    k->zero(m->grads, m->n_params * sizeof(float));
+    if (!t->sharded) k->zero(m->grads, m->n_params * sizeof(float));
     double loss_sum = 0;
     float loss_scale = 1.0f / ((float)c->global_batch * (float)c->seq_len);
+    /* sharded: the chunk hooks gather each chunk before its forward and
+     * backward and reduce-scatter its gradients right after its backward */
+    t->in_step = 1;
     for (int j = 0; j < t->accum; j++) {
-        /* sharded: all-gather the weights before the forward (every
-         * micro-batch under FULL_SHARD / HYBRID_SHARD, once per step under
-         * the ZeRO-2 strategies) and again before the backward when
-         * resharding after forward */
-        if (t->sharded && (j == 0 || t->reshard)) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
+        t->micro = j;
         dist_phase(&t->dist, step + 1, "forward");
         load_batch(t, &t->train, micro_first_seq(t, step, j));
         loss_sum += model_forward(m, t->tok, t->tgt);
-        if (t->sharded && t->reshard) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
         dist_phase(&t->dist, step + 1, "backward");
         model_backward(m, loss_scale);
+        if (t->sharded && j + 1 < t->accum) rs_finish_all(t); /* the next micro-batch adds into gshard again */
     }
-    if (dist_fault_nan(&t->dist, step + 1)) { float poison = NAN; k->from_host(m->grads, &poison, sizeof poison); } /* test hook */
+    t->in_step = 0;
+    for (int ch = 0; t->sharded && ch < m->n_chunks; ch++)
+        if (t->pslot[ch] >= 0 || (t->gslot[ch] >= 0 && !t->rs_state[ch]))
+            die(EXIT_INTERNAL, "sharded step: chunk %d still gathered after the backward", ch);
+    int poison = dist_fault_nan(&t->dist, step + 1); /* test hook */
+    if (poison && !t->sharded) { float nan = NAN; k->from_host(m->grads, &nan, sizeof nan); }
     /* gradients of the mean loss: each rank holds its share, the sum is the mean */
     double red[2] = {loss_sum / t->accum, 0};
     if (t->sharded) {
         dist_phase(&t->dist, step + 1, "reduce_scatter");
-        reduce_grads(t);
+        reduce_grads(t, poison);
         /* replicas hold identical shards: the norm sums over the shard group only */
         double sq = t->dist.tp > 1 ? tp_sumsq_sharded(t) : k->sumsq(t->gshard, t->n_shard);
         dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
@@ -807,7 +1026,20 @@ static StepStats train_step(Trainer *t, int step) {
     s.loss = red[0] / t->dist.world;
     s.norm = sqrt(red[1]);
     s.lr = lr_at(c, step);
-    if (dump) { dump_logits(t, s.loss); dump_flat(t, m->grads, "grads"); }
+    if (dump) {
+        if (t->sharded) gather_params(t);
+        if (is_root(t)) dump_logits(t, s.loss);
+        free_full_params(t);
+        if (t->sharded) { /* the summed gradient, gathered from the shards */
+            float *g = k->alloc(m->n_params * sizeof(float));
+            for (int ch = 0; ch < m->n_chunks; ch++)
+                dist_shard_allgather_f32(&t->dist, t->gshard + t->shard_off[ch], g + m->chunk_offset[ch], shard_len(t, ch));
+            if (is_root(t)) dump_flat(t, g, "grads");
+            k->free(g);
+        } else {
+            dump_flat(t, m->grads, "grads");
+        }
+    }
 
     if (!isfinite(s.loss) || !isfinite(s.norm)) {
         s.skipped = 1;
@@ -869,7 +1101,9 @@ static void check_layout(Trainer *t) {
             c->path, c->strategy);
     }
     t->sharded = t->S > 1;
-    t->reshard = strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD") == 0;
+    /* parallel.reshard_after_forward: auto (0) = PyTorch's default per strategy, 1 true, 2 false */
+    t->reshard = c->reshard_after_forward == 0 ? strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD") == 0
+                                               : c->reshard_after_forward == 1;
     if (c->global_batch == 0) c->global_batch = c->micro_batch * d->dp;
     if (c->global_batch % (c->micro_batch * d->dp) != 0)
         die(EXIT_USAGE, "%s: train.global_batch %d is not divisible by train.micro_batch %d x data-parallel ranks %d",
@@ -973,9 +1207,10 @@ static void rank_bytes(const Trainer *t, double out[5]) {
     size_t n_shard = 0;
     for (int c = 0; c < m->n_chunks; c++) n_shard += shard_len(t, c);
     double full = (double)m->n_params * sizeof(float), shard = (double)n_shard * sizeof(float);
-    out[0] = full;
+    /* sharded: working weights and gradients are the chunk pools (setup_shards) */
+    out[0] = t->sharded ? pool_bytes(t, 0) : full;
     out[1] = t->sharded ? shard : full;
-    out[2] = t->sharded ? full + shard : full;
+    out[2] = t->sharded ? pool_bytes(t, 1) + shard : full;
     out[3] = 2 * (t->sharded ? shard : full);
     out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * t->cfg.micro_batch * t->cfg.seq_len * sizeof(int);
 }
@@ -991,8 +1226,8 @@ static void print_layout(Trainer *t) {
     if (!is_root(t)) return;
     int S = d->shard_size, R = d->replicate_size;
     printf("parallel: strategy %s | shard groups of %d x %d replicas | %s\n", t->cfg.strategy, S, R,
-           t->sharded ? (t->reshard ? "params, grads and optimizer state sharded; re-gather before backward"
-                                    : "grads and optimizer state sharded; params gathered once per step")
+           t->sharded ? (t->reshard ? "sharded per layer chunk; gathered before forward and again before backward (reshard_after_forward)"
+                                    : "sharded per layer chunk; gathered before forward, kept until backward (no reshard_after_forward)")
                       : "replicated");
     int P = d->tp;
     if (P > 1) {
@@ -1088,7 +1323,7 @@ static int train(int argc, char **argv) {
 
     dist_setup_groups(&t->dist, t->S);
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank);
-    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb};
+    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, NULL, NULL};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
     setup_shards(t);
@@ -1151,6 +1386,7 @@ static int train(int argc, char **argv) {
             stopped = 1;
             break;
         }
+        free_full_params(t);
     }
     dist_phase(&t->dist, c->steps, "checkpoint");
     ck_drain(t);

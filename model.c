@@ -101,40 +101,63 @@ static void build_layout(Model *m, int pad_multiple) {
     end_chunk(&lb, last, start, pad);
 
     m->n_params = lb.off;
+    m->chunk_spec0 = calloc_check((size_t)m->n_chunks + 1, sizeof(int));
+    for (int i = m->n_specs - 1; i >= 0; i--) m->chunk_spec0[m->specs[i].chunk] = i; /* specs are in chunk order */
+    m->chunk_spec0[m->n_chunks] = m->n_specs;
     m->n_real_params = 0;
     for (int i = 0; i < m->n_specs; i++) m->n_real_params += m->specs[i].numel;
+}
+
+/* Point the view's field for tensor s at p. */
+static void set_ptr(ModelPtrs *out, const ParamSpec *s, float *p) {
+    LayerPtrs *L = s->layer >= 0 ? &out->layers[s->layer] : NULL;
+    switch (s->kind) {
+    case P_WTE: out->wte = p; break;
+    case P_WPE: out->wpe = p; break;
+    case P_LNF_W: out->lnf_w = p; break;
+    case P_LNF_B: out->lnf_b = p; break;
+    case P_LM_HEAD: out->lm_head = p; break;
+    case P_LN1_W: L->ln1_w = p; break;
+    case P_LN1_B: L->ln1_b = p; break;
+    case P_QKV_W: L->qkv_w = p; break;
+    case P_QKV_B: L->qkv_b = p; break;
+    case P_ATTN_OUT_W: L->attn_out_w = p; break;
+    case P_ATTN_OUT_B: L->attn_out_b = p; break;
+    case P_LN2_W: L->ln2_w = p; break;
+    case P_LN2_B: L->ln2_b = p; break;
+    case P_FC_W: L->fc_w = p; break;
+    case P_FC_B: L->fc_b = p; break;
+    case P_PROJ_W: L->proj_w = p; break;
+    case P_PROJ_B: L->proj_b = p; break;
+    default: die(EXIT_INTERNAL, "bind: unknown tensor kind %d", (int)s->kind);
+    }
 }
 
 /* Resolve the named tensors into pointers inside one flat array. */
 static void bind(const Model *m, float *base, ModelPtrs *out) {
     memset(out->layers, 0, (size_t)m->cfg.n_layer * sizeof(LayerPtrs));
     out->wte = out->wpe = out->lnf_w = out->lnf_b = out->lm_head = NULL;
-    for (int i = 0; i < m->n_specs; i++) {
-        const ParamSpec *s = &m->specs[i];
-        float *p = base + s->offset;
-        LayerPtrs *L = s->layer >= 0 ? &out->layers[s->layer] : NULL;
-        switch (s->kind) {
-        case P_WTE: out->wte = p; break;
-        case P_WPE: out->wpe = p; break;
-        case P_LNF_W: out->lnf_w = p; break;
-        case P_LNF_B: out->lnf_b = p; break;
-        case P_LM_HEAD: out->lm_head = p; break;
-        case P_LN1_W: L->ln1_w = p; break;
-        case P_LN1_B: L->ln1_b = p; break;
-        case P_QKV_W: L->qkv_w = p; break;
-        case P_QKV_B: L->qkv_b = p; break;
-        case P_ATTN_OUT_W: L->attn_out_w = p; break;
-        case P_ATTN_OUT_B: L->attn_out_b = p; break;
-        case P_LN2_W: L->ln2_w = p; break;
-        case P_LN2_B: L->ln2_b = p; break;
-        case P_FC_W: L->fc_w = p; break;
-        case P_FC_B: L->fc_b = p; break;
-        case P_PROJ_W: L->proj_w = p; break;
-        case P_PROJ_B: L->proj_b = p; break;
-        default: die(EXIT_INTERNAL, "bind: unknown tensor kind %d", (int)s->kind);
-        }
-    }
+    for (int i = 0; i < m->n_specs; i++) set_ptr(out, &m->specs[i], base + m->specs[i].offset);
     if (!out->lm_head) out->lm_head = out->wte; /* tied */
+}
+
+/* Re-resolve chunk c's tensors from chunk_params[c] / chunk_grads[c]. */
+static void bind_chunk(Model *m, int c) {
+    float *pb = m->chunk_params[c], *gb = m->chunk_grads[c];
+    size_t c0 = m->chunk_offset[c];
+    for (int i = m->chunk_spec0[c]; i < m->chunk_spec0[c + 1]; i++) {
+        const ParamSpec *s = &m->specs[i];
+        set_ptr(&m->p, s, pb ? pb + (s->offset - c0) : NULL);
+        set_ptr(&m->g, s, gb ? gb + (s->offset - c0) : NULL);
+    }
+    if (c == 0 && m->cfg.tie_embeddings) { m->p.lm_head = m->p.wte; m->g.lm_head = m->g.wte; }
+}
+
+/* Chunk hook: tell the trainer, then take the chunk's (maybe moved) pointers. */
+static void chunk_event(Model *m, int c, int ev) {
+    if (!m->comm.chunk) return;
+    m->comm.chunk(m->comm.hook_ctx, c, ev);
+    if (ev == CHUNK_PRE_FORWARD || ev == CHUNK_PRE_BACKWARD) bind_chunk(m, c);
 }
 
 const ParamSpec *model_find(const Model *m, const char *name) {
@@ -237,6 +260,12 @@ void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
     m->g.layers = calloc_check((size_t)cfg->n_layer, sizeof(LayerPtrs));
     bind(m, m->params, &m->p);
     bind(m, m->grads, &m->g);
+    m->chunk_params = calloc_check((size_t)m->n_chunks, sizeof(float *));
+    m->chunk_grads = calloc_check((size_t)m->n_chunks, sizeof(float *));
+    for (int c = 0; c < m->n_chunks; c++) {
+        m->chunk_params[c] = m->params + m->chunk_offset[c];
+        m->chunk_grads[c] = m->grads + m->chunk_offset[c];
+    }
 
     m->acts_mem = k->alloc(m->acts_floats * sizeof(float));
     carve_acts(m, m->acts_mem);
@@ -254,6 +283,7 @@ void model_free(Model *m) {
     }
     free(m->p.layers); free(m->g.layers); free(m->la);
     free(m->specs); free(m->chunk_offset); free(m->chunk_size);
+    free(m->chunk_params); free(m->chunk_grads); free(m->chunk_spec0);
     memset(m, 0, sizeof *m);
 }
 
@@ -377,15 +407,19 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     m->cur_T = T;
     k->from_host(m->tokens, tokens, (size_t)N * sizeof(int));
     if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
+    int L = c->n_layer, tied = c->tie_embeddings;
 
+    chunk_event(m, 0, CHUNK_PRE_FORWARD);
     if (tp) { /* vocab-parallel lookup; wpe added once (tp rank 0) */
         k->embed_forward_vp(m->encoded, m->tokens, m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
         tp_allreduce(m, m->encoded, (size_t)N * C, 0);
     } else {
         k->embed_forward(m->encoded, m->tokens, m->p.wte, m->p.wpe, N, T, C);
     }
+    chunk_event(m, 0, CHUNK_POST_FORWARD);
     const float *x = m->encoded;
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = 0; l < L; l++) {
+        chunk_event(m, l + 1, CHUNK_PRE_FORWARD);
         const LayerPtrs *w = &m->p.layers[l];
         LayerActs *a = &m->la[l];
         /* attention block: res2 = x + out_proj(attn(qkv(norm1(x)))) */
@@ -406,9 +440,14 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
         if (tp) tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
         k->add(a->res3, a->res2, m->dbuf1, (size_t)N * C);
         x = a->res3;
+        chunk_event(m, l + 1, CHUNK_POST_FORWARD);
     }
+    chunk_event(m, L + 1, CHUNK_PRE_FORWARD);
+    if (tied) chunk_event(m, 0, CHUNK_PRE_FORWARD); /* the LM head reads wte */
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, N);
     k->matmul_forward(m->logits, m->lnf, m->p.lm_head, NULL, N, C, m->V);
+    if (tied) chunk_event(m, 0, CHUNK_POST_FORWARD);
+    chunk_event(m, L + 1, CHUNK_POST_FORWARD);
     if (!targets) return NAN;
     if (tp) { /* vocab-parallel cross-entropy: no rank holds a full row */
         for (int n = 0; n < N; n++)
@@ -436,7 +475,10 @@ void model_backward(Model *m, float loss_scale) {
     int nh = m->nh, nkv = m->nkv, hd = m->hd, V = m->V;
     int llama = c->arch == ARCH_LLAMA, tp = m->tp > 1;
     size_t NC = (size_t)N * C;
+    int L = c->n_layer, tied = c->tie_embeddings;
 
+    chunk_event(m, L + 1, CHUNK_PRE_BACKWARD);
+    if (tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD); /* the LM head writes wte's gradient; POST after the embedding */
     if (tp) k->crossentropy_vp_backward(m->logits, m->targets, loss_scale, N, V, m->v0);
     else k->crossentropy_backward(m->logits, m->targets, loss_scale, N, V);
     k->zero(m->dlnf, NC * sizeof(float));
@@ -445,8 +487,10 @@ void model_backward(Model *m, float loss_scale) {
     const float *xL = c->n_layer > 0 ? m->la[c->n_layer - 1].res3 : m->encoded;
     k->zero(m->dres, NC * sizeof(float));
     norm_backward(m, m->dres, m->g.lnf_w, m->g.lnf_b, m->dlnf, xL, m->p.lnf_w, m->lnf_mean, m->lnf_rstd, N);
+    chunk_event(m, L + 1, CHUNK_POST_BACKWARD);
 
-    for (int l = c->n_layer - 1; l >= 0; l--) {
+    for (int l = L - 1; l >= 0; l--) {
+        chunk_event(m, l + 1, CHUNK_PRE_BACKWARD);
         const LayerPtrs *w = &m->p.layers[l];
         const LayerPtrs *g = &m->g.layers[l];
         const LayerActs *a = &m->la[l];
@@ -471,9 +515,12 @@ void model_backward(Model *m, float loss_scale) {
         k->matmul_backward(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, a->ln1, w->qkv_w, N, C, m->qkv_dim);
         if (tp) tp_allreduce(m, m->dbuf1, NC, 0);
         norm_backward(m, m->dres, g->ln1_w, g->ln1_b, m->dbuf1, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
+        chunk_event(m, l + 1, CHUNK_POST_BACKWARD);
     }
+    if (!tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD);
     if (tp) k->embed_backward_vp(m->g.wte, m->g.wpe, m->dres, m->tokens, N, T, C, m->v0, m->V);
     else k->embed_backward(m->g.wte, m->g.wpe, m->dres, m->tokens, N, T, C);
+    chunk_event(m, 0, CHUNK_POST_BACKWARD);
 }
 
 double model_flops_per_token(const ModelConfig *c, int T) {

@@ -62,12 +62,26 @@ typedef struct LayerActs {
     float *res3;                        /* [N,C] layer output */
 } LayerActs;
 
-/* Tensor-parallel collectives the model needs, supplied by the trainer
- * (model.c stays free of MPI): in place over the TP group, sum (max = 0) or
- * elementwise max (max = 1). Unused when tp == 1. */
+/* Events of chunk hooks: chunk c's parameters are read between PRE and POST
+ * of a forward or a backward; its gradients are written between PRE and
+ * POST of a backward. */
+enum { CHUNK_PRE_FORWARD, CHUNK_POST_FORWARD, CHUNK_PRE_BACKWARD, CHUNK_POST_BACKWARD };
+
+/* Collectives the model needs, supplied by the trainer (model.c stays free
+ * of MPI). allreduce: in place over the TP group, sum (max = 0) or
+ * elementwise max (max = 1); unused when tp == 1. chunk (NULL: none): called
+ * around each chunk's use, in order: forward 0 (embeddings), 1..L (layers),
+ * L+1 (final norm and LM head; with tied embeddings chunk 0 is used again
+ * inside it: PRE/POST_FORWARD 0 around the LM head, and PRE_BACKWARD 0 right
+ * after PRE_BACKWARD L+1, its POST_BACKWARD coming once, after the embedding
+ * backward); backward L+1, L..1, 0. After a PRE event the model takes chunk
+ * c's tensor pointers from chunk_params[c] / chunk_grads[c], which the hook
+ * may have moved (sharded training keeps them in a small pool). */
 typedef struct ModelComm {
     void *ctx;
     void (*allreduce)(void *ctx, float *x, size_t n, int max);
+    void *hook_ctx;
+    void (*chunk)(void *hook_ctx, int chunk, int event);
 } ModelComm;
 
 typedef struct Model {
@@ -89,10 +103,14 @@ typedef struct Model {
     size_t *chunk_offset, *chunk_size; /* [n_chunks] in floats */
     size_t n_real_params;     /* parameters a user counts (no padding) */
 
-    float *params;            /* [n_params] backend memory */
-    float *grads;             /* [n_params] */
+    float *params;            /* [n_params] backend memory (NULL when the trainer pools chunks) */
+    float *grads;             /* [n_params] (likewise) */
     float *m, *v;             /* AdamW moments [n_params] */
     ModelPtrs p, g;           /* views of params and grads */
+    /* where chunk c's working parameters / gradients start (default params /
+     * grads + chunk_offset[c]); a chunk hook may repoint them (NULL: absent) */
+    float **chunk_params, **chunk_grads;
+    int *chunk_spec0;         /* [n_chunks + 1]: chunk c's specs are [chunk_spec0[c], chunk_spec0[c+1]) */
 
     /* activations (one allocation) */
     float *acts_mem;

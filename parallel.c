@@ -14,6 +14,10 @@
 
 struct DistGroups {
     MPI_Comm shard, replicate, tp, dp;
+    /* non-blocking collectives: handle i is reqs[i], named req_name[i] (NULL: free) */
+    MPI_Request *reqs;
+    const char **req_name;
+    int n_reqs;
 };
 
 enum { FAULT_NONE, FAULT_HANG, FAULT_DIE, FAULT_NAN };
@@ -205,6 +209,8 @@ void dist_finalize(Dist *d) {
         MPI_Comm_free(&d->groups->replicate);
         MPI_Comm_free(&d->groups->tp);
         MPI_Comm_free(&d->groups->dp);
+        free(d->groups->reqs);
+        free(d->groups->req_name);
         free(d->groups);
         d->groups = NULL;
     }
@@ -413,6 +419,66 @@ void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size
           "MPI_Reduce_scatter_block");
     watch_collective(d, NULL);
     d->bytes_reduce_scatter += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
+}
+
+/* A free slot of the request table (grown on demand). */
+static int req_slot(Dist *d) {
+    struct DistGroups *g = d->groups;
+    for (int i = 0; i < g->n_reqs; i++)
+        if (!g->req_name[i]) return i; /* a handle is taken from its start to its dist_wait */
+    int n = g->n_reqs ? 2 * g->n_reqs : 16;
+    MPI_Request *r = malloc_check((size_t)n * sizeof *r);
+    const char **nm = malloc_check((size_t)n * sizeof *nm);
+    for (int i = 0; i < n; i++) { r[i] = i < g->n_reqs ? g->reqs[i] : MPI_REQUEST_NULL; nm[i] = i < g->n_reqs ? g->req_name[i] : NULL; }
+    free(g->reqs);
+    free(g->req_name);
+    g->reqs = r;
+    g->req_name = nm;
+    int first = g->n_reqs;
+    g->n_reqs = n;
+    return first;
+}
+
+/* Start a shard-group all-gather (rs = 0) or reduce-scatter (rs = 1) of n
+ * floats per member; a handle, or -1 when the copy of a one-member group is done. */
+static int shard_istart(Dist *d, int rs, const float *send, float *recv, size_t n) {
+    int S = d->shard_size;
+    if (S == 1 || !d->groups) {
+        if (recv != send) memcpy(recv, send, n * sizeof(float));
+        return -1;
+    }
+    const char *name = rs ? "MPI_Ireduce_scatter_block" : "MPI_Iallgather";
+    int h = req_slot(d), cnt = count_of(n, name);
+    MPI_Request *r = &d->groups->reqs[h];
+    watch_collective(d, name);
+    check(d, rs ? MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, cnt, MPI_FLOAT, MPI_SUM, d->groups->shard, r)
+                : MPI_Iallgather(send, cnt, MPI_FLOAT, recv, cnt, MPI_FLOAT, d->groups->shard, r), name);
+    watch_collective(d, NULL);
+    d->groups->req_name[h] = name;
+    *(rs ? &d->bytes_reduce_scatter : &d->bytes_allgather) += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
+    return h;
+}
+
+int dist_shard_iallgather_f32(Dist *d, const float *send, float *recv, size_t n) { return shard_istart(d, 0, send, recv, n); }
+
+int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) { return shard_istart(d, 1, send, recv, n); }
+
+void dist_wait(Dist *d, int h) {
+    if (h < 0 || !d->groups) return;
+    struct DistGroups *g = d->groups;
+    if (h >= g->n_reqs) die(EXIT_INTERNAL, "dist_wait: bad request handle %d", h);
+    watch_collective(d, g->req_name[h]); /* the watchdog names the collective a hung wait is for */
+    check(d, MPI_Wait(&g->reqs[h], MPI_STATUS_IGNORE), g->req_name[h]);
+    watch_collective(d, NULL);
+    g->reqs[h] = MPI_REQUEST_NULL;
+    g->req_name[h] = NULL;
+}
+
+int dist_test(Dist *d, int h) {
+    if (h < 0 || !d->groups) return 1;
+    int done = 0;
+    check(d, MPI_Test(&d->groups->reqs[h], &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done; /* the handle stays taken until dist_wait (MPI_Wait on a completed request returns at once) */
 }
 
 void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n) {

@@ -56,6 +56,19 @@ void dist_comm_reset(Dist *d);
 void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n);
 void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
 void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n);
+/* Non-blocking shard-group all-gather / reduce-scatter (same buffers and
+ * byte counts as the blocking ones, counted when started). They return a
+ * handle for dist_wait / dist_test, or -1 when the group has one member
+ * (the copy is already done). Buffers stay untouched until the wait. A
+ * reduce-scatter with recv == send runs in place: the result lands in
+ * send[0, n). */
+int dist_shard_iallgather_f32(Dist *d, const float *send, float *recv, size_t n);
+int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
+/* Complete and release a handle (-1: nothing); the watchdog names its
+ * collective while waiting. dist_test only drives progress and says whether
+ * it has completed: every handle still needs its dist_wait. */
+void dist_wait(Dist *d, int h);
+int dist_test(Dist *d, int h);
 void dist_shard_gather_f32(Dist *d, const float *send, float *recv, size_t n);
 /* Replicate group: sum n floats in place. */
 void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n);

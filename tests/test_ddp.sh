@@ -4,7 +4,10 @@
 # reduction-order tolerance, for a small GPT-2 and a small Llama with GQA,
 # under every sharding strategy (NO_SHARD, FULL_SHARD, SHARD_GRAD_OP,
 # HYBRID_SHARD and HYBRID_SHARD_ZERO2 as 2 shards x 2 replicas); FULL_SHARD
-# at 4 ranks keeps at most a quarter of the optimizer state per rank.
+# at 4 ranks keeps at most a quarter of the optimizer state per rank. Per-layer
+# (FSDP) gathering: reshard_after_forward both ways, gradient accumulation,
+# tied embeddings and 8 layers match 1 rank; comm_bytes per kind equal the
+# per-chunk figure; working weights and gradients stay a few chunks.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -51,6 +54,85 @@ EOF
         echo "FAIL $arch: FULL_SHARD x4 optimizer state '$mx' bytes/rank ($nr rank lines) vs '$one' at 1 rank"; fail=$((fail + 1))
     fi
 done
+
+# FSDP per-layer gathering: runs NAME NP JSON SET_ARGS... then compares with REF (a run name)
+fsdp_run() { # name ranks json ref steps set-args...
+    local name=$1 np=$2 json=$3 ref=$4 steps=$5; shift 5
+    local args="--set log.dir=$TMP/$name --set checkpoint.dir=$TMP/$name/ckpt --set parallel.health_check=false"
+    if [ "$np" = 1 ]; then cmd="$BIN"; else cmd="$MPIRUN $np $BIN"; fi
+    if ! $cmd "$json" $args "$@" >"$TMP/$name.out" 2>&1; then
+        echo "FAIL $name exited non-zero: $(tail -3 "$TMP/$name.out")"; fail=$((fail + 1)); return 1
+    fi
+    $BIN export "$TMP/$name/ckpt" "$TMP/$name/hf" >/dev/null
+    [ -z "$ref" ] && return 0
+    if $PY tests/compare_runs.py "$TMP/$ref" "$TMP/$name" --steps "$steps" --loss-rtol 1e-5 --weight-rtol 1e-3; then
+        echo "ok   $name matches 1 rank"; pass=$((pass + 1))
+    else
+        echo "FAIL $name differs from 1 rank"; fail=$((fail + 1))
+    fi
+}
+# reshard_after_forward false under FULL_SHARD (true is the default, above), true under SHARD_GRAD_OP
+fsdp_run llama-2-FULL_SHARD-noreshard 2 "$TMP/llama.json" llama-1 10 --set parallel.strategy=FULL_SHARD \
+    --set parallel.reshard_after_forward=false
+fsdp_run gpt2-2-SHARD_GRAD_OP-reshard 2 "$TMP/gpt2.json" gpt2-1 10 --set parallel.strategy=SHARD_GRAD_OP \
+    --set parallel.reshard_after_forward='"true"'
+# gradient accumulation: 16 sequences a step = 4 micro-batches per rank at 2 ranks, 2 at 4
+fsdp_run llama-acc-1 1 "$TMP/llama.json" "" 10 --set train.global_batch=16
+fsdp_run llama-acc-2-FULL_SHARD 2 "$TMP/llama.json" llama-acc-1 10 --set train.global_batch=16 --set parallel.strategy=FULL_SHARD
+fsdp_run llama-acc-4-HYBRID_SHARD-2 4 "$TMP/llama.json" llama-acc-1 10 --set train.global_batch=16 \
+    --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=2
+# tied embeddings (the LM head reads chunk 0 at the end of the forward) on Llama; GPT-2 is always tied
+fsdp_run llama-tied-1 1 "$TMP/llama.json" "" 10 --set model.tie_embeddings=true
+fsdp_run llama-tied-4-FULL_SHARD 4 "$TMP/llama.json" llama-tied-1 10 --set model.tie_embeddings=true --set parallel.strategy=FULL_SHARD
+
+# comm_bytes per kind equal the analytic figure for per-chunk collectives:
+# per micro-batch, reduce-scatter every chunk once; all-gather every chunk
+# before its forward and, resharding, again before its backward, except the
+# final chunk (norm + LM head), whose backward follows its forward at once.
+# Bus bytes (S-1)/S x chunk bytes; chunks padded to 16 x S floats.
+comm_check() { # name S accum reshard tied
+    local name=$1
+    if $PY - "$TMP/$name/metrics.jsonl" "$2" "$3" "$4" "$5" <<'PYEOF'
+import json, sys
+path, S, accum, reshard, tied = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5] == "1"
+C, nh, nkv, V, L = 32, 4, 2, 96, 2      # the llama job above
+hd, F = C // nh, 256                    # ffn_hidden: 256 * ceil(8*32/3 / 256)
+pad = lambda n: -(-n // (16 * S)) * 16 * S
+layer = C + (nh + 2 * nkv) * hd * C + C * nh * hd + C + 2 * F * C + C * F
+chunks = [pad(V * C)] + [pad(layer)] * L + [pad(C + (0 if tied else V * C))]
+bus = lambda floats: (S - 1) / S * 4 * floats
+ag = accum * bus(sum(chunks) * (2 if reshard else 1) - (chunks[-1] if reshard else 0))
+rs = accum * bus(sum(chunks))
+got = [json.loads(l) for l in open(path) if '"comm_bytes"' in l][-1]["comm_bytes"]
+ok = got["allgather"] == ag and got["reduce_scatter"] == rs and got["allreduce"] == 0
+print(f"allgather {got['allgather']:.0f} (expected {ag:.0f}), reduce_scatter {got['reduce_scatter']:.0f} (expected {rs:.0f})")
+sys.exit(0 if ok else 1)
+PYEOF
+    then echo "ok   $name: comm_bytes per kind match the per-chunk figure"; pass=$((pass + 1))
+    else echo "FAIL $name: comm_bytes per kind differ from the per-chunk figure"; fail=$((fail + 1))
+    fi
+}
+comm_check llama-2-FULL_SHARD 2 2 1 0
+comm_check llama-2-FULL_SHARD-noreshard 2 2 0 0
+comm_check llama-acc-2-FULL_SHARD 2 4 1 0
+comm_check llama-tied-4-FULL_SHARD 4 1 1 1
+
+# working memory under FULL_SHARD: per-layer gathering keeps a few chunks
+# unsharded, not the model. 8 layers at 4 ranks: params_bytes at most a
+# quarter of the 1-rank figure plus 3 layer chunks (the 1-rank figure of a
+# layer chunk is exact: 16 floats divide it); grads_bytes (pooled chunk
+# buffers + the shard) at most a quarter plus 4 layer chunks.
+layer_bytes=$(( (32 + 64 * 32 + 32 * 32 + 32 + 512 * 32 + 32 * 256) * 4 ))
+fsdp_run llama8-1 1 "$TMP/llama.json" "" 3 --set model.n_layer=8 --set train.steps=3
+fsdp_run llama8-4-FULL_SHARD 4 "$TMP/llama.json" llama8-1 3 --set model.n_layer=8 --set train.steps=3 --set parallel.strategy=FULL_SHARD
+field() { grep -o "rank [0-9]*: .*$2 [0-9]*" "$TMP/$1.out" | awk '{print $NF}' | sort -n | tail -1; }
+p1=$(field llama8-1 params_bytes); p4=$(field llama8-4-FULL_SHARD params_bytes)
+g1=$(field llama8-1 grads_bytes); g4=$(field llama8-4-FULL_SHARD grads_bytes)
+if [ -n "$p1" ] && [ -n "$p4" ] && [ "$p4" -le $((p1 / 4 + 3 * layer_bytes)) ] && [ -n "$g4" ] && [ "$g4" -le $((g1 / 4 + 4 * layer_bytes)) ]; then
+    echo "ok   FULL_SHARD x4, 8 layers: params_bytes $p4 grads_bytes $g4 per rank vs $p1 / $g1 at 1 rank"; pass=$((pass + 1))
+else
+    echo "FAIL FULL_SHARD x4, 8 layers: params_bytes '$p4' grads_bytes '$g4' per rank vs '$p1' / '$g1' at 1 rank"; fail=$((fail + 1))
+fi
 
 # layout errors: global batch not divisible by micro x dp
 $MPIRUN 2 $BIN "$TMP/gpt2.json" --set train.global_batch=6 --set log.dir="$TMP/bad" >"$TMP/bad.out" 2>&1
