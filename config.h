@@ -42,6 +42,7 @@ typedef struct Config {
     int micro_batch;
     int global_batch;
     char device[16];
+    int act_ckpt;        /* ACT_NONE | ACT_SELECTIVE | ACT_FULL (model.h), by index of none|selective|full */
     /* optim */
     float lr, min_lr;
     int warmup_steps, decay_steps;

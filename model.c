@@ -180,14 +180,23 @@ static size_t carve_acts(Model *m, float *base) {
     int gpt2 = c->arch == ARCH_GPT2;
 #define TAKE(ptr, n) do { size_t n_ = (n); (ptr) = base ? base + off : NULL; off += (n_ + 15) / 16 * 16; } while (0)
     TAKE(m->encoded, N * C);
+    /* activation checkpointing: layers after the first share layer 0's
+     * buffers for what the backward recomputes (full: everything but the
+     * layer output res3; selective: the attention probabilities) */
     for (int l = 0; l < c->n_layer; l++) {
         LayerActs *a = &m->la[l];
+        if (l > 0 && m->act_ckpt == ACT_FULL) {
+            *a = m->la[0];
+            TAKE(a->res3, N * C);
+            continue;
+        }
         TAKE(a->ln1, N * C);
         if (gpt2) TAKE(a->ln1_mean, N); else a->ln1_mean = NULL;
         TAKE(a->ln1_rstd, N);
         TAKE(a->qkv, N * (size_t)m->qkv_dim);
         TAKE(a->atty, N * C);
-        TAKE(a->att, att);
+        if (l > 0 && m->act_ckpt == ACT_SELECTIVE) a->att = m->la[0].att;
+        else TAKE(a->att, att);
         TAKE(a->res2, N * C);
         TAKE(a->ln2, N * C);
         if (gpt2) TAKE(a->ln2_mean, N); else a->ln2_mean = NULL;
@@ -216,7 +225,7 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
 }
 
 void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments) {
-    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0);
+    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, ACT_NONE);
 }
 
 void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, int tp_rank) {
@@ -237,8 +246,9 @@ void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, in
     build_layout(m, pad_multiple);
 }
 
-void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank) {
+void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank, int act_ckpt) {
     model_layout(m, cfg, pad_multiple, tp, tp_rank);
+    m->act_ckpt = act_ckpt;
     m->B = B;
     m->T = T;
     m->la = calloc_check((size_t)cfg->n_layer, sizeof(LayerActs));
@@ -246,8 +256,8 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
 }
 
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
-                    int tp, int tp_rank) {
-    model_plan_tp(m, cfg, B, T, pad_multiple, tp, tp_rank);
+                    int tp, int tp_rank, int act_ckpt) {
+    model_plan_tp(m, cfg, B, T, pad_multiple, tp, tp_rank, act_ckpt);
     m->k = k;
     size_t bytes = m->n_params * sizeof(float);
     m->params = k->alloc(bytes);
@@ -397,31 +407,15 @@ static void tp_allreduce(const Model *m, float *x, size_t n, int max) {
     if (m->tp > 1) m->comm.allreduce(m->comm.ctx, x, n, max);
 }
 
-float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T) {
+/* One transformer layer's forward from its input x into m->la[l] (under
+ * activation checkpointing the backward calls it again to recompute). */
+static void layer_forward(Model *m, int l, const float *x, int B, int T) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
-    if (B > m->B || T > m->T) die(EXIT_INTERNAL, "model_forward: %dx%d exceeds the built %dx%d", B, T, m->B, m->T);
     int N = B * T, C = c->n_embd, F = m->F, nh = m->nh, nkv = m->nkv, hd = m->hd;
     int llama = c->arch == ARCH_LLAMA, tp = m->tp > 1, root = m->tp_rank == 0;
-    m->cur_B = B;
-    m->cur_T = T;
-    k->from_host(m->tokens, tokens, (size_t)N * sizeof(int));
-    if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
-    int L = c->n_layer, tied = c->tie_embeddings;
-
-    chunk_event(m, 0, CHUNK_PRE_FORWARD);
-    if (tp) { /* vocab-parallel lookup; wpe added once (tp rank 0) */
-        k->embed_forward_vp(m->encoded, m->tokens, m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
-        tp_allreduce(m, m->encoded, (size_t)N * C, 0);
-    } else {
-        k->embed_forward(m->encoded, m->tokens, m->p.wte, m->p.wpe, N, T, C);
-    }
-    chunk_event(m, 0, CHUNK_POST_FORWARD);
-    const float *x = m->encoded;
-    for (int l = 0; l < L; l++) {
-        chunk_event(m, l + 1, CHUNK_PRE_FORWARD);
-        const LayerPtrs *w = &m->p.layers[l];
-        LayerActs *a = &m->la[l];
+    const LayerPtrs *w = &m->p.layers[l];
+    LayerActs *a = &m->la[l];
         /* attention block: res2 = x + out_proj(attn(qkv(norm1(x)))) */
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
         k->matmul_forward(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->qkv_dim);
@@ -439,7 +433,33 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
         k->matmul_forward(m->dbuf1, a->fch_act, w->proj_w, root ? w->proj_b : NULL, N, F, C);
         if (tp) tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
         k->add(a->res3, a->res2, m->dbuf1, (size_t)N * C);
-        x = a->res3;
+}
+
+float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T) {
+    const Kernels *k = m->k;
+    const ModelConfig *c = &m->cfg;
+    if (B > m->B || T > m->T) die(EXIT_INTERNAL, "model_forward: %dx%d exceeds the built %dx%d", B, T, m->B, m->T);
+    int N = B * T, C = c->n_embd;
+    int tp = m->tp > 1, root = m->tp_rank == 0;
+    m->cur_B = B;
+    m->cur_T = T;
+    k->from_host(m->tokens, tokens, (size_t)N * sizeof(int));
+    if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
+    int L = c->n_layer, tied = c->tie_embeddings;
+
+    chunk_event(m, 0, CHUNK_PRE_FORWARD);
+    if (tp) { /* vocab-parallel lookup; wpe added once (tp rank 0) */
+        k->embed_forward_vp(m->encoded, m->tokens, m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
+        tp_allreduce(m, m->encoded, (size_t)N * C, 0);
+    } else {
+        k->embed_forward(m->encoded, m->tokens, m->p.wte, m->p.wpe, N, T, C);
+    }
+    chunk_event(m, 0, CHUNK_POST_FORWARD);
+    const float *x = m->encoded;
+    for (int l = 0; l < L; l++) {
+        chunk_event(m, l + 1, CHUNK_PRE_FORWARD);
+        layer_forward(m, l, x, B, T);
+        x = m->la[l].res3;
         chunk_event(m, l + 1, CHUNK_POST_FORWARD);
     }
     chunk_event(m, L + 1, CHUNK_PRE_FORWARD);
@@ -495,6 +515,8 @@ void model_backward(Model *m, float loss_scale) {
         const LayerPtrs *g = &m->g.layers[l];
         const LayerActs *a = &m->la[l];
         const float *x = l > 0 ? m->la[l - 1].res3 : m->encoded;
+        if (m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T); /* deterministic: the same values again */
+        else if (m->act_ckpt == ACT_SELECTIVE) k->attention_forward(a->atty, a->att, a->qkv, B, T, nh, nkv, hd);
         /* MLP block; m->dres holds d(res3) and becomes d(res2) */
         k->zero(m->dbuf1, (size_t)N * F * sizeof(float));
         k->matmul_backward(m->dbuf1, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, N, F, C);

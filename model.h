@@ -84,8 +84,13 @@ typedef struct ModelComm {
     void (*chunk)(void *hook_ctx, int chunk, int event);
 } ModelComm;
 
+/* Activation checkpointing (train.activation_checkpointing): which saved
+ * activations the backward recomputes instead of keeping per layer. */
+enum { ACT_NONE = 0, ACT_SELECTIVE = 1 /* attention probabilities */, ACT_FULL = 2 /* all but each layer's output */ };
+
 typedef struct Model {
     ModelConfig cfg;
+    int act_ckpt;             /* ACT_NONE | ACT_SELECTIVE | ACT_FULL */
     const Kernels *k;
     int B, T;                 /* micro-batch shape activations are sized for */
     int cur_B, cur_T;         /* shape of the last forward, which backward reuses */
@@ -138,10 +143,10 @@ void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
 /* The same for tensor-parallel rank tp_rank of tp: specs carry LOCAL shapes.
  * Set m->comm before a forward when tp > 1. */
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
-                    int tp, int tp_rank);
+                    int tp, int tp_rank, int act_ckpt);
 /* Only the layout table and the activation size (acts_floats): no backend
  * memory, so `llmtrain check` can size a 70B model. Free with model_free. */
-void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank);
+void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank, int act_ckpt);
 void model_free(Model *m);
 /* Only the layout table (specs, chunks, TP geometry) of TP rank tp_rank of
  * tp: nothing allocated on the backend. Free with model_free. */

@@ -6,9 +6,9 @@
 # printing ms/step, tokens/s and MFU against the GPU's bf16 dense peak
 # (the header line says which peak; log.peak_gflops overrides).
 # Notes: this tranche stores fp32 and multiplies in TF32 (half the bf16
-# tensor rate), attention materialises the T x T probabilities in fp32, and
-# there is no activation checkpointing yet, so every layer's activations
-# (att alone: 2 GiB per layer for the Llama case) stay resident.
+# tensor rate) and attention materialises the T x T probabilities in fp32;
+# the Llama case runs with selective activation checkpointing, so one layer's
+# probabilities (2 GiB) are resident instead of all 16 layers'.
 # Each case runs with the default TF32 GEMMs and with the opt-in bf16 GEMMs
 # of the linear layers (LLMTRAIN_CUDA_MATMUL=bf16); BENCH_MATMUL="tf32" or
 # "bf16" picks one. Without a GPU it fails (exit 1, one line). BENCH_STEPS
@@ -35,13 +35,13 @@ for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16)
         f.write(h.tobytes()); f.write(t.astype(dt).tobytes())
 PYEOF
 
-# name | model json | B | T | tf32|bf16
+# name | model json | B | T | tf32|bf16 | activation checkpointing
 run_case() {
-    local name="$1" model="$2" B="$3" T="$4" mm="$5"
+    local name="$1" model="$2" B="$3" T="$4" mm="$5" ac="$6"
     cat >"$TMP/$name.json" <<JSON
 {"model": $model,
  "data": {"train": "$TMP/$name.bin"},
- "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $B, "device": "cuda"},
+ "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $B, "device": "cuda", "activation_checkpointing": "$ac"},
  "optim": {"lr": 3e-4, "warmup_steps": 0},
  "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name"}, "checkpoint": {"dir": "$TMP/ck_$name"}}
 JSON
@@ -58,7 +58,7 @@ text = open(out).read()
 peak = float(re.search(r"peak for MFU ([0-9.]+) GFLOP/s", text).group(1))
 dev = re.search(r"backend cuda \| ([^;\n]*)", text).group(1)
 params = re.search(r"([0-9.]+)M parameters", text).group(1)
-steps = [json.loads(l) for l in open(metrics) if l.startswith("{")]
+steps = [json.loads(l) for l in open(metrics) if '"loss"' in l]
 timed = steps[1:] if len(steps) > 1 else steps
 med = lambda k: statistics.median(s[k] for s in timed)
 print(f"{name} ({params}M params) B={B} T={T} {mm} GEMMs on {dev}: {med('step_ms'):.0f} ms/step, "
@@ -70,9 +70,9 @@ PYEOF
 # vocabulary padded to 50304 (= 64 x 786) as llm.c does, so the LM-head GEMM
 # operands are 16-byte aligned rows (50257 floats per row is only 4-byte aligned)
 for mm in $MATMUL; do
-    run_case gpt2_124M '{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304, "max_seq_len": 1024}' 16 1024 "$mm"
+    run_case gpt2_124M '{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304, "max_seq_len": 1024}' 16 1024 "$mm" none
 done
 for mm in $MATMUL; do
     run_case llama_1B '{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
-                        "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm"
+                        "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm" selective
 done
