@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -132,7 +133,9 @@ static bool path_exists(const char *p) {
 
 /* Write (src == NULL: from buf) or copy (from file src) into dst with a
  * checksum; fsync; the partial file is removed on failure. */
-static int write_file(const char *dst, const float *buf, size_t floats, const char *src, CkptJobResult *r) {
+/* die_after > 0 (test hook): SIGKILL this process once that many bytes of
+ * the file are written, before its fsync. */
+static int write_file(const char *dst, const float *buf, size_t floats, const char *src, size_t die_after, CkptJobResult *r) {
     char dir[PATH_BUF];
     parent_of(dir, sizeof dir, dst);
     if (mkdir_p(dir) != 0) return errf(r->error, sizeof r->error, "%s: cannot create directory (%s)", dir, strerror(errno));
@@ -165,11 +168,13 @@ static int write_file(const char *dst, const float *buf, size_t floats, const ch
         } else {
             if (done == total) break;
             n = total - done < IO_CHUNK ? total - done : IO_CHUNK;
+            if (die_after > done && n > die_after - done) n = die_after - done;
             p = (const char *)buf + done;
         }
         ckpt_hash_update(&h, p, n);
         if (write_all(fd, p, n) != 0) { rc = errf(r->error, sizeof r->error, "%s: write failed (%s)", dst, strerror(errno)); break; }
         done += n;
+        if (die_after && done >= die_after) raise(SIGKILL); /* LLMTRAIN_FAULT kind=ckpt_die */
     }
     if (rc == 0 && fsync(fd) != 0) rc = errf(r->error, sizeof r->error, "%s: fsync failed (%s)", dst, strerror(errno));
     if (close(fd) != 0 && rc == 0) rc = errf(r->error, sizeof r->error, "%s: close failed (%s)", dst, strerror(errno));
@@ -193,6 +198,7 @@ struct CkptWriter {
     int state;
     char dst[PATH_BUF], src[PATH_BUF];
     size_t floats;
+    size_t die_after;       /* test hook for the next write job (0: off) */
     float *staging;
     CkptJobResult result;
 };
@@ -204,11 +210,13 @@ static void *writer_main(void *arg) {
         while (!w->job && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
         if (w->quit) break;
         int job = w->job;
+        size_t die_after = job == 1 ? w->die_after : 0;
+        w->die_after = 0;
         pthread_mutex_unlock(&w->mu);
         CkptJobResult r;
         memset(&r, 0, sizeof r);
         double t0 = now_s();
-        int rc = write_file(w->dst, job == 1 ? w->staging : NULL, w->floats, job == 2 ? w->src : NULL, &r);
+        int rc = write_file(w->dst, job == 1 ? w->staging : NULL, w->floats, job == 2 ? w->src : NULL, die_after, &r);
         r.seconds = now_s() - t0;
         r.state = rc == 0 ? CKPT_DONE : CKPT_FAILED;
         pthread_mutex_lock(&w->mu);
@@ -247,6 +255,12 @@ void ckpt_writer_free(CkptWriter *w) {
 }
 
 float *ckpt_writer_staging(CkptWriter *w) { return w->staging; }
+
+void ckpt_writer_die_after(CkptWriter *w, size_t bytes) {
+    pthread_mutex_lock(&w->mu);
+    w->die_after = bytes;
+    pthread_mutex_unlock(&w->mu);
+}
 
 static void start_job(CkptWriter *w, int job, const char *dst, const char *src, size_t floats) {
     pthread_mutex_lock(&w->mu);

@@ -63,6 +63,9 @@ void ckpt_writer_write(CkptWriter *w, const char *path, size_t floats);
 /* Start copying src to dst (its folder is created), checksumming the copy. */
 void ckpt_writer_copy(CkptWriter *w, const char *src, const char *dst);
 int ckpt_writer_state(CkptWriter *w);
+/* Test hook (LLMTRAIN_FAULT kind=ckpt_die): the next write job kills the
+ * process with SIGKILL after `bytes` of its file are written (0: off). */
+void ckpt_writer_die_after(CkptWriter *w, size_t bytes);
 /* Block until the job ends; returns CKPT_DONE or CKPT_FAILED (or CKPT_IDLE). */
 int ckpt_writer_wait(CkptWriter *w);
 /* After CKPT_DONE: bytes, checksum and seconds of the last job; after

@@ -42,10 +42,12 @@ typedef struct Trainer {
     int *tok, *tgt;            /* host batch [B*T] */
     float *host_flat;          /* host copy of a flat array (dump, checkpoints) */
     FILE *metrics;
+    char metrics_path[1200];
     double peak_gflops;
     const char *peak_source;   /* where peak_gflops comes from (header line) */
     double flops_per_token;
     int nonfinite_run;         /* consecutive skipped steps */
+    int ck_deferred;           /* a periodic checkpoint fell on a skipped step */
     double train_time;         /* seconds spent in steps, for the ETA */
     int timed_steps;
     uint64_t sample_rng;
@@ -433,6 +435,8 @@ static void ck_start_write(Trainer *t, const char *root) {
     if (!t->ck_owned) return;
     char path[1200];
     ck_file(path, sizeof path, root, t->ck_state.step, 1, t->dist.rank);
+    if (dist_fault_ckpt_die(&t->dist, t->ck_state.step)) /* test hook: die halfway through the file */
+        ckpt_writer_die_after(t->ckw, 3 * t->ck_owned * sizeof(float) / 2);
     ckpt_writer_write(t->ckw, path, 3 * t->ck_owned);
 }
 
@@ -879,9 +883,19 @@ static void log_step(Trainer *t, const StepStats *s) {
     fmt_duration(eta, sizeof eta, avg * (c->steps - s->step - 1));
     if (!is_root(t)) return;
     if ((s->step + 1) % c->log_every == 0 || s->step + 1 == c->steps || s->skipped) {
-        char comm[48] = ""; /* a world of one does not communicate */
-        if (t->dist.world > 1)
-            snprintf(comm, sizeof comm, " | comm %.2f MB", (s->comm_ag + s->comm_rs + s->comm_ar + s->comm_tp) / 1e6);
+        char comm[160] = ""; /* a world of one does not communicate */
+        if (t->dist.world > 1) {
+            const double kind[4] = {s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp};
+            const char *name[4] = {"ag", "rs", "ar", "tp"};
+            int n = snprintf(comm, sizeof comm, " | comm %.2f MB (", (kind[0] + kind[1] + kind[2] + kind[3]) / 1e6);
+            const char *sep = "";
+            for (int i = 0; i < 4; i++)
+                if (kind[i] > 0) {
+                    n += snprintf(comm + n, sizeof comm - (size_t)n, "%s%s %.2f", sep, name[i], kind[i] / 1e6);
+                    sep = " ";
+                }
+            snprintf(comm + n, sizeof comm - (size_t)n, ")");
+        }
         char ck[48] = "";
         if (s->ck_block > 0) snprintf(ck, sizeof ck, " | ckpt blocked %.0f ms", 1000 * s->ck_block);
         printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s | %.0f ms%s | ETA %s%s\n",
@@ -891,7 +905,7 @@ static void log_step(Trainer *t, const StepStats *s) {
         fflush(stdout);
     }
     FILE *f = t->metrics;
-    fprintf(f, "{\"step\":%d", s->step + 1);
+    fprintf(f, "{\"step\":%d,\"time\":%.3f", s->step + 1, unix_time_s());
     json_num(f, "loss", s->loss);
     json_num(f, "lr", s->lr);
     json_num(f, "grad_norm", s->norm);
@@ -1159,8 +1173,8 @@ static double select_peak(Trainer *t, const char **source) {
 static void open_metrics(Trainer *t, int resumed) {
     if (!is_root(t)) return;
     if (mkdir_p(t->cfg.log_dir) != 0) die(EXIT_IO, "log.dir: cannot create %s (%s)", t->cfg.log_dir, strerror(errno));
-    char path[1200];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", t->cfg.log_dir);
+    char *path = t->metrics_path;
+    snprintf(path, sizeof t->metrics_path, "%s/metrics.jsonl", t->cfg.log_dir);
     t->metrics = fopen(path, resumed ? "a" : "w");
     if (!t->metrics) die(EXIT_IO, "%s: cannot open for writing (%s)", path, strerror(errno));
     if (resumed) {
@@ -1196,6 +1210,7 @@ static void print_header(Trainer *t) {
     print_model_batch(t);
     printf("data: %s (%llu tokens)%s | peak for MFU %.1f GFLOP/s (%s)\n", c->data_train, (unsigned long long)t->train.n_tokens,
            t->have_val ? ", val on" : "", t->peak_gflops, t->peak_source);
+    printf("metrics: %s\n", t->metrics_path);
     fflush(stdout);
 }
 
@@ -1306,10 +1321,12 @@ static int train(int argc, char **argv) {
     static Trainer tr;
     Trainer *t = &tr;
     dist_init(&t->dist, &argc, &argv);
+    die_replicated(t->dist.rank != 0); /* the job file and the layout: one error line per job */
     load_job(t, argc, argv, NULL, "llmtrain job.json [--set key=value ...]");
     Config *c = &t->cfg;
     dist_watchdog_start(&t->dist, c->timeout_s);
     check_layout(t);
+    die_replicated(0); /* from here errors may differ per rank or host (data paths, memory) */
     select_backend(t);
     t->threads = kernels_cpu_set_threads(0, t->dist.local_size);
 
@@ -1364,7 +1381,11 @@ static int train(int argc, char **argv) {
         dist_phase(&t->dist, step + 1, "checkpoint");
         ck_control(t, 0, &stop, &due);
         int eval = (c->eval_every > 0 && (step + 1) % c->eval_every == 0) || last;
-        int save = (c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop || due;
+        int save = (c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop || due || t->ck_deferred;
+        /* a periodic checkpoint during a run of non-finite steps would keep a
+         * state that exit 4 is about to roll back: take it at the next good step */
+        t->ck_deferred = save && !last && !stop && t->nonfinite_run > 0;
+        if (t->ck_deferred) save = 0;
         /* sharded: the update lives in the master shards; gather the full
          * weights before anything reads them outside a step */
         if (t->sharded && eval) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
@@ -1374,6 +1395,7 @@ static int train(int argc, char **argv) {
             log_step(t, &s);
             if (is_root(t)) fprintf(stderr, "llmtrain: %d consecutive steps with non-finite loss or gradients (step %d); exiting\n",
                                     t->nonfinite_run, step + 1);
+            ck_drain(t); /* the checkpoint in flight predates the streak: a restart rolls back to it */
             dist_abort(&t->dist, EXIT_NONFINITE);
         }
         if (save) {

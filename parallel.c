@@ -20,7 +20,7 @@ struct DistGroups {
     int n_reqs;
 };
 
-enum { FAULT_NONE, FAULT_HANG, FAULT_DIE, FAULT_NAN };
+enum { FAULT_NONE, FAULT_HANG, FAULT_DIE, FAULT_NAN, FAULT_CKPT_DIE };
 
 /* Watchdog state shared by the main thread (dist_phase, collectives) and the
  * watchdog thread; every field is read and written under mu. */
@@ -43,16 +43,18 @@ static int launched_by_mpi(void) {
            getenv("PMI_RANK") || getenv("MPI_LOCALNRANKS");
 }
 
-/* LLMTRAIN_FAULT="rank=R,step=S[-E],kind=hang|die|nan" (rank optional:
- * every rank). Malformed: one line and exit 2. */
+/* LLMTRAIN_FAULT="rank=R,step=S[-E],kind=hang|die|nan|ckpt_die[,attempt=A]"
+ * (rank optional: every rank; attempt optional: every attempt, else only
+ * when LLMTRAIN_ATTEMPT, which scripts/run_resilient.sh sets and which is 1
+ * when unset, equals A). Malformed: one line and exit 2. */
 static void fault_parse(Dist *d) {
     const char *env = getenv("LLMTRAIN_FAULT");
     d->fault_kind = FAULT_NONE;
     if (!env || !*env) return;
     char buf[256];
-    if (strlen(env) >= sizeof buf) die(EXIT_USAGE, "LLMTRAIN_FAULT: value too long (expected rank=R,step=S[-E],kind=hang|die|nan)");
+    if (strlen(env) >= sizeof buf) die(EXIT_USAGE, "LLMTRAIN_FAULT: value too long (expected rank=R,step=S[-E],kind=hang|die|nan|ckpt_die[,attempt=A])");
     strcpy(buf, env);
-    int kind = FAULT_NONE, rank = -1, lo = 0, hi = 0, have_step = 0;
+    int kind = FAULT_NONE, rank = -1, lo = 0, hi = 0, have_step = 0, attempt = 0;
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
@@ -78,20 +80,27 @@ static void fault_parse(Dist *d) {
             if (strcmp(v, "hang") == 0) kind = FAULT_HANG;
             else if (strcmp(v, "die") == 0) kind = FAULT_DIE;
             else if (strcmp(v, "nan") == 0) kind = FAULT_NAN;
+            else if (strcmp(v, "ckpt_die") == 0) kind = FAULT_CKPT_DIE;
             else goto bad;
+        } else if (strcmp(tok, "attempt") == 0) {
+            long a = strtol(v, &end, 10);
+            if (end == v || *end || a < 1 || a > 1000000) goto bad;
+            attempt = (int)a;
         } else {
             goto bad;
         }
     }
     if (kind == FAULT_NONE || !have_step) goto bad;
+    const char *att = getenv("LLMTRAIN_ATTEMPT");
+    if (attempt && attempt != (att && *att ? atoi(att) : 1)) return; /* another attempt's fault */
     d->fault_kind = kind;
     d->fault_rank = rank;
     d->fault_step_lo = lo;
     d->fault_step_hi = hi;
     return;
 bad:
-    die(EXIT_USAGE, "LLMTRAIN_FAULT \"%s\": malformed (expected rank=R,step=S or step=S-E,kind=hang|die|nan; "
-        "S is the 1-based step number)", env);
+    die(EXIT_USAGE, "LLMTRAIN_FAULT \"%s\": malformed (expected rank=R,step=S or step=S-E,kind=hang|die|nan|ckpt_die[,attempt=A]; "
+        "S is the 1-based step number, A the 1-based LLMTRAIN_ATTEMPT)", env);
 }
 
 static int fault_here(const Dist *d, int kind, int step) {
@@ -113,6 +122,7 @@ void dist_fault_point(Dist *d, int step) {
 }
 
 int dist_fault_nan(Dist *d, int step) { return fault_here(d, FAULT_NAN, step); }
+int dist_fault_ckpt_die(Dist *d, int step) { return fault_here(d, FAULT_CKPT_DIE, step); }
 
 static void watch_collective(Dist *d, const char *name) {
     struct DistWatch *w = d->watch;
@@ -186,8 +196,15 @@ void dist_init(Dist *d, int *argc, char ***argv) {
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
         MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &d->world);
-        d->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", env_int("PMI_LOCAL_RANK", 0)));
-        d->local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", env_int("PMI_LOCAL_SIZE", 1)));
+        d->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", env_int("PMI_LOCAL_RANK", -1)));
+        d->local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", env_int("PMI_LOCAL_SIZE", -1)));
+        if (d->local_rank < 0 || d->local_size < 1) { /* a launcher that names neither: ask MPI who shares this node */
+            MPI_Comm node;
+            MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL, &node);
+            MPI_Comm_rank(node, &d->local_rank);
+            MPI_Comm_size(node, &d->local_size);
+            MPI_Comm_free(&node);
+        }
         d->use_mpi = 1;
     } else if (env_int("WORLD_SIZE", 1) > 1) {
         die(EXIT_USAGE, "WORLD_SIZE=%d set by a torchrun-style launcher, but the CPU backend needs MPI for "

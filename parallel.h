@@ -83,12 +83,16 @@ void dist_watchdog_start(Dist *d, double timeout_s);
 /* Heartbeat from the main thread: step (1-based) and phase name (a string
  * that outlives the call, e.g. a literal: "forward", "allreduce", ...). */
 void dist_phase(Dist *d, int step, const char *phase);
-/* Test-only fault injection, LLMTRAIN_FAULT="rank=R,step=S[-E],kind=K"
- * with K hang|die|nan (parsed by dist_init; malformed: exit 2).
+/* Test-only fault injection, LLMTRAIN_FAULT="rank=R,step=S[-E],kind=K[,attempt=A]"
+ * with K hang|die|nan|ckpt_die (parsed by dist_init; malformed: exit 2; a
+ * fault for another attempt than LLMTRAIN_ATTEMPT is no fault).
  * dist_fault_point runs at the start of 1-based step `step` (hang / die);
- * dist_fault_nan says whether this rank poisons its gradients at `step`. */
+ * dist_fault_nan says whether this rank poisons its gradients at `step`;
+ * dist_fault_ckpt_die whether it dies halfway through writing its file of
+ * the checkpoint of step `step`. */
 void dist_fault_point(Dist *d, int step);
 int dist_fault_nan(Dist *d, int step);
+int dist_fault_ckpt_die(Dist *d, int step);
 /* Startup health check (collective, every rank): time an all-reduce of
  * `bytes` on each group this rank is in; rank 0 prints one `health:` line per
  * group kind with the slowest group's bus bandwidth. Returns 1 when every

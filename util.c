@@ -3,12 +3,21 @@
 #define _GNU_SOURCE
 #endif
 #include "util.h"
+#include <unistd.h>
 #include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
+static int g_linger; /* see die_replicated */
+
+void die_replicated(int linger) { g_linger = linger; }
+
 void die(int code, const char *fmt, ...) {
+    /* An error every rank meets alike is rank 0's to print: when it fails
+     * too, mpirun ends this rank during the wait and the job says it once;
+     * an error of this rank alone (a file missing on its host) still shows. */
+    if (g_linger) sleep(3);
     va_list ap;
     va_start(ap, fmt);
     fputs("llmtrain: ", stderr);
@@ -91,6 +100,12 @@ int mkdir_p(const char *path) {
 double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double unix_time_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 

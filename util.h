@@ -24,6 +24,11 @@ enum {
 /* Print "llmtrain: <message>" on stderr (one line) and exit with code. */
 void die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
 void warnf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* linger = 1 (every rank but 0) while all ranks check the same inputs (the
+ * job file, the layout) and so fail alike: die() first waits 3 s, in which
+ * mpirun, seeing rank 0 exit, ends this rank, so a job of N ranks prints
+ * one line; an error of this rank alone is still printed after the wait. */
+void die_replicated(int linger);
 
 void *malloc_check_(size_t size, const char *file, int line);
 void *calloc_check_(size_t n, size_t size, const char *file, int line);
@@ -48,5 +53,7 @@ char *read_text_file(const char *path, size_t *len);
 int mkdir_p(const char *path);
 /* Wall clock in seconds (monotonic). */
 double now_s(void);
+/* Seconds since the Unix epoch (metrics.jsonl "time"). */
+double unix_time_s(void);
 
 #endif

@@ -1,6 +1,6 @@
 # tests/lib.sh — shared prelude of the multi-rank shell tests: repo root,
-# binary, a temp dir removed on exit, MPI as root on 2 cores, counters, and
-# a random token shard writer. Source it: `. "$(dirname "$0")/lib.sh"`.
+# binary, a temp dir removed on exit, MPI as root on 2 cores, counters with
+# ok/bad reporters, and a random token shard writer. Source it: `. "$(dirname "$0")/lib.sh"`.
 cd "$(dirname "$0")/.." || exit 2
 BIN=$PWD/llmtrain
 PY=/usr/bin/python3
@@ -20,3 +20,5 @@ h = np.zeros(256, np.int32); h[:3] = (20240520, 1, len(t))
 open(path, "wb").write(h.tobytes() + t.astype(np.uint16).tobytes())
 PYEOF
 }
+ok() { echo "ok   $*"; pass=$((pass + 1)); }
+bad() { echo "FAIL $*"; fail=$((fail + 1)); }

@@ -7,8 +7,6 @@
 # no-GPU cases are replaced by "auto picks cuda".
 . "$(dirname "$0")/lib.sh"
 unset LLMTRAIN_DEVICE
-ok() { echo "ok   $*"; pass=$((pass + 1)); }
-bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 
 have_nvcc=0
 { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; } && have_nvcc=1

@@ -92,8 +92,8 @@ fsdp_run llama-tied-4-FULL_SHARD 4 "$TMP/llama.json" llama-tied-1 10 --set model
 # Bus bytes (S-1)/S x chunk bytes; chunks padded to 16 x S floats.
 comm_check() { # name S accum reshard tied
     local name=$1
-    if $PY - "$TMP/$name/metrics.jsonl" "$2" "$3" "$4" "$5" <<'PYEOF'
-import json, sys
+    if $PY - "$TMP/$name/metrics.jsonl" "$2" "$3" "$4" "$5" "$TMP/$name.out" <<'PYEOF'
+import json, re, sys
 path, S, accum, reshard, tied = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5] == "1"
 C, nh, nkv, V, L = 32, 4, 2, 96, 2      # the llama job above
 hd, F = C // nh, 256                    # ffn_hidden: 256 * ceil(8*32/3 / 256)
@@ -105,10 +105,16 @@ ag = accum * bus(sum(chunks) * (2 if reshard else 1) - (chunks[-1] if reshard el
 rs = accum * bus(sum(chunks))
 got = [json.loads(l) for l in open(path) if '"comm_bytes"' in l][-1]["comm_bytes"]
 ok = got["allgather"] == ag and got["reduce_scatter"] == rs and got["allreduce"] == 0
+# the step line says the same per kind: comm TOTAL MB (ag A rs R)
+line = [l for l in open(sys.argv[6]) if l.startswith("step ") and "| comm " in l][-1]
+want = f"| comm {(ag + rs) / 1e6:.2f} MB (ag {ag / 1e6:.2f} rs {rs / 1e6:.2f}) |"
+if want not in line:
+    print(f"step line {line.strip()!r} lacks {want!r}")
+    ok = False
 print(f"allgather {got['allgather']:.0f} (expected {ag:.0f}), reduce_scatter {got['reduce_scatter']:.0f} (expected {rs:.0f})")
 sys.exit(0 if ok else 1)
 PYEOF
-    then echo "ok   $name: comm_bytes per kind match the per-chunk figure"; pass=$((pass + 1))
+    then echo "ok   $name: comm_bytes per kind (metrics.jsonl and step line) match the per-chunk figure"; pass=$((pass + 1))
     else echo "FAIL $name: comm_bytes per kind differ from the per-chunk figure"; fail=$((fail + 1))
     fi
 }
@@ -141,6 +147,33 @@ if [ $rc -ne 0 ] && grep -q "train.global_batch 6 is not divisible by train.micr
     echo "ok   impossible batch layout rejected"; pass=$((pass + 1))
 else
     echo "FAIL impossible batch layout: rc=$rc $(cat "$TMP/bad.out" | head -3)"; fail=$((fail + 1))
+fi
+
+# launchers: PMIx variables alone (no OMPI_COMM_WORLD_*: local rank from
+# MPI) give the same run as mpirun's; torchrun-style WORLD_SIZE > 1 without
+# MPI is one line and exit 2 on the CPU backend; WORLD_SIZE=1 is a world of one
+$MPIRUN 2 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/l-mpi" >"$TMP/l-mpi.out" 2>&1
+$MPIRUN 2 env -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_LOCAL_RANK -u OMPI_COMM_WORLD_LOCAL_SIZE \
+    $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/l-pmix" >"$TMP/l-pmix.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "| world 2$" "$TMP/l-pmix.out" && $PY tests/compare_runs.py "$TMP/l-mpi" "$TMP/l-pmix" --steps 2 --exact; then
+    echo "ok   PMIx variables alone: world 2, the same losses as mpirun's"; pass=$((pass + 1))
+else
+    echo "FAIL PMIx-only launch: rc=$rc $(grep -E 'world|llmtrain:' "$TMP/l-pmix.out" | head -3)"; fail=$((fail + 1))
+fi
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 $BIN "$TMP/gpt2.json" --set log.dir="$TMP/l-tr" >"$TMP/l-tr.out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/l-tr.out")" -eq 1 ] && grep -q "WORLD_SIZE=2 set by a torchrun-style launcher, but the CPU backend needs MPI" "$TMP/l-tr.out"; then
+    echo "ok   torchrun-style WORLD_SIZE=2 on the CPU backend: exit 2, one line"; pass=$((pass + 1))
+else
+    echo "FAIL torchrun-style launch: rc=$rc $(head -2 "$TMP/l-tr.out")"; fail=$((fail + 1))
+fi
+RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/l-one" >"$TMP/l-one.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "| world 1$" "$TMP/l-one.out"; then
+    echo "ok   WORLD_SIZE=1 without MPI: a world of one"; pass=$((pass + 1))
+else
+    echo "FAIL WORLD_SIZE=1: rc=$rc $(tail -2 "$TMP/l-one.out")"; fail=$((fail + 1))
 fi
 
 # shard degree must divide the data-parallel ranks

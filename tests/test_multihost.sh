@@ -9,8 +9,6 @@
 # namespaces are not permitted. Namespaces are removed on exit.
 . "$(dirname "$0")/lib.sh"
 unset LLMTRAIN_FAULT
-ok() { echo "ok   $*"; pass=$((pass + 1)); }
-bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 
 command -v ip >/dev/null 2>&1 || scripts/install_deps.sh >/dev/null 2>&1
 NS1=llmsm$$a NS2=llmsm$$b

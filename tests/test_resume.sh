@@ -19,8 +19,6 @@ cat >"$TMP/job.json" <<EOF2
  "checkpoint": {"every_steps": 3},
  "eval": {"sample_tokens": 0}}
 EOF2
-ok() { echo "ok   $*"; pass=$((pass + 1)); }
-bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 # run NAME NP [args...]: train into $TMP/NAME (log and checkpoints), output in $TMP/NAME.out (appended)
 run() {
     local name=$1 np=$2; shift 2

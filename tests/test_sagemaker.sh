@@ -7,8 +7,6 @@
 # launch.py --dry-run without the sagemaker package, and the Dockerfile's COPY sources.
 . "$(dirname "$0")/lib.sh"
 unset LLMTRAIN_FAULT FI_PROVIDER FI_EFA_USE_DEVICE_RDMA NCCL_PROTO NCCL_DEBUG LLMTRAIN_SM_EFA_PROBE
-ok() { echo "ok   $*"; pass=$((pass + 1)); }
-bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 ENTRY=$PWD/scripts/sagemaker/train
 export LLMTRAIN_SM_EFA_PROBE="$TMP/efa/*"   # no fake EFA device unless a case makes one
 
@@ -66,8 +64,9 @@ fi
 if $PY -c "import matplotlib" 2>/dev/null; then
     if [ -s "$R/output/data/metrics.png" ]; then ok "metrics.png plotted"; else bad "no metrics.png with matplotlib installed"; fi
 fi
-if [ -f "$R/checkpoints/step_00000002/manifest.json" ] && [ -f "$R/checkpoints/step_00000004/manifest.json" ]; then
-    ok "checkpoints in \$ROOT/checkpoints (synced to checkpoint_s3_uri)"
+if [ -f "$R/checkpoints/step_00000002/manifest.json" ] && [ -f "$R/checkpoints/step_00000004/manifest.json" ] &&
+   [ -f "$TMP/e2e/llmtrain-local/checkpoints/step_00000004/manifest.json" ]; then
+    ok "checkpoints in \$ROOT/checkpoints (synced to checkpoint_s3_uri) and the local copy beside \$ROOT"
 else
     bad "checkpoints missing in $R/checkpoints: $(ls "$R/checkpoints" 2>&1)"
 fi
@@ -85,14 +84,45 @@ make_root "$R" '{"job": "tiny.json", "checkpoint.async": "false"}' train val
 entry "$R" LLMTRAIN_FAULT="rank=0,step=3,kind=die"
 expect_failure "rank killed at step 3" "$R" "killed by signal 9"
 rm -rf "$TMP/restart/llmtrain-local"   # a fresh instance: only the durable copy survives
-entry "$R"
+entry "$R" LLMTRAIN_SM_LOCAL_DIR="$TMP/nvme"
 line=$(grep -m1 '^resume: ' "$R.out")
 if [ $rc -eq 0 ] && echo "$line" | grep -q "checkpoints/step_00000002 at step 2" && [ ! -e "$R/output/failure" ] &&
+   [ -f "$TMP/nvme/checkpoints/step_00000004/manifest.json" ] &&
    [ -s "$R/model/model.safetensors" ] && grep -q '^{"step":4,' "$R/output/data/metrics.jsonl"; then
-    ok "restart resumes from the durable checkpoint: $line"
+    ok "restart resumes from the durable checkpoint, local copy in LLMTRAIN_SM_LOCAL_DIR: $line"
 else
     bad "restart: rc=$rc resume line '$line' $(tail -3 "$R.out")"
 fi
+
+# 2b. ranks per host from the GPUs nvidia-smi lists (a fake one listing 2):
+# one host runs mpirun over 2 local ranks
+mkdir -p "$TMP/fakebin"
+printf '#!/bin/sh\necho "GPU 0: Fake (UUID: GPU-0)"\necho "GPU 1: Fake (UUID: GPU-1)"\n' >"$TMP/fakebin/nvidia-smi"
+chmod +x "$TMP/fakebin/nvidia-smi"
+R=$TMP/gpus/ml
+make_root "$R" '{"job": "tiny.json"}' train val
+entry "$R" PATH="$TMP/fakebin:$PATH" LLMTRAIN_SM_MPIRUN_ARGS="--oversubscribe"
+if [ $rc -eq 0 ] && grep -q "^train: 1 host(s) x 2 rank(s): mpirun .*-np 2 " "$R.out" && grep -q "| world 2$" "$R.out" &&
+   [ -s "$R/model/model.safetensors" ]; then
+    ok "2 GPUs listed by nvidia-smi: 2 ranks on the host through mpirun"
+else bad "ranks from nvidia-smi: rc=$rc $(grep -E '^train: |world' "$R.out" | head -3)"; fi
+
+# 2c. the export takes the newest complete checkpoint of local and durable
+# (a full local disk leaves the last ones in durable only)
+mkdir -p "$TMP/nc/local/step_00000004" "$TMP/nc/local/step_00000008.tmp" "$TMP/nc/durable/step_00000006" "$TMP/nc/durable/step_00000010"
+touch "$TMP/nc/local/step_00000004/manifest.json" "$TMP/nc/local/step_00000008.tmp/manifest.json" "$TMP/nc/durable/step_00000006/manifest.json"
+if $PY - "$ENTRY" "$TMP/nc" <<'PYEOF'
+import importlib.machinery, sys
+m = importlib.machinery.SourceFileLoader("sm_entry", sys.argv[1]).load_module()
+t = sys.argv[2]
+base = {"checkpoint.dir": f"{t}/local", "checkpoint.durable_dir": f"{t}/durable"}
+assert m.newest_checkpoint_root(base) == f"{t}/durable", m.newest_checkpoint_root(base)  # 6 beats 4; 10 has no manifest, 8 is .tmp
+import os
+os.rename(f"{t}/local/step_00000004", f"{t}/local/step_00000007")
+assert m.newest_checkpoint_root(base) == f"{t}/local"
+PYEOF
+then ok "export reads the newest complete checkpoint of the local and durable copies"
+else bad "newest checkpoint root"; fi
 
 # 3. failures: one line in output/failure, non-zero exit
 R=$TMP/nochan/ml
@@ -194,12 +224,14 @@ if $PY -m py_compile scripts/sagemaker/launch.py && $PY -c "import ast,sys; ast.
 else
     bad "entry point or launch.py does not compile"
 fi
-missing=""
-for src in $(sed -n 's/^COPY \(.*\) [^ ]*$/\1/p' scripts/sagemaker/Dockerfile); do [ -e "$src" ] || missing="$missing $src"; done
-grep -qE '^COPY \*\.c \*\.h \./$' scripts/sagemaker/Dockerfile ||  # every source file, or each by name
-    for c in $(ls *.c *.h); do grep -q "^COPY .*\b$c\b" scripts/sagemaker/Dockerfile || missing="$missing (not copied: $c)"; done
+missing=""; copied=""
+for src in $(sed -n 's/^COPY \(.*\) [^ ]*$/\1/p' scripts/sagemaker/Dockerfile); do
+    ls -d $src >/dev/null 2>&1 || missing="$missing $src"
+    copied="$copied $(ls -d $src 2>/dev/null | tr '\n' ' ')"
+done
+for c in Makefile *.c *.h *.cu; do case " $copied " in *" $c "*) ;; *) missing="$missing (not copied: $c)";; esac; done
 if [ -z "$missing" ] && grep -q '^ENTRYPOINT \["/usr/local/bin/train"\]' scripts/sagemaker/Dockerfile; then
-    ok "Dockerfile: every COPY source exists, every source file copied, ENTRYPOINT train"
+    ok "Dockerfile: every COPY source exists, every file make needs (Makefile, *.c, *.h, *.cu) copied, ENTRYPOINT train"
 else
     bad "Dockerfile:$missing"
 fi

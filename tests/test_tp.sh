@@ -39,10 +39,14 @@ EOF
     done
 done
 
-# the TP groups are printed and tp all-reduces are counted per step
-if grep -q "TP group 3: ranks 6 7" "$TMP/gpt2-8-2-HYBRID_SHARD-2.out" &&
+# the TP groups are printed, the health check times every group kind (8
+# ranks: tp 2 x shard 2 x replicate 2, dp 4) and tp all-reduces are counted per step
+o8="$TMP/gpt2-8-2-HYBRID_SHARD-2.out"
+if grep -q "TP group 3: ranks 6 7" "$o8" && grep -qE "^health: tp all-reduce 1048576 over 2 ranks: [0-9.]+ GB/s" "$o8" &&
+   grep -qE "^health: shard all-reduce 1048576 over 2 ranks" "$o8" && grep -qE "^health: replicate all-reduce 1048576 over 2 ranks" "$o8" &&
+   grep -qE "^health: dp all-reduce 1048576 over 4 ranks" "$o8" &&
    grep '"loss"' "$TMP/gpt2-2-2/metrics.jsonl" | tail -1 | grep -q '"tp_allreduce":[1-9]'; then
-    echo "ok   TP groups printed, tp_allreduce bytes counted"; pass=$((pass + 1))
+    echo "ok   TP groups printed, health check on the tp, shard, replicate and dp groups, tp_allreduce bytes counted"; pass=$((pass + 1))
 else
     echo "FAIL TP group lines or tp_allreduce bytes missing"; fail=$((fail + 1))
 fi
@@ -68,8 +72,9 @@ reject() { # name ranks expected-message set-args...
     local name=$1 np=$2 msg=$3; shift 3
     $MPIRUN $np $BIN "$TMP/llama.json" --set log.dir="$TMP/bad-$name" "$@" >"$TMP/bad-$name.out" 2>&1
     local rc=$?
-    if [ $rc -eq 2 ] && grep -q "$msg" "$TMP/bad-$name.out" && [ ! -e "$TMP/bad-$name/metrics.jsonl" ]; then
-        echo "ok   $name rejected"; pass=$((pass + 1))
+    if [ $rc -eq 2 ] && grep -q "$msg" "$TMP/bad-$name.out" && [ ! -e "$TMP/bad-$name/metrics.jsonl" ] &&
+       [ "$(grep -c 'llmtrain' "$TMP/bad-$name.out")" -eq 1 ]; then
+        echo "ok   $name rejected, one line for $np ranks"; pass=$((pass + 1))
     else
         echo "FAIL $name: rc=$rc $(head -3 "$TMP/bad-$name.out")"; fail=$((fail + 1))
     fi

@@ -7,8 +7,6 @@
 # `timeout 60`, so a regression fails instead of hanging CI.
 . "$(dirname "$0")/lib.sh"
 unset LLMTRAIN_FAULT
-ok() { echo "ok   $*"; pass=$((pass + 1)); }
-bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 
 write_shard "$TMP/train.bin" 96 20000 1
 
@@ -82,7 +80,7 @@ else
 fi
 
 # (e) malformed LLMTRAIN_FAULT: exit 2, one line
-for f in "rank=1,step=3,kind=explode" "rank=1,kind=hang" "step=x,kind=die" "rank=0,step=5-2,kind=nan" "bogus"; do
+for f in "rank=1,step=3,kind=explode" "rank=1,kind=hang" "step=x,kind=die" "rank=0,step=5-2,kind=nan" "bogus" "step=2,kind=die,attempt=0" "step=2,kind=ckpt_die,attempt=x"; do
     run malformed 1 "$f"
     if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/malformed.err")" -eq 1 ] && grep -q '^llmtrain: LLMTRAIN_FAULT' "$TMP/malformed.err"; then
         ok "malformed LLMTRAIN_FAULT=\"$f\": exit 2, one line"

@@ -1,0 +1,128 @@
+#!/bin/bash
+# scripts/run_resilient.sh — automatic recovery for a training run.
+#
+#   scripts/run_resilient.sh [--max-restarts N] [--delay S] [--metrics FILE] [--] COMMAND [ARG...]
+#   scripts/run_resilient.sh --max-restarts 10 -- mpirun -np 8 ./llmtrain job.json
+#
+# Runs COMMAND; when it exits non-zero, runs it again after S seconds, up to
+# N restarts. llmtrain resumes by itself from the newest complete checkpoint
+# (checkpoint.resume "auto"), so each attempt continues where the last
+# complete checkpoint left off. Not restarted: exit 0 (done), 2 (bad input:
+# a rerun fails the same way) and 143 (stopped on request by SIGTERM or
+# SIGUSR1, or this launcher was told to stop: it forwards SIGTERM/SIGINT to
+# the command and exits with its code). Every attempt sees
+# LLMTRAIN_ATTEMPT=1, 2, ... (the fault hook's attempt= key; forward it with
+# mpirun -x across hosts).
+#
+# At the end it prints goodput: the time spent in training steps that count
+# (the last logged occurrence of each step in metrics.jsonl, written since
+# this launcher started; steps redone after a rollback count once) over the
+# launcher's wall time. metrics.jsonl is the one llmtrain names on its
+# "metrics:" start-up line, or --metrics FILE.
+#
+# Exit code: 0, or the last attempt's code (see the README's exit codes).
+# Options may also come from LLMTRAIN_MAX_RESTARTS and LLMTRAIN_RESTART_DELAY_S.
+set -u
+max_restarts=${LLMTRAIN_MAX_RESTARTS:-3}
+delay=${LLMTRAIN_RESTART_DELAY_S:-1}
+metrics=""
+usage() { echo "usage: scripts/run_resilient.sh [--max-restarts N] [--delay S] [--metrics FILE] [--] COMMAND [ARG...]" >&2; exit 2; }
+fail() { echo "run_resilient: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --max-restarts) [ $# -ge 2 ] || usage; max_restarts=$2; shift 2 ;;
+        --delay) [ $# -ge 2 ] || usage; delay=$2; shift 2 ;;
+        --metrics) [ $# -ge 2 ] || usage; metrics=$2; shift 2 ;;
+        --) shift; break ;;
+        -h|--help) usage ;;
+        -*) fail "unknown option '$1' (expected --max-restarts, --delay, --metrics or --)" ;;
+        *) break ;;
+    esac
+done
+[ $# -ge 1 ] || usage
+[[ "$max_restarts" =~ ^[0-9]+$ ]] || fail "--max-restarts '$max_restarts': expected a whole number >= 0"
+[[ "$delay" =~ ^[0-9]+([.][0-9]+)?$ ]] || fail "--delay '$delay': expected seconds >= 0"
+
+meaning() {
+    case "$1" in
+        0) echo "finished" ;; 2) echo "bad input" ;; 3) echo "I/O failure" ;;
+        4) echo "non-finite loss or gradients" ;; 5) echo "watchdog timeout: a hung step or collective" ;;
+        6) echo "another rank failed" ;; 7) echo "slow fabric at the health check" ;;
+        70) echo "internal error" ;; 137) echo "killed by SIGKILL" ;; 143) echo "stopped by SIGTERM" ;;
+        *) if [ "$1" -gt 128 ]; then echo "killed by signal $(($1 - 128))"; else echo "failed"; fi ;;
+    esac
+}
+
+start_wall=$(date +%s.%N)
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# stdout passes through a tee that keeps a copy (llmtrain's "metrics:" line)
+exec 3>&1
+exec > >(tee -a "$log" >&3)
+tee_pid=$!
+child=""
+stopping=0
+on_stop() {
+    stopping=1
+    [ -n "$child" ] && kill -TERM "$child" 2>/dev/null
+}
+trap on_stop TERM INT
+
+attempt=0
+rc=1
+while :; do
+    attempt=$((attempt + 1))
+    t0=$(date +%s.%N)
+    LLMTRAIN_ATTEMPT=$attempt "$@" &
+    child=$!
+    while :; do
+        wait "$child"; rc=$?
+        # a trapped signal interrupts wait with a code > 128 while the child runs on
+        kill -0 "$child" 2>/dev/null || break
+    done
+    child=""
+    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    [ "$rc" -eq 0 ] && break
+    if [ "$stopping" = 1 ] || [ "$rc" -eq 143 ]; then
+        echo "run_resilient: attempt $attempt stopped on request (exit $rc) after $secs s; not restarting" >&2; break
+    fi
+    if [ "$rc" -eq 2 ]; then
+        echo "run_resilient: attempt $attempt exited with code 2 (bad input) after $secs s; a restart would fail the same way" >&2; break
+    fi
+    if [ $((attempt - 1)) -ge "$max_restarts" ]; then
+        echo "run_resilient: attempt $attempt exited with code $rc ($(meaning "$rc")) after $secs s; giving up after $max_restarts restart(s)" >&2; break
+    fi
+    echo "run_resilient: attempt $attempt exited with code $rc ($(meaning "$rc")) after $secs s; restarting in $delay s (restart $attempt of $max_restarts)" >&2
+    sleep "$delay" & wait $!
+    [ "$stopping" = 1 ] && { echo "run_resilient: stopped on request before restarting" >&2; break; }
+done
+exec >&3 3>&- # the tee sees end of file once every writer is gone
+wait "$tee_pid" 2>/dev/null
+end_wall=$(date +%s.%N)
+
+[ -n "$metrics" ] || metrics=$(sed -n 's/^metrics: //p' "$log" | tail -n 1)
+restarts=$((attempt - 1))
+if [ -n "$metrics" ] && [ -f "$metrics" ]; then
+    # the last line of each step counts; only lines written since this launcher started
+    awk -v start="$start_wall" -v end="$end_wall" -v attempts="$attempt" -v restarts="$restarts" -v rc="$rc" '
+        function num(key,   m) { if (match($0, "\"" key "\":[-0-9.eE+]+")) return substr($0, RSTART + length(key) + 3, RLENGTH - length(key) - 3); return "" }
+        /"loss"/ {
+            s = num("step"); tm = num("time"); ms = num("step_ms")
+            if (s == "" || tm == "" || ms == "" || tm + 0 < start + 0) next
+            if (s in last) { redone++; redone_ms += last[s] }
+            last[s] = ms
+        }
+        END {
+            good = 0; n = 0
+            for (s in last) { good += last[s] / 1000; n++ }
+            wall = end - start
+            how = "finished"
+            if (rc != 0) how = "ended with exit code " rc
+            pct = wall > 0 ? 100 * good / wall : 0
+            printf "run_resilient: %s after %d attempt(s), %d restart(s) | goodput %.1f%%: %.1f s of %d training steps that count over %.1f s wall | %d step(s) redone after rollbacks (%.1f s)\n",
+                   how, attempts, restarts, pct, good, n, wall, redone, redone_ms / 1000
+        }' "$metrics" >&2
+else
+    echo "run_resilient: $([ "$rc" -eq 0 ] && echo finished || echo "ended with exit code $rc") after $attempt attempt(s), $restarts restart(s) | goodput unknown: no metrics.jsonl (pass --metrics FILE)" >&2
+fi
+exit "$rc"
