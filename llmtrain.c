@@ -48,6 +48,8 @@ typedef struct Trainer {
     double flops_per_token;
     int nonfinite_run;         /* consecutive skipped steps */
     int ck_deferred;           /* a periodic checkpoint fell on a skipped step */
+    AdamWRange *opt_ranges;    /* what AdamW updates (opt_ranges_build) */
+    int n_opt_ranges;
     double train_time;         /* seconds spent in steps, for the ETA */
     int timed_steps;
     uint64_t sample_rng;
@@ -108,8 +110,6 @@ static float lr_at(const Config *c, int s) {
 
 static size_t shard_len(const Trainer *t, int c) { return t->model.chunk_size[c] / (size_t)t->S; }
 
-/* AdamW on the local shard only: each chunk's shard range is walked spec by
- * spec (padding has no spec and is skipped), with the spec's weight decay. */
 /* The part of tensor s in this rank's shard of its chunk: sets *off (into
  * the shard arrays) and returns its length, 0 when s lies outside. */
 static size_t spec_in_shard(const Trainer *t, const ParamSpec *s, size_t *off) {
@@ -122,17 +122,33 @@ static size_t spec_in_shard(const Trainer *t, const ParamSpec *s, size_t *off) {
     return b - a;
 }
 
-static void adamw_step_sharded(Trainer *t, float lr, float grad_scale, int step) {
+/* The optimizer's ranges, built once: every tensor's part of what this rank
+ * updates (its shard when sharded, padding skipped; else the whole tensor)
+ * with the tensor's weight decay, so each step is one adamw_multi call (one
+ * launch on CUDA). */
+static void opt_ranges_build(Trainer *t) {
     const Config *c = &t->cfg;
-    Model *m = &t->model;
+    const Model *m = &t->model;
+    t->opt_ranges = malloc_check((size_t)(m->n_specs > 0 ? m->n_specs : 1) * sizeof(AdamWRange));
+    t->n_opt_ranges = 0;
     for (int i = 0; i < m->n_specs; i++) {
         const ParamSpec *s = &m->specs[i];
-        size_t o, n = spec_in_shard(t, s, &o);
+        size_t o = s->offset, n = s->numel;
+        if (t->sharded) n = spec_in_shard(t, s, &o);
         if (n == 0) continue;
-        float wd = (c->decay_all || s->decay) ? c->weight_decay : 0.0f;
-        t->k->adamw(t->master + o, t->gshard + o, t->mshard + o, t->vshard + o, n, lr, c->beta1, c->beta2, c->eps, wd,
-                    step + 1, grad_scale);
+        t->opt_ranges[t->n_opt_ranges++] = (AdamWRange){o, n, (c->decay_all || s->decay) ? c->weight_decay : 0.0f};
     }
+}
+
+static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
+    const Config *c = &t->cfg;
+    Model *m = &t->model;
+    if (t->sharded)
+        t->k->adamw_multi(t->master, t->gshard, t->mshard, t->vshard, t->opt_ranges, t->n_opt_ranges, lr, c->beta1, c->beta2,
+                          c->eps, step + 1, grad_scale);
+    else
+        t->k->adamw_multi(m->params, m->grads, m->m, m->v, t->opt_ranges, t->n_opt_ranges, lr, c->beta1, c->beta2, c->eps,
+                          step + 1, grad_scale);
 }
 
 /* Outside a step (eval, sample, checkpoint, dump): all-gather every chunk
@@ -368,16 +384,6 @@ static void setup_shards(Trainer *t) {
 }
 
 
-static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
-    const Config *c = &t->cfg;
-    Model *m = &t->model;
-    for (int i = 0; i < m->n_specs; i++) {
-        const ParamSpec *s = &m->specs[i];
-        float wd = (c->decay_all || s->decay) ? c->weight_decay : 0.0f;
-        t->k->adamw(m->params + s->offset, m->grads + s->offset, m->m + s->offset, m->v + s->offset,
-                    s->numel, lr, c->beta1, c->beta2, c->eps, wd, step + 1, grad_scale);
-    }
-}
 
 /* ------------------------------------------------------------------ */
 /* checkpoints: the protocol across ranks (format and writer: checkpoint.c)
@@ -1067,8 +1073,7 @@ static StepStats train_step(Trainer *t, int step) {
             s.clipped = 1;
         }
         dist_phase(&t->dist, step + 1, "optimizer");
-        if (t->sharded) adamw_step_sharded(t, (float)s.lr, scale, step);
-        else adamw_step(t, (float)s.lr, scale, step);
+        adamw_step(t, (float)s.lr, scale, step);
     }
     s.comm_ag = t->dist.bytes_allgather;
     s.comm_rs = t->dist.bytes_reduce_scatter;
@@ -1344,6 +1349,7 @@ static int train(int argc, char **argv) {
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
     setup_shards(t);
+    opt_ranges_build(t);
     t->tok = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->tgt = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->host_flat = malloc_check(t->model.n_params * sizeof(float));
