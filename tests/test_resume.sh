@@ -121,14 +121,16 @@ if grep -q "resume: $TMP/durable/step_00000006 at step 6" "$TMP/dur.out" && $PY 
     ok "local checkpoints gone: resumed from durable_dir, bit-identical; the final one copied there"
 else bad "resume from durable_dir: $(grep resume "$TMP/dur.out")"; fi
 
-# ---- SIGTERM: checkpoint at the end of the step, exit 143, then resume ----
-$BIN "$TMP/job.json" --set log.dir="$TMP/term" --set train.steps=3000 --set checkpoint.every_steps=0 >"$TMP/term.out" 2>&1 &
-pid=$!
-for _ in $(seq 200); do n=$(grep -c '"loss"' "$TMP/term/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 20 ] && break; sleep 0.05; done
-kill -TERM $pid; wait $pid; rc=$?
-k=$(ls "$TMP/term/checkpoints" 2>/dev/null | head -1)
-if [ $rc -eq 143 ] && [ -n "$k" ] && grep -q "stopped by signal after step" "$TMP/term.out"; then ok "SIGTERM: exit 143 after writing $k"
-else bad "SIGTERM: rc $rc, checkpoints '$k': $(tail -2 "$TMP/term.out")"; fi
+# ---- SIGTERM / SIGUSR1: checkpoint at the end of the step, exit 143 ----
+for sig in TERM USR1; do
+    $BIN "$TMP/job.json" --set log.dir="$TMP/sig$sig" --set train.steps=3000 --set checkpoint.every_steps=0 >"$TMP/sig$sig.out" 2>&1 &
+    pid=$!
+    for _ in $(seq 200); do n=$(grep -c '"loss"' "$TMP/sig$sig/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 20 ] && break; sleep 0.05; done
+    kill -$sig $pid; wait $pid; rc=$?
+    k=$(ls "$TMP/sig$sig/checkpoints" 2>/dev/null | head -1)
+    if [ $rc -eq 143 ] && [ -n "$k" ] && grep -q "stopped by signal after step" "$TMP/sig$sig.out"; then ok "SIG$sig: exit 143 after writing $k"
+    else bad "SIG$sig: rc $rc, checkpoints '$k': $(tail -2 "$TMP/sig$sig.out")"; fi
+done
 
 # ---- every_minutes: checkpoints by the clock ----
 run clock 1 --set checkpoint.every_steps=0 --set checkpoint.every_minutes=0.00001 --set train.steps=6
