@@ -12,9 +12,9 @@ BLAS_LIBS = -lopenblas
 LIBS = -lcjson $(BLAS_LIBS) -lm
 PY = /usr/bin/python3
 
-SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpoint.c util.c
+SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpoint.c rendezvous.c util.c
 HDR = $(wildcard *.h)
-TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt
+TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt tests/test_rendezvous
 
 # CUDA backend: built whenever nvcc is found (on PATH or in /usr/local/cuda);
 # `make NVCC=` builds the CPU-only binary. CUDA_ARCH lists the SM versions
@@ -71,6 +71,9 @@ tests/test_kernels: tests/test_kernels.c kernels_cpu.c util.c $(HDR)
 
 tests/test_data: tests/test_data.c data.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< data.c util.c -o $@
+
+tests/test_rendezvous: tests/test_rendezvous.c rendezvous.c util.c $(HDR)
+	$(CC) -O2 $(WARN) -I. $< rendezvous.c util.c -o $@
 
 tests/test_ckpt: tests/test_ckpt.c ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -o $@

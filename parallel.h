@@ -29,7 +29,9 @@ typedef struct Dist {
 
 /* Detect the launcher and initialise MPI when one started us. A
  * torchrun-style launch (WORLD_SIZE > 1 without MPI) on the CPU backend is
- * one clear error: CPU collectives need MPI. */
+ * one clear error: CPU collectives need MPI. (On GPUs such a launch is to
+ * bootstrap NCCL over the TCP rendezvous in rendezvous.h: rdzv_env, then
+ * rank 0's ncclUniqueId to all with rdzv_bcast; not wired in yet.) */
 void dist_init(Dist *d, int *argc, char ***argv);
 void dist_finalize(Dist *d);
 /* Sum in place: float32 over the data-parallel group (ranks of the same

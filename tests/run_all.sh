@@ -27,6 +27,7 @@ export LLMTRAIN_DEVICE=cpu
 run kernels tests/test_kernels
 run data tests/test_data
 run ckpt tests/test_ckpt
+run rendezvous tests/test_rendezvous
 run cli tests/test_cli.sh
 run torch "$PY" tests/test_torch.py --bin ./llmtrain
 for t in tests/test_*.sh; do

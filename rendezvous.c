@@ -1,0 +1,837 @@
+/* rendezvous.c — the TCP rendezvous for launches without MPI: the torchrun
+ * variables, forming the group at MASTER_ADDR:MASTER_PORT, and bcast /
+ * allgather / barrier over it (a star through rank 0). Owns its sockets and
+ * its wire format; no MPI, no CUDA. Interface and guarantees: rendezvous.h.
+ *
+ * Wire format (integers big-endian):
+ *   hello, a connecting rank's first 16 bytes: magic, version, world, rank
+ *     (u32 each);
+ *   then frames, a 16-byte header (op u32, seq u32, len u64) and len bytes.
+ *     Rank 0 answers a hello with WELCOME (seq 0, len 0) once every rank has
+ *     arrived, or ABORT (the payload is the reason, text). Collective k
+ *     (counted from 1 on every rank) is BCAST (rank 0 -> each rank: n bytes),
+ *     ALLGATHER (each rank -> rank 0: n bytes; rank 0 -> each rank:
+ *     world * n bytes) or BARRIER (ALLGATHER of 0 bytes). When rank 0 fails
+ *     it sends ABORT with its reason to every rank whose stream is at a frame
+ *     boundary, so they fail with the reason that names the culprit; a rank
+ *     other than 0 that fails closes its connection, which rank 0 sees.
+ * Sockets are non-blocking; every read and write waits in poll() against a
+ * deadline, retries EINTR, and sends with MSG_NOSIGNAL (a vanished peer is
+ * an error, never SIGPIPE). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "rendezvous.h"
+#include "util.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RDZV_MAGIC 0x4c545256u /* "LTRV" */
+#define RDZV_VERSION 1u
+#define HELLO_BYTES 16
+#define HDR_BYTES 16
+#define REASON_MAX 1024
+/* Ranks other than 0 wait this much longer than their timeout for rank 0's
+ * answer, so that when both give up rank 0's reason (which knows who is
+ * missing) arrives first. */
+#define GRACE_S 0.5
+/* How long rank 0 spends telling the others why it failed. */
+#define ABORT_S 0.5
+/* Connections accepted but not yet identified (strays included). */
+#define PENDING_EXTRA 16
+
+enum { OP_WELCOME = 1, OP_ABORT, OP_BCAST, OP_ALLGATHER, OP_BARRIER };
+
+struct Rendezvous {
+    int rank, world;
+    double timeout_s;
+    int *fd;       /* rank 0: fd[i] is rank i's connection (fd[0] = -1); others: fd[0] is rank 0's */
+    unsigned seq;  /* collectives started */
+    int broken;
+    char reason[REASON_MAX];
+    char where[128]; /* "addr:port", for messages */
+};
+
+static void say(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *why, size_t n, const char *fmt, ...) {
+    if (!why || !n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, n, fmt, ap);
+    va_end(ap);
+}
+
+static void put32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (24 - 8 * i));
+}
+static uint32_t get32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+static void put_hdr(unsigned char *p, uint32_t op, uint32_t seq, uint64_t len) {
+    put32(p, op);
+    put32(p + 4, seq);
+    put32(p + 8, (uint32_t)(len >> 32));
+    put32(p + 12, (uint32_t)len);
+}
+static void get_hdr(const unsigned char *p, uint32_t *op, uint32_t *seq, uint64_t *len) {
+    *op = get32(p);
+    *seq = get32(p + 4);
+    *len = (uint64_t)get32(p + 8) << 32 | get32(p + 12);
+}
+
+static const char *op_name(uint32_t op) {
+    switch (op) {
+    case OP_WELCOME: return "welcome";
+    case OP_ABORT: return "abort";
+    case OP_BCAST: return "bcast";
+    case OP_ALLGATHER: return "allgather";
+    case OP_BARRIER: return "barrier";
+    default: return "unknown frame";
+    }
+}
+
+/* ---- deadline-bound I/O ---- */
+
+enum { IO_OK = 0, IO_TIMEOUT = -1, IO_CLOSED = -2, IO_ERROR = -3 };
+
+/* poll()'s timeout for a deadline: rounded up, at most a minute at a time
+ * (callers loop), so a huge timeout_s cannot overflow an int. */
+static int ms_left(double deadline) {
+    double ms = (deadline - now_s()) * 1000.0 + 1.0;
+    return ms < 1 ? 1 : ms > 60000 ? 60000 : (int)ms;
+}
+
+/* Wait until fd is ready for events or the deadline passes: 1 ready (or in
+ * error: the next read/write says which), 0 timed out, -1 poll failed. */
+static int wait_fd(int fd, short events, double deadline) {
+    for (;;) {
+        double left = deadline - now_s();
+        if (left <= 0) return 0;
+        struct pollfd p = {.fd = fd, .events = events};
+        int k = poll(&p, 1, ms_left(deadline));
+        if (k > 0) return 1;
+        if (k < 0 && errno != EINTR) return -1;
+    }
+}
+
+/* Read or write exactly n bytes before the deadline. IO_CLOSED: the peer
+ * closed or reset the connection; IO_ERROR: errno says why. */
+static int io_full(int fd, void *buf, size_t n, int writing, double deadline) {
+    unsigned char *p = buf;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = writing ? send(fd, p + done, n - done, MSG_NOSIGNAL) : recv(fd, p + done, n - done, 0);
+        if (k > 0) { done += (size_t)k; continue; }
+        if (k == 0) return IO_CLOSED;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int w = wait_fd(fd, writing ? POLLOUT : POLLIN, deadline);
+            if (w == 0) return IO_TIMEOUT;
+            if (w < 0) return IO_ERROR;
+            continue;
+        }
+        if (errno == ECONNRESET || errno == EPIPE || errno == ENOTCONN) return IO_CLOSED;
+        return IO_ERROR;
+    }
+    return IO_OK;
+}
+
+/* What went wrong with a peer, as the end of a sentence ("rank 3 " + this). */
+static const char *io_what(int rc, int err, double timeout_s, char *tmp, size_t n) {
+    if (rc == IO_CLOSED) return "closed its connection (exited?)";
+    if (rc == IO_TIMEOUT) { snprintf(tmp, n, "did not answer within %g s", timeout_s); return tmp; }
+    snprintf(tmp, n, "connection failed: %s", strerror(err));
+    return tmp;
+}
+
+static int send_frame(int fd, uint32_t op, uint32_t seq, const void *data, size_t len, double deadline) {
+    unsigned char h[HDR_BYTES];
+    put_hdr(h, op, seq, len);
+    int rc = io_full(fd, h, sizeof h, 1, deadline);
+    return rc ? rc : io_full(fd, (void *)data, len, 1, deadline);
+}
+
+/* Read an ABORT frame's text after its header (at most REASON_MAX - 1 bytes
+ * of it; the rest is left unread, the connection is finished anyway). */
+static void read_abort_text(int fd, uint64_t len, char *text, size_t n, double deadline) {
+    size_t k = len < n - 1 ? (size_t)len : n - 1;
+    if (io_full(fd, text, k, 0, deadline) != IO_OK) k = 0;
+    text[k] = 0;
+    if (!k) snprintf(text, n, "(no reason received)");
+}
+
+static void close_fd(int *fd) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+}
+
+/* Close after sending: half-close, then read and discard what the peers
+ * send until each closes its end or the deadline passes. Closing with unread
+ * bytes makes the kernel reset the connection, and a reset can discard what
+ * was just sent (an ABORT's reason) before the peer reads it; a peer that
+ * reads an ABORT closes its end, so this rarely waits. */
+static void linger_close(int *fd, int count, double deadline) {
+    struct pollfd p[64];
+    for (int i = 0; i < count; i++)
+        if (fd[i] >= 0) shutdown(fd[i], SHUT_WR);
+    for (int base = 0; base < count; base += 64) {
+        int m = count - base < 64 ? count - base : 64;
+        for (;;) {
+            int open = 0;
+            for (int i = 0; i < m; i++) {
+                int *f = &fd[base + i];
+                if (*f >= 0) {
+                    char junk[4096];
+                    ssize_t k;
+                    int reads = 0; /* at most 1 MiB a pass, so the deadline is seen */
+                    do k = recv(*f, junk, sizeof junk, MSG_DONTWAIT);
+                    while ((k > 0 && ++reads < 256) || (k < 0 && errno == EINTR));
+                    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) close_fd(f); /* its end is closed */
+                }
+                p[i] = (struct pollfd){.fd = *f, .events = POLLIN};
+                open += *f >= 0;
+            }
+            double left = deadline - now_s();
+            if (!open || left <= 0) break;
+            if (poll(p, (nfds_t)m, ms_left(deadline)) < 0 && errno != EINTR) break;
+        }
+        for (int i = 0; i < m; i++) close_fd(&fd[base + i]);
+    }
+}
+
+static int set_socket_options(int fd) {
+    int fl = fcntl(fd, F_GETFL, 0);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) return -1;
+    if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) return -1;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* small frames: no Nagle delay */
+    return 0;
+}
+
+/* ---- failure: record, tell the others (rank 0), close (other ranks) ---- */
+
+/* Rank 0 sends ABORT with the reason to every connected rank except skip
+ * (a rank whose stream may be mid-frame) and closes every connection, within
+ * ABORT_S in all. */
+static void abort_peers(int *fd, int world, int skip, const char *reason) {
+    double deadline = now_s() + ABORT_S;
+    for (int i = 1; i < world; i++)
+        if (fd[i] >= 0 && (i == skip || send_frame(fd[i], OP_ABORT, 0, reason, strlen(reason), deadline) != IO_OK))
+            close_fd(&fd[i]);
+    linger_close(fd + 1, world - 1, deadline);
+}
+
+/* Mark r broken with the reason, tell the others, copy it to why; -1. */
+static int fail(Rendezvous *r, int skip, char *why, size_t wn, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int fail(Rendezvous *r, int skip, char *why, size_t wn, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->reason, sizeof r->reason, fmt, ap);
+    va_end(ap);
+    r->broken = 1;
+    if (r->rank == 0) abort_peers(r->fd, r->world, skip, r->reason);
+    else close_fd(&r->fd[0]); /* rank 0 sees the connection end */
+    say(why, wn, "%s", r->reason);
+    return -1;
+}
+
+/* ---- rdzv_env ---- */
+
+/* A decimal integer in [lo, hi]: 1 read, 0 unset (only when optional), -1
+ * with the reason. ctx says where the range comes from (may be ""). */
+static int env_int_in(const char *name, int optional, long lo, long hi, const char *ctx, int *out, char *why,
+                      size_t n) {
+    const char *s = getenv(name);
+    if (!s || !*s) {
+        if (optional) return 0;
+        say(why, n, "%s is not set (expected an integer in %ld..%ld%s)", name, lo, hi, ctx);
+        return -1;
+    }
+    const char *p = s;
+    if (*p == '-' || *p == '+') p++;
+    int digits = 1;
+    for (const char *q = p; *q; q++)
+        if (*q < '0' || *q > '9') digits = 0;
+    if (!*p || !digits) {
+        say(why, n, "%s='%.40s' is not a number (expected an integer in %ld..%ld%s)", name, s, lo, hi, ctx);
+        return -1;
+    }
+    errno = 0;
+    long v = strtol(s, NULL, 10);
+    if (errno == ERANGE || v < lo || v > hi) {
+        say(why, n, "%s=%.40s is out of range (expected an integer in %ld..%ld%s)", name, s, lo, hi, ctx);
+        return -1;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+int rdzv_env(RdzvEnv *e, char *why, size_t n) {
+    memset(e, 0, sizeof *e);
+    e->local_world = -1;
+    char ctx[64];
+    if (env_int_in("WORLD_SIZE", 0, 1, 1 << 20, "", &e->world, why, n) < 0) return -1;
+    snprintf(ctx, sizeof ctx, " for WORLD_SIZE=%d", e->world);
+    if (env_int_in("RANK", 0, 0, e->world - 1, ctx, &e->rank, why, n) < 0) return -1;
+    if (env_int_in("LOCAL_WORLD_SIZE", 1, 1, e->world, ctx, &e->local_world, why, n) < 0) return -1;
+    if (e->local_world > 0) snprintf(ctx, sizeof ctx, " for LOCAL_WORLD_SIZE=%d", e->local_world);
+    if (env_int_in("LOCAL_RANK", 0, 0, (e->local_world > 0 ? e->local_world : e->world) - 1, ctx, &e->local_rank,
+                   why, n) < 0)
+        return -1;
+    const char *a = getenv("MASTER_ADDR");
+    if (!a || !*a) {
+        say(why, n, "MASTER_ADDR is not set (expected the host name or IP address of rank 0)");
+        return -1;
+    }
+    if (strlen(a) >= sizeof e->master_addr) {
+        say(why, n, "MASTER_ADDR is %zu characters long (expected a host name or IP address, at most %zu)", strlen(a),
+            sizeof e->master_addr - 1);
+        return -1;
+    }
+    for (const char *q = a; *q; q++)
+        if ((unsigned char)*q <= ' ' || *q == 0x7f) {
+            say(why, n, "MASTER_ADDR='%.60s' contains a space or control character (expected a host name or IP address)",
+                a);
+            return -1;
+        }
+    strcpy(e->master_addr, a);
+    if (env_int_in("MASTER_PORT", 0, 1, 65535, " (a TCP port)", &e->master_port, why, n) < 0) return -1;
+    return 0;
+}
+
+/* ---- rdzv_open ---- */
+
+/* "2" or "2, 5-7": the ranks 1..world-1 whose fd is -1 (the list is cut
+ * with ", ..." past 200 characters); returns how many. */
+static int missing_ranks(const int *fd, int world, char *out, size_t n) {
+    int count = 0, cut = 0;
+    out[0] = 0;
+    for (int i = 1; i < world; i++) {
+        if (fd[i] >= 0) continue;
+        int j = i;
+        while (j + 1 < world && fd[j + 1] < 0) j++;
+        count += j - i + 1;
+        size_t len = strlen(out);
+        if (len > 200) {
+            if (!cut) snprintf(out + len, n - len, ", ...");
+            cut = 1;
+        } else if (j == i) {
+            snprintf(out + len, n - len, "%s%d", len ? ", " : "", i);
+        } else {
+            snprintf(out + len, n - len, "%s%d-%d", len ? ", " : "", i, j);
+        }
+        i = j;
+    }
+    return count;
+}
+
+/* Reject what is plainly not an address before asking the resolver (a
+ * name of digits and dots only is meant as IPv4, and no host name is). */
+static int check_addr(const char *addr, char *why, size_t n) {
+    if (!addr || !*addr) { say(why, n, "the rendezvous address is empty (expected MASTER_ADDR, rank 0's host)"); return -1; }
+    int dotted = 1;
+    for (const char *q = addr; *q; q++) {
+        if ((unsigned char)*q <= ' ' || *q == 0x7f) {
+            say(why, n, "rendezvous address '%.60s' contains a space or control character", addr);
+            return -1;
+        }
+        if (!(*q == '.' || (*q >= '0' && *q <= '9'))) dotted = 0;
+    }
+    struct in_addr tmp;
+    if (dotted && inet_pton(AF_INET, addr, &tmp) != 1) {
+        say(why, n, "rendezvous address '%.60s' is not a valid IPv4 address", addr);
+        return -1;
+    }
+    return 0;
+}
+
+static int resolve(const char *addr, int port, int flags, struct addrinfo **res) {
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = flags;
+    return getaddrinfo(addr, ps, &hints, res);
+}
+
+/* A listening socket for rank 0 (see rendezvous.h for the bind address),
+ * or -1 with the reason. */
+static int listen_on(const char *addr, int port, int backlog, char *why, size_t n) {
+    struct addrinfo *res = NULL;
+    int numeric = resolve(addr, port, AI_NUMERICHOST, &res) == 0;
+    if (!numeric) {
+        int g = resolve(addr, port, 0, &res);
+        if (g) {
+            say(why, n, "rank 0 cannot resolve the rendezvous address '%.60s': %s", addr, gai_strerror(g));
+            return -1;
+        }
+    }
+    struct sockaddr_storage sa;
+    socklen_t salen = (socklen_t)res->ai_addrlen;
+    memcpy(&sa, res->ai_addr, res->ai_addrlen);
+    int family = res->ai_family;
+    freeaddrinfo(res);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int wildcard = !numeric || attempt == 1;
+        if (wildcard) {
+            if (family == AF_INET6) {
+                struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&sa;
+                s6->sin6_addr = in6addr_any;
+                s6->sin6_scope_id = 0;
+            } else {
+                ((struct sockaddr_in *)&sa)->sin_addr.s_addr = htonl(INADDR_ANY);
+            }
+        }
+        int fd = socket(family, SOCK_STREAM, 0);
+        if (fd < 0) {
+            say(why, n, "rank 0 cannot create a socket: %s", strerror(errno));
+            return -1;
+        }
+        int one = 1, zero = 0;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (family == AF_INET6 && wildcard) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+        if (bind(fd, (struct sockaddr *)&sa, salen) == 0 && listen(fd, backlog) == 0 && set_socket_options(fd) == 0)
+            return fd;
+        int err = errno;
+        close(fd);
+        if (err == EADDRNOTAVAIL && !wildcard) continue; /* not this host's address: the wildcard */
+        say(why, n, "rank 0 cannot listen on %s%.60s:%d: %s%s", wildcard ? "all addresses for " : "", addr, port,
+            strerror(err), err == EADDRINUSE ? " (another job or service on MASTER_PORT?)" : "");
+        return -1;
+    }
+    return -1; /* not reached */
+}
+
+typedef struct Pending {
+    int fd;
+    size_t got;
+    unsigned char hello[HELLO_BYTES];
+    char from[80];
+} Pending;
+
+static void peer_name(int fd, char *out, size_t n) {
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    char host[64], serv[16];
+    if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0 &&
+        getnameinfo((struct sockaddr *)&sa, len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+        snprintf(out, n, "%s:%s", host, serv);
+    else
+        snprintf(out, n, "an unknown address");
+}
+
+/* Rank 0: accept the other ranks. 0, or -1 with the reason (already sent to
+ * every connected rank). */
+static int accept_ranks(Rendezvous *r, const char *addr, int port, double deadline, char *why, size_t wn) {
+    int W = r->world;
+    int lfd = listen_on(addr, port, W + PENDING_EXTRA, r->reason, sizeof r->reason);
+    if (lfd < 0) {
+        say(why, wn, "%s", r->reason);
+        return -1;
+    }
+    int np_max = W + PENDING_EXTRA, np = 0, arrived = 0, dropped = 0, rc = -1;
+    int bad_fd = -1; /* a connection to tell why before closing */
+    Pending *pend = calloc((size_t)np_max, sizeof *pend);
+    struct pollfd *pfd = calloc((size_t)(1 + np_max + W), sizeof *pfd);
+    char (*from)[80] = calloc((size_t)W, sizeof *from); /* where each rank connected from */
+    if (!pend || !pfd || !from) {
+        snprintf(r->reason, sizeof r->reason, "rank 0: out of memory");
+        goto out;
+    }
+    while (arrived < W - 1) {
+        double left = deadline - now_s();
+        if (left <= 0) {
+            char miss[256];
+            int m = missing_ranks(r->fd, W, miss, sizeof miss);
+            snprintf(r->reason, sizeof r->reason,
+                     "rendezvous at %s timed out after %g s: rank%s %.220s never arrived (%d of %d ranks present)%s",
+                     r->where, r->timeout_s, m > 1 ? "s" : "", miss, W - m, W,
+                     dropped ? "; connections that did not speak this protocol were dropped" : "");
+            goto out;
+        }
+        int k = 0;
+        pfd[k++] = (struct pollfd){.fd = lfd, .events = POLLIN};
+        for (int i = 0; i < np; i++) pfd[k++] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+        for (int i = 1; i < W; i++) pfd[k++] = (struct pollfd){.fd = r->fd[i], .events = POLLIN}; /* -1: ignored */
+        int pr = poll(pfd, (nfds_t)k, ms_left(deadline));
+        if (pr < 0 && errno != EINTR) {
+            snprintf(r->reason, sizeof r->reason, "rank 0: poll failed: %s", strerror(errno));
+            goto out;
+        }
+        if (pr <= 0) continue;
+        /* An arrived rank sends nothing before WELCOME: readable means it
+         * left (forget it: it may connect again) or broke the protocol. */
+        for (int i = 1; i < W; i++) {
+            if (r->fd[i] < 0 || !pfd[1 + np + i - 1].revents) continue;
+            char c;
+            ssize_t got = recv(r->fd[i], &c, 1, MSG_DONTWAIT);
+            if (got > 0) {
+                snprintf(r->reason, sizeof r->reason, "rank %d sent data before the rendezvous was complete", i);
+                goto out;
+            }
+            if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                close_fd(&r->fd[i]);
+                arrived--;
+            }
+        }
+        /* Identify pending connections; walk backwards so removal is safe. */
+        for (int i = np - 1; i >= 0; i--) {
+            if (!pfd[1 + i].revents) continue;
+            Pending *p = &pend[i];
+            ssize_t got = recv(p->fd, p->hello + p->got, HELLO_BYTES - p->got, MSG_DONTWAIT);
+            if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+            int drop = got <= 0;
+            if (got > 0) p->got += (size_t)got;
+            if (!drop && p->got < HELLO_BYTES) continue;
+            if (!drop && get32(p->hello) != RDZV_MAGIC) drop = 1; /* not ours: a stray, keep waiting */
+            if (drop) {
+                close_fd(&p->fd);
+                dropped++;
+                pend[i] = pend[--np];
+                continue;
+            }
+            uint32_t ver = get32(p->hello + 4), world = get32(p->hello + 8), rank = get32(p->hello + 12);
+            if (ver != RDZV_VERSION)
+                snprintf(r->reason, sizeof r->reason, "a peer from %s speaks rendezvous version %u, rank 0 version %u",
+                         p->from, ver, RDZV_VERSION);
+            else if (world != (uint32_t)W)
+                snprintf(r->reason, sizeof r->reason,
+                         "world size mismatch: rank %u (from %s) has WORLD_SIZE=%u, rank 0 has WORLD_SIZE=%d", rank, p->from,
+                         world, W);
+            else if (rank < 1 || rank >= (uint32_t)W)
+                snprintf(r->reason, sizeof r->reason, "a peer from %s says it is rank %u (expected 1..%d)", p->from, rank,
+                         W - 1);
+            else if (r->fd[rank] >= 0)
+                snprintf(r->reason, sizeof r->reason, "rank %u connected twice (from %s and from %s): duplicate RANK",
+                         rank, from[rank], p->from);
+            else {
+                r->fd[rank] = p->fd;
+                snprintf(from[rank], sizeof from[rank], "%s", p->from);
+                arrived++;
+                pend[i] = pend[--np];
+                continue;
+            }
+            bad_fd = p->fd;
+            p->fd = -1;
+            goto out;
+        }
+        /* Accept what is waiting. */
+        if (pfd[0].revents) {
+            for (;;) {
+                int c = accept(lfd, NULL, NULL);
+                if (c < 0) {
+                    if (errno == EINTR) continue;
+                    break; /* EAGAIN, or a connection that died in the backlog */
+                }
+                if (set_socket_options(c) < 0) { close(c); continue; }
+                if (np == np_max) { /* too many unidentified: drop one */
+                    close_fd(&pend[0].fd);
+                    dropped++;
+                    pend[0] = pend[--np];
+                }
+                pend[np] = (Pending){.fd = c};
+                peer_name(c, pend[np].from, sizeof pend[np].from);
+                np++;
+            }
+        }
+    }
+    /* Everyone is here. */
+    for (int i = 1; i < W; i++) {
+        int io = send_frame(r->fd[i], OP_WELCOME, 0, NULL, 0, deadline + GRACE_S);
+        if (io != IO_OK) {
+            char tmp[96];
+            snprintf(r->reason, sizeof r->reason, "rank %d %s while the rendezvous completed", i,
+                     io_what(io, errno, r->timeout_s, tmp, sizeof tmp));
+            close_fd(&r->fd[i]);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    if (rc < 0) {
+        r->broken = 1;
+        if (bad_fd >= 0) { /* it waits for an answer: tell it first */
+            double deadline = now_s() + ABORT_S;
+            send_frame(bad_fd, OP_ABORT, 0, r->reason, strlen(r->reason), deadline);
+            linger_close(&bad_fd, 1, deadline);
+        }
+        abort_peers(r->fd, W, -1, r->reason);
+        say(why, wn, "%s", r->reason);
+    }
+    for (int i = 0; pend && i < np; i++) close_fd(&pend[i].fd);
+    close(lfd);
+    free(pend);
+    free(pfd);
+    free(from);
+    return rc;
+}
+
+/* One connection attempt to any address of addr:port before the deadline:
+ * the socket, or -1 with errno's message in err. */
+static int connect_once(const char *addr, int port, double deadline, char *err, size_t en) {
+    struct addrinfo *res = NULL;
+    int g = resolve(addr, port, 0, &res);
+    if (g) {
+        snprintf(err, en, "cannot resolve '%.60s': %s", addr, gai_strerror(g));
+        return -1;
+    }
+    int fd = -1;
+    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, SOCK_STREAM, 0);
+        if (fd < 0 || set_socket_options(fd) < 0) {
+            snprintf(err, en, "%s", strerror(errno));
+            close_fd(&fd);
+            continue;
+        }
+        int c = connect(fd, a->ai_addr, a->ai_addrlen);
+        if (c < 0 && errno == EINPROGRESS) {
+            int w = wait_fd(fd, POLLOUT, deadline);
+            int soerr = 0;
+            socklen_t sl = sizeof soerr;
+            if (w == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0) c = 0;
+            else errno = w == 1 ? soerr : ETIMEDOUT;
+        }
+        if (c < 0) {
+            snprintf(err, en, "%s", strerror(errno));
+            close_fd(&fd);
+        }
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+/* Other ranks: connect (retrying until the deadline), say hello, wait for
+ * rank 0's answer. 0, or -1 with the reason. */
+static int join_rank0(Rendezvous *r, const char *addr, int port, double deadline, char *why, size_t wn) {
+    char err[160] = "no attempt";
+    double backoff = 0.05;
+    int fd = -1;
+    for (;;) {
+        fd = connect_once(addr, port, deadline, err, sizeof err);
+        if (fd >= 0) break;
+        double left = deadline - now_s();
+        if (left > 0) { /* rank 0 may not be listening yet: wait a little longer each time */
+            double d = backoff < left ? backoff : left;
+            struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+            while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+            backoff = backoff * 2 < 1.0 ? backoff * 2 : 1.0;
+        }
+        if (now_s() >= deadline) {
+            say(why, wn, "rank 0 never arrived: nothing answered at %s within %g s (last attempt: %s)", r->where,
+                r->timeout_s, err);
+            return -1;
+        }
+    }
+    r->fd[0] = fd;
+    unsigned char h[HELLO_BYTES > HDR_BYTES ? HELLO_BYTES : HDR_BYTES];
+    put32(h, RDZV_MAGIC);
+    put32(h + 4, RDZV_VERSION);
+    put32(h + 8, (uint32_t)r->world);
+    put32(h + 12, (uint32_t)r->rank);
+    int io = io_full(fd, h, HELLO_BYTES, 1, deadline);
+    if (io == IO_OK) io = io_full(fd, h, HDR_BYTES, 0, deadline + GRACE_S);
+    if (io != IO_OK) {
+        if (io == IO_TIMEOUT)
+            say(why, wn, "connected to rank 0 at %s, but the group was not complete within %g s (rank 0's "
+                "message names the ranks that never arrived)", r->where, r->timeout_s);
+        else
+            say(why, wn, "rank 0 at %s %s before the group was complete", r->where,
+                io == IO_CLOSED ? "closed the connection" : strerror(errno));
+        close_fd(&r->fd[0]);
+        return -1;
+    }
+    uint32_t op, seq;
+    uint64_t len;
+    get_hdr(h, &op, &seq, &len);
+    if (op == OP_ABORT) {
+        char text[REASON_MAX - 40];
+        read_abort_text(fd, len, text, sizeof text, now_s() + ABORT_S);
+        say(why, wn, "rank 0 ended the rendezvous: %s", text);
+        close_fd(&r->fd[0]);
+        return -1;
+    }
+    if (op != OP_WELCOME || seq != 0 || len != 0) {
+        say(why, wn, "%s answered with something that is not this rendezvous protocol (another service on MASTER_PORT?)",
+            r->where);
+        close_fd(&r->fd[0]);
+        return -1;
+    }
+    return 0;
+}
+
+Rendezvous *rdzv_open(const char *addr, int port, int rank, int world, double timeout_s, char *why, size_t n) {
+    if (world < 1 || rank < 0 || rank >= world) {
+        say(why, n, "rendezvous: rank %d is not in 0..%d for world size %d", rank, world - 1, world);
+        return NULL;
+    }
+    if (world > 1 && (port < 1 || port > 65535)) {
+        say(why, n, "rendezvous port %d is out of range (expected 1..65535)", port);
+        return NULL;
+    }
+    if (!(timeout_s > 0)) {
+        say(why, n, "rendezvous timeout %g s must be positive", timeout_s);
+        return NULL;
+    }
+    if (world > 1 && check_addr(addr, why, n) < 0) return NULL;
+    Rendezvous *r = calloc(1, sizeof *r);
+    int *fd = malloc((size_t)world * sizeof *fd);
+    if (!r || !fd) {
+        free(r);
+        free(fd);
+        say(why, n, "rendezvous: out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < world; i++) fd[i] = -1;
+    r->fd = fd;
+    r->rank = rank;
+    r->world = world;
+    r->timeout_s = timeout_s;
+    snprintf(r->where, sizeof r->where, "%s%.100s%s:%d", addr && strchr(addr, ':') ? "[" : "", addr ? addr : "",
+             addr && strchr(addr, ':') ? "]" : "", port);
+    if (world == 1) return r;
+    double deadline = now_s() + timeout_s;
+    int rc = rank == 0 ? accept_ranks(r, addr, port, deadline, why, n) : join_rank0(r, addr, port, deadline, why, n);
+    if (rc < 0) {
+        rdzv_close(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* ---- collectives ---- */
+
+static int usable(Rendezvous *r, char *why, size_t wn) {
+    if (!r) { say(why, wn, "rendezvous: no handle (rdzv_open failed)"); return 0; }
+    if (r->broken) { say(why, wn, "%s", r->reason); return 0; }
+    return 1;
+}
+
+/* A rank other than 0 reads rank 0's header for collective (op, seq) and
+ * checks it announces len bytes. 0, or -1 (r failed with the reason). */
+static int recv_hdr_from0(Rendezvous *r, uint32_t op, uint32_t seq, uint64_t len, double deadline, char *why,
+                          size_t wn) {
+    unsigned char h[HDR_BYTES];
+    int io = io_full(r->fd[0], h, HDR_BYTES, 0, deadline + GRACE_S);
+    if (io != IO_OK) {
+        char tmp[96];
+        return fail(r, -1, why, wn, "rank 0 %s during %s #%u", io_what(io, errno, r->timeout_s, tmp, sizeof tmp),
+                    op_name(op), seq);
+    }
+    uint32_t gop, gseq;
+    uint64_t glen;
+    get_hdr(h, &gop, &gseq, &glen);
+    if (gop == OP_ABORT) {
+        char text[REASON_MAX - 40];
+        read_abort_text(r->fd[0], glen, text, sizeof text, now_s() + ABORT_S);
+        return fail(r, -1, why, wn, "rank 0 ended the rendezvous: %s", text);
+    }
+    if (gop != op || gseq != seq || glen != len)
+        return fail(r, -1, why, wn,
+                    "mismatched collectives: rank 0 sent %s #%u of %llu bytes while rank %d is in %s #%u of %llu bytes",
+                    op_name(gop), gseq, (unsigned long long)glen, r->rank, op_name(op), seq, (unsigned long long)len);
+    return 0;
+}
+
+int rdzv_bcast(Rendezvous *r, void *buf, size_t n, char *why, size_t wn) {
+    if (!usable(r, why, wn)) return -1;
+    uint32_t seq = ++r->seq;
+    if (r->world == 1) return 0;
+    double deadline = now_s() + r->timeout_s;
+    char tmp[96];
+    if (r->rank == 0) {
+        for (int i = 1; i < r->world; i++) {
+            int io = send_frame(r->fd[i], OP_BCAST, seq, buf, n, deadline);
+            if (io != IO_OK)
+                return fail(r, i, why, wn, "rank %d %s during bcast #%u", i,
+                            io_what(io, errno, r->timeout_s, tmp, sizeof tmp), seq);
+        }
+        return 0;
+    }
+    if (recv_hdr_from0(r, OP_BCAST, seq, n, deadline, why, wn) < 0) return -1;
+    int io = io_full(r->fd[0], buf, n, 0, deadline + GRACE_S);
+    if (io != IO_OK)
+        return fail(r, -1, why, wn, "rank 0 %s during bcast #%u", io_what(io, errno, r->timeout_s, tmp, sizeof tmp), seq);
+    return 0;
+}
+
+/* Allgather (op ALLGATHER) or barrier (op BARRIER, n = 0): each rank's n
+ * bytes to rank 0, rank 0's assembled world * n bytes to each rank. */
+static int gather_all(Rendezvous *r, uint32_t op, const void *send, void *recv, size_t n, char *why, size_t wn) {
+    if (!usable(r, why, wn)) return -1;
+    uint32_t seq = ++r->seq;
+    int W = r->world;
+    if (n && (size_t)W > SIZE_MAX / n) return fail(r, -1, why, wn, "%s #%u: %zu bytes x %d ranks overflows", op_name(op), seq, n, W);
+    size_t total = n * (size_t)W;
+    unsigned char *out = recv;
+    if (n) memmove(out + (size_t)r->rank * n, send, n);
+    if (W == 1) return 0;
+    double deadline = now_s() + r->timeout_s;
+    char tmp[96];
+    if (r->rank == 0) {
+        for (int i = 1; i < W; i++) {
+            unsigned char h[HDR_BYTES];
+            int io = io_full(r->fd[i], h, HDR_BYTES, 0, deadline);
+            uint32_t gop, gseq;
+            uint64_t glen;
+            if (io == IO_OK) {
+                get_hdr(h, &gop, &gseq, &glen);
+                if (gop != op || gseq != seq || glen != n)
+                    return fail(r, -1, why, wn,
+                                "mismatched collectives: rank %d is in %s #%u of %llu bytes while rank 0 is in %s #%u of "
+                                "%zu bytes", i, op_name(gop), gseq, (unsigned long long)glen, op_name(op), seq, n);
+                io = io_full(r->fd[i], out + (size_t)i * n, n, 0, deadline);
+            }
+            if (io != IO_OK)
+                return fail(r, -1, why, wn, "rank %d %s during %s #%u", i,
+                            io_what(io, errno, r->timeout_s, tmp, sizeof tmp), op_name(op), seq);
+        }
+        for (int i = 1; i < W; i++) {
+            int io = send_frame(r->fd[i], op, seq, out, total, deadline);
+            if (io != IO_OK)
+                return fail(r, i, why, wn, "rank %d %s during %s #%u", i,
+                            io_what(io, errno, r->timeout_s, tmp, sizeof tmp), op_name(op), seq);
+        }
+        return 0;
+    }
+    int io = send_frame(r->fd[0], op, seq, send, n, deadline);
+    if (io != IO_OK)
+        return fail(r, -1, why, wn, "rank 0 %s during %s #%u", io_what(io, errno, r->timeout_s, tmp, sizeof tmp),
+                    op_name(op), seq);
+    if (recv_hdr_from0(r, op, seq, total, deadline, why, wn) < 0) return -1;
+    io = io_full(r->fd[0], out, total, 0, deadline + GRACE_S);
+    if (io != IO_OK)
+        return fail(r, -1, why, wn, "rank 0 %s during %s #%u", io_what(io, errno, r->timeout_s, tmp, sizeof tmp),
+                    op_name(op), seq);
+    return 0;
+}
+
+int rdzv_allgather(Rendezvous *r, const void *send, void *recv, size_t n, char *why, size_t wn) {
+    return gather_all(r, OP_ALLGATHER, send, recv, n, why, wn);
+}
+
+int rdzv_barrier(Rendezvous *r, char *why, size_t wn) {
+    return gather_all(r, OP_BARRIER, NULL, NULL, 0, why, wn);
+}
+
+void rdzv_close(Rendezvous *r) {
+    if (!r) return;
+    linger_close(r->fd, r->world, now_s()); /* no waiting: in order, nothing is left unread */
+    free(r->fd);
+    free(r);
+}

@@ -1,0 +1,62 @@
+/* rendezvous.h — a TCP rendezvous for launches without MPI (torchrun-style:
+ * RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): reading those
+ * variables, forming the group at MASTER_ADDR:MASTER_PORT, and the few small
+ * collectives a bootstrap needs (rank 0's bytes to all, for the 128-byte
+ * ncclUniqueId; every rank's bytes to all, for hostnames; a barrier). It is a
+ * star through rank 0, meant for bytes, not tensors. No MPI, no CUDA.
+ *
+ * Every call that can fail returns NULL / -1 and writes one line (no
+ * newline) saying why into the caller's buffer; nothing is printed. Every
+ * blocking call ends within about timeout_s (rdzv_open's, counted from the
+ * start of each call; ranks other than 0 wait up to 0.5 s longer for rank 0,
+ * whose reason names the culprit, and rank 0 spends up to 0.5 s telling the
+ * others why it failed), and a peer that exits gives an error at once, not a
+ * hang. When any rank fails, every rank's pending or next call fails: rank 0
+ * sends its reason to the others, and another rank closes its connection.
+ * After an error the handle is broken: later calls fail with the first reason
+ * (rdzv_close is still needed). Not thread-safe: one caller per handle. */
+#ifndef LLMTRAIN_RENDEZVOUS_H
+#define LLMTRAIN_RENDEZVOUS_H
+#include <stddef.h>
+
+typedef struct Rendezvous Rendezvous;
+
+/* The torchrun variables. LOCAL_WORLD_SIZE is optional (local_world = -1
+ * when unset: derive it, e.g. from an allgather of host names). */
+typedef struct RdzvEnv {
+    int rank, world, local_rank, local_world;
+    char master_addr[256];
+    int master_port;
+} RdzvEnv;
+
+/* Parse RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (optional),
+ * MASTER_ADDR and MASTER_PORT with range checks. 0, or -1 with a reason
+ * naming the variable and what was expected. */
+int rdzv_env(RdzvEnv *e, char *why, size_t n);
+
+/* Form the group of `world` ranks. Rank 0 listens on addr:port and accepts
+ * the other world-1 ranks; they connect, retrying until timeout_s (rank 0
+ * may start later). Bind address: when addr is a numeric address of this
+ * host, rank 0 binds to it (the rendezvous stays on the network it names);
+ * for a host name, or an address that is not on this host (NAT, a forwarded
+ * port), it binds the wildcard of the address family, since a host name may
+ * resolve to a loopback address on its own host (Debian maps the host name to
+ * 127.0.1.1) and to the real interface elsewhere. A connection that does not
+ * speak this protocol is dropped and waiting goes on; a peer with another
+ * protocol version or world size, a rank out of range or a rank that
+ * connects twice ends the rendezvous on every connected rank with the reason.
+ * Returns after every rank has arrived, or NULL with the reason (a timeout
+ * names the ranks that never arrived). world = 1 opens no socket. */
+Rendezvous *rdzv_open(const char *addr, int port, int rank, int world, double timeout_s, char *why, size_t n);
+
+/* Rank 0's n bytes of buf to every rank's buf. */
+int rdzv_bcast(Rendezvous *r, void *buf, size_t n, char *why, size_t wn);
+/* Every rank's n bytes of send to every rank's recv[world * n], rank i's at
+ * recv + i * n. */
+int rdzv_allgather(Rendezvous *r, const void *send, void *recv, size_t n, char *why, size_t wn);
+/* Returns on any rank only after every rank has entered it. */
+int rdzv_barrier(Rendezvous *r, char *why, size_t wn);
+/* Close the connections and free the handle (NULL: nothing). */
+void rdzv_close(Rendezvous *r);
+
+#endif
