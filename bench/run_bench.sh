@@ -4,7 +4,8 @@
 # PyTorch CPU training the same model and batch, all in the same run.
 # FLOPs per token = 6 x (parameters in matrix products) + 12 x L x C x T.
 # Environment: BENCH_STEPS (default 6; the first is warm-up),
-# BENCH_MULTIRANK_ONLY=1 (only the multi-rank table).
+# BENCH_MULTIRANK_ONLY=1 (only the multi-rank table), BENCH_MULTIRANK_SPECS
+# (its rows, "RANKS:STRATEGY:SHARD_DEGREE ...", default every strategy at 1, 2, 4).
 set -e
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -42,7 +43,7 @@ text = open(out).read()
 peak = float(re.search(r"peak for MFU ([0-9.]+) GFLOP/s", text).group(1))
 blas = re.search(r"backend cpu[^|]*\| (.*)", text).group(1)
 params = re.search(r"([0-9.]+)M parameters", text).group(1)
-steps = [json.loads(l) for l in open(metrics) if l.startswith("{")]
+steps = [d for d in map(json.loads, open(metrics)) if "tokens_per_s" in d]  # step lines, not events
 ms = statistics.median(s["step_ms"] for s in steps[1:]) if len(steps) > 1 else steps[0]["step_ms"]
 tps = statistics.median(s["tokens_per_s"] for s in steps[1:]) if len(steps) > 1 else steps[0]["tokens_per_s"]
 mfu = statistics.median(s["mfu"] for s in steps[1:]) if len(steps) > 1 else steps[0]["mfu"]
@@ -75,7 +76,9 @@ cat >"$TMP/multirank.json" <<EOF2
  "eval": {"sample_tokens": 0}, "checkpoint": {"every_steps": 0}}
 EOF2
 echo "multi-rank (gpt2 4x256, vocab 50257, 8 x 64 tokens/step):"
-for spec in "1 NO_SHARD 0" "2 NO_SHARD 0" "2 FULL_SHARD 0" "2 SHARD_GRAD_OP 0" "4 NO_SHARD 0" "4 FULL_SHARD 0" "4 SHARD_GRAD_OP 0" "4 HYBRID_SHARD 2" "4 HYBRID_SHARD_ZERO2 2"; do
+SPECS=${BENCH_MULTIRANK_SPECS:-"1:NO_SHARD:0 2:NO_SHARD:0 2:FULL_SHARD:0 2:SHARD_GRAD_OP:0 4:NO_SHARD:0 4:FULL_SHARD:0 4:SHARD_GRAD_OP:0 4:HYBRID_SHARD:2 4:HYBRID_SHARD_ZERO2:2"}
+for spec in $SPECS; do
+    spec=${spec//:/ }
     set -- $spec
     np=$1; strat=$2; sd=$3
     dir="$TMP/mr_${np}_${strat}"
@@ -86,7 +89,7 @@ for spec in "1 NO_SHARD 0" "2 NO_SHARD 0" "2 FULL_SHARD 0" "2 SHARD_GRAD_OP 0" "
     $PY - "$np" "$strat" "$sd" "$dir/metrics.jsonl" <<'EOF2'
 import json, statistics, sys
 np_, strat, sd, path = sys.argv[1:5]
-steps = [json.loads(l) for l in open(path) if l.startswith("{")]
+steps = [d for d in map(json.loads, open(path)) if "tokens_per_s" in d]  # step lines, not events
 tps = statistics.median(s["tokens_per_s"] for s in steps[1:])
 comm = steps[-1].get("comm_bytes", {}) or {}
 total = sum(v for v in comm.values() if isinstance(v, (int, float)))
