@@ -61,6 +61,7 @@ static const Key KEYS[] = {
     {"train.micro_batch", K_INT, OFF(micro_batch), 0, "4", 1, 1 << 20, NULL, "sequences per forward pass on one rank"},
     {"train.global_batch", K_INT, OFF(global_batch), 0, "0", 0, BIG, NULL, "sequences per optimizer step over all ranks (0 = micro_batch * dp); accumulation = global / (micro * dp)"},
     {"train.activation_checkpointing", K_ENUM, OFF(act_ckpt), 0, "\"none\"", 0, 0, "none|selective|full", "recompute activations in the backward instead of keeping them: selective = the attention probabilities ([B, heads, T, T] per layer), full = everything but each layer's output (one more forward per layer)"},
+    {"train.lm_head_chunk", K_INT, OFF(lm_head_chunk), 0, "0", 0, 1 << 30, NULL, "token rows the LM head and the cross-entropy process at a time, so logits ([rows, vocab]) exist for this many tokens only and the backward recomputes each chunk's (one more LM-head matmul); 0 = the whole micro-batch"},
     {"train.device", K_STR, STR(device), "\"auto\"", 0, 0, "auto|cpu|cuda", "compute backend: auto (CUDA when a GPU is present, else CPU), cpu or cuda"},
     /* optim */
     {"optim.lr", K_FLOAT, OFF(lr), 0, "6e-4", 0, 10, NULL, "peak learning rate"},

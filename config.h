@@ -43,6 +43,7 @@ typedef struct Config {
     int global_batch;
     char device[16];
     int act_ckpt;        /* ACT_NONE | ACT_SELECTIVE | ACT_FULL (model.h), by index of none|selective|full */
+    int lm_head_chunk;   /* token rows of the LM head + cross-entropy at a time (0: the micro-batch) */
     /* optim */
     float lr, min_lr;
     int warmup_steps, decay_steps;

@@ -791,7 +791,7 @@ static void print_sample(Trainer *t) {
     for (int n = prompt; n < total; n++) {
         int len = n < T ? n : T;
         model_forward_bt(m, ctx + (n - len), NULL, 1, len);
-        const float *last = m->logits + (size_t)(len - 1) * m->V;
+        const float *last = m->logits + (size_t)(len - 1 - m->logits_row0) * m->V;
         if (tp > 1) {
             t->k->to_host(mine, last, (size_t)m->V * sizeof(float));
             dist_tp_gather_f32(&t->dist, mine, is_root(t) ? row : NULL, (size_t)m->V);
@@ -1105,6 +1105,9 @@ static void check_layout(Trainer *t) {
             mc->vocab_size, c->tp);
     if (c->tp > 1 && c->debug_dump[0])
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
+    if (c->lm_head_chunk > 0 && c->debug_dump[0])
+        die(EXIT_USAGE, "%s: debug.dump writes the whole micro-batch's logits: it needs train.lm_head_chunk 0, not %d", c->path,
+            c->lm_head_chunk);
     dist_set_tp(d, c->tp);
     if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
         t->S = d->dp;
@@ -1344,7 +1347,8 @@ static int train(int argc, char **argv) {
     if (c->data_vocab[0]) { vocab_load(&t->vocab, c->data_vocab); t->have_vocab = 1; }
 
     dist_setup_groups(&t->dist, t->S);
-    model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank, c->act_ckpt);
+    model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank,
+                   (ModelMem){c->act_ckpt, c->lm_head_chunk});
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, NULL, NULL};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
@@ -1483,7 +1487,7 @@ static int cmd_check(int argc, char **argv) {
     t->dist.local_size = 1;
     check_layout(t);
     select_backend(t);
-    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0, c->act_ckpt);
+    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0, (ModelMem){c->act_ckpt, c->lm_head_chunk});
     printf("check: %s: valid for %d ranks\n", c->path, world);
     if (c->description[0]) printf("description: %s\n", c->description);
     print_model_batch(t);

@@ -208,10 +208,11 @@ static size_t carve_acts(Model *m, float *base) {
     TAKE(m->lnf, N * C);
     if (gpt2) TAKE(m->lnf_mean, N); else m->lnf_mean = NULL;
     TAKE(m->lnf_rstd, N);
-    TAKE(m->logits, N * (size_t)m->V);
+    size_t R = m->head_rows > 0 && (size_t)m->head_rows < N ? (size_t)m->head_rows : N;
+    TAKE(m->logits, R * (size_t)m->V);
     TAKE(m->losses, N);
-    if (m->tp > 1) { TAKE(m->ce_max, N); TAKE(m->ce_sum, 2 * N); m->ce_tgt = base ? m->ce_sum + N : NULL; }
-    else m->ce_max = m->ce_sum = m->ce_tgt = NULL;
+    if (m->tp > 1) { TAKE(m->ce_max, R); TAKE(m->ce_sum, 2 * R); }
+    else m->ce_max = m->ce_sum = NULL;
     TAKE(m->dres, N * C);
     TAKE(m->dbuf1, widest);
     TAKE(m->dbuf2, widest);
@@ -225,7 +226,7 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
 }
 
 void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments) {
-    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, ACT_NONE);
+    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0});
 }
 
 void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, int tp_rank) {
@@ -246,9 +247,10 @@ void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, in
     build_layout(m, pad_multiple);
 }
 
-void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank, int act_ckpt) {
+void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank, ModelMem mem) {
     model_layout(m, cfg, pad_multiple, tp, tp_rank);
-    m->act_ckpt = act_ckpt;
+    m->act_ckpt = mem.act_ckpt;
+    m->head_rows = mem.head_rows;
     m->B = B;
     m->T = T;
     m->la = calloc_check((size_t)cfg->n_layer, sizeof(LayerActs));
@@ -256,8 +258,8 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
 }
 
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
-                    int tp, int tp_rank, int act_ckpt) {
-    model_plan_tp(m, cfg, B, T, pad_multiple, tp, tp_rank, act_ckpt);
+                    int tp, int tp_rank, ModelMem mem) {
+    model_plan_tp(m, cfg, B, T, pad_multiple, tp, tp_rank, mem);
     m->k = k;
     size_t bytes = m->n_params * sizeof(float);
     m->params = k->alloc(bytes);
@@ -435,6 +437,29 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         k->add(a->res3, a->res2, m->dbuf1, (size_t)N * C);
 }
 
+/* Rows of the LM head and cross-entropy at a time for N rows. */
+static int head_rows(const Model *m, int N) { return m->head_rows > 0 && m->head_rows < N ? m->head_rows : N; }
+
+/* LM head and cross-entropy of rows [r0, r0 + n): logits, then the
+ * softmax probabilities in place and losses[r0, +n). Vocab-parallel under
+ * tp: no rank holds a full row (row max all-reduced, then the exp sums and
+ * the target logit). */
+static void head_forward(Model *m, int r0, int n) {
+    const Kernels *k = m->k;
+    const int *tg = m->targets + r0;
+    k->matmul_forward(m->logits, m->lnf + (size_t)r0 * m->cfg.n_embd, m->p.lm_head, NULL, n, m->cfg.n_embd, m->V);
+    if (m->tp > 1) {
+        float *tgt = m->ce_sum + n; /* sums and target logits: one all-reduce of 2n */
+        k->crossentropy_vp_max(m->ce_max, m->logits, n, m->V);
+        tp_allreduce(m, m->ce_max, (size_t)n, 1);
+        k->crossentropy_vp_expsum(m->ce_sum, tgt, m->logits, m->ce_max, tg, n, m->V, m->v0);
+        tp_allreduce(m, m->ce_sum, 2 * (size_t)n, 0);
+        k->crossentropy_vp_finish(m->losses + r0, m->logits, m->ce_max, m->ce_sum, tgt, n, m->V);
+    } else {
+        k->crossentropy_forward(m->losses + r0, m->logits, tg, n, m->cfg.vocab_size);
+    }
+}
+
 float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
@@ -465,22 +490,22 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     chunk_event(m, L + 1, CHUNK_PRE_FORWARD);
     if (tied) chunk_event(m, 0, CHUNK_PRE_FORWARD); /* the LM head reads wte */
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, N);
-    k->matmul_forward(m->logits, m->lnf, m->p.lm_head, NULL, N, C, m->V);
+    int R = head_rows(m, N);
+    if (!targets) { /* the logits of the last R rows (sampling reads the last one) */
+        m->logits_row0 = N - R;
+        k->matmul_forward(m->logits, m->lnf + (size_t)(N - R) * C, m->p.lm_head, NULL, R, C, m->V);
+    } else {
+        if (tp)
+            for (int n = 0; n < N; n++)
+                if (targets[n] < 0 || targets[n] >= c->vocab_size)
+                    die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], c->vocab_size);
+        m->logits_row0 = 0;
+        for (int r0 = 0; r0 < N; r0 += R) /* full logits never exist when R < N */
+            head_forward(m, r0, N - r0 < R ? N - r0 : R);
+    }
     if (tied) chunk_event(m, 0, CHUNK_POST_FORWARD);
     chunk_event(m, L + 1, CHUNK_POST_FORWARD);
     if (!targets) return NAN;
-    if (tp) { /* vocab-parallel cross-entropy: no rank holds a full row */
-        for (int n = 0; n < N; n++)
-            if (targets[n] < 0 || targets[n] >= c->vocab_size)
-                die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], c->vocab_size);
-        k->crossentropy_vp_max(m->ce_max, m->logits, N, m->V);
-        tp_allreduce(m, m->ce_max, (size_t)N, 1);
-        k->crossentropy_vp_expsum(m->ce_sum, m->ce_tgt, m->logits, m->ce_max, m->targets, N, m->V, m->v0);
-        tp_allreduce(m, m->ce_sum, 2 * (size_t)N, 0);
-        k->crossentropy_vp_finish(m->losses, m->logits, m->ce_max, m->ce_sum, m->ce_tgt, N, m->V);
-    } else {
-        k->crossentropy_forward(m->losses, m->logits, m->targets, N, c->vocab_size);
-    }
     return (float)(k->sum(m->losses, (size_t)N) / N);
 }
 
@@ -499,10 +524,15 @@ void model_backward(Model *m, float loss_scale) {
 
     chunk_event(m, L + 1, CHUNK_PRE_BACKWARD);
     if (tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD); /* the LM head writes wte's gradient; POST after the embedding */
-    if (tp) k->crossentropy_vp_backward(m->logits, m->targets, loss_scale, N, V, m->v0);
-    else k->crossentropy_backward(m->logits, m->targets, loss_scale, N, V);
     k->zero(m->dlnf, NC * sizeof(float));
-    k->matmul_backward(m->dlnf, m->g.lm_head, NULL, m->logits, m->lnf, m->p.lm_head, N, C, V);
+    int R = head_rows(m, N);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        int n = N - r0 < R ? N - r0 : R;
+        if (R < N) head_forward(m, r0, n); /* chunked: this chunk's probabilities again (one chunk: the forward's are here) */
+        if (tp) k->crossentropy_vp_backward(m->logits, m->targets + r0, loss_scale, n, V, m->v0);
+        else k->crossentropy_backward(m->logits, m->targets + r0, loss_scale, n, V);
+        k->matmul_backward(m->dlnf + (size_t)r0 * C, m->g.lm_head, NULL, m->logits, m->lnf + (size_t)r0 * C, m->p.lm_head, n, C, V);
+    }
     if (tp) tp_allreduce(m, m->dlnf, NC, 0); /* partial over the vocabulary slices */
     const float *xL = c->n_layer > 0 ? m->la[c->n_layer - 1].res3 : m->encoded;
     k->zero(m->dres, NC * sizeof(float));

@@ -88,9 +88,19 @@ typedef struct ModelComm {
  * activations the backward recomputes instead of keeping per layer. */
 enum { ACT_NONE = 0, ACT_SELECTIVE = 1 /* attention probabilities */, ACT_FULL = 2 /* all but each layer's output */ };
 
+/* What the activations keep: train.activation_checkpointing, and
+ * train.lm_head_chunk, the token rows the LM head and the cross-entropy
+ * process at a time (0: the whole micro-batch), so that logits exist for
+ * head_rows rows only and the backward recomputes each chunk's. */
+typedef struct ModelMem {
+    int act_ckpt;
+    int head_rows;
+} ModelMem;
+
 typedef struct Model {
     ModelConfig cfg;
     int act_ckpt;             /* ACT_NONE | ACT_SELECTIVE | ACT_FULL */
+    int head_rows;            /* LM head / cross-entropy rows at a time (0: all) */
     const Kernels *k;
     int B, T;                 /* micro-batch shape activations are sized for */
     int cur_B, cur_T;         /* shape of the last forward, which backward reuses */
@@ -123,9 +133,10 @@ typedef struct Model {
     float *encoded;           /* [N,C] embedding output = residual stream input */
     LayerActs *la;            /* [n_layer] */
     float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;            /* [N,V] (local V) logits -> probs -> dlogits */
+    float *logits;            /* [R,V] (local V; R = N, or head_rows) logits -> probs -> dlogits */
+    int logits_row0;          /* after a forward without targets: logits holds rows [logits_row0, N) */
     float *losses;            /* [N] */
-    float *ce_max, *ce_sum, *ce_tgt; /* [N] vocab-parallel cross-entropy pieces (tp > 1) */
+    float *ce_max, *ce_sum;   /* [R], [2R] vocab-parallel cross-entropy pieces (tp > 1) */
     /* backward scratch */
     float *dres;              /* [N,C] gradient of the residual stream */
     float *dbuf1, *dbuf2;     /* [N, max(qkv_dim, fc_dim, C)] */
@@ -143,10 +154,10 @@ void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
 /* The same for tensor-parallel rank tp_rank of tp: specs carry LOCAL shapes.
  * Set m->comm before a forward when tp > 1. */
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
-                    int tp, int tp_rank, int act_ckpt);
+                    int tp, int tp_rank, ModelMem mem);
 /* Only the layout table and the activation size (acts_floats): no backend
  * memory, so `llmtrain check` can size a 70B model. Free with model_free. */
-void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank, int act_ckpt);
+void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank, ModelMem mem);
 void model_free(Model *m);
 /* Only the layout table (specs, chunks, TP geometry) of TP rank tp_rank of
  * tp: nothing allocated on the backend. Free with model_free. */
@@ -163,7 +174,9 @@ void model_init_random(Model *m, float std, uint64_t seed);
 /* Look up a tensor by internal name; NULL if absent. */
 const ParamSpec *model_find(const Model *m, const char *name);
 /* Forward over a micro-batch (tokens/targets are host arrays of B*T).
- * Returns the mean loss over its B*T targets (targets may be NULL: no loss). */
+ * Returns the mean loss over its B*T targets (targets may be NULL: no loss;
+ * then m->logits holds the logits of the last rows [logits_row0, B*T): all
+ * of them, or the last head_rows). */
 float model_forward(Model *m, const int *tokens, const int *targets);
 /* The same for a smaller B x T (sampling runs B = 1, growing T). */
 float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T);
