@@ -14,12 +14,17 @@
 # The step-4 checkpoint (end of training) first waits for the step-2 one, so
 # it is not measured. dd runs once after each llmtrain run (a shared virtual
 # disk varies from minute to minute): both figures are printed and their mean
-# is compared.
+# is compared. dd starts BENCH_CKPT_SETTLE seconds after the last file was
+# deleted, as the checkpoint writer does (it starts well after the previous
+# deletion): a buffered write right after deleting a file of the same size
+# reuses the page cache just freed, and on the 2-core development VM ran 3-5x
+# faster (1.3-1.8 GB/s) than one a second or more later (0.25-0.5 GB/s), which
+# would compare the writer with a dd that had an advantage it never has.
 #
 # Environment: BENCH_CKPT_DIR (parent folder of the temporary checkpoint
 # folder, default <repo>/runs; the numbers are for the disk holding it, which
-# the output names with df -P). A checkpoint is ~1.5 GB; up to two exist at
-# once, and everything is removed at the end.
+# the output names with df -P), BENCH_CKPT_SETTLE (default 10). A checkpoint
+# is ~1.5 GB; up to two exist at once, and everything is removed at the end.
 set -e
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -57,6 +62,7 @@ print(next((int(e["bytes"]) for e in ev if e["step"] == 2), 0))
 EOF
 }
 
+SETTLE=${BENCH_CKPT_SETTLE:-10}
 LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 for mode in sync async; do
     async=false
@@ -71,6 +77,7 @@ for mode in sync async; do
     BYTES=$(ckpt_bytes "$DIR/run_$mode/metrics.jsonl")
     [ "$BYTES" -gt 0 ] || { echo "ckpt_bench: the $mode run logged no step-2 checkpoint in $DIR/run_$mode/metrics.jsonl" >&2; exit 1; }
     # as many MiB as the checkpoint has bytes (rounded up); fsync before dd ends
+    sleep "$SETTLE"
     if ! dd if=/dev/zero of="$DIR/dd.bin" bs=1M count=$(( (BYTES + 1048575) / 1048576 )) conv=fsync 2>"$DIR/dd_$mode.err"; then
         cat "$DIR/dd_$mode.err" >&2
         echo "ckpt_bench: dd to $DIR failed (output above)" >&2
