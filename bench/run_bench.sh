@@ -47,7 +47,7 @@ text = open(out).read()
 peak = float(re.search(r"peak for MFU ([0-9.]+) GFLOP/s", text).group(1))
 blas = re.search(r"backend cpu[^|]*\| (.*)", text).group(1)
 params = re.search(r"([0-9.]+)M parameters", text).group(1)
-steps = [json.loads(l) for l in open(metrics) if l.startswith("{")]
+steps = [s for s in (json.loads(l) for l in open(metrics) if l.startswith("{")) if "event" not in s]  # step lines, not {"event": ...}
 ms = statistics.median(s["step_ms"] for s in steps[1:]) if len(steps) > 1 else steps[0]["step_ms"]
 tps = statistics.median(s["tokens_per_s"] for s in steps[1:]) if len(steps) > 1 else steps[0]["tokens_per_s"]
 mfu = statistics.median(s["mfu"] for s in steps[1:]) if len(steps) > 1 else steps[0]["mfu"]
@@ -92,7 +92,7 @@ for spec in "1 NO_SHARD 0" "2 NO_SHARD 0" "2 FULL_SHARD 0" "2 SHARD_GRAD_OP 0" "
     $PY - "$np" "$strat" "$sd" "$dir/metrics.jsonl" <<'EOF2'
 import json, statistics, sys
 np_, strat, sd, path = sys.argv[1:5]
-steps = [json.loads(l) for l in open(path) if l.startswith("{")]
+steps = [s for s in (json.loads(l) for l in open(path) if l.startswith("{")) if "event" not in s]
 tps = statistics.median(s["tokens_per_s"] for s in steps[1:])
 comm = steps[-1].get("comm_bytes", {}) or {}
 total = sum(v for v in comm.values() if isinstance(v, (int, float)))
