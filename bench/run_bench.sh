@@ -1,13 +1,18 @@
 #!/bin/bash
 # make bench: CPU training throughput of llmtrain for GPT-2 124M (B=4, T=64)
 # and a small Llama, next to this machine's measured sgemm peak and next to
-# PyTorch CPU training the same model and batch, all in the same run.
+# PyTorch CPU training the same model and batch, all in the same run; then
+# GPT-2 124M's checkpoint blocking time and write bandwidth
+# (bench/ckpt_bench.sh); then a multi-rank table.
 # FLOPs per token = 6 x (parameters in matrix products) + 12 x L x C x T.
 # Environment: BENCH_STEPS (default 6; the first is warm-up),
 # BENCH_MULTIRANK_ONLY=1 (only the multi-rank table), BENCH_MULTIRANK_SPECS
-# (its rows, "RANKS:STRATEGY:SHARD_DEGREE ...", default every strategy at 1, 2, 4).
+# (its rows, "RANKS:STRATEGY:SHARD_DEGREE ...", default every strategy at 1, 2, 4),
+# BENCH_CKPT=0 (skip the checkpoint benchmark), BENCH_CKPT_ONLY=1 (only it),
+# BENCH_CKPT_DIR (where it writes its checkpoints; see bench/ckpt_bench.sh).
 set -e
 cd "$(dirname "$0")/.."
+if [ "${BENCH_CKPT_ONLY:-0}" = 1 ]; then exec bench/ckpt_bench.sh; fi
 PY=/usr/bin/python3
 STEPS=${BENCH_STEPS:-6}
 TMP=$(mktemp -d)
@@ -61,6 +66,7 @@ run_case gpt2_124M '{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
     "--arch gpt2 --n_layer 12 --n_embd 768 --n_head 12 --vocab 50257 --max_seq_len 1024" 4 64
 run_case llama_small '{"arch": "llama", "n_layer": 8, "n_embd": 512, "n_head": 8, "n_kv_head": 4, "ffn_hidden": 1536, "vocab_size": 32000, "max_seq_len": 256}' \
     "--arch llama --n_layer 8 --n_embd 512 --n_head 8 --n_kv_head 4 --ffn_hidden 1536 --vocab 32000 --max_seq_len 256" 4 128
+if [ "${BENCH_CKPT:-1}" != 0 ]; then bench/ckpt_bench.sh; fi
 fi
 
 # Multi-rank: the same model and global batch at 1, 2 and 4 ranks under each
