@@ -8,7 +8,7 @@
 # N restarts. llmtrain resumes by itself from the newest complete checkpoint
 # (checkpoint.resume "auto"), so each attempt continues where the last
 # complete checkpoint left off. Not restarted: exit 0 (done), 2 (bad input:
-# a rerun fails the same way) and 143 (stopped on request by SIGTERM or
+# a rerun fails the same way), 126 and 127 (the command cannot run) and 143 (stopped on request by SIGTERM or
 # SIGUSR1, or this launcher was told to stop: it forwards SIGTERM/SIGINT to
 # the command and exits with its code). Every attempt sees
 # LLMTRAIN_ATTEMPT=1, 2, ... (the fault hook's attempt= key; forward it with
@@ -48,7 +48,7 @@ meaning() {
         0) echo "finished" ;; 2) echo "bad input" ;; 3) echo "I/O failure" ;;
         4) echo "non-finite loss or gradients" ;; 5) echo "watchdog timeout: a hung step or collective" ;;
         6) echo "another rank failed" ;; 7) echo "slow fabric at the health check" ;;
-        70) echo "internal error" ;; 137) echo "killed by SIGKILL" ;; 143) echo "stopped by SIGTERM" ;;
+        70) echo "internal error" ;; 126) echo "command not executable" ;; 127) echo "command not found" ;; 137) echo "killed by SIGKILL" ;; 143) echo "stopped by SIGTERM" ;;
         *) if [ "$1" -gt 128 ]; then echo "killed by signal $(($1 - 128))"; else echo "failed"; fi ;;
     esac
 }
@@ -86,8 +86,8 @@ while :; do
     if [ "$stopping" = 1 ] || [ "$rc" -eq 143 ]; then
         echo "run_resilient: attempt $attempt stopped on request (exit $rc) after $secs s; not restarting" >&2; break
     fi
-    if [ "$rc" -eq 2 ]; then
-        echo "run_resilient: attempt $attempt exited with code 2 (bad input) after $secs s; a restart would fail the same way" >&2; break
+    if [ "$rc" -eq 2 ] || [ "$rc" -eq 126 ] || [ "$rc" -eq 127 ]; then
+        echo "run_resilient: attempt $attempt exited with code $rc ($(meaning "$rc")) after $secs s; a restart would fail the same way" >&2; break
     fi
     if [ $((attempt - 1)) -ge "$max_restarts" ]; then
         echo "run_resilient: attempt $attempt exited with code $rc ($(meaning "$rc")) after $secs s; giving up after $max_restarts restart(s)" >&2; break

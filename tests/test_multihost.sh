@@ -121,6 +121,20 @@ fi
 sleep 1
 if [ "$(left)" = "0 0" ]; then ok "no process left in either namespace"; else bad "processes left (ns1 ns2): $(left)"; fi
 
+# 3b. max_restarts 1: the same kill in the first attempt only; the leader
+# restarts mpirun over both hosts, the worker waits for the second MPI job
+for h in 1 2; do echo '{"job": "job.json", "max_restarts": "1", "checkpoint.async": "false"}' >"$TMP/h$h/ml/input/config/hyperparameters.json"; done
+sm_job restart LLMTRAIN_FAULT="rank=1,step=3,kind=die,attempt=1"
+cp -r "$TMP/h1/ml/output/data" "$TMP/restart" 2>/dev/null && cp -r "$TMP/h1/ml/model" "$TMP/restart/hf" 2>/dev/null
+if [ $rc -eq 0 ] && [ $wrc -eq 0 ] && grep -q "run_resilient: finished after 2 attempt(s)" "$TMP/restart.leader" &&
+   grep -q "worker: MPI daemon gone; waiting up to" "$TMP/restart.worker" && [ "$(grep -c 'worker: MPI daemon running' "$TMP/restart.worker")" -eq 2 ] &&
+   $PY tests/compare_runs.py "$TMP/one" "$TMP/restart" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3; then
+    ok "max_restarts 1 over 2 hosts: rank killed on host 2, mpirun restarted over both, the worker served both jobs; matches 1 process"
+else
+    bad "2-host restart: leader rc=$rc worker rc=$wrc $(grep -E 'run_resilient|FAILED' "$TMP/restart.leader" | head -3) | $(tail -2 "$TMP/restart.worker")"
+fi
+for h in 1 2; do echo '{"job": "job.json"}' >"$TMP/h$h/ml/input/config/hyperparameters.json"; done
+
 # 4. the same kill under plain mpirun
 t0=$(date +%s)
 LLMTRAIN_FAULT="rank=1,step=3,kind=die" timeout 90 ip netns exec $NS1 $MH -x LLMTRAIN_FAULT $BIN "$TMP/job.json" \

@@ -153,6 +153,9 @@ if [ $rc -eq 143 ] && grep -q "stopped on request (exit 143)" "$TMP/term.out" &&
    [ "$(grep -c '^metrics: ' "$TMP/term.out")" -eq 1 ]; then
     ok "SIGTERM to the launcher: forwarded, checkpoint written, exit 143, no restart"
 else bad "SIGTERM: rc $rc: $(tail -3 "$TMP/term.out")"; fi
+"$RES" --delay 0 -- "$TMP/no-such-binary" >"$TMP/nf.out" 2>&1; rc=$?
+if [ $rc -eq 127 ] && [ "$(grep -c '^run_resilient: attempt' "$TMP/nf.out")" -eq 1 ]; then ok "command not found: exit 127 after one attempt"
+else bad "command not found: rc $rc: $(cat "$TMP/nf.out")"; fi
 "$RES" --max-restarts x -- true 2>"$TMP/opt.err"; rc=$?
 if [ $rc -eq 2 ] && grep -q "expected a whole number" "$TMP/opt.err"; then ok "malformed --max-restarts: exit 2, one line"
 else bad "malformed option: rc $rc"; fi

@@ -94,6 +94,21 @@ else
     bad "restart: rc=$rc resume line '$line' $(tail -3 "$R.out")"
 fi
 
+# 2a. max_restarts: a rank killed at step 3 of the first attempt; the entry
+# point's run_resilient.sh restarts it from the step-2 checkpoint, one job
+R=$TMP/restarts/ml
+make_root "$R" '{"job": "tiny.json", "max_restarts": "1", "checkpoint.async": "false"}' train val
+entry "$R" LLMTRAIN_FAULT="rank=0,step=3,kind=die,attempt=1"
+if [ $rc -eq 0 ] && [ ! -e "$R/output/failure" ] && grep -q "run_resilient: attempt 1 exited with code 137" "$R.out" &&
+   grep -q "^resume: .*step_00000002 at step 2" "$R.out" && grep -q "run_resilient: finished after 2 attempt(s), 1 restart(s) | goodput" "$R.out" &&
+   [ -s "$R/model/model.safetensors" ]; then
+    ok "max_restarts 1: killed at step 3, restarted inside the job from step 2, model exported"
+else bad "max_restarts: rc=$rc $(grep -E 'run_resilient|FAILED' "$R.out" | head -3)"; fi
+R=$TMP/badrestarts/ml
+make_root "$R" '{"job": "tiny.json", "max_restarts": "-1"}' train val
+entry "$R"
+expect_failure "max_restarts=-1" "$R" "max_restarts: expected a whole number >= 0"
+
 # 2b. ranks per host from the GPUs nvidia-smi lists (a fake one listing 2):
 # one host runs mpirun over 2 local ranks
 mkdir -p "$TMP/fakebin"
