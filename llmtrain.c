@@ -846,6 +846,7 @@ typedef struct StepStats {
     double loss, lr, norm, dt, val_loss;
     int clipped, skipped;
     double comm_ag, comm_rs, comm_ar, comm_tp; /* bus bytes of this step per collective kind */
+    double comm_wait;  /* seconds blocked in collectives and waits (exposed communication) */
     double ck_block;   /* seconds training was blocked by a checkpoint begun after this step */
     double norm_mean;  /* running mean of the previous CKPT_SPIKE_WINDOW norms (NAN: none yet) */
     int spike;         /* norm above norm_mean + 0.1 */
@@ -900,7 +901,7 @@ static void log_step(Trainer *t, const StepStats *s) {
                     n += snprintf(comm + n, sizeof comm - (size_t)n, "%s%s %.2f", sep, name[i], kind[i] / 1e6);
                     sep = " ";
                 }
-            snprintf(comm + n, sizeof comm - (size_t)n, ")");
+            snprintf(comm + n, sizeof comm - (size_t)n, ") wait %.0f ms", 1000 * s->comm_wait);
         }
         char ck[48] = "";
         if (s->ck_block > 0) snprintf(ck, sizeof ck, " | ckpt blocked %.0f ms", 1000 * s->ck_block);
@@ -926,6 +927,7 @@ static void log_step(Trainer *t, const StepStats *s) {
     fprintf(f, ",\"grad_spike\":%s", s->spike ? "true" : "false");
     if (s->spike_ended) fprintf(f, ",\"grad_spike_steps\":%d", s->spike_ended);
     if (s->ck_block > 0) json_num(f, "ckpt_block_ms", 1000 * s->ck_block);
+    if (t->dist.world > 1) json_num(f, "comm_wait_ms", 1000 * s->comm_wait);
     fprintf(f, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f,\"tp_allreduce\":%.0f}",
             s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp);
     fprintf(f, "}\n");
@@ -1079,6 +1081,7 @@ static StepStats train_step(Trainer *t, int step) {
     s.comm_rs = t->dist.bytes_reduce_scatter;
     s.comm_ar = t->dist.bytes_allreduce;
     s.comm_tp = t->dist.bytes_tp_allreduce;
+    s.comm_wait = t->dist.comm_wait_s;
     s.dt = now_s() - t0;
     return s;
 }

@@ -20,7 +20,7 @@ struct DistGroups {
     int n_reqs;
 };
 
-enum { FAULT_NONE, FAULT_HANG, FAULT_DIE, FAULT_NAN, FAULT_CKPT_DIE };
+enum { FAULT_NONE, FAULT_HANG, FAULT_DIE, FAULT_NAN, FAULT_CKPT_DIE, FAULT_SLOW };
 
 /* Watchdog state shared by the main thread (dist_phase, collectives) and the
  * watchdog thread; every field is read and written under mu. */
@@ -43,7 +43,7 @@ static int launched_by_mpi(void) {
            getenv("PMI_RANK") || getenv("MPI_LOCALNRANKS");
 }
 
-/* LLMTRAIN_FAULT="rank=R,step=S[-E],kind=hang|die|nan|ckpt_die[,attempt=A]"
+/* LLMTRAIN_FAULT="rank=R,step=S[-E],kind=hang|die|nan|ckpt_die|slow[,attempt=A]"
  * (rank optional: every rank; attempt optional: every attempt, else only
  * when LLMTRAIN_ATTEMPT, which scripts/run_resilient.sh sets and which is 1
  * when unset, equals A). Malformed: one line and exit 2. */
@@ -52,7 +52,7 @@ static void fault_parse(Dist *d) {
     d->fault_kind = FAULT_NONE;
     if (!env || !*env) return;
     char buf[256];
-    if (strlen(env) >= sizeof buf) die(EXIT_USAGE, "LLMTRAIN_FAULT: value too long (expected rank=R,step=S[-E],kind=hang|die|nan|ckpt_die[,attempt=A])");
+    if (strlen(env) >= sizeof buf) die(EXIT_USAGE, "LLMTRAIN_FAULT: value too long (expected rank=R,step=S[-E],kind=hang|die|nan|ckpt_die|slow[,attempt=A])");
     strcpy(buf, env);
     int kind = FAULT_NONE, rank = -1, lo = 0, hi = 0, have_step = 0, attempt = 0;
     char *save = NULL;
@@ -81,6 +81,7 @@ static void fault_parse(Dist *d) {
             else if (strcmp(v, "die") == 0) kind = FAULT_DIE;
             else if (strcmp(v, "nan") == 0) kind = FAULT_NAN;
             else if (strcmp(v, "ckpt_die") == 0) kind = FAULT_CKPT_DIE;
+            else if (strcmp(v, "slow") == 0) kind = FAULT_SLOW;
             else goto bad;
         } else if (strcmp(tok, "attempt") == 0) {
             long a = strtol(v, &end, 10);
@@ -99,7 +100,7 @@ static void fault_parse(Dist *d) {
     d->fault_step_hi = hi;
     return;
 bad:
-    die(EXIT_USAGE, "LLMTRAIN_FAULT \"%s\": malformed (expected rank=R,step=S or step=S-E,kind=hang|die|nan|ckpt_die[,attempt=A]; "
+    die(EXIT_USAGE, "LLMTRAIN_FAULT \"%s\": malformed (expected rank=R,step=S or step=S-E,kind=hang|die|nan|ckpt_die|slow[,attempt=A]; "
         "S is the 1-based step number, A the 1-based LLMTRAIN_ATTEMPT)", env);
 }
 
@@ -114,6 +115,10 @@ void dist_fault_point(Dist *d, int step) {
         fflush(stderr);
         raise(SIGKILL);
     }
+    if (fault_here(d, FAULT_SLOW, step)) { /* a straggler: the others wait for it */
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+    }
     if (fault_here(d, FAULT_HANG, step)) {
         fflush(stdout);
         fflush(stderr);
@@ -124,7 +129,12 @@ void dist_fault_point(Dist *d, int step) {
 int dist_fault_nan(Dist *d, int step) { return fault_here(d, FAULT_NAN, step); }
 int dist_fault_ckpt_die(Dist *d, int step) { return fault_here(d, FAULT_CKPT_DIE, step); }
 
+/* Around every blocking collective and wait: tells the watchdog which one
+ * is in flight (name; NULL when it returned) and adds the time spent to
+ * comm_wait_s, the communication the step waited for. */
 static void watch_collective(Dist *d, const char *name) {
+    if (name) d->coll_t0 = now_s();
+    else d->comm_wait_s += now_s() - d->coll_t0;
     struct DistWatch *w = d->watch;
     if (!w) return;
     pthread_mutex_lock(&w->mu);
@@ -363,7 +373,10 @@ static int count_of(size_t n, const char *what) {
     return (int)n;
 }
 
-void dist_comm_reset(Dist *d) { d->bytes_allgather = d->bytes_reduce_scatter = d->bytes_allreduce = d->bytes_tp_allreduce = 0; }
+void dist_comm_reset(Dist *d) {
+    d->bytes_allgather = d->bytes_reduce_scatter = d->bytes_allreduce = d->bytes_tp_allreduce = 0;
+    d->comm_wait_s = 0;
+}
 
 void dist_set_tp(Dist *d, int tp) {
     if (tp < 1 || d->world % tp != 0) die(EXIT_INTERNAL, "dist_set_tp: %d does not divide %d ranks", tp, d->world);

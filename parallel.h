@@ -17,6 +17,9 @@ typedef struct Dist {
     /* communication volume of the current step in bus bytes (NCCL-tests
      * convention), reset by dist_comm_reset */
     double bytes_allgather, bytes_reduce_scatter, bytes_allreduce, bytes_tp_allreduce;
+    /* seconds this rank spent blocked in collectives and waits since
+     * dist_comm_reset: communication that compute did not hide */
+    double comm_wait_s, coll_t0;
     /* data-parallel groups (dist_setup_groups): shard x replicate, shard
      * innermost. shard_size S ranks share one copy of the sharded state;
      * shard_index = rank % S, shard_group = rank / S; replicate_size R = dp / S. */
@@ -86,9 +89,10 @@ void dist_watchdog_start(Dist *d, double timeout_s);
  * that outlives the call, e.g. a literal: "forward", "allreduce", ...). */
 void dist_phase(Dist *d, int step, const char *phase);
 /* Test-only fault injection, LLMTRAIN_FAULT="rank=R,step=S[-E],kind=K[,attempt=A]"
- * with K hang|die|nan|ckpt_die (parsed by dist_init; malformed: exit 2; a
+ * with K hang|die|nan|ckpt_die|slow (parsed by dist_init; malformed: exit 2; a
  * fault for another attempt than LLMTRAIN_ATTEMPT is no fault).
- * dist_fault_point runs at the start of 1-based step `step` (hang / die);
+ * dist_fault_point runs at the start of 1-based step `step` (hang / die /
+ * slow: sleep 1 s);
  * dist_fault_nan says whether this rank poisons its gradients at `step`;
  * dist_fault_ckpt_die whether it dies halfway through writing its file of
  * the checkpoint of step `step`. */

@@ -107,10 +107,15 @@ got = [json.loads(l) for l in open(path) if '"comm_bytes"' in l][-1]["comm_bytes
 ok = got["allgather"] == ag and got["reduce_scatter"] == rs and got["allreduce"] == 0
 # the step line says the same per kind: comm TOTAL MB (ag A rs R)
 line = [l for l in open(sys.argv[6]) if l.startswith("step ") and "| comm " in l][-1]
-want = f"| comm {(ag + rs) / 1e6:.2f} MB (ag {ag / 1e6:.2f} rs {rs / 1e6:.2f}) |"
+want = f"| comm {(ag + rs) / 1e6:.2f} MB (ag {ag / 1e6:.2f} rs {rs / 1e6:.2f}) wait "
 if want not in line:
     print(f"step line {line.strip()!r} lacks {want!r}")
     ok = False
+# the exposed communication time: present on every step, within the step's time
+for d in (json.loads(l) for l in open(path) if '"loss"' in l):
+    if not 0 <= d.get("comm_wait_ms", -1) <= d["step_ms"]:
+        print(f"comm_wait_ms {d.get('comm_wait_ms')} outside [0, step_ms {d['step_ms']}] at step {d['step']}")
+        ok = False
 print(f"allgather {got['allgather']:.0f} (expected {ag:.0f}), reduce_scatter {got['reduce_scatter']:.0f} (expected {rs:.0f})")
 sys.exit(0 if ok else 1)
 PYEOF
@@ -147,6 +152,19 @@ if [ $rc -ne 0 ] && grep -q "train.global_batch 6 is not divisible by train.micr
     echo "ok   impossible batch layout rejected"; pass=$((pass + 1))
 else
     echo "FAIL impossible batch layout: rc=$rc $(cat "$TMP/bad.out" | head -3)"; fail=$((fail + 1))
+fi
+
+# exposed communication: a straggler (rank 1 sleeps 1 s at the start of
+# step 2) shows as rank 0's comm_wait_ms of that step, not of the next
+LLMTRAIN_FAULT="rank=1,step=2,kind=slow" $MPIRUN 2 -x LLMTRAIN_FAULT $BIN "$TMP/gpt2.json" --set train.steps=3 \
+    --set parallel.strategy=FULL_SHARD --set log.dir="$TMP/slow" >"$TMP/slow.out" 2>&1
+rc=$?
+w=$($PY -c "import json; print(' '.join(str(round(json.loads(l)['comm_wait_ms'])) for l in open('$TMP/slow/metrics.jsonl') if '\"loss\"' in l))")
+read -r w1 w2 w3 <<<"$w"
+if [ $rc -eq 0 ] && [ -n "$w3" ] && [ "$w2" -ge 900 ] && [ "$w3" -lt $((w2 / 2)) ] && grep -qE "^step +2/3 .* wait [0-9]+ ms" "$TMP/slow.out"; then
+    echo "ok   straggler: rank 0 waited $w2 ms in collectives at step 2 (steps 1 and 3: $w1, $w3 ms)"; pass=$((pass + 1))
+else
+    echo "FAIL straggler comm_wait_ms: rc=$rc '$w' $(grep -E 'llmtrain:' "$TMP/slow.out" | head -2)"; fail=$((fail + 1))
 fi
 
 # launchers: PMIx variables alone (no OMPI_COMM_WORLD_*: local rank from
