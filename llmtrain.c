@@ -383,8 +383,6 @@ static void setup_shards(Trainer *t) {
     m->comm.chunk = chunk_hook;
 }
 
-
-
 /* ------------------------------------------------------------------ */
 /* checkpoints: the protocol across ranks (format and writer: checkpoint.c)
  *
