@@ -62,6 +62,7 @@ static const Key KEYS[] = {
     {"train.global_batch", K_INT, OFF(global_batch), 0, "0", 0, BIG, NULL, "sequences per optimizer step over all ranks (0 = micro_batch * dp); accumulation = global / (micro * dp)"},
     {"train.activation_checkpointing", K_ENUM, OFF(act_ckpt), 0, "\"none\"", 0, 0, "none|selective|full", "recompute activations in the backward instead of keeping them: selective = the attention probabilities ([B, heads, T, T] per layer), full = everything but each layer's output (one more forward per layer)"},
     {"train.lm_head_chunk", K_INT, OFF(lm_head_chunk), 0, "0", 0, 1 << 30, NULL, "token rows the LM head and the cross-entropy process at a time, so logits ([rows, vocab]) exist for this many tokens only and the backward recomputes each chunk's (one more LM-head matmul); 0 = the whole micro-batch"},
+    {"train.param_dtype", K_ENUM, OFF(param_dtype), 0, "\"fp32\"", 0, 0, "fp32|bf16", "the working copy of the weights that forward and backward read: fp32, or rounded to bf16 precision from the fp32 master weights after every step (gradients, master weights and AdamW moments stay fp32)"},
     {"train.device", K_STR, STR(device), "\"auto\"", 0, 0, "auto|cpu|cuda", "compute backend: auto (CUDA when a GPU is present, else CPU), cpu or cuda"},
     /* optim */
     {"optim.lr", K_FLOAT, OFF(lr), 0, "6e-4", 0, 10, NULL, "peak learning rate"},
@@ -73,6 +74,7 @@ static const Key KEYS[] = {
     {"optim.beta1", K_FLOAT, OFF(beta1), 0, "0.9", 0, 0.999999, NULL, "AdamW beta1"},
     {"optim.beta2", K_FLOAT, OFF(beta2), 0, "0.95", 0, 0.999999, NULL, "AdamW beta2"},
     {"optim.eps", K_FLOAT, OFF(eps), 0, "1e-8", 0, 1, NULL, "AdamW epsilon"},
+    {"optim.stochastic_rounding", K_BOOL, OFF(stochastic_rounding), 0, "false", 0, 0, NULL, "with train.param_dtype bf16: round the master weights to the working copy stochastically (unbiased; the draws are a fixed function of init.seed, the step and the element) instead of to nearest"},
     {"optim.grad_clip", K_FLOAT, OFF(grad_clip), 0, "1.0", 0, 1e30, NULL, "clip the global gradient norm to this (0 = off)"},
     {"optim.max_nonfinite_steps", K_INT, OFF(max_nonfinite_steps), 0, "5", 1, BIG, NULL, "consecutive steps with non-finite loss or gradients before the job exits with code 4"},
     /* eval */
@@ -310,6 +312,8 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
     if (cfg->seq_len > cfg->model.max_seq_len)
         die(EXIT_USAGE, "%s: train.seq_len %d exceeds model.max_seq_len %d", origin, cfg->seq_len, cfg->model.max_seq_len);
     if (cfg->decay_steps == 0) cfg->decay_steps = cfg->steps;
+    if (cfg->stochastic_rounding && cfg->param_dtype != 1)
+        die(EXIT_USAGE, "%s: optim.stochastic_rounding needs train.param_dtype \"bf16\" (it rounds the bf16 working weights)", origin);
     if (cfg->min_lr > cfg->lr) die(EXIT_USAGE, "%s: optim.min_lr %g exceeds optim.lr %g", origin, cfg->min_lr, cfg->lr);
     if (cfg->global_batch != 0 && cfg->global_batch % cfg->micro_batch != 0)
         die(EXIT_USAGE, "%s: train.global_batch %d is not a multiple of train.micro_batch %d", origin, cfg->global_batch, cfg->micro_batch);

@@ -43,12 +43,14 @@ typedef struct Config {
     int global_batch;
     char device[16];
     int act_ckpt;        /* ACT_NONE | ACT_SELECTIVE | ACT_FULL (model.h), by index of none|selective|full */
-    int lm_head_chunk;   /* token rows of the LM head + cross-entropy at a time (0: the micro-batch) */
+    int lm_head_chunk;
+    int param_dtype;     /* 0 fp32, 1 bf16: precision of the working weights (master stays fp32) */   /* token rows of the LM head + cross-entropy at a time (0: the micro-batch) */
     /* optim */
     float lr, min_lr;
     int warmup_steps, decay_steps;
     float weight_decay;
     int decay_all;
+    int stochastic_rounding; /* bf16 working weights rounded stochastically */
     float beta1, beta2, eps;
     float grad_clip;
     int max_nonfinite_steps;

@@ -890,6 +890,21 @@ static void scale(float *x, float s, size_t n) {
     LAUNCH_CHECK();
 }
 
+/* bf16 precision in fp32 words: the same bits as the CPU backend (kernels.h) */
+__global__ void round_bf16_k(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
+    GRID_STRIDE(i, n) {
+        uint32_t u = __float_as_uint(src[i]), r = 0;
+        if (seed) ROUND_BF16_BITS(seed, index0 + i, r);
+        dst[i] = __uint_as_float(ROUND_BF16_WORD(u, seed == 0, r));
+    }
+}
+
+static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
+    if (!n) return;
+    round_bf16_k<<<grid_for(n, 256), 256>>>(dst, src, n, seed, index0);
+    LAUNCH_CHECK();
+}
+
 // ----------------------------------------------------------------------------
 // loss: one block per row of logits
 
@@ -1169,6 +1184,7 @@ static const Kernels cuda_kernels = {
     /* .scale = */ scale,
     /* .adamw = */ adamw,
     /* .adamw_multi = */ adamw_multi,
+    /* .round_bf16 = */ round_bf16,
 };
 
 /* No CUDA call happens before this (or kernels_cuda): a CPU run of a CUDA

@@ -704,6 +704,17 @@ static void adamw_multi(float *p, const float *g, float *m, float *v, const Adam
               r[i].wd, t, grad_scale);
 }
 
+static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u, r = 0;
+        memcpy(&u, &src[i], 4);
+        if (seed) ROUND_BF16_BITS(seed, index0 + i, r);
+        u = ROUND_BF16_WORD(u, seed == 0, r);
+        memcpy(&dst[i], &u, 4);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // the table
 
@@ -745,6 +756,7 @@ static const Kernels cpu_kernels = {
     .scale = scale,
     .adamw = adamw,
     .adamw_multi = adamw_multi,
+    .round_bf16 = round_bf16,
 };
 
 const Kernels *kernels_cpu(void) {

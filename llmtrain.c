@@ -49,7 +49,9 @@ typedef struct Trainer {
     int nonfinite_run;         /* consecutive skipped steps */
     int ck_deferred;           /* a periodic checkpoint fell on a skipped step */
     AdamWRange *opt_ranges;    /* what AdamW updates (opt_ranges_build) */
+    uint64_t *opt_elem0;       /* per range: (tensor index << 40) + its first element in the tensor */
     int n_opt_ranges;
+    float *wshard;             /* train.param_dtype bf16, sharded: the bf16-rounded shard the gathers read */
     double train_time;         /* seconds spent in steps, for the ETA */
     int timed_steps;
     uint64_t sample_rng;
@@ -130,13 +132,53 @@ static void opt_ranges_build(Trainer *t) {
     const Config *c = &t->cfg;
     const Model *m = &t->model;
     t->opt_ranges = malloc_check((size_t)(m->n_specs > 0 ? m->n_specs : 1) * sizeof(AdamWRange));
+    t->opt_elem0 = malloc_check((size_t)(m->n_specs > 0 ? m->n_specs : 1) * sizeof(uint64_t));
     t->n_opt_ranges = 0;
     for (int i = 0; i < m->n_specs; i++) {
         const ParamSpec *s = &m->specs[i];
-        size_t o = s->offset, n = s->numel;
-        if (t->sharded) n = spec_in_shard(t, s, &o);
+        size_t o = s->offset, n = s->numel, first = 0;
+        if (t->sharded) {
+            n = spec_in_shard(t, s, &o);
+            size_t lo = m->chunk_offset[s->chunk] + (size_t)t->dist.shard_index * shard_len(t, s->chunk);
+            first = lo > s->offset ? lo - s->offset : 0;
+        }
         if (n == 0) continue;
+        t->opt_elem0[t->n_opt_ranges] = ((uint64_t)i << 40) + first;
         t->opt_ranges[t->n_opt_ranges++] = (AdamWRange){o, n, (c->decay_all || s->decay) ? c->weight_decay : 0.0f};
+    }
+}
+
+/* train.param_dtype bf16: the fp32 master weights (sharded: the master
+ * shards; else a full copy of its own) are what AdamW updates and what
+ * checkpoints hold; the working weights the model reads are their rounding
+ * to bf16 precision (sharded: into wshard, which the gathers read). */
+static void setup_bf16(Trainer *t) {
+    if (t->cfg.param_dtype != 1) return;
+    Model *m = &t->model;
+    if (t->sharded) {
+        t->wshard = t->k->alloc(t->n_shard * sizeof(float));
+    } else {
+        t->master = t->k->alloc(m->n_params * sizeof(float));
+        t->k->copy(t->master, m->params, m->n_params * sizeof(float));
+    }
+}
+
+/* Round the master weights into the working copy after `steps_done` steps
+ * (also after a skipped step and at a resume, so the stochastic draws, keyed
+ * by (init.seed, steps_done, tensor, element), are the same for a resumed
+ * run and for any data-parallel layout). */
+static void refresh_working(Trainer *t, int steps_done) {
+    const Config *c = &t->cfg;
+    if (c->param_dtype != 1) return;
+    uint64_t seed = 0;
+    if (c->stochastic_rounding) {
+        uint64_t z = c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)steps_done + 1;
+        seed = ROUND_BF16_MIX(z) | 1; /* never 0, which means nearest */
+    }
+    float *dst = t->sharded ? t->wshard : t->model.params;
+    for (int i = 0; i < t->n_opt_ranges; i++) {
+        const AdamWRange *r = &t->opt_ranges[i];
+        t->k->round_bf16(dst + r->offset, t->master + r->offset, r->n, seed, t->opt_elem0[i]);
     }
 }
 
@@ -146,19 +188,22 @@ static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
     if (t->sharded)
         t->k->adamw_multi(t->master, t->gshard, t->mshard, t->vshard, t->opt_ranges, t->n_opt_ranges, lr, c->beta1, c->beta2,
                           c->eps, step + 1, grad_scale);
-    else
-        t->k->adamw_multi(m->params, m->grads, m->m, m->v, t->opt_ranges, t->n_opt_ranges, lr, c->beta1, c->beta2, c->eps,
-                          step + 1, grad_scale);
+    else /* master: its own fp32 copy under bf16 working weights */
+        t->k->adamw_multi(t->master ? t->master : m->params, m->grads, m->m, m->v, t->opt_ranges, t->n_opt_ranges, lr,
+                          c->beta1, c->beta2, c->eps, step + 1, grad_scale);
 }
 
 /* Outside a step (eval, sample, checkpoint, dump): all-gather every chunk
  * into a temporary full-size array that the model reads with the chunk
  * hooks idle; free_full_params gives it back. */
+/* What the working-weight gathers read: the master shards, or their bf16 rounding. */
+static const float *gather_src(const Trainer *t) { return t->wshard ? t->wshard : t->master; }
+
 static void gather_params(Trainer *t) {
     Model *m = &t->model;
     if (!t->full) t->full = t->k->alloc(m->n_params * sizeof(float));
     for (int c = 0; c < m->n_chunks; c++) {
-        dist_shard_allgather_f32(&t->dist, t->master + t->shard_off[c], t->full + m->chunk_offset[c], shard_len(t, c));
+        dist_shard_allgather_f32(&t->dist, gather_src(t) + t->shard_off[c], t->full + m->chunk_offset[c], shard_len(t, c));
         m->chunk_params[c] = t->full + m->chunk_offset[c];
     }
     m->params = t->full;
@@ -221,7 +266,7 @@ static void chunk_fetch(Trainer *t, int c) {
     if (i < 0) die(EXIT_INTERNAL, "sharded step: no free working-weight buffer for chunk %d", c);
     t->pslot[c] = i;
     m->chunk_params[c] = t->pbuf[i];
-    t->ag_req[c] = dist_shard_iallgather_f32(&t->dist, t->master + t->shard_off[c], t->pbuf[i], shard_len(t, c));
+    t->ag_req[c] = dist_shard_iallgather_f32(&t->dist, gather_src(t) + t->shard_off[c], t->pbuf[i], shard_len(t, c));
 }
 
 static void chunk_ready(Trainer *t, int c) {
@@ -410,7 +455,7 @@ static void ck_range(const Trainer *t, int c, size_t *lo, size_t *hi) {
 static float *state_ptr(Trainer *t, int k, int c, size_t lo) {
     Model *m = &t->model;
     if (!t->sharded) {
-        float *a[3] = {m->params, m->m, m->v};
+        float *a[3] = {t->master ? t->master : m->params, m->m, m->v};
         return a[k] + lo;
     }
     float *a[3] = {t->master, t->mshard, t->vshard};
@@ -594,7 +639,7 @@ static void install_state(Trainer *t, const float *p, const float *mm, const flo
     Model *m = &t->model;
     const Kernels *k = t->k;
     if (!t->sharded) {
-        k->from_host(m->params, p, m->n_params * sizeof(float));
+        k->from_host(t->master ? t->master : m->params, p, m->n_params * sizeof(float));
         k->from_host(m->m, mm, m->n_params * sizeof(float));
         k->from_host(m->v, vv, m->n_params * sizeof(float));
         return;
@@ -1075,6 +1120,7 @@ static StepStats train_step(Trainer *t, int step) {
         dist_phase(&t->dist, step + 1, "optimizer");
         adamw_step(t, (float)s.lr, scale, step);
     }
+    refresh_working(t, step + 1);
     s.comm_ag = t->dist.bytes_allgather;
     s.comm_rs = t->dist.bytes_reduce_scatter;
     s.comm_ar = t->dist.bytes_allreduce;
@@ -1232,7 +1278,7 @@ static void rank_bytes(const Trainer *t, double out[5]) {
     for (int c = 0; c < m->n_chunks; c++) n_shard += shard_len(t, c);
     double full = (double)m->n_params * sizeof(float), shard = (double)n_shard * sizeof(float);
     /* sharded: working weights and gradients are the chunk pools (setup_shards) */
-    out[0] = t->sharded ? pool_bytes(t, 0) : full;
+    out[0] = t->sharded ? pool_bytes(t, 0) + (t->cfg.param_dtype == 1 ? shard : 0) : full; /* + wshard */
     out[1] = t->sharded ? shard : full;
     out[2] = t->sharded ? pool_bytes(t, 1) + shard : full;
     out[3] = 2 * (t->sharded ? shard : full);
@@ -1355,6 +1401,7 @@ static int train(int argc, char **argv) {
     else model_init_random(&t->model, c->init_std, c->seed);
     setup_shards(t);
     opt_ranges_build(t);
+    setup_bf16(t);
     t->tok = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->tgt = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->host_flat = malloc_check(t->model.n_params * sizeof(float));
@@ -1362,6 +1409,7 @@ static int train(int argc, char **argv) {
     t->peak_gflops = select_peak(t, &t->peak_source);
     t->sample_rng = c->seed * 2654435761ull + 88172645463325252ull;
     int resumed = resume(t);
+    refresh_working(t, t->step_base);
     ck_setup(t);
     if (node_leader(t)) { /* folders a run that died left half-written */
         ckpt_remove_partial(c->ckpt_dir);

@@ -310,6 +310,27 @@ static void test_adamw(void) {
     check("adamw_multi v", v, gv, n, TOL_F32);
 }
 
+/* round_bf16 must give the CPU's bits exactly (the random bits are a fixed
+ * function of seed and index on both backends) */
+static void test_round_bf16(void) {
+    size_t n = 100003;
+    float *x = hrand(n, 3), *y = malloc_check(n * sizeof(float)), *h = malloc_check(n * sizeof(float));
+    uint64_t seeds[2] = {0, 0x1234abcdull};
+    for (int k = 0; k < 2; k++) {
+        float *d = dcopy(x, n);
+        KC->round_bf16(y, x, n, seeds[k], 777);
+        KG->round_bf16(d, d, n, seeds[k], 777);
+        KG->to_host(h, d, n * sizeof(float));
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) bad += memcmp(&y[i], &h[i], 4) != 0;
+        printf("%s round_bf16 %s: %zu of %zu words differ from the CPU's\n", bad ? "FAIL" : "ok  ", k ? "stochastic" : "nearest", bad, n);
+        if (bad) fail++; else pass++;
+    }
+    free(x);
+    free(y);
+    free(h);
+}
+
 int main(void) {
     char why[320];
     if (!kernels_cuda_available(why, sizeof why)) {
@@ -337,6 +358,7 @@ int main(void) {
     test_pointwise();
     test_crossentropy();
     test_adamw();
+    test_round_bf16();
     for (int i = 0; i < nbase; i++) KG->free(dbase[i]);
     printf("%d passed, %d failed\n", pass, fail);
     return fail ? 1 : 0;

@@ -740,6 +740,89 @@ static void test_misc(void) {
     free(x); free(y); free(z); free(ref);
 }
 
+// round_bf16: nearest-even against an independent reference (bf16's
+// neighbours of x from frexp, the nearer one, ties to the even mantissa);
+// stochastic: always one of the two neighbours, up with the probability the
+// dropped bits say (mean over many seeds unbiased), deterministic per
+// (seed, index); values already in bf16 and NaN/Inf kept.
+static float bf16_floor(float x) { // toward zero, 8 mantissa bits
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static double ref_nearest(float x) {
+    if (x == 0 || !isfinite(x)) return x;
+    int e;
+    frexp(fabs((double)x), &e);            // |x| = m 2^e, m in [0.5, 1)
+    double ulp = ldexp(1.0, e - 8);        // 8 significant bits,
+    if (ulp < ldexp(1.0, -133)) ulp = ldexp(1.0, -133); // or bf16's subnormal spacing
+    double lo = floor(fabs((double)x) / ulp) * ulp, hi = lo + ulp;
+    double d_lo = fabs((double)x) - lo, d_hi = hi - fabs((double)x);
+    double r;
+    if (d_lo < d_hi) r = lo;
+    else if (d_hi < d_lo) r = hi;
+    else r = fmod(lo / ulp, 2.0) == 0 ? lo : hi; // tie: even mantissa
+    return x < 0 ? -r : r;
+}
+static void test_round_bf16(void) {
+    enum { N = 4096 };
+    float *x = malloc_check(N * sizeof(float)), *y = malloc_check(N * sizeof(float));
+    for (int i = 0; i < N; i++) x[i] = frand() * ldexpf(1.0f, irand(40) - 20);
+    x[0] = 1.0f + ldexpf(1.0f, -8);            // exact tie, even below: 1.0
+    x[1] = 1.0f + 3 * ldexpf(1.0f, -8);        // exact tie, even above: 1 + 2^-6
+    x[2] = -(1.0f + ldexpf(1.0f, -8));
+    x[3] = 1.0e-40f;                           // subnormal
+    x[4] = 0.0f;
+    int bad = 0;
+    K->round_bf16(y, x, N, 0, 0);
+    for (int i = 0; i < N; i++)
+        if ((double)y[i] != ref_nearest(x[i])) bad++;
+    report(bad == 0, "round_bf16 nearest", "%d of %d differ from the frexp reference", bad, N);
+    float sp[4] = {INFINITY, -INFINITY, NAN, 3.0f}, so[4];
+    K->round_bf16(so, sp, 4, 0, 0);
+    report(isinf(so[0]) && so[0] > 0 && isinf(so[1]) && so[1] < 0 && isnan(so[2]) && so[3] == 3.0f, "round_bf16 specials",
+           "inf, -inf, nan, 3 -> %g %g %g %g", so[0], so[1], so[2], so[3]);
+    // stochastic: each result is a neighbour; the mean over seeds is x
+    float v[3] = {1.0f + 0.3f * ldexpf(1.0f, -7), -2.5f - 0.77f * ldexpf(1.0f, -6), 0.1f}, out;
+    int neighbours = 1, worst_i = 0;
+    double worst = 0;
+    for (int k = 0; k < 3; k++) {
+        float lo = bf16_floor(v[k]);
+        double ulp = ldexp(1.0, ilogb(v[k]) - 7);
+        double sum = 0;
+        const int S = 20000;
+        for (int s = 1; s <= S; s++) {
+            K->round_bf16(&out, &v[k], 1, (uint64_t)s * 7919u, 12345);
+            double d = fabs((double)out - (double)lo);
+            if (!(d == 0 || fabs(d - ulp) < 1e-3 * ulp)) neighbours = 0;
+            sum += out;
+        }
+        double bias = fabs(sum / S - v[k]) / ulp; // in ulps; sampling noise ~ 0.5/sqrt(S) = 0.0035
+        if (bias > worst) { worst = bias; worst_i = k; }
+    }
+    report(neighbours && worst < 0.02, "round_bf16 stochastic", "neighbours only: %d, mean bias %.4f ulp (value %d)", neighbours,
+           worst, worst_i);
+    float a[64], b[64], c2[64];
+    K->round_bf16(a, x, 64, 99, 1000);
+    K->round_bf16(b, x, 64, 99, 1000);
+    K->round_bf16(c2, x, 64, 98, 1000);
+    int same = memcmp(a, b, sizeof a) == 0, differ = memcmp(a, c2, sizeof a) != 0;
+    // the draw depends on (seed, index) only: element i of a call at index0 = element 0 of a call at index0 + i
+    int keyed = 1;
+    for (int i = 0; i < 64; i++) {
+        K->round_bf16(&out, &x[i], 1, 99, 1000 + (uint64_t)i);
+        if (memcmp(&out, &a[i], 4) != 0) keyed = 0;
+    }
+    K->round_bf16(y, x, N, 0, 0);
+    K->round_bf16(a, y, 64, 99, 0); // already bf16: unchanged by either rounding
+    report(same && differ && keyed && memcmp(a, y, sizeof a) == 0, "round_bf16 stochastic determinism",
+           "same seed same bits %d, other seed differs %d, keyed by index %d, bf16 values kept", same, differ, keyed);
+    free(x);
+    free(y);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     kernels_cpu_select_blas_core(argv);
@@ -762,6 +845,7 @@ int main(int argc, char **argv) {
     test_crossentropy_vp();
     test_adamw();
     test_adamw_multi();
+    test_round_bf16();
     test_misc();
     printf("%d passed, %d failed\n", npass, nfail);
     return nfail ? 1 : 0;

@@ -568,6 +568,68 @@ def run_case(binary, cname, c, root):
                            float(lsc.reshape(-1)[0]), lt, TOL_LOSS)
 
 
+def run_bf16(binary, root):
+    """train.param_dtype bf16 (nearest rounding) against torch's FSDP-style
+    mixed precision: fp32/64 master weights updated by AdamW, the model's
+    weights their bf16 rounding. The step-0 working weights are exactly the
+    rounded init, logits/grads match torch on them, and the trajectory
+    matches the bf16 reference much more closely than a full-precision one."""
+    c = CASES["llama_gqa"]
+    tag = "bf16"
+    work = os.path.join(root, "bf16")
+    os.makedirs(work)
+    V = c["vocab"]
+    toks = markov_tokens(2200, V, seed=211)
+    write_shard(os.path.join(work, "train_000.bin"), toks)
+    write_shard(os.path.join(work, "val.bin"), markov_tokens(600, V, seed=7))
+    cfg = hf_config(c)
+    init_t = R.random_hf_tensors(cfg, std=0.1, seed=23, norm_jitter=0.1, bias_std=0.05)
+    init_dir = os.path.join(work, "init_hf")
+    hfio.write_hf_folder(init_dir, cfg, init_t)
+    init_t = hfio.read_hf_folder(init_dir)[1]
+    steps = 12
+    job = base_job(work, "main", c, steps, 1.0, init={"from": init_dir})
+    job["train"]["param_dtype"] = "bf16"
+    ok, out = run_bin(binary, job, work, "main")
+    if not CK.check(ok, f"{tag} run (param_dtype bf16, {steps} steps)" + ("" if ok else f": {out}")):
+        return
+    dump = os.path.join(work, "main", "dump")
+    _, p0 = hfio.read_hf_folder(os.path.join(dump, "params0"))
+    rounded = {n: R.round_bf16(t.float()) for n, t in init_t.items()}
+    exact = all(torch.equal(p0[n].float(), rounded[n]) for n in rounded)
+    changed = sum(int((rounded[n] != init_t[n].float()).sum()) for n in rounded)
+    total = sum(t.numel() for t in rounded.values())
+    CK.check(exact and changed > total // 2, f"{tag} step-0 working weights == bf16 rounding of init.from "
+                                           f"({changed}/{total} values changed by the rounding)")
+    loss_t, logits_t, grads_t = torch_step0(cfg, rounded, toks)
+    logits_c, loss_c = read_dump_logits(dump)
+    cmp_tensor(f"{tag} step0 logits on the bf16 weights", logits_c, logits_t, TOL_LOGITS)
+    cmp_scalar(f"{tag} step0 loss", float(loss_c.reshape(-1)[0]), loss_t, TOL_LOSS)
+    _, grads_c = hfio.read_hf_folder(os.path.join(dump, "grads"))
+    worst = max(rel_err(grads_c[n], grads_t[n]) for n in grads_t)
+    CK.check(worst <= TOL_GRAD, f"{tag} step0 grads on the bf16 weights worst rel={worst:.2g}")
+    ref = R.RefModel(cfg, init_t, dtype=torch.float64)
+    recs = R.train(ref, toks, steps, T, MB, GB, LR, MIN_LR, WARMUP, DECAY, WD, c["decay_all"], B1, B2, EPS,
+                   grad_clip=1.0, bf16_working=True)
+    full = R.train(R.RefModel(cfg, init_t, dtype=torch.float64), toks, steps, T, MB, GB, LR, MIN_LR, WARMUP, DECAY,
+                   WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0)
+    got = read_metrics(os.path.join(work, "main", "log"))
+    e_bf = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in recs)
+    e_full = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in full)
+    n_bf = max(abs(got[r["step"]]["grad_norm"] - r["grad_norm"]) / r["grad_norm"] for r in recs)
+    CK.check(e_bf <= TOL_STEP_LOSS and n_bf <= TOL_NORM,
+             f"{tag} trajectory vs torch with bf16 working weights: loss worst rel={e_bf:.2g}, grad_norm {n_bf:.2g}")
+    CK.check(e_bf * 10 < e_full, f"{tag} C is nearer the bf16 reference ({e_bf:.2g}) than the full-precision one "
+                                 f"({e_full:.2g}) by more than 10x")
+    exp_dir = os.path.join(work, "main", "export")
+    ok, out = run_bin(binary, None, work, "export", args_prefix=["export", os.path.join(work, "main", "ckpt"), exp_dir])
+    if CK.check(ok, f"{tag} export" + ("" if ok else f": {out}")):
+        _, fin = hfio.read_hf_folder(exp_dir)
+        fin_t = ref.state_dict()
+        worst = max(rel_err(fin[n], fin_t[n]) for n in fin_t)
+        CK.check(worst <= TOL_FINAL, f"{tag} exported master weights vs torch's masters worst rel={worst:.2g}")
+
+
 def main():
     global VERBOSE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -592,6 +654,8 @@ def main():
                     continue
                 try:
                     run_case(binary, cname, CASES[cname], root)
+                    if cname == "llama_gqa":
+                        run_bf16(binary, root)
                 except Exception as e:  # a crash in the test is a failure, not a traceback
                     import traceback
                     traceback.print_exc()

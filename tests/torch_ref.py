@@ -341,14 +341,30 @@ def grads_dict(model):
     return out
 
 
+def round_bf16(x):
+    """x rounded to bfloat16 precision (through float32, to nearest even), in x's dtype."""
+    return x.to(torch.float32).to(torch.bfloat16).to(x.dtype)
+
+
 def train(model, tokens, steps, seq_len, micro_batch, global_batch_size, lr, min_lr,
           warmup_steps, decay_steps, weight_decay, decay_all=False, beta1=0.9,
-          beta2=0.95, eps=1e-8, grad_clip=1.0, start_step=0):
+          beta2=0.95, eps=1e-8, grad_clip=1.0, start_step=0, bf16_working=False):
     """Runs `steps` optimizer steps; returns a list of per-step records
-    {step (1-based), loss, lr, grad_norm, clipped}."""
-    opt = torch.optim.AdamW(param_groups(model, weight_decay, decay_all), lr=lr,
-                            betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+    {step (1-based), loss, lr, grad_norm, clipped}. bf16_working: mixed
+    precision as FSDP's param_dtype=bfloat16 does it: the optimizer updates
+    full-precision master copies and the model's weights are their bf16
+    rounding (set now and after every step); the model's final weights are
+    then the masters."""
     params = model.parameters()
+    groups = param_groups(model, weight_decay, decay_all)
+    master = None
+    if bf16_working:
+        master = {id(p): p.detach().clone() for p in params}
+        groups = [dict(g, params=[master[id(p)] for p in g["params"]]) for g in groups]
+        with torch.no_grad():
+            for p in params:
+                p.copy_(round_bf16(master[id(p)]))
+    opt = torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     recs = []
     for s in range(start_step, start_step + steps):
         x, y = global_batch(tokens, s, global_batch_size, seq_len)
@@ -362,9 +378,20 @@ def train(model, tokens, steps, seq_len, micro_batch, global_batch_size, lr, min
         cur = lr_at(s, lr, min_lr, warmup_steps, decay_steps)
         for g in opt.param_groups:
             g["lr"] = cur
+        if master is not None:
+            for p in params:
+                master[id(p)].grad = p.grad.detach().clone()
         opt.step()
+        if master is not None:
+            with torch.no_grad():
+                for p in params:
+                    p.copy_(round_bf16(master[id(p)]))
         recs.append({"step": s + 1, "loss": loss, "lr": cur, "grad_norm": norm,
                      "clipped": bool(grad_clip and grad_clip > 0 and norm > grad_clip)})
+    if master is not None:
+        with torch.no_grad():
+            for p in params:
+                p.copy_(master[id(p)])
     return recs
 
 
