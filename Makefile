@@ -69,13 +69,13 @@ bench-gpu: check-deps llmtrain
 tests/test_kernels: tests/test_kernels.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< kernels_cpu.c util.c $(BLAS_LIBS) -lm -o $@
 
-tests/test_data: tests/test_data.c data.c util.c $(HDR)
+tests/test_data: tests/test_data.c tests/check.h data.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< data.c util.c -o $@
 
-tests/test_rendezvous: tests/test_rendezvous.c rendezvous.c util.c $(HDR)
+tests/test_rendezvous: tests/test_rendezvous.c tests/check.h rendezvous.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< rendezvous.c util.c -o $@
 
-tests/test_ckpt: tests/test_ckpt.c ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
+tests/test_ckpt: tests/test_ckpt.c tests/check.h ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -o $@
 
 deps:

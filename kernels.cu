@@ -892,11 +892,7 @@ static void scale(float *x, float s, size_t n) {
 
 /* bf16 precision in fp32 words: the same bits as the CPU backend (kernels.h) */
 __global__ void round_bf16_k(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
-    GRID_STRIDE(i, n) {
-        uint32_t u = __float_as_uint(src[i]), r = 0;
-        if (seed) ROUND_BF16_BITS(seed, index0 + i, r);
-        dst[i] = __uint_as_float(ROUND_BF16_WORD(u, seed == 0, r));
-    }
+    GRID_STRIDE(i, n) dst[i] = __uint_as_float(round_bf16_word(__float_as_uint(src[i]), seed, index0 + i));
 }
 
 static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {

@@ -142,26 +142,32 @@ typedef struct Kernels {
      * of each fp32 word cleared; dst == src allowed). seed 0: to nearest, ties
      * to even. seed != 0: stochastically, up with probability (dropped bits)
      * / 2^16, from 16 random bits that are a fixed function of (seed, index0 +
-     * i), the same on every backend (ROUND_BF16_BITS in kernels.h). NaN stays
-     * NaN, infinities stay. */
+     * i), the same on every backend (round_bf16_word below). NaN stays NaN,
+     * infinities stay. */
     void (*round_bf16)(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0);
 } Kernels;
 
-/* The 16 random bits stochastic round_bf16 uses for element index `idx`
- * under `seed` (splitmix64 finalisers), shared by the backends. */
-#define ROUND_BF16_MIX(z) ((z) = ((z) ^ ((z) >> 30)) * 0xBF58476D1CE4E5B9ull, (z) = ((z) ^ ((z) >> 27)) * 0x94D049BB133111EBull, (z) ^ ((z) >> 31))
-#define ROUND_BF16_BITS(seed, idx, out)                                                              \
-    do {                                                                                          \
-        uint64_t z_ = (uint64_t)(idx) + 0x9E3779B97F4A7C15ull;                                     \
-        uint64_t h_ = ROUND_BF16_MIX(z_);                                                          \
-        uint64_t w_ = ((uint64_t)(seed) ^ h_) + 0x9E3779B97F4A7C15ull;                             \
-        (out) = (uint32_t)(ROUND_BF16_MIX(w_) & 0xffffu);                                          \
-    } while (0)
-/* One fp32 bit pattern rounded to bf16 precision (r: 0 and nearest = 1 for
- * ties-to-even, else the 16 random bits). */
-#define ROUND_BF16_WORD(u, nearest, r)                                                           \
-    (((u) & 0x7f800000u) == 0x7f800000u ? (((u) & 0x007fffffu) ? ((u) | 0x00400000u) & 0xffff0000u : (u))  \
-     : (((u) + ((nearest) ? 0x7fffu + (((u) >> 16) & 1u) : (r))) & 0xffff0000u))
+/* Shared by the backends so that they round to the same bits. */
+#ifdef __CUDACC__
+#define KERNELS_HD __host__ __device__
+#else
+#define KERNELS_HD
+#endif
+/* splitmix64's finaliser of z + golden ratio: a well-mixed 64-bit hash. */
+static inline KERNELS_HD uint64_t splitmix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* The fp32 bit pattern u rounded to bf16 precision: to nearest even (seed
+ * 0), or up with probability (low 16 bits) / 2^16 from the 16 random bits of
+ * (seed, idx). NaN stays (quiet) NaN, infinities stay. */
+static inline KERNELS_HD uint32_t round_bf16_word(uint32_t u, uint64_t seed, uint64_t idx) {
+    if ((u & 0x7f800000u) == 0x7f800000u) return (u & 0x007fffffu) ? (u | 0x00400000u) & 0xffff0000u : u;
+    uint32_t add = seed ? (uint32_t)(splitmix64(seed ^ splitmix64(idx)) & 0xffffu) : 0x7fffu + ((u >> 16) & 1u);
+    return (u + add) & 0xffff0000u;
+}
 
 /* The CPU backend (kernels_cpu.c). Always available. */
 const Kernels *kernels_cpu(void);

@@ -707,10 +707,9 @@ static void adamw_multi(float *p, const float *g, float *m, float *v, const Adam
 static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        uint32_t u, r = 0;
+        uint32_t u;
         memcpy(&u, &src[i], 4);
-        if (seed) ROUND_BF16_BITS(seed, index0 + i, r);
-        u = ROUND_BF16_WORD(u, seed == 0, r);
+        u = round_bf16_word(u, seed, index0 + i);
         memcpy(&dst[i], &u, 4);
     }
 }

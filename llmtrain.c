@@ -171,10 +171,7 @@ static void refresh_working(Trainer *t, int steps_done) {
     const Config *c = &t->cfg;
     if (c->param_dtype != 1) return;
     uint64_t seed = 0;
-    if (c->stochastic_rounding) {
-        uint64_t z = c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)steps_done + 1;
-        seed = ROUND_BF16_MIX(z) | 1; /* never 0, which means nearest */
-    }
+    if (c->stochastic_rounding) seed = splitmix64(c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)steps_done) | 1; /* never 0 (nearest) */
     float *dst = t->sharded ? t->wshard : t->model.params;
     for (int i = 0; i < t->n_opt_ranges; i++) {
         const AdamWRange *r = &t->opt_ranges[i];

@@ -340,11 +340,11 @@ void model_tp_copy(const Model *m, const ParamSpec *s, float *global, float *loc
     }
 }
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+/* The splitmix64 generator: the next output of state *s (kernels.h's hash). */
+static uint64_t splitmix64_next(uint64_t *s) {
+    uint64_t z = *s;
+    *s += 0x9E3779B97F4A7C15ull;
+    return splitmix64(z);
 }
 
 static uint64_t hash_name(const char *s) {
@@ -375,8 +375,8 @@ void model_init_random(Model *m, float std, uint64_t seed) {
             float sd = (s->kind == P_ATTN_OUT_W || s->kind == P_PROJ_W) ? resid_std : std;
             uint64_t st = seed ^ hash_name(s->name);
             for (size_t j = 0; j < numel; j += 2) { /* Box-Muller pairs */
-                double u1 = ((splitmix64(&st) >> 11) + 1.0) * 0x1.0p-53;
-                double u2 = (splitmix64(&st) >> 11) * 0x1.0p-53;
+                double u1 = ((splitmix64_next(&st) >> 11) + 1.0) * 0x1.0p-53;
+                double u2 = (splitmix64_next(&st) >> 11) * 0x1.0p-53;
                 double r = sqrt(-2.0 * log(u1));
                 p[j] = (float)(sd * r * cos(2 * M_PI * u2));
                 if (j + 1 < numel) p[j + 1] = (float)(sd * r * sin(2 * M_PI * u2));

@@ -97,17 +97,14 @@ int mkdir_p(const char *path) {
     return 0;
 }
 
-double now_s(void) {
+static double clock_s(clockid_t id) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-double unix_time_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
+double unix_time_s(void) { return clock_s(CLOCK_REALTIME); }
 
 void buf_add(Buf *b, const char *fmt, ...) {
     for (;;) {

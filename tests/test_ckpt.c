@@ -24,20 +24,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int n_pass, n_fail;
-static char TMP[256];
+#include "check.h"
 
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    fflush(stdout);
-    va_end(ap);
-    if (ok) n_pass++; else n_fail++;
-}
+static char TMP[256];
 
 /* ---------------------------------------------------------------- files */
 

@@ -23,21 +23,9 @@
 #include <sys/wait.h>
 #include <sys/stat.h>
 
-static int n_pass, n_fail;
-static char tmpdir[512];
+#include "check.h"
 
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s: ", ok ? "PASS" : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    if (ok) n_pass++;
-    else n_fail++;
-}
+static char tmpdir[512];
 
 static uint64_t rng_state = 12345;
 static uint32_t rnd(void) {

@@ -36,20 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int n_pass, n_fail;
-
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    if (ok) n_pass++;
-    else n_fail++;
-}
+#include "check.h"
 
 /* ---- expected bytes ---- */
 
