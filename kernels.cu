@@ -15,11 +15,12 @@
  *
  * Attention: scores and the products with V go through strided-batched
  * cuBLASLt GEMMs on the full T x T square (the masked half is computed and
- * thrown away), the causal softmax and its backward are hand-written kernels.
- * The saved probabilities att [B, nh, T, T] are what kernels.h asks for.
+ * thrown away), one query head at a time; the causal softmax and its backward
+ * are hand-written kernels. The probabilities live in a [B, T, T] scratch:
+ * the forward saves each row's log-sum-exp, the backward recomputes them.
  *
  * Everything that needs scratch memory (cuBLASLt workspace, reduction
- * partials, the dP block of attention backward, column-sum partials, AdamW
+ * partials, attention's P and dP blocks, column-sum partials, AdamW
  * range tables) allocates at first use and only grows, so steady-state steps
  * never allocate. Every CUDA and cuBLASLt call is checked: a failure prints
  * one line with file:line and exits (70; 3 for out of memory). */
@@ -102,7 +103,7 @@ static void *scratch_get(Scratch *s, size_t bytes) {
     return s->p;
 }
 
-static Scratch sc_att, sc_col, sc_adam;
+static Scratch sc_att, sc_attp, sc_col, sc_adam;
 
 #define RED_BLOCKS 512
 #define RED_THREADS 256
@@ -646,41 +647,42 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 }
 
 // ----------------------------------------------------------------------------
-// attention: batched GEMMs + causal softmax kernels
+// attention: batched GEMMs + causal softmax kernels, probabilities in scratch
 
 /* The (b, h) pairs are covered by nh "passes", one per query head h, each a
  * strided-batched GEMM over the B sequences: GQA (h reads kv head h/group)
  * rules out one stride over all heads, and batching over b keeps every
- * batch entry's output in its own non-overlapping block. Offsets and
- * strides are in floats. */
+ * batch entry's output in its own non-overlapping block. A pass's scores /
+ * probabilities are a [B, T, T] scratch block (never saved: the forward
+ * keeps each row's log-sum-exp, the backward recomputes P = exp(s - lse)),
+ * so attention memory is O(T) per head. Offsets and strides are in floats. */
 typedef struct {
-    size_t q, k, v, o, p; /* base offsets of q/k/v (in qkv), out, att */
+    size_t q, k, v, o; /* base offsets of q/k/v (in qkv) and of out */
     long long sqkv, so, sp;
     int count;
 } AttPass;
 
 static AttPass att_pass(int h, int B, int T, int nh, int nkv, int hd) {
     int group = nh / nkv, kh = h / group, S = (nh + 2 * nkv) * hd, OS = nh * hd;
-    size_t TT = (size_t)T * T;
     AttPass a;
     a.q = (size_t)h * hd;
     a.k = (size_t)(nh + kh) * hd;
     a.v = (size_t)(nh + nkv + kh) * hd;
     a.o = (size_t)h * hd;
-    a.p = (size_t)h * TT;
     a.sqkv = (long long)T * S;
     a.so = (long long)T * OS;
-    a.sp = (long long)nh * (long long)TT;
+    a.sp = (long long)T * T;
     a.count = B;
     return a;
 }
 
-/* one block per row of att ([B*nh*T] rows of T): softmax over [0, t], zero
- * beyond; the scores arrive scaled */
-__global__ void causal_softmax_k(float *att, int T) {
-    size_t row = blockIdx.x;
+/* one block per row of a pass's scores ([B*T] rows of T): softmax over
+ * [0, t], zero beyond; the scores arrive scaled. lse[(e*nh + h)*T + t] gets
+ * the row's log-sum-exp. */
+__global__ void causal_softmax_lse_k(float *p, float *lse, int T, int nh, int h) {
+    size_t row = blockIdx.x, e = row / T;
     int t = (int)(row % T);
-    float *x = att + row * T;
+    float *x = p + row * T;
     float m = -INFINITY;
     for (int j = threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, x[j]);
     m = block_max(m);
@@ -689,20 +691,33 @@ __global__ void causal_softmax_k(float *att, int T) {
     s = block_sum(s);
     float inv = 1.0f / s;
     for (int j = threadIdx.x; j < T; j += blockDim.x) x[j] = j <= t ? expf(x[j] - m) * inv : 0.0f;
+    if (threadIdx.x == 0) lse[(e * nh + h) * T + t] = m + logf(s);
 }
 
-/* dP -> dS in place for one pass: row r of the pass's [count*T, T] scratch
- * belongs to batch entry r / T, whose probabilities start at p + e*sp */
-__global__ void causal_softmax_bwd_k(float *ds, const float *att, long long sp, int T, float scale) {
-    size_t row = blockIdx.x;
+/* the backward's probabilities again: scaled scores -> exp(s - lse) on
+ * [0, t], zero beyond */
+__global__ void causal_exp_lse_k(float *p, const float *lse, int T, int nh, int h) {
+    size_t row = blockIdx.x, e = row / T;
     int t = (int)(row % T);
-    size_t e = row / T;
+    float *x = p + row * T;
+    float l = lse[(e * nh + h) * T + t];
+    for (int j = threadIdx.x; j < T; j += blockDim.x) x[j] = j <= t ? expf(x[j] - l) : 0.0f;
+}
+
+/* dP -> dS in place for one pass: dS = P * (dP - D) * scale with D the row's
+ * dO . O (= sum P * dP); row r belongs to batch entry e = r / T, whose out
+ * and dout rows start at e*so + t*OS + o */
+__global__ void causal_softmax_bwd_k(float *ds, const float *p, const float *out, const float *dout, long long so,
+                                     int OS, size_t o, int hd, int T, float scale) {
+    size_t row = blockIdx.x, e = row / T;
+    int t = (int)(row % T);
     float *d = ds + row * T;
-    const float *p = att + e * (size_t)sp + (size_t)t * T;
+    const float *pr = p + row * T;
+    size_t orow = e * (size_t)so + (size_t)t * OS + o;
     float dot = 0.0f;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) dot += p[j] * d[j];
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) dot += out[orow + i] * dout[orow + i];
     dot = block_sum(dot);
-    for (int j = threadIdx.x; j < T; j += blockDim.x) d[j] = j <= t ? p[j] * (d[j] - dot) * scale : 0.0f;
+    for (int j = threadIdx.x; j < T; j += blockDim.x) d[j] = j <= t ? pr[j] * (d[j] - dot) * scale : 0.0f;
 }
 
 static int row_threads(int T) {
@@ -716,46 +731,46 @@ static void check_heads(int nh, int nkv) {
         die(EXIT_INTERNAL, "attention: n_head %d is not a multiple of n_kv_head %d", nh, nkv);
 }
 
-static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int nh, int nkv, int hd) {
+static void attention_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
     check_heads(nh, nkv);
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
+    float *P = (float *)scratch_get(&sc_attp, (size_t)B * T * T * sizeof(float));
     for (int h = 0; h < nh; h++) {
         AttPass a = att_pass(h, B, T, nh, nkv, hd);
-        /* P = scale * Q K^T over the full square */
-        rm_gemm(0, 1, T, T, hd, scale, qkv + a.q, S, a.sqkv, qkv + a.k, S, a.sqkv, 0.0f, att + a.p, T, a.sp, a.count,
-                NULL);
-    }
-    causal_softmax_k<<<(unsigned)((size_t)B * nh * T), row_threads(T)>>>(att, T);
-    LAUNCH_CHECK();
-    for (int h = 0; h < nh; h++) {
-        AttPass a = att_pass(h, B, T, nh, nkv, hd);
-        rm_gemm(0, 0, T, hd, T, 1.0f, att + a.p, T, a.sp, qkv + a.v, S, a.sqkv, 0.0f, out + a.o, OS, a.so, a.count,
-                NULL);
+        /* P = softmax(scale * Q K^T) over the full square, then P V */
+        rm_gemm(0, 1, T, T, hd, scale, qkv + a.q, S, a.sqkv, qkv + a.k, S, a.sqkv, 0.0f, P, T, a.sp, a.count, NULL);
+        causal_softmax_lse_k<<<(unsigned)((size_t)B * T), row_threads(T)>>>(P, lse, T, nh, h);
+        LAUNCH_CHECK();
+        rm_gemm(0, 0, T, hd, T, 1.0f, P, T, a.sp, qkv + a.v, S, a.sqkv, 0.0f, out + a.o, OS, a.so, a.count, NULL);
     }
 }
 
-static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
-                               int nh, int nkv, int hd) {
+static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                               int B, int T, int nh, int nkv, int hd) {
     if (!dqkv) return;
     check_heads(nh, nkv);
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    const long long TT = (long long)T * T;
-    float *dS = (float *)scratch_get(&sc_att, (size_t)B * (size_t)TT * sizeof(float));
+    float *P = (float *)scratch_get(&sc_attp, (size_t)B * T * T * sizeof(float));
+    float *dS = (float *)scratch_get(&sc_att, (size_t)B * T * T * sizeof(float));
     /* passes run one after another on the stream, so the query heads of one
-     * kv head add into its dK and dV in turn, and dS is reused */
+     * kv head add into its dK and dV in turn, and the scratch is reused */
     for (int h = 0; h < nh; h++) {
         AttPass a = att_pass(h, B, T, nh, nkv, hd);
-        const float *dO = dout + a.o, *P = att + a.p;
+        const float *dO = dout + a.o;
+        rm_gemm(0, 1, T, T, hd, scale, qkv + a.q, S, a.sqkv, qkv + a.k, S, a.sqkv, 0.0f, P, T, a.sp, a.count, NULL);
+        causal_exp_lse_k<<<(unsigned)((size_t)B * T), row_threads(T)>>>(P, lse, T, nh, h);
+        LAUNCH_CHECK();
         /* dP = dO V^T; dV += P^T dO */
-        rm_gemm(0, 1, T, T, hd, 1.0f, dO, OS, a.so, qkv + a.v, S, a.sqkv, 0.0f, dS, T, TT, a.count, NULL);
+        rm_gemm(0, 1, T, T, hd, 1.0f, dO, OS, a.so, qkv + a.v, S, a.sqkv, 0.0f, dS, T, a.sp, a.count, NULL);
         rm_gemm(1, 0, T, hd, T, 1.0f, P, T, a.sp, dO, OS, a.so, 1.0f, dqkv + a.v, S, a.sqkv, a.count, NULL);
-        causal_softmax_bwd_k<<<(unsigned)((size_t)a.count * T), row_threads(T)>>>(dS, P, a.sp, T, scale);
+        causal_softmax_bwd_k<<<(unsigned)((size_t)a.count * T), row_threads(T)>>>(dS, P, out, dout, a.so, OS, a.o, hd,
+                                                                                 T, scale);
         LAUNCH_CHECK();
         /* dQ += dS K; dK += dS^T Q */
-        rm_gemm(0, 0, T, hd, T, 1.0f, dS, T, TT, qkv + a.k, S, a.sqkv, 1.0f, dqkv + a.q, S, a.sqkv, a.count, NULL);
-        rm_gemm(1, 0, T, hd, T, 1.0f, dS, T, TT, qkv + a.q, S, a.sqkv, 1.0f, dqkv + a.k, S, a.sqkv, a.count, NULL);
+        rm_gemm(0, 0, T, hd, T, 1.0f, dS, T, a.sp, qkv + a.k, S, a.sqkv, 1.0f, dqkv + a.q, S, a.sqkv, a.count, NULL);
+        rm_gemm(1, 0, T, hd, T, 1.0f, dS, T, a.sp, qkv + a.q, S, a.sqkv, 1.0f, dqkv + a.k, S, a.sqkv, a.count, NULL);
     }
 }
 

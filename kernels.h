@@ -77,12 +77,15 @@ typedef struct Kernels {
      * qkv is [B, T, (nh + 2*nkv) * hd]: per token all q heads, then all k
      * heads, then all v heads. Query head h uses kv head h / (nh / nkv) (GQA).
      * Causal softmax(q k^T / sqrt(hd)) v. out is [B, T, nh*hd].
-     * att is saved softmax probabilities [B, nh, T, T] (upper triangle zero). */
-    void (*attention_forward)(float *out, float *att, const float *qkv,
+     * lse [B, nh, T] saves each query row's log-sum-exp of its scaled
+     * scores (natural log), so the probabilities never need to be stored:
+     * the backward recomputes them as exp(q.k / sqrt(hd) - lse) (flash
+     * attention's form; O(T) memory per head instead of O(T^2)). */
+    void (*attention_forward)(float *out, float *lse, const float *qkv,
                               int B, int T, int nh, int nkv, int hd);
-    /* dqkv += d(out)/d(qkv) . dout */
-    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int nh, int nkv, int hd);
+    /* dqkv += d(out)/d(qkv) . dout, from the forward's out and lse */
+    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, int B, int T, int nh, int nkv, int hd);
     /* Rotary embedding, Hugging Face rotate-half convention, on the q and k
      * heads of qkv ([B,T,(nh+2nkv)*hd]), in place; position of row n is
      * pos0 + n % T. inv_freq[i] = theta^(-2i/hd), i < hd/2.

@@ -360,75 +360,80 @@ static double row_exp_sum(float *x, int n, float m) {
     return row_sum(x, n);
 }
 
-/* softmax over att row [0, t], zero beyond: the scores arrive pre-scaled */
-static void causal_softmax_row(float *row, int t, int T) {
-    float m = row_max(row, t + 1);
-    float inv = (float)(1.0 / row_exp_sum(row, t + 1, m));
-    for (int j = 0; j <= t; j++) row[j] *= inv;
-    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+/* Scratch of one thread, it only grows, so steady-state steps never allocate:
+ * a block of probabilities (P) and, in the backward, of dP / dS. */
+static _Thread_local float *att_scratch;
+static _Thread_local size_t att_scratch_cap;
+
+static float *att_scratch_get(size_t n) {
+    if (n > att_scratch_cap) {
+        free(att_scratch);
+        att_scratch = malloc_check(n * sizeof(float));
+        att_scratch_cap = n;
+    }
+    return att_scratch;
 }
 
-/* softmax backward of one causal row, dP -> dS in place, times the score
- * scale: dS = P * (dP - sum(P * dP)) */
-static void causal_softmax_backward_row(float *ds, const float *p, int t, int ncols, float scale) {
-    double dot = 0.0;
-    #pragma omp simd reduction(+:dot)
-    for (int j = 0; j <= t; j++) dot += p[j] * ds[j];
-    float df = (float)dot;
-    for (int j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - df) * scale;
-    for (int j = t + 1; j < ncols; j++) ds[j] = 0.0f;
+/* Scores of query rows [r0, r1) against keys [0, r1): P[M, r1] = scale q k^T */
+static void att_scores(float *P, const float *q, const float *k, int S, int r0, int r1, int hd, float scale) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hd, scale, q + (size_t)r0 * S, S, k, S, 0.0f,
+                P, r1);
 }
 
-static void attention_forward(float *out, float *att, const float *qkv,
+/* Flash-style attention: the probabilities of a block of ATT_BLOCK query
+ * rows live only in the thread's scratch, the forward saves each row's
+ * log-sum-exp, and the backward recomputes P = exp(s - lse). Memory is
+ * O(T) per head instead of the T x T probabilities. */
+static void attention_forward(float *out, float *lse, const float *qkv,
                               int B, int T, int nh, int nkv, int hd) {
     check_heads(nh, nkv);
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd, group = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
+    const size_t need = (size_t)(T < ATT_BLOCK ? T : ATT_BLOCK) * T;
     // each thread owns whole (b,h) pairs: single-threaded sgemms, no sharing
     #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < nh; h++) {
+            float *P = att_scratch_get(need);
             int kh = h / group;
             const float *q = qkv + (size_t)b * T * S + (size_t)h * hd;
             const float *k = qkv + (size_t)b * T * S + (size_t)(nh + kh) * hd;
             const float *v = qkv + (size_t)b * T * S + (size_t)(nh + nkv + kh) * hd;
-            float *P = att + ((size_t)b * nh + h) * T * T;
             float *o = out + (size_t)b * T * OS + (size_t)h * hd;
+            float *L = lse + ((size_t)b * nh + h) * T;
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, M = r1 - r0;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, hd,
-                            scale, q + (size_t)r0 * S, S, k, S, 0.0f, P + (size_t)r0 * T, T);
-                for (int t = r0; t < r1; t++) causal_softmax_row(P + (size_t)t * T, t, T);
+                att_scores(P, q, k, S, r0, r1, hd, scale);
+                for (int t = r0; t < r1; t++) {
+                    // softmax over [0, t], zero beyond
+                    float *row = P + (size_t)(t - r0) * r1;
+                    float m = row_max(row, t + 1);
+                    double z = row_exp_sum(row, t + 1, m);
+                    float inv = (float)(1.0 / z);
+                    for (int j = 0; j <= t; j++) row[j] *= inv;
+                    for (int j = t + 1; j < r1; j++) row[j] = 0.0f;
+                    L[t] = m + (float)log(z);
+                }
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, r1,
-                            1.0f, P + (size_t)r0 * T, T, v, S, 0.0f, o + (size_t)r0 * OS, OS);
+                            1.0f, P, r1, v, S, 0.0f, o + (size_t)r0 * OS, OS);
             }
         }
     }
 }
 
-/* Scratch for dP (one block of rows), per thread; it only grows, so
- * steady-state steps never allocate. */
-static _Thread_local float *att_scratch;
-static _Thread_local size_t att_scratch_cap;
-
-static void attention_backward(float *dqkv, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int nh, int nkv, int hd) {
+static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, int B, int T, int nh, int nkv, int hd) {
     if (!dqkv) return;
     check_heads(nh, nkv);
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd, group = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
-    const size_t need = (size_t)(T < ATT_BLOCK ? T : ATT_BLOCK) * T;
+    const size_t blk = (size_t)(T < ATT_BLOCK ? T : ATT_BLOCK) * T;
     // the query heads of one kv head all add into its dK and dV, so a thread
     // owns a whole (b, kv head) group
     #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++) {
         for (int kh = 0; kh < nkv; kh++) {
-            if (need > att_scratch_cap) {
-                free(att_scratch);
-                att_scratch = malloc_check(need * sizeof(float));
-                att_scratch_cap = need;
-            }
-            float *dS = att_scratch;
+            float *P = att_scratch_get(2 * blk), *dS = P + blk;
             size_t base = (size_t)b * T * S;
             const float *k = qkv + base + (size_t)(nh + kh) * hd;
             const float *v = qkv + base + (size_t)(nh + nkv + kh) * hd;
@@ -437,19 +442,34 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
             for (int h = kh * group; h < (kh + 1) * group; h++) {
                 const float *q = qkv + base + (size_t)h * hd;
                 float *dq = dqkv + base + (size_t)h * hd;
-                const float *P = att + ((size_t)b * nh + h) * T * T;
+                const float *L = lse + ((size_t)b * nh + h) * T;
+                const float *O = out + (size_t)b * T * OS + (size_t)h * hd;
                 const float *dO = dout + (size_t)b * T * OS + (size_t)h * hd;
                 for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                     int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, M = r1 - r0;
-                    const float *Pb = P + (size_t)r0 * T;
+                    // P = exp(s - lse) again, zero beyond the diagonal
+                    att_scores(P, q, k, S, r0, r1, hd, scale);
+                    for (int t = r0; t < r1; t++) {
+                        float *row = P + (size_t)(t - r0) * r1, l = L[t];
+                        for (int j = 0; j <= t; j++) row[j] = exp_f(row[j] - l);
+                        for (int j = t + 1; j < r1; j++) row[j] = 0.0f;
+                    }
                     // dP = dO V^T, dV += P^T dO
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, hd,
                                 1.0f, dO + (size_t)r0 * OS, OS, v, S, 0.0f, dS, r1);
                     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, M,
-                                1.0f, Pb, T, dO + (size_t)r0 * OS, OS, 1.0f, dv, S);
-                    for (int t = r0; t < r1; t++)
-                        causal_softmax_backward_row(dS + (size_t)(t - r0) * r1,
-                                                    Pb + (size_t)(t - r0) * T, t, r1, scale);
+                                1.0f, P, r1, dO + (size_t)r0 * OS, OS, 1.0f, dv, S);
+                    // dS = P * (dP - D) * scale with D = rowsum(P * dP) = dO . O
+                    for (int t = r0; t < r1; t++) {
+                        const float *p = P + (size_t)(t - r0) * r1, *ot = O + (size_t)t * OS, *gt = dO + (size_t)t * OS;
+                        float *ds = dS + (size_t)(t - r0) * r1;
+                        double dd = 0.0;
+                        #pragma omp simd reduction(+:dd)
+                        for (int i = 0; i < hd; i++) dd += (double)ot[i] * gt[i];
+                        float D = (float)dd;
+                        for (int j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - D) * scale;
+                        for (int j = t + 1; j < r1; j++) ds[j] = 0.0f;
+                    }
                     // dQ += dS K, dK += dS^T Q
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, r1,
                                 1.0f, dS, r1, k, S, 1.0f, dq + (size_t)r0 * S, S);

@@ -174,7 +174,7 @@ const ParamSpec *model_find(const Model *m, const char *name) {
 static size_t carve_acts(Model *m, float *base) {
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)m->B * m->T, C = (size_t)c->n_embd, off = 0;
-    size_t att = (size_t)m->B * m->nh * m->T * m->T;
+    size_t lse = (size_t)m->B * m->nh * m->T;
     size_t F = (size_t)m->F, widest = N * (size_t)(m->fc_dim > m->qkv_dim ? m->fc_dim : m->qkv_dim);
     if (widest < N * C) widest = N * C;
     int gpt2 = c->arch == ARCH_GPT2;
@@ -182,7 +182,7 @@ static size_t carve_acts(Model *m, float *base) {
     TAKE(m->encoded, N * C);
     /* activation checkpointing: layers after the first share layer 0's
      * buffers for what the backward recomputes (full: everything but the
-     * layer output res3; selective: the attention probabilities) */
+     * layer output res3; selective: the attention output and its lse) */
     for (int l = 0; l < c->n_layer; l++) {
         LayerActs *a = &m->la[l];
         if (l > 0 && m->act_ckpt == ACT_FULL) {
@@ -194,9 +194,13 @@ static size_t carve_acts(Model *m, float *base) {
         if (gpt2) TAKE(a->ln1_mean, N); else a->ln1_mean = NULL;
         TAKE(a->ln1_rstd, N);
         TAKE(a->qkv, N * (size_t)m->qkv_dim);
-        TAKE(a->atty, N * C);
-        if (l > 0 && m->act_ckpt == ACT_SELECTIVE) a->att = m->la[0].att;
-        else TAKE(a->att, att);
+        if (l > 0 && m->act_ckpt == ACT_SELECTIVE) {
+            a->atty = m->la[0].atty;
+            a->lse = m->la[0].lse;
+        } else {
+            TAKE(a->atty, N * C);
+            TAKE(a->lse, lse);
+        }
         TAKE(a->res2, N * C);
         TAKE(a->ln2, N * C);
         if (gpt2) TAKE(a->ln2_mean, N); else a->ln2_mean = NULL;
@@ -422,7 +426,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
         k->matmul_forward(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->qkv_dim);
         if (llama) k->rope_forward(a->qkv, B, T, nh, nkv, hd, c->rope_theta, 0);
-        k->attention_forward(a->atty, a->att, a->qkv, B, T, nh, nkv, hd);
+        k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
         /* row-parallel: partial sums, the replicated bias added once (rank 0) */
         k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, root ? w->attn_out_b : NULL, N, nh * hd, C);
         if (tp) tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
@@ -546,7 +550,7 @@ void model_backward(Model *m, float loss_scale) {
         const LayerActs *a = &m->la[l];
         const float *x = l > 0 ? m->la[l - 1].res3 : m->encoded;
         if (m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T); /* deterministic: the same values again */
-        else if (m->act_ckpt == ACT_SELECTIVE) k->attention_forward(a->atty, a->att, a->qkv, B, T, nh, nkv, hd);
+        else if (m->act_ckpt == ACT_SELECTIVE) k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
         /* MLP block; m->dres holds d(res3) and becomes d(res2) */
         k->zero(m->dbuf1, (size_t)N * F * sizeof(float));
         k->matmul_backward(m->dbuf1, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, N, F, C);
@@ -561,7 +565,7 @@ void model_backward(Model *m, float loss_scale) {
         k->zero(m->dbuf1, (size_t)N * nh * hd * sizeof(float));
         k->matmul_backward(m->dbuf1, g->attn_out_w, g->attn_out_b, m->dres, a->atty, w->attn_out_w, N, nh * hd, C);
         k->zero(m->dbuf2, (size_t)N * m->qkv_dim * sizeof(float));
-        k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->att, B, T, nh, nkv, hd);
+        k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, B, T, nh, nkv, hd);
         if (llama) k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, c->rope_theta, 0);
         k->zero(m->dbuf1, NC * sizeof(float));
         k->matmul_backward(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, a->ln1, w->qkv_w, N, C, m->qkv_dim);

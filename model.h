@@ -54,7 +54,7 @@ typedef struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd;   /* [N,C], [N], [N] */
     float *qkv;                         /* [N, QKV] after rope */
     float *atty;                        /* [N, nh*hd] */
-    float *att;                         /* [B, nh, T, T] */
+    float *lse;                         /* [B, nh, T] attention log-sum-exp */
     float *res2;                        /* [N,C] residual after attention */
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fch;                         /* [N, F] (gpt2) or [N, 2F] (llama) */
@@ -86,7 +86,7 @@ typedef struct ModelComm {
 
 /* Activation checkpointing (train.activation_checkpointing): which saved
  * activations the backward recomputes instead of keeping per layer. */
-enum { ACT_NONE = 0, ACT_SELECTIVE = 1 /* attention probabilities */, ACT_FULL = 2 /* all but each layer's output */ };
+enum { ACT_NONE = 0, ACT_SELECTIVE = 1 /* attention outputs */, ACT_FULL = 2 /* all but each layer's output */ };
 
 /* What the activations keep: train.activation_checkpointing, and
  * train.lm_head_chunk, the token rows the LM head and the cross-entropy

@@ -10,7 +10,9 @@
 # matches the unchunked run within reduction order (the LM head's weight
 # gradient is summed chunk by chunk) and keeps fewer activation bytes; with
 # the same weights (lr 0) its greedy sample, read from the last chunk's
-# logits, is the same; debug.dump needs it off.
+# logits, is the same; debug.dump needs it off. Attention keeps O(T) per
+# head (the log-sum-exp, not the T x T probabilities): the same tokens per
+# micro-batch as 1 x 512 or 8 x 64 take the same activation bytes.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -61,6 +63,16 @@ EOF2
         fi
     done
 done
+# attention memory linear in T: [B, nh, T, T] probabilities would make 1 x 512 cost
+# 8x the attention bytes of 8 x 64 (a difference of 7 MB here)
+for bt in "8 64" "1 512"; do
+    read -r b t <<<"$bt"
+    $BIN check "$TMP/llama.json" --set model.max_seq_len=512 --set train.seq_len=$t --set train.micro_batch=$b \
+        --set train.global_batch=$b 2>&1 | grep -o "activations_bytes [0-9]*" | awk '{print $2}' >"$TMP/act-$b"
+done
+a8=$(cat "$TMP/act-8"); a1=$(cat "$TMP/act-1")
+if [ -n "$a8" ] && [ "$a8" = "$a1" ]; then echo "ok   activations_bytes 8 x 64 = 1 x 512 = $a1 (attention O(T) per head)"; pass=$((pass + 1))
+else echo "FAIL activations_bytes 8 x 64 '$a8' vs 1 x 512 '$a1'"; fail=$((fail + 1)); fi
 # the sample reads the last chunk's logits: the same text as unchunked with the same weights
 for layout in "1" "2 --set parallel.tensor=2"; do
     read -r np rest <<<"$layout"

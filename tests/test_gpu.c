@@ -195,20 +195,20 @@ static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
 static void test_attention_case(int B, int T, int nh, int nkv, int hd) {
     char name[96];
     int S = (nh + 2 * nkv) * hd, OS = nh * hd;
-    size_t nqkv = (size_t)B * T * S, nout = (size_t)B * T * OS, natt = (size_t)B * nh * T * T;
+    size_t nqkv = (size_t)B * T * S, nout = (size_t)B * T * OS, nlse = (size_t)B * nh * T;
     float *qkv = hrand(nqkv, 1), *dout = hrand(nout, 1);
     float *gqkv = dcopy(qkv, nqkv), *gdout = dcopy(dout, nout);
-    float *out = hrand(nout, 1), *att = hrand(natt, 1);
-    float *gout = dcopy(out, nout), *gatt = dcopy(att, natt);
-    KC->attention_forward(out, att, qkv, B, T, nh, nkv, hd);
-    KG->attention_forward(gout, gatt, gqkv, B, T, nh, nkv, hd);
+    float *out = hrand(nout, 1), *lse = hrand(nlse, 1);
+    float *gout = dcopy(out, nout), *glse = dcopy(lse, nlse);
+    KC->attention_forward(out, lse, qkv, B, T, nh, nkv, hd);
+    KG->attention_forward(gout, glse, gqkv, B, T, nh, nkv, hd);
     snprintf(name, sizeof name, "attention_fwd out B%d T%d h%d/%d", B, T, nh, nkv);
     check(name, out, gout, nout, tol_att);
-    snprintf(name, sizeof name, "attention_fwd att B%d T%d h%d/%d", B, T, nh, nkv);
-    check(name, att, gatt, natt, tol_att);
+    snprintf(name, sizeof name, "attention_fwd lse B%d T%d h%d/%d", B, T, nh, nkv);
+    check(name, lse, glse, nlse, tol_att);
     float *dqkv = hrand(nqkv, 1), *gdqkv = dcopy(dqkv, nqkv);
-    KC->attention_backward(dqkv, dout, qkv, att, B, T, nh, nkv, hd);
-    KG->attention_backward(gdqkv, gdout, gqkv, gatt, B, T, nh, nkv, hd);
+    KC->attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd);
+    KG->attention_backward(gdqkv, gdout, gqkv, gout, glse, B, T, nh, nkv, hd);
     snprintf(name, sizeof name, "attention_bwd dqkv B%d T%d h%d/%d", B, T, nh, nkv);
     check(name, dqkv, gdqkv, nqkv, tol_att);
 }

