@@ -44,6 +44,7 @@ typedef struct Config {
     char device[16];
     int act_ckpt;        /* ACT_NONE | ACT_SELECTIVE | ACT_FULL (model.h), by index of none|selective|full */
     int lm_head_chunk;
+    int act_offload;     /* train.activation_offload */
     int param_dtype;     /* 0 fp32, 1 bf16: precision of the working weights (master stays fp32) */   /* token rows of the LM head + cross-entropy at a time (0: the micro-batch) */
     /* optim */
     float lr, min_lr;

@@ -148,6 +148,21 @@ typedef struct Kernels {
      * i), the same on every backend (round_bf16_word below). NaN stays NaN,
      * infinities stay. */
     void (*round_bf16)(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0);
+
+    /* ---- activation offload (train.activation_offload) ----
+     * host_alloc: zero-filled host memory for the copies (page-locked on
+     * CUDA, so they run asynchronously). offload_copy queues a copy of bytes
+     * between host memory and backend memory (to_host 1: dev -> host, 0:
+     * host -> dev) that starts after every kernel queued so far and runs
+     * beside later ones (a copy stream on CUDA, a memcpy on the CPU); copies
+     * run in the order queued. offload_mark names the completion of every
+     * copy queued so far; offload_wait(mark) makes kernels queued after it
+     * wait for that completion. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
+    void (*offload_copy)(void *host, void *dev, size_t bytes, int to_host);
+    int (*offload_mark)(void);
+    void (*offload_wait)(int mark);
 } Kernels;
 
 /* Shared by the backends so that they round to the same bits. */

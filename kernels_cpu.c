@@ -56,6 +56,15 @@ static void *cpu_alloc(size_t bytes) {
 
 static void cpu_free(void *p) { free(p); }
 
+/* Activation offload on the CPU: host and backend memory are the same, so a
+ * copy is a memcpy that is complete when it returns. */
+static void cpu_offload_copy(void *host, void *dev, size_t bytes, int to_host) {
+    if (to_host) memcpy(host, dev, bytes);
+    else memcpy(dev, host, bytes);
+}
+static int cpu_offload_mark(void) { return 0; }
+static void cpu_offload_wait(int mark) { (void)mark; }
+
 /* Gradient buffers are hundreds of MB and zeroed every step: one memset per
  * core gets more memory bandwidth than one. */
 static void cpu_fill(void *dst, const void *src, size_t bytes) { /* src NULL: zero */
@@ -776,6 +785,11 @@ static const Kernels cpu_kernels = {
     .adamw = adamw,
     .adamw_multi = adamw_multi,
     .round_bf16 = round_bf16,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
+    .offload_copy = cpu_offload_copy,
+    .offload_mark = cpu_offload_mark,
+    .offload_wait = cpu_offload_wait,
 };
 
 const Kernels *kernels_cpu(void) {

@@ -1267,9 +1267,11 @@ static void print_header(Trainer *t) {
 }
 
 /* This rank's bytes of working parameters, fp32 master weights, gradients,
- * optimizer state and activations, from the layout table alone (so
- * `llmtrain check` can size a model it never allocates). */
-static void rank_bytes(const Trainer *t, double out[5]) {
+ * optimizer state and activations (on the device), and of activations
+ * offloaded to host memory, from the layout table alone (so `llmtrain check`
+ * can size a model it never allocates). */
+#define RANK_BYTES 6
+static void rank_bytes(const Trainer *t, double out[RANK_BYTES]) {
     const Model *m = &t->model;
     size_t n_shard = 0;
     for (int c = 0; c < m->n_chunks; c++) n_shard += shard_len(t, c);
@@ -1280,16 +1282,24 @@ static void rank_bytes(const Trainer *t, double out[5]) {
     out[2] = t->sharded ? pool_bytes(t, 1) + shard : full;
     out[3] = 2 * (t->sharded ? shard : full);
     out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * t->cfg.micro_batch * t->cfg.seq_len * sizeof(int);
+    out[5] = (double)m->offload_floats * sizeof(float);
+}
+
+/* " offload_host_bytes N" when activations are offloaded, else "" */
+static const char *offload_field(double bytes, char *buf, size_t n) {
+    if (bytes > 0) snprintf(buf, n, " offload_host_bytes %.0f", bytes);
+    else buf[0] = 0;
+    return buf;
 }
 
 /* Rank 0 prints the data-parallel layout and every rank's memory for
  * working parameters, fp32 master weights, gradients and optimizer state. */
 static void print_layout(Trainer *t) {
     Dist *d = &t->dist;
-    double mine[5];
+    double mine[RANK_BYTES];
     rank_bytes(t, mine);
-    double *all = is_root(t) ? malloc_check((size_t)d->world * 5 * sizeof(double)) : NULL;
-    dist_gather_f64(d, mine, all, 5);
+    double *all = is_root(t) ? malloc_check((size_t)d->world * RANK_BYTES * sizeof(double)) : NULL;
+    dist_gather_f64(d, mine, all, RANK_BYTES);
     if (!is_root(t)) return;
     int S = d->shard_size, R = d->replicate_size;
     printf("parallel: strategy %s | shard groups of %d x %d replicas | %s\n", t->cfg.strategy, S, R,
@@ -1320,9 +1330,10 @@ static void print_layout(Trainer *t) {
         }
     }
     for (int r = 0; r < d->world; r++) {
-        const double *x = all + 5 * r;
-        printf("  rank %d: params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f activations_bytes %.0f\n", r, x[0], x[1],
-               x[2], x[3], x[4]);
+        const double *x = all + RANK_BYTES * r;
+        char off[64];
+        printf("  rank %d: params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f activations_bytes %.0f%s\n", r,
+               x[0], x[1], x[2], x[3], x[4], offload_field(x[5], off, sizeof off));
     }
     fflush(stdout);
     free(all);
@@ -1392,7 +1403,7 @@ static int train(int argc, char **argv) {
 
     dist_setup_groups(&t->dist, t->S);
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank,
-                   (ModelMem){c->act_ckpt, c->lm_head_chunk});
+                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload});
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, NULL, NULL};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
@@ -1533,17 +1544,19 @@ static int cmd_check(int argc, char **argv) {
     t->dist.local_size = 1;
     check_layout(t);
     select_backend(t);
-    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0, (ModelMem){c->act_ckpt, c->lm_head_chunk});
+    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0, (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload});
     printf("check: %s: valid for %d ranks\n", c->path, world);
     if (c->description[0]) printf("description: %s\n", c->description);
     print_model_batch(t);
     int tp = t->dist.tp, dp = t->dist.dp;
     printf("parallel: tensor %d x data-parallel %d | strategy %s: shard groups of %d x %d replicas\n", tp, dp, c->strategy,
            t->S, dp / t->S);
-    double b[5];
+    double b[RANK_BYTES];
+    char off[64];
     rank_bytes(t, b);
     printf("per rank (estimate): params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f "
-           "activations_bytes %.0f | total %.1f GiB\n", b[0], b[1], b[2], b[3], b[4], (b[0] + b[1] + b[2] + b[3] + b[4]) / (1 << 30));
+           "activations_bytes %.0f%s | total %.1f GiB\n", b[0], b[1], b[2], b[3], b[4], offload_field(b[5], off, sizeof off),
+           (b[0] + b[1] + b[2] + b[3] + b[4]) / (1 << 30));
     model_free(&t->model);
     config_free(&t->cfg);
     return EXIT_OK;

@@ -169,45 +169,82 @@ const ParamSpec *model_find(const Model *m, const char *name) {
 /* ------------------------------------------------------------------ */
 /* activations                                                         */
 
+/* One layer's activation buffers in carve order: where the pointer lives,
+ * its size in floats, and the checkpointing modes that keep it per layer
+ * (bit i set: kept under mode i; else the backward recomputes it and every
+ * layer shares layer 0's buffer). */
+typedef struct { float **ptr; size_t n; unsigned kept; } ActBuf;
+#define KEEP_ALL ((1u << ACT_NONE) | (1u << ACT_SELECTIVE) | (1u << ACT_FULL))
+#define KEEP_NOT_FULL ((1u << ACT_NONE) | (1u << ACT_SELECTIVE))
+#define KEEP_NONE_ONLY (1u << ACT_NONE)
+#define MAX_ACT_BUFS 16
+
+static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
+    size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd;
+    int gpt2 = m->cfg.arch == ARCH_GPT2, n = 0;
+#define BUF(p, sz, keep) (b[n++] = (ActBuf){&a->p, (sz), (keep)})
+    BUF(ln1, N * C, KEEP_NOT_FULL);
+    if (gpt2) BUF(ln1_mean, N, KEEP_NOT_FULL);
+    BUF(ln1_rstd, N, KEEP_NOT_FULL);
+    BUF(qkv, N * (size_t)m->qkv_dim, KEEP_NOT_FULL);
+    BUF(atty, N * C, KEEP_NONE_ONLY);
+    BUF(lse, (size_t)m->B * m->nh * m->T, KEEP_NONE_ONLY);
+    BUF(res2, N * C, KEEP_NOT_FULL);
+    BUF(ln2, N * C, KEEP_NOT_FULL);
+    if (gpt2) BUF(ln2_mean, N, KEEP_NOT_FULL);
+    BUF(ln2_rstd, N, KEEP_NOT_FULL);
+    BUF(fch, N * (size_t)m->fc_dim, KEEP_NOT_FULL);
+    BUF(fch_act, N * (size_t)m->F, KEEP_NOT_FULL);
+    BUF(res3, N * C, KEEP_ALL);
+#undef BUF
+    if (!gpt2) a->ln1_mean = a->ln2_mean = NULL;
+    return n;
+}
+
+static int buf_kept(const Model *m, const ActBuf *b) { return (b->kept >> m->act_ckpt) & 1u; }
+static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+
+/* Floats of one layer's kept buffers (what activation offload moves). */
+static size_t layer_kept_floats(const Model *m) {
+    LayerActs tmp;
+    ActBuf b[MAX_ACT_BUFS];
+    size_t s = 0;
+    int nb = layer_bufs(m, &tmp, b);
+    for (int i = 0; i < nb; i++)
+        if (buf_kept(m, &b[i])) s += round16(b[i].n);
+    return s;
+}
+
 /* Carve every activation buffer out of one allocation. With base NULL it
  * only counts, so the same code sizes and assigns. */
 static size_t carve_acts(Model *m, float *base) {
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)m->B * m->T, C = (size_t)c->n_embd, off = 0;
-    size_t lse = (size_t)m->B * m->nh * m->T;
     size_t F = (size_t)m->F, widest = N * (size_t)(m->fc_dim > m->qkv_dim ? m->fc_dim : m->qkv_dim);
     if (widest < N * C) widest = N * C;
     int gpt2 = c->arch == ARCH_GPT2;
-#define TAKE(ptr, n) do { size_t n_ = (n); (ptr) = base ? base + off : NULL; off += (n_ + 15) / 16 * 16; } while (0)
+    (void)F;
+#define TAKE(ptr, n) do { size_t n_ = (n); (ptr) = base ? base + off : NULL; off += round16(n_); } while (0)
     TAKE(m->encoded, N * C);
     /* activation checkpointing: layers after the first share layer 0's
      * buffers for what the backward recomputes (full: everything but the
-     * layer output res3; selective: the attention output and its lse) */
+     * layer output res3; selective: the attention output and its lse).
+     * Activation offload: layer l keeps its buffers in slot l % OFFLOAD_SLOTS
+     * (the first layers' own), with a copy in host memory (model_offload_*). */
+    ActBuf b0[MAX_ACT_BUFS];
+    layer_bufs(m, &m->la[0], b0);
     for (int l = 0; l < c->n_layer; l++) {
         LayerActs *a = &m->la[l];
-        if (l > 0 && m->act_ckpt == ACT_FULL) {
-            *a = m->la[0];
-            TAKE(a->res3, N * C);
+        if (m->offload && l >= OFFLOAD_SLOTS) {
+            *a = m->la[l % OFFLOAD_SLOTS];
             continue;
         }
-        TAKE(a->ln1, N * C);
-        if (gpt2) TAKE(a->ln1_mean, N); else a->ln1_mean = NULL;
-        TAKE(a->ln1_rstd, N);
-        TAKE(a->qkv, N * (size_t)m->qkv_dim);
-        if (l > 0 && m->act_ckpt == ACT_SELECTIVE) {
-            a->atty = m->la[0].atty;
-            a->lse = m->la[0].lse;
-        } else {
-            TAKE(a->atty, N * C);
-            TAKE(a->lse, lse);
+        ActBuf b[MAX_ACT_BUFS];
+        int nb = layer_bufs(m, a, b);
+        for (int i = 0; i < nb; i++) {
+            if (l > 0 && !buf_kept(m, &b[i])) *b[i].ptr = *b0[i].ptr;
+            else TAKE(*b[i].ptr, b[i].n);
         }
-        TAKE(a->res2, N * C);
-        TAKE(a->ln2, N * C);
-        if (gpt2) TAKE(a->ln2_mean, N); else a->ln2_mean = NULL;
-        TAKE(a->ln2_rstd, N);
-        TAKE(a->fch, N * (size_t)m->fc_dim);
-        TAKE(a->fch_act, N * F);
-        TAKE(a->res3, N * C);
     }
     TAKE(m->lnf, N * C);
     if (gpt2) TAKE(m->lnf_mean, N); else m->lnf_mean = NULL;
@@ -225,12 +262,71 @@ static size_t carve_acts(Model *m, float *base) {
     return off;
 }
 
+/* ------------------------------------------------------------------ */
+/* activation offload                                                  */
+
+/* Queue the copy of layer l's kept buffers between its slot and its host
+ * copy (after the compute queued so far; beside later compute). */
+static void offload_layer(Model *m, int l, int to_host) {
+    ActBuf b[MAX_ACT_BUFS];
+    int nb = layer_bufs(m, &m->la[l], b);
+    float *h = m->offload_host + (size_t)l * m->offload_layer_floats;
+    for (int i = 0; i < nb; i++)
+        if (buf_kept(m, &b[i])) {
+            m->k->offload_copy(h, *b[i].ptr, b[i].n * sizeof(float), to_host);
+            h += round16(b[i].n);
+        }
+}
+
+/* Copies run in the order queued, so a load into a slot follows the slot's
+ * previous store; compute waits only where it would race one. Forward,
+ * before layer l writes its slot: the slot's previous layer must be on the
+ * host (and no load into it in flight). After it: send layer l out. */
+static void slot_wait(Model *m, int *mark) {
+    if (*mark >= 0) m->k->offload_wait(*mark);
+    *mark = -1;
+}
+
+static void offload_pre_forward(Model *m, int l) {
+    int s = l % OFFLOAD_SLOTS;
+    slot_wait(m, &m->slot_out[s]);
+    slot_wait(m, &m->slot_in[s]);
+}
+
+static void offload_post_forward(Model *m, int l) {
+    int s = l % OFFLOAD_SLOTS;
+    offload_layer(m, l, 1);
+    m->slot_out[s] = m->k->offload_mark();
+    m->slot_layer[s] = l;
+}
+
+/* Backward: load layer l into its slot unless it is there; wait: compute
+ * after this call may read it. */
+static void offload_fetch(Model *m, int l, int wait) {
+    int s = l % OFFLOAD_SLOTS;
+    if (m->slot_layer[s] != l) {
+        offload_layer(m, l, 0);
+        m->slot_in[s] = m->k->offload_mark();
+        m->slot_layer[s] = l;
+    }
+    if (wait) slot_wait(m, &m->slot_in[s]);
+}
+
+/* Before layer l's backward: it and layer l-1 (whose output is its input)
+ * resident; layer l-2 starts loading into the slot layer l+1 has finished
+ * with, so its copy overlaps this layer's backward. */
+static void offload_pre_backward(Model *m, int l) {
+    offload_fetch(m, l, 1);
+    if (l >= 1) offload_fetch(m, l - 1, 1);
+    if (l >= 2) offload_fetch(m, l - 2, 0);
+}
+
 void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple) {
     model_build_ex(m, cfg, k, B, T, pad_multiple, 1);
 }
 
 void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments) {
-    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0});
+    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0});
 }
 
 void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, int tp_rank) {
@@ -255,10 +351,14 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
     model_layout(m, cfg, pad_multiple, tp, tp_rank);
     m->act_ckpt = mem.act_ckpt;
     m->head_rows = mem.head_rows;
+    m->offload = mem.offload && cfg->n_layer > OFFLOAD_SLOTS;
     m->B = B;
     m->T = T;
     m->la = calloc_check((size_t)cfg->n_layer, sizeof(LayerActs));
     m->acts_floats = carve_acts(m, NULL);
+    m->offload_layer_floats = layer_kept_floats(m);
+    m->offload_floats = m->offload ? (size_t)cfg->n_layer * m->offload_layer_floats : 0;
+    for (int s = 0; s < OFFLOAD_SLOTS; s++) m->slot_layer[s] = m->slot_out[s] = m->slot_in[s] = -1;
 }
 
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
@@ -285,6 +385,7 @@ void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
 
     m->acts_mem = k->alloc(m->acts_floats * sizeof(float));
     carve_acts(m, m->acts_mem);
+    if (m->offload) m->offload_host = k->host_alloc(m->offload_floats * sizeof(float));
     m->tokens = k->alloc((size_t)B * T * sizeof(int));
     m->targets = k->alloc((size_t)B * T * sizeof(int));
 }
@@ -296,6 +397,7 @@ void model_free(Model *m) {
         if (m->m) k->free(m->m);
         if (m->v) k->free(m->v);
         k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets);
+        if (m->offload_host) k->host_free(m->offload_host);
     }
     free(m->p.layers); free(m->g.layers); free(m->la);
     free(m->specs); free(m->chunk_offset); free(m->chunk_size);
@@ -487,7 +589,9 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     const float *x = m->encoded;
     for (int l = 0; l < L; l++) {
         chunk_event(m, l + 1, CHUNK_PRE_FORWARD);
+        if (m->offload) offload_pre_forward(m, l);
         layer_forward(m, l, x, B, T);
+        if (m->offload) offload_post_forward(m, l);
         x = m->la[l].res3;
         chunk_event(m, l + 1, CHUNK_POST_FORWARD);
     }
@@ -545,6 +649,7 @@ void model_backward(Model *m, float loss_scale) {
 
     for (int l = L - 1; l >= 0; l--) {
         chunk_event(m, l + 1, CHUNK_PRE_BACKWARD);
+        if (m->offload) offload_pre_backward(m, l);
         const LayerPtrs *w = &m->p.layers[l];
         const LayerPtrs *g = &m->g.layers[l];
         const LayerActs *a = &m->la[l];

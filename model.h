@@ -95,12 +95,24 @@ enum { ACT_NONE = 0, ACT_SELECTIVE = 1 /* attention outputs */, ACT_FULL = 2 /* 
 typedef struct ModelMem {
     int act_ckpt;
     int head_rows;
+    int offload; /* train.activation_offload: layers' kept activations in host memory */
 } ModelMem;
+
+/* Activation offload: device buffers for this many layers (slots); layer l
+ * uses slot l % OFFLOAD_SLOTS: the one being computed, the one before it
+ * (its input) and one in flight to or from the host. */
+#define OFFLOAD_SLOTS 3
 
 typedef struct Model {
     ModelConfig cfg;
     int act_ckpt;             /* ACT_NONE | ACT_SELECTIVE | ACT_FULL */
     int head_rows;            /* LM head / cross-entropy rows at a time (0: all) */
+    int offload;              /* activation offload on (and n_layer > OFFLOAD_SLOTS) */
+    float *offload_host;      /* host copy of every layer's kept activations [n_layer][offload_layer_floats] */
+    size_t offload_layer_floats, offload_floats;
+    int slot_layer[OFFLOAD_SLOTS]; /* the layer whose activations a slot holds (-1: none) */
+    int slot_out[OFFLOAD_SLOTS];   /* offload_mark of the slot's store to the host not yet waited for (-1: none) */
+    int slot_in[OFFLOAD_SLOTS];    /* ... of its load from the host not yet waited for (-1: none) */
     const Kernels *k;
     int B, T;                 /* micro-batch shape activations are sized for */
     int cur_B, cur_T;         /* shape of the last forward, which backward reuses */

@@ -9,7 +9,9 @@
 #      train.device=cpu, loss / grad norm / val loss per step within a
 #      relative 5e-3 (TF32 matmuls; the CPU is fp32 throughout), and the
 #      same with LLMTRAIN_CUDA_MATMUL=bf16 within 3e-2 and =fp32 within 1e-4.
-#   3. with more than one GPU: a 2-rank CUDA run must be refused cleanly
+#   3. activation offload on cuda (5 layers) against cpu and against cuda
+#      without offload.
+#   4. with more than one GPU: a 2-rank CUDA run must be refused cleanly
 #      (exit 2, one line) until NCCL support lands.
 # Without a GPU this FAILS (exit 1, one line on stderr); it never skips.
 # Not named test_*.sh: tests/run_all.sh (the CPU suite) must not pick it up.
@@ -71,6 +73,22 @@ JSON
         fi
     done
 done
+
+# activation offload on the GPU: 5 layers (the 3 device slots reused), cuda with
+# offload vs the cpu run without, and cuda with vs without offload
+for off in false true; do
+    $BIN "$TMP/llama.json" --set model.n_layer=5 --set train.device=cuda --set train.activation_offload=$off \
+        --set train.activation_checkpointing=selective --set log.dir="$TMP/off-$off" --set checkpoint.dir="$TMP/off-$off/ckpt" \
+        >"$TMP/off-$off.out" 2>&1 || { echo "FAIL offload $off run: $(tail -3 "$TMP/off-$off.out")"; fail=$((fail + 1)); }
+done
+$BIN "$TMP/llama.json" --set model.n_layer=5 --set train.device=cpu --set log.dir="$TMP/off-cpu" \
+    --set checkpoint.dir="$TMP/off-cpu/ckpt" >"$TMP/off-cpu.out" 2>&1
+if grep -q "offload_host_bytes" "$TMP/off-true.out" && $PY tests/compare_runs.py "$TMP/off-cpu" "$TMP/off-true" --steps 20 --loss-rtol $LOSS_RTOL &&
+   $PY tests/compare_runs.py "$TMP/off-false" "$TMP/off-true" --steps 20 --loss-rtol 1e-5; then
+    echo "ok   activation offload on cuda (5 layers, selective): matches cpu within $LOSS_RTOL and cuda without offload within 1e-5"; pass=$((pass + 1))
+else
+    echo "FAIL activation offload on cuda differs (or no offload_host_bytes line)"; fail=$((fail + 1))
+fi
 
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "${ngpu:-0}" -gt 1 ]; then

@@ -1,0 +1,64 @@
+#!/bin/bash
+# Activation offload (train.activation_offload): every layer's kept
+# activations go to host memory after its forward and come back before its
+# backward through 3 device slots (layer l in slot l % 3). With 5 layers the
+# slots are reused, so a layer that read another layer's activations would
+# change the gradients: losses, gradient norms and exported weights must be
+# bit-identical to the same run without offload, under each checkpointing
+# mode, for GPT-2 and Llama (GQA), on 1 rank, tp 2 and FULL_SHARD 2, with
+# gradient accumulation and evaluation in between. The device activations
+# fall and the host copy is n_layer x one layer's kept buffers.
+. "$(dirname "$0")/lib.sh"
+
+write_shard "$TMP/train.bin" 96 20000 1
+write_shard "$TMP/val.bin" 96 4000 2
+for arch in gpt2 llama; do
+    if [ $arch = gpt2 ]; then shape='"n_layer": 5, "n_embd": 32, "n_head": 4'; else shape='"n_layer": 5, "n_embd": 32, "n_head": 4, "n_kv_head": 2'; fi
+    cat >"$TMP/$arch.json" <<EOF2
+{"model": {"arch": "$arch", $shape, "vocab_size": 96, "max_seq_len": 32},
+ "data": {"train": "$TMP/train.bin", "val": "$TMP/val.bin"},
+ "train": {"steps": 6, "seq_len": 32, "micro_batch": 2, "global_batch": 8},
+ "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
+ "eval": {"every_steps": 3, "batches": 2, "sample_tokens": 0}}
+EOF2
+    for layout in "1" "2 --set parallel.tensor=2" "2 --set parallel.strategy=FULL_SHARD"; do
+        read -r np rest <<<"$layout"
+        cmd="$BIN"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
+        for mode in none selective full; do
+            tag=$arch-np$np-$(echo "$rest" | tr -dc 'a-zA-Z0-9_')-$mode
+            for off in false true; do
+                $cmd "$TMP/$arch.json" $rest --set train.activation_checkpointing=$mode --set train.activation_offload=$off \
+                    --set log.dir="$TMP/$tag-$off" >"$TMP/$tag-$off.out" 2>&1 || echo "  $tag offload $off exited non-zero: $(tail -2 "$TMP/$tag-$off.out")"
+                $BIN export "$TMP/$tag-$off/checkpoints" "$TMP/$tag-$off/hf" >/dev/null 2>&1
+            done
+            if $PY tests/compare_runs.py "$TMP/$tag-false" "$TMP/$tag-true" --steps 6 --exact; then
+                ok "$arch np $np ${rest:-} $mode: offload bit-identical to no offload (losses, norms, val loss, weights)"
+            else
+                bad "$arch np $np ${rest:-} $mode: offload differs"
+            fi
+            acts() { grep -o "rank 0: .*activations_bytes [0-9]*" "$TMP/$tag-$1.out" | awk '{print $NF}'; }
+            host=$(grep -o "rank 0: .*offload_host_bytes [0-9]*" "$TMP/$tag-true.out" | awk '{print $NF}')
+            a0=$(acts false); a1=$(acts true)
+            # the device keeps 3 of 5 layers' kept buffers: saved = 2/5 of the host copy
+            if [ -n "$a0" ] && [ -n "$a1" ] && [ -n "$host" ] && [ $((a0 - a1)) -eq $((host * 2 / 5)) ] && \
+               ! grep -q offload_host_bytes "$TMP/$tag-false.out"; then
+                ok "$arch np $np ${rest:-} $mode: activations_bytes $a0 -> $a1, offload_host_bytes $host (2 of 5 layers' worth saved)"
+            else
+                bad "$arch np $np ${rest:-} $mode: activations_bytes '$a0' -> '$a1', host '$host'"
+            fi
+        done
+    done
+done
+# 3 layers or fewer: nothing to offload, the layout is the plain one
+$BIN check "$TMP/llama.json" --set model.n_layer=3 --set train.activation_offload=true >"$TMP/c3.out" 2>&1
+$BIN check "$TMP/llama.json" --set model.n_layer=3 >"$TMP/c3n.out" 2>&1
+if ! grep -q offload_host_bytes "$TMP/c3.out" && [ "$(grep -o 'activations_bytes [0-9]*' "$TMP/c3.out")" = "$(grep -o 'activations_bytes [0-9]*' "$TMP/c3n.out")" ]; then
+    ok "3 layers: offload is a no-op (same activations, no host copy)"
+else bad "3 layers with offload: $(cat "$TMP/c3.out" | tail -2)"; fi
+$BIN "$TMP/llama.json" --set train.activation_offload=yes >"$TMP/bad.out" 2>&1; rc=$?
+if [ $rc -eq 2 ] && grep -q "train.activation_offload" "$TMP/bad.out" && [ "$(wc -l <"$TMP/bad.out")" -eq 1 ]; then
+    ok "train.activation_offload \"yes\": one line, exit 2"
+else bad "bad offload value: rc $rc $(cat "$TMP/bad.out")"; fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
