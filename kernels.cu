@@ -88,15 +88,56 @@ static struct {
     double *red_out;     /* [1] */
 } G;
 
+// ----------------------------------------------------------------------------
+// device memory: every cudaMalloc and cudaFree of this backend goes through
+// dev_malloc / dev_free, which count the bytes in use and their peak
+// (kernels_cuda_mem_stats; the trainer's `mem` on CUDA). Not counted: the
+// CUDA context and what libraries allocate for themselves (cuBLASLt's handle).
+
+static struct {
+    size_t in_use, peak;
+} Mem;
+
+static void dev_malloc(void **p, size_t bytes, const char *file, int line) {
+    *p = NULL;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        size_t free_b = 0, total_b = 0;
+        (void)cudaGetLastError();
+        (void)cudaMemGetInfo(&free_b, &total_b);
+        die(EXIT_IO, "CUDA out of memory at %s:%d allocating %.2f GiB (%.2f of %.2f GiB free on the device, "
+            "%.2f GiB held by llmtrain)", file, line, bytes / 1073741824.0, free_b / 1073741824.0,
+            total_b / 1073741824.0, Mem.in_use / 1073741824.0);
+    }
+    cuda_check_(e, "cudaMalloc", file, line);
+    Mem.in_use += bytes;
+    if (Mem.in_use > Mem.peak) Mem.peak = Mem.in_use;
+}
+
+static void dev_free(void *p, size_t bytes) {
+    if (!p) return;
+    CUDA_CHECK(cudaFree(p));
+    Mem.in_use -= bytes;
+}
+
+#define DEV_MALLOC(p, bytes) dev_malloc((void **)(p), (bytes), __FILE__, __LINE__)
+
+extern "C" void kernels_cuda_mem_stats(size_t *in_use, size_t *peak) {
+    if (in_use) *in_use = Mem.in_use;
+    if (peak) *peak = Mem.peak;
+}
+
 /* Scratch buffers that only grow: a resize synchronises the device (cudaFree)
  * and happens in the first step only, as shapes repeat. */
 typedef struct { void *p; size_t cap; } Scratch;
 
 static void *scratch_get(Scratch *s, size_t bytes) {
     if (bytes > s->cap) {
-        if (s->p) CUDA_CHECK(cudaFree(s->p));
+        dev_free(s->p, s->cap);
+        s->p = NULL;
+        s->cap = 0;
         size_t cap = bytes + bytes / 8;
-        CUDA_CHECK(cudaMalloc(&s->p, cap));
+        DEV_MALLOC(&s->p, cap);
         s->cap = cap;
     }
     return s->p;
@@ -156,24 +197,50 @@ __device__ float block_max(float v) {
 // ----------------------------------------------------------------------------
 // memory
 
+/* The size of every live allocation of alloc(), for free() to uncount: a
+ * plain array searched linearly (a few dozen live buffers in training;
+ * alloc and free never run in the step loop). Freeing a pointer alloc()
+ * did not return is an internal error. */
+static struct {
+    void **p;
+    size_t *bytes;
+    size_t n, cap;
+} Live;
+
 static void *cu_alloc(size_t bytes) {
     void *p = NULL;
     size_t sz = bytes ? bytes : 256;
-    cudaError_t e = cudaMalloc(&p, sz);
-    if (e == cudaErrorMemoryAllocation) {
-        size_t free_b = 0, total_b = 0;
-        (void)cudaGetLastError();
-        (void)cudaMemGetInfo(&free_b, &total_b);
-        die(EXIT_IO, "CUDA out of memory at %s:%d allocating %.2f GiB (%.2f of %.2f GiB free on the device)", __FILE__,
-            __LINE__, sz / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
-    }
-    CUDA_CHECK(e);
+    DEV_MALLOC(&p, sz);
     CUDA_CHECK(cudaMemset(p, 0, sz));
+    if (Live.n == Live.cap) {
+        size_t cap = Live.cap ? 2 * Live.cap : 64;
+        void **np = (void **)malloc_check(cap * sizeof *np);
+        size_t *nb = (size_t *)malloc_check(cap * sizeof *nb);
+        if (Live.n) {
+            memcpy(np, Live.p, Live.n * sizeof *np);
+            memcpy(nb, Live.bytes, Live.n * sizeof *nb);
+        }
+        free(Live.p);
+        free(Live.bytes);
+        Live.p = np;
+        Live.bytes = nb;
+        Live.cap = cap;
+    }
+    Live.p[Live.n] = p;
+    Live.bytes[Live.n] = sz;
+    Live.n++;
     return p;
 }
 
 static void cu_free(void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));
+    if (!p) return;
+    size_t i = Live.n;
+    while (i > 0 && Live.p[i - 1] != p) i--;
+    if (i == 0) die(EXIT_INTERNAL, "cuda free: %p was not allocated by this backend", p);
+    dev_free(p, Live.bytes[i - 1]);
+    Live.n--;
+    Live.p[i - 1] = Live.p[Live.n];
+    Live.bytes[i - 1] = Live.bytes[Live.n];
 }
 
 static void cu_zero(void *p, size_t bytes) {
@@ -1223,9 +1290,9 @@ static void cuda_init(void) {
     CUDA_CHECK(cudaDeviceGetAttribute(&G.clock_khz, cudaDevAttrClockRate, G.dev));
     CUBLAS_CHECK(cublasLtCreate(&G.lt));
     G.ws_bytes = WORKSPACE_BYTES;
-    CUDA_CHECK(cudaMalloc(&G.ws, G.ws_bytes));
-    CUDA_CHECK(cudaMalloc((void **)&G.red_partial, RED_BLOCKS * sizeof(double)));
-    CUDA_CHECK(cudaMalloc((void **)&G.red_out, sizeof(double)));
+    DEV_MALLOC(&G.ws, G.ws_bytes);
+    DEV_MALLOC(&G.red_partial, RED_BLOCKS * sizeof(double));
+    DEV_MALLOC(&G.red_out, sizeof(double));
     matmul_mode();
     G.ready = 1;
 }

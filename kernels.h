@@ -197,6 +197,11 @@ const char *kernels_cuda_device_info(void);
 /* Dense bf16 tensor-core peak of the device in GFLOP/s, for MFU; *source
  * (optional) says where the figure comes from. */
 double kernels_cuda_peak_gflops(const char **source);
+/* Device memory this backend holds now (*in_use) and at most so far (*peak),
+ * in bytes: every alloc() (until its free()), the scratch buffers that only
+ * grow, the cuBLASLt workspace. Not the CUDA context or library-internal
+ * memory, so nvidia-smi shows more. Either pointer may be NULL. */
+void kernels_cuda_mem_stats(size_t *in_use, size_t *peak);
 #endif
 
 #endif

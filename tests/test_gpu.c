@@ -19,6 +19,7 @@
  *   TOL_RED  1e-9  sum / sumsq (both accumulate in double)  */
 #include "kernels.h"
 #include "util.h"
+#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -331,6 +332,48 @@ static void test_round_bf16(void) {
     free(h);
 }
 
+/* kernels_cuda_mem_stats: alloc raises the in-use count by exactly the bytes
+ * asked for and free lowers it by as much; the peak follows; and the device's
+ * own count of used memory (cudaMemGetInfo) moves by the same amount up to
+ * the allocator's granularity: cudaMalloc rounds a large allocation up to
+ * 2 MiB pages, so 100 MiB + 12345 bytes should take 102 MiB; the tolerance
+ * is 4 MiB (that rounding plus one page of slack). */
+static void test_mem_stats(void) {
+    const size_t MiB = (size_t)1 << 20;
+    size_t u0, p0, u1, p1, u2, p2, f0, f1, f2, tot;
+    cudaDeviceSynchronize();
+    kernels_cuda_mem_stats(&u0, &p0);
+    void *small = KG->alloc(1000);
+    kernels_cuda_mem_stats(&u1, &p1);
+    KG->free(small);
+    kernels_cuda_mem_stats(&u2, &p2);
+    int ok = u1 - u0 == 1000 && u2 == u0 && p1 >= u1 && p2 == p1;
+    printf("%s mem_stats 1000-byte alloc: in use %+lld then %+lld bytes, peak %zu >= %zu\n", ok ? "ok  " : "FAIL",
+           (long long)u1 - (long long)u0, (long long)u2 - (long long)u0, p1, u1);
+    if (ok) pass++; else fail++;
+
+    size_t big = 100 * MiB + 12345;
+    cudaMemGetInfo(&f0, &tot);
+    kernels_cuda_mem_stats(&u0, &p0);
+    void *b = KG->alloc(big);
+    cudaDeviceSynchronize();
+    cudaMemGetInfo(&f1, &tot);
+    kernels_cuda_mem_stats(&u1, &p1);
+    KG->free(b);
+    cudaDeviceSynchronize();
+    cudaMemGetInfo(&f2, &tot);
+    kernels_cuda_mem_stats(&u2, &p2);
+    ok = u1 - u0 == big && u2 == u0 && p1 >= u1 && p1 >= p0;
+    printf("%s mem_stats 100 MiB alloc: counter %+lld then %+lld bytes (expected %zu), peak %zu >= in use %zu\n",
+           ok ? "ok  " : "FAIL", (long long)u1 - (long long)u0, (long long)u2 - (long long)u0, big, p1, u1);
+    if (ok) pass++; else fail++;
+    double used = (double)f0 - (double)f1, back = (double)f2 - (double)f1, diff = used - (double)big;
+    ok = fabs(diff) <= 4.0 * MiB && fabs(back - used) <= 4.0 * MiB;
+    printf("%s mem_stats vs cudaMemGetInfo: used %+.0f bytes for %zu counted (%+.2f MiB), %.0f given back (tol 4 MiB)\n",
+           ok ? "ok  " : "FAIL", used, big, diff / MiB, back);
+    if (ok) pass++; else fail++;
+}
+
 int main(void) {
     char why[320];
     if (!kernels_cuda_available(why, sizeof why)) {
@@ -344,6 +387,7 @@ int main(void) {
     KC = kernels_cpu();
     KG = kernels_cuda();
     printf("device: %s\n", kernels_cuda_device_info());
+    test_mem_stats();
     test_embed();
     test_norms();
     test_matmul_case(64, 128, 96, 0, 1);
