@@ -20,9 +20,11 @@
  *
  * Everything that needs scratch memory (cuBLASLt workspace, reduction
  * partials, the dP block of attention backward, column-sum partials, AdamW
- * range tables) allocates at first use and only grows, so steady-state steps
- * never allocate. Every CUDA and cuBLASLt call is checked: a failure prints
- * one line with file:line and exits (70; 3 for out of memory). */
+ * range tables, the embedding backward's sort keys) allocates at first use
+ * and only grows, so steady-state steps never allocate. Every CUDA and
+ * cuBLASLt call is checked: a failure prints one line with file:line and
+ * exits (70; 3 for out of memory). */
+#include <cub/device/device_radix_sort.cuh>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -274,19 +276,81 @@ __global__ void embed_fwd_k(float *out, const int *tokens, const float *wte, con
     }
 }
 
-/* repeated tokens add into the same row: float atomics (the order of the
- * additions, and so the last bits, may vary from run to run) */
-__global__ void embed_bwd_k(float *dwte, float *dwpe, const float *dout, const int *tokens, int N, int T, int C,
-                            int v0, int V) {
-    size_t total = (size_t)N * C;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        int n = (int)(i / C), c = (int)(i % C);
-        float d = dout[i];
-        int t = tokens[n] - v0;
-        if (dwte && t >= 0 && t < V) atomicAdd(dwte + (size_t)t * C + c, d);
-        if (dwpe) atomicAdd(dwpe + (size_t)(n % T) * C + c, d);
+/* Embedding backward, deterministic: every gradient row receives its rows of
+ * dout in increasing row order n, one float addition after another, starting
+ * from the row's current value: the CPU backend's order, so the result does
+ * not depend on scheduling and equals the CPU's bits (only additions).
+ *
+ * dwpe: position t's rows are n = t, t + T, t + 2T, ...: one thread per
+ * (t, channel) walks them in order.
+ *
+ * dwte: a token can be anywhere in the batch, so the rows are grouped by
+ * token first: key(n) = (vocabulary row r, or V for a token outside
+ * [v0, v0 + V)) << pos_bits | n, sorted with CUB's radix sort over the bits
+ * in use. The keys are unique and the row index is in the low bits, so the
+ * sorted order is (token, n) whatever the sort's stability. Then one block
+ * per (sorted position, 128 channels) where a token's run starts adds that
+ * run's dout rows in order into dwte[r]; the other blocks return at once.
+ * The keys and CUB's temporary storage live in a scratch buffer that only
+ * grows, so the step loop allocates nothing after the first step. */
+
+static int bit_length(unsigned long long x) {
+    int b = 0;
+    while (x) { b++; x >>= 1; }
+    return b;
+}
+
+__global__ void embed_keys_k(unsigned long long *keys, const int *tokens, int N, int v0, int V, int pos_bits) {
+    GRID_STRIDE(i, (size_t)N) {
+        long long t = (long long)tokens[i] - v0;
+        unsigned long long r = (t >= 0 && t < V) ? (unsigned long long)t : (unsigned long long)V;
+        keys[i] = (r << pos_bits) | i;
     }
 }
+
+#define EMB_THREADS 128
+
+/* grid (N, ceil(C / EMB_THREADS)); keys sorted */
+__global__ void embed_bwd_wte_k(float *dwte, const float *dout, const unsigned long long *keys, int N, int C, int V,
+                                int pos_bits) {
+    int i = blockIdx.x;
+    unsigned long long r = keys[i] >> pos_bits;
+    if (r >= (unsigned long long)V) return;                     /* not this rank's vocabulary */
+    if (i > 0 && (keys[i - 1] >> pos_bits) == r) return;        /* not the start of r's run */
+    int c = blockIdx.y * EMB_THREADS + threadIdx.x;
+    if (c >= C) return;
+    int lo = i + 1, hi = N; /* the run ends at the first later key of another row */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if ((keys[mid] >> pos_bits) == r) lo = mid + 1;
+        else hi = mid;
+    }
+    const unsigned long long mask = (1ull << pos_bits) - 1;
+    float *g = dwte + (size_t)r * C + c;
+    float acc = *g;
+    int j = i;
+    for (; j + 8 <= lo; j += 8) { /* the loads first, then the additions in order */
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = dout[(size_t)(keys[j + u] & mask) * C + c];
+#pragma unroll
+        for (int u = 0; u < 8; u++) acc += v[u];
+    }
+    for (; j < lo; j++) acc += dout[(size_t)(keys[j] & mask) * C + c];
+    *g = acc;
+}
+
+__global__ void embed_bwd_wpe_k(float *dwpe, const float *dout, int N, int T, int C) {
+    size_t total = (size_t)(N < T ? N : T) * C;
+    GRID_STRIDE(i, total) {
+        size_t t = i / C, c = i % C;
+        float acc = dwpe[i];
+        for (size_t n = t; n < (size_t)N; n += (size_t)T) acc += dout[n * C + c];
+        dwpe[i] = acc;
+    }
+}
+
+static Scratch sc_embed;
 
 static void embed_forward_vp(float *out, const int *tokens, const float *wte, const float *wpe, int N, int T, int C,
                              int v0, int V) {
@@ -297,8 +361,25 @@ static void embed_forward_vp(float *out, const int *tokens, const float *wte, co
 
 static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens, int N, int T, int C,
                               int v0, int V) {
-    if (N <= 0 || C <= 0 || (!dwte && !dwpe)) return;
-    embed_bwd_k<<<grid_for((size_t)N * C, 256), 256>>>(dwte, dwpe, dout, tokens, N, T, C, v0, V);
+    if (N <= 0 || C <= 0) return;
+    if (dwpe && T > 0) {
+        embed_bwd_wpe_k<<<grid_for((size_t)(N < T ? N : T) * C, 256), 256>>>(dwpe, dout, N, T, C);
+        LAUNCH_CHECK();
+    }
+    if (!dwte || V <= 0) return;
+    int pos_bits = bit_length((unsigned long long)N - 1), end_bit = pos_bits + bit_length((unsigned long long)V);
+    cub::DoubleBuffer<unsigned long long> keys(NULL, NULL);
+    size_t temp_bytes = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortKeys(NULL, temp_bytes, keys, N, 0, end_bit, 0));
+    size_t key_bytes = ((size_t)N * sizeof(unsigned long long) + 255) / 256 * 256;
+    char *sc = (char *)scratch_get(&sc_embed, 2 * key_bytes + temp_bytes);
+    keys = cub::DoubleBuffer<unsigned long long>((unsigned long long *)sc, (unsigned long long *)(sc + key_bytes));
+    embed_keys_k<<<grid_for((size_t)N, 256), 256>>>(keys.Current(), tokens, N, v0, V, pos_bits);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cub::DeviceRadixSort::SortKeys(sc + 2 * key_bytes, temp_bytes, keys, N, 0, end_bit, 0));
+    LAUNCH_CHECK();
+    dim3 grid((unsigned)N, (unsigned)((C + EMB_THREADS - 1) / EMB_THREADS));
+    embed_bwd_wte_k<<<grid, EMB_THREADS>>>(dwte, dout, keys.Current(), N, C, V, pos_bits);
     LAUNCH_CHECK();
 }
 

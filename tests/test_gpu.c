@@ -6,7 +6,7 @@
  * are accumulated into start from the same random values on both sides, so
  * the "adds, not overwrites" contract is checked too). Tolerances:
  *   TOL_F32  1e-5  fp32 kernels (fp32 statistics vs the CPU's double ones,
- *                  expf vs the CPU's polynomial exp, atomics order)
+ *                  expf vs the CPU's polynomial exp)
  *   TOL_TF32 5e-3  matmuls and attention: cuBLASLt reads its inputs as TF32
  *                  (10-bit mantissa, unit roundoff 2^-11 = 4.9e-4) and
  *                  accumulates in fp32; K-term sums of random-sign products
@@ -134,6 +134,66 @@ static void test_embed(void) {
     KC->embed_backward_vp(dwl, NULL, dout, tok, N, T, C, v0, Vl);
     KG->embed_backward_vp(gdwl, NULL, gdout, dtok, N, T, C, v0, Vl);
     check("embed_backward_vp dwte", dwl, gdwl, (size_t)Vl * C, TOL_F32);
+}
+
+/* Bitwise comparison of a device buffer with a host one: the count of
+ * differing words. */
+static size_t bits_differ(const float *host, const float *dev, size_t n) {
+    float *h = malloc_check(n * sizeof(float) + 16);
+    KG->to_host(h, dev, n * sizeof(float));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += memcmp(&host[i], &h[i], 4) != 0;
+    free(h);
+    return bad;
+}
+
+static void check_bits(const char *name, const float *host, const float *dev, size_t n) {
+    size_t bad = bits_differ(host, dev, n);
+    printf("%s %-34s %zu of %zu words differ\n", bad ? "FAIL" : "ok  ", name, bad, n);
+    if (bad) fail++; else pass++;
+}
+
+/* The embedding backward is deterministic: on heavily repeated tokens two
+ * calls on the same inputs give the same bits, and, since every gradient row
+ * adds its dout rows in the CPU's order (increasing row), the CPU's bits.
+ * Tokens from a vocabulary of `vocab` (skewed: every fourth token from its
+ * first 50 ids), the vocab-parallel slice [v0, v0 + Vl) when Vl > 0. */
+static void test_embed_det(int B, int T, int C, int vocab, int v0, int Vl) {
+    int N = B * T, rows = Vl > 0 ? Vl : vocab;
+    char name[96];
+    int *tok = malloc_check((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) tok[i] = (int)(rnd_u32() % 4 == 0 ? rnd_u32() % (vocab < 50 ? vocab : 50) : rnd_u32() % vocab);
+    float *dout = hrand((size_t)N * C, 1), *dwte = hrand((size_t)rows * C, 1), *dwpe = hrand((size_t)T * C, 1);
+    int *gtok = dcopy_int(tok, N);
+    float *gdout = dcopy(dout, (size_t)N * C);
+    float *g1 = dcopy(dwte, (size_t)rows * C), *g2 = dcopy(dwte, (size_t)rows * C);
+    float *p1 = dcopy(dwpe, (size_t)T * C), *p2 = dcopy(dwpe, (size_t)T * C);
+    if (Vl > 0) {
+        KC->embed_backward_vp(dwte, dwpe, dout, tok, N, T, C, v0, Vl);
+        KG->embed_backward_vp(g1, p1, gdout, gtok, N, T, C, v0, Vl);
+        KG->embed_backward_vp(g2, p2, gdout, gtok, N, T, C, v0, Vl);
+    } else {
+        KC->embed_backward(dwte, dwpe, dout, tok, N, T, C);
+        KG->embed_backward(g1, p1, gdout, gtok, N, T, C);
+        KG->embed_backward(g2, p2, gdout, gtok, N, T, C);
+    }
+    const char *vp = Vl > 0 ? " vp" : "";
+    snprintf(name, sizeof name, "embed_bwd%s dwte N%d V%d", vp, N, vocab);
+    check(name, dwte, g1, (size_t)rows * C, TOL_F32);
+    snprintf(name, sizeof name, "embed_bwd%s dwpe N%d V%d", vp, N, vocab);
+    check(name, dwpe, p1, (size_t)T * C, TOL_F32);
+    float *h1 = malloc_check((size_t)rows * C * sizeof(float)), *q1 = malloc_check((size_t)T * C * sizeof(float));
+    KG->to_host(h1, g1, (size_t)rows * C * sizeof(float));
+    KG->to_host(q1, p1, (size_t)T * C * sizeof(float));
+    snprintf(name, sizeof name, "embed_bwd%s run twice dwte N%d V%d", vp, N, vocab);
+    check_bits(name, h1, g2, (size_t)rows * C);
+    snprintf(name, sizeof name, "embed_bwd%s run twice dwpe N%d V%d", vp, N, vocab);
+    check_bits(name, q1, p2, (size_t)T * C);
+    snprintf(name, sizeof name, "embed_bwd%s = CPU bits dwte N%d V%d", vp, N, vocab);
+    check_bits(name, dwte, g1, (size_t)rows * C);
+    snprintf(name, sizeof name, "embed_bwd%s = CPU bits dwpe N%d V%d", vp, N, vocab);
+    check_bits(name, dwpe, p1, (size_t)T * C);
+    free(tok); free(dout); free(dwte); free(dwpe); free(h1); free(q1);
 }
 
 static void test_norms(void) {
@@ -389,6 +449,10 @@ int main(void) {
     printf("device: %s\n", kernels_cuda_device_info());
     test_mem_stats();
     test_embed();
+    test_embed_det(16, 1024, 64, 7, 0, 0);       /* N = 16384 tokens from a vocabulary of 7 */
+    test_embed_det(16, 1024, 64, 7, 3, 3);       /* its vocab-parallel slice [3, 6) */
+    test_embed_det(16, 1024, 768, 50304, 0, 0);  /* GPT-2 124M's shape */
+    test_embed_det(2, 1024, 768, 50304, 25152, 25152); /* its second half under tp 2 */
     test_norms();
     test_matmul_case(64, 128, 96, 0, 1);
     test_matmul_case(100, 72, 130, 0, 1);
