@@ -583,12 +583,14 @@ typedef struct {
     int used;
     /* key */
     int ta, tb, M, N, K, lda, ldb, ldc, batch, bias, al_a, al_b, al_c, bf16;
+    int gelu, al_aux; /* gelu: the GELU epilogue is wanted and allowed (see rm_gemm_ex) */
     long long sA, sB, sC;
     /* value */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
     int epi_bias; /* the bias is fused; else added by a kernel */
+    int epi_gelu; /* GELU_AUX(_BIAS): D = gelu(...), aux = its input; else a kernel applies it */
 } GemmPlan;
 
 static GemmPlan plans[MAX_PLANS];
@@ -623,15 +625,23 @@ static void plan_destroy(GemmPlan *p) {
 }
 
 /* Build desc + layouts for the column-major product D[m=N, n=M] (see
- * rm_gemm) and ask the heuristic; returns 0 when it has no algorithm. */
-static int plan_build(GemmPlan *p, int epi_bias, cublasComputeType_t compute) {
+ * rm_gemm) and ask the heuristic; returns 0 when it has no algorithm.
+ * epi_gelu: the GELU_AUX epilogue writing the GELU's input to aux (ld = ldc;
+ * the heuristic reads aux's alignment from the pointer). */
+static int plan_build(GemmPlan *p, int epi_bias, int epi_gelu, const void *aux, cublasComputeType_t compute) {
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
     int32_t opA = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opB = p->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
-    if (epi_bias) {
-        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+    if (epi_bias || epi_gelu) {
+        uint32_t epi = !epi_gelu ? CUBLASLT_EPILOGUE_BIAS
+                       : epi_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    }
+    if (epi_gelu) {
+        int64_t ld = p->ldc;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     }
     /* cuBLAS A := row-major B, cuBLAS B := row-major A, D := C^T */
     cudaDataType_t in = p->bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -658,6 +668,7 @@ static int plan_build(GemmPlan *p, int epi_bias, cublasComputeType_t compute) {
     }
     p->algo = res.algo;
     p->epi_bias = epi_bias;
+    p->epi_gelu = epi_gelu;
     return 1;
 }
 
@@ -704,16 +715,28 @@ static const void *bf16_copy(Scratch *s, const float *x, size_t n) {
     return d;
 }
 
+static void gelu_forward(float *out, const float *inp, size_t n);
+static long fused_gelu_calls;
+
+extern "C" long kernels_cuda_fused_gelu_calls(void) { return fused_gelu_calls; }
+
 /* Row-major, like cblas: C[M,N] = alpha op(A) op(B) + beta C (+ bias[N] per
  * row), batched with element strides sA, sB, sC. In column-major terms this
  * is C^T = op(B)^T op(A)^T, so cuBLAS sees m = N, n = M. bf16: convert A
- * and B (unbatched, each a dense rows x ld block) to bf16 first. */
+ * and B (unbatched, each a dense rows x ld block) to bf16 first.
+ * gelu_pre != NULL (unbatched, beta 0, ldc = N): gelu_pre receives that
+ * result and C its GELU: one GEMM with the GELU_AUX(_BIAS) epilogue when
+ * cuBLASLt allows it (aux ld a multiple of 8, C and aux 16-byte aligned, a
+ * fused or no bias, and an algorithm for it), else the GEMM into gelu_pre
+ * and the GELU kernel. */
 static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                        const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
-                       const float *bias, int bf16) {
+                       const float *bias, int bf16, float *gelu_pre) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) die(EXIT_INTERNAL, "cuda gemm: K = %d", K);
     if (bf16 && batch != 1) die(EXIT_INTERNAL, "cuda gemm: bf16 operands for a batched GEMM");
+    if (gelu_pre && (batch != 1 || beta != 0.0f || ldc != N))
+        die(EXIT_INTERNAL, "cuda gemm: the GELU form wants an unbatched dense product with beta 0");
     const void *Ap = A, *Bp = B;
     if (bf16) {
         Ap = bf16_copy(&sc_bf16_a, A, (size_t)(ta ? K : M) * (size_t)lda);
@@ -732,13 +755,18 @@ static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const f
     key.al_a = alignment_of(Ap, lda, key.sA, es);
     key.al_b = alignment_of(Bp, ldb, key.sB, es);
     key.al_c = alignment_of(C, ldc, key.sC, 4);
+    if (gelu_pre) { /* D is C or, unfused, gelu_pre: the alignment both have */
+        key.al_aux = alignment_of(gelu_pre, ldc, 0, 4);
+        if (key.al_aux < key.al_c) key.al_c = key.al_aux;
+        key.gelu = ldc % 8 == 0 && key.al_c >= 16 && key.bias != 1;
+    }
     GemmPlan *p = NULL;
     for (int i = 0; i < MAX_PLANS && plans[i].used; i++) {
         GemmPlan *q = &plans[i];
         if (q->ta == key.ta && q->tb == key.tb && q->M == M && q->N == N && q->K == K && q->lda == lda &&
             q->ldb == ldb && q->ldc == ldc && q->batch == batch && q->bias == key.bias && q->sA == key.sA &&
             q->sB == key.sB && q->sC == key.sC && q->al_a == key.al_a && q->al_b == key.al_b && q->al_c == key.al_c &&
-            q->bf16 == key.bf16) {
+            q->bf16 == key.bf16 && q->gelu == key.gelu && q->al_aux == key.al_aux) {
             p = q;
             break;
         }
@@ -748,13 +776,15 @@ static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const f
         plan_next = (plan_next + 1) % MAX_PLANS;
         plan_destroy(p);
         *p = key;
-        /* TF32 with the fused bias, TF32, then plain fp32 (a shape or
-         * alignment no tensor-core kernel takes); bf16 inputs: fp32 compute */
+        /* TF32 with the fused GELU (and bias), with the fused bias, without,
+         * then the same in plain fp32 (a shape or alignment no tensor-core
+         * kernel takes); bf16 inputs: fp32 compute */
         const cublasComputeType_t ct[2] = {
             bf16 || matmul_mode() == MM_FP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F};
         int ok = 0;
         for (int c = 0; c < 2 && !ok; c++)
-            ok = (key.bias == 2 && plan_build(p, 1, ct[c])) || plan_build(p, 0, ct[c]);
+            ok = (key.gelu && plan_build(p, key.bias == 2, 1, gelu_pre, ct[c])) ||
+                 (key.bias == 2 && plan_build(p, 1, 0, NULL, ct[c])) || plan_build(p, 0, 0, NULL, ct[c]);
         if (!ok)
             die(EXIT_INTERNAL, "cuBLASLt has no algorithm for a %dx%dx%d %s GEMM (ta %d tb %d, batch %d, alignment %d/%d/%d)",
                 M, N, K, bf16 ? "bf16" : "fp32", ta, tb, batch, key.al_a, key.al_b, key.al_c);
@@ -763,33 +793,48 @@ static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const f
         const void *bp = bias;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
     }
-    CUBLAS_CHECK(cublasLtMatmul(G.lt, p->desc, &alpha, Bp, p->la, Ap, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, G.ws,
+    if (p->epi_gelu) {
+        const void *ap = gelu_pre;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof ap));
+        fused_gelu_calls++;
+    }
+    float *D = gelu_pre && !p->epi_gelu ? gelu_pre : C; /* unfused GELU: the product goes to gelu_pre */
+    CUBLAS_CHECK(cublasLtMatmul(G.lt, p->desc, &alpha, Bp, p->la, Ap, p->lb, &beta, D, p->lc, D, p->lc, &p->algo, G.ws,
                                 G.ws_bytes, 0));
     launch_check_("cublasLtMatmul", __FILE__, __LINE__);
     if (bias && !p->epi_bias) {
         if (batch > 1) die(EXIT_INTERNAL, "cuda gemm: unfused bias with a batched GEMM");
-        add_bias_k<<<grid_for((size_t)M * N, 256), 256>>>(C, bias, M, N, ldc);
+        add_bias_k<<<grid_for((size_t)M * N, 256), 256>>>(D, bias, M, N, ldc);
         LAUNCH_CHECK();
     }
+    if (gelu_pre && !p->epi_gelu) gelu_forward(C, gelu_pre, (size_t)M * N);
 }
 
 static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                     const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                     const float *bias) {
-    rm_gemm_ex(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, 0);
+    rm_gemm_ex(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, 0, NULL);
 }
 
 static void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
-    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, matmul_bf16());
+    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, matmul_bf16(), NULL);
+}
+
+/* pre = inp @ w^T + bias, out = gelu(pre): one GEMM with cuBLASLt's GELU
+ * epilogue where it applies (see rm_gemm_ex), else matmul + the GELU kernel */
+static void matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
+                                int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, matmul_bf16(), pre);
 }
 
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                             int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     int bf16 = matmul_bf16();
-    if (dinp) rm_gemm_ex(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 1.0f, dinp, C, 0, 1, NULL, bf16);
-    if (dw) rm_gemm_ex(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16);
+    if (dinp) rm_gemm_ex(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 1.0f, dinp, C, 0, 1, NULL, bf16, NULL);
+    if (dw) rm_gemm_ex(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL);
     if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
 }
 
@@ -1314,6 +1359,7 @@ static const Kernels cuda_kernels = {
     /* .rope_backward = */ rope_backward,
     /* .gelu_forward = */ gelu_forward,
     /* .gelu_backward = */ gelu_backward,
+    /* .matmul_gelu_forward = */ matmul_gelu_forward,
     /* .swiglu_forward = */ swiglu_forward,
     /* .swiglu_backward = */ swiglu_backward,
     /* .add = */ add,

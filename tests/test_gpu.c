@@ -253,6 +253,75 @@ static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
     }
 }
 
+/* matmul_gelu_forward against the CPU's matmul + gelu; fused: whether this
+ * shape should take cuBLASLt's GELU epilogue (C, OC multiples of 8 and
+ * aligned operands) in the default TF32 mode, checked with the backend's
+ * count of fused calls (other modes may fall back) */
+static void test_matmul_gelu_case(int N, int C, int OC, int off, int with_bias, int fused) {
+    char name[96];
+    size_t n = (size_t)N * OC;
+    float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 0.3f), *bias = hrand(OC, 1);
+    float *ginp = dcopy_off(inp, (size_t)N * C, off), *gw = dcopy_off(w, (size_t)OC * C, off);
+    float *gbias = dcopy_off(bias, OC, off);
+    float *pre = hrand(n, 1), *out = hrand(n, 1), *gpre = dcopy_off(pre, n, off), *gout = dcopy_off(out, n, off);
+    long f0 = kernels_cuda_fused_gelu_calls();
+    KC->matmul_gelu_forward(out, pre, inp, w, with_bias ? bias : NULL, N, C, OC);
+    KG->matmul_gelu_forward(gout, gpre, ginp, gw, with_bias ? gbias : NULL, N, C, OC);
+    int did = kernels_cuda_fused_gelu_calls() > f0;
+    snprintf(name, sizeof name, "matmul_gelu pre %dx%dx%d%s%s", N, C, OC, with_bias ? " +bias" : "", off ? " unaligned" : "");
+    check(name, pre, gpre, n, tol_mm);
+    snprintf(name, sizeof name, "matmul_gelu out %dx%dx%d%s (%s)", N, C, OC, with_bias ? " +bias" : "",
+             did ? "fused" : "unfused");
+    check(name, out, gout, n, tol_mm);
+    if (fused && tol_mm == TOL_TF32) {
+        printf("%s matmul_gelu %dx%dx%d takes the GELU epilogue: %s\n", did ? "ok  " : "FAIL", N, C, OC, did ? "yes" : "no");
+        if (did) pass++; else fail++;
+    }
+    if (!fused && did) {
+        printf("FAIL matmul_gelu %dx%dx%d took the epilogue, which it cannot\n", N, C, OC);
+        fail++;
+    }
+}
+
+/* Which GELU cuBLASLt's epilogue computes. Its documentation says only
+ * "GELU"; GPT-2 needs the tanh approximation (gelu_forward), which differs
+ * from the erf form by up to 4.7e-4. With inp = multiples of 1/32 in [-5, 5]
+ * (exact in TF32 and bf16), w = identity and a zero bias, pre must be inp
+ * exactly and out the GELU of it: the RMS distance of out from each form
+ * (in double) says which one it is. Fails unless the GEMM took the epilogue
+ * and is closer to the tanh form by 4x. */
+static void test_gelu_epilogue_variant(void) {
+    int N = 128, C = 64;
+    size_t n = (size_t)N * C;
+    float *x = malloc_check(n * sizeof(float)), *w = malloc_check((size_t)C * C * sizeof(float));
+    float *zero = malloc_check((size_t)C * sizeof(float)), *out = malloc_check(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)((int)(i % 321) - 160) / 32.0f;
+    for (int i = 0; i < C * C; i++) w[i] = i / C == i % C ? 1.0f : 0.0f;
+    for (int i = 0; i < C; i++) zero[i] = 0.0f;
+    float *gx = dcopy(x, n), *gw = dcopy(w, (size_t)C * C), *gz = dcopy(zero, C);
+    float *gpre = dcopy(x, n), *gout = dcopy(x, n);
+    long f0 = kernels_cuda_fused_gelu_calls();
+    KG->matmul_gelu_forward(gout, gpre, gx, gw, gz, N, C, C);
+    int did = kernels_cuda_fused_gelu_calls() > f0;
+    size_t bad = bits_differ(x, gpre, n);
+    KG->to_host(out, gout, n * sizeof(float));
+    double se_tanh = 0, se_erf = 0;
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i];
+        double gt = 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+        double ge = 0.5 * v * (1.0 + erf(v / sqrt(2.0)));
+        se_tanh += (out[i] - gt) * (out[i] - gt);
+        se_erf += (out[i] - ge) * (out[i] - ge);
+    }
+    double rt = sqrt(se_tanh / n), re = sqrt(se_erf / n);
+    int ok = did && !bad && rt * 4 < re;
+    printf("%s GELU epilogue (%s): pre = inp in %zu of %zu words; RMS distance from the tanh form %.2e, from the erf form "
+           "%.2e: %s\n", ok ? "ok  " : "FAIL", did ? "fused" : "NOT fused, nothing to tell", n - bad, n, rt, re,
+           rt < re ? "tanh approximation" : "erf (exact) GELU");
+    if (ok) pass++; else fail++;
+    free(x); free(w); free(zero); free(out);
+}
+
 static void test_attention_case(int B, int T, int nh, int nkv, int hd) {
     char name[96];
     int S = (nh + 2 * nkv) * hd, OS = nh * hd;
@@ -458,6 +527,12 @@ int main(void) {
     test_matmul_case(100, 72, 130, 0, 1);
     test_matmul_case(37, 50, 29, 1, 1); /* odd sizes, 4-byte aligned operands */
     test_matmul_case(256, 768, 2304, 0, 0);
+    test_matmul_gelu_case(64, 128, 96, 0, 1, 1);
+    test_matmul_gelu_case(64, 128, 96, 0, 0, 1);   /* GELU_AUX without a bias */
+    test_matmul_gelu_case(256, 768, 3072, 0, 1, 1); /* GPT-2's c_fc */
+    test_matmul_gelu_case(100, 72, 130, 0, 1, 0);  /* OC not a multiple of 8: matmul + GELU kernel */
+    test_matmul_gelu_case(37, 50, 29, 1, 1, 0);    /* unaligned */
+    if (tol_mm == TOL_TF32) test_gelu_epilogue_variant();
     test_attention_case(3, 40, 4, 2, 16);  /* GQA, batched over 3 sequences */
     test_attention_case(1, 64, 4, 2, 16);  /* GQA, one sequence (unbatched GEMMs) */
     test_attention_case(2, 130, 6, 6, 32); /* MHA */
