@@ -26,6 +26,7 @@ CUDA_ARCH ?= 80 90
 ifneq ($(strip $(NVCC)),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 CUDA_LIBDIR = $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
+CUDA_INCDIR = $(firstword $(wildcard $(CUDA_HOME)/include $(CUDA_HOME)/targets/x86_64-linux/include))
 CUDA_GENCODE = $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a)) \
                -gencode=arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
 NVCCFLAGS ?= -O3
@@ -58,7 +59,7 @@ kernels_cuda.o: kernels.cu kernels.h util.h
 # fails (non-zero, one line) without a GPU or without nvcc
 tests/test_gpu: tests/test_gpu.c kernels_cpu.c util.c $(HDR) $(CUDA_OBJ)
 	@[ -n "$(CUDA_OBJ)" ] || { echo "make test-gpu: FAIL: nvcc not found, this build has no CUDA backend" >&2; exit 1; }
-	$(CC) -O2 -march=native $(WARN) $(OMP) $(CUDA_DEFS) -I. $< kernels_cpu.c util.c $(CUDA_LIBS) $(BLAS_LIBS) -lm -o $@
+	$(CC) -O2 -march=native $(WARN) $(OMP) $(CUDA_DEFS) -I. -I$(CUDA_INCDIR) $< kernels_cpu.c util.c $(CUDA_LIBS) $(BLAS_LIBS) -lm -o $@
 
 test-gpu: check-deps llmtrain tests/test_gpu
 	tests/gpu_tests.sh

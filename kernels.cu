@@ -21,9 +21,11 @@
  *
  * Everything that needs scratch memory (cuBLASLt workspace, reduction
  * partials, attention's P and dP blocks, column-sum partials, AdamW
- * range tables) allocates at first use and only grows, so steady-state steps
- * never allocate. Every CUDA and cuBLASLt call is checked: a failure prints
- * one line with file:line and exits (70; 3 for out of memory). */
+ * range tables, the embedding backward's sort keys) allocates at first use
+ * and only grows, so steady-state steps never allocate. Every CUDA and
+ * cuBLASLt call is checked: a failure prints one line with file:line and
+ * exits (70; 3 for out of memory). */
+#include <cub/device/device_radix_sort.cuh>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -89,15 +91,56 @@ static struct {
     double *red_out;     /* [1] */
 } G;
 
+// ----------------------------------------------------------------------------
+// device memory: every cudaMalloc and cudaFree of this backend goes through
+// dev_malloc / dev_free, which count the bytes in use and their peak
+// (kernels_cuda_mem_stats; the trainer's `mem` on CUDA). Not counted: the
+// CUDA context and what libraries allocate for themselves (cuBLASLt's handle).
+
+static struct {
+    size_t in_use, peak;
+} Mem;
+
+static void dev_malloc(void **p, size_t bytes, const char *file, int line) {
+    *p = NULL;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        size_t free_b = 0, total_b = 0;
+        (void)cudaGetLastError();
+        (void)cudaMemGetInfo(&free_b, &total_b);
+        die(EXIT_IO, "CUDA out of memory at %s:%d allocating %.2f GiB (%.2f of %.2f GiB free on the device, "
+            "%.2f GiB held by llmtrain)", file, line, bytes / 1073741824.0, free_b / 1073741824.0,
+            total_b / 1073741824.0, Mem.in_use / 1073741824.0);
+    }
+    cuda_check_(e, "cudaMalloc", file, line);
+    Mem.in_use += bytes;
+    if (Mem.in_use > Mem.peak) Mem.peak = Mem.in_use;
+}
+
+static void dev_free(void *p, size_t bytes) {
+    if (!p) return;
+    CUDA_CHECK(cudaFree(p));
+    Mem.in_use -= bytes;
+}
+
+#define DEV_MALLOC(p, bytes) dev_malloc((void **)(p), (bytes), __FILE__, __LINE__)
+
+extern "C" void kernels_cuda_mem_stats(size_t *in_use, size_t *peak) {
+    if (in_use) *in_use = Mem.in_use;
+    if (peak) *peak = Mem.peak;
+}
+
 /* Scratch buffers that only grow: a resize synchronises the device (cudaFree)
  * and happens in the first step only, as shapes repeat. */
 typedef struct { void *p; size_t cap; } Scratch;
 
 static void *scratch_get(Scratch *s, size_t bytes) {
     if (bytes > s->cap) {
-        if (s->p) CUDA_CHECK(cudaFree(s->p));
+        dev_free(s->p, s->cap);
+        s->p = NULL;
+        s->cap = 0;
         size_t cap = bytes + bytes / 8;
-        CUDA_CHECK(cudaMalloc(&s->p, cap));
+        DEV_MALLOC(&s->p, cap);
         s->cap = cap;
     }
     return s->p;
@@ -157,24 +200,50 @@ __device__ float block_max(float v) {
 // ----------------------------------------------------------------------------
 // memory
 
+/* The size of every live allocation of alloc(), for free() to uncount: a
+ * plain array searched linearly (a few dozen live buffers in training;
+ * alloc and free never run in the step loop). Freeing a pointer alloc()
+ * did not return is an internal error. */
+static struct {
+    void **p;
+    size_t *bytes;
+    size_t n, cap;
+} Live;
+
 static void *cu_alloc(size_t bytes) {
     void *p = NULL;
     size_t sz = bytes ? bytes : 256;
-    cudaError_t e = cudaMalloc(&p, sz);
-    if (e == cudaErrorMemoryAllocation) {
-        size_t free_b = 0, total_b = 0;
-        (void)cudaGetLastError();
-        (void)cudaMemGetInfo(&free_b, &total_b);
-        die(EXIT_IO, "CUDA out of memory at %s:%d allocating %.2f GiB (%.2f of %.2f GiB free on the device)", __FILE__,
-            __LINE__, sz / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
-    }
-    CUDA_CHECK(e);
+    DEV_MALLOC(&p, sz);
     CUDA_CHECK(cudaMemset(p, 0, sz));
+    if (Live.n == Live.cap) {
+        size_t cap = Live.cap ? 2 * Live.cap : 64;
+        void **np = (void **)malloc_check(cap * sizeof *np);
+        size_t *nb = (size_t *)malloc_check(cap * sizeof *nb);
+        if (Live.n) {
+            memcpy(np, Live.p, Live.n * sizeof *np);
+            memcpy(nb, Live.bytes, Live.n * sizeof *nb);
+        }
+        free(Live.p);
+        free(Live.bytes);
+        Live.p = np;
+        Live.bytes = nb;
+        Live.cap = cap;
+    }
+    Live.p[Live.n] = p;
+    Live.bytes[Live.n] = sz;
+    Live.n++;
     return p;
 }
 
 static void cu_free(void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));
+    if (!p) return;
+    size_t i = Live.n;
+    while (i > 0 && Live.p[i - 1] != p) i--;
+    if (i == 0) die(EXIT_INTERNAL, "cuda free: %p was not allocated by this backend", p);
+    dev_free(p, Live.bytes[i - 1]);
+    Live.n--;
+    Live.p[i - 1] = Live.p[Live.n];
+    Live.bytes[i - 1] = Live.bytes[Live.n];
 }
 
 static void cu_zero(void *p, size_t bytes) {
@@ -208,19 +277,81 @@ __global__ void embed_fwd_k(float *out, const int *tokens, const float *wte, con
     }
 }
 
-/* repeated tokens add into the same row: float atomics (the order of the
- * additions, and so the last bits, may vary from run to run) */
-__global__ void embed_bwd_k(float *dwte, float *dwpe, const float *dout, const int *tokens, int N, int T, int C,
-                            int v0, int V) {
-    size_t total = (size_t)N * C;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        int n = (int)(i / C), c = (int)(i % C);
-        float d = dout[i];
-        int t = tokens[n] - v0;
-        if (dwte && t >= 0 && t < V) atomicAdd(dwte + (size_t)t * C + c, d);
-        if (dwpe) atomicAdd(dwpe + (size_t)(n % T) * C + c, d);
+/* Embedding backward, deterministic: every gradient row receives its rows of
+ * dout in increasing row order n, one float addition after another, starting
+ * from the row's current value: the CPU backend's order, so the result does
+ * not depend on scheduling and equals the CPU's bits (only additions).
+ *
+ * dwpe: position t's rows are n = t, t + T, t + 2T, ...: one thread per
+ * (t, channel) walks them in order.
+ *
+ * dwte: a token can be anywhere in the batch, so the rows are grouped by
+ * token first: key(n) = (vocabulary row r, or V for a token outside
+ * [v0, v0 + V)) << pos_bits | n, sorted with CUB's radix sort over the bits
+ * in use. The keys are unique and the row index is in the low bits, so the
+ * sorted order is (token, n) whatever the sort's stability. Then one block
+ * per (sorted position, 128 channels) where a token's run starts adds that
+ * run's dout rows in order into dwte[r]; the other blocks return at once.
+ * The keys and CUB's temporary storage live in a scratch buffer that only
+ * grows, so the step loop allocates nothing after the first step. */
+
+static int bit_length(unsigned long long x) {
+    int b = 0;
+    while (x) { b++; x >>= 1; }
+    return b;
+}
+
+__global__ void embed_keys_k(unsigned long long *keys, const int *tokens, int N, int v0, int V, int pos_bits) {
+    GRID_STRIDE(i, (size_t)N) {
+        long long t = (long long)tokens[i] - v0;
+        unsigned long long r = (t >= 0 && t < V) ? (unsigned long long)t : (unsigned long long)V;
+        keys[i] = (r << pos_bits) | i;
     }
 }
+
+#define EMB_THREADS 128
+
+/* grid (N, ceil(C / EMB_THREADS)); keys sorted */
+__global__ void embed_bwd_wte_k(float *dwte, const float *dout, const unsigned long long *keys, int N, int C, int V,
+                                int pos_bits) {
+    int i = blockIdx.x;
+    unsigned long long r = keys[i] >> pos_bits;
+    if (r >= (unsigned long long)V) return;                     /* not this rank's vocabulary */
+    if (i > 0 && (keys[i - 1] >> pos_bits) == r) return;        /* not the start of r's run */
+    int c = blockIdx.y * EMB_THREADS + threadIdx.x;
+    if (c >= C) return;
+    int lo = i + 1, hi = N; /* the run ends at the first later key of another row */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if ((keys[mid] >> pos_bits) == r) lo = mid + 1;
+        else hi = mid;
+    }
+    const unsigned long long mask = (1ull << pos_bits) - 1;
+    float *g = dwte + (size_t)r * C + c;
+    float acc = *g;
+    int j = i;
+    for (; j + 8 <= lo; j += 8) { /* the loads first, then the additions in order */
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = dout[(size_t)(keys[j + u] & mask) * C + c];
+#pragma unroll
+        for (int u = 0; u < 8; u++) acc += v[u];
+    }
+    for (; j < lo; j++) acc += dout[(size_t)(keys[j] & mask) * C + c];
+    *g = acc;
+}
+
+__global__ void embed_bwd_wpe_k(float *dwpe, const float *dout, int N, int T, int C) {
+    size_t total = (size_t)(N < T ? N : T) * C;
+    GRID_STRIDE(i, total) {
+        size_t t = i / C, c = i % C;
+        float acc = dwpe[i];
+        for (size_t n = t; n < (size_t)N; n += (size_t)T) acc += dout[n * C + c];
+        dwpe[i] = acc;
+    }
+}
+
+static Scratch sc_embed;
 
 static void embed_forward_vp(float *out, const int *tokens, const float *wte, const float *wpe, int N, int T, int C,
                              int v0, int V) {
@@ -231,8 +362,25 @@ static void embed_forward_vp(float *out, const int *tokens, const float *wte, co
 
 static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens, int N, int T, int C,
                               int v0, int V) {
-    if (N <= 0 || C <= 0 || (!dwte && !dwpe)) return;
-    embed_bwd_k<<<grid_for((size_t)N * C, 256), 256>>>(dwte, dwpe, dout, tokens, N, T, C, v0, V);
+    if (N <= 0 || C <= 0) return;
+    if (dwpe && T > 0) {
+        embed_bwd_wpe_k<<<grid_for((size_t)(N < T ? N : T) * C, 256), 256>>>(dwpe, dout, N, T, C);
+        LAUNCH_CHECK();
+    }
+    if (!dwte || V <= 0) return;
+    int pos_bits = bit_length((unsigned long long)N - 1), end_bit = pos_bits + bit_length((unsigned long long)V);
+    cub::DoubleBuffer<unsigned long long> keys(NULL, NULL);
+    size_t temp_bytes = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortKeys(NULL, temp_bytes, keys, N, 0, end_bit, 0));
+    size_t key_bytes = ((size_t)N * sizeof(unsigned long long) + 255) / 256 * 256;
+    char *sc = (char *)scratch_get(&sc_embed, 2 * key_bytes + temp_bytes);
+    keys = cub::DoubleBuffer<unsigned long long>((unsigned long long *)sc, (unsigned long long *)(sc + key_bytes));
+    embed_keys_k<<<grid_for((size_t)N, 256), 256>>>(keys.Current(), tokens, N, v0, V, pos_bits);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cub::DeviceRadixSort::SortKeys(sc + 2 * key_bytes, temp_bytes, keys, N, 0, end_bit, 0));
+    LAUNCH_CHECK();
+    dim3 grid((unsigned)N, (unsigned)((C + EMB_THREADS - 1) / EMB_THREADS));
+    embed_bwd_wte_k<<<grid, EMB_THREADS>>>(dwte, dout, keys.Current(), N, C, V, pos_bits);
     LAUNCH_CHECK();
 }
 
@@ -436,12 +584,14 @@ typedef struct {
     int used;
     /* key */
     int ta, tb, M, N, K, lda, ldb, ldc, batch, bias, al_a, al_b, al_c, bf16;
+    int gelu, al_aux; /* gelu: the GELU epilogue is wanted and allowed (see rm_gemm_ex) */
     long long sA, sB, sC;
     /* value */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
     int epi_bias; /* the bias is fused; else added by a kernel */
+    int epi_gelu; /* GELU_AUX(_BIAS): D = gelu(...), aux = its input; else a kernel applies it */
 } GemmPlan;
 
 static GemmPlan plans[MAX_PLANS];
@@ -476,15 +626,23 @@ static void plan_destroy(GemmPlan *p) {
 }
 
 /* Build desc + layouts for the column-major product D[m=N, n=M] (see
- * rm_gemm) and ask the heuristic; returns 0 when it has no algorithm. */
-static int plan_build(GemmPlan *p, int epi_bias, cublasComputeType_t compute) {
+ * rm_gemm) and ask the heuristic; returns 0 when it has no algorithm.
+ * epi_gelu: the GELU_AUX epilogue writing the GELU's input to aux (ld = ldc;
+ * the heuristic reads aux's alignment from the pointer). */
+static int plan_build(GemmPlan *p, int epi_bias, int epi_gelu, const void *aux, cublasComputeType_t compute) {
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
     int32_t opA = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opB = p->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
-    if (epi_bias) {
-        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+    if (epi_bias || epi_gelu) {
+        uint32_t epi = !epi_gelu ? CUBLASLT_EPILOGUE_BIAS
+                       : epi_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    }
+    if (epi_gelu) {
+        int64_t ld = p->ldc;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     }
     /* cuBLAS A := row-major B, cuBLAS B := row-major A, D := C^T */
     cudaDataType_t in = p->bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -511,6 +669,7 @@ static int plan_build(GemmPlan *p, int epi_bias, cublasComputeType_t compute) {
     }
     p->algo = res.algo;
     p->epi_bias = epi_bias;
+    p->epi_gelu = epi_gelu;
     return 1;
 }
 
@@ -557,16 +716,28 @@ static const void *bf16_copy(Scratch *s, const float *x, size_t n) {
     return d;
 }
 
+static void gelu_forward(float *out, const float *inp, size_t n);
+static long fused_gelu_calls;
+
+extern "C" long kernels_cuda_fused_gelu_calls(void) { return fused_gelu_calls; }
+
 /* Row-major, like cblas: C[M,N] = alpha op(A) op(B) + beta C (+ bias[N] per
  * row), batched with element strides sA, sB, sC. In column-major terms this
  * is C^T = op(B)^T op(A)^T, so cuBLAS sees m = N, n = M. bf16: convert A
- * and B (unbatched, each a dense rows x ld block) to bf16 first. */
+ * and B (unbatched, each a dense rows x ld block) to bf16 first.
+ * gelu_pre != NULL (unbatched, beta 0, ldc = N): gelu_pre receives that
+ * result and C its GELU: one GEMM with the GELU_AUX(_BIAS) epilogue when
+ * cuBLASLt allows it (aux ld a multiple of 8, C and aux 16-byte aligned, a
+ * fused or no bias, and an algorithm for it), else the GEMM into gelu_pre
+ * and the GELU kernel. */
 static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                        const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
-                       const float *bias, int bf16) {
+                       const float *bias, int bf16, float *gelu_pre) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) die(EXIT_INTERNAL, "cuda gemm: K = %d", K);
     if (bf16 && batch != 1) die(EXIT_INTERNAL, "cuda gemm: bf16 operands for a batched GEMM");
+    if (gelu_pre && (batch != 1 || beta != 0.0f || ldc != N))
+        die(EXIT_INTERNAL, "cuda gemm: the GELU form wants an unbatched dense product with beta 0");
     const void *Ap = A, *Bp = B;
     if (bf16) {
         Ap = bf16_copy(&sc_bf16_a, A, (size_t)(ta ? K : M) * (size_t)lda);
@@ -585,13 +756,18 @@ static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const f
     key.al_a = alignment_of(Ap, lda, key.sA, es);
     key.al_b = alignment_of(Bp, ldb, key.sB, es);
     key.al_c = alignment_of(C, ldc, key.sC, 4);
+    if (gelu_pre) { /* D is C or, unfused, gelu_pre: the alignment both have */
+        key.al_aux = alignment_of(gelu_pre, ldc, 0, 4);
+        if (key.al_aux < key.al_c) key.al_c = key.al_aux;
+        key.gelu = ldc % 8 == 0 && key.al_c >= 16 && key.bias != 1;
+    }
     GemmPlan *p = NULL;
     for (int i = 0; i < MAX_PLANS && plans[i].used; i++) {
         GemmPlan *q = &plans[i];
         if (q->ta == key.ta && q->tb == key.tb && q->M == M && q->N == N && q->K == K && q->lda == lda &&
             q->ldb == ldb && q->ldc == ldc && q->batch == batch && q->bias == key.bias && q->sA == key.sA &&
             q->sB == key.sB && q->sC == key.sC && q->al_a == key.al_a && q->al_b == key.al_b && q->al_c == key.al_c &&
-            q->bf16 == key.bf16) {
+            q->bf16 == key.bf16 && q->gelu == key.gelu && q->al_aux == key.al_aux) {
             p = q;
             break;
         }
@@ -601,13 +777,15 @@ static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const f
         plan_next = (plan_next + 1) % MAX_PLANS;
         plan_destroy(p);
         *p = key;
-        /* TF32 with the fused bias, TF32, then plain fp32 (a shape or
-         * alignment no tensor-core kernel takes); bf16 inputs: fp32 compute */
+        /* TF32 with the fused GELU (and bias), with the fused bias, without,
+         * then the same in plain fp32 (a shape or alignment no tensor-core
+         * kernel takes); bf16 inputs: fp32 compute */
         const cublasComputeType_t ct[2] = {
             bf16 || matmul_mode() == MM_FP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F};
         int ok = 0;
         for (int c = 0; c < 2 && !ok; c++)
-            ok = (key.bias == 2 && plan_build(p, 1, ct[c])) || plan_build(p, 0, ct[c]);
+            ok = (key.gelu && plan_build(p, key.bias == 2, 1, gelu_pre, ct[c])) ||
+                 (key.bias == 2 && plan_build(p, 1, 0, NULL, ct[c])) || plan_build(p, 0, 0, NULL, ct[c]);
         if (!ok)
             die(EXIT_INTERNAL, "cuBLASLt has no algorithm for a %dx%dx%d %s GEMM (ta %d tb %d, batch %d, alignment %d/%d/%d)",
                 M, N, K, bf16 ? "bf16" : "fp32", ta, tb, batch, key.al_a, key.al_b, key.al_c);
@@ -616,33 +794,48 @@ static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const f
         const void *bp = bias;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
     }
-    CUBLAS_CHECK(cublasLtMatmul(G.lt, p->desc, &alpha, Bp, p->la, Ap, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, G.ws,
+    if (p->epi_gelu) {
+        const void *ap = gelu_pre;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof ap));
+        fused_gelu_calls++;
+    }
+    float *D = gelu_pre && !p->epi_gelu ? gelu_pre : C; /* unfused GELU: the product goes to gelu_pre */
+    CUBLAS_CHECK(cublasLtMatmul(G.lt, p->desc, &alpha, Bp, p->la, Ap, p->lb, &beta, D, p->lc, D, p->lc, &p->algo, G.ws,
                                 G.ws_bytes, 0));
     launch_check_("cublasLtMatmul", __FILE__, __LINE__);
     if (bias && !p->epi_bias) {
         if (batch > 1) die(EXIT_INTERNAL, "cuda gemm: unfused bias with a batched GEMM");
-        add_bias_k<<<grid_for((size_t)M * N, 256), 256>>>(C, bias, M, N, ldc);
+        add_bias_k<<<grid_for((size_t)M * N, 256), 256>>>(D, bias, M, N, ldc);
         LAUNCH_CHECK();
     }
+    if (gelu_pre && !p->epi_gelu) gelu_forward(C, gelu_pre, (size_t)M * N);
 }
 
 static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                     const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                     const float *bias) {
-    rm_gemm_ex(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, 0);
+    rm_gemm_ex(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, 0, NULL);
 }
 
 static void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
-    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, matmul_bf16());
+    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, matmul_bf16(), NULL);
+}
+
+/* pre = inp @ w^T + bias, out = gelu(pre): one GEMM with cuBLASLt's GELU
+ * epilogue where it applies (see rm_gemm_ex), else matmul + the GELU kernel */
+static void matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
+                                int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, matmul_bf16(), pre);
 }
 
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                             int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     int bf16 = matmul_bf16();
-    if (dinp) rm_gemm_ex(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 1.0f, dinp, C, 0, 1, NULL, bf16);
-    if (dw) rm_gemm_ex(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16);
+    if (dinp) rm_gemm_ex(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 1.0f, dinp, C, 0, 1, NULL, bf16, NULL);
+    if (dw) rm_gemm_ex(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL);
     if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
 }
 
@@ -1238,6 +1431,7 @@ static const Kernels cuda_kernels = {
     /* .rope_backward = */ rope_backward,
     /* .gelu_forward = */ gelu_forward,
     /* .gelu_backward = */ gelu_backward,
+    /* .matmul_gelu_forward = */ matmul_gelu_forward,
     /* .swiglu_forward = */ swiglu_forward,
     /* .swiglu_backward = */ swiglu_backward,
     /* .add = */ add,
@@ -1300,9 +1494,9 @@ static void cuda_init(void) {
     CUDA_CHECK(cudaDeviceGetAttribute(&G.clock_khz, cudaDevAttrClockRate, G.dev));
     CUBLAS_CHECK(cublasLtCreate(&G.lt));
     G.ws_bytes = WORKSPACE_BYTES;
-    CUDA_CHECK(cudaMalloc(&G.ws, G.ws_bytes));
-    CUDA_CHECK(cudaMalloc((void **)&G.red_partial, RED_BLOCKS * sizeof(double)));
-    CUDA_CHECK(cudaMalloc((void **)&G.red_out, sizeof(double)));
+    DEV_MALLOC(&G.ws, G.ws_bytes);
+    DEV_MALLOC(&G.red_partial, RED_BLOCKS * sizeof(double));
+    DEV_MALLOC(&G.red_out, sizeof(double));
     matmul_mode();
     G.ready = 1;
 }

@@ -97,6 +97,12 @@ typedef struct Kernels {
     /* GELU, tanh approximation (GPT-2's gelu_new) */
     void (*gelu_forward)(float *out, const float *inp, size_t n);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    /* GPT-2's MLP up-projection and its GELU in one call: pre[N,OC] = inp @
+     * w^T (+ bias) (kept for gelu_backward), out[N,OC] = gelu(pre). Equal to
+     * matmul_forward then gelu_forward (on the CPU that is what it runs, bit
+     * for bit); CUDA fuses the GELU into the GEMM's epilogue when it can. */
+    void (*matmul_gelu_forward)(float *out, float *pre, const float *inp, const float *w, const float *bias,
+                                int N, int C, int OC);
     /* inp is [N, 2F]: gate in columns [0,F), up in [F,2F).
      * out[N,F] = silu(gate) * up */
     void (*swiglu_forward)(float *out, const float *inp, int N, int F);
@@ -215,6 +221,14 @@ const char *kernels_cuda_device_info(void);
 /* Dense bf16 tensor-core peak of the device in GFLOP/s, for MFU; *source
  * (optional) says where the figure comes from. */
 double kernels_cuda_peak_gflops(const char **source);
+/* Device memory this backend holds now (*in_use) and at most so far (*peak),
+ * in bytes: every alloc() (until its free()), the scratch buffers that only
+ * grow, the cuBLASLt workspace. Not the CUDA context or library-internal
+ * memory, so nvidia-smi shows more. Either pointer may be NULL. */
+void kernels_cuda_mem_stats(size_t *in_use, size_t *peak);
+/* How many matmul_gelu_forward calls so far ran as one cuBLASLt GEMM with
+ * the GELU epilogue (the rest: GEMM, then the GELU kernel); for tests. */
+long kernels_cuda_fused_gelu_calls(void);
 #endif
 
 #endif

@@ -561,6 +561,13 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
     }
 }
 
+/* exactly the two calls: the CPU has nothing to fuse */
+static void matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *bias,
+                                int N, int C, int OC) {
+    matmul_forward(pre, inp, w, bias, N, C, OC);
+    gelu_forward(out, pre, (size_t)N * OC);
+}
+
 static void swiglu_forward(float *out, const float *inp, int N, int F) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
@@ -770,6 +777,7 @@ static const Kernels cpu_kernels = {
     .rope_backward = rope_backward,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,
+    .matmul_gelu_forward = matmul_gelu_forward,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
     .add = add,

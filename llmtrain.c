@@ -870,6 +870,20 @@ static double peak_rss_bytes(void) {
     return (double)ru.ru_maxrss * 1024.0;
 }
 
+/* Peak device memory of the CUDA backend in bytes; -1 on the CPU backend. */
+static double gpu_peak_bytes(const Trainer *t) {
+#ifdef LLMTRAIN_CUDA
+    if (strcmp(t->k->name, "cuda") == 0) {
+        size_t peak = 0;
+        kernels_cuda_mem_stats(NULL, &peak);
+        return (double)peak;
+    }
+#else
+    (void)t;
+#endif
+    return -1;
+}
+
 static void fmt_duration(char *buf, size_t n, double s) {
     if (!isfinite(s) || s < 0) s = 0;
     long x = (long)(s + 0.5);
@@ -923,7 +937,10 @@ static void log_step(Trainer *t, const StepStats *s) {
     double tokens = (double)c->global_batch * c->seq_len;
     double tps = tokens / s->dt;
     double mfu = t->peak_gflops > 0 ? t->flops_per_token * tps / (t->peak_gflops * 1e9) / t->dist.world : NAN;
-    double mem = peak_rss_bytes();
+    /* mem: the device's memory on CUDA (the host's peak RSS also goes to
+     * metrics), the process's peak RSS on the CPU */
+    double host_mem = peak_rss_bytes(), gpu_mem = gpu_peak_bytes(t);
+    double mem = gpu_mem >= 0 ? gpu_mem : host_mem;
     if (s->step > 0 || c->steps == 1) { t->train_time += s->dt; t->timed_steps++; }
     double avg = t->timed_steps ? t->train_time / t->timed_steps : s->dt;
     char eta[32];
@@ -945,9 +962,9 @@ static void log_step(Trainer *t, const StepStats *s) {
         }
         char ck[48] = "";
         if (s->ck_block > 0) snprintf(ck, sizeof ck, " | ckpt blocked %.0f ms", 1000 * s->ck_block);
-        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s | %.0f ms%s | ETA %s%s\n",
+        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s%s | %.0f ms%s | ETA %s%s\n",
                s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", s->spike ? " SPIKE" : "", tps, 100 * mfu,
-               mem / (1 << 30), comm, 1000 * s->dt, ck, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
+               mem / (1 << 30), gpu_mem >= 0 ? " gpu" : "", comm, 1000 * s->dt, ck, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
         if (isfinite(s->val_loss)) printf("step %5d/%d | val_loss %.4f\n", s->step + 1, c->steps, s->val_loss);
         fflush(stdout);
     }
@@ -959,6 +976,10 @@ static void log_step(Trainer *t, const StepStats *s) {
     json_num(f, "tokens_per_s", tps);
     json_num(f, "mfu", mfu);
     json_num(f, "mem_bytes", mem);
+    if (gpu_mem >= 0) {
+        json_num(f, "gpu_mem_bytes", gpu_mem);
+        json_num(f, "host_mem_bytes", host_mem);
+    }
     json_num(f, "step_ms", 1000 * s->dt);
     fprintf(f, ",\"clipped\":%s,\"skipped\":%s,\"nonfinite_total\":%d", s->clipped ? "true" : "false",
             s->skipped ? "true" : "false", t->st.nonfinite_total);

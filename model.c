@@ -535,9 +535,12 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         k->add(a->res2, x, m->dbuf1, (size_t)N * C);
         /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))) */
         norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N);
-        k->matmul_forward(a->fch, a->ln2, w->fc_w, w->fc_b, N, C, m->fc_dim);
-        if (llama) k->swiglu_forward(a->fch_act, a->fch, N, F);
-        else k->gelu_forward(a->fch_act, a->fch, (size_t)N * F);
+        if (llama) {
+            k->matmul_forward(a->fch, a->ln2, w->fc_w, w->fc_b, N, C, m->fc_dim);
+            k->swiglu_forward(a->fch_act, a->fch, N, F);
+        } else { /* fc_dim = F: one call, so CUDA can fuse the GELU into the GEMM */
+            k->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, w->fc_w, w->fc_b, N, C, F);
+        }
         k->matmul_forward(m->dbuf1, a->fch_act, w->proj_w, root ? w->proj_b : NULL, N, F, C);
         if (tp) tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
         k->add(a->res3, a->res2, m->dbuf1, (size_t)N * C);

@@ -201,7 +201,8 @@ def main():
         parts.append(f"step {last}, loss {float(train[last]['loss']):.4f}")
         mem = train[last].get("mem_bytes")
         if finite(mem) and mem > 0:
-            parts.append(f"mem {mem / 2**30:.2f} GiB")
+            gpu = " gpu" if "gpu_mem_bytes" in train[last] else ""  # CUDA: the device's memory
+            parts.append(f"mem {mem / 2**30:.2f} GiB{gpu}")
     if vx:
         parts.append(f"val {val[vx[-1]]:.4f} @ {vx[-1]}")
     fig.suptitle("   ".join(parts))

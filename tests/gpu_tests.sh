@@ -9,6 +9,8 @@
 #      train.device=cpu, loss / grad norm / val loss per step within a
 #      relative 5e-3 (TF32 matmuls; the CPU is fp32 throughout), and the
 #      same with LLMTRAIN_CUDA_MATMUL=bf16 within 3e-2 and =fp32 within 1e-4.
+#      The cuda runs report the device's memory: gpu_mem_bytes > 0 (= mem_bytes)
+#      and host_mem_bytes in metrics.jsonl, "mem X GiB gpu" on the step line.
 #   3. activation offload on cuda (5 layers) against cpu and against cuda
 #      without offload.
 #   4. with more than one GPU: a 2-rank CUDA run must be refused cleanly
@@ -64,6 +66,27 @@ JSON
     [ $ok_runs = 1 ] || continue
     if grep -q "backend cuda" "$TMP/$arch-cuda.out"; then echo "ok   $arch: header names the CUDA device: $(grep -o 'backend cuda.*' "$TMP/$arch-cuda.out")"; pass=$((pass + 1))
     else echo "FAIL $arch: header lacks 'backend cuda'"; fail=$((fail + 1)); fi
+    # mem on CUDA: mem_bytes is the device's peak (= gpu_mem_bytes), at least
+    # the layout's params + grads + optimizer state + activations; the host's
+    # RSS beside it (host_mem_bytes); the step line says "GiB gpu"; a CPU run
+    # keeps its fields and line as they were
+    if memline=$($PY - "$TMP/$arch-cuda" "$TMP/$arch-cpu" "$TMP/$arch-cuda.out" "$TMP/$arch-cpu.out" <<'PYEOF'
+import json, re, sys
+cuda, cpu, out, cpu_out = sys.argv[1:5]
+last = lambda run: [json.loads(l) for l in open(run + "/metrics.jsonl") if '"loss"' in l][-1]
+g, c = last(cuda), last(cpu)
+text = open(out).read()
+lay = re.search(r"rank 0: params_bytes (\d+) master_bytes \d+ grads_bytes (\d+) optimizer_state_bytes (\d+) activations_bytes (\d+)", text)
+need = sum(int(x) for x in lay.groups()) if lay else float("inf")
+gm = g.get("gpu_mem_bytes", 0) or 0
+ok = (gm > 0 and g.get("mem_bytes") == gm and (g.get("host_mem_bytes") or 0) > 0 and gm >= need
+      and "gpu_mem_bytes" not in c and "host_mem_bytes" not in c and (c.get("mem_bytes") or 0) > 0
+      and re.search(r"\| mem [0-9.]+ GiB gpu \|", text) and not re.search(r"GiB gpu", open(cpu_out).read()))
+print("gpu_mem_bytes %s (layout needs %s), host_mem_bytes %s; cpu mem_bytes %s" % (gm, need, g.get("host_mem_bytes"), c.get("mem_bytes")))
+sys.exit(0 if ok else 1)
+PYEOF
+    ); then echo "ok   $arch: mem on cuda is the device's: $memline"; pass=$((pass + 1))
+    else echo "FAIL $arch: mem fields on cuda/cpu: $memline"; fail=$((fail + 1)); fi
     for run in cuda:$LOSS_RTOL cuda-bf16:$LOSS_RTOL_BF16 cuda-fp32:$LOSS_RTOL_FP32; do
         dev=${run%%:*} tol=${run#*:}
         if $PY tests/compare_runs.py "$TMP/$arch-cpu" "$TMP/$arch-$dev" --steps 20 --loss-rtol $tol; then

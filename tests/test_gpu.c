@@ -6,7 +6,7 @@
  * are accumulated into start from the same random values on both sides, so
  * the "adds, not overwrites" contract is checked too). Tolerances:
  *   TOL_F32  1e-5  fp32 kernels (fp32 statistics vs the CPU's double ones,
- *                  expf vs the CPU's polynomial exp, atomics order)
+ *                  expf vs the CPU's polynomial exp)
  *   TOL_TF32 5e-3  matmuls and attention: cuBLASLt reads its inputs as TF32
  *                  (10-bit mantissa, unit roundoff 2^-11 = 4.9e-4) and
  *                  accumulates in fp32; K-term sums of random-sign products
@@ -19,6 +19,7 @@
  *   TOL_RED  1e-9  sum / sumsq (both accumulate in double)  */
 #include "kernels.h"
 #include "util.h"
+#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +136,66 @@ static void test_embed(void) {
     check("embed_backward_vp dwte", dwl, gdwl, (size_t)Vl * C, TOL_F32);
 }
 
+/* Bitwise comparison of a device buffer with a host one: the count of
+ * differing words. */
+static size_t bits_differ(const float *host, const float *dev, size_t n) {
+    float *h = malloc_check(n * sizeof(float) + 16);
+    KG->to_host(h, dev, n * sizeof(float));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += memcmp(&host[i], &h[i], 4) != 0;
+    free(h);
+    return bad;
+}
+
+static void check_bits(const char *name, const float *host, const float *dev, size_t n) {
+    size_t bad = bits_differ(host, dev, n);
+    printf("%s %-34s %zu of %zu words differ\n", bad ? "FAIL" : "ok  ", name, bad, n);
+    if (bad) fail++; else pass++;
+}
+
+/* The embedding backward is deterministic: on heavily repeated tokens two
+ * calls on the same inputs give the same bits, and, since every gradient row
+ * adds its dout rows in the CPU's order (increasing row), the CPU's bits.
+ * Tokens from a vocabulary of `vocab` (skewed: every fourth token from its
+ * first 50 ids), the vocab-parallel slice [v0, v0 + Vl) when Vl > 0. */
+static void test_embed_det(int B, int T, int C, int vocab, int v0, int Vl) {
+    int N = B * T, rows = Vl > 0 ? Vl : vocab;
+    char name[96];
+    int *tok = malloc_check((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) tok[i] = (int)(rnd_u32() % 4 == 0 ? rnd_u32() % (vocab < 50 ? vocab : 50) : rnd_u32() % vocab);
+    float *dout = hrand((size_t)N * C, 1), *dwte = hrand((size_t)rows * C, 1), *dwpe = hrand((size_t)T * C, 1);
+    int *gtok = dcopy_int(tok, N);
+    float *gdout = dcopy(dout, (size_t)N * C);
+    float *g1 = dcopy(dwte, (size_t)rows * C), *g2 = dcopy(dwte, (size_t)rows * C);
+    float *p1 = dcopy(dwpe, (size_t)T * C), *p2 = dcopy(dwpe, (size_t)T * C);
+    if (Vl > 0) {
+        KC->embed_backward_vp(dwte, dwpe, dout, tok, N, T, C, v0, Vl);
+        KG->embed_backward_vp(g1, p1, gdout, gtok, N, T, C, v0, Vl);
+        KG->embed_backward_vp(g2, p2, gdout, gtok, N, T, C, v0, Vl);
+    } else {
+        KC->embed_backward(dwte, dwpe, dout, tok, N, T, C);
+        KG->embed_backward(g1, p1, gdout, gtok, N, T, C);
+        KG->embed_backward(g2, p2, gdout, gtok, N, T, C);
+    }
+    const char *vp = Vl > 0 ? " vp" : "";
+    snprintf(name, sizeof name, "embed_bwd%s dwte N%d V%d", vp, N, vocab);
+    check(name, dwte, g1, (size_t)rows * C, TOL_F32);
+    snprintf(name, sizeof name, "embed_bwd%s dwpe N%d V%d", vp, N, vocab);
+    check(name, dwpe, p1, (size_t)T * C, TOL_F32);
+    float *h1 = malloc_check((size_t)rows * C * sizeof(float)), *q1 = malloc_check((size_t)T * C * sizeof(float));
+    KG->to_host(h1, g1, (size_t)rows * C * sizeof(float));
+    KG->to_host(q1, p1, (size_t)T * C * sizeof(float));
+    snprintf(name, sizeof name, "embed_bwd%s run twice dwte N%d V%d", vp, N, vocab);
+    check_bits(name, h1, g2, (size_t)rows * C);
+    snprintf(name, sizeof name, "embed_bwd%s run twice dwpe N%d V%d", vp, N, vocab);
+    check_bits(name, q1, p2, (size_t)T * C);
+    snprintf(name, sizeof name, "embed_bwd%s = CPU bits dwte N%d V%d", vp, N, vocab);
+    check_bits(name, dwte, g1, (size_t)rows * C);
+    snprintf(name, sizeof name, "embed_bwd%s = CPU bits dwpe N%d V%d", vp, N, vocab);
+    check_bits(name, dwpe, p1, (size_t)T * C);
+    free(tok); free(dout); free(dwte); free(dwpe); free(h1); free(q1);
+}
+
 static void test_norms(void) {
     int N = 70, C = 300;
     size_t NC = (size_t)N * C;
@@ -190,6 +251,75 @@ static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
         snprintf(name, sizeof name, "matmul_bwd dbias %dx%dx%d", N, C, OC);
         check(name, db, gdb, OC, TOL_F32);
     }
+}
+
+/* matmul_gelu_forward against the CPU's matmul + gelu; fused: whether this
+ * shape should take cuBLASLt's GELU epilogue (C, OC multiples of 8 and
+ * aligned operands) in the default TF32 mode, checked with the backend's
+ * count of fused calls (other modes may fall back) */
+static void test_matmul_gelu_case(int N, int C, int OC, int off, int with_bias, int fused) {
+    char name[96];
+    size_t n = (size_t)N * OC;
+    float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 0.3f), *bias = hrand(OC, 1);
+    float *ginp = dcopy_off(inp, (size_t)N * C, off), *gw = dcopy_off(w, (size_t)OC * C, off);
+    float *gbias = dcopy_off(bias, OC, off);
+    float *pre = hrand(n, 1), *out = hrand(n, 1), *gpre = dcopy_off(pre, n, off), *gout = dcopy_off(out, n, off);
+    long f0 = kernels_cuda_fused_gelu_calls();
+    KC->matmul_gelu_forward(out, pre, inp, w, with_bias ? bias : NULL, N, C, OC);
+    KG->matmul_gelu_forward(gout, gpre, ginp, gw, with_bias ? gbias : NULL, N, C, OC);
+    int did = kernels_cuda_fused_gelu_calls() > f0;
+    snprintf(name, sizeof name, "matmul_gelu pre %dx%dx%d%s%s", N, C, OC, with_bias ? " +bias" : "", off ? " unaligned" : "");
+    check(name, pre, gpre, n, tol_mm);
+    snprintf(name, sizeof name, "matmul_gelu out %dx%dx%d%s (%s)", N, C, OC, with_bias ? " +bias" : "",
+             did ? "fused" : "unfused");
+    check(name, out, gout, n, tol_mm);
+    if (fused && tol_mm == TOL_TF32) {
+        printf("%s matmul_gelu %dx%dx%d takes the GELU epilogue: %s\n", did ? "ok  " : "FAIL", N, C, OC, did ? "yes" : "no");
+        if (did) pass++; else fail++;
+    }
+    if (!fused && did) {
+        printf("FAIL matmul_gelu %dx%dx%d took the epilogue, which it cannot\n", N, C, OC);
+        fail++;
+    }
+}
+
+/* Which GELU cuBLASLt's epilogue computes. Its documentation says only
+ * "GELU"; GPT-2 needs the tanh approximation (gelu_forward), which differs
+ * from the erf form by up to 4.7e-4. With inp = multiples of 1/32 in [-5, 5]
+ * (exact in TF32 and bf16), w = identity and a zero bias, pre must be inp
+ * exactly and out the GELU of it: the RMS distance of out from each form
+ * (in double) says which one it is. Fails unless the GEMM took the epilogue
+ * and is closer to the tanh form by 4x. */
+static void test_gelu_epilogue_variant(void) {
+    int N = 128, C = 64;
+    size_t n = (size_t)N * C;
+    float *x = malloc_check(n * sizeof(float)), *w = malloc_check((size_t)C * C * sizeof(float));
+    float *zero = malloc_check((size_t)C * sizeof(float)), *out = malloc_check(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)((int)(i % 321) - 160) / 32.0f;
+    for (int i = 0; i < C * C; i++) w[i] = i / C == i % C ? 1.0f : 0.0f;
+    for (int i = 0; i < C; i++) zero[i] = 0.0f;
+    float *gx = dcopy(x, n), *gw = dcopy(w, (size_t)C * C), *gz = dcopy(zero, C);
+    float *gpre = dcopy(x, n), *gout = dcopy(x, n);
+    long f0 = kernels_cuda_fused_gelu_calls();
+    KG->matmul_gelu_forward(gout, gpre, gx, gw, gz, N, C, C);
+    int did = kernels_cuda_fused_gelu_calls() > f0;
+    size_t bad = bits_differ(x, gpre, n);
+    KG->to_host(out, gout, n * sizeof(float));
+    double se_tanh = 0, se_erf = 0;
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i];
+        double gt = 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+        double ge = 0.5 * v * (1.0 + erf(v / sqrt(2.0)));
+        se_tanh += (out[i] - gt) * (out[i] - gt);
+        se_erf += (out[i] - ge) * (out[i] - ge);
+    }
+    double rt = sqrt(se_tanh / n), re = sqrt(se_erf / n);
+    int ok = did && !bad && rt * 4 < re;
+    printf("%s GELU epilogue (%s): pre = inp in %zu of %zu words; RMS distance from the tanh form %.2e, from the erf form "
+           "%.2e: %s\n", ok ? "ok  " : "FAIL", did ? "fused" : "NOT fused, nothing to tell", n - bad, n, rt, re,
+           rt < re ? "tanh approximation" : "erf (exact) GELU");
+    if (ok) pass++; else fail++;
+    free(x); free(w); free(zero); free(out);
 }
 
 static void test_attention_case(int B, int T, int nh, int nkv, int hd) {
@@ -360,6 +490,48 @@ static void test_round_bf16(void) {
     free(h);
 }
 
+/* kernels_cuda_mem_stats: alloc raises the in-use count by exactly the bytes
+ * asked for and free lowers it by as much; the peak follows; and the device's
+ * own count of used memory (cudaMemGetInfo) moves by the same amount up to
+ * the allocator's granularity: cudaMalloc rounds a large allocation up to
+ * 2 MiB pages, so 100 MiB + 12345 bytes should take 102 MiB; the tolerance
+ * is 4 MiB (that rounding plus one page of slack). */
+static void test_mem_stats(void) {
+    const size_t MiB = (size_t)1 << 20;
+    size_t u0, p0, u1, p1, u2, p2, f0, f1, f2, tot;
+    cudaDeviceSynchronize();
+    kernels_cuda_mem_stats(&u0, &p0);
+    void *small = KG->alloc(1000);
+    kernels_cuda_mem_stats(&u1, &p1);
+    KG->free(small);
+    kernels_cuda_mem_stats(&u2, &p2);
+    int ok = u1 - u0 == 1000 && u2 == u0 && p1 >= u1 && p2 == p1;
+    printf("%s mem_stats 1000-byte alloc: in use %+lld then %+lld bytes, peak %zu >= %zu\n", ok ? "ok  " : "FAIL",
+           (long long)u1 - (long long)u0, (long long)u2 - (long long)u0, p1, u1);
+    if (ok) pass++; else fail++;
+
+    size_t big = 100 * MiB + 12345;
+    cudaMemGetInfo(&f0, &tot);
+    kernels_cuda_mem_stats(&u0, &p0);
+    void *b = KG->alloc(big);
+    cudaDeviceSynchronize();
+    cudaMemGetInfo(&f1, &tot);
+    kernels_cuda_mem_stats(&u1, &p1);
+    KG->free(b);
+    cudaDeviceSynchronize();
+    cudaMemGetInfo(&f2, &tot);
+    kernels_cuda_mem_stats(&u2, &p2);
+    ok = u1 - u0 == big && u2 == u0 && p1 >= u1 && p1 >= p0;
+    printf("%s mem_stats 100 MiB alloc: counter %+lld then %+lld bytes (expected %zu), peak %zu >= in use %zu\n",
+           ok ? "ok  " : "FAIL", (long long)u1 - (long long)u0, (long long)u2 - (long long)u0, big, p1, u1);
+    if (ok) pass++; else fail++;
+    double used = (double)f0 - (double)f1, back = (double)f2 - (double)f1, diff = used - (double)big;
+    ok = fabs(diff) <= 4.0 * MiB && fabs(back - used) <= 4.0 * MiB;
+    printf("%s mem_stats vs cudaMemGetInfo: used %+.0f bytes for %zu counted (%+.2f MiB), %.0f given back (tol 4 MiB)\n",
+           ok ? "ok  " : "FAIL", used, big, diff / MiB, back);
+    if (ok) pass++; else fail++;
+}
+
 int main(void) {
     char why[320];
     if (!kernels_cuda_available(why, sizeof why)) {
@@ -373,12 +545,23 @@ int main(void) {
     KC = kernels_cpu();
     KG = kernels_cuda();
     printf("device: %s\n", kernels_cuda_device_info());
+    test_mem_stats();
     test_embed();
+    test_embed_det(16, 1024, 64, 7, 0, 0);       /* N = 16384 tokens from a vocabulary of 7 */
+    test_embed_det(16, 1024, 64, 7, 3, 3);       /* its vocab-parallel slice [3, 6) */
+    test_embed_det(16, 1024, 768, 50304, 0, 0);  /* GPT-2 124M's shape */
+    test_embed_det(2, 1024, 768, 50304, 25152, 25152); /* its second half under tp 2 */
     test_norms();
     test_matmul_case(64, 128, 96, 0, 1);
     test_matmul_case(100, 72, 130, 0, 1);
     test_matmul_case(37, 50, 29, 1, 1); /* odd sizes, 4-byte aligned operands */
     test_matmul_case(256, 768, 2304, 0, 0);
+    test_matmul_gelu_case(64, 128, 96, 0, 1, 1);
+    test_matmul_gelu_case(64, 128, 96, 0, 0, 1);   /* GELU_AUX without a bias */
+    test_matmul_gelu_case(256, 768, 3072, 0, 1, 1); /* GPT-2's c_fc */
+    test_matmul_gelu_case(100, 72, 130, 0, 1, 0);  /* OC not a multiple of 8: matmul + GELU kernel */
+    test_matmul_gelu_case(37, 50, 29, 1, 1, 0);    /* unaligned */
+    if (tol_mm == TOL_TF32) test_gelu_epilogue_variant();
     test_attention_case(3, 40, 4, 2, 16);  /* GQA, batched over 3 sequences */
     test_attention_case(1, 64, 4, 2, 16);  /* GQA, one sequence (unbatched GEMMs) */
     test_attention_case(2, 130, 6, 6, 32); /* MHA */

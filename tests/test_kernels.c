@@ -528,6 +528,24 @@ static void test_gelu(void) {
     free(ref); free(d); free(fd); free(once); free(c.out); free(c.inp); free(c.R);
 }
 
+/* matmul_gelu_forward is matmul_forward then gelu_forward, bit for bit (so
+ * GPT-2 on the CPU trains exactly as before the fused entry); small shapes
+ * (one sgemm) and large ones (sgemm sliced over the threads), with and
+ * without a bias */
+static void test_matmul_gelu(int N, int C, int OC, int with_bias) {
+    float *inp = randv((size_t)N * C, 2), *w = randv((size_t)OC * C, 0.5f), *bias = with_bias ? randv(OC, 1) : NULL;
+    size_t n = (size_t)N * OC;
+    float *pre = randv(n, 1), *out = randv(n, 1), *pre2 = zerov(n), *out2 = zerov(n);
+    K->matmul_gelu_forward(out, pre, inp, w, bias, N, C, OC);
+    K->matmul_forward(pre2, inp, w, bias, N, C, OC);
+    K->gelu_forward(out2, pre2, n);
+    char name[96];
+    snprintf(name, sizeof name, "matmul_gelu_forward %dx%dx%d%s", N, C, OC, with_bias ? " +bias" : "");
+    int same = memcmp(pre, pre2, n * sizeof(float)) == 0 && memcmp(out, out2, n * sizeof(float)) == 0;
+    report(same, name, "%s", same ? "pre and out bit-identical to matmul_forward + gelu_forward" : "differs from matmul_forward + gelu_forward");
+    free(inp); free(w); free(bias); free(pre); free(out); free(pre2); free(out2);
+}
+
 static void test_swiglu(void) {
     int N = 6, F = 8;
     PwCtx c = {zerov(N * F), randv(N * 2 * F, 4), randv(N * F, 1), 0, N, F};
@@ -839,6 +857,9 @@ int main(int argc, char **argv) {
     test_attention(1, 300, 2, 1, 8, 60); // more rows than one attention block
     test_rope();
     test_gelu();
+    test_matmul_gelu(7, 5, 9, 1);
+    test_matmul_gelu(64, 96, 200, 1);
+    test_matmul_gelu(300, 64, 40, 0);
     test_swiglu();
     test_crossentropy();
     test_crossentropy_vp();
