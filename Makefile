@@ -14,7 +14,7 @@ PY = /usr/bin/python3
 
 SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpoint.c rendezvous.c util.c
 HDR = $(wildcard *.h)
-TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt tests/test_rendezvous
+TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev
 
 # CUDA backend: built whenever nvcc is found (on PATH or in /usr/local/cuda);
 # `make NVCC=` builds the CPU-only binary. CUDA_ARCH lists the SM versions
@@ -74,6 +74,9 @@ tests/test_data: tests/test_data.c tests/check.h data.c util.c $(HDR)
 
 tests/test_rendezvous: tests/test_rendezvous.c tests/check.h rendezvous.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< rendezvous.c util.c -o $@
+
+tests/test_dist_dev: tests/test_dist_dev.c parallel.c util.c $(HDR)
+	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) -I. $< parallel.c util.c -lpthread -o $@
 
 tests/test_ckpt: tests/test_ckpt.c tests/check.h ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -o $@
