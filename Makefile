@@ -35,6 +35,13 @@ CUDA_OBJ = kernels_cuda.o
 # libcudart statically (it loads the driver only at the first CUDA call, so
 # CPU runs need no driver), cuBLASLt from the toolkit
 CUDA_LIBS = $(CUDA_OBJ) -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++
+# multi-rank CUDA: NCCL (dist_nccl.c, C with the toolkit's headers), from the
+# toolkit's folders unless NCCL_HOME names another installation
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL_LIBDIR = $(firstword $(wildcard $(NCCL_HOME)/lib64 $(NCCL_HOME)/lib $(NCCL_HOME)/targets/x86_64-linux/lib))
+CUDA_SRC = dist_nccl.c
+CUDA_INC = -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
+NCCL_LIBS = -L$(NCCL_LIBDIR) -Wl,-rpath,$(NCCL_LIBDIR) -lnccl
 endif
 
 .PHONY: all check-deps deps test demo bench clean test-gpu bench-gpu
@@ -48,8 +55,8 @@ check-deps:
 	command -v $(MPICC) >/dev/null 2>&1 || missing="$$missing libopenmpi-dev openmpi-bin"; \
 	if [ -n "$$missing" ]; then echo "make: missing Debian packages:$$missing (run scripts/install_deps.sh, or make test / make demo which install them)" >&2; exit 1; fi
 
-llmtrain: $(SRC) $(HDR) $(CUDA_OBJ)
-	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(CUDA_DEFS) $(SRC) $(CUDA_LIBS) $(LIBS) -o $@
+llmtrain: $(SRC) $(CUDA_SRC) $(HDR) $(CUDA_OBJ)
+	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(CUDA_DEFS) $(CUDA_INC) $(SRC) $(CUDA_SRC) $(CUDA_LIBS) $(NCCL_LIBS) $(LIBS) -o $@
 
 kernels_cuda.o: kernels.cu kernels.h util.h
 	$(NVCC) $(NVCCFLAGS) -std=c++17 $(CUDA_GENCODE) $(NVCC_WARN) $(CUDA_DEFS) -I. -c $< -o $@
