@@ -300,7 +300,9 @@ void dist_nccl_attach(Dist *d) {
         dist_group_rank(d, g, &x->rank[g], &x->size[g]);
         x->owner[g] = g;
         if (x->size[g] < 2) continue;
-        if (g != DIST_GROUP_DP && x->size[g] == x->size[DIST_GROUP_DP]) { /* the same ranks in the same order */
+        /* a shard or replicate group as large as the data-parallel group is it:
+         * the same ranks (those of this tp_rank) in the same order */
+        if ((g == DIST_GROUP_SHARD || g == DIST_GROUP_REPLICATE) && x->size[g] == x->size[DIST_GROUP_DP]) {
             x->comm[g] = x->comm[DIST_GROUP_DP];
             x->owner[g] = DIST_GROUP_DP;
             continue;
