@@ -14,7 +14,7 @@ PY = /usr/bin/python3
 
 SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpoint.c rendezvous.c util.c
 HDR = $(wildcard *.h)
-TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt tests/test_rendezvous
+TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl
 
 # CUDA backend: built whenever nvcc is found (on PATH or in /usr/local/cuda);
 # `make NVCC=` builds the CPU-only binary. CUDA_ARCH lists the SM versions
@@ -36,6 +36,13 @@ CUDA_OBJ = kernels_cuda.o
 # libcudart statically (it loads the driver only at the first CUDA call, so
 # CPU runs need no driver), cuBLASLt from the toolkit
 CUDA_LIBS = $(CUDA_OBJ) -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++
+# multi-rank CUDA: NCCL (dist_nccl.c, C with the toolkit's headers), from the
+# toolkit's folders unless NCCL_HOME names another installation
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL_LIBDIR = $(firstword $(wildcard $(NCCL_HOME)/lib64 $(NCCL_HOME)/lib $(NCCL_HOME)/targets/x86_64-linux/lib))
+CUDA_SRC = dist_nccl.c
+CUDA_INC = -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
+NCCL_LIBS = -L$(NCCL_LIBDIR) -Wl,-rpath,$(NCCL_LIBDIR) -lnccl
 endif
 
 .PHONY: all check-deps deps test demo bench clean test-gpu bench-gpu
@@ -49,8 +56,8 @@ check-deps:
 	command -v $(MPICC) >/dev/null 2>&1 || missing="$$missing libopenmpi-dev openmpi-bin"; \
 	if [ -n "$$missing" ]; then echo "make: missing Debian packages:$$missing (run scripts/install_deps.sh, or make test / make demo which install them)" >&2; exit 1; fi
 
-llmtrain: $(SRC) $(HDR) $(CUDA_OBJ)
-	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(CUDA_DEFS) $(SRC) $(CUDA_LIBS) $(LIBS) -o $@
+llmtrain: $(SRC) $(CUDA_SRC) $(HDR) $(CUDA_OBJ)
+	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(CUDA_DEFS) $(CUDA_INC) $(SRC) $(CUDA_SRC) $(CUDA_LIBS) $(NCCL_LIBS) $(LIBS) -o $@
 
 kernels_cuda.o: kernels.cu kernels.h util.h
 	$(NVCC) $(NVCCFLAGS) -std=c++17 $(CUDA_GENCODE) $(NVCC_WARN) $(CUDA_DEFS) -I. -c $< -o $@
@@ -75,6 +82,13 @@ tests/test_data: tests/test_data.c tests/check.h data.c util.c $(HDR)
 
 tests/test_rendezvous: tests/test_rendezvous.c tests/check.h rendezvous.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< rendezvous.c util.c -o $@
+
+tests/test_dist_dev: tests/test_dist_dev.c parallel.c util.c $(HDR)
+	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) -I. $< parallel.c util.c -lpthread -o $@
+
+# dist_nccl.c against the fake CUDA runtime and NCCL in tests/fake_cuda (no GPU, any build)
+tests/test_dist_nccl: tests/test_dist_nccl.c dist_nccl.c parallel.c util.c tests/fake_cuda/cuda_runtime.h tests/fake_cuda/nccl.h $(HDR)
+	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) -DLLMTRAIN_CUDA -Itests/fake_cuda -I. $< dist_nccl.c parallel.c util.c -lpthread -o $@
 
 tests/test_ckpt: tests/test_ckpt.c tests/check.h ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -o $@

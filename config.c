@@ -64,7 +64,7 @@ static const Key KEYS[] = {
     {"train.activation_offload", K_BOOL, OFF(act_offload), 0, "false", 0, 0, NULL, "keep each layer's saved activations in host memory between its forward and its backward: the device holds 3 layers' (the one computing, its input, one in flight), the copies overlap compute (pinned memory and a copy stream on CUDA); with activation_checkpointing full only the layer inputs move, as SMP's activation offloading"},
     {"train.lm_head_chunk", K_INT, OFF(lm_head_chunk), 0, "0", 0, 1 << 30, NULL, "token rows the LM head and the cross-entropy process at a time, so logits ([rows, vocab]) exist for this many tokens only and the backward recomputes each chunk's (one more LM-head matmul); 0 = the whole micro-batch"},
     {"train.param_dtype", K_ENUM, OFF(param_dtype), 0, "\"fp32\"", 0, 0, "fp32|bf16", "the working copy of the weights that forward and backward read: fp32, or rounded to bf16 precision from the fp32 master weights after every step (gradients, master weights and AdamW moments stay fp32)"},
-    {"train.device", K_STR, STR(device), "\"auto\"", 0, 0, "auto|cpu|cuda", "compute backend: auto (CUDA when a GPU is present, else CPU), cpu or cuda"},
+    {"train.device", K_STR, STR(device), "\"auto\"", 0, 0, "auto|cpu|cuda", "compute backend: auto (CUDA when every rank has a GPU of its own, else CPU), cpu or cuda (rank r takes device local_rank % GPUs)"},
     /* optim */
     {"optim.lr", K_FLOAT, OFF(lr), 0, "6e-4", 0, 10, NULL, "peak learning rate"},
     {"optim.min_lr", K_FLOAT, OFF(min_lr), 0, "0", 0, 10, NULL, "learning rate at the end of the cosine decay"},

@@ -3,7 +3,8 @@
  * Every pointer is device memory; all work goes to the legacy default stream
  * in issue order, so the kernels.h contract (forward overwrites, backward adds,
  * calls see each other's results) holds without extra synchronisation.
- * to_host and the reductions that return a number synchronise.
+ * to_host and the reductions that return a number synchronise (by polling
+ * when a communication library set a host-wait hook: host_wait below).
  *
  * Matrix products: cuBLASLt with CUBLAS_COMPUTE_32F_FAST_TF32 — fp32 in and
  * out, tensor cores read the inputs rounded to TF32 (10-bit mantissa) and
@@ -254,12 +255,39 @@ static void cu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
 }
 
+/* Host waits. A synchronous copy waits for the stream's earlier work, which
+ * may wait on collectives (multi-rank runs: dist_nccl.c). With a poll hook
+ * set (kernels_cuda_set_host_wait), the stream is drained first by querying
+ * an event and calling the hook between queries, so a failed or hung
+ * collective is the hook's error or a watchdog abort instead of a wait in
+ * the driver that never ends; the copy then finds the stream idle. */
+static struct {
+    void (*poll)(void *ctx);
+    void *ctx;
+    cudaEvent_t ev;
+} HW;
+
+static void host_wait(void) {
+    if (!HW.poll) return;
+    CUDA_CHECK(cudaEventRecord(HW.ev, 0));
+    cudaError_t e;
+    while ((e = cudaEventQuery(HW.ev)) == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* not-ready is recorded as the thread's last error, which LAUNCH_CHECK reads: clear it */
+        HW.poll(HW.ctx);
+    }
+    CUDA_CHECK(e);
+}
+
 static void cu_to_host(void *host_dst, const void *src, size_t bytes) {
-    if (bytes) CUDA_CHECK(cudaMemcpy(host_dst, src, bytes, cudaMemcpyDeviceToHost));
+    if (!bytes) return;
+    host_wait();
+    CUDA_CHECK(cudaMemcpy(host_dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
 static void cu_from_host(void *dst, const void *host_src, size_t bytes) {
-    if (bytes) CUDA_CHECK(cudaMemcpy(dst, host_src, bytes, cudaMemcpyHostToDevice));
+    if (!bytes) return;
+    host_wait();
+    CUDA_CHECK(cudaMemcpy(dst, host_src, bytes, cudaMemcpyHostToDevice));
 }
 
 // ----------------------------------------------------------------------------
@@ -1247,7 +1275,7 @@ static double reduce(const float *x, size_t n, int sq) {
     reduce_final_k<<<1, RED_THREADS>>>(G.red_partial, RED_BLOCKS, G.red_out);
     LAUNCH_CHECK();
     double h = 0.0;
-    CUDA_CHECK(cudaMemcpy(&h, G.red_out, sizeof h, cudaMemcpyDeviceToHost));
+    cu_to_host(&h, G.red_out, sizeof h);
     return h;
 }
 
@@ -1340,7 +1368,7 @@ static void adamw_multi(float *p, const float *g, float *m, float *v, const Adam
     }
     if (!total) return;
     DevRange *dev = (DevRange *)scratch_get(&sc_adam, (size_t)k * sizeof *dev);
-    CUDA_CHECK(cudaMemcpy(dev, host, (size_t)k * sizeof *dev, cudaMemcpyHostToDevice));
+    cu_from_host(dev, host, (size_t)k * sizeof *dev);
     AdamConsts c = adam_consts(lr, beta1, beta2, t);
     adamw_multi_k<<<grid_for(total, 256), 256>>>(p, g, m, v, dev, k, total, beta1, beta2, c.ob1, c.ob2, eps,
                                                  c.step_size, c.bc2_sqrt, grad_scale);
@@ -1454,9 +1482,9 @@ static const Kernels cuda_kernels = {
     /* .offload_wait = */ cu_offload_wait,
 };
 
-/* No CUDA call happens before this (or kernels_cuda): a CPU run of a CUDA
- * build never touches the driver. */
-extern "C" int kernels_cuda_available(char *why, size_t n) {
+/* No CUDA call happens before this, kernels_cuda_available or kernels_cuda:
+ * a CPU run of a CUDA build never touches the driver. */
+extern "C" int kernels_cuda_device_count(char *why, size_t n) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
@@ -1464,18 +1492,31 @@ extern "C" int kernels_cuda_available(char *why, size_t n) {
         (void)cudaGetLastError(); /* clear the probe's error */
         return 0;
     }
-    if (count < 1) {
-        if (why && n) snprintf(why, n, "no CUDA device found");
+    if (count < 1 && why && n) snprintf(why, n, "no CUDA device found");
+    return count;
+}
+
+extern "C" void kernels_cuda_set_device(int dev) {
+    if (G.ready && dev != G.dev) die(EXIT_INTERNAL, "kernels_cuda_set_device(%d) after device %d was initialised", dev, G.dev);
+    G.dev = dev;
+}
+
+extern "C" int kernels_cuda_available(char *why, size_t n) {
+    int count = kernels_cuda_device_count(why, n);
+    if (count < 1) return 0;
+    if (G.dev >= count) {
+        if (why && n) snprintf(why, n, "device %d asked for, %d visible", G.dev, count);
         return 0;
     }
     /* a kernel image for this GPU (sm_80/sm_90 machine code, PTX for newer) */
     cudaFuncAttributes fa;
-    e = cudaFuncGetAttributes(&fa, add_k);
+    cudaError_t e = cudaSetDevice(G.dev);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, add_k);
     if (e != cudaSuccess) {
         cudaDeviceProp prop;
-        int ok = cudaGetDeviceProperties(&prop, 0) == cudaSuccess;
+        int ok = cudaGetDeviceProperties(&prop, G.dev) == cudaSuccess;
         if (why && n)
-            snprintf(why, n, "%s%s (compute capability %d.%d): %s", ok ? "" : "device 0", ok ? prop.name : "",
+            snprintf(why, n, "device %d%s%s (compute capability %d.%d): %s", G.dev, ok ? ": " : "", ok ? prop.name : "",
                      ok ? prop.major : 0, ok ? prop.minor : 0, cudaGetErrorString(e));
         (void)cudaGetLastError(); /* clear the probe's error */
         return 0;
@@ -1488,7 +1529,6 @@ static void cuda_init(void) {
     if (G.ready) return;
     char why[256];
     if (!kernels_cuda_available(why, sizeof why)) die(EXIT_USAGE, "CUDA backend: no usable CUDA device (%s)", why);
-    G.dev = 0;
     CUDA_CHECK(cudaSetDevice(G.dev));
     CUDA_CHECK(cudaGetDeviceProperties(&G.prop, G.dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&G.clock_khz, cudaDevAttrClockRate, G.dev));
@@ -1506,11 +1546,20 @@ extern "C" const Kernels *kernels_cuda(void) {
     return &cuda_kernels;
 }
 
+extern "C" void *kernels_cuda_stream(void) { return (void *)0; /* the legacy default stream */ }
+
+extern "C" void kernels_cuda_set_host_wait(void (*poll)(void *ctx), void *ctx) {
+    cuda_init();
+    if (poll && !HW.ev) CUDA_CHECK(cudaEventCreateWithFlags(&HW.ev, cudaEventDisableTiming));
+    HW.poll = poll;
+    HW.ctx = ctx;
+}
+
 extern "C" const char *kernels_cuda_device_info(void) {
     static char info[512];
     cuda_init();
-    snprintf(info, sizeof info, "%.200s, %d SMs, cc %d.%d, %.1f GiB; matmuls %s (cuBLASLt %zu)",
-             G.prop.name, G.prop.multiProcessorCount, G.prop.major, G.prop.minor,
+    snprintf(info, sizeof info, "device %d: %.200s, %d SMs, cc %d.%d, %.1f GiB; matmuls %s (cuBLASLt %zu)",
+             G.dev, G.prop.name, G.prop.multiProcessorCount, G.prop.major, G.prop.minor,
              (double)G.prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
              matmul_mode() == MM_BF16   ? "bf16 tensor cores (LLMTRAIN_CUDA_MATMUL=bf16)"
              : matmul_mode() == MM_FP32 ? "plain fp32 (LLMTRAIN_CUDA_MATMUL=fp32)"

@@ -212,11 +212,25 @@ double kernels_cpu_sgemm_peak_gflops(void);
  * kernels_cuda_available() or kernels_cuda() is called, so CPU runs of a
  * CUDA build work on machines without a GPU or driver. */
 #ifdef LLMTRAIN_CUDA
-/* 1 when a usable device exists; else 0 and the reason in why. */
+/* CUDA devices this process sees (CUDA_VISIBLE_DEVICES applies); 0 with
+ * the reason in why when there are none or no driver. */
+int kernels_cuda_device_count(char *why, size_t n);
+/* The device kernels_cuda() initialises (default 0; call before it). */
+void kernels_cuda_set_device(int dev);
+/* 1 when the chosen device is usable; else 0 and the reason in why. */
 int kernels_cuda_available(char *why, size_t n);
-/* Initialises device 0 (dies with exit 2 when there is none). */
+/* Initialises the chosen device (dies with exit 2 when there is none). */
 const Kernels *kernels_cuda(void);
-/* "NVIDIA H200, 132 SMs, cc 9.0, 139.8 GiB; matmuls ..." */
+/* The stream every kernel runs on, as a cudaStream_t (the legacy default
+ * stream): a communication library orders its work after it with events. */
+void *kernels_cuda_stream(void);
+/* With poll set, the backend's host waits (to_host, from_host, the
+ * reductions that return a number) wait for the stream by querying it and
+ * calling poll(ctx) between queries instead of blocking in the driver, so
+ * that a communication library can check for asynchronous errors while the
+ * stream waits on its collectives. NULL: block (the default). */
+void kernels_cuda_set_host_wait(void (*poll)(void *ctx), void *ctx);
+/* "device 0: NVIDIA H200, 132 SMs, cc 9.0, 139.8 GiB; matmuls ..." */
 const char *kernels_cuda_device_info(void);
 /* Dense bf16 tensor-core peak of the device in GFLOP/s, for MFU; *source
  * (optional) says where the figure comes from. */

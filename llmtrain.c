@@ -15,6 +15,9 @@
 #include "ckpt.h"
 #include "config.h"
 #include "data.h"
+#ifdef LLMTRAIN_CUDA
+#include "dist_nccl.h"
+#endif
 #include "kernels.h"
 #include "model.h"
 #include "parallel.h"
@@ -839,9 +842,9 @@ static void print_sample(Trainer *t) {
             t->k->to_host(row, last, (size_t)V * sizeof(float));
         }
         int next = is_root(t) ? pick_token(t, row, V) : 0;
-        if (tp > 1) { /* share the choice: only rank 0 contributes */
-            float f = (float)next;
-            dist_tp_allreduce_f32(&t->dist, &f, 1, 0);
+        if (tp > 1) { /* share the choice: only rank 0 contributes (host memory: a float64 sum) */
+            double f = (double)next;
+            dist_tp_allreduce_sum_f64(&t->dist, &f, 1);
             next = (int)f;
         }
         ctx[n] = next;
@@ -1199,27 +1202,42 @@ static void check_layout(Trainer *t) {
 }
 
 /* train.device: "cpu"; "cuda" (exit 2 with one line when unusable); "auto":
- * CUDA when this is a CUDA build, a device answers and the run is
- * single-rank, else CPU. LLMTRAIN_DEVICE (cpu|cuda) overrides "auto" only,
- * so the CPU test suite can pin the CPU on a machine with a GPU. The CUDA
- * backend has no collectives yet (NCCL is a later tranche): multi-rank CUDA
- * runs are refused. */
+ * CUDA when this is a CUDA build and every rank has a usable GPU of its own,
+ * else the CPU on every rank. A rank takes device local_rank % count of the
+ * devices it sees (CUDA_VISIBLE_DEVICES applies), and a node needs at least
+ * as many devices as ranks: NCCL cannot put two ranks of a communicator on
+ * one GPU. LLMTRAIN_DEVICE (cpu|cuda) overrides "auto" only, so the CPU test
+ * suite can pin the CPU on a machine with a GPU. Several CUDA ranks talk
+ * through NCCL (dist_nccl.c, attached after dist_setup_groups). */
 static void select_backend(Trainer *t) {
     const char *dev = t->cfg.device;
     const char *env = getenv("LLMTRAIN_DEVICE");
     if (strcmp(dev, "auto") == 0 && env && (strcmp(env, "cpu") == 0 || strcmp(env, "cuda") == 0)) dev = env;
 #ifdef LLMTRAIN_CUDA
-    char why[320];
+    Dist *d = &t->dist;
     int want = strcmp(dev, "cuda") == 0;
-    if (want || (strcmp(dev, "auto") == 0 && t->dist.world == 1)) {
-        if (kernels_cuda_available(why, sizeof why)) {
-            if (t->dist.world > 1)
-                die(EXIT_USAGE, "%s: train.device \"cuda\" with %d ranks: the CUDA backend is single-rank until NCCL support lands (use 1 rank, or train.device \"cpu\")",
-                    t->cfg.path, t->dist.world);
+    if (want || strcmp(dev, "auto") == 0) {
+        char why[320];
+        int count = kernels_cuda_device_count(why, sizeof why), use = 0;
+        if (count >= 1 && d->local_size > count) {
+            if (want)
+                die(EXIT_USAGE, "%s: train.device \"cuda\": %d ranks on this node but %d CUDA device%s (expected at most one rank per GPU: "
+                    "NCCL cannot share a GPU between ranks; start at most %d rank%s per node, or use train.device \"cpu\")",
+                    t->cfg.path, d->local_size, count, count == 1 ? "" : "s", count, count == 1 ? "" : "s");
+        } else if (count >= 1) {
+            kernels_cuda_set_device(d->local_rank % count);
+            use = kernels_cuda_available(why, sizeof why);
+        }
+        if (want && !use) die(EXIT_USAGE, "%s: train.device \"cuda\": no usable CUDA device (%s)", t->cfg.path, why);
+        if (!want && d->use_mpi && d->world > 1) { /* auto: CUDA only when every rank can */
+            double n = use;
+            dist_allreduce_sum_f64(d, &n, 1);
+            use = n == d->world;
+        }
+        if (use) {
             t->k = kernels_cuda();
             return;
         }
-        if (want) die(EXIT_USAGE, "%s: train.device \"cuda\": no usable CUDA device (%s)", t->cfg.path, why);
     }
 #else
     if (strcmp(dev, "cuda") == 0)
@@ -1275,7 +1293,8 @@ static void print_header(Trainer *t) {
     const Config *c = &t->cfg;
 #ifdef LLMTRAIN_CUDA
     if (backend_is_cuda(t))
-        printf("llmtrain %s | %s | backend cuda | %s\n", LLMTRAIN_VERSION, c->path, kernels_cuda_device_info());
+        printf("llmtrain %s | %s | backend cuda%s%s | %s\n", LLMTRAIN_VERSION, c->path, t->dist.dev ? ", collectives " : "",
+               t->dist.dev ? t->dist.dev->name : "", kernels_cuda_device_info());
     else
 #endif
     printf("llmtrain %s | %s | backend %s, %d threads/rank | %s\n", LLMTRAIN_VERSION, c->path, t->k->name, t->threads,
@@ -1410,8 +1429,8 @@ static int train(int argc, char **argv) {
     Config *c = &t->cfg;
     dist_watchdog_start(&t->dist, c->timeout_s);
     check_layout(t);
+    select_backend(t); /* a missing GPU is usually every rank's error too */
     die_replicated(0); /* from here errors may differ per rank or host (data paths, memory) */
-    select_backend(t);
     t->threads = kernels_cpu_set_threads(0, t->dist.local_size);
 
     /* data first: a bad path should fail before minutes of setup */
@@ -1423,6 +1442,9 @@ static int train(int argc, char **argv) {
     if (c->data_vocab[0]) { vocab_load(&t->vocab, c->data_vocab); t->have_vocab = 1; }
 
     dist_setup_groups(&t->dist, t->S);
+#ifdef LLMTRAIN_CUDA
+    if (backend_is_cuda(t) && t->dist.world > 1) dist_nccl_attach(&t->dist); /* device collectives through NCCL */
+#endif
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank,
                    (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload});
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, NULL, NULL};

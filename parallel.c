@@ -1,4 +1,5 @@
-/* parallel.c — launch detection and collectives over MPI. */
+/* parallel.c — launch detection and collectives over MPI; the float32
+ * collectives on device memory go to an attached DistDevComm (NCCL). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -31,6 +32,7 @@ struct DistWatch {
     int rank, armed, step;
     const char *phase, *collective;
     double since; /* now_s() when the phase began */
+    const DistDevComm *dev; /* aborted before the watchdog exits (NULL: none) */
 };
 
 static int env_int(const char *name, int dflt) {
@@ -153,10 +155,20 @@ void dist_phase(Dist *d, int step, const char *phase) {
     pthread_mutex_unlock(&w->mu);
 }
 
-/* Polls the heartbeat; on expiry prints one line and ends this process
- * with EXIT_TIMEOUT. MPI_Abort is not called: the main thread owns MPI
- * (MPI_THREAD_FUNNELED); mpirun ends the other ranks when one exits
- * non-zero. */
+/* The watchdog's exit when the device library's abort itself hangs. */
+static void *exit_later(void *arg) {
+    (void)arg;
+    struct timespec ts = {10, 0};
+    nanosleep(&ts, NULL);
+    _exit(EXIT_TIMEOUT);
+    return NULL;
+}
+
+/* Polls the heartbeat; on expiry prints one line, aborts the device
+ * communicators (NCCL kernels waiting for a dead peer would otherwise keep
+ * the device busy; at most 10 s) and ends this process with EXIT_TIMEOUT.
+ * MPI_Abort is not called: the main thread owns MPI (MPI_THREAD_FUNNELED);
+ * mpirun ends the other ranks when one exits non-zero. */
 static void *watchdog_main(void *arg) {
     struct DistWatch *w = arg;
     double poll = w->timeout_s / 10;
@@ -169,11 +181,14 @@ static void *watchdog_main(void *arg) {
         int fire = w->armed && now_s() - w->since > w->timeout_s;
         int step = w->step;
         const char *phase = w->phase ? w->phase : "?", *coll = w->collective ? w->collective : "none";
+        const DistDevComm *dev = w->dev;
         pthread_mutex_unlock(&w->mu);
         if (fire) {
             fprintf(stderr, "llmtrain: rank %d: watchdog: step %d phase %s (collective %s) exceeded parallel.timeout_s=%g s; aborting\n",
                     w->rank, step, phase, coll, w->timeout_s);
             fflush(stderr);
+            pthread_t t;
+            if (dev && pthread_create(&t, NULL, exit_later, NULL) == 0) dev->abort(dev->ctx);
             _exit(EXIT_TIMEOUT);
         }
     }
@@ -217,8 +232,8 @@ void dist_init(Dist *d, int *argc, char ***argv) {
         }
         d->use_mpi = 1;
     } else if (env_int("WORLD_SIZE", 1) > 1) {
-        die(EXIT_USAGE, "WORLD_SIZE=%d set by a torchrun-style launcher, but the CPU backend needs MPI for "
-            "collectives: launch with mpirun -np %d instead", env_int("WORLD_SIZE", 1), env_int("WORLD_SIZE", 1));
+        die(EXIT_USAGE, "WORLD_SIZE=%d set by a torchrun-style launcher, but llmtrain needs MPI for its host "
+            "collectives (on either backend): launch with mpirun -np %d instead", env_int("WORLD_SIZE", 1), env_int("WORLD_SIZE", 1));
     }
     d->dp = d->world;
     d->dp_rank = d->rank;
@@ -231,6 +246,11 @@ void dist_init(Dist *d, int *argc, char ***argv) {
 
 void dist_finalize(Dist *d) {
     watch_collective(d, "MPI_Finalize");
+    if (d->dev) {
+        const DistDevComm *dev = d->dev;
+        dist_attach_device(d, NULL); /* the watchdog forgets it first */
+        dev->close(dev->ctx);
+    }
     if (d->groups) {
         MPI_Comm_free(&d->groups->shard);
         MPI_Comm_free(&d->groups->replicate);
@@ -254,14 +274,84 @@ static void check(Dist *d, int rc, const char *what) {
     dist_abort(d, EXIT_PEER);
 }
 
+static int count_of(size_t n, const char *what) {
+    if (n > (size_t)0x7fffffff) die(EXIT_INTERNAL, "%s: %zu elements exceed one MPI call", what, n);
+    return (int)n;
+}
+
+/* ------------------------------------------------------------------ */
+/* device collectives (an attached DistDevComm)                        */
+
+static int req_slot(Dist *d);
+
+/* Start device collective `op` on group g under handle h (taken from the
+ * request table, named for the watchdog until dist_wait releases it). */
+static int dev_start(Dist *d, const char *name, int op, int g, const float *send, float *recv, size_t n) {
+    int h = req_slot(d);
+    watch_collective(d, name);
+    d->dev->start(d->dev->ctx, h, op, g, send, recv, n);
+    watch_collective(d, NULL);
+    d->groups->req_name[h] = name;
+    return h;
+}
+
+/* A blocking float32 collective on device memory: started, and the
+ * device's later work ordered after it. */
+static void dev_collective(Dist *d, const char *name, int op, int g, const float *send, float *recv, size_t n) {
+    dist_wait(d, dev_start(d, name, op, g, send, recv, n));
+}
+
+/* A one-member group's all-gather or reduce-scatter: a copy in backend memory. */
+static void copy_f32(Dist *d, float *recv, const float *send, size_t n) {
+    if (recv == send) return;
+    if (d->dev) d->dev->copy(d->dev->ctx, recv, send, n);
+    else memcpy(recv, send, n * sizeof(float));
+}
+
+void dist_attach_device(Dist *d, const DistDevComm *dev) {
+    if (dev && !d->groups) die(EXIT_INTERNAL, "dist_attach_device before dist_setup_groups");
+    d->dev = dev;
+    struct DistWatch *w = d->watch;
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->dev = dev;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static MPI_Comm group_comm(const Dist *d, int g) {
+    const struct DistGroups *c = d->groups;
+    if (!c) die(EXIT_INTERNAL, "group %d used before dist_setup_groups", g);
+    return g == DIST_GROUP_TP ? c->tp : g == DIST_GROUP_SHARD ? c->shard : g == DIST_GROUP_REPLICATE ? c->replicate : c->dp;
+}
+
+void dist_group_rank(const Dist *d, int g, int *rank, int *size) {
+    switch (g) {
+    case DIST_GROUP_TP: *rank = d->tp_rank; *size = d->tp; break;
+    case DIST_GROUP_SHARD: *rank = d->shard_index; *size = d->shard_size; break;
+    case DIST_GROUP_REPLICATE: *rank = d->shard_group; *size = d->replicate_size; break;
+    case DIST_GROUP_DP: *rank = d->dp_rank; *size = d->dp; break;
+    default: die(EXIT_INTERNAL, "dist_group_rank: unknown group %d", g);
+    }
+}
+
+void dist_group_bcast_bytes(Dist *d, int g, void *buf, size_t n) {
+    watch_collective(d, "MPI_Bcast");
+    check(d, MPI_Bcast(buf, count_of(n, "MPI_Bcast"), MPI_BYTE, 0, group_comm(d, g)), "MPI_Bcast");
+    watch_collective(d, NULL);
+}
+
 void dist_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     if (d->dp == 1) return;
-    for (size_t off = 0; off < n; off += (size_t)1 << 30) {
-        int cnt = (int)(n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30));
-        watch_collective(d, "MPI_Allreduce");
-        check(d, MPI_Allreduce(MPI_IN_PLACE, x + off, cnt, MPI_FLOAT, MPI_SUM, d->tp > 1 ? d->groups->dp : MPI_COMM_WORLD),
-              "MPI_Allreduce");
-        watch_collective(d, NULL);
+    if (d->dev) {
+        dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
+    } else {
+        for (size_t off = 0; off < n; off += (size_t)1 << 30) {
+            int cnt = (int)(n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30));
+            watch_collective(d, "MPI_Allreduce");
+            check(d, MPI_Allreduce(MPI_IN_PLACE, x + off, cnt, MPI_FLOAT, MPI_SUM, d->tp > 1 ? d->groups->dp : MPI_COMM_WORLD),
+                  "MPI_Allreduce");
+            watch_collective(d, NULL);
+        }
     }
     d->bytes_allreduce += 2.0 * (d->dp - 1) / d->dp * (double)n * sizeof(float);
 }
@@ -314,18 +404,29 @@ void dist_setup_groups(Dist *d, int S) {
 /* ------------------------------------------------------------------ */
 /* startup health check                                                */
 
+/* Seconds per float32 all-reduce of n floats over MPI on group comm, after
+ * 3 untimed ones and a barrier. */
+static double mpi_time_allreduce(Dist *d, MPI_Comm comm, size_t n) {
+    float *buf = calloc_check(n, sizeof(float));
+    for (int i = 0; i < 3; i++) check(d, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm), "MPI_Allreduce");
+    check(d, MPI_Barrier(comm), "MPI_Barrier");
+    const int iters = 5;
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < iters; i++) check(d, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm), "MPI_Allreduce");
+    free(buf);
+    return (MPI_Wtime() - t0) / iters;
+}
+
 int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
     if (!d->use_mpi || d->world < 2 || !d->groups) return 1;
-    struct DistGroups *g = d->groups;
-    const char *kinds[4] = {"tp", "shard", "replicate", "dp"};
-    MPI_Comm comms[4] = {g->tp, g->shard, g->replicate, g->dp};
+    const char *kinds[DIST_N_GROUPS] = {"tp", "shard", "replicate", "dp"};
     size_t n = bytes / sizeof(float);
-    float *buf = calloc_check(n, sizeof(float));
     int ok = 1;
     watch_collective(d, "health check all-reduce");
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < DIST_N_GROUPS; k++) {
+        MPI_Comm comm = group_comm(d, k);
         int gn = 1;
-        MPI_Comm_size(comms[k], &gn);
+        MPI_Comm_size(comm, &gn);
         /* every rank takes part in the world reductions below, so a kind
          * with no multi-rank groups is skipped on all ranks alike */
         int maxn = gn;
@@ -333,25 +434,19 @@ int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
         if (maxn < 2) continue;
         double bus = 1e300;
         if (gn > 1) {
-            for (int i = 0; i < 3; i++)
-                check(d, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comms[k]), "MPI_Allreduce");
-            check(d, MPI_Barrier(comms[k]), "MPI_Barrier");
-            const int iters = 5;
-            double t0 = MPI_Wtime();
-            for (int i = 0; i < iters; i++)
-                check(d, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comms[k]), "MPI_Allreduce");
-            double dt = (MPI_Wtime() - t0) / iters;
+            /* the collectives training uses: NCCL on device memory when attached */
+            double dt = d->dev ? d->dev->time_allreduce(d->dev->ctx, k, n, 3, 5) : mpi_time_allreduce(d, comm, n);
             if (dt < 1e-9) dt = 1e-9;
             double algbw = (double)(n * sizeof(float)) / dt / 1e9;
             bus = algbw * 2.0 * (gn - 1) / gn;
             /* slowest member of the group */
-            check(d, MPI_Allreduce(MPI_IN_PLACE, &bus, 1, MPI_DOUBLE, MPI_MIN, comms[k]), "MPI_Allreduce");
+            check(d, MPI_Allreduce(MPI_IN_PLACE, &bus, 1, MPI_DOUBLE, MPI_MIN, comm), "MPI_Allreduce");
         }
         /* slowest group of this kind */
         check(d, MPI_Allreduce(MPI_IN_PLACE, &bus, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
         if (d->rank == 0) {
-            printf("health: %s all-reduce %zu over %d ranks: %.3f GB/s bus bandwidth (slowest group)\n", kinds[k],
-                   n * sizeof(float), maxn, bus);
+            printf("health: %s all-reduce %zu over %d ranks: %.3f GB/s bus bandwidth (slowest group%s%s)\n", kinds[k],
+                   n * sizeof(float), maxn, bus, d->dev ? ", " : "", d->dev ? d->dev->name : "");
             fflush(stdout);
         }
         if (ok && min_gbps > 0 && bus < min_gbps) {
@@ -364,13 +459,7 @@ int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
         }
     }
     watch_collective(d, NULL);
-    free(buf);
     return ok;
-}
-
-static int count_of(size_t n, const char *what) {
-    if (n > (size_t)0x7fffffff) die(EXIT_INTERNAL, "%s: %zu elements exceed one MPI call", what, n);
-    return (int)n;
 }
 
 void dist_comm_reset(Dist *d) {
@@ -391,10 +480,14 @@ void dist_set_tp(Dist *d, int tp) {
 void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max) {
     int P = d->tp;
     if (P == 1 || !d->groups) return;
-    watch_collective(d, "MPI_Allreduce");
-    check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_FLOAT, max ? MPI_MAX : MPI_SUM, d->groups->tp),
-          "MPI_Allreduce");
-    watch_collective(d, NULL);
+    if (d->dev) {
+        dev_collective(d, "ncclAllReduce", max ? DIST_OP_ALLREDUCE_MAX : DIST_OP_ALLREDUCE_SUM, DIST_GROUP_TP, x, x, n);
+    } else {
+        watch_collective(d, "MPI_Allreduce");
+        check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_FLOAT, max ? MPI_MAX : MPI_SUM, d->groups->tp),
+              "MPI_Allreduce");
+        watch_collective(d, NULL);
+    }
     d->bytes_tp_allreduce += 2.0 * (P - 1) / P * (double)n * sizeof(float);
 }
 
@@ -429,25 +522,33 @@ void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
 void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n) {
     int S = d->shard_size;
     if (S == 1 || !d->groups) {
-        if (recv != send) memcpy(recv, send, n * sizeof(float));
+        copy_f32(d, recv, send, n);
         return;
     }
-    watch_collective(d, "MPI_Allgather");
-    check(d, MPI_Allgather(send, count_of(n, "MPI_Allgather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, d->groups->shard), "MPI_Allgather");
-    watch_collective(d, NULL);
+    if (d->dev) {
+        dev_collective(d, "ncclAllGather", DIST_OP_ALLGATHER, DIST_GROUP_SHARD, send, recv, n);
+    } else {
+        watch_collective(d, "MPI_Allgather");
+        check(d, MPI_Allgather(send, count_of(n, "MPI_Allgather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, d->groups->shard), "MPI_Allgather");
+        watch_collective(d, NULL);
+    }
     d->bytes_allgather += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
 }
 
 void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
     int S = d->shard_size;
     if (S == 1 || !d->groups) {
-        if (recv != send) memcpy(recv, send, n * sizeof(float));
+        copy_f32(d, recv, send, n);
         return;
     }
-    watch_collective(d, "MPI_Reduce_scatter_block");
-    check(d, MPI_Reduce_scatter_block(send, recv, count_of(n, "MPI_Reduce_scatter_block"), MPI_FLOAT, MPI_SUM, d->groups->shard),
-          "MPI_Reduce_scatter_block");
-    watch_collective(d, NULL);
+    if (d->dev) {
+        dev_collective(d, "ncclReduceScatter", DIST_OP_REDUCE_SCATTER, DIST_GROUP_SHARD, send, recv, n);
+    } else {
+        watch_collective(d, "MPI_Reduce_scatter_block");
+        check(d, MPI_Reduce_scatter_block(send, recv, count_of(n, "MPI_Reduce_scatter_block"), MPI_FLOAT, MPI_SUM, d->groups->shard),
+              "MPI_Reduce_scatter_block");
+        watch_collective(d, NULL);
+    }
     d->bytes_reduce_scatter += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
 }
 
@@ -474,17 +575,24 @@ static int req_slot(Dist *d) {
 static int shard_istart(Dist *d, int rs, const float *send, float *recv, size_t n) {
     int S = d->shard_size;
     if (S == 1 || !d->groups) {
-        if (recv != send) memcpy(recv, send, n * sizeof(float));
+        copy_f32(d, recv, send, n);
         return -1;
     }
-    const char *name = rs ? "MPI_Ireduce_scatter_block" : "MPI_Iallgather";
-    int h = req_slot(d), cnt = count_of(n, name);
-    MPI_Request *r = &d->groups->reqs[h];
-    watch_collective(d, name);
-    check(d, rs ? MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, cnt, MPI_FLOAT, MPI_SUM, d->groups->shard, r)
-                : MPI_Iallgather(send, cnt, MPI_FLOAT, recv, cnt, MPI_FLOAT, d->groups->shard, r), name);
-    watch_collective(d, NULL);
-    d->groups->req_name[h] = name;
+    int h;
+    if (d->dev) {
+        h = dev_start(d, rs ? "ncclReduceScatter" : "ncclAllGather", rs ? DIST_OP_REDUCE_SCATTER : DIST_OP_ALLGATHER,
+                      DIST_GROUP_SHARD, send, recv, n);
+    } else {
+        const char *name = rs ? "MPI_Ireduce_scatter_block" : "MPI_Iallgather";
+        int cnt = count_of(n, name);
+        h = req_slot(d);
+        MPI_Request *r = &d->groups->reqs[h];
+        watch_collective(d, name);
+        check(d, rs ? MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, cnt, MPI_FLOAT, MPI_SUM, d->groups->shard, r)
+                    : MPI_Iallgather(send, cnt, MPI_FLOAT, recv, cnt, MPI_FLOAT, d->groups->shard, r), name);
+        watch_collective(d, NULL);
+        d->groups->req_name[h] = name;
+    }
     *(rs ? &d->bytes_reduce_scatter : &d->bytes_allgather) += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
     return h;
 }
@@ -496,9 +604,10 @@ int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size
 void dist_wait(Dist *d, int h) {
     if (h < 0 || !d->groups) return;
     struct DistGroups *g = d->groups;
-    if (h >= g->n_reqs) die(EXIT_INTERNAL, "dist_wait: bad request handle %d", h);
+    if (h >= g->n_reqs || !g->req_name[h]) die(EXIT_INTERNAL, "dist_wait: bad request handle %d", h);
     watch_collective(d, g->req_name[h]); /* the watchdog names the collective a hung wait is for */
-    check(d, MPI_Wait(&g->reqs[h], MPI_STATUS_IGNORE), g->req_name[h]);
+    if (d->dev) d->dev->wait(d->dev->ctx, h);
+    else check(d, MPI_Wait(&g->reqs[h], MPI_STATUS_IGNORE), g->req_name[h]);
     watch_collective(d, NULL);
     g->reqs[h] = MPI_REQUEST_NULL;
     g->req_name[h] = NULL;
@@ -506,6 +615,7 @@ void dist_wait(Dist *d, int h) {
 
 int dist_test(Dist *d, int h) {
     if (h < 0 || !d->groups) return 1;
+    if (d->dev) return d->dev->test(d->dev->ctx, h);
     int done = 0;
     check(d, MPI_Test(&d->groups->reqs[h], &done, MPI_STATUS_IGNORE), "MPI_Test");
     return done; /* the handle stays taken until dist_wait (MPI_Wait on a completed request returns at once) */
@@ -523,9 +633,13 @@ void dist_shard_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
 void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     int R = d->replicate_size;
     if (R == 1 || !d->groups) return;
-    watch_collective(d, "MPI_Allreduce");
-    check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_FLOAT, MPI_SUM, d->groups->replicate), "MPI_Allreduce");
-    watch_collective(d, NULL);
+    if (d->dev) {
+        dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_REPLICATE, x, x, n);
+    } else {
+        watch_collective(d, "MPI_Allreduce");
+        check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_FLOAT, MPI_SUM, d->groups->replicate), "MPI_Allreduce");
+        watch_collective(d, NULL);
+    }
     d->bytes_allreduce += 2.0 * (R - 1) / R * (double)n * sizeof(float);
 }
 

@@ -6,6 +6,38 @@
 #define LLMTRAIN_PARALLEL_H
 #include <stddef.h>
 
+/* The process groups of a layout (dist_setup_groups, dist_set_tp). */
+enum { DIST_GROUP_TP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_DP, DIST_N_GROUPS };
+
+/* Operations of a device communication library. */
+enum { DIST_OP_ALLREDUCE_SUM, DIST_OP_ALLREDUCE_MAX, DIST_OP_ALLGATHER, DIST_OP_REDUCE_SCATTER };
+
+/* The float32 collectives on backend memory through the backend's own
+ * library (the CUDA backend: NCCL, dist_nccl.c), attached with
+ * dist_attach_device. Without one they run MPI on host memory; the
+ * float64, gather and broadcast collectives always do (their buffers are
+ * host memory). Every operation is ordered after the backend work queued
+ * before it was started. start(h, ...) begins one on a group with the
+ * buffers and in-place rules of the dist_* call it serves; wait(h) orders
+ * the backend's later work after it (it need not block the host); test(h)
+ * says whether it has completed. Handles are small integers parallel.c
+ * hands out. copy: a one-member group's copy in backend memory.
+ * time_allreduce: seconds per all-reduce of n floats on a group (health
+ * check), after `warmup` untimed ones. abort: called by the watchdog thread
+ * before it exits (the main thread may be blocked on the device). close:
+ * called by dist_finalize. */
+typedef struct DistDevComm {
+    void *ctx;
+    const char *name; /* "NCCL 2.28.9" */
+    void (*start)(void *ctx, int h, int op, int group, const float *send, float *recv, size_t n);
+    void (*wait)(void *ctx, int h);
+    int (*test)(void *ctx, int h);
+    void (*copy)(void *ctx, float *dst, const float *src, size_t n);
+    double (*time_allreduce)(void *ctx, int group, size_t n, int warmup, int iters);
+    void (*abort)(void *ctx);
+    void (*close)(void *ctx);
+} DistDevComm;
+
 typedef struct Dist {
     int rank, world, local_rank;
     int local_size;       /* ranks on this node */
@@ -26,19 +58,22 @@ typedef struct Dist {
     int shard_size, shard_index, shard_group, replicate_size;
     struct DistGroups *groups; /* the two sub-communicators (NULL: none) */
     struct DistWatch *watch; /* watchdog state (NULL until dist_watchdog_start) */
+    const DistDevComm *dev;  /* float32 collectives on device memory (NULL: MPI) */
     /* test-only fault injection from LLMTRAIN_FAULT (kind 0: none) */
     int fault_kind, fault_rank, fault_step_lo, fault_step_hi;
 } Dist;
 
 /* Detect the launcher and initialise MPI when one started us. A
- * torchrun-style launch (WORLD_SIZE > 1 without MPI) on the CPU backend is
- * one clear error: CPU collectives need MPI. (On GPUs such a launch is to
- * bootstrap NCCL over the TCP rendezvous in rendezvous.h: rdzv_env, then
- * rank 0's ncclUniqueId to all with rdzv_bcast; not wired in yet.) */
+ * torchrun-style launch (WORLD_SIZE > 1 without MPI) is one clear error:
+ * the host-side collectives need MPI on either backend. (Without MPI, NCCL
+ * could be bootstrapped over the TCP rendezvous in rendezvous.h, but the
+ * host collectives would still be missing; not wired in.) */
 void dist_init(Dist *d, int *argc, char ***argv);
 void dist_finalize(Dist *d);
 /* Sum in place: float32 over the data-parallel group (ranks of the same
- * tp_rank), float64 over the world. */
+ * tp_rank), float64 over the world. Every float32 collective below takes
+ * backend memory (device memory under an attached DistDevComm); every
+ * float64 one, the gathers and the broadcast take host memory. */
 void dist_allreduce_sum_f32(Dist *d, float *x, size_t n);
 void dist_allreduce_sum_f64(Dist *d, double *x, size_t n);
 void dist_barrier(Dist *d);
@@ -50,14 +85,16 @@ void dist_setup_groups(Dist *d, int S);
  * ranks of the same tp_rank, and a TP group of the tp consecutive ranks. */
 void dist_set_tp(Dist *d, int tp);
 /* TP group: in place over the tp ranks, sum (max = 0) or max (max = 1)
- * of floats; sum of doubles; gather n floats to tp_rank 0 (recv[tp*n]). */
+ * of floats; sum of doubles; gather n floats of HOST memory to tp_rank 0
+ * (recv[tp*n]; always MPI). */
 void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max);
 void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n);
 void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n);
 void dist_comm_reset(Dist *d);
 /* Shard group: all-gather n floats from every member into recv[S*n]
  * (member i's block at i*n); reduce-scatter (sum) send[S*n] into recv[n];
- * float64 sum in place; gather n floats to shard index 0 (recv[S*n] there). */
+ * float64 sum in place; gather n floats of HOST memory to shard index 0
+ * (recv[S*n] there; always MPI). */
 void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n);
 void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
 void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n);
@@ -106,6 +143,14 @@ int dist_fault_ckpt_die(Dist *d, int step);
 int dist_health_check(Dist *d, size_t bytes, double min_gbps);
 /* World: broadcast n bytes from rank 0. */
 void dist_bcast_bytes(Dist *d, void *buf, size_t n);
+/* This rank's index in group g (DIST_GROUP_*) and the group's size. */
+void dist_group_rank(const Dist *d, int g, int *rank, int *size);
+/* Group g: broadcast n bytes from its first member (bootstraps a device
+ * communicator). Needs dist_setup_groups. */
+void dist_group_bcast_bytes(Dist *d, int g, void *buf, size_t n);
+/* Route the float32 collectives through dev (after dist_setup_groups; dev
+ * outlives the Dist) and give the watchdog its abort. */
+void dist_attach_device(Dist *d, const DistDevComm *dev);
 /* Bring every rank down after a fatal error on this one. */
 void dist_abort(Dist *d, int code) __attribute__((noreturn));
 

@@ -13,8 +13,14 @@
 #      and host_mem_bytes in metrics.jsonl, "mem X GiB gpu" on the step line.
 #   3. activation offload on cuda (5 layers) against cpu and against cuda
 #      without offload.
-#   4. with more than one GPU: a 2-rank CUDA run must be refused cleanly
-#      (exit 2, one line) until NCCL support lands.
+#   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
+#      FULL_SHARD and tp 2 against the same jobs' 2-rank CPU runs (MPI):
+#      loss / grad norm / val loss within the TF32 tolerance, the same
+#      comm_bytes per step, the header naming NCCL; auto picks cuda for 2
+#      ranks; a hung rank ends the job through the watchdog (exit 5, NCCL
+#      communicators aborted) within the timeout plus a few seconds.
+#      With one GPU: a 2-rank cuda job is exit 2 with one stderr line naming
+#      the GPU count, and auto runs 2 ranks on the CPU.
 # Without a GPU this FAILS (exit 1, one line on stderr); it never skips.
 # Not named test_*.sh: tests/run_all.sh (the CPU suite) must not pick it up.
 . "$(dirname "$0")/lib.sh"
@@ -113,16 +119,68 @@ else
     echo "FAIL activation offload on cuda differs (or no offload_host_bytes line)"; fail=$((fail + 1))
 fi
 
+# multi-rank: NCCL (2 GPUs or more) or the refusal (1 GPU)
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [ "${ngpu:-0}" -gt 1 ]; then
+# same_comm_bytes RUN_A RUN_B: identical comm_bytes in every step line
+same_comm_bytes() {
+    $PY - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PYEOF'
+import json, sys
+def cb(p): return [(d["step"], d["comm_bytes"]) for d in map(json.loads, open(p)) if "comm_bytes" in d]
+a, b = cb(sys.argv[1]), cb(sys.argv[2])
+sys.exit(0 if a == b and a else 1)
+PYEOF
+}
+if [ "${ngpu:-0}" -ge 2 ]; then
+    for case in noshard:NO_SHARD:1 fullshard:FULL_SHARD:1 tp2:NO_SHARD:2; do
+        IFS=: read -r name strat tp <<<"$case"
+        ok_runs=1
+        for dev in cpu cuda; do
+            if ! timeout 600 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=$dev --set parallel.strategy=$strat \
+                 --set parallel.tensor=$tp --set log.dir="$TMP/mr-$name-$dev" --set checkpoint.dir="$TMP/mr-$name-$dev/ckpt" \
+                 >"$TMP/mr-$name-$dev.out" 2>&1; then
+                echo "FAIL 2 ranks $name train.device=$dev exited non-zero: $(grep -E 'llmtrain:|NCCL' "$TMP/mr-$name-$dev.out" | head -3)"
+                fail=$((fail + 1)); ok_runs=0
+            fi
+        done
+        [ $ok_runs = 1 ] || continue
+        if grep -q "backend cuda, collectives NCCL" "$TMP/mr-$name-cuda.out"; then
+            echo "ok   2 ranks $name: $(grep -o 'backend cuda.*' "$TMP/mr-$name-cuda.out" | cut -c1-120)"; pass=$((pass + 1))
+        else echo "FAIL 2 ranks $name: the header does not name NCCL: $(head -1 "$TMP/mr-$name-cuda.out")"; fail=$((fail + 1)); fi
+        if $PY tests/compare_runs.py "$TMP/mr-$name-cpu" "$TMP/mr-$name-cuda" --steps 20 --loss-rtol $LOSS_RTOL; then
+            echo "ok   2 ranks $name: 20 steps NCCL vs MPI on the CPU, loss/grad norm/val loss within $LOSS_RTOL"; pass=$((pass + 1))
+        else echo "FAIL 2 ranks $name: NCCL and CPU loss trajectories differ by more than $LOSS_RTOL"; fail=$((fail + 1)); fi
+        if same_comm_bytes "$TMP/mr-$name-cpu" "$TMP/mr-$name-cuda"; then
+            echo "ok   2 ranks $name: comm_bytes per step identical on NCCL and MPI"; pass=$((pass + 1))
+        else echo "FAIL 2 ranks $name: comm_bytes differ between NCCL and MPI"; fail=$((fail + 1)); fi
+    done
+    $MPIRUN 2 $BIN "$TMP/llama.json" --set train.steps=2 --set log.dir="$TMP/mr-auto" --set checkpoint.dir="$TMP/mr-auto/ckpt" \
+        >"$TMP/mr-auto.out" 2>&1; rc=$?
+    if [ $rc -eq 0 ] && grep -q "backend cuda, collectives NCCL" "$TMP/mr-auto.out"; then
+        echo "ok   2 ranks, train.device=auto on $ngpu GPUs: backend cuda with NCCL"; pass=$((pass + 1))
+    else echo "FAIL 2 ranks auto: exit $rc: $(grep -E 'backend|llmtrain:' "$TMP/mr-auto.out" | head -2)"; fail=$((fail + 1)); fi
+    # a hung rank: both watchdogs fire (rank 0 waits on the device for NCCL), the communicators are aborted, exit 5
+    t0=$(date +%s)
+    LLMTRAIN_FAULT="rank=1,step=3,kind=hang" timeout 120 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=cuda \
+        --set parallel.timeout_s=5 --set log.dir="$TMP/mr-hang" --set checkpoint.dir="$TMP/mr-hang/ckpt" \
+        >"$TMP/mr-hang.out" 2>"$TMP/mr-hang.err"; rc=$?
+    secs=$(($(date +%s) - t0))
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $secs -le 40 ] &&
+       grep -q '^llmtrain: rank [01]: watchdog: step 3 phase [a-z_]* (collective [A-Za-z_]*) exceeded parallel.timeout_s=5 s; aborting$' "$TMP/mr-hang.err"; then
+        echo "ok   2 ranks on NCCL, rank 1 hung at step 3: exit $rc after ${secs}s: $(grep -m1 watchdog "$TMP/mr-hang.err")"; pass=$((pass + 1))
+    else echo "FAIL NCCL hang: exit $rc after ${secs}s: $(grep llmtrain "$TMP/mr-hang.err" | head -3)"; fail=$((fail + 1)); fi
+elif [ "${ngpu:-0}" -eq 1 ]; then
     $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=cuda --set log.dir="$TMP/mr" >"$TMP/mr.out" 2>"$TMP/mr.err"; rc=$?
-    if [ $rc -eq 2 ] && grep -q "single-rank until NCCL" "$TMP/mr.err"; then
-        echo "ok   2-rank CUDA run refused cleanly (NCCL not implemented yet): $(head -1 "$TMP/mr.err")"; pass=$((pass + 1))
+    if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/mr.err")" -eq 1 ] &&
+       grep -q '^llmtrain: .*train.device "cuda": 2 ranks on this node but 1 CUDA device (expected at most one rank per GPU' "$TMP/mr.err"; then
+        echo "ok   2 ranks on 1 GPU refused: exit 2, $(grep '^llmtrain:' "$TMP/mr.err")"; pass=$((pass + 1))
     else
-        echo "FAIL 2-rank CUDA run: exit $rc, expected 2 with the NCCL refusal: $(head -c 300 "$TMP/mr.err")"; fail=$((fail + 1))
+        echo "FAIL 2 ranks on 1 GPU: exit $rc, expected 2 and one line naming the GPU count: $(head -c 300 "$TMP/mr.err")"; fail=$((fail + 1))
     fi
-else
-    echo "note: ${ngpu:-0} GPU(s): the 2-rank check needs 2"
+    $MPIRUN 2 $BIN "$TMP/llama.json" --set train.steps=2 --set log.dir="$TMP/mr-auto" --set checkpoint.dir="$TMP/mr-auto/ckpt" \
+        >"$TMP/mr-auto.out" 2>&1; rc=$?
+    if [ $rc -eq 0 ] && grep -q "backend cpu" "$TMP/mr-auto.out"; then
+        echo "ok   2 ranks on 1 GPU, train.device=auto: the CPU on both"; pass=$((pass + 1))
+    else echo "FAIL 2 ranks on 1 GPU, auto: exit $rc: $(grep -E 'backend|llmtrain:' "$TMP/mr-auto.out" | head -2)"; fail=$((fail + 1)); fi
 fi
 
 echo "$pass passed, $fail failed"

@@ -1,0 +1,214 @@
+/* test_dist_dev.c — parallel.c's routing of collectives to an attached
+ * DistDevComm (what the CUDA backend's NCCL layer plugs into), checked
+ * without a GPU by a recording fake: the float32 collectives on backend
+ * memory go to it with the right operation, group, buffers and handle
+ * (started, waited once, released for reuse), one-member groups copy
+ * through it, byte accounting is the MPI path's, and the float64
+ * reductions, gathers and broadcasts stay on MPI (the fake sees nothing and
+ * their results are right); the health check times through it; the
+ * watchdog calls its abort before exiting 5; dist_finalize closes it.
+ *
+ *   mpirun -np N tests/test_dist_dev TP S      routing for the layout tp x shard S
+ *   mpirun -np 2 tests/test_dist_dev watchdog FILE   rank 1's watchdog fires (exit 5) after
+ *                                              writing "abort" into FILE.rank
+ * Rank 0 prints "N passed, M failed" over every rank's checks (its own
+ * after dist_finalize); any failing rank exits 1. */
+#include "parallel.h"
+#include "util.h"
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int pass, fail;
+static int g_rank;
+#define CHECK(cond, ...)                                                              \
+    do {                                                                              \
+        if (cond) pass++;                                                             \
+        else { fail++; printf("FAIL rank %d: ", g_rank); printf(__VA_ARGS__); printf("\n"); } \
+    } while (0)
+
+/* The fake: every call recorded. */
+typedef struct Call { char what; int h, op, group; const float *send; float *recv; size_t n; } Call;
+static Call calls[64];
+static int n_calls, live[64], closed, timed[DIST_N_GROUPS];
+static char abort_path[512];
+
+static void rec(Call c) {
+    if (n_calls < 64) calls[n_calls++] = c;
+}
+static void fk_start(void *ctx, int h, int op, int g, const float *send, float *recv, size_t n) {
+    (void)ctx;
+    if (h >= 0 && h < 64) live[h]++;
+    rec((Call){'s', h, op, g, send, recv, n});
+}
+static void fk_wait(void *ctx, int h) {
+    (void)ctx;
+    if (h >= 0 && h < 64) live[h]--;
+    rec((Call){'w', h, 0, 0, NULL, NULL, 0});
+}
+static int fk_test(void *ctx, int h) {
+    (void)ctx;
+    rec((Call){'t', h, 0, 0, NULL, NULL, 0});
+    return 1;
+}
+static void fk_copy(void *ctx, float *dst, const float *src, size_t n) {
+    (void)ctx;
+    memcpy(dst, src, n * sizeof(float));
+    rec((Call){'c', -1, 0, 0, src, dst, n});
+}
+static double fk_time(void *ctx, int g, size_t n, int warmup, int iters) {
+    (void)ctx; (void)n; (void)warmup; (void)iters;
+    timed[g]++;
+    return 1e-3;
+}
+static void fk_abort(void *ctx) { /* the watchdog thread: leave a mark */
+    (void)ctx;
+    int fd = open(abort_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) { if (write(fd, "abort\n", 6) != 6) { /* the test sees the file empty */ } close(fd); }
+}
+static void fk_close(void *ctx) { (void)ctx; closed++; }
+static const DistDevComm fake = {NULL, "fake 1.0", fk_start, fk_wait, fk_test, fk_copy, fk_time, fk_abort, fk_close};
+
+/* The last call was a start of op on group g with these buffers, followed
+ * (when blocking) by the wait of its handle, which is then free. */
+static void expect_blocking(const char *what, int first, int op, int g, const void *send, const void *recv, size_t n) {
+    CHECK(n_calls == first + 2, "%s: %d calls, expected a start and a wait", what, n_calls - first);
+    if (n_calls != first + 2) return;
+    Call s = calls[first], w = calls[first + 1];
+    CHECK(s.what == 's' && s.op == op && s.group == g && s.send == send && s.recv == recv && s.n == n,
+          "%s: started op %d group %d n %zu, expected op %d group %d n %zu", what, s.op, s.group, s.n, op, g, n);
+    CHECK(w.what == 'w' && w.h == s.h && live[s.h] == 0, "%s: handle %d waited as %d (live %d)", what, s.h, w.h, live[s.h]);
+}
+
+static void routing(Dist *d, int tp, int S) {
+    dist_set_tp(d, tp);
+    dist_setup_groups(d, S);
+    dist_attach_device(d, &fake);
+    int R = d->replicate_size, dp = d->dp;
+    size_t n = 6;
+    float x[64], y[64];
+    for (int i = 0; i < 64; i++) x[i] = (float)(d->rank * 100 + i);
+    dist_comm_reset(d);
+
+    int c0 = n_calls;
+    dist_allreduce_sum_f32(d, x, n);
+    if (dp > 1) expect_blocking("dist_allreduce_sum_f32", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
+    else CHECK(n_calls == c0, "dist_allreduce_sum_f32 with dp 1 called the device");
+    CHECK(d->bytes_allreduce == (dp > 1 ? 2.0 * (dp - 1) / dp * n * sizeof(float) : 0), "allreduce bytes %g", d->bytes_allreduce);
+
+    c0 = n_calls;
+    dist_tp_allreduce_f32(d, x, n, 1);
+    if (tp > 1) expect_blocking("dist_tp_allreduce_f32 max", c0, DIST_OP_ALLREDUCE_MAX, DIST_GROUP_TP, x, x, n);
+    c0 = n_calls;
+    dist_tp_allreduce_f32(d, x, n, 0);
+    if (tp > 1) expect_blocking("dist_tp_allreduce_f32 sum", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_TP, x, x, n);
+    else CHECK(n_calls == c0, "tp all-reduce with tp 1 called the device");
+    CHECK(d->bytes_tp_allreduce == (tp > 1 ? 2 * 2.0 * (tp - 1) / tp * n * sizeof(float) : 0), "tp bytes %g", d->bytes_tp_allreduce);
+
+    c0 = n_calls;
+    dist_replicate_allreduce_sum_f32(d, x, n);
+    if (R > 1) expect_blocking("dist_replicate_allreduce_sum_f32", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_REPLICATE, x, x, n);
+    else CHECK(n_calls == c0, "replicate all-reduce with R 1 called the device");
+
+    c0 = n_calls;
+    dist_shard_allgather_f32(d, x, y, n);
+    if (S > 1) {
+        expect_blocking("dist_shard_allgather_f32", c0, DIST_OP_ALLGATHER, DIST_GROUP_SHARD, x, y, n);
+    } else {
+        CHECK(n_calls == c0 + 1 && calls[c0].what == 'c' && calls[c0].recv == y && memcmp(x, y, n * sizeof(float)) == 0,
+              "one-member all-gather: not one device copy");
+    }
+    c0 = n_calls;
+    dist_shard_reduce_scatter_f32(d, x, y, n);
+    if (S > 1) expect_blocking("dist_shard_reduce_scatter_f32", c0, DIST_OP_REDUCE_SCATTER, DIST_GROUP_SHARD, x, y, n);
+    double ag = S > 1 ? (double)(S - 1) * n * sizeof(float) : 0;
+    CHECK(d->bytes_allgather == ag && d->bytes_reduce_scatter == ag, "shard bytes %g %g, expected %g", d->bytes_allgather,
+          d->bytes_reduce_scatter, ag);
+
+    /* non-blocking: started now, tested, waited later, handles reused */
+    c0 = n_calls;
+    int h1 = dist_shard_iallgather_f32(d, x, y, n);
+    int h2 = dist_shard_ireduce_scatter_f32(d, x, x, n); /* in place: the device gets recv == send */
+    if (S > 1) {
+        CHECK(h1 >= 0 && h2 >= 0 && h1 != h2, "handles %d %d", h1, h2);
+        CHECK(n_calls == c0 + 2 && calls[c0].op == DIST_OP_ALLGATHER && calls[c0 + 1].op == DIST_OP_REDUCE_SCATTER &&
+              calls[c0 + 1].send == x && calls[c0 + 1].recv == x && calls[c0].h == h1 && calls[c0 + 1].h == h2,
+              "non-blocking starts not routed as expected");
+        CHECK(dist_test(d, h1) == 1 && calls[n_calls - 1].what == 't' && calls[n_calls - 1].h == h1, "dist_test not routed");
+        dist_wait(d, h2);
+        dist_wait(d, h1);
+        CHECK(live[h1] == 0 && live[h2] == 0, "handles not waited once each");
+        int h3 = dist_shard_iallgather_f32(d, x, y, n);
+        CHECK(h3 == h1 || h3 == h2, "handle %d not reused (%d, %d free)", h3, h1, h2);
+        dist_wait(d, h3);
+    } else {
+        CHECK(h1 == -1 && h2 == -1, "one-member group: handles %d %d", h1, h2);
+    }
+
+    /* host memory: MPI, never the device */
+    c0 = n_calls;
+    double v = 1.0, w[2] = {1.0, (double)d->rank};
+    dist_allreduce_sum_f64(d, &v, 1);
+    CHECK(v == d->world, "dist_allreduce_sum_f64: %g", v);
+    v = 1.0;
+    dist_tp_allreduce_sum_f64(d, &v, 1);
+    CHECK(v == tp, "dist_tp_allreduce_sum_f64: %g", v);
+    v = 1.0;
+    dist_shard_allreduce_sum_f64(d, &v, 1);
+    CHECK(v == S, "dist_shard_allreduce_sum_f64: %g", v);
+    double all[2 * 64];
+    dist_gather_f64(d, w, all, 2);
+    if (d->rank == 0) CHECK(all[2 * (d->world - 1) + 1] == d->world - 1, "dist_gather_f64");
+    float mine = (float)d->rank, got[64];
+    dist_tp_gather_f32(d, &mine, got, 1);
+    if (d->tp_rank == 0) CHECK(got[tp - 1] == (float)(d->rank + tp - 1), "dist_tp_gather_f32: %g", got[tp - 1]);
+    dist_shard_gather_f32(d, &mine, got, 1);
+    if (d->shard_index == 0 && S > 1) CHECK(got[1] == (float)(d->rank + tp), "dist_shard_gather_f32: %g", got[1]);
+    char b[8] = {0};
+    if (d->rank == 0) strcpy(b, "hello");
+    dist_bcast_bytes(d, b, sizeof b);
+    CHECK(strcmp(b, "hello") == 0, "dist_bcast_bytes");
+    int gr, gs;
+    dist_group_rank(d, DIST_GROUP_SHARD, &gr, &gs);
+    char id[16] = {0};
+    if (gr == 0) snprintf(id, sizeof id, "s%d", d->rank);
+    dist_group_bcast_bytes(d, DIST_GROUP_SHARD, id, sizeof id);
+    char want[16];
+    snprintf(want, sizeof want, "s%d", d->rank - d->shard_index * tp);
+    CHECK(gs == S && gr == d->shard_index && strcmp(id, want) == 0, "dist_group_bcast_bytes over the shard group: '%s'", id);
+    dist_barrier(d);
+    CHECK(n_calls == c0, "host collectives called the device %d times", n_calls - c0);
+
+    /* the health check times the device's all-reduce on every multi-rank group */
+    CHECK(dist_health_check(d, 4096, 0) == 1, "health check failed");
+    int sizes[DIST_N_GROUPS] = {tp, S, R, dp};
+    for (int g = 0; g < DIST_N_GROUPS; g++)
+        CHECK(timed[g] == (sizes[g] > 1), "health check timed group %d %d times (size %d)", g, timed[g], sizes[g]);
+}
+
+int main(int argc, char **argv) {
+    Dist d;
+    dist_init(&d, &argc, &argv);
+    g_rank = d.rank;
+    if (argc == 3 && strcmp(argv[1], "watchdog") == 0) {
+        snprintf(abort_path, sizeof abort_path, "%s.%d", argv[2], d.rank);
+        dist_setup_groups(&d, 1);
+        dist_watchdog_start(&d, d.rank == 1 ? 0.3 : 30);
+        dist_attach_device(&d, &fake);
+        dist_phase(&d, 1, "forward");
+        sleep(5); /* rank 1's watchdog ends the job with exit 5 */
+        printf("rank %d: the watchdog did not fire\n", d.rank);
+        dist_abort(&d, 1);
+    }
+    if (argc != 3) die(EXIT_USAGE, "usage: test_dist_dev TP S | test_dist_dev watchdog FILE");
+    routing(&d, atoi(argv[1]), atoi(argv[2]));
+    double tot[2] = {pass, fail};
+    dist_allreduce_sum_f64(&d, tot, 2); /* every rank's counts */
+    dist_finalize(&d);
+    int before = fail;
+    CHECK(closed == 1 && d.dev == NULL, "dist_finalize: close called %d times", closed);
+    if (d.rank == 0) printf("%d passed, %d failed\n", (int)tot[0] + 1, (int)tot[1] + fail - before);
+    return fail ? 1 : 0;
+}
