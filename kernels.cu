@@ -498,12 +498,9 @@ static void colsum_add(int mode, float *dst0, float *dst1, const float *d, const
 #define NORM_THREADS 256
 #define ROWS_PER_BLOCK (NORM_THREADS / 32)
 
-__global__ void layernorm_fwd_k(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                const float *b, int N, int C, float eps) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= N) return;
-    const float *x = inp + (size_t)row * C;
-    float *o = out + (size_t)row * C;
+/* one row by one warp: x -> o, mean and rstd saved by lane 0 */
+__device__ void layernorm_row_warp(float *o, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                                   int row, int lane, int C, float eps) {
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s += x[c];
     float m = warp_sum(s) / C;
@@ -518,6 +515,39 @@ __global__ void layernorm_fwd_k(float *out, float *mean, float *rstd, const floa
         if (mean) mean[row] = m;
         if (rstd) rstd[row] = rs;
     }
+}
+
+__device__ void rmsnorm_row_warp(float *o, float *rstd, const float *x, const float *w, int row, int lane, int C,
+                                 float eps) {
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
+    float rs = rsqrtf(warp_sum(ss) / C + eps);
+    for (int c = lane; c < C; c += 32) o[c] = x[c] * rs * w[c];
+    if (lane == 0 && rstd) rstd[row] = rs;
+}
+
+/* res = a + b for one row; each lane later reads back only the elements it
+ * wrote itself, so no synchronisation is needed */
+__device__ const float *residual_row_warp(float *res, const float *a, const float *b, int row, int lane, int C) {
+    float *r = res + (size_t)row * C;
+    const float *x = a + (size_t)row * C, *y = b + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) r[c] = x[c] + y[c];
+    return r;
+}
+
+__global__ void layernorm_fwd_k(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                const float *b, int N, int C, float eps) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    layernorm_row_warp(out + (size_t)row * C, mean, rstd, inp + (size_t)row * C, w, b, row, lane, C, eps);
+}
+
+__global__ void add_layernorm_fwd_k(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                    const float *w, const float *bias, int N, int C, float eps) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const float *x = residual_row_warp(res, a, b, row, lane, C);
+    layernorm_row_warp(out + (size_t)row * C, mean, rstd, x, w, bias, row, lane, C, eps);
 }
 
 __global__ void layernorm_bwd_k(float *dinp, const float *dout, const float *inp, const float *w, const float *mean,
@@ -543,13 +573,15 @@ __global__ void layernorm_bwd_k(float *dinp, const float *dout, const float *inp
 __global__ void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
-    const float *x = inp + (size_t)row * C;
-    float *o = out + (size_t)row * C;
-    float ss = 0.0f;
-    for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
-    float rs = rsqrtf(warp_sum(ss) / C + eps);
-    for (int c = lane; c < C; c += 32) o[c] = x[c] * rs * w[c];
-    if (lane == 0 && rstd) rstd[row] = rs;
+    rmsnorm_row_warp(out + (size_t)row * C, rstd, inp + (size_t)row * C, w, row, lane, C, eps);
+}
+
+__global__ void add_rmsnorm_fwd_k(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
+                                  int N, int C, float eps) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const float *x = residual_row_warp(res, a, b, row, lane, C);
+    rmsnorm_row_warp(out + (size_t)row * C, rstd, x, w, row, lane, C, eps);
 }
 
 __global__ void rmsnorm_bwd_k(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
@@ -587,6 +619,20 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
 static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     if (N <= 0) return;
     rmsnorm_fwd_k<<<norm_grid(N), NORM_THREADS>>>(out, rstd, inp, w, N, C, eps);
+    LAUNCH_CHECK();
+}
+
+static void add_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                  const float *w, const float *bias, int N, int C, float eps) {
+    if (N <= 0) return;
+    add_layernorm_fwd_k<<<norm_grid(N), NORM_THREADS>>>(res, out, mean, rstd, a, b, w, bias, N, C, eps);
+    LAUNCH_CHECK();
+}
+
+static void add_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
+                                int N, int C, float eps) {
+    if (N <= 0) return;
+    add_rmsnorm_fwd_k<<<norm_grid(N), NORM_THREADS>>>(res, out, rstd, a, b, w, N, C, eps);
     LAUNCH_CHECK();
 }
 
@@ -1451,6 +1497,8 @@ static const Kernels cuda_kernels = {
     /* .layernorm_backward = */ layernorm_backward,
     /* .rmsnorm_forward = */ rmsnorm_forward,
     /* .rmsnorm_backward = */ rmsnorm_backward,
+    /* .add_layernorm_forward = */ add_layernorm_forward,
+    /* .add_rmsnorm_forward = */ add_rmsnorm_forward,
     /* .matmul_forward = */ matmul_forward,
     /* .matmul_backward = */ matmul_backward,
     /* .attention_forward = */ attention_forward,

@@ -64,6 +64,13 @@ typedef struct Kernels {
                             int N, int C, float eps);
     void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp,
                              const float *w, const float *rstd, int N, int C);
+    /* The residual add fused with the norm after it: res = a + b (res may
+     * alias a), then out = layernorm / rmsnorm of res exactly as the
+     * kernels above (one pass over the rows instead of two). */
+    void (*add_layernorm_forward)(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                  const float *w, const float *bias, int N, int C, float eps);
+    void (*add_rmsnorm_forward)(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
+                                int N, int C, float eps);
 
     /* ---- matrix products ----
      * out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC] when bias != NULL)   */

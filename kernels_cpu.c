@@ -139,29 +139,45 @@ static void embed_backward(float *dwte, float *dwpe, const float *dout, const in
 // ----------------------------------------------------------------------------
 // norms
 
+/* One row: two passes in double (one-pass E[x^2]-E[x]^2 cancels badly on
+ * large means). */
+static inline void layernorm_row(float *o, float *mean, float *rstd, const float *x, const float *w,
+                                 const float *b, int C, float eps) {
+    double s = 0.0;
+    #pragma omp simd reduction(+:s)
+    for (int c = 0; c < C; c++) s += x[c];
+    double m = s / C;
+    double v = 0.0;
+    #pragma omp simd reduction(+:v)
+    for (int c = 0; c < C; c++) { double d = x[c] - m; v += d * d; }
+    float mf = (float)m;
+    float rs = (float)(1.0 / sqrt(v / C + eps));
+    if (b) {
+        for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * rs * w[c] + b[c];
+    } else {
+        for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * rs * w[c];
+    }
+    if (mean) *mean = mf;
+    if (rstd) *rstd = rs;
+}
+
 static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C, float eps) {
     #pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        layernorm_row(out + (size_t)n * C, mean ? mean + n : NULL, rstd ? rstd + n : NULL, inp + (size_t)n * C, w, b, C,
+                      eps);
+}
+
+/* the row's sum first, then its norm while it is in cache */
+static void add_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                  const float *w, const float *bias, int N, int C, float eps) {
+    #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *o = out + (size_t)n * C;
-        // two passes in double: one-pass E[x^2]-E[x]^2 cancels badly on large means
-        double s = 0.0;
-        #pragma omp simd reduction(+:s)
-        for (int c = 0; c < C; c++) s += x[c];
-        double m = s / C;
-        double v = 0.0;
-        #pragma omp simd reduction(+:v)
-        for (int c = 0; c < C; c++) { double d = x[c] - m; v += d * d; }
-        float mf = (float)m;
-        float rs = (float)(1.0 / sqrt(v / C + eps));
-        if (b) {
-            for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * rs * w[c] + b[c];
-        } else {
-            for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * rs * w[c];
-        }
-        if (mean) mean[n] = mf;
-        if (rstd) rstd[n] = rs;
+        float *r = res + (size_t)n * C;
+        const float *x = a + (size_t)n * C, *y = b + (size_t)n * C;
+        for (int c = 0; c < C; c++) r[c] = x[c] + y[c];
+        layernorm_row(out + (size_t)n * C, mean ? mean + n : NULL, rstd ? rstd + n : NULL, r, w, bias, C, eps);
     }
 }
 
@@ -211,18 +227,29 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
     }
 }
 
+static inline void rmsnorm_row(float *o, float *rstd, const float *x, const float *w, int C, float eps) {
+    double ss = 0.0;
+    #pragma omp simd reduction(+:ss)
+    for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+    float rs = (float)(1.0 / sqrt(ss / C + eps));
+    for (int c = 0; c < C; c++) o[c] = x[c] * rs * w[c];
+    if (rstd) *rstd = rs;
+}
+
 static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w,
                             int N, int C, float eps) {
     #pragma omp parallel for
+    for (int n = 0; n < N; n++) rmsnorm_row(out + (size_t)n * C, rstd ? rstd + n : NULL, inp + (size_t)n * C, w, C, eps);
+}
+
+static void add_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
+                                int N, int C, float eps) {
+    #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *o = out + (size_t)n * C;
-        double ss = 0.0;
-        #pragma omp simd reduction(+:ss)
-        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
-        float rs = (float)(1.0 / sqrt(ss / C + eps));
-        for (int c = 0; c < C; c++) o[c] = x[c] * rs * w[c];
-        if (rstd) rstd[n] = rs;
+        float *r = res + (size_t)n * C;
+        const float *x = a + (size_t)n * C, *y = b + (size_t)n * C;
+        for (int c = 0; c < C; c++) r[c] = x[c] + y[c];
+        rmsnorm_row(out + (size_t)n * C, rstd ? rstd + n : NULL, r, w, C, eps);
     }
 }
 
@@ -769,6 +796,8 @@ static const Kernels cpu_kernels = {
     .layernorm_backward = layernorm_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
+    .add_layernorm_forward = add_layernorm_forward,
+    .add_rmsnorm_forward = add_rmsnorm_forward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
     .attention_forward = attention_forward,

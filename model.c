@@ -505,6 +505,14 @@ static void norm_forward(const Model *m, float *out, float *mean, float *rstd, c
     else m->k->rmsnorm_forward(out, rstd, inp, w, N, c->n_embd, c->norm_eps);
 }
 
+/* res = a + b, then out = norm(res): the residual add fused with the norm */
+static void add_norm_forward(const Model *m, float *res, float *out, float *mean, float *rstd, const float *a,
+                             const float *b, const float *w, const float *bias, int N) {
+    const ModelConfig *c = &m->cfg;
+    if (c->arch == ARCH_GPT2) m->k->add_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, c->n_embd, c->norm_eps);
+    else m->k->add_rmsnorm_forward(res, out, rstd, a, b, w, N, c->n_embd, c->norm_eps);
+}
+
 static void norm_backward(const Model *m, float *dinp, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, const float *mean, const float *rstd, int N) {
     if (m->cfg.arch == ARCH_GPT2) m->k->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.n_embd);
@@ -532,9 +540,8 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         /* row-parallel: partial sums, the replicated bias added once (rank 0) */
         k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, root ? w->attn_out_b : NULL, N, nh * hd, C);
         if (tp) tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
-        k->add(a->res2, x, m->dbuf1, (size_t)N * C);
-        /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))) */
-        norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N);
+        /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))), the add fused with norm2 */
+        add_norm_forward(m, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->dbuf1, w->ln2_w, w->ln2_b, N);
         if (llama) {
             k->matmul_forward(a->fch, a->ln2, w->fc_w, w->fc_b, N, C, m->fc_dim);
             k->swiglu_forward(a->fch_act, a->fch, N, F);

@@ -227,6 +227,29 @@ static void test_norms(void) {
     check("rmsnorm_backward dw", dw, gdw, C, TOL_F32);
 }
 
+/* the residual add fused with the norm: res = a + b (exact), out and the
+ * statistics as the CPU's fused kernel; in place (res = a) for rmsnorm */
+static void test_add_norms(void) {
+    int N = 70, C = 300;
+    size_t NC = (size_t)N * C;
+    float *a = hrand(NC, 2), *b = hrand(NC, 1), *w = hrand(C, 1), *bias = hrand(C, 1);
+    for (size_t i = 0; i < NC; i++) a[i] += 3.0f;
+    float *ga = dcopy(a, NC), *gb = dcopy(b, NC), *gw = dcopy(w, C), *gbias = dcopy(bias, C);
+    float *res = hrand(NC, 1), *out = hrand(NC, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
+    float *gres = dcopy(res, NC), *gout = dcopy(out, NC), *gmean = dcopy(mean, N), *grstd = dcopy(rstd, N);
+    KC->add_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, 1e-5f);
+    KG->add_layernorm_forward(gres, gout, gmean, grstd, ga, gb, gw, gbias, N, C, 1e-5f);
+    check("add_layernorm_forward res", res, gres, NC, 0.0);
+    check("add_layernorm_forward out", out, gout, NC, TOL_F32);
+    check("add_layernorm_forward mean", mean, gmean, N, TOL_F32);
+    check("add_layernorm_forward rstd", rstd, grstd, N, TOL_F32);
+    KC->add_rmsnorm_forward(a, out, rstd, a, b, w, N, C, 1e-5f);
+    KG->add_rmsnorm_forward(ga, gout, grstd, ga, gb, gw, N, C, 1e-5f);
+    check("add_rmsnorm_forward res in place", a, ga, NC, 0.0);
+    check("add_rmsnorm_forward out", out, gout, NC, TOL_F32);
+    check("add_rmsnorm_forward rstd", rstd, grstd, N, TOL_F32);
+}
+
 static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
     char name[96];
     float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 0.1f), *bias = hrand(OC, 1);
@@ -552,6 +575,7 @@ int main(void) {
     test_embed_det(16, 1024, 768, 50304, 0, 0);  /* GPT-2 124M's shape */
     test_embed_det(2, 1024, 768, 50304, 25152, 25152); /* its second half under tp 2 */
     test_norms();
+    test_add_norms();
     test_matmul_case(64, 128, 96, 0, 1);
     test_matmul_case(100, 72, 130, 0, 1);
     test_matmul_case(37, 50, 29, 1, 1); /* odd sizes, 4-byte aligned operands */

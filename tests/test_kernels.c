@@ -546,6 +546,32 @@ static void test_matmul_gelu(int N, int C, int OC, int with_bias) {
     free(inp); free(w); free(bias); free(pre); free(out); free(pre2); free(out2);
 }
 
+/* add_layernorm_forward / add_rmsnorm_forward are add then the norm, bit for
+ * bit, also in place (res aliasing a), with and without a bias */
+static void test_add_norm(int N, int C, int rms, int with_bias, int in_place) {
+    size_t n = (size_t)N * C;
+    float *a = randv(n, 3), *b = randv(n, 1), *w = randv(C, 1), *bias = with_bias ? randv(C, 1) : NULL;
+    float *res = in_place ? dup(a, n) : randv(n, 1), *out = randv(n, 1), *mean = randv(N, 1), *rstd = randv(N, 1);
+    float *res2 = zerov(n), *out2 = zerov(n), *mean2 = zerov(N), *rstd2 = zerov(N);
+    const float *first = in_place ? res : a; /* the fused call reads a through res */
+    K->add(res2, a, b, n);
+    if (rms) {
+        K->add_rmsnorm_forward(res, out, rstd, first, b, w, N, C, 1e-5f);
+        K->rmsnorm_forward(out2, rstd2, res2, w, N, C, 1e-5f);
+    } else {
+        K->add_layernorm_forward(res, out, mean, rstd, first, b, w, bias, N, C, 1e-5f);
+        K->layernorm_forward(out2, mean2, rstd2, res2, w, bias, N, C, 1e-5f);
+    }
+    int same = memcmp(res, res2, n * sizeof(float)) == 0 && memcmp(out, out2, n * sizeof(float)) == 0 &&
+               memcmp(rstd, rstd2, N * sizeof(float)) == 0 && (rms || memcmp(mean, mean2, N * sizeof(float)) == 0);
+    char name[96];
+    snprintf(name, sizeof name, "add_%s_forward %dx%d%s%s", rms ? "rmsnorm" : "layernorm", N, C, with_bias ? " +bias" : "",
+             in_place ? " in place" : "");
+    report(same, name, "%s", same ? "res, out and statistics bit-identical to add + norm" : "differs from add + norm");
+    free(a); free(b); free(w); free(bias); free(res); free(out); free(mean); free(rstd);
+    free(res2); free(out2); free(mean2); free(rstd2);
+}
+
 static void test_swiglu(void) {
     int N = 6, F = 8;
     PwCtx c = {zerov(N * F), randv(N * 2 * F, 4), randv(N * F, 1), 0, N, F};
@@ -860,6 +886,10 @@ int main(int argc, char **argv) {
     test_matmul_gelu(7, 5, 9, 1);
     test_matmul_gelu(64, 96, 200, 1);
     test_matmul_gelu(300, 64, 40, 0);
+    test_add_norm(7, 33, 0, 1, 0);
+    test_add_norm(64, 768, 0, 0, 1);
+    test_add_norm(7, 33, 1, 0, 0);
+    test_add_norm(64, 2048, 1, 0, 1);
     test_swiglu();
     test_crossentropy();
     test_crossentropy_vp();
