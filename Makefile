@@ -55,6 +55,8 @@ check-deps:
 	[ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] || [ -f /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h ] || missing="$$missing libopenblas-dev"; \
 	command -v $(MPICC) >/dev/null 2>&1 || missing="$$missing libopenmpi-dev openmpi-bin"; \
 	if [ -n "$$missing" ]; then echo "make: missing Debian packages:$$missing (run scripts/install_deps.sh, or make test / make demo which install them)" >&2; exit 1; fi
+	@if [ -n "$(strip $(NVCC))" ] && [ ! -f "$(NCCL_HOME)/include/nccl.h" ]; then \
+	  echo "make: nvcc is at $(NVCC) but NCCL is not ($(NCCL_HOME)/include/nccl.h): set NCCL_HOME, or build without CUDA: make NVCC=" >&2; exit 1; fi
 
 llmtrain: $(SRC) $(CUDA_SRC) $(HDR) $(CUDA_OBJ)
 	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(CUDA_DEFS) $(CUDA_INC) $(SRC) $(CUDA_SRC) $(CUDA_LIBS) $(NCCL_LIBS) $(LIBS) -o $@

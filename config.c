@@ -79,7 +79,7 @@ static const Key KEYS[] = {
     {"optim.grad_clip", K_FLOAT, OFF(grad_clip), 0, "1.0", 0, 1e30, NULL, "clip the global gradient norm to this (0 = off)"},
     {"optim.max_nonfinite_steps", K_INT, OFF(max_nonfinite_steps), 0, "5", 1, BIG, NULL, "consecutive steps with non-finite loss or gradients before the job exits with code 4"},
     /* eval */
-    {"eval.every_steps", K_INT, OFF(eval_every), 0, "0", 0, BIG, NULL, "validation loss and a sample every this many steps, and at the end (0 = only at the end)"},
+    {"eval.every_steps", K_INT, OFF(eval_every), 0, "0", 0, BIG, NULL, "validation loss and a sample every this many steps, and at the end (0 = only at the end); nothing runs when there is no validation data (or `eval.batches` 0) and `eval.sample_tokens` is 0"},
     {"eval.batches", K_INT, OFF(eval_batches), 0, "4", 0, BIG, NULL, "micro-batches of validation data per evaluation, in total (split across data-parallel ranks, so the value does not depend on the layout)"},
     {"eval.sample_tokens", K_INT, OFF(sample_tokens), 0, "64", 0, BIG, NULL, "tokens to generate for the printed sample (0 = none)"},
     {"eval.temperature", K_FLOAT, OFF(sample_temperature), 0, "1.0", 0, 100, NULL, "sampling temperature (0 = greedy)"},

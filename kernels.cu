@@ -1335,7 +1335,7 @@ static double sum(const float *x, size_t n) { return reduce(x, n, 0); }
 
 typedef struct {
     size_t offset, n, start; /* start: elements of all earlier ranges */
-    float decay;             /* 1 - lr * wd */
+    float wd;                /* the kernel forms 1 - lr * wd as adamw does */
 } DevRange;
 
 __device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, float *v, size_t i, float decay,
@@ -1355,7 +1355,7 @@ __global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, 
 }
 
 __global__ void adamw_multi_k(float *p, const float *g, float *m, float *v, const DevRange *r, int nr, size_t total,
-                              float beta1, float beta2, float ob1, float ob2, float eps, float step_size,
+                              float lr, float beta1, float beta2, float ob1, float ob2, float eps, float step_size,
                               float bc2_sqrt, float grad_scale) {
     GRID_STRIDE(i, total) {
         int lo = 0, hi = nr - 1; /* last range with start <= i */
@@ -1365,7 +1365,8 @@ __global__ void adamw_multi_k(float *p, const float *g, float *m, float *v, cons
             else hi = mid - 1;
         }
         size_t j = r[lo].offset + (i - r[lo].start);
-        adamw_elem(p, g, m, v, j, r[lo].decay, beta1, beta2, ob1, ob2, eps, step_size, bc2_sqrt, grad_scale);
+        float decay = (float)(1.0 - (double)lr * r[lo].wd);
+        adamw_elem(p, g, m, v, j, decay, beta1, beta2, ob1, ob2, eps, step_size, bc2_sqrt, grad_scale);
     }
 }
 
@@ -1391,32 +1392,44 @@ static void adamw(float *p, const float *g, float *m, float *v, size_t n, float 
     LAUNCH_CHECK();
 }
 
+/* The range table goes to the device only when it changes (the trainer's is
+ * built once), so a step makes no synchronous upload. */
 static void adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int nr, float lr,
                         float beta1, float beta2, float eps, int t, float grad_scale) {
     if (nr <= 0) return;
-    static DevRange *host;
-    static int host_cap;
+    static DevRange *host, *sent;
+    static int host_cap, n_sent = -1;
+    static void *sent_to;
     if (nr > host_cap) {
         free(host);
+        free(sent);
         host = (DevRange *)malloc_check((size_t)nr * sizeof *host);
+        sent = (DevRange *)malloc_check((size_t)nr * sizeof *sent);
         host_cap = nr;
+        n_sent = -1;
     }
     size_t total = 0;
     int k = 0;
     for (int i = 0; i < nr; i++) {
         if (!ranges[i].n) continue;
+        memset(&host[k], 0, sizeof host[k]); /* padding too: the table is compared bytewise */
         host[k].offset = ranges[i].offset;
         host[k].n = ranges[i].n;
         host[k].start = total;
-        host[k].decay = (float)(1.0 - (double)lr * ranges[i].wd);
+        host[k].wd = ranges[i].wd;
         total += ranges[i].n;
         k++;
     }
     if (!total) return;
     DevRange *dev = (DevRange *)scratch_get(&sc_adam, (size_t)k * sizeof *dev);
-    cu_from_host(dev, host, (size_t)k * sizeof *dev);
+    if (k != n_sent || (void *)dev != sent_to || memcmp(host, sent, (size_t)k * sizeof *host) != 0) {
+        cu_from_host(dev, host, (size_t)k * sizeof *dev);
+        memcpy(sent, host, (size_t)k * sizeof *host);
+        n_sent = k;
+        sent_to = dev;
+    }
     AdamConsts c = adam_consts(lr, beta1, beta2, t);
-    adamw_multi_k<<<grid_for(total, 256), 256>>>(p, g, m, v, dev, k, total, beta1, beta2, c.ob1, c.ob2, eps,
+    adamw_multi_k<<<grid_for(total, 256), 256>>>(p, g, m, v, dev, k, total, lr, beta1, beta2, c.ob1, c.ob2, eps,
                                                  c.step_size, c.bc2_sqrt, grad_scale);
     LAUNCH_CHECK();
 }
@@ -1626,7 +1639,7 @@ extern "C" double kernels_cuda_peak_gflops(const char **source) {
     double peak = 0.0;
     if (strstr(nm, "H100") || strstr(nm, "H200") || strstr(nm, "GH200")) {
         if (strstr(nm, "PCIe")) peak = 756e3;
-        else if (strstr(nm, "NVL") && strstr(nm, "H100")) peak = 835e3;
+        else if (strstr(nm, "NVL")) peak = 835e3; /* H100 NVL and H200 NVL */
         else peak = 989e3; /* SXM */
     } else if (strstr(nm, "A100")) {
         peak = 312e3;

@@ -776,12 +776,14 @@ static uint64_t micro_first_seq(const Trainer *t, int step, int j) {
 static double eval_loss(Trainer *t) {
     double sum[2] = {0, 0};
     /* the same eval.batches micro-batches whatever the layout: dp rank r takes r, r+dp, ... */
+    t->model.forward_only = 1;
     for (int j = t->dist.dp_rank; j < t->cfg.eval_batches; j += t->dist.dp) {
         uint64_t first = (uint64_t)j * (uint64_t)t->model.B;
         load_batch(t, &t->val, first);
         sum[0] += model_forward(&t->model, t->tok, t->tgt);
         sum[1] += 1;
     }
+    t->model.forward_only = 0;
     dist_allreduce_sum_f64(&t->dist, sum, 2);
     return sum[1] > 0 ? sum[0] / sum[1] : NAN;
 }
@@ -831,6 +833,7 @@ static void print_sample(Trainer *t) {
     memcpy(ctx, t->tok, (size_t)prompt * sizeof(int));
     float *row = malloc_check((size_t)V * sizeof(float));
     float *mine = tp > 1 ? malloc_check((size_t)m->V * sizeof(float)) : NULL; /* this rank's vocabulary slice */
+    m->forward_only = 1;
     for (int n = prompt; n < total; n++) {
         int len = n < T ? n : T;
         model_forward_bt(m, ctx + (n - len), NULL, 1, len);
@@ -849,6 +852,7 @@ static void print_sample(Trainer *t) {
         }
         ctx[n] = next;
     }
+    m->forward_only = 0;
     if (is_root(t)) {
         printf("--- sample ---\n");
         for (int n = 0; n < total; n++) {
@@ -1496,11 +1500,8 @@ static int train(int argc, char **argv) {
          * state that exit 4 is about to roll back: take it at the next good step */
         t->ck_deferred = save && !last && !stop && t->nonfinite_run > 0;
         if (t->ck_deferred) save = 0;
-        /* sharded: the update lives in the master shards; gather the full
-         * weights before anything reads them outside a step */
-        if (t->sharded && eval) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
-        if (eval) dist_phase(&t->dist, step + 1, "eval");
-        if (eval && t->have_val && c->eval_batches > 0) s.val_loss = eval_loss(t);
+        /* evaluation only when it has work: a validation loss or a sample */
+        eval = eval && ((t->have_val && c->eval_batches > 0) || c->sample_tokens > 0);
         if (t->nonfinite_run >= c->max_nonfinite_steps) {
             log_step(t, &s);
             if (is_root(t)) fprintf(stderr, "llmtrain: %d consecutive steps with non-finite loss or gradients (step %d); exiting\n",
@@ -1508,10 +1509,18 @@ static int train(int argc, char **argv) {
             ck_drain(t); /* the checkpoint in flight predates the streak: a restart rolls back to it */
             dist_abort(&t->dist, EXIT_NONFINITE);
         }
+        /* the checkpoint first: it reads only the shards, and an evaluation
+         * that fails (out of memory gathering the full weights) must not
+         * cost it */
         if (save) {
             dist_phase(&t->dist, step + 1, "checkpoint");
             s.ck_block = ck_begin(t, step + 1);
         }
+        /* sharded: the update lives in the master shards; gather the full
+         * weights before anything reads them outside a step */
+        if (t->sharded && eval) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
+        if (eval) dist_phase(&t->dist, step + 1, "eval");
+        if (eval && t->have_val && c->eval_batches > 0) s.val_loss = eval_loss(t);
         log_step(t, &s);
         if (eval) print_sample(t);
         if (stop && !last) {
@@ -1586,7 +1595,8 @@ static int cmd_check(int argc, char **argv) {
     t->dist.world = world;
     t->dist.local_size = 1;
     check_layout(t);
-    select_backend(t);
+    /* no backend: the job is checked for the cluster it names, not for this
+     * machine's devices (a GPU job checks on a laptop), and nothing is allocated */
     model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0, (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload});
     printf("check: %s: valid for %d ranks\n", c->path, world);
     if (c->description[0]) printf("description: %s\n", c->description);

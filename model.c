@@ -293,6 +293,16 @@ static void offload_pre_forward(Model *m, int l) {
     slot_wait(m, &m->slot_in[s]);
 }
 
+/* A forward no backward follows (evaluation, sampling) keeps the slots to
+ * itself: nothing goes to the host, and afterwards no slot holds a layer. */
+static void offload_forward_only(Model *m) {
+    for (int s = 0; s < OFFLOAD_SLOTS; s++) {
+        slot_wait(m, &m->slot_out[s]);
+        slot_wait(m, &m->slot_in[s]);
+        m->slot_layer[s] = -1;
+    }
+}
+
 static void offload_post_forward(Model *m, int l) {
     int s = l % OFFLOAD_SLOTS;
     offload_layer(m, l, 1);
@@ -317,6 +327,8 @@ static void offload_fetch(Model *m, int l, int wait) {
  * with, so its copy overlaps this layer's backward. */
 static void offload_pre_backward(Model *m, int l) {
     offload_fetch(m, l, 1);
+    /* full recompute rewrites the layer's output, which may still be on its way out */
+    if (m->act_ckpt == ACT_FULL) slot_wait(m, &m->slot_out[l % OFFLOAD_SLOTS]);
     if (l >= 1) offload_fetch(m, l - 1, 1);
     if (l >= 2) offload_fetch(m, l - 2, 0);
 }
@@ -597,11 +609,13 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     }
     chunk_event(m, 0, CHUNK_POST_FORWARD);
     const float *x = m->encoded;
+    int offload = m->offload && !m->forward_only;
+    if (m->offload && m->forward_only) offload_forward_only(m);
     for (int l = 0; l < L; l++) {
         chunk_event(m, l + 1, CHUNK_PRE_FORWARD);
-        if (m->offload) offload_pre_forward(m, l);
+        if (offload) offload_pre_forward(m, l);
         layer_forward(m, l, x, B, T);
-        if (m->offload) offload_post_forward(m, l);
+        if (offload) offload_post_forward(m, l);
         x = m->la[l].res3;
         chunk_event(m, l + 1, CHUNK_POST_FORWARD);
     }

@@ -108,6 +108,7 @@ typedef struct Model {
     int act_ckpt;             /* ACT_NONE | ACT_SELECTIVE | ACT_FULL */
     int head_rows;            /* LM head / cross-entropy rows at a time (0: all) */
     int offload;              /* activation offload on (and n_layer > OFFLOAD_SLOTS) */
+    int forward_only;         /* set by the caller around forwards no backward follows (no offload then) */
     float *offload_host;      /* host copy of every layer's kept activations [n_layer][offload_layer_floats] */
     size_t offload_layer_floats, offload_floats;
     int slot_layer[OFFLOAD_SLOTS]; /* the layer whose activations a slot holds (-1: none) */

@@ -6,9 +6,9 @@
 # printing ms/step, tokens/s and MFU against the GPU's bf16 dense peak
 # (the header line says which peak; log.peak_gflops overrides).
 # Notes: this tranche stores fp32 and multiplies in TF32 (half the bf16
-# tensor rate) and attention materialises the T x T probabilities in fp32;
-# the Llama case runs with selective activation checkpointing, so one layer's
-# probabilities (2 GiB) are resident instead of all 16 layers'.
+# tensor rate); attention keeps one head's T x T probabilities in a scratch
+# block (the saved state is the log-sum-exp); the Llama case runs with
+# selective activation checkpointing (the attention output recomputed).
 # Each case runs with the default TF32 GEMMs and with the opt-in bf16 GEMMs
 # of the linear layers (LLMTRAIN_CUDA_MATMUL=bf16); BENCH_MATMUL="tf32" or
 # "bf16" picks one. Without a GPU it fails (exit 1, one line). BENCH_STEPS

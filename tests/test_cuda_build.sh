@@ -63,9 +63,10 @@ if [ $have_nvcc = 1 ] && [ $have_gpu = 0 ]; then
             ok "2 ranks ($strat), train.device=cuda without a GPU: exit 2, one line for the job"
         else bad "2 ranks ($strat), train.device=cuda without a GPU: exit $rc, stderr: $(grep llmtrain "$TMP/err2" | head -c 400)"; fi
     done
+    # check validates the job for the cluster it names, not for this machine: no GPU needed
     $BIN check "$TMP/job.json" --world 2 --set train.device=cuda >"$TMP/out" 2>"$TMP/err"; rc=$?
-    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q 'no usable CUDA device' "$TMP/err"; then
-        ok "llmtrain check --world 2 with train.device=cuda and no GPU: exit 2, one line"
+    if [ $rc -eq 0 ] && [ ! -s "$TMP/err" ] && grep -q "valid for 2 ranks" "$TMP/out"; then
+        ok "llmtrain check --world 2 with train.device=cuda and no GPU: valid (the cluster's devices are not probed)"
     else bad "llmtrain check --world 2, train.device=cuda: exit $rc, stderr: $(head -c 300 "$TMP/err")"; fi
     make -s test-gpu >"$TMP/tg.out" 2>"$TMP/tg.err"; rc=$?
     if [ $rc -ne 0 ] && grep -q "test-gpu: FAIL: no usable CUDA device" "$TMP/tg.err"; then
