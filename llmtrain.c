@@ -1322,7 +1322,7 @@ static void rank_bytes(const Trainer *t, double out[RANK_BYTES]) {
     double full = (double)m->n_params * sizeof(float), shard = (double)n_shard * sizeof(float);
     /* sharded: working weights and gradients are the chunk pools (setup_shards) */
     out[0] = t->sharded ? pool_bytes(t, 0) + (t->cfg.param_dtype == 1 ? shard : 0) : full; /* + wshard */
-    out[1] = t->sharded ? shard : full;
+    out[1] = t->sharded ? shard : t->cfg.param_dtype == 1 ? full : 0; /* NO_SHARD fp32: the params are the master */
     out[2] = t->sharded ? pool_bytes(t, 1) + shard : full;
     out[3] = 2 * (t->sharded ? shard : full);
     out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * t->cfg.micro_batch * t->cfg.seq_len * sizeof(int);
