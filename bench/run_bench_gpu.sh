@@ -6,12 +6,16 @@
 # printing ms/step, tokens/s and MFU against the GPU's bf16 dense peak
 # (the header line says which peak; log.peak_gflops overrides).
 # Notes: this tranche stores fp32 and multiplies in TF32 (half the bf16
-# tensor rate); attention keeps one head's T x T probabilities in a scratch
-# block (the saved state is the log-sum-exp); the Llama case runs with
-# selective activation checkpointing (the attention output recomputed).
+# tensor rate) and the GEMM attention materialises one head's T x T
+# probabilities in a scratch block (the fused one does not; both save the
+# log-sum-exp); the Llama case runs with selective activation checkpointing
+# (the attention output recomputed) in both.
 # Each case runs with the default TF32 GEMMs and with the opt-in bf16 GEMMs
 # of the linear layers (LLMTRAIN_CUDA_MATMUL=bf16); BENCH_MATMUL="tf32" or
-# "bf16" picks one. Without a GPU it fails (exit 1, one line). BENCH_STEPS
+# "bf16" picks one. Each also runs with both attention kernels, the
+# cuBLASLt GEMMs and the fused ones (LLMTRAIN_CUDA_ATTENTION=gemm / flash);
+# BENCH_ATTENTION="gemm" or "flash" picks one. The result line names both.
+# Without a GPU it fails (exit 1, one line). BENCH_STEPS
 # (default 8; the first step is warm-up and not counted).
 set -u
 cd "$(dirname "$0")/.."
@@ -20,6 +24,10 @@ PY=/usr/bin/python3
 $PY -c 'import numpy' 2>/dev/null || PY=python3
 STEPS=${BENCH_STEPS:-8}
 MATMUL=${BENCH_MATMUL:-tf32 bf16}
+ATTENTION=${BENCH_ATTENTION:-gemm flash}
+for a in $ATTENTION; do
+    case $a in gemm|flash) ;; *) echo "bench-gpu: FAIL: BENCH_ATTENTION=$a: expected gemm and/or flash" >&2; exit 1;; esac
+done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 unset LLMTRAIN_DEVICE
@@ -35,9 +43,9 @@ for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16)
         f.write(h.tobytes()); f.write(t.astype(dt).tobytes())
 PYEOF
 
-# name | model json | B | T | tf32|bf16 | activation checkpointing
+# name | model json | B | T | tf32|bf16 | activation checkpointing | gemm|flash
 run_case() {
-    local name="$1" model="$2" B="$3" T="$4" mm="$5" ac="$6"
+    local name="$1" model="$2" B="$3" T="$4" mm="$5" ac="$6" att="$7"
     cat >"$TMP/$name.json" <<JSON
 {"model": $model,
  "data": {"train": "$TMP/$name.bin"},
@@ -46,14 +54,14 @@ run_case() {
  "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name"}, "checkpoint": {"dir": "$TMP/ck_$name"}}
 JSON
     rm -rf "$TMP/run_$name"
-    if ! LLMTRAIN_CUDA_MATMUL=$mm ./llmtrain "$TMP/$name.json" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
+    if ! LLMTRAIN_CUDA_MATMUL=$mm LLMTRAIN_CUDA_ATTENTION=$att ./llmtrain "$TMP/$name.json" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
         echo "bench-gpu: FAIL: $name: $(grep -m1 . "$TMP/$name.err")" >&2
         exit 1
     fi
     rm -rf "$TMP/ck_$name" # the final checkpoint (the Llama's is 15 GB)
-    $PY - "$name" "$B" "$T" "$TMP/$name.out" "$TMP/run_$name/metrics.jsonl" "$mm" <<'PYEOF'
+    $PY - "$name" "$B" "$T" "$TMP/$name.out" "$TMP/run_$name/metrics.jsonl" "$mm" "$att" <<'PYEOF'
 import json, re, statistics, sys
-name, B, T, out, metrics, mm = sys.argv[1:7]
+name, B, T, out, metrics, mm, att = sys.argv[1:8]
 text = open(out).read()
 peak = float(re.search(r"peak for MFU ([0-9.]+) GFLOP/s", text).group(1))
 dev = re.search(r"backend cuda \| ([^;\n]*)", text).group(1)
@@ -61,7 +69,7 @@ params = re.search(r"([0-9.]+)M parameters", text).group(1)
 steps = [json.loads(l) for l in open(metrics) if '"loss"' in l]
 timed = steps[1:] if len(steps) > 1 else steps
 med = lambda k: statistics.median(s[k] for s in timed)
-print(f"{name} ({params}M params) B={B} T={T} {mm} GEMMs on {dev}: {med('step_ms'):.0f} ms/step, "
+print(f"{name} ({params}M params) B={B} T={T} {mm} GEMMs, {att} attention on {dev}: {med('step_ms'):.0f} ms/step, "
       f"{med('tokens_per_s'):.0f} tokens/s, MFU {100 * med('mfu'):.1f}% of {peak / 1e3:.0f} TFLOP/s bf16 dense "
       f"(median of {len(timed)} steps after warm-up)")
 PYEOF
@@ -70,9 +78,13 @@ PYEOF
 # vocabulary padded to 50304 (= 64 x 786) as llm.c does, so the LM-head GEMM
 # operands are 16-byte aligned rows (50257 floats per row is only 4-byte aligned)
 for mm in $MATMUL; do
-    run_case gpt2_124M '{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304, "max_seq_len": 1024}' 16 1024 "$mm" none
+    for att in $ATTENTION; do
+        run_case gpt2_124M '{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304, "max_seq_len": 1024}' 16 1024 "$mm" none "$att"
+    done
 done
 for mm in $MATMUL; do
-    run_case llama_1B '{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
-                        "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm" selective
+    for att in $ATTENTION; do
+        run_case llama_1B '{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
+                            "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm" selective "$att"
+    done
 done

@@ -13,6 +13,13 @@
 #      and host_mem_bytes in metrics.jsonl, "mem X GiB gpu" on the step line.
 #   3. activation offload on cuda (5 layers) against cpu and against cuda
 #      without offload.
+#   3b. the fused attention kernels (LLMTRAIN_CUDA_ATTENTION=flash) in whole
+#      runs: GPT-2 (MHA) and Llama (GQA) with head dim 64 and T = 100 (a
+#      ragged last tile), 20 steps against cpu: under
+#      LLMTRAIN_CUDA_MATMUL=fp32 (the fused kernels in fp32 FMA too) within
+#      1e-4, with TF32 (tensor cores in the fused kernels) within 5e-3, and a
+#      Llama run with selective activation checkpointing (attention forward
+#      recomputed) within 5e-3.
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
 #      FULL_SHARD and tp 2 against the same jobs' 2-rank CPU runs (MPI):
 #      loss / grad norm / val loss within the TF32 tolerance, the same
@@ -118,6 +125,39 @@ if grep -q "offload_host_bytes" "$TMP/off-true.out" && $PY tests/compare_runs.py
 else
     echo "FAIL activation offload on cuda differs (or no offload_host_bytes line)"; fail=$((fail + 1))
 fi
+
+# fused attention (LLMTRAIN_CUDA_ATTENTION=flash) in whole runs. The jobs
+# above have head dim 16, which the fused kernels leave to the GEMMs: these
+# use n_embd 128 with 2 heads (head dim 64; Llama 2 query heads on 1 kv
+# head) and T = 100, so the last 64-row tile is ragged.
+for arch in gpt2 llama; do
+    nkv=2; [ $arch = llama ] && nkv=1
+    ok_runs=1
+    for run in cpu:gemm:tf32:none flash-fp32:flash:fp32:none flash:flash:tf32:none flash-sel:flash:tf32:selective; do
+        IFS=: read -r name att mm ac <<<"$run"
+        dev=cuda; [ $name = cpu ] && dev=cpu
+        [ $arch = gpt2 ] && [ $name = flash-sel ] && continue
+        if ! LLMTRAIN_CUDA_ATTENTION=$att LLMTRAIN_CUDA_MATMUL=$mm $BIN "$TMP/$arch.json" --set model.n_embd=128 \
+             --set model.n_head=2 --set model.n_kv_head=$nkv --set model.max_seq_len=128 --set train.seq_len=100 \
+             --set train.activation_checkpointing=$ac --set train.device=$dev --set log.dir="$TMP/fa-$arch-$name" \
+             --set checkpoint.dir="$TMP/fa-$arch-$name/ckpt" >"$TMP/fa-$arch-$name.out" 2>&1; then
+            echo "FAIL flash $arch $name exited non-zero: $(tail -3 "$TMP/fa-$arch-$name.out")"; fail=$((fail + 1)); ok_runs=0
+        fi
+    done
+    [ $ok_runs = 1 ] || continue
+    if grep -q "attention flash" "$TMP/fa-$arch-flash.out" && ! grep -q "attention flash" "$TMP/fa-$arch-cpu.out"; then
+        echo "ok   flash $arch: the header names the fused attention: $(grep -o 'attention flash[^;]*' "$TMP/fa-$arch-flash.out" | head -1)"; pass=$((pass + 1))
+    else echo "FAIL flash $arch: the header of the flash run lacks 'attention flash'"; fail=$((fail + 1)); fi
+    for run in flash-fp32:1e-4 flash:$LOSS_RTOL flash-sel:$LOSS_RTOL; do
+        name=${run%%:*} tol=${run#*:}
+        [ $arch = gpt2 ] && [ $name = flash-sel ] && continue
+        if $PY tests/compare_runs.py "$TMP/fa-$arch-cpu" "$TMP/fa-$arch-$name" --steps 20 --loss-rtol $tol; then
+            echo "ok   flash $arch (head dim 64, T 100): 20 steps $name vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
+        else
+            echo "FAIL flash $arch: $name and cpu loss trajectories differ by more than $tol"; fail=$((fail + 1))
+        fi
+    done
+done
 
 # multi-rank: NCCL (2 GPUs or more) or the refusal (1 GPU)
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')

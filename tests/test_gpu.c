@@ -16,6 +16,9 @@
  *                  3.9e-3), fp32 accumulation; attention stays TF32
  *   TOL_FP32MM 1e-4 matmuls and attention under LLMTRAIN_CUDA_MATMUL=fp32
  *                  (plain fp32 GEMMs: only the summation order differs)
+ *   attention runs in both modes, gemm and flash (the fused kernels), at
+ *   the same tolerance: both use TF32 tensor cores, and plain fp32 (FMA in
+ *   the fused kernels) under LLMTRAIN_CUDA_MATMUL=fp32
  *   TOL_RED  1e-9  sum / sumsq (both accumulate in double)  */
 #include "kernels.h"
 #include "util.h"
@@ -345,25 +348,83 @@ static void test_gelu_epilogue_variant(void) {
     free(x); free(w); free(zero); free(out);
 }
 
-static void test_attention_case(int B, int T, int nh, int nkv, int hd) {
-    char name[96];
+/* Attention under mode "gemm" or "flash" (kernels_cuda_set_attention)
+ * against the CPU kernel: out, lse and dqkv (added into random values).
+ * flash: the fused kernels must have run for head dims 32/64/128 (and not
+ * for others, which take the GEMMs), and two backward calls on the same
+ * inputs must give the same bits. */
+static void test_attention_case(const char *mode, int B, int T, int nh, int nkv, int hd) {
+    char name[128], shape[64];
     int S = (nh + 2 * nkv) * hd, OS = nh * hd;
+    int flash = strcmp(mode, "flash") == 0, fused = flash && (hd == 32 || hd == 64 || hd == 128);
+    double tol = tol_att;
     size_t nqkv = (size_t)B * T * S, nout = (size_t)B * T * OS, nlse = (size_t)B * nh * T;
+    kernels_cuda_set_attention(mode);
+    snprintf(shape, sizeof shape, "%s%s B%d T%d h%d/%d hd%d", mode, flash && !fused ? "(GEMMs)" : "", B, T, nh, nkv,
+             hd);
     float *qkv = hrand(nqkv, 1), *dout = hrand(nout, 1);
     float *gqkv = dcopy(qkv, nqkv), *gdout = dcopy(dout, nout);
     float *out = hrand(nout, 1), *lse = hrand(nlse, 1);
     float *gout = dcopy(out, nout), *glse = dcopy(lse, nlse);
+    long calls0 = kernels_cuda_flash_attention_calls();
     KC->attention_forward(out, lse, qkv, B, T, nh, nkv, hd);
     KG->attention_forward(gout, glse, gqkv, B, T, nh, nkv, hd);
-    snprintf(name, sizeof name, "attention_fwd out B%d T%d h%d/%d", B, T, nh, nkv);
-    check(name, out, gout, nout, tol_att);
-    snprintf(name, sizeof name, "attention_fwd lse B%d T%d h%d/%d", B, T, nh, nkv);
-    check(name, lse, glse, nlse, tol_att);
-    float *dqkv = hrand(nqkv, 1), *gdqkv = dcopy(dqkv, nqkv);
+    snprintf(name, sizeof name, "attention_fwd out %s", shape);
+    check(name, out, gout, nout, tol);
+    snprintf(name, sizeof name, "attention_fwd lse %s", shape);
+    check(name, lse, glse, nlse, tol);
+    float *dqkv = hrand(nqkv, 1), *gdqkv = dcopy(dqkv, nqkv), *gdqkv2 = flash ? dcopy(dqkv, nqkv) : NULL;
     KC->attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd);
     KG->attention_backward(gdqkv, gdout, gqkv, gout, glse, B, T, nh, nkv, hd);
-    snprintf(name, sizeof name, "attention_bwd dqkv B%d T%d h%d/%d", B, T, nh, nkv);
-    check(name, dqkv, gdqkv, nqkv, tol_att);
+    snprintf(name, sizeof name, "attention_bwd dqkv %s", shape);
+    check(name, dqkv, gdqkv, nqkv, tol);
+    long calls = kernels_cuda_flash_attention_calls() - calls0;
+    if (flash) {
+        int ok = calls == (fused ? 2 : 0);
+        printf("%s attention %s: %ld of 2 calls ran the fused kernels (expected %d)\n", ok ? "ok  " : "FAIL", shape,
+               calls, fused ? 2 : 0);
+        if (ok) pass++; else fail++;
+        /* deterministic: the same bits again from the same starting values */
+        float *h1 = malloc_check(nqkv * sizeof(float));
+        KG->to_host(h1, gdqkv, nqkv * sizeof(float));
+        KG->attention_backward(gdqkv2, gdout, gqkv, gout, glse, B, T, nh, nkv, hd);
+        snprintf(name, sizeof name, "attention_bwd twice %s", shape);
+        check_bits(name, h1, gdqkv2, nqkv);
+        free(h1);
+    } else if (calls != 0) {
+        printf("FAIL attention %s ran the fused kernels in gemm mode\n", shape);
+        fail++;
+    }
+    free(qkv); free(dout); free(out); free(lse); free(dqkv);
+}
+
+static void test_attention(void) {
+    static const int cases[][5] = {
+        /* B, T, nh, nkv, hd */
+        {3, 40, 4, 2, 16},    /* GQA, batched over 3 sequences (flash: takes the GEMMs) */
+        {1, 64, 4, 2, 16},    /* GQA, one sequence (unbatched GEMMs) */
+        {2, 130, 6, 6, 32},   /* MHA, T past two 64-row tiles */
+        {1, 17, 8, 1, 8},     /* MQA, T not a multiple of anything */
+        {2, 200, 4, 2, 64},   /* GQA, ragged last tile, B > 1 */
+        {1, 256, 4, 1, 64},   /* MQA, T a multiple of the tile */
+        {2, 100, 4, 4, 128},  /* MHA, head dim 128 (32-wide key tiles), ragged */
+        {1, 97, 8, 2, 128},   /* GQA groups of 4, head dim 128 */
+        {1, 1, 2, 1, 64},     /* a single token */
+        {2, 1024, 12, 12, 64}, /* GPT-2 124M's attention shape at B = 2 */
+        {1, 1000, 8, 2, 128}, /* Llama-like, ragged */
+    };
+    const char *modes[2] = {"gemm", "flash"};
+    for (int m = 0; m < 2; m++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            test_attention_case(modes[m], cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+    /* the header line names the mode */
+    int ok = strstr(kernels_cuda_device_info(), "attention flash") != NULL;
+    kernels_cuda_set_attention("gemm");
+    ok = ok && strstr(kernels_cuda_device_info(), "attention gemm") != NULL;
+    printf("%s kernels_cuda_device_info names the attention mode (flash, gemm)\n", ok ? "ok  " : "FAIL");
+    if (ok) pass++; else fail++;
+    const char *e = getenv("LLMTRAIN_CUDA_ATTENTION");
+    kernels_cuda_set_attention(e && *e ? e : "gemm");
 }
 
 /* activation offload copies: out to pinned host memory and back into another
@@ -586,10 +647,7 @@ int main(void) {
     test_matmul_gelu_case(100, 72, 130, 0, 1, 0);  /* OC not a multiple of 8: matmul + GELU kernel */
     test_matmul_gelu_case(37, 50, 29, 1, 1, 0);    /* unaligned */
     if (tol_mm == TOL_TF32) test_gelu_epilogue_variant();
-    test_attention_case(3, 40, 4, 2, 16);  /* GQA, batched over 3 sequences */
-    test_attention_case(1, 64, 4, 2, 16);  /* GQA, one sequence (unbatched GEMMs) */
-    test_attention_case(2, 130, 6, 6, 32); /* MHA */
-    test_attention_case(1, 17, 8, 1, 8);   /* MQA, T not a multiple of anything */
+    test_attention();
     test_offload();
     test_rope();
     test_pointwise();
