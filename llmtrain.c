@@ -877,17 +877,18 @@ static double peak_rss_bytes(void) {
     return (double)ru.ru_maxrss * 1024.0;
 }
 
+static inline int backend_is_cuda(const Trainer *t) { return strcmp(t->k->name, "cuda") == 0; }
+
 /* Peak device memory of the CUDA backend in bytes; -1 on the CPU backend. */
 static double gpu_peak_bytes(const Trainer *t) {
 #ifdef LLMTRAIN_CUDA
-    if (strcmp(t->k->name, "cuda") == 0) {
+    if (backend_is_cuda(t)) {
         size_t peak = 0;
         kernels_cuda_mem_stats(NULL, &peak);
         return (double)peak;
     }
-#else
-    (void)t;
 #endif
+    (void)t;
     return -1;
 }
 
@@ -1250,7 +1251,6 @@ static void select_backend(Trainer *t) {
     t->k = kernels_cpu();
 }
 
-static inline int backend_is_cuda(const Trainer *t) { return strcmp(t->k->name, "cuda") == 0; }
 
 /* MFU peak: log.peak_gflops, else the GPU's bf16 dense peak, else the
  * measured CPU sgemm rate. */

@@ -206,7 +206,7 @@ static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
 /* Floats of one layer's kept buffers (what activation offload moves). */
 static size_t layer_kept_floats(const Model *m) {
-    LayerActs tmp;
+    LayerActs tmp = {0};
     ActBuf b[MAX_ACT_BUFS];
     size_t s = 0;
     int nb = layer_bufs(m, &tmp, b);
@@ -220,10 +220,9 @@ static size_t layer_kept_floats(const Model *m) {
 static size_t carve_acts(Model *m, float *base) {
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)m->B * m->T, C = (size_t)c->n_embd, off = 0;
-    size_t F = (size_t)m->F, widest = N * (size_t)(m->fc_dim > m->qkv_dim ? m->fc_dim : m->qkv_dim);
+    size_t widest = N * (size_t)(m->fc_dim > m->qkv_dim ? m->fc_dim : m->qkv_dim);
     if (widest < N * C) widest = N * C;
     int gpt2 = c->arch == ARCH_GPT2;
-    (void)F;
 #define TAKE(ptr, n) do { size_t n_ = (n); (ptr) = base ? base + off : NULL; off += round16(n_); } while (0)
     TAKE(m->encoded, N * C);
     /* activation checkpointing: layers after the first share layer 0's
