@@ -22,3 +22,18 @@ PYEOF
 }
 ok() { echo "ok   $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+
+# tiny_job ARCH PATH DATA [EXTRA]: the small test model (2 layers, 32 wide,
+# 4 heads, Llama with 2 KV heads; vocab 96, 16 tokens), 10 steps of 8
+# sequences in micro-batches of 2 on DATA (also the validation set);
+# EXTRA adds top-level JSON members (',"checkpoint": {...}').
+tiny_job() {
+    cat >"$2" <<EOF
+{"model": {"arch": "$1", "n_layer": 2, "n_embd": 32, "n_head": 4, "n_kv_head": $([ "$1" = llama ] && echo 2 || echo 4),
+           "vocab_size": 96, "max_seq_len": 16},
+ "data": {"train": "$3", "val": "$3"},
+ "train": {"steps": 10, "seq_len": 16, "micro_batch": 2, "global_batch": 8},
+ "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
+ "eval": {"sample_tokens": 0, "batches": 4, "every_steps": 5}${4:-}}
+EOF
+}
