@@ -37,3 +37,23 @@ tiny_job() {
  "eval": {"sample_tokens": 0, "batches": 4, "every_steps": 5}${4:-}}
 EOF
 }
+
+# A port nothing listens on (the kernel's pick, released), per launch.
+free_port() { $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# trun NAME NP COMMAND...: a torchrun-style launch of NP local ranks of
+# COMMAND (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set; PORT
+# and LOCAL_WORLD_SIZE from the caller's environment when set); the ranks
+# write to trun's stdout and stderr; rank r's exit code lands in
+# $TMP/NAME.rc.r (rcs NAME NP lists them); returns the largest code.
+trun() {
+    local name=$1 np=$2; shift 2
+    local port=${PORT:-$(free_port)} pids=() r rc=0 c
+    for ((r = 0; r < np; r++)); do
+        (RANK=$r WORLD_SIZE=$np LOCAL_RANK=$((r % ${LOCAL_WORLD_SIZE:-$np})) MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@"; echo $? >"$TMP/$name.rc.$r") &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r"; done
+    for ((r = 0; r < np; r++)); do c=$(cat "$TMP/$name.rc.$r"); [ "$c" -gt $rc ] && rc=$c; done
+    return $rc
+}
+rcs() { local r s=""; for ((r = 0; r < $2; r++)); do s="$s$(cat "$TMP/$1.rc.$r")"; [ $r -lt $(($2 - 1)) ] && s="$s,"; done; echo "$s"; }

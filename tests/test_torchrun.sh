@@ -17,24 +17,6 @@
 write_shard "$TMP/train.bin" 96 20000 1
 for arch in gpt2 llama; do tiny_job $arch "$TMP/$arch.json" "$TMP/train.bin" ',"checkpoint": {"every_steps": 2}'; done
 
-# A port nothing listens on (the kernel's pick, released), per launch.
-free_port() { $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# trun NAME NP [llmtrain args...]: a torchrun-style launch of NP local ranks
-# (extra variables from the caller's environment); rank r's exit code in
-# $TMP/NAME.rc.r, every rank's output in $TMP/NAME.out; returns the largest code.
-trun() {
-    local name=$1 np=$2; shift 2
-    local port=${PORT:-$(free_port)} pids=() r rc=0 c
-    for ((r = 0; r < np; r++)); do
-        (RANK=$r WORLD_SIZE=$np LOCAL_RANK=$((r % ${LOCAL_WORLD_SIZE:-$np})) MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@"; echo $? >"$TMP/$name.rc.$r") &
-        pids+=($!)
-    done
-    for r in "${pids[@]}"; do wait "$r"; done
-    for ((r = 0; r < np; r++)); do c=$(cat "$TMP/$name.rc.$r"); [ "$c" -gt $rc ] && rc=$c; done
-    return $rc
-}
-rcs() { local r s=""; for ((r = 0; r < $2; r++)); do s="$s$(cat "$TMP/$1.rc.$r")"; [ $r -lt $(($2 - 1)) ] && s="$s,"; done; echo "$s"; }
-
 # ---- training: the same run as mpirun's ----
 for arch in gpt2 llama; do
     $BIN "$TMP/$arch.json" --set log.dir="$TMP/$arch-1" >"$TMP/$arch-1.out" 2>&1 || bad "$arch 1 rank: $(tail -2 "$TMP/$arch-1.out")"
