@@ -85,12 +85,12 @@ tests/test_data: tests/test_data.c tests/check.h data.c util.c $(HDR)
 tests/test_rendezvous: tests/test_rendezvous.c tests/check.h rendezvous.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< rendezvous.c util.c -o $@
 
-tests/test_dist_dev: tests/test_dist_dev.c parallel.c util.c $(HDR)
-	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) -I. $< parallel.c util.c -lpthread -o $@
+tests/test_dist_dev: tests/test_dist_dev.c parallel.c rendezvous.c util.c $(HDR)
+	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) -I. $< parallel.c rendezvous.c util.c -lpthread -o $@
 
 # dist_nccl.c against the fake CUDA runtime and NCCL in tests/fake_cuda (no GPU, any build)
-tests/test_dist_nccl: tests/test_dist_nccl.c dist_nccl.c parallel.c util.c tests/fake_cuda/cuda_runtime.h tests/fake_cuda/nccl.h $(HDR)
-	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) -DLLMTRAIN_CUDA -Itests/fake_cuda -I. $< dist_nccl.c parallel.c util.c -lpthread -o $@
+tests/test_dist_nccl: tests/test_dist_nccl.c dist_nccl.c parallel.c rendezvous.c util.c tests/fake_cuda/cuda_runtime.h tests/fake_cuda/nccl.h $(HDR)
+	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) -DLLMTRAIN_CUDA -Itests/fake_cuda -I. $< dist_nccl.c parallel.c rendezvous.c util.c -lpthread -o $@
 
 tests/test_ckpt: tests/test_ckpt.c tests/check.h ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -o $@

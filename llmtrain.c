@@ -1234,7 +1234,7 @@ static void select_backend(Trainer *t) {
             use = kernels_cuda_available(why, sizeof why);
         }
         if (want && !use) die(EXIT_USAGE, "%s: train.device \"cuda\": no usable CUDA device (%s)", t->cfg.path, why);
-        if (!want && d->use_mpi && d->world > 1) { /* auto: CUDA only when every rank can */
+        if (!want && d->world > 1) { /* auto: CUDA only when every rank can */
             double n = use;
             dist_allreduce_sum_f64(d, &n, 1);
             use = n == d->world;
@@ -1304,6 +1304,7 @@ static void print_header(Trainer *t) {
     printf("llmtrain %s | %s | backend %s, %d threads/rank | %s\n", LLMTRAIN_VERSION, c->path, t->k->name, t->threads,
            kernels_cpu_blas_info());
     print_model_batch(t);
+    if (t->dist.world > 1) printf("launch: %s | %d ranks, %d on this node\n", t->dist.launch, t->dist.world, t->dist.local_size);
     printf("data: %s (%llu tokens)%s | peak for MFU %.1f GFLOP/s (%s)\n", c->data_train, (unsigned long long)t->train.n_tokens,
            t->have_val ? ", val on" : "", t->peak_gflops, t->peak_source);
     printf("metrics: %s\n", t->metrics_path);

@@ -1,9 +1,12 @@
-/* parallel.c — launch detection and collectives over MPI; the float32
- * collectives on device memory go to an attached DistDevComm (NCCL). */
+/* parallel.c — launch detection and the collectives: over MPI under an MPI
+ * launcher, over the TCP rendezvous (rendezvous.c) under a torchrun-style
+ * one; the float32 collectives on device memory go to an attached
+ * DistDevComm (NCCL) either way. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "parallel.h"
+#include "rendezvous.h"
 #include "util.h"
 #include <mpi.h>
 #include <pthread.h>
@@ -15,6 +18,9 @@
 
 struct DistGroups {
     MPI_Comm shard, replicate, tp, dp;
+    /* launch without MPI: each group's TCP rendezvous (NULL: one member, or
+     * MPI; the world's own when the group is the world) */
+    Rendezvous *tcp[DIST_N_GROUPS];
     /* non-blocking collectives: handle i is reqs[i], named req_name[i] (NULL: free) */
     MPI_Request *reqs;
     const char **req_name;
@@ -210,6 +216,57 @@ void dist_watchdog_start(Dist *d, double timeout_s) {
     d->watch = w;
 }
 
+/* Seconds a rank waits for the others at the rendezvous. */
+#define RDZV_TIMEOUT_DEFAULT_S 300.0
+/* Collectives over TCP wait as long as MPI's would: a peer that exits is an
+ * error at once; one that hangs is the watchdog's (parallel.timeout_s). */
+#define TCP_COLLECTIVE_TIMEOUT_S 1e9
+static double rdzv_timeout_s = RDZV_TIMEOUT_DEFAULT_S; /* LLMTRAIN_RDZV_TIMEOUT_S: forming the world and its groups */
+
+/* A variable holding a number in [lo, hi], or dflt when unset; one line and
+ * exit 2 when malformed. */
+static double env_num(const char *name, double dflt, double lo, double hi) {
+    const char *s = getenv(name);
+    if (!s || !*s) return dflt;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi))
+        die(EXIT_USAGE, "%s=\"%s\": expected a number in [%g, %g]", name, s, lo, hi);
+    return v;
+}
+
+/* A torchrun-style launch (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+ * MASTER_PORT; LOCAL_WORLD_SIZE optional): form the world over TCP. Rank 0
+ * listens on MASTER_PORT, or MASTER_PORT + 1 when the launcher's own store
+ * holds MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), or
+ * LLMTRAIN_RDZV_PORT. */
+static void tcp_init(Dist *d) {
+    RdzvEnv e;
+    char why[1024];
+    if (rdzv_env(&e, why, sizeof why) < 0) die(EXIT_USAGE, "torchrun-style launch (WORLD_SIZE is set, no MPI launcher): %s", why);
+    const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    int port = e.master_port + (agent && strcmp(agent, "True") == 0 && e.master_port < 65535 ? 1 : 0);
+    port = (int)env_num("LLMTRAIN_RDZV_PORT", port, 1, 65535);
+    double timeout = rdzv_timeout_s = env_num("LLMTRAIN_RDZV_TIMEOUT_S", RDZV_TIMEOUT_DEFAULT_S, 1e-3, 1e7);
+    d->rank = e.rank;
+    d->world = e.world;
+    d->rdzv = rdzv_open(e.master_addr, port, e.rank, e.world, timeout, why, sizeof why);
+    if (!d->rdzv) die(EXIT_PEER, "rank %d: rendezvous failed: %s", e.rank, why);
+    rdzv_set_timeout(d->rdzv, TCP_COLLECTIVE_TIMEOUT_S);
+    snprintf(d->launch, sizeof d->launch, "torchrun-style, host collectives over TCP (rendezvous %.80s:%d)", e.master_addr, port);
+    d->local_rank = e.local_rank;
+    d->local_size = e.local_world;
+    if (d->local_size < 1) { /* count the ranks that share this host name */
+        char (*names)[256] = calloc_check((size_t)d->world, sizeof *names), me[256] = {0};
+        if (gethostname(me, sizeof me - 1) < 0) snprintf(me, sizeof me, "?");
+        if (rdzv_allgather(d->rdzv, me, names, sizeof me, why, sizeof why) < 0)
+            die(EXIT_PEER, "rank %d: rendezvous: host names: %s", d->rank, why);
+        d->local_size = 0;
+        for (int i = 0; i < d->world; i++) d->local_size += strcmp(names[i], me) == 0;
+        free(names);
+    }
+}
+
 void dist_init(Dist *d, int *argc, char ***argv) {
     memset(d, 0, sizeof *d);
     d->world = 1;
@@ -231,9 +288,9 @@ void dist_init(Dist *d, int *argc, char ***argv) {
             MPI_Comm_free(&node);
         }
         d->use_mpi = 1;
+        snprintf(d->launch, sizeof d->launch, "MPI");
     } else if (env_int("WORLD_SIZE", 1) > 1) {
-        die(EXIT_USAGE, "WORLD_SIZE=%d set by a torchrun-style launcher, but llmtrain needs MPI for its host "
-            "collectives (on either backend): launch with mpirun -np %d instead", env_int("WORLD_SIZE", 1), env_int("WORLD_SIZE", 1));
+        tcp_init(d);
     }
     d->dp = d->world;
     d->dp_rank = d->rank;
@@ -252,16 +309,22 @@ void dist_finalize(Dist *d) {
         dev->close(dev->ctx);
     }
     if (d->groups) {
-        MPI_Comm_free(&d->groups->shard);
-        MPI_Comm_free(&d->groups->replicate);
-        MPI_Comm_free(&d->groups->tp);
-        MPI_Comm_free(&d->groups->dp);
+        if (d->use_mpi) {
+            MPI_Comm_free(&d->groups->shard);
+            MPI_Comm_free(&d->groups->replicate);
+            MPI_Comm_free(&d->groups->tp);
+            MPI_Comm_free(&d->groups->dp);
+        }
+        for (int g = 0; g < DIST_N_GROUPS; g++)
+            if (d->groups->tcp[g] != d->rdzv) rdzv_close(d->groups->tcp[g]);
         free(d->groups->reqs);
         free(d->groups->req_name);
         free(d->groups);
         d->groups = NULL;
     }
     if (d->use_mpi) MPI_Finalize();
+    rdzv_close(d->rdzv);
+    d->rdzv = NULL;
     watch_collective(d, NULL);
 }
 
@@ -277,6 +340,199 @@ static void check(Dist *d, int rc, const char *what) {
 static int count_of(size_t n, const char *what) {
     if (n > (size_t)0x7fffffff) die(EXIT_INTERNAL, "%s: %zu elements exceed one MPI call", what, n);
     return (int)n;
+}
+
+/* ------------------------------------------------------------------ */
+/* host transport: a group's MPI communicator, or its TCP rendezvous     */
+
+/* A group as the host collectives see it. Under MPI, mpi; under a launch
+ * without MPI, tcp (NULL only for a group of one). */
+typedef struct Xc {
+    MPI_Comm mpi;
+    Rendezvous *tcp;
+    int size;
+    int kind; /* DIST_GROUP_*, or -1: the world */
+} Xc;
+enum { X_F32, X_F64 };
+enum { X_SUM, X_MAX, X_MIN };
+
+/* Elements per TCP round (bounds rank 0's scratch: group size x this). */
+#define TCP_CHUNK ((size_t)1 << 20)
+
+static Xc xc_world(const Dist *d) { return (Xc){MPI_COMM_WORLD, d->rdzv, d->world, -1}; }
+
+static Xc xc_group(const Dist *d, int g) {
+    const struct DistGroups *c = d->groups;
+    if (!c) die(EXIT_INTERNAL, "group %d used before dist_setup_groups", g);
+    int r, n;
+    dist_group_rank(d, g, &r, &n);
+    MPI_Comm m = g == DIST_GROUP_TP ? c->tp : g == DIST_GROUP_SHARD ? c->shard : g == DIST_GROUP_REPLICATE ? c->replicate : c->dp;
+    return (Xc){m, c->tcp[g], n, g};
+}
+
+/* World rank of member i of this rank's group of kind g. */
+static int member_rank(const Dist *d, int g, int i) {
+    int tp = d->tp, S = d->shard_size;
+    switch (g) {
+    case DIST_GROUP_TP: return d->dp_rank * tp + i;
+    case DIST_GROUP_SHARD: return (d->shard_group * S + i) * tp + d->tp_rank;
+    case DIST_GROUP_REPLICATE: return (i * S + d->shard_index) * tp + d->tp_rank;
+    default: return i * tp + d->tp_rank; /* DIST_GROUP_DP */
+    }
+}
+
+/* A failed TCP collective: one line naming the group (the reason numbers
+ * ranks within it, so a subgroup's members are listed as world ranks), and
+ * exit 6; the peers see this rank's connections close. */
+static void tcp_check(Dist *d, Xc c, int rc, const char *what, const char *why) {
+    if (rc == 0) return;
+    static const char *names[DIST_N_GROUPS] = {"tp", "shard", "replicate", "dp"};
+    char members[200] = "";
+    if (c.kind >= 0 && c.size < d->world) {
+        size_t len = (size_t)snprintf(members, sizeof members, " (its ranks 0..%d are world ranks", c.size - 1);
+        for (int i = 0; i < c.size && len < sizeof members - 16; i++)
+            len += (size_t)snprintf(members + len, sizeof members - len, "%s%d", i ? "," : " ", member_rank(d, c.kind, i));
+        snprintf(members + len, sizeof members - len, "%s)", len >= sizeof members - 16 ? ",..." : "");
+    }
+    fprintf(stderr, "llmtrain: rank %d: %s on the %s group failed: %s%s\n", d->rank, what,
+            c.kind >= 0 && c.size < d->world ? names[c.kind] : "world", why, members);
+    dist_abort(d, EXIT_PEER);
+}
+
+static void combine(void *acc, const void *in, size_t n, int type, int op) {
+    if (type == X_F32) {
+        float *a = acc;
+        const float *b = in;
+        for (size_t i = 0; i < n; i++) a[i] = op == X_SUM ? a[i] + b[i] : op == X_MAX ? (b[i] > a[i] ? b[i] : a[i]) : (b[i] < a[i] ? b[i] : a[i]);
+    } else {
+        double *a = acc;
+        const double *b = in;
+        for (size_t i = 0; i < n; i++) a[i] = op == X_SUM ? a[i] + b[i] : op == X_MAX ? (b[i] > a[i] ? b[i] : a[i]) : (b[i] < a[i] ? b[i] : a[i]);
+    }
+}
+
+/* In place over the group: sum, max or min of n floats or doubles. Over
+ * TCP the first member combines the members' values in member order (so
+ * every rank gets the same bits, run after run) and sends the result back. */
+static void x_allreduce(Dist *d, Xc c, void *x, size_t n, int type, int op) {
+    if (c.size == 1 || n == 0) return;
+    size_t es = type == X_F32 ? sizeof(float) : sizeof(double);
+    unsigned char *p = x;
+    if (d->use_mpi) {
+        MPI_Datatype t = type == X_F32 ? MPI_FLOAT : MPI_DOUBLE;
+        MPI_Op o = op == X_SUM ? MPI_SUM : op == X_MAX ? MPI_MAX : MPI_MIN;
+        for (size_t off = 0; off < n; off += (size_t)1 << 30) {
+            int cnt = (int)(n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30));
+            watch_collective(d, "MPI_Allreduce");
+            check(d, MPI_Allreduce(MPI_IN_PLACE, p + off * es, cnt, t, o, c.mpi), "MPI_Allreduce");
+            watch_collective(d, NULL);
+        }
+        return;
+    }
+    char why[1024];
+    int lead = rdzv_rank(c.tcp) == 0;
+    size_t chunk = n < TCP_CHUNK ? n : TCP_CHUNK;
+    unsigned char *tmp = lead ? malloc_check((size_t)c.size * chunk * es) : NULL;
+    for (size_t off = 0; off < n; off += chunk) {
+        size_t m = n - off < chunk ? n - off : chunk;
+        watch_collective(d, "TCP allreduce");
+        tcp_check(d, c, rdzv_gather(c.tcp, p + off * es, tmp, m * es, why, sizeof why), "TCP allreduce", why);
+        if (lead) {
+            for (int i = 1; i < c.size; i++) combine(tmp, tmp + (size_t)i * m * es, m, type, op);
+            memcpy(p + off * es, tmp, m * es);
+        }
+        tcp_check(d, c, rdzv_bcast(c.tcp, p + off * es, m * es, why, sizeof why), "TCP allreduce", why);
+        watch_collective(d, NULL);
+    }
+    free(tmp);
+}
+
+/* Every member's n floats to every member's recv[size * n]. */
+static void x_allgather_f32(Dist *d, Xc c, const float *send, float *recv, size_t n) {
+    if (d->use_mpi) {
+        watch_collective(d, "MPI_Allgather");
+        check(d, MPI_Allgather(send, count_of(n, "MPI_Allgather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, c.mpi), "MPI_Allgather");
+    } else {
+        char why[1024];
+        watch_collective(d, "TCP allgather");
+        tcp_check(d, c, rdzv_allgather(c.tcp, send, recv, n * sizeof(float), why, sizeof why), "TCP allgather", why);
+    }
+    watch_collective(d, NULL);
+}
+
+/* Sum of the members' send[size * n], block i to member i's recv[n]
+ * (recv == send: in place, the result in send[0, n)). */
+static void x_reduce_scatter_f32(Dist *d, Xc c, const float *send, float *recv, size_t n) {
+    if (d->use_mpi) {
+        watch_collective(d, "MPI_Reduce_scatter_block");
+        check(d, MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, count_of(n, "MPI_Reduce_scatter_block"),
+                                          MPI_FLOAT, MPI_SUM, c.mpi), "MPI_Reduce_scatter_block");
+        watch_collective(d, NULL);
+        return;
+    }
+    /* in rounds of m elements of each block: pack block i's [off, off+m) at
+     * pack[i*m], gather the packs to the first member, sum them in member
+     * order, scatter block i's sums to member i */
+    char why[1024];
+    int S = c.size, lead = rdzv_rank(c.tcp) == 0;
+    size_t m0 = TCP_CHUNK / (size_t)S > 0 ? TCP_CHUNK / (size_t)S : 1;
+    if (m0 > n) m0 = n;
+    float *pack = malloc_check((size_t)S * m0 * sizeof(float));
+    float *all = lead ? malloc_check((size_t)S * S * m0 * sizeof(float)) : NULL;
+    watch_collective(d, "TCP reduce-scatter");
+    for (size_t off = 0; off < n; off += m0) {
+        size_t m = n - off < m0 ? n - off : m0;
+        for (int i = 0; i < S; i++) memcpy(pack + (size_t)i * m, send + (size_t)i * n + off, m * sizeof(float));
+        tcp_check(d, c, rdzv_gather(c.tcp, pack, all, (size_t)S * m * sizeof(float), why, sizeof why), "TCP reduce-scatter", why);
+        if (lead)
+            for (int k = 1; k < S; k++) combine(all, all + (size_t)k * S * m, (size_t)S * m, X_F32, X_SUM);
+        tcp_check(d, c, rdzv_scatter(c.tcp, all, recv + off, m * sizeof(float), why, sizeof why), "TCP reduce-scatter", why);
+    }
+    watch_collective(d, NULL);
+    free(pack);
+    free(all);
+}
+
+/* Every member's n elements to the first member's recv[size * n]. */
+static void x_gather(Dist *d, Xc c, const void *send, void *recv, size_t n, int type) {
+    if (d->use_mpi) {
+        MPI_Datatype t = type == X_F32 ? MPI_FLOAT : MPI_DOUBLE;
+        watch_collective(d, "MPI_Gather");
+        check(d, MPI_Gather(send, count_of(n, "MPI_Gather"), t, recv, (int)n, t, 0, c.mpi), "MPI_Gather");
+    } else {
+        char why[1024];
+        watch_collective(d, "TCP gather");
+        tcp_check(d, c, rdzv_gather(c.tcp, send, recv, n * (type == X_F32 ? sizeof(float) : sizeof(double)), why, sizeof why),
+                  "TCP gather", why);
+    }
+    watch_collective(d, NULL);
+}
+
+/* The first member's n bytes to every member. */
+static void x_bcast(Dist *d, Xc c, void *buf, size_t n) {
+    if (c.size == 1) return;
+    if (d->use_mpi) {
+        watch_collective(d, "MPI_Bcast");
+        check(d, MPI_Bcast(buf, count_of(n, "MPI_Bcast"), MPI_BYTE, 0, c.mpi), "MPI_Bcast");
+    } else {
+        char why[1024];
+        watch_collective(d, "TCP bcast");
+        tcp_check(d, c, rdzv_bcast(c.tcp, buf, n, why, sizeof why), "TCP bcast", why);
+    }
+    watch_collective(d, NULL);
+}
+
+static void x_barrier(Dist *d, Xc c) {
+    if (c.size == 1) return;
+    if (d->use_mpi) {
+        watch_collective(d, "MPI_Barrier");
+        check(d, MPI_Barrier(c.mpi), "MPI_Barrier");
+    } else {
+        char why[1024];
+        watch_collective(d, "TCP barrier");
+        tcp_check(d, c, rdzv_barrier(c.tcp, why, sizeof why), "TCP barrier", why);
+    }
+    watch_collective(d, NULL);
 }
 
 /* ------------------------------------------------------------------ */
@@ -318,12 +574,6 @@ void dist_attach_device(Dist *d, const DistDevComm *dev) {
     pthread_mutex_unlock(&w->mu);
 }
 
-static MPI_Comm group_comm(const Dist *d, int g) {
-    const struct DistGroups *c = d->groups;
-    if (!c) die(EXIT_INTERNAL, "group %d used before dist_setup_groups", g);
-    return g == DIST_GROUP_TP ? c->tp : g == DIST_GROUP_SHARD ? c->shard : g == DIST_GROUP_REPLICATE ? c->replicate : c->dp;
-}
-
 void dist_group_rank(const Dist *d, int g, int *rank, int *size) {
     switch (g) {
     case DIST_GROUP_TP: *rank = d->tp_rank; *size = d->tp; break;
@@ -334,46 +584,29 @@ void dist_group_rank(const Dist *d, int g, int *rank, int *size) {
     }
 }
 
-void dist_group_bcast_bytes(Dist *d, int g, void *buf, size_t n) {
-    watch_collective(d, "MPI_Bcast");
-    check(d, MPI_Bcast(buf, count_of(n, "MPI_Bcast"), MPI_BYTE, 0, group_comm(d, g)), "MPI_Bcast");
-    watch_collective(d, NULL);
-}
+void dist_group_bcast_bytes(Dist *d, int g, void *buf, size_t n) { x_bcast(d, xc_group(d, g), buf, n); }
 
 void dist_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     if (d->dp == 1) return;
-    if (d->dev) {
-        dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
-    } else {
-        for (size_t off = 0; off < n; off += (size_t)1 << 30) {
-            int cnt = (int)(n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30));
-            watch_collective(d, "MPI_Allreduce");
-            check(d, MPI_Allreduce(MPI_IN_PLACE, x + off, cnt, MPI_FLOAT, MPI_SUM, d->tp > 1 ? d->groups->dp : MPI_COMM_WORLD),
-                  "MPI_Allreduce");
-            watch_collective(d, NULL);
-        }
-    }
+    if (d->dev) dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
+    else x_allreduce(d, d->tp > 1 ? xc_group(d, DIST_GROUP_DP) : xc_world(d), x, n, X_F32, X_SUM);
     d->bytes_allreduce += 2.0 * (d->dp - 1) / d->dp * (double)n * sizeof(float);
 }
 
 void dist_allreduce_sum_f64(Dist *d, double *x, size_t n) {
     if (d->world == 1) return;
-    watch_collective(d, "MPI_Allreduce");
-    check(d, MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-    watch_collective(d, NULL);
+    x_allreduce(d, xc_world(d), x, n, X_F64, X_SUM);
 }
 
 void dist_barrier(Dist *d) {
-    watch_collective(d, "MPI_Barrier");
-    if (d->use_mpi) MPI_Barrier(MPI_COMM_WORLD);
-    watch_collective(d, NULL);
+    if (d->world > 1) x_barrier(d, xc_world(d));
 }
 
 void dist_abort(Dist *d, int code) {
     fflush(stdout);
     fflush(stderr);
     if (d->use_mpi && d->world > 1) MPI_Abort(MPI_COMM_WORLD, code);
-    exit(code);
+    exit(code); /* without MPI: the peers see this rank's connections close */
 }
 
 /* ------------------------------------------------------------------ */
@@ -385,68 +618,91 @@ void dist_setup_groups(Dist *d, int S) {
     d->replicate_size = d->dp / S;
     d->shard_index = d->dp_rank % S;
     d->shard_group = d->dp_rank / S;
-    if (!d->use_mpi) return;
+    if (!d->use_mpi && !d->rdzv) return;
     struct DistGroups *g = calloc_check(1, sizeof *g);
-    watch_collective(d, "MPI_Comm_split");
     int tp = d->tp;
-    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->shard_group * tp + d->tp_rank, d->shard_index, &g->shard), "MPI_Comm_split");
-    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->shard_index * tp + d->tp_rank, d->shard_group, &g->replicate), "MPI_Comm_split");
-    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->dp_rank, d->tp_rank, &g->tp), "MPI_Comm_split");
-    check(d, MPI_Comm_split(MPI_COMM_WORLD, d->tp_rank, d->dp_rank, &g->dp), "MPI_Comm_split");
-    watch_collective(d, NULL);
-    MPI_Comm_set_errhandler(g->shard, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(g->replicate, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(g->tp, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(g->dp, MPI_ERRORS_RETURN);
+    /* color (the group) and key (the rank's place in it) of each kind */
+    const int color[DIST_N_GROUPS] = {[DIST_GROUP_SHARD] = d->shard_group * tp + d->tp_rank,
+                                      [DIST_GROUP_REPLICATE] = d->shard_index * tp + d->tp_rank,
+                                      [DIST_GROUP_TP] = d->dp_rank, [DIST_GROUP_DP] = d->tp_rank};
+    const int key[DIST_N_GROUPS] = {[DIST_GROUP_SHARD] = d->shard_index, [DIST_GROUP_REPLICATE] = d->shard_group,
+                                    [DIST_GROUP_TP] = d->tp_rank, [DIST_GROUP_DP] = d->dp_rank};
+    if (d->use_mpi) {
+        watch_collective(d, "MPI_Comm_split");
+        check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_SHARD], key[DIST_GROUP_SHARD], &g->shard), "MPI_Comm_split");
+        check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_REPLICATE], key[DIST_GROUP_REPLICATE], &g->replicate), "MPI_Comm_split");
+        check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_TP], key[DIST_GROUP_TP], &g->tp), "MPI_Comm_split");
+        check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_DP], key[DIST_GROUP_DP], &g->dp), "MPI_Comm_split");
+        watch_collective(d, NULL);
+        MPI_Comm_set_errhandler(g->shard, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(g->replicate, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(g->tp, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(g->dp, MPI_ERRORS_RETURN);
+    } else {
+        /* every rank splits every kind in the same order; a kind whose
+         * groups are the world (or single ranks) needs no split on any rank */
+        watch_collective(d, "TCP split");
+        for (int k = 0; k < DIST_N_GROUPS; k++) {
+            int r, n;
+            dist_group_rank(d, k, &r, &n);
+            if (n == d->world) { g->tcp[k] = d->rdzv; continue; }
+            if (n == 1) continue;
+            char why[1024];
+            g->tcp[k] = rdzv_split(d->rdzv, color[k], key[k], rdzv_timeout_s, why, sizeof why);
+            if (!g->tcp[k]) {
+                fprintf(stderr, "llmtrain: rank %d: forming the process groups over TCP failed: %s\n", d->rank, why);
+                dist_abort(d, EXIT_PEER);
+            }
+            rdzv_set_timeout(g->tcp[k], TCP_COLLECTIVE_TIMEOUT_S);
+        }
+        watch_collective(d, NULL);
+    }
     d->groups = g;
 }
 
 /* ------------------------------------------------------------------ */
 /* startup health check                                                */
 
-/* Seconds per float32 all-reduce of n floats over MPI on group comm, after
- * 3 untimed ones and a barrier. */
-static double mpi_time_allreduce(Dist *d, MPI_Comm comm, size_t n) {
+/* Seconds per float32 all-reduce of n floats over the host transport on
+ * group c, after 3 untimed ones and a barrier. */
+static double host_time_allreduce(Dist *d, Xc c, size_t n) {
     float *buf = calloc_check(n, sizeof(float));
-    for (int i = 0; i < 3; i++) check(d, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm), "MPI_Allreduce");
-    check(d, MPI_Barrier(comm), "MPI_Barrier");
+    for (int i = 0; i < 3; i++) x_allreduce(d, c, buf, n, X_F32, X_SUM);
+    x_barrier(d, c);
     const int iters = 5;
-    double t0 = MPI_Wtime();
-    for (int i = 0; i < iters; i++) check(d, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm), "MPI_Allreduce");
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++) x_allreduce(d, c, buf, n, X_F32, X_SUM);
     free(buf);
-    return (MPI_Wtime() - t0) / iters;
+    return (now_s() - t0) / iters;
 }
 
 int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
-    if (!d->use_mpi || d->world < 2 || !d->groups) return 1;
+    if ((!d->use_mpi && !d->rdzv) || d->world < 2 || !d->groups) return 1;
     const char *kinds[DIST_N_GROUPS] = {"tp", "shard", "replicate", "dp"};
     size_t n = bytes / sizeof(float);
     int ok = 1;
-    watch_collective(d, "health check all-reduce");
     for (int k = 0; k < DIST_N_GROUPS; k++) {
-        MPI_Comm comm = group_comm(d, k);
-        int gn = 1;
-        MPI_Comm_size(comm, &gn);
+        Xc c = xc_group(d, k);
+        int gn = c.size;
         /* every rank takes part in the world reductions below, so a kind
          * with no multi-rank groups is skipped on all ranks alike */
-        int maxn = gn;
-        check(d, MPI_Allreduce(MPI_IN_PLACE, &maxn, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+        double maxn = gn;
+        x_allreduce(d, xc_world(d), &maxn, 1, X_F64, X_MAX);
         if (maxn < 2) continue;
         double bus = 1e300;
         if (gn > 1) {
             /* the collectives training uses: NCCL on device memory when attached */
-            double dt = d->dev ? d->dev->time_allreduce(d->dev->ctx, k, n, 3, 5) : mpi_time_allreduce(d, comm, n);
+            double dt = d->dev ? d->dev->time_allreduce(d->dev->ctx, k, n, 3, 5) : host_time_allreduce(d, c, n);
             if (dt < 1e-9) dt = 1e-9;
             double algbw = (double)(n * sizeof(float)) / dt / 1e9;
             bus = algbw * 2.0 * (gn - 1) / gn;
-            /* slowest member of the group */
-            check(d, MPI_Allreduce(MPI_IN_PLACE, &bus, 1, MPI_DOUBLE, MPI_MIN, comm), "MPI_Allreduce");
+            x_allreduce(d, c, &bus, 1, X_F64, X_MIN); /* slowest member of the group */
         }
-        /* slowest group of this kind */
-        check(d, MPI_Allreduce(MPI_IN_PLACE, &bus, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
+        x_allreduce(d, xc_world(d), &bus, 1, X_F64, X_MIN); /* slowest group of this kind */
         if (d->rank == 0) {
             printf("health: %s all-reduce %zu over %d ranks: %.3f GB/s bus bandwidth (slowest group%s%s)\n", kinds[k],
-                   n * sizeof(float), maxn, bus, d->dev ? ", " : "", d->dev ? d->dev->name : "");
+                   n * sizeof(float), (int)maxn, bus, d->dev ? ", " : d->use_mpi ? "" : ", TCP",
+                   d->dev ? d->dev->name : "");
             fflush(stdout);
         }
         if (ok && min_gbps > 0 && bus < min_gbps) {
@@ -458,7 +714,6 @@ int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
             }
         }
     }
-    watch_collective(d, NULL);
     return ok;
 }
 
@@ -480,44 +735,26 @@ void dist_set_tp(Dist *d, int tp) {
 void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max) {
     int P = d->tp;
     if (P == 1 || !d->groups) return;
-    if (d->dev) {
-        dev_collective(d, "ncclAllReduce", max ? DIST_OP_ALLREDUCE_MAX : DIST_OP_ALLREDUCE_SUM, DIST_GROUP_TP, x, x, n);
-    } else {
-        watch_collective(d, "MPI_Allreduce");
-        check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_FLOAT, max ? MPI_MAX : MPI_SUM, d->groups->tp),
-              "MPI_Allreduce");
-        watch_collective(d, NULL);
-    }
+    if (d->dev) dev_collective(d, "ncclAllReduce", max ? DIST_OP_ALLREDUCE_MAX : DIST_OP_ALLREDUCE_SUM, DIST_GROUP_TP, x, x, n);
+    else x_allreduce(d, xc_group(d, DIST_GROUP_TP), x, n, X_F32, max ? X_MAX : X_SUM);
     d->bytes_tp_allreduce += 2.0 * (P - 1) / P * (double)n * sizeof(float);
 }
 
-/* Sum doubles over one group (size > 1) of this rank. */
-static void allreduce_sum_f64_in(Dist *d, MPI_Comm comm, double *x, size_t n) {
-    watch_collective(d, "MPI_Allreduce");
-    check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_DOUBLE, MPI_SUM, comm), "MPI_Allreduce");
-    watch_collective(d, NULL);
-}
-
 /* Gather floats to the group's first rank; a group of one copies. */
-static void gather_f32_in(Dist *d, MPI_Comm comm, int size, const float *send, float *recv, size_t n) {
+static void gather_f32_in(Dist *d, int g, int size, const float *send, float *recv, size_t n) {
     if (size == 1 || !d->groups) {
         if (recv && recv != send) memcpy(recv, send, n * sizeof(float));
         return;
     }
-    watch_collective(d, "MPI_Gather");
-    check(d, MPI_Gather(send, count_of(n, "MPI_Gather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, 0, comm), "MPI_Gather");
-    watch_collective(d, NULL);
+    x_gather(d, xc_group(d, g), send, recv, n, X_F32);
 }
 
 void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
     if (d->tp == 1 || !d->groups) return;
-    allreduce_sum_f64_in(d, d->groups->tp, x, n);
+    x_allreduce(d, xc_group(d, DIST_GROUP_TP), x, n, X_F64, X_SUM);
 }
 
-void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
-    gather_f32_in(d, d->groups ? d->groups->tp : MPI_COMM_NULL, d->tp, send, recv, n);
-}
-
+void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) { gather_f32_in(d, DIST_GROUP_TP, d->tp, send, recv, n); }
 
 void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n) {
     int S = d->shard_size;
@@ -525,13 +762,8 @@ void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n)
         copy_f32(d, recv, send, n);
         return;
     }
-    if (d->dev) {
-        dev_collective(d, "ncclAllGather", DIST_OP_ALLGATHER, DIST_GROUP_SHARD, send, recv, n);
-    } else {
-        watch_collective(d, "MPI_Allgather");
-        check(d, MPI_Allgather(send, count_of(n, "MPI_Allgather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, d->groups->shard), "MPI_Allgather");
-        watch_collective(d, NULL);
-    }
+    if (d->dev) dev_collective(d, "ncclAllGather", DIST_OP_ALLGATHER, DIST_GROUP_SHARD, send, recv, n);
+    else x_allgather_f32(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n);
     d->bytes_allgather += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
 }
 
@@ -541,14 +773,8 @@ void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size
         copy_f32(d, recv, send, n);
         return;
     }
-    if (d->dev) {
-        dev_collective(d, "ncclReduceScatter", DIST_OP_REDUCE_SCATTER, DIST_GROUP_SHARD, send, recv, n);
-    } else {
-        watch_collective(d, "MPI_Reduce_scatter_block");
-        check(d, MPI_Reduce_scatter_block(send, recv, count_of(n, "MPI_Reduce_scatter_block"), MPI_FLOAT, MPI_SUM, d->groups->shard),
-              "MPI_Reduce_scatter_block");
-        watch_collective(d, NULL);
-    }
+    if (d->dev) dev_collective(d, "ncclReduceScatter", DIST_OP_REDUCE_SCATTER, DIST_GROUP_SHARD, send, recv, n);
+    else x_reduce_scatter_f32(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n);
     d->bytes_reduce_scatter += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
 }
 
@@ -571,7 +797,9 @@ static int req_slot(Dist *d) {
 }
 
 /* Start a shard-group all-gather (rs = 0) or reduce-scatter (rs = 1) of n
- * floats per member; a handle, or -1 when the copy of a one-member group is done. */
+ * floats per member; a handle, or -1 when it is already done (a one-member
+ * group's copy; over TCP, which has no non-blocking collectives, the
+ * collective itself). */
 static int shard_istart(Dist *d, int rs, const float *send, float *recv, size_t n) {
     int S = d->shard_size;
     if (S == 1 || !d->groups) {
@@ -582,6 +810,10 @@ static int shard_istart(Dist *d, int rs, const float *send, float *recv, size_t 
     if (d->dev) {
         h = dev_start(d, rs ? "ncclReduceScatter" : "ncclAllGather", rs ? DIST_OP_REDUCE_SCATTER : DIST_OP_ALLGATHER,
                       DIST_GROUP_SHARD, send, recv, n);
+    } else if (!d->use_mpi) {
+        if (rs) x_reduce_scatter_f32(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n);
+        else x_allgather_f32(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n);
+        h = -1;
     } else {
         const char *name = rs ? "MPI_Ireduce_scatter_block" : "MPI_Iallgather";
         int cnt = count_of(n, name);
@@ -623,23 +855,18 @@ int dist_test(Dist *d, int h) {
 
 void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n) {
     if (d->shard_size == 1 || !d->groups) return;
-    allreduce_sum_f64_in(d, d->groups->shard, x, n);
+    x_allreduce(d, xc_group(d, DIST_GROUP_SHARD), x, n, X_F64, X_SUM);
 }
 
 void dist_shard_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
-    gather_f32_in(d, d->groups ? d->groups->shard : MPI_COMM_NULL, d->shard_size, send, recv, n);
+    gather_f32_in(d, DIST_GROUP_SHARD, d->shard_size, send, recv, n);
 }
 
 void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     int R = d->replicate_size;
     if (R == 1 || !d->groups) return;
-    if (d->dev) {
-        dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_REPLICATE, x, x, n);
-    } else {
-        watch_collective(d, "MPI_Allreduce");
-        check(d, MPI_Allreduce(MPI_IN_PLACE, x, count_of(n, "MPI_Allreduce"), MPI_FLOAT, MPI_SUM, d->groups->replicate), "MPI_Allreduce");
-        watch_collective(d, NULL);
-    }
+    if (d->dev) dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_REPLICATE, x, x, n);
+    else x_allreduce(d, xc_group(d, DIST_GROUP_REPLICATE), x, n, X_F32, X_SUM);
     d->bytes_allreduce += 2.0 * (R - 1) / R * (double)n * sizeof(float);
 }
 
@@ -648,14 +875,9 @@ void dist_gather_f64(Dist *d, const double *send, double *recv, size_t n) {
         memcpy(recv, send, n * sizeof(double));
         return;
     }
-    watch_collective(d, "MPI_Gather");
-    check(d, MPI_Gather(send, count_of(n, "MPI_Gather"), MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, 0, MPI_COMM_WORLD), "MPI_Gather");
-    watch_collective(d, NULL);
+    x_gather(d, xc_world(d), send, recv, n, X_F64);
 }
 
 void dist_bcast_bytes(Dist *d, void *buf, size_t n) {
-    if (d->world == 1) return;
-    watch_collective(d, "MPI_Bcast");
-    check(d, MPI_Bcast(buf, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
-    watch_collective(d, NULL);
+    if (d->world > 1) x_bcast(d, xc_world(d), buf, n);
 }

@@ -42,6 +42,8 @@ typedef struct Dist {
     int rank, world, local_rank;
     int local_size;       /* ranks on this node */
     int use_mpi;          /* collectives go through MPI */
+    struct Rendezvous *rdzv; /* else (torchrun-style launch, world > 1): the world's TCP rendezvous */
+    char launch[200];     /* how this world was formed, for the start-up output */
     int dp, dp_rank;      /* data-parallel degree and this rank's index */
     /* tensor parallelism (dist_set_tp): world = tp x dp, tp innermost:
      * tp_rank = rank % tp, dp_rank = rank / tp, dp = world / tp */
@@ -63,11 +65,13 @@ typedef struct Dist {
     int fault_kind, fault_rank, fault_step_lo, fault_step_hi;
 } Dist;
 
-/* Detect the launcher and initialise MPI when one started us. A
- * torchrun-style launch (WORLD_SIZE > 1 without MPI) is one clear error:
- * the host-side collectives need MPI on either backend. (Without MPI, NCCL
- * could be bootstrapped over the TCP rendezvous in rendezvous.h, but the
- * host collectives would still be missing; not wired in.) */
+/* Detect the launcher: initialise MPI when one started us; under a
+ * torchrun-style launch (WORLD_SIZE > 1 without MPI) form the world over the
+ * TCP rendezvous (rendezvous.h) at MASTER_ADDR:MASTER_PORT, and run the host
+ * collectives there (a star through each group's first member: fine for the
+ * scalars and bootstrap bytes of the CUDA backend, whose tensors go through
+ * NCCL; slow for the CPU backend's gradients). Bad variables: exit 2; a
+ * rendezvous that does not complete: exit 6. */
 void dist_init(Dist *d, int *argc, char ***argv);
 void dist_finalize(Dist *d);
 /* Sum in place: float32 over the data-parallel group (ranks of the same

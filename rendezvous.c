@@ -11,7 +11,8 @@
  *     arrived, or ABORT (the payload is the reason, text). Collective k
  *     (counted from 1 on every rank) is BCAST (rank 0 -> each rank: n bytes),
  *     ALLGATHER (each rank -> rank 0: n bytes; rank 0 -> each rank:
- *     world * n bytes) or BARRIER (ALLGATHER of 0 bytes). When rank 0 fails
+ *     world * n bytes), BARRIER (ALLGATHER of 0 bytes), GATHER (each rank ->
+ *     rank 0: n bytes) or SCATTER (rank 0 -> rank i: its n bytes). When rank 0 fails
  *     it sends ABORT with its reason to every rank whose stream is at a frame
  *     boundary, so they fail with the reason that names the culprit; a rank
  *     other than 0 that fails closes its connection, which rank 0 sees.
@@ -30,6 +31,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -54,7 +57,7 @@
 /* Connections accepted but not yet identified (strays included). */
 #define PENDING_EXTRA 16
 
-enum { OP_WELCOME = 1, OP_ABORT, OP_BCAST, OP_ALLGATHER, OP_BARRIER };
+enum { OP_WELCOME = 1, OP_ABORT, OP_BCAST, OP_ALLGATHER, OP_BARRIER, OP_GATHER, OP_SCATTER };
 
 struct Rendezvous {
     int rank, world;
@@ -100,6 +103,8 @@ static const char *op_name(uint32_t op) {
     case OP_BCAST: return "bcast";
     case OP_ALLGATHER: return "allgather";
     case OP_BARRIER: return "barrier";
+    case OP_GATHER: return "gather";
+    case OP_SCATTER: return "scatter";
     default: return "unknown frame";
     }
 }
@@ -436,11 +441,12 @@ static void peer_name(int fd, char *out, size_t n) {
         snprintf(out, n, "an unknown address");
 }
 
-/* Rank 0: accept the other ranks. 0, or -1 with the reason (already sent to
+/* Rank 0: accept the other ranks on lfd (a listening socket it takes over;
+ * -1: listen on addr:port first). 0, or -1 with the reason (already sent to
  * every connected rank). */
-static int accept_ranks(Rendezvous *r, const char *addr, int port, double deadline, char *why, size_t wn) {
+static int accept_ranks(Rendezvous *r, int lfd, const char *addr, int port, double deadline, char *why, size_t wn) {
     int W = r->world;
-    int lfd = listen_on(addr, port, W + PENDING_EXTRA, r->reason, sizeof r->reason);
+    if (lfd < 0) lfd = listen_on(addr, port, W + PENDING_EXTRA, r->reason, sizeof r->reason);
     if (lfd < 0) {
         say(why, wn, "%s", r->reason);
         return -1;
@@ -675,27 +681,30 @@ static int join_rank0(Rendezvous *r, const char *addr, int port, double deadline
     return 0;
 }
 
-Rendezvous *rdzv_open(const char *addr, int port, int rank, int world, double timeout_s, char *why, size_t n) {
+/* rdzv_open, or for rank 0 with lfd >= 0 (a listening socket it takes
+ * over) accepting there instead of listening on addr:port. */
+static Rendezvous *open_on(int lfd, const char *addr, int port, int rank, int world, double timeout_s, char *why,
+                           size_t n) {
     if (world < 1 || rank < 0 || rank >= world) {
         say(why, n, "rendezvous: rank %d is not in 0..%d for world size %d", rank, world - 1, world);
-        return NULL;
+        goto bad;
     }
     if (world > 1 && (port < 1 || port > 65535)) {
         say(why, n, "rendezvous port %d is out of range (expected 1..65535)", port);
-        return NULL;
+        goto bad;
     }
     if (!(timeout_s > 0)) {
         say(why, n, "rendezvous timeout %g s must be positive", timeout_s);
-        return NULL;
+        goto bad;
     }
-    if (world > 1 && check_addr(addr, why, n) < 0) return NULL;
+    if (world > 1 && check_addr(addr, why, n) < 0) goto bad;
     Rendezvous *r = calloc(1, sizeof *r);
     int *fd = malloc((size_t)world * sizeof *fd);
     if (!r || !fd) {
         free(r);
         free(fd);
         say(why, n, "rendezvous: out of memory");
-        return NULL;
+        goto bad;
     }
     for (int i = 0; i < world; i++) fd[i] = -1;
     r->fd = fd;
@@ -706,12 +715,19 @@ Rendezvous *rdzv_open(const char *addr, int port, int rank, int world, double ti
              addr && strchr(addr, ':') ? "]" : "", port);
     if (world == 1) return r;
     double deadline = now_s() + timeout_s;
-    int rc = rank == 0 ? accept_ranks(r, addr, port, deadline, why, n) : join_rank0(r, addr, port, deadline, why, n);
+    int rc = rank == 0 ? accept_ranks(r, lfd, addr, port, deadline, why, n) : join_rank0(r, addr, port, deadline, why, n);
     if (rc < 0) {
         rdzv_close(r);
         return NULL;
     }
     return r;
+bad:
+    if (lfd >= 0) close(lfd);
+    return NULL;
+}
+
+Rendezvous *rdzv_open(const char *addr, int port, int rank, int world, double timeout_s, char *why, size_t n) {
+    return open_on(-1, addr, port, rank, world, timeout_s, why, n);
 }
 
 /* ---- collectives ---- */
@@ -748,26 +764,34 @@ static int recv_hdr_from0(Rendezvous *r, uint32_t op, uint32_t seq, uint64_t len
     return 0;
 }
 
-int rdzv_bcast(Rendezvous *r, void *buf, size_t n, char *why, size_t wn) {
+/* Rank 0 to every rank (op BCAST: the same n bytes of `from`, stride 0;
+ * op SCATTER: block i of `from`, stride n) into each other rank's `to`. */
+static int fan_out(Rendezvous *r, uint32_t op, const void *from, size_t stride, void *to, size_t n, char *why, size_t wn) {
     if (!usable(r, why, wn)) return -1;
     uint32_t seq = ++r->seq;
     if (r->world == 1) return 0;
     double deadline = now_s() + r->timeout_s;
     char tmp[96];
     if (r->rank == 0) {
+        const unsigned char *in = from;
         for (int i = 1; i < r->world; i++) {
-            int io = send_frame(r->fd[i], OP_BCAST, seq, buf, n, deadline);
+            int io = send_frame(r->fd[i], op, seq, in + (size_t)i * stride, n, deadline);
             if (io != IO_OK)
-                return fail(r, i, why, wn, "rank %d %s during bcast #%u", i,
-                            io_what(io, errno, r->timeout_s, tmp, sizeof tmp), seq);
+                return fail(r, i, why, wn, "rank %d %s during %s #%u", i,
+                            io_what(io, errno, r->timeout_s, tmp, sizeof tmp), op_name(op), seq);
         }
         return 0;
     }
-    if (recv_hdr_from0(r, OP_BCAST, seq, n, deadline, why, wn) < 0) return -1;
-    int io = io_full(r->fd[0], buf, n, 0, deadline + GRACE_S);
+    if (recv_hdr_from0(r, op, seq, n, deadline, why, wn) < 0) return -1;
+    int io = io_full(r->fd[0], to, n, 0, deadline + GRACE_S);
     if (io != IO_OK)
-        return fail(r, -1, why, wn, "rank 0 %s during bcast #%u", io_what(io, errno, r->timeout_s, tmp, sizeof tmp), seq);
+        return fail(r, -1, why, wn, "rank 0 %s during %s #%u", io_what(io, errno, r->timeout_s, tmp, sizeof tmp),
+                    op_name(op), seq);
     return 0;
+}
+
+int rdzv_bcast(Rendezvous *r, void *buf, size_t n, char *why, size_t wn) {
+    return fan_out(r, OP_BCAST, buf, 0, buf, n, why, wn);
 }
 
 /* Allgather (op ALLGATHER) or barrier (op BARRIER, n = 0): each rank's n
@@ -827,6 +851,201 @@ int rdzv_allgather(Rendezvous *r, const void *send, void *recv, size_t n, char *
 
 int rdzv_barrier(Rendezvous *r, char *why, size_t wn) {
     return gather_all(r, OP_BARRIER, NULL, NULL, 0, why, wn);
+}
+
+/* Gather (op GATHER): each rank's n bytes to rank 0's recv[world * n]; the
+ * other ranks return once theirs is sent. */
+int rdzv_gather(Rendezvous *r, const void *send, void *recv, size_t n, char *why, size_t wn) {
+    if (!usable(r, why, wn)) return -1;
+    uint32_t seq = ++r->seq;
+    int W = r->world;
+    if (n && (size_t)W > SIZE_MAX / n) return fail(r, -1, why, wn, "gather #%u: %zu bytes x %d ranks overflows", seq, n, W);
+    if (r->rank == 0 && n) memmove(recv, send, n);
+    if (W == 1) return 0;
+    double deadline = now_s() + r->timeout_s;
+    char tmp[96];
+    if (r->rank != 0) {
+        int io = send_frame(r->fd[0], OP_GATHER, seq, send, n, deadline);
+        if (io != IO_OK)
+            return fail(r, -1, why, wn, "rank 0 %s during gather #%u", io_what(io, errno, r->timeout_s, tmp, sizeof tmp), seq);
+        return 0;
+    }
+    unsigned char *out = recv;
+    for (int i = 1; i < W; i++) {
+        unsigned char h[HDR_BYTES];
+        int io = io_full(r->fd[i], h, HDR_BYTES, 0, deadline);
+        if (io == IO_OK) {
+            uint32_t gop, gseq;
+            uint64_t glen;
+            get_hdr(h, &gop, &gseq, &glen);
+            if (gop != OP_GATHER || gseq != seq || glen != n)
+                return fail(r, -1, why, wn,
+                            "mismatched collectives: rank %d is in %s #%u of %llu bytes while rank 0 is in gather #%u of "
+                            "%zu bytes", i, op_name(gop), gseq, (unsigned long long)glen, seq, n);
+            io = io_full(r->fd[i], out + (size_t)i * n, n, 0, deadline);
+        }
+        if (io != IO_OK)
+            return fail(r, -1, why, wn, "rank %d %s during gather #%u", i, io_what(io, errno, r->timeout_s, tmp, sizeof tmp), seq);
+    }
+    return 0;
+}
+
+/* Scatter (op SCATTER): rank 0's send[world * n], block i to rank i's recv. */
+int rdzv_scatter(Rendezvous *r, const void *send, void *recv, size_t n, char *why, size_t wn) {
+    if (r && !r->broken && r->rank == 0 && n) memmove(recv, send, n);
+    return fan_out(r, OP_SCATTER, send, n, recv, n, why, wn);
+}
+
+int rdzv_rank(const Rendezvous *r) { return r->rank; }
+int rdzv_world(const Rendezvous *r) { return r->world; }
+void rdzv_set_timeout(Rendezvous *r, double timeout_s) {
+    if (r && timeout_s > 0) r->timeout_s = timeout_s;
+}
+
+/* ---- rdzv_split ---- */
+
+static int is_loopback(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET) return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(a)) return 1;
+        return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+    }
+    return 0;
+}
+
+/* The numeric address other ranks can reach this one at: the local end of
+ * its connection in the parent group (the interface it reached rank 0
+ * through; rank 0: the end of rank 1's connection). When that is a loopback
+ * address (MASTER_ADDR names this host), the first interface that is up and
+ * not loopback, of the same family, so ranks on other hosts can connect; on a
+ * host with only loopback, loopback. 0, or -1 with the reason. */
+static int reachable_addr(const Rendezvous *parent, char *out, size_t n, int *family, char *why, size_t wn) {
+    int fd = parent->rank == 0 ? parent->fd[1] : parent->fd[0];
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    if (fd < 0 || getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+        say(why, wn, "rendezvous split: no local address (%s)", fd < 0 ? "no connection" : strerror(errno));
+        return -1;
+    }
+    *family = sa.ss_family;
+    if (is_loopback((struct sockaddr *)&sa)) {
+        struct ifaddrs *ifs = NULL, *it;
+        if (getifaddrs(&ifs) == 0) {
+            for (it = ifs; it; it = it->ifa_next) {
+                if (!it->ifa_addr || it->ifa_addr->sa_family != sa.ss_family || !(it->ifa_flags & IFF_UP) ||
+                    (it->ifa_flags & IFF_LOOPBACK) || is_loopback(it->ifa_addr))
+                    continue;
+                if (sa.ss_family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)it->ifa_addr)->sin6_addr))
+                    continue;
+                size_t l = sa.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+                memcpy(&sa, it->ifa_addr, l);
+                len = (socklen_t)l;
+                break;
+            }
+            freeifaddrs(ifs);
+        }
+    }
+    int g = getnameinfo((struct sockaddr *)&sa, len, out, (socklen_t)n, NULL, 0, NI_NUMERICHOST);
+    if (g) {
+        say(why, wn, "rendezvous split: cannot print the local address: %s", gai_strerror(g));
+        return -1;
+    }
+    return 0;
+}
+
+/* A listening socket on every address of `family`, on a port the kernel
+ * picks; the socket and *port, or -1 with the reason. */
+static int listen_ephemeral(int family, int backlog, int *port, char *why, size_t wn) {
+    struct sockaddr_storage sa;
+    memset(&sa, 0, sizeof sa);
+    socklen_t len;
+    if (family == AF_INET6) {
+        ((struct sockaddr_in6 *)&sa)->sin6_family = AF_INET6;
+        ((struct sockaddr_in6 *)&sa)->sin6_addr = in6addr_any;
+        len = sizeof(struct sockaddr_in6);
+    } else {
+        ((struct sockaddr_in *)&sa)->sin_family = AF_INET;
+        ((struct sockaddr_in *)&sa)->sin_addr.s_addr = htonl(INADDR_ANY);
+        len = sizeof(struct sockaddr_in);
+    }
+    int fd = socket(family, SOCK_STREAM, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, len) < 0 || listen(fd, backlog) < 0 || set_socket_options(fd) < 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+        say(why, wn, "rendezvous split: cannot listen on a free port: %s", strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    *port = ntohs(family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port : ((struct sockaddr_in *)&sa)->sin_port);
+    return fd;
+}
+
+#define SPLIT_ADDR 64
+typedef struct SplitInfo {
+    unsigned char color[4], key[4], port[4];
+    char addr[SPLIT_ADDR];
+} SplitInfo;
+
+Rendezvous *rdzv_split(Rendezvous *parent, int color, int key, double timeout_s, char *why, size_t wn) {
+    if (!usable(parent, why, wn)) return NULL;
+    int W = parent->world, me = parent->rank;
+    SplitInfo *all = calloc((size_t)W, sizeof *all);
+    SplitInfo mine;
+    if (!all) {
+        say(why, wn, "rendezvous split: out of memory");
+        return NULL;
+    }
+    Rendezvous *sub = NULL;
+    int lfd = -1;
+    /* round 1: every rank's color and key */
+    memset(&mine, 0, sizeof mine);
+    put32(mine.color, (uint32_t)color);
+    put32(mine.key, (uint32_t)key);
+    if (rdzv_allgather(parent, &mine, all, sizeof mine, why, wn) < 0) goto out;
+    /* my group, ordered by (key, parent rank); its first member leads */
+    int sub_rank = 0, sub_world = 0, leader = -1;
+    for (int i = 0; i < W; i++) {
+        if ((int)get32(all[i].color) != color) continue;
+        int ki = (int)get32(all[i].key);
+        if (ki < key || (ki == key && i < me)) sub_rank++;
+        sub_world++;
+        if (leader < 0 || ki < (int)get32(all[leader].key)) leader = i;
+    }
+    if (leader < 0 || sub_world < 1) { /* this rank's own entry always matches */
+        say(why, wn, "rendezvous split: rank %d is missing from its own group", me);
+        goto out;
+    }
+    /* round 2: leaders of groups of more than one listen and say where */
+    memset(&mine, 0, sizeof mine);
+    if (sub_rank == 0 && sub_world > 1) {
+        int family = AF_INET, port = 0;
+        if (reachable_addr(parent, mine.addr, sizeof mine.addr, &family, why, wn) < 0) goto fail_round2;
+        lfd = listen_ephemeral(family, sub_world + PENDING_EXTRA, &port, why, wn);
+        if (lfd < 0) goto fail_round2;
+        put32(mine.port, (uint32_t)port);
+    }
+    if (rdzv_allgather(parent, &mine, all, sizeof mine, why, wn) < 0) goto out;
+    all[leader].addr[SPLIT_ADDR - 1] = 0;
+    if (sub_world > 1 && get32(all[leader].port) == 0) {
+        say(why, wn, "rendezvous split: the leader of this rank's group (parent rank %d) could not listen", leader);
+        goto out;
+    }
+    sub = open_on(sub_rank == 0 ? lfd : -1, all[leader].addr, (int)get32(all[leader].port), sub_rank, sub_world,
+                  timeout_s, why, wn);
+    lfd = -1; /* open_on took it */
+    goto out;
+fail_round2:
+    /* still take part in round 2 (port 0 tells the members), then fail */
+    {
+        char keep[REASON_MAX];
+        snprintf(keep, sizeof keep, "%s", why ? why : "");
+        memset(&mine, 0, sizeof mine);
+        if (rdzv_allgather(parent, &mine, all, sizeof mine, why, wn) == 0) say(why, wn, "%s", keep);
+    }
+out:
+    if (lfd >= 0) close(lfd);
+    free(all);
+    return sub;
 }
 
 void rdzv_close(Rendezvous *r) {

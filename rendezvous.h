@@ -1,9 +1,11 @@
 /* rendezvous.h — a TCP rendezvous for launches without MPI (torchrun-style:
  * RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): reading those
  * variables, forming the group at MASTER_ADDR:MASTER_PORT, and the few small
- * collectives a bootstrap needs (rank 0's bytes to all, for the 128-byte
- * ncclUniqueId; every rank's bytes to all, for hostnames; a barrier). It is a
- * star through rank 0, meant for bytes, not tensors. No MPI, no CUDA.
+ * collectives a bootstrap and the host side of training need (rank 0's
+ * bytes to all, for the 128-byte ncclUniqueId; every rank's bytes to all,
+ * for hostnames; gather and scatter through rank 0; a barrier; splitting into
+ * subgroups). It is a star through rank 0: every byte passes rank 0, so it
+ * suits scalars and small tensors, not bandwidth. No MPI, no CUDA.
  *
  * Every call that can fail returns NULL / -1 and writes one line (no
  * newline) saying why into the caller's buffer; nothing is printed. Every
@@ -56,6 +58,26 @@ int rdzv_bcast(Rendezvous *r, void *buf, size_t n, char *why, size_t wn);
 int rdzv_allgather(Rendezvous *r, const void *send, void *recv, size_t n, char *why, size_t wn);
 /* Returns on any rank only after every rank has entered it. */
 int rdzv_barrier(Rendezvous *r, char *why, size_t wn);
+/* Every rank's n bytes of send to rank 0's recv[world * n] (rank i's at
+ * recv + i * n; recv is not touched elsewhere). Ranks other than 0 return
+ * once theirs is sent. */
+int rdzv_gather(Rendezvous *r, const void *send, void *recv, size_t n, char *why, size_t wn);
+/* Rank 0's send[world * n]: block i to rank i's recv (n bytes). */
+int rdzv_scatter(Rendezvous *r, const void *send, void *recv, size_t n, char *why, size_t wn);
+/* Collective over parent, like MPI_Comm_split: ranks of the same color form
+ * a group ordered by (key, parent rank). The group's first member listens on
+ * a port the kernel picks, on every address, and tells the members over the
+ * parent the address it reached parent rank 0 through (when that is loopback:
+ * its first non-loopback interface of the same family, if any); they connect
+ * there. Concurrent splits of disjoint groups cannot deadlock: every group
+ * forms independently. Returns the group's handle (a group of one opens no
+ * socket), or NULL with the reason. */
+Rendezvous *rdzv_split(Rendezvous *parent, int color, int key, double timeout_s, char *why, size_t wn);
+int rdzv_rank(const Rendezvous *r);
+int rdzv_world(const Rendezvous *r);
+/* The bound on each later call (> 0; e.g. long, once formed, when another
+ * mechanism such as a watchdog handles hangs). */
+void rdzv_set_timeout(Rendezvous *r, double timeout_s);
 /* Close the connections and free the handle (NULL: nothing). */
 void rdzv_close(Rendezvous *r);
 

@@ -24,8 +24,10 @@
 #      FULL_SHARD and tp 2 against the same jobs' 2-rank CPU runs (MPI):
 #      loss / grad norm / val loss within the TF32 tolerance, the same
 #      comm_bytes per step, the header naming NCCL; auto picks cuda for 2
-#      ranks; a hung rank ends the job through the watchdog (exit 5, NCCL
-#      communicators aborted) within the timeout plus a few seconds.
+#      ranks; a torchrun-style launch (no MPI: NCCL's ids over the TCP
+#      rendezvous) repeats the FULL_SHARD run; a hung rank ends the job
+#      through the watchdog (exit 5, NCCL communicators aborted) within the
+#      timeout plus a few seconds.
 #      With one GPU: a 2-rank cuda job is exit 2 with one stderr line naming
 #      the GPU count, and auto runs 2 ranks on the CPU.
 # Without a GPU this FAILS (exit 1, one line on stderr); it never skips.
@@ -198,6 +200,13 @@ if [ "${ngpu:-0}" -ge 2 ]; then
     if [ $rc -eq 0 ] && grep -q "backend cuda, collectives NCCL" "$TMP/mr-auto.out"; then
         echo "ok   2 ranks, train.device=auto on $ngpu GPUs: backend cuda with NCCL"; pass=$((pass + 1))
     else echo "FAIL 2 ranks auto: exit $rc: $(grep -E 'backend|llmtrain:' "$TMP/mr-auto.out" | head -2)"; fail=$((fail + 1)); fi
+    # a torchrun-style launch (no MPI): NCCL bootstrapped over the TCP rendezvous, the MPI launch's run
+    trun mr-tr 2 $BIN "$TMP/llama.json" --set train.device=cuda --set parallel.strategy=FULL_SHARD \
+        --set log.dir="$TMP/mr-tr" --set checkpoint.dir="$TMP/mr-tr/ckpt" >"$TMP/mr-tr.out" 2>&1; rc=$?
+    if [ $rc -eq 0 ] && grep -q "backend cuda, collectives NCCL" "$TMP/mr-tr.out" && grep -q "^launch: torchrun-style" "$TMP/mr-tr.out" &&
+       $PY tests/compare_runs.py "$TMP/mr-fullshard-cuda" "$TMP/mr-tr" --steps 20 --loss-rtol $LOSS_RTOL; then
+        echo "ok   2 ranks FULL_SHARD launched without MPI: NCCL over the TCP bootstrap, the mpirun run's losses"; pass=$((pass + 1))
+    else echo "FAIL torchrun-style NCCL launch: exit $rc: $(grep -E 'launch|llmtrain:|NCCL' "$TMP/mr-tr.out" | head -3)"; fail=$((fail + 1)); fi
     # a hung rank: both watchdogs fire (rank 0 waits on the device for NCCL), the communicators are aborted, exit 5
     t0=$(date +%s)
     LLMTRAIN_FAULT="rank=1,step=3,kind=hang" timeout 120 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=cuda \

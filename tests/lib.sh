@@ -22,3 +22,38 @@ PYEOF
 }
 ok() { echo "ok   $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+
+# tiny_job ARCH PATH DATA [EXTRA]: the small test model (2 layers, 32 wide,
+# 4 heads, Llama with 2 KV heads; vocab 96, 16 tokens), 10 steps of 8
+# sequences in micro-batches of 2 on DATA (also the validation set);
+# EXTRA adds top-level JSON members (',"checkpoint": {...}').
+tiny_job() {
+    cat >"$2" <<EOF
+{"model": {"arch": "$1", "n_layer": 2, "n_embd": 32, "n_head": 4, "n_kv_head": $([ "$1" = llama ] && echo 2 || echo 4),
+           "vocab_size": 96, "max_seq_len": 16},
+ "data": {"train": "$3", "val": "$3"},
+ "train": {"steps": 10, "seq_len": 16, "micro_batch": 2, "global_batch": 8},
+ "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
+ "eval": {"sample_tokens": 0, "batches": 4, "every_steps": 5}${4:-}}
+EOF
+}
+
+# A port nothing listens on (the kernel's pick, released), per launch.
+free_port() { $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# trun NAME NP COMMAND...: a torchrun-style launch of NP local ranks of
+# COMMAND (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set; PORT
+# and LOCAL_WORLD_SIZE from the caller's environment when set); the ranks
+# write to trun's stdout and stderr; rank r's exit code lands in
+# $TMP/NAME.rc.r (rcs NAME NP lists them); returns the largest code.
+trun() {
+    local name=$1 np=$2; shift 2
+    local port=${PORT:-$(free_port)} pids=() r rc=0 c
+    for ((r = 0; r < np; r++)); do
+        (RANK=$r WORLD_SIZE=$np LOCAL_RANK=$((r % ${LOCAL_WORLD_SIZE:-$np})) MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@"; echo $? >"$TMP/$name.rc.$r") &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r"; done
+    for ((r = 0; r < np; r++)); do c=$(cat "$TMP/$name.rc.$r"); [ "$c" -gt $rc ] && rc=$c; done
+    return $rc
+}
+rcs() { local r s=""; for ((r = 0; r < $2; r++)); do s="$s$(cat "$TMP/$1.rc.$r")"; [ $r -lt $(($2 - 1)) ] && s="$s,"; done; echo "$s"; }

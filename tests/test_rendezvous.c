@@ -541,6 +541,110 @@ static void test_env(void) {
     set_env("");
 }
 
+/* ---- gather, scatter, split ---- */
+
+/* World ranks of group `color` under split kind `kind` (0: color = rank %
+ * 2, key = -rank, so members run in descending rank order; 1: color =
+ * rank / 4, key = rank), in member order; returns the group's size. */
+static int split_members(int kind, int world, int rank, int *out) {
+    int m = 0;
+    if (kind == 0) {
+        for (int i = world - 1; i >= 0; i--)
+            if (i % 2 == rank % 2) out[m++] = i;
+    } else {
+        for (int i = 0; i < world; i++)
+            if (i / 4 == rank / 4) out[m++] = i;
+    }
+    return m;
+}
+
+static int body_split(int rank, int world, int port, const void *arg, char *msg, size_t n) {
+    (void)arg;
+    char why[600];
+    Rendezvous *r = rdzv_open("127.0.0.1", port, rank, world, 5.0, why, sizeof why), *g[2] = {NULL, NULL};
+    if (!r) return FAILS("rdzv_open: %s", why);
+    int rc = 1;
+    unsigned char mine[4096], *all = calloc((size_t)world, sizeof mine), got[4096];
+    /* gather: every rank's 4 KiB in rank order at rank 0 only */
+    fill(400 + (uint64_t)rank, mine, sizeof mine);
+    memset(all, 0xee, (size_t)world * sizeof mine);
+    if (rdzv_gather(r, mine, all, sizeof mine, why, sizeof why)) { FAILS("gather: %s", why); goto out; }
+    for (int i = 0; i < world; i++)
+        if (rank == 0 ? !expect_bytes(all + i * sizeof mine, 400 + (uint64_t)i, sizeof mine) : all[i * sizeof mine] != 0xee) {
+            FAILS("gather: rank %d's slice %d is wrong", rank, i);
+            goto out;
+        }
+    /* scatter: rank 0's block i to rank i */
+    if (rank == 0)
+        for (int i = 0; i < world; i++) fill(500 + (uint64_t)i, all + i * sizeof mine, sizeof mine);
+    if (rdzv_scatter(r, all, got, sizeof got, why, sizeof why)) { FAILS("scatter: %s", why); goto out; }
+    if (!expect_bytes(got, 500 + (uint64_t)rank, sizeof got)) { FAILS("scatter: rank %d got another block", rank); goto out; }
+    /* two splits, then collectives on both groups and the parent interleaved */
+    for (int k = 0; k < 2; k++) {
+        g[k] = rdzv_split(r, k == 0 ? rank % 2 : rank / 4, k == 0 ? -rank : rank, 5.0, why, sizeof why);
+        if (!g[k]) { FAILS("split %d: %s", k, why); goto out; }
+    }
+    for (int k = 0; k < 2; k++) {
+        int mem[MAXP], m = split_members(k, world, rank, mem), me = -1;
+        for (int i = 0; i < m; i++)
+            if (mem[i] == rank) me = i;
+        if (rdzv_world(g[k]) != m || rdzv_rank(g[k]) != me) {
+            FAILS("split %d: rank %d is member %d of %d (expected %d of %d)", k, rank, rdzv_rank(g[k]), rdzv_world(g[k]), me, m);
+            goto out;
+        }
+        fill(600 + (uint64_t)rank, mine, 64);
+        if (rdzv_allgather(g[k], mine, all, 64, why, sizeof why)) { FAILS("split %d allgather: %s", k, why); goto out; }
+        for (int i = 0; i < m; i++)
+            if (!expect_bytes(all + 64 * i, 600 + (uint64_t)mem[i], 64)) { FAILS("split %d: member %d's bytes are not rank %d's", k, i, mem[i]); goto out; }
+        if (rdzv_barrier(r, why, sizeof why)) { FAILS("parent barrier between groups: %s", why); goto out; }
+        if (me == 0) fill(700 + (uint64_t)rank, mine, 64);
+        if (rdzv_bcast(g[k], mine, 64, why, sizeof why)) { FAILS("split %d bcast: %s", k, why); goto out; }
+        if (!expect_bytes(mine, 700 + (uint64_t)mem[0], 64)) { FAILS("split %d bcast: not member 0's bytes", k); goto out; }
+    }
+    rc = 0;
+    snprintf(msg, n, "ok");
+out:
+    free(all);
+    rdzv_close(g[0]);
+    rdzv_close(g[1]);
+    rdzv_close(r);
+    return rc;
+}
+
+/* After a split, rank `dies` exits: the members of its groups fail (not hang). */
+static int body_split_dies(int rank, int world, int port, const void *arg, char *msg, size_t n) {
+    int dies = *(const int *)arg;
+    char why[600];
+    Rendezvous *r = rdzv_open("127.0.0.1", port, rank, world, 5.0, why, sizeof why);
+    if (!r) return FAILS("rdzv_open: %s", why);
+    Rendezvous *g = rdzv_split(r, rank / 2, rank, 5.0, why, sizeof why);
+    if (!g) { rdzv_close(r); return FAILS("split: %s", why); }
+    if (rank == dies) _exit(0);
+    unsigned char b[16] = {0}, all[16 * MAXP];
+    int rc = rdzv_allgather(g, b, all, sizeof b, why, sizeof why);
+    snprintf(msg, n, "%s", rc ? why : "allgather returned");
+    rdzv_close(g);
+    rdzv_close(r);
+    return rc ? 0 : 1;
+}
+
+static void test_split(void) {
+    Result res[MAXP];
+    char first[MSG + 40];
+    double t = run_group(8, body_split, NULL, NULL, 20, res);
+    int ok = all_ok(res, 8, first, sizeof first);
+    check(ok, "8 ranks: gather 4 KiB to rank 0 only, scatter a block to each; split by rank %% 2 (descending key) and by "
+          "rank / 4: each group's members in key order, allgather, bcast from its first member, parent collectives in "
+          "between (%.2f s)%s%s", t, ok ? "" : ": ", ok ? "" : first);
+    for (int dies = 0; dies < 2; dies++) {
+        t = run_group(4, body_split_dies, &dies, NULL, 20, res);
+        int partner = dies ^ 1;
+        ok = res[partner].code == 0 && strstr(res[partner].msg, "closed its connection") && t < 5;
+        check(ok, "split into pairs, then rank %d exits: its partner's allgather fails at once (%.2f s): %s", dies, t,
+              res[partner].msg);
+    }
+}
+
 int main(void) {
     double t0 = now_s();
     /* SIGPIPE stays fatal: the library must never raise it */
@@ -559,6 +663,7 @@ int main(void) {
     test_strays();
     test_open_faults();
     test_mid();
+    test_split();
     printf("(%.1f s)\n", now_s() - t0);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -1,0 +1,140 @@
+#!/bin/bash
+# Launches without MPI: torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+# MASTER_ADDR, MASTER_PORT), the world formed over the TCP rendezvous and
+# the host collectives run there. Every layout whose groups have two members
+# (NO_SHARD 2, FULL_SHARD 2, HYBRID_SHARD 2x2, tp 2, tp 2 x FULL_SHARD 2)
+# gives bit-identical losses and weights to mpirun's run (a sum of two is
+# the same in any order); 4-member groups match one rank within fp32
+# reduction order and repeat bit for bit. A rank that dies or hangs, a rank
+# that never arrives and bad variables end every rank promptly with one line
+# each; a killed run restarts under scripts/run_resilient.sh and finishes
+# bit-identical to an uninterrupted one; MASTER_PORT held by the launcher's
+# own store (TORCHELASTIC_USE_AGENT_STORE=True) moves the rendezvous to
+# MASTER_PORT + 1; the ranks per node come from LOCAL_WORLD_SIZE, else from
+# the host names.
+. "$(dirname "$0")/lib.sh"
+
+write_shard "$TMP/train.bin" 96 20000 1
+for arch in gpt2 llama; do tiny_job $arch "$TMP/$arch.json" "$TMP/train.bin" ',"checkpoint": {"every_steps": 2}'; done
+
+# ---- training: the same run as mpirun's ----
+for arch in gpt2 llama; do
+    $BIN "$TMP/$arch.json" --set log.dir="$TMP/$arch-1" >"$TMP/$arch-1.out" 2>&1 || bad "$arch 1 rank: $(tail -2 "$TMP/$arch-1.out")"
+    $BIN export "$TMP/$arch-1/checkpoints" "$TMP/$arch-1/hf" >/dev/null 2>&1
+    for run in 2 2-FULL_SHARD 4-HYBRID_SHARD-2 2-NO_SHARD-1-2 4-FULL_SHARD-2-2; do
+        IFS=- read -r np strategy degree tp <<<"$run"
+        args=()
+        [ -n "$strategy" ] && args+=(--set parallel.strategy=$strategy)
+        [ -n "$degree" ] && [ -z "$tp" ] && args+=(--set parallel.shard_degree=$degree)
+        [ -n "$tp" ] && args+=(--set parallel.tensor=$tp)
+        $MPIRUN $np $BIN "$TMP/$arch.json" "${args[@]}" --set log.dir="$TMP/$arch-$run-mpi" >"$TMP/$arch-$run-mpi.out" 2>&1
+        trun $arch-$run-tcp $np $BIN "$TMP/$arch.json" "${args[@]}" --set log.dir="$TMP/$arch-$run-tcp" >"$TMP/$arch-$run-tcp.out" 2>&1
+        rc=$?
+        $BIN export "$TMP/$arch-$run-mpi/checkpoints" "$TMP/$arch-$run-mpi/hf" >/dev/null 2>&1
+        $BIN export "$TMP/$arch-$run-tcp/checkpoints" "$TMP/$arch-$run-tcp/hf" >/dev/null 2>&1
+        if [ $rc -eq 0 ] && grep -q "^launch: torchrun-style, host collectives over TCP" "$TMP/$arch-$run-tcp.out" &&
+           $PY tests/compare_runs.py "$TMP/$arch-$run-mpi" "$TMP/$arch-$run-tcp" --steps 10 --exact >/dev/null; then
+            ok "$arch $run: over TCP, losses, val losses and final weights bit-identical to mpirun's"
+        else
+            bad "$arch $run over TCP: rc $rc: $(grep -E 'llmtrain:|differ|mismatch' "$TMP/$arch-$run-tcp.out" | head -2) $($PY tests/compare_runs.py "$TMP/$arch-$run-mpi" "$TMP/$arch-$run-tcp" --steps 10 --exact 2>&1 | tail -2)"
+        fi
+    done
+done
+# four members per group: the first member sums in member order, so two runs agree bit for bit
+for k in a b; do
+    trun ll4-$k 4 $BIN "$TMP/llama.json" --set parallel.strategy=FULL_SHARD --set log.dir="$TMP/ll4-$k" >"$TMP/ll4-$k.out" 2>&1 || bad "FULL_SHARD 4 over TCP: $(grep llmtrain: "$TMP/ll4-$k.out" | head -2)"
+    $BIN export "$TMP/ll4-$k/checkpoints" "$TMP/ll4-$k/hf" >/dev/null 2>&1
+done
+if $PY tests/compare_runs.py "$TMP/llama-1" "$TMP/ll4-a" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3 >/dev/null &&
+   $PY tests/compare_runs.py "$TMP/ll4-a" "$TMP/ll4-b" --steps 10 --exact >/dev/null; then
+    ok "llama FULL_SHARD 4 over TCP: matches 1 rank within fp32 reduction order, and a second run bit for bit"
+else
+    bad "llama FULL_SHARD 4 over TCP: $($PY tests/compare_runs.py "$TMP/llama-1" "$TMP/ll4-a" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3 2>&1 | tail -1) / $($PY tests/compare_runs.py "$TMP/ll4-a" "$TMP/ll4-b" --steps 10 --exact 2>&1 | tail -1)"
+fi
+
+# ---- ranks per node ----
+LOCAL_WORLD_SIZE=2 trun lws 4 $BIN "$TMP/gpt2.json" --set train.steps=1 --set log.dir="$TMP/lws" >"$TMP/lws.out" 2>&1
+a=$(grep -o "4 ranks, [0-9]* on this node" "$TMP/lws.out")
+trun hn 4 $BIN "$TMP/gpt2.json" --set train.steps=1 --set log.dir="$TMP/hn" >"$TMP/hn.out" 2>&1
+b=$(grep -o "4 ranks, [0-9]* on this node" "$TMP/hn.out")
+if [ "$a" = "4 ranks, 2 on this node" ] && [ "$b" = "4 ranks, 4 on this node" ]; then
+    ok "ranks per node: LOCAL_WORLD_SIZE=2 (2 nodes of 2) says 2; unset, the 4 ranks sharing this host name"
+else bad "ranks per node: '$a' / '$b'"; fi
+
+# ---- faults ----
+t0=$(date +%s.%N)
+LLMTRAIN_FAULT=rank=3,step=4,kind=die trun die 4 $BIN "$TMP/llama.json" --set parallel.strategy=HYBRID_SHARD \
+    --set parallel.shard_degree=2 --set log.dir="$TMP/die" >"$TMP/die.out" 2>&1
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+n=$(grep -cE "^llmtrain: rank [012]: TCP [a-z-]+ on the (shard|replicate|world) group failed: .*closed its connection" "$TMP/die.out")
+if [ "$(rcs die 4)" = "6,6,6,137" ] && [ "$n" -ge 1 ] && [ "$(grep -c '^llmtrain:' "$TMP/die.out")" -eq 3 ] && (($(echo "$dt < 10" | bc))); then
+    ok "rank 3 SIGKILLed at step 4 (HYBRID_SHARD 2x2): ranks 0-2 exit 6 in ${dt%???????} s, one line each"
+else bad "rank 3 dies: exit codes $(rcs die 4), ${dt} s: $(grep llmtrain: "$TMP/die.out" | head -3)"; fi
+
+t0=$(date +%s.%N)
+LLMTRAIN_FAULT=rank=1,step=4,kind=hang trun hang 2 $BIN "$TMP/llama.json" --set parallel.strategy=FULL_SHARD \
+    --set parallel.timeout_s=2 --set log.dir="$TMP/hang" >"$TMP/hang.out" 2>&1
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+if [ "$(rcs hang 2)" = "5,5" ] && grep -q "rank 0: watchdog: step 4 .*collective TCP" "$TMP/hang.out" && (($(echo "$dt < 12" | bc))); then
+    ok "rank 1 hangs at step 4: the watchdog ends both ranks (exit 5) in ${dt%???????} s, rank 0 naming its TCP collective"
+else bad "hang: exit codes $(rcs hang 2), ${dt} s: $(grep llmtrain: "$TMP/hang.out" | head -2)"; fi
+
+# a rank that never arrives: the others give up after LLMTRAIN_RDZV_TIMEOUT_S, rank 0 naming it
+port=$(free_port); t0=$(date +%s.%N)
+for r in 0 1 2; do
+    (RANK=$r WORLD_SIZE=4 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LLMTRAIN_RDZV_TIMEOUT_S=2 \
+        $BIN "$TMP/gpt2.json" --set log.dir="$TMP/absent" >"$TMP/absent.$r.out" 2>&1; echo $? >"$TMP/absent.rc.$r") &
+done
+wait
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+if [ "$(cat "$TMP/absent.rc."{0,1,2} | tr '\n' ,)" = "6,6,6," ] && grep -q "rank 0: rendezvous failed: .*timed out after 2 s: rank 3 never arrived" "$TMP/absent.0.out" &&
+   grep -q "rank 3 never arrived" "$TMP/absent.1.out" && [ "$(wc -l <"$TMP/absent.1.out")" -eq 1 ] && (($(echo "$dt < 6" | bc))); then
+    ok "rank 3 never starts: ranks 0-2 exit 6 after LLMTRAIN_RDZV_TIMEOUT_S=2 (${dt%???????} s), one line naming it"
+else bad "absent rank: $(cat "$TMP/absent.rc."{0,1,2} | tr '\n' ,) ${dt} s: $(cat "$TMP/absent.0.out" "$TMP/absent.1.out" | head -3)"; fi
+
+# bad variables: exit 2, one line
+for spec in "RANK=4 WORLD_SIZE=4 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500|RANK=4 is out of range (expected an integer in 0..3 for WORLD_SIZE=4)" \
+            "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_PORT=29500|MASTER_ADDR is not set" \
+            "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 LLMTRAIN_RDZV_TIMEOUT_S=soon|LLMTRAIN_RDZV_TIMEOUT_S=\"soon\": expected a number"; do
+    vars=${spec%%|*}; want=${spec#*|}
+    env -u MASTER_ADDR $vars $BIN "$TMP/gpt2.json" --set log.dir="$TMP/badenv" >"$TMP/badenv.out" 2>&1
+    rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/badenv.out")" -eq 1 ] && grep -qF "$want" "$TMP/badenv.out"; then ok "[$vars]: exit 2, one line: $want"
+    else bad "[$vars]: rc $rc: $(head -2 "$TMP/badenv.out")"; fi
+done
+
+# ---- ports ----
+# MASTER_PORT taken: without the agent-store flag the rendezvous cannot
+# listen (exit 6, saying so); with TORCHELASTIC_USE_AGENT_STORE=True it uses MASTER_PORT + 1
+port=$(free_port)
+$PY -c 'import socket, sys, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(); time.sleep(60)' $port &
+holder=$!
+sleep 0.5
+PORT=$port LLMTRAIN_RDZV_TIMEOUT_S=2 trun held 2 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/held" >"$TMP/held.out" 2>&1
+c1=$(rcs held 2)
+if [ "$(cat "$TMP/held.rc.0")" = 6 ] && grep -q "rank 0: rendezvous failed: .*Address already in use" "$TMP/held.out"; then
+    ok "MASTER_PORT held by another process: rank 0 exits 6 saying the address is in use (exit codes $c1)"
+else bad "held MASTER_PORT: exit codes $c1: $(grep llmtrain: "$TMP/held.out" | head -2)"; fi
+PORT=$port TORCHELASTIC_USE_AGENT_STORE=True trun agent 2 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/agent" >"$TMP/agent.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "rendezvous 127.0.0.1:$((port + 1)))" "$TMP/agent.out"; then
+    ok "TORCHELASTIC_USE_AGENT_STORE=True: the rendezvous moves to MASTER_PORT + 1 and the run completes"
+else bad "agent store: rc $rc: $(grep -E 'launch|llmtrain:' "$TMP/agent.out" | head -2)"; fi
+kill $holder 2>/dev/null; wait $holder 2>/dev/null
+
+# ---- recovery under scripts/run_resilient.sh ----
+trun ref 2 $BIN "$TMP/llama.json" --set parallel.strategy=FULL_SHARD --set log.dir="$TMP/ref" >"$TMP/ref.out" 2>&1
+$BIN export "$TMP/ref/checkpoints" "$TMP/ref/hf" >/dev/null 2>&1
+export -f trun free_port
+export TMP BIN PY
+LLMTRAIN_FAULT="rank=1,step=7,kind=die,attempt=1" scripts/run_resilient.sh --delay 0 -- bash -c 'trun kill 2 "$@"' _ \
+    $BIN "$TMP/llama.json" --set parallel.strategy=FULL_SHARD --set log.dir="$TMP/kill" >"$TMP/kill.out" 2>&1
+rc=$?
+$BIN export "$TMP/kill/checkpoints" "$TMP/kill/hf" >/dev/null 2>&1
+if [ $rc -eq 0 ] && grep -q "run_resilient: attempt 1 exited with code 137" "$TMP/kill.out" && grep -q "^resume: " "$TMP/kill.out" &&
+   $PY tests/compare_runs.py "$TMP/ref" "$TMP/kill" --steps 10 --exact >/dev/null; then
+    ok "rank 1 SIGKILLed at step 7, relaunched by run_resilient.sh: resumed, losses and final weights bit-identical"
+else bad "recovery over TCP: rc $rc: $(grep -E 'run_resilient|resume:|llmtrain:' "$TMP/kill.out" | head -4)"; fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
