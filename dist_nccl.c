@@ -3,7 +3,8 @@
  *
  * Communicators: one per process group with more than one member, created
  * at start in the same order on every rank (dp, shard, replicate, tp): the
- * group's first member makes the ncclUniqueId, MPI broadcasts it over the
+ * group's first member makes the ncclUniqueId, the host transport (MPI, or
+ * TCP under a launch without MPI) broadcasts it over the
  * group (parallel.c), each member joins with its index in the group as its
  * NCCL rank, so block i of an all-gather is member i's, as with MPI. A group
  * with the data-parallel group's members (the shard group of FULL_SHARD, the

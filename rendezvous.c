@@ -1033,6 +1033,12 @@ Rendezvous *rdzv_split(Rendezvous *parent, int color, int key, double timeout_s,
     sub = open_on(sub_rank == 0 ? lfd : -1, all[leader].addr, (int)get32(all[leader].port), sub_rank, sub_world,
                   timeout_s, why, wn);
     lfd = -1; /* open_on took it */
+    if (!sub && why && wn) { /* its "rank 0" is the group's first member: name it */
+        char inner[REASON_MAX];
+        snprintf(inner, sizeof inner, "%s", why);
+        say(why, wn, "the group led by parent rank %d (member %d of %d here) at %.64s:%u: %s", leader, sub_rank, sub_world,
+            all[leader].addr, (unsigned)get32(all[leader].port), inner);
+    }
     goto out;
 fail_round2:
     /* still take part in round 2 (port 0 tells the members), then fail */

@@ -5,8 +5,10 @@
 # reproduces the single-process loss trajectory and weights (plain mpirun, and through
 # the SageMaker entry point with a leader and a waiting worker); a rank SIGKILLed on the
 # second host ends the job on both hosts promptly and non-zero, the leader's failure
-# file says so, and no process is left in either namespace. Skips only where network
-# namespaces are not permitted. Namespaces are removed on exit.
+# file says so, and no process is left in either namespace; a launch without MPI
+# (torchrun's variables, 2 ranks per host) matches too, with MASTER_ADDR an
+# address and a host name that is loopback on rank 0's host. Skips only where
+# network namespaces are not permitted. Namespaces are removed on exit.
 . "$(dirname "$0")/lib.sh"
 unset LLMTRAIN_FAULT
 
@@ -147,6 +149,41 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $secs -le 30 ] && [ "$(left)" = "0 0" ]
 else
     bad "plain mpirun kill: rc=$rc after ${secs}s, left $(left): $(tail -3 "$TMP/mhdie.out")"
 fi
+
+# 5. without MPI (torchrun's variables): 2 ranks per host, HYBRID_SHARD 2x2
+# (shard groups inside a host, replicate groups across). MASTER_ADDR is
+# 10.77.0.1, then the host name llmhost0, which host 1's /etc/hosts maps to
+# 127.0.1.1 (as Debian maps a host's own name) and host 2's to 10.77.0.1: the
+# ranks on host 1 reach rank 0 through loopback, and the groups they lead
+# must advertise smeth0's address instead, or host 2's members never connect.
+mkdir -p /etc/netns/$NS1 /etc/netns/$NS2
+printf '127.0.0.1 localhost\n127.0.1.1 llmhost0\n' >/etc/netns/$NS1/hosts
+printf '127.0.0.1 localhost\n10.77.0.1 llmhost0\n' >/etc/netns/$NS2/hosts
+trap 'rm -rf /etc/netns/$NS1 /etc/netns/$NS2; cleanup' EXIT
+# tr_2hosts NAME ADDR: ranks 0, 1 in NS1 and 2, 3 in NS2 (LOCAL_WORLD_SIZE 2)
+tr_2hosts() {
+    local name=$1 addr=$2 r ns pids=()
+    for r in 0 1 2 3; do
+        ns=$NS1; [ $r -ge 2 ] && ns=$NS2
+        (timeout 90 ip netns exec $ns env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 MASTER_ADDR=$addr \
+            MASTER_PORT=29400 LLMTRAIN_RDZV_TIMEOUT_S=20 $BIN "$TMP/job.json" --set parallel.strategy=HYBRID_SHARD \
+            --set parallel.shard_degree=2 --set log.dir="$TMP/$name" --set checkpoint.dir="$TMP/$name/ckpt"; echo $? >"$TMP/$name.rc.$r") &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r"; done
+}
+for v in "tr-ip 10.77.0.1" "tr-name llmhost0"; do
+    set -- $v
+    codes=$(tr_2hosts "$1" "$2" >"$TMP/$1.out" 2>&1; cat "$TMP/$1.rc."{0,1,2,3} | tr '\n' ' ')
+    if [ "$codes" = "0 0 0 0 " ] && grep -q "rendezvous $2:29400) | 4 ranks, 2 on this node" "$TMP/$1.out" &&
+       $BIN export "$TMP/$1/ckpt" "$TMP/$1/hf" >/dev/null && $PY tests/compare_runs.py "$TMP/one" "$TMP/$1" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3; then
+        ok "without MPI, 2 hosts x 2 ranks (HYBRID_SHARD 2x2), MASTER_ADDR=$2: matches 1 process"
+    else
+        bad "without MPI, MASTER_ADDR=$2: exit codes $codes: $(grep -E 'llmtrain:' "$TMP/$1.out" | head -3)"
+    fi
+done
+sleep 1
+if [ "$(left)" = "0 0" ]; then ok "no process left in either namespace after the launches without MPI"; else bad "processes left (ns1 ns2): $(left)"; fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
