@@ -23,6 +23,7 @@
 #include "parallel.h"
 #include "util.h"
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <string.h>
@@ -78,7 +79,9 @@ typedef struct Trainer {
     int *ag_req, *rs_req;      /* [n_chunks] non-blocking all-gather / reduce-scatter handle, -1: none */
     int *rs_state;             /* [n_chunks] 0: no reduce-scatter; 1: one in flight into gshard, 2: in place (added at the wait) */
     int in_step, micro, head_fwd; /* inside a step's forward/backward; micro-batch; inside the final chunk's forward */
-    float *full;               /* outside a step: all weights gathered (eval, sample, checkpoint, dump), else NULL */
+    int fwd_only;              /* eval / sample forwards: the hook gathers each chunk for its forward only */
+    float *full;               /* outside a step: all weights gathered (debug.dump), else NULL */
+    double full_peak;          /* bytes of t->full at its largest (0: never gathered; metrics params_peak_bytes) */
     /* resume: step `step_base` reads global sequences from `seq_base` on */
     int step_base;
     uint64_t seq_base;
@@ -193,7 +196,7 @@ static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
                           c->beta1, c->beta2, c->eps, step + 1, grad_scale);
 }
 
-/* Outside a step (eval, sample, checkpoint, dump): all-gather every chunk
+/* Outside a step (debug.dump): all-gather every chunk
  * into a temporary full-size array that the model reads with the chunk
  * hooks idle; free_full_params gives it back. */
 /* What the working-weight gathers read: the master shards, or their bf16 rounding. */
@@ -202,6 +205,7 @@ static const float *gather_src(const Trainer *t) { return t->wshard ? t->wshard 
 static void gather_params(Trainer *t) {
     Model *m = &t->model;
     if (!t->full) t->full = t->k->alloc(m->n_params * sizeof(float));
+    t->full_peak = fmax(t->full_peak, (double)m->n_params * sizeof(float));
     for (int c = 0; c < m->n_chunks; c++) {
         dist_shard_allgather_f32(&t->dist, gather_src(t) + t->shard_off[c], t->full + m->chunk_offset[c], shard_len(t, c));
         m->chunk_params[c] = t->full + m->chunk_offset[c];
@@ -247,6 +251,13 @@ static double pool_bytes(const Trainer *t, int grads) {
     double b = 0;
     for (int i = 0; i < (grads ? ng : np); i++) b += (double)slot_floats(t, i) * sizeof(float);
     return b;
+}
+
+/* Bytes of the working weights the model reads: sharded, the pooled chunk
+ * buffers (+ wshard under bf16 params; `shard` = its bytes); else the full
+ * params. */
+static double params_bytes(const Trainer *t, double shard) {
+    return t->sharded ? pool_bytes(t, 0) + (t->cfg.param_dtype == 1 ? shard : 0) : (double)t->model.n_params * sizeof(float);
 }
 
 static int slot_take(const Trainer *t, int *owner, int n_slots, int c) {
@@ -348,10 +359,14 @@ static void comm_progress(Trainer *t) {
  * backward c-1); free it after its forward when resharding (the final
  * chunk, and tied chunk 0 inside it, stay for the backward that follows at
  * once) and after its backward always; reduce-scatter its gradients as soon
- * as its backward is done. Idle outside a step (t->full is gathered). */
+ * as its backward is done. Forward only (t->fwd_only: eval, sample): free
+ * every chunk after its forward, whatever reshard_after_forward says (tied
+ * chunk 0 is gathered again for the LM head, prefetched with the final
+ * chunk, and freed after it), so at most the embeddings, the final chunk and
+ * 2 layers are gathered and none after the forward. Idle otherwise. */
 static void chunk_hook(void *ctx, int c, int ev) {
     Trainer *t = ctx;
-    if (!t->in_step) return;
+    if (!t->in_step && !t->fwd_only) return;
     int last = t->model.n_chunks - 1, tied = t->model.cfg.tie_embeddings;
     switch (ev) {
     case CHUNK_PRE_FORWARD:
@@ -363,7 +378,12 @@ static void chunk_hook(void *ctx, int c, int ev) {
         }
         break;
     case CHUNK_POST_FORWARD:
-        if (t->reshard && !t->head_fwd) chunk_release(t, c);
+        if (t->fwd_only) {
+            chunk_release(t, c);
+            if (c == last) t->head_fwd = 0;
+        } else if (t->reshard && !t->head_fwd) {
+            chunk_release(t, c);
+        }
         break;
     case CHUNK_PRE_BACKWARD:
         t->head_fwd = 0;
@@ -773,17 +793,31 @@ static uint64_t micro_first_seq(const Trainer *t, int step, int j) {
 /* ------------------------------------------------------------------ */
 /* evaluation and sampling                                             */
 
+/* Forwards no backward follows (eval, sample); sharded, the chunk hook
+ * gathers each chunk for its forward only (on = 0: every chunk is freed). */
+static void forward_only(Trainer *t, int on) {
+    t->model.forward_only = on;
+    t->fwd_only = t->sharded && on;
+    for (int c = 0; t->sharded && !on && c < t->model.n_chunks; c++)
+        if (t->pslot[c] >= 0) die(EXIT_INTERNAL, "sharded eval: chunk %d still gathered after the forwards", c);
+}
+
 static double eval_loss(Trainer *t) {
     double sum[2] = {0, 0};
-    /* the same eval.batches micro-batches whatever the layout: dp rank r takes r, r+dp, ... */
-    t->model.forward_only = 1;
-    for (int j = t->dist.dp_rank; j < t->cfg.eval_batches; j += t->dist.dp) {
-        uint64_t first = (uint64_t)j * (uint64_t)t->model.B;
-        load_batch(t, &t->val, first);
-        sum[0] += model_forward(&t->model, t->tok, t->tgt);
-        sum[1] += 1;
+    /* the same eval.batches micro-batches whatever the layout: dp rank r takes
+     * r, r+dp, ... Sharded, every rank runs as many forwards (the chunk
+     * gathers are collectives of the shard group): a rank whose batches ran
+     * out runs batch 0 again and does not count it. */
+    int dp = t->dist.dp, n = t->sharded ? (t->cfg.eval_batches + dp - 1) / dp : INT_MAX;
+    forward_only(t, 1);
+    for (int i = 0, j = t->dist.dp_rank; i < n; i++, j += dp) {
+        int counted = j < t->cfg.eval_batches;
+        if (!counted && !t->sharded) break;
+        load_batch(t, &t->val, counted ? (uint64_t)j * (uint64_t)t->model.B : 0);
+        float loss = model_forward(&t->model, t->tok, t->tgt);
+        if (counted) { sum[0] += loss; sum[1] += 1; }
     }
-    t->model.forward_only = 0;
+    forward_only(t, 0);
     dist_allreduce_sum_f64(&t->dist, sum, 2);
     return sum[1] > 0 ? sum[0] / sum[1] : NAN;
 }
@@ -819,12 +853,14 @@ static int pick_token(Trainer *t, const float *row, int V) {
 /* Generate sample_tokens tokens after a short prompt taken from the data,
  * and print them (rank 0). Uses B = 1 forwards over the growing context.
  * Tensor parallel: the TP group of data-parallel rank 0 runs the forwards;
- * rank 0 gathers the last row's vocabulary slices, picks, and shares it. */
+ * rank 0 gathers the last row's vocabulary slices, picks, and shares it.
+ * Sharded: every rank runs the same forwards (the chunk gathers are
+ * collectives of the shard group) and rank 0 shares its choice with all. */
 static void print_sample(Trainer *t) {
     const Config *c = &t->cfg;
     Model *m = &t->model;
-    int T = m->T, V = m->cfg.vocab_size, tp = t->dist.tp;
-    if (c->sample_tokens <= 0 || t->dist.dp_rank != 0) return;
+    int T = m->T, V = m->cfg.vocab_size, tp = t->dist.tp, dp0 = t->dist.dp_rank == 0;
+    if (c->sample_tokens <= 0 || (!dp0 && !t->sharded)) return;
     const DataSet *ds = t->have_val ? &t->val : &t->train;
     int prompt = T < 16 ? (T > 1 ? T / 2 : 1) : 8;
     int total = prompt + c->sample_tokens;
@@ -833,26 +869,27 @@ static void print_sample(Trainer *t) {
     memcpy(ctx, t->tok, (size_t)prompt * sizeof(int));
     float *row = malloc_check((size_t)V * sizeof(float));
     float *mine = tp > 1 ? malloc_check((size_t)m->V * sizeof(float)) : NULL; /* this rank's vocabulary slice */
-    m->forward_only = 1;
+    forward_only(t, 1);
     for (int n = prompt; n < total; n++) {
         int len = n < T ? n : T;
         model_forward_bt(m, ctx + (n - len), NULL, 1, len);
         const float *last = m->logits + (size_t)(len - 1 - m->logits_row0) * m->V;
-        if (tp > 1) {
+        if (tp > 1 && dp0) {
             t->k->to_host(mine, last, (size_t)m->V * sizeof(float));
             dist_tp_gather_f32(&t->dist, mine, is_root(t) ? row : NULL, (size_t)m->V);
-        } else {
+        } else if (is_root(t)) {
             t->k->to_host(row, last, (size_t)V * sizeof(float));
         }
         int next = is_root(t) ? pick_token(t, row, V) : 0;
-        if (tp > 1) { /* share the choice: only rank 0 contributes (host memory: a float64 sum) */
+        if (t->sharded || tp > 1) { /* share the choice: only rank 0 contributes (host memory: a float64 sum) */
             double f = (double)next;
-            dist_tp_allreduce_sum_f64(&t->dist, &f, 1);
+            if (t->sharded) dist_allreduce_sum_f64(&t->dist, &f, 1);
+            else dist_tp_allreduce_sum_f64(&t->dist, &f, 1);
             next = (int)f;
         }
         ctx[n] = next;
     }
-    m->forward_only = 0;
+    forward_only(t, 0);
     if (is_root(t)) {
         printf("--- sample ---\n");
         for (int n = 0; n < total; n++) {
@@ -984,6 +1021,9 @@ static void log_step(Trainer *t, const StepStats *s) {
     json_num(f, "tokens_per_s", tps);
     json_num(f, "mfu", mfu);
     json_num(f, "mem_bytes", mem);
+    /* sharded: the working weights at their largest so far (params_bytes,
+     * plus the full-size array a debug.dump gathers) */
+    if (t->sharded) json_num(f, "params_peak_bytes", params_bytes(t, (double)t->n_shard * sizeof(float)) + t->full_peak);
     if (gpu_mem >= 0) {
         json_num(f, "gpu_mem_bytes", gpu_mem);
         json_num(f, "host_mem_bytes", host_mem);
@@ -1322,7 +1362,7 @@ static void rank_bytes(const Trainer *t, double out[RANK_BYTES]) {
     for (int c = 0; c < m->n_chunks; c++) n_shard += shard_len(t, c);
     double full = (double)m->n_params * sizeof(float), shard = (double)n_shard * sizeof(float);
     /* sharded: working weights and gradients are the chunk pools (setup_shards) */
-    out[0] = t->sharded ? pool_bytes(t, 0) + (t->cfg.param_dtype == 1 ? shard : 0) : full; /* + wshard */
+    out[0] = params_bytes(t, shard);
     out[1] = t->sharded ? shard : t->cfg.param_dtype == 1 ? full : 0; /* NO_SHARD fp32: the params are the master */
     out[2] = t->sharded ? pool_bytes(t, 1) + shard : full;
     out[3] = 2 * (t->sharded ? shard : full);
@@ -1511,15 +1551,13 @@ static int train(int argc, char **argv) {
             dist_abort(&t->dist, EXIT_NONFINITE);
         }
         /* the checkpoint first: it reads only the shards, and an evaluation
-         * that fails (out of memory gathering the full weights) must not
-         * cost it */
+         * that fails must not cost it */
         if (save) {
             dist_phase(&t->dist, step + 1, "checkpoint");
             s.ck_block = ck_begin(t, step + 1);
         }
-        /* sharded: the update lives in the master shards; gather the full
-         * weights before anything reads them outside a step */
-        if (t->sharded && eval) { dist_phase(&t->dist, step + 1, "allgather"); gather_params(t); }
+        /* sharded: eval and sample forwards gather chunk by chunk through the
+         * chunk hook, as the step does (never the full weights) */
         if (eval) dist_phase(&t->dist, step + 1, "eval");
         if (eval && t->have_val && c->eval_batches > 0) s.val_loss = eval_loss(t);
         log_step(t, &s);
@@ -1528,7 +1566,6 @@ static int train(int argc, char **argv) {
             stopped = 1;
             break;
         }
-        free_full_params(t);
     }
     dist_phase(&t->dist, c->steps, "checkpoint");
     ck_drain(t);
