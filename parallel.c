@@ -11,6 +11,7 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -248,6 +249,22 @@ static void tcp_init(Dist *d) {
     int port = e.master_port + (agent && strcmp(agent, "True") == 0 && e.master_port < 65535 ? 1 : 0);
     port = (int)env_num("LLMTRAIN_RDZV_PORT", port, 1, 65535);
     double timeout = rdzv_timeout_s = env_num("LLMTRAIN_RDZV_TIMEOUT_S", RDZV_TIMEOUT_DEFAULT_S, 1e-3, 1e7);
+    /* Rank 0 holds a connection to every rank, and a group's first member
+     * one to each member: up to 2 x world sockets, plus files. Raise the
+     * soft open-file limit (often 1024) toward the hard one; every rank
+     * checks the same bound, so a cluster-wide limit fails every rank alike
+     * at once instead of rank 0 running out of descriptors mid-rendezvous. */
+    struct rlimit rl;
+    rlim_t need = 2 * (rlim_t)e.world + 64;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need)
+            die(EXIT_USAGE, "rank %d: the open-file limit is %llu, below the %llu descriptors a world of %d ranks needs "
+                "over TCP (a socket per rank at rank 0, per member at each group's first member): raise the hard limit "
+                "(ulimit -Hn %llu) or launch with mpirun", e.rank, (unsigned long long)rl.rlim_cur, (unsigned long long)need,
+                e.world, (unsigned long long)need);
+    }
     d->rank = e.rank;
     d->world = e.world;
     d->rdzv = rdzv_open(e.master_addr, port, e.rank, e.world, timeout, why, sizeof why);

@@ -11,7 +11,8 @@
 # bit-identical to an uninterrupted one; MASTER_PORT held by the launcher's
 # own store (TORCHELASTIC_USE_AGENT_STORE=True) moves the rendezvous to
 # MASTER_PORT + 1; the ranks per node come from LOCAL_WORLD_SIZE, else from
-# the host names.
+# the host names; the soft open-file limit is raised for rank 0's sockets,
+# and a hard limit too low is one line per rank.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -75,8 +76,11 @@ t0=$(date +%s.%N)
 LLMTRAIN_FAULT=rank=1,step=4,kind=hang trun hang 2 $BIN "$TMP/llama.json" --set parallel.strategy=FULL_SHARD \
     --set parallel.timeout_s=2 --set log.dir="$TMP/hang" >"$TMP/hang.out" 2>&1
 dt=$(echo "$(date +%s.%N) - $t0" | bc)
-if [ "$(rcs hang 2)" = "5,5" ] && grep -q "rank 0: watchdog: step 4 .*collective TCP" "$TMP/hang.out" && (($(echo "$dt < 12" | bc))); then
-    ok "rank 1 hangs at step 4: the watchdog ends both ranks (exit 5) in ${dt%???????} s, rank 0 naming its TCP collective"
+# (rank 0 waits in a TCP collective: its own watchdog ends it, exit 5, or,
+# when rank 1's watchdog fired first, the closed connection does, exit 6)
+if [[ "$(rcs hang 2)" =~ ^[56],5$ ]] && grep -q "rank 1: watchdog: step 4 phase forward" "$TMP/hang.out" &&
+   grep -qE "rank 0: (watchdog: step 4 .*collective TCP|TCP [a-z-]+ on the world group failed)" "$TMP/hang.out" && (($(echo "$dt < 12" | bc))); then
+    ok "rank 1 hangs at step 4: its watchdog ends it (exit 5), rank 0 follows (exit $(cat "$TMP/hang.rc.0")) in ${dt%???????} s"
 else bad "hang: exit codes $(rcs hang 2), ${dt} s: $(grep llmtrain: "$TMP/hang.out" | head -2)"; fi
 
 # a rank that never arrives: the others give up after LLMTRAIN_RDZV_TIMEOUT_S, rank 0 naming it
@@ -102,6 +106,21 @@ for spec in "RANK=4 WORLD_SIZE=4 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=
     if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/badenv.out")" -eq 1 ] && grep -qF "$want" "$TMP/badenv.out"; then ok "[$vars]: exit 2, one line: $want"
     else bad "[$vars]: rc $rc: $(head -2 "$TMP/badenv.out")"; fi
 done
+
+# ---- open-file limit ----
+# 12 ranks under a soft limit of 12 descriptors: rank 0 raises it toward the
+# hard limit (without that, rank 0 runs out mid-rendezvous); a hard limit
+# below 2 x world + 64 is exit 2 on every rank, one line each
+(ulimit -Sn 12; trun fd12 12 $BIN "$TMP/llama.json" --set train.steps=2 --set train.global_batch=12 --set train.micro_batch=1 \
+    --set checkpoint.every_steps=0 --set log.dir="$TMP/fd12" >"$TMP/fd12.out" 2>&1)
+if [ "$(rcs fd12 12)" = "0,0,0,0,0,0,0,0,0,0,0,0" ] && grep -q "^step     2/2" "$TMP/fd12.out"; then
+    ok "12 ranks under a soft open-file limit of 12: the limit is raised and the run completes"
+else bad "soft open-file limit: exit codes $(rcs fd12 12): $(grep llmtrain: "$TMP/fd12.out" | head -2)"; fi
+(ulimit -n 40; trun fd40 4 $BIN "$TMP/llama.json" --set train.steps=2 --set log.dir="$TMP/fd40" >"$TMP/fd40.out" 2>&1)
+if [ "$(rcs fd40 4)" = "2,2,2,2" ] && [ "$(grep -c "the open-file limit is 40, below the 72 descriptors a world of 4 ranks needs" "$TMP/fd40.out")" -eq 4 ] &&
+   [ "$(wc -l <"$TMP/fd40.out")" -eq 4 ]; then
+    ok "hard open-file limit 40 for 4 ranks (72 needed): every rank exits 2 with one line"
+else bad "hard open-file limit: exit codes $(rcs fd40 4): $(head -2 "$TMP/fd40.out")"; fi
 
 # ---- ports ----
 # MASTER_PORT taken: without the agent-store flag the rendezvous cannot
