@@ -18,14 +18,19 @@ void die(int code, const char *fmt, ...) {
      * too, mpirun ends this rank during the wait and the job says it once;
      * an error of this rank alone (a file missing on its host) still shows. */
     if (g_linger) sleep(3);
+    /* one write: the lines of ranks that fail together into one stderr do
+     * not interleave */
+    char line[4096];
     va_list ap;
     va_start(ap, fmt);
-    fputs("llmtrain: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int n = vsnprintf(line + 10, sizeof line - 11, fmt, ap);
     va_end(ap);
+    memcpy(line, "llmtrain: ", 10);
+    size_t len = n < 0 ? 10 : (size_t)n < sizeof line - 11 ? 10 + (size_t)n : sizeof line - 2;
+    line[len++] = '\n';
     fflush(stdout);
     fflush(stderr);
+    if (write(2, line, len) < 0) exit(code);
     exit(code);
 }
 
