@@ -794,8 +794,10 @@ int rdzv_bcast(Rendezvous *r, void *buf, size_t n, char *why, size_t wn) {
     return fan_out(r, OP_BCAST, buf, 0, buf, n, why, wn);
 }
 
-/* Allgather (op ALLGATHER) or barrier (op BARRIER, n = 0): each rank's n
- * bytes to rank 0, rank 0's assembled world * n bytes to each rank. */
+/* Allgather (op ALLGATHER), barrier (op BARRIER, n = 0) or gather (op
+ * GATHER): each rank's n bytes to rank 0; except for GATHER, rank 0's
+ * assembled world * n bytes back to each rank (a gather's other ranks
+ * return once theirs is sent, and only rank 0's recv is touched). */
 static int gather_all(Rendezvous *r, uint32_t op, const void *send, void *recv, size_t n, char *why, size_t wn) {
     if (!usable(r, why, wn)) return -1;
     uint32_t seq = ++r->seq;
@@ -803,7 +805,8 @@ static int gather_all(Rendezvous *r, uint32_t op, const void *send, void *recv, 
     if (n && (size_t)W > SIZE_MAX / n) return fail(r, -1, why, wn, "%s #%u: %zu bytes x %d ranks overflows", op_name(op), seq, n, W);
     size_t total = n * (size_t)W;
     unsigned char *out = recv;
-    if (n) memmove(out + (size_t)r->rank * n, send, n);
+    int back = op != OP_GATHER;
+    if (n && (back || r->rank == 0)) memmove(out + (size_t)r->rank * n, send, n);
     if (W == 1) return 0;
     double deadline = now_s() + r->timeout_s;
     char tmp[96];
@@ -825,7 +828,7 @@ static int gather_all(Rendezvous *r, uint32_t op, const void *send, void *recv, 
                 return fail(r, -1, why, wn, "rank %d %s during %s #%u", i,
                             io_what(io, errno, r->timeout_s, tmp, sizeof tmp), op_name(op), seq);
         }
-        for (int i = 1; i < W; i++) {
+        for (int i = 1; back && i < W; i++) {
             int io = send_frame(r->fd[i], op, seq, out, total, deadline);
             if (io != IO_OK)
                 return fail(r, i, why, wn, "rank %d %s during %s #%u", i,
@@ -837,6 +840,7 @@ static int gather_all(Rendezvous *r, uint32_t op, const void *send, void *recv, 
     if (io != IO_OK)
         return fail(r, -1, why, wn, "rank 0 %s during %s #%u", io_what(io, errno, r->timeout_s, tmp, sizeof tmp),
                     op_name(op), seq);
+    if (!back) return 0;
     if (recv_hdr_from0(r, op, seq, total, deadline, why, wn) < 0) return -1;
     io = io_full(r->fd[0], out, total, 0, deadline + GRACE_S);
     if (io != IO_OK)
@@ -853,41 +857,8 @@ int rdzv_barrier(Rendezvous *r, char *why, size_t wn) {
     return gather_all(r, OP_BARRIER, NULL, NULL, 0, why, wn);
 }
 
-/* Gather (op GATHER): each rank's n bytes to rank 0's recv[world * n]; the
- * other ranks return once theirs is sent. */
 int rdzv_gather(Rendezvous *r, const void *send, void *recv, size_t n, char *why, size_t wn) {
-    if (!usable(r, why, wn)) return -1;
-    uint32_t seq = ++r->seq;
-    int W = r->world;
-    if (n && (size_t)W > SIZE_MAX / n) return fail(r, -1, why, wn, "gather #%u: %zu bytes x %d ranks overflows", seq, n, W);
-    if (r->rank == 0 && n) memmove(recv, send, n);
-    if (W == 1) return 0;
-    double deadline = now_s() + r->timeout_s;
-    char tmp[96];
-    if (r->rank != 0) {
-        int io = send_frame(r->fd[0], OP_GATHER, seq, send, n, deadline);
-        if (io != IO_OK)
-            return fail(r, -1, why, wn, "rank 0 %s during gather #%u", io_what(io, errno, r->timeout_s, tmp, sizeof tmp), seq);
-        return 0;
-    }
-    unsigned char *out = recv;
-    for (int i = 1; i < W; i++) {
-        unsigned char h[HDR_BYTES];
-        int io = io_full(r->fd[i], h, HDR_BYTES, 0, deadline);
-        if (io == IO_OK) {
-            uint32_t gop, gseq;
-            uint64_t glen;
-            get_hdr(h, &gop, &gseq, &glen);
-            if (gop != OP_GATHER || gseq != seq || glen != n)
-                return fail(r, -1, why, wn,
-                            "mismatched collectives: rank %d is in %s #%u of %llu bytes while rank 0 is in gather #%u of "
-                            "%zu bytes", i, op_name(gop), gseq, (unsigned long long)glen, seq, n);
-            io = io_full(r->fd[i], out + (size_t)i * n, n, 0, deadline);
-        }
-        if (io != IO_OK)
-            return fail(r, -1, why, wn, "rank %d %s during gather #%u", i, io_what(io, errno, r->timeout_s, tmp, sizeof tmp), seq);
-    }
-    return 0;
+    return gather_all(r, OP_GATHER, send, recv, n, why, wn);
 }
 
 /* Scatter (op SCATTER): rank 0's send[world * n], block i to rank i's recv. */

@@ -30,7 +30,8 @@ void die(int code, const char *fmt, ...) {
     line[len++] = '\n';
     fflush(stdout);
     fflush(stderr);
-    if (write(2, line, len) < 0) exit(code);
+    ssize_t w = write(2, line, len); /* nothing to do if stderr is gone */
+    (void)w;
     exit(code);
 }
 
