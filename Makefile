@@ -14,7 +14,8 @@ PY = /usr/bin/python3
 
 SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpoint.c rendezvous.c util.c
 HDR = $(wildcard *.h)
-TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl
+TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
+            tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest
 
 # CUDA backend: built whenever nvcc is found (on PATH or in /usr/local/cuda);
 # `make NVCC=` builds the CPU-only binary. CUDA_ARCH lists the SM versions
@@ -76,6 +77,39 @@ test-gpu: check-deps llmtrain tests/test_gpu
 bench-gpu: check-deps llmtrain
 	bench/run_bench_gpu.sh
 
+# The CUDA backend on the host, for machines without a GPU (make test): the
+# source of kernels.cu rewritten to plain C++ (cu2cpp.py: launches and
+# dynamic shared memory) over the emulated runtime, cuBLASLt, CUB and NCCL of
+# tests/cuda_emu. Needs no nvcc. tests/test_gpu_emu is tests/test_gpu on it,
+# tests/llmtrain_emu the trainer (train.device cuda runs there on the host).
+CXX ?= g++
+EMU = tests/cuda_emu
+EMU_DEFS = -DLLMTRAIN_CUDA -I$(EMU)/include -I$(EMU)/nccl
+EMU_HDR = $(EMU)/emu.h $(wildcard $(EMU)/include/*.h) $(EMU)/include/cub/device/device_radix_sort.cuh $(EMU)/nccl/nccl.h
+EMU_OBJ = $(EMU)/build/kernels_emu.o $(EMU)/build/emu.o
+EMU_CXX = $(CXX) -O2 -march=native -std=c++17 -Wall -Wextra -Werror -Wno-unknown-pragmas
+
+$(EMU)/build/kernels_emu.cpp: kernels.cu $(EMU)/cu2cpp.py
+	@mkdir -p $(EMU)/build
+	$(PY) $(EMU)/cu2cpp.py kernels.cu $@
+
+$(EMU)/build/kernels_emu.o: $(EMU)/build/kernels_emu.cpp $(EMU_HDR) kernels.h util.h
+	$(EMU_CXX) $(EMU_DEFS) -I. -c $< -o $@
+
+$(EMU)/build/emu.o: $(EMU)/emu.cpp $(EMU_HDR)
+	@mkdir -p $(EMU)/build
+	$(EMU_CXX) -I$(EMU)/include -c $< -o $@
+
+$(EMU)/build/selftest: $(EMU)/selftest.cu $(EMU)/cu2cpp.py $(EMU_HDR) $(EMU)/build/emu.o
+	$(PY) $(EMU)/cu2cpp.py $(EMU)/selftest.cu $(EMU)/build/selftest.cpp
+	$(EMU_CXX) $(EMU_DEFS) $(EMU)/build/selftest.cpp $(EMU)/build/emu.o -o $@
+
+tests/test_gpu_emu: tests/test_gpu.c kernels_cpu.c util.c $(HDR) $(EMU_OBJ)
+	$(CC) -O2 -march=native $(WARN) $(OMP) $(EMU_DEFS) -I. $< kernels_cpu.c util.c $(EMU_OBJ) $(BLAS_LIBS) -lm -lstdc++ -o $@
+
+tests/llmtrain_emu: $(SRC) dist_nccl.c $(HDR) $(EMU_OBJ) $(EMU)/nccl_emu.c $(EMU_HDR)
+	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(EMU_DEFS) $(SRC) dist_nccl.c $(EMU)/nccl_emu.c $(EMU_OBJ) $(LIBS) -lstdc++ -lpthread -o $@
+
 tests/test_kernels: tests/test_kernels.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< kernels_cpu.c util.c $(BLAS_LIBS) -lm -o $@
 
@@ -112,4 +146,5 @@ bench: deps
 
 clean:
 	rm -f llmtrain $(TEST_BINS) tests/test_gpu kernels_cuda.o
+	rm -rf $(EMU)/build
 	rm -rf runs

@@ -4,7 +4,7 @@
 #      inputs (tolerances stated in tests/test_gpu.c: 1e-5 fp32, 5e-3 TF32),
 #      then again with the linear layers' GEMMs in bf16 (1e-2) and with
 #      plain fp32 GEMMs (1e-4).
-#   2. whole training runs, small GPT-2 and small Llama (GQA), 20 steps with
+#   2. whole training runs, small GPT-2 and small Llama (GQA), $STEPS steps with
 #      gradient accumulation and a validation pass: train.device=cuda vs
 #      train.device=cpu, loss / grad norm / val loss per step within a
 #      relative 5e-3 (TF32 matmuls; the CPU is fp32 throughout), and the
@@ -15,7 +15,7 @@
 #      without offload.
 #   3b. the fused attention kernels (LLMTRAIN_CUDA_ATTENTION=flash) in whole
 #      runs: GPT-2 (MHA) and Llama (GQA) with head dim 64 and T = 100 (a
-#      ragged last tile), 20 steps against cpu: under
+#      ragged last tile), $STEPS steps against cpu: under
 #      LLMTRAIN_CUDA_MATMUL=fp32 (the fused kernels in fp32 FMA too) within
 #      1e-4, with TF32 (tensor cores in the fused kernels) within 5e-3, and a
 #      Llama run with selective activation checkpointing (attention forward
@@ -32,8 +32,16 @@
 #      the GPU count, and auto runs 2 ranks on the CPU.
 # Without a GPU this FAILS (exit 1, one line on stderr); it never skips.
 # Not named test_*.sh: tests/run_all.sh (the CPU suite) must not pick it up.
+# The same checks run on the host emulation of CUDA (tests/test_cuda_emu.sh)
+# through these overrides: LLMTRAIN_GPU_BIN (the trainer), TEST_GPU_BIN (the
+# kernel checks), GPU_TEST_STEPS (steps per run, default 20), GPU_COUNT
+# (instead of nvidia-smi) and GPU_TESTS_EMULATED=1 (leaves out the launch
+# without MPI, which the emulated NCCL cannot bootstrap).
 . "$(dirname "$0")/lib.sh"
 unset LLMTRAIN_DEVICE
+BIN=${LLMTRAIN_GPU_BIN:-$BIN}
+TEST_GPU=${TEST_GPU_BIN:-tests/test_gpu}
+STEPS=${GPU_TEST_STEPS:-20}
 # GPU images may keep numpy in another python3 than Debian's
 $PY -c 'import numpy' 2>/dev/null || PY=python3
 LOSS_RTOL=5e-3       # TF32 (default)
@@ -44,8 +52,8 @@ LOSS_RTOL_FP32=1e-4  # LLMTRAIN_CUDA_MATMUL=fp32 (summation order only)
 # again with the opt-in bf16 GEMMs of the linear layers and with plain fp32
 # GEMMs
 for mm in tf32 bf16 fp32; do
-    echo "--- tests/test_gpu, LLMTRAIN_CUDA_MATMUL=$mm"
-    out=$(LLMTRAIN_CUDA_SYNC=1 LLMTRAIN_CUDA_MATMUL=$mm tests/test_gpu 2>&1); rc=$?
+    echo "--- $TEST_GPU, LLMTRAIN_CUDA_MATMUL=$mm"
+    out=$(LLMTRAIN_CUDA_SYNC=1 LLMTRAIN_CUDA_MATMUL=$mm $TEST_GPU 2>&1); rc=$?
     echo "$out"
     if grep -q "no usable CUDA device" <<<"$out"; then
         echo "test-gpu: FAIL: $(grep -o 'no usable CUDA device.*' <<<"$out" | head -1)" >&2
@@ -56,7 +64,7 @@ for mm in tf32 bf16 fp32; do
     if [ -n "$line" ]; then
         pass=$((pass + $(awk '{print $1}' <<<"$line"))); fail=$((fail + $(awk '{print $3}' <<<"$line")))
     fi
-    [ "$rc" -ne 0 ] && [ -z "$line" ] && { echo "FAIL tests/test_gpu ($mm) crashed (exit $rc)"; fail=$((fail + 1)); }
+    [ "$rc" -ne 0 ] && [ -z "$line" ] && { echo "FAIL $TEST_GPU ($mm) crashed (exit $rc)"; fail=$((fail + 1)); }
 done
 
 write_shard "$TMP/train.bin" 96 40000 3
@@ -66,7 +74,7 @@ for arch in gpt2 llama; do
 {"model": {"arch": "$arch", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": $([ $arch = llama ] && echo 2 || echo 4),
            "vocab_size": 96, "max_seq_len": 64},
  "data": {"train": "$TMP/train.bin", "val": "$TMP/val.bin"},
- "train": {"steps": 20, "seq_len": 64, "micro_batch": 4, "global_batch": 8},
+ "train": {"steps": $STEPS, "seq_len": 64, "micro_batch": 4, "global_batch": 8},
  "optim": {"lr": 3e-3, "warmup_steps": 3, "grad_clip": 1.0},
  "eval": {"sample_tokens": 16, "batches": 2, "every_steps": 10}}
 JSON
@@ -104,8 +112,8 @@ PYEOF
     else echo "FAIL $arch: mem fields on cuda/cpu: $memline"; fail=$((fail + 1)); fi
     for run in cuda:$LOSS_RTOL cuda-bf16:$LOSS_RTOL_BF16 cuda-fp32:$LOSS_RTOL_FP32; do
         dev=${run%%:*} tol=${run#*:}
-        if $PY tests/compare_runs.py "$TMP/$arch-cpu" "$TMP/$arch-$dev" --steps 20 --loss-rtol $tol; then
-            echo "ok   $arch: 20 steps $dev vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
+        if $PY tests/compare_runs.py "$TMP/$arch-cpu" "$TMP/$arch-$dev" --steps $STEPS --loss-rtol $tol; then
+            echo "ok   $arch: $STEPS steps $dev vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
         else
             echo "FAIL $arch: $dev and cpu loss trajectories differ by more than $tol"; fail=$((fail + 1))
         fi
@@ -121,8 +129,8 @@ for off in false true; do
 done
 $BIN "$TMP/llama.json" --set model.n_layer=5 --set train.device=cpu --set log.dir="$TMP/off-cpu" \
     --set checkpoint.dir="$TMP/off-cpu/ckpt" >"$TMP/off-cpu.out" 2>&1
-if grep -q "offload_host_bytes" "$TMP/off-true.out" && $PY tests/compare_runs.py "$TMP/off-cpu" "$TMP/off-true" --steps 20 --loss-rtol $LOSS_RTOL &&
-   $PY tests/compare_runs.py "$TMP/off-false" "$TMP/off-true" --steps 20 --loss-rtol 1e-5; then
+if grep -q "offload_host_bytes" "$TMP/off-true.out" && $PY tests/compare_runs.py "$TMP/off-cpu" "$TMP/off-true" --steps $STEPS --loss-rtol $LOSS_RTOL &&
+   $PY tests/compare_runs.py "$TMP/off-false" "$TMP/off-true" --steps $STEPS --loss-rtol 1e-5; then
     echo "ok   activation offload on cuda (5 layers, selective): matches cpu within $LOSS_RTOL and cuda without offload within 1e-5"; pass=$((pass + 1))
 else
     echo "FAIL activation offload on cuda differs (or no offload_host_bytes line)"; fail=$((fail + 1))
@@ -153,8 +161,8 @@ for arch in gpt2 llama; do
     for run in flash-fp32:1e-4 flash:$LOSS_RTOL flash-sel:$LOSS_RTOL; do
         name=${run%%:*} tol=${run#*:}
         [ $arch = gpt2 ] && [ $name = flash-sel ] && continue
-        if $PY tests/compare_runs.py "$TMP/fa-$arch-cpu" "$TMP/fa-$arch-$name" --steps 20 --loss-rtol $tol; then
-            echo "ok   flash $arch (head dim 64, T 100): 20 steps $name vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
+        if $PY tests/compare_runs.py "$TMP/fa-$arch-cpu" "$TMP/fa-$arch-$name" --steps $STEPS --loss-rtol $tol; then
+            echo "ok   flash $arch (head dim 64, T 100): $STEPS steps $name vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
         else
             echo "FAIL flash $arch: $name and cpu loss trajectories differ by more than $tol"; fail=$((fail + 1))
         fi
@@ -162,7 +170,7 @@ for arch in gpt2 llama; do
 done
 
 # multi-rank: NCCL (2 GPUs or more) or the refusal (1 GPU)
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+ngpu=${GPU_COUNT:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 # same_comm_bytes RUN_A RUN_B: identical comm_bytes in every step line
 same_comm_bytes() {
     $PY - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PYEOF'
@@ -188,8 +196,8 @@ if [ "${ngpu:-0}" -ge 2 ]; then
         if grep -q "backend cuda, collectives NCCL" "$TMP/mr-$name-cuda.out"; then
             echo "ok   2 ranks $name: $(grep -o 'backend cuda.*' "$TMP/mr-$name-cuda.out" | cut -c1-120)"; pass=$((pass + 1))
         else echo "FAIL 2 ranks $name: the header does not name NCCL: $(head -1 "$TMP/mr-$name-cuda.out")"; fail=$((fail + 1)); fi
-        if $PY tests/compare_runs.py "$TMP/mr-$name-cpu" "$TMP/mr-$name-cuda" --steps 20 --loss-rtol $LOSS_RTOL; then
-            echo "ok   2 ranks $name: 20 steps NCCL vs MPI on the CPU, loss/grad norm/val loss within $LOSS_RTOL"; pass=$((pass + 1))
+        if $PY tests/compare_runs.py "$TMP/mr-$name-cpu" "$TMP/mr-$name-cuda" --steps $STEPS --loss-rtol $LOSS_RTOL; then
+            echo "ok   2 ranks $name: $STEPS steps NCCL vs MPI on the CPU, loss/grad norm/val loss within $LOSS_RTOL"; pass=$((pass + 1))
         else echo "FAIL 2 ranks $name: NCCL and CPU loss trajectories differ by more than $LOSS_RTOL"; fail=$((fail + 1)); fi
         if same_comm_bytes "$TMP/mr-$name-cpu" "$TMP/mr-$name-cuda"; then
             echo "ok   2 ranks $name: comm_bytes per step identical on NCCL and MPI"; pass=$((pass + 1))
@@ -201,12 +209,16 @@ if [ "${ngpu:-0}" -ge 2 ]; then
         echo "ok   2 ranks, train.device=auto on $ngpu GPUs: backend cuda with NCCL"; pass=$((pass + 1))
     else echo "FAIL 2 ranks auto: exit $rc: $(grep -E 'backend|llmtrain:' "$TMP/mr-auto.out" | head -2)"; fail=$((fail + 1)); fi
     # a torchrun-style launch (no MPI): NCCL bootstrapped over the TCP rendezvous, the MPI launch's run
+    if [ "${GPU_TESTS_EMULATED:-0}" = 1 ]; then
+        echo "note the launch without MPI is left out: the emulated NCCL runs over MPI"
+    else
     trun mr-tr 2 $BIN "$TMP/llama.json" --set train.device=cuda --set parallel.strategy=FULL_SHARD \
         --set log.dir="$TMP/mr-tr" --set checkpoint.dir="$TMP/mr-tr/ckpt" >"$TMP/mr-tr.out" 2>&1; rc=$?
     if [ $rc -eq 0 ] && grep -q "backend cuda, collectives NCCL" "$TMP/mr-tr.out" && grep -q "^launch: torchrun-style" "$TMP/mr-tr.out" &&
-       $PY tests/compare_runs.py "$TMP/mr-fullshard-cuda" "$TMP/mr-tr" --steps 20 --loss-rtol $LOSS_RTOL; then
+       $PY tests/compare_runs.py "$TMP/mr-fullshard-cuda" "$TMP/mr-tr" --steps $STEPS --loss-rtol $LOSS_RTOL; then
         echo "ok   2 ranks FULL_SHARD launched without MPI: NCCL over the TCP bootstrap, the mpirun run's losses"; pass=$((pass + 1))
     else echo "FAIL torchrun-style NCCL launch: exit $rc: $(grep -E 'launch|llmtrain:|NCCL' "$TMP/mr-tr.out" | head -3)"; fail=$((fail + 1)); fi
+    fi
     # a hung rank: both watchdogs fire (rank 0 waits on the device for NCCL), the communicators are aborted, exit 5
     t0=$(date +%s)
     LLMTRAIN_FAULT="rank=1,step=3,kind=hang" timeout 120 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=cuda \

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""tests/cuda_emu/cu2cpp.py IN.cu OUT.cpp — kernels.cu as plain C++ for the
+host emulation of CUDA (tests/cuda_emu/emu.h). Two rewrites, nothing else:
+
+  kernel<<<grid, block[, smem[, stream]]>>>(args);
+      -> ::emu::Launch(grid, block[, ...]).run("kernel", kernel, args);
+  extern __shared__ [__align__(n)] T name[];
+      -> T *name = (T *)::emu::dyn_smem();
+
+A #line directive keeps compiler messages pointing at kernels.cu. Fails
+(exit 1, one line) on a launch it cannot parse."""
+import re
+import sys
+
+
+def balanced_back(s, end, open_c, close_c):
+    """index of the open_c matching the close_c at s[end]"""
+    depth = 0
+    i = end
+    while i >= 0:
+        if s[i] == close_c:
+            depth += 1
+        elif s[i] == open_c:
+            depth -= 1
+            if depth == 0:
+                return i
+        i -= 1
+    return -1
+
+
+def balanced_fwd(s, start, open_c, close_c):
+    """index of the close_c matching the open_c at s[start]"""
+    depth = 0
+    i = start
+    while i < len(s):
+        if s[i] == open_c:
+            depth += 1
+        elif s[i] == close_c:
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def fail(src, pos, why):
+    line = src.count("\n", 0, pos) + 1
+    sys.stderr.write(f"cu2cpp: {sys.argv[1]}:{line}: {why}\n")
+    sys.exit(1)
+
+
+def rewrite_launches(src):
+    out = []
+    pos = 0
+    while True:
+        i = src.find("<<<", pos)
+        if i < 0:
+            out.append(src[pos:])
+            return "".join(out)
+        # the kernel expression: an identifier, optionally with <template args>
+        j = i - 1
+        while j >= 0 and src[j].isspace():
+            j -= 1
+        if src[j] == ">":
+            j = balanced_back(src, j, "<", ">") - 1
+            if j < 0:
+                fail(src, i, "unbalanced template arguments before <<<")
+        k = j
+        while k >= 0 and (src[k].isalnum() or src[k] in "_:"):
+            k -= 1
+        start = k + 1
+        kernel = src[start:i].strip()
+        if not re.match(r"^[A-Za-z_][\w:]*(\s*<.*>)?$", kernel, re.S):
+            fail(src, i, f"cannot parse the kernel before <<<: {kernel!r}")
+        e = src.find(">>>", i)
+        if e < 0:
+            fail(src, i, "<<< without >>>")
+        cfg = src[i + 3:e]
+        a = e + 3
+        while src[a].isspace():
+            a += 1
+        if src[a] != "(":
+            fail(src, i, "no argument list after >>>")
+        close = balanced_fwd(src, a, "(", ")")
+        if close < 0:
+            fail(src, i, "unbalanced argument list")
+        args = src[a + 1:close].strip()
+        name = re.sub(r"\s+", " ", kernel)
+        call = f'::emu::Launch({cfg}).run("{name}", {kernel}' + (f", {args})" if args else ")")
+        # keep the line count: the launch's newlines go after it
+        call += "\n" * (src.count("\n", start, close + 1) - call.count("\n"))
+        out.append(src[pos:start])
+        out.append(call)
+        pos = close + 1
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.stderr.write("usage: cu2cpp.py IN.cu OUT.cpp\n")
+        sys.exit(2)
+    src = open(sys.argv[1]).read()
+    src = re.sub(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?(\w+)\s+(\w+)\s*\[\s*\]\s*;",
+                 r"\1 *\2 = (\1 *)::emu::dyn_smem();", src)
+    if "extern __shared__" in src:
+        fail(src, src.find("extern __shared__"), "an extern __shared__ declaration it cannot parse")
+    src = rewrite_launches(src)
+    with open(sys.argv[2], "w") as f:
+        f.write(f'#line 1 "{sys.argv[1]}"\n' + src)
+
+
+main()

@@ -1,0 +1,2 @@
+/* the host emulation of CUDA: see tests/cuda_emu/emu.h */
+#include "../emu.h"

@@ -1,0 +1,46 @@
+/* the host emulation of the part of NCCL that dist_nccl.c uses (see
+ * tests/cuda_emu/nccl_emu.c): the real names and shapes, MPI underneath. */
+#ifndef LLMTRAIN_CUDA_EMU_NCCL_H
+#define LLMTRAIN_CUDA_EMU_NCCL_H
+#include "../emu.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+typedef struct EmuNcclComm *ncclComm_t;
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
+typedef enum {
+    ncclSuccess = 0,
+    ncclUnhandledCudaError = 1,
+    ncclSystemError = 2,
+    ncclInternalError = 3,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5,
+    ncclRemoteError = 6,
+    ncclInProgress = 7
+} ncclResult_t;
+typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+typedef enum { ncclSum = 0, ncclMax = 3 } ncclRedOp_t;
+typedef struct {
+    int blocking;
+} ncclConfig_t;
+#define NCCL_CONFIG_INITIALIZER {1}
+const char *ncclGetErrorString(ncclResult_t r);
+const char *ncclGetLastError(ncclComm_t c);
+ncclResult_t ncclGetVersion(int *v);
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *c, int nranks, ncclUniqueId id, int rank, ncclConfig_t *cfg);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *st);
+ncclResult_t ncclCommFinalize(ncclComm_t c);
+ncclResult_t ncclCommDestroy(ncclComm_t c);
+ncclResult_t ncclCommAbort(ncclComm_t c);
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                           cudaStream_t s);
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t s);
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                               cudaStream_t s);
+#ifdef __cplusplus
+}
+#endif
+#endif

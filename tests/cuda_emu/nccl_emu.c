@@ -1,0 +1,155 @@
+/* tests/cuda_emu/nccl_emu.c — NCCL for the host emulation of CUDA: device
+ * memory is host memory, so each collective is the MPI collective on the
+ * same buffers, with NCCL's buffer rules (in-place forms: all-gather's send
+ * at recv + rank * n, reduce-scatter's recv at send + rank * n; any other
+ * overlap is ncclInvalidArgument). Communicators: every rank creates its
+ * groups' communicators in the same order (dist_nccl.c does), so splitting
+ * MPI_COMM_WORLD by the unique id's colour (its maker's world rank + 1)
+ * forms them. Needs an MPI launch: without MPI (a torchrun-style launch)
+ * ncclCommInitRankConfig fails with ncclSystemError and says why. Calls
+ * complete at once; ncclCommAbort (the watchdog's) only marks the
+ * communicator, as nothing can wait. */
+#include "nccl/nccl.h"
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct EmuNcclComm {
+    MPI_Comm comm;
+    int rank, size, aborted;
+};
+
+static const char *last_error = "";
+
+const char *ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "internal error";
+    }
+}
+
+const char *ncclGetLastError(ncclComm_t c) {
+    (void)c;
+    return last_error;
+}
+
+ncclResult_t ncclGetVersion(int *v) {
+    *v = 22800; /* 2.28.0: the emulation */
+    return ncclSuccess;
+}
+
+static int mpi_up(void) {
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    return up && !down;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    memset(id, 0, sizeof *id);
+    if (!mpi_up()) {
+        last_error = "the emulated NCCL (tests/cuda_emu) runs over MPI: launch with mpirun";
+        return ncclSystemError;
+    }
+    int r;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    r += 1;
+    memcpy(id->internal, "emu", 4);
+    memcpy(id->internal + 4, &r, sizeof r);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *c, int nranks, ncclUniqueId id, int rank, ncclConfig_t *cfg) {
+    (void)cfg;
+    *c = NULL;
+    if (!mpi_up()) {
+        last_error = "the emulated NCCL (tests/cuda_emu) runs over MPI: launch with mpirun";
+        return ncclSystemError;
+    }
+    int color;
+    if (memcmp(id.internal, "emu", 4) != 0) return ncclInvalidArgument;
+    memcpy(&color, id.internal + 4, sizeof color);
+    struct EmuNcclComm *f = calloc(1, sizeof *f);
+    if (!f) return ncclSystemError;
+    MPI_Comm_split(MPI_COMM_WORLD, color, rank, &f->comm);
+    MPI_Comm_rank(f->comm, &f->rank);
+    MPI_Comm_size(f->comm, &f->size);
+    if (f->rank != rank || f->size != nranks) {
+        last_error = "communicator members disagree on its size or their ranks";
+        return ncclInvalidUsage;
+    }
+    *c = f;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *st) {
+    *st = c && c->aborted ? ncclInvalidUsage : ncclSuccess;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t c) { return c ? ncclSuccess : ncclInvalidArgument; }
+
+ncclResult_t ncclCommDestroy(ncclComm_t c) {
+    if (!c) return ncclInvalidArgument;
+    if (mpi_up()) MPI_Comm_free(&c->comm);
+    free(c);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t c) { /* from the watchdog thread: no MPI */
+    if (c) c->aborted = 1;
+    return ncclSuccess;
+}
+
+static int overlap(const void *a, size_t an, const void *b, size_t bn) {
+    const char *x = a, *y = b;
+    return x < y + bn && y < x + an;
+}
+
+static ncclResult_t check(ncclComm_t c, ncclDataType_t t, size_t n) {
+    if (!c || c->aborted) return ncclInvalidUsage;
+    if (t != ncclFloat32 || n > 0x7fffffff) return ncclInvalidArgument;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                           cudaStream_t s) {
+    (void)s;
+    ncclResult_t r = check(c, t, n);
+    if (r != ncclSuccess) return r;
+    if (send != recv && overlap(send, n * 4, recv, n * 4)) return ncclInvalidArgument;
+    MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)n, MPI_FLOAT, op == ncclMax ? MPI_MAX : MPI_SUM,
+                  c->comm);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t s) {
+    (void)s;
+    ncclResult_t r = check(c, t, n);
+    if (r != ncclSuccess) return r;
+    int in_place = (const float *)send == (float *)recv + (size_t)c->rank * n;
+    if (!in_place && overlap(send, n * 4, recv, n * 4 * (size_t)c->size)) return ncclInvalidArgument;
+    MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, c->comm);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                               cudaStream_t s) {
+    (void)s;
+    ncclResult_t r = check(c, t, n);
+    if (r != ncclSuccess) return r;
+    if (op != ncclSum) return ncclInvalidArgument;
+    int in_place = (float *)recv == (const float *)send + (size_t)c->rank * n;
+    if (!in_place && overlap(send, n * 4 * (size_t)c->size, recv, n * 4)) return ncclInvalidArgument;
+    float *tmp = malloc(n * sizeof(float) + 4);
+    if (!tmp) return ncclSystemError;
+    MPI_Reduce_scatter_block(send, tmp, (int)n, MPI_FLOAT, MPI_SUM, c->comm);
+    memcpy(recv, tmp, n * sizeof(float));
+    free(tmp);
+    return ncclSuccess;
+}

@@ -1,0 +1,134 @@
+/* tests/cuda_emu/selftest.cu — the emulator's own checks (selftest.sh runs
+ * each mode): what must work works, and what the hardware would get wrong
+ * or refuse fails here too. Built from this .cu through cu2cpp.py, like
+ * kernels.cu. Usage: selftest MODE; prints "ok ..." or "FAIL ...", exit 0/1,
+ * except the modes that must end the process with the emulator's error. */
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <mma.h>
+#include <stdio.h>
+#include <string.h>
+
+__global__ void shfl_k(float *out, int live) {
+    int lane = threadIdx.x & 31;
+    if (lane >= live) return;
+    float v = (float)lane;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    out[threadIdx.x] = v;
+}
+
+template <int N> __global__ void smem_k(float *out) {
+    extern __shared__ __align__(16) float dyn[];
+    __shared__ float stat[N];
+    int t = threadIdx.x;
+    dyn[t] = (float)t;
+    stat[t % N] = 1.0f;
+    __syncthreads();
+    out[t] = dyn[blockDim.x - 1 - t] + stat[0] + (float)blockIdx.x * 1000.0f;
+}
+
+__global__ void diverge_k(float *out) {
+    float v = 1.0f;
+    if ((threadIdx.x & 31) < 16) __syncthreads();
+    else v = __shfl_xor_sync(0xffffffffu, v, 1);
+    out[threadIdx.x] = v;
+}
+
+namespace wm = nvcuda::wmma;
+__global__ void wmma_k(float *d, const float *a, const float *b, int poison) {
+    wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::row_major> fa;
+    wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::row_major> fb;
+    wm::fragment<wm::accumulator, 16, 16, 8, float> acc;
+    wm::fill_fragment(acc, 0.0f);
+    wm::load_matrix_sync(fa, a + (poison == 2), 8);
+    wm::load_matrix_sync(fb, b, 16);
+    if (poison == 1 && threadIdx.x == 3) fa.x[0] += 1.0f; /* a lane-dependent change: assumes a layout */
+    wm::mma_sync(acc, fa, fb, acc);
+    wm::store_matrix_sync(d, acc, 16, wm::mem_row_major);
+}
+
+static int report(int ok, const char *what) {
+    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+    return ok ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    float *d;
+    cudaMalloc((void **)&d, 1 << 20);
+    float h[1024];
+    if (!strcmp(mode, "shuffle")) {
+        shfl_k<<<1, 64>>>(d, 32);
+        cudaMemcpy(h, d, 64 * sizeof(float), cudaMemcpyDeviceToHost);
+        int ok = 1;
+        for (int i = 0; i < 64; i++) ok &= h[i] == 496.0f;
+        int bad = report(ok, "a butterfly sum of the lane ids is 496 in every lane of 2 warps");
+        shfl_k<<<1, 32>>>(d, 20); /* lanes 20..31 exited: lanes reading them see NaN */
+        cudaMemcpy(h, d, 20 * sizeof(float), cudaMemcpyDeviceToHost);
+        int nans = 0;
+        for (int i = 0; i < 20; i++) nans += isnan(h[i]) != 0;
+        return bad | report(nans == 20, "a shuffle that reads exited lanes gives NaN (20 of 20 lanes read one)");
+    }
+    if (!strcmp(mode, "smem")) {
+        size_t big = 64 * 1024;
+        smem_k<32><<<2, 256, big>>>(d);
+        int refused = cudaGetLastError() == cudaErrorInvalidValue;
+        int bad = report(refused, "64 KB of dynamic shared memory without cudaFuncSetAttribute: the launch fails");
+        cudaFuncSetAttribute(smem_k<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big);
+        smem_k<32><<<2, 256, big>>>(d);
+        int ok = cudaGetLastError() == cudaSuccess;
+        cudaMemcpy(h, d, 256 * sizeof(float), cudaMemcpyDeviceToHost);
+        for (int t = 0; t < 256; t++) ok &= h[t] == (float)(255 - t) + 1.0f + 1000.0f; /* block 1 wrote last */
+        bad |= report(ok, "after cudaFuncSetAttribute it runs: dynamic and static shared memory shared by the block");
+        smem_k<32><<<1, 2048>>>(d);
+        bad |= report(cudaGetLastError() == cudaErrorInvalidConfiguration, "a block of 2048 threads fails to launch");
+        return bad;
+    }
+    if (!strcmp(mode, "diverge")) { /* must end the process */
+        diverge_k<<<1, 32>>>(d);
+        cudaDeviceSynchronize();
+        return report(0, "a barrier half a warp never reaches went unnoticed");
+    }
+    if (!strcmp(mode, "wmma") || !strcmp(mode, "wmma-poison") || !strcmp(mode, "wmma-misaligned")) {
+        float a[16 * 8], b[8 * 16], ref[256];
+        for (int i = 0; i < 128; i++) { a[i] = (float)(i % 7) - 3.0f; b[i] = (float)(i % 5) * 0.5f; }
+        for (int i = 0; i < 16; i++)
+            for (int j = 0; j < 16; j++) {
+                float s = 0.0f;
+                for (int k = 0; k < 8; k++) s += a[i * 8 + k] * b[k * 16 + j];
+                ref[i * 16 + j] = s;
+            }
+        float *da = d + 1024, *db = d + 2048;
+        cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
+        cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+        wmma_k<<<1, 32>>>(d, da, db, !strcmp(mode, "wmma-poison") ? 1 : !strcmp(mode, "wmma") ? 0 : 2);
+        cudaMemcpy(h, d, 256 * sizeof(float), cudaMemcpyDeviceToHost);
+        return report(memcmp(h, ref, sizeof ref) == 0, "a 16x16x8 wmma product (small integers: exact in TF32)");
+    }
+    if (!strcmp(mode, "cublas-align")) {
+        cublasLtHandle_t lt;
+        cublasLtMatmulDesc_t desc;
+        cublasLtMatrixLayout_t l;
+        cublasLtMatmulPreference_t pref;
+        cublasLtCreate(&lt);
+        cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F);
+        cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, 16, 16, 16);
+        cublasLtMatmulPreferenceCreate(&pref);
+        uint32_t al = 16;
+        for (int a = CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES; a <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES; a++)
+            cublasLtMatmulPreferenceSetAttribute(pref, (cublasLtMatmulPreferenceAttributes_t)a, &al, sizeof al);
+        cublasLtMatmulHeuristicResult_t res;
+        int n = 0;
+        cublasLtMatmulAlgoGetHeuristic(lt, desc, l, l, l, l, pref, 1, &res, &n);
+        float one = 1.0f, zero = 0.0f;
+        cublasStatus_t s1 = cublasLtMatmul(lt, desc, &one, d, l, d + 512, l, &zero, d + 1024, l, d + 1024, l, &res.algo,
+                                           NULL, 0, 0);
+        cublasStatus_t s2 = cublasLtMatmul(lt, desc, &one, d + 1, l, d + 512, l, &zero, d + 1024, l, d + 1024, l,
+                                           &res.algo, NULL, 0, 0);
+        return report(n == 1 && s1 == CUBLAS_STATUS_SUCCESS && s2 == CUBLAS_STATUS_NOT_SUPPORTED,
+                      "a cuBLASLt plan chosen for 16-byte operands refuses a 4-byte aligned one");
+    }
+    fprintf(stderr, "selftest: unknown mode '%s'\n", mode);
+    return 2;
+}

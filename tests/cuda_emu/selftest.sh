@@ -1,0 +1,27 @@
+#!/bin/bash
+# The emulator's own checks (tests/cuda_emu/selftest.cu): run by
+# tests/test_cuda_emu.sh before the CUDA backend's checks.
+cd "$(dirname "$0")" || exit 2
+BIN=build/selftest
+pass=0; fail=0
+for mode in shuffle smem wmma cublas-align; do
+    out=$($BIN $mode 2>&1); rc=$?
+    echo "$out"
+    p=$(grep -c '^ok' <<<"$out"); f=$(grep -c '^FAIL' <<<"$out")
+    pass=$((pass + p)); fail=$((fail + f))
+    [ $rc -ne 0 ] && [ "$f" -eq 0 ] && { echo "FAIL selftest $mode exited $rc"; fail=$((fail + 1)); }
+done
+# these must end the process: exit 70 and one line from the emulator
+for case in "diverge:deadlocks: .* a barrier not every thread reaches" \
+            "wmma-poison:operands differ between the lanes of a warp" \
+            "wmma-misaligned:wmma tile pointer not 32-byte aligned"; do
+    mode=${case%%:*} want=${case#*:}
+    err=$($BIN $mode 2>&1 >/dev/null); rc=$?
+    if [ $rc -eq 70 ] && [ "$(wc -l <<<"$err")" -eq 1 ] && grep -q "^llmtrain: CUDA emulator: kernel .*$want" <<<"$err"; then
+        echo "ok   $mode ends the process: exit 70, $err"; pass=$((pass + 1))
+    else
+        echo "FAIL $mode: exit $rc, expected 70 and one line matching '$want': $err"; fail=$((fail + 1))
+    fi
+done
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
