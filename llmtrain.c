@@ -1355,7 +1355,34 @@ static void print_header(Trainer *t) {
  * optimizer state and activations (on the device), and of activations
  * offloaded to host memory, from the layout table alone (so `llmtrain check`
  * can size a model it never allocates). */
-#define RANK_BYTES 6
+/* The CUDA backend's scratch beside the layout's buffers (kernels.cu: the
+ * cuBLASLt workspace of 32 MiB and the reduction partials, then buffers
+ * that grow to the largest request plus an eighth): attention's P and dS
+ * blocks of [B, T, T] floats (the GEMM path; the fused one keeps D rows of
+ * [B, heads, T] instead), the column-sum partials of the bias and norm
+ * gradients, the embedding backward's sort keys and CUB's temporary storage
+ * (taken as N x 8 bytes + 1 MiB), and under LLMTRAIN_CUDA_MATMUL=bf16 the
+ * bf16 copies of the largest GEMM operands. An upper bound, which
+ * tests/gpu_tests.sh holds against the device's measured peak. */
+static double cuda_scratch_bytes(const Trainer *t) {
+    const Model *m = &t->model;
+    const double B = t->cfg.micro_batch, T = t->cfg.seq_len, N = B * T, C = t->cfg.model.n_embd, grow = 1.125;
+    double s = 32.0 * 1048576 + 512 * 8 + 8;
+    const char *att = getenv("LLMTRAIN_CUDA_ATTENTION"), *mm = getenv("LLMTRAIN_CUDA_MATMUL");
+    int flash = att && strcmp(att, "flash") == 0 && (m->hd == 32 || m->hd == 64 || m->hd == 128);
+    s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
+    double rb = ceil(N / 256.0) > 128 ? 128 : ceil(N / 256.0), widest = 2 * C;
+    if (t->cfg.model.arch == ARCH_GPT2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
+    s += grow * rb * widest * 4.0;
+    s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);
+    if (mm && strcmp(mm, "bf16") == 0) { /* A: rows x inner, B: rows x inner, each at most this */
+        double rows = fmax(N, fmax(m->V, fmax(m->fc_dim, m->qkv_dim))), inner = fmax(C, fmax(m->F, fmax(m->fc_dim, m->V)));
+        s += grow * 2.0 * 2.0 * rows * inner;
+    }
+    return s;
+}
+
+#define RANK_BYTES 7
 static void rank_bytes(const Trainer *t, double out[RANK_BYTES]) {
     const Model *m = &t->model;
     size_t n_shard = 0;
@@ -1368,6 +1395,7 @@ static void rank_bytes(const Trainer *t, double out[RANK_BYTES]) {
     out[3] = 2 * (t->sharded ? shard : full);
     out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * t->cfg.micro_batch * t->cfg.seq_len * sizeof(int);
     out[5] = (double)m->offload_floats * sizeof(float);
+    out[6] = t->k && backend_is_cuda(t) ? cuda_scratch_bytes(t) : 0; /* training on cuda only (check prints its own) */
 }
 
 /* " offload_host_bytes N" when activations are offloaded, else "" */
@@ -1417,8 +1445,10 @@ static void print_layout(Trainer *t) {
     for (int r = 0; r < d->world; r++) {
         const double *x = all + RANK_BYTES * r;
         char off[64];
-        printf("  rank %d: params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f activations_bytes %.0f%s\n", r,
-               x[0], x[1], x[2], x[3], x[4], offload_field(x[5], off, sizeof off));
+        char scr[64] = "";
+        if (x[6] > 0) snprintf(scr, sizeof scr, " cuda_scratch_bytes %.0f", x[6]);
+        printf("  rank %d: params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f activations_bytes %.0f%s%s\n", r,
+               x[0], x[1], x[2], x[3], x[4], offload_field(x[5], off, sizeof off), scr);
     }
     fflush(stdout);
     free(all);
@@ -1648,6 +1678,11 @@ static int cmd_check(int argc, char **argv) {
     printf("per rank (estimate): params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f "
            "activations_bytes %.0f%s | total %.1f GiB\n", b[0], b[1], b[2], b[3], b[4], offload_field(b[5], off, sizeof off),
            (b[0] + b[1] + b[2] + b[3] + b[4]) / (1 << 30));
+    if (strcmp(c->device, "cpu") != 0) {
+        double sc = cuda_scratch_bytes(t);
+        printf("on CUDA also (estimate): cuda_scratch_bytes %.0f (cuBLASLt workspace, attention, gradient and sort "
+               "scratch) | total %.1f GiB\n", sc, (b[0] + b[1] + b[2] + b[3] + b[4] + sc) / (1 << 30));
+    }
     model_free(&t->model);
     config_free(&t->cfg);
     return EXIT_OK;

@@ -67,6 +67,37 @@ for mm in tf32 bf16 fp32; do
     [ "$rc" -ne 0 ] && [ -z "$line" ] && { echo "FAIL $TEST_GPU ($mm) crashed (exit $rc)"; fail=$((fail + 1)); }
 done
 
+# mem_check CUDA_RUN CUDA_OUT [CPU_RUN CPU_OUT]: on CUDA mem_bytes is the
+# device's peak (= gpu_mem_bytes), at least the layout's params + grads +
+# optimizer state + activations, and at most that plus the CUDA scratch
+# estimate (cuda_scratch_bytes on the layout line), which overshoots it by
+# at most 2 MiB (its allowance for CUB's temporary storage is 1 MiB + 8 bytes
+# a token); host RSS beside it (host_mem_bytes);
+# the step line says "GiB gpu"; a CPU run keeps its fields and line as they
+# were
+mem_check() {
+    $PY - "$@" <<'PYEOF'
+import json, re, sys
+cuda, out = sys.argv[1:3]
+cpu, cpu_out = (sys.argv[3:5] + [None, None])[:2]
+last = lambda run: [json.loads(l) for l in open(run + "/metrics.jsonl") if '"loss"' in l][-1]
+g = last(cuda)
+c = last(cpu) if cpu else {"mem_bytes": 1}
+text = open(out).read()
+lay = re.search(r"rank 0: params_bytes (\d+) master_bytes \d+ grads_bytes (\d+) optimizer_state_bytes (\d+) activations_bytes (\d+) cuda_scratch_bytes (\d+)", text)
+need = sum(int(x) for x in lay.groups()[:4]) if lay else float("inf")
+scratch = int(lay.group(5)) if lay else float("inf")
+gm = g.get("gpu_mem_bytes", 0) or 0
+ok = (gm > 0 and g.get("mem_bytes") == gm and (g.get("host_mem_bytes") or 0) > 0 and gm >= need
+      and gm <= need + scratch <= gm + 2 * 2**20
+      and "gpu_mem_bytes" not in c and "host_mem_bytes" not in c and (c.get("mem_bytes") or 0) > 0
+      and re.search(r"\| mem [0-9.]+ GiB gpu \|", text) and not (cpu_out and re.search(r"GiB gpu", open(cpu_out).read())))
+print("gpu_mem_bytes %s (layout needs %s, with the CUDA scratch estimate %s), host_mem_bytes %s; cpu mem_bytes %s"
+      % (gm, need, need + scratch, g.get("host_mem_bytes"), c.get("mem_bytes")))
+sys.exit(0 if ok else 1)
+PYEOF
+}
+
 write_shard "$TMP/train.bin" 96 40000 3
 write_shard "$TMP/val.bin" 96 8000 4
 for arch in gpt2 llama; do
@@ -89,26 +120,9 @@ JSON
     [ $ok_runs = 1 ] || continue
     if grep -q "backend cuda" "$TMP/$arch-cuda.out"; then echo "ok   $arch: header names the CUDA device: $(grep -o 'backend cuda.*' "$TMP/$arch-cuda.out")"; pass=$((pass + 1))
     else echo "FAIL $arch: header lacks 'backend cuda'"; fail=$((fail + 1)); fi
-    # mem on CUDA: mem_bytes is the device's peak (= gpu_mem_bytes), at least
-    # the layout's params + grads + optimizer state + activations; the host's
-    # RSS beside it (host_mem_bytes); the step line says "GiB gpu"; a CPU run
-    # keeps its fields and line as they were
-    if memline=$($PY - "$TMP/$arch-cuda" "$TMP/$arch-cpu" "$TMP/$arch-cuda.out" "$TMP/$arch-cpu.out" <<'PYEOF'
-import json, re, sys
-cuda, cpu, out, cpu_out = sys.argv[1:5]
-last = lambda run: [json.loads(l) for l in open(run + "/metrics.jsonl") if '"loss"' in l][-1]
-g, c = last(cuda), last(cpu)
-text = open(out).read()
-lay = re.search(r"rank 0: params_bytes (\d+) master_bytes \d+ grads_bytes (\d+) optimizer_state_bytes (\d+) activations_bytes (\d+)", text)
-need = sum(int(x) for x in lay.groups()) if lay else float("inf")
-gm = g.get("gpu_mem_bytes", 0) or 0
-ok = (gm > 0 and g.get("mem_bytes") == gm and (g.get("host_mem_bytes") or 0) > 0 and gm >= need
-      and "gpu_mem_bytes" not in c and "host_mem_bytes" not in c and (c.get("mem_bytes") or 0) > 0
-      and re.search(r"\| mem [0-9.]+ GiB gpu \|", text) and not re.search(r"GiB gpu", open(cpu_out).read()))
-print("gpu_mem_bytes %s (layout needs %s), host_mem_bytes %s; cpu mem_bytes %s" % (gm, need, g.get("host_mem_bytes"), c.get("mem_bytes")))
-sys.exit(0 if ok else 1)
-PYEOF
-    ); then echo "ok   $arch: mem on cuda is the device's: $memline"; pass=$((pass + 1))
+    # mem on CUDA against the layout and the scratch estimate (mem_check)
+    if memline=$(mem_check "$TMP/$arch-cuda" "$TMP/$arch-cuda.out" "$TMP/$arch-cpu" "$TMP/$arch-cpu.out"); then
+        echo "ok   $arch: mem on cuda is the device's: $memline"; pass=$((pass + 1))
     else echo "FAIL $arch: mem fields on cuda/cpu: $memline"; fail=$((fail + 1)); fi
     for run in cuda:$LOSS_RTOL cuda-bf16:$LOSS_RTOL_BF16 cuda-fp32:$LOSS_RTOL_FP32; do
         dev=${run%%:*} tol=${run#*:}
@@ -119,6 +133,14 @@ PYEOF
         fi
     done
 done
+
+# the scratch estimate where attention's [B, T, T] blocks are most of it (T 512)
+if $BIN "$TMP/llama.json" --set train.device=cuda --set train.steps=2 --set train.seq_len=512 --set model.max_seq_len=512 \
+     --set train.micro_batch=2 --set train.global_batch=2 --set eval.batches=0 --set eval.sample_tokens=0 \
+     --set log.dir="$TMP/mem512" --set checkpoint.dir="$TMP/mem512/ckpt" >"$TMP/mem512.out" 2>&1 &&
+   memline=$(mem_check "$TMP/mem512" "$TMP/mem512.out"); then
+    echo "ok   llama T 512 on cuda: the memory estimate bounds the peak: $memline"; pass=$((pass + 1))
+else echo "FAIL llama T 512 on cuda: $memline $(tail -2 "$TMP/mem512.out")"; fail=$((fail + 1)); fi
 
 # activation offload on the GPU: 5 layers (the 3 device slots reused), cuda with
 # offload vs the cpu run without, and cuda with vs without offload
