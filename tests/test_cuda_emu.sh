@@ -13,11 +13,13 @@
 #      checkpointing), and with 2 emulated devices the 2-rank NCCL runs
 #      (NO_SHARD, FULL_SHARD, tp 2) against MPI on the CPU and the hung-rank
 #      watchdog. 8 steps per run instead of 20 (the emulator runs a step of
-#      the small jobs in about 0.75 s).
+#      the small jobs in about 0.75 s);
+#   3. what the GPU suite cannot stage: device memory running out (an
+#      emulated 34 MiB device) is exit 3 and one line naming the allocation,
+#      and 2 ranks on a node of 1 emulated device is exit 2 and one line.
 # What it cannot show: speed, races between streams, and the hardware's own
 # rounding (the tolerances are the GPU suite's).
-cd "$(dirname "$0")/.." || exit 2
-pass=0; fail=0
+. "$(dirname "$0")/lib.sh"
 out=$(tests/cuda_emu/selftest.sh 2>&1); rc=$?
 echo "$out"
 line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -1)
@@ -32,5 +34,22 @@ if [ -n "$line" ]; then
 else
     echo "FAIL tests/gpu_tests.sh on the emulation printed no summary (exit $rc)"; fail=$((fail + 1))
 fi
+
+write_shard "$TMP/train.bin" 96 4000 3
+cat >"$TMP/job.json" <<JSON
+{"model": {"arch": "llama", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "vocab_size": 96, "max_seq_len": 64},
+ "data": {"train": "$TMP/train.bin"}, "train": {"steps": 2, "seq_len": 64, "micro_batch": 4, "global_batch": 8, "device": "cuda"},
+ "log": {"dir": "$TMP/run"}, "checkpoint": {"dir": "$TMP/run/ckpt"}}
+JSON
+LLMTRAIN_CUDA_EMU_MEM_MIB=34 tests/llmtrain_emu "$TMP/job.json" >"$TMP/oom.out" 2>"$TMP/oom.err"; rc=$?
+if [ $rc -eq 3 ] && [ "$(wc -l <"$TMP/oom.err")" -eq 1 ] &&
+   grep -q '^llmtrain: CUDA out of memory at kernels.cu:[0-9]* allocating [0-9.]* GiB ([0-9.]* of 0.03 GiB free on the device, [0-9.]* GiB held by llmtrain)$' "$TMP/oom.err"; then
+    echo "ok   device memory runs out (34 MiB emulated): exit 3, $(cat "$TMP/oom.err")"; pass=$((pass + 1))
+else echo "FAIL out of device memory: exit $rc, expected 3 and one line: $(head -c 400 "$TMP/oom.err")"; fail=$((fail + 1)); fi
+LLMTRAIN_CUDA_EMU_DEVICES=1 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" >"$TMP/one.out" 2>"$TMP/one.err"; rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/one.err")" -eq 1 ] &&
+   grep -q '^llmtrain: .*train.device "cuda": 2 ranks on this node but 1 CUDA device' "$TMP/one.err"; then
+    echo "ok   2 ranks on 1 emulated device: exit 2, one line naming the device count"; pass=$((pass + 1))
+else echo "FAIL 2 ranks on 1 device: exit $rc: $(grep llmtrain: "$TMP/one.err" | head -2)"; fail=$((fail + 1)); fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
