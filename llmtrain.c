@@ -1351,10 +1351,6 @@ static void print_header(Trainer *t) {
     fflush(stdout);
 }
 
-/* This rank's bytes of working parameters, fp32 master weights, gradients,
- * optimizer state and activations (on the device), and of activations
- * offloaded to host memory, from the layout table alone (so `llmtrain check`
- * can size a model it never allocates). */
 /* The CUDA backend's scratch beside the layout's buffers (kernels.cu: the
  * cuBLASLt workspace of 32 MiB and the reduction partials, then buffers
  * that grow to the largest request plus an eighth): attention's P and dS
@@ -1371,7 +1367,7 @@ static double cuda_scratch_bytes(const Trainer *t) {
     const char *att = getenv("LLMTRAIN_CUDA_ATTENTION"), *mm = getenv("LLMTRAIN_CUDA_MATMUL");
     int flash = att && strcmp(att, "flash") == 0 && (m->hd == 32 || m->hd == 64 || m->hd == 128);
     s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
-    double rb = ceil(N / 256.0) > 128 ? 128 : ceil(N / 256.0), widest = 2 * C;
+    double rb = fmin(128.0, ceil(N / 256.0)), widest = 2 * C;
     if (t->cfg.model.arch == ARCH_GPT2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
     s += grow * rb * widest * 4.0;
     s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);
@@ -1382,6 +1378,10 @@ static double cuda_scratch_bytes(const Trainer *t) {
     return s;
 }
 
+/* This rank's bytes of working parameters, fp32 master weights, gradients,
+ * optimizer state and activations (on the device), and of activations
+ * offloaded to host memory, from the layout table alone (so `llmtrain check`
+ * can size a model it never allocates), and on a CUDA backend its scratch. */
 #define RANK_BYTES 7
 static void rank_bytes(const Trainer *t, double out[RANK_BYTES]) {
     const Model *m = &t->model;

@@ -20,20 +20,20 @@
 # What it cannot show: speed, races between streams, and the hardware's own
 # rounding (the tolerances are the GPU suite's).
 . "$(dirname "$0")/lib.sh"
-out=$(tests/cuda_emu/selftest.sh 2>&1); rc=$?
-echo "$out"
-line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -1)
-if [ -n "$line" ]; then pass=$(awk '{print $1}' <<<"$line"); fail=$(awk '{print $3}' <<<"$line"); fi
-[ $rc -ne 0 ] && [ "$fail" -eq 0 ] && fail=1
-out=$(LLMTRAIN_GPU_BIN=$PWD/tests/llmtrain_emu TEST_GPU_BIN=tests/test_gpu_emu TEST_GPU_MAX_T=256 GPU_TEST_STEPS=8 \
-      GPU_COUNT=2 LLMTRAIN_CUDA_EMU_DEVICES=2 GPU_TESTS_EMULATED=1 tests/gpu_tests.sh 2>&1); rc=$?
-echo "$out"
-line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -1)
-if [ -n "$line" ]; then
+# suite NAME CMD...: run a suite, print it, add its "N passed, M failed" to ours
+# (no summary, or a non-zero exit with none failed, counts as a failure)
+suite() {
+    local name=$1 out rc line; shift
+    out=$("$@" 2>&1); rc=$?
+    echo "$out"
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -1)
+    if [ -z "$line" ]; then echo "FAIL $name printed no summary (exit $rc)"; fail=$((fail + 1)); return; fi
     pass=$((pass + $(awk '{print $1}' <<<"$line"))); fail=$((fail + $(awk '{print $3}' <<<"$line")))
-else
-    echo "FAIL tests/gpu_tests.sh on the emulation printed no summary (exit $rc)"; fail=$((fail + 1))
-fi
+    [ $rc -ne 0 ] && [ "$(awk '{print $3}' <<<"$line")" -eq 0 ] && { echo "FAIL $name exited $rc"; fail=$((fail + 1)); }
+}
+suite selftest tests/cuda_emu/selftest.sh
+suite "tests/gpu_tests.sh on the emulation" env LLMTRAIN_GPU_BIN="$PWD/tests/llmtrain_emu" TEST_GPU_BIN=tests/test_gpu_emu \
+    TEST_GPU_MAX_T=256 GPU_TEST_STEPS=8 GPU_COUNT=2 LLMTRAIN_CUDA_EMU_DEVICES=2 GPU_TESTS_EMULATED=1 tests/gpu_tests.sh
 
 write_shard "$TMP/train.bin" 96 4000 3
 cat >"$TMP/job.json" <<JSON

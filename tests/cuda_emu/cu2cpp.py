@@ -13,33 +13,18 @@ import re
 import sys
 
 
-def balanced_back(s, end, open_c, close_c):
-    """index of the open_c matching the close_c at s[end]"""
+def match(s, i, open_c, close_c, step):
+    """index of the bracket matching the one at s[i], scanning by step
+    (+1 from an open_c, -1 from a close_c); -1 when unbalanced"""
     depth = 0
-    i = end
-    while i >= 0:
-        if s[i] == close_c:
-            depth += 1
-        elif s[i] == open_c:
-            depth -= 1
-            if depth == 0:
-                return i
-        i -= 1
-    return -1
-
-
-def balanced_fwd(s, start, open_c, close_c):
-    """index of the close_c matching the open_c at s[start]"""
-    depth = 0
-    i = start
-    while i < len(s):
+    while 0 <= i < len(s):
         if s[i] == open_c:
-            depth += 1
+            depth += step
         elif s[i] == close_c:
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
+            depth -= step
+        if depth == 0:
+            return i
+        i += step
     return -1
 
 
@@ -62,7 +47,7 @@ def rewrite_launches(src):
         while j >= 0 and src[j].isspace():
             j -= 1
         if src[j] == ">":
-            j = balanced_back(src, j, "<", ">") - 1
+            j = match(src, j, "<", ">", -1) - 1
             if j < 0:
                 fail(src, i, "unbalanced template arguments before <<<")
         k = j
@@ -81,7 +66,7 @@ def rewrite_launches(src):
             a += 1
         if src[a] != "(":
             fail(src, i, "no argument list after >>>")
-        close = balanced_fwd(src, a, "(", ")")
+        close = match(src, a, "(", ")", 1)
         if close < 0:
             fail(src, i, "unbalanced argument list")
         args = src[a + 1:close].strip()

@@ -8,6 +8,7 @@
 #include "include/cublasLt.h"
 #include "emu.h"
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,6 @@ __asm__(".text\n"
         ".size emu_switch, .-emu_switch\n");
 
 static void die_emu(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
-#include <stdarg.h>
 static void die_emu(int code, const char *fmt, ...) {
     char buf[1024];
     va_list ap;
@@ -101,15 +101,17 @@ void warp_barrier() {
         while (w.gen == g) yield();
 }
 
+static void release_block() {
+    blk.arrived = 0;
+    blk.gen++;
+}
+
 void syncthreads() {
     unsigned g = blk.gen;
     events++;
-    if (++blk.arrived == blk.alive) {
-        blk.arrived = 0;
-        blk.gen++;
-    } else {
+    if (++blk.arrived == blk.alive) release_block();
+    else
         while (blk.gen == g) yield();
-    }
 }
 
 /* Two slots per lane, by the parity of the round: a lane may write round
@@ -168,10 +170,7 @@ static void fiber_entry() {
      * no later round can match them */
     if (w.arrived && w.arrived == w.alive) release_warp(w);
     blk.alive--;
-    if (blk.arrived && blk.arrived == blk.alive) {
-        blk.arrived = 0;
-        blk.gen++;
-    }
+    if (blk.arrived && blk.arrived == blk.alive) release_block();
     void *dead;
     emu_switch(&dead, sched_sp);
     abort(); /* never resumed */
