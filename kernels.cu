@@ -14,16 +14,17 @@
  * stays closer to the CPU reference. The price is half the bf16 tensor rate;
  * bf16 storage and bf16 GEMMs are the next tranche.
  *
- * Attention: scores and the products with V go through strided-batched
+ * Attention (default): fused flash-style kernels (tiles of queries x keys in
+ * shared memory and registers, online softmax, no T x T scratch; TF32 tensor
+ * cores through wmma, fp32 FMA under LLMTRAIN_CUDA_MATMUL=fp32; head dims
+ * 32, 64, 128): see the "attention, fused" section. Other head dims, and
+ * every shape under LLMTRAIN_CUDA_ATTENTION=gemm, take strided-batched
  * cuBLASLt GEMMs on the full T x T square (the masked half is computed and
- * thrown away), one query head at a time; the causal softmax and its backward
- * are hand-written kernels. The probabilities live in a [B, T, T] scratch:
- * the forward saves each row's log-sum-exp, the backward recomputes them.
- * LLMTRAIN_CUDA_ATTENTION=flash selects fused flash-style kernels instead
- * (tiles of queries x keys in shared memory and registers, online softmax,
- * no T x T scratch; TF32 tensor cores through wmma, fp32 FMA under
- * LLMTRAIN_CUDA_MATMUL=fp32; head dims 32, 64, 128): see the "attention,
- * fused" section.
+ * thrown away), one query head at a time, with hand-written causal softmax
+ * and softmax-backward kernels; the probabilities live in a [B, T, T]
+ * scratch: the forward saves each row's log-sum-exp, the backward recomputes
+ * them. On an H100 the fused kernels were 6% faster for the Llama 3.2 1B
+ * shape at T=4096 and level with the GEMMs for GPT-2 124M at T=1024.
  *
  * Everything that needs scratch memory (cuBLASLt workspace, reduction
  * partials, attention's P and dP blocks, column-sum partials, AdamW
@@ -1713,10 +1714,11 @@ static int flash_attention_backward(float *dqkv, const float *dout, const float 
 }
 // ---- flash attention region: end ----
 
-/* LLMTRAIN_CUDA_ATTENTION picks the attention kernels: gemm (default, the
- * cuBLASLt GEMMs above) or flash (the fused kernels of the region above,
- * for head dims 32, 64 and 128; other shapes take the GEMMs; TF32 tensor
- * cores, or fp32 FMA under LLMTRAIN_CUDA_MATMUL=fp32 or below sm_80).
+/* LLMTRAIN_CUDA_ATTENTION picks the attention kernels: flash (default, the
+ * fused kernels of the region above, for head dims 32, 64 and 128; other
+ * shapes take the GEMMs; TF32 tensor cores, or fp32 FMA under
+ * LLMTRAIN_CUDA_MATMUL=fp32 or below sm_80) or gemm (the cuBLASLt GEMMs
+ * above, for every shape).
  * kernels_cuda_set_attention overrides it (tests). */
 enum { ATT_GEMM = 0, ATT_FLASH = 1 };
 static int att_mode = -1;
@@ -1725,7 +1727,7 @@ static long flash_calls;
 static int attention_mode(void) {
     if (att_mode < 0) {
         const char *e = getenv("LLMTRAIN_CUDA_ATTENTION");
-        att_mode = !e || !*e || strcmp(e, "gemm") == 0 ? ATT_GEMM : strcmp(e, "flash") == 0 ? ATT_FLASH : -2;
+        att_mode = !e || !*e || strcmp(e, "flash") == 0 ? ATT_FLASH : strcmp(e, "gemm") == 0 ? ATT_GEMM : -2;
         if (att_mode == -2) die(EXIT_USAGE, "LLMTRAIN_CUDA_ATTENTION=%s: expected gemm or flash", e);
     }
     return att_mode;
@@ -2377,8 +2379,8 @@ extern "C" const char *kernels_cuda_device_info(void) {
                                         : "TF32 tensor cores",
              cublasLtGetVersion(),
              attention_mode() != ATT_FLASH ? "gemm (cuBLASLt GEMMs + softmax kernels)"
-             : fl_tensor_cores() ? "flash (LLMTRAIN_CUDA_ATTENTION=flash: fused kernels, TF32 tensor cores, head dims 32/64/128)"
-                                 : "flash (LLMTRAIN_CUDA_ATTENTION=flash: fused kernels, fp32 FMA, head dims 32/64/128)");
+             : fl_tensor_cores() ? "flash (fused kernels, TF32 tensor cores, head dims 32/64/128; LLMTRAIN_CUDA_ATTENTION=gemm for the GEMMs)"
+                                 : "flash (fused kernels, fp32 FMA, head dims 32/64/128; LLMTRAIN_CUDA_ATTENTION=gemm for the GEMMs)");
     return info;
 }
 

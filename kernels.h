@@ -250,9 +250,9 @@ void kernels_cuda_mem_stats(size_t *in_use, size_t *peak);
 /* How many matmul_gelu_forward calls so far ran as one cuBLASLt GEMM with
  * the GELU epilogue (the rest: GEMM, then the GELU kernel); for tests. */
 long kernels_cuda_fused_gelu_calls(void);
-/* The attention kernels: "gemm" (cuBLASLt GEMMs on the full T x T square,
- * the default) or "flash" (fused kernels, head dims 32/64/128; other shapes
- * still take the GEMMs). The environment variable LLMTRAIN_CUDA_ATTENTION
+/* The attention kernels: "flash" (fused kernels, head dims 32/64/128, the
+ * default; other shapes still take the GEMMs) or "gemm" (cuBLASLt GEMMs on
+ * the full T x T square). The environment variable LLMTRAIN_CUDA_ATTENTION
  * sets it at start; this overrides it (tests). */
 void kernels_cuda_set_attention(const char *mode);
 /* How many attention_forward / attention_backward calls so far ran the

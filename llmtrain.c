@@ -1365,7 +1365,7 @@ static double cuda_scratch_bytes(const Trainer *t) {
     const double B = t->cfg.micro_batch, T = t->cfg.seq_len, N = B * T, C = t->cfg.model.n_embd, grow = 1.125;
     double s = 32.0 * 1048576 + 512 * 8 + 8;
     const char *att = getenv("LLMTRAIN_CUDA_ATTENTION"), *mm = getenv("LLMTRAIN_CUDA_MATMUL");
-    int flash = att && strcmp(att, "flash") == 0 && (m->hd == 32 || m->hd == 64 || m->hd == 128);
+    int flash = !(att && strcmp(att, "gemm") == 0) && (m->hd == 32 || m->hd == 64 || m->hd == 128);
     s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
     double rb = fmin(128.0, ceil(N / 256.0)), widest = 2 * C;
     if (t->cfg.model.arch == ARCH_GPT2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));

@@ -17,12 +17,24 @@
 # BENCH_ATTENTION="gemm" or "flash" picks one. The result line names both.
 # Without a GPU it fails (exit 1, one line). BENCH_STEPS
 # (default 8; the first step is warm-up and not counted).
+# BENCH_PROFILE=1: each case runs 2 steps under Nsight Compute (ncu, one
+# metric: gpu__time_duration.sum per launch, clocks as found) and prints,
+# after its result line, where step 2's kernel time goes (bench/ncu_table.py:
+# GEMMs, attention, cross-entropy, the top kernels); BENCH_PROFILE_CSV_DIR
+# keeps the CSVs. The ms/step of a profiled case is ncu's (serialised
+# launches), not a timing.
 set -u
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
 # GPU images may keep numpy in another python3 than Debian's
 $PY -c 'import numpy' 2>/dev/null || PY=python3
+PROFILE=${BENCH_PROFILE:-0}
 STEPS=${BENCH_STEPS:-8}
+PROF=()
+if [ "$PROFILE" = 1 ]; then
+    STEPS=2
+    command -v ncu >/dev/null || { echo "bench-gpu: FAIL: BENCH_PROFILE=1 needs Nsight Compute's ncu on PATH" >&2; exit 1; }
+fi
 MATMUL=${BENCH_MATMUL:-tf32 bf16}
 ATTENTION=${BENCH_ATTENTION:-gemm flash}
 for a in $ATTENTION; do
@@ -54,7 +66,9 @@ run_case() {
  "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name"}, "checkpoint": {"dir": "$TMP/ck_$name"}}
 JSON
     rm -rf "$TMP/run_$name"
-    if ! LLMTRAIN_CUDA_MATMUL=$mm LLMTRAIN_CUDA_ATTENTION=$att ./llmtrain "$TMP/$name.json" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
+    [ "$PROFILE" = 1 ] && PROF=(ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base
+                                --log-file "$TMP/$name-$mm-$att.ncu.csv")
+    if ! LLMTRAIN_CUDA_MATMUL=$mm LLMTRAIN_CUDA_ATTENTION=$att "${PROF[@]}" ./llmtrain "$TMP/$name.json" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
         echo "bench-gpu: FAIL: $name: $(grep -m1 . "$TMP/$name.err")" >&2
         exit 1
     fi
@@ -73,6 +87,11 @@ print(f"{name} ({params}M params) B={B} T={T} {mm} GEMMs, {att} attention on {de
       f"{med('tokens_per_s'):.0f} tokens/s, MFU {100 * med('mfu'):.1f}% of {peak / 1e3:.0f} TFLOP/s bf16 dense "
       f"(median of {len(timed)} steps after warm-up)")
 PYEOF
+    if [ "$PROFILE" = 1 ]; then
+        $PY bench/ncu_table.py "$TMP/$name-$mm-$att.ncu.csv" || exit 1
+        [ -n "${BENCH_PROFILE_CSV_DIR:-}" ] && cp "$TMP/$name-$mm-$att.ncu.csv" "$BENCH_PROFILE_CSV_DIR/"
+    fi
+    return 0
 }
 
 # vocabulary padded to 50304 (= 64 x 786) as llm.c does, so the LM-head GEMM

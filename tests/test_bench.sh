@@ -13,5 +13,47 @@ full=$(mb 4 FULL_SHARD); hyb=$(mb 4 "HYBRID_SHARD 2x2"); one=$(mb 1 NO_SHARD)
 if [ $rc -eq 0 ] && [ "$one" = "0.0" ] && [ -n "$full" ] && [ -n "$hyb" ] && awk -v f="$full" -v h="$hyb" 'BEGIN { exit !(h > 0 && h < f) }'; then
     ok "bench multi-rank table: 1 rank 0 MB, 4 ranks FULL_SHARD $full MB > HYBRID_SHARD 2x2 $hyb MB per step"
 else bad "bench multi-rank table: rc $rc: $(echo "$out" | tail -3)"; fi
+
+# bench/ncu_table.py (BENCH_PROFILE=1 make bench-gpu) on a hand-made ncu CSV:
+# step 2 is the launches after the first run of AdamW launches up to the end
+# of the second (here 2 + 3 + 4 + 5 + 1 + 1 ms = 16 ms); categories by name
+cat >"$TMP/ncu.csv" <<'CSV'
+==PROF== Connected to process 1
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1","llmtrain","h","embed_fwd_k(float *)","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","1,000,000"
+"1","1","llmtrain","h","sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","9,000,000"
+"2","1","llmtrain","h","adamw_multi_k(float *)","1","7","(256, 1, 1)","(99, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","7,000,000"
+"3","1","llmtrain","h","sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","2,000,000"
+"4","1","llmtrain","h","void flash_fwd_k<64>(float *)","1","7","(128, 1, 1)","(16, 12, 16)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","3,000,000"
+"5","1","llmtrain","h","ce_fwd_k(float *)","1","7","(512, 1, 1)","(16384, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","4,000,000"
+"6","1","llmtrain","h","sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","5,000,000"
+"7","1","llmtrain","h","adamw_multi_k(float *)","1","7","(256, 1, 1)","(99, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","1,000,000"
+"8","1","llmtrain","h","adamw_k(float *)","1","7","(256, 1, 1)","(99, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","1,000,000"
+"9","1","llmtrain","h","embed_fwd_k(float *)","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","50,000,000"
+CSV
+t=$($PY bench/ncu_table.py "$TMP/ncu.csv" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "^kernel time, step 2 .*: 16.00 ms in 6 launches$" <<<"$t" &&
+   grep -Eq "^  GEMM \(cuBLASLt\) +7.00 ms  43.8%$" <<<"$t" && grep -Eq "^  attention \(softmax / fused\) +3.00 ms" <<<"$t" &&
+   grep -Eq "^  cross-entropy +4.00 ms" <<<"$t" && grep -Eq "^  AdamW +2.00 ms" <<<"$t" &&
+   grep -Eq "^ +7.00  43.8% +2 +3500.0  sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n \(132, 1, 1\) \(384, 1, 1\)$" <<<"$t"; then
+    ok "ncu_table: step 2 of a hand-made ncu CSV is 16.00 ms in 6 launches, GEMM 7.00 ms (2 calls), by category and kernel"
+else bad "ncu_table on the hand-made CSV: rc $rc: $t"; fi
+grep -v adamw "$TMP/ncu.csv" >"$TMP/ncu1.csv"
+t=$($PY bench/ncu_table.py "$TMP/ncu1.csv" 2>&1)
+if grep -q "^kernel time, every launch (fewer than two AdamW updates in the file): 74.00 ms in 7 launches$" <<<"$t"; then
+    ok "ncu_table: without two AdamW updates it sums every launch (74.00 ms in 7)"
+else bad "ncu_table without AdamW: $t"; fi
+echo "not a CSV" >"$TMP/ncu2.csv"
+t=$($PY bench/ncu_table.py "$TMP/ncu2.csv" 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ "$(wc -l <<<"$t")" -eq 1 ] && grep -q "^ncu_table: .*ncu2.csv: no gpu__time_duration.sum rows" <<<"$t"; then
+    ok "ncu_table: a file without ncu rows is exit $rc and one line"
+else bad "ncu_table on a non-CSV: rc $rc: $t"; fi
+# BENCH_PROFILE=1 without ncu: one line, exit 1, before any run
+mkdir -p "$TMP/nobin"; for c in bash dirname mktemp rm python3 cat; do ln -sf "$(command -v $c)" "$TMP/nobin/$c"; done
+t=$(PATH="$TMP/nobin" BENCH_PROFILE=1 bench/run_bench_gpu.sh 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$t" = "bench-gpu: FAIL: BENCH_PROFILE=1 needs Nsight Compute's ncu on PATH" ]; then
+    ok "BENCH_PROFILE=1 without ncu: exit 1, one line"
+else bad "BENCH_PROFILE=1 without ncu: rc $rc: $t"; fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -435,7 +435,7 @@ static void test_attention(void) {
     printf("%s kernels_cuda_device_info names the attention mode (flash, gemm)\n", ok ? "ok  " : "FAIL");
     if (ok) pass++; else fail++;
     const char *e = getenv("LLMTRAIN_CUDA_ATTENTION");
-    kernels_cuda_set_attention(e && *e ? e : "gemm");
+    kernels_cuda_set_attention(e && *e ? e : "flash");
 }
 
 /* activation offload copies: out to pinned host memory and back into another
