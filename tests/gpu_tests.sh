@@ -271,9 +271,8 @@ elif [ "${ngpu:-0}" -eq 1 ]; then
     # takes its place. mpirun ends the other rank once rank 0 has said it
     # (one line); lib.sh's launcher ends no rank, so there each rank says
     # the same line
-    lines=1
-    command -v mpirun >/dev/null || lines=2
-    launch2() { if command -v mpirun >/dev/null; then $MPIRUN 2 "${@:2}"; else trun "$1" 2 "${@:2}"; fi; }
+    if command -v mpirun >/dev/null; then lines=1; launch2() { $MPIRUN 2 "${@:2}"; }
+    else lines=2; launch2() { trun "$1" 2 "${@:2}"; }; fi
     launch2 mr $BIN "$TMP/llama.json" --set train.device=cuda --set log.dir="$TMP/mr" >"$TMP/mr.out" 2>"$TMP/mr.err"; rc=$?
     if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/mr.err")" -eq $lines ] && [ "$(grep '^llmtrain:' "$TMP/mr.err" | sort -u | wc -l)" -eq 1 ] &&
        grep -q '^llmtrain: .*train.device "cuda": 2 ranks on this node but 1 CUDA device (expected at most one rank per GPU' "$TMP/mr.err"; then
