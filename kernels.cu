@@ -16,8 +16,10 @@
  *
  * Attention (default): fused flash-style kernels (tiles of queries x keys in
  * shared memory and registers, online softmax, no T x T scratch; TF32 tensor
- * cores through wmma, fp32 FMA under LLMTRAIN_CUDA_MATMUL=fp32; head dims
- * 32, 64, 128): see the "attention, fused" section. Other head dims, and
+ * cores through wmma, fp32 FMA under LLMTRAIN_CUDA_MATMUL=fp32, bf16 tensor
+ * cores through mma.sync with the scores in registers under
+ * LLMTRAIN_CUDA_MATMUL=bf16; head dims 32, 64, 128): see the "attention,
+ * fused" section and the bf16 region after it. Other head dims, and
  * every shape under LLMTRAIN_CUDA_ATTENTION=gemm, take strided-batched
  * cuBLASLt GEMMs on the full T x T square (the masked half is computed and
  * thrown away), one query head at a time, with hand-written causal softmax
@@ -1025,6 +1027,10 @@ static size_t fl_smem_limit(void) { return (size_t)G.prop.sharedMemPerBlockOptin
  * which keeps every product in plain fp32, the fused attention's too */
 static int fl_tensor_cores(void) { return G.prop.major >= 8 && matmul_mode() != MM_FP32; }
 
+/* bf16 tensor cores (mma.sync, the region after the TF32 kernels) under
+ * LLMTRAIN_CUDA_MATMUL=bf16 on sm_80 and newer */
+static int fl_bf16(void) { return G.prop.major >= 8 && matmul_bf16(); }
+
 static Scratch sc_flash;
 static float *fl_scratch(size_t bytes) { return (float *)scratch_get(&sc_flash, bytes); }
 
@@ -1677,6 +1683,472 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
     return 1;
 }
 
+// ---- bf16 tensor-core flash attention region: begin ----
+/* The fused attention under LLMTRAIN_CUDA_MATMUL=bf16 on sm_80 and newer:
+ * flash-attention-2 style kernels on mma.sync.m16n8k16 (bf16 operands, fp32
+ * accumulation), fp32 in and out like the kernels above. Each global tile is
+ * read as fp32 and stored to shared memory as bf16 words (two values per
+ * 32-bit word, rows padded by 4 words so that the 8 rows of a fragment load
+ * fall in 8 different bank quads), row-major [row][d] where a tile is the
+ * k-contiguous operand and transposed [d][row] where it is not (V in the
+ * forward, K in dQ, Q and dO in dK/dV). A block is 4 warps; each warp owns
+ * 16 rows of the block's 64 (queries in the forward and dQ, keys in dK/dV)
+ * and keeps its row operand (Q, dO or K, V) in registers as A fragments.
+ * Scores stay in registers: the fp32 accumulator fragment of S (or dS) of
+ * two adjacent 8-key tiles is exactly the A fragment of the next product
+ * once packed to bf16, so P V, dS K, P^T dO and dS^T Q never touch shared
+ * memory. The online softmax runs in base 2 (scores times scale * log2 e);
+ * row maxima and sums are 2 shuffles over the 4 lanes of a row. Warps whose
+ * rows lie wholly before a key tile skip it; masks are applied only on tiles
+ * that cross the diagonal or T. The schedule (grid order, one owner per
+ * output row, fixed summation order, no atomics) is the TF32 kernels'.
+ *
+ * PTX fragment layouts (lane = 4 g + t): A 16 x 16: a0 (row g, k 2t..2t+1),
+ * a1 (row g+8), a2 (row g, k 2t+8..2t+9), a3 (row g+8, k 2t+8..); B 16 x 8:
+ * b0 (k 2t..2t+1, column g), b1 (k 2t+8..); C 16 x 8: c0, c1 (row g,
+ * columns 2t, 2t+1), c2, c3 (row g+8). The host emulation implements the
+ * instruction with the same layouts (tests/cuda_emu). */
+
+/* two floats as one word of two bf16 (nearest even), lo in the low half */
+__device__ __forceinline__ uint32_t fb_pack(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+#elif defined(LLMTRAIN_CUDA_EMU_H)
+    return (uint32_t)__float2bfloat16_rn(lo).x | (uint32_t)__float2bfloat16_rn(hi).x << 16;
+#else
+    (void)lo;
+    (void)hi;
+    return 0u;
+#endif
+}
+
+/* d += a b, one m16n8k16 product of the warp */
+__device__ __forceinline__ void fb_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif defined(__CUDA_ARCH__)
+    __trap(); /* the host runs the TF32 / FMA kernels below sm_80 */
+#elif defined(LLMTRAIN_CUDA_EMU_H)
+    const uint32_t b[2] = {b0, b1};
+    ::emu::mma_bf16_m16n8k16(d, a, b);
+#else
+    (void)d;
+    (void)a;
+    (void)b0;
+    (void)b1;
+#endif
+}
+
+__device__ __forceinline__ uint32_t *fb_base() { return reinterpret_cast<uint32_t *>(fl_base()); }
+
+/* Rows [r0, r0 + R) of one head's [T, HD] fp32 slice (row stride `stride`,
+ * g at row 0) as bf16 into sm[R][HD/2 + 4 words]; rows past T as zeros */
+template <int HD, int R>
+__device__ __forceinline__ void fb_load(uint32_t *sm, const float *__restrict__ g, size_t stride, int r0, int T,
+                                        int tid) {
+    constexpr int V4 = HD / 4, LDW = HD / 2 + 4;
+    for (int f = tid; f < R * V4; f += FL_THREADS) {
+        const int r = f / V4, c = f % V4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r0 + r < T) v = *(const float4 *)(g + (size_t)(r0 + r) * stride + 4 * c);
+        uint32_t *o = sm + r * LDW + 2 * c;
+        o[0] = fb_pack(v.x, v.y);
+        o[1] = fb_pack(v.z, v.w);
+    }
+}
+
+/* the same rows transposed: sm[HD][R/2 + 4 words], word (d, p) holding rows
+ * 2p and 2p + 1 of column d; consecutive threads take consecutive row pairs
+ * (conflict-free stores) */
+template <int HD, int R>
+__device__ __forceinline__ void fb_load_t(uint32_t *sm, const float *__restrict__ g, size_t stride, int r0, int T,
+                                          int tid) {
+    constexpr int P = R / 2, LDT = R / 2 + 4;
+    for (int f = tid; f < P * (HD / 4); f += FL_THREADS) {
+        const int p = f % P, c = f / P, r = r0 + 2 * p;
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+        if (r < T) a = *(const float4 *)(g + (size_t)r * stride + 4 * c);
+        if (r + 1 < T) b = *(const float4 *)(g + (size_t)(r + 1) * stride + 4 * c);
+        uint32_t *o = sm + 4 * c * LDT + p;
+        o[0] = fb_pack(a.x, b.x);
+        o[LDT] = fb_pack(a.y, b.y);
+        o[2 * LDT] = fb_pack(a.z, b.z);
+        o[3 * LDT] = fb_pack(a.w, b.w);
+    }
+}
+
+/* the A fragment of rows r0..r0+15, k chunk kc (16 columns) of a row-major
+ * word tile with LD words a row */
+template <int LD>
+__device__ __forceinline__ void fb_frag_a(uint32_t (&a)[4], const uint32_t *sm, int r0, int kc, int lane) {
+    const uint32_t *p = sm + (r0 + (lane >> 2)) * LD + kc * 8 + (lane & 3);
+    a[0] = p[0];
+    a[1] = p[8 * LD];
+    a[2] = p[4];
+    a[3] = p[8 * LD + 4];
+}
+
+/* d += A B^T over k chunk kc for the 8 columns n0..n0+7 whose k runs along
+ * the rows of an [n][k] word tile */
+template <int LD>
+__device__ __forceinline__ void fb_mma_nk(float (&d)[4], const uint32_t (&a)[4], const uint32_t *sm, int n0, int kc,
+                                          int lane) {
+    const uint32_t *p = sm + (n0 + (lane >> 2)) * LD + kc * 8 + (lane & 3);
+    fb_mma(d, a, p[0], p[4]);
+}
+
+/* the A fragment of k chunk kk from the accumulator fragments of two
+ * adjacent 8-column tiles (scores or dS) */
+__device__ __forceinline__ void fb_c2a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+    a[0] = fb_pack(c0[0], c0[1]);
+    a[1] = fb_pack(c0[2], c0[3]);
+    a[2] = fb_pack(c1[0], c1[1]);
+    a[3] = fb_pack(c1[2], c1[3]);
+}
+
+template <int N> __device__ __forceinline__ void fb_zero(float (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.0f;
+}
+
+/* acc[N][4] = A (16 x HD, KC A fragments) times the transposes of the N*8
+ * rows of an [n][HD] word tile */
+template <int KC, int N, int LD>
+__device__ __forceinline__ void fb_scores(float (&acc)[N][4], const uint32_t (&a)[KC][4], const uint32_t *sm,
+                                          int lane) {
+    fb_zero(acc);
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++)
+#pragma unroll
+        for (int j = 0; j < N; j++) fb_mma_nk<LD>(acc[j], a[kc], sm, 8 * j, kc, lane);
+}
+
+/* acc[OT][4] += X V where X (16 x 16 NK) is given as accumulator fragments
+ * x[2 NK][4] and V^T as a transposed [OT*8][k] word tile */
+template <int NK, int OT, int LD>
+__device__ __forceinline__ void fb_accum(float (&acc)[OT][4], const float (&x)[2 * NK][4], const uint32_t *smT,
+                                         int lane) {
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++) {
+        uint32_t a[4];
+        fb_c2a(a, x[2 * kk], x[2 * kk + 1]);
+#pragma unroll
+        for (int jd = 0; jd < OT; jd++) fb_mma_nk<LD>(acc[jd], a, smT, 8 * jd, kk, lane);
+    }
+}
+
+__device__ __forceinline__ float fb_max4(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float fb_sum4(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+#define FB_BM 64 /* rows of a block: 4 warps of 16 */
+#define FB_LOG2E 1.4426950408889634f
+#define FB_LN2 0.6931471805599453f
+
+/* row-major [R][HD] and transposed [HD][R] bf16 tiles, in words */
+template <int HD, int R> __host__ __device__ constexpr int fb_words() { return R * (HD / 2 + 4); }
+template <int HD, int R> __host__ __device__ constexpr int fb_words_t() { return HD * (R / 2 + 4); }
+
+/* forward: grid (B * nh, query tiles), the last query tile first */
+template <int HD, int BN>
+__global__ void __launch_bounds__(FL_THREADS)
+    flash_bf16_fwd_k(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv, int T, int nh,
+                     int nkv, float scale) {
+    constexpr int LDW = HD / 2 + 4, LDT = BN / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
+    uint32_t *Qs = fb_base(), *Ks = Qs + fb_words<HD, FB_BM>(), *Vt = Ks + fb_words<HD, BN>();
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
+    const FlQBlock blk = fl_qblock<HD, FB_BM, BN>(T, nh, nkv);
+    const float *seq = qkv + (size_t)blk.b * T * blk.S;
+    fb_load<HD, FB_BM>(Qs, seq + (size_t)blk.h * HD, blk.S, blk.q0, T, tid);
+    __syncthreads();
+    uint32_t qa[KC][4];
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) fb_frag_a<LDW>(qa[kc], Qs, warp * 16, kc, lane);
+    const int w0 = blk.q0 + warp * 16, row[2] = {w0 + (lane >> 2), w0 + (lane >> 2) + 8};
+    const float sl2 = scale * FB_LOG2E;
+    float o[OT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    fb_zero(o);
+    for (int kt = 0; kt < blk.nkt; kt++) {
+        const int k0 = kt * BN;
+        __syncthreads(); /* the previous tile's readers of Ks and Vt are done */
+        fb_load<HD, BN>(Ks, seq + (size_t)(nh + blk.kh) * HD, blk.S, k0, T, tid);
+        fb_load_t<HD, BN>(Vt, seq + (size_t)(nh + nkv + blk.kh) * HD, blk.S, k0, T, tid);
+        __syncthreads();
+        if (k0 > w0 + 15) continue; /* every key after every row of the warp */
+        float s[NT][4];
+        fb_scores<KC, NT, LDW>(s, qa, Ks, lane);
+        const bool edge = k0 + BN - 1 > w0 || k0 + BN > T;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int k = k0 + 8 * j + 2 * t + (e & 1);
+                float v = s[j][e] * sl2;
+                if (edge && (k > row[e >> 1] || k >= T)) v = -INFINITY;
+                s[j][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float alpha[2], mu[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            /* a row with nothing unmasked yet keeps m = -inf (see flash_fwd_k) */
+            const float mn = fmaxf(m[i], fb_max4(mx[i]));
+            mu[i] = mn == -INFINITY ? 0.0f : mn;
+            alpha[i] = exp2f(m[i] - mu[i]);
+            m[i] = mn;
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[j][e] = exp2f(s[j][e] - mu[e >> 1]);
+                rs[e >> 1] += s[j][e];
+            }
+#pragma unroll
+        for (int i = 0; i < 2; i++) l[i] = l[i] * alpha[i] + fb_sum4(rs[i]);
+#pragma unroll
+        for (int jd = 0; jd < OT; jd++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[jd][e] *= alpha[e >> 1];
+        fb_accum<NT / 2, OT, LDT>(o, s, Vt, lane);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int q = row[i];
+        if (q >= T) continue;
+        const float inv = 1.0f / l[i];
+        float *orow = out + ((size_t)blk.b * T + q) * blk.OS + (size_t)blk.h * HD + 2 * t;
+#pragma unroll
+        for (int jd = 0; jd < OT; jd++)
+            *(float2 *)(orow + 8 * jd) = make_float2(o[jd][2 * i] * inv, o[jd][2 * i + 1] * inv);
+        if (t == 0) lse[((size_t)blk.b * nh + blk.h) * T + q] = m[i] * FB_LN2 + logf(l[i]);
+    }
+}
+
+/* dQ: grid (B * nh, query tiles), last query tile first */
+template <int HD, int BN>
+__global__ void __launch_bounds__(FL_THREADS)
+    flash_bf16_dq_k(float *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
+                    const float *__restrict__ lse, const float *__restrict__ Dr, int T, int nh, int nkv,
+                    float scale) {
+    constexpr int LDW = HD / 2 + 4, LDT = BN / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
+    uint32_t *Qs = fb_base(), *dOs = Qs + fb_words<HD, FB_BM>(), *Ks = dOs + fb_words<HD, FB_BM>();
+    uint32_t *Vs = Ks + fb_words<HD, BN>(), *Kt = Vs + fb_words<HD, BN>();
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
+    const FlQBlock blk = fl_qblock<HD, FB_BM, BN>(T, nh, nkv);
+    const float *seq = qkv + (size_t)blk.b * T * blk.S;
+    fb_load<HD, FB_BM>(Qs, seq + (size_t)blk.h * HD, blk.S, blk.q0, T, tid);
+    fb_load<HD, FB_BM>(dOs, dout + (size_t)blk.b * T * blk.OS + (size_t)blk.h * HD, blk.OS, blk.q0, T, tid);
+    __syncthreads();
+    uint32_t qa[KC][4], da[KC][4];
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+        fb_frag_a<LDW>(qa[kc], Qs, warp * 16, kc, lane);
+        fb_frag_a<LDW>(da[kc], dOs, warp * 16, kc, lane);
+    }
+    const int w0 = blk.q0 + warp * 16, row[2] = {w0 + (lane >> 2), w0 + (lane >> 2) + 8};
+    const float sl2 = scale * FB_LOG2E;
+    float l2[2], dd[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const size_t li = ((size_t)blk.b * nh + blk.h) * T + row[i];
+        l2[i] = row[i] < T ? lse[li] * FB_LOG2E : 0.0f;
+        dd[i] = row[i] < T ? Dr[li] : 0.0f;
+    }
+    float dq[OT][4];
+    fb_zero(dq);
+    for (int kt = 0; kt < blk.nkt; kt++) {
+        const int k0 = kt * BN;
+        __syncthreads(); /* the previous tile's readers of Ks, Vs and Kt are done */
+        const float *kg = seq + (size_t)(nh + blk.kh) * HD;
+        fb_load<HD, BN>(Ks, kg, blk.S, k0, T, tid);
+        fb_load<HD, BN>(Vs, seq + (size_t)(nh + nkv + blk.kh) * HD, blk.S, k0, T, tid);
+        fb_load_t<HD, BN>(Kt, kg, blk.S, k0, T, tid);
+        __syncthreads();
+        if (k0 > w0 + 15) continue;
+        float s[NT][4], dp[NT][4];
+        fb_scores<KC, NT, LDW>(s, qa, Ks, lane);
+        fb_scores<KC, NT, LDW>(dp, da, Vs, lane);
+        const bool edge = k0 + BN - 1 > w0;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int k = k0 + 8 * j + 2 * t + (e & 1), q = row[e >> 1];
+                const float p = (!edge || k <= q) && q < T ? exp2f(s[j][e] * sl2 - l2[e >> 1]) : 0.0f;
+                s[j][e] = p * (dp[j][e] - dd[e >> 1]);
+            }
+        fb_accum<NT / 2, OT, LDT>(dq, s, Kt, lane);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int q = row[i];
+        if (q >= T) continue;
+        float *r = dqkv + ((size_t)blk.b * T + q) * blk.S + (size_t)blk.h * HD + 2 * t;
+#pragma unroll
+        for (int jd = 0; jd < OT; jd++) {
+            float2 v = *(float2 *)(r + 8 * jd);
+            v.x += dq[jd][2 * i] * scale;
+            v.y += dq[jd][2 * i + 1] * scale;
+            *(float2 *)(r + 8 * jd) = v;
+        }
+    }
+}
+
+/* dK, dV: grid (B * nkv, key tiles of 64 keys), the first key tile first;
+ * rows of the score tiles are keys: S^T = K Q^T. KREG: K and V stay in
+ * registers as A fragments (head dims up to 64; 128 reads them from shared
+ * memory for each product, which keeps dK and dV's 128 accumulators in
+ * registers) */
+template <int HD, int BM>
+__global__ void __launch_bounds__(FL_THREADS)
+    flash_bf16_dkv_k(float *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
+                     const float *__restrict__ lse, const float *__restrict__ Dr, int T, int nh, int nkv,
+                     float scale) {
+    constexpr int BN = FB_BM, LDW = HD / 2 + 4, LDQ = BM / 2 + 4, KC = HD / 16, NT = BM / 8, OT = HD / 8;
+    constexpr bool KREG = HD <= 64;
+    uint32_t *Ks = fb_base(), *Vs = Ks + fb_words<HD, BN>(), *Qs = Vs + fb_words<HD, BN>();
+    uint32_t *dOs = Qs + fb_words<HD, BM>(), *Qt = dOs + fb_words<HD, BM>(), *dOt = Qt + fb_words_t<HD, BM>();
+    float *ls = reinterpret_cast<float *>(dOt + fb_words_t<HD, BM>()), *Ds = ls + BM;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
+    const int bk = (int)blockIdx.x, b = bk / nkv, kh = bk % nkv, group = nh / nkv;
+    const int k0 = (int)blockIdx.y * BN, nqt = (T + BM - 1) / BM;
+    const size_t S = (size_t)(nh + 2 * nkv) * HD, OS = (size_t)nh * HD;
+    const float *seq = qkv + (size_t)b * T * S, *dseq = dout + (size_t)b * T * OS;
+    fb_load<HD, BN>(Ks, seq + (size_t)(nh + kh) * HD, S, k0, T, tid);
+    fb_load<HD, BN>(Vs, seq + (size_t)(nh + nkv + kh) * HD, S, k0, T, tid);
+    __syncthreads();
+    uint32_t ka[KREG ? KC : 1][4], va[KREG ? KC : 1][4];
+    if constexpr (KREG) {
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+            fb_frag_a<LDW>(ka[kc], Ks, warp * 16, kc, lane);
+            fb_frag_a<LDW>(va[kc], Vs, warp * 16, kc, lane);
+        }
+    }
+    const int w0 = k0 + warp * 16, key[2] = {w0 + (lane >> 2), w0 + (lane >> 2) + 8};
+    const float sl2 = scale * FB_LOG2E;
+    float dk[OT][4], dv[OT][4];
+    fb_zero(dk);
+    fb_zero(dv);
+    for (int h = kh * group; h < (kh + 1) * group; h++) {
+        for (int qt = k0 / BM; qt < nqt; qt++) { /* tiles before k0 / BM end above the diagonal */
+            const int q0 = qt * BM;
+            __syncthreads(); /* the previous step's readers are done */
+            const float *qg = seq + (size_t)h * HD, *dg = dseq + (size_t)h * HD;
+            fb_load<HD, BM>(Qs, qg, S, q0, T, tid);
+            fb_load<HD, BM>(dOs, dg, OS, q0, T, tid);
+            fb_load_t<HD, BM>(Qt, qg, S, q0, T, tid);
+            fb_load_t<HD, BM>(dOt, dg, OS, q0, T, tid);
+            for (int r = tid; r < BM; r += FL_THREADS) {
+                const int q = q0 + r;
+                const size_t li = ((size_t)b * nh + h) * T + q;
+                ls[r] = q < T ? lse[li] * FB_LOG2E : 0.0f;
+                Ds[r] = q < T ? Dr[li] : 0.0f;
+            }
+            __syncthreads();
+            if (q0 + BM - 1 < w0) continue; /* every query before every key of the warp */
+            float st[NT][4], dpt[NT][4];
+            if constexpr (KREG) {
+                fb_scores<KC, NT, LDW>(st, ka, Qs, lane);
+                fb_scores<KC, NT, LDW>(dpt, va, dOs, lane);
+            } else {
+                fb_zero(st);
+                fb_zero(dpt);
+#pragma unroll
+                for (int kc = 0; kc < KC; kc++) {
+                    uint32_t a[4];
+                    fb_frag_a<LDW>(a, Ks, warp * 16, kc, lane);
+#pragma unroll
+                    for (int j = 0; j < NT; j++) fb_mma_nk<LDW>(st[j], a, Qs, 8 * j, kc, lane);
+                    fb_frag_a<LDW>(a, Vs, warp * 16, kc, lane);
+#pragma unroll
+                    for (int j = 0; j < NT; j++) fb_mma_nk<LDW>(dpt[j], a, dOs, 8 * j, kc, lane);
+                }
+            }
+            const bool edge = q0 < w0 + 15 || q0 + BM > T;
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = 8 * j + 2 * t + (e & 1), q = q0 + c;
+                    const float p =
+                        !edge || (key[e >> 1] <= q && q < T) ? exp2f(st[j][e] * sl2 - ls[c]) : 0.0f;
+                    st[j][e] = p;
+                    dpt[j][e] = p * (dpt[j][e] - Ds[c]);
+                }
+            fb_accum<NT / 2, OT, LDQ>(dv, st, dOt, lane);
+            fb_accum<NT / 2, OT, LDQ>(dk, dpt, Qt, lane);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int k = key[i];
+        if (k >= T) continue;
+        float *r = dqkv + ((size_t)b * T + k) * S + 2 * t;
+        float *rk = r + (size_t)(nh + kh) * HD, *rv = r + (size_t)(nh + nkv + kh) * HD;
+#pragma unroll
+        for (int jd = 0; jd < OT; jd++) {
+            float2 vk = *(float2 *)(rk + 8 * jd), vv = *(float2 *)(rv + 8 * jd);
+            vk.x += dk[jd][2 * i] * scale;
+            vk.y += dk[jd][2 * i + 1] * scale;
+            vv.x += dv[jd][2 * i];
+            vv.y += dv[jd][2 * i + 1];
+            *(float2 *)(rk + 8 * jd) = vk;
+            *(float2 *)(rv + 8 * jd) = vv;
+        }
+    }
+}
+
+/* tiles: forward keys BN, dQ keys, dK/dV query rows (all 64 but head dim
+ * 128's backward, 32: registers) */
+template <int HD> struct FbCfg {
+    static constexpr int FWD_N = 64, DQ_N = HD > 64 ? 32 : 64, DKV_M = HD > 64 ? 32 : 64;
+};
+
+template <int HD> static int fb_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv) {
+    constexpr int BN = FbCfg<HD>::FWD_N;
+    const size_t smem =
+        (size_t)(fb_words<HD, FB_BM>() + fb_words<HD, BN>() + fb_words_t<HD, BN>()) * 4 + FL_SMEM_SLACK;
+    const int nqt = (T + FB_BM - 1) / FB_BM;
+    if (smem > fl_smem_limit() || nqt > 65535) return 0;
+    fl_launch(flash_bf16_fwd_k<HD, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse, qkv, T,
+              nh, nkv, 1.0f / sqrtf((float)HD));
+    return 1;
+}
+
+template <int HD>
+static int fb_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int B,
+                       int T, int nh, int nkv) {
+    constexpr int DQ_N = FbCfg<HD>::DQ_N, DKV_M = FbCfg<HD>::DKV_M;
+    const size_t smem_dq =
+        (size_t)(2 * fb_words<HD, FB_BM>() + 2 * fb_words<HD, DQ_N>() + fb_words_t<HD, DQ_N>()) * 4 + FL_SMEM_SLACK;
+    const size_t smem_dkv = (size_t)(2 * fb_words<HD, FB_BM>() + 2 * fb_words<HD, DKV_M>() +
+                                     2 * fb_words_t<HD, DKV_M>() + 2 * DKV_M) * 4 + FL_SMEM_SLACK;
+    const int nqt = (T + FB_BM - 1) / FB_BM, nkt = (T + FB_BM - 1) / FB_BM;
+    if (smem_dq > fl_smem_limit() || smem_dkv > fl_smem_limit() || nqt > 65535) return 0;
+    const float scale = 1.0f / sqrtf((float)HD);
+    const size_t rows = (size_t)B * nh * T;
+    float *D = fl_scratch(rows * sizeof(float));
+    fl_launch(flash_dot_k, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD);
+    fl_launch(flash_bf16_dq_k<HD, DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq, dqkv, dout, qkv,
+              lse, (const float *)D, T, nh, nkv, scale);
+    fl_launch(flash_bf16_dkv_k<HD, DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS, smem_dkv, dqkv, dout,
+              qkv, lse, (const float *)D, T, nh, nkv, scale);
+    return 1;
+}
+// ---- bf16 tensor-core flash attention region: end ----
+
 static int fl_aligned(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* The fused forward when it takes this shape (head dim 32, 64 or 128,
@@ -1686,6 +2158,12 @@ static int flash_attention_forward(float *out, float *lse, const float *qkv, int
     if (B <= 0 || T <= 0) return 1;
     if (!fl_aligned(qkv) || !fl_aligned(out) || (size_t)B * nh > 0x7fffffffu) return 0;
     const int tc = fl_tensor_cores();
+    if (fl_bf16()) switch (hd) {
+        case 32: return fb_forward<32>(out, lse, qkv, B, T, nh, nkv);
+        case 64: return fb_forward<64>(out, lse, qkv, B, T, nh, nkv);
+        case 128: return fb_forward<128>(out, lse, qkv, B, T, nh, nkv);
+        default: return 0;
+        }
 #define FL_FWD(TC, HD) fl_forward<TC, HD>(out, lse, qkv, B, T, nh, nkv)
     switch (hd) {
     case 32: return tc ? FL_FWD(true, 32) : FL_FWD(false, 32);
@@ -1703,6 +2181,12 @@ static int flash_attention_backward(float *dqkv, const float *dout, const float 
         (size_t)B * nh > 0x7fffffffu)
         return 0;
     const int tc = fl_tensor_cores();
+    if (fl_bf16()) switch (hd) {
+        case 32: return fb_backward<32>(dqkv, dout, qkv, out, lse, B, T, nh, nkv);
+        case 64: return fb_backward<64>(dqkv, dout, qkv, out, lse, B, T, nh, nkv);
+        case 128: return fb_backward<128>(dqkv, dout, qkv, out, lse, B, T, nh, nkv);
+        default: return 0;
+        }
 #define FL_BWD(TC, HD) fl_backward<TC, HD>(dqkv, dout, qkv, out, lse, B, T, nh, nkv)
     switch (hd) {
     case 32: return tc ? FL_BWD(true, 32) : FL_BWD(false, 32);
@@ -2379,6 +2863,7 @@ extern "C" const char *kernels_cuda_device_info(void) {
                                         : "TF32 tensor cores",
              cublasLtGetVersion(),
              attention_mode() != ATT_FLASH ? "gemm (cuBLASLt GEMMs + softmax kernels)"
+             : fl_bf16() ? "flash (fused kernels, bf16 tensor cores through mma.sync, head dims 32/64/128; LLMTRAIN_CUDA_ATTENTION=gemm for the GEMMs)"
              : fl_tensor_cores() ? "flash (fused kernels, TF32 tensor cores, head dims 32/64/128; LLMTRAIN_CUDA_ATTENTION=gemm for the GEMMs)"
                                  : "flash (fused kernels, fp32 FMA, head dims 32/64/128; LLMTRAIN_CUDA_ATTENTION=gemm for the GEMMs)");
     return info;

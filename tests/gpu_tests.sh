@@ -19,7 +19,9 @@
 #      LLMTRAIN_CUDA_MATMUL=fp32 (the fused kernels in fp32 FMA too) within
 #      1e-4, with TF32 (tensor cores in the fused kernels) within 5e-3, and a
 #      Llama run with selective activation checkpointing (attention forward
-#      recomputed) within 5e-3.
+#      recomputed) within 5e-3; then both again under
+#      LLMTRAIN_CUDA_MATMUL=bf16 (the bf16 mma.sync attention kernels, the
+#      header must name them) within 3e-2.
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
 #      FULL_SHARD and tp 2 against the same jobs' 2-rank CPU runs (MPI):
 #      loss / grad norm / val loss within the TF32 tolerance, the same
@@ -180,10 +182,11 @@ fi
 for arch in gpt2 llama; do
     nkv=2; [ $arch = llama ] && nkv=1
     ok_runs=1
-    for run in cpu:gemm:tf32:none flash-fp32:flash:fp32:none flash:flash:tf32:none flash-sel:flash:tf32:selective; do
+    for run in cpu:gemm:tf32:none flash-fp32:flash:fp32:none flash:flash:tf32:none flash-sel:flash:tf32:selective \
+               flash-bf16:flash:bf16:none flash-bf16-sel:flash:bf16:selective; do
         IFS=: read -r name att mm ac <<<"$run"
         dev=cuda; [ $name = cpu ] && dev=cpu
-        [ $arch = gpt2 ] && [ $name = flash-sel ] && continue
+        [ $arch = gpt2 ] && [ "${name%-sel}" != $name ] && continue
         if ! LLMTRAIN_CUDA_ATTENTION=$att LLMTRAIN_CUDA_MATMUL=$mm $BIN "$TMP/$arch.json" --set model.n_embd=128 \
              --set model.n_head=2 --set model.n_kv_head=$nkv --set model.max_seq_len=128 --set train.seq_len=100 \
              --set train.activation_checkpointing=$ac --set train.device=$dev --set log.dir="$TMP/fa-$arch-$name" \
@@ -195,9 +198,13 @@ for arch in gpt2 llama; do
     if grep -q "attention flash" "$TMP/fa-$arch-flash.out" && ! grep -q "attention flash" "$TMP/fa-$arch-cpu.out"; then
         echo "ok   flash $arch: the header names the fused attention: $(grep -o 'attention flash[^;]*' "$TMP/fa-$arch-flash.out" | head -1)"; pass=$((pass + 1))
     else echo "FAIL flash $arch: the header of the flash run lacks 'attention flash'"; fail=$((fail + 1)); fi
-    for run in flash-fp32:1e-4 flash:$LOSS_RTOL flash-sel:$LOSS_RTOL; do
+    if grep -q "attention flash (fused kernels, bf16 tensor cores through mma.sync" "$TMP/fa-$arch-flash-bf16.out" &&
+       ! grep -q "mma.sync" "$TMP/fa-$arch-flash.out"; then
+        echo "ok   flash $arch: under bf16 GEMMs the header names the bf16 mma.sync kernels (TF32 ones otherwise)"; pass=$((pass + 1))
+    else echo "FAIL flash $arch: the bf16 run's header lacks the bf16 mma.sync attention (or the TF32 run's has it)"; fail=$((fail + 1)); fi
+    for run in flash-fp32:1e-4 flash:$LOSS_RTOL flash-sel:$LOSS_RTOL flash-bf16:$LOSS_RTOL_BF16 flash-bf16-sel:$LOSS_RTOL_BF16; do
         name=${run%%:*} tol=${run#*:}
-        [ $arch = gpt2 ] && [ $name = flash-sel ] && continue
+        [ $arch = gpt2 ] && [ "${name%-sel}" != $name ] && continue
         if $PY tests/compare_runs.py "$TMP/fa-$arch-cpu" "$TMP/fa-$arch-$name" --steps $STEPS --loss-rtol $tol; then
             echo "ok   flash $arch (head dim 64, T 100): $STEPS steps $name vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
         else

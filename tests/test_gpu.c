@@ -13,7 +13,9 @@
  *                  stay within a few units of that
  *   TOL_BF16 1e-2  matmuls under LLMTRAIN_CUDA_MATMUL=bf16: both operands
  *                  rounded to bf16 (8-bit mantissa, unit roundoff 2^-8 =
- *                  3.9e-3), fp32 accumulation; attention stays TF32
+ *                  3.9e-3), fp32 accumulation; the fused attention too
+ *                  (bf16 mma.sync: Q, K, V, dO, P and dS rounded to bf16),
+ *                  the GEMM attention stays TF32
  *   TOL_FP32MM 1e-4 matmuls and attention under LLMTRAIN_CUDA_MATMUL=fp32
  *                  (plain fp32 GEMMs: only the summation order differs)
  *   attention runs in both modes, gemm and flash (the fused kernels), at
@@ -357,7 +359,7 @@ static void test_attention_case(const char *mode, int B, int T, int nh, int nkv,
     char name[128], shape[64];
     int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     int flash = strcmp(mode, "flash") == 0, fused = flash && (hd == 32 || hd == 64 || hd == 128);
-    double tol = tol_att;
+    double tol = fused && tol_mm == TOL_BF16 ? TOL_BF16 : tol_att;
     size_t nqkv = (size_t)B * T * S, nout = (size_t)B * T * OS, nlse = (size_t)B * nh * T;
     kernels_cuda_set_attention(mode);
     snprintf(shape, sizeof shape, "%s%s B%d T%d h%d/%d hd%d", mode, flash && !fused ? "(GEMMs)" : "", B, T, nh, nkv,
@@ -430,6 +432,8 @@ static void test_attention(void) {
     if (left_out) printf("note attention: %d cases with T > %d left out (TEST_GPU_MAX_T)\n", left_out, max_T);
     /* the header line names the mode */
     int ok = strstr(kernels_cuda_device_info(), "attention flash") != NULL;
+    /* under bf16 GEMMs the fused attention is the bf16 mma.sync kernels */
+    ok = ok && (tol_mm == TOL_BF16) == (strstr(kernels_cuda_device_info(), "bf16 tensor cores through mma.sync") != NULL);
     kernels_cuda_set_attention("gemm");
     ok = ok && strstr(kernels_cuda_device_info(), "attention gemm") != NULL;
     printf("%s kernels_cuda_device_info names the attention mode (flash, gemm)\n", ok ? "ok  " : "FAIL");

@@ -78,6 +78,7 @@ struct Warp {
     unsigned round[2][32];
     unsigned mma_round;
     float a[16 * 16], b[16 * 16], c[16 * 16], d[16 * 16];
+    uint32_t fa[32][4], fb[32][2]; /* mma.sync's fragments, by lane */
 };
 static std::vector<Warp> warps;
 static struct {
@@ -150,6 +151,37 @@ void mma(float *d, const float *a, const float *b, const float *c, int m, int n,
         trap("wmma::mma_sync operands differ between the lanes of a warp (code that assumes a fragment layout)");
     }
     memcpy(d, w.d, sizeof(float) * m * n);
+}
+
+static float bf16_half(uint32_t word, int hi) { return __uint_as_float(hi ? word & 0xffff0000u : word << 16); }
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with PTX's fragment
+ * layouts: lane = 4 g + t; A (16 x 16) a0 = row g, columns 2t and 2t+1
+ * (the lower column in the low 16 bits), a1 = row g + 8, a2 = row g,
+ * columns 2t+8 and 2t+9, a3 = row g + 8 likewise; B (16 x 8) b0 = rows 2t
+ * and 2t+1 of column g, b1 = rows 2t+8 and 2t+9; C/D c0, c1 = row g,
+ * columns 2t and 2t+1, c2, c3 = row g + 8. Every lane publishes its
+ * fragments, then computes its own four outputs in fp32. */
+void mma_bf16_m16n8k16(float *d, const uint32_t *a, const uint32_t *b) {
+    Warp &w = warps[cur->warp];
+    memcpy(w.fa[cur->lane], a, sizeof w.fa[0]);
+    memcpy(w.fb[cur->lane], b, sizeof w.fb[0]);
+    warp_barrier(); /* every lane has arrived or exited */
+    if (w.alive != 32) trap("mma.sync with fewer than 32 live lanes in the warp");
+    const int g = cur->lane >> 2, t = cur->lane & 3;
+    float out[4];
+    for (int e = 0; e < 4; e++) {
+        const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        float s = d[e];
+        for (int k = 0; k < 16; k++) {
+            const float av = bf16_half(w.fa[4 * (row & 7) + (k & 7) / 2][(row >= 8) + 2 * (k >= 8)], k & 1);
+            const float bv = bf16_half(w.fb[4 * col + (k & 7) / 2][k >= 8], k & 1);
+            s += av * bv;
+        }
+        out[e] = s;
+    }
+    warp_barrier(); /* every lane has read the others' fragments */
+    memcpy(d, out, sizeof out);
 }
 
 void trap(const char *why) {

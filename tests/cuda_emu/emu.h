@@ -8,7 +8,7 @@
  *     events and waits are always complete.
  *   - A kernel launch runs its blocks one after another; the threads of a
  *     block are fibers (one stack each) on one OS thread, switched only at
- *     __syncthreads, warp shuffles and the wmma operations, which are
+ *     __syncthreads, warp shuffles and the wmma and mma.sync operations, which are
  *     barriers over the block or the warp. __shared__ variables are
  *     function statics (one block at a time), dynamic shared memory is a
  *     buffer of exactly the bytes the launch asked for, 16-byte aligned and
@@ -27,6 +27,12 @@
  *     multiple of 4 floats, TF32 operands must have been rounded, and every
  *     lane must bring the same operands to mma_sync (else the code assumed
  *     a fragment layout): each is one line and exit 70.
+ *   - mma.sync.m16n8k16 bf16 (emu::mma_bf16_m16n8k16, which kernels.cu
+ *     calls where the device build has the PTX instruction): each lane
+ *     brings its own fragments in the PTX ISA's layouts, the warp's are
+ *     assembled into the 16 x 16 and 16 x 8 operands (a warp barrier), and
+ *     each lane gets its own four accumulators, summed in fp32; a warp with
+ *     exited lanes is an error (one line, exit 70).
  *   - cuBLASLt: descriptors, layouts, preferences and a heuristic that
  *     records the alignments asked for; cublasLtMatmul checks the operands
  *     against them (a plan reused for a less aligned pointer is an error),
@@ -204,6 +210,9 @@ void *dyn_smem();
  * lane of the warp to arrive computes, the others check that their operands
  * are the same (else the kernel assumed a fragment layout) and copy */
 void mma(float *d, const float *a, const float *b, const float *c, int m, int n, int k);
+/* d += a b for one warp's m16n8k16 bf16 fragments in PTX's layouts (each
+ * lane its own: a[4], b[2] words of two bf16, d[4] floats) */
+void mma_bf16_m16n8k16(float *d, const uint32_t *a, const uint32_t *b);
 /* a shuffle's exchange: every live lane of the warp publishes 8 bytes, then
  * reads lane src's (valid = 0 when src has exited or does not exist) */
 uint64_t exchange(uint64_t mine, int src, int *valid);

@@ -48,6 +48,36 @@ __global__ void wmma_k(float *d, const float *a, const float *b, int poison) {
     wm::store_matrix_sync(d, acc, 16, wm::mem_row_major);
 }
 
+/* one m16n8k16 bf16 product through the emulator's mma.sync, with the
+ * fragments formed element by element from the PTX ISA's formulas (groupID
+ * g = lane >> 2, t = lane % 4; A element i of 8: row g for i in {0,1,4,5}
+ * else g + 8, column 2t + (i & 1) (+ 8 for i >= 4); B element i of 4: row
+ * 2t + (i & 1) (+ 8 for i >= 2), column g; C element i of 4: row g (+ 8 for
+ * i >= 2), column 2t + (i & 1)); two elements a word, the lower index in
+ * the low half. live < 32: the other lanes exit first (the emulator must
+ * refuse). a [16][16], b [16][8], d [16][8], row-major, values exact in bf16 */
+static unsigned bf16_bits(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u >> 16;
+}
+__global__ void mma_bf16_k(float *d, const float *a, const float *b, int live) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if (lane >= live) return;
+    unsigned ea[8], eb[4];
+    for (int i = 0; i < 8; i++) {
+        const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8, col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+        ea[i] = bf16_bits(a[row * 16 + col]);
+    }
+    for (int i = 0; i < 4; i++) eb[i] = bf16_bits(b[(2 * t + (i & 1) + (i >= 2 ? 8 : 0)) * 8 + g]);
+    uint32_t fa[4], fb[2];
+    for (int r = 0; r < 4; r++) fa[r] = ea[2 * r] | ea[2 * r + 1] << 16;
+    for (int r = 0; r < 2; r++) fb[r] = eb[2 * r] | eb[2 * r + 1] << 16;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    ::emu::mma_bf16_m16n8k16(c, fa, fb);
+    for (int i = 0; i < 4; i++) d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = c[i];
+}
+
 static int report(int ok, const char *what) {
     printf("%s %s\n", ok ? "ok  " : "FAIL", what);
     return ok ? 0 : 1;
@@ -105,6 +135,24 @@ int main(int argc, char **argv) {
         wmma_k<<<1, 32>>>(d, da, db, !strcmp(mode, "wmma-poison") ? 1 : !strcmp(mode, "wmma") ? 0 : 2);
         cudaMemcpy(h, d, 256 * sizeof(float), cudaMemcpyDeviceToHost);
         return report(memcmp(h, ref, sizeof ref) == 0, "a 16x16x8 wmma product (small integers: exact in TF32)");
+    }
+    if (!strcmp(mode, "mma-bf16") || !strcmp(mode, "mma-bf16-partial")) {
+        float a[16 * 16], b[16 * 8], ref[16 * 8];
+        for (int i = 0; i < 256; i++) a[i] = (float)(i % 7) - 3.0f + (float)(i / 16) * 0.25f;
+        for (int i = 0; i < 128; i++) b[i] = (float)(i % 5) * 0.5f - (float)(i % 3);
+        for (int i = 0; i < 16; i++)
+            for (int j = 0; j < 8; j++) {
+                float s = 0.0f;
+                for (int k = 0; k < 16; k++) s += a[i * 16 + k] * b[k * 8 + j];
+                ref[i * 8 + j] = s;
+            }
+        float *da = d + 1024, *db = d + 2048;
+        cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
+        cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+        mma_bf16_k<<<1, 32>>>(d, da, db, !strcmp(mode, "mma-bf16") ? 32 : 16);
+        cudaMemcpy(h, d, sizeof ref, cudaMemcpyDeviceToHost);
+        return report(memcmp(h, ref, sizeof ref) == 0,
+                      "a 16x8x16 mma.sync bf16 product, fragments in the PTX ISA's layouts (exact values)");
     }
     if (!strcmp(mode, "cublas-align")) {
         cublasLtHandle_t lt;
