@@ -767,8 +767,10 @@ __global__ void add_bias_k(float *out, const float *bias, int M, int N, int ldc)
 /* LLMTRAIN_CUDA_MATMUL picks the GEMM arithmetic (default tf32, see the top
  * of this file); the others are opt-in:
  *   bf16  the linear layers' GEMMs convert both fp32 operands to bf16 into
- *         scratch buffers first and run bf16 x bf16 -> fp32 with fp32
- *         accumulation (attention stays TF32): for measurements;
+ *         scratch buffers first (a backward's dout once for both of its
+ *         products) and run bf16 x bf16 -> fp32 with fp32 accumulation; the
+ *         fused attention takes its bf16 mma.sync kernels (the GEMM
+ *         attention stays TF32);
  *   fp32  every GEMM in plain fp32 without tensor cores: for telling TF32
  *         rounding from a bug when comparing with the CPU. */
 enum { MM_TF32 = 0, MM_BF16 = 1, MM_FP32 = 2 };
@@ -813,17 +815,17 @@ extern "C" long kernels_cuda_fused_gelu_calls(void) { return fused_gelu_calls; }
  * cuBLASLt allows it (aux ld a multiple of 8, C and aux 16-byte aligned, a
  * fused or no bias, and an algorithm for it), else the GEMM into gelu_pre
  * and the GELU kernel. */
-static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
-                       const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
-                       const float *bias, int bf16, float *gelu_pre) {
+static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
+                         const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
+                         const float *bias, int bf16, float *gelu_pre, const void *A_bf16) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) die(EXIT_INTERNAL, "cuda gemm: K = %d", K);
     if (bf16 && batch != 1) die(EXIT_INTERNAL, "cuda gemm: bf16 operands for a batched GEMM");
     if (gelu_pre && (batch != 1 || beta != 0.0f || ldc != N))
         die(EXIT_INTERNAL, "cuda gemm: the GELU form wants an unbatched dense product with beta 0");
     const void *Ap = A, *Bp = B;
-    if (bf16) {
-        Ap = bf16_copy(&sc_bf16_a, A, (size_t)(ta ? K : M) * (size_t)lda);
+    if (bf16) { /* A_bf16: A already converted (by the caller, into sc_bf16_a) */
+        Ap = A_bf16 ? A_bf16 : bf16_copy(&sc_bf16_a, A, (size_t)(ta ? K : M) * (size_t)lda);
         Bp = bf16_copy(&sc_bf16_b, B, (size_t)(tb ? N : K) * (size_t)ldb);
     }
     GemmPlan key;
@@ -894,6 +896,12 @@ static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const f
     if (gelu_pre && !p->epi_gelu) gelu_forward(C, gelu_pre, (size_t)M * N);
 }
 
+static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
+                       const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
+                       const float *bias, int bf16, float *gelu_pre) {
+    rm_gemm_core(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, bf16, gelu_pre, NULL);
+}
+
 static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                     const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                     const float *bias) {
@@ -917,8 +925,10 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
                             int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     int bf16 = matmul_bf16();
-    if (dinp) rm_gemm_ex(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 1.0f, dinp, C, 0, 1, NULL, bf16, NULL);
-    if (dw) rm_gemm_ex(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL);
+    /* bf16: dout, the A operand of both products, is converted once */
+    const void *db = bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
+    if (dinp) rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 1.0f, dinp, C, 0, 1, NULL, bf16, NULL, db);
+    if (dw) rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db);
     if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
 }
 
@@ -1687,11 +1697,12 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
 /* The fused attention under LLMTRAIN_CUDA_MATMUL=bf16 on sm_80 and newer:
  * flash-attention-2 style kernels on mma.sync.m16n8k16 (bf16 operands, fp32
  * accumulation), fp32 in and out like the kernels above. Each global tile is
- * read as fp32 and stored to shared memory as bf16 words (two values per
- * 32-bit word, rows padded by 4 words so that the 8 rows of a fragment load
- * fall in 8 different bank quads), row-major [row][d] where a tile is the
- * k-contiguous operand and transposed [d][row] where it is not (V in the
- * forward, K in dQ, Q and dO in dK/dV). A block is 4 warps; each warp owns
+ * read as fp32 and stored once to shared memory as bf16 words, row-major
+ * [row][d] (two values per 32-bit word, rows padded by 4 words so that the
+ * 8 rows of a fragment or ldmatrix load fall in 8 different bank quads); B
+ * fragments come through ldmatrix.x4, with .trans where the tile's rows are
+ * the product's k (V in the forward, K in dQ, Q and dO in dK/dV), so no
+ * transposed copy is made. A block is 4 warps; each warp owns
  * 16 rows of the block's 64 (queries in the forward and dQ, keys in dK/dV)
  * and keeps its row operand (Q, dO or K, V) in registers as A fragments.
  * Scores stay in registers: the fp32 accumulator fragment of S (or dS) of
@@ -1761,24 +1772,33 @@ __device__ __forceinline__ void fb_load(uint32_t *sm, const float *__restrict__ 
     }
 }
 
-/* the same rows transposed: sm[HD][R/2 + 4 words], word (d, p) holding rows
- * 2p and 2p + 1 of column d; consecutive threads take consecutive row pairs
- * (conflict-free stores) */
-template <int HD, int R>
-__device__ __forceinline__ void fb_load_t(uint32_t *sm, const float *__restrict__ g, size_t stride, int r0, int T,
-                                          int tid) {
-    constexpr int P = R / 2, LDT = R / 2 + 4;
-    for (int f = tid; f < P * (HD / 4); f += FL_THREADS) {
-        const int p = f % P, c = f / P, r = r0 + 2 * p;
-        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
-        if (r < T) a = *(const float4 *)(g + (size_t)r * stride + 4 * c);
-        if (r + 1 < T) b = *(const float4 *)(g + (size_t)(r + 1) * stride + 4 * c);
-        uint32_t *o = sm + 4 * c * LDT + p;
-        o[0] = fb_pack(a.x, b.x);
-        o[LDT] = fb_pack(a.y, b.y);
-        o[2 * LDT] = fb_pack(a.z, b.z);
-        o[3 * LDT] = fb_pack(a.w, b.w);
-    }
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the
+ * address of row l % 8 of matrix l / 8 (16-byte aligned); r[j] is this
+ * lane's word of matrix j (row g, elements 2t..2t+1; .trans: rows 2t and
+ * 2t+1 of column g) */
+template <bool TRANS> __device__ __forceinline__ void fb_ldsm4(uint32_t (&r)[4], const uint32_t *row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+#elif defined(__CUDA_ARCH__)
+    (void)row;
+    r[0] = r[1] = r[2] = r[3] = 0u;
+    __trap();
+#elif defined(LLMTRAIN_CUDA_EMU_H)
+    ::emu::ldmatrix(r, 4, TRANS, row);
+#else
+    (void)row;
+    r[0] = r[1] = r[2] = r[3] = 0u;
+#endif
 }
 
 /* the A fragment of rows r0..r0+15, k chunk kc (16 columns) of a row-major
@@ -1792,13 +1812,21 @@ __device__ __forceinline__ void fb_frag_a(uint32_t (&a)[4], const uint32_t *sm, 
     a[3] = p[8 * LD + 4];
 }
 
-/* d += A B^T over k chunk kc for the 8 columns n0..n0+7 whose k runs along
- * the rows of an [n][k] word tile */
-template <int LD>
-__device__ __forceinline__ void fb_mma_nk(float (&d)[4], const uint32_t (&a)[4], const uint32_t *sm, int n0, int kc,
+/* acc[j] += A B for k chunk kc and the N*8 columns whose k runs along the
+ * rows of a row-major [n][k] word tile (B^T): one ldmatrix.x4 brings b0 and
+ * b1 of two 8-column tiles (matrices: rows n0..n0+7 at k 0..7 and 8..15,
+ * then rows n0+8..n0+15 likewise) */
+template <int N, int LD>
+__device__ __forceinline__ void fb_mma_nk(float (&acc)[N][4], const uint32_t (&a)[4], const uint32_t *sm, int kc,
                                           int lane) {
-    const uint32_t *p = sm + (n0 + (lane >> 2)) * LD + kc * 8 + (lane & 3);
-    fb_mma(d, a, p[0], p[4]);
+    const int m = lane >> 3, i = lane & 7;
+#pragma unroll
+    for (int j = 0; j < N; j += 2) {
+        uint32_t b[4];
+        fb_ldsm4<false>(b, sm + (8 * j + (m >> 1) * 8 + i) * LD + kc * 8 + (m & 1) * 4);
+        fb_mma(acc[j], a, b[0], b[1]);
+        fb_mma(acc[j + 1], a, b[2], b[3]);
+    }
 }
 
 /* the A fragment of k chunk kk from the accumulator fragments of two
@@ -1822,22 +1850,28 @@ __device__ __forceinline__ void fb_scores(float (&acc)[N][4], const uint32_t (&a
                                           int lane) {
     fb_zero(acc);
 #pragma unroll
-    for (int kc = 0; kc < KC; kc++)
-#pragma unroll
-        for (int j = 0; j < N; j++) fb_mma_nk<LD>(acc[j], a[kc], sm, 8 * j, kc, lane);
+    for (int kc = 0; kc < KC; kc++) fb_mma_nk<N, LD>(acc, a[kc], sm, kc, lane);
 }
 
 /* acc[OT][4] += X V where X (16 x 16 NK) is given as accumulator fragments
- * x[2 NK][4] and V^T as a transposed [OT*8][k] word tile */
+ * x[2 NK][4] and V as a row-major [16 NK][OT*8] word tile: ldmatrix.x4.trans
+ * brings b0 and b1 of two 8-column tiles (matrices: rows 16kk..16kk+7 and
+ * 16kk+8..16kk+15 at columns 8jd.., then at 8jd+8..) */
 template <int NK, int OT, int LD>
-__device__ __forceinline__ void fb_accum(float (&acc)[OT][4], const float (&x)[2 * NK][4], const uint32_t *smT,
+__device__ __forceinline__ void fb_accum(float (&acc)[OT][4], const float (&x)[2 * NK][4], const uint32_t *sm,
                                          int lane) {
+    const int m = lane >> 3, i = lane & 7;
 #pragma unroll
     for (int kk = 0; kk < NK; kk++) {
         uint32_t a[4];
         fb_c2a(a, x[2 * kk], x[2 * kk + 1]);
 #pragma unroll
-        for (int jd = 0; jd < OT; jd++) fb_mma_nk<LD>(acc[jd], a, smT, 8 * jd, kk, lane);
+        for (int jd = 0; jd < OT; jd += 2) {
+            uint32_t b[4];
+            fb_ldsm4<true>(b, sm + (16 * kk + (m & 1) * 8 + i) * LD + (jd + (m >> 1)) * 4);
+            fb_mma(acc[jd], a, b[0], b[1]);
+            fb_mma(acc[jd + 1], a, b[2], b[3]);
+        }
     }
 }
 
@@ -1854,17 +1888,16 @@ __device__ __forceinline__ float fb_sum4(float v) {
 #define FB_LOG2E 1.4426950408889634f
 #define FB_LN2 0.6931471805599453f
 
-/* row-major [R][HD] and transposed [HD][R] bf16 tiles, in words */
+/* a row-major [R][HD] bf16 tile, in words */
 template <int HD, int R> __host__ __device__ constexpr int fb_words() { return R * (HD / 2 + 4); }
-template <int HD, int R> __host__ __device__ constexpr int fb_words_t() { return HD * (R / 2 + 4); }
 
 /* forward: grid (B * nh, query tiles), the last query tile first */
 template <int HD, int BN>
 __global__ void __launch_bounds__(FL_THREADS)
     flash_bf16_fwd_k(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv, int T, int nh,
                      int nkv, float scale) {
-    constexpr int LDW = HD / 2 + 4, LDT = BN / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
-    uint32_t *Qs = fb_base(), *Ks = Qs + fb_words<HD, FB_BM>(), *Vt = Ks + fb_words<HD, BN>();
+    constexpr int LDW = HD / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
+    uint32_t *Qs = fb_base(), *Ks = Qs + fb_words<HD, FB_BM>(), *Vs = Ks + fb_words<HD, BN>();
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
     const FlQBlock blk = fl_qblock<HD, FB_BM, BN>(T, nh, nkv);
     const float *seq = qkv + (size_t)blk.b * T * blk.S;
@@ -1879,9 +1912,9 @@ __global__ void __launch_bounds__(FL_THREADS)
     fb_zero(o);
     for (int kt = 0; kt < blk.nkt; kt++) {
         const int k0 = kt * BN;
-        __syncthreads(); /* the previous tile's readers of Ks and Vt are done */
+        __syncthreads(); /* the previous tile's readers of Ks and Vs are done */
         fb_load<HD, BN>(Ks, seq + (size_t)(nh + blk.kh) * HD, blk.S, k0, T, tid);
-        fb_load_t<HD, BN>(Vt, seq + (size_t)(nh + nkv + blk.kh) * HD, blk.S, k0, T, tid);
+        fb_load<HD, BN>(Vs, seq + (size_t)(nh + nkv + blk.kh) * HD, blk.S, k0, T, tid);
         __syncthreads();
         if (k0 > w0 + 15) continue; /* every key after every row of the warp */
         float s[NT][4];
@@ -1920,7 +1953,7 @@ __global__ void __launch_bounds__(FL_THREADS)
         for (int jd = 0; jd < OT; jd++)
 #pragma unroll
             for (int e = 0; e < 4; e++) o[jd][e] *= alpha[e >> 1];
-        fb_accum<NT / 2, OT, LDT>(o, s, Vt, lane);
+        fb_accum<NT / 2, OT, LDW>(o, s, Vs, lane);
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -1941,9 +1974,9 @@ __global__ void __launch_bounds__(FL_THREADS)
     flash_bf16_dq_k(float *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
                     const float *__restrict__ lse, const float *__restrict__ Dr, int T, int nh, int nkv,
                     float scale) {
-    constexpr int LDW = HD / 2 + 4, LDT = BN / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
+    constexpr int LDW = HD / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
     uint32_t *Qs = fb_base(), *dOs = Qs + fb_words<HD, FB_BM>(), *Ks = dOs + fb_words<HD, FB_BM>();
-    uint32_t *Vs = Ks + fb_words<HD, BN>(), *Kt = Vs + fb_words<HD, BN>();
+    uint32_t *Vs = Ks + fb_words<HD, BN>();
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
     const FlQBlock blk = fl_qblock<HD, FB_BM, BN>(T, nh, nkv);
     const float *seq = qkv + (size_t)blk.b * T * blk.S;
@@ -1969,11 +2002,9 @@ __global__ void __launch_bounds__(FL_THREADS)
     fb_zero(dq);
     for (int kt = 0; kt < blk.nkt; kt++) {
         const int k0 = kt * BN;
-        __syncthreads(); /* the previous tile's readers of Ks, Vs and Kt are done */
-        const float *kg = seq + (size_t)(nh + blk.kh) * HD;
-        fb_load<HD, BN>(Ks, kg, blk.S, k0, T, tid);
+        __syncthreads(); /* the previous tile's readers of Ks and Vs are done */
+        fb_load<HD, BN>(Ks, seq + (size_t)(nh + blk.kh) * HD, blk.S, k0, T, tid);
         fb_load<HD, BN>(Vs, seq + (size_t)(nh + nkv + blk.kh) * HD, blk.S, k0, T, tid);
-        fb_load_t<HD, BN>(Kt, kg, blk.S, k0, T, tid);
         __syncthreads();
         if (k0 > w0 + 15) continue;
         float s[NT][4], dp[NT][4];
@@ -1988,7 +2019,7 @@ __global__ void __launch_bounds__(FL_THREADS)
                 const float p = (!edge || k <= q) && q < T ? exp2f(s[j][e] * sl2 - l2[e >> 1]) : 0.0f;
                 s[j][e] = p * (dp[j][e] - dd[e >> 1]);
             }
-        fb_accum<NT / 2, OT, LDT>(dq, s, Kt, lane);
+        fb_accum<NT / 2, OT, LDW>(dq, s, Ks, lane);
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -2015,11 +2046,11 @@ __global__ void __launch_bounds__(FL_THREADS)
     flash_bf16_dkv_k(float *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
                      const float *__restrict__ lse, const float *__restrict__ Dr, int T, int nh, int nkv,
                      float scale) {
-    constexpr int BN = FB_BM, LDW = HD / 2 + 4, LDQ = BM / 2 + 4, KC = HD / 16, NT = BM / 8, OT = HD / 8;
+    constexpr int BN = FB_BM, LDW = HD / 2 + 4, KC = HD / 16, NT = BM / 8, OT = HD / 8;
     constexpr bool KREG = HD <= 64;
     uint32_t *Ks = fb_base(), *Vs = Ks + fb_words<HD, BN>(), *Qs = Vs + fb_words<HD, BN>();
-    uint32_t *dOs = Qs + fb_words<HD, BM>(), *Qt = dOs + fb_words<HD, BM>(), *dOt = Qt + fb_words_t<HD, BM>();
-    float *ls = reinterpret_cast<float *>(dOt + fb_words_t<HD, BM>()), *Ds = ls + BM;
+    uint32_t *dOs = Qs + fb_words<HD, BM>();
+    float *ls = reinterpret_cast<float *>(dOs + fb_words<HD, BM>()), *Ds = ls + BM;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
     const int bk = (int)blockIdx.x, b = bk / nkv, kh = bk % nkv, group = nh / nkv;
     const int k0 = (int)blockIdx.y * BN, nqt = (T + BM - 1) / BM;
@@ -2048,8 +2079,6 @@ __global__ void __launch_bounds__(FL_THREADS)
             const float *qg = seq + (size_t)h * HD, *dg = dseq + (size_t)h * HD;
             fb_load<HD, BM>(Qs, qg, S, q0, T, tid);
             fb_load<HD, BM>(dOs, dg, OS, q0, T, tid);
-            fb_load_t<HD, BM>(Qt, qg, S, q0, T, tid);
-            fb_load_t<HD, BM>(dOt, dg, OS, q0, T, tid);
             for (int r = tid; r < BM; r += FL_THREADS) {
                 const int q = q0 + r;
                 const size_t li = ((size_t)b * nh + h) * T + q;
@@ -2069,11 +2098,9 @@ __global__ void __launch_bounds__(FL_THREADS)
                 for (int kc = 0; kc < KC; kc++) {
                     uint32_t a[4];
                     fb_frag_a<LDW>(a, Ks, warp * 16, kc, lane);
-#pragma unroll
-                    for (int j = 0; j < NT; j++) fb_mma_nk<LDW>(st[j], a, Qs, 8 * j, kc, lane);
+                    fb_mma_nk<NT, LDW>(st, a, Qs, kc, lane);
                     fb_frag_a<LDW>(a, Vs, warp * 16, kc, lane);
-#pragma unroll
-                    for (int j = 0; j < NT; j++) fb_mma_nk<LDW>(dpt[j], a, dOs, 8 * j, kc, lane);
+                    fb_mma_nk<NT, LDW>(dpt, a, dOs, kc, lane);
                 }
             }
             const bool edge = q0 < w0 + 15 || q0 + BM > T;
@@ -2087,8 +2114,8 @@ __global__ void __launch_bounds__(FL_THREADS)
                     st[j][e] = p;
                     dpt[j][e] = p * (dpt[j][e] - Ds[c]);
                 }
-            fb_accum<NT / 2, OT, LDQ>(dv, st, dOt, lane);
-            fb_accum<NT / 2, OT, LDQ>(dk, dpt, Qt, lane);
+            fb_accum<NT / 2, OT, LDW>(dv, st, dOs, lane);
+            fb_accum<NT / 2, OT, LDW>(dk, dpt, Qs, lane);
         }
     }
 #pragma unroll
@@ -2119,7 +2146,7 @@ template <int HD> struct FbCfg {
 template <int HD> static int fb_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv) {
     constexpr int BN = FbCfg<HD>::FWD_N;
     const size_t smem =
-        (size_t)(fb_words<HD, FB_BM>() + fb_words<HD, BN>() + fb_words_t<HD, BN>()) * 4 + FL_SMEM_SLACK;
+        (size_t)(fb_words<HD, FB_BM>() + 2 * fb_words<HD, BN>()) * 4 + FL_SMEM_SLACK;
     const int nqt = (T + FB_BM - 1) / FB_BM;
     if (smem > fl_smem_limit() || nqt > 65535) return 0;
     fl_launch(flash_bf16_fwd_k<HD, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse, qkv, T,
@@ -2132,9 +2159,9 @@ static int fb_backward(float *dqkv, const float *dout, const float *qkv, const f
                        int T, int nh, int nkv) {
     constexpr int DQ_N = FbCfg<HD>::DQ_N, DKV_M = FbCfg<HD>::DKV_M;
     const size_t smem_dq =
-        (size_t)(2 * fb_words<HD, FB_BM>() + 2 * fb_words<HD, DQ_N>() + fb_words_t<HD, DQ_N>()) * 4 + FL_SMEM_SLACK;
-    const size_t smem_dkv = (size_t)(2 * fb_words<HD, FB_BM>() + 2 * fb_words<HD, DKV_M>() +
-                                     2 * fb_words_t<HD, DKV_M>() + 2 * DKV_M) * 4 + FL_SMEM_SLACK;
+        (size_t)(2 * fb_words<HD, FB_BM>() + 2 * fb_words<HD, DQ_N>()) * 4 + FL_SMEM_SLACK;
+    const size_t smem_dkv =
+        (size_t)(2 * fb_words<HD, FB_BM>() + 2 * fb_words<HD, DKV_M>() + 2 * DKV_M) * 4 + FL_SMEM_SLACK;
     const int nqt = (T + FB_BM - 1) / FB_BM, nkt = (T + FB_BM - 1) / FB_BM;
     if (smem_dq > fl_smem_limit() || smem_dkv > fl_smem_limit() || nqt > 65535) return 0;
     const float scale = 1.0f / sqrtf((float)HD);

@@ -79,6 +79,7 @@ struct Warp {
     unsigned mma_round;
     float a[16 * 16], b[16 * 16], c[16 * 16], d[16 * 16];
     uint32_t fa[32][4], fb[32][2]; /* mma.sync's fragments, by lane */
+    const uint16_t *rows[32];      /* ldmatrix's row addresses, by lane */
 };
 static std::vector<Warp> warps;
 static struct {
@@ -182,6 +183,32 @@ void mma_bf16_m16n8k16(float *d, const uint32_t *a, const uint32_t *b) {
     }
     warp_barrier(); /* every lane has read the others' fragments */
     memcpy(d, out, sizeof out);
+}
+
+/* ldmatrix.sync.aligned.m8n8.xN[.trans].shared.b16: lanes 8j .. 8j + 7
+ * give the addresses of rows 0..7 of matrix j (16 bytes each, 16-byte
+ * aligned); lane l = 4 g + t receives word j = row g, elements 2t and 2t+1
+ * of matrix j, or with .trans rows 2t and 2t+1 of column g (the transpose) */
+void ldmatrix(uint32_t *out, int n, int trans, const void *row) {
+    Warp &w = warps[cur->warp];
+    w.rows[cur->lane] = (const uint16_t *)row;
+    warp_barrier();
+    if (w.alive != 32) trap("ldmatrix with fewer than 32 live lanes in the warp");
+    const int g = cur->lane >> 2, t = cur->lane & 3;
+    for (int j = 0; j < n; j++) {
+        for (int i = 0; i < 8; i++)
+            if ((uintptr_t)w.rows[8 * j + i] % 16 != 0) trap("ldmatrix row address not 16-byte aligned");
+        uint16_t lo, hi;
+        if (trans) {
+            lo = w.rows[8 * j + 2 * t][g];
+            hi = w.rows[8 * j + 2 * t + 1][g];
+        } else {
+            lo = w.rows[8 * j + g][2 * t];
+            hi = w.rows[8 * j + g][2 * t + 1];
+        }
+        out[j] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+    warp_barrier(); /* every lane has read the others' addresses */
 }
 
 void trap(const char *why) {

@@ -33,6 +33,9 @@
  *     assembled into the 16 x 16 and 16 x 8 operands (a warp barrier), and
  *     each lane gets its own four accumulators, summed in fp32; a warp with
  *     exited lanes is an error (one line, exit 70).
+ *   - ldmatrix.m8n8.x1/x2/x4 (.trans) b16 (emu::ldmatrix) likewise: the
+ *     lanes' row addresses are gathered, each lane gets its words in the
+ *     PTX layout; a row address not 16-byte aligned is an error.
  *   - cuBLASLt: descriptors, layouts, preferences and a heuristic that
  *     records the alignments asked for; cublasLtMatmul checks the operands
  *     against them (a plan reused for a less aligned pointer is an error),
@@ -213,6 +216,9 @@ void mma(float *d, const float *a, const float *b, const float *c, int m, int n,
 /* d += a b for one warp's m16n8k16 bf16 fragments in PTX's layouts (each
  * lane its own: a[4], b[2] words of two bf16, d[4] floats) */
 void mma_bf16_m16n8k16(float *d, const uint32_t *a, const uint32_t *b);
+/* ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16: n matrices, row =
+ * this lane's row address (lanes 8j..8j+7 address matrix j's rows), out[n] */
+void ldmatrix(uint32_t *out, int n, int trans, const void *row);
 /* a shuffle's exchange: every live lane of the warp publishes 8 bytes, then
  * reads lane src's (valid = 0 when src has exited or does not exist) */
 uint64_t exchange(uint64_t mine, int src, int *valid);

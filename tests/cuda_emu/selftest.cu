@@ -78,6 +78,20 @@ __global__ void mma_bf16_k(float *d, const float *a, const float *b, int live) {
     for (int i = 0; i < 4; i++) d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = c[i];
 }
 
+/* ldmatrix.x4 (trans = 0 / 1) from a [32][16] b16 array in shared memory
+ * (rows of 32 bytes): lane l addresses row l of the array at column
+ * col0 (matrix l / 8, its row l % 8); out[lane * 4 + j] = the lane's word of
+ * matrix j. col0 = 1 misaligns every row address (the emulator must refuse) */
+__global__ void ldsm_k(unsigned *out, int trans, int col0) {
+    __shared__ __align__(16) uint16_t tile[32][16];
+    const int lane = threadIdx.x & 31;
+    for (int c = 0; c < 16; c++) tile[lane][c] = (uint16_t)(lane * 16 + c);
+    __syncthreads();
+    uint32_t r[4];
+    ::emu::ldmatrix(r, 4, trans, &tile[lane][col0]);
+    for (int j = 0; j < 4; j++) out[lane * 4 + j] = r[j];
+}
+
 static int report(int ok, const char *what) {
     printf("%s %s\n", ok ? "ok  " : "FAIL", what);
     return ok ? 0 : 1;
@@ -153,6 +167,27 @@ int main(int argc, char **argv) {
         cudaMemcpy(h, d, sizeof ref, cudaMemcpyDeviceToHost);
         return report(memcmp(h, ref, sizeof ref) == 0,
                       "a 16x8x16 mma.sync bf16 product, fragments in the PTX ISA's layouts (exact values)");
+    }
+    if (!strcmp(mode, "ldmatrix") || !strcmp(mode, "ldmatrix-misaligned")) {
+        /* PTX: each lane holds row l / 4, elements 2(l % 4) and 2(l % 4) + 1
+         * of each 8 x 8 matrix; with .trans the same of the transpose */
+        unsigned *du = (unsigned *)d, got[128];
+        int bad = 0;
+        for (int trans = 0; trans < 2; trans++) {
+            ldsm_k<<<1, 32>>>(du, trans, !strcmp(mode, "ldmatrix") ? 0 : 1);
+            cudaMemcpy(got, du, sizeof got, cudaMemcpyDeviceToHost);
+            int ok = 1;
+            for (int l = 0; l < 32; l++)
+                for (int j = 0; j < 4; j++) {
+                    int r0 = trans ? 2 * (l % 4) : l / 4, c0 = trans ? l / 4 : 2 * (l % 4);
+                    int r1 = trans ? r0 + 1 : r0, c1 = trans ? c0 : c0 + 1;
+                    unsigned want = (unsigned)((8 * j + r0) * 16 + c0) | (unsigned)((8 * j + r1) * 16 + c1) << 16;
+                    ok &= got[l * 4 + j] == want;
+                }
+            bad |= report(ok, trans ? "ldmatrix.x4.trans gives each lane its words of the transposed 8x8 matrices"
+                                    : "ldmatrix.x4 gives each lane its words of four 8x8 matrices (PTX layout)");
+        }
+        return bad;
     }
     if (!strcmp(mode, "cublas-align")) {
         cublasLtHandle_t lt;

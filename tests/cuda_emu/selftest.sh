@@ -4,7 +4,7 @@
 cd "$(dirname "$0")" || exit 2
 BIN=build/selftest
 pass=0; fail=0
-for mode in shuffle smem wmma mma-bf16 cublas-align; do
+for mode in shuffle smem wmma mma-bf16 ldmatrix cublas-align; do
     out=$($BIN $mode 2>&1); rc=$?
     echo "$out"
     p=$(grep -c '^ok' <<<"$out"); f=$(grep -c '^FAIL' <<<"$out")
@@ -15,7 +15,8 @@ done
 for case in "diverge:deadlocks: .* a barrier not every thread reaches" \
             "wmma-poison:operands differ between the lanes of a warp" \
             "wmma-misaligned:wmma tile pointer not 32-byte aligned" \
-            "mma-bf16-partial:mma.sync with fewer than 32 live lanes"; do
+            "mma-bf16-partial:mma.sync with fewer than 32 live lanes" \
+            "ldmatrix-misaligned:ldmatrix row address not 16-byte aligned"; do
     mode=${case%%:*} want=${case#*:}
     err=$($BIN $mode 2>&1 >/dev/null); rc=$?
     if [ $rc -eq 70 ] && [ "$(wc -l <<<"$err")" -eq 1 ] && grep -q "^llmtrain: CUDA emulator: kernel .*$want" <<<"$err"; then
