@@ -2450,20 +2450,54 @@ static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, ui
 
 #define CE_THREADS 512
 
-/* full-vocabulary softmax + loss; an out-of-range target gives a NaN loss */
-__global__ void ce_fwd_k(float *losses, float *logits, const int *targets, int V) {
+/* running (max, sum of exp(x - max)) of a stream of logits: the sum is
+ * rescaled when the max grows; -inf terms add nothing, NaN propagates */
+__device__ __forceinline__ void ce_online(float &m, float &s, float v) {
+    if (v > m) {
+        s = s * expf(m - v) + 1.0f; /* m = -inf: s is 0 */
+        m = v;
+    } else {
+        s += v == -INFINITY ? 0.0f : expf(v - m);
+    }
+}
+
+/* two partial (max, sum) pairs as one */
+__device__ __forceinline__ void ce_merge(float &m, float &s, float m2, float s2) {
+    const float mn = fmaxf(m, m2);
+    s = (m == -INFINITY ? 0.0f : s * expf(m - mn)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mn));
+    m = mn;
+}
+
+/* full-vocabulary softmax + loss; an out-of-range target gives a NaN loss.
+ * Two passes over the row instead of three: the max and the sum in one
+ * (online), then the probabilities. CE_FWD_THREADS = 1024: fewer rows in
+ * flight, so the second pass finds more of its row in L2. */
+#define CE_FWD_THREADS 1024
+__global__ void __launch_bounds__(CE_FWD_THREADS) ce_fwd_k(float *losses, float *logits, const int *targets, int V) {
+    __shared__ float shm[32], shs[32];
     float *x = logits + (size_t)blockIdx.x * V;
-    int tg = targets[blockIdx.x];
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
-    m = block_max(m);
-    float s = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(x[j] - m);
-    s = block_sum(s);
-    /* read the target's logit before the row is overwritten */
-    float xt = (tg >= 0 && tg < V) ? x[tg] : NAN;
+    const int tg = targets[blockIdx.x], lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float m = -INFINITY, s = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) ce_online(m, s, x[j]);
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ce_merge(m, s, m2, s2);
+    }
+    if (lane == 0) {
+        shm[wid] = m;
+        shs[wid] = s;
+    }
     __syncthreads();
-    float inv = 1.0f / s;
+    m = lane < nw ? shm[lane] : -INFINITY;
+    s = lane < nw ? shs[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ce_merge(m, s, m2, s2);
+    }
+    /* read the target's logit before the row is overwritten */
+    const float xt = (tg >= 0 && tg < V) ? x[tg] : NAN;
+    __syncthreads();
+    const float inv = 1.0f / s;
     for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = expf(x[j] - m) * inv;
     if (threadIdx.x == 0) losses[blockIdx.x] = (float)(log((double)s) - ((double)xt - m));
 }
@@ -2518,7 +2552,7 @@ __global__ void ce_vp_finish_k(float *losses, float *logits, const float *rowmax
 
 static void crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
     if (N <= 0) return;
-    ce_fwd_k<<<N, CE_THREADS>>>(losses, logits, targets, V);
+    ce_fwd_k<<<N, CE_FWD_THREADS>>>(losses, logits, targets, V);
     LAUNCH_CHECK();
 }
 

@@ -519,7 +519,17 @@ static void test_crossentropy(void) {
     int tgt[45];
     for (int i = 0; i < N; i++) tgt[i] = (int)(rnd_u32() % V);
     int *gtgt = dcopy_int(tgt, N);
-    float *lg = hrand(n, 3), *glg = dcopy(lg, n), *loss = hrand(N, 1), *gloss = dcopy(loss, N);
+    float *lg = hrand(n, 3), *loss = hrand(N, 1), *gloss = dcopy(loss, N);
+    /* the CUDA forward keeps a running max and rescales its running sum as
+     * the max grows: row 0 rises along its length (a new max at every
+     * element), row 1 falls, row 2 has masked (-inf) logits where they are
+     * no target, one at its first column */
+    for (int j = 0; j < V; j++) {
+        lg[j] = 60.0f * (float)j / (float)V;
+        lg[(size_t)V + j] = -60.0f * (float)j / (float)V;
+        if (j % 7 == 0 && j != tgt[2]) lg[(size_t)2 * V + j] = -INFINITY;
+    }
+    float *glg = dcopy(lg, n);
     KC->crossentropy_forward(loss, lg, tgt, N, V);
     KG->crossentropy_forward(gloss, glg, gtgt, N, V);
     check("crossentropy_forward losses", loss, gloss, N, TOL_F32);
