@@ -11,7 +11,8 @@
 # log-sum-exp); the Llama case runs with selective activation checkpointing
 # (the attention output recomputed) in both.
 # Each case runs with the default TF32 GEMMs and with the opt-in bf16 GEMMs
-# of the linear layers (LLMTRAIN_CUDA_MATMUL=bf16); BENCH_MATMUL="tf32" or
+# of the linear layers (LLMTRAIN_CUDA_MATMUL=bf16, under which the fused
+# attention runs its bf16 mma.sync kernels); BENCH_MATMUL="tf32" or
 # "bf16" picks one. Each also runs with both attention kernels, the
 # cuBLASLt GEMMs and the fused ones (LLMTRAIN_CUDA_ATTENTION=gemm / flash);
 # BENCH_ATTENTION="gemm" or "flash" picks one. The result line names both.
