@@ -2468,6 +2468,14 @@ __device__ __forceinline__ void ce_merge(float &m, float &s, float m2, float s2)
     m = mn;
 }
 
+/* the warp's pairs merged, the result in every lane */
+__device__ __forceinline__ void ce_warp_merge(float &m, float &s) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ce_merge(m, s, m2, s2);
+    }
+}
+
 /* full-vocabulary softmax + loss; an out-of-range target gives a NaN loss.
  * Two passes over the row instead of three: the max and the sum in one
  * (online), then the probabilities. CE_FWD_THREADS = 1024: fewer rows in
@@ -2479,10 +2487,7 @@ __global__ void __launch_bounds__(CE_FWD_THREADS) ce_fwd_k(float *losses, float 
     const int tg = targets[blockIdx.x], lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float m = -INFINITY, s = 0.0f;
     for (int j = threadIdx.x; j < V; j += blockDim.x) ce_online(m, s, x[j]);
-    for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        ce_merge(m, s, m2, s2);
-    }
+    ce_warp_merge(m, s);
     if (lane == 0) {
         shm[wid] = m;
         shs[wid] = s;
@@ -2490,10 +2495,7 @@ __global__ void __launch_bounds__(CE_FWD_THREADS) ce_fwd_k(float *losses, float 
     __syncthreads();
     m = lane < nw ? shm[lane] : -INFINITY;
     s = lane < nw ? shs[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        ce_merge(m, s, m2, s2);
-    }
+    ce_warp_merge(m, s);
     /* read the target's logit before the row is overwritten */
     const float xt = (tg >= 0 && tg < V) ? x[tg] : NAN;
     __syncthreads();
