@@ -667,15 +667,18 @@ typedef struct {
     int used;
     /* key */
     int ta, tb, M, N, K, lda, ldb, ldc, batch, bias, al_a, al_b, al_c, bf16;
-    int gelu, al_aux; /* gelu: the GELU epilogue is wanted and allowed (see rm_gemm_ex) */
+    int gelu, al_aux; /* gelu: the GELU epilogue wanted and allowed, GEMM_GELU_AUX or GEMM_DGELU (rm_gemm_core) */
     long long sA, sB, sC;
     /* value */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
     int epi_bias; /* the bias is fused; else added by a kernel */
-    int epi_gelu; /* GELU_AUX(_BIAS): D = gelu(...), aux = its input; else a kernel applies it */
+    int epi_gelu; /* GEMM_GELU_AUX: GELU_AUX(_BIAS), D = gelu(...), aux = its input; GEMM_DGELU: D = (...) *
+                   * gelu'(aux); 0: a kernel applies it */
 } GemmPlan;
+
+enum { GEMM_GELU_AUX = 1, GEMM_DGELU = 2 };
 
 static GemmPlan plans[MAX_PLANS];
 static int plan_next;
@@ -710,7 +713,8 @@ static void plan_destroy(GemmPlan *p) {
 
 /* Build desc + layouts for the column-major product D[m=N, n=M] (see
  * rm_gemm) and ask the heuristic; returns 0 when it has no algorithm.
- * epi_gelu: the GELU_AUX epilogue writing the GELU's input to aux (ld = ldc;
+ * epi_gelu: GEMM_GELU_AUX, the GELU_AUX epilogue writing the GELU's input
+ * to aux, or GEMM_DGELU, the DGELU epilogue reading it from aux (ld = ldc;
  * the heuristic reads aux's alignment from the pointer). */
 static int plan_build(GemmPlan *p, int epi_bias, int epi_gelu, const void *aux, cublasComputeType_t compute) {
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
@@ -718,8 +722,11 @@ static int plan_build(GemmPlan *p, int epi_bias, int epi_gelu, const void *aux, 
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
     if (epi_bias || epi_gelu) {
-        uint32_t epi = !epi_gelu ? CUBLASLT_EPILOGUE_BIAS
-                       : epi_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        if (epi_gelu == GEMM_DGELU && epi_bias) die(EXIT_INTERNAL, "cuda gemm: DGELU with a bias");
+        uint32_t epi = !epi_gelu                 ? CUBLASLT_EPILOGUE_BIAS
+                       : epi_gelu == GEMM_DGELU ? CUBLASLT_EPILOGUE_DGELU
+                       : epi_bias               ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                : CUBLASLT_EPILOGUE_GELU_AUX;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     }
     if (epi_gelu) {
@@ -802,9 +809,11 @@ static const void *bf16_copy(Scratch *s, const float *x, size_t n) {
 }
 
 static void gelu_forward(float *out, const float *inp, size_t n);
-static long fused_gelu_calls;
+static void dgelu_inplace(float *d, const float *pre, size_t n);
+static long fused_gelu_calls, fused_dgelu_calls;
 
 extern "C" long kernels_cuda_fused_gelu_calls(void) { return fused_gelu_calls; }
+extern "C" long kernels_cuda_fused_dgelu_calls(void) { return fused_dgelu_calls; }
 
 /* Row-major, like cblas: C[M,N] = alpha op(A) op(B) + beta C (+ bias[N] per
  * row), batched with element strides sA, sB, sC. In column-major terms this
@@ -814,15 +823,22 @@ extern "C" long kernels_cuda_fused_gelu_calls(void) { return fused_gelu_calls; }
  * result and C its GELU: one GEMM with the GELU_AUX(_BIAS) epilogue when
  * cuBLASLt allows it (aux ld a multiple of 8, C and aux 16-byte aligned, a
  * fused or no bias, and an algorithm for it), else the GEMM into gelu_pre
- * and the GELU kernel. */
+ * and the GELU kernel.
+ * dgelu_pre != NULL (unbatched, beta 0, no bias; dgelu_pre [M, N] with ld
+ * ldc): C = the product times gelu'(dgelu_pre), the GELU's backward: one
+ * GEMM with the DGELU epilogue when cuBLASLt allows it (ldc a multiple of
+ * 8, dgelu_pre 16-byte aligned, an algorithm for it), else the GEMM and an
+ * in-place kernel. */
 static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                          const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
-                         const float *bias, int bf16, float *gelu_pre, const void *A_bf16) {
+                         const float *bias, int bf16, float *gelu_pre, const void *A_bf16, const float *dgelu_pre) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) die(EXIT_INTERNAL, "cuda gemm: K = %d", K);
     if (bf16 && batch != 1) die(EXIT_INTERNAL, "cuda gemm: bf16 operands for a batched GEMM");
     if (gelu_pre && (batch != 1 || beta != 0.0f || ldc != N))
         die(EXIT_INTERNAL, "cuda gemm: the GELU form wants an unbatched dense product with beta 0");
+    if (dgelu_pre && (batch != 1 || beta != 0.0f || bias || gelu_pre))
+        die(EXIT_INTERNAL, "cuda gemm: the GELU backward form wants an unbatched product with beta 0 and no bias");
     const void *Ap = A, *Bp = B;
     if (bf16) { /* A_bf16: A already converted (by the caller, into sc_bf16_a) */
         Ap = A_bf16 ? A_bf16 : bf16_copy(&sc_bf16_a, A, (size_t)(ta ? K : M) * (size_t)lda);
@@ -844,7 +860,11 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
     if (gelu_pre) { /* D is C or, unfused, gelu_pre: the alignment both have */
         key.al_aux = alignment_of(gelu_pre, ldc, 0, 4);
         if (key.al_aux < key.al_c) key.al_c = key.al_aux;
-        key.gelu = ldc % 8 == 0 && key.al_c >= 16 && key.bias != 1;
+        key.gelu = ldc % 8 == 0 && key.al_c >= 16 && key.bias != 1 ? GEMM_GELU_AUX : 0;
+    }
+    if (dgelu_pre) { /* aux is only read: C keeps its own alignment */
+        key.al_aux = alignment_of(dgelu_pre, ldc, 0, 4);
+        key.gelu = ldc % 8 == 0 && key.al_aux >= 16 ? GEMM_DGELU : 0;
     }
     GemmPlan *p = NULL;
     for (int i = 0; i < MAX_PLANS && plans[i].used; i++) {
@@ -868,8 +888,9 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
         const cublasComputeType_t ct[2] = {
             bf16 || matmul_mode() == MM_FP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F};
         int ok = 0;
+        const void *aux = key.gelu == GEMM_DGELU ? (const void *)dgelu_pre : gelu_pre;
         for (int c = 0; c < 2 && !ok; c++)
-            ok = (key.gelu && plan_build(p, key.bias == 2, 1, gelu_pre, ct[c])) ||
+            ok = (key.gelu && plan_build(p, key.bias == 2, key.gelu, aux, ct[c])) ||
                  (key.bias == 2 && plan_build(p, 1, 0, NULL, ct[c])) || plan_build(p, 0, 0, NULL, ct[c]);
         if (!ok)
             die(EXIT_INTERNAL, "cuBLASLt has no algorithm for a %dx%dx%d %s GEMM (ta %d tb %d, batch %d, alignment %d/%d/%d)",
@@ -880,9 +901,10 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
     }
     if (p->epi_gelu) {
-        const void *ap = gelu_pre;
+        const void *ap = p->epi_gelu == GEMM_DGELU ? (const void *)dgelu_pre : gelu_pre;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof ap));
-        fused_gelu_calls++;
+        if (p->epi_gelu == GEMM_DGELU) fused_dgelu_calls++;
+        else fused_gelu_calls++;
     }
     float *D = gelu_pre && !p->epi_gelu ? gelu_pre : C; /* unfused GELU: the product goes to gelu_pre */
     CUBLAS_CHECK(cublasLtMatmul(G.lt, p->desc, &alpha, Bp, p->la, Ap, p->lb, &beta, D, p->lc, D, p->lc, &p->algo, G.ws,
@@ -894,12 +916,17 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
         LAUNCH_CHECK();
     }
     if (gelu_pre && !p->epi_gelu) gelu_forward(C, gelu_pre, (size_t)M * N);
+    if (dgelu_pre && !p->epi_gelu) {
+        if (ldc != N) die(EXIT_INTERNAL, "cuda gemm: the unfused GELU backward wants a dense product");
+        dgelu_inplace(C, dgelu_pre, (size_t)M * N);
+    }
 }
 
 static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                        const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                        const float *bias, int bf16, float *gelu_pre) {
-    rm_gemm_core(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, bf16, gelu_pre, NULL);
+    rm_gemm_core(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, bf16, gelu_pre, NULL,
+                 NULL);
 }
 
 static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
@@ -921,15 +948,51 @@ static void matmul_gelu_forward(float *out, float *pre, const float *inp, const 
     rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, matmul_bf16(), pre);
 }
 
-static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
-                            int N, int C, int OC) {
-    if (N <= 0 || OC <= 0 || C <= 0) return;
+/* matmul_backward's three products; dinp (ld ldd) gets beta_dinp times its
+ * contents plus dout @ w, times gelu'(dgelu_pre) when that is given */
+static void matmul_backward_core(float *dinp, int ldd, float beta_dinp, const float *dgelu_pre, float *dw, float *dbias,
+                                 const float *dout, const float *inp, const float *w, int N, int C, int OC) {
     int bf16 = matmul_bf16();
     /* bf16: dout, the A operand of both products, is converted once */
     const void *db = bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
-    if (dinp) rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 1.0f, dinp, C, 0, 1, NULL, bf16, NULL, db);
-    if (dw) rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db);
+    if (dinp)
+        rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, beta_dinp, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
+                     dgelu_pre);
+    if (dw) rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db, NULL);
     if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
+}
+
+static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
+                            int N, int C, int OC) {
+    if (N <= 0 || OC <= 0 || C <= 0) return;
+    matmul_backward_core(dinp, C, 1.0f, NULL, dw, dbias, dout, inp, w, N, C, OC);
+}
+
+static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F);
+
+/* dpre = gelu'(pre) . (dout @ w), overwritten: the DGELU epilogue on the
+ * input-gradient GEMM (or the GEMM and dgelu_inplace) */
+static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
+                                 const float *w, const float *pre, int N, int C, int OC) {
+    if (N <= 0 || C <= 0) return;
+    if (OC <= 0) {
+        if (dpre) cu_zero(dpre, (size_t)N * C * sizeof(float));
+        return;
+    }
+    matmul_backward_core(dpre, C, 0.0f, dpre ? pre : NULL, dw, dbias, dout, inp, w, N, C, OC);
+}
+
+/* dpre [N, 2C]: dh = dout @ w into its gate columns (ld 2C, beta 0), then
+ * (d gate | d up) in place from dh */
+static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
+                                   const float *w, const float *pre, int N, int C, int OC) {
+    if (N <= 0 || C <= 0) return;
+    if (OC <= 0) {
+        if (dpre) cu_zero(dpre, (size_t)N * 2 * C * sizeof(float));
+        return;
+    }
+    matmul_backward_core(dpre, 2 * C, 0.0f, NULL, dw, dbias, dout, inp, w, N, C, OC);
+    if (dpre) swiglu_bwd_inplace(dpre, pre, N, C);
 }
 
 // ----------------------------------------------------------------------------
@@ -2357,16 +2420,23 @@ __global__ void gelu_fwd_k(float *out, const float *inp, size_t n) {
     }
 }
 
+/* d gelu(x) / dx */
+__device__ __forceinline__ float gelu_grad(float x) {
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    float e = expf(-2.0f * u);
+    float sg = 1.0f / (1.0f + e);
+    float omsg = e * sg;
+    float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    return sg + 2.0f * x * sg * omsg * du;
+}
+
 __global__ void gelu_bwd_k(float *dinp, const float *inp, const float *dout, size_t n) {
-    GRID_STRIDE(i, n) {
-        float x = inp[i];
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        float e = expf(-2.0f * u);
-        float sg = 1.0f / (1.0f + e);
-        float omsg = e * sg;
-        float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += dout[i] * (sg + 2.0f * x * sg * omsg * du);
-    }
+    GRID_STRIDE(i, n) dinp[i] += dout[i] * gelu_grad(inp[i]);
+}
+
+/* the unfused DGELU epilogue: d *= gelu'(pre) */
+__global__ void dgelu_inplace_k(float *d, const float *pre, size_t n) {
+    GRID_STRIDE(i, n) d[i] = d[i] * gelu_grad(pre[i]);
 }
 
 __global__ void swiglu_fwd_k(float *out, const float *inp, int N, int F) {
@@ -2378,15 +2448,34 @@ __global__ void swiglu_fwd_k(float *out, const float *inp, int N, int F) {
     }
 }
 
+/* SwiGLU's backward for one element: the gradients of gate g and up u
+ * for the output gradient d */
+__device__ __forceinline__ void swiglu_grads(float g, float u, float d, float *dg, float *du) {
+    float e = expf(-g);
+    float sg = 1.0f / (1.0f + e);
+    *dg = d * u * sg * (1.0f + g * e * sg);
+    *du = d * g * sg;
+}
+
 __global__ void swiglu_bwd_k(float *dinp, const float *inp, const float *dout, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
         size_t r = i / F, j = i % F;
-        float g = inp[r * 2 * F + j], u = inp[r * 2 * F + F + j], d = dout[i];
-        float e = expf(-g);
-        float sg = 1.0f / (1.0f + e);
-        dinp[r * 2 * F + j] += d * u * sg * (1.0f + g * e * sg);
-        dinp[r * 2 * F + F + j] += d * g * sg;
+        float dg, du;
+        swiglu_grads(inp[r * 2 * F + j], inp[r * 2 * F + F + j], dout[i], &dg, &du);
+        dinp[r * 2 * F + j] += dg;
+        dinp[r * 2 * F + F + j] += du;
+    }
+}
+
+/* d [N, 2F] holds dh in its gate columns; each (row, j) becomes d gate and
+ * d up, both written by the thread that read dh */
+__global__ void swiglu_bwd_inplace_k(float *d, const float *inp, int N, int F) {
+    size_t n = (size_t)N * F;
+    GRID_STRIDE(i, n) {
+        size_t r = i / F, j = i % F;
+        float *dr = d + r * 2 * F;
+        swiglu_grads(inp[r * 2 * F + j], inp[r * 2 * F + F + j], dr[j], &dr[j], &dr[F + j]);
     }
 }
 
@@ -2407,6 +2496,18 @@ static void gelu_forward(float *out, const float *inp, size_t n) {
 static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     if (!n || !dinp) return;
     gelu_bwd_k<<<grid_for(n, 256), 256>>>(dinp, inp, dout, n);
+    LAUNCH_CHECK();
+}
+
+static void dgelu_inplace(float *d, const float *pre, size_t n) {
+    if (!n) return;
+    dgelu_inplace_k<<<grid_for(n, 256), 256>>>(d, pre, n);
+    LAUNCH_CHECK();
+}
+
+static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F) {
+    if (N <= 0 || F <= 0) return;
+    swiglu_bwd_inplace_k<<<grid_for((size_t)N * F, 256), 256>>>(d, pre, N, F);
     LAUNCH_CHECK();
 }
 
@@ -2821,6 +2922,8 @@ static const Kernels cuda_kernels = {
     /* .matmul_gelu_forward = */ matmul_gelu_forward,
     /* .swiglu_forward = */ swiglu_forward,
     /* .swiglu_backward = */ swiglu_backward,
+    /* .matmul_gelu_backward = */ matmul_gelu_backward,
+    /* .matmul_swiglu_backward = */ matmul_swiglu_backward,
     /* .add = */ add,
     /* .crossentropy_forward = */ crossentropy_forward,
     /* .crossentropy_backward = */ crossentropy_backward,

@@ -114,6 +114,20 @@ typedef struct Kernels {
      * out[N,F] = silu(gate) * up */
     void (*swiglu_forward)(float *out, const float *inp, int N, int F);
     void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, int N, int F);
+    /* The MLP down-projection's backward and its activation's in one call,
+     * for out = act(pre) @ w^T (+ bias) with inp = act(pre) [N, C], w [OC, C]:
+     * dpre = act'(pre) . (dout @ w), OVERWRITTEN (an exception to add-into:
+     * the caller zeroes nothing); dw += dout^T @ inp, dbias += sum_n dout.
+     *   gelu:   pre, dpre [N, C];
+     *   swiglu: pre, dpre [N, 2C] (gate | up, as swiglu_forward's inp).
+     * Equal to matmul_backward into a zeroed buffer, then gelu_backward /
+     * swiglu_backward into a zeroed dpre (on the CPU bit for bit); CUDA runs
+     * the GELU's as the GEMM's epilogue when it can, and the SwiGLU's in
+     * place on the GEMM's output, written into dpre's gate columns. */
+    void (*matmul_gelu_backward)(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
+                                 const float *w, const float *pre, int N, int C, int OC);
+    void (*matmul_swiglu_backward)(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
+                                   const float *w, const float *pre, int N, int C, int OC);
     /* out = a + b (out may alias a) */
     void (*add)(float *out, const float *a, const float *b, size_t n);
 
@@ -250,6 +264,9 @@ void kernels_cuda_mem_stats(size_t *in_use, size_t *peak);
 /* How many matmul_gelu_forward calls so far ran as one cuBLASLt GEMM with
  * the GELU epilogue (the rest: GEMM, then the GELU kernel); for tests. */
 long kernels_cuda_fused_gelu_calls(void);
+/* How many matmul_gelu_backward calls so far ran their input-gradient GEMM
+ * with the DGELU epilogue (the rest: GEMM, then an in-place kernel). */
+long kernels_cuda_fused_dgelu_calls(void);
 /* The attention kernels: "flash" (fused kernels, head dims 32/64/128, the
  * default; other shapes still take the GEMMs) or "gemm" (cuBLASLt GEMMs on
  * the full T x T square). The environment variable LLMTRAIN_CUDA_ATTENTION

@@ -575,17 +575,19 @@ static void gelu_forward(float *out, const float *inp, size_t n) {
     }
 }
 
+/* d gelu(x) / dx */
+static inline float gelu_grad(float x) {
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    float e = exp_f(-2.0f * u);
+    float sg = 1.0f / (1.0f + e);
+    float omsg = e * sg; // 1 - sigmoid, without the cancellation
+    float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    return sg + 2.0f * x * sg * omsg * du;
+}
+
 static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        float e = exp_f(-2.0f * u);
-        float sg = 1.0f / (1.0f + e);
-        float omsg = e * sg; // 1 - sigmoid, without the cancellation
-        float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += dout[i] * (sg + 2.0f * x * sg * omsg * du);
-    }
+    for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * gelu_grad(inp[i]);
 }
 
 /* exactly the two calls: the CPU has nothing to fuse */
@@ -604,6 +606,17 @@ static void swiglu_forward(float *out, const float *inp, int N, int F) {
     }
 }
 
+/* SwiGLU's backward for one element: the gate's and the up projection's
+ * gradients for the output gradient d */
+static inline void swiglu_grads(float g, float u, float d, float *dg, float *du) {
+    float e = exp_f(-g);
+    float sg = 1.0f / (1.0f + e);
+    float silu = g * sg;
+    // silu'(g) = sg * (1 + g * (1 - sg)), with 1 - sg = e * sg
+    *dg = d * u * sg * (1.0f + g * e * sg);
+    *du = d * silu;
+}
+
 static void swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
     if (!dinp) return;
     #pragma omp parallel for
@@ -611,14 +624,48 @@ static void swiglu_backward(float *dinp, const float *inp, const float *dout, in
         const float *g = inp + (size_t)n * 2 * F, *u = g + F, *d = dout + (size_t)n * F;
         float *dg = dinp + (size_t)n * 2 * F, *du = dg + F;
         for (int j = 0; j < F; j++) {
-            float e = exp_f(-g[j]);
-            float sg = 1.0f / (1.0f + e);
-            float silu = g[j] * sg;
-            // silu'(g) = sg * (1 + g * (1 - sg)), with 1 - sg = e * sg
-            dg[j] += d[j] * u[j] * sg * (1.0f + g[j] * e * sg);
-            du[j] += d[j] * silu;
+            float a, b;
+            swiglu_grads(g[j], u[j], d[j], &a, &b);
+            dg[j] += a;
+            du[j] += b;
         }
     }
+}
+
+/* dpre = gelu'(pre) . (dout @ w), overwritten: the product straight into
+ * dpre (beta 0), then scaled in place; the same operations, in the same
+ * order, as matmul_backward into zeros and gelu_backward into zeros */
+static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
+                                 const float *w, const float *pre, int N, int C, int OC) {
+    if (N <= 0 || C <= 0) return;
+    if (dpre && OC <= 0) memset(dpre, 0, (size_t)N * C * sizeof(float));
+    if (OC <= 0) return;
+    if (dpre) {
+        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dpre, C);
+        size_t n = (size_t)N * C;
+        #pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; i++) dpre[i] = dpre[i] * gelu_grad(pre[i]);
+    }
+    matmul_backward(NULL, dw, dbias, dout, inp, w, N, C, OC);
+}
+
+/* dpre [N, 2C]: the product dh = dout @ w goes into the gate columns (ld
+ * 2C), then each row becomes (d gate | d up) in place */
+static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
+                                   const float *w, const float *pre, int N, int C, int OC) {
+    if (N <= 0 || C <= 0) return;
+    if (dpre && OC <= 0) memset(dpre, 0, (size_t)N * 2 * C * sizeof(float));
+    if (OC <= 0) return;
+    if (dpre) {
+        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dpre, 2 * C);
+        #pragma omp parallel for
+        for (int n = 0; n < N; n++) {
+            const float *g = pre + (size_t)n * 2 * C, *u = g + C;
+            float *dg = dpre + (size_t)n * 2 * C, *du = dg + C;
+            for (int j = 0; j < C; j++) swiglu_grads(g[j], u[j], dg[j], &dg[j], &du[j]);
+        }
+    }
+    matmul_backward(NULL, dw, dbias, dout, inp, w, N, C, OC);
 }
 
 static void add(float *out, const float *a, const float *b, size_t n) {
@@ -809,6 +856,8 @@ static const Kernels cpu_kernels = {
     .matmul_gelu_forward = matmul_gelu_forward,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
+    .matmul_gelu_backward = matmul_gelu_backward,
+    .matmul_swiglu_backward = matmul_swiglu_backward,
     .add = add,
     .crossentropy_forward = crossentropy_forward,
     .crossentropy_backward = crossentropy_backward,

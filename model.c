@@ -254,7 +254,9 @@ static size_t carve_acts(Model *m, float *base) {
     if (m->tp > 1) { TAKE(m->ce_max, R); TAKE(m->ce_sum, 2 * R); }
     else m->ce_max = m->ce_sum = NULL;
     TAKE(m->dres, N * C);
-    TAKE(m->dbuf1, widest);
+    /* dbuf1: [N, C] outputs and [N, nh*hd] gradients; dbuf2 the widest
+     * (d(fch), d(qkv)) */
+    TAKE(m->dbuf1, N * (size_t)(C > (size_t)m->nh * m->hd ? C : (size_t)m->nh * m->hd));
     TAKE(m->dbuf2, widest);
     TAKE(m->dlnf, N * C);
 #undef TAKE
@@ -680,11 +682,9 @@ void model_backward(Model *m, float loss_scale) {
         if (m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T); /* deterministic: the same values again */
         else if (m->act_ckpt == ACT_SELECTIVE) k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
         /* MLP block; m->dres holds d(res3) and becomes d(res2) */
-        k->zero(m->dbuf1, (size_t)N * F * sizeof(float));
-        k->matmul_backward(m->dbuf1, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, N, F, C);
-        k->zero(m->dbuf2, (size_t)N * m->fc_dim * sizeof(float));
-        if (llama) k->swiglu_backward(m->dbuf2, a->fch, m->dbuf1, N, F);
-        else k->gelu_backward(m->dbuf2, a->fch, m->dbuf1, (size_t)N * F);
+        /* d(fch) into dbuf2 (overwritten: the down-projection's backward and the activation's in one call) */
+        if (llama) k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
+        else k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
         k->zero(m->dbuf1, NC * sizeof(float));
         k->matmul_backward(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim);
         if (tp) tp_allreduce(m, m->dbuf1, NC, 0); /* column-parallel: partial input gradient */

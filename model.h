@@ -152,7 +152,8 @@ typedef struct Model {
     float *ce_max, *ce_sum;   /* [R], [2R] vocab-parallel cross-entropy pieces (tp > 1) */
     /* backward scratch */
     float *dres;              /* [N,C] gradient of the residual stream */
-    float *dbuf1, *dbuf2;     /* [N, max(qkv_dim, fc_dim, C)] */
+    float *dbuf1;             /* [N, max(C, nh * hd)] */
+    float *dbuf2;             /* [N, max(qkv_dim, fc_dim, C)] */
     float *dlnf;              /* [N,C] */
     int *tokens, *targets;    /* [N] backend memory */
 } Model;

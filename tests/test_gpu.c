@@ -311,6 +311,49 @@ static void test_matmul_gelu_case(int N, int C, int OC, int off, int with_bias, 
     }
 }
 
+/* matmul_gelu_backward / matmul_swiglu_backward against the CPU's: dpre
+ * starts as garbage (overwritten), dw and dbias with values (added into).
+ * fused (GELU only): whether the input-gradient GEMM should take cuBLASLt's
+ * DGELU epilogue (C a multiple of 8, aligned pre) in the default TF32 mode,
+ * checked with the backend's count; unfused shapes must not take it. */
+static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, int with_bias, int fused) {
+    char name[128], shape[96];
+    size_t np = (size_t)N * C * (swiglu ? 2 : 1), nc = (size_t)N * C, nw = (size_t)OC * C;
+    float *dout = hrand((size_t)N * OC, 1), *inp = hrand(nc, 1), *w = hrand(nw, 0.1f), *pre = hrand(np, 2);
+    float *dpre = hrand(np, 100), *dw = hrand(nw, 1), *db = hrand(OC, 1);
+    float *gdout = dcopy_off(dout, (size_t)N * OC, off), *ginp = dcopy_off(inp, nc, off);
+    float *gw = dcopy_off(w, nw, off), *gpre = dcopy_off(pre, np, off), *gdpre = dcopy_off(dpre, np, off);
+    float *gdw = dcopy_off(dw, nw, off), *gdb = dcopy_off(db, OC, off);
+    long f0 = kernels_cuda_fused_dgelu_calls();
+    if (swiglu) {
+        KC->matmul_swiglu_backward(dpre, dw, with_bias ? db : NULL, dout, inp, w, pre, N, C, OC);
+        KG->matmul_swiglu_backward(gdpre, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, gpre, N, C, OC);
+    } else {
+        KC->matmul_gelu_backward(dpre, dw, with_bias ? db : NULL, dout, inp, w, pre, N, C, OC);
+        KG->matmul_gelu_backward(gdpre, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, gpre, N, C, OC);
+    }
+    int did = kernels_cuda_fused_dgelu_calls() > f0;
+    snprintf(shape, sizeof shape, "matmul_%s_bwd %dx%dx%d%s%s", swiglu ? "swiglu" : "gelu", N, C, OC,
+             with_bias ? " +bias" : "", off ? " unaligned" : "");
+    snprintf(name, sizeof name, "%s dpre (%s)", shape, swiglu ? "in place" : did ? "DGELU epilogue" : "GEMM + kernel");
+    check(name, dpre, gdpre, np, tol_mm);
+    snprintf(name, sizeof name, "%s dw", shape);
+    check(name, dw, gdw, nw, tol_mm);
+    if (with_bias) {
+        snprintf(name, sizeof name, "%s dbias", shape);
+        check(name, db, gdb, OC, TOL_F32);
+    }
+    if (fused && tol_mm == TOL_TF32) {
+        printf("%s %s takes the DGELU epilogue: %s\n", did ? "ok  " : "FAIL", shape, did ? "yes" : "no");
+        if (did) pass++; else fail++;
+    }
+    if (!fused && did) {
+        printf("FAIL %s took the DGELU epilogue, which it cannot\n", shape);
+        fail++;
+    }
+    free(dout); free(inp); free(w); free(pre); free(dpre); free(dw); free(db);
+}
+
 /* Which GELU cuBLASLt's epilogue computes. Its documentation says only
  * "GELU"; GPT-2 needs the tanh approximation (gelu_forward), which differs
  * from the erf form by up to 4.7e-4. With inp = multiples of 1/32 in [-5, 5]
@@ -348,6 +391,41 @@ static void test_gelu_epilogue_variant(void) {
            rt < re ? "tanh approximation" : "erf (exact) GELU");
     if (ok) pass++; else fail++;
     free(x); free(w); free(zero); free(out);
+}
+
+/* The same question for the DGELU epilogue: with dout = 1 and w = identity
+ * the product is exactly 1, so dpre is the GELU's derivative at pre (the
+ * tanh form's, as gelu_backward; the erf form's Phi(x) + x phi(x) differs
+ * from it by up to 8.7e-4 on [-5, 5]). Fails unless the GEMM took the epilogue and is closer to
+ * the tanh form's by 4x. */
+static void test_dgelu_epilogue_variant(void) {
+    int N = 128, C = 64;
+    size_t n = (size_t)N * C;
+    float *x = malloc_check(n * sizeof(float)), *w = malloc_check((size_t)C * C * sizeof(float));
+    float *one = malloc_check(n * sizeof(float)), *d = malloc_check(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)((int)(i % 321) - 160) / 32.0f, one[i] = 1.0f;
+    for (int i = 0; i < C * C; i++) w[i] = i / C == i % C ? 1.0f : 0.0f;
+    float *gx = dcopy(x, n), *gw = dcopy(w, (size_t)C * C), *gone = dcopy(one, n), *gd = dcopy(one, n);
+    float *gdw = dcopy(w, (size_t)C * C);
+    long f0 = kernels_cuda_fused_dgelu_calls();
+    KG->matmul_gelu_backward(gd, gdw, NULL, gone, gx, gw, gx, N, C, C);
+    int did = kernels_cuda_fused_dgelu_calls() > f0;
+    KG->to_host(d, gd, n * sizeof(float));
+    double se_tanh = 0, se_erf = 0;
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i], k = 0.7978845608028654, t = tanh(k * (v + 0.044715 * v * v * v));
+        double gt = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * v * v);
+        double ge = 0.5 * (1.0 + erf(v / sqrt(2.0))) + v * exp(-0.5 * v * v) / 2.5066282746310002 /* sqrt(2 pi) */;
+        se_tanh += (d[i] - gt) * (d[i] - gt);
+        se_erf += (d[i] - ge) * (d[i] - ge);
+    }
+    double rt = sqrt(se_tanh / n), re = sqrt(se_erf / n);
+    int ok = did && rt * 4 < re;
+    printf("%s DGELU epilogue (%s): RMS distance from the tanh form's derivative %.2e, from the erf form's %.2e: %s\n",
+           ok ? "ok  " : "FAIL", did ? "fused" : "NOT fused, nothing to tell", rt, re,
+           rt < re ? "tanh approximation" : "erf (exact) GELU");
+    if (ok) pass++; else fail++;
+    free(x); free(w); free(one); free(d);
 }
 
 /* Attention under mode "gemm" or "flash" (kernels_cuda_set_attention)
@@ -672,6 +750,14 @@ int main(void) {
     test_matmul_gelu_case(100, 72, 130, 0, 1, 0);  /* OC not a multiple of 8: matmul + GELU kernel */
     test_matmul_gelu_case(37, 50, 29, 1, 1, 0);    /* unaligned */
     if (tol_mm == TOL_TF32) test_gelu_epilogue_variant();
+    test_matmul_act_bwd_case(64, 128, 96, 0, 0, 1, 1);
+    test_matmul_act_bwd_case(256, 3072, 768, 0, 0, 1, 1); /* GPT-2's c_proj and GELU */
+    test_matmul_act_bwd_case(100, 130, 72, 0, 0, 0, 0);   /* C not a multiple of 8: GEMM + kernel */
+    test_matmul_act_bwd_case(37, 29, 50, 1, 0, 1, 0);     /* unaligned */
+    test_matmul_act_bwd_case(64, 128, 96, 0, 1, 0, 0);
+    test_matmul_act_bwd_case(100, 130, 72, 0, 1, 1, 0);
+    test_matmul_act_bwd_case(37, 29, 50, 1, 1, 0, 0);
+    if (tol_mm == TOL_TF32) test_dgelu_epilogue_variant();
     test_attention();
     test_offload();
     test_rope();

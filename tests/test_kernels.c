@@ -546,6 +546,36 @@ static void test_matmul_gelu(int N, int C, int OC, int with_bias) {
     free(inp); free(w); free(bias); free(pre); free(out); free(pre2); free(out2);
 }
 
+/* matmul_gelu_backward / matmul_swiglu_backward are matmul_backward into a
+ * zeroed buffer, then gelu_backward / swiglu_backward into a zeroed dpre,
+ * bit for bit: dpre starts as garbage (it is overwritten), dw and dbias
+ * with values (they are added into); small and thread-sliced shapes */
+static void test_matmul_act_backward(int N, int C, int OC, int swiglu, int with_bias) {
+    size_t np = (size_t)N * C * (swiglu ? 2 : 1), nc = (size_t)N * C, nw = (size_t)OC * C;
+    float *dout = randv((size_t)N * OC, 1), *inp = randv(nc, 1), *w = randv(nw, 0.5f), *pre = randv(np, 2);
+    float *dpre = randv(np, 100), *dw = randv(nw, 1), *db = with_bias ? randv(OC, 1) : NULL;
+    float *dw2 = dup(dw, nw), *db2 = with_bias ? dup(db, OC) : NULL, *dh = zerov(nc), *dpre2 = zerov(np);
+    if (swiglu) K->matmul_swiglu_backward(dpre, dw, db, dout, inp, w, pre, N, C, OC);
+    else K->matmul_gelu_backward(dpre, dw, db, dout, inp, w, pre, N, C, OC);
+    K->matmul_backward(dh, dw2, db2, dout, inp, w, N, C, OC);
+    if (swiglu) K->swiglu_backward(dpre2, pre, dh, N, C);
+    else K->gelu_backward(dpre2, pre, dh, nc);
+    int same = memcmp(dpre, dpre2, np * sizeof(float)) == 0 && memcmp(dw, dw2, nw * sizeof(float)) == 0 &&
+               (!with_bias || memcmp(db, db2, OC * sizeof(float)) == 0);
+    char name[96];
+    snprintf(name, sizeof name, "matmul_%s_backward %dx%dx%d%s", swiglu ? "swiglu" : "gelu", N, C, OC,
+             with_bias ? " +bias" : "");
+    report(same, name, "%s", same ? "dpre (overwritten), dw and dbias bit-identical to matmul_backward + the activation's"
+                                  : "differs from matmul_backward + the activation's backward");
+    /* without dpre: only the weight gradients, added again */
+    if (swiglu) K->matmul_swiglu_backward(NULL, dw, db, dout, inp, w, pre, N, C, OC);
+    else K->matmul_gelu_backward(NULL, dw, db, dout, inp, w, pre, N, C, OC);
+    K->matmul_backward(NULL, dw2, db2, dout, inp, w, N, C, OC);
+    same = memcmp(dw, dw2, nw * sizeof(float)) == 0 && (!with_bias || memcmp(db, db2, OC * sizeof(float)) == 0);
+    report(same, name, "%s", same ? "with dpre NULL: dw and dbias added into again" : "with dpre NULL: differs");
+    free(dout); free(inp); free(w); free(pre); free(dpre); free(dw); free(db); free(dw2); free(db2); free(dh); free(dpre2);
+}
+
 /* add_layernorm_forward / add_rmsnorm_forward are add then the norm, bit for
  * bit, also in place (res aliasing a), with and without a bias */
 static void test_add_norm(int N, int C, int rms, int with_bias, int in_place) {
@@ -886,6 +916,12 @@ int main(int argc, char **argv) {
     test_matmul_gelu(7, 5, 9, 1);
     test_matmul_gelu(64, 96, 200, 1);
     test_matmul_gelu(300, 64, 40, 0);
+    test_matmul_act_backward(7, 5, 9, 0, 1);
+    test_matmul_act_backward(64, 96, 200, 0, 1);
+    test_matmul_act_backward(300, 64, 40, 0, 0);
+    test_matmul_act_backward(7, 5, 9, 1, 0);
+    test_matmul_act_backward(64, 96, 200, 1, 0);
+    test_matmul_act_backward(300, 64, 40, 1, 1);
     test_add_norm(7, 33, 0, 1, 0);
     test_add_norm(64, 768, 0, 0, 1);
     test_add_norm(7, 33, 1, 0, 0);

@@ -652,7 +652,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_EPILOGUE:
         ok = get_attr(&d->epilogue, buf, n) &&
              (d->epilogue == CUBLASLT_EPILOGUE_DEFAULT || d->epilogue == CUBLASLT_EPILOGUE_BIAS ||
-              d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
+              d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+              d->epilogue == CUBLASLT_EPILOGUE_DGELU);
         break;
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: ok = get_attr(&d->bias, buf, n); break;
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: ok = get_attr(&d->aux, buf, n); break;
@@ -723,9 +724,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     *nres = 0;
     if (!h || want < 1) return CUBLAS_STATUS_INVALID_VALUE;
     if (!shapes_ok(d, a, b, c, dl)) return CUBLAS_STATUS_INVALID_VALUE;
-    int gelu = d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    /* the GELU_AUX epilogue: aux ld a multiple of 8 and at least m, a
-     * 16-byte aligned aux pointer, no batching */
+    int gelu = d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+               d->epilogue == CUBLASLT_EPILOGUE_DGELU;
+    /* the GELU_AUX and DGELU epilogues: aux ld a multiple of 8 and at
+     * least m, a 16-byte aligned aux pointer, no batching */
     if (gelu && (d->aux_ld % 8 != 0 || d->aux_ld < (int64_t)c->rows || !aligned_to(d->aux, 16) || c->batch > 1))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     /* tensor-core (TF32) kernels want 16-byte operands; the plain fp32 ones
@@ -770,8 +772,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         }
     }
     int gelu = d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    int dgelu = d->epilogue == CUBLASLT_EPILOGUE_DGELU;
     int bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    if ((bias && !d->bias) || (gelu && !d->aux)) return CUBLAS_STATUS_INVALID_VALUE;
+    if ((bias && !d->bias) || ((gelu || dgelu) && !d->aux)) return CUBLAS_STATUS_INVALID_VALUE;
     const float al = *(const float *)alpha, be = *(const float *)beta;
     const int tf = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && la->type == CUDA_R_32F;
     const uint64_t m = d->ta ? la->cols : la->rows, k = d->ta ? la->rows : la->cols, n = d->tb ? lb->rows : lb->cols;
@@ -807,6 +810,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                     d->aux[i + j * d->aux_ld] = v;
                     float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
                     v = v / (1.0f + expf(-2.0f * u));
+                }
+                if (dgelu) { /* 0.5 x (1 + tanh u(x)), differentiated: in double, independently of kernels.cu */
+                    double x = d->aux[i + j * d->aux_ld];
+                    double t = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+                    v = (float)(v * (0.5 * (1.0 + t) +
+                                     0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x)));
                 }
                 ((float *)D)[di] = v;
             }

@@ -41,7 +41,7 @@
  *     against them (a plan reused for a less aligned pointer is an error),
  *     computes in fp32 (inputs rounded to TF32 under
  *     CUBLAS_COMPUTE_32F_FAST_TF32, bf16 inputs widened) with the BIAS and
- *     GELU_AUX(_BIAS) epilogues, batched and strided.
+ *     GELU_AUX(_BIAS) and DGELU epilogues, batched and strided.
  *   - CUB's DeviceRadixSort::SortKeys over the bits asked for.
  * What it is not: a timing model, a race detector or a memory checker
  * between host and device pointers.
