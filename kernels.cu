@@ -2582,7 +2582,10 @@ __device__ __forceinline__ void ce_warp_merge(float &m, float &s) {
  * (online), then the probabilities. CE_FWD_THREADS = 1024: fewer rows in
  * flight, so the second pass finds more of its row in L2. */
 #define CE_FWD_THREADS 1024
-__global__ void __launch_bounds__(CE_FWD_THREADS) ce_fwd_k(float *losses, float *logits, const int *targets, int V) {
+/* grad: the second pass writes (p - onehot(target)) * dloss instead of p
+ * (crossentropy_fused: ce_bwd_k's arithmetic, without its pass) */
+__global__ void __launch_bounds__(CE_FWD_THREADS) ce_fwd_k(float *losses, float *logits, const int *targets, int V,
+                                                           int grad, float dloss) {
     __shared__ float shm[32], shs[32];
     float *x = logits + (size_t)blockIdx.x * V;
     const int tg = targets[blockIdx.x], lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -2601,7 +2604,14 @@ __global__ void __launch_bounds__(CE_FWD_THREADS) ce_fwd_k(float *losses, float 
     const float xt = (tg >= 0 && tg < V) ? x[tg] : NAN;
     __syncthreads();
     const float inv = 1.0f / s;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = expf(x[j] - m) * inv;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float p = expf(x[j] - m) * inv;
+        if (grad) {
+            if (j == tg) p -= 1.0f;
+            p *= dloss;
+        }
+        x[j] = p;
+    }
     if (threadIdx.x == 0) losses[blockIdx.x] = (float)(log((double)s) - ((double)xt - m));
 }
 
@@ -2655,7 +2665,13 @@ __global__ void ce_vp_finish_k(float *losses, float *logits, const float *rowmax
 
 static void crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
     if (N <= 0) return;
-    ce_fwd_k<<<N, CE_FWD_THREADS>>>(losses, logits, targets, V);
+    ce_fwd_k<<<N, CE_FWD_THREADS>>>(losses, logits, targets, V, 0, 0.0f);
+    LAUNCH_CHECK();
+}
+
+static void crossentropy_fused(float *losses, float *logits, const int *targets, float dloss, int N, int V) {
+    if (N <= 0) return;
+    ce_fwd_k<<<N, CE_FWD_THREADS>>>(losses, logits, targets, V, 1, dloss);
     LAUNCH_CHECK();
 }
 
@@ -2927,6 +2943,7 @@ static const Kernels cuda_kernels = {
     /* .add = */ add,
     /* .crossentropy_forward = */ crossentropy_forward,
     /* .crossentropy_backward = */ crossentropy_backward,
+    /* .crossentropy_fused = */ crossentropy_fused,
     /* .crossentropy_vp_max = */ crossentropy_vp_max,
     /* .crossentropy_vp_expsum = */ crossentropy_vp_expsum,
     /* .crossentropy_vp_finish = */ crossentropy_vp_finish,

@@ -137,6 +137,11 @@ typedef struct Kernels {
     void (*crossentropy_forward)(float *losses, float *logits, const int *targets, int N, int V);
     /* probs [N,V] -> dlogits = (probs - onehot(target)) * dloss, in place */
     void (*crossentropy_backward)(float *probs, const int *targets, float dloss, int N, int V);
+    /* crossentropy_forward then crossentropy_backward in one call (one pass
+     * fewer over the logits): losses as the forward's, logits replaced by
+     * (softmax - onehot(target)) * dloss in place; the same bits as the two
+     * calls on the same backend. */
+    void (*crossentropy_fused)(float *losses, float *logits, const int *targets, float dloss, int N, int V);
 
     /* Vocab-parallel cross-entropy over local logits [N, V] holding the
      * vocabulary columns [v0, v0 + V); the caller reduces over ranks between

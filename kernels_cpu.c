@@ -676,29 +676,47 @@ static void add(float *out, const float *a, const float *b, size_t n) {
 // ----------------------------------------------------------------------------
 // loss
 
-static void crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
+/* probabilities of row x, in place; returns its loss for target t */
+static float ce_row_forward(float *x, int V, int t) {
+    float m = row_max(x, V);
+    float xt = x[t];
+    double s = row_exp_sum(x, V, m);
+    float inv = (float)(1.0 / s);
+    for (int j = 0; j < V; j++) x[j] *= inv;
+    // log-sum-exp form: exact even when p[target] underflows to zero
+    return (float)(log(s) - ((double)xt - m));
+}
+
+static void ce_row_backward(float *p, int V, int t, float dloss) {
+    p[t] -= 1.0f;
+    for (int j = 0; j < V; j++) p[j] *= dloss;
+}
+
+static void ce_check_targets(const int *targets, int N, int V) {
     for (int n = 0; n < N; n++)
         if (targets[n] < 0 || targets[n] >= V)
             die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], V);
+}
+
+static void crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
+    ce_check_targets(targets, N, V);
     #pragma omp parallel for
-    for (int n = 0; n < N; n++) {
-        float *x = logits + (size_t)n * V;
-        float m = row_max(x, V);
-        float xt = x[targets[n]];
-        double s = row_exp_sum(x, V, m);
-        float inv = (float)(1.0 / s);
-        for (int j = 0; j < V; j++) x[j] *= inv;
-        // log-sum-exp form: exact even when p[target] underflows to zero
-        losses[n] = (float)(log(s) - ((double)xt - m));
-    }
+    for (int n = 0; n < N; n++) losses[n] = ce_row_forward(logits + (size_t)n * V, V, targets[n]);
 }
 
 static void crossentropy_backward(float *probs, const int *targets, float dloss, int N, int V) {
     #pragma omp parallel for
+    for (int n = 0; n < N; n++) ce_row_backward(probs + (size_t)n * V, V, targets[n], dloss);
+}
+
+/* a row's backward right after its forward, while the row is in cache */
+static void crossentropy_fused(float *losses, float *logits, const int *targets, float dloss, int N, int V) {
+    ce_check_targets(targets, N, V);
+    #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        float *p = probs + (size_t)n * V;
-        p[targets[n]] -= 1.0f;
-        for (int j = 0; j < V; j++) p[j] *= dloss;
+        float *x = logits + (size_t)n * V;
+        losses[n] = ce_row_forward(x, V, targets[n]);
+        ce_row_backward(x, V, targets[n], dloss);
     }
 }
 
@@ -861,6 +879,7 @@ static const Kernels cpu_kernels = {
     .add = add,
     .crossentropy_forward = crossentropy_forward,
     .crossentropy_backward = crossentropy_backward,
+    .crossentropy_fused = crossentropy_fused,
     .crossentropy_vp_max = crossentropy_vp_max,
     .crossentropy_vp_expsum = crossentropy_vp_expsum,
     .crossentropy_vp_finish = crossentropy_vp_finish,

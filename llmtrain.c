@@ -1118,6 +1118,7 @@ static StepStats train_step(Trainer *t, int step) {
     if (!t->sharded) k->zero(m->grads, m->n_params * sizeof(float));
     double loss_sum = 0;
     float loss_scale = 1.0f / ((float)c->global_batch * (float)c->seq_len);
+    m->loss_scale = loss_scale; /* the forwards leave the head's gradients for the backward (crossentropy_fused) */
     /* sharded: the chunk hooks gather each chunk before its forward and
      * backward and reduce-scatter its gradients right after its backward */
     t->in_step = 1;

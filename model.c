@@ -570,10 +570,11 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
 static int head_rows(const Model *m, int N) { return m->head_rows > 0 && m->head_rows < N ? m->head_rows : N; }
 
 /* LM head and cross-entropy of rows [r0, r0 + n): logits, then the
- * softmax probabilities in place and losses[r0, +n). Vocab-parallel under
- * tp: no rank holds a full row (row max all-reduced, then the exp sums and
- * the target logit). */
-static void head_forward(Model *m, int r0, int n) {
+ * softmax probabilities in place and losses[r0, +n); with dloss != 0 (not
+ * under tp), d(logits) = (probabilities - onehot) * dloss instead of the
+ * probabilities. Vocab-parallel under tp: no rank holds a full row (row max
+ * all-reduced, then the exp sums and the target logit). */
+static void head_forward(Model *m, int r0, int n, float dloss) {
     const Kernels *k = m->k;
     const int *tg = m->targets + r0;
     k->matmul_forward(m->logits, m->lnf + (size_t)r0 * m->cfg.n_embd, m->p.lm_head, NULL, n, m->cfg.n_embd, m->V);
@@ -584,6 +585,8 @@ static void head_forward(Model *m, int r0, int n) {
         k->crossentropy_vp_expsum(m->ce_sum, tgt, m->logits, m->ce_max, tg, n, m->V, m->v0);
         tp_allreduce(m, m->ce_sum, 2 * (size_t)n, 0);
         k->crossentropy_vp_finish(m->losses + r0, m->logits, m->ce_max, m->ce_sum, tgt, n, m->V);
+    } else if (dloss != 0.0f) {
+        k->crossentropy_fused(m->losses + r0, m->logits, tg, dloss, n, m->cfg.vocab_size);
     } else {
         k->crossentropy_forward(m->losses + r0, m->logits, tg, n, m->cfg.vocab_size);
     }
@@ -624,6 +627,10 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     if (tied) chunk_event(m, 0, CHUNK_PRE_FORWARD); /* the LM head reads wte */
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, N);
     int R = head_rows(m, N);
+    /* a training forward of the whole micro-batch at once leaves the head's
+     * gradients (chunked, the backward recomputes them) */
+    float dloss = targets && !tp && !m->forward_only && R == N ? m->loss_scale : 0.0f;
+    m->head_fused = dloss != 0.0f;
     if (!targets) { /* the logits of the last R rows (sampling reads the last one) */
         m->logits_row0 = N - R;
         k->matmul_forward(m->logits, m->lnf + (size_t)(N - R) * C, m->p.lm_head, NULL, R, C, m->V);
@@ -634,7 +641,7 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
                     die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], c->vocab_size);
         m->logits_row0 = 0;
         for (int r0 = 0; r0 < N; r0 += R) /* full logits never exist when R < N */
-            head_forward(m, r0, N - r0 < R ? N - r0 : R);
+            head_forward(m, r0, N - r0 < R ? N - r0 : R, dloss);
     }
     if (tied) chunk_event(m, 0, CHUNK_POST_FORWARD);
     chunk_event(m, L + 1, CHUNK_POST_FORWARD);
@@ -659,11 +666,16 @@ void model_backward(Model *m, float loss_scale) {
     if (tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD); /* the LM head writes wte's gradient; POST after the embedding */
     k->zero(m->dlnf, NC * sizeof(float));
     int R = head_rows(m, N);
+    if (m->head_fused && loss_scale != m->loss_scale)
+        die(EXIT_INTERNAL, "model_backward: loss_scale %g, but the forward's cross-entropy took %g", (double)loss_scale,
+            (double)m->loss_scale);
     for (int r0 = 0; r0 < N; r0 += R) {
         int n = N - r0 < R ? N - r0 : R;
-        if (R < N) head_forward(m, r0, n); /* chunked: this chunk's probabilities again (one chunk: the forward's are here) */
+        /* chunked: this chunk's logits again, and its gradients with them
+         * (tp: its probabilities); one chunk: the forward's are here */
+        if (R < N) head_forward(m, r0, n, tp ? 0.0f : loss_scale);
         if (tp) k->crossentropy_vp_backward(m->logits, m->targets + r0, loss_scale, n, V, m->v0);
-        else k->crossentropy_backward(m->logits, m->targets + r0, loss_scale, n, V);
+        else if (R == N && !m->head_fused) k->crossentropy_backward(m->logits, m->targets + r0, loss_scale, n, V);
         k->matmul_backward(m->dlnf + (size_t)r0 * C, m->g.lm_head, NULL, m->logits, m->lnf + (size_t)r0 * C, m->p.lm_head, n, C, V);
     }
     if (tp) tp_allreduce(m, m->dlnf, NC, 0); /* partial over the vocabulary slices */

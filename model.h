@@ -109,6 +109,10 @@ typedef struct Model {
     int head_rows;            /* LM head / cross-entropy rows at a time (0: all) */
     int offload;              /* activation offload on (and n_layer > OFFLOAD_SLOTS) */
     int forward_only;         /* set by the caller around forwards no backward follows (no offload then) */
+    float loss_scale;         /* set by the caller: the next backward's loss_scale (0: unknown); a forward
+                               * with targets then leaves d(logits) instead of probabilities (one pass
+                               * fewer over them, crossentropy_fused) */
+    int head_fused;           /* the last forward left d(logits) for loss_scale in logits */
     float *offload_host;      /* host copy of every layer's kept activations [n_layer][offload_layer_floats] */
     size_t offload_layer_floats, offload_floats;
     int slot_layer[OFFLOAD_SLOTS]; /* the layer whose activations a slot holds (-1: none) */

@@ -607,7 +607,8 @@ static void test_crossentropy(void) {
         lg[(size_t)V + j] = -60.0f * (float)j / (float)V;
         if (j % 7 == 0 && j != tgt[2]) lg[(size_t)2 * V + j] = -INFINITY;
     }
-    float *glg = dcopy(lg, n);
+    float *glg = dcopy(lg, n), *gfu = dcopy(lg, n), *fu = malloc_check(n * sizeof(float));
+    memcpy(fu, lg, n * sizeof(float));
     KC->crossentropy_forward(loss, lg, tgt, N, V);
     KG->crossentropy_forward(gloss, glg, gtgt, N, V);
     check("crossentropy_forward losses", loss, gloss, N, TOL_F32);
@@ -615,6 +616,18 @@ static void test_crossentropy(void) {
     KC->crossentropy_backward(lg, tgt, 0.01f, N, V);
     KG->crossentropy_backward(glg, gtgt, 0.01f, N, V);
     check("crossentropy_backward", lg, glg, n, TOL_F32);
+    /* crossentropy_fused: the CPU's within tolerance, and the bits of the
+     * device's own forward + backward */
+    float *floss = hrand(N, 1), *gfloss = dcopy(floss, N), *hg = malloc_check(n * sizeof(float));
+    KC->crossentropy_fused(floss, fu, tgt, 0.01f, N, V);
+    KG->crossentropy_fused(gfloss, gfu, gtgt, 0.01f, N, V);
+    check("crossentropy_fused losses", floss, gfloss, N, TOL_F32);
+    check("crossentropy_fused dlogits", fu, gfu, n, TOL_F32);
+    KG->to_host(hg, glg, n * sizeof(float));
+    check_bits("crossentropy_fused = fwd + bwd", hg, gfu, n);
+    KG->to_host(hg, gloss, N * sizeof(float));
+    check_bits("crossentropy_fused losses = fwd's", hg, gfloss, N);
+    free(fu); free(floss); free(hg);
     /* vocab-parallel pieces on the columns [v0, v0 + Vl) */
     int v0 = 300, Vl = 400;
     size_t nl = (size_t)N * Vl;

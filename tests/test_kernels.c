@@ -694,6 +694,23 @@ static void test_crossentropy(void) {
 /* vocab-parallel cross-entropy: P column slices with the reductions done
  * here (max, then sums) must give the reference probabilities and losses,
  * and the slices' backward the finite-difference gradient of the full loss */
+/* crossentropy_fused is crossentropy_forward then crossentropy_backward,
+ * bit for bit (losses and d(logits)) */
+static void test_crossentropy_fused(int N, int V) {
+    size_t n = (size_t)N * V;
+    float *a = randv(n, 4), *b = dup(a, n), *la = zerov(N), *lb = zerov(N);
+    int *tg = malloc_check((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) tg[i] = (int)((i * 7919u + 13u) % (unsigned)V);
+    K->crossentropy_fused(la, a, tg, 0.03f, N, V);
+    K->crossentropy_forward(lb, b, tg, N, V);
+    K->crossentropy_backward(b, tg, 0.03f, N, V);
+    int same = memcmp(a, b, n * sizeof(float)) == 0 && memcmp(la, lb, N * sizeof(float)) == 0;
+    char name[64];
+    snprintf(name, sizeof name, "crossentropy_fused %dx%d", N, V);
+    report(same, name, "%s", same ? "losses and dlogits bit-identical to forward + backward" : "differs from forward + backward");
+    free(a); free(b); free(la); free(lb); free(tg);
+}
+
 static void test_crossentropy_vp(void) {
     int N = 6, V = 12, P = 3, Vl = V / P;
     int targets[6] = {0, 11, 3, 4, 7, 8};
@@ -929,6 +946,8 @@ int main(int argc, char **argv) {
     test_swiglu();
     test_crossentropy();
     test_crossentropy_vp();
+    test_crossentropy_fused(5, 11);
+    test_crossentropy_fused(64, 50257);
     test_adamw();
     test_adamw_multi();
     test_round_bf16();
