@@ -1,4 +1,6 @@
-/* kernels.cu — the CUDA backend of kernels.h (fp32 storage, first tranche).
+/* kernels.cu — the CUDA backend of kernels.h (fp32 storage; under
+ * LLMTRAIN_CUDA_MATMUL=bf16 the [a] activations, which only products read,
+ * are bf16).
  *
  * Every pointer is device memory; all work goes to the legacy default stream
  * in issue order, so the kernels.h contract (forward overwrites, backward adds,
@@ -12,7 +14,8 @@
  * storage is fp32 in this tranche: TF32 needs no conversion pass and no
  * scratch copy of the operands (the LM-head operand alone is N x V), and it
  * stays closer to the CPU reference. The price is half the bf16 tensor rate;
- * bf16 storage and bf16 GEMMs are the next tranche.
+ * LLMTRAIN_CUDA_MATMUL=bf16 runs the GEMMs in bf16 (below), with the [a]
+ * activations stored as bf16 by the kernels that write them.
  *
  * Attention (default): fused flash-style kernels (tiles of queries x keys in
  * shared memory and registers, online softmax, no T x T scratch; TF32 tensor
@@ -206,6 +209,24 @@ __device__ float block_max(float v) {
     float r = lane < nw ? sh[lane] : -INFINITY;
     return warp_max(r);
 }
+
+// ----------------------------------------------------------------------------
+// [a] activations (kernels.h): the buffers only matrix products read are
+// bf16 under LLMTRAIN_CUDA_MATMUL=bf16 (act_bf16()), else fp32. Kernels that
+// write or read one are templated on its element type; act_st rounds to
+// nearest even, as the GEMMs' operand conversion does.
+
+static int matmul_bf16(void);
+static int act_bf16(void) { return matmul_bf16(); }
+
+__device__ __forceinline__ void act_st(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void act_st(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ float act_ld(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float act_ld(const __nv_bfloat16 *p, size_t i) { return __bfloat162float(p[i]); }
+
+/* an [a] argument as its element type */
+#define ACT16(p) ((__nv_bfloat16 *)(void *)(p))
+#define CACT16(p) ((const __nv_bfloat16 *)(const void *)(p))
 
 // ----------------------------------------------------------------------------
 // memory
@@ -507,8 +528,9 @@ static void colsum_add(int mode, float *dst0, float *dst1, const float *d, const
 #define NORM_THREADS 256
 #define ROWS_PER_BLOCK (NORM_THREADS / 32)
 
-/* one row by one warp: x -> o, mean and rstd saved by lane 0 */
-__device__ void layernorm_row_warp(float *o, float *mean, float *rstd, const float *x, const float *w, const float *b,
+/* one row by one warp: x -> o ([a]: fp32 or bf16), mean and rstd saved by lane 0 */
+template <typename OT>
+__device__ void layernorm_row_warp(OT *o, float *mean, float *rstd, const float *x, const float *w, const float *b,
                                    int row, int lane, int C, float eps) {
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s += x[c];
@@ -518,7 +540,7 @@ __device__ void layernorm_row_warp(float *o, float *mean, float *rstd, const flo
     float rs = rsqrtf(warp_sum(v) / C + eps);
     for (int c = lane; c < C; c += 32) {
         float y = (x[c] - m) * rs * w[c];
-        o[c] = b ? y + b[c] : y;
+        act_st(o, c, b ? y + b[c] : y);
     }
     if (lane == 0) {
         if (mean) mean[row] = m;
@@ -526,12 +548,13 @@ __device__ void layernorm_row_warp(float *o, float *mean, float *rstd, const flo
     }
 }
 
-__device__ void rmsnorm_row_warp(float *o, float *rstd, const float *x, const float *w, int row, int lane, int C,
+template <typename OT>
+__device__ void rmsnorm_row_warp(OT *o, float *rstd, const float *x, const float *w, int row, int lane, int C,
                                  float eps) {
     float ss = 0.0f;
     for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
     float rs = rsqrtf(warp_sum(ss) / C + eps);
-    for (int c = lane; c < C; c += 32) o[c] = x[c] * rs * w[c];
+    for (int c = lane; c < C; c += 32) act_st(o, c, x[c] * rs * w[c]);
     if (lane == 0 && rstd) rstd[row] = rs;
 }
 
@@ -544,14 +567,16 @@ __device__ const float *residual_row_warp(float *res, const float *a, const floa
     return r;
 }
 
-__global__ void layernorm_fwd_k(float *out, float *mean, float *rstd, const float *inp, const float *w,
+template <typename OT>
+__global__ void layernorm_fwd_k(OT *out, float *mean, float *rstd, const float *inp, const float *w,
                                 const float *b, int N, int C, float eps) {
     int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
     layernorm_row_warp(out + (size_t)row * C, mean, rstd, inp + (size_t)row * C, w, b, row, lane, C, eps);
 }
 
-__global__ void add_layernorm_fwd_k(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+template <typename OT>
+__global__ void add_layernorm_fwd_k(float *res, OT *out, float *mean, float *rstd, const float *a, const float *b,
                                     const float *w, const float *bias, int N, int C, float eps) {
     int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
@@ -579,13 +604,15 @@ __global__ void layernorm_bwd_k(float *dinp, const float *dout, const float *inp
     }
 }
 
-__global__ void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+template <typename OT>
+__global__ void rmsnorm_fwd_k(OT *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
     rmsnorm_row_warp(out + (size_t)row * C, rstd, inp + (size_t)row * C, w, row, lane, C, eps);
 }
 
-__global__ void add_rmsnorm_fwd_k(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
+template <typename OT>
+__global__ void add_rmsnorm_fwd_k(float *res, OT *out, float *rstd, const float *a, const float *b, const float *w,
                                   int N, int C, float eps) {
     int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
@@ -611,7 +638,9 @@ static unsigned norm_grid(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / 
 static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                               int N, int C, float eps) {
     if (N <= 0) return;
-    layernorm_fwd_k<<<norm_grid(N), NORM_THREADS>>>(out, mean, rstd, inp, w, b, N, C, eps);
+    if (act_bf16())
+        layernorm_fwd_k<__nv_bfloat16><<<norm_grid(N), NORM_THREADS>>>(ACT16(out), mean, rstd, inp, w, b, N, C, eps);
+    else layernorm_fwd_k<float><<<norm_grid(N), NORM_THREADS>>>(out, mean, rstd, inp, w, b, N, C, eps);
     LAUNCH_CHECK();
 }
 
@@ -627,21 +656,27 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
 
 static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     if (N <= 0) return;
-    rmsnorm_fwd_k<<<norm_grid(N), NORM_THREADS>>>(out, rstd, inp, w, N, C, eps);
+    if (act_bf16()) rmsnorm_fwd_k<__nv_bfloat16><<<norm_grid(N), NORM_THREADS>>>(ACT16(out), rstd, inp, w, N, C, eps);
+    else rmsnorm_fwd_k<float><<<norm_grid(N), NORM_THREADS>>>(out, rstd, inp, w, N, C, eps);
     LAUNCH_CHECK();
 }
 
 static void add_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
                                   const float *w, const float *bias, int N, int C, float eps) {
     if (N <= 0) return;
-    add_layernorm_fwd_k<<<norm_grid(N), NORM_THREADS>>>(res, out, mean, rstd, a, b, w, bias, N, C, eps);
+    if (act_bf16())
+        add_layernorm_fwd_k<__nv_bfloat16><<<norm_grid(N), NORM_THREADS>>>(res, ACT16(out), mean, rstd, a, b, w, bias, N,
+                                                                           C, eps);
+    else add_layernorm_fwd_k<float><<<norm_grid(N), NORM_THREADS>>>(res, out, mean, rstd, a, b, w, bias, N, C, eps);
     LAUNCH_CHECK();
 }
 
 static void add_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
                                 int N, int C, float eps) {
     if (N <= 0) return;
-    add_rmsnorm_fwd_k<<<norm_grid(N), NORM_THREADS>>>(res, out, rstd, a, b, w, N, C, eps);
+    if (act_bf16())
+        add_rmsnorm_fwd_k<__nv_bfloat16><<<norm_grid(N), NORM_THREADS>>>(res, ACT16(out), rstd, a, b, w, N, C, eps);
+    else add_rmsnorm_fwd_k<float><<<norm_grid(N), NORM_THREADS>>>(res, out, rstd, a, b, w, N, C, eps);
     LAUNCH_CHECK();
 }
 
@@ -773,11 +808,13 @@ __global__ void add_bias_k(float *out, const float *bias, int M, int N, int ldc)
 
 /* LLMTRAIN_CUDA_MATMUL picks the GEMM arithmetic (default tf32, see the top
  * of this file); the others are opt-in:
- *   bf16  the linear layers' GEMMs convert both fp32 operands to bf16 into
- *         scratch buffers first (a backward's dout once for both of its
- *         products) and run bf16 x bf16 -> fp32 with fp32 accumulation; the
- *         fused attention takes its bf16 mma.sync kernels (the GEMM
- *         attention stays TF32);
+ *   bf16  the linear layers' GEMMs run bf16 x bf16 -> fp32 with fp32
+ *         accumulation. Their activation operand is an [a] buffer, bf16
+ *         already (the norms, the GELU / SwiGLU and attention write it so);
+ *         the others (weights, output gradients) are converted into scratch
+ *         buffers first (a backward's dout once for both of its products);
+ *         the fused attention takes its bf16 mma.sync kernels (the GEMM
+ *         attention stays TF32, on an fp32 copy of its [a] output);
  *   fp32  every GEMM in plain fp32 without tensor cores: for telling TF32
  *         rounding from a bug when comparing with the CPU. */
 enum { MM_TF32 = 0, MM_BF16 = 1, MM_FP32 = 2 };
@@ -831,7 +868,8 @@ extern "C" long kernels_cuda_fused_dgelu_calls(void) { return fused_dgelu_calls;
  * in-place kernel. */
 static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                          const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
-                         const float *bias, int bf16, float *gelu_pre, const void *A_bf16, const float *dgelu_pre) {
+                         const float *bias, int bf16, float *gelu_pre, const void *A_bf16, const void *B_bf16,
+                         const float *dgelu_pre) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) die(EXIT_INTERNAL, "cuda gemm: K = %d", K);
     if (bf16 && batch != 1) die(EXIT_INTERNAL, "cuda gemm: bf16 operands for a batched GEMM");
@@ -840,9 +878,9 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
     if (dgelu_pre && (batch != 1 || beta != 0.0f || bias || gelu_pre))
         die(EXIT_INTERNAL, "cuda gemm: the GELU backward form wants an unbatched product with beta 0 and no bias");
     const void *Ap = A, *Bp = B;
-    if (bf16) { /* A_bf16: A already converted (by the caller, into sc_bf16_a) */
+    if (bf16) { /* A_bf16 / B_bf16: that operand is bf16 already (an [a] activation, or converted by the caller) */
         Ap = A_bf16 ? A_bf16 : bf16_copy(&sc_bf16_a, A, (size_t)(ta ? K : M) * (size_t)lda);
-        Bp = bf16_copy(&sc_bf16_b, B, (size_t)(tb ? N : K) * (size_t)ldb);
+        Bp = B_bf16 ? B_bf16 : bf16_copy(&sc_bf16_b, B, (size_t)(tb ? N : K) * (size_t)ldb);
     }
     GemmPlan key;
     memset(&key, 0, sizeof key);
@@ -926,7 +964,7 @@ static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const f
                        const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                        const float *bias, int bf16, float *gelu_pre) {
     rm_gemm_core(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, bf16, gelu_pre, NULL,
-                 NULL);
+                 NULL, NULL);
 }
 
 static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
@@ -935,17 +973,30 @@ static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const floa
     rm_gemm_ex(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, 0, NULL);
 }
 
+/* inp is [a]: under bf16 it goes to cuBLASLt as it is */
 static void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
-    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, matmul_bf16(), NULL);
+    const int bf16 = act_bf16();
+    rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, bf16, NULL, bf16 ? inp : NULL,
+                 NULL, NULL);
 }
 
+static void gelu_act(float *out, const float *pre, size_t n);
+
 /* pre = inp @ w^T + bias, out = gelu(pre): one GEMM with cuBLASLt's GELU
- * epilogue where it applies (see rm_gemm_ex), else matmul + the GELU kernel */
+ * epilogue where it applies (see rm_gemm_ex), else matmul + the GELU kernel.
+ * Under bf16 (inp and out [a], bf16) the GEMM writes pre and one kernel
+ * the bf16 GELU from it (out then has half the bytes of an fp32 epilogue
+ * output, and the next GEMM reads it without a conversion pass). */
 static void matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
                                 int C, int OC) {
     if (N <= 0 || OC <= 0) return;
-    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, matmul_bf16(), pre);
+    if (act_bf16()) {
+        rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, pre, OC, 0, 1, bias, 1, NULL, inp, NULL, NULL);
+        gelu_act(out, pre, (size_t)N * OC);
+        return;
+    }
+    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, 0, pre);
 }
 
 /* matmul_backward's three products; dinp (ld ldd) gets beta_dinp times its
@@ -956,9 +1007,12 @@ static void matmul_backward_core(float *dinp, int ldd, float beta_dinp, const fl
     /* bf16: dout, the A operand of both products, is converted once */
     const void *db = bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
     if (dinp)
-        rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, beta_dinp, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
+        rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, beta_dinp, dinp, ldd, 0, 1, NULL, bf16, NULL, db, NULL,
                      dgelu_pre);
-    if (dw) rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db, NULL);
+    /* inp is [a]: bf16 as it is under bf16 */
+    if (dw)
+        rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db,
+                     bf16 ? inp : NULL, NULL);
     if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
 }
 
@@ -1552,7 +1606,8 @@ __global__ void __launch_bounds__(FL_THREADS)
 }
 
 /* D[(b*nh + h)*T + t] = dout[b,t,h,:] . out[b,t,h,:]; one warp per row */
-__global__ void flash_dot_k(float *__restrict__ D, const float *__restrict__ out, const float *__restrict__ dout,
+template <typename OT>
+__global__ void flash_dot_k(float *__restrict__ D, const OT *__restrict__ out, const float *__restrict__ dout,
                             int B, int T, int nh, int hd) {
     const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = (int)(threadIdx.x & 31);
@@ -1560,7 +1615,7 @@ __global__ void flash_dot_k(float *__restrict__ D, const float *__restrict__ out
     const int t = (int)(row % T), h = (int)(row / T % nh), b = (int)(row / T / nh);
     const size_t off = ((size_t)b * T + t) * nh * hd + (size_t)h * hd;
     float s = 0.0f;
-    for (int d = lane; d < hd; d += 32) s = fmaf(out[off + d], dout[off + d], s);
+    for (int d = lane; d < hd; d += 32) s = fmaf(act_ld(out, off + d), dout[off + d], s);
     s += __shfl_xor_sync(0xffffffffu, s, 16);
     s += __shfl_xor_sync(0xffffffffu, s, 8);
     s += __shfl_xor_sync(0xffffffffu, s, 4);
@@ -1748,7 +1803,7 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * nh * T;
     float *D = fl_scratch(rows * sizeof(float));
-    fl_launch(flash_dot_k, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD);
+    fl_launch(flash_dot_k<float>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD);
     fl_launch(flash_bwd_dq_k<TC, HD, C::DQ_M, C::DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq,
               dqkv, dout, qkv, lse, (const float *)D, T, nh, nkv, scale);
     fl_launch(flash_bwd_dkv_k<TC, HD, C::DKV_N, C::DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS,
@@ -2023,10 +2078,11 @@ __global__ void __launch_bounds__(FL_THREADS)
         const int q = row[i];
         if (q >= T) continue;
         const float inv = 1.0f / l[i];
-        float *orow = out + ((size_t)blk.b * T + q) * blk.OS + (size_t)blk.h * HD + 2 * t;
+        /* out is [a], bf16 here (this kernel runs under bf16 only) */
+        __nv_bfloat16 *orow = ACT16(out) + ((size_t)blk.b * T + q) * blk.OS + (size_t)blk.h * HD + 2 * t;
 #pragma unroll
         for (int jd = 0; jd < OT; jd++)
-            *(float2 *)(orow + 8 * jd) = make_float2(o[jd][2 * i] * inv, o[jd][2 * i + 1] * inv);
+            *(uint32_t *)(orow + 8 * jd) = fb_pack(o[jd][2 * i] * inv, o[jd][2 * i + 1] * inv);
         if (t == 0) lse[((size_t)blk.b * nh + blk.h) * T + q] = m[i] * FB_LN2 + logf(l[i]);
     }
 }
@@ -2230,7 +2286,8 @@ static int fb_backward(float *dqkv, const float *dout, const float *qkv, const f
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * nh * T;
     float *D = fl_scratch(rows * sizeof(float));
-    fl_launch(flash_dot_k, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD);
+    fl_launch(flash_dot_k<__nv_bfloat16>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, CACT16(out), dout, B, T,
+              nh, HD);
     fl_launch(flash_bf16_dq_k<HD, DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq, dqkv, dout, qkv,
               lse, (const float *)D, T, nh, nkv, scale);
     fl_launch(flash_bf16_dkv_k<HD, DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS, smem_dkv, dqkv, dout,
@@ -2315,12 +2372,21 @@ extern "C" void kernels_cuda_set_attention(const char *mode) {
 
 extern "C" long kernels_cuda_flash_attention_calls(void) { return flash_calls; }
 
-static void attention_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
-    check_heads(nh, nkv);
-    if (attention_mode() == ATT_FLASH && flash_attention_forward(out, lse, qkv, B, T, nh, nkv, hd)) {
-        flash_calls++;
-        return;
-    }
+/* the attention output's fp32 copy where out is [a] bf16 but the kernels
+ * that run write or read fp32 (the GEMM path, the TF32 / fp32 fused kernels) */
+static Scratch sc_att32;
+
+__global__ void to_f32_k(float *dst, const __nv_bfloat16 *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
+}
+
+static void to_bf16(float *dst, const float *src, size_t n) {
+    if (!n) return;
+    to_bf16_k<<<grid_for(n, 256), 256>>>(ACT16(dst), src, n);
+    LAUNCH_CHECK();
+}
+
+static void attention_forward_gemm(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     float *P = (float *)scratch_get(&sc_attp, (size_t)B * T * T * sizeof(float));
@@ -2334,14 +2400,24 @@ static void attention_forward(float *out, float *lse, const float *qkv, int B, i
     }
 }
 
-static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                               int B, int T, int nh, int nkv, int hd) {
-    if (!dqkv) return;
+/* out is [a]: under bf16 the bf16 fused kernels write it as bf16; any other
+ * path writes fp32 into sc_att32, converted after */
+static void attention_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
     check_heads(nh, nkv);
-    if (attention_mode() == ATT_FLASH && flash_attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd)) {
+    const int flash = attention_mode() == ATT_FLASH;
+    if (flash && fl_bf16() && flash_attention_forward(out, lse, qkv, B, T, nh, nkv, hd)) {
         flash_calls++;
         return;
     }
+    const size_t n = (size_t)B * T * nh * hd;
+    float *o = act_bf16() ? (float *)scratch_get(&sc_att32, n * sizeof(float)) : out;
+    if (flash && !fl_bf16() && flash_attention_forward(o, lse, qkv, B, T, nh, nkv, hd)) flash_calls++;
+    else attention_forward_gemm(o, lse, qkv, B, T, nh, nkv, hd);
+    if (o != out) to_bf16(out, o, n);
+}
+
+static void attention_backward_gemm(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                    const float *lse, int B, int T, int nh, int nkv, int hd) {
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     float *P = (float *)scratch_get(&sc_attp, (size_t)B * T * T * sizeof(float));
@@ -2364,6 +2440,34 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
         rm_gemm(0, 0, T, hd, T, 1.0f, dS, T, a.sp, qkv + a.k, S, a.sqkv, 1.0f, dqkv + a.q, S, a.sqkv, a.count, NULL);
         rm_gemm(1, 0, T, hd, T, 1.0f, dS, T, a.sp, qkv + a.q, S, a.sqkv, 1.0f, dqkv + a.k, S, a.sqkv, a.count, NULL);
     }
+}
+
+/* out is [a]: the bf16 fused kernels read it as bf16; any other path under
+ * bf16 reads an fp32 copy */
+static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                               int B, int T, int nh, int nkv, int hd) {
+    if (!dqkv) return;
+    check_heads(nh, nkv);
+    const int flash = attention_mode() == ATT_FLASH;
+    if (flash && fl_bf16() && flash_attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd)) {
+        flash_calls++;
+        return;
+    }
+    const float *o = out;
+    if (act_bf16()) {
+        const size_t n = (size_t)B * T * nh * hd;
+        float *o32 = (float *)scratch_get(&sc_att32, n * sizeof(float));
+        if (n) {
+            to_f32_k<<<grid_for(n, 256), 256>>>(o32, CACT16(out), n);
+            LAUNCH_CHECK();
+        }
+        o = o32;
+    }
+    if (flash && !fl_bf16() && flash_attention_backward(dqkv, dout, qkv, o, lse, B, T, nh, nkv, hd)) {
+        flash_calls++;
+        return;
+    }
+    attention_backward_gemm(dqkv, dout, qkv, o, lse, B, T, nh, nkv, hd);
 }
 
 // ----------------------------------------------------------------------------
@@ -2412,11 +2516,11 @@ static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, fl
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-__global__ void gelu_fwd_k(float *out, const float *inp, size_t n) {
+template <typename OT> __global__ void gelu_fwd_k(OT *out, const float *inp, size_t n) {
     GRID_STRIDE(i, n) {
         float x = inp[i];
         float u = GELU_K * (x + 0.044715f * x * x * x);
-        out[i] = x / (1.0f + expf(-2.0f * u));
+        act_st(out, i, x / (1.0f + expf(-2.0f * u)));
     }
 }
 
@@ -2439,12 +2543,12 @@ __global__ void dgelu_inplace_k(float *d, const float *pre, size_t n) {
     GRID_STRIDE(i, n) d[i] = d[i] * gelu_grad(pre[i]);
 }
 
-__global__ void swiglu_fwd_k(float *out, const float *inp, int N, int F) {
+template <typename OT> __global__ void swiglu_fwd_k(OT *out, const float *inp, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
         size_t r = i / F, j = i % F;
         float g = inp[r * 2 * F + j], u = inp[r * 2 * F + F + j];
-        out[i] = g / (1.0f + expf(-g)) * u;
+        act_st(out, i, g / (1.0f + expf(-g)) * u);
     }
 }
 
@@ -2489,7 +2593,15 @@ __global__ void scale_k(float *x, float s, size_t n) {
 
 static void gelu_forward(float *out, const float *inp, size_t n) {
     if (!n) return;
-    gelu_fwd_k<<<grid_for(n, 256), 256>>>(out, inp, n);
+    gelu_fwd_k<float><<<grid_for(n, 256), 256>>>(out, inp, n);
+    LAUNCH_CHECK();
+}
+
+/* the same into an [a] output (matmul_gelu_forward under bf16) */
+static void gelu_act(float *out, const float *pre, size_t n) {
+    if (!n) return;
+    if (act_bf16()) gelu_fwd_k<__nv_bfloat16><<<grid_for(n, 256), 256>>>(ACT16(out), pre, n);
+    else gelu_fwd_k<float><<<grid_for(n, 256), 256>>>(out, pre, n);
     LAUNCH_CHECK();
 }
 
@@ -2513,7 +2625,8 @@ static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F) {
 
 static void swiglu_forward(float *out, const float *inp, int N, int F) {
     if (N <= 0 || F <= 0) return;
-    swiglu_fwd_k<<<grid_for((size_t)N * F, 256), 256>>>(out, inp, N, F);
+    if (act_bf16()) swiglu_fwd_k<__nv_bfloat16><<<grid_for((size_t)N * F, 256), 256>>>(ACT16(out), inp, N, F);
+    else swiglu_fwd_k<float><<<grid_for((size_t)N * F, 256), 256>>>(out, inp, N, F);
     LAUNCH_CHECK();
 }
 
@@ -2909,8 +3022,10 @@ static void cu_offload_wait(int mark) {
 // ----------------------------------------------------------------------------
 // the table, device selection, probe and peak
 
-static const Kernels cuda_kernels = {
+/* not const: act_bytes follows LLMTRAIN_CUDA_MATMUL, set by kernels_cuda() */
+static Kernels cuda_kernels = {
     /* .name = */ "cuda",
+    /* .act_bytes = */ 4,
     /* .alloc = */ cu_alloc,
     /* .free = */ cu_free,
     /* .zero = */ cu_zero,
@@ -3023,6 +3138,7 @@ static void cuda_init(void) {
 
 extern "C" const Kernels *kernels_cuda(void) {
     cuda_init();
+    cuda_kernels.act_bytes = act_bf16() ? 2 : 4;
     return &cuda_kernels;
 }
 

@@ -28,6 +28,15 @@ typedef struct AdamWRange {
 
 typedef struct Kernels {
     const char *name; /* "cpu", "cuda" */
+    /* Bytes per element of the [a] buffers: the activations that only
+     * matrix products (and attention's backward) read: the norms' outputs,
+     * attention's output, the MLP activation's output. 4 (fp32) on the CPU
+     * and on CUDA by default; 2 (bf16, rounded to nearest even) on CUDA
+     * under LLMTRAIN_CUDA_MATMUL=bf16, so that its bf16 GEMMs read them with
+     * no conversion pass and they take half the memory. They are still
+     * passed as float *: the caller never reads their elements, and sizes
+     * and offsets them by act_bytes. Arguments marked [a] below. */
+    int act_bytes;
 
     /* ---- memory (never called inside the step loop except zero/copy) ---- */
     void *(*alloc)(size_t bytes);           /* zero-filled */
@@ -53,7 +62,8 @@ typedef struct Kernels {
     void (*embed_backward_vp)(float *dwte, float *dwpe, const float *dout, const int *tokens,
                               int N, int T, int C, int v0, int V);
 
-    /* ---- norms (statistics in fp32; mean/rstd saved for backward, [N]) ---- */
+    /* ---- norms (statistics in fp32; mean/rstd saved for backward, [N]);
+     * the forwards' out is [a] ---- */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C, float eps);
     void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
@@ -72,7 +82,7 @@ typedef struct Kernels {
     void (*add_rmsnorm_forward)(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
                                 int N, int C, float eps);
 
-    /* ---- matrix products ----
+    /* ---- matrix products (inp is [a] in every one of them) ----
      * out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC] when bias != NULL)   */
     void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
                            int N, int C, int OC);
@@ -87,7 +97,8 @@ typedef struct Kernels {
      * lse [B, nh, T] saves each query row's log-sum-exp of its scaled
      * scores (natural log), so the probabilities never need to be stored:
      * the backward recomputes them as exp(q.k / sqrt(hd) - lse) (flash
-     * attention's form; O(T) memory per head instead of O(T^2)). */
+     * attention's form; O(T) memory per head instead of O(T^2)).
+     * out is [a] (forward and backward). */
     void (*attention_forward)(float *out, float *lse, const float *qkv,
                               int B, int T, int nh, int nkv, int hd);
     /* dqkv += d(out)/d(qkv) . dout, from the forward's out and lse */
@@ -104,14 +115,14 @@ typedef struct Kernels {
     /* GELU, tanh approximation (GPT-2's gelu_new) */
     void (*gelu_forward)(float *out, const float *inp, size_t n);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
-    /* GPT-2's MLP up-projection and its GELU in one call: pre[N,OC] = inp @
+    /* GPT-2's MLP up-projection and its GELU in one call ([a] inp and out): pre[N,OC] = inp @
      * w^T (+ bias) (kept for gelu_backward), out[N,OC] = gelu(pre). Equal to
      * matmul_forward then gelu_forward (on the CPU that is what it runs, bit
      * for bit); CUDA fuses the GELU into the GEMM's epilogue when it can. */
     void (*matmul_gelu_forward)(float *out, float *pre, const float *inp, const float *w, const float *bias,
                                 int N, int C, int OC);
     /* inp is [N, 2F]: gate in columns [0,F), up in [F,2F).
-     * out[N,F] = silu(gate) * up */
+     * out[N,F] = silu(gate) * up; out is [a] */
     void (*swiglu_forward)(float *out, const float *inp, int N, int F);
     void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, int N, int F);
     /* The MLP down-projection's backward and its activation's in one call,

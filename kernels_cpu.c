@@ -847,6 +847,7 @@ static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, ui
 
 static const Kernels cpu_kernels = {
     .name = "cpu",
+    .act_bytes = 4,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .zero = cpu_zero,

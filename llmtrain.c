@@ -1361,18 +1361,26 @@ static void print_header(Trainer *t) {
  * (taken as N x 8 bytes + 1 MiB), and under LLMTRAIN_CUDA_MATMUL=bf16 the
  * bf16 copies of the largest GEMM operands. An upper bound, which
  * tests/gpu_tests.sh holds against the device's measured peak. */
+/* LLMTRAIN_CUDA_MATMUL=bf16, read as kernels.cu reads it: bf16 GEMMs and
+ * [a] activations (kernels.h) in bf16 */
+static int cuda_bf16_env(void) {
+    const char *mm = getenv("LLMTRAIN_CUDA_MATMUL");
+    return mm && strcmp(mm, "bf16") == 0;
+}
+
 static double cuda_scratch_bytes(const Trainer *t) {
     const Model *m = &t->model;
     const double B = t->cfg.micro_batch, T = t->cfg.seq_len, N = B * T, C = t->cfg.model.n_embd, grow = 1.125;
     double s = 32.0 * 1048576 + 512 * 8 + 8;
-    const char *att = getenv("LLMTRAIN_CUDA_ATTENTION"), *mm = getenv("LLMTRAIN_CUDA_MATMUL");
+    const char *att = getenv("LLMTRAIN_CUDA_ATTENTION");
     int flash = !(att && strcmp(att, "gemm") == 0) && (m->hd == 32 || m->hd == 64 || m->hd == 128);
     s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
+    if (cuda_bf16_env() && !flash) s += grow * N * m->nh * m->hd * 4.0; /* attention's fp32 output beside the bf16 one */
     double rb = fmin(128.0, ceil(N / 256.0)), widest = 2 * C;
     if (t->cfg.model.arch == ARCH_GPT2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
     s += grow * rb * widest * 4.0;
     s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);
-    if (mm && strcmp(mm, "bf16") == 0) { /* A: rows x inner, B: rows x inner, each at most this */
+    if (cuda_bf16_env()) { /* A: rows x inner, B: rows x inner, each at most this */
         double rows = fmax(N, fmax(m->V, fmax(m->fc_dim, m->qkv_dim))), inner = fmax(C, fmax(m->F, fmax(m->fc_dim, m->V)));
         s += grow * 2.0 * 2.0 * rows * inner;
     }
@@ -1522,7 +1530,7 @@ static int train(int argc, char **argv) {
     if (backend_is_cuda(t) && t->dist.world > 1) dist_nccl_attach(&t->dist); /* device collectives through NCCL */
 #endif
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank,
-                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload});
+                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0});
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, NULL, NULL};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
@@ -1666,7 +1674,9 @@ static int cmd_check(int argc, char **argv) {
     check_layout(t);
     /* no backend: the job is checked for the cluster it names, not for this
      * machine's devices (a GPU job checks on a laptop), and nothing is allocated */
-    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0, (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload});
+    int act_bytes = strcmp(c->device, "cpu") != 0 && cuda_bf16_env() ? 2 : 4; /* the [a] activations on CUDA */
+    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0,
+                  (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes});
     printf("check: %s: valid for %d ranks\n", c->path, world);
     if (c->description[0]) printf("description: %s\n", c->description);
     print_model_batch(t);

@@ -173,7 +173,7 @@ const ParamSpec *model_find(const Model *m, const char *name) {
  * its size in floats, and the checkpointing modes that keep it per layer
  * (bit i set: kept under mode i; else the backward recomputes it and every
  * layer shares layer 0's buffer). */
-typedef struct { float **ptr; size_t n; unsigned kept; } ActBuf;
+typedef struct { float **ptr; size_t n; unsigned kept; int act; } ActBuf; /* act: an [a] buffer of n elements */
 #define KEEP_ALL ((1u << ACT_NONE) | (1u << ACT_SELECTIVE) | (1u << ACT_FULL))
 #define KEEP_NOT_FULL ((1u << ACT_NONE) | (1u << ACT_SELECTIVE))
 #define KEEP_NONE_ONLY (1u << ACT_NONE)
@@ -182,20 +182,20 @@ typedef struct { float **ptr; size_t n; unsigned kept; } ActBuf;
 static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
     size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd;
     int gpt2 = m->cfg.arch == ARCH_GPT2, n = 0;
-#define BUF(p, sz, keep) (b[n++] = (ActBuf){&a->p, (sz), (keep)})
-    BUF(ln1, N * C, KEEP_NOT_FULL);
-    if (gpt2) BUF(ln1_mean, N, KEEP_NOT_FULL);
-    BUF(ln1_rstd, N, KEEP_NOT_FULL);
-    BUF(qkv, N * (size_t)m->qkv_dim, KEEP_NOT_FULL);
-    BUF(atty, N * C, KEEP_NONE_ONLY);
-    BUF(lse, (size_t)m->B * m->nh * m->T, KEEP_NONE_ONLY);
-    BUF(res2, N * C, KEEP_NOT_FULL);
-    BUF(ln2, N * C, KEEP_NOT_FULL);
-    if (gpt2) BUF(ln2_mean, N, KEEP_NOT_FULL);
-    BUF(ln2_rstd, N, KEEP_NOT_FULL);
-    BUF(fch, N * (size_t)m->fc_dim, KEEP_NOT_FULL);
-    BUF(fch_act, N * (size_t)m->F, KEEP_NOT_FULL);
-    BUF(res3, N * C, KEEP_ALL);
+#define BUF(p, sz, keep, act) (b[n++] = (ActBuf){&a->p, (sz), (keep), (act)})
+    BUF(ln1, N * C, KEEP_NOT_FULL, 1);
+    if (gpt2) BUF(ln1_mean, N, KEEP_NOT_FULL, 0);
+    BUF(ln1_rstd, N, KEEP_NOT_FULL, 0);
+    BUF(qkv, N * (size_t)m->qkv_dim, KEEP_NOT_FULL, 0);
+    BUF(atty, N * (size_t)m->nh * m->hd, KEEP_NONE_ONLY, 1);
+    BUF(lse, (size_t)m->B * m->nh * m->T, KEEP_NONE_ONLY, 0);
+    BUF(res2, N * C, KEEP_NOT_FULL, 0);
+    BUF(ln2, N * C, KEEP_NOT_FULL, 1);
+    if (gpt2) BUF(ln2_mean, N, KEEP_NOT_FULL, 0);
+    BUF(ln2_rstd, N, KEEP_NOT_FULL, 0);
+    BUF(fch, N * (size_t)m->fc_dim, KEEP_NOT_FULL, 0);
+    BUF(fch_act, N * (size_t)m->F, KEEP_NOT_FULL, 1);
+    BUF(res3, N * C, KEEP_ALL, 0);
 #undef BUF
     if (!gpt2) a->ln1_mean = a->ln2_mean = NULL;
     return n;
@@ -203,6 +203,11 @@ static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
 
 static int buf_kept(const Model *m, const ActBuf *b) { return (b->kept >> m->act_ckpt) & 1u; }
 static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+/* floats that n elements of an [a] buffer take */
+static size_t act_floats(const Model *m, size_t n) { return (n * (size_t)m->act_bytes + sizeof(float) - 1) / sizeof(float); }
+static size_t buf_floats(const Model *m, const ActBuf *b) { return b->act ? act_floats(m, b->n) : b->n; }
+/* element i of an [a] buffer */
+static float *act_at(const Model *m, float *base, size_t i) { return (float *)((char *)base + i * (size_t)m->act_bytes); }
 
 /* Floats of one layer's kept buffers (what activation offload moves). */
 static size_t layer_kept_floats(const Model *m) {
@@ -211,7 +216,7 @@ static size_t layer_kept_floats(const Model *m) {
     size_t s = 0;
     int nb = layer_bufs(m, &tmp, b);
     for (int i = 0; i < nb; i++)
-        if (buf_kept(m, &b[i])) s += round16(b[i].n);
+        if (buf_kept(m, &b[i])) s += round16(buf_floats(m, &b[i]));
     return s;
 }
 
@@ -242,10 +247,10 @@ static size_t carve_acts(Model *m, float *base) {
         int nb = layer_bufs(m, a, b);
         for (int i = 0; i < nb; i++) {
             if (l > 0 && !buf_kept(m, &b[i])) *b[i].ptr = *b0[i].ptr;
-            else TAKE(*b[i].ptr, b[i].n);
+            else TAKE(*b[i].ptr, buf_floats(m, &b[i]));
         }
     }
-    TAKE(m->lnf, N * C);
+    TAKE(m->lnf, act_floats(m, N * C));
     if (gpt2) TAKE(m->lnf_mean, N); else m->lnf_mean = NULL;
     TAKE(m->lnf_rstd, N);
     size_t R = m->head_rows > 0 && (size_t)m->head_rows < N ? (size_t)m->head_rows : N;
@@ -274,8 +279,8 @@ static void offload_layer(Model *m, int l, int to_host) {
     float *h = m->offload_host + (size_t)l * m->offload_layer_floats;
     for (int i = 0; i < nb; i++)
         if (buf_kept(m, &b[i])) {
-            m->k->offload_copy(h, *b[i].ptr, b[i].n * sizeof(float), to_host);
-            h += round16(b[i].n);
+            m->k->offload_copy(h, *b[i].ptr, b[i].act ? b[i].n * (size_t)m->act_bytes : b[i].n * sizeof(float), to_host);
+            h += round16(buf_floats(m, &b[i]));
         }
 }
 
@@ -339,7 +344,7 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
 }
 
 void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments) {
-    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0});
+    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0});
 }
 
 void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, int tp_rank) {
@@ -362,6 +367,7 @@ void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, in
 
 void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank, ModelMem mem) {
     model_layout(m, cfg, pad_multiple, tp, tp_rank);
+    m->act_bytes = mem.act_bytes > 0 ? mem.act_bytes : (int)sizeof(float);
     m->act_ckpt = mem.act_ckpt;
     m->head_rows = mem.head_rows;
     m->offload = mem.offload && cfg->n_layer > OFFLOAD_SLOTS;
@@ -376,6 +382,7 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
 
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
                     int tp, int tp_rank, ModelMem mem) {
+    mem.act_bytes = k->act_bytes;
     model_plan_tp(m, cfg, B, T, pad_multiple, tp, tp_rank, mem);
     m->k = k;
     size_t bytes = m->n_params * sizeof(float);
@@ -577,7 +584,7 @@ static int head_rows(const Model *m, int N) { return m->head_rows > 0 && m->head
 static void head_forward(Model *m, int r0, int n, float dloss) {
     const Kernels *k = m->k;
     const int *tg = m->targets + r0;
-    k->matmul_forward(m->logits, m->lnf + (size_t)r0 * m->cfg.n_embd, m->p.lm_head, NULL, n, m->cfg.n_embd, m->V);
+    k->matmul_forward(m->logits, act_at(m, m->lnf, (size_t)r0 * m->cfg.n_embd), m->p.lm_head, NULL, n, m->cfg.n_embd, m->V);
     if (m->tp > 1) {
         float *tgt = m->ce_sum + n; /* sums and target logits: one all-reduce of 2n */
         k->crossentropy_vp_max(m->ce_max, m->logits, n, m->V);
@@ -633,7 +640,7 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     m->head_fused = dloss != 0.0f;
     if (!targets) { /* the logits of the last R rows (sampling reads the last one) */
         m->logits_row0 = N - R;
-        k->matmul_forward(m->logits, m->lnf + (size_t)(N - R) * C, m->p.lm_head, NULL, R, C, m->V);
+        k->matmul_forward(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, NULL, R, C, m->V);
     } else {
         if (tp)
             for (int n = 0; n < N; n++)
@@ -676,7 +683,8 @@ void model_backward(Model *m, float loss_scale) {
         if (R < N) head_forward(m, r0, n, tp ? 0.0f : loss_scale);
         if (tp) k->crossentropy_vp_backward(m->logits, m->targets + r0, loss_scale, n, V, m->v0);
         else if (R == N && !m->head_fused) k->crossentropy_backward(m->logits, m->targets + r0, loss_scale, n, V);
-        k->matmul_backward(m->dlnf + (size_t)r0 * C, m->g.lm_head, NULL, m->logits, m->lnf + (size_t)r0 * C, m->p.lm_head, n, C, V);
+        k->matmul_backward(m->dlnf + (size_t)r0 * C, m->g.lm_head, NULL, m->logits, act_at(m, m->lnf, (size_t)r0 * C),
+                           m->p.lm_head, n, C, V);
     }
     if (tp) tp_allreduce(m, m->dlnf, NC, 0); /* partial over the vocabulary slices */
     const float *xL = c->n_layer > 0 ? m->la[c->n_layer - 1].res3 : m->encoded;

@@ -49,7 +49,9 @@ typedef struct ModelPtrs {
     LayerPtrs *layers;                           /* [n_layer] */
 } ModelPtrs;
 
-/* Saved activations of one layer (NULL where an arch has no such tensor). */
+/* Saved activations of one layer (NULL where an arch has no such tensor).
+ * ln1, atty, ln2 and fch_act are [a] buffers (kernels.h): act_bytes an
+ * element, never read here. */
 typedef struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd;   /* [N,C], [N], [N] */
     float *qkv;                         /* [N, QKV] after rope */
@@ -96,6 +98,7 @@ typedef struct ModelMem {
     int act_ckpt;
     int head_rows;
     int offload; /* train.activation_offload: layers' kept activations in host memory */
+    int act_bytes; /* bytes per element of the [a] activations (kernels.h; 0: 4); model_build_tp takes the backend's */
 } ModelMem;
 
 /* Activation offload: device buffers for this many layers (slots); layer l
@@ -113,6 +116,7 @@ typedef struct Model {
                                * with targets then leaves d(logits) instead of probabilities (one pass
                                * fewer over them, crossentropy_fused) */
     int head_fused;           /* the last forward left d(logits) for loss_scale in logits */
+    int act_bytes;            /* bytes per element of the [a] buffers (kernels.h): ln1, atty, ln2, fch_act, lnf */
     float *offload_host;      /* host copy of every layer's kept activations [n_layer][offload_layer_floats] */
     size_t offload_layer_floats, offload_floats;
     int slot_layer[OFFLOAD_SLOTS]; /* the layer whose activations a slot holds (-1: none) */
@@ -149,7 +153,7 @@ typedef struct Model {
     size_t acts_floats;
     float *encoded;           /* [N,C] embedding output = residual stream input */
     LayerActs *la;            /* [n_layer] */
-    float *lnf, *lnf_mean, *lnf_rstd;
+    float *lnf, *lnf_mean, *lnf_rstd;   /* lnf is [a] */
     float *logits;            /* [R,V] (local V; R = N, or head_rows) logits -> probs -> dlogits */
     int logits_row0;          /* after a forward without targets: logits holds rows [logits_row0, N) */
     float *losses;            /* [N] */

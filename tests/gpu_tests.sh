@@ -10,9 +10,11 @@
 #      relative 5e-3 (TF32 matmuls; the CPU is fp32 throughout), and the
 #      same with LLMTRAIN_CUDA_MATMUL=bf16 within 3e-2 and =fp32 within 1e-4.
 #      The cuda runs report the device's memory: gpu_mem_bytes > 0 (= mem_bytes)
-#      and host_mem_bytes in metrics.jsonl, "mem X GiB gpu" on the step line.
+#      and host_mem_bytes in metrics.jsonl, "mem X GiB gpu" on the step line;
+#      the bf16 run's activations take 2 bytes less for each element of the
+#      [a] buffers (bf16 norm outputs, attention output, MLP activation).
 #   3. activation offload on cuda (5 layers) against cpu (fp32 GEMMs) and
-#      against cuda without offload (fp32 and TF32 GEMMs).
+#      against cuda without offload (fp32, TF32 and bf16 GEMMs).
 #   3b. the fused attention kernels (LLMTRAIN_CUDA_ATTENTION=flash) in whole
 #      runs: GPT-2 (MHA) and Llama (GQA) with head dim 64 and T = 100 (a
 #      ragged last tile), $STEPS steps against cpu: under
@@ -128,6 +130,24 @@ JSON
     if memline=$(mem_check "$TMP/$arch-cuda" "$TMP/$arch-cuda.out" "$TMP/$arch-cpu" "$TMP/$arch-cpu.out"); then
         echo "ok   $arch: mem on cuda is the device's: $memline"; pass=$((pass + 1))
     else echo "FAIL $arch: mem fields on cuda/cpu: $memline"; fail=$((fail + 1)); fi
+    # [a] activations (kernels.h) in bf16 under LLMTRAIN_CUDA_MATMUL=bf16: the
+    # layout's activations_bytes is the TF32 run's less 2 bytes for each element
+    # of every layer's ln1, attention output, ln2 and MLP activation, and of lnf
+    # (B*T = 256 rows; the buffers' sizes are multiples of 16 floats here)
+    if actline=$($PY - "$TMP/$arch-cuda.out" "$TMP/$arch-cuda-bf16.out" <<'PYEOF'
+import re, sys
+def grab(path):
+    t = open(path).read()
+    return (int(re.search(r"rank 0: .*activations_bytes (\d+)", t).group(1)),
+            [int(x) for x in re.search(r"(\d+) layers, (\d+) embd, .*ffn (\d+)", t).groups()])
+a32, (L, C, F) = grab(sys.argv[1])
+a16, _ = grab(sys.argv[2])
+want = 2 * 256 * (L * (3 * C + F) + C)
+print("activations_bytes tf32 %d, bf16 %d: %d less (expected %d)" % (a32, a16, a32 - a16, want))
+sys.exit(0 if a32 - a16 == want else 1)
+PYEOF
+    ); then echo "ok   $arch: [a] activations in bf16 under bf16 GEMMs: $actline"; pass=$((pass + 1))
+    else echo "FAIL $arch: [a] activations under bf16 GEMMs: $actline"; fail=$((fail + 1)); fi
     for run in cuda:$LOSS_RTOL cuda-bf16:$LOSS_RTOL_BF16 cuda-fp32:$LOSS_RTOL_FP32; do
         dev=${run%%:*} tol=${run#*:}
         if $PY tests/compare_runs.py "$TMP/$arch-cpu" "$TMP/$arch-$dev" --steps $STEPS --loss-rtol $tol; then
@@ -150,12 +170,13 @@ else echo "FAIL llama T 512 on cuda: $memline $(tail -2 "$TMP/mem512.out")"; fai
 # copies on their own stream). With plain fp32 GEMMs cuda matches cpu to the
 # summation order, so offload vs the cpu run (no offload, no checkpointing)
 # holds to the fp32 tolerance; with and without offload must agree to 1e-5
-# under both fp32 and the default TF32 GEMMs. (A TF32 run against the CPU
+# under fp32, the default TF32 and bf16 GEMMs (bf16: the [a] activations
+# travel as bf16). (A TF32 run against the CPU
 # over 20 steps of this 5-layer model drifts past 5e-3 in the grad norm
 # from about step 11 on an H100 with or without offload, so the cpu
 # comparison is the fp32 one.)
 off_ok=1
-for mm in fp32 tf32; do
+for mm in fp32 tf32 bf16; do
     for off in false true; do
         LLMTRAIN_CUDA_MATMUL=$mm $BIN "$TMP/llama.json" --set model.n_layer=5 --set train.device=cuda --set train.activation_offload=$off \
             --set train.activation_checkpointing=selective --set log.dir="$TMP/off-$mm-$off" --set checkpoint.dir="$TMP/off-$mm-$off/ckpt" \
@@ -166,11 +187,11 @@ $BIN "$TMP/llama.json" --set model.n_layer=5 --set train.device=cpu --set log.di
     --set checkpoint.dir="$TMP/off-cpu/ckpt" >"$TMP/off-cpu.out" 2>&1 || { echo "FAIL offload cpu run: $(tail -3 "$TMP/off-cpu.out")"; off_ok=0; }
 grep -q "offload_host_bytes" "$TMP/off-tf32-true.out" || { echo "  no offload_host_bytes line in the offload run"; off_ok=0; }
 $PY tests/compare_runs.py "$TMP/off-cpu" "$TMP/off-fp32-true" --steps $STEPS --loss-rtol $LOSS_RTOL_FP32 || off_ok=0
-for mm in fp32 tf32; do
+for mm in fp32 tf32 bf16; do
     $PY tests/compare_runs.py "$TMP/off-$mm-false" "$TMP/off-$mm-true" --steps $STEPS --loss-rtol 1e-5 || off_ok=0
 done
 if [ $off_ok = 1 ]; then
-    echo "ok   activation offload on cuda (5 layers, selective): matches cpu within $LOSS_RTOL_FP32 (fp32 GEMMs) and cuda without offload within 1e-5 (fp32 and TF32)"; pass=$((pass + 1))
+    echo "ok   activation offload on cuda (5 layers, selective): matches cpu within $LOSS_RTOL_FP32 (fp32 GEMMs) and cuda without offload within 1e-5 (fp32, TF32 and bf16 GEMMs, whose [a] activations are bf16)"; pass=$((pass + 1))
 else
     echo "FAIL activation offload on cuda differs (or no offload_host_bytes line)"; fail=$((fail + 1))
 fi

@@ -79,9 +79,51 @@ static int *dcopy_int(const int *h, size_t n) {
     return d;
 }
 
-static void check(const char *name, const float *ref, const float *dev, size_t n, double tol) {
+/* [a] buffers (kernels.h): KG->act_bytes an element, bf16 under
+ * LLMTRAIN_CUDA_MATMUL=bf16. A host float to bf16 to nearest even (the
+ * rounding of kernels.h's round_bf16_word, seed 0) and back. */
+static uint16_t bf16_rn(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(round_bf16_word(u, 0, 0) >> 16);
+}
+static float bf16_val(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static int act16(void) { return KG->act_bytes == 2; }
+
+/* a device [a] buffer holding h (rounded to bf16 when [a] is bf16); off
+ * shifts it by off elements, as dcopy_off */
+static float *dcopy_act_off(const float *h, size_t n, int off) {
+    if (!act16()) return dcopy_off(h, n, off);
+    uint16_t *t = malloc_check(n * 2 + 16);
+    for (size_t i = 0; i < n; i++) t[i] = bf16_rn(h[i]);
+    char *base = KG->alloc((n + (size_t)off) * 2 + 16);
+    dbase[nbase++] = (float *)base;
+    KG->from_host(base + (size_t)off * 2, t, n * 2);
+    free(t);
+    return (float *)(base + (size_t)off * 2);
+}
+static float *dcopy_act(const float *h, size_t n) { return dcopy_act_off(h, n, 0); }
+
+/* the values of a device [a] buffer, widened to floats (malloc'd) */
+static float *act_to_host(const float *dev, size_t n) {
     float *h = malloc_check(n * sizeof(float) + 16);
-    KG->to_host(h, dev, n * sizeof(float));
+    if (!act16()) {
+        KG->to_host(h, dev, n * sizeof(float));
+        return h;
+    }
+    uint16_t *t = malloc_check(n * 2 + 16);
+    KG->to_host(t, dev, n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_val(t[i]);
+    free(t);
+    return h;
+}
+
+static void check_host(const char *name, const float *ref, const float *h, size_t n, double tol) {
     double maxerr = 0.0, maxref = 0.0;
     size_t worst = 0;
     int nonfinite = 0;
@@ -100,6 +142,45 @@ static void check(const char *name, const float *ref, const float *dev, size_t n
                maxref, tol, nonfinite ? ", non-finite" : "", worst, h[worst], ref[worst]);
         fail++;
     }
+}
+
+static void check(const char *name, const float *ref, const float *dev, size_t n, double tol) {
+    float *h = malloc_check(n * sizeof(float) + 16);
+    KG->to_host(h, dev, n * sizeof(float));
+    check_host(name, ref, h, n, tol);
+    free(h);
+}
+
+/* a device [a] buffer against the CPU's values */
+static void check_act(const char *name, const float *ref, const float *dev, size_t n, double tol) {
+    float *h = act_to_host(dev, n);
+    check_host(name, ref, h, n, tol);
+    free(h);
+}
+
+/* An [a] output of a kernel that computes in fp32 and stores: fp32 [a]
+ * within TOL_F32 of the CPU; bf16 [a] must be the CPU's value rounded to
+ * nearest even, within one bf16 unit everywhere (the fp32 values may fall
+ * on either side of a rounding boundary) and exactly in 99% of the
+ * elements (truncation, or fp32 bytes read as bf16, would miss that). */
+static void check_act_rn(const char *name, const float *ref, const float *dev, size_t n) {
+    if (!act16()) {
+        check(name, ref, dev, n, TOL_F32);
+        return;
+    }
+    float *h = act_to_host(dev, n);
+    size_t exact = 0, far = 0, worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        float r = bf16_val(bf16_rn(ref[i]));
+        double ulp = ldexp(1.0, ilogb(r == 0.0f ? 1e-30f : r) - 7);
+        if (h[i] == r) exact++;
+        else if (!(fabs((double)h[i] - r) <= ulp)) { far++; worst = i; }
+    }
+    int ok = far == 0 && exact * 100 >= n * 99;
+    printf("%s %-34s bf16: %zu of %zu = the CPU's rounded to nearest, %zu more than 1 unit off\n", ok ? "ok  " : "FAIL",
+           name, exact, n, far);
+    if (far) printf("     worst [%zu]: gpu %g cpu %g\n", worst, h[worst], ref[worst]);
+    if (ok) pass++; else fail++;
     free(h);
 }
 
@@ -208,10 +289,10 @@ static void test_norms(void) {
     for (size_t i = 0; i < NC; i++) x[i] += 3.0f; /* a mean away from zero */
     float *gx = dcopy(x, NC), *gw = dcopy(w, C), *gb = dcopy(b, C), *gdout = dcopy(dout, NC);
     float *out = hrand(NC, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
-    float *gout = dcopy(out, NC), *gmean = dcopy(mean, N), *grstd = dcopy(rstd, N);
+    float *gout = dcopy_act(out, NC), *gmean = dcopy(mean, N), *grstd = dcopy(rstd, N);
     KC->layernorm_forward(out, mean, rstd, x, w, b, N, C, 1e-5f);
     KG->layernorm_forward(gout, gmean, grstd, gx, gw, gb, N, C, 1e-5f);
-    check("layernorm_forward out", out, gout, NC, TOL_F32);
+    check_act_rn("layernorm_forward out", out, gout, NC);
     check("layernorm_forward mean", mean, gmean, N, TOL_F32);
     check("layernorm_forward rstd", rstd, grstd, N, TOL_F32);
     float *dinp = hrand(NC, 1), *dw = hrand(C, 1), *db = hrand(C, 1);
@@ -224,7 +305,7 @@ static void test_norms(void) {
 
     KC->rmsnorm_forward(out, rstd, x, w, N, C, 1e-5f);
     KG->rmsnorm_forward(gout, grstd, gx, gw, N, C, 1e-5f);
-    check("rmsnorm_forward out", out, gout, NC, TOL_F32);
+    check_act_rn("rmsnorm_forward out", out, gout, NC);
     check("rmsnorm_forward rstd", rstd, grstd, N, TOL_F32);
     KC->rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C);
     KG->rmsnorm_backward(gdinp, gdw, gdout, gx, gw, grstd, N, C);
@@ -241,17 +322,17 @@ static void test_add_norms(void) {
     for (size_t i = 0; i < NC; i++) a[i] += 3.0f;
     float *ga = dcopy(a, NC), *gb = dcopy(b, NC), *gw = dcopy(w, C), *gbias = dcopy(bias, C);
     float *res = hrand(NC, 1), *out = hrand(NC, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
-    float *gres = dcopy(res, NC), *gout = dcopy(out, NC), *gmean = dcopy(mean, N), *grstd = dcopy(rstd, N);
+    float *gres = dcopy(res, NC), *gout = dcopy_act(out, NC), *gmean = dcopy(mean, N), *grstd = dcopy(rstd, N);
     KC->add_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, 1e-5f);
     KG->add_layernorm_forward(gres, gout, gmean, grstd, ga, gb, gw, gbias, N, C, 1e-5f);
     check("add_layernorm_forward res", res, gres, NC, 0.0);
-    check("add_layernorm_forward out", out, gout, NC, TOL_F32);
+    check_act_rn("add_layernorm_forward out", out, gout, NC);
     check("add_layernorm_forward mean", mean, gmean, N, TOL_F32);
     check("add_layernorm_forward rstd", rstd, grstd, N, TOL_F32);
     KC->add_rmsnorm_forward(a, out, rstd, a, b, w, N, C, 1e-5f);
     KG->add_rmsnorm_forward(ga, gout, grstd, ga, gb, gw, N, C, 1e-5f);
     check("add_rmsnorm_forward res in place", a, ga, NC, 0.0);
-    check("add_rmsnorm_forward out", out, gout, NC, TOL_F32);
+    check_act_rn("add_rmsnorm_forward out", out, gout, NC);
     check("add_rmsnorm_forward rstd", rstd, grstd, N, TOL_F32);
 }
 
@@ -259,7 +340,7 @@ static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
     char name[96];
     float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 0.1f), *bias = hrand(OC, 1);
     float *dout = hrand((size_t)N * OC, 1);
-    float *ginp = dcopy_off(inp, (size_t)N * C, off), *gw = dcopy_off(w, (size_t)OC * C, off);
+    float *ginp = dcopy_act_off(inp, (size_t)N * C, off), *gw = dcopy_off(w, (size_t)OC * C, off);
     float *gbias = dcopy_off(bias, OC, off), *gdout = dcopy_off(dout, (size_t)N * OC, off);
     float *out = hrand((size_t)N * OC, 1), *gout = dcopy_off(out, (size_t)N * OC, off);
     KC->matmul_forward(out, inp, w, with_bias ? bias : NULL, N, C, OC);
@@ -281,6 +362,35 @@ static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
     }
 }
 
+/* [a] storage: act_bytes is 4 on the CPU, 2 on CUDA exactly under
+ * LLMTRAIN_CUDA_MATMUL=bf16. Under bf16, a product's [a] input goes to the
+ * bf16 GEMM as it is: matmul_forward and matmul_backward's dw equal the CPU's
+ * on the operands rounded to bf16 up to the fp32 summation order (1e-4),
+ * which fails if the bf16 words were converted again or read as fp32. */
+static void test_act_storage(int bf16_mode) {
+    int ok = KC->act_bytes == 4 && KG->act_bytes == (bf16_mode ? 2 : 4);
+    printf("%s act_bytes: cpu %d, cuda %d (expected %d under this LLMTRAIN_CUDA_MATMUL)\n", ok ? "ok  " : "FAIL",
+           KC->act_bytes, KG->act_bytes, bf16_mode ? 2 : 4);
+    if (ok) pass++; else fail++;
+    if (!bf16_mode) return;
+    int N = 96, C = 136, OC = 72;
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *inp = hrand(nx, 1), *w = hrand(nw, 0.1f), *dout = hrand(no, 1);
+    float *out = hrand(no, 1), *dw = hrand(nw, 1);
+    float *ginp = dcopy_act(inp, nx), *gw = dcopy(w, nw), *gdout = dcopy(dout, no), *gout = dcopy(out, no);
+    float *gdw = dcopy(dw, nw);
+    for (size_t i = 0; i < nx; i++) inp[i] = bf16_val(bf16_rn(inp[i]));
+    for (size_t i = 0; i < nw; i++) w[i] = bf16_val(bf16_rn(w[i]));
+    for (size_t i = 0; i < no; i++) dout[i] = bf16_val(bf16_rn(dout[i]));
+    KC->matmul_forward(out, inp, w, NULL, N, C, OC);
+    KG->matmul_forward(gout, ginp, gw, NULL, N, C, OC);
+    check("matmul_fwd bf16 [a] = cpu on rounded", out, gout, no, TOL_FP32MM);
+    KC->matmul_backward(NULL, dw, NULL, dout, inp, w, N, C, OC);
+    KG->matmul_backward(NULL, gdw, NULL, gdout, ginp, gw, N, C, OC);
+    check("matmul_bwd dw bf16 [a] = cpu on rounded", dw, gdw, nw, TOL_FP32MM);
+    free(inp); free(w); free(dout); free(out); free(dw);
+}
+
 /* matmul_gelu_forward against the CPU's matmul + gelu; fused: whether this
  * shape should take cuBLASLt's GELU epilogue (C, OC multiples of 8 and
  * aligned operands) in the default TF32 mode, checked with the backend's
@@ -289,9 +399,9 @@ static void test_matmul_gelu_case(int N, int C, int OC, int off, int with_bias, 
     char name[96];
     size_t n = (size_t)N * OC;
     float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 0.3f), *bias = hrand(OC, 1);
-    float *ginp = dcopy_off(inp, (size_t)N * C, off), *gw = dcopy_off(w, (size_t)OC * C, off);
+    float *ginp = dcopy_act_off(inp, (size_t)N * C, off), *gw = dcopy_off(w, (size_t)OC * C, off);
     float *gbias = dcopy_off(bias, OC, off);
-    float *pre = hrand(n, 1), *out = hrand(n, 1), *gpre = dcopy_off(pre, n, off), *gout = dcopy_off(out, n, off);
+    float *pre = hrand(n, 1), *out = hrand(n, 1), *gpre = dcopy_off(pre, n, off), *gout = dcopy_act_off(out, n, off);
     long f0 = kernels_cuda_fused_gelu_calls();
     KC->matmul_gelu_forward(out, pre, inp, w, with_bias ? bias : NULL, N, C, OC);
     KG->matmul_gelu_forward(gout, gpre, ginp, gw, with_bias ? gbias : NULL, N, C, OC);
@@ -300,7 +410,7 @@ static void test_matmul_gelu_case(int N, int C, int OC, int off, int with_bias, 
     check(name, pre, gpre, n, tol_mm);
     snprintf(name, sizeof name, "matmul_gelu out %dx%dx%d%s (%s)", N, C, OC, with_bias ? " +bias" : "",
              did ? "fused" : "unfused");
-    check(name, out, gout, n, tol_mm);
+    check_act(name, out, gout, n, tol_mm);
     if (fused && tol_mm == TOL_TF32) {
         printf("%s matmul_gelu %dx%dx%d takes the GELU epilogue: %s\n", did ? "ok  " : "FAIL", N, C, OC, did ? "yes" : "no");
         if (did) pass++; else fail++;
@@ -321,7 +431,7 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
     size_t np = (size_t)N * C * (swiglu ? 2 : 1), nc = (size_t)N * C, nw = (size_t)OC * C;
     float *dout = hrand((size_t)N * OC, 1), *inp = hrand(nc, 1), *w = hrand(nw, 0.1f), *pre = hrand(np, 2);
     float *dpre = hrand(np, 100), *dw = hrand(nw, 1), *db = hrand(OC, 1);
-    float *gdout = dcopy_off(dout, (size_t)N * OC, off), *ginp = dcopy_off(inp, nc, off);
+    float *gdout = dcopy_off(dout, (size_t)N * OC, off), *ginp = dcopy_act_off(inp, nc, off);
     float *gw = dcopy_off(w, nw, off), *gpre = dcopy_off(pre, np, off), *gdpre = dcopy_off(dpre, np, off);
     float *gdw = dcopy_off(dw, nw, off), *gdb = dcopy_off(db, OC, off);
     long f0 = kernels_cuda_fused_dgelu_calls();
@@ -369,13 +479,15 @@ static void test_gelu_epilogue_variant(void) {
     for (size_t i = 0; i < n; i++) x[i] = (float)((int)(i % 321) - 160) / 32.0f;
     for (int i = 0; i < C * C; i++) w[i] = i / C == i % C ? 1.0f : 0.0f;
     for (int i = 0; i < C; i++) zero[i] = 0.0f;
-    float *gx = dcopy(x, n), *gw = dcopy(w, (size_t)C * C), *gz = dcopy(zero, C);
-    float *gpre = dcopy(x, n), *gout = dcopy(x, n);
+    float *gx = dcopy_act(x, n), *gw = dcopy(w, (size_t)C * C), *gz = dcopy(zero, C);
+    float *gpre = dcopy(x, n), *gout = dcopy_act(x, n);
     long f0 = kernels_cuda_fused_gelu_calls();
     KG->matmul_gelu_forward(gout, gpre, gx, gw, gz, N, C, C);
     int did = kernels_cuda_fused_gelu_calls() > f0;
     size_t bad = bits_differ(x, gpre, n);
-    KG->to_host(out, gout, n * sizeof(float));
+    float *ho = act_to_host(gout, n);
+    memcpy(out, ho, n * sizeof(float));
+    free(ho);
     double se_tanh = 0, se_erf = 0;
     for (size_t i = 0; i < n; i++) {
         double v = x[i];
@@ -405,10 +517,10 @@ static void test_dgelu_epilogue_variant(void) {
     float *one = malloc_check(n * sizeof(float)), *d = malloc_check(n * sizeof(float));
     for (size_t i = 0; i < n; i++) x[i] = (float)((int)(i % 321) - 160) / 32.0f, one[i] = 1.0f;
     for (int i = 0; i < C * C; i++) w[i] = i / C == i % C ? 1.0f : 0.0f;
-    float *gx = dcopy(x, n), *gw = dcopy(w, (size_t)C * C), *gone = dcopy(one, n), *gd = dcopy(one, n);
-    float *gdw = dcopy(w, (size_t)C * C);
+    float *gx = dcopy_act(x, n), *gw = dcopy(w, (size_t)C * C), *gone = dcopy(one, n), *gd = dcopy(one, n);
+    float *gdw = dcopy(w, (size_t)C * C), *gpre = dcopy(x, n);
     long f0 = kernels_cuda_fused_dgelu_calls();
-    KG->matmul_gelu_backward(gd, gdw, NULL, gone, gx, gw, gx, N, C, C);
+    KG->matmul_gelu_backward(gd, gdw, NULL, gone, gx, gw, gpre, N, C, C);
     int did = kernels_cuda_fused_dgelu_calls() > f0;
     KG->to_host(d, gd, n * sizeof(float));
     double se_tanh = 0, se_erf = 0;
@@ -445,12 +557,12 @@ static void test_attention_case(const char *mode, int B, int T, int nh, int nkv,
     float *qkv = hrand(nqkv, 1), *dout = hrand(nout, 1);
     float *gqkv = dcopy(qkv, nqkv), *gdout = dcopy(dout, nout);
     float *out = hrand(nout, 1), *lse = hrand(nlse, 1);
-    float *gout = dcopy(out, nout), *glse = dcopy(lse, nlse);
+    float *gout = dcopy_act(out, nout), *glse = dcopy(lse, nlse);
     long calls0 = kernels_cuda_flash_attention_calls();
     KC->attention_forward(out, lse, qkv, B, T, nh, nkv, hd);
     KG->attention_forward(gout, glse, gqkv, B, T, nh, nkv, hd);
     snprintf(name, sizeof name, "attention_fwd out %s", shape);
-    check(name, out, gout, nout, tol);
+    check_act(name, out, gout, nout, tol);
     snprintf(name, sizeof name, "attention_fwd lse %s", shape);
     check(name, lse, glse, nlse, tol);
     float *dqkv = hrand(nqkv, 1), *gdqkv = dcopy(dqkv, nqkv), *gdqkv2 = flash ? dcopy(dqkv, nqkv) : NULL;
@@ -572,9 +684,11 @@ static void test_pointwise(void) {
     KC->gelu_backward(di, x, d, 2 * n);
     KG->gelu_backward(gdi, gx, gd, 2 * n);
     check("gelu_backward", di, gdi, 2 * n, TOL_F32);
+    float *gso = dcopy_act(o, n); /* out is [a] */
     KC->swiglu_forward(o, x, N, F);
-    KG->swiglu_forward(go, gx, N, F);
-    check("swiglu_forward", o, go, n, TOL_F32);
+    KG->swiglu_forward(gso, gx, N, F);
+    check_act_rn("swiglu_forward", o, gso, n);
+    KG->from_host(go, o, 2 * n * sizeof(float)); /* the fp32 checks below start from the CPU's values */
     KC->swiglu_backward(di, x, d, N, F);
     KG->swiglu_backward(gdi, gx, gd, N, F);
     check("swiglu_backward", di, gdi, 2 * n, TOL_F32);
@@ -753,6 +867,7 @@ int main(void) {
     test_embed_det(2, 1024, 768, 50304, 25152, 25152); /* its second half under tp 2 */
     test_norms();
     test_add_norms();
+    test_act_storage(tol_mm == TOL_BF16);
     test_matmul_case(64, 128, 96, 0, 1);
     test_matmul_case(100, 72, 130, 0, 1);
     test_matmul_case(37, 50, 29, 1, 1); /* odd sizes, 4-byte aligned operands */
