@@ -836,12 +836,28 @@ __global__ void to_bf16_k(__nv_bfloat16 *dst, const float *src, size_t n) {
     GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+__global__ void to_f32_k(float *dst, const __nv_bfloat16 *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
+}
+
+/* n floats to n bf16 at dst (to nearest even), and back */
+static void to_bf16(void *dst, const float *src, size_t n) {
+    if (!n) return;
+    to_bf16_k<<<grid_for(n, 256), 256>>>((__nv_bfloat16 *)dst, src, n);
+    LAUNCH_CHECK();
+}
+
+static void to_f32(float *dst, const void *src, size_t n) {
+    if (!n) return;
+    to_f32_k<<<grid_for(n, 256), 256>>>(dst, (const __nv_bfloat16 *)src, n);
+    LAUNCH_CHECK();
+}
+
 static Scratch sc_bf16_a, sc_bf16_b;
 
 static const void *bf16_copy(Scratch *s, const float *x, size_t n) {
-    __nv_bfloat16 *d = (__nv_bfloat16 *)scratch_get(s, n * sizeof(__nv_bfloat16));
-    to_bf16_k<<<grid_for(n, 256), 256>>>(d, x, n);
-    LAUNCH_CHECK();
+    void *d = scratch_get(s, n * sizeof(__nv_bfloat16));
+    to_bf16(d, x, n);
     return d;
 }
 
@@ -1814,7 +1830,8 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
 // ---- bf16 tensor-core flash attention region: begin ----
 /* The fused attention under LLMTRAIN_CUDA_MATMUL=bf16 on sm_80 and newer:
  * flash-attention-2 style kernels on mma.sync.m16n8k16 (bf16 operands, fp32
- * accumulation), fp32 in and out like the kernels above. Each global tile is
+ * accumulation), with fp32 qkv, dout and dqkv like the kernels above; out, an
+ * [a] buffer, is bf16 (these run under bf16 only). Each global tile is
  * read as fp32 and stored once to shared memory as bf16 words, row-major
  * [row][d] (two values per 32-bit word, rows padded by 4 words so that the
  * 8 rows of a fragment or ldmatrix load fall in 8 different bank quads); B
@@ -2376,16 +2393,6 @@ extern "C" long kernels_cuda_flash_attention_calls(void) { return flash_calls; }
  * that run write or read fp32 (the GEMM path, the TF32 / fp32 fused kernels) */
 static Scratch sc_att32;
 
-__global__ void to_f32_k(float *dst, const __nv_bfloat16 *src, size_t n) {
-    GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
-}
-
-static void to_bf16(float *dst, const float *src, size_t n) {
-    if (!n) return;
-    to_bf16_k<<<grid_for(n, 256), 256>>>(ACT16(dst), src, n);
-    LAUNCH_CHECK();
-}
-
 static void attention_forward_gemm(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -2457,10 +2464,7 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
     if (act_bf16()) {
         const size_t n = (size_t)B * T * nh * hd;
         float *o32 = (float *)scratch_get(&sc_att32, n * sizeof(float));
-        if (n) {
-            to_f32_k<<<grid_for(n, 256), 256>>>(o32, CACT16(out), n);
-            LAUNCH_CHECK();
-        }
+        to_f32(o32, out, n);
         o = o32;
     }
     if (flash && !fl_bf16() && flash_attention_backward(dqkv, dout, qkv, o, lse, B, T, nh, nkv, hd)) {

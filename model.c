@@ -205,7 +205,8 @@ static int buf_kept(const Model *m, const ActBuf *b) { return (b->kept >> m->act
 static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 /* floats that n elements of an [a] buffer take */
 static size_t act_floats(const Model *m, size_t n) { return (n * (size_t)m->act_bytes + sizeof(float) - 1) / sizeof(float); }
-static size_t buf_floats(const Model *m, const ActBuf *b) { return b->act ? act_floats(m, b->n) : b->n; }
+static size_t buf_bytes(const Model *m, const ActBuf *b) { return b->n * (b->act ? (size_t)m->act_bytes : sizeof(float)); }
+static size_t buf_floats(const Model *m, const ActBuf *b) { return (buf_bytes(m, b) + sizeof(float) - 1) / sizeof(float); }
 /* element i of an [a] buffer */
 static float *act_at(const Model *m, float *base, size_t i) { return (float *)((char *)base + i * (size_t)m->act_bytes); }
 
@@ -279,7 +280,7 @@ static void offload_layer(Model *m, int l, int to_host) {
     float *h = m->offload_host + (size_t)l * m->offload_layer_floats;
     for (int i = 0; i < nb; i++)
         if (buf_kept(m, &b[i])) {
-            m->k->offload_copy(h, *b[i].ptr, b[i].act ? b[i].n * (size_t)m->act_bytes : b[i].n * sizeof(float), to_host);
+            m->k->offload_copy(h, *b[i].ptr, buf_bytes(m, &b[i]), to_host);
             h += round16(buf_floats(m, &b[i]));
         }
 }
