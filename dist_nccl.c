@@ -1,5 +1,6 @@
-/* dist_nccl.c — the DistDevComm of the CUDA backend: float32 collectives on
- * device memory through NCCL.
+/* dist_nccl.c — the DistDevComm of the CUDA backend: float32 collectives
+ * (and the bf16 all-gather of the working weights) on device memory through
+ * NCCL.
  *
  * Communicators: one per process group with more than one member, created
  * at start in the same order on every rank (dp, shard, replicate, tp): the
@@ -153,19 +154,19 @@ static void drain(DistNccl *x) {
 }
 
 static const char *op_name(int op) {
-    return op == DIST_OP_ALLGATHER ? "ncclAllGather" : op == DIST_OP_REDUCE_SCATTER ? "ncclReduceScatter" : "ncclAllReduce";
+    return op == DIST_OP_ALLGATHER || op == DIST_OP_ALLGATHER_BF16 ? "ncclAllGather" : op == DIST_OP_REDUCE_SCATTER ? "ncclReduceScatter" : "ncclAllReduce";
 }
 
 /* Queue collective op on group g's communicator after the compute stream's
  * work so far (lock held). parallel.c's in-place reduce-scatter (recv ==
  * send) leaves the result at send[0, n); NCCL's in-place form leaves it at
  * send + rank * n, so it is moved after. */
-static void enqueue(DistNccl *x, int op, int g, const float *send, float *recv, size_t n) {
+static void enqueue(DistNccl *x, int op, int g, const void *send, void *recv, size_t n) {
     ncclComm_t c = x->comm[g];
     if (!c) die(EXIT_INTERNAL, "NCCL: %s on the %s group, which has one member", op_name(op), group_name[g]);
     CU(cudaEventRecord(x->ready, x->compute));
     CU(cudaStreamWaitEvent(x->stream, x->ready, 0));
-    float *moved = NULL;
+    void *moved = NULL;
     ncclResult_t r;
     switch (op) {
     case DIST_OP_ALLREDUCE_SUM:
@@ -173,12 +174,13 @@ static void enqueue(DistNccl *x, int op, int g, const float *send, float *recv, 
         r = ncclAllReduce(send, recv, n, ncclFloat32, op == DIST_OP_ALLREDUCE_MAX ? ncclMax : ncclSum, c, x->stream);
         break;
     case DIST_OP_ALLGATHER:
-        r = ncclAllGather(send, recv, n, ncclFloat32, c, x->stream);
+    case DIST_OP_ALLGATHER_BF16:
+        r = ncclAllGather(send, recv, n, op == DIST_OP_ALLGATHER_BF16 ? ncclBfloat16 : ncclFloat32, c, x->stream);
         break;
     case DIST_OP_REDUCE_SCATTER:
         if (recv == send && x->rank[g] > 0) {
             moved = recv;
-            recv += (size_t)x->rank[g] * n;
+            recv = (float *)recv + (size_t)x->rank[g] * n;
         }
         r = ncclReduceScatter(send, recv, n, ncclFloat32, ncclSum, c, x->stream);
         break;
@@ -191,7 +193,7 @@ static void enqueue(DistNccl *x, int op, int g, const float *send, float *recv, 
     if (moved) CU(cudaMemcpyAsync(moved, recv, n * sizeof(float), cudaMemcpyDeviceToDevice, x->stream));
 }
 
-static void nccl_start(void *ctx, int h, int op, int g, const float *send, float *recv, size_t n) {
+static void nccl_start(void *ctx, int h, int op, int g, const void *send, void *recv, size_t n) {
     DistNccl *x = ctx;
     nccl_lock(x);
     if (h >= x->n_done) {
@@ -226,9 +228,9 @@ static int nccl_test(void *ctx, int h) {
     return e == cudaSuccess;
 }
 
-static void nccl_copy(void *ctx, float *dst, const float *src, size_t n) {
+static void nccl_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     DistNccl *x = ctx;
-    CU(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, x->compute));
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, x->compute));
 }
 
 /* Health check: seconds per all-reduce of n floats (device memory) on group

@@ -2663,6 +2663,26 @@ static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, ui
     LAUNCH_CHECK();
 }
 
+__global__ void pack_bf16_k(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
+    GRID_STRIDE(i, n) dst[i] = (uint16_t)(round_bf16_word(__float_as_uint(src[i]), seed, index0 + i) >> 16);
+}
+
+static void pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
+    if (!n) return;
+    pack_bf16_k<<<grid_for(n, 256), 256>>>(dst, src, n, seed, index0);
+    LAUNCH_CHECK();
+}
+
+__global__ void unpack_bf16_k(float *dst, const uint16_t *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = __uint_as_float((uint32_t)src[i] << 16);
+}
+
+static void unpack_bf16(float *dst, const uint16_t *src, size_t n) {
+    if (!n) return;
+    unpack_bf16_k<<<grid_for(n, 256), 256>>>(dst, src, n);
+    LAUNCH_CHECK();
+}
+
 // ----------------------------------------------------------------------------
 // loss: one block per row of logits
 
@@ -3073,6 +3093,8 @@ static Kernels cuda_kernels = {
     /* .adamw = */ adamw,
     /* .adamw_multi = */ adamw_multi,
     /* .round_bf16 = */ round_bf16,
+    /* .pack_bf16 = */ pack_bf16,
+    /* .unpack_bf16 = */ unpack_bf16,
     /* .host_alloc = */ cu_host_alloc,
     /* .host_free = */ cu_host_free,
     /* .offload_copy = */ cu_offload_copy,

@@ -191,6 +191,13 @@ typedef struct Kernels {
      * i), the same on every backend (round_bf16_word below). NaN stays NaN,
      * infinities stay. */
     void (*round_bf16)(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0);
+    /* The same rounding stored as bf16 words: dst[i] is the high half of
+     * round_bf16's result for src[i] (the sharded working weights that the
+     * FSDP all-gathers send under train.param_dtype bf16). unpack_bf16:
+     * dst[i] = the fp32 value of bf16 word src[i], exactly (its low 16 bits
+     * zero). So unpack(pack(x)) is round_bf16(x), bit for bit. */
+    void (*pack_bf16)(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0);
+    void (*unpack_bf16)(float *dst, const uint16_t *src, size_t n);
 
     /* ---- activation offload (train.activation_offload) ----
      * host_alloc: zero-filled host memory for the copies (page-locked on

@@ -842,6 +842,23 @@ static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, ui
     }
 }
 
+static void pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], 4);
+        dst[i] = (uint16_t)(round_bf16_word(u, seed, index0 + i) >> 16);
+    }
+}
+
+static void unpack_bf16(float *dst, const uint16_t *src, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, 4);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // the table
 
@@ -891,6 +908,8 @@ static const Kernels cpu_kernels = {
     .adamw = adamw,
     .adamw_multi = adamw_multi,
     .round_bf16 = round_bf16,
+    .pack_bf16 = pack_bf16,
+    .unpack_bf16 = unpack_bf16,
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
     .offload_copy = cpu_offload_copy,

@@ -55,7 +55,7 @@ typedef struct Trainer {
     AdamWRange *opt_ranges;    /* what AdamW updates (opt_ranges_build) */
     uint64_t *opt_elem0;       /* per range: (tensor index << 40) + its first element in the tensor */
     int n_opt_ranges;
-    float *wshard;             /* train.param_dtype bf16, sharded: the bf16-rounded shard the gathers read */
+    uint16_t *wshard;          /* train.param_dtype bf16, sharded: the working-weight shard as bf16 words, what the gathers send */
     double train_time;         /* seconds spent in steps, for the ETA */
     int timed_steps;
     uint64_t sample_rng;
@@ -77,6 +77,8 @@ typedef struct Trainer {
     int n_pslots, n_gslots;
     int *pslot, *gslot;        /* [n_chunks] slot a chunk holds, -1: none */
     int *ag_req, *rs_req;      /* [n_chunks] non-blocking all-gather / reduce-scatter handle, -1: none */
+    uint16_t **pstage;         /* [n_pslots] under bf16 working weights: where a slot's bf16 gather lands */
+    int *ag_unpack;            /* [n_chunks] 1: its bf16 gather is to be widened into its slot when it is ready */
     int *rs_state;             /* [n_chunks] 0: no reduce-scatter; 1: one in flight into gshard, 2: in place (added at the wait) */
     int in_step, micro, head_fwd; /* inside a step's forward/backward; micro-batch; inside the final chunk's forward */
     int fwd_only;              /* eval / sample forwards: the hook gathers each chunk for its forward only */
@@ -154,21 +156,6 @@ static void opt_ranges_build(Trainer *t) {
     }
 }
 
-/* train.param_dtype bf16: the fp32 master weights (sharded: the master
- * shards; else a full copy of its own) are what AdamW updates and what
- * checkpoints hold; the working weights the model reads are their rounding
- * to bf16 precision (sharded: into wshard, which the gathers read). */
-static void setup_bf16(Trainer *t) {
-    if (t->cfg.param_dtype != 1) return;
-    Model *m = &t->model;
-    if (t->sharded) {
-        t->wshard = t->k->alloc(t->n_shard * sizeof(float));
-    } else {
-        t->master = t->k->alloc(m->n_params * sizeof(float));
-        t->k->copy(t->master, m->params, m->n_params * sizeof(float));
-    }
-}
-
 /* Round the master weights into the working copy after `steps_done` steps
  * (also after a skipped step and at a resume, so the stochastic draws, keyed
  * by (init.seed, steps_done, tensor, element), are the same for a resumed
@@ -178,10 +165,10 @@ static void refresh_working(Trainer *t, int steps_done) {
     if (c->param_dtype != 1) return;
     uint64_t seed = 0;
     if (c->stochastic_rounding) seed = splitmix64(c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)steps_done) | 1; /* never 0 (nearest) */
-    float *dst = t->sharded ? t->wshard : t->model.params;
     for (int i = 0; i < t->n_opt_ranges; i++) {
         const AdamWRange *r = &t->opt_ranges[i];
-        t->k->round_bf16(dst + r->offset, t->master + r->offset, r->n, seed, t->opt_elem0[i]);
+        if (t->sharded) t->k->pack_bf16(t->wshard + r->offset, t->master + r->offset, r->n, seed, t->opt_elem0[i]);
+        else t->k->round_bf16(t->model.params + r->offset, t->master + r->offset, r->n, seed, t->opt_elem0[i]);
     }
 }
 
@@ -199,16 +186,21 @@ static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
 /* Outside a step (debug.dump): all-gather every chunk
  * into a temporary full-size array that the model reads with the chunk
  * hooks idle; free_full_params gives it back. */
-/* What the working-weight gathers read: the master shards, or their bf16 rounding. */
-static const float *gather_src(const Trainer *t) { return t->wshard ? t->wshard : t->master; }
-
 static void gather_params(Trainer *t) {
     Model *m = &t->model;
     if (!t->full) t->full = t->k->alloc(m->n_params * sizeof(float));
-    t->full_peak = fmax(t->full_peak, (double)m->n_params * sizeof(float));
+    /* bf16 working weights: gathered as bf16 words, then widened */
+    uint16_t *w16 = t->wshard ? t->k->alloc(m->n_params * sizeof(uint16_t)) : NULL;
+    t->full_peak = fmax(t->full_peak, (double)m->n_params * (sizeof(float) + (w16 ? sizeof(uint16_t) : 0)));
     for (int c = 0; c < m->n_chunks; c++) {
-        dist_shard_allgather_f32(&t->dist, gather_src(t) + t->shard_off[c], t->full + m->chunk_offset[c], shard_len(t, c));
-        m->chunk_params[c] = t->full + m->chunk_offset[c];
+        size_t o = t->shard_off[c], co = m->chunk_offset[c];
+        if (w16) dist_shard_allgather_bf16(&t->dist, t->wshard + o, w16 + co, shard_len(t, c));
+        else dist_shard_allgather_f32(&t->dist, t->master + o, t->full + co, shard_len(t, c));
+        m->chunk_params[c] = t->full + co;
+    }
+    if (w16) {
+        t->k->unpack_bf16(t->full, w16, m->n_params);
+        t->k->free(w16);
     }
     m->params = t->full;
 }
@@ -254,10 +246,11 @@ static double pool_bytes(const Trainer *t, int grads) {
 }
 
 /* Bytes of the working weights the model reads: sharded, the pooled chunk
- * buffers (+ wshard under bf16 params; `shard` = its bytes); else the full
- * params. */
+ * buffers (under bf16 params + their bf16 stages + wshard, half of `shard`,
+ * the fp32 shard's bytes); else the full params. */
 static double params_bytes(const Trainer *t, double shard) {
-    return t->sharded ? pool_bytes(t, 0) + (t->cfg.param_dtype == 1 ? shard : 0) : (double)t->model.n_params * sizeof(float);
+    if (!t->sharded) return (double)t->model.n_params * sizeof(float);
+    return pool_bytes(t, 0) * (t->cfg.param_dtype == 1 ? 1.5 : 1.0) + (t->cfg.param_dtype == 1 ? shard / 2 : 0);
 }
 
 static int slot_take(const Trainer *t, int *owner, int n_slots, int c) {
@@ -277,19 +270,30 @@ static void chunk_fetch(Trainer *t, int c) {
     if (i < 0) die(EXIT_INTERNAL, "sharded step: no free working-weight buffer for chunk %d", c);
     t->pslot[c] = i;
     m->chunk_params[c] = t->pbuf[i];
-    t->ag_req[c] = dist_shard_iallgather_f32(&t->dist, gather_src(t) + t->shard_off[c], t->pbuf[i], shard_len(t, c));
+    size_t o = t->shard_off[c];
+    if (t->wshard) { /* bf16 words into the slot's stage, widened at chunk_ready */
+        t->ag_req[c] = dist_shard_iallgather_bf16(&t->dist, t->wshard + o, t->pstage[i], shard_len(t, c));
+        t->ag_unpack[c] = 1;
+    } else {
+        t->ag_req[c] = dist_shard_iallgather_f32(&t->dist, t->master + o, t->pbuf[i], shard_len(t, c));
+    }
 }
 
 static void chunk_ready(Trainer *t, int c) {
     chunk_fetch(t, c);
     dist_wait(&t->dist, t->ag_req[c]);
     t->ag_req[c] = -1;
+    if (t->ag_unpack[c]) {
+        t->k->unpack_bf16(t->pbuf[t->pslot[c]], t->pstage[t->pslot[c]], t->model.chunk_size[c]);
+        t->ag_unpack[c] = 0;
+    }
 }
 
 static void chunk_release(Trainer *t, int c) {
     if (t->pslot[c] < 0) return;
     dist_wait(&t->dist, t->ag_req[c]);
     t->ag_req[c] = -1;
+    t->ag_unpack[c] = 0;
     t->powner[t->pslot[c]] = -1;
     t->pslot[c] = -1;
     t->model.chunk_params[c] = NULL;
@@ -440,12 +444,33 @@ static void setup_shards(Trainer *t) {
     t->gowner = malloc_check((size_t)t->n_gslots * sizeof(int));
     for (int i = 0; i < t->n_pslots; i++) { t->pbuf[i] = k->alloc(slot_floats(t, i) * sizeof(float)); t->powner[i] = -1; }
     for (int i = 0; i < t->n_gslots; i++) { t->gbuf[i] = k->alloc(slot_floats(t, i) * sizeof(float)); t->gowner[i] = -1; }
-    int *st = malloc_check(5 * (size_t)n * sizeof(int));
+    int *st = malloc_check(6 * (size_t)n * sizeof(int));
     t->pslot = st; t->gslot = st + n; t->ag_req = st + 2 * n; t->rs_req = st + 3 * n; t->rs_state = st + 4 * n;
+    t->ag_unpack = st + 5 * n;
     for (int i = 0; i < 4 * n; i++) st[i] = -1;
-    for (int i = 4 * n; i < 5 * n; i++) st[i] = 0;
+    for (int i = 4 * n; i < 6 * n; i++) st[i] = 0;
     m->comm.hook_ctx = t;
     m->comm.chunk = chunk_hook;
+}
+
+/* train.param_dtype bf16: the fp32 master weights (sharded: the master
+ * shards; else a full copy of its own) are what AdamW updates and what
+ * checkpoints hold; the working weights the model reads are their rounding
+ * to bf16 precision. Sharded, the rounding is kept as bf16 words (wshard),
+ * so the all-gathers move 2 bytes a weight, as FSDP's param_dtype bf16 does;
+ * a gathered chunk lands in its slot's stage and is widened to fp32 words
+ * (exactly) when the chunk is ready. */
+static void setup_bf16(Trainer *t) {
+    if (t->cfg.param_dtype != 1) return;
+    Model *m = &t->model;
+    if (t->sharded) {
+        t->wshard = t->k->alloc(t->n_shard * sizeof(uint16_t));
+        t->pstage = calloc_check((size_t)t->n_pslots, sizeof(uint16_t *));
+        for (int i = 0; i < t->n_pslots; i++) t->pstage[i] = t->k->alloc(slot_floats(t, i) * sizeof(uint16_t));
+    } else {
+        t->master = t->k->alloc(m->n_params * sizeof(float));
+        t->k->copy(t->master, m->params, m->n_params * sizeof(float));
+    }
 }
 
 /* ------------------------------------------------------------------ */

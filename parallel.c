@@ -464,15 +464,17 @@ static void x_allreduce(Dist *d, Xc c, void *x, size_t n, int type, int op) {
     free(tmp);
 }
 
-/* Every member's n floats to every member's recv[size * n]. */
-static void x_allgather_f32(Dist *d, Xc c, const float *send, float *recv, size_t n) {
+/* Every member's n elements of es bytes (4: float32, 2: bf16 words) to
+ * every member's recv[size * n]. */
+static void x_allgather(Dist *d, Xc c, const void *send, void *recv, size_t n, size_t es) {
     if (d->use_mpi) {
+        MPI_Datatype t = es == 2 ? MPI_UINT16_T : MPI_FLOAT;
         watch_collective(d, "MPI_Allgather");
-        check(d, MPI_Allgather(send, count_of(n, "MPI_Allgather"), MPI_FLOAT, recv, (int)n, MPI_FLOAT, c.mpi), "MPI_Allgather");
+        check(d, MPI_Allgather(send, count_of(n, "MPI_Allgather"), t, recv, (int)n, t, c.mpi), "MPI_Allgather");
     } else {
         char why[1024];
         watch_collective(d, "TCP allgather");
-        tcp_check(d, c, rdzv_allgather(c.tcp, send, recv, n * sizeof(float), why, sizeof why), "TCP allgather", why);
+        tcp_check(d, c, rdzv_allgather(c.tcp, send, recv, n * es, why, sizeof why), "TCP allgather", why);
     }
     watch_collective(d, NULL);
 }
@@ -559,7 +561,7 @@ static int req_slot(Dist *d);
 
 /* Start device collective `op` on group g under handle h (taken from the
  * request table, named for the watchdog until dist_wait releases it). */
-static int dev_start(Dist *d, const char *name, int op, int g, const float *send, float *recv, size_t n) {
+static int dev_start(Dist *d, const char *name, int op, int g, const void *send, void *recv, size_t n) {
     int h = req_slot(d);
     watch_collective(d, name);
     d->dev->start(d->dev->ctx, h, op, g, send, recv, n);
@@ -570,15 +572,15 @@ static int dev_start(Dist *d, const char *name, int op, int g, const float *send
 
 /* A blocking float32 collective on device memory: started, and the
  * device's later work ordered after it. */
-static void dev_collective(Dist *d, const char *name, int op, int g, const float *send, float *recv, size_t n) {
+static void dev_collective(Dist *d, const char *name, int op, int g, const void *send, void *recv, size_t n) {
     dist_wait(d, dev_start(d, name, op, g, send, recv, n));
 }
 
 /* A one-member group's all-gather or reduce-scatter: a copy in backend memory. */
-static void copy_f32(Dist *d, float *recv, const float *send, size_t n) {
+static void copy_bytes(Dist *d, void *recv, const void *send, size_t bytes) {
     if (recv == send) return;
-    if (d->dev) d->dev->copy(d->dev->ctx, recv, send, n);
-    else memcpy(recv, send, n * sizeof(float));
+    if (d->dev) d->dev->copy(d->dev->ctx, recv, send, bytes);
+    else memcpy(recv, send, bytes);
 }
 
 void dist_attach_device(Dist *d, const DistDevComm *dev) {
@@ -773,21 +775,32 @@ void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
 
 void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) { gather_f32_in(d, DIST_GROUP_TP, d->tp, send, recv, n); }
 
-void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n) {
+/* Shard-group all-gather of n elements per member: float32 (op
+ * DIST_OP_ALLGATHER) or bf16 words (DIST_OP_ALLGATHER_BF16). */
+static void shard_allgather(Dist *d, int op, const void *send, void *recv, size_t n) {
     int S = d->shard_size;
+    size_t es = op == DIST_OP_ALLGATHER_BF16 ? 2 : sizeof(float);
     if (S == 1 || !d->groups) {
-        copy_f32(d, recv, send, n);
+        copy_bytes(d, recv, send, n * es);
         return;
     }
-    if (d->dev) dev_collective(d, "ncclAllGather", DIST_OP_ALLGATHER, DIST_GROUP_SHARD, send, recv, n);
-    else x_allgather_f32(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n);
-    d->bytes_allgather += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
+    if (d->dev) dev_collective(d, "ncclAllGather", op, DIST_GROUP_SHARD, send, recv, n);
+    else x_allgather(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n, es);
+    d->bytes_allgather += (double)(S - 1) / S * (double)S * (double)n * es;
+}
+
+void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n) {
+    shard_allgather(d, DIST_OP_ALLGATHER, send, recv, n);
+}
+
+void dist_shard_allgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n) {
+    shard_allgather(d, DIST_OP_ALLGATHER_BF16, send, recv, n);
 }
 
 void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
     int S = d->shard_size;
     if (S == 1 || !d->groups) {
-        copy_f32(d, recv, send, n);
+        copy_bytes(d, recv, send, n * sizeof(float));
         return;
     }
     if (d->dev) dev_collective(d, "ncclReduceScatter", DIST_OP_REDUCE_SCATTER, DIST_GROUP_SHARD, send, recv, n);
@@ -813,42 +826,52 @@ static int req_slot(Dist *d) {
     return first;
 }
 
-/* Start a shard-group all-gather (rs = 0) or reduce-scatter (rs = 1) of n
- * floats per member; a handle, or -1 when it is already done (a one-member
- * group's copy; over TCP, which has no non-blocking collectives, the
- * collective itself). */
-static int shard_istart(Dist *d, int rs, const float *send, float *recv, size_t n) {
-    int S = d->shard_size;
+/* Start a shard-group all-gather (op DIST_OP_ALLGATHER: floats,
+ * DIST_OP_ALLGATHER_BF16: bf16 words) or reduce-scatter
+ * (DIST_OP_REDUCE_SCATTER: floats) of n elements per member; a handle, or
+ * -1 when it is already done (a one-member group's copy; over TCP, which has
+ * no non-blocking collectives, the collective itself). */
+static int shard_istart(Dist *d, int op, const void *send, void *recv, size_t n) {
+    int S = d->shard_size, rs = op == DIST_OP_REDUCE_SCATTER;
+    size_t es = op == DIST_OP_ALLGATHER_BF16 ? 2 : sizeof(float);
     if (S == 1 || !d->groups) {
-        copy_f32(d, recv, send, n);
+        copy_bytes(d, recv, send, n * es);
         return -1;
     }
     int h;
     if (d->dev) {
-        h = dev_start(d, rs ? "ncclReduceScatter" : "ncclAllGather", rs ? DIST_OP_REDUCE_SCATTER : DIST_OP_ALLGATHER,
-                      DIST_GROUP_SHARD, send, recv, n);
+        h = dev_start(d, rs ? "ncclReduceScatter" : "ncclAllGather", op, DIST_GROUP_SHARD, send, recv, n);
     } else if (!d->use_mpi) {
         if (rs) x_reduce_scatter_f32(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n);
-        else x_allgather_f32(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n);
+        else x_allgather(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n, es);
         h = -1;
     } else {
         const char *name = rs ? "MPI_Ireduce_scatter_block" : "MPI_Iallgather";
+        MPI_Datatype t = es == 2 ? MPI_UINT16_T : MPI_FLOAT;
         int cnt = count_of(n, name);
         h = req_slot(d);
         MPI_Request *r = &d->groups->reqs[h];
         watch_collective(d, name);
-        check(d, rs ? MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, cnt, MPI_FLOAT, MPI_SUM, d->groups->shard, r)
-                    : MPI_Iallgather(send, cnt, MPI_FLOAT, recv, cnt, MPI_FLOAT, d->groups->shard, r), name);
+        check(d, rs ? MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, cnt, t, MPI_SUM, d->groups->shard, r)
+                    : MPI_Iallgather(send, cnt, t, recv, cnt, t, d->groups->shard, r), name);
         watch_collective(d, NULL);
         d->groups->req_name[h] = name;
     }
-    *(rs ? &d->bytes_reduce_scatter : &d->bytes_allgather) += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
+    *(rs ? &d->bytes_reduce_scatter : &d->bytes_allgather) += (double)(S - 1) / S * (double)S * (double)n * es;
     return h;
 }
 
-int dist_shard_iallgather_f32(Dist *d, const float *send, float *recv, size_t n) { return shard_istart(d, 0, send, recv, n); }
+int dist_shard_iallgather_f32(Dist *d, const float *send, float *recv, size_t n) {
+    return shard_istart(d, DIST_OP_ALLGATHER, send, recv, n);
+}
 
-int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) { return shard_istart(d, 1, send, recv, n); }
+int dist_shard_iallgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n) {
+    return shard_istart(d, DIST_OP_ALLGATHER_BF16, send, recv, n);
+}
+
+int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
+    return shard_istart(d, DIST_OP_REDUCE_SCATTER, send, recv, n);
+}
 
 void dist_wait(Dist *d, int h) {
     if (h < 0 || !d->groups) return;

@@ -5,23 +5,26 @@
 #ifndef LLMTRAIN_PARALLEL_H
 #define LLMTRAIN_PARALLEL_H
 #include <stddef.h>
+#include <stdint.h>
 
 /* The process groups of a layout (dist_setup_groups, dist_set_tp). */
 enum { DIST_GROUP_TP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_DP, DIST_N_GROUPS };
 
-/* Operations of a device communication library. */
-enum { DIST_OP_ALLREDUCE_SUM, DIST_OP_ALLREDUCE_MAX, DIST_OP_ALLGATHER, DIST_OP_REDUCE_SCATTER };
+/* Operations of a device communication library: on float32 elements, but
+ * DIST_OP_ALLGATHER_BF16 gathers 16-bit words (bf16; NCCL's ncclBfloat16). */
+enum { DIST_OP_ALLREDUCE_SUM, DIST_OP_ALLREDUCE_MAX, DIST_OP_ALLGATHER, DIST_OP_REDUCE_SCATTER, DIST_OP_ALLGATHER_BF16 };
 
-/* The float32 collectives on backend memory through the backend's own
- * library (the CUDA backend: NCCL, dist_nccl.c), attached with
- * dist_attach_device. Without one they run MPI on host memory; the
+/* The float32 collectives (and the bf16 all-gather) on backend memory
+ * through the backend's own library (the CUDA backend: NCCL, dist_nccl.c),
+ * attached with dist_attach_device. Without one they run MPI on host memory; the
  * float64, gather and broadcast collectives always do (their buffers are
  * host memory). Every operation is ordered after the backend work queued
  * before it was started. start(h, ...) begins one on a group with the
  * buffers and in-place rules of the dist_* call it serves; wait(h) orders
  * the backend's later work after it (it need not block the host); test(h)
  * says whether it has completed. Handles are small integers parallel.c
- * hands out. copy: a one-member group's copy in backend memory.
+ * hands out; n counts elements of the op's type. copy: a one-member
+ * group's copy of `bytes` in backend memory.
  * time_allreduce: seconds per all-reduce of n floats on a group (health
  * check), after `warmup` untimed ones. abort: called by the watchdog thread
  * before it exits (the main thread may be blocked on the device). close:
@@ -29,10 +32,10 @@ enum { DIST_OP_ALLREDUCE_SUM, DIST_OP_ALLREDUCE_MAX, DIST_OP_ALLGATHER, DIST_OP_
 typedef struct DistDevComm {
     void *ctx;
     const char *name; /* "NCCL 2.28.9" */
-    void (*start)(void *ctx, int h, int op, int group, const float *send, float *recv, size_t n);
+    void (*start)(void *ctx, int h, int op, int group, const void *send, void *recv, size_t n);
     void (*wait)(void *ctx, int h);
     int (*test)(void *ctx, int h);
-    void (*copy)(void *ctx, float *dst, const float *src, size_t n);
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
     double (*time_allreduce)(void *ctx, int group, size_t n, int warmup, int iters);
     void (*abort)(void *ctx);
     void (*close)(void *ctx);
@@ -109,6 +112,10 @@ void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n);
  * reduce-scatter with recv == send runs in place: the result lands in
  * send[0, n). */
 int dist_shard_iallgather_f32(Dist *d, const float *send, float *recv, size_t n);
+/* The same all-gathers of n bf16 words per member (2 bytes each, counted
+ * so): the working weights under train.param_dtype bf16. */
+void dist_shard_allgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n);
+int dist_shard_iallgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n);
 int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
 /* Complete and release a handle (-1: nothing); the watchdog names its
  * collective while waiting. dist_test only drives progress and says whether

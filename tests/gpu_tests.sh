@@ -25,7 +25,8 @@
 #      LLMTRAIN_CUDA_MATMUL=bf16 (the bf16 mma.sync attention kernels, the
 #      header must name them) within 3e-2.
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
-#      FULL_SHARD and tp 2 against the same jobs' 2-rank CPU runs (MPI):
+#      FULL_SHARD (also with bf16 working weights, gathered as bf16 words)
+#      and tp 2 against the same jobs' 2-rank CPU runs (MPI):
 #      loss / grad norm / val loss within the TF32 tolerance, the same
 #      comm_bytes per step, the header naming NCCL; auto picks cuda for 2
 #      ranks; a torchrun-style launch (no MPI: NCCL's ids over the TCP
@@ -246,12 +247,14 @@ sys.exit(0 if a == b and a else 1)
 PYEOF
 }
 if [ "${ngpu:-0}" -ge 2 ]; then
-    for case in noshard:NO_SHARD:1 fullshard:FULL_SHARD:1 tp2:NO_SHARD:2; do
-        IFS=: read -r name strat tp <<<"$case"
+    # fullshard-bf16: bf16 working weights, all-gathered as bf16 words (ncclBfloat16 against MPI_UINT16_T)
+    for case in noshard:NO_SHARD:1:fp32 fullshard:FULL_SHARD:1:fp32 fullshard-bf16:FULL_SHARD:1:bf16 tp2:NO_SHARD:2:fp32; do
+        IFS=: read -r name strat tp pdt <<<"$case"
         ok_runs=1
         for dev in cpu cuda; do
             if ! timeout 600 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=$dev --set parallel.strategy=$strat \
-                 --set parallel.tensor=$tp --set log.dir="$TMP/mr-$name-$dev" --set checkpoint.dir="$TMP/mr-$name-$dev/ckpt" \
+                 --set parallel.tensor=$tp --set train.param_dtype=$pdt \
+                 --set log.dir="$TMP/mr-$name-$dev" --set checkpoint.dir="$TMP/mr-$name-$dev/ckpt" \
                  >"$TMP/mr-$name-$dev.out" 2>&1; then
                 echo "FAIL 2 ranks $name train.device=$dev exited non-zero: $(grep -E 'llmtrain:|NCCL' "$TMP/mr-$name-$dev.out" | head -3)"
                 fail=$((fail + 1)); ok_runs=0

@@ -6,8 +6,10 @@
 # stochastic and nearest runs differ; a run killed and resumed is
 # bit-identical to an uninterrupted one (the draws are keyed by seed, step
 # and element, so a resume redraws the same), on 1 rank and FULL_SHARD 2;
-# FULL_SHARD 2 matches 1 rank within reduction order; stochastic rounding
-# without bf16 is one line and exit 2.
+# FULL_SHARD 2 matches 1 rank within reduction order; sharded, the
+# all-gathers move bf16 words (half the fp32 bytes) over MPI and TCP and
+# the gathered weights are the 1-rank ones; stochastic rounding without bf16
+# is one line and exit 2.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 5
@@ -74,6 +76,34 @@ done
 if $PY tests/compare_runs.py "$TMP/ref1" "$TMP/ref2" --steps 10 --loss-rtol 1e-4 --weight-rtol 1e-2; then
     ok "FULL_SHARD 2 with stochastic bf16 matches 1 rank (the draws do not depend on the sharding)"
 else bad "FULL_SHARD 2 vs 1 rank with stochastic bf16"; fi
+
+# sharded bf16 working weights travel as bf16 words: the all-gathers move
+# exactly half the fp32 run's bytes (the reduce-scatters are fp32 in both),
+# a torchrun-style launch (TCP collectives) gets the MPI run's trajectory,
+# and the gathered step-0 weights (debug.dump) are the 1-rank ones bit for bit
+run fs32 2 --set parallel.strategy=FULL_SHARD --set train.param_dtype=fp32 --set optim.stochastic_rounding=false
+if $PY - "$TMP/ref2/metrics.jsonl" "$TMP/fs32/metrics.jsonl" <<'PYEOF'
+import json, sys
+cb = lambda p: [d["comm_bytes"] for d in map(json.loads, open(p)) if "comm_bytes" in d]
+b, f = cb(sys.argv[1]), cb(sys.argv[2])
+ok = len(b) == len(f) == 10 and all(x["allgather"] > 0 and 2 * x["allgather"] == y["allgather"] and
+                                    x["reduce_scatter"] == y["reduce_scatter"] for x, y in zip(b, f))
+print(f"allgather per step bf16 {b[-1]['allgather']:.0f} fp32 {f[-1]['allgather']:.0f}; "
+      f"reduce_scatter {b[-1]['reduce_scatter']:.0f} {f[-1]['reduce_scatter']:.0f}")
+sys.exit(0 if ok else 1)
+PYEOF
+then ok "FULL_SHARD 2 bf16: all-gather bytes exactly half the fp32 run's every step, reduce-scatter the same"
+else bad "bf16 all-gather bytes"; fi
+trun tcp 2 $BIN "$TMP/job.json" --set parallel.strategy=FULL_SHARD --set log.dir="$TMP/tcp" >"$TMP/tcp.out" 2>&1
+export_run tcp
+if grep -q "^launch: torchrun-style" "$TMP/tcp.out" &&
+   $PY tests/compare_runs.py "$TMP/ref2" "$TMP/tcp" --steps 10 --loss-rtol 1e-4 --weight-rtol 1e-2; then
+    ok "FULL_SHARD 2 stochastic bf16 over the TCP rendezvous (bf16 words) matches the MPI run"
+else bad "torchrun-style FULL_SHARD bf16: $(grep -E 'launch|llmtrain:' "$TMP/tcp.out" | head -3)"; fi
+run dumpfs 2 --set train.steps=1 --set debug.dump="$TMP/dumpfs" --set checkpoint.every_steps=0 --set parallel.strategy=FULL_SHARD
+if cmp -s "$TMP/dump/params0/model.safetensors" "$TMP/dumpfs/params0/model.safetensors"; then
+    ok "FULL_SHARD 2: the step-0 working weights gathered as bf16 words equal the 1-rank ones bit for bit"
+else bad "FULL_SHARD 2 bf16 dump differs from 1 rank: $(ls "$TMP/dumpfs" 2>&1 | head -2)"; fi
 
 $BIN "$TMP/job.json" --set train.param_dtype=fp32 >"$TMP/bad.out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/bad.out")" -eq 1 ] && grep -q "optim.stochastic_rounding needs train.param_dtype" "$TMP/bad.out"; then

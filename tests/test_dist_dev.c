@@ -30,7 +30,7 @@ static int g_rank;
     } while (0)
 
 /* The fake: every call recorded. */
-typedef struct Call { char what; int h, op, group; const float *send; float *recv; size_t n; } Call;
+typedef struct Call { char what; int h, op, group; const void *send; void *recv; size_t n; } Call;
 static Call calls[64];
 static int n_calls, live[64], closed, timed[DIST_N_GROUPS];
 static char abort_path[512];
@@ -38,7 +38,7 @@ static char abort_path[512];
 static void rec(Call c) {
     if (n_calls < 64) calls[n_calls++] = c;
 }
-static void fk_start(void *ctx, int h, int op, int g, const float *send, float *recv, size_t n) {
+static void fk_start(void *ctx, int h, int op, int g, const void *send, void *recv, size_t n) {
     (void)ctx;
     if (h >= 0 && h < 64) live[h]++;
     rec((Call){'s', h, op, g, send, recv, n});
@@ -53,10 +53,10 @@ static int fk_test(void *ctx, int h) {
     rec((Call){'t', h, 0, 0, NULL, NULL, 0});
     return 1;
 }
-static void fk_copy(void *ctx, float *dst, const float *src, size_t n) {
+static void fk_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     (void)ctx;
-    memcpy(dst, src, n * sizeof(float));
-    rec((Call){'c', -1, 0, 0, src, dst, n});
+    memcpy(dst, src, bytes);
+    rec((Call){'c', -1, 0, 0, src, dst, bytes});
 }
 static double fk_time(void *ctx, int g, size_t n, int warmup, int iters) {
     (void)ctx; (void)n; (void)warmup; (void)iters;
@@ -126,6 +126,26 @@ static void routing(Dist *d, int tp, int S) {
     double ag = S > 1 ? (double)(S - 1) * n * sizeof(float) : 0;
     CHECK(d->bytes_allgather == ag && d->bytes_reduce_scatter == ag, "shard bytes %g %g, expected %g", d->bytes_allgather,
           d->bytes_reduce_scatter, ag);
+    /* bf16 words: the bf16 op on the same buffers, 2 bytes an element counted; a one-member group copies 2n bytes */
+    uint16_t x16[64], y16[64];
+    for (size_t i = 0; i < 64; i++) x16[i] = (uint16_t)(d->rank * 64 + i);
+    c0 = n_calls;
+    dist_shard_allgather_bf16(d, x16, y16, n);
+    if (S > 1) {
+        expect_blocking("dist_shard_allgather_bf16", c0, DIST_OP_ALLGATHER_BF16, DIST_GROUP_SHARD, x16, y16, n);
+        c0 = n_calls;
+        int hb = dist_shard_iallgather_bf16(d, x16, y16, n);
+        CHECK(hb >= 0 && n_calls == c0 + 1 && calls[c0].op == DIST_OP_ALLGATHER_BF16 && calls[c0].h == hb, "bf16 non-blocking start");
+        dist_wait(d, hb);
+    } else {
+        CHECK(n_calls == c0 + 1 && calls[c0].what == 'c' && calls[c0].recv == y16 && calls[c0].n == n * 2 &&
+                  memcmp(x16, y16, n * 2) == 0,
+              "one-member bf16 all-gather: not one device copy of 2n bytes");
+        CHECK(dist_shard_iallgather_bf16(d, x16, y16, n) == -1, "one-member bf16 all-gather: a handle");
+    }
+    CHECK(d->bytes_allgather == ag + 2 * (S > 1 ? (double)(S - 1) * n * 2 : 0), "bf16 all-gather bytes %g, expected %g",
+          d->bytes_allgather, ag + 2 * (S > 1 ? (double)(S - 1) * n * 2 : 0));
+    d->bytes_allgather = ag;
 
     /* non-blocking: started now, tested, waited later, handles reused */
     c0 = n_calls;

@@ -145,30 +145,32 @@ static int overlap(const void *a, size_t an, const void *b, size_t bn) {
     return x < y + bn && y < x + an;
 }
 /* a call while the communicator is in progress is a misuse NCCL forbids */
-static ncclResult_t begin(ncclComm_t c, ncclDataType_t t) {
+static ncclResult_t begin(ncclComm_t c, ncclDataType_t t, int bf16_ok) {
     if (c->pending) return ncclInvalidUsage;
-    if (t != ncclFloat32) return ncclInvalidArgument;
+    if (!(t == ncclFloat32 || (bf16_ok && t == ncclBfloat16))) return ncclInvalidArgument;
     tr('N');
     return ncclSuccess;
 }
 static ncclResult_t done(ncclComm_t c) { c->pending = 1; return ncclInProgress; }
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
-    ncclResult_t r = begin(c, t);
+    ncclResult_t r = begin(c, t, 0);
     if (r != ncclSuccess || !s || s->flags != cudaStreamNonBlocking) return r ? r : ncclInvalidArgument;
     if (send != recv && overlap(send, n * 4, recv, n * 4)) return ncclInvalidArgument;
     MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)n, MPI_FLOAT, op == ncclMax ? MPI_MAX : MPI_SUM, c->comm);
     return done(c);
 }
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t s) {
-    ncclResult_t r = begin(c, t);
+    ncclResult_t r = begin(c, t, 1);
     if (r != ncclSuccess || !s) return r ? r : ncclInvalidArgument;
-    int in_place = (const float *)send == (float *)recv + (size_t)c->rank * n;
-    if (!in_place && overlap(send, n * 4, recv, n * 4 * (size_t)c->size)) return ncclInvalidArgument;
-    MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, c->comm);
+    size_t es = t == ncclBfloat16 ? 2 : 4;
+    MPI_Datatype mt = t == ncclBfloat16 ? MPI_UINT16_T : MPI_FLOAT;
+    int in_place = (const char *)send == (char *)recv + (size_t)c->rank * n * es;
+    if (!in_place && overlap(send, n * es, recv, n * es * (size_t)c->size)) return ncclInvalidArgument;
+    MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)n, mt, recv, (int)n, mt, c->comm);
     return done(c);
 }
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
-    ncclResult_t r = begin(c, t);
+    ncclResult_t r = begin(c, t, 0);
     if (r != ncclSuccess || !s || op != ncclSum) return r ? r : ncclInvalidArgument;
     int in_place = (float *)recv == (const float *)send + (size_t)c->rank * n;
     if (!in_place && overlap(send, n * 4 * (size_t)c->size, recv, n * 4)) return ncclInvalidArgument;
@@ -232,6 +234,24 @@ static void layout(Dist *d, int tp, int S) {
         for (int k = 0; k < S; k++)
             for (size_t i = 0; i < n; i++) ok &= y[k * n + i] == val((base + k) * tp + d->tp_rank, i);
         CHECK(ok, "shard all-gather: block order");
+        /* bf16 words (ncclBfloat16): 2 bytes per element, the same block order, non-blocking too */
+        uint16_t x16[64], y16[64 * 4];
+        for (size_t i = 0; i < 64; i++) x16[i] = (uint16_t)(0x3f80 + d->rank * 64 + i);
+        memset(y16, 0, sizeof y16);
+        double ag0 = d->bytes_allgather;
+        dist_shard_allgather_bf16(d, x16, y16, n);
+        int h16 = dist_shard_iallgather_bf16(d, x16 + 8, y16 + 64, 3);
+        dist_wait(d, h16);
+        ok = 1;
+        for (int k = 0; k < S; k++) {
+            int src = (base + k) * tp + d->tp_rank;
+            for (size_t i = 0; i < n; i++) ok &= y16[k * n + i] == (uint16_t)(0x3f80 + src * 64 + i);
+            for (size_t i = 0; i < 3; i++) ok &= y16[64 + k * 3 + i] == (uint16_t)(0x3f80 + src * 64 + 8 + i);
+        }
+        ok &= y16[S * n] == 0; /* nothing past the S blocks */
+        CHECK(ok, "shard bf16 all-gather: words or block order wrong");
+        CHECK(d->bytes_allgather - ag0 == (double)(S - 1) * (n + 3) * 2, "bf16 all-gather bytes %g, expected %g",
+              d->bytes_allgather - ag0, (double)(S - 1) * (n + 3) * 2);
         /* reduce-scatter, into another buffer and in place (result at send[0, n)) */
         for (int inplace = 0; inplace < 2; inplace++) {
             for (size_t i = 0; i < 64; i++) x[i] = val(d->rank, i);

@@ -798,6 +798,30 @@ static void test_round_bf16(void) {
         for (size_t i = 0; i < n; i++) bad += memcmp(&y[i], &h[i], 4) != 0;
         printf("%s round_bf16 %s: %zu of %zu words differ from the CPU's\n", bad ? "FAIL" : "ok  ", k ? "stochastic" : "nearest", bad, n);
         if (bad) fail++; else pass++;
+        /* pack_bf16: the CPU's bf16 words; unpack_bf16 of them: the CPU's fp32 words */
+        uint16_t *c16 = malloc_check(n * sizeof(uint16_t)), *g16 = malloc_check(n * sizeof(uint16_t));
+        float *cw = malloc_check(n * sizeof(float));
+        uint16_t *dp = (uint16_t *)KG->alloc(n * sizeof(uint16_t));
+        float *dx = dcopy(x, n), *dw = (float *)KG->alloc(n * sizeof(float));
+        KC->pack_bf16(c16, x, n, seeds[k], 777);
+        KG->pack_bf16(dp, dx, n, seeds[k], 777);
+        KG->to_host(g16, dp, n * sizeof(uint16_t));
+        KC->unpack_bf16(cw, c16, n);
+        KG->unpack_bf16(dw, dp, n);
+        KG->to_host(h, dw, n * sizeof(float));
+        size_t bad16 = 0, badw = 0;
+        for (size_t i = 0; i < n; i++) {
+            bad16 += c16[i] != g16[i];
+            badw += memcmp(&cw[i], &h[i], 4) != 0;
+        }
+        printf("%s pack_bf16 / unpack_bf16 %s: %zu bf16 words and %zu widened words of %zu differ from the CPU's\n",
+               bad16 || badw ? "FAIL" : "ok  ", k ? "stochastic" : "nearest", bad16, badw, n);
+        if (bad16 || badw) fail++; else pass++;
+        KG->free(dp); /* dx: dcopy's, freed with the rest */
+        KG->free(dw);
+        free(c16);
+        free(g16);
+        free(cw);
     }
     free(x);
     free(y);

@@ -909,6 +909,41 @@ static void test_round_bf16(void) {
     K->round_bf16(a, y, 64, 99, 0); // already bf16: unchanged by either rounding
     report(same && differ && keyed && memcmp(a, y, sizeof a) == 0, "round_bf16 stochastic determinism",
            "same seed same bits %d, other seed differs %d, keyed by index %d, bf16 values kept", same, differ, keyed);
+    // pack_bf16 stores the same rounding as bf16 words; unpack_bf16 widens them exactly:
+    // unpack(pack(x)) is round_bf16(x) bit for bit (specials included), every word is
+    // round_bf16's high half, and widening any word sets only the high half
+    float *xs = malloc_check((N + 4) * sizeof(float)), *w = malloc_check((N + 4) * sizeof(float));
+    float *yr = malloc_check((N + 4) * sizeof(float));
+    uint16_t *h16 = malloc_check((N + 4) * sizeof(uint16_t));
+    memcpy(xs, x, N * sizeof(float));
+    memcpy(xs + N, sp, sizeof sp);
+    int packed = 1, high = 1;
+    for (int k = 0; k < 2; k++) {
+        uint64_t seed = k ? 0x5eedull : 0;
+        K->round_bf16(yr, xs, N + 4, seed, 31);
+        K->pack_bf16(h16, xs, N + 4, seed, 31);
+        K->unpack_bf16(w, h16, N + 4);
+        for (int i = 0; i < N + 4; i++) {
+            uint32_t yu, wu;
+            memcpy(&yu, &yr[i], 4);
+            memcpy(&wu, &w[i], 4);
+            if (yu != wu || h16[i] != (uint16_t)(yu >> 16)) packed = 0;
+        }
+    }
+    for (uint32_t u = 0; u < 65536; u++) {
+        uint16_t word = (uint16_t)u;
+        float f;
+        uint32_t fu;
+        K->unpack_bf16(&f, &word, 1);
+        memcpy(&fu, &f, 4);
+        if (fu != u << 16) high = 0;
+    }
+    report(packed && high, "pack_bf16 / unpack_bf16", "unpack(pack(x)) == round_bf16(x) bitwise, nearest and stochastic: %d; "
+           "every word widened to word << 16: %d", packed, high);
+    free(xs);
+    free(yr);
+    free(w);
+    free(h16);
     free(x);
     free(y);
 }

@@ -111,16 +111,17 @@ static int overlap(const void *a, size_t an, const void *b, size_t bn) {
     return x < y + bn && y < x + an;
 }
 
-static ncclResult_t check(ncclComm_t c, ncclDataType_t t, size_t n) {
+/* float32 everywhere; bf16 (2-byte words) only where no arithmetic is done (the all-gather) */
+static ncclResult_t check(ncclComm_t c, ncclDataType_t t, size_t n, int bf16_ok) {
     if (!c || c->aborted) return ncclInvalidUsage;
-    if (t != ncclFloat32 || n > 0x7fffffff) return ncclInvalidArgument;
+    if (!(t == ncclFloat32 || (bf16_ok && t == ncclBfloat16)) || n > 0x7fffffff) return ncclInvalidArgument;
     return ncclSuccess;
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
                            cudaStream_t s) {
     (void)s;
-    ncclResult_t r = check(c, t, n);
+    ncclResult_t r = check(c, t, n, 0);
     if (r != ncclSuccess) return r;
     if (send != recv && overlap(send, n * 4, recv, n * 4)) return ncclInvalidArgument;
     MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)n, MPI_FLOAT, op == ncclMax ? MPI_MAX : MPI_SUM,
@@ -130,18 +131,20 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t n, ncclDataType_
 
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t s) {
     (void)s;
-    ncclResult_t r = check(c, t, n);
+    ncclResult_t r = check(c, t, n, 1);
     if (r != ncclSuccess) return r;
-    int in_place = (const float *)send == (float *)recv + (size_t)c->rank * n;
-    if (!in_place && overlap(send, n * 4, recv, n * 4 * (size_t)c->size)) return ncclInvalidArgument;
-    MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, c->comm);
+    size_t es = t == ncclBfloat16 ? 2 : 4;
+    MPI_Datatype mt = t == ncclBfloat16 ? MPI_UINT16_T : MPI_FLOAT;
+    int in_place = (const char *)send == (char *)recv + (size_t)c->rank * n * es;
+    if (!in_place && overlap(send, n * es, recv, n * es * (size_t)c->size)) return ncclInvalidArgument;
+    MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)n, mt, recv, (int)n, mt, c->comm);
     return ncclSuccess;
 }
 
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
                                cudaStream_t s) {
     (void)s;
-    ncclResult_t r = check(c, t, n);
+    ncclResult_t r = check(c, t, n, 0);
     if (r != ncclSuccess) return r;
     if (op != ncclSum) return ncclInvalidArgument;
     int in_place = (float *)recv == (const float *)send + (size_t)c->rank * n;

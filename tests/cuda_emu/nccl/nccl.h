@@ -20,7 +20,7 @@ typedef enum {
     ncclRemoteError = 6,
     ncclInProgress = 7
 } ncclResult_t;
-typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+typedef enum { ncclFloat32 = 7, ncclBfloat16 = 9 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclMax = 3 } ncclRedOp_t;
 typedef struct {
     int blocking;
