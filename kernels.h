@@ -195,7 +195,9 @@ typedef struct Kernels {
      * round_bf16's result for src[i] (the sharded working weights that the
      * FSDP all-gathers send under train.param_dtype bf16). unpack_bf16:
      * dst[i] = the fp32 value of bf16 word src[i], exactly (its low 16 bits
-     * zero). So unpack(pack(x)) is round_bf16(x), bit for bit. */
+     * zero). So unpack(pack(x)) is round_bf16(x), bit for bit. In place
+     * too: src == (uint16_t *)dst + n, the n words in the upper half of
+     * dst's 4n bytes (where a gather lands in the buffer it is widened in). */
     void (*pack_bf16)(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0);
     void (*unpack_bf16)(float *dst, const uint16_t *src, size_t n);
 

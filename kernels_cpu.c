@@ -851,12 +851,39 @@ static void pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed, 
     }
 }
 
-static void unpack_bf16(float *dst, const uint16_t *src, size_t n) {
+/* Words [lo, hi) widened; byte copies, as dst and src may share memory. */
+static void unpack_range(float *dst, const uint16_t *src, size_t lo, size_t hi) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)src[i] << 16;
-        memcpy(&dst[i], &u, 4);
+    for (size_t i = lo; i < hi; i++) {
+        uint16_t w;
+        memcpy(&w, (const char *)src + 2 * i, 2);
+        uint32_t u = (uint32_t)w << 16;
+        memcpy((char *)dst + 4 * i, &u, 4);
     }
+}
+
+/* In place (src == (uint16_t *)dst + n): with i words widened, element j
+ * of the rest has its word at byte 2n + 2j; widening the next (n - i) / 2
+ * writes below byte 2n + 2i, over words already read, so each such half
+ * runs in parallel; the last few go one by one in ascending order (element
+ * j overwrites words 2j - n and 2j - n + 1, both <= j: already read). */
+static void unpack_bf16(float *dst, const uint16_t *src, size_t n) {
+    size_t lo = 0;
+    if (src == (const uint16_t *)(void *)dst + n) {
+        while (n - lo > 4096) {
+            size_t h = (n - lo) / 2;
+            unpack_range(dst, src, lo, lo + h);
+            lo += h;
+        }
+        for (; lo < n; lo++) {
+            uint16_t w;
+            memcpy(&w, (const char *)src + 2 * lo, 2);
+            uint32_t u = (uint32_t)w << 16;
+            memcpy((char *)dst + 4 * lo, &u, 4);
+        }
+        return;
+    }
+    unpack_range(dst, src, 0, n);
 }
 
 // ----------------------------------------------------------------------------

@@ -77,8 +77,7 @@ typedef struct Trainer {
     int n_pslots, n_gslots;
     int *pslot, *gslot;        /* [n_chunks] slot a chunk holds, -1: none */
     int *ag_req, *rs_req;      /* [n_chunks] non-blocking all-gather / reduce-scatter handle, -1: none */
-    uint16_t **pstage;         /* [n_pslots] under bf16 working weights: where a slot's bf16 gather lands */
-    int *ag_unpack;            /* [n_chunks] 1: its bf16 gather is to be widened into its slot when it is ready */
+    int *ag_unpack;            /* [n_chunks] 1: its bf16 gather (upper half of its slot) is to be widened when it is ready */
     int *rs_state;             /* [n_chunks] 0: no reduce-scatter; 1: one in flight into gshard, 2: in place (added at the wait) */
     int in_step, micro, head_fwd; /* inside a step's forward/backward; micro-batch; inside the final chunk's forward */
     int fwd_only;              /* eval / sample forwards: the hook gathers each chunk for its forward only */
@@ -186,21 +185,24 @@ static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
 /* Outside a step (debug.dump): all-gather every chunk
  * into a temporary full-size array that the model reads with the chunk
  * hooks idle; free_full_params gives it back. */
+/* Where n bf16 words land in a buffer of n floats to be widened in place
+ * (Kernels.unpack_bf16): its upper half. */
+static uint16_t *upper_half(float *p, size_t n) { return (uint16_t *)(void *)p + n; }
+
 static void gather_params(Trainer *t) {
     Model *m = &t->model;
     if (!t->full) t->full = t->k->alloc(m->n_params * sizeof(float));
-    /* bf16 working weights: gathered as bf16 words, then widened */
-    uint16_t *w16 = t->wshard ? t->k->alloc(m->n_params * sizeof(uint16_t)) : NULL;
-    t->full_peak = fmax(t->full_peak, (double)m->n_params * (sizeof(float) + (w16 ? sizeof(uint16_t) : 0)));
+    t->full_peak = fmax(t->full_peak, (double)m->n_params * sizeof(float));
     for (int c = 0; c < m->n_chunks; c++) {
-        size_t o = t->shard_off[c], co = m->chunk_offset[c];
-        if (w16) dist_shard_allgather_bf16(&t->dist, t->wshard + o, w16 + co, shard_len(t, c));
-        else dist_shard_allgather_f32(&t->dist, t->master + o, t->full + co, shard_len(t, c));
-        m->chunk_params[c] = t->full + co;
-    }
-    if (w16) {
-        t->k->unpack_bf16(t->full, w16, m->n_params);
-        t->k->free(w16);
+        size_t o = t->shard_off[c], n = m->chunk_size[c];
+        float *p = t->full + m->chunk_offset[c];
+        if (t->wshard) { /* bf16 working weights: bf16 words into the chunk's upper half, widened in place */
+            dist_shard_allgather_bf16(&t->dist, t->wshard + o, upper_half(p, n), shard_len(t, c));
+            t->k->unpack_bf16(p, upper_half(p, n), n);
+        } else {
+            dist_shard_allgather_f32(&t->dist, t->master + o, p, shard_len(t, c));
+        }
+        m->chunk_params[c] = p;
     }
     m->params = t->full;
 }
@@ -246,11 +248,11 @@ static double pool_bytes(const Trainer *t, int grads) {
 }
 
 /* Bytes of the working weights the model reads: sharded, the pooled chunk
- * buffers (under bf16 params + their bf16 stages + wshard, half of `shard`,
- * the fp32 shard's bytes); else the full params. */
+ * buffers (+ wshard under bf16 params: bf16 words, half of `shard`, the
+ * fp32 shard's bytes); else the full params. */
 static double params_bytes(const Trainer *t, double shard) {
     if (!t->sharded) return (double)t->model.n_params * sizeof(float);
-    return pool_bytes(t, 0) * (t->cfg.param_dtype == 1 ? 1.5 : 1.0) + (t->cfg.param_dtype == 1 ? shard / 2 : 0);
+    return pool_bytes(t, 0) + (t->cfg.param_dtype == 1 ? shard / 2 : 0);
 }
 
 static int slot_take(const Trainer *t, int *owner, int n_slots, int c) {
@@ -271,8 +273,8 @@ static void chunk_fetch(Trainer *t, int c) {
     t->pslot[c] = i;
     m->chunk_params[c] = t->pbuf[i];
     size_t o = t->shard_off[c];
-    if (t->wshard) { /* bf16 words into the slot's stage, widened at chunk_ready */
-        t->ag_req[c] = dist_shard_iallgather_bf16(&t->dist, t->wshard + o, t->pstage[i], shard_len(t, c));
+    if (t->wshard) { /* bf16 words into the slot's upper half, widened in place at chunk_ready */
+        t->ag_req[c] = dist_shard_iallgather_bf16(&t->dist, t->wshard + o, upper_half(t->pbuf[i], m->chunk_size[c]), shard_len(t, c));
         t->ag_unpack[c] = 1;
     } else {
         t->ag_req[c] = dist_shard_iallgather_f32(&t->dist, t->master + o, t->pbuf[i], shard_len(t, c));
@@ -284,7 +286,9 @@ static void chunk_ready(Trainer *t, int c) {
     dist_wait(&t->dist, t->ag_req[c]);
     t->ag_req[c] = -1;
     if (t->ag_unpack[c]) {
-        t->k->unpack_bf16(t->pbuf[t->pslot[c]], t->pstage[t->pslot[c]], t->model.chunk_size[c]);
+        float *p = t->pbuf[t->pslot[c]];
+        size_t n = t->model.chunk_size[c];
+        t->k->unpack_bf16(p, upper_half(p, n), n);
         t->ag_unpack[c] = 0;
     }
 }
@@ -458,15 +462,13 @@ static void setup_shards(Trainer *t) {
  * checkpoints hold; the working weights the model reads are their rounding
  * to bf16 precision. Sharded, the rounding is kept as bf16 words (wshard),
  * so the all-gathers move 2 bytes a weight, as FSDP's param_dtype bf16 does;
- * a gathered chunk lands in its slot's stage and is widened to fp32 words
- * (exactly) when the chunk is ready. */
+ * a gathered chunk lands in the upper half of its pool slot and is widened
+ * there to fp32 words (exactly, in place) when the chunk is ready. */
 static void setup_bf16(Trainer *t) {
     if (t->cfg.param_dtype != 1) return;
     Model *m = &t->model;
     if (t->sharded) {
         t->wshard = t->k->alloc(t->n_shard * sizeof(uint16_t));
-        t->pstage = calloc_check((size_t)t->n_pslots, sizeof(uint16_t *));
-        for (int i = 0; i < t->n_pslots; i++) t->pstage[i] = t->k->alloc(slot_floats(t, i) * sizeof(uint16_t));
     } else {
         t->master = t->k->alloc(m->n_params * sizeof(float));
         t->k->copy(t->master, m->params, m->n_params * sizeof(float));

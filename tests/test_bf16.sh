@@ -94,6 +94,12 @@ sys.exit(0 if ok else 1)
 PYEOF
 then ok "FULL_SHARD 2 bf16: all-gather bytes exactly half the fp32 run's every step, reduce-scatter the same"
 else bad "bf16 all-gather bytes"; fi
+# memory: the bf16 shard (half the fp32 master shard) is all sharded bf16 adds to the weight pool
+field() { grep -o "rank 0: .*$2 [0-9]*" "$TMP/$1.out" | head -1 | awk '{print $NF}'; }
+pb=$(field ref2 params_bytes); pf=$(field fs32 params_bytes); mb=$(field ref2 master_bytes)
+if [ -n "$pb" ] && [ -n "$pf" ] && [ -n "$mb" ] && [ "$mb" -gt 0 ] && [ $((pb - pf)) -eq $((mb / 2)) ]; then
+    ok "FULL_SHARD 2 bf16: params_bytes $pb = fp32 run's $pf + half the master shard ($mb / 2): no staging copy"
+else bad "FULL_SHARD 2 bf16 params_bytes '$pb' vs fp32 '$pf' + '$mb' / 2"; fi
 trun tcp 2 $BIN "$TMP/job.json" --set parallel.strategy=FULL_SHARD --set log.dir="$TMP/tcp" >"$TMP/tcp.out" 2>&1
 export_run tcp
 if grep -q "^launch: torchrun-style" "$TMP/tcp.out" &&

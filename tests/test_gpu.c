@@ -828,6 +828,34 @@ static void test_round_bf16(void) {
     free(h);
 }
 
+/* unpack_bf16 in place on the device (the words in the upper half of the
+ * float buffer, as the FSDP gathers leave them): the CPU's out-of-place
+ * words, for a size the one-block tail takes alone, one halving pass and
+ * several */
+static void test_unpack_inplace(void) {
+    size_t sizes[3] = {1000, 100003, 300001};
+    for (int z = 0; z < 3; z++) {
+        size_t m = sizes[z];
+        uint16_t *words = malloc_check(m * sizeof(uint16_t));
+        float *ref = malloc_check(m * sizeof(float)), *h = malloc_check(m * sizeof(float));
+        for (size_t i = 0; i < m; i++) words[i] = (uint16_t)(i * 40503u + 7);
+        KC->unpack_bf16(ref, words, m);
+        float *d = (float *)KG->alloc(m * sizeof(float));
+        KG->from_host((uint16_t *)(void *)d + m, words, m * sizeof(uint16_t));
+        KG->unpack_bf16(d, (uint16_t *)(void *)d + m, m);
+        KG->to_host(h, d, m * sizeof(float));
+        size_t bad = 0;
+        for (size_t i = 0; i < m; i++) bad += memcmp(&ref[i], &h[i], 4) != 0;
+        printf("%s unpack_bf16 in place n=%zu: %zu of %zu words differ from the CPU's out-of-place ones\n", bad ? "FAIL" : "ok  ",
+               m, bad, m);
+        if (bad) fail++; else pass++;
+        KG->free(d);
+        free(words);
+        free(ref);
+        free(h);
+    }
+}
+
 /* kernels_cuda_mem_stats: alloc raises the in-use count by exactly the bytes
  * asked for and free lowers it by as much; the peak follows; and the device's
  * own count of used memory (cudaMemGetInfo) moves by the same amount up to
@@ -917,6 +945,7 @@ int main(void) {
     test_crossentropy();
     test_adamw();
     test_round_bf16();
+    test_unpack_inplace();
     for (int i = 0; i < nbase; i++) KG->free(dbase[i]);
     printf("%d passed, %d failed\n", pass, fail);
     return fail ? 1 : 0;

@@ -940,6 +940,25 @@ static void test_round_bf16(void) {
     }
     report(packed && high, "pack_bf16 / unpack_bf16", "unpack(pack(x)) == round_bf16(x) bitwise, nearest and stochastic: %d; "
            "every word widened to word << 16: %d", packed, high);
+    // in place: the words in the upper half of the float buffer they are widened into
+    // (halving passes, then one by one) give the out-of-place result, for sizes that
+    // end in the one-by-one tail at once, after one pass and after several
+    int inplace = 1;
+    size_t sizes[5] = {1, 2, 4097, 9000, 100003};
+    for (int z = 0; z < 5; z++) {
+        size_t m = sizes[z];
+        uint16_t *words = malloc_check(m * sizeof(uint16_t));
+        float *ref = malloc_check(m * sizeof(float)), *buf = malloc_check(m * sizeof(float));
+        for (size_t i = 0; i < m; i++) words[i] = (uint16_t)(i * 40503u + 7);
+        K->unpack_bf16(ref, words, m);
+        memcpy((uint16_t *)(void *)buf + m, words, m * sizeof(uint16_t));
+        K->unpack_bf16(buf, (uint16_t *)(void *)buf + m, m);
+        if (memcmp(ref, buf, m * sizeof(float)) != 0) inplace = 0;
+        free(words);
+        free(ref);
+        free(buf);
+    }
+    report(inplace, "unpack_bf16 in place", "words in the upper half widened in place == out of place for n = 1, 2, 4097, 9000, 100003");
     free(xs);
     free(yr);
     free(w);
