@@ -2673,11 +2673,6 @@ static void pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed, 
     LAUNCH_CHECK();
 }
 
-/* elements [lo, lo + n) */
-__global__ void unpack_bf16_k(float *dst, const uint16_t *src, size_t lo, size_t n) {
-    GRID_STRIDE(k, n) dst[lo + k] = __uint_as_float((uint32_t)src[lo + k] << 16);
-}
-
 /* In place, elements [lo, n) in one block, tile by ascending tile: every
  * thread reads its word before the barrier and writes after it (a tile's
  * writes land on words <= its own, already read: kernels_cpu.c). */
@@ -2691,23 +2686,22 @@ __global__ void unpack_bf16_tail_k(float *dst, const uint16_t *src, size_t lo, s
     }
 }
 
-/* In place (src == (uint16_t *)dst + n): halves of what is left, each one
- * launch whose writes miss every word not yet read, then the tail in one
- * block (the CPU backend's order). */
+/* to_f32 (bf16 -> fp32 is exact). In place (src == (uint16_t *)dst + n):
+ * halves of what is left, each a to_f32 whose writes miss every word not
+ * yet read, then the tail in one block (the CPU backend's order). */
 static void unpack_bf16(float *dst, const uint16_t *src, size_t n) {
-    if (!n) return;
-    size_t lo = 0;
-    if (src == (const uint16_t *)(void *)dst + n) {
-        while (n - lo > 65536) {
-            size_t h = (n - lo) / 2;
-            unpack_bf16_k<<<grid_for(h, 256), 256>>>(dst, src, lo, h);
-            LAUNCH_CHECK();
-            lo += h;
-        }
-        unpack_bf16_tail_k<<<1, 1024>>>(dst, src, lo, n);
-    } else {
-        unpack_bf16_k<<<grid_for(n, 256), 256>>>(dst, src, 0, n);
+    if (src != (const uint16_t *)(void *)dst + n) {
+        to_f32(dst, src, n);
+        return;
     }
+    size_t lo = 0;
+    while (n - lo > 65536) {
+        size_t h = (n - lo) / 2;
+        to_f32(dst + lo, src + lo, h);
+        lo += h;
+    }
+    if (lo == n) return;
+    unpack_bf16_tail_k<<<1, 1024>>>(dst, src, lo, n);
     LAUNCH_CHECK();
 }
 

@@ -851,15 +851,17 @@ static void pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed, 
     }
 }
 
-/* Words [lo, hi) widened; byte copies, as dst and src may share memory. */
+/* Word i widened; byte copies, as dst and src may share memory. */
+static inline void unpack_one(float *dst, const uint16_t *src, size_t i) {
+    uint16_t w;
+    memcpy(&w, (const char *)src + 2 * i, 2);
+    uint32_t u = (uint32_t)w << 16;
+    memcpy((char *)dst + 4 * i, &u, 4);
+}
+
 static void unpack_range(float *dst, const uint16_t *src, size_t lo, size_t hi) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = lo; i < hi; i++) {
-        uint16_t w;
-        memcpy(&w, (const char *)src + 2 * i, 2);
-        uint32_t u = (uint32_t)w << 16;
-        memcpy((char *)dst + 4 * i, &u, 4);
-    }
+    for (size_t i = lo; i < hi; i++) unpack_one(dst, src, i);
 }
 
 /* In place (src == (uint16_t *)dst + n): with i words widened, element j
@@ -875,12 +877,7 @@ static void unpack_bf16(float *dst, const uint16_t *src, size_t n) {
             unpack_range(dst, src, lo, lo + h);
             lo += h;
         }
-        for (; lo < n; lo++) {
-            uint16_t w;
-            memcpy(&w, (const char *)src + 2 * lo, 2);
-            uint32_t u = (uint32_t)w << 16;
-            memcpy((char *)dst + 4 * lo, &u, 4);
-        }
+        for (; lo < n; lo++) unpack_one(dst, src, lo);
         return;
     }
     unpack_range(dst, src, 0, n);

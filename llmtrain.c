@@ -182,13 +182,13 @@ static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
                           c->beta1, c->beta2, c->eps, step + 1, grad_scale);
 }
 
-/* Outside a step (debug.dump): all-gather every chunk
- * into a temporary full-size array that the model reads with the chunk
- * hooks idle; free_full_params gives it back. */
 /* Where n bf16 words land in a buffer of n floats to be widened in place
  * (Kernels.unpack_bf16): its upper half. */
 static uint16_t *upper_half(float *p, size_t n) { return (uint16_t *)(void *)p + n; }
 
+/* Outside a step (debug.dump): all-gather every chunk
+ * into a temporary full-size array that the model reads with the chunk
+ * hooks idle; free_full_params gives it back. */
 static void gather_params(Trainer *t) {
     Model *m = &t->model;
     if (!t->full) t->full = t->k->alloc(m->n_params * sizeof(float));
@@ -1379,6 +1379,13 @@ static void print_header(Trainer *t) {
     fflush(stdout);
 }
 
+/* LLMTRAIN_CUDA_MATMUL=bf16, read as kernels.cu reads it: bf16 GEMMs and
+ * [a] activations (kernels.h) in bf16 */
+static int cuda_bf16_env(void) {
+    const char *mm = getenv("LLMTRAIN_CUDA_MATMUL");
+    return mm && strcmp(mm, "bf16") == 0;
+}
+
 /* The CUDA backend's scratch beside the layout's buffers (kernels.cu: the
  * cuBLASLt workspace of 32 MiB and the reduction partials, then buffers
  * that grow to the largest request plus an eighth): attention's P and dS
@@ -1388,13 +1395,6 @@ static void print_header(Trainer *t) {
  * (taken as N x 8 bytes + 1 MiB), and under LLMTRAIN_CUDA_MATMUL=bf16 the
  * bf16 copies of the largest GEMM operands. An upper bound, which
  * tests/gpu_tests.sh holds against the device's measured peak. */
-/* LLMTRAIN_CUDA_MATMUL=bf16, read as kernels.cu reads it: bf16 GEMMs and
- * [a] activations (kernels.h) in bf16 */
-static int cuda_bf16_env(void) {
-    const char *mm = getenv("LLMTRAIN_CUDA_MATMUL");
-    return mm && strcmp(mm, "bf16") == 0;
-}
-
 static double cuda_scratch_bytes(const Trainer *t) {
     const Model *m = &t->model;
     const double B = t->cfg.micro_batch, T = t->cfg.seq_len, N = B * T, C = t->cfg.model.n_embd, grow = 1.125;

@@ -206,7 +206,7 @@ static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 /* floats that n elements of an [a] buffer take */
 static size_t act_floats(const Model *m, size_t n) { return (n * (size_t)m->act_bytes + sizeof(float) - 1) / sizeof(float); }
 static size_t buf_bytes(const Model *m, const ActBuf *b) { return b->n * (b->act ? (size_t)m->act_bytes : sizeof(float)); }
-static size_t buf_floats(const Model *m, const ActBuf *b) { return (buf_bytes(m, b) + sizeof(float) - 1) / sizeof(float); }
+static size_t buf_floats(const Model *m, const ActBuf *b) { return b->act ? act_floats(m, b->n) : b->n; }
 /* element i of an [a] buffer */
 static float *act_at(const Model *m, float *base, size_t i) { return (float *)((char *)base + i * (size_t)m->act_bytes); }
 

@@ -464,11 +464,14 @@ static void x_allreduce(Dist *d, Xc c, void *x, size_t n, int type, int op) {
     free(tmp);
 }
 
+/* MPI's type for elements of es bytes: float32, or (2) bf16 words */
+static MPI_Datatype mpi_elem(size_t es) { return es == 2 ? MPI_UINT16_T : MPI_FLOAT; }
+
 /* Every member's n elements of es bytes (4: float32, 2: bf16 words) to
  * every member's recv[size * n]. */
 static void x_allgather(Dist *d, Xc c, const void *send, void *recv, size_t n, size_t es) {
     if (d->use_mpi) {
-        MPI_Datatype t = es == 2 ? MPI_UINT16_T : MPI_FLOAT;
+        MPI_Datatype t = mpi_elem(es);
         watch_collective(d, "MPI_Allgather");
         check(d, MPI_Allgather(send, count_of(n, "MPI_Allgather"), t, recv, (int)n, t, c.mpi), "MPI_Allgather");
     } else {
@@ -775,11 +778,14 @@ void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
 
 void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) { gather_f32_in(d, DIST_GROUP_TP, d->tp, send, recv, n); }
 
+/* Bytes of an element of collective op: bf16 words for DIST_OP_ALLGATHER_BF16, else floats. */
+static size_t op_elem_bytes(int op) { return op == DIST_OP_ALLGATHER_BF16 ? 2 : sizeof(float); }
+
 /* Shard-group all-gather of n elements per member: float32 (op
  * DIST_OP_ALLGATHER) or bf16 words (DIST_OP_ALLGATHER_BF16). */
 static void shard_allgather(Dist *d, int op, const void *send, void *recv, size_t n) {
     int S = d->shard_size;
-    size_t es = op == DIST_OP_ALLGATHER_BF16 ? 2 : sizeof(float);
+    size_t es = op_elem_bytes(op);
     if (S == 1 || !d->groups) {
         copy_bytes(d, recv, send, n * es);
         return;
@@ -833,7 +839,7 @@ static int req_slot(Dist *d) {
  * no non-blocking collectives, the collective itself). */
 static int shard_istart(Dist *d, int op, const void *send, void *recv, size_t n) {
     int S = d->shard_size, rs = op == DIST_OP_REDUCE_SCATTER;
-    size_t es = op == DIST_OP_ALLGATHER_BF16 ? 2 : sizeof(float);
+    size_t es = op_elem_bytes(op);
     if (S == 1 || !d->groups) {
         copy_bytes(d, recv, send, n * es);
         return -1;
@@ -847,7 +853,7 @@ static int shard_istart(Dist *d, int op, const void *send, void *recv, size_t n)
         h = -1;
     } else {
         const char *name = rs ? "MPI_Ireduce_scatter_block" : "MPI_Iallgather";
-        MPI_Datatype t = es == 2 ? MPI_UINT16_T : MPI_FLOAT;
+        MPI_Datatype t = mpi_elem(es);
         int cnt = count_of(n, name);
         h = req_slot(d);
         MPI_Request *r = &d->groups->reqs[h];
