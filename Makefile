@@ -15,7 +15,7 @@ PY = /usr/bin/python3
 SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpoint.c rendezvous.c util.c
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
-            tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest
+            tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest
 
 # CUDA backend: built whenever nvcc is found (on PATH or in /usr/local/cuda);
 # `make NVCC=` builds the CPU-only binary. CUDA_ARCH lists the SM versions
@@ -36,7 +36,7 @@ CUDA_DEFS = -DLLMTRAIN_CUDA
 CUDA_OBJ = kernels_cuda.o
 # libcudart statically (it loads the driver only at the first CUDA call, so
 # CPU runs need no driver), cuBLASLt from the toolkit
-CUDA_LIBS = $(CUDA_OBJ) -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++
+CUDA_LIBS = $(CUDA_OBJ) -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcudnn -lcudart_static -ldl -lrt -lpthread -lstdc++
 # multi-rank CUDA: NCCL (dist_nccl.c, C with the toolkit's headers), from the
 # toolkit's folders unless NCCL_HOME names another installation
 NCCL_HOME ?= $(CUDA_HOME)
@@ -86,7 +86,7 @@ CXX ?= g++
 EMU = tests/cuda_emu
 EMU_DEFS = -DLLMTRAIN_CUDA -I$(EMU)/include -I$(EMU)/nccl
 EMU_HDR = $(EMU)/emu.h $(wildcard $(EMU)/include/*.h) $(EMU)/include/cub/device/device_radix_sort.cuh $(EMU)/nccl/nccl.h
-EMU_OBJ = $(EMU)/build/kernels_emu.o $(EMU)/build/emu.o
+EMU_OBJ = $(EMU)/build/kernels_emu.o $(EMU)/build/emu.o $(EMU)/build/cudnn_emu.o
 EMU_CXX = $(CXX) -O2 -march=native -std=c++17 -Wall -Wextra -Werror -Wno-unknown-pragmas
 
 $(EMU)/build/kernels_emu.cpp: kernels.cu $(EMU)/cu2cpp.py
@@ -99,6 +99,14 @@ $(EMU)/build/kernels_emu.o: $(EMU)/build/kernels_emu.cpp $(EMU_HDR) kernels.h ut
 $(EMU)/build/emu.o: $(EMU)/emu.cpp $(EMU_HDR)
 	@mkdir -p $(EMU)/build
 	$(EMU_CXX) -I$(EMU)/include -c $< -o $@
+
+# cuDNN's backend (graph) API: an interpreter of the operation graph on the host
+$(EMU)/build/cudnn_emu.o: $(EMU)/cudnn_emu.cpp $(EMU_HDR)
+	@mkdir -p $(EMU)/build
+	$(EMU_CXX) -I$(EMU)/include -c $< -o $@
+
+$(EMU)/build/cudnn_selftest: $(EMU)/cudnn_selftest.cpp $(EMU_HDR) $(EMU)/build/cudnn_emu.o
+	$(EMU_CXX) -I$(EMU)/include $< $(EMU)/build/cudnn_emu.o -o $@
 
 $(EMU)/build/selftest: $(EMU)/selftest.cu $(EMU)/cu2cpp.py $(EMU_HDR) $(EMU)/build/emu.o
 	$(PY) $(EMU)/cu2cpp.py $(EMU)/selftest.cu $(EMU)/build/selftest.cpp

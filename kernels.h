@@ -292,14 +292,19 @@ long kernels_cuda_fused_gelu_calls(void);
 /* How many matmul_gelu_backward calls so far ran their input-gradient GEMM
  * with the DGELU epilogue (the rest: GEMM, then an in-place kernel). */
 long kernels_cuda_fused_dgelu_calls(void);
-/* The attention kernels: "flash" (fused kernels, head dims 32/64/128, the
- * default; other shapes still take the GEMMs) or "gemm" (cuBLASLt GEMMs on
- * the full T x T square). The environment variable LLMTRAIN_CUDA_ATTENTION
- * sets it at start; this overrides it (tests). */
+/* The attention kernels: "cudnn" (cuDNN's fused attention on bf16 copies,
+ * head dims 8..128 by 8; the shapes it declines take "flash"), "flash"
+ * (fused kernels, head dims 32/64/128; other shapes take the GEMMs), "gemm"
+ * (cuBLASLt GEMMs on the full T x T square) or "auto" (cudnn under
+ * LLMTRAIN_CUDA_MATMUL=bf16, else flash: the default). The environment
+ * variable LLMTRAIN_CUDA_ATTENTION sets it at start; this overrides it
+ * (tests). */
 void kernels_cuda_set_attention(const char *mode);
 /* How many attention_forward / attention_backward calls so far ran the
- * fused kernels (the rest took the GEMMs); for tests. */
+ * fused kernels (the rest took cuDNN or the GEMMs); for tests. */
 long kernels_cuda_flash_attention_calls(void);
+/* How many ran through cuDNN; for tests. */
+long kernels_cuda_cudnn_attention_calls(void);
 #endif
 
 #endif

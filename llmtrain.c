@@ -1403,6 +1403,16 @@ static double cuda_scratch_bytes(const Trainer *t) {
     int flash = !(att && strcmp(att, "gemm") == 0) && (m->hd == 32 || m->hd == 64 || m->hd == 128);
     s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
     if (cuda_bf16_env() && !flash) s += grow * N * m->nh * m->hd * 4.0; /* attention's fp32 output beside the bf16 one */
+    /* cuDNN's attention (LLMTRAIN_CUDA_ATTENTION=cudnn, the default under
+     * bf16): bf16 copies of qkv, dqkv and dO (and of out when it is fp32),
+     * the rows' dO.O sums, the fp32 dQ accumulator, the plan's workspace
+     * (at most 64 MiB: kernels.cu's DN_WS_CAP) */
+    int cudnn = att && *att && strcmp(att, "auto") != 0 ? strcmp(att, "cudnn") == 0 : cuda_bf16_env();
+    if (cudnn && m->hd % 8 == 0 && m->hd <= 128) {
+        double S = m->qkv_dim, OS = (double)m->nh * m->hd;
+        s += grow * (2.0 * N * S * 2.0 + N * OS * 2.0 * (cuda_bf16_env() ? 1.0 : 2.0) + N * m->nh * 4.0 + N * OS * 4.0 +
+                     64.0 * 1048576);
+    }
     double rb = fmin(128.0, ceil(N / 256.0)), widest = 2 * C;
     if (t->cfg.model.arch == ARCH_GPT2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
     s += grow * rb * widest * 4.0;

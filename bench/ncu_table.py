@@ -8,7 +8,8 @@ One step is the launches after the first AdamW update up to and including
 the second (step 2 of a 2-step run: no warm-up, no start-up); with fewer than
 two updates in the file, every launch. Prints the step's kernel time, the
 share of GEMMs (cuBLASLt / CUTLASS), attention (the causal softmax kernels
-and the fused flash ones), cross-entropy and the rest, then the kernels by
+and the fused flash ones; cuDNN's attention kernels apart), cross-entropy and
+the rest, then the kernels by
 time (name, grid, block), largest first.
 """
 import argparse
@@ -19,6 +20,8 @@ import sys
 
 def category(name):
     name = name[5:] if name.startswith("void ") else name
+    if "sdpa" in name or "fmha" in name or "flash_fprop" in name or "flash_bprop" in name:
+        return "attention (cuDNN)"
     if "gemm" in name or "cutlass" in name or "splitKreduce" in name or "cublasLt::" in name:
         return "GEMM (cuBLASLt)"
     if name.startswith(("causal_", "flash_")):

@@ -13,9 +13,10 @@
 # Each case runs with the default TF32 GEMMs and with the opt-in bf16 GEMMs
 # of the linear layers (LLMTRAIN_CUDA_MATMUL=bf16, under which the fused
 # attention runs its bf16 mma.sync kernels); BENCH_MATMUL="tf32" or
-# "bf16" picks one. Each also runs with both attention kernels, the
-# cuBLASLt GEMMs and the fused ones (LLMTRAIN_CUDA_ATTENTION=gemm / flash);
-# BENCH_ATTENTION="gemm" or "flash" picks one. The result line names both.
+# "bf16" picks one. Each also runs with the three attention paths, the
+# cuBLASLt GEMMs, the hand-written fused kernels and cuDNN's fused attention
+# (LLMTRAIN_CUDA_ATTENTION=gemm / flash / cudnn); BENCH_ATTENTION="gemm",
+# "flash" or "cudnn" (or a list) picks. The result line names both.
 # Without a GPU it fails (exit 1, one line). BENCH_STEPS
 # (default 8; the first step is warm-up and not counted).
 # BENCH_PROFILE=1: each case runs 2 steps under Nsight Compute (ncu, one
@@ -37,9 +38,9 @@ if [ "$PROFILE" = 1 ]; then
     command -v ncu >/dev/null || { echo "bench-gpu: FAIL: BENCH_PROFILE=1 needs Nsight Compute's ncu on PATH" >&2; exit 1; }
 fi
 MATMUL=${BENCH_MATMUL:-tf32 bf16}
-ATTENTION=${BENCH_ATTENTION:-gemm flash}
+ATTENTION=${BENCH_ATTENTION:-gemm flash cudnn}
 for a in $ATTENTION; do
-    case $a in gemm|flash) ;; *) echo "bench-gpu: FAIL: BENCH_ATTENTION=$a: expected gemm and/or flash" >&2; exit 1;; esac
+    case $a in gemm|flash|cudnn) ;; *) echo "bench-gpu: FAIL: BENCH_ATTENTION=$a: expected gemm, flash and/or cudnn" >&2; exit 1;; esac
 done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

@@ -24,6 +24,11 @@
 #      recomputed) within 5e-3; then both again under
 #      LLMTRAIN_CUDA_MATMUL=bf16 (the bf16 mma.sync attention kernels, the
 #      header must name them) within 3e-2.
+#   3c. cuDNN's fused attention (LLMTRAIN_CUDA_ATTENTION=cudnn, the default
+#      under bf16 GEMMs) in whole runs on the 3b shapes: TF32 GEMMs, bf16
+#      GEMMs and (Llama) selective checkpointing, against cpu within 3e-2;
+#      no shape declined; emulated, a cuDNN that declines everything leaves
+#      the flash run's numbers; the memory estimate with its buffers (T 512).
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
 #      FULL_SHARD (also with bf16 working weights, gathered as bf16 words)
 #      and tp 2 against the same jobs' 2-rank CPU runs (MPI):
@@ -234,6 +239,58 @@ for arch in gpt2 llama; do
         fi
     done
 done
+
+# cuDNN's fused attention (LLMTRAIN_CUDA_ATTENTION=cudnn; the default under
+# bf16 GEMMs) in whole runs, on the shapes of 3b (head dim 64, T = 100):
+# with TF32 GEMMs, with bf16 GEMMs (auto picks cudnn there) and, for Llama,
+# with selective checkpointing, each against cpu within the bf16 tolerance
+# (cuDNN reads bf16 copies of Q, K, V and dO); the header names it and no
+# shape is declined. Emulated, a cuDNN that declines every graph
+# (LLMTRAIN_EMU_CUDNN=unsupported) must leave the run to the fused kernels:
+# one stderr line per shape and the flash run's numbers exactly. Then the
+# scratch estimate against the peak with cuDNN's buffers (T 512).
+for arch in gpt2 llama; do
+    nkv=2; [ $arch = llama ] && nkv=1
+    ok_runs=1
+    for run in dn:cudnn:tf32:none dn-bf16:auto:bf16:none dn-sel:cudnn:tf32:selective dn-declined:cudnn:tf32:none; do
+        IFS=: read -r name att mm ac <<<"$run"
+        [ $arch = gpt2 ] && [ $name = dn-sel ] && continue
+        emu=""; [ $name = dn-declined ] && { [ "${GPU_TESTS_EMULATED:-0}" = 1 ] || continue; emu=unsupported; }
+        if ! LLMTRAIN_EMU_CUDNN=$emu LLMTRAIN_CUDA_ATTENTION=$att LLMTRAIN_CUDA_MATMUL=$mm $BIN "$TMP/$arch.json" \
+             --set model.n_embd=128 --set model.n_head=2 --set model.n_kv_head=$nkv --set model.max_seq_len=128 \
+             --set train.seq_len=100 --set train.activation_checkpointing=$ac --set train.device=cuda \
+             --set log.dir="$TMP/fa-$arch-$name" --set checkpoint.dir="$TMP/fa-$arch-$name/ckpt" \
+             >"$TMP/fa-$arch-$name.out" 2>"$TMP/fa-$arch-$name.err"; then
+            echo "FAIL cudnn $arch $name exited non-zero: $(tail -3 "$TMP/fa-$arch-$name.err")"; fail=$((fail + 1)); ok_runs=0
+        fi
+    done
+    [ $ok_runs = 1 ] || continue
+    if grep -q "attention cudnn (cuDNN" "$TMP/fa-$arch-dn.out" && grep -q "attention cudnn (cuDNN" "$TMP/fa-$arch-dn-bf16.out" &&
+       ! grep -q "declined" "$TMP/fa-$arch-dn.err" "$TMP/fa-$arch-dn-bf16.err"; then
+        echo "ok   cudnn $arch: the header names cuDNN's attention (cudnn, and auto under bf16) and no shape was declined"; pass=$((pass + 1))
+    else echo "FAIL cudnn $arch: header lacks 'attention cudnn', or cuDNN declined: $(grep -h declined "$TMP/fa-$arch-dn.err" "$TMP/fa-$arch-dn-bf16.err" | head -2)"; fail=$((fail + 1)); fi
+    for name in dn dn-bf16 dn-sel; do
+        [ $arch = gpt2 ] && [ $name = dn-sel ] && continue
+        if $PY tests/compare_runs.py "$TMP/fa-$arch-cpu" "$TMP/fa-$arch-$name" --steps $STEPS --loss-rtol $LOSS_RTOL_BF16; then
+            echo "ok   cudnn $arch (head dim 64, T 100): $STEPS steps $name vs cpu, loss/grad norm/val loss within $LOSS_RTOL_BF16"; pass=$((pass + 1))
+        else
+            echo "FAIL cudnn $arch: $name and cpu loss trajectories differ by more than $LOSS_RTOL_BF16"; fail=$((fail + 1))
+        fi
+    done
+    if [ "${GPU_TESTS_EMULATED:-0}" = 1 ]; then
+        nd=$(grep -c "cuDNN .* declined attention" "$TMP/fa-$arch-dn-declined.err")
+        if [ "$nd" = 2 ] && $PY tests/compare_runs.py "$TMP/fa-$arch-flash" "$TMP/fa-$arch-dn-declined" --steps $STEPS --loss-rtol 1e-7; then
+            echo "ok   cudnn $arch declined (emulated): 2 stderr lines (forward, backward), the fused kernels' run exactly"; pass=$((pass + 1))
+        else echo "FAIL cudnn $arch declined (emulated): $nd 'declined' lines (expected 2), or the run differs from the flash one"; fail=$((fail + 1)); fi
+    fi
+done
+if LLMTRAIN_CUDA_ATTENTION=cudnn $BIN "$TMP/llama.json" --set train.device=cuda --set train.steps=2 --set train.seq_len=512 \
+     --set model.max_seq_len=512 --set model.n_embd=128 --set model.n_head=2 --set model.n_kv_head=1 \
+     --set train.micro_batch=2 --set train.global_batch=2 --set eval.batches=0 --set eval.sample_tokens=0 \
+     --set log.dir="$TMP/mem512dn" --set checkpoint.dir="$TMP/mem512dn/ckpt" >"$TMP/mem512dn.out" 2>&1 &&
+   memline=$(mem_check "$TMP/mem512dn" "$TMP/mem512dn.out"); then
+    echo "ok   llama T 512 on cuda with cuDNN attention: the memory estimate bounds the peak: $memline"; pass=$((pass + 1))
+else echo "FAIL llama T 512 with cuDNN attention: $memline $(tail -2 "$TMP/mem512dn.out")"; fail=$((fail + 1)); fi
 
 # multi-rank: NCCL (2 GPUs or more) or the refusal (1 GPU)
 ngpu=${GPU_COUNT:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}

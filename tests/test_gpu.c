@@ -540,39 +540,54 @@ static void test_dgelu_epilogue_variant(void) {
     free(x); free(w); free(one); free(d);
 }
 
-/* Attention under mode "gemm" or "flash" (kernels_cuda_set_attention)
+/* Attention under mode "gemm", "flash" or "cudnn" (kernels_cuda_set_attention)
  * against the CPU kernel: out, lse and dqkv (added into random values).
  * flash: the fused kernels must have run for head dims 32/64/128 (and not
  * for others, which take the GEMMs), and two backward calls on the same
- * inputs must give the same bits. */
+ * inputs must give the same bits. cudnn: cuDNN must have run both calls
+ * for head dims 64 and 128 (the models' shapes); for other multiples of 8
+ * it may decline a shape (a note, and the fused kernels' result is held to
+ * their tolerance); its backward accumulates dQ in any order, so no
+ * bit-for-bit repeat. */
 static void test_attention_case(const char *mode, int B, int T, int nh, int nkv, int hd) {
     char name[128], shape[64];
     int S = (nh + 2 * nkv) * hd, OS = nh * hd;
-    int flash = strcmp(mode, "flash") == 0, fused = flash && (hd == 32 || hd == 64 || hd == 128);
-    double tol = fused && tol_mm == TOL_BF16 ? TOL_BF16 : tol_att;
+    int flash = strcmp(mode, "flash") == 0, dnn = strcmp(mode, "cudnn") == 0;
+    int fusable = hd == 32 || hd == 64 || hd == 128, fused = flash && fusable;
+    int dn_may = dnn && hd % 8 == 0 && hd <= 128, dn_must = dnn && (hd == 64 || hd == 128);
     size_t nqkv = (size_t)B * T * S, nout = (size_t)B * T * OS, nlse = (size_t)B * nh * T;
     kernels_cuda_set_attention(mode);
-    snprintf(shape, sizeof shape, "%s%s B%d T%d h%d/%d hd%d", mode, flash && !fused ? "(GEMMs)" : "", B, T, nh, nkv,
-             hd);
     float *qkv = hrand(nqkv, 1), *dout = hrand(nout, 1);
     float *gqkv = dcopy(qkv, nqkv), *gdout = dcopy(dout, nout);
     float *out = hrand(nout, 1), *lse = hrand(nlse, 1);
     float *gout = dcopy_act(out, nout), *glse = dcopy(lse, nlse);
-    long calls0 = kernels_cuda_flash_attention_calls();
+    long calls0 = kernels_cuda_flash_attention_calls(), dn0 = kernels_cuda_cudnn_attention_calls();
     KC->attention_forward(out, lse, qkv, B, T, nh, nkv, hd);
     KG->attention_forward(gout, glse, gqkv, B, T, nh, nkv, hd);
+    float *dqkv = hrand(nqkv, 1), *gdqkv = dcopy(dqkv, nqkv), *gdqkv2 = flash ? dcopy(dqkv, nqkv) : NULL;
+    KC->attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd);
+    KG->attention_backward(gdqkv, gdout, gqkv, gout, glse, B, T, nh, nkv, hd);
+    long calls = kernels_cuda_flash_attention_calls() - calls0, dn = kernels_cuda_cudnn_attention_calls() - dn0;
+    /* what ran decides the tolerance: cuDNN and the bf16 fused kernels
+     * round Q, K, V, dO, P and dS to bf16 */
+    if (dnn && dn == 0 && fusable) fused = 1;
+    double tol = dn > 0 || (fused && tol_mm == TOL_BF16) ? TOL_BF16 : tol_att;
+    snprintf(shape, sizeof shape, "%s%s B%d T%d h%d/%d hd%d", mode,
+             dnn ? (dn == 2 ? "" : dn_may ? "(declined)" : "(not taken)") : flash && !fused ? "(GEMMs)" : "", B, T,
+             nh, nkv, hd);
     snprintf(name, sizeof name, "attention_fwd out %s", shape);
     check_act(name, out, gout, nout, tol);
     snprintf(name, sizeof name, "attention_fwd lse %s", shape);
     check(name, lse, glse, nlse, tol);
-    float *dqkv = hrand(nqkv, 1), *gdqkv = dcopy(dqkv, nqkv), *gdqkv2 = flash ? dcopy(dqkv, nqkv) : NULL;
-    KC->attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd);
-    KG->attention_backward(gdqkv, gdout, gqkv, gout, glse, B, T, nh, nkv, hd);
     snprintf(name, sizeof name, "attention_bwd dqkv %s", shape);
     check(name, dqkv, gdqkv, nqkv, tol);
-    long calls = kernels_cuda_flash_attention_calls() - calls0;
-    if (flash) {
-        int ok = calls == (fused ? 2 : 0);
+    if (dnn) {
+        int ok = dn_must ? dn == 2 : dn_may ? dn == 0 || dn == 2 : dn == 0;
+        printf("%s attention %s: %ld of 2 calls ran cuDNN%s\n", ok ? "ok  " : "FAIL", shape, dn,
+               dn_must ? " (expected 2)" : dn_may ? (dn ? "" : ": note: cuDNN declined this shape") : " (expected 0)");
+        if (ok) pass++; else fail++;
+    } else if (flash) {
+        int ok = calls == (fused ? 2 : 0) && dn == 0;
         printf("%s attention %s: %ld of 2 calls ran the fused kernels (expected %d)\n", ok ? "ok  " : "FAIL", shape,
                calls, fused ? 2 : 0);
         if (ok) pass++; else fail++;
@@ -583,8 +598,8 @@ static void test_attention_case(const char *mode, int B, int T, int nh, int nkv,
         snprintf(name, sizeof name, "attention_bwd twice %s", shape);
         check_bits(name, h1, gdqkv2, nqkv);
         free(h1);
-    } else if (calls != 0) {
-        printf("FAIL attention %s ran the fused kernels in gemm mode\n", shape);
+    } else if (calls != 0 || dn != 0) {
+        printf("FAIL attention %s ran the fused kernels or cuDNN in gemm mode\n", shape);
         fail++;
     }
     free(qkv); free(dout); free(out); free(lse); free(dqkv);
@@ -605,13 +620,13 @@ static void test_attention(void) {
         {2, 1024, 12, 12, 64}, /* GPT-2 124M's attention shape at B = 2 */
         {1, 1000, 8, 2, 128}, /* Llama-like, ragged */
     };
-    const char *modes[2] = {"gemm", "flash"};
+    const char *modes[3] = {"gemm", "flash", "cudnn"};
     /* TEST_GPU_MAX_T: leave out the longer sequences (the host emulation of
      * tests/cuda_emu runs the shapes up to 256, which cover every tiling
      * case; the GPU suite runs them all) */
     const char *mt = getenv("TEST_GPU_MAX_T");
     int max_T = mt && *mt ? atoi(mt) : 1 << 30, left_out = 0;
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < 3; m++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             if (cases[i][1] > max_T) {
                 left_out++;
@@ -620,16 +635,21 @@ static void test_attention(void) {
             test_attention_case(modes[m], cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
         }
     if (left_out) printf("note attention: %d cases with T > %d left out (TEST_GPU_MAX_T)\n", left_out, max_T);
-    /* the header line names the mode */
+    /* the header line names the mode; auto is cudnn under bf16 GEMMs, else flash */
+    kernels_cuda_set_attention("flash");
     int ok = strstr(kernels_cuda_device_info(), "attention flash") != NULL;
     /* under bf16 GEMMs the fused attention is the bf16 mma.sync kernels */
     ok = ok && (tol_mm == TOL_BF16) == (strstr(kernels_cuda_device_info(), "bf16 tensor cores through mma.sync") != NULL);
     kernels_cuda_set_attention("gemm");
     ok = ok && strstr(kernels_cuda_device_info(), "attention gemm") != NULL;
-    printf("%s kernels_cuda_device_info names the attention mode (flash, gemm)\n", ok ? "ok  " : "FAIL");
+    kernels_cuda_set_attention("cudnn");
+    ok = ok && strstr(kernels_cuda_device_info(), "attention cudnn (cuDNN ") != NULL;
+    kernels_cuda_set_attention("auto");
+    ok = ok && strstr(kernels_cuda_device_info(), tol_mm == TOL_BF16 ? "attention cudnn" : "attention flash") != NULL;
+    printf("%s kernels_cuda_device_info names the attention mode (flash, gemm, cudnn, auto)\n", ok ? "ok  " : "FAIL");
     if (ok) pass++; else fail++;
     const char *e = getenv("LLMTRAIN_CUDA_ATTENTION");
-    kernels_cuda_set_attention(e && *e ? e : "flash");
+    kernels_cuda_set_attention(e && *e ? e : "auto");
 }
 
 /* activation offload copies: out to pinned host memory and back into another

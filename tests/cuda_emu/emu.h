@@ -43,6 +43,10 @@
  *     CUBLAS_COMPUTE_32F_FAST_TF32, bf16 inputs widened) with the BIAS and
  *     GELU_AUX(_BIAS) and DGELU epilogues, batched and strided.
  *   - CUB's DeviceRadixSort::SortKeys over the bits asked for.
+ *   - cuDNN's backend (graph) API (include/cudnn.h, cudnn_emu.cpp): the
+ *     descriptors checked as the library checks them, and an interpreter
+ *     that runs an operation graph (matmul, pointwise, reduction, reshape)
+ *     on the host in fp32, rounding to each tensor's type.
  * What it is not: a timing model, a race detector or a memory checker
  * between host and device pointers.
  *

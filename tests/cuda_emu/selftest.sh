@@ -1,5 +1,5 @@
 #!/bin/bash
-# The emulator's own checks (tests/cuda_emu/selftest.cu): run by
+# The emulator's own checks (tests/cuda_emu/selftest.cu, cudnn_selftest.cpp): run by
 # tests/test_cuda_emu.sh before the CUDA backend's checks.
 cd "$(dirname "$0")" || exit 2
 BIN=build/selftest
@@ -11,6 +11,13 @@ for mode in shuffle smem wmma mma-bf16 ldmatrix cublas-align; do
     pass=$((pass + p)); fail=$((fail + f))
     [ $rc -ne 0 ] && [ "$f" -eq 0 ] && { echo "FAIL selftest $mode exited $rc"; fail=$((fail + 1)); }
 done
+# the cuDNN emulator (cudnn_selftest.cpp): graphs through the backend API
+# against direct computation, causal attention forward and backward, errors
+out=$(build/cudnn_selftest 2>&1); rc=$?
+echo "$out" | grep -v '^[0-9]* passed, [0-9]* failed$'
+p=$(grep -c '^ok' <<<"$out"); f=$(grep -c '^FAIL' <<<"$out")
+pass=$((pass + p)); fail=$((fail + f))
+[ $rc -ne 0 ] && [ "$f" -eq 0 ] && { echo "FAIL cudnn_selftest exited $rc"; fail=$((fail + 1)); }
 # these must end the process: exit 70 and one line from the emulator
 for case in "diverge:deadlocks: .* a barrier not every thread reaches" \
             "wmma-poison:operands differ between the lanes of a warp" \
