@@ -88,7 +88,7 @@ done
 # were
 mem_check() {
     $PY - "$@" <<'PYEOF'
-import json, re, sys
+import json, os, re, sys
 cuda, out = sys.argv[1:3]
 cpu, cpu_out = (sys.argv[3:5] + [None, None])[:2]
 last = lambda run: [json.loads(l) for l in open(run + "/metrics.jsonl") if '"loss"' in l][-1]
@@ -100,7 +100,7 @@ need = sum(int(x) for x in lay.groups()[:4]) if lay else float("inf")
 scratch = int(lay.group(5)) if lay else float("inf")
 gm = g.get("gpu_mem_bytes", 0) or 0
 ok = (gm > 0 and g.get("mem_bytes") == gm and (g.get("host_mem_bytes") or 0) > 0 and gm >= need
-      and gm <= need + scratch <= gm + 2 * 2**20
+      and gm <= need + scratch <= gm + 2 * 2**20 + int(os.environ.get("MEM_SLACK_BYTES", "0"))
       and re.search(r"\| mem [0-9.]+ GiB gpu \|", text)
       and (not cpu or ("gpu_mem_bytes" not in c and "host_mem_bytes" not in c and (c.get("mem_bytes") or 0) > 0
                        and not re.search(r"GiB gpu", open(cpu_out).read()))))
@@ -248,7 +248,9 @@ done
 # shape is declined. Emulated, a cuDNN that declines every graph
 # (LLMTRAIN_EMU_CUDNN=unsupported) must leave the run to the fused kernels:
 # one stderr line per shape and the flash run's numbers exactly. Then the
-# scratch estimate against the peak with cuDNN's buffers (T 512).
+# scratch estimate against the peak with cuDNN's buffers (T 512): it counts
+# the plans' workspace at its cap (64 MiB + an eighth: MEM_SLACK_BYTES), which
+# a plan may not use (the emulated ones take 4 KiB).
 for arch in gpt2 llama; do
     nkv=2; [ $arch = llama ] && nkv=1
     ok_runs=1
@@ -278,17 +280,21 @@ for arch in gpt2 llama; do
         fi
     done
     if [ "${GPU_TESTS_EMULATED:-0}" = 1 ]; then
-        nd=$(grep -c "cuDNN .* declined attention" "$TMP/fa-$arch-dn-declined.err")
-        if [ "$nd" = 2 ] && $PY tests/compare_runs.py "$TMP/fa-$arch-flash" "$TMP/fa-$arch-dn-declined" --steps $STEPS --loss-rtol 1e-7; then
-            echo "ok   cudnn $arch declined (emulated): 2 stderr lines (forward, backward), the fused kernels' run exactly"; pass=$((pass + 1))
-        else echo "FAIL cudnn $arch declined (emulated): $nd 'declined' lines (expected 2), or the run differs from the flash one"; fail=$((fail + 1)); fi
+        # one line per shape: training's forward and backward (B 4, T 100), then
+        # evaluation's and sampling's forwards (B 1, growing contexts)
+        dl=$(grep -o "declined attention [a-z]* B[0-9]* T[0-9]*" "$TMP/fa-$arch-dn-declined.err")
+        nd=$(grep -c . <<<"$dl"); nu=$(sort -u <<<"$dl" | grep -c .)
+        if [ "$nd" = "$nu" ] && grep -q "forward B4 T100" <<<"$dl" && grep -q "backward B4 T100" <<<"$dl" &&
+           $PY tests/compare_runs.py "$TMP/fa-$arch-flash" "$TMP/fa-$arch-dn-declined" --steps $STEPS --loss-rtol 1e-7; then
+            echo "ok   cudnn $arch declined (emulated): one stderr line per shape ($nd, training's forward and backward among them), the fused kernels' run exactly"; pass=$((pass + 1))
+        else echo "FAIL cudnn $arch declined (emulated): $nd 'declined' lines for $nu shapes (training's B4 T100 among them?), or the run differs from the flash one"; fail=$((fail + 1)); fi
     fi
 done
 if LLMTRAIN_CUDA_ATTENTION=cudnn $BIN "$TMP/llama.json" --set train.device=cuda --set train.steps=2 --set train.seq_len=512 \
      --set model.max_seq_len=512 --set model.n_embd=128 --set model.n_head=2 --set model.n_kv_head=1 \
      --set train.micro_batch=2 --set train.global_batch=2 --set eval.batches=0 --set eval.sample_tokens=0 \
      --set log.dir="$TMP/mem512dn" --set checkpoint.dir="$TMP/mem512dn/ckpt" >"$TMP/mem512dn.out" 2>&1 &&
-   memline=$(mem_check "$TMP/mem512dn" "$TMP/mem512dn.out"); then
+   memline=$(MEM_SLACK_BYTES=75497472 mem_check "$TMP/mem512dn" "$TMP/mem512dn.out"); then
     echo "ok   llama T 512 on cuda with cuDNN attention: the memory estimate bounds the peak: $memline"; pass=$((pass + 1))
 else echo "FAIL llama T 512 with cuDNN attention: $memline $(tail -2 "$TMP/mem512dn.out")"; fail=$((fail + 1)); fi
 
