@@ -2879,6 +2879,9 @@ static int dn_attention_backward(float *dqkv, const float *dout, const float *qk
     __nv_bfloat16 *dq16 = (__nv_bfloat16 *)scratch_get(&sc_dn_dqkv, nq * sizeof(__nv_bfloat16));
     float *ssum = (float *)scratch_get(&sc_dn_sum, rows * sizeof(float));
     float *dqa = (float *)scratch_get(&sc_dn_dq, no * sizeof(float));
+    /* cuDNN's frontend leaves this accumulator to the library from 9.6 on;
+     * zeroed anyway (one pass of B*nh*T*hd floats) until a GPU run shows
+     * the library overwrites it */
     cu_zero(dqa, no * sizeof(float));
     float scale = 1.0f / sqrtf((float)hd), ninf = -INFINITY, one = 1.0f;
     const int64_t uids[] = {DN_Q, DN_K, DN_V, DN_O, DN_DO, DN_STATS, DN_DQ, DN_DK, DN_DV,
