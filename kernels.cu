@@ -703,6 +703,7 @@ typedef struct {
     int used;
     /* key */
     int ta, tb, M, N, K, lda, ldb, ldc, batch, bias, al_a, al_b, al_c, bf16;
+    int c_bf16; /* C and D bf16 (the LM head's [a] logits), else fp32 */
     int gelu, al_aux; /* gelu: the GELU epilogue wanted and allowed, GEMM_GELU_AUX or GEMM_DGELU (rm_gemm_core) */
     long long sA, sB, sC;
     /* value */
@@ -774,7 +775,7 @@ static int plan_build(GemmPlan *p, int epi_bias, int epi_gelu, const void *aux, 
     cudaDataType_t in = p->bf16 ? CUDA_R_16BF : CUDA_R_32F;
     layout_create(&p->la, in, p->tb ? p->K : p->N, p->tb ? p->N : p->K, p->ldb, p->batch, p->sB);
     layout_create(&p->lb, in, p->ta ? p->M : p->K, p->ta ? p->K : p->M, p->lda, p->batch, p->sA);
-    layout_create(&p->lc, CUDA_R_32F, p->N, p->M, p->ldc, p->batch, p->sC);
+    layout_create(&p->lc, p->c_bf16 ? CUDA_R_16BF : CUDA_R_32F, p->N, p->M, p->ldc, p->batch, p->sC);
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = G.ws_bytes;
@@ -882,12 +883,16 @@ extern "C" long kernels_cuda_fused_dgelu_calls(void) { return fused_dgelu_calls;
  * ldc): C = the product times gelu'(dgelu_pre), the GELU's backward: one
  * GEMM with the DGELU epilogue when cuBLASLt allows it (ldc a multiple of
  * 8, dgelu_pre 16-byte aligned, an algorithm for it), else the GEMM and an
- * in-place kernel. */
+ * in-place kernel.
+ * c_bf16 (unbatched bf16 operands, beta 0, no bias or GELU): C is bf16,
+ * cuBLASLt rounding the fp32 result to nearest. */
 static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                          const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                          const float *bias, int bf16, float *gelu_pre, const void *A_bf16, const void *B_bf16,
-                         const float *dgelu_pre) {
+                         const float *dgelu_pre, int c_bf16) {
     if (M <= 0 || N <= 0) return;
+    if (c_bf16 && (!bf16 || batch != 1 || beta != 0.0f || bias || gelu_pre || dgelu_pre))
+        die(EXIT_INTERNAL, "cuda gemm: a bf16 output wants bf16 operands, no batch, beta 0 and no epilogue");
     if (K <= 0) die(EXIT_INTERNAL, "cuda gemm: K = %d", K);
     if (bf16 && batch != 1) die(EXIT_INTERNAL, "cuda gemm: bf16 operands for a batched GEMM");
     if (gelu_pre && (batch != 1 || beta != 0.0f || ldc != N))
@@ -902,6 +907,7 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
     GemmPlan key;
     memset(&key, 0, sizeof key);
     key.bf16 = bf16;
+    key.c_bf16 = c_bf16;
     key.ta = ta; key.tb = tb; key.M = M; key.N = N; key.K = K;
     /* bias: 0 none, 1 added by a kernel, 2 fused epilogue (16-byte aligned
      * vectors only: cuBLASLt has no alignment preference for the bias) */
@@ -911,7 +917,7 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
     int es = bf16 ? 2 : 4;
     key.al_a = alignment_of(Ap, lda, key.sA, es);
     key.al_b = alignment_of(Bp, ldb, key.sB, es);
-    key.al_c = alignment_of(C, ldc, key.sC, 4);
+    key.al_c = alignment_of(C, ldc, key.sC, c_bf16 ? 2 : 4);
     if (gelu_pre) { /* D is C or, unfused, gelu_pre: the alignment both have */
         key.al_aux = alignment_of(gelu_pre, ldc, 0, 4);
         if (key.al_aux < key.al_c) key.al_c = key.al_aux;
@@ -927,7 +933,7 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
         if (q->ta == key.ta && q->tb == key.tb && q->M == M && q->N == N && q->K == K && q->lda == lda &&
             q->ldb == ldb && q->ldc == ldc && q->batch == batch && q->bias == key.bias && q->sA == key.sA &&
             q->sB == key.sB && q->sC == key.sC && q->al_a == key.al_a && q->al_b == key.al_b && q->al_c == key.al_c &&
-            q->bf16 == key.bf16 && q->gelu == key.gelu && q->al_aux == key.al_aux) {
+            q->bf16 == key.bf16 && q->c_bf16 == key.c_bf16 && q->gelu == key.gelu && q->al_aux == key.al_aux) {
             p = q;
             break;
         }
@@ -949,7 +955,7 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
                  (key.bias == 2 && plan_build(p, 1, 0, NULL, ct[c])) || plan_build(p, 0, 0, NULL, ct[c]);
         if (!ok)
             die(EXIT_INTERNAL, "cuBLASLt has no algorithm for a %dx%dx%d %s GEMM (ta %d tb %d, batch %d, alignment %d/%d/%d)",
-                M, N, K, bf16 ? "bf16" : "fp32", ta, tb, batch, key.al_a, key.al_b, key.al_c);
+                M, N, K, c_bf16 ? "bf16 -> bf16" : bf16 ? "bf16" : "fp32", ta, tb, batch, key.al_a, key.al_b, key.al_c);
     }
     if (p->epi_bias) {
         const void *bp = bias;
@@ -981,7 +987,7 @@ static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const f
                        const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                        const float *bias, int bf16, float *gelu_pre) {
     rm_gemm_core(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, bf16, gelu_pre, NULL,
-                 NULL, NULL);
+                 NULL, NULL, 0);
 }
 
 static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
@@ -995,7 +1001,7 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
     if (N <= 0 || OC <= 0) return;
     const int bf16 = act_bf16();
     rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, bf16, NULL, bf16 ? inp : NULL,
-                 NULL, NULL);
+                 NULL, NULL, 0);
 }
 
 static void gelu_act(float *out, const float *pre, size_t n);
@@ -1009,7 +1015,8 @@ static void matmul_gelu_forward(float *out, float *pre, const float *inp, const 
                                 int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     if (act_bf16()) {
-        rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, pre, OC, 0, 1, bias, 1, NULL, inp, NULL, NULL);
+        rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, pre, OC, 0, 1, bias, 1, NULL, inp,
+                     NULL, NULL, 0);
         gelu_act(out, pre, (size_t)N * OC);
         return;
     }
@@ -1017,26 +1024,48 @@ static void matmul_gelu_forward(float *out, float *pre, const float *inp, const 
 }
 
 /* matmul_backward's three products; dinp (ld ldd) gets beta_dinp times its
- * contents plus dout @ w, times gelu'(dgelu_pre) when that is given */
+ * contents plus dout @ w, times gelu'(dgelu_pre) when that is given.
+ * dout_bf16: dout is bf16 itself (an [a] buffer under bf16), with no bias */
 static void matmul_backward_core(float *dinp, int ldd, float beta_dinp, const float *dgelu_pre, float *dw, float *dbias,
-                                 const float *dout, const float *inp, const float *w, int N, int C, int OC) {
+                                 const float *dout, const float *inp, const float *w, int N, int C, int OC,
+                                 int dout_bf16) {
     int bf16 = matmul_bf16();
+    if (dout_bf16 && (!bf16 || dbias)) die(EXIT_INTERNAL, "cuda matmul backward: a bf16 dout without bf16 GEMMs, or with a bias");
     /* bf16: dout, the A operand of both products, is converted once */
-    const void *db = bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
+    const void *db = dout_bf16 ? (const void *)dout : bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
     if (dinp)
-        rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, beta_dinp, dinp, ldd, 0, 1, NULL, bf16, NULL, db, NULL,
-                     dgelu_pre);
+        rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, beta_dinp, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
+                     NULL, dgelu_pre, 0);
     /* inp is [a]: bf16 as it is under bf16 */
     if (dw)
         rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db,
-                     bf16 ? inp : NULL, NULL);
+                     bf16 ? inp : NULL, NULL, 0);
     if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
 }
 
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                             int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
-    matmul_backward_core(dinp, C, 1.0f, NULL, dw, dbias, dout, inp, w, N, C, OC);
+    matmul_backward_core(dinp, C, 1.0f, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
+}
+
+/* The LM head (kernels.h): under bf16 its GEMM writes the [a] logits in
+ * bf16 (cuBLASLt rounds the fp32 accumulator to nearest), and its backward
+ * reads the bf16 gradients the cross-entropy left there as they are */
+static void lm_head_forward(float *logits, const float *inp, const float *w, int N, int C, int V) {
+    if (N <= 0 || V <= 0) return;
+    if (!act_bf16()) {
+        matmul_forward(logits, inp, w, NULL, N, C, V);
+        return;
+    }
+    rm_gemm_core(0, 1, N, V, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, logits, V, 0, 1, NULL, 1, NULL, inp,
+                 NULL, NULL, 1);
+}
+
+static void lm_head_backward(float *dinp, float *dw, const float *dlogits, const float *inp, const float *w, int N,
+                             int C, int V) {
+    if (N <= 0 || V <= 0 || C <= 0) return;
+    matmul_backward_core(dinp, C, 1.0f, NULL, dw, NULL, dlogits, inp, w, N, C, V, act_bf16());
 }
 
 static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F);
@@ -1050,7 +1079,7 @@ static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const flo
         if (dpre) cu_zero(dpre, (size_t)N * C * sizeof(float));
         return;
     }
-    matmul_backward_core(dpre, C, 0.0f, dpre ? pre : NULL, dw, dbias, dout, inp, w, N, C, OC);
+    matmul_backward_core(dpre, C, 0.0f, dpre ? pre : NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
 }
 
 /* dpre [N, 2C]: dh = dout @ w into its gate columns (ld 2C, beta 0), then
@@ -1062,7 +1091,7 @@ static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const f
         if (dpre) cu_zero(dpre, (size_t)N * 2 * C * sizeof(float));
         return;
     }
-    matmul_backward_core(dpre, 2 * C, 0.0f, NULL, dw, dbias, dout, inp, w, N, C, OC);
+    matmul_backward_core(dpre, 2 * C, 0.0f, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
     if (dpre) swiglu_bwd_inplace(dpre, pre, N, C);
 }
 
@@ -3258,13 +3287,22 @@ __device__ __forceinline__ void ce_warp_merge(float &m, float &s) {
 #define CE_FWD_THREADS 1024
 /* grad: the second pass writes (p - onehot(target)) * dloss instead of p
  * (crossentropy_fused: ce_bwd_k's arithmetic, without its pass) */
-__global__ void __launch_bounds__(CE_FWD_THREADS) ce_fwd_k(float *losses, float *logits, const int *targets, int V,
+/* The logits are [a]: T is float or bf16 (act_ld / act_st); with bf16 the
+ * gradient is taken from the probability as stored (rounded to bf16 first),
+ * so that it has the bits of ce_fwd_k then ce_bwd_k (kernels.h) */
+__device__ __forceinline__ float as_stored(const float *, float v) { return v; }
+__device__ __forceinline__ float as_stored(const __nv_bfloat16 *, float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(CE_FWD_THREADS) ce_fwd_k(float *losses, T *logits, const int *targets, int V,
                                                            int grad, float dloss) {
     __shared__ float shm[32], shs[32];
-    float *x = logits + (size_t)blockIdx.x * V;
+    T *x = logits + (size_t)blockIdx.x * V;
     const int tg = targets[blockIdx.x], lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float m = -INFINITY, s = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) ce_online(m, s, x[j]);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) ce_online(m, s, act_ld(x, j));
     ce_warp_merge(m, s);
     if (lane == 0) {
         shm[wid] = m;
@@ -3275,49 +3313,53 @@ __global__ void __launch_bounds__(CE_FWD_THREADS) ce_fwd_k(float *losses, float 
     s = lane < nw ? shs[lane] : 0.0f;
     ce_warp_merge(m, s);
     /* read the target's logit before the row is overwritten */
-    const float xt = (tg >= 0 && tg < V) ? x[tg] : NAN;
+    const float xt = (tg >= 0 && tg < V) ? act_ld(x, tg) : NAN;
     __syncthreads();
     const float inv = 1.0f / s;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float p = expf(x[j] - m) * inv;
+        float p = expf(act_ld(x, j) - m) * inv;
         if (grad) {
+            p = as_stored(x, p);
             if (j == tg) p -= 1.0f;
             p *= dloss;
         }
-        x[j] = p;
+        act_st(x, j, p);
     }
     if (threadIdx.x == 0) losses[blockIdx.x] = (float)(log((double)s) - ((double)xt - m));
 }
 
 /* probs -> (probs - onehot(target - v0)) * dloss */
-__global__ void ce_bwd_k(float *probs, const int *targets, float dloss, int N, int V, int v0) {
+template <typename T> __global__ void ce_bwd_k(T *probs, const int *targets, float dloss, int N, int V, int v0) {
     size_t n = (size_t)N * V;
     GRID_STRIDE(i, n) {
         int r = (int)(i / V), j = (int)(i % V);
-        float p = probs[i];
+        float p = act_ld(probs, i);
         if (targets[r] - v0 == j) p -= 1.0f;
-        probs[i] = p * dloss;
+        act_st(probs, i, p * dloss);
     }
 }
 
-__global__ void ce_vp_max_k(float *rowmax, const float *logits, int V) {
-    const float *x = logits + (size_t)blockIdx.x * V;
+template <typename T> __global__ void ce_vp_max_k(float *rowmax, const T *logits, int V) {
+    const T *x = logits + (size_t)blockIdx.x * V;
     float m = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, act_ld(x, j));
     m = block_max(m);
     if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
 }
 
-__global__ void ce_vp_expsum_k(float *sums, float *tgt, float *logits, const float *rowmax, const int *targets, int V,
+/* the sum is of the exponentials as computed; the stored ones (bf16 [a])
+ * are rounded */
+template <typename T>
+__global__ void ce_vp_expsum_k(float *sums, float *tgt, T *logits, const float *rowmax, const int *targets, int V,
                                int v0) {
-    float *x = logits + (size_t)blockIdx.x * V;
+    T *x = logits + (size_t)blockIdx.x * V;
     int t = targets[blockIdx.x] - v0;
-    float xt = (t >= 0 && t < V) ? x[t] : 0.0f;
+    float xt = (t >= 0 && t < V) ? act_ld(x, t) : 0.0f;
     __syncthreads();
     float m = rowmax[blockIdx.x], s = 0.0f;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float e = expf(x[j] - m);
-        x[j] = e;
+        float e = expf(act_ld(x, j) - m);
+        act_st(x, j, e);
         s += e;
     }
     s = block_sum(s);
@@ -3327,57 +3369,64 @@ __global__ void ce_vp_expsum_k(float *sums, float *tgt, float *logits, const flo
     }
 }
 
-__global__ void ce_vp_finish_k(float *losses, float *logits, const float *rowmax, const float *sums, const float *tgt,
+template <typename T>
+__global__ void ce_vp_finish_k(float *losses, T *logits, const float *rowmax, const float *sums, const float *tgt,
                                int V) {
-    float *x = logits + (size_t)blockIdx.x * V;
+    T *x = logits + (size_t)blockIdx.x * V;
     float inv = (float)(1.0 / (double)sums[blockIdx.x]);
-    for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] *= inv;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) act_st(x, j, act_ld(x, j) * inv);
     if (threadIdx.x == 0)
         losses[blockIdx.x] =
             (float)(log((double)sums[blockIdx.x]) - ((double)tgt[blockIdx.x] - rowmax[blockIdx.x]));
 }
 
-static void crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
+static void ce_fwd(float *losses, float *logits, const int *targets, int N, int V, int grad, float dloss) {
     if (N <= 0) return;
-    ce_fwd_k<<<N, CE_FWD_THREADS>>>(losses, logits, targets, V, 0, 0.0f);
+    if (act_bf16()) ce_fwd_k<__nv_bfloat16><<<N, CE_FWD_THREADS>>>(losses, ACT16(logits), targets, V, grad, dloss);
+    else ce_fwd_k<float><<<N, CE_FWD_THREADS>>>(losses, logits, targets, V, grad, dloss);
     LAUNCH_CHECK();
 }
 
+static void crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
+    ce_fwd(losses, logits, targets, N, V, 0, 0.0f);
+}
+
 static void crossentropy_fused(float *losses, float *logits, const int *targets, float dloss, int N, int V) {
+    ce_fwd(losses, logits, targets, N, V, 1, dloss);
+}
+
+static void crossentropy_vp_backward(float *probs, const int *targets, float dloss, int N, int V, int v0) {
     if (N <= 0) return;
-    ce_fwd_k<<<N, CE_FWD_THREADS>>>(losses, logits, targets, V, 1, dloss);
+    const unsigned grid = grid_for((size_t)N * V, 256);
+    if (act_bf16()) ce_bwd_k<__nv_bfloat16><<<grid, 256>>>(ACT16(probs), targets, dloss, N, V, v0);
+    else ce_bwd_k<float><<<grid, 256>>>(probs, targets, dloss, N, V, v0);
     LAUNCH_CHECK();
 }
 
 static void crossentropy_backward(float *probs, const int *targets, float dloss, int N, int V) {
-    if (N <= 0) return;
-    ce_bwd_k<<<grid_for((size_t)N * V, 256), 256>>>(probs, targets, dloss, N, V, 0);
-    LAUNCH_CHECK();
+    crossentropy_vp_backward(probs, targets, dloss, N, V, 0);
 }
 
 static void crossentropy_vp_max(float *rowmax, const float *logits, int N, int V) {
     if (N <= 0) return;
-    ce_vp_max_k<<<N, CE_THREADS>>>(rowmax, logits, V);
+    if (act_bf16()) ce_vp_max_k<__nv_bfloat16><<<N, CE_THREADS>>>(rowmax, CACT16(logits), V);
+    else ce_vp_max_k<float><<<N, CE_THREADS>>>(rowmax, logits, V);
     LAUNCH_CHECK();
 }
 
 static void crossentropy_vp_expsum(float *sums, float *tgt, float *logits, const float *rowmax, const int *targets,
                                    int N, int V, int v0) {
     if (N <= 0) return;
-    ce_vp_expsum_k<<<N, CE_THREADS>>>(sums, tgt, logits, rowmax, targets, V, v0);
+    if (act_bf16()) ce_vp_expsum_k<__nv_bfloat16><<<N, CE_THREADS>>>(sums, tgt, ACT16(logits), rowmax, targets, V, v0);
+    else ce_vp_expsum_k<float><<<N, CE_THREADS>>>(sums, tgt, logits, rowmax, targets, V, v0);
     LAUNCH_CHECK();
 }
 
 static void crossentropy_vp_finish(float *losses, float *logits, const float *rowmax, const float *sums,
                                    const float *tgt, int N, int V) {
     if (N <= 0) return;
-    ce_vp_finish_k<<<N, CE_THREADS>>>(losses, logits, rowmax, sums, tgt, V);
-    LAUNCH_CHECK();
-}
-
-static void crossentropy_vp_backward(float *probs, const int *targets, float dloss, int N, int V, int v0) {
-    if (N <= 0) return;
-    ce_bwd_k<<<grid_for((size_t)N * V, 256), 256>>>(probs, targets, dloss, N, V, v0);
+    if (act_bf16()) ce_vp_finish_k<__nv_bfloat16><<<N, CE_THREADS>>>(losses, ACT16(logits), rowmax, sums, tgt, V);
+    else ce_vp_finish_k<float><<<N, CE_THREADS>>>(losses, logits, rowmax, sums, tgt, V);
     LAUNCH_CHECK();
 }
 
@@ -3605,6 +3654,8 @@ static Kernels cuda_kernels = {
     /* .add_rmsnorm_forward = */ add_rmsnorm_forward,
     /* .matmul_forward = */ matmul_forward,
     /* .matmul_backward = */ matmul_backward,
+    /* .lm_head_forward = */ lm_head_forward,
+    /* .lm_head_backward = */ lm_head_backward,
     /* .attention_forward = */ attention_forward,
     /* .attention_backward = */ attention_backward,
     /* .rope_forward = */ rope_forward,

@@ -30,7 +30,9 @@ typedef struct Kernels {
     const char *name; /* "cpu", "cuda" */
     /* Bytes per element of the [a] buffers: the activations that only
      * matrix products (and attention's backward) read: the norms' outputs,
-     * attention's output, the MLP activation's output. 4 (fp32) on the CPU
+     * attention's output, the MLP activation's output; and the LM head's
+     * logits, with the probabilities or gradients the cross-entropy leaves
+     * in them (which only the LM head's backward reads). 4 (fp32) on the CPU
      * and on CUDA by default; 2 (bf16, rounded to nearest even) on CUDA
      * under LLMTRAIN_CUDA_MATMUL=bf16, so that its bf16 GEMMs read them with
      * no conversion pass and they take half the memory. They are still
@@ -89,6 +91,14 @@ typedef struct Kernels {
     /* dinp[N,C] += dout @ w; dw[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout */
     void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC);
+    /* The LM head: matmul_forward / matmul_backward without a bias, with
+     * the logits (the forward's out, the backward's dout) [a] as well: on
+     * CUDA under bf16 the GEMM writes bf16 logits and the backward reads
+     * the bf16 gradients the cross-entropy left in them, so the largest
+     * activation of a step is never held, read or converted in fp32. */
+    void (*lm_head_forward)(float *logits, const float *inp, const float *w, int N, int C, int V);
+    void (*lm_head_backward)(float *dinp, float *dw, const float *dlogits, const float *inp, const float *w,
+                             int N, int C, int V);
 
     /* ---- attention ----
      * qkv is [B, T, (nh + 2*nkv) * hd]: per token all q heads, then all k
@@ -142,7 +152,8 @@ typedef struct Kernels {
     /* out = a + b (out may alias a) */
     void (*add)(float *out, const float *a, const float *b, size_t n);
 
-    /* ---- loss ----
+    /* ---- loss (logits are [a] in every one of them; the arithmetic is
+     * fp32, each value rounded once where it is stored) ----
      * logits [N, V] are replaced by softmax probabilities (in place);
      * losses[n] = -log p[n, targets[n]].                                 */
     void (*crossentropy_forward)(float *losses, float *logits, const int *targets, int N, int V);
@@ -151,7 +162,8 @@ typedef struct Kernels {
     /* crossentropy_forward then crossentropy_backward in one call (one pass
      * fewer over the logits): losses as the forward's, logits replaced by
      * (softmax - onehot(target)) * dloss in place; the same bits as the two
-     * calls on the same backend. */
+     * calls on the same backend (with bf16 [a], the probability is rounded
+     * to bf16 before the subtraction, as the two calls store it). */
     void (*crossentropy_fused)(float *losses, float *logits, const int *targets, float dloss, int N, int V);
 
     /* Vocab-parallel cross-entropy over local logits [N, V] holding the

@@ -361,6 +361,16 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
     }
 }
 
+/* the LM head: fp32 [a] logits here, so the plain products */
+static void lm_head_forward(float *logits, const float *inp, const float *w, int N, int C, int V) {
+    matmul_forward(logits, inp, w, NULL, N, C, V);
+}
+
+static void lm_head_backward(float *dinp, float *dw, const float *dlogits, const float *inp, const float *w, int N,
+                             int C, int V) {
+    matmul_backward(dinp, dw, NULL, dlogits, inp, w, N, C, V);
+}
+
 // ----------------------------------------------------------------------------
 // attention
 
@@ -907,6 +917,8 @@ static const Kernels cpu_kernels = {
     .add_rmsnorm_forward = add_rmsnorm_forward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
+    .lm_head_forward = lm_head_forward,
+    .lm_head_backward = lm_head_backward,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .rope_forward = rope_forward,

@@ -900,12 +900,12 @@ static void print_sample(Trainer *t) {
     for (int n = prompt; n < total; n++) {
         int len = n < T ? n : T;
         model_forward_bt(m, ctx + (n - len), NULL, 1, len);
-        const float *last = m->logits + (size_t)(len - 1 - m->logits_row0) * m->V;
+        int last = len - 1 - m->logits_row0;
         if (tp > 1 && dp0) {
-            t->k->to_host(mine, last, (size_t)m->V * sizeof(float));
+            model_logits_to_host(m, last, 1, mine);
             dist_tp_gather_f32(&t->dist, mine, is_root(t) ? row : NULL, (size_t)m->V);
         } else if (is_root(t)) {
-            t->k->to_host(row, last, (size_t)V * sizeof(float));
+            model_logits_to_host(m, last, 1, row);
         }
         int next = is_root(t) ? pick_token(t, row, V) : 0;
         if (t->sharded || tp > 1) { /* share the choice: only rank 0 contributes (host memory: a float64 sum) */
@@ -1086,7 +1086,7 @@ static void dump_logits(Trainer *t, double loss) {
     float *logits = malloc_check(n * sizeof(float));
     load_batch(t, &t->train, micro_first_seq(t, 0, 0));
     model_forward(m, t->tok, NULL);
-    t->k->to_host(logits, m->logits, n * sizeof(float));
+    model_logits_to_host(m, 0, m->B * m->T, logits);
     float lossf = (float)loss;
     StWriter w = {0};
     int64_t shape[3] = {m->B, m->T, m->cfg.vocab_size}, one = 1;
@@ -1417,9 +1417,13 @@ static double cuda_scratch_bytes(const Trainer *t) {
     if (t->cfg.model.arch == ARCH_GPT2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
     s += grow * rb * widest * 4.0;
     s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);
-    if (cuda_bf16_env()) { /* A: rows x inner, B: rows x inner, each at most this */
-        double rows = fmax(N, fmax(m->V, fmax(m->fc_dim, m->qkv_dim))), inner = fmax(C, fmax(m->F, fmax(m->fc_dim, m->V)));
-        s += grow * 2.0 * 2.0 * rows * inner;
+    if (cuda_bf16_env()) {
+        /* bf16 scratch copies of a product's operands: a backward's output
+         * gradient (N rows of a linear layer's outputs; the LM head's are
+         * bf16 already) and a weight matrix (at most the largest) */
+        double outs = fmax(C, fmax(m->fc_dim, m->qkv_dim));
+        double wmax = fmax((double)m->V * C, fmax(outs * C, (double)C * fmax(m->F, (double)m->nh * m->hd)));
+        s += grow * 2.0 * (N * outs + wmax);
     }
     return s;
 }

@@ -157,7 +157,9 @@ static void bind_chunk(Model *m, int c) {
 static void chunk_event(Model *m, int c, int ev) {
     if (!m->comm.chunk) return;
     m->comm.chunk(m->comm.hook_ctx, c, ev);
-    if (ev == CHUNK_PRE_FORWARD || ev == CHUNK_PRE_BACKWARD) bind_chunk(m, c);
+    if (ev == CHUNK_PRE_FORWARD || ev == CHUNK_PRE_BACKWARD) {
+        bind_chunk(m, c);
+    }
 }
 
 const ParamSpec *model_find(const Model *m, const char *name) {
@@ -255,7 +257,7 @@ static size_t carve_acts(Model *m, float *base) {
     if (gpt2) TAKE(m->lnf_mean, N); else m->lnf_mean = NULL;
     TAKE(m->lnf_rstd, N);
     size_t R = m->head_rows > 0 && (size_t)m->head_rows < N ? (size_t)m->head_rows : N;
-    TAKE(m->logits, R * (size_t)m->V);
+    TAKE(m->logits, act_floats(m, R * (size_t)m->V)); /* [a] */
     TAKE(m->losses, N);
     if (m->tp > 1) { TAKE(m->ce_max, R); TAKE(m->ce_sum, 2 * R); }
     else m->ce_max = m->ce_sum = NULL;
@@ -585,7 +587,7 @@ static int head_rows(const Model *m, int N) { return m->head_rows > 0 && m->head
 static void head_forward(Model *m, int r0, int n, float dloss) {
     const Kernels *k = m->k;
     const int *tg = m->targets + r0;
-    k->matmul_forward(m->logits, act_at(m, m->lnf, (size_t)r0 * m->cfg.n_embd), m->p.lm_head, NULL, n, m->cfg.n_embd, m->V);
+    k->lm_head_forward(m->logits, act_at(m, m->lnf, (size_t)r0 * m->cfg.n_embd), m->p.lm_head, n, m->cfg.n_embd, m->V);
     if (m->tp > 1) {
         float *tgt = m->ce_sum + n; /* sums and target logits: one all-reduce of 2n */
         k->crossentropy_vp_max(m->ce_max, m->logits, n, m->V);
@@ -641,7 +643,7 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     m->head_fused = dloss != 0.0f;
     if (!targets) { /* the logits of the last R rows (sampling reads the last one) */
         m->logits_row0 = N - R;
-        k->matmul_forward(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, NULL, R, C, m->V);
+        k->lm_head_forward(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, R, C, m->V);
     } else {
         if (tp)
             for (int n = 0; n < N; n++)
@@ -655,6 +657,23 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     chunk_event(m, L + 1, CHUNK_POST_FORWARD);
     if (!targets) return NAN;
     return (float)(k->sum(m->losses, (size_t)N) / N);
+}
+
+void model_logits_to_host(const Model *m, int row, int n, float *dst) {
+    size_t cnt = (size_t)n * m->V;
+    const float *src = act_at(m, m->logits, (size_t)row * m->V);
+    if (m->act_bytes == (int)sizeof(float)) {
+        m->k->to_host(dst, src, cnt * sizeof(float));
+        return;
+    }
+    /* bf16 words into the upper half of dst, widened upwards (word i lands
+     * in float i, never over a word not yet read) */
+    uint16_t *w = (uint16_t *)(void *)dst + cnt;
+    m->k->to_host(w, src, cnt * sizeof(uint16_t));
+    for (size_t i = 0; i < cnt; i++) {
+        uint32_t u = (uint32_t)w[i] << 16;
+        memcpy(dst + i, &u, sizeof u);
+    }
 }
 
 float model_forward(Model *m, const int *tokens, const int *targets) {
@@ -684,8 +703,8 @@ void model_backward(Model *m, float loss_scale) {
         if (R < N) head_forward(m, r0, n, tp ? 0.0f : loss_scale);
         if (tp) k->crossentropy_vp_backward(m->logits, m->targets + r0, loss_scale, n, V, m->v0);
         else if (R == N && !m->head_fused) k->crossentropy_backward(m->logits, m->targets + r0, loss_scale, n, V);
-        k->matmul_backward(m->dlnf + (size_t)r0 * C, m->g.lm_head, NULL, m->logits, act_at(m, m->lnf, (size_t)r0 * C),
-                           m->p.lm_head, n, C, V);
+        k->lm_head_backward(m->dlnf + (size_t)r0 * C, m->g.lm_head, m->logits, act_at(m, m->lnf, (size_t)r0 * C),
+                            m->p.lm_head, n, C, V);
     }
     if (tp) tp_allreduce(m, m->dlnf, NC, 0); /* partial over the vocabulary slices */
     const float *xL = c->n_layer > 0 ? m->la[c->n_layer - 1].res3 : m->encoded;

@@ -154,7 +154,7 @@ typedef struct Model {
     float *encoded;           /* [N,C] embedding output = residual stream input */
     LayerActs *la;            /* [n_layer] */
     float *lnf, *lnf_mean, *lnf_rstd;   /* lnf is [a] */
-    float *logits;            /* [R,V] (local V; R = N, or head_rows) logits -> probs -> dlogits */
+    float *logits;            /* [R,V] [a] (local V; R = N, or head_rows) logits -> probs -> dlogits */
     int logits_row0;          /* after a forward without targets: logits holds rows [logits_row0, N) */
     float *losses;            /* [N] */
     float *ce_max, *ce_sum;   /* [R], [2R] vocab-parallel cross-entropy pieces (tp > 1) */
@@ -202,6 +202,10 @@ const ParamSpec *model_find(const Model *m, const char *name);
 float model_forward(Model *m, const int *tokens, const int *targets);
 /* The same for a smaller B x T (sampling runs B = 1, growing T). */
 float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T);
+/* Rows [row, row + n) of the logits a forward without targets left (row
+ * counted from logits_row0; local V each) as floats in host memory: the
+ * [a] buffer widened when it is bf16. */
+void model_logits_to_host(const Model *m, int row, int n, float *dst);
 /* Backward of the last forward; grads += d(loss_scale * sum of losses)/dparams.
  * Use loss_scale = 1/(total targets of the step) for a mean loss. */
 void model_backward(Model *m, float loss_scale);

@@ -162,7 +162,9 @@ static void check_act(const char *name, const float *ref, const float *dev, size
  * within TOL_F32 of the CPU; bf16 [a] must be the CPU's value rounded to
  * nearest even, within one bf16 unit everywhere (the fp32 values may fall
  * on either side of a rounding boundary) and exactly in 99% of the
- * elements (truncation, or fp32 bytes read as bf16, would miss that). */
+ * elements (truncation, or fp32 bytes read as bf16, would miss that).
+ * Below 1e-37 both count as zero: the CPU's exp gives e^-87 for anything
+ * smaller (kernels_cpu.c's exp_f), e^-inf included, where CUDA's gives 0. */
 static void check_act_rn(const char *name, const float *ref, const float *dev, size_t n) {
     if (!act16()) {
         check(name, ref, dev, n, TOL_F32);
@@ -173,7 +175,7 @@ static void check_act_rn(const char *name, const float *ref, const float *dev, s
     for (size_t i = 0; i < n; i++) {
         float r = bf16_val(bf16_rn(ref[i]));
         double ulp = ldexp(1.0, ilogb(r == 0.0f ? 1e-30f : r) - 7);
-        if (h[i] == r) exact++;
+        if (h[i] == r || (fabsf(h[i]) < 1e-37f && fabsf(r) < 1e-37f)) exact++;
         else if (!(fabs((double)h[i] - r) <= ulp)) { far++; worst = i; }
     }
     int ok = far == 0 && exact * 100 >= n * 99;
@@ -725,9 +727,36 @@ static void test_pointwise(void) {
     check_scalar("sumsq (3M)", KC->sumsq(y, big), KG->sumsq(gy, big), TOL_RED);
 }
 
+/* n floats rounded to bf16 in place when [a] is bf16 (what dcopy_act
+ * stores), so the CPU starts from the device's values */
+static void act_round(float *h, size_t n) {
+    if (act16())
+        for (size_t i = 0; i < n; i++) h[i] = bf16_val(bf16_rn(h[i]));
+}
+
+/* two device [a] buffers hold the same bits */
+static void check_act_bits(const char *name, const float *dev_a, const float *dev_b, size_t n) {
+    size_t bytes = n * (size_t)KG->act_bytes, bad = 0;
+    unsigned char *a = malloc_check(bytes + 16), *b = malloc_check(bytes + 16);
+    KG->to_host(a, dev_a, bytes);
+    KG->to_host(b, dev_b, bytes);
+    for (size_t i = 0; i < n; i++) bad += memcmp(a + i * KG->act_bytes, b + i * KG->act_bytes, KG->act_bytes) != 0;
+    printf("%s %-34s %zu of %zu [a] elements differ\n", bad ? "FAIL" : "ok  ", name, bad, n);
+    if (bad) fail++; else pass++;
+    free(a); free(b);
+}
+
+/* The logits are [a] (kernels.h): under bf16 the device reads and writes
+ * bf16 logits, the CPU fp32 ones, both starting from the same (rounded)
+ * values. The losses and row sums are fp32 either way (TOL_F32); an output
+ * computed in fp32 and stored once (the probabilities, the exponentials) is
+ * the CPU's value rounded to nearest (check_act_rn); one computed from a
+ * stored bf16 value (the gradients, the normalised vocab-parallel
+ * probabilities) is within a bf16 unit of the largest (TOL_BF16). */
 static void test_crossentropy(void) {
     int N = 45, V = 1037;
     size_t n = (size_t)N * V;
+    const double tol2 = act16() ? TOL_BF16 : TOL_F32;
     int tgt[45];
     for (int i = 0; i < N; i++) tgt[i] = (int)(rnd_u32() % V);
     int *gtgt = dcopy_int(tgt, N);
@@ -741,31 +770,33 @@ static void test_crossentropy(void) {
         lg[(size_t)V + j] = -60.0f * (float)j / (float)V;
         if (j % 7 == 0 && j != tgt[2]) lg[(size_t)2 * V + j] = -INFINITY;
     }
-    float *glg = dcopy(lg, n), *gfu = dcopy(lg, n), *fu = malloc_check(n * sizeof(float));
+    act_round(lg, n);
+    float *glg = dcopy_act(lg, n), *gfu = dcopy_act(lg, n), *fu = malloc_check(n * sizeof(float));
     memcpy(fu, lg, n * sizeof(float));
     KC->crossentropy_forward(loss, lg, tgt, N, V);
     KG->crossentropy_forward(gloss, glg, gtgt, N, V);
     check("crossentropy_forward losses", loss, gloss, N, TOL_F32);
-    check("crossentropy_forward probs", lg, glg, n, TOL_F32);
+    check_act_rn("crossentropy_forward probs", lg, glg, n);
     KC->crossentropy_backward(lg, tgt, 0.01f, N, V);
     KG->crossentropy_backward(glg, gtgt, 0.01f, N, V);
-    check("crossentropy_backward", lg, glg, n, TOL_F32);
+    check_act("crossentropy_backward", lg, glg, n, tol2);
     /* crossentropy_fused: the CPU's within tolerance, and the bits of the
      * device's own forward + backward */
     float *floss = hrand(N, 1), *gfloss = dcopy(floss, N), *hg = malloc_check(n * sizeof(float));
     KC->crossentropy_fused(floss, fu, tgt, 0.01f, N, V);
     KG->crossentropy_fused(gfloss, gfu, gtgt, 0.01f, N, V);
     check("crossentropy_fused losses", floss, gfloss, N, TOL_F32);
-    check("crossentropy_fused dlogits", fu, gfu, n, TOL_F32);
-    KG->to_host(hg, glg, n * sizeof(float));
-    check_bits("crossentropy_fused = fwd + bwd", hg, gfu, n);
+    check_act("crossentropy_fused dlogits", fu, gfu, n, tol2);
+    check_act_bits("crossentropy_fused = fwd + bwd", glg, gfu, n);
     KG->to_host(hg, gloss, N * sizeof(float));
     check_bits("crossentropy_fused losses = fwd's", hg, gfloss, N);
     free(fu); free(floss); free(hg);
     /* vocab-parallel pieces on the columns [v0, v0 + Vl) */
     int v0 = 300, Vl = 400;
     size_t nl = (size_t)N * Vl;
-    float *l2 = hrand(nl, 3), *gl2 = dcopy(l2, nl);
+    float *l2 = hrand(nl, 3);
+    act_round(l2, nl);
+    float *gl2 = dcopy_act(l2, nl);
     float *mx = hrand(N, 1), *sm = hrand(N, 1), *tg = hrand(N, 1);
     float *gmx = dcopy(mx, N), *gsm = dcopy(sm, N), *gtg = dcopy(tg, N);
     KC->crossentropy_vp_max(mx, l2, N, Vl);
@@ -775,14 +806,46 @@ static void test_crossentropy(void) {
     KG->crossentropy_vp_expsum(gsm, gtg, gl2, gmx, gtgt, N, Vl, v0);
     check("crossentropy_vp_expsum sums", sm, gsm, N, TOL_F32);
     check("crossentropy_vp_expsum tgt", tg, gtg, N, TOL_F32);
-    check("crossentropy_vp_expsum exp", l2, gl2, nl, TOL_F32);
+    check_act_rn("crossentropy_vp_expsum exp", l2, gl2, nl);
     KC->crossentropy_vp_finish(loss, l2, mx, sm, tg, N, Vl);
     KG->crossentropy_vp_finish(gloss, gl2, gmx, gsm, gtg, N, Vl);
     check("crossentropy_vp_finish losses", loss, gloss, N, TOL_F32);
-    check("crossentropy_vp_finish probs", l2, gl2, nl, TOL_F32);
+    check_act("crossentropy_vp_finish probs", l2, gl2, nl, tol2);
     KC->crossentropy_vp_backward(l2, tgt, 0.5f, N, Vl, v0);
     KG->crossentropy_vp_backward(gl2, gtgt, 0.5f, N, Vl, v0);
-    check("crossentropy_vp_backward", l2, gl2, nl, TOL_F32);
+    check_act("crossentropy_vp_backward", l2, gl2, nl, tol2);
+}
+
+/* lm_head_forward / lm_head_backward: matmul_forward / matmul_backward
+ * without a bias, with [a] logits. Under bf16 the CPU takes the operands
+ * rounded to bf16 (what the GEMMs read), so the bf16 logits must be its
+ * product rounded to nearest (check_act_rn: fp32 logits read as bf16, or
+ * truncated, fail it) and dinp / dw, from the bf16 gradients as stored,
+ * equal its own up to the fp32 summation order (TOL_FP32MM); under TF32
+ * and fp32 the matmul tolerance. */
+static void test_lm_head_case(int N, int C, int V) {
+    char name[96];
+    size_t nx = (size_t)N * C, nw = (size_t)V * C, no = (size_t)N * V;
+    float *inp = hrand(nx, 1), *w = hrand(nw, 0.1f), *dl = hrand(no, 0.01f), *out = hrand(no, 1);
+    act_round(inp, nx);
+    act_round(dl, no);
+    float *ginp = dcopy_act(inp, nx), *gw = dcopy(w, nw), *gdl = dcopy_act(dl, no), *gout = dcopy_act(out, no);
+    act_round(w, nw); /* the bf16 GEMM's conversion of the weights */
+    KC->lm_head_forward(out, inp, w, N, C, V);
+    KG->lm_head_forward(gout, ginp, gw, N, C, V);
+    snprintf(name, sizeof name, "lm_head_fwd %dx%dx%d", N, C, V);
+    if (act16()) check_act_rn(name, out, gout, no);
+    else check(name, out, gout, no, tol_mm);
+    float *dinp = hrand(nx, 1), *dw = hrand(nw, 1);
+    float *gdinp = dcopy(dinp, nx), *gdw = dcopy(dw, nw);
+    KC->lm_head_backward(dinp, dw, dl, inp, w, N, C, V);
+    KG->lm_head_backward(gdinp, gdw, gdl, ginp, gw, N, C, V);
+    const double tol = act16() ? TOL_FP32MM : tol_mm;
+    snprintf(name, sizeof name, "lm_head_bwd dinp %dx%dx%d", N, C, V);
+    check(name, dinp, gdinp, nx, tol);
+    snprintf(name, sizeof name, "lm_head_bwd dw %dx%dx%d", N, C, V);
+    check(name, dw, gdw, nw, tol);
+    free(inp); free(w); free(dl); free(out); free(dinp); free(dw);
 }
 
 static void test_adamw(void) {
@@ -963,6 +1026,8 @@ int main(void) {
     test_rope();
     test_pointwise();
     test_crossentropy();
+    test_lm_head_case(64, 128, 1000);
+    test_lm_head_case(37, 72, 96);
     test_adamw();
     test_round_bf16();
     test_unpack_inplace();

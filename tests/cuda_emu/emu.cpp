@@ -705,13 +705,15 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     return ok ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
-/* op(A) is m x k, op(B) k x n, C and D m x n */
+/* op(A) is m x k, op(B) k x n, C and D m x n; C and D fp32, or both bf16
+ * with bf16 A and B (the result rounded to nearest) */
 static int shapes_ok(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                      cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl) {
     uint64_t m = d->ta ? a->cols : a->rows, k = d->ta ? a->rows : a->cols;
     uint64_t kb = d->tb ? b->cols : b->rows, n = d->tb ? b->rows : b->cols;
     return k == kb && c->rows == m && c->cols == n && dl->rows == m && dl->cols == n && a->type == b->type &&
-           c->type == CUDA_R_32F && dl->type == CUDA_R_32F && a->batch == b->batch && a->batch == c->batch &&
+           c->type == dl->type && (c->type == CUDA_R_32F || (c->type == CUDA_R_16BF && a->type == CUDA_R_16BF)) &&
+           a->batch == b->batch && a->batch == c->batch &&
            c->batch == dl->batch && (a->type == CUDA_R_32F || d->compute == CUBLAS_COMPUTE_32F);
 }
 
@@ -733,7 +735,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     /* tensor-core (TF32) kernels want 16-byte operands; the plain fp32 ones
      * take 4 */
     uint32_t need = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? 16 : (a->type == CUDA_R_16BF ? 2 : 4);
-    if (p->al[0] < need || p->al[1] < need || p->al[2] < 4 || p->al[3] < 4) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const uint32_t need_c = c->type == CUDA_R_16BF ? 2 : 4;
+    if (p->al[0] < need || p->al[1] < need || p->al[2] < need_c || p->al[3] < need_c) return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(res, 0, sizeof *res);
     for (int i = 0; i < 4; i++) res->algo.data[i] = p->al[i];
     res->algo.data[4] = 0x454d55; /* "EMU": an algorithm this heuristic returned */
@@ -762,7 +765,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
      * algorithm was chosen for */
     const void *ptrs[4] = {A, B, C, D};
     const int64_t lds[4] = {la->ld, lb->ld, lc->ld, ld->ld}, sts[4] = {la->stride, lb->stride, lc->stride, ld->stride};
-    const int esz[4] = {es, es, 4, 4};
+    const int ces = lc->type == CUDA_R_16BF ? 2 : 4;
+    const int esz[4] = {es, es, ces, ces};
     for (int i = 0; i < 4; i++) {
         uint32_t al = (uint32_t)algo->data[i];
         if (!aligned_to(ptrs[i], al) || (lds[i] * esz[i]) % al != 0 || (la->batch > 1 && (sts[i] * esz[i]) % al != 0)) {
@@ -804,7 +808,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                 for (; p < k; p++) sum += x[p] * y[p];
                 float v = al * sum;
                 size_t ci = (size_t)bi * lc->stride + i + j * lc->ld, di = (size_t)bi * ld->stride + i + j * ld->ld;
-                if (be != 0.0f) v += be * ((const float *)C)[ci];
+                if (be != 0.0f) v += be * load_elem(C, lc->type, ci);
                 if (bias) v += d->bias[i];
                 if (gelu) {
                     d->aux[i + j * d->aux_ld] = v;
@@ -817,7 +821,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                     v = (float)(v * (0.5 * (1.0 + t) +
                                      0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x)));
                 }
-                ((float *)D)[di] = v;
+                if (ld->type == CUDA_R_16BF) ((__nv_bfloat16 *)D)[di] = __float2bfloat16_rn(v);
+                else ((float *)D)[di] = v;
             }
     }
     return CUBLAS_STATUS_SUCCESS;
