@@ -267,11 +267,14 @@ static void *cu_alloc(size_t bytes) {
     return p;
 }
 
+static void wc_forget(const void *p, size_t bytes);
+
 static void cu_free(void *p) {
     if (!p) return;
     size_t i = Live.n;
     while (i > 0 && Live.p[i - 1] != p) i--;
     if (i == 0) die(EXIT_INTERNAL, "cuda free: %p was not allocated by this backend", p);
+    wc_forget(p, Live.bytes[i - 1]);
     dev_free(p, Live.bytes[i - 1]);
     Live.n--;
     Live.p[i - 1] = Live.p[Live.n];
@@ -813,8 +816,10 @@ __global__ void add_bias_k(float *out, const float *bias, int M, int N, int ldc)
  *   bf16  the linear layers' GEMMs run bf16 x bf16 -> fp32 with fp32
  *         accumulation. Their activation operand is an [a] buffer, bf16
  *         already (the norms, the GELU / SwiGLU and attention write it so);
- *         the others (weights, output gradients) are converted into scratch
- *         buffers first (a backward's dout once for both of its products);
+ *         an output gradient is converted into scratch first (a backward's
+ *         dout once for both of its products; the LM head's logits and their
+ *         gradients are [a], bf16 already), the weights into the copies of
+ *         weights_stable (wc_get) or, outside a stable range, into scratch;
  *         the fused attention takes its bf16 mma.sync kernels (the GEMM
  *         attention stays TF32, on an fp32 copy of its [a] output);
  *   fp32  every GEMM in plain fp32 without tensor cores: for telling TF32
@@ -861,6 +866,126 @@ static const void *bf16_copy(Scratch *s, const float *x, size_t n) {
     void *d = scratch_get(s, n * sizeof(__nv_bfloat16));
     to_bf16(d, x, n);
     return d;
+}
+
+/* ---- bf16 copies of stable weights (Kernels.weights_stable) ----
+ * Under bf16 GEMMs a product's weight operand is converted to bf16 first.
+ * Inside a range the model has declared stable the conversion is kept,
+ * keyed by the weight's pointer and size, and every later product that
+ * reads the same weights takes it until a call overlapping the range, or
+ * the memory's free, says they changed: the backward's input-gradient GEMM
+ * and an activation-checkpointing recompute read the forward's copy. A
+ * copy's memory is allocated at its key's first use and kept (the pool
+ * slots of sharded training reuse theirs), so later steps allocate nothing;
+ * past WC_ENTRIES keys products convert into scratch as outside a range.
+ * Past WC_RANGES ranges the oldest ends (a model declares each chunk just
+ * before its products). */
+#define WC_RANGES 256
+#define WC_ENTRIES 4096
+typedef struct {
+    const float *w;
+    size_t n;
+    void *bf;
+    int current;
+} WcEntry;
+static WcEntry wc[WC_ENTRIES];
+static int wc_n;
+static struct {
+    const float *p;
+    size_t n;
+} wc_range[WC_RANGES];
+static int wc_nr;
+static long wc_hits, wc_made;
+static size_t wc_bytes;
+
+extern "C" void kernels_cuda_weight_cache_stats(long *hits, long *made, size_t *bytes) {
+    if (hits) *hits = wc_hits;
+    if (made) *made = wc_made;
+    if (bytes) *bytes = wc_bytes;
+}
+
+/* byte ranges [a, a + na) and [b, b + nb) share a byte */
+static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    return (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
+}
+
+static void cu_weights_stable(const float *p, size_t n) {
+    const size_t nb = n * sizeof(float);
+    for (int i = 0; i < wc_n; i++)
+        if (!p || overlaps(wc[i].w, wc[i].n * sizeof(float), p, nb)) wc[i].current = 0;
+    int k = 0;
+    for (int i = 0; p && i < wc_nr; i++)
+        if (!overlaps(wc_range[i].p, wc_range[i].n * sizeof(float), p, nb)) wc_range[k++] = wc_range[i];
+    wc_nr = k;
+    if (p && n && wc_nr == WC_RANGES) { /* full: the oldest range ends (its products are long done) */
+        for (int i = 0; i < wc_n; i++)
+            if (overlaps(wc[i].w, wc[i].n * sizeof(float), wc_range[0].p, wc_range[0].n * sizeof(float))) wc[i].current = 0;
+        memmove(wc_range, wc_range + 1, (WC_RANGES - 1) * sizeof wc_range[0]);
+        wc_nr--;
+    }
+    if (p && n) {
+        wc_range[wc_nr].p = p;
+        wc_range[wc_nr].n = n;
+        wc_nr++;
+    }
+}
+
+/* cu_free of [p, p + bytes): its copies go with it, and its ranges */
+static void wc_forget(const void *p, size_t bytes) {
+    for (int i = 0; i < wc_n;) {
+        if (overlaps(wc[i].w, wc[i].n * sizeof(float), p, bytes)) {
+            dev_free(wc[i].bf, wc[i].n * sizeof(__nv_bfloat16));
+            wc_bytes -= wc[i].n * sizeof(__nv_bfloat16);
+            wc[i] = wc[--wc_n];
+        } else {
+            i++;
+        }
+    }
+    int k = 0;
+    for (int i = 0; i < wc_nr; i++)
+        if (!overlaps(wc_range[i].p, wc_range[i].n * sizeof(float), p, bytes)) wc_range[k++] = wc_range[i];
+    wc_nr = k;
+}
+
+static int wc_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("LLMTRAIN_CUDA_WEIGHT_CACHE");
+        on = !e || !*e || strcmp(e, "1") == 0 ? 1 : strcmp(e, "0") == 0 ? 0 : -2;
+        if (on == -2) die(EXIT_USAGE, "LLMTRAIN_CUDA_WEIGHT_CACHE=%s: expected 0 or 1", e);
+    }
+    return on;
+}
+
+/* The bf16 copy of the n weights at w for a bf16 product: current, made
+ * now, or NULL when w is in no stable range (the caller converts into
+ * scratch) */
+static const void *wc_get(const float *w, size_t n) {
+    if (!wc_enabled()) return NULL;
+    int stable = 0;
+    for (int i = 0; i < wc_nr && !stable; i++)
+        stable = w >= wc_range[i].p && w + n <= wc_range[i].p + wc_range[i].n;
+    if (!stable) return NULL;
+    WcEntry *e = NULL;
+    for (int i = 0; i < wc_n && !e; i++)
+        if (wc[i].w == w && wc[i].n == n) e = &wc[i];
+    if (!e) {
+        if (wc_n == WC_ENTRIES) return NULL;
+        e = &wc[wc_n++];
+        e->w = w;
+        e->n = n;
+        e->current = 0;
+        DEV_MALLOC(&e->bf, n * sizeof(__nv_bfloat16));
+        wc_bytes += n * sizeof(__nv_bfloat16);
+    }
+    if (e->current) {
+        wc_hits++;
+        return e->bf;
+    }
+    to_bf16(e->bf, w, n);
+    e->current = 1;
+    wc_made++;
+    return e->bf;
 }
 
 static void gelu_forward(float *out, const float *inp, size_t n);
@@ -1001,7 +1126,7 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
     if (N <= 0 || OC <= 0) return;
     const int bf16 = act_bf16();
     rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, bf16, NULL, bf16 ? inp : NULL,
-                 NULL, NULL, 0);
+                 bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, 0);
 }
 
 static void gelu_act(float *out, const float *pre, size_t n);
@@ -1016,7 +1141,7 @@ static void matmul_gelu_forward(float *out, float *pre, const float *inp, const 
     if (N <= 0 || OC <= 0) return;
     if (act_bf16()) {
         rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, pre, OC, 0, 1, bias, 1, NULL, inp,
-                     NULL, NULL, 0);
+                     wc_get(w, (size_t)OC * C), NULL, 0);
         gelu_act(out, pre, (size_t)N * OC);
         return;
     }
@@ -1035,7 +1160,7 @@ static void matmul_backward_core(float *dinp, int ldd, float beta_dinp, const fl
     const void *db = dout_bf16 ? (const void *)dout : bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
     if (dinp)
         rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, beta_dinp, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
-                     NULL, dgelu_pre, 0);
+                     bf16 ? wc_get(w, (size_t)OC * C) : NULL, dgelu_pre, 0);
     /* inp is [a]: bf16 as it is under bf16 */
     if (dw)
         rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db,
@@ -1059,7 +1184,7 @@ static void lm_head_forward(float *logits, const float *inp, const float *w, int
         return;
     }
     rm_gemm_core(0, 1, N, V, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, logits, V, 0, 1, NULL, 1, NULL, inp,
-                 NULL, NULL, 1);
+                 wc_get(w, (size_t)V * C), NULL, 1);
 }
 
 static void lm_head_backward(float *dinp, float *dw, const float *dlogits, const float *inp, const float *w, int N,
@@ -3683,6 +3808,7 @@ static Kernels cuda_kernels = {
     /* .round_bf16 = */ round_bf16,
     /* .pack_bf16 = */ pack_bf16,
     /* .unpack_bf16 = */ unpack_bf16,
+    /* .weights_stable = */ cu_weights_stable,
     /* .host_alloc = */ cu_host_alloc,
     /* .host_free = */ cu_host_free,
     /* .offload_copy = */ cu_offload_copy,

@@ -213,6 +213,17 @@ typedef struct Kernels {
     void (*pack_bf16)(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0);
     void (*unpack_bf16)(float *dst, const uint16_t *src, size_t n);
 
+    /* ---- weights that stay put ----
+     * weights_stable(p, n): the n floats at p were just written (any copy a
+     * backend derived from them is stale) and stay as they are until the next
+     * call whose range overlaps theirs; weights_stable(NULL, 0) ends every
+     * range. While a range holds, a backend may keep derived copies of the
+     * w operands of the matrix products (matmul_*, lm_head_*) inside it:
+     * CUDA under bf16 GEMMs keeps their bf16 conversion, made by the first
+     * product that reads them instead of by each (the backward's, the
+     * recompute's). Freeing the memory drops its copies. The CPU keeps none. */
+    void (*weights_stable)(const float *p, size_t n);
+
     /* ---- activation offload (train.activation_offload) ----
      * host_alloc: zero-filled host memory for the copies (page-locked on
      * CUDA, so they run asynchronously). offload_copy queues a copy of bytes
@@ -317,6 +328,12 @@ void kernels_cuda_set_attention(const char *mode);
 long kernels_cuda_flash_attention_calls(void);
 /* How many ran through cuDNN; for tests. */
 long kernels_cuda_cudnn_attention_calls(void);
+/* The bf16 weight copies of Kernels.weights_stable: products that found a
+ * current copy (*hits), that made one (*made), and the device bytes the
+ * copies hold now (*bytes); for tests. Any pointer may be NULL. The
+ * environment variable LLMTRAIN_CUDA_WEIGHT_CACHE=0 turns the copies off
+ * (every bf16 product converts its weights into scratch again). */
+void kernels_cuda_weight_cache_stats(long *hits, long *made, size_t *bytes);
 #endif
 
 #endif

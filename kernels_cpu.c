@@ -56,6 +56,12 @@ static void *cpu_alloc(size_t bytes) {
 
 static void cpu_free(void *p) { free(p); }
 
+/* the CPU's products read the fp32 weights: nothing to keep */
+static void cpu_weights_stable(const float *p, size_t n) {
+    (void)p;
+    (void)n;
+}
+
 /* Activation offload on the CPU: host and backend memory are the same, so a
  * copy is a memcpy that is complete when it returns. */
 static void cpu_offload_copy(void *host, void *dev, size_t bytes, int to_host) {
@@ -946,6 +952,7 @@ static const Kernels cpu_kernels = {
     .round_bf16 = round_bf16,
     .pack_bf16 = pack_bf16,
     .unpack_bf16 = unpack_bf16,
+    .weights_stable = cpu_weights_stable,
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
     .offload_copy = cpu_offload_copy,

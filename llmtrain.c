@@ -1393,7 +1393,8 @@ static int cuda_bf16_env(void) {
  * [B, heads, T] instead), the column-sum partials of the bias and norm
  * gradients, the embedding backward's sort keys and CUB's temporary storage
  * (taken as N x 8 bytes + 1 MiB), and under LLMTRAIN_CUDA_MATMUL=bf16 the
- * bf16 copies of the largest GEMM operands. An upper bound, which
+ * bf16 copies of GEMM operands: scratch for the output gradients, and the
+ * weights' kept copies. An upper bound, which
  * tests/gpu_tests.sh holds against the device's measured peak. */
 static double cuda_scratch_bytes(const Trainer *t) {
     const Model *m = &t->model;
@@ -1420,10 +1421,24 @@ static double cuda_scratch_bytes(const Trainer *t) {
     if (cuda_bf16_env()) {
         /* bf16 scratch copies of a product's operands: a backward's output
          * gradient (N rows of a linear layer's outputs; the LM head's are
-         * bf16 already) and a weight matrix (at most the largest) */
+         * bf16 already), and without the weights' copies (kernels.h
+         * weights_stable; or past kernels.cu's 4096 of them) a weight
+         * matrix, at most the largest */
         double outs = fmax(C, fmax(m->fc_dim, m->qkv_dim));
         double wmax = fmax((double)m->V * C, fmax(outs * C, (double)C * fmax(m->F, (double)m->nh * m->hd)));
-        s += grow * 2.0 * (N * outs + wmax);
+        s += grow * 2.0 * N * outs;
+        /* the weights' copies, exactly their size: every layer's four and
+         * the LM head, or sharded, those of the layers' pool slots */
+        const char *wc = getenv("LLMTRAIN_CUDA_WEIGHT_CACHE");
+        int np, ng, L = t->cfg.model.n_layer;
+        pool_slots(t, &np, &ng);
+        int copies = t->sharded ? np - 2 : L;
+        if (!(wc && strcmp(wc, "0") == 0) && 4 * copies + 1 <= 4096) {
+            double layer = (double)m->qkv_dim * C + (double)C * m->nh * m->hd + (double)m->fc_dim * C + (double)C * m->F;
+            s += 2.0 * (copies * layer + (double)m->V * C);
+        } else {
+            s += grow * 2.0 * wmax;
+        }
     }
     return s;
 }

@@ -159,6 +159,8 @@ static void chunk_event(Model *m, int c, int ev) {
     m->comm.chunk(m->comm.hook_ctx, c, ev);
     if (ev == CHUNK_PRE_FORWARD || ev == CHUNK_PRE_BACKWARD) {
         bind_chunk(m, c);
+        /* (re)gathered: its weights are new and stay until its next gather */
+        m->k->weights_stable(m->chunk_params[c], m->chunk_size[c]);
     }
 }
 
@@ -614,6 +616,12 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
     int L = c->n_layer, tied = c->tie_embeddings;
 
+    /* Whatever changed the weights since the last forward (the optimizer,
+     * a load) is done, and nothing changes them until the backward of this
+     * forward is: all of them stay put (kernels.h weights_stable), or, when
+     * a hook gathers chunks, each chunk from its gather on (chunk_event). */
+    k->weights_stable(NULL, 0);
+    if (!m->comm.chunk) k->weights_stable(m->params, m->n_params);
     chunk_event(m, 0, CHUNK_PRE_FORWARD);
     if (tp) { /* vocab-parallel lookup; wpe added once (tp rank 0) */
         k->embed_forward_vp(m->encoded, m->tokens, m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);

@@ -29,9 +29,15 @@
 #      GEMMs and (Llama) selective checkpointing, against cpu within 3e-2;
 #      no shape declined; emulated, a cuDNN that declines everything leaves
 #      the flash run's numbers; the memory estimate with its buffers (T 512).
+#   3d. under bf16 GEMMs: the memory estimate with the weights' bf16 copies
+#      (Llama, n_embd 256); runs with the copies (Llama; checkpointing none
+#      and full) are the runs without them (LLMTRAIN_CUDA_WEIGHT_CACHE=0) to
+#      1e-7.
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
 #      FULL_SHARD (also with bf16 working weights, gathered as bf16 words)
-#      and tp 2 against the same jobs' 2-rank CPU runs (MPI):
+#      and tp 2 against the same jobs' 2-rank CPU runs (MPI); FULL_SHARD
+#      with 4 layers under bf16 GEMMs with the weights' bf16 copies against
+#      the run without them (1e-7):
 #      loss / grad norm / val loss within the TF32 tolerance, the same
 #      comm_bytes per step, the header naming NCCL; auto picks cuda for 2
 #      ranks; a torchrun-style launch (no MPI: NCCL's ids over the TCP
@@ -299,6 +305,38 @@ if LLMTRAIN_CUDA_ATTENTION=cudnn $BIN "$TMP/llama.json" --set train.device=cuda 
     echo "ok   llama T 512 on cuda with cuDNN attention: the memory estimate bounds the peak: $memline"; pass=$((pass + 1))
 else echo "FAIL llama T 512 with cuDNN attention: $memline $(tail -2 "$TMP/mem512dn.out")"; fail=$((fail + 1)); fi
 
+# The scratch estimate under bf16 GEMMs: the output gradients' bf16 scratch
+# and the weights' bf16 copies, exactly their size (n_embd 256: 3.2 MB of
+# copies, so an estimate without them falls below the peak); the GEMM
+# attention (cuDNN's workspace cap would hide them)
+if LLMTRAIN_CUDA_ATTENTION=gemm LLMTRAIN_CUDA_MATMUL=bf16 $BIN "$TMP/llama.json" --set train.device=cuda --set train.steps=2 \
+     --set model.n_embd=256 --set eval.batches=0 --set eval.sample_tokens=0 \
+     --set log.dir="$TMP/mem-bf16" --set checkpoint.dir="$TMP/mem-bf16/ckpt" >"$TMP/mem-bf16.out" 2>&1 &&
+   memline=$(mem_check "$TMP/mem-bf16" "$TMP/mem-bf16.out"); then
+    echo "ok   llama n_embd 256 on cuda under bf16 GEMMs: the memory estimate with the weights' bf16 copies bounds the peak: $memline"; pass=$((pass + 1))
+else echo "FAIL llama n_embd 256 under bf16 GEMMs: $memline $(tail -2 "$TMP/mem-bf16.out")"; fail=$((fail + 1)); fi
+
+# The weights' bf16 copies (kernels.h weights_stable; under bf16 GEMMs a
+# product's weights are converted once and the copy kept until they change):
+# a run with them must be the run that converts at every product
+# (LLMTRAIN_CUDA_WEIGHT_CACHE=0) to the bit; a copy used after the optimizer
+# step or the evaluation's forward changed nothing it had would not be.
+# Llama (accumulation 2, evaluation, sampling), and with full activation
+# checkpointing (the recompute reads the copies); the sharded case (a chunk
+# gather into a reused pool slot) is in the 2-rank section below.
+wc_ok=1
+for ac in none full; do
+    for wc in 1 0; do
+        LLMTRAIN_CUDA_WEIGHT_CACHE=$wc LLMTRAIN_CUDA_MATMUL=bf16 $BIN "$TMP/llama.json" --set train.device=cuda \
+            --set train.activation_checkpointing=$ac --set log.dir="$TMP/wc-$ac-$wc" --set checkpoint.dir="$TMP/wc-$ac-$wc/ckpt" \
+            >"$TMP/wc-$ac-$wc.out" 2>&1 || { echo "FAIL weight copies $ac $wc run: $(tail -2 "$TMP/wc-$ac-$wc.out")"; wc_ok=0; }
+    done
+    $PY tests/compare_runs.py "$TMP/wc-$ac-0" "$TMP/wc-$ac-1" --steps $STEPS --loss-rtol 1e-7 || wc_ok=0
+done
+if [ $wc_ok = 1 ]; then
+    echo "ok   bf16 weight copies: llama runs with them (checkpointing none and full) are the runs without, to 1e-7"; pass=$((pass + 1))
+else echo "FAIL bf16 weight copies: a run with them differs from the run without"; fail=$((fail + 1)); fi
+
 # multi-rank: NCCL (2 GPUs or more) or the refusal (1 GPU)
 ngpu=${GPU_COUNT:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 # same_comm_bytes RUN_A RUN_B: identical comm_bytes in every step line
@@ -335,6 +373,19 @@ if [ "${ngpu:-0}" -ge 2 ]; then
             echo "ok   2 ranks $name: comm_bytes per step identical on NCCL and MPI"; pass=$((pass + 1))
         else echo "FAIL 2 ranks $name: comm_bytes differ between NCCL and MPI"; fail=$((fail + 1)); fi
     done
+    # the weights' bf16 copies under FULL_SHARD with 4 layers: the layers share 2
+    # pool slots, so a slot's weights change at each gather; with the copies
+    # the run must be the one without them
+    wc_ok=1
+    for wc in 1 0; do
+        LLMTRAIN_CUDA_WEIGHT_CACHE=$wc LLMTRAIN_CUDA_MATMUL=bf16 timeout 600 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=cuda \
+            --set parallel.strategy=FULL_SHARD --set model.n_layer=4 --set log.dir="$TMP/mr-wc-$wc" \
+            --set checkpoint.dir="$TMP/mr-wc-$wc/ckpt" >"$TMP/mr-wc-$wc.out" 2>&1 ||
+            { echo "FAIL 2 ranks weight copies $wc run: $(grep -E 'llmtrain:|NCCL' "$TMP/mr-wc-$wc.out" | head -2)"; wc_ok=0; }
+    done
+    if [ $wc_ok = 1 ] && $PY tests/compare_runs.py "$TMP/mr-wc-0" "$TMP/mr-wc-1" --steps $STEPS --loss-rtol 1e-7; then
+        echo "ok   2 ranks FULL_SHARD, 4 layers in 2 pool slots, bf16: the run with the weights' bf16 copies is the run without, to 1e-7"; pass=$((pass + 1))
+    else echo "FAIL 2 ranks FULL_SHARD bf16: the run with the weights' bf16 copies differs from the run without"; fail=$((fail + 1)); fi
     $MPIRUN 2 $BIN "$TMP/llama.json" --set train.steps=2 --set log.dir="$TMP/mr-auto" --set checkpoint.dir="$TMP/mr-auto/ckpt" \
         >"$TMP/mr-auto.out" 2>&1; rc=$?
     if [ $rc -eq 0 ] && grep -q "backend cuda, collectives NCCL" "$TMP/mr-auto.out"; then

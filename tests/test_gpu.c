@@ -23,6 +23,7 @@
  *   the fused kernels) under LLMTRAIN_CUDA_MATMUL=fp32
  *   TOL_RED  1e-9  sum / sumsq (both accumulate in double)  */
 #include "kernels.h"
+#include "model.h"
 #include "util.h"
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -149,6 +150,13 @@ static void check(const char *name, const float *ref, const float *dev, size_t n
     KG->to_host(h, dev, n * sizeof(float));
     check_host(name, ref, h, n, tol);
     free(h);
+}
+
+/* n floats rounded to bf16 in place when [a] is bf16 (what dcopy_act
+ * stores), so the CPU starts from the device's values */
+static void act_round(float *h, size_t n) {
+    if (act16())
+        for (size_t i = 0; i < n; i++) h[i] = bf16_val(bf16_rn(h[i]));
 }
 
 /* a device [a] buffer against the CPU's values */
@@ -381,9 +389,9 @@ static void test_act_storage(int bf16_mode) {
     float *out = hrand(no, 1), *dw = hrand(nw, 1);
     float *ginp = dcopy_act(inp, nx), *gw = dcopy(w, nw), *gdout = dcopy(dout, no), *gout = dcopy(out, no);
     float *gdw = dcopy(dw, nw);
-    for (size_t i = 0; i < nx; i++) inp[i] = bf16_val(bf16_rn(inp[i]));
-    for (size_t i = 0; i < nw; i++) w[i] = bf16_val(bf16_rn(w[i]));
-    for (size_t i = 0; i < no; i++) dout[i] = bf16_val(bf16_rn(dout[i]));
+    act_round(inp, nx);
+    act_round(w, nw);
+    act_round(dout, no);
     KC->matmul_forward(out, inp, w, NULL, N, C, OC);
     KG->matmul_forward(gout, ginp, gw, NULL, N, C, OC);
     check("matmul_fwd bf16 [a] = cpu on rounded", out, gout, no, TOL_FP32MM);
@@ -727,13 +735,6 @@ static void test_pointwise(void) {
     check_scalar("sumsq (3M)", KC->sumsq(y, big), KG->sumsq(gy, big), TOL_RED);
 }
 
-/* n floats rounded to bf16 in place when [a] is bf16 (what dcopy_act
- * stores), so the CPU starts from the device's values */
-static void act_round(float *h, size_t n) {
-    if (act16())
-        for (size_t i = 0; i < n; i++) h[i] = bf16_val(bf16_rn(h[i]));
-}
-
 /* two device [a] buffers hold the same bits */
 static void check_act_bits(const char *name, const float *dev_a, const float *dev_b, size_t n) {
     size_t bytes = n * (size_t)KG->act_bytes, bad = 0;
@@ -846,6 +847,125 @@ static void test_lm_head_case(int N, int C, int V) {
     snprintf(name, sizeof name, "lm_head_bwd dw %dx%dx%d", N, C, V);
     check(name, dw, gdw, nw, tol);
     free(inp); free(w); free(dl); free(out); free(dinp); free(dw);
+}
+
+/* weights_stable (kernels.h): under bf16 GEMMs a product inside a stable
+ * range converts its weights once and keeps the copy: a second forward and
+ * the backward's input-gradient product find it (hits), it takes exactly 2
+ * bytes a weight of device memory, and a product outside every range keeps
+ * nothing. New weights declared stable give the new product (a stale copy
+ * would give the old one), so does a product after every range is released,
+ * and freeing the weights frees the copy. Under TF32 and fp32 nothing is
+ * kept. Each product is checked against the CPU's on the weights the device
+ * holds at that point (rounded to bf16 under bf16). */
+static void test_weight_cache(void) {
+    int N = 64, C = 96, OC = 80;
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    const int bf = act16();
+    const double tol = bf ? TOL_FP32MM : tol_mm;
+    float *inp = hrand(nx, 1), *w1 = hrand(nw, 0.1f), *w2 = hrand(nw, 0.1f), *dout = hrand(no, 1);
+    act_round(inp, nx);
+    act_round(dout, no); /* the bf16 backward's conversion of its output gradient */
+    float *ginp = dcopy_act(inp, nx), *gout = dcopy(dout, no), *gdout = dcopy(dout, no);
+    float *out = malloc_check(no * sizeof(float)), *dinp = calloc(nx, sizeof(float)), *gdinp = dcopy(dinp, nx);
+    float *r1 = malloc_check(nw * sizeof(float)), *r2 = malloc_check(nw * sizeof(float));
+    memcpy(r1, w1, nw * sizeof(float));
+    memcpy(r2, w2, nw * sizeof(float));
+    act_round(r1, nw);
+    act_round(r2, nw);
+    float *gw = KG->alloc(nw * sizeof(float)); /* ours to free */
+    KG->from_host(gw, w1, nw * sizeof(float));
+    long h0, m0, h, m;
+    size_t b0, b;
+    kernels_cuda_weight_cache_stats(&h0, &m0, &b0);
+#define WC_EXPECT(what, dh, dm, db)                                                                              \
+    do {                                                                                                         \
+        kernels_cuda_weight_cache_stats(&h, &m, &b);                                                             \
+        int ok_ = h - h0 == (bf ? (dh) : 0) && m - m0 == (bf ? (dm) : 0) && b - b0 == (bf ? (size_t)(db) : 0);   \
+        printf("%s weight copies: %-26s hits +%ld, made +%ld, bytes +%zu\n", ok_ ? "ok  " : "FAIL", what, h - h0, \
+               m - m0, b - b0);                                                                                  \
+        if (ok_) pass++; else fail++;                                                                            \
+    } while (0)
+    KG->matmul_forward(gout, ginp, gw, NULL, N, C, OC);
+    KC->matmul_forward(out, inp, r1, NULL, N, C, OC);
+    check("wcache: outside a range", out, gout, no, tol);
+    WC_EXPECT("outside a range", 0, 0, 0);
+    KG->weights_stable(gw, nw);
+    KG->matmul_forward(gout, ginp, gw, NULL, N, C, OC);
+    KG->matmul_forward(gout, ginp, gw, NULL, N, C, OC);
+    check("wcache: forward, copy kept", out, gout, no, tol);
+    KG->matmul_backward(gdinp, NULL, NULL, gdout, ginp, gw, N, C, OC);
+    KC->matmul_backward(dinp, NULL, NULL, dout, inp, r1, N, C, OC);
+    check("wcache: backward on the copy", dinp, gdinp, nx, tol);
+    WC_EXPECT("two forwards, a backward", 2, 1, nw * 2);
+    KG->from_host(gw, w2, nw * sizeof(float));
+    KG->weights_stable(gw, nw);
+    KG->matmul_forward(gout, ginp, gw, NULL, N, C, OC);
+    KC->matmul_forward(out, inp, r2, NULL, N, C, OC);
+    check("wcache: new weights declared", out, gout, no, tol);
+    WC_EXPECT("new weights: made again", 2, 2, nw * 2);
+    KG->weights_stable(NULL, 0);
+    KG->from_host(gw, w1, nw * sizeof(float));
+    KG->matmul_forward(gout, ginp, gw, NULL, N, C, OC);
+    KC->matmul_forward(out, inp, r1, NULL, N, C, OC);
+    check("wcache: after every range ended", out, gout, no, tol);
+    WC_EXPECT("released: not used", 2, 2, nw * 2);
+    size_t in0, in1;
+    kernels_cuda_mem_stats(&in0, NULL);
+    KG->free(gw);
+    kernels_cuda_mem_stats(&in1, NULL);
+    WC_EXPECT("freed with the weights", 2, 2, 0);
+    int ok = in0 - in1 == nw * sizeof(float) + (bf ? nw * 2 : 0);
+    printf("%s wcache: the free returns %zu bytes (the weights' %zu + the copy's %zu)\n", ok ? "ok  " : "FAIL",
+           in0 - in1, nw * sizeof(float), bf ? nw * 2 : (size_t)0);
+    if (ok) pass++; else fail++;
+#undef WC_EXPECT
+    free(inp); free(w1); free(w2); free(dout); free(out); free(dinp); free(r1); free(r2);
+}
+
+/* model.c's weights_stable calls on a CUDA model (one rank, no chunk hook):
+ * under bf16, a training forward and backward of a 2-layer Llama make one
+ * bf16 copy per weight matrix the products read (4 a layer and the untied
+ * LM head: 9), and the backward's input-gradient products find them (9
+ * hits); with full activation checkpointing the layers' recompute finds
+ * theirs too (8 more). The next forward makes them again (whatever ran in between, the
+ * optimizer, may have changed the weights), and freeing the model frees
+ * them. Under TF32 and fp32 nothing is kept. */
+static void test_model_weight_copies(void) {
+    ModelConfig c = {0};
+    c.arch = ARCH_LLAMA;
+    c.n_layer = 2; c.n_embd = 64; c.n_head = 4; c.n_kv_head = 2; c.ffn_hidden = 128; c.vocab_size = 96;
+    c.max_seq_len = 32; c.norm_eps = 1e-5f; c.rope_theta = 10000.0f; c.tie_embeddings = 0;
+    const int B = 2, T = 16, N = B * T;
+    int tok[32], tgt[32];
+    for (int i = 0; i < N; i++) { tok[i] = (int)(rnd_u32() % 96); tgt[i] = (int)(rnd_u32() % 96); }
+    for (int ck = 0; ck < 2; ck++) {
+        Model m;
+        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ck ? ACT_FULL : ACT_NONE, 0, 0, 0});
+        model_init_random(&m, 0.02f, 7);
+        long h0, m0, h1, m1, h2, m2;
+        size_t b0, b1, b2;
+        kernels_cuda_weight_cache_stats(&h0, &m0, &b0);
+        for (int step = 0; step < 2; step++) {
+            m.loss_scale = 1.0f / N;
+            model_forward(&m, tok, tgt);
+            model_backward(&m, 1.0f / N);
+            if (step == 0) kernels_cuda_weight_cache_stats(&h1, &m1, &b1);
+        }
+        kernels_cuda_weight_cache_stats(&h2, &m2, &b2);
+        model_free(&m);
+        size_t b3;
+        kernels_cuda_weight_cache_stats(NULL, NULL, &b3);
+        const int bf = act16();
+        const long made = bf ? 9 : 0, hits = bf ? (ck ? 17 : 9) : 0;
+        const size_t bytes = bf ? 2 * (2 * ((size_t)128 * 64 + 64 * 64 + 256 * 64 + 64 * 128) + 96 * 64) : 0;
+        int ok = m1 - m0 == made && h1 - h0 == hits && b1 - b0 == bytes && m2 - m1 == made && h2 - h1 == hits &&
+                 b2 == b1 && b3 == b0;
+        printf("%s model weight copies%s: a step made %ld, hit %ld, %zu bytes (expected %ld, %ld, %zu); the next "
+               "made %ld, hit %ld; %zu bytes left after model_free\n", ok ? "ok  " : "FAIL", ck ? " (full ckpt)" : "",
+               m1 - m0, h1 - h0, b1 - b0, made, hits, bytes, m2 - m1, h2 - h1, b3 - b0);
+        if (ok) pass++; else fail++;
+    }
 }
 
 static void test_adamw(void) {
@@ -1028,6 +1148,8 @@ int main(void) {
     test_crossentropy();
     test_lm_head_case(64, 128, 1000);
     test_lm_head_case(37, 72, 96);
+    test_weight_cache();
+    test_model_weight_copies();
     test_adamw();
     test_round_bf16();
     test_unpack_inplace();
