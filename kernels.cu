@@ -909,25 +909,32 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
     return (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
 }
 
-static void cu_weights_stable(const float *p, size_t n) {
-    const size_t nb = n * sizeof(float);
+/* every copy overlapping [p, p + bytes) is stale; p NULL: every copy */
+static void wc_stale(const void *p, size_t bytes) {
     for (int i = 0; i < wc_n; i++)
-        if (!p || overlaps(wc[i].w, wc[i].n * sizeof(float), p, nb)) wc[i].current = 0;
+        if (!p || overlaps(wc[i].w, wc[i].n * sizeof(float), p, bytes)) wc[i].current = 0;
+}
+
+/* every range overlapping [p, p + bytes) ends; p NULL: every range */
+static void wc_end_ranges(const void *p, size_t bytes) {
     int k = 0;
     for (int i = 0; p && i < wc_nr; i++)
-        if (!overlaps(wc_range[i].p, wc_range[i].n * sizeof(float), p, nb)) wc_range[k++] = wc_range[i];
+        if (!overlaps(wc_range[i].p, wc_range[i].n * sizeof(float), p, bytes)) wc_range[k++] = wc_range[i];
     wc_nr = k;
-    if (p && n && wc_nr == WC_RANGES) { /* full: the oldest range ends (its products are long done) */
-        for (int i = 0; i < wc_n; i++)
-            if (overlaps(wc[i].w, wc[i].n * sizeof(float), wc_range[0].p, wc_range[0].n * sizeof(float))) wc[i].current = 0;
+}
+
+static void cu_weights_stable(const float *p, size_t n) {
+    wc_stale(p, n * sizeof(float));
+    wc_end_ranges(p, n * sizeof(float));
+    if (!p || !n) return;
+    if (wc_nr == WC_RANGES) { /* full: the oldest range ends (its products are long done) */
+        wc_stale(wc_range[0].p, wc_range[0].n * sizeof(float));
         memmove(wc_range, wc_range + 1, (WC_RANGES - 1) * sizeof wc_range[0]);
         wc_nr--;
     }
-    if (p && n) {
-        wc_range[wc_nr].p = p;
-        wc_range[wc_nr].n = n;
-        wc_nr++;
-    }
+    wc_range[wc_nr].p = p;
+    wc_range[wc_nr].n = n;
+    wc_nr++;
 }
 
 /* cu_free of [p, p + bytes): its copies go with it, and its ranges */
@@ -941,10 +948,7 @@ static void wc_forget(const void *p, size_t bytes) {
             i++;
         }
     }
-    int k = 0;
-    for (int i = 0; i < wc_nr; i++)
-        if (!overlaps(wc_range[i].p, wc_range[i].n * sizeof(float), p, bytes)) wc_range[k++] = wc_range[i];
-    wc_nr = k;
+    wc_end_ranges(p, bytes);
 }
 
 static int wc_enabled(void) {

@@ -674,14 +674,11 @@ void model_logits_to_host(const Model *m, int row, int n, float *dst) {
         m->k->to_host(dst, src, cnt * sizeof(float));
         return;
     }
-    /* bf16 words into the upper half of dst, widened upwards (word i lands
-     * in float i, never over a word not yet read) */
+    /* bf16 words into the upper half of dst, widened there in place by the
+     * CPU backend (host memory is its memory) */
     uint16_t *w = (uint16_t *)(void *)dst + cnt;
     m->k->to_host(w, src, cnt * sizeof(uint16_t));
-    for (size_t i = 0; i < cnt; i++) {
-        uint32_t u = (uint32_t)w[i] << 16;
-        memcpy(dst + i, &u, sizeof u);
-    }
+    kernels_cpu()->unpack_bf16(dst, w, cnt);
 }
 
 float model_forward(Model *m, const int *tokens, const int *targets) {
