@@ -1152,10 +1152,10 @@ static void matmul_gelu_forward(float *out, float *pre, const float *inp, const 
     rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, 0, pre);
 }
 
-/* matmul_backward's three products; dinp (ld ldd) gets beta_dinp times its
- * contents plus dout @ w, times gelu'(dgelu_pre) when that is given.
+/* matmul_backward's three products; dinp (ld ldd) is overwritten with
+ * dout @ w, times gelu'(dgelu_pre) when that is given.
  * dout_bf16: dout is bf16 itself (an [a] buffer under bf16), with no bias */
-static void matmul_backward_core(float *dinp, int ldd, float beta_dinp, const float *dgelu_pre, float *dw, float *dbias,
+static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, float *dw, float *dbias,
                                  const float *dout, const float *inp, const float *w, int N, int C, int OC,
                                  int dout_bf16) {
     int bf16 = matmul_bf16();
@@ -1163,7 +1163,7 @@ static void matmul_backward_core(float *dinp, int ldd, float beta_dinp, const fl
     /* bf16: dout, the A operand of both products, is converted once */
     const void *db = dout_bf16 ? (const void *)dout : bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
     if (dinp)
-        rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, beta_dinp, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
+        rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 0.0f, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
                      bf16 ? wc_get(w, (size_t)OC * C) : NULL, dgelu_pre, 0);
     /* inp is [a]: bf16 as it is under bf16 */
     if (dw)
@@ -1175,29 +1175,31 @@ static void matmul_backward_core(float *dinp, int ldd, float beta_dinp, const fl
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                             int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
-    matmul_backward_core(dinp, C, 1.0f, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
+    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
 }
 
-/* The LM head (kernels.h): under bf16 its GEMM writes the [a] logits in
- * bf16 (cuBLASLt rounds the fp32 accumulator to nearest), and its backward
- * reads the bf16 gradients the cross-entropy left there as they are */
-static void lm_head_forward(float *logits, const float *inp, const float *w, int N, int C, int V) {
-    if (N <= 0 || V <= 0) return;
+/* [a] out / dout (kernels.h; the LM head, the SwiGLU up-projection's
+ * backward): under bf16 the GEMM writes bf16 out (cuBLASLt rounds the fp32
+ * accumulator to nearest), and the backward reads the bf16 dout as it is */
+static void matmul_forward_a(float *out, const float *inp, const float *w, int N, int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
     if (!act_bf16()) {
-        matmul_forward(logits, inp, w, NULL, N, C, V);
+        matmul_forward(out, inp, w, NULL, N, C, OC);
         return;
     }
-    rm_gemm_core(0, 1, N, V, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, logits, V, 0, 1, NULL, 1, NULL, inp,
-                 wc_get(w, (size_t)V * C), NULL, 1);
+    rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, NULL, 1, NULL, inp,
+                 wc_get(w, (size_t)OC * C), NULL, 1);
 }
 
-static void lm_head_backward(float *dinp, float *dw, const float *dlogits, const float *inp, const float *w, int N,
-                             int C, int V) {
-    if (N <= 0 || V <= 0 || C <= 0) return;
-    matmul_backward_core(dinp, C, 1.0f, NULL, dw, NULL, dlogits, inp, w, N, C, V, act_bf16());
+static void matmul_backward_a(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
+                              int C, int OC) {
+    if (N <= 0 || OC <= 0 || C <= 0) return;
+    matmul_backward_core(dinp, C, NULL, dw, NULL, dout, inp, w, N, C, OC, act_bf16());
 }
 
 static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F);
+static void swiglu_bwd_act(float *dpre, const float *dh, const float *pre, int N, int F);
+static Scratch sc_dh;
 
 /* dpre = gelu'(pre) . (dout @ w), overwritten: the DGELU epilogue on the
  * input-gradient GEMM (or the GEMM and dgelu_inplace) */
@@ -1208,19 +1210,28 @@ static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const flo
         if (dpre) cu_zero(dpre, (size_t)N * C * sizeof(float));
         return;
     }
-    matmul_backward_core(dpre, C, 0.0f, dpre ? pre : NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
+    matmul_backward_core(dpre, C, dpre ? pre : NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
 }
 
-/* dpre [N, 2C]: dh = dout @ w into its gate columns (ld 2C, beta 0), then
- * (d gate | d up) in place from dh */
+/* dpre [N, 2C] ([a]): dh = dout @ w, then (d gate | d up) from dh. fp32
+ * [a]: dh goes into dpre's gate columns (ld 2C, beta 0) and becomes the
+ * gradients in place; bf16 [a]: dh into fp32 scratch, and one kernel
+ * writes the bf16 gradients from it (each rounded once from fp32, the
+ * up-projection's backward then reading them with no conversion pass) */
 static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
                                    const float *w, const float *pre, int N, int C, int OC) {
     if (N <= 0 || C <= 0) return;
     if (OC <= 0) {
-        if (dpre) cu_zero(dpre, (size_t)N * 2 * C * sizeof(float));
+        if (dpre) cu_zero(dpre, (size_t)N * 2 * C * (act_bf16() ? 2 : 4));
         return;
     }
-    matmul_backward_core(dpre, 2 * C, 0.0f, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
+    if (act_bf16() && dpre) {
+        float *dh = (float *)scratch_get(&sc_dh, (size_t)N * C * sizeof(float));
+        matmul_backward_core(dh, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
+        swiglu_bwd_act(dpre, dh, pre, N, C);
+        return;
+    }
+    matmul_backward_core(dpre, 2 * C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
     if (dpre) swiglu_bwd_inplace(dpre, pre, N, C);
 }
 
@@ -1461,17 +1472,12 @@ __device__ __forceinline__ void fl_load_kv(float *Ks, float *Vs, const float *__
     fl_load<HD, R>(Vs, seq + (size_t)(nh + nkv + kh) * HD, S, k0, T, tid);
 }
 
-/* row[tx*4 + 32jj + e] += a[4jj + e] (row at column tx*4 of a head) */
-template <int HD> __device__ __forceinline__ void fl_add_row(float *row, const float (&a)[HD / 8]) {
+/* row[tx*4 + 32jj + e] = a[4jj + e] (row at column tx*4 of a head; dqkv
+ * is overwritten, each element by the one block that computes it whole) */
+template <int HD> __device__ __forceinline__ void fl_put_row(float *row, const float (&a)[HD / 8]) {
 #pragma unroll
-    for (int jj = 0; jj < HD / 32; jj++) {
-        float4 v = *(float4 *)(row + 32 * jj);
-        v.x += a[4 * jj];
-        v.y += a[4 * jj + 1];
-        v.z += a[4 * jj + 2];
-        v.w += a[4 * jj + 3];
-        *(float4 *)(row + 32 * jj) = v;
-    }
+    for (int jj = 0; jj < HD / 32; jj++)
+        *(float4 *)(row + 32 * jj) = make_float4(a[4 * jj], a[4 * jj + 1], a[4 * jj + 2], a[4 * jj + 3]);
 }
 
 /* A block of the forward or dQ kernel, grid (B * nh, query tiles), the
@@ -1858,7 +1864,7 @@ __global__ void __launch_bounds__(FL_THREADS)
 #pragma unroll
     for (int i = 0; i < RM; i++) {
         const int q = q0 + ty * RM + i;
-        if (q < T) fl_add_row<HD>(dqkv + ((size_t)b * T + q) * blk.S + (size_t)h * HD + tx * 4, dq[i]);
+        if (q < T) fl_put_row<HD>(dqkv + ((size_t)b * T + q) * blk.S + (size_t)h * HD + tx * 4, dq[i]);
     }
 }
 
@@ -1939,8 +1945,8 @@ __global__ void __launch_bounds__(FL_THREADS)
         const int k = k0 + ty * RM + i;
         if (k >= T) continue;
         float *row = dqkv + ((size_t)b * T + k) * S + tx * 4;
-        fl_add_row<HD>(row + (size_t)(nh + kh) * HD, dk[i]);
-        fl_add_row<HD>(row + (size_t)(nh + nkv + kh) * HD, dv[i]);
+        fl_put_row<HD>(row + (size_t)(nh + kh) * HD, dk[i]);
+        fl_put_row<HD>(row + (size_t)(nh + nkv + kh) * HD, dv[i]);
     }
 }
 
@@ -2322,12 +2328,8 @@ __global__ void __launch_bounds__(FL_THREADS)
         if (q >= T) continue;
         float *r = dqkv + ((size_t)blk.b * T + q) * blk.S + (size_t)blk.h * HD + 2 * t;
 #pragma unroll
-        for (int jd = 0; jd < OT; jd++) {
-            float2 v = *(float2 *)(r + 8 * jd);
-            v.x += dq[jd][2 * i] * scale;
-            v.y += dq[jd][2 * i + 1] * scale;
-            *(float2 *)(r + 8 * jd) = v;
-        }
+        for (int jd = 0; jd < OT; jd++)
+            *(float2 *)(r + 8 * jd) = make_float2(dq[jd][2 * i] * scale, dq[jd][2 * i + 1] * scale);
     }
 }
 
@@ -2421,13 +2423,8 @@ __global__ void __launch_bounds__(FL_THREADS)
         float *rk = r + (size_t)(nh + kh) * HD, *rv = r + (size_t)(nh + nkv + kh) * HD;
 #pragma unroll
         for (int jd = 0; jd < OT; jd++) {
-            float2 vk = *(float2 *)(rk + 8 * jd), vv = *(float2 *)(rv + 8 * jd);
-            vk.x += dk[jd][2 * i] * scale;
-            vk.y += dk[jd][2 * i + 1] * scale;
-            vv.x += dv[jd][2 * i];
-            vv.y += dv[jd][2 * i + 1];
-            *(float2 *)(rk + 8 * jd) = vk;
-            *(float2 *)(rv + 8 * jd) = vv;
+            *(float2 *)(rk + 8 * jd) = make_float2(dk[jd][2 * i] * scale, dk[jd][2 * i + 1] * scale);
+            *(float2 *)(rv + 8 * jd) = make_float2(dv[jd][2 * i], dv[jd][2 * i + 1]);
         }
     }
 }
@@ -2576,7 +2573,7 @@ extern "C" long kernels_cuda_flash_attention_calls(void) { return flash_calls; }
 // strides, GQA through K and V having nkv heads; O is out itself when out
 // is [a] bf16; Stats is lse ([B, nh, T], natural log), so the forward and
 // backward interoperate with the other paths' lse. dQ, dK and dV land in a
-// bf16 dqkv copy that is added into dqkv (the kernels.h backward adds).
+// bf16 dqkv copy that is widened into dqkv (overwritten, kernels.h).
 // A plan per shape is built at first use and kept (at most DN_PLANS: a
 // training run has two, for its forward and backward, and sampling one per
 // context length; past them the fused kernels, with one line); a
@@ -3000,10 +2997,6 @@ static void dn_execute(DnPlan *p, int n, const int64_t *uids, void **ptrs) {
     LAUNCH_CHECK();
 }
 
-__global__ void add_bf16_k(float *dst, const __nv_bfloat16 *src, size_t n) {
-    GRID_STRIDE(i, n) dst[i] += __bfloat162float(src[i]);
-}
-
 /* The forward through cuDNN when it takes the shape; else 0 and nothing ran.
  * out is [a]: bf16 under act_bf16() (cuDNN writes it), else fp32 from a
  * bf16 scratch. */
@@ -3049,8 +3042,7 @@ static int dn_attention_backward(float *dqkv, const float *dout, const float *qk
                     (void *)dq16, (void *)(dq16 + ko), (void *)(dq16 + vo), &scale, &ninf, &one, (void *)ssum,
                     (void *)dqa};
     dn_execute(p, 14, uids, ptrs);
-    add_bf16_k<<<grid_for(nq, 256), 256>>>(dqkv, dq16, nq);
-    LAUNCH_CHECK();
+    to_f32(dqkv, dq16, nq); /* overwritten */
     return 1;
 }
 
@@ -3099,7 +3091,9 @@ static void attention_backward_gemm(float *dqkv, const float *dout, const float 
     float *P = (float *)scratch_get(&sc_attp, (size_t)B * T * T * sizeof(float));
     float *dS = (float *)scratch_get(&sc_att, (size_t)B * T * T * sizeof(float));
     /* passes run one after another on the stream, so the query heads of one
-     * kv head add into its dK and dV in turn, and the scratch is reused */
+     * kv head add into its dK and dV in turn (from zero: dqkv is
+     * overwritten), and the scratch is reused */
+    cu_zero(dqkv, (size_t)B * T * S * sizeof(float));
     for (int h = 0; h < nh; h++) {
         AttPass a = att_pass(h, B, T, nh, nkv, hd);
         const float *dO = dout + a.o;
@@ -3238,14 +3232,23 @@ __device__ __forceinline__ void swiglu_grads(float g, float u, float d, float *d
     *du = d * g * sg;
 }
 
-__global__ void swiglu_bwd_k(float *dinp, const float *inp, const float *dout, int N, int F) {
+/* dinp [N, 2F] gets (d gate | d up) from dout [N, F]: added into (ADD, the
+ * kernels.h swiglu_backward) or stored, rounded once (the bf16 [a] dpre of
+ * matmul_swiglu_backward, from its fp32 dh) */
+template <typename T, bool ADD>
+__global__ void swiglu_bwd_k(T *dinp, const float *inp, const float *dout, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
         size_t r = i / F, j = i % F;
         float dg, du;
         swiglu_grads(inp[r * 2 * F + j], inp[r * 2 * F + F + j], dout[i], &dg, &du);
-        dinp[r * 2 * F + j] += dg;
-        dinp[r * 2 * F + F + j] += du;
+        if constexpr (ADD) {
+            dinp[r * 2 * F + j] += dg;
+            dinp[r * 2 * F + F + j] += du;
+        } else {
+            act_st(dinp, r * 2 * F + j, dg);
+            act_st(dinp, r * 2 * F + F + j, du);
+        }
     }
 }
 
@@ -3300,6 +3303,12 @@ static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F) {
     LAUNCH_CHECK();
 }
 
+static void swiglu_bwd_act(float *dpre, const float *dh, const float *pre, int N, int F) {
+    if (N <= 0 || F <= 0) return;
+    swiglu_bwd_k<__nv_bfloat16, false><<<grid_for((size_t)N * F, 256), 256>>>(ACT16(dpre), pre, dh, N, F);
+    LAUNCH_CHECK();
+}
+
 static void swiglu_forward(float *out, const float *inp, int N, int F) {
     if (N <= 0 || F <= 0) return;
     if (act_bf16()) swiglu_fwd_k<__nv_bfloat16><<<grid_for((size_t)N * F, 256), 256>>>(ACT16(out), inp, N, F);
@@ -3309,7 +3318,7 @@ static void swiglu_forward(float *out, const float *inp, int N, int F) {
 
 static void swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
     if (!dinp || N <= 0 || F <= 0) return;
-    swiglu_bwd_k<<<grid_for((size_t)N * F, 256), 256>>>(dinp, inp, dout, N, F);
+    swiglu_bwd_k<float, true><<<grid_for((size_t)N * F, 256), 256>>>(dinp, inp, dout, N, F);
     LAUNCH_CHECK();
 }
 
@@ -3783,8 +3792,8 @@ static Kernels cuda_kernels = {
     /* .add_rmsnorm_forward = */ add_rmsnorm_forward,
     /* .matmul_forward = */ matmul_forward,
     /* .matmul_backward = */ matmul_backward,
-    /* .lm_head_forward = */ lm_head_forward,
-    /* .lm_head_backward = */ lm_head_backward,
+    /* .matmul_forward_a = */ matmul_forward_a,
+    /* .matmul_backward_a = */ matmul_backward_a,
     /* .attention_forward = */ attention_forward,
     /* .attention_backward = */ attention_backward,
     /* .rope_forward = */ rope_forward,

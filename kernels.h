@@ -11,7 +11,11 @@
  *   - Backward kernels ADD into every gradient output (dinp, dweight, dbias):
  *     callers zero a buffer that must start empty. This is what makes
  *     gradient accumulation across micro-batches and the residual stream free.
- *     The exceptions are the in-place kernels, marked "in place".
+ *     The exceptions are the in-place kernels, marked "in place", and the
+ *     input gradients of the matrix products and of attention
+ *     (matmul_backward's and matmul_backward_a's dinp, attention_backward's
+ *     dqkv, marked OVERWRITTEN): every caller wanted them alone, and an
+ *     added-into one cost a zeroing pass and a read of it.
  *   - Any gradient output may be NULL, meaning "not needed".
  */
 #ifndef LLMTRAIN_KERNELS_H
@@ -88,17 +92,20 @@ typedef struct Kernels {
      * out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC] when bias != NULL)   */
     void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
                            int N, int C, int OC);
-    /* dinp[N,C] += dout @ w; dw[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout */
+    /* dinp[N,C] = dout @ w (OVERWRITTEN); dw[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout */
     void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC);
-    /* The LM head: matmul_forward / matmul_backward without a bias, with
-     * the logits (the forward's out, the backward's dout) [a] as well: on
-     * CUDA under bf16 the GEMM writes bf16 logits and the backward reads
-     * the bf16 gradients the cross-entropy left in them, so the largest
-     * activation of a step is never held, read or converted in fp32. */
-    void (*lm_head_forward)(float *logits, const float *inp, const float *w, int N, int C, int V);
-    void (*lm_head_backward)(float *dinp, float *dw, const float *dlogits, const float *inp, const float *w,
-                             int N, int C, int V);
+    /* matmul_forward / matmul_backward (dinp OVERWRITTEN) without a bias,
+     * with out (the forward's) and dout (the backward's) [a] as well: on
+     * CUDA under bf16 the GEMM writes bf16 and the backward's two GEMMs read
+     * the bf16 dout as it is, with no conversion pass. The LM head's (the
+     * logits, and the gradients the cross-entropy leaves in them: the
+     * largest activation of a step is never held, read or converted in
+     * fp32), and the SwiGLU MLP's up-projection backward (its dout is
+     * matmul_swiglu_backward's dpre, [a]). */
+    void (*matmul_forward_a)(float *out, const float *inp, const float *w, int N, int C, int OC);
+    void (*matmul_backward_a)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                              int N, int C, int OC);
 
     /* ---- attention ----
      * qkv is [B, T, (nh + 2*nkv) * hd]: per token all q heads, then all k
@@ -111,7 +118,7 @@ typedef struct Kernels {
      * out is [a] (forward and backward). */
     void (*attention_forward)(float *out, float *lse, const float *qkv,
                               int B, int T, int nh, int nkv, int hd);
-    /* dqkv += d(out)/d(qkv) . dout, from the forward's out and lse */
+    /* dqkv = d(out)/d(qkv) . dout (OVERWRITTEN), from the forward's out and lse */
     void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int nh, int nkv, int hd);
     /* Rotary embedding, Hugging Face rotate-half convention, on the q and k
@@ -140,7 +147,8 @@ typedef struct Kernels {
      * dpre = act'(pre) . (dout @ w), OVERWRITTEN (an exception to add-into:
      * the caller zeroes nothing); dw += dout^T @ inp, dbias += sum_n dout.
      *   gelu:   pre, dpre [N, C];
-     *   swiglu: pre, dpre [N, 2C] (gate | up, as swiglu_forward's inp).
+     *   swiglu: pre, dpre [N, 2C] (gate | up, as swiglu_forward's inp);
+     *           dpre is [a] (the up-projection's matmul_backward_a reads it).
      * Equal to matmul_backward into a zeroed buffer, then gelu_backward /
      * swiglu_backward into a zeroed dpre (on the CPU bit for bit); CUDA runs
      * the GELU's as the GEMM's epilogue when it can, and the SwiGLU's in

@@ -349,7 +349,7 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
                             const float *inp, const float *w, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     if (dinp)
-        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C); /* overwritten */
     if (dw)
         sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     if (dbias) {
@@ -367,14 +367,14 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
     }
 }
 
-/* the LM head: fp32 [a] logits here, so the plain products */
-static void lm_head_forward(float *logits, const float *inp, const float *w, int N, int C, int V) {
-    matmul_forward(logits, inp, w, NULL, N, C, V);
+/* [a] out / dout: fp32 here, so the plain products */
+static void matmul_forward_a(float *out, const float *inp, const float *w, int N, int C, int OC) {
+    matmul_forward(out, inp, w, NULL, N, C, OC);
 }
 
-static void lm_head_backward(float *dinp, float *dw, const float *dlogits, const float *inp, const float *w, int N,
-                             int C, int V) {
-    matmul_backward(dinp, dw, NULL, dlogits, inp, w, N, C, V);
+static void matmul_backward_a(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
+                              int C, int OC) {
+    matmul_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
 }
 
 // ----------------------------------------------------------------------------
@@ -481,7 +481,8 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
     const float scale = 1.0f / sqrtf((float)hd);
     const size_t blk = (size_t)(T < ATT_BLOCK ? T : ATT_BLOCK) * T;
     // the query heads of one kv head all add into its dK and dV, so a thread
-    // owns a whole (b, kv head) group
+    // owns a whole (b, kv head) group, and zeroes its columns first (dqkv is
+    // overwritten)
     #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++) {
         for (int kh = 0; kh < nkv; kh++) {
@@ -491,6 +492,11 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
             const float *v = qkv + base + (size_t)(nh + nkv + kh) * hd;
             float *dk = dqkv + base + (size_t)(nh + kh) * hd;
             float *dv = dqkv + base + (size_t)(nh + nkv + kh) * hd;
+            for (int t = 0; t < T; t++) { /* overwritten: this group's columns start at zero */
+                memset(dqkv + base + (size_t)t * S + (size_t)kh * group * hd, 0, (size_t)group * hd * sizeof(float));
+                memset(dk + (size_t)t * S, 0, (size_t)hd * sizeof(float));
+                memset(dv + (size_t)t * S, 0, (size_t)hd * sizeof(float));
+            }
             for (int h = kh * group; h < (kh + 1) * group; h++) {
                 const float *q = qkv + base + (size_t)h * hd;
                 float *dq = dqkv + base + (size_t)h * hd;
@@ -923,8 +929,8 @@ static const Kernels cpu_kernels = {
     .add_rmsnorm_forward = add_rmsnorm_forward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
-    .lm_head_forward = lm_head_forward,
-    .lm_head_backward = lm_head_backward,
+    .matmul_forward_a = matmul_forward_a,
+    .matmul_backward_a = matmul_backward_a,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .rope_forward = rope_forward,

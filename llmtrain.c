@@ -1153,6 +1153,7 @@ static StepStats train_step(Trainer *t, int step) {
         t->micro = j;
         dist_phase(&t->dist, step + 1, "forward");
         load_batch(t, &t->train, micro_first_seq(t, step, j));
+        m->same_weights = j > 0; /* the optimizer runs after the last micro-batch */
         loss_sum += model_forward(m, t->tok, t->tgt);
         dist_phase(&t->dist, step + 1, "backward");
         model_backward(m, loss_scale);
@@ -1420,13 +1421,16 @@ static double cuda_scratch_bytes(const Trainer *t) {
     s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);
     if (cuda_bf16_env()) {
         /* bf16 scratch copies of a product's operands: a backward's output
-         * gradient (N rows of a linear layer's outputs; the LM head's are
-         * bf16 already), and without the weights' copies (kernels.h
+         * gradient (N rows of a linear layer's outputs; the LM head's and
+         * SwiGLU's up-projection's are bf16 already, the latter made from an
+         * fp32 scratch of N x F), and without the weights' copies (kernels.h
          * weights_stable; or past kernels.cu's 4096 of them) a weight
          * matrix, at most the largest */
-        double outs = fmax(C, fmax(m->fc_dim, m->qkv_dim));
-        double wmax = fmax((double)m->V * C, fmax(outs * C, (double)C * fmax(m->F, (double)m->nh * m->hd)));
+        int swiglu = t->cfg.model.arch == ARCH_LLAMA;
+        double outs = fmax(C, fmax(swiglu ? 0 : m->fc_dim, m->qkv_dim));
+        double wmax = fmax((double)m->V * C, fmax(fmax(outs, m->fc_dim) * C, (double)C * fmax(m->F, (double)m->nh * m->hd)));
         s += grow * 2.0 * N * outs;
+        if (swiglu) s += grow * 4.0 * N * m->F;
         /* the weights' copies, exactly their size: every layer's four and
          * the LM head, or sharded, those of the layers' pool slots */
         const char *wc = getenv("LLMTRAIN_CUDA_WEIGHT_CACHE");

@@ -589,7 +589,7 @@ static int head_rows(const Model *m, int N) { return m->head_rows > 0 && m->head
 static void head_forward(Model *m, int r0, int n, float dloss) {
     const Kernels *k = m->k;
     const int *tg = m->targets + r0;
-    k->lm_head_forward(m->logits, act_at(m, m->lnf, (size_t)r0 * m->cfg.n_embd), m->p.lm_head, n, m->cfg.n_embd, m->V);
+    k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)r0 * m->cfg.n_embd), m->p.lm_head, n, m->cfg.n_embd, m->V);
     if (m->tp > 1) {
         float *tgt = m->ce_sum + n; /* sums and target logits: one all-reduce of 2n */
         k->crossentropy_vp_max(m->ce_max, m->logits, n, m->V);
@@ -619,9 +619,14 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     /* Whatever changed the weights since the last forward (the optimizer,
      * a load) is done, and nothing changes them until the backward of this
      * forward is: all of them stay put (kernels.h weights_stable), or, when
-     * a hook gathers chunks, each chunk from its gather on (chunk_event). */
-    k->weights_stable(NULL, 0);
-    if (!m->comm.chunk) k->weights_stable(m->params, m->n_params);
+     * a hook gathers chunks, each chunk from its gather on (chunk_event).
+     * same_weights: the caller says nothing wrote them since the last
+     * forward, whose declaration (and the copies made under it) still holds. */
+    if (!m->same_weights || m->comm.chunk) {
+        k->weights_stable(NULL, 0);
+        if (!m->comm.chunk) k->weights_stable(m->params, m->n_params);
+    }
+    m->same_weights = 0;
     chunk_event(m, 0, CHUNK_PRE_FORWARD);
     if (tp) { /* vocab-parallel lookup; wpe added once (tp rank 0) */
         k->embed_forward_vp(m->encoded, m->tokens, m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
@@ -651,7 +656,7 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     m->head_fused = dloss != 0.0f;
     if (!targets) { /* the logits of the last R rows (sampling reads the last one) */
         m->logits_row0 = N - R;
-        k->lm_head_forward(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, R, C, m->V);
+        k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, R, C, m->V);
     } else {
         if (tp)
             for (int n = 0; n < N; n++)
@@ -696,7 +701,6 @@ void model_backward(Model *m, float loss_scale) {
 
     chunk_event(m, L + 1, CHUNK_PRE_BACKWARD);
     if (tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD); /* the LM head writes wte's gradient; POST after the embedding */
-    k->zero(m->dlnf, NC * sizeof(float));
     int R = head_rows(m, N);
     if (m->head_fused && loss_scale != m->loss_scale)
         die(EXIT_INTERNAL, "model_backward: loss_scale %g, but the forward's cross-entropy took %g", (double)loss_scale,
@@ -708,7 +712,7 @@ void model_backward(Model *m, float loss_scale) {
         if (R < N) head_forward(m, r0, n, tp ? 0.0f : loss_scale);
         if (tp) k->crossentropy_vp_backward(m->logits, m->targets + r0, loss_scale, n, V, m->v0);
         else if (R == N && !m->head_fused) k->crossentropy_backward(m->logits, m->targets + r0, loss_scale, n, V);
-        k->lm_head_backward(m->dlnf + (size_t)r0 * C, m->g.lm_head, m->logits, act_at(m, m->lnf, (size_t)r0 * C),
+        k->matmul_backward_a(m->dlnf + (size_t)r0 * C, m->g.lm_head, m->logits, act_at(m, m->lnf, (size_t)r0 * C),
                             m->p.lm_head, n, C, V);
     }
     if (tp) tp_allreduce(m, m->dlnf, NC, 0); /* partial over the vocabulary slices */
@@ -727,20 +731,22 @@ void model_backward(Model *m, float loss_scale) {
         if (m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T); /* deterministic: the same values again */
         else if (m->act_ckpt == ACT_SELECTIVE) k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
         /* MLP block; m->dres holds d(res3) and becomes d(res2) */
-        /* d(fch) into dbuf2 (overwritten: the down-projection's backward and the activation's in one call) */
-        if (llama) k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
-        else k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
-        k->zero(m->dbuf1, NC * sizeof(float));
-        k->matmul_backward(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim);
+        /* d(fch) into dbuf2 (overwritten: the down-projection's backward and
+         * the activation's in one call; SwiGLU's is [a], the up-projection's
+         * backward reading it as it is) */
+        if (llama) {
+            k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
+            k->matmul_backward_a(m->dbuf1, g->fc_w, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim); /* no bias */
+        } else {
+            k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
+            k->matmul_backward(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim);
+        }
         if (tp) tp_allreduce(m, m->dbuf1, NC, 0); /* column-parallel: partial input gradient */
         norm_backward(m, m->dres, g->ln2_w, g->ln2_b, m->dbuf1, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
         /* attention block; m->dres becomes d(x) */
-        k->zero(m->dbuf1, (size_t)N * nh * hd * sizeof(float));
         k->matmul_backward(m->dbuf1, g->attn_out_w, g->attn_out_b, m->dres, a->atty, w->attn_out_w, N, nh * hd, C);
-        k->zero(m->dbuf2, (size_t)N * m->qkv_dim * sizeof(float));
         k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, B, T, nh, nkv, hd);
         if (llama) k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, c->rope_theta, 0);
-        k->zero(m->dbuf1, NC * sizeof(float));
         k->matmul_backward(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, a->ln1, w->qkv_w, N, C, m->qkv_dim);
         if (tp) tp_allreduce(m, m->dbuf1, NC, 0);
         norm_backward(m, m->dres, g->ln1_w, g->ln1_b, m->dbuf1, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);

@@ -116,6 +116,9 @@ typedef struct Model {
                                * with targets then leaves d(logits) instead of probabilities (one pass
                                * fewer over them, crossentropy_fused) */
     int head_fused;           /* the last forward left d(logits) for loss_scale in logits */
+    int same_weights;         /* set by the caller: nothing wrote the weights since the last forward (the
+                               * next micro-batch of a gradient accumulation), so backend copies derived
+                               * from them (kernels.h weights_stable) still hold; the next forward clears it */
     int act_bytes;            /* bytes per element of the [a] buffers (kernels.h): ln1, atty, ln2, fch_act, lnf */
     float *offload_host;      /* host copy of every layer's kept activations [n_layer][offload_layer_floats] */
     size_t offload_layer_floats, offload_floats;

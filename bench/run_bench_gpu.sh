@@ -2,7 +2,12 @@
 # make bench-gpu: CUDA training throughput of llmtrain on this machine's GPU
 #   GPT-2 124M   B=16, T=1024 (vocabulary padded to 50304)
 #   Llama ~1B    (Llama 3.2 1B shape: 16 layers, 2048 embd, 32 heads / 8 kv,
-#                ffn 8192, vocab 128256, tied) B=1, T=4096
+#                ffn 8192, vocab 128256, tied) B=1, T=4096: an optimizer step
+#                every micro-batch, and again with 8 micro-batches a step
+#                (gradient accumulation, 32768 tokens a step, as pre-training
+#                runs accumulate: the Llama 2 recipe steps every 4M tokens),
+#                where AdamW's pass over 1.24 B parameters (28 bytes each,
+#                about 13 ms on an H100) is paid once per 8 micro-batches
 # printing ms/step, tokens/s and MFU against the GPU's bf16 dense peak
 # (the header line says which peak; log.peak_gflops overrides).
 # Notes: this tranche stores fp32 and multiplies in TF32 (half the bf16
@@ -57,27 +62,30 @@ for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16)
         f.write(h.tobytes()); f.write(t.astype(dt).tobytes())
 PYEOF
 
-# name | model json | B | T | tf32|bf16 | activation checkpointing | gemm|flash
+# name | model json | B | T | tf32|bf16 | activation checkpointing | gemm|flash|cudnn | micro-batches a step
 run_case() {
-    local name="$1" model="$2" B="$3" T="$4" mm="$5" ac="$6" att="$7"
+    local name="$1" model="$2" B="$3" T="$4" mm="$5" ac="$6" att="$7" accum="${8:-1}"
+    local tag="$name-$mm-$att"
+    [ "$accum" = 1 ] || tag="$tag-accum$accum"
     cat >"$TMP/$name.json" <<JSON
 {"model": $model,
  "data": {"train": "$TMP/$name.bin"},
- "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $B, "device": "cuda", "activation_checkpointing": "$ac"},
+ "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $((B * accum)), "device": "cuda", "activation_checkpointing": "$ac"},
  "optim": {"lr": 3e-4, "warmup_steps": 0},
  "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name"}, "checkpoint": {"dir": "$TMP/ck_$name"}}
 JSON
     rm -rf "$TMP/run_$name"
     [ "$PROFILE" = 1 ] && PROF=(ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base
-                                --log-file "$TMP/$name-$mm-$att.ncu.csv")
+                                --log-file "$TMP/$tag.ncu.csv")
     if ! LLMTRAIN_CUDA_MATMUL=$mm LLMTRAIN_CUDA_ATTENTION=$att "${PROF[@]}" ./llmtrain "$TMP/$name.json" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
         echo "bench-gpu: FAIL: $name: $(grep -m1 . "$TMP/$name.err")" >&2
         exit 1
     fi
     rm -rf "$TMP/ck_$name" # the final checkpoint (the Llama's is 15 GB)
-    $PY - "$name" "$B" "$T" "$TMP/$name.out" "$TMP/run_$name/metrics.jsonl" "$mm" "$att" <<'PYEOF'
+    $PY - "$name" "$B" "$T" "$TMP/$name.out" "$TMP/run_$name/metrics.jsonl" "$mm" "$att" "$accum" <<'PYEOF'
 import json, re, statistics, sys
-name, B, T, out, metrics, mm, att = sys.argv[1:8]
+name, B, T, out, metrics, mm, att, accum = sys.argv[1:9]
+shape = f"B={B} T={T}" + (f" ({accum} micro-batches a step)" if accum != "1" else "")
 text = open(out).read()
 peak = float(re.search(r"peak for MFU ([0-9.]+) GFLOP/s", text).group(1))
 dev = re.search(r"backend cuda \| ([^;\n]*)", text).group(1)
@@ -85,13 +93,13 @@ params = re.search(r"([0-9.]+)M parameters", text).group(1)
 steps = [json.loads(l) for l in open(metrics) if '"loss"' in l]
 timed = steps[1:] if len(steps) > 1 else steps
 med = lambda k: statistics.median(s[k] for s in timed)
-print(f"{name} ({params}M params) B={B} T={T} {mm} GEMMs, {att} attention on {dev}: {med('step_ms'):.0f} ms/step, "
+print(f"{name} ({params}M params) {shape} {mm} GEMMs, {att} attention on {dev}: {med('step_ms'):.0f} ms/step, "
       f"{med('tokens_per_s'):.0f} tokens/s, MFU {100 * med('mfu'):.1f}% of {peak / 1e3:.0f} TFLOP/s bf16 dense "
       f"(median of {len(timed)} steps after warm-up)")
 PYEOF
     if [ "$PROFILE" = 1 ]; then
-        $PY bench/ncu_table.py "$TMP/$name-$mm-$att.ncu.csv" || exit 1
-        [ -n "${BENCH_PROFILE_CSV_DIR:-}" ] && cp "$TMP/$name-$mm-$att.ncu.csv" "$BENCH_PROFILE_CSV_DIR/"
+        $PY bench/ncu_table.py "$TMP/$tag.ncu.csv" || exit 1
+        [ -n "${BENCH_PROFILE_CSV_DIR:-}" ] && cp "$TMP/$tag.ncu.csv" "$BENCH_PROFILE_CSV_DIR/"
     fi
     return 0
 }
@@ -107,5 +115,11 @@ for mm in $MATMUL; do
     for att in $ATTENTION; do
         run_case llama_1B '{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
                             "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm" selective "$att"
+    done
+done
+for mm in $MATMUL; do
+    for att in $ATTENTION; do
+        run_case llama_1B '{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
+                            "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm" selective "$att" 8
     done
 done

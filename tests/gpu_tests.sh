@@ -321,7 +321,8 @@ else echo "FAIL llama n_embd 256 under bf16 GEMMs: $memline $(tail -2 "$TMP/mem-
 # a run with them must be the run that converts at every product
 # (LLMTRAIN_CUDA_WEIGHT_CACHE=0) to the bit; a copy used after the optimizer
 # step or the evaluation's forward changed nothing it had would not be.
-# Llama (accumulation 2, evaluation, sampling), and with full activation
+# Llama (accumulation 2: the second micro-batch's forward takes the copies
+# the first made, model.h same_weights; evaluation, sampling), and with full activation
 # checkpointing (the recompute reads the copies); the sharded case (a chunk
 # gather into a reused pool slot) is in the 2-rank section below.
 wc_ok=1

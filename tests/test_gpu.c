@@ -62,6 +62,11 @@ static float *hrand(size_t n, float sd) {
     for (size_t i = 0; i < n; i++) x[i] = sd * rnd_normal();
     return x;
 }
+static float *hdup(const float *h, size_t n) {
+    float *d = malloc_check(n * sizeof(float) + 16);
+    memcpy(d, h, n * sizeof(float));
+    return d;
+}
 /* device copy; off > 0 shifts the pointer by off floats inside a larger
  * allocation to exercise unaligned operands (the base is kept for free) */
 static float *dbase[4096];
@@ -442,12 +447,23 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
     float *dout = hrand((size_t)N * OC, 1), *inp = hrand(nc, 1), *w = hrand(nw, 0.1f), *pre = hrand(np, 2);
     float *dpre = hrand(np, 100), *dw = hrand(nw, 1), *db = hrand(OC, 1);
     float *gdout = dcopy_off(dout, (size_t)N * OC, off), *ginp = dcopy_act_off(inp, nc, off);
-    float *gw = dcopy_off(w, nw, off), *gpre = dcopy_off(pre, np, off), *gdpre = dcopy_off(dpre, np, off);
+    float *gw = dcopy_off(w, nw, off), *gpre = dcopy_off(pre, np, off);
+    float *gdpre = swiglu ? dcopy_act_off(dpre, np, off) : dcopy_off(dpre, np, off); /* SwiGLU's dpre is [a] */
     float *gdw = dcopy_off(dw, nw, off), *gdb = dcopy_off(db, OC, off);
+    /* bf16 SwiGLU: the CPU from the GEMMs' bf16 operands, so that dpre can
+     * be held to the CPU's value rounded to nearest (rounded once from the
+     * fp32 gradient, not twice) */
+    const int exact = swiglu && act16();
+    float *dout0 = exact ? hdup(dout, (size_t)N * OC) : NULL, *db0 = exact ? hdup(db, OC) : NULL;
+    if (exact) { act_round(dout, (size_t)N * OC); act_round(w, nw); act_round(inp, nc); }
     long f0 = kernels_cuda_fused_dgelu_calls();
     if (swiglu) {
         KC->matmul_swiglu_backward(dpre, dw, with_bias ? db : NULL, dout, inp, w, pre, N, C, OC);
         KG->matmul_swiglu_backward(gdpre, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, gpre, N, C, OC);
+        if (exact) { /* the bias gradient sums the fp32 dout, not the rounded one */
+            memcpy(db, db0, OC * sizeof(float));
+            KC->matmul_backward(NULL, NULL, with_bias ? db : NULL, dout0, inp, w, N, C, OC);
+        }
     } else {
         KC->matmul_gelu_backward(dpre, dw, with_bias ? db : NULL, dout, inp, w, pre, N, C, OC);
         KG->matmul_gelu_backward(gdpre, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, gpre, N, C, OC);
@@ -455,8 +471,9 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
     int did = kernels_cuda_fused_dgelu_calls() > f0;
     snprintf(shape, sizeof shape, "matmul_%s_bwd %dx%dx%d%s%s", swiglu ? "swiglu" : "gelu", N, C, OC,
              with_bias ? " +bias" : "", off ? " unaligned" : "");
-    snprintf(name, sizeof name, "%s dpre (%s)", shape, swiglu ? "in place" : did ? "DGELU epilogue" : "GEMM + kernel");
-    check(name, dpre, gdpre, np, tol_mm);
+    snprintf(name, sizeof name, "%s dpre (%s)", shape, swiglu ? (exact ? "bf16 [a]" : "in place") : did ? "DGELU epilogue" : "GEMM + kernel");
+    if (exact) check_act_rn(name, dpre, gdpre, np);
+    else check(name, dpre, gdpre, np, tol_mm);
     snprintf(name, sizeof name, "%s dw", shape);
     check(name, dw, gdw, nw, tol_mm);
     if (with_bias) {
@@ -471,7 +488,7 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
         printf("FAIL %s took the DGELU epilogue, which it cannot\n", shape);
         fail++;
     }
-    free(dout); free(inp); free(w); free(pre); free(dpre); free(dw); free(db);
+    free(dout); free(inp); free(w); free(pre); free(dpre); free(dw); free(db); free(dout0); free(db0);
 }
 
 /* Which GELU cuBLASLt's epilogue computes. Its documentation says only
@@ -817,7 +834,7 @@ static void test_crossentropy(void) {
     check_act("crossentropy_vp_backward", l2, gl2, nl, tol2);
 }
 
-/* lm_head_forward / lm_head_backward: matmul_forward / matmul_backward
+/* matmul_forward_a / matmul_backward_a: matmul_forward / matmul_backward
  * without a bias, with [a] logits. Under bf16 the CPU takes the operands
  * rounded to bf16 (what the GEMMs read), so the bf16 logits must be its
  * product rounded to nearest (check_act_rn: fp32 logits read as bf16, or
@@ -832,15 +849,15 @@ static void test_lm_head_case(int N, int C, int V) {
     act_round(dl, no);
     float *ginp = dcopy_act(inp, nx), *gw = dcopy(w, nw), *gdl = dcopy_act(dl, no), *gout = dcopy_act(out, no);
     act_round(w, nw); /* the bf16 GEMM's conversion of the weights */
-    KC->lm_head_forward(out, inp, w, N, C, V);
-    KG->lm_head_forward(gout, ginp, gw, N, C, V);
+    KC->matmul_forward_a(out, inp, w, N, C, V);
+    KG->matmul_forward_a(gout, ginp, gw, N, C, V);
     snprintf(name, sizeof name, "lm_head_fwd %dx%dx%d", N, C, V);
     if (act16()) check_act_rn(name, out, gout, no);
     else check(name, out, gout, no, tol_mm);
     float *dinp = hrand(nx, 1), *dw = hrand(nw, 1);
     float *gdinp = dcopy(dinp, nx), *gdw = dcopy(dw, nw);
-    KC->lm_head_backward(dinp, dw, dl, inp, w, N, C, V);
-    KG->lm_head_backward(gdinp, gdw, gdl, ginp, gw, N, C, V);
+    KC->matmul_backward_a(dinp, dw, dl, inp, w, N, C, V);
+    KG->matmul_backward_a(gdinp, gdw, gdl, ginp, gw, N, C, V);
     const double tol = act16() ? TOL_FP32MM : tol_mm;
     snprintf(name, sizeof name, "lm_head_bwd dinp %dx%dx%d", N, C, V);
     check(name, dinp, gdinp, nx, tol);
@@ -943,16 +960,19 @@ static void test_model_weight_copies(void) {
         Model m;
         model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ck ? ACT_FULL : ACT_NONE, 0, 0, 0});
         model_init_random(&m, 0.02f, 7);
-        long h0, m0, h1, m1, h2, m2;
+        long h0, m0, h1, m1, h2, m2, h3, m3;
         size_t b0, b1, b2;
+        float loss[3];
         kernels_cuda_weight_cache_stats(&h0, &m0, &b0);
-        for (int step = 0; step < 2; step++) {
+        for (int step = 0; step < 3; step++) {
             m.loss_scale = 1.0f / N;
-            model_forward(&m, tok, tgt);
+            m.same_weights = step == 2; /* a second micro-batch: step 1's copies still hold */
+            loss[step] = model_forward(&m, tok, tgt);
             model_backward(&m, 1.0f / N);
             if (step == 0) kernels_cuda_weight_cache_stats(&h1, &m1, &b1);
+            if (step == 1) kernels_cuda_weight_cache_stats(&h2, &m2, &b2);
         }
-        kernels_cuda_weight_cache_stats(&h2, &m2, &b2);
+        kernels_cuda_weight_cache_stats(&h3, &m3, NULL);
         model_free(&m);
         size_t b3;
         kernels_cuda_weight_cache_stats(NULL, NULL, &b3);
@@ -964,6 +984,14 @@ static void test_model_weight_copies(void) {
         printf("%s model weight copies%s: a step made %ld, hit %ld, %zu bytes (expected %ld, %ld, %zu); the next "
                "made %ld, hit %ld; %zu bytes left after model_free\n", ok ? "ok  " : "FAIL", ck ? " (full ckpt)" : "",
                m1 - m0, h1 - h0, b1 - b0, made, hits, bytes, m2 - m1, h2 - h1, b3 - b0);
+        if (ok) pass++; else fail++;
+        /* same_weights: the forward finds the copies the last one made, and
+         * computes what it did (nothing wrote the weights in between) */
+        ok = m3 - m2 == 0 && h3 - h2 == made + hits && memcmp(&loss[2], &loss[1], sizeof(float)) == 0 &&
+             memcmp(&loss[1], &loss[0], sizeof(float)) == 0;
+        printf("%s model weight copies%s, same_weights: made %ld, hit %ld (expected 0, %ld); loss %.9g, before %.9g\n",
+               ok ? "ok  " : "FAIL", ck ? " (full ckpt)" : "", m3 - m2, h3 - h2, made + hits, (double)loss[2],
+               (double)loss[1]);
         if (ok) pass++; else fail++;
     }
 }
