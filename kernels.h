@@ -226,7 +226,7 @@ typedef struct Kernels {
      * backend derived from them is stale) and stay as they are until the next
      * call whose range overlaps theirs; weights_stable(NULL, 0) ends every
      * range. While a range holds, a backend may keep derived copies of the
-     * w operands of the matrix products (matmul_*, lm_head_*) inside it:
+     * w operands of the matrix products (matmul_*) inside it:
      * CUDA under bf16 GEMMs keeps their bf16 conversion, made by the first
      * product that reads them instead of by each (the backward's, the
      * recompute's). Freeing the memory drops its copies. The CPU keeps none. */
