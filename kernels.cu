@@ -1213,11 +1213,12 @@ static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const flo
     matmul_backward_core(dpre, C, dpre ? pre : NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
 }
 
-/* dpre [N, 2C] ([a]): dh = dout @ w, then (d gate | d up) from dh. fp32
- * [a]: dh goes into dpre's gate columns (ld 2C, beta 0) and becomes the
- * gradients in place; bf16 [a]: dh into fp32 scratch, and one kernel
- * writes the bf16 gradients from it (each rounded once from fp32, the
- * up-projection's backward then reading them with no conversion pass) */
+/* pre and dpre [N, 2C] ([a]): dh = dout @ w, then (d gate | d up) from dh
+ * and pre. fp32 [a]: dh goes into dpre's gate columns (ld 2C, beta 0) and
+ * becomes the gradients in place; bf16 [a]: dh into fp32 scratch, and one
+ * kernel writes the bf16 gradients from it and the bf16 pre (each rounded
+ * once from fp32, the up-projection's backward then reading them with no
+ * conversion pass) */
 static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
                                    const float *w, const float *pre, int N, int C, int OC) {
     if (N <= 0 || C <= 0) return;
@@ -3214,11 +3215,12 @@ __global__ void dgelu_inplace_k(float *d, const float *pre, size_t n) {
     GRID_STRIDE(i, n) d[i] = d[i] * gelu_grad(pre[i]);
 }
 
-template <typename OT> __global__ void swiglu_fwd_k(OT *out, const float *inp, int N, int F) {
+/* inp (gate | up) and out are [a]: float or bf16 alike */
+template <typename T> __global__ void swiglu_fwd_k(T *out, const T *inp, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
         size_t r = i / F, j = i % F;
-        float g = inp[r * 2 * F + j], u = inp[r * 2 * F + F + j];
+        float g = act_ld(inp, r * 2 * F + j), u = act_ld(inp, r * 2 * F + F + j);
         act_st(out, i, g / (1.0f + expf(-g)) * u);
     }
 }
@@ -3232,16 +3234,17 @@ __device__ __forceinline__ void swiglu_grads(float g, float u, float d, float *d
     *du = d * g * sg;
 }
 
-/* dinp [N, 2F] gets (d gate | d up) from dout [N, F]: added into (ADD, the
- * kernels.h swiglu_backward) or stored, rounded once (the bf16 [a] dpre of
+/* dinp [N, 2F] gets (d gate | d up) from dout [N, F] and the [a]
+ * pre-activation inp (IT: float or bf16): added into (ADD, the kernels.h
+ * swiglu_backward) or stored, rounded once (the bf16 [a] dpre of
  * matmul_swiglu_backward, from its fp32 dh) */
-template <typename T, bool ADD>
-__global__ void swiglu_bwd_k(T *dinp, const float *inp, const float *dout, int N, int F) {
+template <typename T, bool ADD, typename IT>
+__global__ void swiglu_bwd_k(T *dinp, const IT *inp, const float *dout, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
         size_t r = i / F, j = i % F;
         float dg, du;
-        swiglu_grads(inp[r * 2 * F + j], inp[r * 2 * F + F + j], dout[i], &dg, &du);
+        swiglu_grads(act_ld(inp, r * 2 * F + j), act_ld(inp, r * 2 * F + F + j), dout[i], &dg, &du);
         if constexpr (ADD) {
             dinp[r * 2 * F + j] += dg;
             dinp[r * 2 * F + F + j] += du;
@@ -3253,7 +3256,7 @@ __global__ void swiglu_bwd_k(T *dinp, const float *inp, const float *dout, int N
 }
 
 /* d [N, 2F] holds dh in its gate columns; each (row, j) becomes d gate and
- * d up, both written by the thread that read dh */
+ * d up, both written by the thread that read dh (fp32 [a] only) */
 __global__ void swiglu_bwd_inplace_k(float *d, const float *inp, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
@@ -3305,20 +3308,22 @@ static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F) {
 
 static void swiglu_bwd_act(float *dpre, const float *dh, const float *pre, int N, int F) {
     if (N <= 0 || F <= 0) return;
-    swiglu_bwd_k<__nv_bfloat16, false><<<grid_for((size_t)N * F, 256), 256>>>(ACT16(dpre), pre, dh, N, F);
+    swiglu_bwd_k<__nv_bfloat16, false, __nv_bfloat16>
+        <<<grid_for((size_t)N * F, 256), 256>>>(ACT16(dpre), CACT16(pre), dh, N, F);
     LAUNCH_CHECK();
 }
 
 static void swiglu_forward(float *out, const float *inp, int N, int F) {
     if (N <= 0 || F <= 0) return;
-    if (act_bf16()) swiglu_fwd_k<__nv_bfloat16><<<grid_for((size_t)N * F, 256), 256>>>(ACT16(out), inp, N, F);
+    if (act_bf16()) swiglu_fwd_k<__nv_bfloat16><<<grid_for((size_t)N * F, 256), 256>>>(ACT16(out), CACT16(inp), N, F);
     else swiglu_fwd_k<float><<<grid_for((size_t)N * F, 256), 256>>>(out, inp, N, F);
     LAUNCH_CHECK();
 }
 
 static void swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
     if (!dinp || N <= 0 || F <= 0) return;
-    swiglu_bwd_k<float, true><<<grid_for((size_t)N * F, 256), 256>>>(dinp, inp, dout, N, F);
+    if (act_bf16()) swiglu_bwd_k<float, true, __nv_bfloat16><<<grid_for((size_t)N * F, 256), 256>>>(dinp, CACT16(inp), dout, N, F);
+    else swiglu_bwd_k<float, true, float><<<grid_for((size_t)N * F, 256), 256>>>(dinp, inp, dout, N, F);
     LAUNCH_CHECK();
 }
 

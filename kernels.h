@@ -34,7 +34,9 @@ typedef struct Kernels {
     const char *name; /* "cpu", "cuda" */
     /* Bytes per element of the [a] buffers: the activations that only
      * matrix products (and attention's backward) read: the norms' outputs,
-     * attention's output, the MLP activation's output; and the LM head's
+     * attention's output, the MLP activation's output, SwiGLU's input (the
+     * up-projection's output, which only SwiGLU's forward and backward
+     * read); and the LM head's
      * logits, with the probabilities or gradients the cross-entropy leaves
      * in them (which only the LM head's backward reads). 4 (fp32) on the CPU
      * and on CUDA by default; 2 (bf16, rounded to nearest even) on CUDA
@@ -101,8 +103,8 @@ typedef struct Kernels {
      * the bf16 dout as it is, with no conversion pass. The LM head's (the
      * logits, and the gradients the cross-entropy leaves in them: the
      * largest activation of a step is never held, read or converted in
-     * fp32), and the SwiGLU MLP's up-projection backward (its dout is
-     * matmul_swiglu_backward's dpre, [a]). */
+     * fp32), and the SwiGLU MLP's up-projection (its out is swiglu_forward's
+     * inp, its backward's dout matmul_swiglu_backward's dpre, both [a]). */
     void (*matmul_forward_a)(float *out, const float *inp, const float *w, int N, int C, int OC);
     void (*matmul_backward_a)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                               int N, int C, int OC);
@@ -139,7 +141,8 @@ typedef struct Kernels {
     void (*matmul_gelu_forward)(float *out, float *pre, const float *inp, const float *w, const float *bias,
                                 int N, int C, int OC);
     /* inp is [N, 2F]: gate in columns [0,F), up in [F,2F).
-     * out[N,F] = silu(gate) * up; out is [a] */
+     * out[N,F] = silu(gate) * up; inp and out are [a] (swiglu_backward's
+     * inp too; its dinp is fp32, added into) */
     void (*swiglu_forward)(float *out, const float *inp, int N, int F);
     void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, int N, int F);
     /* The MLP down-projection's backward and its activation's in one call,
@@ -148,7 +151,7 @@ typedef struct Kernels {
      * the caller zeroes nothing); dw += dout^T @ inp, dbias += sum_n dout.
      *   gelu:   pre, dpre [N, C];
      *   swiglu: pre, dpre [N, 2C] (gate | up, as swiglu_forward's inp);
-     *           dpre is [a] (the up-projection's matmul_backward_a reads it).
+     *           both [a] (the up-projection's matmul_backward_a reads dpre).
      * Equal to matmul_backward into a zeroed buffer, then gelu_backward /
      * swiglu_backward into a zeroed dpre (on the CPU bit for bit); CUDA runs
      * the GELU's as the GEMM's epilogue when it can, and the SwiGLU's in

@@ -197,7 +197,10 @@ static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
     BUF(ln2, N * C, KEEP_NOT_FULL, 1);
     if (gpt2) BUF(ln2_mean, N, KEEP_NOT_FULL, 0);
     BUF(ln2_rstd, N, KEEP_NOT_FULL, 0);
-    BUF(fch, N * (size_t)m->fc_dim, KEEP_NOT_FULL, 0);
+    /* the MLP pre-activation: SwiGLU's is [a] (the up-projection writes it
+     * with matmul_forward_a); GELU's stays fp32 (its GEMM epilogues read
+     * and write it in fp32) */
+    BUF(fch, N * (size_t)m->fc_dim, KEEP_NOT_FULL, !gpt2);
     BUF(fch_act, N * (size_t)m->F, KEEP_NOT_FULL, 1);
     BUF(res3, N * C, KEEP_ALL, 0);
 #undef BUF
@@ -568,7 +571,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))), the add fused with norm2 */
         add_norm_forward(m, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->dbuf1, w->ln2_w, w->ln2_b, N);
         if (llama) {
-            k->matmul_forward(a->fch, a->ln2, w->fc_w, w->fc_b, N, C, m->fc_dim);
+            k->matmul_forward_a(a->fch, a->ln2, w->fc_w, N, C, m->fc_dim); /* no bias; fch is [a] */
             k->swiglu_forward(a->fch_act, a->fch, N, F);
         } else { /* fc_dim = F: one call, so CUDA can fuse the GELU into the GEMM */
             k->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, w->fc_w, w->fc_b, N, C, F);

@@ -447,8 +447,10 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
     float *dout = hrand((size_t)N * OC, 1), *inp = hrand(nc, 1), *w = hrand(nw, 0.1f), *pre = hrand(np, 2);
     float *dpre = hrand(np, 100), *dw = hrand(nw, 1), *db = hrand(OC, 1);
     float *gdout = dcopy_off(dout, (size_t)N * OC, off), *ginp = dcopy_act_off(inp, nc, off);
-    float *gw = dcopy_off(w, nw, off), *gpre = dcopy_off(pre, np, off);
-    float *gdpre = swiglu ? dcopy_act_off(dpre, np, off) : dcopy_off(dpre, np, off); /* SwiGLU's dpre is [a] */
+    /* SwiGLU's pre and dpre are [a] (the CPU's pre rounded alike) */
+    float *gw = dcopy_off(w, nw, off), *gpre = swiglu ? dcopy_act_off(pre, np, off) : dcopy_off(pre, np, off);
+    float *gdpre = swiglu ? dcopy_act_off(dpre, np, off) : dcopy_off(dpre, np, off);
+    if (swiglu) act_round(pre, np);
     float *gdw = dcopy_off(dw, nw, off), *gdb = dcopy_off(db, OC, off);
     /* bf16 SwiGLU: the CPU from the GEMMs' bf16 operands, so that dpre can
      * be held to the CPU's value rounded to nearest (rounded once from the
@@ -731,14 +733,18 @@ static void test_pointwise(void) {
     KC->gelu_backward(di, x, d, 2 * n);
     KG->gelu_backward(gdi, gx, gd, 2 * n);
     check("gelu_backward", di, gdi, 2 * n, TOL_F32);
-    float *gso = dcopy_act(o, n); /* out is [a] */
-    KC->swiglu_forward(o, x, N, F);
-    KG->swiglu_forward(gso, gx, N, F);
-    check_act_rn("swiglu_forward", o, gso, n);
+    /* SwiGLU's inp and out are [a]: under bf16 the device reads the bf16
+     * pre-activation, and the CPU computes from the same rounded values */
+    float *gso = dcopy_act(o, n), *gxa = dcopy_act(x, 2 * n), *xr = hdup(x, 2 * n);
+    act_round(xr, 2 * n);
+    KC->swiglu_forward(o, xr, N, F);
+    KG->swiglu_forward(gso, gxa, N, F);
+    check_act_rn("swiglu_forward ([a] in and out)", o, gso, n);
     KG->from_host(go, o, 2 * n * sizeof(float)); /* the fp32 checks below start from the CPU's values */
-    KC->swiglu_backward(di, x, d, N, F);
-    KG->swiglu_backward(gdi, gx, gd, N, F);
-    check("swiglu_backward", di, gdi, 2 * n, TOL_F32);
+    KC->swiglu_backward(di, xr, d, N, F);
+    KG->swiglu_backward(gdi, gxa, gd, N, F);
+    check("swiglu_backward ([a] inp)", di, gdi, 2 * n, TOL_F32);
+    free(xr);
     KC->add(o, o, x, 2 * n); /* out aliases a */
     KG->add(go, go, gx, 2 * n);
     check("add (aliased)", o, go, 2 * n, TOL_F32);
