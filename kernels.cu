@@ -462,9 +462,10 @@ enum { COL_PLAIN = 0, COL_LN = 1, COL_RMS = 2 };
 #define COL_TX 32
 #define COL_TY 8
 
-/* grid (ceil(C/32), RB); partial0/1 are [RB, C] */
-template <int MODE>
-__global__ void colsum_partial_k(float *partial0, float *partial1, const float *d, const float *x, const float *mean,
+/* grid (ceil(C/32), RB); partial0/1 are [RB, C]; DT: d's element type
+ * (bf16 for the plain sum of an [a] gradient) */
+template <int MODE, typename DT>
+__global__ void colsum_partial_k(float *partial0, float *partial1, const DT *d, const float *x, const float *mean,
                                  const float *rstd, int N, int C, int rows_per) {
     __shared__ float s0[COL_TY][COL_TX + 1], s1[COL_TY][COL_TX + 1];
     int c = blockIdx.x * COL_TX + threadIdx.x;
@@ -473,7 +474,7 @@ __global__ void colsum_partial_k(float *partial0, float *partial1, const float *
     if (c < C) {
         for (int r = r0 + threadIdx.y; r < r1; r += COL_TY) {
             size_t i = (size_t)r * C + c;
-            float dv = d[i];
+            float dv = act_ld(d, i);
             if (MODE == COL_PLAIN) {
                 a0 += dv;
             } else if (MODE == COL_LN) {
@@ -507,9 +508,10 @@ __global__ void colsum_finish_k(float *dst0, float *dst1, const float *partial0,
     if (dst1) dst1[c] += t1;
 }
 
-/* dst0 += column sums of the MODE expression; dst1 (LN only) += sum of d */
-static void colsum_add(int mode, float *dst0, float *dst1, const float *d, const float *x, const float *mean,
-                       const float *rstd, int N, int C) {
+/* dst0 += column sums of the MODE expression; dst1 (LN only) += sum of d;
+ * d_bf16 (COL_PLAIN only): d is bf16 */
+static void colsum_add_t(int mode, float *dst0, float *dst1, const float *d, const float *x, const float *mean,
+                         const float *rstd, int N, int C, int d_bf16) {
     if (N <= 0 || C <= 0) return;
     int rows_per = 256;
     int RB = (N + rows_per - 1) / rows_per;
@@ -518,12 +520,21 @@ static void colsum_add(int mode, float *dst0, float *dst1, const float *d, const
     float *part = (float *)scratch_get(&sc_col, (size_t)(two ? 2 : 1) * RB * C * sizeof(float));
     float *p0 = part, *p1 = two ? part + (size_t)RB * C : NULL;
     dim3 grid((C + COL_TX - 1) / COL_TX, RB), block(COL_TX, COL_TY);
-    if (mode == COL_PLAIN) colsum_partial_k<COL_PLAIN><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per);
-    else if (mode == COL_LN) colsum_partial_k<COL_LN><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per);
-    else colsum_partial_k<COL_RMS><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per);
+    if (d_bf16 && mode != COL_PLAIN) die(EXIT_INTERNAL, "cuda colsum: a bf16 d with a norm's expression");
+    if (d_bf16)
+        colsum_partial_k<COL_PLAIN, __nv_bfloat16><<<grid, block>>>(p0, p1, CACT16(d), x, mean, rstd, N, C, rows_per);
+    else if (mode == COL_PLAIN)
+        colsum_partial_k<COL_PLAIN, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per);
+    else if (mode == COL_LN) colsum_partial_k<COL_LN, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per);
+    else colsum_partial_k<COL_RMS, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per);
     LAUNCH_CHECK();
     colsum_finish_k<<<(C + 255) / 256, 256>>>(dst0, dst1, p0, p1, RB, C);
     LAUNCH_CHECK();
+}
+
+static void colsum_add(int mode, float *dst0, float *dst1, const float *d, const float *x, const float *mean,
+                       const float *rstd, int N, int C) {
+    colsum_add_t(mode, dst0, dst1, d, x, mean, rstd, N, C, 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -1159,7 +1170,7 @@ static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, f
                                  const float *dout, const float *inp, const float *w, int N, int C, int OC,
                                  int dout_bf16) {
     int bf16 = matmul_bf16();
-    if (dout_bf16 && (!bf16 || dbias)) die(EXIT_INTERNAL, "cuda matmul backward: a bf16 dout without bf16 GEMMs, or with a bias");
+    if (dout_bf16 && !bf16) die(EXIT_INTERNAL, "cuda matmul backward: a bf16 dout without bf16 GEMMs");
     /* bf16: dout, the A operand of both products, is converted once */
     const void *db = dout_bf16 ? (const void *)dout : bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
     if (dinp)
@@ -1169,7 +1180,7 @@ static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, f
     if (dw)
         rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db,
                      bf16 ? inp : NULL, NULL, 0);
-    if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
+    if (dbias) colsum_add_t(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, dout_bf16);
 }
 
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
@@ -1178,9 +1189,10 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
     matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
 }
 
-/* [a] out / dout (kernels.h; the LM head, the SwiGLU up-projection's
- * backward): under bf16 the GEMM writes bf16 out (cuBLASLt rounds the fp32
- * accumulator to nearest), and the backward reads the bf16 dout as it is */
+/* [a] out / dout (kernels.h; the LM head, the SwiGLU up-projection, the qkv
+ * projection's backward): under bf16 the GEMM writes bf16 out (cuBLASLt
+ * rounds the fp32 accumulator to nearest), and the backward reads the bf16
+ * dout as it is (its bias gradient too) */
 static void matmul_forward_a(float *out, const float *inp, const float *w, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     if (!act_bf16()) {
@@ -1191,10 +1203,10 @@ static void matmul_forward_a(float *out, const float *inp, const float *w, int N
                  wc_get(w, (size_t)OC * C), NULL, 1);
 }
 
-static void matmul_backward_a(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
-                              int C, int OC) {
+static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                              const float *w, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
-    matmul_backward_core(dinp, C, NULL, dw, NULL, dout, inp, w, N, C, OC, act_bf16());
+    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, act_bf16());
 }
 
 static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F);
@@ -1996,8 +2008,8 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
 // ---- bf16 tensor-core flash attention region: begin ----
 /* The fused attention under LLMTRAIN_CUDA_MATMUL=bf16 on sm_80 and newer:
  * flash-attention-2 style kernels on mma.sync.m16n8k16 (bf16 operands, fp32
- * accumulation), with fp32 qkv, dout and dqkv like the kernels above; out, an
- * [a] buffer, is bf16 (these run under bf16 only). Each global tile is
+ * accumulation), with fp32 qkv and dout like the kernels above; out and
+ * dqkv, [a] buffers, are bf16 (these run under bf16 only). Each global tile is
  * read as fp32 and stored once to shared memory as bf16 words, row-major
  * [row][d] (two values per 32-bit word, rows padded by 4 words so that the
  * 8 rows of a fragment or ldmatrix load fall in 8 different bank quads); B
@@ -2033,6 +2045,11 @@ __device__ __forceinline__ uint32_t fb_pack(float lo, float hi) {
     (void)hi;
     return 0u;
 #endif
+}
+
+/* two adjacent bf16 gradients (dqkv, [a] under bf16), each rounded once */
+__device__ __forceinline__ void fb_put2(__nv_bfloat16 *p, float lo, float hi) {
+    *reinterpret_cast<uint32_t *>(static_cast<void *>(p)) = fb_pack(lo, hi);
 }
 
 /* d += a b, one m16n8k16 product of the warp */
@@ -2273,7 +2290,7 @@ __global__ void __launch_bounds__(FL_THREADS)
 /* dQ: grid (B * nh, query tiles), last query tile first */
 template <int HD, int BN>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_bf16_dq_k(float *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
+    flash_bf16_dq_k(__nv_bfloat16 *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
                     const float *__restrict__ lse, const float *__restrict__ Dr, int T, int nh, int nkv,
                     float scale) {
     constexpr int LDW = HD / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
@@ -2327,10 +2344,9 @@ __global__ void __launch_bounds__(FL_THREADS)
     for (int i = 0; i < 2; i++) {
         const int q = row[i];
         if (q >= T) continue;
-        float *r = dqkv + ((size_t)blk.b * T + q) * blk.S + (size_t)blk.h * HD + 2 * t;
+        __nv_bfloat16 *r = dqkv + ((size_t)blk.b * T + q) * blk.S + (size_t)blk.h * HD + 2 * t;
 #pragma unroll
-        for (int jd = 0; jd < OT; jd++)
-            *(float2 *)(r + 8 * jd) = make_float2(dq[jd][2 * i] * scale, dq[jd][2 * i + 1] * scale);
+        for (int jd = 0; jd < OT; jd++) fb_put2(r + 8 * jd, dq[jd][2 * i] * scale, dq[jd][2 * i + 1] * scale);
     }
 }
 
@@ -2341,7 +2357,7 @@ __global__ void __launch_bounds__(FL_THREADS)
  * registers) */
 template <int HD, int BM>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_bf16_dkv_k(float *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
+    flash_bf16_dkv_k(__nv_bfloat16 *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
                      const float *__restrict__ lse, const float *__restrict__ Dr, int T, int nh, int nkv,
                      float scale) {
     constexpr int BN = FB_BM, LDW = HD / 2 + 4, KC = HD / 16, NT = BM / 8, OT = HD / 8;
@@ -2420,12 +2436,12 @@ __global__ void __launch_bounds__(FL_THREADS)
     for (int i = 0; i < 2; i++) {
         const int k = key[i];
         if (k >= T) continue;
-        float *r = dqkv + ((size_t)b * T + k) * S + 2 * t;
-        float *rk = r + (size_t)(nh + kh) * HD, *rv = r + (size_t)(nh + nkv + kh) * HD;
+        __nv_bfloat16 *r = dqkv + ((size_t)b * T + k) * S + 2 * t;
+        __nv_bfloat16 *rk = r + (size_t)(nh + kh) * HD, *rv = r + (size_t)(nh + nkv + kh) * HD;
 #pragma unroll
         for (int jd = 0; jd < OT; jd++) {
-            *(float2 *)(rk + 8 * jd) = make_float2(dk[jd][2 * i] * scale, dk[jd][2 * i + 1] * scale);
-            *(float2 *)(rv + 8 * jd) = make_float2(dv[jd][2 * i], dv[jd][2 * i + 1]);
+            fb_put2(rk + 8 * jd, dk[jd][2 * i] * scale, dk[jd][2 * i + 1] * scale);
+            fb_put2(rv + 8 * jd, dv[jd][2 * i], dv[jd][2 * i + 1]);
         }
     }
 }
@@ -2462,9 +2478,9 @@ static int fb_backward(float *dqkv, const float *dout, const float *qkv, const f
     float *D = fl_scratch(rows * sizeof(float));
     fl_launch(flash_dot_k<__nv_bfloat16>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, CACT16(out), dout, B, T,
               nh, HD);
-    fl_launch(flash_bf16_dq_k<HD, DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq, dqkv, dout, qkv,
+    fl_launch(flash_bf16_dq_k<HD, DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq, ACT16(dqkv), dout, qkv,
               lse, (const float *)D, T, nh, nkv, scale);
-    fl_launch(flash_bf16_dkv_k<HD, DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS, smem_dkv, dqkv, dout,
+    fl_launch(flash_bf16_dkv_k<HD, DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS, smem_dkv, ACT16(dqkv), dout,
               qkv, lse, (const float *)D, T, nh, nkv, scale);
     return 1;
 }
@@ -2573,8 +2589,9 @@ extern "C" long kernels_cuda_flash_attention_calls(void) { return flash_calls; }
 // Q, K and V are views of one bf16 copy of qkv ([B, T, (nh + 2 nkv) hd]) by
 // strides, GQA through K and V having nkv heads; O is out itself when out
 // is [a] bf16; Stats is lse ([B, nh, T], natural log), so the forward and
-// backward interoperate with the other paths' lse. dQ, dK and dV land in a
-// bf16 dqkv copy that is widened into dqkv (overwritten, kernels.h).
+// backward interoperate with the other paths' lse. dQ, dK and dV land in
+// dqkv itself when it is [a] bf16, else in a bf16 copy widened into it
+// (overwritten, kernels.h).
 // A plan per shape is built at first use and kept (at most DN_PLANS: a
 // training run has two, for its forward and backward, and sampling one per
 // context length; past them the fused kernels, with one line); a
@@ -3028,7 +3045,9 @@ static int dn_attention_backward(float *dqkv, const float *dout, const float *qk
     const __nv_bfloat16 *q16 = (const __nv_bfloat16 *)bf16_copy(&sc_dn_qkv, qkv, nq);
     const void *o16 = act_bf16() ? (const void *)out : bf16_copy(&sc_dn_o, out, no);
     const void *do16 = bf16_copy(&sc_dn_do, dout, no);
-    __nv_bfloat16 *dq16 = (__nv_bfloat16 *)scratch_get(&sc_dn_dqkv, nq * sizeof(__nv_bfloat16));
+    /* dqkv is [a]: under bf16 cuDNN writes it in place */
+    __nv_bfloat16 *dq16 =
+        act_bf16() ? ACT16(dqkv) : (__nv_bfloat16 *)scratch_get(&sc_dn_dqkv, nq * sizeof(__nv_bfloat16));
     float *ssum = (float *)scratch_get(&sc_dn_sum, rows * sizeof(float));
     float *dqa = (float *)scratch_get(&sc_dn_dq, no * sizeof(float));
     /* cuDNN's frontend leaves this accumulator to the library from 9.6 on;
@@ -3043,7 +3062,7 @@ static int dn_attention_backward(float *dqkv, const float *dout, const float *qk
                     (void *)dq16, (void *)(dq16 + ko), (void *)(dq16 + vo), &scale, &ninf, &one, (void *)ssum,
                     (void *)dqa};
     dn_execute(p, 14, uids, ptrs);
-    to_f32(dqkv, dq16, nq); /* overwritten */
+    if (!act_bf16()) to_f32(dqkv, dq16, nq); /* overwritten */
     return 1;
 }
 
@@ -3113,8 +3132,13 @@ static void attention_backward_gemm(float *dqkv, const float *dout, const float 
     }
 }
 
-/* out is [a]: the bf16 fused kernels read it as bf16; any other path under
- * bf16 reads an fp32 copy */
+/* dqkv's fp32 form where dqkv is [a] bf16 but the kernels that run write
+ * fp32 (the GEMM path, the TF32 / fp32 fused kernels) */
+static Scratch sc_att_dqkv;
+
+/* out and dqkv are [a]: cuDNN and the bf16 fused kernels read out and write
+ * dqkv as bf16; any other path under bf16 reads an fp32 copy of out and
+ * writes fp32 scratch, rounded into dqkv after */
 static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int B, int T, int nh, int nkv, int hd) {
     if (!dqkv) return;
@@ -3129,23 +3153,27 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
         return;
     }
     const float *o = out;
+    float *dq = dqkv;
+    const size_t nq = (size_t)B * T * (nh + 2 * nkv) * hd;
     if (act_bf16()) {
         const size_t n = (size_t)B * T * nh * hd;
         float *o32 = (float *)scratch_get(&sc_att32, n * sizeof(float));
         to_f32(o32, out, n);
         o = o32;
+        dq = (float *)scratch_get(&sc_att_dqkv, nq * sizeof(float));
     }
-    if (flash && !fl_bf16() && flash_attention_backward(dqkv, dout, qkv, o, lse, B, T, nh, nkv, hd)) {
-        flash_calls++;
-        return;
-    }
-    attention_backward_gemm(dqkv, dout, qkv, o, lse, B, T, nh, nkv, hd);
+    if (flash && !fl_bf16() && flash_attention_backward(dq, dout, qkv, o, lse, B, T, nh, nkv, hd)) flash_calls++;
+    else attention_backward_gemm(dq, dout, qkv, o, lse, B, T, nh, nkv, hd);
+    if (dq != dqkv) to_bf16(dqkv, dq, nq);
 }
 
 // ----------------------------------------------------------------------------
 // RoPE (rotate-half), one thread per (row, frequency), every q and k head
 
-__global__ void rope_k(float *x, int N, int T, int nh, int nkv, int hd, float theta, int pos0, float dir) {
+/* T: float, or bf16 for the [a] dqkv under bf16 (rotated in fp32, each
+ * element rounded once where it is stored) */
+template <typename T_>
+__global__ void rope_k(T_ *x, int N, int T, int nh, int nkv, int hd, float theta, int pos0, float dir) {
     int half = hd / 2, S = (nh + 2 * nkv) * hd, nrot = nh + nkv;
     size_t total = (size_t)N * half;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
@@ -3157,30 +3185,33 @@ __global__ void rope_k(float *x, int N, int T, int nh, int nkv, int hd, float th
         double sd, cd;
         sincos(ang, &sd, &cd);
         float cs = (float)cd, sn = dir * (float)sd;
-        float *row = x + (size_t)n * S;
+        T_ *row = x + (size_t)n * S;
         for (int hh = 0; hh < nrot; hh++) {
-            float *v = row + (size_t)hh * hd;
-            float a = v[i], c = v[i + half];
-            v[i] = a * cs - c * sn;
-            v[i + half] = c * cs + a * sn;
+            T_ *v = row + (size_t)hh * hd;
+            float a = act_ld(v, (size_t)i), c = act_ld(v, (size_t)(i + half));
+            act_st(v, (size_t)i, a * cs - c * sn);
+            act_st(v, (size_t)(i + half), c * cs + a * sn);
         }
     }
 }
 
-static void rope_apply(float *x, int B, int T, int nh, int nkv, int hd, float theta, int pos0, float dir) {
+/* x16: x is an [a] buffer in bf16 */
+static void rope_apply(float *x, int x16, int B, int T, int nh, int nkv, int hd, float theta, int pos0, float dir) {
     if (hd % 2 != 0) die(EXIT_INTERNAL, "rope: head_dim %d must be even", hd);
     size_t total = (size_t)B * T * (hd / 2);
     if (!total) return;
-    rope_k<<<grid_for(total, 256), 256>>>(x, B * T, T, nh, nkv, hd, theta, pos0, dir);
+    if (x16) rope_k<__nv_bfloat16><<<grid_for(total, 256), 256>>>(ACT16(x), B * T, T, nh, nkv, hd, theta, pos0, dir);
+    else rope_k<float><<<grid_for(total, 256), 256>>>(x, B * T, T, nh, nkv, hd, theta, pos0, dir);
     LAUNCH_CHECK();
 }
 
 static void rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
-    rope_apply(qkv, B, T, nh, nkv, hd, theta, pos0, 1.0f);
+    rope_apply(qkv, 0, B, T, nh, nkv, hd, theta, pos0, 1.0f);
 }
 
+/* dqkv is [a] */
 static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
-    rope_apply(dqkv, B, T, nh, nkv, hd, theta, pos0, -1.0f);
+    rope_apply(dqkv, act_bf16(), B, T, nh, nkv, hd, theta, pos0, -1.0f);
 }
 
 // ----------------------------------------------------------------------------

@@ -97,17 +97,19 @@ typedef struct Kernels {
     /* dinp[N,C] = dout @ w (OVERWRITTEN); dw[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout */
     void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC);
-    /* matmul_forward / matmul_backward (dinp OVERWRITTEN) without a bias,
+    /* matmul_forward without a bias and matmul_backward (dinp OVERWRITTEN),
      * with out (the forward's) and dout (the backward's) [a] as well: on
      * CUDA under bf16 the GEMM writes bf16 and the backward's two GEMMs read
      * the bf16 dout as it is, with no conversion pass. The LM head's (the
      * logits, and the gradients the cross-entropy leaves in them: the
      * largest activation of a step is never held, read or converted in
-     * fp32), and the SwiGLU MLP's up-projection (its out is swiglu_forward's
-     * inp, its backward's dout matmul_swiglu_backward's dpre, both [a]). */
+     * fp32), the SwiGLU MLP's up-projection (its out is swiglu_forward's
+     * inp, its backward's dout matmul_swiglu_backward's dpre, both [a]),
+     * and the backward of the qkv projection (its dout is
+     * attention_backward's dqkv, [a]; dbias, when given, sums that dout). */
     void (*matmul_forward_a)(float *out, const float *inp, const float *w, int N, int C, int OC);
-    void (*matmul_backward_a)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                              int N, int C, int OC);
+    void (*matmul_backward_a)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                              const float *w, int N, int C, int OC);
 
     /* ---- attention ----
      * qkv is [B, T, (nh + 2*nkv) * hd]: per token all q heads, then all k
@@ -120,13 +122,16 @@ typedef struct Kernels {
      * out is [a] (forward and backward). */
     void (*attention_forward)(float *out, float *lse, const float *qkv,
                               int B, int T, int nh, int nkv, int hd);
-    /* dqkv = d(out)/d(qkv) . dout (OVERWRITTEN), from the forward's out and lse */
+    /* dqkv = d(out)/d(qkv) . dout (OVERWRITTEN), from the forward's out and
+     * lse; dqkv is [a] (under bf16 each gradient rounded once where it is
+     * stored; rope_backward and the qkv projection's matmul_backward_a read
+     * it as it is) */
     void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int nh, int nkv, int hd);
     /* Rotary embedding, Hugging Face rotate-half convention, on the q and k
      * heads of qkv ([B,T,(nh+2nkv)*hd]), in place; position of row n is
      * pos0 + n % T. inv_freq[i] = theta^(-2i/hd), i < hd/2.
-     * rope_backward applies the inverse rotation to dqkv, in place. */
+     * rope_backward applies the inverse rotation to dqkv ([a]), in place. */
     void (*rope_forward)(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0);
     void (*rope_backward)(float *dqkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0);
 

@@ -372,9 +372,9 @@ static void matmul_forward_a(float *out, const float *inp, const float *w, int N
     matmul_forward(out, inp, w, NULL, N, C, OC);
 }
 
-static void matmul_backward_a(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
-                              int C, int OC) {
-    matmul_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
+static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                              const float *w, int N, int C, int OC) {
+    matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
 }
 
 // ----------------------------------------------------------------------------

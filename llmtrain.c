@@ -1404,15 +1404,17 @@ static double cuda_scratch_bytes(const Trainer *t) {
     const char *att = getenv("LLMTRAIN_CUDA_ATTENTION");
     int flash = !(att && strcmp(att, "gemm") == 0) && (m->hd == 32 || m->hd == 64 || m->hd == 128);
     s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
-    if (cuda_bf16_env() && !flash) s += grow * N * m->nh * m->hd * 4.0; /* attention's fp32 output beside the bf16 one */
+    /* attention's fp32 output beside the bf16 one, and its fp32 d(qkv) beside the bf16 [a] one */
+    if (cuda_bf16_env() && !flash) s += grow * (N * m->nh * m->hd * 4.0 + N * m->qkv_dim * 4.0);
     /* cuDNN's attention (LLMTRAIN_CUDA_ATTENTION=cudnn, the default under
-     * bf16): bf16 copies of qkv, dqkv and dO (and of out when it is fp32),
+     * bf16): bf16 copies of qkv, dqkv (unless it is bf16 [a]) and dO (and of out when it is fp32),
      * the rows' dO.O sums, the fp32 dQ accumulator, the plan's workspace
      * (at most 64 MiB: kernels.cu's DN_WS_CAP) */
     int cudnn = att && *att && strcmp(att, "auto") != 0 ? strcmp(att, "cudnn") == 0 : cuda_bf16_env();
     if (cudnn && m->hd % 8 == 0 && m->hd <= 128) {
         double S = m->qkv_dim, OS = (double)m->nh * m->hd;
-        s += grow * (2.0 * N * S * 2.0 + N * OS * 2.0 * (cuda_bf16_env() ? 1.0 : 2.0) + N * m->nh * 4.0 + N * OS * 4.0 +
+        s += grow * ((cuda_bf16_env() ? 1.0 : 2.0) * N * S * 2.0 + N * OS * 2.0 * (cuda_bf16_env() ? 1.0 : 2.0) +
+                     N * m->nh * 4.0 + N * OS * 4.0 +
                      64.0 * 1048576);
     }
     double rb = fmin(128.0, ceil(N / 256.0)), widest = 2 * C;
@@ -1421,14 +1423,14 @@ static double cuda_scratch_bytes(const Trainer *t) {
     s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);
     if (cuda_bf16_env()) {
         /* bf16 scratch copies of a product's operands: a backward's output
-         * gradient (N rows of a linear layer's outputs; the LM head's and
-         * SwiGLU's up-projection's are bf16 already, the latter made from an
-         * fp32 scratch of N x F), and without the weights' copies (kernels.h
+         * gradient (N rows of a linear layer's outputs; the LM head's, the
+         * qkv projection's and SwiGLU's up-projection's are bf16 already, the
+         * last made from an fp32 scratch of N x F), and without the weights' copies (kernels.h
          * weights_stable; or past kernels.cu's 4096 of them) a weight
          * matrix, at most the largest */
         int swiglu = t->cfg.model.arch == ARCH_LLAMA;
-        double outs = fmax(C, fmax(swiglu ? 0 : m->fc_dim, m->qkv_dim));
-        double wmax = fmax((double)m->V * C, fmax(fmax(outs, m->fc_dim) * C, (double)C * fmax(m->F, (double)m->nh * m->hd)));
+        double outs = fmax(C, swiglu ? 0 : m->fc_dim);
+        double wmax = fmax((double)m->V * C, fmax(fmax(m->qkv_dim, m->fc_dim) * C, (double)C * fmax(m->F, (double)m->nh * m->hd)));
         s += grow * 2.0 * N * outs;
         if (swiglu) s += grow * 4.0 * N * m->F;
         /* the weights' copies, exactly their size: every layer's four and

@@ -715,7 +715,7 @@ void model_backward(Model *m, float loss_scale) {
         if (R < N) head_forward(m, r0, n, tp ? 0.0f : loss_scale);
         if (tp) k->crossentropy_vp_backward(m->logits, m->targets + r0, loss_scale, n, V, m->v0);
         else if (R == N && !m->head_fused) k->crossentropy_backward(m->logits, m->targets + r0, loss_scale, n, V);
-        k->matmul_backward_a(m->dlnf + (size_t)r0 * C, m->g.lm_head, m->logits, act_at(m, m->lnf, (size_t)r0 * C),
+        k->matmul_backward_a(m->dlnf + (size_t)r0 * C, m->g.lm_head, NULL, m->logits, act_at(m, m->lnf, (size_t)r0 * C),
                             m->p.lm_head, n, C, V);
     }
     if (tp) tp_allreduce(m, m->dlnf, NC, 0); /* partial over the vocabulary slices */
@@ -739,18 +739,18 @@ void model_backward(Model *m, float loss_scale) {
          * backward reading it as it is) */
         if (llama) {
             k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
-            k->matmul_backward_a(m->dbuf1, g->fc_w, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim); /* no bias */
+            k->matmul_backward_a(m->dbuf1, g->fc_w, NULL, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim); /* no bias */
         } else {
             k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
             k->matmul_backward(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim);
         }
         if (tp) tp_allreduce(m, m->dbuf1, NC, 0); /* column-parallel: partial input gradient */
         norm_backward(m, m->dres, g->ln2_w, g->ln2_b, m->dbuf1, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
-        /* attention block; m->dres becomes d(x) */
+        /* attention block; m->dres becomes d(x); d(qkv) in dbuf2 is [a] */
         k->matmul_backward(m->dbuf1, g->attn_out_w, g->attn_out_b, m->dres, a->atty, w->attn_out_w, N, nh * hd, C);
         k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, B, T, nh, nkv, hd);
         if (llama) k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, c->rope_theta, 0);
-        k->matmul_backward(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, a->ln1, w->qkv_w, N, C, m->qkv_dim);
+        k->matmul_backward_a(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, a->ln1, w->qkv_w, N, C, m->qkv_dim);
         if (tp) tp_allreduce(m, m->dbuf1, NC, 0);
         norm_backward(m, m->dres, g->ln1_w, g->ln1_b, m->dbuf1, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
         chunk_event(m, l + 1, CHUNK_POST_BACKWARD);
