@@ -510,8 +510,8 @@ __global__ void colsum_finish_k(float *dst0, float *dst1, const float *partial0,
 
 /* dst0 += column sums of the MODE expression; dst1 (LN only) += sum of d;
  * d_bf16 (COL_PLAIN only): d is bf16 */
-static void colsum_add_t(int mode, float *dst0, float *dst1, const float *d, const float *x, const float *mean,
-                         const float *rstd, int N, int C, int d_bf16) {
+static void colsum_add(int mode, float *dst0, float *dst1, const float *d, const float *x, const float *mean,
+                       const float *rstd, int N, int C, int d_bf16) {
     if (N <= 0 || C <= 0) return;
     int rows_per = 256;
     int RB = (N + rows_per - 1) / rows_per;
@@ -530,11 +530,6 @@ static void colsum_add_t(int mode, float *dst0, float *dst1, const float *d, con
     LAUNCH_CHECK();
     colsum_finish_k<<<(C + 255) / 256, 256>>>(dst0, dst1, p0, p1, RB, C);
     LAUNCH_CHECK();
-}
-
-static void colsum_add(int mode, float *dst0, float *dst1, const float *d, const float *x, const float *mean,
-                       const float *rstd, int N, int C) {
-    colsum_add_t(mode, dst0, dst1, d, x, mean, rstd, N, C, 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -666,7 +661,7 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
         layernorm_bwd_k<<<norm_grid(N), NORM_THREADS>>>(dinp, dout, inp, w, mean, rstd, N, C);
         LAUNCH_CHECK();
     }
-    if (dw || db) colsum_add(COL_LN, dw, db, dout, inp, mean, rstd, N, C);
+    if (dw || db) colsum_add(COL_LN, dw, db, dout, inp, mean, rstd, N, C, 0);
 }
 
 static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
@@ -702,7 +697,7 @@ static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const fl
         rmsnorm_bwd_k<<<norm_grid(N), NORM_THREADS>>>(dinp, dout, inp, w, rstd, N, C);
         LAUNCH_CHECK();
     }
-    if (dw) colsum_add(COL_RMS, dw, NULL, dout, inp, NULL, rstd, N, C);
+    if (dw) colsum_add(COL_RMS, dw, NULL, dout, inp, NULL, rstd, N, C, 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -1165,7 +1160,8 @@ static void matmul_gelu_forward(float *out, float *pre, const float *inp, const 
 
 /* matmul_backward's three products; dinp (ld ldd) is overwritten with
  * dout @ w, times gelu'(dgelu_pre) when that is given.
- * dout_bf16: dout is bf16 itself (an [a] buffer under bf16), with no bias */
+ * dout_bf16: dout is bf16 itself (an [a] buffer under bf16; the bias
+ * gradient sums those bf16 values) */
 static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, float *dw, float *dbias,
                                  const float *dout, const float *inp, const float *w, int N, int C, int OC,
                                  int dout_bf16) {
@@ -1180,7 +1176,7 @@ static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, f
     if (dw)
         rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db,
                      bf16 ? inp : NULL, NULL, 0);
-    if (dbias) colsum_add_t(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, dout_bf16);
+    if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, dout_bf16);
 }
 
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,

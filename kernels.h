@@ -36,9 +36,9 @@ typedef struct Kernels {
      * matrix products (and attention's backward) read: the norms' outputs,
      * attention's output, the MLP activation's output, SwiGLU's input (the
      * up-projection's output, which only SwiGLU's forward and backward
-     * read); and the LM head's
-     * logits, with the probabilities or gradients the cross-entropy leaves
-     * in them (which only the LM head's backward reads). 4 (fp32) on the CPU
+     * read); the LM head's logits, with the probabilities or gradients the
+     * cross-entropy leaves in them (which only the LM head's backward
+     * reads); and attention's input gradient d(qkv). 4 (fp32) on the CPU
      * and on CUDA by default; 2 (bf16, rounded to nearest even) on CUDA
      * under LLMTRAIN_CUDA_MATMUL=bf16, so that its bf16 GEMMs read them with
      * no conversion pass and they take half the memory. They are still

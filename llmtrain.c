@@ -1407,8 +1407,8 @@ static double cuda_scratch_bytes(const Trainer *t) {
     /* attention's fp32 output beside the bf16 one, and its fp32 d(qkv) beside the bf16 [a] one */
     if (cuda_bf16_env() && !flash) s += grow * (N * m->nh * m->hd * 4.0 + N * m->qkv_dim * 4.0);
     /* cuDNN's attention (LLMTRAIN_CUDA_ATTENTION=cudnn, the default under
-     * bf16): bf16 copies of qkv, dqkv (unless it is bf16 [a]) and dO (and of out when it is fp32),
-     * the rows' dO.O sums, the fp32 dQ accumulator, the plan's workspace
+     * bf16): bf16 copies of qkv, dqkv (unless it is bf16 [a]) and dO (and of
+     * out when it is fp32), the rows' dO.O sums, the fp32 dQ accumulator, the plan's workspace
      * (at most 64 MiB: kernels.cu's DN_WS_CAP) */
     int cudnn = att && *att && strcmp(att, "auto") != 0 ? strcmp(att, "cudnn") == 0 : cuda_bf16_env();
     if (cudnn && m->hd % 8 == 0 && m->hd <= 128) {
@@ -1425,7 +1425,8 @@ static double cuda_scratch_bytes(const Trainer *t) {
         /* bf16 scratch copies of a product's operands: a backward's output
          * gradient (N rows of a linear layer's outputs; the LM head's, the
          * qkv projection's and SwiGLU's up-projection's are bf16 already, the
-         * last made from an fp32 scratch of N x F), and without the weights' copies (kernels.h
+         * last made from an fp32 scratch of N x F), and without the weights'
+         * copies (kernels.h
          * weights_stable; or past kernels.cu's 4096 of them) a weight
          * matrix, at most the largest */
         int swiglu = t->cfg.model.arch == ARCH_LLAMA;
