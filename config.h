@@ -43,9 +43,11 @@ typedef struct Config {
     int global_batch;
     char device[16];
     int act_ckpt;        /* ACT_NONE | ACT_SELECTIVE | ACT_FULL (model.h), by index of none|selective|full */
-    int lm_head_chunk;
+    int lm_head_chunk;   /* token rows of the LM head + cross-entropy at a time (0: the micro-batch) */
     int act_offload;     /* train.activation_offload */
-    int param_dtype;     /* 0 fp32, 1 bf16: precision of the working weights (master stays fp32) */   /* token rows of the LM head + cross-entropy at a time (0: the micro-batch) */
+    int param_dtype;     /* 0 fp32, 1 bf16: precision of the working weights (master stays fp32) */
+    char compute_dtype[8];    /* bf16|tf32|fp32: the CUDA backend's products and [a] buffers */
+    char attention_kernel[8]; /* auto|cudnn|flash|gemm: the CUDA backend's attention */
     /* optim */
     float lr, min_lr;
     int warmup_steps, decay_steps;

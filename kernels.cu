@@ -1,6 +1,6 @@
 /* kernels.cu — the CUDA backend of kernels.h (fp32 storage; under
- * LLMTRAIN_CUDA_MATMUL=bf16 the [a] activations, which only products read,
- * are bf16).
+ * train.compute_dtype bf16, the default, the [a] activations, which only
+ * products read, are bf16).
  *
  * Every pointer is device memory; all work goes to the legacy default stream
  * in issue order, so the kernels.h contract (forward overwrites, backward adds,
@@ -8,22 +8,22 @@
  * to_host and the reductions that return a number synchronise (by polling
  * when a communication library set a host-wait hook: host_wait below).
  *
- * Matrix products: cuBLASLt with CUBLAS_COMPUTE_32F_FAST_TF32 — fp32 in and
- * out, tensor cores read the inputs rounded to TF32 (10-bit mantissa) and
- * accumulate in fp32. Chosen over converting to bf16 on the fly because the
- * storage is fp32 in this tranche: TF32 needs no conversion pass and no
- * scratch copy of the operands (the LM-head operand alone is N x V), and it
- * stays closer to the CPU reference. The price is half the bf16 tensor rate;
- * LLMTRAIN_CUDA_MATMUL=bf16 runs the GEMMs in bf16 (below), with the [a]
- * activations stored as bf16 by the kernels that write them.
+ * Matrix products: cuBLASLt. Under compute dtype bf16 (matmul_mode below)
+ * the linear layers' GEMMs multiply bf16 operands with fp32 accumulation,
+ * the [a] activations stored as bf16 by the kernels that write them; under
+ * tf32, CUBLAS_COMPUTE_32F_FAST_TF32 — fp32 in and out, tensor cores read
+ * the inputs rounded to TF32 (10-bit mantissa) and accumulate in fp32, no
+ * conversion pass and no scratch copy, at half the bf16 tensor rate; under
+ * fp32, plain fp32 without tensor cores.
  *
- * Attention (default): fused flash-style kernels (tiles of queries x keys in
- * shared memory and registers, online softmax, no T x T scratch; TF32 tensor
- * cores through wmma, fp32 FMA under LLMTRAIN_CUDA_MATMUL=fp32, bf16 tensor
- * cores through mma.sync with the scores in registers under
- * LLMTRAIN_CUDA_MATMUL=bf16; head dims 32, 64, 128): see the "attention,
- * fused" section and the bf16 region after it. Other head dims, and
- * every shape under LLMTRAIN_CUDA_ATTENTION=gemm, take strided-batched
+ * Attention: cuDNN's fused attention on bf16 copies (the default under
+ * bf16), fused flash-style kernels (tiles of queries x keys in shared
+ * memory and registers, online softmax, no T x T scratch; TF32 tensor
+ * cores through wmma, fp32 FMA under compute dtype fp32, bf16 tensor cores
+ * through mma.sync with the scores in registers under bf16; head dims 32,
+ * 64, 128): see the "attention, fused" section and the bf16 region after
+ * it. Other head dims, and every shape under train.attention_kernel gemm,
+ * take strided-batched
  * cuBLASLt GEMMs on the full T x T square (the masked half is computed and
  * thrown away), one query head at a time, with hand-written causal softmax
  * and softmax-backward kernels; the probabilities live in a [B, T, T]
@@ -213,7 +213,7 @@ __device__ float block_max(float v) {
 
 // ----------------------------------------------------------------------------
 // [a] activations (kernels.h): the buffers only matrix products read are
-// bf16 under LLMTRAIN_CUDA_MATMUL=bf16 (act_bf16()), else fp32. Kernels that
+// bf16 under compute dtype bf16 (act_bf16()), else fp32. Kernels that
 // write or read one are templated on its element type; act_st rounds to
 // nearest even, as the GEMMs' operand conversion does.
 
@@ -817,30 +817,38 @@ __global__ void add_bias_k(float *out, const float *bias, int M, int N, int ldc)
     }
 }
 
-/* LLMTRAIN_CUDA_MATMUL picks the GEMM arithmetic (default tf32, see the top
- * of this file); the others are opt-in:
- *   bf16  the linear layers' GEMMs run bf16 x bf16 -> fp32 with fp32
- *         accumulation. Their activation operand is an [a] buffer, bf16
- *         already (the norms, the GELU / SwiGLU and attention write it so);
+/* train.compute_dtype (kernels_cuda_set_compute_dtype) picks the GEMM
+ * arithmetic and the width of the [a] buffers:
+ *   bf16  (the default) the linear layers' GEMMs run bf16 x bf16 -> fp32
+ *         with fp32 accumulation. Their activation operand is an [a]
+ *         buffer, bf16 already (the norms, the GELU / SwiGLU and attention
+ *         write it so);
  *         an output gradient is converted into scratch first (a backward's
  *         dout once for both of its products; the LM head's logits and their
  *         gradients are [a], bf16 already), the weights into the copies of
  *         weights_stable (wc_get) or, outside a stable range, into scratch;
  *         the fused attention takes its bf16 mma.sync kernels (the GEMM
  *         attention stays TF32, on an fp32 copy of its [a] output);
+ *   tf32  fp32 storage, the GEMMs on TF32 tensor cores (see the top of this
+ *         file);
  *   fp32  every GEMM in plain fp32 without tensor cores: for telling TF32
- *         rounding from a bug when comparing with the CPU. */
+ *         rounding from a bug when comparing with the CPU.
+ * Fixed once kernels_cuda() has handed out act_bytes. */
 enum { MM_TF32 = 0, MM_BF16 = 1, MM_FP32 = 2 };
+static int mm_mode = MM_BF16, mm_fixed;
 
-static int matmul_mode(void) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("LLMTRAIN_CUDA_MATMUL");
-        mode = !e || !*e || strcmp(e, "tf32") == 0 ? MM_TF32 : strcmp(e, "bf16") == 0 ? MM_BF16
-               : strcmp(e, "fp32") == 0 ? MM_FP32 : -2;
-        if (mode == -2) die(EXIT_USAGE, "LLMTRAIN_CUDA_MATMUL=%s: expected tf32, bf16 or fp32", e);
-    }
-    return mode;
+static int mm_parse(const char *e) {
+    return !e ? -2 : strcmp(e, "bf16") == 0 ? MM_BF16 : strcmp(e, "tf32") == 0 ? MM_TF32 : strcmp(e, "fp32") == 0 ? MM_FP32 : -2;
+}
+
+static int matmul_mode(void) { return mm_mode; }
+
+extern "C" void kernels_cuda_set_compute_dtype(const char *dtype) {
+    int m = mm_parse(dtype);
+    if (m == -2) die(EXIT_INTERNAL, "kernels_cuda_set_compute_dtype(\"%s\"): expected bf16, tf32 or fp32", dtype ? dtype : "(null)");
+    if (mm_fixed && m != mm_mode)
+        die(EXIT_INTERNAL, "kernels_cuda_set_compute_dtype(\"%s\") after kernels_cuda() (the [a] buffers' width is handed out)", dtype);
+    mm_mode = m;
 }
 
 static int matmul_bf16(void) { return matmul_mode() == MM_BF16; }
@@ -1330,7 +1338,7 @@ static void check_heads(int nh, int nkv) {
 }
 
 // ----------------------------------------------------------------------------
-// attention, fused (LLMTRAIN_CUDA_ATTENTION=flash): flash-style kernels that
+// attention, fused (train.attention_kernel flash): flash-style kernels that
 // never hold more than one tile of scores
 //
 // Hooks of the region below, which compiles as plain C++ too (a host
@@ -1345,12 +1353,12 @@ __device__ __forceinline__ float *fl_smem() {
 
 static size_t fl_smem_limit(void) { return (size_t)G.prop.sharedMemPerBlockOptin; }
 
-/* TF32 tensor cores (sm_80 and newer) unless LLMTRAIN_CUDA_MATMUL=fp32,
+/* TF32 tensor cores (sm_80 and newer) unless compute dtype fp32,
  * which keeps every product in plain fp32, the fused attention's too */
 static int fl_tensor_cores(void) { return G.prop.major >= 8 && matmul_mode() != MM_FP32; }
 
 /* bf16 tensor cores (mma.sync, the region after the TF32 kernels) under
- * LLMTRAIN_CUDA_MATMUL=bf16 on sm_80 and newer */
+ * compute dtype bf16 on sm_80 and newer */
 static int fl_bf16(void) { return G.prop.major >= 8 && matmul_bf16(); }
 
 static Scratch sc_flash;
@@ -2002,7 +2010,7 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
 }
 
 // ---- bf16 tensor-core flash attention region: begin ----
-/* The fused attention under LLMTRAIN_CUDA_MATMUL=bf16 on sm_80 and newer:
+/* The fused attention under compute dtype bf16 on sm_80 and newer:
  * flash-attention-2 style kernels on mma.sync.m16n8k16 (bf16 operands, fp32
  * accumulation), with fp32 qkv and dout like the kernels above; out and
  * dqkv, [a] buffers, are bf16 (these run under bf16 only). Each global tile is
@@ -2531,48 +2539,41 @@ static int flash_attention_backward(float *dqkv, const float *dout, const float 
 }
 // ---- flash attention region: end ----
 
-/* LLMTRAIN_CUDA_ATTENTION picks the attention kernels: cudnn (cuDNN's fused
- * attention on bf16 copies, the section below; the shapes it declines take
- * the fused kernels), flash (the fused kernels of the region above, for head
- * dims 32, 64 and 128; other shapes take the GEMMs; TF32 tensor cores, or
- * fp32 FMA under LLMTRAIN_CUDA_MATMUL=fp32 or below sm_80, or bf16 mma.sync
- * under LLMTRAIN_CUDA_MATMUL=bf16) or gemm (the cuBLASLt GEMMs above, for
- * every shape). Unset (or auto): cudnn under LLMTRAIN_CUDA_MATMUL=bf16,
- * whose numerics it shares, else flash (TF32 keeps more of the scores'
- * precision than bf16 operands).
- * kernels_cuda_set_attention overrides it (tests). */
+/* train.attention_kernel (kernels_cuda_set_attention) picks the attention
+ * kernels: cudnn (cuDNN's fused attention on bf16 copies, the section below;
+ * the shapes it declines take the fused kernels), flash (the fused kernels
+ * of the region above, for head dims 32, 64 and 128; other shapes take the
+ * GEMMs; TF32 tensor cores, or fp32 FMA under compute dtype fp32 or below
+ * sm_80, or bf16 mma.sync under bf16) or gemm (the cuBLASLt GEMMs above, for
+ * every shape). auto (the default): cudnn under bf16, whose numerics it
+ * shares, else flash (TF32 keeps more of the scores' precision than bf16
+ * operands). */
 enum { ATT_GEMM = 0, ATT_FLASH = 1, ATT_CUDNN = 2, ATT_AUTO = 3 };
-static int att_mode = -1;
+static int att_mode = ATT_AUTO;
 static long flash_calls;
 
 static int att_parse(const char *e) {
-    return !e || !*e || strcmp(e, "auto") == 0 ? ATT_AUTO
-           : strcmp(e, "flash") == 0           ? ATT_FLASH
-           : strcmp(e, "gemm") == 0            ? ATT_GEMM
-           : strcmp(e, "cudnn") == 0           ? ATT_CUDNN
-                                               : -2;
+    return !e                        ? -2
+           : strcmp(e, "auto") == 0  ? ATT_AUTO
+           : strcmp(e, "flash") == 0 ? ATT_FLASH
+           : strcmp(e, "gemm") == 0  ? ATT_GEMM
+           : strcmp(e, "cudnn") == 0 ? ATT_CUDNN
+                                     : -2;
 }
 
-static int attention_mode(void) {
-    if (att_mode < 0) {
-        const char *e = getenv("LLMTRAIN_CUDA_ATTENTION");
-        att_mode = att_parse(e);
-        if (att_mode == -2) die(EXIT_USAGE, "LLMTRAIN_CUDA_ATTENTION=%s: expected auto, cudnn, flash or gemm", e);
-    }
-    return att_mode == ATT_AUTO ? (matmul_bf16() ? ATT_CUDNN : ATT_FLASH) : att_mode;
-}
+static int attention_mode(void) { return att_mode == ATT_AUTO ? (matmul_bf16() ? ATT_CUDNN : ATT_FLASH) : att_mode; }
 
 extern "C" void kernels_cuda_set_attention(const char *mode) {
     att_mode = att_parse(mode);
     if (att_mode == -2)
-        die(EXIT_INTERNAL, "kernels_cuda_set_attention(\"%s\"): expected auto, cudnn, flash or gemm", mode);
+        die(EXIT_INTERNAL, "kernels_cuda_set_attention(\"%s\"): expected auto, cudnn, flash or gemm", mode ? mode : "(null)");
 }
 
 extern "C" long kernels_cuda_flash_attention_calls(void) { return flash_calls; }
 
 // ----------------------------------------------------------------------------
-// attention through cuDNN (LLMTRAIN_CUDA_ATTENTION=cudnn; the default under
-// LLMTRAIN_CUDA_MATMUL=bf16): cuDNN's fused flash attention on bf16 copies
+// attention through cuDNN (train.attention_kernel cudnn; the default under
+// compute dtype bf16): cuDNN's fused flash attention on bf16 copies
 //
 // The graphs are cuDNN's "composite" scaled-dot-product attention, built
 // through the backend API (plain C; the C++ frontend is not a dependency):
@@ -3802,7 +3803,7 @@ static void cu_offload_wait(int mark) {
 // ----------------------------------------------------------------------------
 // the table, device selection, probe and peak
 
-/* not const: act_bytes follows LLMTRAIN_CUDA_MATMUL, set by kernels_cuda() */
+/* not const: act_bytes follows the compute dtype, set by kernels_cuda() */
 static Kernels cuda_kernels = {
     /* .name = */ "cuda",
     /* .act_bytes = */ 4,
@@ -3916,13 +3917,12 @@ static void cuda_init(void) {
     DEV_MALLOC(&G.ws, G.ws_bytes);
     DEV_MALLOC(&G.red_partial, RED_BLOCKS * sizeof(double));
     DEV_MALLOC(&G.red_out, sizeof(double));
-    matmul_mode();
-    attention_mode();
     G.ready = 1;
 }
 
 extern "C" const Kernels *kernels_cuda(void) {
     cuda_init();
+    mm_fixed = 1;
     cuda_kernels.act_bytes = act_bf16() ? 2 : 4;
     return &cuda_kernels;
 }
@@ -3939,7 +3939,7 @@ extern "C" void kernels_cuda_set_host_wait(void (*poll)(void *ctx), void *ctx) {
 static const char *att_cudnn_info(void) {
     static char s[160];
     snprintf(s, sizeof s, "cudnn (cuDNN %zu fused attention on bf16 copies, head dims 8..128 by 8; the fused kernels "
-             "for shapes it declines; LLMTRAIN_CUDA_ATTENTION=flash or gemm)", (size_t)cudnnGetVersion());
+             "for shapes it declines; train.attention_kernel flash or gemm)", (size_t)cudnnGetVersion());
     return s;
 }
 
@@ -3949,15 +3949,15 @@ extern "C" const char *kernels_cuda_device_info(void) {
     snprintf(info, sizeof info, "device %d: %.200s, %d SMs, cc %d.%d, %.1f GiB; matmuls %s (cuBLASLt %zu); attention %s",
              G.dev, G.prop.name, G.prop.multiProcessorCount, G.prop.major, G.prop.minor,
              (double)G.prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
-             matmul_mode() == MM_BF16   ? "bf16 tensor cores (LLMTRAIN_CUDA_MATMUL=bf16)"
-             : matmul_mode() == MM_FP32 ? "plain fp32 (LLMTRAIN_CUDA_MATMUL=fp32)"
-                                        : "TF32 tensor cores",
+             matmul_mode() == MM_BF16   ? "bf16 tensor cores (train.compute_dtype bf16)"
+             : matmul_mode() == MM_FP32 ? "plain fp32 (train.compute_dtype fp32)"
+                                        : "TF32 tensor cores (train.compute_dtype tf32)",
              cublasLtGetVersion(),
              attention_mode() == ATT_CUDNN ? att_cudnn_info()
              : attention_mode() != ATT_FLASH ? "gemm (cuBLASLt GEMMs + softmax kernels)"
-             : fl_bf16() ? "flash (fused kernels, bf16 tensor cores through mma.sync, head dims 32/64/128; LLMTRAIN_CUDA_ATTENTION=gemm for the GEMMs)"
-             : fl_tensor_cores() ? "flash (fused kernels, TF32 tensor cores, head dims 32/64/128; LLMTRAIN_CUDA_ATTENTION=gemm for the GEMMs)"
-                                 : "flash (fused kernels, fp32 FMA, head dims 32/64/128; LLMTRAIN_CUDA_ATTENTION=gemm for the GEMMs)");
+             : fl_bf16() ? "flash (fused kernels, bf16 tensor cores through mma.sync, head dims 32/64/128; train.attention_kernel gemm for the GEMMs)"
+             : fl_tensor_cores() ? "flash (fused kernels, TF32 tensor cores, head dims 32/64/128; train.attention_kernel gemm for the GEMMs)"
+                                 : "flash (fused kernels, fp32 FMA, head dims 32/64/128; train.attention_kernel gemm for the GEMMs)");
     return info;
 }
 

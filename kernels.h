@@ -39,8 +39,9 @@ typedef struct Kernels {
      * read); the LM head's logits, with the probabilities or gradients the
      * cross-entropy leaves in them (which only the LM head's backward
      * reads); and attention's input gradient d(qkv). 4 (fp32) on the CPU
-     * and on CUDA by default; 2 (bf16, rounded to nearest even) on CUDA
-     * under LLMTRAIN_CUDA_MATMUL=bf16, so that its bf16 GEMMs read them with
+     * and on CUDA under compute dtype tf32 or fp32; 2 (bf16, rounded to
+     * nearest even) on CUDA under bf16 (the default; see
+     * kernels_cuda_set_compute_dtype), so that its bf16 GEMMs read them with
      * no conversion pass and they take half the memory. They are still
      * passed as float *: the caller never reads their elements, and sizes
      * and offsets them by act_bytes. Arguments marked [a] below. */
@@ -304,6 +305,12 @@ int kernels_cuda_device_count(char *why, size_t n);
 void kernels_cuda_set_device(int dev);
 /* 1 when the chosen device is usable; else 0 and the reason in why. */
 int kernels_cuda_available(char *why, size_t n);
+/* The matrix products' arithmetic and the [a] buffers' width
+ * (train.compute_dtype): "bf16" (the default: bf16 operands, fp32
+ * accumulation, [a] buffers bf16, act_bytes 2), "tf32" (fp32 storage, TF32
+ * tensor cores) or "fp32" (plain fp32). Call before kernels_cuda(), which
+ * fixes it. */
+void kernels_cuda_set_compute_dtype(const char *dtype);
 /* Initialises the chosen device (dies with exit 2 when there is none). */
 const Kernels *kernels_cuda(void);
 /* The stream every kernel runs on, as a cudaStream_t (the legacy default
@@ -331,13 +338,12 @@ long kernels_cuda_fused_gelu_calls(void);
 /* How many matmul_gelu_backward calls so far ran their input-gradient GEMM
  * with the DGELU epilogue (the rest: GEMM, then an in-place kernel). */
 long kernels_cuda_fused_dgelu_calls(void);
-/* The attention kernels: "cudnn" (cuDNN's fused attention on bf16 copies,
- * head dims 8..128 by 8; the shapes it declines take "flash"), "flash"
- * (fused kernels, head dims 32/64/128; other shapes take the GEMMs), "gemm"
- * (cuBLASLt GEMMs on the full T x T square) or "auto" (cudnn under
- * LLMTRAIN_CUDA_MATMUL=bf16, else flash: the default). The environment
- * variable LLMTRAIN_CUDA_ATTENTION sets it at start; this overrides it
- * (tests). */
+/* The attention kernels (train.attention_kernel): "cudnn" (cuDNN's fused
+ * attention on bf16 copies, head dims 8..128 by 8; the shapes it declines
+ * take "flash"), "flash" (fused kernels, head dims 32/64/128; other shapes
+ * take the GEMMs), "gemm" (cuBLASLt GEMMs on the full T x T square) or
+ * "auto" (the default: cudnn under compute dtype bf16, else flash). May
+ * change between calls (tests). */
 void kernels_cuda_set_attention(const char *mode);
 /* How many attention_forward / attention_backward calls so far ran the
  * fused kernels (the rest took cuDNN or the GEMMs); for tests. */

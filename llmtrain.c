@@ -1309,6 +1309,8 @@ static void select_backend(Trainer *t) {
             use = n == d->world;
         }
         if (use) {
+            kernels_cuda_set_compute_dtype(t->cfg.compute_dtype);
+            kernels_cuda_set_attention(t->cfg.attention_kernel);
             t->k = kernels_cuda();
             return;
         }
@@ -1380,12 +1382,9 @@ static void print_header(Trainer *t) {
     fflush(stdout);
 }
 
-/* LLMTRAIN_CUDA_MATMUL=bf16, read as kernels.cu reads it: bf16 GEMMs and
- * [a] activations (kernels.h) in bf16 */
-static int cuda_bf16_env(void) {
-    const char *mm = getenv("LLMTRAIN_CUDA_MATMUL");
-    return mm && strcmp(mm, "bf16") == 0;
-}
+/* train.compute_dtype bf16 on CUDA: bf16 GEMMs and [a] activations
+ * (kernels.h) in bf16 */
+static int cuda_bf16(const Config *c) { return strcmp(c->compute_dtype, "bf16") == 0; }
 
 /* The CUDA backend's scratch beside the layout's buffers (kernels.cu: the
  * cuBLASLt workspace of 32 MiB and the reduction partials, then buffers
@@ -1393,7 +1392,7 @@ static int cuda_bf16_env(void) {
  * blocks of [B, T, T] floats (the GEMM path; the fused one keeps D rows of
  * [B, heads, T] instead), the column-sum partials of the bias and norm
  * gradients, the embedding backward's sort keys and CUB's temporary storage
- * (taken as N x 8 bytes + 1 MiB), and under LLMTRAIN_CUDA_MATMUL=bf16 the
+ * (taken as N x 8 bytes + 1 MiB), and under compute dtype bf16 the
  * bf16 copies of GEMM operands: scratch for the output gradients, and the
  * weights' kept copies. An upper bound, which
  * tests/gpu_tests.sh holds against the device's measured peak. */
@@ -1401,19 +1400,20 @@ static double cuda_scratch_bytes(const Trainer *t) {
     const Model *m = &t->model;
     const double B = t->cfg.micro_batch, T = t->cfg.seq_len, N = B * T, C = t->cfg.model.n_embd, grow = 1.125;
     double s = 32.0 * 1048576 + 512 * 8 + 8;
-    const char *att = getenv("LLMTRAIN_CUDA_ATTENTION");
-    int flash = !(att && strcmp(att, "gemm") == 0) && (m->hd == 32 || m->hd == 64 || m->hd == 128);
+    const char *att = t->cfg.attention_kernel;
+    const int bf16 = cuda_bf16(&t->cfg);
+    int flash = strcmp(att, "gemm") != 0 && (m->hd == 32 || m->hd == 64 || m->hd == 128);
     s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
     /* attention's fp32 output beside the bf16 one, and its fp32 d(qkv) beside the bf16 [a] one */
-    if (cuda_bf16_env() && !flash) s += grow * (N * m->nh * m->hd * 4.0 + N * m->qkv_dim * 4.0);
-    /* cuDNN's attention (LLMTRAIN_CUDA_ATTENTION=cudnn, the default under
+    if (bf16 && !flash) s += grow * (N * m->nh * m->hd * 4.0 + N * m->qkv_dim * 4.0);
+    /* cuDNN's attention (train.attention_kernel cudnn, the default under
      * bf16): bf16 copies of qkv, dqkv (unless it is bf16 [a]) and dO (and of
      * out when it is fp32), the rows' dO.O sums, the fp32 dQ accumulator, the plan's workspace
      * (at most 64 MiB: kernels.cu's DN_WS_CAP) */
-    int cudnn = att && *att && strcmp(att, "auto") != 0 ? strcmp(att, "cudnn") == 0 : cuda_bf16_env();
+    int cudnn = strcmp(att, "auto") != 0 ? strcmp(att, "cudnn") == 0 : bf16;
     if (cudnn && m->hd % 8 == 0 && m->hd <= 128) {
         double S = m->qkv_dim, OS = (double)m->nh * m->hd;
-        s += grow * ((cuda_bf16_env() ? 1.0 : 2.0) * N * S * 2.0 + N * OS * 2.0 * (cuda_bf16_env() ? 1.0 : 2.0) +
+        s += grow * ((bf16 ? 1.0 : 2.0) * N * S * 2.0 + N * OS * 2.0 * (bf16 ? 1.0 : 2.0) +
                      N * m->nh * 4.0 + N * OS * 4.0 +
                      64.0 * 1048576);
     }
@@ -1421,7 +1421,7 @@ static double cuda_scratch_bytes(const Trainer *t) {
     if (t->cfg.model.arch == ARCH_GPT2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
     s += grow * rb * widest * 4.0;
     s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);
-    if (cuda_bf16_env()) {
+    if (bf16) {
         /* bf16 scratch copies of a product's operands: a backward's output
          * gradient (N rows of a linear layer's outputs; the LM head's, the
          * qkv projection's and SwiGLU's up-projection's are bf16 already, the
@@ -1556,6 +1556,13 @@ static void load_job(Trainer *t, int argc, char **argv, int *world, const char *
         }
     }
     if (!job) die(EXIT_USAGE, "no job file given (usage: %s)", usage_line);
+    /* the CUDA backend's precision and attention were once these variables:
+     * a job must not silently run otherwise than its environment says */
+    static const char *gone[][2] = {{"LLMTRAIN_CUDA_MATMUL", "train.compute_dtype"}, {"LLMTRAIN_CUDA_ATTENTION", "train.attention_kernel"}};
+    for (int i = 0; i < 2; i++)
+        if (getenv(gone[i][0]))
+            die(EXIT_USAGE, "environment: %s is no longer read; set %s in the job (or --set %s=...) and unset it", gone[i][0],
+                gone[i][1], gone[i][1]);
     Config *c = &t->cfg;
     config_load(c, job, n_set, sets);
     free(sets);
@@ -1737,7 +1744,7 @@ static int cmd_check(int argc, char **argv) {
     check_layout(t);
     /* no backend: the job is checked for the cluster it names, not for this
      * machine's devices (a GPU job checks on a laptop), and nothing is allocated */
-    int act_bytes = strcmp(c->device, "cpu") != 0 && cuda_bf16_env() ? 2 : 4; /* the [a] activations on CUDA */
+    int act_bytes = strcmp(c->device, "cpu") != 0 && cuda_bf16(c) ? 2 : 4; /* the [a] activations on CUDA */
     model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0,
                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes});
     printf("check: %s: valid for %d ranks\n", c->path, world);

@@ -10,18 +10,17 @@
 #                about 13 ms on an H100) is paid once per 8 micro-batches
 # printing ms/step, tokens/s and MFU against the GPU's bf16 dense peak
 # (the header line says which peak; log.peak_gflops overrides).
-# Notes: this tranche stores fp32 and multiplies in TF32 (half the bf16
-# tensor rate) and the GEMM attention materialises one head's T x T
-# probabilities in a scratch block (the fused one does not; both save the
+# Notes: the GEMM attention materialises one head's T x T probabilities in
+# a scratch block (the fused kernels and cuDNN do not; all save the
 # log-sum-exp); the Llama case runs with selective activation checkpointing
-# (the attention output recomputed) in both.
-# Each case runs with the default TF32 GEMMs and with the opt-in bf16 GEMMs
-# of the linear layers (LLMTRAIN_CUDA_MATMUL=bf16, under which the fused
-# attention runs its bf16 mma.sync kernels); BENCH_MATMUL="tf32" or
-# "bf16" picks one. Each also runs with the three attention paths, the
-# cuBLASLt GEMMs, the hand-written fused kernels and cuDNN's fused attention
-# (LLMTRAIN_CUDA_ATTENTION=gemm / flash / cudnn); BENCH_ATTENTION="gemm",
-# "flash" or "cudnn" (or a list) picks. The result line names both.
+# (the attention output recomputed).
+# Each case runs under train.compute_dtype bf16 (the default: bf16 GEMMs and
+# [a] activations, the fused attention on its bf16 mma.sync kernels) and
+# tf32 (fp32 storage, TF32 tensor cores at half the bf16 rate);
+# BENCH_MATMUL="bf16" or "tf32" picks one. Each also runs with the three
+# attention paths (train.attention_kernel): cuDNN's fused attention, the
+# hand-written fused kernels and the cuBLASLt GEMMs; BENCH_ATTENTION="cudnn",
+# "flash" or "gemm" (or a list) picks. The result line names both.
 # Without a GPU it fails (exit 1, one line). BENCH_STEPS
 # (default 8; the first step is warm-up and not counted).
 # BENCH_PROFILE=1: each case runs 2 steps under Nsight Compute (ncu, one
@@ -42,8 +41,11 @@ if [ "$PROFILE" = 1 ]; then
     STEPS=2
     command -v ncu >/dev/null || { echo "bench-gpu: FAIL: BENCH_PROFILE=1 needs Nsight Compute's ncu on PATH" >&2; exit 1; }
 fi
-MATMUL=${BENCH_MATMUL:-tf32 bf16}
-ATTENTION=${BENCH_ATTENTION:-gemm flash cudnn}
+MATMUL=${BENCH_MATMUL:-bf16 tf32}
+ATTENTION=${BENCH_ATTENTION:-cudnn flash gemm}
+for m in $MATMUL; do
+    case $m in bf16|tf32|fp32) ;; *) echo "bench-gpu: FAIL: BENCH_MATMUL=$m: expected bf16, tf32 and/or fp32" >&2; exit 1;; esac
+done
 for a in $ATTENTION; do
     case $a in gemm|flash|cudnn) ;; *) echo "bench-gpu: FAIL: BENCH_ATTENTION=$a: expected gemm, flash and/or cudnn" >&2; exit 1;; esac
 done
@@ -62,7 +64,7 @@ for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16)
         f.write(h.tobytes()); f.write(t.astype(dt).tobytes())
 PYEOF
 
-# name | model json | B | T | tf32|bf16 | activation checkpointing | gemm|flash|cudnn | micro-batches a step
+# name | model json | B | T | compute dtype | activation checkpointing | attention kernel | micro-batches a step
 run_case() {
     local name="$1" model="$2" B="$3" T="$4" mm="$5" ac="$6" att="$7" accum="${8:-1}"
     local tag="$name-$mm-$att"
@@ -70,14 +72,15 @@ run_case() {
     cat >"$TMP/$name.json" <<JSON
 {"model": $model,
  "data": {"train": "$TMP/$name.bin"},
- "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $((B * accum)), "device": "cuda", "activation_checkpointing": "$ac"},
+ "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $((B * accum)), "device": "cuda", "activation_checkpointing": "$ac",
+           "compute_dtype": "$mm", "attention_kernel": "$att"},
  "optim": {"lr": 3e-4, "warmup_steps": 0},
  "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name"}, "checkpoint": {"dir": "$TMP/ck_$name"}}
 JSON
     rm -rf "$TMP/run_$name"
     [ "$PROFILE" = 1 ] && PROF=(ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base
                                 --log-file "$TMP/$tag.ncu.csv")
-    if ! LLMTRAIN_CUDA_MATMUL=$mm LLMTRAIN_CUDA_ATTENTION=$att "${PROF[@]}" ./llmtrain "$TMP/$name.json" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
+    if ! "${PROF[@]}" ./llmtrain "$TMP/$name.json" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
         echo "bench-gpu: FAIL: $name: $(grep -m1 . "$TMP/$name.err")" >&2
         exit 1
     fi

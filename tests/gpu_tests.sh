@@ -2,29 +2,30 @@
 # make test-gpu: the CUDA backend against the CPU backend.
 #   1. tests/test_gpu: every CUDA kernel vs the CPU kernel on the same random
 #      inputs (tolerances stated in tests/test_gpu.c: 1e-5 fp32, 5e-3 TF32),
-#      then again with the linear layers' GEMMs in bf16 (1e-2) and with
-#      plain fp32 GEMMs (1e-4).
+#      under each compute dtype: bf16 (1e-2 for the GEMMs), tf32 (5e-3)
+#      and fp32 (1e-4).
 #   2. whole training runs, small GPT-2 and small Llama (GQA), $STEPS steps with
 #      gradient accumulation and a validation pass: train.device=cuda vs
 #      train.device=cpu, loss / grad norm / val loss per step within a
-#      relative 5e-3 (TF32 matmuls; the CPU is fp32 throughout), and the
-#      same with LLMTRAIN_CUDA_MATMUL=bf16 within 3e-2 and =fp32 within 1e-4.
+#      relative 5e-3 under train.compute_dtype tf32 (the CPU is fp32
+#      throughout), within 3e-2 with no compute dtype set (bf16, the
+#      default: the header must say so) and 1e-4 under fp32.
 #      The cuda runs report the device's memory: gpu_mem_bytes > 0 (= mem_bytes)
 #      and host_mem_bytes in metrics.jsonl, "mem X GiB gpu" on the step line;
 #      the bf16 run's activations take 2 bytes less for each element of the
 #      [a] buffers (bf16 norm outputs, attention output, MLP activation).
 #   3. activation offload on cuda (5 layers) against cpu (fp32 GEMMs) and
 #      against cuda without offload (fp32, TF32 and bf16 GEMMs).
-#   3b. the fused attention kernels (LLMTRAIN_CUDA_ATTENTION=flash) in whole
+#   3b. the fused attention kernels (train.attention_kernel flash) in whole
 #      runs: GPT-2 (MHA) and Llama (GQA) with head dim 64 and T = 100 (a
 #      ragged last tile), $STEPS steps against cpu: under
-#      LLMTRAIN_CUDA_MATMUL=fp32 (the fused kernels in fp32 FMA too) within
+#      compute dtype fp32 (the fused kernels in fp32 FMA too) within
 #      1e-4, with TF32 (tensor cores in the fused kernels) within 5e-3, and a
 #      Llama run with selective activation checkpointing (attention forward
 #      recomputed) within 5e-3; then both again under
-#      LLMTRAIN_CUDA_MATMUL=bf16 (the bf16 mma.sync attention kernels, the
+#      compute dtype bf16 (the bf16 mma.sync attention kernels, the
 #      header must name them) within 3e-2.
-#   3c. cuDNN's fused attention (LLMTRAIN_CUDA_ATTENTION=cudnn, the default
+#   3c. cuDNN's fused attention (train.attention_kernel cudnn, the default
 #      under bf16 GEMMs) in whole runs on the 3b shapes: TF32 GEMMs, bf16
 #      GEMMs and (Llama) selective checkpointing, against cpu within 3e-2;
 #      no shape declined; emulated, a cuDNN that declines everything leaves
@@ -61,16 +62,15 @@ TEST_GPU=${TEST_GPU_BIN:-tests/test_gpu}
 STEPS=${GPU_TEST_STEPS:-20}
 # GPU images may keep numpy in another python3 than Debian's
 $PY -c 'import numpy' 2>/dev/null || PY=python3
-LOSS_RTOL=5e-3       # TF32 (default)
-LOSS_RTOL_BF16=3e-2  # LLMTRAIN_CUDA_MATMUL=bf16
-LOSS_RTOL_FP32=1e-4  # LLMTRAIN_CUDA_MATMUL=fp32 (summation order only)
+LOSS_RTOL=5e-3       # train.compute_dtype tf32
+LOSS_RTOL_BF16=3e-2  # bf16 (the default)
+LOSS_RTOL_FP32=1e-4  # fp32 (summation order only)
 
-# synchronous launches: a kernel fault is reported at its own line; then
-# again with the opt-in bf16 GEMMs of the linear layers and with plain fp32
-# GEMMs
+# synchronous launches: a kernel fault is reported at its own line; under
+# each compute dtype (TF32, bf16 GEMMs of the linear layers, plain fp32)
 for mm in tf32 bf16 fp32; do
-    echo "--- $TEST_GPU, LLMTRAIN_CUDA_MATMUL=$mm"
-    out=$(LLMTRAIN_CUDA_SYNC=1 LLMTRAIN_CUDA_MATMUL=$mm $TEST_GPU 2>&1); rc=$?
+    echo "--- $TEST_GPU $mm"
+    out=$(LLMTRAIN_CUDA_SYNC=1 $TEST_GPU $mm 2>&1); rc=$?
     echo "$out"
     if grep -q "no usable CUDA device" <<<"$out"; then
         echo "test-gpu: FAIL: $(grep -o 'no usable CUDA device.*' <<<"$out" | head -1)" >&2
@@ -129,8 +129,9 @@ for arch in gpt2 llama; do
 JSON
     ok_runs=1
     for dev in cpu cuda cuda-bf16 cuda-fp32; do
-        mm=tf32; case $dev in *-bf16) mm=bf16;; *-fp32) mm=fp32;; esac
-        if ! LLMTRAIN_CUDA_MATMUL=$mm $BIN "$TMP/$arch.json" --set train.device=${dev%-*} --set log.dir="$TMP/$arch-$dev" \
+        # cuda-bf16 sets no compute dtype: bf16 is the default
+        mm=(--set train.compute_dtype=tf32); case $dev in *-bf16) mm=();; *-fp32) mm=(--set train.compute_dtype=fp32);; esac
+        if ! $BIN "$TMP/$arch.json" "${mm[@]}" --set train.device=${dev%-*} --set log.dir="$TMP/$arch-$dev" \
              --set checkpoint.dir="$TMP/$arch-$dev/ckpt" >"$TMP/$arch-$dev.out" 2>&1; then
             echo "FAIL $arch train.device=$dev exited non-zero: $(tail -3 "$TMP/$arch-$dev.out")"; fail=$((fail + 1)); ok_runs=0
         fi
@@ -138,11 +139,18 @@ JSON
     [ $ok_runs = 1 ] || continue
     if grep -q "backend cuda" "$TMP/$arch-cuda.out"; then echo "ok   $arch: header names the CUDA device: $(grep -o 'backend cuda.*' "$TMP/$arch-cuda.out")"; pass=$((pass + 1))
     else echo "FAIL $arch: header lacks 'backend cuda'"; fail=$((fail + 1)); fi
+    # the job without train.compute_dtype runs bf16 GEMMs and, attention
+    # being auto, cuDNN's attention; the tf32 and fp32 ones say theirs
+    if grep -q "matmuls bf16 tensor cores (train.compute_dtype bf16).*; attention cudnn" "$TMP/$arch-cuda-bf16.out" &&
+       grep -q "matmuls TF32 tensor cores (train.compute_dtype tf32).*; attention flash" "$TMP/$arch-cuda.out" &&
+       grep -q "matmuls plain fp32 (train.compute_dtype fp32).*; attention flash" "$TMP/$arch-cuda-fp32.out"; then
+        echo "ok   $arch: the default compute dtype is bf16 (cuDNN attention); tf32 and fp32 as set, the fused attention"; pass=$((pass + 1))
+    else echo "FAIL $arch: header modes: default '$(grep -o 'matmuls.*' "$TMP/$arch-cuda-bf16.out" | cut -c1-90)', tf32 '$(grep -o 'matmuls.*' "$TMP/$arch-cuda.out" | cut -c1-90)'"; fail=$((fail + 1)); fi
     # mem on CUDA against the layout and the scratch estimate (mem_check)
     if memline=$(mem_check "$TMP/$arch-cuda" "$TMP/$arch-cuda.out" "$TMP/$arch-cpu" "$TMP/$arch-cpu.out"); then
         echo "ok   $arch: mem on cuda is the device's: $memline"; pass=$((pass + 1))
     else echo "FAIL $arch: mem fields on cuda/cpu: $memline"; fail=$((fail + 1)); fi
-    # [a] activations (kernels.h) in bf16 under LLMTRAIN_CUDA_MATMUL=bf16: the
+    # [a] activations (kernels.h) in bf16 under compute dtype bf16: the
     # layout's activations_bytes is the TF32 run's less 2 bytes for each element
     # of every layer's ln1, attention output, ln2 and MLP activation (and, for
     # Llama, SwiGLU's input, 2F wide), of lnf and of the logits (B*T = 256
@@ -172,7 +180,7 @@ PYEOF
 done
 
 # the scratch estimate where attention's [B, T, T] blocks are most of it (T 512)
-if $BIN "$TMP/llama.json" --set train.device=cuda --set train.steps=2 --set train.seq_len=512 --set model.max_seq_len=512 \
+if $BIN "$TMP/llama.json" --set train.device=cuda --set train.compute_dtype=tf32 --set train.steps=2 --set train.seq_len=512 --set model.max_seq_len=512 \
      --set train.micro_batch=2 --set train.global_batch=2 --set eval.batches=0 --set eval.sample_tokens=0 \
      --set log.dir="$TMP/mem512" --set checkpoint.dir="$TMP/mem512/ckpt" >"$TMP/mem512.out" 2>&1 &&
    memline=$(mem_check "$TMP/mem512" "$TMP/mem512.out"); then
@@ -183,7 +191,7 @@ else echo "FAIL llama T 512 on cuda: $memline $(tail -2 "$TMP/mem512.out")"; fai
 # copies on their own stream). With plain fp32 GEMMs cuda matches cpu to the
 # summation order, so offload vs the cpu run (no offload, no checkpointing)
 # holds to the fp32 tolerance; with and without offload must agree to 1e-5
-# under fp32, the default TF32 and bf16 GEMMs (bf16: the [a] activations
+# under fp32, TF32 and bf16 GEMMs (bf16: the [a] activations
 # travel as bf16). (A TF32 run against the CPU
 # over 20 steps of this 5-layer model drifts past 5e-3 in the grad norm
 # from about step 11 on an H100 with or without offload, so the cpu
@@ -191,7 +199,7 @@ else echo "FAIL llama T 512 on cuda: $memline $(tail -2 "$TMP/mem512.out")"; fai
 off_ok=1
 for mm in fp32 tf32 bf16; do
     for off in false true; do
-        LLMTRAIN_CUDA_MATMUL=$mm $BIN "$TMP/llama.json" --set model.n_layer=5 --set train.device=cuda --set train.activation_offload=$off \
+        $BIN "$TMP/llama.json" --set model.n_layer=5 --set train.device=cuda --set train.compute_dtype=$mm --set train.activation_offload=$off \
             --set train.activation_checkpointing=selective --set log.dir="$TMP/off-$mm-$off" --set checkpoint.dir="$TMP/off-$mm-$off/ckpt" \
             >"$TMP/off-$mm-$off.out" 2>&1 || { echo "FAIL offload $mm $off run: $(tail -3 "$TMP/off-$mm-$off.out")"; off_ok=0; }
     done
@@ -209,7 +217,7 @@ else
     echo "FAIL activation offload on cuda differs (or no offload_host_bytes line)"; fail=$((fail + 1))
 fi
 
-# fused attention (LLMTRAIN_CUDA_ATTENTION=flash) in whole runs. The jobs
+# fused attention (train.attention_kernel flash) in whole runs. The jobs
 # above have head dim 16, which the fused kernels leave to the GEMMs: these
 # use n_embd 128 with 2 heads (head dim 64; Llama 2 query heads on 1 kv
 # head) and T = 100, so the last 64-row tile is ragged.
@@ -221,7 +229,7 @@ for arch in gpt2 llama; do
         IFS=: read -r name att mm ac <<<"$run"
         dev=cuda; [ $name = cpu ] && dev=cpu
         [ $arch = gpt2 ] && [ "${name%-sel}" != $name ] && continue
-        if ! LLMTRAIN_CUDA_ATTENTION=$att LLMTRAIN_CUDA_MATMUL=$mm $BIN "$TMP/$arch.json" --set model.n_embd=128 \
+        if ! $BIN "$TMP/$arch.json" --set train.attention_kernel=$att --set train.compute_dtype=$mm --set model.n_embd=128 \
              --set model.n_head=2 --set model.n_kv_head=$nkv --set model.max_seq_len=128 --set train.seq_len=100 \
              --set train.activation_checkpointing=$ac --set train.device=$dev --set log.dir="$TMP/fa-$arch-$name" \
              --set checkpoint.dir="$TMP/fa-$arch-$name/ckpt" >"$TMP/fa-$arch-$name.out" 2>&1; then
@@ -247,7 +255,7 @@ for arch in gpt2 llama; do
     done
 done
 
-# cuDNN's fused attention (LLMTRAIN_CUDA_ATTENTION=cudnn; the default under
+# cuDNN's fused attention (train.attention_kernel cudnn; the default under
 # bf16 GEMMs) in whole runs, on the shapes of 3b (head dim 64, T = 100):
 # with TF32 GEMMs, with bf16 GEMMs (auto picks cudnn there) and, for Llama,
 # with selective checkpointing, each against cpu within the bf16 tolerance
@@ -265,7 +273,7 @@ for arch in gpt2 llama; do
         IFS=: read -r name att mm ac <<<"$run"
         [ $arch = gpt2 ] && [ $name = dn-sel ] && continue
         emu=""; [ $name = dn-declined ] && { [ "${GPU_TESTS_EMULATED:-0}" = 1 ] || continue; emu=unsupported; }
-        if ! LLMTRAIN_EMU_CUDNN=$emu LLMTRAIN_CUDA_ATTENTION=$att LLMTRAIN_CUDA_MATMUL=$mm $BIN "$TMP/$arch.json" \
+        if ! LLMTRAIN_EMU_CUDNN=$emu $BIN "$TMP/$arch.json" --set train.attention_kernel=$att --set train.compute_dtype=$mm \
              --set model.n_embd=128 --set model.n_head=2 --set model.n_kv_head=$nkv --set model.max_seq_len=128 \
              --set train.seq_len=100 --set train.activation_checkpointing=$ac --set train.device=cuda \
              --set log.dir="$TMP/fa-$arch-$name" --set checkpoint.dir="$TMP/fa-$arch-$name/ckpt" \
@@ -297,7 +305,8 @@ for arch in gpt2 llama; do
         else echo "FAIL cudnn $arch declined (emulated): $nd 'declined' lines for $nu shapes (training's B4 T100 among them?), or the run differs from the flash one"; fail=$((fail + 1)); fi
     fi
 done
-if LLMTRAIN_CUDA_ATTENTION=cudnn $BIN "$TMP/llama.json" --set train.device=cuda --set train.steps=2 --set train.seq_len=512 \
+if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=cudnn --set train.compute_dtype=tf32 \
+     --set train.steps=2 --set train.seq_len=512 \
      --set model.max_seq_len=512 --set model.n_embd=128 --set model.n_head=2 --set model.n_kv_head=1 \
      --set train.micro_batch=2 --set train.global_batch=2 --set eval.batches=0 --set eval.sample_tokens=0 \
      --set log.dir="$TMP/mem512dn" --set checkpoint.dir="$TMP/mem512dn/ckpt" >"$TMP/mem512dn.out" 2>&1 &&
@@ -309,7 +318,7 @@ else echo "FAIL llama T 512 with cuDNN attention: $memline $(tail -2 "$TMP/mem51
 # and the weights' bf16 copies, exactly their size (n_embd 256: 3.2 MB of
 # copies, so an estimate without them falls below the peak); the GEMM
 # attention (cuDNN's workspace cap would hide them)
-if LLMTRAIN_CUDA_ATTENTION=gemm LLMTRAIN_CUDA_MATMUL=bf16 $BIN "$TMP/llama.json" --set train.device=cuda --set train.steps=2 \
+if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=gemm --set train.compute_dtype=bf16 --set train.steps=2 \
      --set model.n_embd=256 --set eval.batches=0 --set eval.sample_tokens=0 \
      --set log.dir="$TMP/mem-bf16" --set checkpoint.dir="$TMP/mem-bf16/ckpt" >"$TMP/mem-bf16.out" 2>&1 &&
    memline=$(mem_check "$TMP/mem-bf16" "$TMP/mem-bf16.out"); then
@@ -328,7 +337,7 @@ else echo "FAIL llama n_embd 256 under bf16 GEMMs: $memline $(tail -2 "$TMP/mem-
 wc_ok=1
 for ac in none full; do
     for wc in 1 0; do
-        LLMTRAIN_CUDA_WEIGHT_CACHE=$wc LLMTRAIN_CUDA_MATMUL=bf16 $BIN "$TMP/llama.json" --set train.device=cuda \
+        LLMTRAIN_CUDA_WEIGHT_CACHE=$wc $BIN "$TMP/llama.json" --set train.device=cuda --set train.compute_dtype=bf16 \
             --set train.activation_checkpointing=$ac --set log.dir="$TMP/wc-$ac-$wc" --set checkpoint.dir="$TMP/wc-$ac-$wc/ckpt" \
             >"$TMP/wc-$ac-$wc.out" 2>&1 || { echo "FAIL weight copies $ac $wc run: $(tail -2 "$TMP/wc-$ac-$wc.out")"; wc_ok=0; }
     done
@@ -355,7 +364,7 @@ if [ "${ngpu:-0}" -ge 2 ]; then
         IFS=: read -r name strat tp pdt <<<"$case"
         ok_runs=1
         for dev in cpu cuda; do
-            if ! timeout 600 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=$dev --set parallel.strategy=$strat \
+            if ! timeout 600 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=$dev --set train.compute_dtype=tf32 --set parallel.strategy=$strat \
                  --set parallel.tensor=$tp --set train.param_dtype=$pdt \
                  --set log.dir="$TMP/mr-$name-$dev" --set checkpoint.dir="$TMP/mr-$name-$dev/ckpt" \
                  >"$TMP/mr-$name-$dev.out" 2>&1; then
@@ -379,7 +388,7 @@ if [ "${ngpu:-0}" -ge 2 ]; then
     # the run must be the one without them
     wc_ok=1
     for wc in 1 0; do
-        LLMTRAIN_CUDA_WEIGHT_CACHE=$wc LLMTRAIN_CUDA_MATMUL=bf16 timeout 600 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=cuda \
+        LLMTRAIN_CUDA_WEIGHT_CACHE=$wc timeout 600 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=cuda --set train.compute_dtype=bf16 \
             --set parallel.strategy=FULL_SHARD --set model.n_layer=4 --set log.dir="$TMP/mr-wc-$wc" \
             --set checkpoint.dir="$TMP/mr-wc-$wc/ckpt" >"$TMP/mr-wc-$wc.out" 2>&1 ||
             { echo "FAIL 2 ranks weight copies $wc run: $(grep -E 'llmtrain:|NCCL' "$TMP/mr-wc-$wc.out" | head -2)"; wc_ok=0; }
@@ -396,7 +405,7 @@ if [ "${ngpu:-0}" -ge 2 ]; then
     if [ "${GPU_TESTS_EMULATED:-0}" = 1 ]; then
         echo "note the launch without MPI is left out: the emulated NCCL runs over MPI"
     else
-    trun mr-tr 2 $BIN "$TMP/llama.json" --set train.device=cuda --set parallel.strategy=FULL_SHARD \
+    trun mr-tr 2 $BIN "$TMP/llama.json" --set train.device=cuda --set train.compute_dtype=tf32 --set parallel.strategy=FULL_SHARD \
         --set log.dir="$TMP/mr-tr" --set checkpoint.dir="$TMP/mr-tr/ckpt" >"$TMP/mr-tr.out" 2>&1; rc=$?
     if [ $rc -eq 0 ] && grep -q "backend cuda, collectives NCCL" "$TMP/mr-tr.out" && grep -q "^launch: torchrun-style" "$TMP/mr-tr.out" &&
        $PY tests/compare_runs.py "$TMP/mr-fullshard-cuda" "$TMP/mr-tr" --steps $STEPS --loss-rtol $LOSS_RTOL; then

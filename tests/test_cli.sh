@@ -79,6 +79,50 @@ expect_fail "unknown option" "unknown option '--bogus'" $BIN "$TMP/job.json" --b
 nvidia-smi -L 2>/dev/null | grep -q '^GPU' || expect_fail "train.device=cuda without a usable GPU" "train.device" $BIN "$TMP/job.json" --set train.device=cuda
 expect_fail "export of nothing" "no complete checkpoint" $BIN export "$TMP/empty" "$TMP/out_hf"
 
+# the CUDA backend's precision and attention are job keys; the variables
+# that once set them are refused, not silently ignored
+expect_fail "bad compute dtype" 'train.compute_dtype: expected one of bf16|tf32|fp32, got "fp16"' $BIN "$TMP/job.json" --set train.compute_dtype=fp16
+expect_fail "bad attention kernel" 'train.attention_kernel: expected one of auto|cudnn|flash|gemm, got "sdpa"' $BIN "$TMP/job.json" --set train.attention_kernel=sdpa
+expect_fail "LLMTRAIN_CUDA_MATMUL set (train)" "LLMTRAIN_CUDA_MATMUL is no longer read; set train.compute_dtype" env LLMTRAIN_CUDA_MATMUL=bf16 $BIN "$TMP/job.json"
+expect_fail "LLMTRAIN_CUDA_ATTENTION set (check)" "LLMTRAIN_CUDA_ATTENTION is no longer read; set train.attention_kernel" env LLMTRAIN_CUDA_ATTENTION=flash $BIN check "$TMP/job.json"
+
+# llmtrain check sizes a CUDA job by its keys (no GPU needed). A Llama of 2
+# layers, C 128, F 512 (Llama's rule), V 96 at N = 2 x 512 tokens, head dim
+# 64: under bf16 (the default) the [a] buffers take 2 bytes an element
+# fewer than under tf32 or fp32, i.e. 2 N (L (3C + F + 2F) + C + V) =
+# 8,323,072 bytes less activations (ln1, attention output, ln2, SwiGLU's
+# output and its 2F input per layer; lnf; the logits); a CPU job's do not
+# change. The scratch estimate follows train.attention_kernel: the GEMM
+# attention's [B, T, T] blocks make gemm the larger of gemm/flash, cudnn
+# (auto under bf16) adds its 64 MiB workspace cap, auto under tf32 is flash.
+cat >"$TMP/cjob.json" <<EOF
+{"model": {"arch": "llama", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_kv_head": 1, "vocab_size": 96, "max_seq_len": 512},
+ "data": {"train": "$TMP/train.bin"}, "train": {"seq_len": 512, "micro_batch": 2, "global_batch": 2, "device": "cuda"}}
+EOF
+est() { # est DEVICE [--set ...]: "activations_bytes scratch_bytes" of llmtrain check
+    local dev=$1; shift
+    $BIN check "$TMP/cjob.json" --set train.device="$dev" "$@" 2>&1 |
+        sed -n 's/.*activations_bytes \([0-9]*\).*/\1/p; s/.*cuda_scratch_bytes \([0-9]*\).*/\1/p' | tr '\n' ' '
+}
+read -r a_def s_def <<<"$(est cuda)"
+read -r a_bf s_bf <<<"$(est cuda --set train.compute_dtype=bf16)"
+read -r a_tf s_tf <<<"$(est cuda --set train.compute_dtype=tf32)"
+read -r a_fp s_fp <<<"$(est cuda --set train.compute_dtype=fp32)"
+read -r a_c1 s_c1 <<<"$(est cpu --set train.compute_dtype=bf16)"
+read -r a_c2 s_c2 <<<"$(est cpu --set train.compute_dtype=tf32)"
+if [ -n "$a_def" ] && [ "$a_def" = "$a_bf" ] && [ "$s_def" = "$s_bf" ] && [ "$a_tf" = "$a_fp" ] && [ "$s_tf" = "$s_fp" ] &&
+   [ $((a_tf - a_bf)) -eq 8323072 ] && [ "$a_c1" = "$a_c2" ] && [ "$a_c1" = "$a_tf" ] && [ -z "$s_c1$s_c2" ]; then
+    ok "check: compute_dtype bf16 (the default) has 8323072 activation bytes fewer than tf32/fp32 ($a_bf vs $a_tf); a cpu job's are $a_c1 either way"
+else bad "check: activations by compute dtype: default '$a_def' bf16 '$a_bf' tf32 '$a_tf' fp32 '$a_fp' cpu '$a_c1'/'$a_c2' (cpu scratch '$s_c1$s_c2')"; fi
+read -r _ s_gemm <<<"$(est cuda --set train.compute_dtype=tf32 --set train.attention_kernel=gemm)"
+read -r _ s_flash <<<"$(est cuda --set train.compute_dtype=tf32 --set train.attention_kernel=flash)"
+read -r _ s_dn <<<"$(est cuda --set train.compute_dtype=tf32 --set train.attention_kernel=cudnn)"
+read -r _ s_bflash <<<"$(est cuda --set train.attention_kernel=flash)"
+if [ -n "$s_gemm" ] && [ "$s_gemm" -gt "$s_flash" ] && [ "$s_tf" = "$s_flash" ] && [ "$s_dn" -ge $((s_flash + 75497472)) ] &&
+   [ "$s_bf" -ge $((s_bflash + 75497472)) ]; then
+    ok "check: cuda_scratch_bytes follows train.attention_kernel (tf32: gemm $s_gemm > flash $s_flash = auto; cudnn $s_dn; bf16: auto $s_bf = cudnn, flash $s_bflash)"
+else bad "check: scratch by attention kernel: gemm '$s_gemm' flash '$s_flash' auto-tf32 '$s_tf' cudnn '$s_dn' auto-bf16 '$s_bf' flash-bf16 '$s_bflash'"; fi
+
 # uint32 shards are read too
 if $BIN "$TMP/job.json" --set data.train="$TMP/u32.bin" --set log.dir="$TMP/run32" >/dev/null 2>&1; then ok "uint32 shard trains"; else bad "uint32 shard failed"; fi
 

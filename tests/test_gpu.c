@@ -11,16 +11,16 @@
  *                  (10-bit mantissa, unit roundoff 2^-11 = 4.9e-4) and
  *                  accumulates in fp32; K-term sums of random-sign products
  *                  stay within a few units of that
- *   TOL_BF16 1e-2  matmuls under LLMTRAIN_CUDA_MATMUL=bf16: both operands
+ *   TOL_BF16 1e-2  matmuls under compute dtype bf16: both operands
  *                  rounded to bf16 (8-bit mantissa, unit roundoff 2^-8 =
  *                  3.9e-3), fp32 accumulation; the fused attention too
  *                  (bf16 mma.sync: Q, K, V, dO, P and dS rounded to bf16),
  *                  the GEMM attention stays TF32
- *   TOL_FP32MM 1e-4 matmuls and attention under LLMTRAIN_CUDA_MATMUL=fp32
+ *   TOL_FP32MM 1e-4 matmuls and attention under compute dtype fp32
  *                  (plain fp32 GEMMs: only the summation order differs)
  *   attention runs in both modes, gemm and flash (the fused kernels), at
  *   the same tolerance: both use TF32 tensor cores, and plain fp32 (FMA in
- *   the fused kernels) under LLMTRAIN_CUDA_MATMUL=fp32
+ *   the fused kernels) under compute dtype fp32
  *   TOL_RED  1e-9  sum / sumsq (both accumulate in double)  */
 #include "kernels.h"
 #include "model.h"
@@ -86,7 +86,7 @@ static int *dcopy_int(const int *h, size_t n) {
 }
 
 /* [a] buffers (kernels.h): KG->act_bytes an element, bf16 under
- * LLMTRAIN_CUDA_MATMUL=bf16. A host float to bf16 to nearest even (the
+ * compute dtype bf16. A host float to bf16 to nearest even (the
  * rounding of kernels.h's round_bf16_word, seed 0) and back. */
 static uint16_t bf16_rn(float f) {
     uint32_t u;
@@ -378,13 +378,13 @@ static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
 }
 
 /* [a] storage: act_bytes is 4 on the CPU, 2 on CUDA exactly under
- * LLMTRAIN_CUDA_MATMUL=bf16. Under bf16, a product's [a] input goes to the
+ * compute dtype bf16. Under bf16, a product's [a] input goes to the
  * bf16 GEMM as it is: matmul_forward and matmul_backward's dw equal the CPU's
  * on the operands rounded to bf16 up to the fp32 summation order (1e-4),
  * which fails if the bf16 words were converted again or read as fp32. */
 static void test_act_storage(int bf16_mode) {
     int ok = KC->act_bytes == 4 && KG->act_bytes == (bf16_mode ? 2 : 4);
-    printf("%s act_bytes: cpu %d, cuda %d (expected %d under this LLMTRAIN_CUDA_MATMUL)\n", ok ? "ok  " : "FAIL",
+    printf("%s act_bytes: cpu %d, cuda %d (expected %d under this compute dtype)\n", ok ? "ok  " : "FAIL",
            KC->act_bytes, KG->act_bytes, bf16_mode ? 2 : 4);
     if (ok) pass++; else fail++;
     if (!bf16_mode) return;
@@ -680,8 +680,7 @@ static void test_attention(void) {
     ok = ok && strstr(kernels_cuda_device_info(), tol_mm == TOL_BF16 ? "attention cudnn" : "attention flash") != NULL;
     printf("%s kernels_cuda_device_info names the attention mode (flash, gemm, cudnn, auto)\n", ok ? "ok  " : "FAIL");
     if (ok) pass++; else fail++;
-    const char *e = getenv("LLMTRAIN_CUDA_ATTENTION");
-    kernels_cuda_set_attention(e && *e ? e : "auto");
+    kernels_cuda_set_attention("auto");
 }
 
 /* activation offload copies: out to pinned host memory and back into another
@@ -1145,16 +1144,23 @@ static void test_mem_stats(void) {
     if (ok) pass++; else fail++;
 }
 
-int main(void) {
+/* tests/test_gpu [bf16|tf32|fp32]: the compute dtype (train.compute_dtype)
+ * the CUDA kernels run under; bf16, the backend's default, when not given */
+int main(int argc, char **argv) {
+    const char *mm = argc > 1 ? argv[1] : "bf16";
+    if (argc > 2 || (strcmp(mm, "bf16") != 0 && strcmp(mm, "tf32") != 0 && strcmp(mm, "fp32") != 0)) {
+        fprintf(stderr, "usage: %s [bf16|tf32|fp32] (the compute dtype; default bf16)\n", argv[0]);
+        return 2;
+    }
     char why[320];
     if (!kernels_cuda_available(why, sizeof why)) {
         fprintf(stderr, "test_gpu: FAIL: no usable CUDA device (%s); the CUDA tests need a GPU\n", why);
         printf("0 passed, 1 failed\n");
         return 1;
     }
-    const char *mm = getenv("LLMTRAIN_CUDA_MATMUL");
-    if (mm && strcmp(mm, "bf16") == 0) tol_mm = TOL_BF16;
-    if (mm && strcmp(mm, "fp32") == 0) tol_mm = tol_att = TOL_FP32MM;
+    if (strcmp(mm, "bf16") == 0) tol_mm = TOL_BF16;
+    if (strcmp(mm, "fp32") == 0) tol_mm = tol_att = TOL_FP32MM;
+    kernels_cuda_set_compute_dtype(mm);
     KC = kernels_cpu();
     KG = kernels_cuda();
     printf("device: %s\n", kernels_cuda_device_info());
