@@ -809,11 +809,13 @@ static int plan_build(GemmPlan *p, int epi_bias, int epi_gelu, const void *aux, 
     return 1;
 }
 
-__global__ void add_bias_k(float *out, const float *bias, int M, int N, int ldc) {
+/* out (fp32, or bf16 rounded to nearest) += bias, row by row */
+template <typename OT> __global__ void add_bias_k(OT *out, const float *bias, int M, int N, int ldc) {
     size_t total = (size_t)M * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         int r = (int)(i / N), c = (int)(i % N);
-        out[(size_t)r * ldc + c] += bias[c];
+        size_t j = (size_t)r * ldc + c;
+        act_st(out, j, act_ld(out, j) + bias[c]);
     }
 }
 
@@ -1006,8 +1008,9 @@ static const void *wc_get(const float *w, size_t n) {
     return e->bf;
 }
 
-static void gelu_forward(float *out, const float *inp, size_t n);
-static void dgelu_inplace(float *d, const float *pre, size_t n);
+static void gelu_into(float *out, const float *pre, size_t n, int bf16);
+static void dgelu_inplace(float *d, const float *pre, size_t n, int bf16);
+static Scratch sc_bias16;
 static long fused_gelu_calls, fused_dgelu_calls;
 
 extern "C" long kernels_cuda_fused_gelu_calls(void) { return fused_gelu_calls; }
@@ -1027,15 +1030,18 @@ extern "C" long kernels_cuda_fused_dgelu_calls(void) { return fused_dgelu_calls;
  * GEMM with the DGELU epilogue when cuBLASLt allows it (ldc a multiple of
  * 8, dgelu_pre 16-byte aligned, an algorithm for it), else the GEMM and an
  * in-place kernel.
- * c_bf16 (unbatched bf16 operands, beta 0, no bias or GELU): C is bf16,
- * cuBLASLt rounding the fp32 result to nearest. */
+ * c_bf16 (unbatched bf16 operands, beta 0): C is bf16, cuBLASLt rounding
+ * the fp32 result to nearest, and so are gelu_pre and dgelu_pre (the GELU
+ * epilogues' aux has D's type); the bias epilogue takes a bf16 copy of the
+ * fp32 bias (its vector has D's type too), and the unfused forms round
+ * each kernel's fp32 result once more. */
 static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                          const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                          const float *bias, int bf16, float *gelu_pre, const void *A_bf16, const void *B_bf16,
                          const float *dgelu_pre, int c_bf16) {
     if (M <= 0 || N <= 0) return;
-    if (c_bf16 && (!bf16 || batch != 1 || beta != 0.0f || bias || gelu_pre || dgelu_pre))
-        die(EXIT_INTERNAL, "cuda gemm: a bf16 output wants bf16 operands, no batch, beta 0 and no epilogue");
+    if (c_bf16 && (!bf16 || batch != 1 || beta != 0.0f))
+        die(EXIT_INTERNAL, "cuda gemm: a bf16 output wants bf16 operands, no batch and beta 0");
     if (K <= 0) die(EXIT_INTERNAL, "cuda gemm: K = %d", K);
     if (bf16 && batch != 1) die(EXIT_INTERNAL, "cuda gemm: bf16 operands for a batched GEMM");
     if (gelu_pre && (batch != 1 || beta != 0.0f || ldc != N))
@@ -1047,6 +1053,8 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
         Ap = A_bf16 ? A_bf16 : bf16_copy(&sc_bf16_a, A, (size_t)(ta ? K : M) * (size_t)lda);
         Bp = B_bf16 ? B_bf16 : bf16_copy(&sc_bf16_b, B, (size_t)(tb ? N : K) * (size_t)ldb);
     }
+    /* the epilogue's bias: fp32, or under a bf16 C a bf16 copy */
+    const void *bias_ep = bias && c_bf16 ? bf16_copy(&sc_bias16, bias, (size_t)N) : (const void *)bias;
     GemmPlan key;
     memset(&key, 0, sizeof key);
     key.bf16 = bf16;
@@ -1054,7 +1062,7 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
     key.ta = ta; key.tb = tb; key.M = M; key.N = N; key.K = K;
     /* bias: 0 none, 1 added by a kernel, 2 fused epilogue (16-byte aligned
      * vectors only: cuBLASLt has no alignment preference for the bias) */
-    key.bias = !bias ? 0 : ((uintptr_t)bias % 16 == 0 && batch == 1) ? 2 : 1;
+    key.bias = !bias ? 0 : ((uintptr_t)bias_ep % 16 == 0 && batch == 1) ? 2 : 1;
     key.lda = lda; key.ldb = ldb; key.ldc = ldc; key.batch = batch;
     key.sA = batch > 1 ? sA : 0; key.sB = batch > 1 ? sB : 0; key.sC = batch > 1 ? sC : 0;
     int es = bf16 ? 2 : 4;
@@ -1062,12 +1070,12 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
     key.al_b = alignment_of(Bp, ldb, key.sB, es);
     key.al_c = alignment_of(C, ldc, key.sC, c_bf16 ? 2 : 4);
     if (gelu_pre) { /* D is C or, unfused, gelu_pre: the alignment both have */
-        key.al_aux = alignment_of(gelu_pre, ldc, 0, 4);
+        key.al_aux = alignment_of(gelu_pre, ldc, 0, c_bf16 ? 2 : 4);
         if (key.al_aux < key.al_c) key.al_c = key.al_aux;
         key.gelu = ldc % 8 == 0 && key.al_c >= 16 && key.bias != 1 ? GEMM_GELU_AUX : 0;
     }
     if (dgelu_pre) { /* aux is only read: C keeps its own alignment */
-        key.al_aux = alignment_of(dgelu_pre, ldc, 0, 4);
+        key.al_aux = alignment_of(dgelu_pre, ldc, 0, c_bf16 ? 2 : 4);
         key.gelu = ldc % 8 == 0 && key.al_aux >= 16 ? GEMM_DGELU : 0;
     }
     GemmPlan *p = NULL;
@@ -1101,7 +1109,7 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
                 M, N, K, c_bf16 ? "bf16 -> bf16" : bf16 ? "bf16" : "fp32", ta, tb, batch, key.al_a, key.al_b, key.al_c);
     }
     if (p->epi_bias) {
-        const void *bp = bias;
+        const void *bp = bias_ep;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
     }
     if (p->epi_gelu) {
@@ -1116,27 +1124,22 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
     launch_check_("cublasLtMatmul", __FILE__, __LINE__);
     if (bias && !p->epi_bias) {
         if (batch > 1) die(EXIT_INTERNAL, "cuda gemm: unfused bias with a batched GEMM");
-        add_bias_k<<<grid_for((size_t)M * N, 256), 256>>>(D, bias, M, N, ldc);
+        if (c_bf16) add_bias_k<__nv_bfloat16><<<grid_for((size_t)M * N, 256), 256>>>(ACT16(D), bias, M, N, ldc);
+        else add_bias_k<float><<<grid_for((size_t)M * N, 256), 256>>>(D, bias, M, N, ldc);
         LAUNCH_CHECK();
     }
-    if (gelu_pre && !p->epi_gelu) gelu_forward(C, gelu_pre, (size_t)M * N);
+    if (gelu_pre && !p->epi_gelu) gelu_into(C, gelu_pre, (size_t)M * N, c_bf16);
     if (dgelu_pre && !p->epi_gelu) {
         if (ldc != N) die(EXIT_INTERNAL, "cuda gemm: the unfused GELU backward wants a dense product");
-        dgelu_inplace(C, dgelu_pre, (size_t)M * N);
+        dgelu_inplace(C, dgelu_pre, (size_t)M * N, c_bf16);
     }
-}
-
-static void rm_gemm_ex(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
-                       const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
-                       const float *bias, int bf16, float *gelu_pre) {
-    rm_gemm_core(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, bf16, gelu_pre, NULL,
-                 NULL, NULL, 0);
 }
 
 static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                     const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                     const float *bias) {
-    rm_gemm_ex(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, 0, NULL);
+    rm_gemm_core(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, 0, NULL, NULL, NULL,
+                 NULL, 0);
 }
 
 /* inp is [a]: under bf16 it goes to cuBLASLt as it is */
@@ -1147,39 +1150,35 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
                  bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, 0);
 }
 
-static void gelu_act(float *out, const float *pre, size_t n);
-
 /* pre = inp @ w^T + bias, out = gelu(pre): one GEMM with cuBLASLt's GELU
- * epilogue where it applies (see rm_gemm_ex), else matmul + the GELU kernel.
- * Under bf16 (inp and out [a], bf16) the GEMM writes pre and one kernel
- * the bf16 GELU from it (out then has half the bytes of an fp32 epilogue
- * output, and the next GEMM reads it without a conversion pass). */
+ * epilogue where it applies (see rm_gemm_core), else matmul + the GELU
+ * kernel. inp, pre and out are [a]: under bf16 the epilogue writes both
+ * outputs as bf16 (pre rounded, out the GELU of the fp32 pre rounded; the
+ * bias a bf16 copy), and the next GEMM reads out, the backward's DGELU
+ * epilogue pre, with no conversion pass. */
 static void matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
                                 int C, int OC) {
     if (N <= 0 || OC <= 0) return;
-    if (act_bf16()) {
-        rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, pre, OC, 0, 1, bias, 1, NULL, inp,
-                     wc_get(w, (size_t)OC * C), NULL, 0);
-        gelu_act(out, pre, (size_t)N * OC);
-        return;
-    }
-    rm_gemm_ex(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, 0, pre);
+    const int bf16 = act_bf16();
+    rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, bf16, pre, bf16 ? inp : NULL,
+                 bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, bf16);
 }
 
 /* matmul_backward's three products; dinp (ld ldd) is overwritten with
  * dout @ w, times gelu'(dgelu_pre) when that is given.
  * dout_bf16: dout is bf16 itself (an [a] buffer under bf16; the bias
- * gradient sums those bf16 values) */
+ * gradient sums those bf16 values); dinp_bf16: dinp (and dgelu_pre) are
+ * bf16, the GEMM rounding its fp32 result (the GELU MLP's [a] d(pre)) */
 static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, float *dw, float *dbias,
                                  const float *dout, const float *inp, const float *w, int N, int C, int OC,
-                                 int dout_bf16) {
+                                 int dout_bf16, int dinp_bf16) {
     int bf16 = matmul_bf16();
     if (dout_bf16 && !bf16) die(EXIT_INTERNAL, "cuda matmul backward: a bf16 dout without bf16 GEMMs");
     /* bf16: dout, the A operand of both products, is converted once */
     const void *db = dout_bf16 ? (const void *)dout : bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
     if (dinp)
         rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 0.0f, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
-                     bf16 ? wc_get(w, (size_t)OC * C) : NULL, dgelu_pre, 0);
+                     bf16 ? wc_get(w, (size_t)OC * C) : NULL, dgelu_pre, dinp_bf16);
     /* inp is [a]: bf16 as it is under bf16 */
     if (dw)
         rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db,
@@ -1190,7 +1189,7 @@ static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, f
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                             int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
-    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
+    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0, 0);
 }
 
 /* [a] out / dout (kernels.h; the LM head, the SwiGLU up-projection, the qkv
@@ -1210,7 +1209,7 @@ static void matmul_forward_a(float *out, const float *inp, const float *w, int N
 static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                               const float *w, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
-    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, act_bf16());
+    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, act_bf16(), 0);
 }
 
 static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F);
@@ -1218,15 +1217,17 @@ static void swiglu_bwd_act(float *dpre, const float *dh, const float *pre, int N
 static Scratch sc_dh;
 
 /* dpre = gelu'(pre) . (dout @ w), overwritten: the DGELU epilogue on the
- * input-gradient GEMM (or the GEMM and dgelu_inplace) */
+ * input-gradient GEMM (or the GEMM and dgelu_inplace). pre and dpre are
+ * [a]: under bf16 the epilogue reads the bf16 pre and writes the bf16
+ * gradient, which the up-projection's matmul_backward_a takes as it is */
 static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
                                  const float *w, const float *pre, int N, int C, int OC) {
     if (N <= 0 || C <= 0) return;
     if (OC <= 0) {
-        if (dpre) cu_zero(dpre, (size_t)N * C * sizeof(float));
+        if (dpre) cu_zero(dpre, (size_t)N * C * (act_bf16() ? 2 : 4));
         return;
     }
-    matmul_backward_core(dpre, C, dpre ? pre : NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
+    matmul_backward_core(dpre, C, dpre ? pre : NULL, dw, dbias, dout, inp, w, N, C, OC, 0, act_bf16());
 }
 
 /* pre and dpre [N, 2C] ([a]): dh = dout @ w, then (d gate | d up) from dh
@@ -1244,11 +1245,11 @@ static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const f
     }
     if (act_bf16() && dpre) {
         float *dh = (float *)scratch_get(&sc_dh, (size_t)N * C * sizeof(float));
-        matmul_backward_core(dh, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
+        matmul_backward_core(dh, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0, 0);
         swiglu_bwd_act(dpre, dh, pre, N, C);
         return;
     }
-    matmul_backward_core(dpre, 2 * C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0);
+    matmul_backward_core(dpre, 2 * C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0, 0);
     if (dpre) swiglu_bwd_inplace(dpre, pre, N, C);
 }
 
@@ -3216,9 +3217,9 @@ static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, fl
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-template <typename OT> __global__ void gelu_fwd_k(OT *out, const float *inp, size_t n) {
+template <typename OT, typename IT> __global__ void gelu_fwd_k(OT *out, const IT *inp, size_t n) {
     GRID_STRIDE(i, n) {
-        float x = inp[i];
+        float x = act_ld(inp, i);
         float u = GELU_K * (x + 0.044715f * x * x * x);
         act_st(out, i, x / (1.0f + expf(-2.0f * u)));
     }
@@ -3238,9 +3239,9 @@ __global__ void gelu_bwd_k(float *dinp, const float *inp, const float *dout, siz
     GRID_STRIDE(i, n) dinp[i] += dout[i] * gelu_grad(inp[i]);
 }
 
-/* the unfused DGELU epilogue: d *= gelu'(pre) */
-__global__ void dgelu_inplace_k(float *d, const float *pre, size_t n) {
-    GRID_STRIDE(i, n) d[i] = d[i] * gelu_grad(pre[i]);
+/* the unfused DGELU epilogue: d *= gelu'(pre) (both fp32, or both bf16) */
+template <typename T> __global__ void dgelu_inplace_k(T *d, const T *pre, size_t n) {
+    GRID_STRIDE(i, n) act_st(d, i, act_ld(d, i) * gelu_grad(act_ld(pre, i)));
 }
 
 /* inp (gate | up) and out are [a]: float or bf16 alike */
@@ -3302,19 +3303,16 @@ __global__ void scale_k(float *x, float s, size_t n) {
     GRID_STRIDE(i, n) x[i] *= s;
 }
 
-static void gelu_forward(float *out, const float *inp, size_t n) {
+/* out = gelu(pre); bf16: both bf16 (the unfused GELU_AUX epilogue of a
+ * bf16 product) */
+static void gelu_into(float *out, const float *pre, size_t n, int bf16) {
     if (!n) return;
-    gelu_fwd_k<float><<<grid_for(n, 256), 256>>>(out, inp, n);
+    if (bf16) gelu_fwd_k<__nv_bfloat16, __nv_bfloat16><<<grid_for(n, 256), 256>>>(ACT16(out), CACT16(pre), n);
+    else gelu_fwd_k<float, float><<<grid_for(n, 256), 256>>>(out, pre, n);
     LAUNCH_CHECK();
 }
 
-/* the same into an [a] output (matmul_gelu_forward under bf16) */
-static void gelu_act(float *out, const float *pre, size_t n) {
-    if (!n) return;
-    if (act_bf16()) gelu_fwd_k<__nv_bfloat16><<<grid_for(n, 256), 256>>>(ACT16(out), pre, n);
-    else gelu_fwd_k<float><<<grid_for(n, 256), 256>>>(out, pre, n);
-    LAUNCH_CHECK();
-}
+static void gelu_forward(float *out, const float *inp, size_t n) { gelu_into(out, inp, n, 0); }
 
 static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     if (!n || !dinp) return;
@@ -3322,9 +3320,10 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
     LAUNCH_CHECK();
 }
 
-static void dgelu_inplace(float *d, const float *pre, size_t n) {
+static void dgelu_inplace(float *d, const float *pre, size_t n, int bf16) {
     if (!n) return;
-    dgelu_inplace_k<<<grid_for(n, 256), 256>>>(d, pre, n);
+    if (bf16) dgelu_inplace_k<__nv_bfloat16><<<grid_for(n, 256), 256>>>(ACT16(d), CACT16(pre), n);
+    else dgelu_inplace_k<float><<<grid_for(n, 256), 256>>>(d, pre, n);
     LAUNCH_CHECK();
 }
 

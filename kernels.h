@@ -106,8 +106,10 @@ typedef struct Kernels {
      * largest activation of a step is never held, read or converted in
      * fp32), the SwiGLU MLP's up-projection (its out is swiglu_forward's
      * inp, its backward's dout matmul_swiglu_backward's dpre, both [a]),
-     * and the backward of the qkv projection (its dout is
-     * attention_backward's dqkv, [a]; dbias, when given, sums that dout). */
+     * the backward of GPT-2's up-projection (its dout is
+     * matmul_gelu_backward's dpre, [a]) and of the qkv projection (its dout
+     * is attention_backward's dqkv, [a]); dbias, when given, sums that
+     * dout. */
     void (*matmul_forward_a)(float *out, const float *inp, const float *w, int N, int C, int OC);
     void (*matmul_backward_a)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                               const float *w, int N, int C, int OC);
@@ -140,10 +142,12 @@ typedef struct Kernels {
     /* GELU, tanh approximation (GPT-2's gelu_new) */
     void (*gelu_forward)(float *out, const float *inp, size_t n);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
-    /* GPT-2's MLP up-projection and its GELU in one call ([a] inp and out): pre[N,OC] = inp @
-     * w^T (+ bias) (kept for gelu_backward), out[N,OC] = gelu(pre). Equal to
-     * matmul_forward then gelu_forward (on the CPU that is what it runs, bit
-     * for bit); CUDA fuses the GELU into the GEMM's epilogue when it can. */
+    /* GPT-2's MLP up-projection and its GELU in one call (inp, pre and
+     * out [a]): pre[N,OC] = inp @ w^T (+ bias) (kept for the backward),
+     * out[N,OC] = gelu(pre), each rounded once where it is stored (under
+     * bf16 CUDA adds a bf16 copy of the bias). Equal to matmul_forward then
+     * gelu_forward (on the CPU that is what it runs, bit for bit); CUDA
+     * fuses the GELU into the GEMM's epilogue when it can. */
     void (*matmul_gelu_forward)(float *out, float *pre, const float *inp, const float *w, const float *bias,
                                 int N, int C, int OC);
     /* inp is [N, 2F]: gate in columns [0,F), up in [F,2F).
@@ -155,7 +159,8 @@ typedef struct Kernels {
      * for out = act(pre) @ w^T (+ bias) with inp = act(pre) [N, C], w [OC, C]:
      * dpre = act'(pre) . (dout @ w), OVERWRITTEN (an exception to add-into:
      * the caller zeroes nothing); dw += dout^T @ inp, dbias += sum_n dout.
-     *   gelu:   pre, dpre [N, C];
+     *   gelu:   pre, dpre [N, C], both [a] (the up-projection's
+     *           matmul_backward_a reads dpre);
      *   swiglu: pre, dpre [N, 2C] (gate | up, as swiglu_forward's inp);
      *           both [a] (the up-projection's matmul_backward_a reads dpre).
      * Equal to matmul_backward into a zeroed buffer, then gelu_backward /

@@ -1423,17 +1423,17 @@ static double cuda_scratch_bytes(const Trainer *t) {
     s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);
     if (bf16) {
         /* bf16 scratch copies of a product's operands: a backward's output
-         * gradient (N rows of a linear layer's outputs; the LM head's, the
-         * qkv projection's and SwiGLU's up-projection's are bf16 already, the
-         * last made from an fp32 scratch of N x F), and without the weights'
-         * copies (kernels.h
-         * weights_stable; or past kernels.cu's 4096 of them) a weight
-         * matrix, at most the largest */
+         * gradient (N rows of a linear layer's outputs, C wide: the LM
+         * head's, the qkv projection's and the MLP up-projection's are bf16
+         * already, SwiGLU's made from an fp32 scratch of N x F), GPT-2's
+         * up-projection bias for the GELU epilogue, and without the
+         * weights' copies (kernels.h weights_stable; or past kernels.cu's
+         * 4096 of them) a weight matrix, at most the largest */
         int swiglu = t->cfg.model.arch == ARCH_LLAMA;
-        double outs = fmax(C, swiglu ? 0 : m->fc_dim);
         double wmax = fmax((double)m->V * C, fmax(fmax(m->qkv_dim, m->fc_dim) * C, (double)C * fmax(m->F, (double)m->nh * m->hd)));
-        s += grow * 2.0 * N * outs;
+        s += grow * 2.0 * N * C;
         if (swiglu) s += grow * 4.0 * N * m->F;
+        else s += grow * 2.0 * m->fc_dim;
         /* the weights' copies, exactly their size: every layer's four and
          * the LM head, or sharded, those of the layers' pool slots */
         const char *wc = getenv("LLMTRAIN_CUDA_WEIGHT_CACHE");

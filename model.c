@@ -197,10 +197,9 @@ static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
     BUF(ln2, N * C, KEEP_NOT_FULL, 1);
     if (gpt2) BUF(ln2_mean, N, KEEP_NOT_FULL, 0);
     BUF(ln2_rstd, N, KEEP_NOT_FULL, 0);
-    /* the MLP pre-activation: SwiGLU's is [a] (the up-projection writes it
-     * with matmul_forward_a); GELU's stays fp32 (its GEMM epilogues read
-     * and write it in fp32) */
-    BUF(fch, N * (size_t)m->fc_dim, KEEP_NOT_FULL, !gpt2);
+    /* the MLP pre-activation, [a]: only the activation's kernels read it
+     * (SwiGLU's written by matmul_forward_a, GELU's by matmul_gelu_forward) */
+    BUF(fch, N * (size_t)m->fc_dim, KEEP_NOT_FULL, 1);
     BUF(fch_act, N * (size_t)m->F, KEEP_NOT_FULL, 1);
     BUF(res3, N * C, KEEP_ALL, 0);
 #undef BUF
@@ -735,15 +734,11 @@ void model_backward(Model *m, float loss_scale) {
         else if (m->act_ckpt == ACT_SELECTIVE) k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
         /* MLP block; m->dres holds d(res3) and becomes d(res2) */
         /* d(fch) into dbuf2 (overwritten: the down-projection's backward and
-         * the activation's in one call; SwiGLU's is [a], the up-projection's
-         * backward reading it as it is) */
-        if (llama) {
-            k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
-            k->matmul_backward_a(m->dbuf1, g->fc_w, NULL, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim); /* no bias */
-        } else {
-            k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
-            k->matmul_backward(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim);
-        }
+         * the activation's in one call), [a]: the up-projection's backward
+         * reads it as it is (Llama has no biases: NULL) */
+        if (llama) k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
+        else k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
+        k->matmul_backward_a(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim);
         if (tp) tp_allreduce(m, m->dbuf1, NC, 0); /* column-parallel: partial input gradient */
         norm_backward(m, m->dres, g->ln2_w, g->ln2_b, m->dbuf1, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
         /* attention block; m->dres becomes d(x); d(qkv) in dbuf2 is [a] */

@@ -152,9 +152,9 @@ JSON
     else echo "FAIL $arch: mem fields on cuda/cpu: $memline"; fail=$((fail + 1)); fi
     # [a] activations (kernels.h) in bf16 under compute dtype bf16: the
     # layout's activations_bytes is the TF32 run's less 2 bytes for each element
-    # of every layer's ln1, attention output, ln2 and MLP activation (and, for
-    # Llama, SwiGLU's input, 2F wide), of lnf and of the logits (B*T = 256
-    # rows; the buffers' sizes are multiples of 16 floats here)
+    # of every layer's ln1, attention output, ln2, MLP activation and MLP
+    # pre-activation (GELU's F wide, SwiGLU's 2F), of lnf and of the logits
+    # (B*T = 256 rows; the buffers' sizes are multiples of 16 floats here)
     if actline=$($PY - "$TMP/$arch-cuda.out" "$TMP/$arch-cuda-bf16.out" "$arch" <<'PYEOF'
 import re, sys
 def grab(path):
@@ -163,7 +163,7 @@ def grab(path):
             [int(x) for x in re.search(r"(\d+) layers, (\d+) embd, .*ffn (\d+), vocab (\d+)", t).groups()])
 a32, (L, C, F, V) = grab(sys.argv[1])
 a16, _ = grab(sys.argv[2])
-want = 2 * 256 * (L * (3 * C + F + (2 * F if sys.argv[3] == "llama" else 0)) + C + V)
+want = 2 * 256 * (L * (3 * C + F + (2 * F if sys.argv[3] == "llama" else F)) + C + V)
 print("activations_bytes tf32 %d, bf16 %d: %d less (expected %d)" % (a32, a16, a32 - a16, want))
 sys.exit(0 if a32 - a16 == want else 1)
 PYEOF

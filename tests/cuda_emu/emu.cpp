@@ -593,8 +593,8 @@ struct EmuLtDesc {
     cublasComputeType_t compute;
     int ta, tb;
     uint32_t epilogue;
-    const float *bias;
-    float *aux;
+    const void *bias; /* the bias vector and the GELU aux matrix have D's type */
+    void *aux;
     int64_t aux_ld;
 };
 struct EmuLtLayout {
@@ -751,6 +751,12 @@ static float load_elem(const void *base, cudaDataType_t t, size_t i) {
     return ((const float *)base)[i];
 }
 
+/* bf16 rounded to nearest even */
+static void store_elem(void *base, cudaDataType_t t, size_t i, float v) {
+    if (t == CUDA_R_16BF) ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(v);
+    else ((float *)base)[i] = v;
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
                               cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta,
                               const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld,
@@ -809,20 +815,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                 float v = al * sum;
                 size_t ci = (size_t)bi * lc->stride + i + j * lc->ld, di = (size_t)bi * ld->stride + i + j * ld->ld;
                 if (be != 0.0f) v += be * load_elem(C, lc->type, ci);
-                if (bias) v += d->bias[i];
-                if (gelu) {
-                    d->aux[i + j * d->aux_ld] = v;
+                if (bias) v += load_elem(d->bias, ld->type, i);
+                if (gelu) { /* aux keeps the GELU's input, rounded to D's type; the GELU is of the fp32 value */
+                    store_elem(d->aux, ld->type, i + j * d->aux_ld, v);
                     float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
                     v = v / (1.0f + expf(-2.0f * u));
                 }
                 if (dgelu) { /* 0.5 x (1 + tanh u(x)), differentiated: in double, independently of kernels.cu */
-                    double x = d->aux[i + j * d->aux_ld];
+                    double x = load_elem(d->aux, ld->type, i + j * d->aux_ld);
                     double t = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
                     v = (float)(v * (0.5 * (1.0 + t) +
                                      0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x)));
                 }
-                if (ld->type == CUDA_R_16BF) ((__nv_bfloat16 *)D)[di] = __float2bfloat16_rn(v);
-                else ((float *)D)[di] = v;
+                store_elem(D, ld->type, di, v);
             }
     }
     return CUBLAS_STATUS_SUCCESS;
