@@ -455,6 +455,30 @@ static void embed_backward(float *dwte, float *dwpe, const float *dout, const in
 }
 
 // ----------------------------------------------------------------------------
+// dynamic shared memory
+
+/* the most one block may take (with the opt-in) */
+static size_t smem_limit(void) { return (size_t)G.prop.sharedMemPerBlockOptin; }
+
+/* launch with smem bytes of dynamic shared memory, raising the kernel's
+ * limit above the default 48 KB once */
+template <typename... KA, typename... A>
+static void launch_smem(void (*kernel)(KA...), dim3 grid, int threads, size_t smem, A... args) {
+    if (smem > 48 * 1024) {
+        static const void *raised[16];
+        static int nraised;
+        int done = 0;
+        for (int i = 0; i < nraised; i++) done |= raised[i] == (const void *)kernel;
+        if (!done) {
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            if (nraised < 16) raised[nraised++] = (const void *)kernel;
+        }
+    }
+    kernel<<<grid, threads, smem>>>(args...);
+    LAUNCH_CHECK();
+}
+
+// ----------------------------------------------------------------------------
 // column sums (bias and norm-weight gradients): deterministic two-pass
 // reduction, per row-chunk partials then a fixed-order sum per column
 
@@ -643,6 +667,87 @@ __global__ void rmsnorm_bwd_k(float *dinp, const float *dout, const float *inp, 
     for (int c = lane; c < C; c += 32) g[c] += rs * (d[c] * w[c] - x[c] * rs * mdx);
 }
 
+/* The norms' backward with their weight (and bias) gradients in the same
+ * pass over dout and inp (MODE COL_LN or COL_RMS). Block b takes rows
+ * [b rows_per, (b + 1) rows_per), its warp k the rows k, k + NBW_WARPS, ...
+ * of them: the input gradient exactly as layernorm_bwd_k / rmsnorm_bwd_k,
+ * and each row's terms of the column sums (as colsum_partial_k's) added,
+ * in row order, into the warp's own shared row of C (two for layernorm:
+ * weight, then bias). Then the block writes the sum of its warps' rows,
+ * warp 0 first, as its partial [b, C], and colsum_finish_k adds the
+ * partials in block order: no atomics, the same bits every run. */
+#define NBW_WARPS 4
+#define NBW_MAX_BLOCKS 512
+template <int MODE>
+__global__ void __launch_bounds__(NBW_WARPS * 32)
+    norm_bwd_fused_k(float *dinp, float *part0, float *part1, const float *dout, const float *inp, const float *w,
+                     const float *mean, const float *rstd, int N, int C, int rows_per) {
+    extern __shared__ float nbw_sm[];
+    const int two = MODE == COL_LN, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float *a0 = nbw_sm + (size_t)warp * (two ? 2 : 1) * C, *a1 = a0 + C;
+    for (int c = lane; c < C; c += 32) {
+        a0[c] = 0.0f;
+        if (two) a1[c] = 0.0f;
+    }
+    const int r0 = blockIdx.x * rows_per, r1 = min(N, r0 + rows_per);
+    for (int row = r0 + warp; row < r1; row += NBW_WARPS) {
+        const float *d = dout + (size_t)row * C, *x = inp + (size_t)row * C;
+        float *g = dinp + (size_t)row * C;
+        const float rs = rstd[row], m = two ? mean[row] : 0.0f;
+        float sd = 0.0f, sdx = 0.0f;
+        for (int c = lane; c < C; c += 32) {
+            float dn = d[c] * w[c];
+            if (two) {
+                sd += dn;
+                sdx += dn * ((x[c] - m) * rs);
+            } else {
+                sdx += dn * (x[c] * rs);
+            }
+        }
+        const float md = two ? warp_sum(sd) / C : 0.0f, mdx = warp_sum(sdx) / C;
+        for (int c = lane; c < C; c += 32) {
+            float dv = d[c], xh = two ? (x[c] - m) * rs : x[c] * rs;
+            g[c] += two ? rs * (dv * w[c] - md - xh * mdx) : rs * (dv * w[c] - xh * mdx);
+            a0[c] += dv * xh;
+            if (two) a1[c] += dv;
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float t0 = 0.0f, t1 = 0.0f;
+        for (int k = 0; k < NBW_WARPS; k++) {
+            t0 += nbw_sm[(size_t)k * (two ? 2 : 1) * C + c];
+            if (two) t1 += nbw_sm[(size_t)k * 2 * C + C + c];
+        }
+        part0[(size_t)blockIdx.x * C + c] = t0;
+        if (two) part1[(size_t)blockIdx.x * C + c] = t1;
+    }
+}
+
+static long fused_norm_bwd_calls;
+extern "C" long kernels_cuda_fused_norm_bwd_calls(void) { return fused_norm_bwd_calls; }
+
+/* the norm's backward in one pass (norm_bwd_fused_k) when its warps' rows
+ * fit in a block's shared memory; returns 0 (nothing done) otherwise */
+static int norm_backward_fused(int mode, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                               const float *w, const float *mean, const float *rstd, int N, int C) {
+    const int two = mode == COL_LN;
+    const size_t smem = (size_t)NBW_WARPS * (two ? 2 : 1) * C * sizeof(float);
+    if (!dinp || !dw || (two && !db) || smem > smem_limit()) return 0;
+    int RB = (N + 7) / 8;
+    if (RB > NBW_MAX_BLOCKS) RB = NBW_MAX_BLOCKS;
+    const int rows_per = (N + RB - 1) / RB;
+    RB = (N + rows_per - 1) / rows_per;
+    float *part = (float *)scratch_get(&sc_col, (size_t)(two ? 2 : 1) * RB * C * sizeof(float));
+    float *p0 = part, *p1 = two ? part + (size_t)RB * C : NULL;
+    if (two) launch_smem(norm_bwd_fused_k<COL_LN>, dim3(RB), NBW_WARPS * 32, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
+    else launch_smem(norm_bwd_fused_k<COL_RMS>, dim3(RB), NBW_WARPS * 32, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
+    colsum_finish_k<<<(C + 255) / 256, 256>>>(dw, db, p0, p1, RB, C);
+    LAUNCH_CHECK();
+    fused_norm_bwd_calls++;
+    return 1;
+}
+
 static unsigned norm_grid(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
 
 static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
@@ -656,7 +761,7 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
 
 static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
                                const float *mean, const float *rstd, int N, int C) {
-    if (N <= 0) return;
+    if (N <= 0 || norm_backward_fused(COL_LN, dinp, dw, db, dout, inp, w, mean, rstd, N, C)) return;
     if (dinp) {
         layernorm_bwd_k<<<norm_grid(N), NORM_THREADS>>>(dinp, dout, inp, w, mean, rstd, N, C);
         LAUNCH_CHECK();
@@ -692,7 +797,7 @@ static void add_rmsnorm_forward(float *res, float *out, float *rstd, const float
 
 static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                              const float *rstd, int N, int C) {
-    if (N <= 0) return;
+    if (N <= 0 || norm_backward_fused(COL_RMS, dinp, dw, NULL, dout, inp, w, NULL, rstd, N, C)) return;
     if (dinp) {
         rmsnorm_bwd_k<<<norm_grid(N), NORM_THREADS>>>(dinp, dout, inp, w, rstd, N, C);
         LAUNCH_CHECK();
@@ -1352,7 +1457,7 @@ __device__ __forceinline__ float *fl_smem() {
     return fl_dyn_smem;
 }
 
-static size_t fl_smem_limit(void) { return (size_t)G.prop.sharedMemPerBlockOptin; }
+static size_t fl_smem_limit(void) { return smem_limit(); }
 
 /* TF32 tensor cores (sm_80 and newer) unless compute dtype fp32,
  * which keeps every product in plain fp32, the fused attention's too */
@@ -1364,24 +1469,6 @@ static int fl_bf16(void) { return G.prop.major >= 8 && matmul_bf16(); }
 
 static Scratch sc_flash;
 static float *fl_scratch(size_t bytes) { return (float *)scratch_get(&sc_flash, bytes); }
-
-/* launch with smem bytes of dynamic shared memory, raising the kernel's
- * limit above the default 48 KB once */
-template <typename... KA, typename... A>
-static void fl_launch(void (*kernel)(KA...), dim3 grid, int threads, size_t smem, A... args) {
-    if (smem > 48 * 1024) {
-        static const void *raised[16];
-        static int nraised;
-        int done = 0;
-        for (int i = 0; i < nraised; i++) done |= raised[i] == (const void *)kernel;
-        if (!done) {
-            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            if (nraised < 16) raised[nraised++] = (const void *)kernel;
-        }
-    }
-    kernel<<<grid, threads, smem>>>(args...);
-    LAUNCH_CHECK();
-}
 
 // ---- flash attention region: begin ----
 /* Causal attention in tiles, fp32 in and out. A block of FL_THREADS = 128
@@ -1986,7 +2073,7 @@ static int fl_forward(float *out, float *lse, const float *qkv, int B, int T, in
     const size_t smem = fl_fwd_floats<TC, HD, BM, BN>() * sizeof(float) + FL_SMEM_SLACK;
     const int nqt = (T + BM - 1) / BM;
     if (smem > fl_smem_limit() || nqt > 65535) return 0;
-    fl_launch(flash_fwd_k<TC, HD, BM, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse, qkv,
+    launch_smem(flash_fwd_k<TC, HD, BM, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse, qkv,
               T, nh, nkv, 1.0f / sqrtf((float)HD));
     return 1;
 }
@@ -2002,10 +2089,10 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * nh * T;
     float *D = fl_scratch(rows * sizeof(float));
-    fl_launch(flash_dot_k<float>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD);
-    fl_launch(flash_bwd_dq_k<TC, HD, C::DQ_M, C::DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq,
+    launch_smem(flash_dot_k<float>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD);
+    launch_smem(flash_bwd_dq_k<TC, HD, C::DQ_M, C::DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq,
               dqkv, dout, qkv, lse, (const float *)D, T, nh, nkv, scale);
-    fl_launch(flash_bwd_dkv_k<TC, HD, C::DKV_N, C::DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS,
+    launch_smem(flash_bwd_dkv_k<TC, HD, C::DKV_N, C::DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS,
               smem_dkv, dqkv, dout, qkv, lse, (const float *)D, T, nh, nkv, scale);
     return 1;
 }
@@ -2463,7 +2550,7 @@ template <int HD> static int fb_forward(float *out, float *lse, const float *qkv
         (size_t)(fb_words<HD, FB_BM>() + 2 * fb_words<HD, BN>()) * 4 + FL_SMEM_SLACK;
     const int nqt = (T + FB_BM - 1) / FB_BM;
     if (smem > fl_smem_limit() || nqt > 65535) return 0;
-    fl_launch(flash_bf16_fwd_k<HD, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse, qkv, T,
+    launch_smem(flash_bf16_fwd_k<HD, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse, qkv, T,
               nh, nkv, 1.0f / sqrtf((float)HD));
     return 1;
 }
@@ -2481,11 +2568,11 @@ static int fb_backward(float *dqkv, const float *dout, const float *qkv, const f
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * nh * T;
     float *D = fl_scratch(rows * sizeof(float));
-    fl_launch(flash_dot_k<__nv_bfloat16>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, CACT16(out), dout, B, T,
+    launch_smem(flash_dot_k<__nv_bfloat16>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, CACT16(out), dout, B, T,
               nh, HD);
-    fl_launch(flash_bf16_dq_k<HD, DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq, ACT16(dqkv), dout, qkv,
+    launch_smem(flash_bf16_dq_k<HD, DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq, ACT16(dqkv), dout, qkv,
               lse, (const float *)D, T, nh, nkv, scale);
-    fl_launch(flash_bf16_dkv_k<HD, DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS, smem_dkv, ACT16(dqkv), dout,
+    launch_smem(flash_bf16_dkv_k<HD, DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS, smem_dkv, ACT16(dqkv), dout,
               qkv, lse, (const float *)D, T, nh, nkv, scale);
     return 1;
 }

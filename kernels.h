@@ -343,6 +343,10 @@ long kernels_cuda_fused_gelu_calls(void);
 /* How many matmul_gelu_backward calls so far ran their input-gradient GEMM
  * with the DGELU epilogue (the rest: GEMM, then an in-place kernel). */
 long kernels_cuda_fused_dgelu_calls(void);
+/* How many layernorm_backward / rmsnorm_backward calls so far computed the
+ * input gradient and the weight (and bias) gradients in one pass over dout
+ * and inp (the rest: three kernels, for a C too wide for shared memory) */
+long kernels_cuda_fused_norm_bwd_calls(void);
 /* The attention kernels (train.attention_kernel): "cudnn" (cuDNN's fused
  * attention on bf16 copies, head dims 8..128 by 8; the shapes it declines
  * take "flash"), "flash" (fused kernels, head dims 32/64/128; other shapes

@@ -1417,9 +1417,15 @@ static double cuda_scratch_bytes(const Trainer *t) {
                      N * m->nh * 4.0 + N * OS * 4.0 +
                      64.0 * 1048576);
     }
+    /* the column sums' partials (bias gradients; the norms' weight
+     * gradients where C is too wide for their one-pass backward), or those
+     * of the one-pass norm backward (kernels.cu norm_backward_fused) */
+    const int gpt2 = t->cfg.model.arch == ARCH_GPT2;
     double rb = fmin(128.0, ceil(N / 256.0)), widest = 2 * C;
-    if (t->cfg.model.arch == ARCH_GPT2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
-    s += grow * rb * widest * 4.0;
+    if (gpt2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
+    double rbn = fmin(512.0, ceil(N / 8.0));
+    rbn = ceil(N / ceil(N / rbn));
+    s += grow * fmax(rb * widest, rbn * (gpt2 ? 2.0 : 1.0) * C) * 4.0;
     s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);
     if (bf16) {
         /* bf16 scratch copies of a product's operands: a backward's output
@@ -1429,11 +1435,10 @@ static double cuda_scratch_bytes(const Trainer *t) {
          * up-projection bias for the GELU epilogue, and without the
          * weights' copies (kernels.h weights_stable; or past kernels.cu's
          * 4096 of them) a weight matrix, at most the largest */
-        int swiglu = t->cfg.model.arch == ARCH_LLAMA;
         double wmax = fmax((double)m->V * C, fmax(fmax(m->qkv_dim, m->fc_dim) * C, (double)C * fmax(m->F, (double)m->nh * m->hd)));
         s += grow * 2.0 * N * C;
-        if (swiglu) s += grow * 4.0 * N * m->F;
-        else s += grow * 2.0 * m->fc_dim;
+        if (gpt2) s += grow * 2.0 * m->fc_dim;
+        else s += grow * 4.0 * N * m->F;
         /* the weights' copies, exactly their size: every layer's four and
          * the LM head, or sharded, those of the layers' pool slots */
         const char *wc = getenv("LLMTRAIN_CUDA_WEIGHT_CACHE");

@@ -213,11 +213,11 @@ static void check_act_rn(const char *name, const float *ref, const float *dev, s
     check_act_rn_floor(name, ref, dev, n, 0.0);
 }
 
-/* The same for a product's output rounded once from its fp32 sum: where
- * the K terms cancel to a value far below the largest, the two fp32
- * summation orders differ by more than that value's bf16 unit, so an
- * absolute 1e-4 of the largest |ref| (a fortieth of its unit) is allowed
- * beside the unit; the 99% exact stays. */
+/* The same for an output rounded once from an fp32 sum (a product's K
+ * terms, a norm's scaled input plus its bias): where the terms cancel to a
+ * value far below the largest, the two fp32 evaluations differ by more
+ * than that value's bf16 unit, so an absolute 1e-4 of the largest |ref| (a
+ * fortieth of its unit) is allowed beside the unit; the 99% exact stays. */
 static void check_act_rn_sum(const char *name, const float *ref, const float *dev, size_t n) {
     double mx = 0.0;
     for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
@@ -322,8 +322,15 @@ static void test_embed_det(int B, int T, int C, int vocab, int v0, int Vl) {
     free(tok); free(dout); free(dwte); free(dwpe); free(h1); free(q1);
 }
 
-static void test_norms(void) {
-    int N = 70, C = 300;
+/* The norms against the CPU. The backward's one-pass form
+ * (kernels_cuda_fused_norm_bwd_calls) must run for every width whose
+ * accumulators fit in a block's shared memory (fused = 1: both calls;
+ * 0: neither), and a second call from the same values must give the same
+ * bits (no atomics). Shapes: one block; several rows a warp over 75
+ * blocks; the 512-block cap with a ragged last block; too wide for the
+ * one-pass form. */
+static void test_norms_case(int N, int C, int fused) {
+    char name[96];
     size_t NC = (size_t)N * C;
     float *x = hrand(NC, 2), *w = hrand(C, 1), *b = hrand(C, 1), *dout = hrand(NC, 1);
     for (size_t i = 0; i < NC; i++) x[i] += 3.0f; /* a mean away from zero */
@@ -332,25 +339,64 @@ static void test_norms(void) {
     float *gout = dcopy_act(out, NC), *gmean = dcopy(mean, N), *grstd = dcopy(rstd, N);
     KC->layernorm_forward(out, mean, rstd, x, w, b, N, C, 1e-5f);
     KG->layernorm_forward(gout, gmean, grstd, gx, gw, gb, N, C, 1e-5f);
-    check_act_rn("layernorm_forward out", out, gout, NC);
+    snprintf(name, sizeof name, "layernorm_fwd out %dx%d", N, C);
+    check_act_rn_sum(name, out, gout, NC);
     check("layernorm_forward mean", mean, gmean, N, TOL_F32);
     check("layernorm_forward rstd", rstd, grstd, N, TOL_F32);
     float *dinp = hrand(NC, 1), *dw = hrand(C, 1), *db = hrand(C, 1);
     float *gdinp = dcopy(dinp, NC), *gdw = dcopy(dw, C), *gdb = dcopy(db, C);
+    float *gdinp2 = dcopy(dinp, NC), *gdw2 = dcopy(dw, C), *gdb2 = dcopy(db, C);
+    long f0 = kernels_cuda_fused_norm_bwd_calls();
     KC->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
     KG->layernorm_backward(gdinp, gdw, gdb, gdout, gx, gw, gmean, grstd, N, C);
-    check("layernorm_backward dinp", dinp, gdinp, NC, TOL_F32);
-    check("layernorm_backward dw", dw, gdw, C, TOL_F32);
-    check("layernorm_backward db", db, gdb, C, TOL_F32);
+    KG->layernorm_backward(gdinp2, gdw2, gdb2, gdout, gx, gw, gmean, grstd, N, C);
+    long fl = kernels_cuda_fused_norm_bwd_calls() - f0;
+    const char *form = fl ? "one pass" : "three kernels";
+    snprintf(name, sizeof name, "layernorm_bwd dinp %dx%d (%s)", N, C, form);
+    check(name, dinp, gdinp, NC, TOL_F32);
+    snprintf(name, sizeof name, "layernorm_bwd dw %dx%d", N, C);
+    check(name, dw, gdw, C, TOL_F32);
+    snprintf(name, sizeof name, "layernorm_bwd db %dx%d", N, C);
+    check(name, db, gdb, C, TOL_F32);
+    float *h = malloc_check(NC * sizeof(float) + 16);
+    KG->to_host(h, gdinp, NC * sizeof(float));
+    size_t bad = bits_differ(h, gdinp2, NC);
+    KG->to_host(h, gdw, C * sizeof(float));
+    bad += bits_differ(h, gdw2, C);
+    KG->to_host(h, gdb, C * sizeof(float));
+    bad += bits_differ(h, gdb2, C);
+    printf("%s layernorm_bwd %dx%d run twice: %zu words differ\n", bad ? "FAIL" : "ok  ", N, C, bad);
+    if (bad) fail++; else pass++;
 
     KC->rmsnorm_forward(out, rstd, x, w, N, C, 1e-5f);
     KG->rmsnorm_forward(gout, grstd, gx, gw, N, C, 1e-5f);
-    check_act_rn("rmsnorm_forward out", out, gout, NC);
+    snprintf(name, sizeof name, "rmsnorm_fwd out %dx%d", N, C);
+    check_act_rn_sum(name, out, gout, NC);
     check("rmsnorm_forward rstd", rstd, grstd, N, TOL_F32);
+    /* both device runs from the CPU's values */
+    KG->from_host(gdinp, dinp, NC * sizeof(float));
+    KG->from_host(gdinp2, dinp, NC * sizeof(float));
+    KG->from_host(gdw, dw, C * sizeof(float));
+    KG->from_host(gdw2, dw, C * sizeof(float));
     KC->rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C);
     KG->rmsnorm_backward(gdinp, gdw, gdout, gx, gw, grstd, N, C);
-    check("rmsnorm_backward dinp", dinp, gdinp, NC, TOL_F32);
-    check("rmsnorm_backward dw", dw, gdw, C, TOL_F32);
+    KG->rmsnorm_backward(gdinp2, gdw2, gdout, gx, gw, grstd, N, C);
+    fl = kernels_cuda_fused_norm_bwd_calls() - f0;
+    snprintf(name, sizeof name, "rmsnorm_bwd dinp %dx%d", N, C);
+    check(name, dinp, gdinp, NC, TOL_F32);
+    snprintf(name, sizeof name, "rmsnorm_bwd dw %dx%d", N, C);
+    check(name, dw, gdw, C, TOL_F32);
+    KG->to_host(h, gdinp, NC * sizeof(float));
+    bad = bits_differ(h, gdinp2, NC);
+    KG->to_host(h, gdw, C * sizeof(float));
+    bad += bits_differ(h, gdw2, C);
+    printf("%s rmsnorm_bwd %dx%d run twice: %zu words differ\n", bad ? "FAIL" : "ok  ", N, C, bad);
+    if (bad) fail++; else pass++;
+    int ok = fl == (fused ? 4 : 0);
+    printf("%s norm backward %dx%d: %ld of 4 calls in one pass (expected %s)\n", ok ? "ok  " : "FAIL", N, C, fl,
+           fused ? "all" : "none: too wide for shared memory");
+    if (ok) pass++; else fail++;
+    free(h); free(x); free(w); free(b); free(dout); free(out); free(mean); free(rstd); free(dinp); free(dw); free(db);
 }
 
 /* the residual add fused with the norm: res = a + b (exact), out and the
@@ -366,13 +412,13 @@ static void test_add_norms(void) {
     KC->add_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, 1e-5f);
     KG->add_layernorm_forward(gres, gout, gmean, grstd, ga, gb, gw, gbias, N, C, 1e-5f);
     check("add_layernorm_forward res", res, gres, NC, 0.0);
-    check_act_rn("add_layernorm_forward out", out, gout, NC);
+    check_act_rn_sum("add_layernorm_forward out", out, gout, NC);
     check("add_layernorm_forward mean", mean, gmean, N, TOL_F32);
     check("add_layernorm_forward rstd", rstd, grstd, N, TOL_F32);
     KC->add_rmsnorm_forward(a, out, rstd, a, b, w, N, C, 1e-5f);
     KG->add_rmsnorm_forward(ga, gout, grstd, ga, gb, gw, N, C, 1e-5f);
     check("add_rmsnorm_forward res in place", a, ga, NC, 0.0);
-    check_act_rn("add_rmsnorm_forward out", out, gout, NC);
+    check_act_rn_sum("add_rmsnorm_forward out", out, gout, NC);
     check("add_rmsnorm_forward rstd", rstd, grstd, N, TOL_F32);
 }
 
@@ -764,7 +810,7 @@ static void test_rope(void) {
     act_round(x, n);
     KC->rope_backward(x, B, T, nh, nkv, hd, 500000.0f, 0);
     KG->rope_backward(gdx, B, T, nh, nkv, hd, 500000.0f, 0);
-    check_act_rn("rope_backward ([a] dqkv)", x, gdx, n);
+    check_act_rn_sum("rope_backward ([a] dqkv)", x, gdx, n);
 }
 
 static void test_pointwise(void) {
@@ -904,7 +950,7 @@ static void test_lm_head_case(int N, int C, int V) {
     KC->matmul_forward_a(out, inp, w, N, C, V);
     KG->matmul_forward_a(gout, ginp, gw, N, C, V);
     snprintf(name, sizeof name, "lm_head_fwd %dx%dx%d", N, C, V);
-    if (act16()) check_act_rn(name, out, gout, no);
+    if (act16()) check_act_rn_sum(name, out, gout, no);
     else check(name, out, gout, no, tol_mm);
     float *dinp = hrand(nx, 1), *dw = hrand(nw, 1), *db = hrand(V, 1);
     float *gdinp = dcopy(dinp, nx), *gdw = dcopy(dw, nw), *gdb = dcopy(db, V);
@@ -1209,7 +1255,10 @@ int main(int argc, char **argv) {
     test_embed_det(16, 1024, 64, 7, 3, 3);       /* its vocab-parallel slice [3, 6) */
     test_embed_det(16, 1024, 768, 50304, 0, 0);  /* GPT-2 124M's shape */
     test_embed_det(2, 1024, 768, 50304, 25152, 25152); /* its second half under tp 2 */
-    test_norms();
+    test_norms_case(70, 300, 1);
+    test_norms_case(600, 512, 1);
+    test_norms_case(4500, 64, 1);
+    test_norms_case(5, 16384, 0);
     test_add_norms();
     test_act_storage(tol_mm == TOL_BF16);
     test_matmul_case(64, 128, 96, 0, 1);
