@@ -618,24 +618,37 @@ __global__ void add_layernorm_fwd_k(float *res, OT *out, float *mean, float *rst
     layernorm_row_warp(out + (size_t)row * C, mean, rstd, x, w, bias, row, lane, C, eps);
 }
 
+/* One row's backward by one warp (MODE COL_LN or COL_RMS): the input
+ * gradient added into dinp; with a0 != NULL the row's terms of the weight
+ * gradient also added into a0[c] (and, LN, the bias gradient's into a1[c]),
+ * the same terms as colsum_partial_k's. mean is unused for RMS. */
+template <int MODE>
+__device__ void norm_bwd_row(float *dinp, float *a0, float *a1, const float *dout, const float *inp, const float *w,
+                             const float *mean, const float *rstd, int row, int lane, int C) {
+    const int two = MODE == COL_LN;
+    const float *d = dout + (size_t)row * C, *x = inp + (size_t)row * C;
+    float *g = dinp + (size_t)row * C;
+    const float rs = rstd[row], m = two ? mean[row] : 0.0f;
+    float sd = 0.0f, sdx = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float dn = d[c] * w[c];
+        if (two) sd += dn;
+        sdx += dn * (two ? (x[c] - m) * rs : x[c] * rs);
+    }
+    const float md = two ? warp_sum(sd) / C : 0.0f, mdx = warp_sum(sdx) / C;
+    for (int c = lane; c < C; c += 32) {
+        float dv = d[c], xh = two ? (x[c] - m) * rs : x[c] * rs;
+        g[c] += two ? rs * (dv * w[c] - md - xh * mdx) : rs * (dv * w[c] - xh * mdx);
+        if (a0) a0[c] += dv * xh;
+        if (two && a1) a1[c] += dv;
+    }
+}
+
 __global__ void layernorm_bwd_k(float *dinp, const float *dout, const float *inp, const float *w, const float *mean,
                                 const float *rstd, int N, int C) {
     int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
-    const float *d = dout + (size_t)row * C, *x = inp + (size_t)row * C;
-    float *g = dinp + (size_t)row * C;
-    float m = mean[row], rs = rstd[row];
-    float sd = 0.0f, sdx = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float dn = d[c] * w[c];
-        sd += dn;
-        sdx += dn * ((x[c] - m) * rs);
-    }
-    float md = warp_sum(sd) / C, mdx = warp_sum(sdx) / C;
-    for (int c = lane; c < C; c += 32) {
-        float xh = (x[c] - m) * rs;
-        g[c] += rs * (d[c] * w[c] - md - xh * mdx);
-    }
+    norm_bwd_row<COL_LN>(dinp, NULL, NULL, dout, inp, w, mean, rstd, row, lane, C);
 }
 
 template <typename OT>
@@ -658,22 +671,15 @@ __global__ void rmsnorm_bwd_k(float *dinp, const float *dout, const float *inp, 
                               int N, int C) {
     int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
-    const float *d = dout + (size_t)row * C, *x = inp + (size_t)row * C;
-    float *g = dinp + (size_t)row * C;
-    float rs = rstd[row];
-    float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += d[c] * w[c] * (x[c] * rs);
-    float mdx = warp_sum(s) / C;
-    for (int c = lane; c < C; c += 32) g[c] += rs * (d[c] * w[c] - x[c] * rs * mdx);
+    norm_bwd_row<COL_RMS>(dinp, NULL, NULL, dout, inp, w, NULL, rstd, row, lane, C);
 }
 
 /* The norms' backward with their weight (and bias) gradients in the same
  * pass over dout and inp (MODE COL_LN or COL_RMS). Block b takes rows
  * [b rows_per, (b + 1) rows_per), its warp k the rows k, k + NBW_WARPS, ...
- * of them: the input gradient exactly as layernorm_bwd_k / rmsnorm_bwd_k,
- * and each row's terms of the column sums (as colsum_partial_k's) added,
- * in row order, into the warp's own shared row of C (two for layernorm:
- * weight, then bias). Then the block writes the sum of its warps' rows,
+ * of them (norm_bwd_row, as layernorm_bwd_k / rmsnorm_bwd_k), each row's
+ * terms of the column sums added, in row order, into the warp's own shared
+ * row of C (two for layernorm: weight, then bias). Then the block writes the sum of its warps' rows,
  * warp 0 first, as its partial [b, C], and colsum_finish_k adds the
  * partials in block order: no atomics, the same bits every run. */
 #define NBW_WARPS 4
@@ -690,28 +696,8 @@ __global__ void __launch_bounds__(NBW_WARPS * 32)
         if (two) a1[c] = 0.0f;
     }
     const int r0 = blockIdx.x * rows_per, r1 = min(N, r0 + rows_per);
-    for (int row = r0 + warp; row < r1; row += NBW_WARPS) {
-        const float *d = dout + (size_t)row * C, *x = inp + (size_t)row * C;
-        float *g = dinp + (size_t)row * C;
-        const float rs = rstd[row], m = two ? mean[row] : 0.0f;
-        float sd = 0.0f, sdx = 0.0f;
-        for (int c = lane; c < C; c += 32) {
-            float dn = d[c] * w[c];
-            if (two) {
-                sd += dn;
-                sdx += dn * ((x[c] - m) * rs);
-            } else {
-                sdx += dn * (x[c] * rs);
-            }
-        }
-        const float md = two ? warp_sum(sd) / C : 0.0f, mdx = warp_sum(sdx) / C;
-        for (int c = lane; c < C; c += 32) {
-            float dv = d[c], xh = two ? (x[c] - m) * rs : x[c] * rs;
-            g[c] += two ? rs * (dv * w[c] - md - xh * mdx) : rs * (dv * w[c] - xh * mdx);
-            a0[c] += dv * xh;
-            if (two) a1[c] += dv;
-        }
-    }
+    for (int row = r0 + warp; row < r1; row += NBW_WARPS)
+        norm_bwd_row<MODE>(dinp, a0, two ? a1 : NULL, dout, inp, w, mean, rstd, row, lane, C);
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float t0 = 0.0f, t1 = 0.0f;
@@ -1449,15 +1435,13 @@ static void check_heads(int nh, int nkv) {
 //
 // Hooks of the region below, which compiles as plain C++ too (a host
 // emulation of the kernels runs it with threads for the threads of a block):
-// the dynamic shared memory, its per-block limit, the launch and a scratch
-// buffer.
+// the dynamic shared memory and a scratch buffer (its per-block limit and
+// the launch are smem_limit and launch_smem, above).
 
 __device__ __forceinline__ float *fl_smem() {
     extern __shared__ __align__(16) float fl_dyn_smem[];
     return fl_dyn_smem;
 }
-
-static size_t fl_smem_limit(void) { return smem_limit(); }
 
 /* TF32 tensor cores (sm_80 and newer) unless compute dtype fp32,
  * which keeps every product in plain fp32, the fused attention's too */
@@ -2072,7 +2056,7 @@ static int fl_forward(float *out, float *lse, const float *qkv, int B, int T, in
     constexpr int BM = FlCfg<TC, HD>::FWD_M, BN = FlCfg<TC, HD>::FWD_N;
     const size_t smem = fl_fwd_floats<TC, HD, BM, BN>() * sizeof(float) + FL_SMEM_SLACK;
     const int nqt = (T + BM - 1) / BM;
-    if (smem > fl_smem_limit() || nqt > 65535) return 0;
+    if (smem > smem_limit() || nqt > 65535) return 0;
     launch_smem(flash_fwd_k<TC, HD, BM, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse, qkv,
               T, nh, nkv, 1.0f / sqrtf((float)HD));
     return 1;
@@ -2085,7 +2069,7 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
     const size_t smem_dq = fl_dq_floats<TC, HD, C::DQ_M, C::DQ_N>() * sizeof(float) + FL_SMEM_SLACK;
     const size_t smem_dkv = fl_dkv_floats<HD, C::DKV_N, C::DKV_M>() * sizeof(float) + FL_SMEM_SLACK;
     const int nqt = (T + C::DQ_M - 1) / C::DQ_M, nkt = (T + C::DKV_N - 1) / C::DKV_N;
-    if (smem_dq > fl_smem_limit() || smem_dkv > fl_smem_limit() || nqt > 65535 || nkt > 65535) return 0;
+    if (smem_dq > smem_limit() || smem_dkv > smem_limit() || nqt > 65535 || nkt > 65535) return 0;
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * nh * T;
     float *D = fl_scratch(rows * sizeof(float));
@@ -2549,7 +2533,7 @@ template <int HD> static int fb_forward(float *out, float *lse, const float *qkv
     const size_t smem =
         (size_t)(fb_words<HD, FB_BM>() + 2 * fb_words<HD, BN>()) * 4 + FL_SMEM_SLACK;
     const int nqt = (T + FB_BM - 1) / FB_BM;
-    if (smem > fl_smem_limit() || nqt > 65535) return 0;
+    if (smem > smem_limit() || nqt > 65535) return 0;
     launch_smem(flash_bf16_fwd_k<HD, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse, qkv, T,
               nh, nkv, 1.0f / sqrtf((float)HD));
     return 1;
@@ -2564,7 +2548,7 @@ static int fb_backward(float *dqkv, const float *dout, const float *qkv, const f
     const size_t smem_dkv =
         (size_t)(2 * fb_words<HD, FB_BM>() + 2 * fb_words<HD, DKV_M>() + 2 * DKV_M) * 4 + FL_SMEM_SLACK;
     const int nqt = (T + FB_BM - 1) / FB_BM, nkt = (T + FB_BM - 1) / FB_BM;
-    if (smem_dq > fl_smem_limit() || smem_dkv > fl_smem_limit() || nqt > 65535) return 0;
+    if (smem_dq > smem_limit() || smem_dkv > smem_limit() || nqt > 65535) return 0;
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * nh * T;
     float *D = fl_scratch(rows * sizeof(float));
