@@ -16,8 +16,8 @@
  * conversion pass and no scratch copy, at half the bf16 tensor rate; under
  * fp32, plain fp32 without tensor cores.
  *
- * Attention: cuDNN's fused attention on bf16 copies (the default under
- * bf16), fused flash-style kernels (tiles of queries x keys in shared
+ * Attention: cuDNN's fused attention (the default under bf16, where it
+ * reads the bf16 [a] qkv and out as they are), fused flash-style kernels (tiles of queries x keys in shared
  * memory and registers, online softmax, no T x T scratch; TF32 tensor
  * cores through wmma, fp32 FMA under compute dtype fp32, bf16 tensor cores
  * through mma.sync with the scores in registers under bf16; head dims 32,
@@ -1284,16 +1284,16 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 }
 
 /* [a] out / dout (kernels.h; the LM head, the SwiGLU up-projection, the qkv
- * projection's backward): under bf16 the GEMM writes bf16 out (cuBLASLt
- * rounds the fp32 accumulator to nearest), and the backward reads the bf16
- * dout as it is (its bias gradient too) */
-static void matmul_forward_a(float *out, const float *inp, const float *w, int N, int C, int OC) {
+ * projection): under bf16 the GEMM writes bf16 out (cuBLASLt rounds the
+ * fp32 accumulator plus the bias, a bf16 copy, to nearest), and the
+ * backward reads the bf16 dout as it is (its bias gradient too) */
+static void matmul_forward_a(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     if (!act_bf16()) {
-        matmul_forward(out, inp, w, NULL, N, C, OC);
+        matmul_forward(out, inp, w, bias, N, C, OC);
         return;
     }
-    rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, NULL, 1, NULL, inp,
+    rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, 1, NULL, inp,
                  wc_get(w, (size_t)OC * C), NULL, 1);
 }
 
@@ -2084,9 +2084,10 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
 // ---- bf16 tensor-core flash attention region: begin ----
 /* The fused attention under compute dtype bf16 on sm_80 and newer:
  * flash-attention-2 style kernels on mma.sync.m16n8k16 (bf16 operands, fp32
- * accumulation), with fp32 qkv and dout like the kernels above; out and
- * dqkv, [a] buffers, are bf16 (these run under bf16 only). Each global tile is
- * read as fp32 and stored once to shared memory as bf16 words, row-major
+ * accumulation), with fp32 dout like the kernels above; qkv, out and dqkv,
+ * [a] buffers, are bf16 (these run under bf16 only). Each global tile of
+ * qkv is copied as it is, of dout read as fp32 and rounded, once into
+ * shared memory as bf16 words, row-major
  * [row][d] (two values per 32-bit word, rows padded by 4 words so that the
  * 8 rows of a fragment or ldmatrix load fall in 8 different bank quads); B
  * fragments come through ldmatrix.x4, with .trans where the tile's rows are
@@ -2150,8 +2151,10 @@ __device__ __forceinline__ void fb_mma(float (&d)[4], const uint32_t (&a)[4], ui
 
 __device__ __forceinline__ uint32_t *fb_base() { return reinterpret_cast<uint32_t *>(fl_base()); }
 
-/* Rows [r0, r0 + R) of one head's [T, HD] fp32 slice (row stride `stride`,
- * g at row 0) as bf16 into sm[R][HD/2 + 4 words]; rows past T as zeros */
+/* Rows [r0, r0 + R) of one head's [T, HD] slice (row stride `stride`
+ * elements, g at row 0) as bf16 into sm[R][HD/2 + 4 words]; rows past T as
+ * zeros. An fp32 slice is rounded to nearest here; a bf16 one ([a] qkv
+ * under bf16) is copied as it is, 16 bytes at a time. */
 template <int HD, int R>
 __device__ __forceinline__ void fb_load(uint32_t *sm, const float *__restrict__ g, size_t stride, int r0, int T,
                                         int tid) {
@@ -2163,6 +2166,17 @@ __device__ __forceinline__ void fb_load(uint32_t *sm, const float *__restrict__ 
         uint32_t *o = sm + r * LDW + 2 * c;
         o[0] = fb_pack(v.x, v.y);
         o[1] = fb_pack(v.z, v.w);
+    }
+}
+template <int HD, int R>
+__device__ __forceinline__ void fb_load(uint32_t *sm, const __nv_bfloat16 *__restrict__ g, size_t stride, int r0,
+                                        int T, int tid) {
+    constexpr int V8 = HD / 8, LDW = HD / 2 + 4;
+    for (int f = tid; f < R * V8; f += FL_THREADS) {
+        const int r = f / V8, c = f % V8;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r0 + r < T) v = *(const uint4 *)(const void *)(g + (size_t)(r0 + r) * stride + 8 * c);
+        *(uint4 *)(void *)(sm + r * LDW + 4 * c) = v;
     }
 }
 
@@ -2288,13 +2302,13 @@ template <int HD, int R> __host__ __device__ constexpr int fb_words() { return R
 /* forward: grid (B * nh, query tiles), the last query tile first */
 template <int HD, int BN>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_bf16_fwd_k(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv, int T, int nh,
-                     int nkv, float scale) {
+    flash_bf16_fwd_k(float *__restrict__ out, float *__restrict__ lse, const __nv_bfloat16 *__restrict__ qkv, int T,
+                     int nh, int nkv, float scale) {
     constexpr int LDW = HD / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
     uint32_t *Qs = fb_base(), *Ks = Qs + fb_words<HD, FB_BM>(), *Vs = Ks + fb_words<HD, BN>();
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
     const FlQBlock blk = fl_qblock<HD, FB_BM, BN>(T, nh, nkv);
-    const float *seq = qkv + (size_t)blk.b * T * blk.S;
+    const __nv_bfloat16 *seq = qkv + (size_t)blk.b * T * blk.S;
     fb_load<HD, FB_BM>(Qs, seq + (size_t)blk.h * HD, blk.S, blk.q0, T, tid);
     __syncthreads();
     uint32_t qa[KC][4];
@@ -2366,15 +2380,15 @@ __global__ void __launch_bounds__(FL_THREADS)
 /* dQ: grid (B * nh, query tiles), last query tile first */
 template <int HD, int BN>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_bf16_dq_k(__nv_bfloat16 *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
-                    const float *__restrict__ lse, const float *__restrict__ Dr, int T, int nh, int nkv,
-                    float scale) {
+    flash_bf16_dq_k(__nv_bfloat16 *__restrict__ dqkv, const float *__restrict__ dout,
+                    const __nv_bfloat16 *__restrict__ qkv, const float *__restrict__ lse,
+                    const float *__restrict__ Dr, int T, int nh, int nkv, float scale) {
     constexpr int LDW = HD / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
     uint32_t *Qs = fb_base(), *dOs = Qs + fb_words<HD, FB_BM>(), *Ks = dOs + fb_words<HD, FB_BM>();
     uint32_t *Vs = Ks + fb_words<HD, BN>();
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
     const FlQBlock blk = fl_qblock<HD, FB_BM, BN>(T, nh, nkv);
-    const float *seq = qkv + (size_t)blk.b * T * blk.S;
+    const __nv_bfloat16 *seq = qkv + (size_t)blk.b * T * blk.S;
     fb_load<HD, FB_BM>(Qs, seq + (size_t)blk.h * HD, blk.S, blk.q0, T, tid);
     fb_load<HD, FB_BM>(dOs, dout + (size_t)blk.b * T * blk.OS + (size_t)blk.h * HD, blk.OS, blk.q0, T, tid);
     __syncthreads();
@@ -2433,9 +2447,9 @@ __global__ void __launch_bounds__(FL_THREADS)
  * registers) */
 template <int HD, int BM>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_bf16_dkv_k(__nv_bfloat16 *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
-                     const float *__restrict__ lse, const float *__restrict__ Dr, int T, int nh, int nkv,
-                     float scale) {
+    flash_bf16_dkv_k(__nv_bfloat16 *__restrict__ dqkv, const float *__restrict__ dout,
+                     const __nv_bfloat16 *__restrict__ qkv, const float *__restrict__ lse,
+                     const float *__restrict__ Dr, int T, int nh, int nkv, float scale) {
     constexpr int BN = FB_BM, LDW = HD / 2 + 4, KC = HD / 16, NT = BM / 8, OT = HD / 8;
     constexpr bool KREG = HD <= 64;
     uint32_t *Ks = fb_base(), *Vs = Ks + fb_words<HD, BN>(), *Qs = Vs + fb_words<HD, BN>();
@@ -2445,7 +2459,8 @@ __global__ void __launch_bounds__(FL_THREADS)
     const int bk = (int)blockIdx.x, b = bk / nkv, kh = bk % nkv, group = nh / nkv;
     const int k0 = (int)blockIdx.y * BN, nqt = (T + BM - 1) / BM;
     const size_t S = (size_t)(nh + 2 * nkv) * HD, OS = (size_t)nh * HD;
-    const float *seq = qkv + (size_t)b * T * S, *dseq = dout + (size_t)b * T * OS;
+    const __nv_bfloat16 *seq = qkv + (size_t)b * T * S;
+    const float *dseq = dout + (size_t)b * T * OS;
     fb_load<HD, BN>(Ks, seq + (size_t)(nh + kh) * HD, S, k0, T, tid);
     fb_load<HD, BN>(Vs, seq + (size_t)(nh + nkv + kh) * HD, S, k0, T, tid);
     __syncthreads();
@@ -2466,7 +2481,8 @@ __global__ void __launch_bounds__(FL_THREADS)
         for (int qt = k0 / BM; qt < nqt; qt++) { /* tiles before k0 / BM end above the diagonal */
             const int q0 = qt * BM;
             __syncthreads(); /* the previous step's readers are done */
-            const float *qg = seq + (size_t)h * HD, *dg = dseq + (size_t)h * HD;
+            const __nv_bfloat16 *qg = seq + (size_t)h * HD;
+            const float *dg = dseq + (size_t)h * HD;
             fb_load<HD, BM>(Qs, qg, S, q0, T, tid);
             fb_load<HD, BM>(dOs, dg, OS, q0, T, tid);
             for (int r = tid; r < BM; r += FL_THREADS) {
@@ -2534,8 +2550,8 @@ template <int HD> static int fb_forward(float *out, float *lse, const float *qkv
         (size_t)(fb_words<HD, FB_BM>() + 2 * fb_words<HD, BN>()) * 4 + FL_SMEM_SLACK;
     const int nqt = (T + FB_BM - 1) / FB_BM;
     if (smem > smem_limit() || nqt > 65535) return 0;
-    launch_smem(flash_bf16_fwd_k<HD, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse, qkv, T,
-              nh, nkv, 1.0f / sqrtf((float)HD));
+    launch_smem(flash_bf16_fwd_k<HD, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse,
+                CACT16(qkv), T, nh, nkv, 1.0f / sqrtf((float)HD));
     return 1;
 }
 
@@ -2554,10 +2570,10 @@ static int fb_backward(float *dqkv, const float *dout, const float *qkv, const f
     float *D = fl_scratch(rows * sizeof(float));
     launch_smem(flash_dot_k<__nv_bfloat16>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, CACT16(out), dout, B, T,
               nh, HD);
-    launch_smem(flash_bf16_dq_k<HD, DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq, ACT16(dqkv), dout, qkv,
-              lse, (const float *)D, T, nh, nkv, scale);
-    launch_smem(flash_bf16_dkv_k<HD, DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS, smem_dkv, ACT16(dqkv), dout,
-              qkv, lse, (const float *)D, T, nh, nkv, scale);
+    launch_smem(flash_bf16_dq_k<HD, DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq, ACT16(dqkv),
+                dout, CACT16(qkv), lse, (const float *)D, T, nh, nkv, scale);
+    launch_smem(flash_bf16_dkv_k<HD, DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS, smem_dkv,
+                ACT16(dqkv), dout, CACT16(qkv), lse, (const float *)D, T, nh, nkv, scale);
     return 1;
 }
 // ---- bf16 tensor-core flash attention region: end ----
@@ -2612,7 +2628,7 @@ static int flash_attention_backward(float *dqkv, const float *dout, const float 
 // ---- flash attention region: end ----
 
 /* train.attention_kernel (kernels_cuda_set_attention) picks the attention
- * kernels: cudnn (cuDNN's fused attention on bf16 copies, the section below;
+ * kernels: cudnn (cuDNN's fused attention on bf16 qkv, the section below;
  * the shapes it declines take the fused kernels), flash (the fused kernels
  * of the region above, for head dims 32, 64 and 128; other shapes take the
  * GEMMs; TF32 tensor cores, or fp32 FMA under compute dtype fp32 or below
@@ -2645,7 +2661,7 @@ extern "C" long kernels_cuda_flash_attention_calls(void) { return flash_calls; }
 
 // ----------------------------------------------------------------------------
 // attention through cuDNN (train.attention_kernel cudnn; the default under
-// compute dtype bf16): cuDNN's fused flash attention on bf16 copies
+// compute dtype bf16): cuDNN's fused flash attention on bf16 qkv
 //
 // The graphs are cuDNN's "composite" scaled-dot-product attention, built
 // through the backend API (plain C; the C++ frontend is not a dependency):
@@ -2655,9 +2671,9 @@ extern "C" long kernels_cuda_flash_attention_calls(void) { return flash_calls; }
 //             Stats = max + log(sum exp(S - max)), O = (exp(S - max) / sum) V
 //   backward: P = exp(S - Stats) (recomputed), dV = P^T dO,
 //             dS = P * (dO V^T - rowsum(dO * O)) * scale, dQ = dS K, dK = dS^T Q
-// Q, K and V are views of one bf16 copy of qkv ([B, T, (nh + 2 nkv) hd]) by
-// strides, GQA through K and V having nkv heads; O is out itself when out
-// is [a] bf16; Stats is lse ([B, nh, T], natural log), so the forward and
+// Q, K and V are views by strides of qkv ([B, T, (nh + 2 nkv) hd]) itself
+// when it is [a] bf16, else of one bf16 copy of it; GQA through K and V
+// having nkv heads; O is out itself when out is [a] bf16; Stats is lse ([B, nh, T], natural log), so the forward and
 // backward interoperate with the other paths' lse. dQ, dK and dV land in
 // dqkv itself when it is [a] bf16, else in a bf16 copy widened into it
 // (overwritten, kernels.h).
@@ -3084,16 +3100,22 @@ static void dn_execute(DnPlan *p, int n, const int64_t *uids, void **ptrs) {
     LAUNCH_CHECK();
 }
 
+/* qkv as cuDNN reads it: the [a] buffer itself under act_bf16(), else a
+ * bf16 copy */
+static const __nv_bfloat16 *dn_qkv16(const float *qkv, size_t nq) {
+    return act_bf16() ? CACT16(qkv) : (const __nv_bfloat16 *)bf16_copy(&sc_dn_qkv, qkv, nq);
+}
+
 /* The forward through cuDNN when it takes the shape; else 0 and nothing ran.
- * out is [a]: bf16 under act_bf16() (cuDNN writes it), else fp32 from a
- * bf16 scratch. */
+ * qkv and out are [a]: under act_bf16() cuDNN reads and writes them as they
+ * are, else it reads a bf16 copy and writes a bf16 scratch, widened. */
 static int dn_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
     if (B <= 0 || T <= 0) return 0;
     DnPlan *p = dn_get(0, B, T, nh, nkv, hd);
     if (!p) return 0;
     const int S = (nh + 2 * nkv) * hd;
     const size_t nq = (size_t)B * T * S, no = (size_t)B * T * nh * hd;
-    const __nv_bfloat16 *q16 = (const __nv_bfloat16 *)bf16_copy(&sc_dn_qkv, qkv, nq);
+    const __nv_bfloat16 *q16 = dn_qkv16(qkv, nq);
     void *o16 = act_bf16() ? (void *)out : scratch_get(&sc_dn_o, no * sizeof(__nv_bfloat16));
     float scale = 1.0f / sqrtf((float)hd), ninf = -INFINITY;
     const int64_t uids[] = {DN_Q, DN_K, DN_V, DN_O, DN_STATS, DN_SCALE, DN_NEG_INF};
@@ -3111,7 +3133,7 @@ static int dn_attention_backward(float *dqkv, const float *dout, const float *qk
     if (!p) return 0;
     const int S = (nh + 2 * nkv) * hd;
     const size_t nq = (size_t)B * T * S, no = (size_t)B * T * nh * hd, rows = (size_t)B * nh * T;
-    const __nv_bfloat16 *q16 = (const __nv_bfloat16 *)bf16_copy(&sc_dn_qkv, qkv, nq);
+    const __nv_bfloat16 *q16 = dn_qkv16(qkv, nq);
     const void *o16 = act_bf16() ? (const void *)out : bf16_copy(&sc_dn_o, out, no);
     const void *do16 = bf16_copy(&sc_dn_do, dout, no);
     /* dqkv is [a]: under bf16 cuDNN writes it in place */
@@ -3135,9 +3157,20 @@ static int dn_attention_backward(float *dqkv, const float *dout, const float *qk
     return 1;
 }
 
-/* the attention output's fp32 copy where out is [a] bf16 but the kernels
- * that run write or read fp32 (the GEMM path, the TF32 / fp32 fused kernels) */
-static Scratch sc_att32;
+/* the attention output's and input's fp32 copies where out and qkv are [a]
+ * bf16 but the kernels that run write or read fp32 (the GEMM path, the
+ * TF32 / fp32 fused kernels) */
+static Scratch sc_att32, sc_att_qkv32;
+
+/* qkv as the fp32 kernels read it: itself, or under bf16 [a] widened into
+ * scratch */
+static const float *att_qkv32(const float *qkv, int B, int T, int nh, int nkv, int hd) {
+    if (!act_bf16()) return qkv;
+    const size_t nq = (size_t)B * T * (nh + 2 * nkv) * hd;
+    float *q = (float *)scratch_get(&sc_att_qkv32, nq * sizeof(float));
+    to_f32(q, qkv, nq);
+    return q;
+}
 
 static void attention_forward_gemm(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
@@ -3153,8 +3186,9 @@ static void attention_forward_gemm(float *out, float *lse, const float *qkv, int
     }
 }
 
-/* out is [a]: under bf16 the bf16 fused kernels write it as bf16; any other
- * path writes fp32 into sc_att32, converted after */
+/* qkv and out are [a]: under bf16 cuDNN and the bf16 fused kernels read
+ * and write them as bf16; any other path reads an fp32 copy of qkv and
+ * writes fp32 into sc_att32, converted after */
 static void attention_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
     check_heads(nh, nkv);
     const int mode = attention_mode(), flash = mode != ATT_GEMM;
@@ -3168,8 +3202,9 @@ static void attention_forward(float *out, float *lse, const float *qkv, int B, i
     }
     const size_t n = (size_t)B * T * nh * hd;
     float *o = act_bf16() ? (float *)scratch_get(&sc_att32, n * sizeof(float)) : out;
-    if (flash && !fl_bf16() && flash_attention_forward(o, lse, qkv, B, T, nh, nkv, hd)) flash_calls++;
-    else attention_forward_gemm(o, lse, qkv, B, T, nh, nkv, hd);
+    const float *q = att_qkv32(qkv, B, T, nh, nkv, hd);
+    if (flash && !fl_bf16() && flash_attention_forward(o, lse, q, B, T, nh, nkv, hd)) flash_calls++;
+    else attention_forward_gemm(o, lse, q, B, T, nh, nkv, hd);
     if (o != out) to_bf16(out, o, n);
 }
 
@@ -3205,9 +3240,9 @@ static void attention_backward_gemm(float *dqkv, const float *dout, const float 
  * fp32 (the GEMM path, the TF32 / fp32 fused kernels) */
 static Scratch sc_att_dqkv;
 
-/* out and dqkv are [a]: cuDNN and the bf16 fused kernels read out and write
- * dqkv as bf16; any other path under bf16 reads an fp32 copy of out and
- * writes fp32 scratch, rounded into dqkv after */
+/* qkv, out and dqkv are [a]: cuDNN and the bf16 fused kernels read qkv and
+ * out and write dqkv as bf16; any other path under bf16 reads fp32 copies
+ * of qkv and out and writes fp32 scratch, rounded into dqkv after */
 static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int B, int T, int nh, int nkv, int hd) {
     if (!dqkv) return;
@@ -3221,7 +3256,7 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
         flash_calls++;
         return;
     }
-    const float *o = out;
+    const float *o = out, *q = att_qkv32(qkv, B, T, nh, nkv, hd);
     float *dq = dqkv;
     const size_t nq = (size_t)B * T * (nh + 2 * nkv) * hd;
     if (act_bf16()) {
@@ -3231,16 +3266,16 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
         o = o32;
         dq = (float *)scratch_get(&sc_att_dqkv, nq * sizeof(float));
     }
-    if (flash && !fl_bf16() && flash_attention_backward(dq, dout, qkv, o, lse, B, T, nh, nkv, hd)) flash_calls++;
-    else attention_backward_gemm(dq, dout, qkv, o, lse, B, T, nh, nkv, hd);
+    if (flash && !fl_bf16() && flash_attention_backward(dq, dout, q, o, lse, B, T, nh, nkv, hd)) flash_calls++;
+    else attention_backward_gemm(dq, dout, q, o, lse, B, T, nh, nkv, hd);
     if (dq != dqkv) to_bf16(dqkv, dq, nq);
 }
 
 // ----------------------------------------------------------------------------
 // RoPE (rotate-half), one thread per (row, frequency), every q and k head
 
-/* T: float, or bf16 for the [a] dqkv under bf16 (rotated in fp32, each
- * element rounded once where it is stored) */
+/* T: float, or bf16 for the [a] qkv and dqkv under bf16 (rotated in fp32,
+ * each element rounded once where it is stored) */
 template <typename T_>
 __global__ void rope_k(T_ *x, int N, int T, int nh, int nkv, int hd, float theta, int pos0, float dir) {
     int half = hd / 2, S = (nh + 2 * nkv) * hd, nrot = nh + nkv;
@@ -3274,8 +3309,9 @@ static void rope_apply(float *x, int x16, int B, int T, int nh, int nkv, int hd,
     LAUNCH_CHECK();
 }
 
+/* qkv is [a] */
 static void rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
-    rope_apply(qkv, 0, B, T, nh, nkv, hd, theta, pos0, 1.0f);
+    rope_apply(qkv, act_bf16(), B, T, nh, nkv, hd, theta, pos0, 1.0f);
 }
 
 /* dqkv is [a] */
@@ -4008,7 +4044,7 @@ extern "C" void kernels_cuda_set_host_wait(void (*poll)(void *ctx), void *ctx) {
 
 static const char *att_cudnn_info(void) {
     static char s[160];
-    snprintf(s, sizeof s, "cudnn (cuDNN %zu fused attention on bf16 copies, head dims 8..128 by 8; the fused kernels "
+    snprintf(s, sizeof s, "cudnn (cuDNN %zu fused attention on bf16 qkv, head dims 8..128 by 8; the fused kernels "
              "for shapes it declines; train.attention_kernel flash or gemm)", (size_t)cudnnGetVersion());
     return s;
 }

@@ -38,7 +38,8 @@ typedef struct Kernels {
      * up-projection's output, which only SwiGLU's forward and backward
      * read); the LM head's logits, with the probabilities or gradients the
      * cross-entropy leaves in them (which only the LM head's backward
-     * reads); and attention's input gradient d(qkv). 4 (fp32) on the CPU
+     * reads); attention's input qkv (the qkv projection's output, which only
+     * RoPE and attention read) and its gradient d(qkv). 4 (fp32) on the CPU
      * and on CUDA under compute dtype tf32 or fp32; 2 (bf16, rounded to
      * nearest even) on CUDA under bf16 (the default; see
      * kernels_cuda_set_compute_dtype), so that its bf16 GEMMs read them with
@@ -98,8 +99,8 @@ typedef struct Kernels {
     /* dinp[N,C] = dout @ w (OVERWRITTEN); dw[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout */
     void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC);
-    /* matmul_forward without a bias and matmul_backward (dinp OVERWRITTEN),
-     * with out (the forward's) and dout (the backward's) [a] as well: on
+    /* matmul_forward and matmul_backward (dinp OVERWRITTEN) with out (the
+     * forward's) and dout (the backward's) [a] as well: on
      * CUDA under bf16 the GEMM writes bf16 and the backward's two GEMMs read
      * the bf16 dout as it is, with no conversion pass. The LM head's (the
      * logits, and the gradients the cross-entropy leaves in them: the
@@ -107,10 +108,13 @@ typedef struct Kernels {
      * fp32), the SwiGLU MLP's up-projection (its out is swiglu_forward's
      * inp, its backward's dout matmul_swiglu_backward's dpre, both [a]),
      * the backward of GPT-2's up-projection (its dout is
-     * matmul_gelu_backward's dpre, [a]) and of the qkv projection (its dout
-     * is attention_backward's dqkv, [a]); dbias, when given, sums that
-     * dout. */
-    void (*matmul_forward_a)(float *out, const float *inp, const float *w, int N, int C, int OC);
+     * matmul_gelu_backward's dpre, [a]) and the qkv projection (its out is
+     * attention's qkv, its dout attention_backward's dqkv, both [a]). The
+     * forward's bias, when given, is added before the one rounding (under
+     * bf16 CUDA adds a bf16 copy of it); the backward's dbias, when given,
+     * sums that dout. */
+    void (*matmul_forward_a)(float *out, const float *inp, const float *w, const float *bias, int N, int C,
+                             int OC);
     void (*matmul_backward_a)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                               const float *w, int N, int C, int OC);
 
@@ -122,7 +126,7 @@ typedef struct Kernels {
      * scores (natural log), so the probabilities never need to be stored:
      * the backward recomputes them as exp(q.k / sqrt(hd) - lse) (flash
      * attention's form; O(T) memory per head instead of O(T^2)).
-     * out is [a] (forward and backward). */
+     * qkv and out are [a] (forward and backward). */
     void (*attention_forward)(float *out, float *lse, const float *qkv,
                               int B, int T, int nh, int nkv, int hd);
     /* dqkv = d(out)/d(qkv) . dout (OVERWRITTEN), from the forward's out and
@@ -133,7 +137,8 @@ typedef struct Kernels {
                                const float *lse, int B, int T, int nh, int nkv, int hd);
     /* Rotary embedding, Hugging Face rotate-half convention, on the q and k
      * heads of qkv ([B,T,(nh+2nkv)*hd]), in place; position of row n is
-     * pos0 + n % T. inv_freq[i] = theta^(-2i/hd), i < hd/2.
+     * pos0 + n % T. inv_freq[i] = theta^(-2i/hd), i < hd/2. qkv is [a]
+     * (rotated in fp32, each element rounded once where it is stored).
      * rope_backward applies the inverse rotation to dqkv ([a]), in place. */
     void (*rope_forward)(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0);
     void (*rope_backward)(float *dqkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0);

@@ -368,8 +368,9 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 }
 
 /* [a] out / dout: fp32 here, so the plain products */
-static void matmul_forward_a(float *out, const float *inp, const float *w, int N, int C, int OC) {
-    matmul_forward(out, inp, w, NULL, N, C, OC);
+static void matmul_forward_a(float *out, const float *inp, const float *w, const float *bias, int N, int C,
+                             int OC) {
+    matmul_forward(out, inp, w, bias, N, C, OC);
 }
 
 static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,

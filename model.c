@@ -190,7 +190,7 @@ static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
     BUF(ln1, N * C, KEEP_NOT_FULL, 1);
     if (gpt2) BUF(ln1_mean, N, KEEP_NOT_FULL, 0);
     BUF(ln1_rstd, N, KEEP_NOT_FULL, 0);
-    BUF(qkv, N * (size_t)m->qkv_dim, KEEP_NOT_FULL, 0);
+    BUF(qkv, N * (size_t)m->qkv_dim, KEEP_NOT_FULL, 1); /* [a]: RoPE and attention read it */
     BUF(atty, N * (size_t)m->nh * m->hd, KEEP_NONE_ONLY, 1);
     BUF(lse, (size_t)m->B * m->nh * m->T, KEEP_NONE_ONLY, 0);
     BUF(res2, N * C, KEEP_NOT_FULL, 0);
@@ -561,7 +561,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
     LayerActs *a = &m->la[l];
         /* attention block: res2 = x + out_proj(attn(qkv(norm1(x)))) */
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
-        k->matmul_forward(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->qkv_dim);
+        k->matmul_forward_a(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->qkv_dim); /* qkv is [a] */
         if (llama) k->rope_forward(a->qkv, B, T, nh, nkv, hd, c->rope_theta, 0);
         k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
         /* row-parallel: partial sums, the replicated bias added once (rank 0) */
@@ -570,7 +570,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))), the add fused with norm2 */
         add_norm_forward(m, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->dbuf1, w->ln2_w, w->ln2_b, N);
         if (llama) {
-            k->matmul_forward_a(a->fch, a->ln2, w->fc_w, N, C, m->fc_dim); /* no bias; fch is [a] */
+            k->matmul_forward_a(a->fch, a->ln2, w->fc_w, NULL, N, C, m->fc_dim); /* no bias; fch is [a] */
             k->swiglu_forward(a->fch_act, a->fch, N, F);
         } else { /* fc_dim = F: one call, so CUDA can fuse the GELU into the GEMM */
             k->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, w->fc_w, w->fc_b, N, C, F);
@@ -591,7 +591,8 @@ static int head_rows(const Model *m, int N) { return m->head_rows > 0 && m->head
 static void head_forward(Model *m, int r0, int n, float dloss) {
     const Kernels *k = m->k;
     const int *tg = m->targets + r0;
-    k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)r0 * m->cfg.n_embd), m->p.lm_head, n, m->cfg.n_embd, m->V);
+    k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)r0 * m->cfg.n_embd), m->p.lm_head, NULL, n, m->cfg.n_embd,
+                        m->V);
     if (m->tp > 1) {
         float *tgt = m->ce_sum + n; /* sums and target logits: one all-reduce of 2n */
         k->crossentropy_vp_max(m->ce_max, m->logits, n, m->V);
@@ -658,7 +659,7 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     m->head_fused = dloss != 0.0f;
     if (!targets) { /* the logits of the last R rows (sampling reads the last one) */
         m->logits_row0 = N - R;
-        k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, R, C, m->V);
+        k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, NULL, R, C, m->V);
     } else {
         if (tp)
             for (int n = 0; n < N; n++)

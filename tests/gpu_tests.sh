@@ -152,18 +152,21 @@ JSON
     else echo "FAIL $arch: mem fields on cuda/cpu: $memline"; fail=$((fail + 1)); fi
     # [a] activations (kernels.h) in bf16 under compute dtype bf16: the
     # layout's activations_bytes is the TF32 run's less 2 bytes for each element
-    # of every layer's ln1, attention output, ln2, MLP activation and MLP
-    # pre-activation (GELU's F wide, SwiGLU's 2F), of lnf and of the logits
-    # (B*T = 256 rows; the buffers' sizes are multiples of 16 floats here)
+    # of every layer's ln1, qkv ((heads + 2 kv heads) x head dim), attention
+    # output, ln2, MLP activation and MLP pre-activation (GELU's F wide,
+    # SwiGLU's 2F), of lnf and of the logits (B*T = 256 rows; the buffers'
+    # sizes are multiples of 16 floats here)
     if actline=$($PY - "$TMP/$arch-cuda.out" "$TMP/$arch-cuda-bf16.out" "$arch" <<'PYEOF'
 import re, sys
 def grab(path):
     t = open(path).read()
     return (int(re.search(r"rank 0: .*activations_bytes (\d+)", t).group(1)),
-            [int(x) for x in re.search(r"(\d+) layers, (\d+) embd, .*ffn (\d+), vocab (\d+)", t).groups()])
-a32, (L, C, F, V) = grab(sys.argv[1])
+            [int(x) for x in re.search(r"(\d+) layers, (\d+) embd, (\d+) heads \((\d+) kv\), ffn (\d+), vocab (\d+)",
+                                       t).groups()])
+a32, (L, C, H, KV, F, V) = grab(sys.argv[1])
 a16, _ = grab(sys.argv[2])
-want = 2 * 256 * (L * (3 * C + F + (2 * F if sys.argv[3] == "llama" else F)) + C + V)
+Q = (H + 2 * KV) * (C // H)
+want = 2 * 256 * (L * (3 * C + Q + F + (2 * F if sys.argv[3] == "llama" else F)) + C + V)
 print("activations_bytes tf32 %d, bf16 %d: %d less (expected %d)" % (a32, a16, a32 - a16, want))
 sys.exit(0 if a32 - a16 == want else 1)
 PYEOF
@@ -259,7 +262,7 @@ done
 # bf16 GEMMs) in whole runs, on the shapes of 3b (head dim 64, T = 100):
 # with TF32 GEMMs, with bf16 GEMMs (auto picks cudnn there) and, for Llama,
 # with selective checkpointing, each against cpu within the bf16 tolerance
-# (cuDNN reads bf16 copies of Q, K, V and dO); the header names it and no
+# (cuDNN reads bf16 Q, K, V and dO: the [a] qkv itself under bf16); the header names it and no
 # shape is declined. Emulated, a cuDNN that declines every graph
 # (LLMTRAIN_EMU_CUDNN=unsupported) must leave the run to the fused kernels:
 # one stderr line per shape and the flash run's numbers exactly. Then the

@@ -668,7 +668,9 @@ static void test_attention_case(const char *mode, int B, int T, int nh, int nkv,
     size_t nqkv = (size_t)B * T * S, nout = (size_t)B * T * OS, nlse = (size_t)B * nh * T;
     kernels_cuda_set_attention(mode);
     float *qkv = hrand(nqkv, 1), *dout = hrand(nout, 1);
-    float *gqkv = dcopy(qkv, nqkv), *gdout = dcopy(dout, nout);
+    /* qkv is [a]: under bf16 the CPU starts from the device's bf16 values */
+    float *gqkv = dcopy_act(qkv, nqkv), *gdout = dcopy(dout, nout);
+    act_round(qkv, nqkv);
     float *out = hrand(nout, 1), *lse = hrand(nlse, 1);
     float *gout = dcopy_act(out, nout), *glse = dcopy(lse, nlse);
     long calls0 = kernels_cuda_flash_attention_calls(), dn0 = kernels_cuda_cudnn_attention_calls();
@@ -800,12 +802,14 @@ static void test_offload(void) {
 static void test_rope(void) {
     int B = 2, T = 33, nh = 4, nkv = 2, hd = 16, S = (nh + 2 * nkv) * hd;
     size_t n = (size_t)B * T * S;
-    float *x = hrand(n, 1), *gx = dcopy(x, n);
+    /* rope_forward's qkv and rope_backward's dqkv are [a]: under bf16 the
+     * device rotates the bf16 words in fp32 and rounds each once, the CPU
+     * the same rounded values */
+    float *x = hrand(n, 1), *gx = dcopy_act(x, n);
+    act_round(x, n);
     KC->rope_forward(x, B, T, nh, nkv, hd, 10000.0f, 7);
     KG->rope_forward(gx, B, T, nh, nkv, hd, 10000.0f, 7);
-    check("rope_forward", x, gx, n, TOL_F32);
-    /* rope_backward's dqkv is [a]: under bf16 the device rotates the bf16
-     * words in fp32 and rounds each once, the CPU the same rounded values */
+    check_act_rn_sum("rope_forward ([a] qkv)", x, gx, n);
     float *gdx = dcopy_act(x, n);
     act_round(x, n);
     KC->rope_backward(x, B, T, nh, nkv, hd, 500000.0f, 0);
@@ -931,25 +935,31 @@ static void test_crossentropy(void) {
     check_act("crossentropy_vp_backward", l2, gl2, nl, tol2);
 }
 
-/* matmul_forward_a / matmul_backward_a: matmul_forward without a bias and
- * matmul_backward, with [a] logits (the bias gradient, as the qkv
- * projection's backward takes it, from the [a] gradients as stored). Under bf16 the CPU takes the operands
- * rounded to bf16 (what the GEMMs read), so the bf16 logits must be its
- * product rounded to nearest (check_act_rn: fp32 logits read as bf16, or
- * truncated, fail it) and dinp / dw, from the bf16 gradients as stored,
- * equal its own up to the fp32 summation order (TOL_FP32MM); under TF32
- * and fp32 the matmul tolerance. */
-static void test_lm_head_case(int N, int C, int V) {
+/* matmul_forward_a / matmul_backward_a: matmul_forward and
+ * matmul_backward with [a] out and dout: the LM head's logits (no bias),
+ * and with a bias the qkv projection's qkv (the bias gradient, as the qkv
+ * projection's backward takes it, from the [a] gradients as stored). Under
+ * bf16 the CPU takes the operands rounded to bf16 (what the GEMMs read; the
+ * bias too, which the bf16 epilogue adds as a bf16 copy), so the bf16 out
+ * must be its product rounded to nearest (check_act_rn: fp32 values read as
+ * bf16, truncated, or the bias added after a first rounding, fail it) and
+ * dinp / dw, from the bf16 gradients as stored, equal its own up to the
+ * fp32 summation order (TOL_FP32MM); under TF32 and fp32 the matmul
+ * tolerance. */
+static void test_lm_head_case(int N, int C, int V, int with_bias, int bias_off) {
     char name[96];
+    const char *what = with_bias ? "qkv" : "lm_head";
     size_t nx = (size_t)N * C, nw = (size_t)V * C, no = (size_t)N * V;
     float *inp = hrand(nx, 1), *w = hrand(nw, 0.1f), *dl = hrand(no, 0.01f), *out = hrand(no, 1);
+    float *bias = hrand(V, 1), *gbias = dcopy_off(bias, V, bias_off);
     act_round(inp, nx);
     act_round(dl, no);
     float *ginp = dcopy_act(inp, nx), *gw = dcopy(w, nw), *gdl = dcopy_act(dl, no), *gout = dcopy_act(out, no);
     act_round(w, nw); /* the bf16 GEMM's conversion of the weights */
-    KC->matmul_forward_a(out, inp, w, N, C, V);
-    KG->matmul_forward_a(gout, ginp, gw, N, C, V);
-    snprintf(name, sizeof name, "lm_head_fwd %dx%dx%d", N, C, V);
+    act_round(bias, V); /* and of the bias */
+    KC->matmul_forward_a(out, inp, w, with_bias ? bias : NULL, N, C, V);
+    KG->matmul_forward_a(gout, ginp, gw, with_bias ? gbias : NULL, N, C, V);
+    snprintf(name, sizeof name, "%s_fwd %dx%dx%d", what, N, C, V);
     if (act16()) check_act_rn_sum(name, out, gout, no);
     else check(name, out, gout, no, tol_mm);
     float *dinp = hrand(nx, 1), *dw = hrand(nw, 1), *db = hrand(V, 1);
@@ -957,13 +967,13 @@ static void test_lm_head_case(int N, int C, int V) {
     KC->matmul_backward_a(dinp, dw, db, dl, inp, w, N, C, V);
     KG->matmul_backward_a(gdinp, gdw, gdb, gdl, ginp, gw, N, C, V);
     const double tol = act16() ? TOL_FP32MM : tol_mm;
-    snprintf(name, sizeof name, "lm_head_bwd dinp %dx%dx%d", N, C, V);
+    snprintf(name, sizeof name, "%s_bwd dinp %dx%dx%d", what, N, C, V);
     check(name, dinp, gdinp, nx, tol);
-    snprintf(name, sizeof name, "lm_head_bwd dw %dx%dx%d", N, C, V);
+    snprintf(name, sizeof name, "%s_bwd dw %dx%dx%d", what, N, C, V);
     check(name, dw, gdw, nw, tol);
     snprintf(name, sizeof name, "matmul_backward_a dbias %dx%dx%d (from [a] dout)", N, C, V);
     check(name, db, gdb, V, TOL_F32);
-    free(inp); free(w); free(dl); free(out); free(dinp); free(dw); free(db);
+    free(inp); free(w); free(dl); free(out); free(dinp); free(dw); free(db); free(bias);
 }
 
 /* weights_stable (kernels.h): under bf16 GEMMs a product inside a stable
@@ -1284,8 +1294,12 @@ int main(int argc, char **argv) {
     test_rope();
     test_pointwise();
     test_crossentropy();
-    test_lm_head_case(64, 128, 1000);
-    test_lm_head_case(37, 72, 96);
+    test_lm_head_case(64, 128, 1000, 0, 0);
+    test_lm_head_case(37, 72, 96, 0, 0);
+    test_lm_head_case(64, 128, 384, 1, 0); /* the qkv projection: a bias, [a] out */
+    /* ragged rows, the bias 4 bytes off 16-byte alignment (under tf32 and
+     * fp32 a kernel adds it; the bf16 epilogue's copy is aligned) */
+    test_lm_head_case(37, 72, 200, 1, 1);
     test_weight_cache();
     test_model_weight_copies();
     test_adamw();
