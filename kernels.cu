@@ -1303,6 +1303,15 @@ static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float 
     matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, act_bf16(), 0);
 }
 
+/* dinp is [a] (the attention output projection's: attention_backward's
+ * dout): under bf16 the input-gradient GEMM writes it as bf16, cuBLASLt
+ * rounding the fp32 accumulator to nearest */
+static void matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                                   const float *w, int N, int C, int OC) {
+    if (N <= 0 || OC <= 0 || C <= 0) return;
+    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0, act_bf16());
+}
+
 static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F);
 static void swiglu_bwd_act(float *dpre, const float *dh, const float *pre, int N, int F);
 static Scratch sc_dh;
@@ -1875,9 +1884,10 @@ __global__ void __launch_bounds__(FL_THREADS)
     }
 }
 
-/* D[(b*nh + h)*T + t] = dout[b,t,h,:] . out[b,t,h,:]; one warp per row */
-template <typename OT>
-__global__ void flash_dot_k(float *__restrict__ D, const OT *__restrict__ out, const float *__restrict__ dout,
+/* D[(b*nh + h)*T + t] = dout[b,t,h,:] . out[b,t,h,:]; one warp per row.
+ * OT, DT: float, or bf16 for [a] out and dout under bf16 */
+template <typename OT, typename DT>
+__global__ void flash_dot_k(float *__restrict__ D, const OT *__restrict__ out, const DT *__restrict__ dout,
                             int B, int T, int nh, int hd) {
     const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = (int)(threadIdx.x & 31);
@@ -1885,7 +1895,7 @@ __global__ void flash_dot_k(float *__restrict__ D, const OT *__restrict__ out, c
     const int t = (int)(row % T), h = (int)(row / T % nh), b = (int)(row / T / nh);
     const size_t off = ((size_t)b * T + t) * nh * hd + (size_t)h * hd;
     float s = 0.0f;
-    for (int d = lane; d < hd; d += 32) s = fmaf(act_ld(out, off + d), dout[off + d], s);
+    for (int d = lane; d < hd; d += 32) s = fmaf(act_ld(out, off + d), act_ld(dout, off + d), s);
     s += __shfl_xor_sync(0xffffffffu, s, 16);
     s += __shfl_xor_sync(0xffffffffu, s, 8);
     s += __shfl_xor_sync(0xffffffffu, s, 4);
@@ -2073,7 +2083,7 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * nh * T;
     float *D = fl_scratch(rows * sizeof(float));
-    launch_smem(flash_dot_k<float>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD);
+    launch_smem(flash_dot_k<float, float>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD);
     launch_smem(flash_bwd_dq_k<TC, HD, C::DQ_M, C::DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq,
               dqkv, dout, qkv, lse, (const float *)D, T, nh, nkv, scale);
     launch_smem(flash_bwd_dkv_k<TC, HD, C::DKV_N, C::DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS,
@@ -2084,10 +2094,9 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
 // ---- bf16 tensor-core flash attention region: begin ----
 /* The fused attention under compute dtype bf16 on sm_80 and newer:
  * flash-attention-2 style kernels on mma.sync.m16n8k16 (bf16 operands, fp32
- * accumulation), with fp32 dout like the kernels above; qkv, out and dqkv,
- * [a] buffers, are bf16 (these run under bf16 only). Each global tile of
- * qkv is copied as it is, of dout read as fp32 and rounded, once into
- * shared memory as bf16 words, row-major
+ * accumulation); qkv, out, dout and dqkv, [a] buffers, are bf16 (these run
+ * under bf16 only). Each global tile of qkv and dout is copied as it is
+ * (16 bytes a thread) once into shared memory as bf16 words, row-major
  * [row][d] (two values per 32-bit word, rows padded by 4 words so that the
  * 8 rows of a fragment or ldmatrix load fall in 8 different bank quads); B
  * fragments come through ldmatrix.x4, with .trans where the tile's rows are
@@ -2380,7 +2389,7 @@ __global__ void __launch_bounds__(FL_THREADS)
 /* dQ: grid (B * nh, query tiles), last query tile first */
 template <int HD, int BN>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_bf16_dq_k(__nv_bfloat16 *__restrict__ dqkv, const float *__restrict__ dout,
+    flash_bf16_dq_k(__nv_bfloat16 *__restrict__ dqkv, const __nv_bfloat16 *__restrict__ dout,
                     const __nv_bfloat16 *__restrict__ qkv, const float *__restrict__ lse,
                     const float *__restrict__ Dr, int T, int nh, int nkv, float scale) {
     constexpr int LDW = HD / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
@@ -2447,7 +2456,7 @@ __global__ void __launch_bounds__(FL_THREADS)
  * registers) */
 template <int HD, int BM>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_bf16_dkv_k(__nv_bfloat16 *__restrict__ dqkv, const float *__restrict__ dout,
+    flash_bf16_dkv_k(__nv_bfloat16 *__restrict__ dqkv, const __nv_bfloat16 *__restrict__ dout,
                      const __nv_bfloat16 *__restrict__ qkv, const float *__restrict__ lse,
                      const float *__restrict__ Dr, int T, int nh, int nkv, float scale) {
     constexpr int BN = FB_BM, LDW = HD / 2 + 4, KC = HD / 16, NT = BM / 8, OT = HD / 8;
@@ -2459,8 +2468,7 @@ __global__ void __launch_bounds__(FL_THREADS)
     const int bk = (int)blockIdx.x, b = bk / nkv, kh = bk % nkv, group = nh / nkv;
     const int k0 = (int)blockIdx.y * BN, nqt = (T + BM - 1) / BM;
     const size_t S = (size_t)(nh + 2 * nkv) * HD, OS = (size_t)nh * HD;
-    const __nv_bfloat16 *seq = qkv + (size_t)b * T * S;
-    const float *dseq = dout + (size_t)b * T * OS;
+    const __nv_bfloat16 *seq = qkv + (size_t)b * T * S, *dseq = dout + (size_t)b * T * OS;
     fb_load<HD, BN>(Ks, seq + (size_t)(nh + kh) * HD, S, k0, T, tid);
     fb_load<HD, BN>(Vs, seq + (size_t)(nh + nkv + kh) * HD, S, k0, T, tid);
     __syncthreads();
@@ -2481,8 +2489,7 @@ __global__ void __launch_bounds__(FL_THREADS)
         for (int qt = k0 / BM; qt < nqt; qt++) { /* tiles before k0 / BM end above the diagonal */
             const int q0 = qt * BM;
             __syncthreads(); /* the previous step's readers are done */
-            const __nv_bfloat16 *qg = seq + (size_t)h * HD;
-            const float *dg = dseq + (size_t)h * HD;
+            const __nv_bfloat16 *qg = seq + (size_t)h * HD, *dg = dseq + (size_t)h * HD;
             fb_load<HD, BM>(Qs, qg, S, q0, T, tid);
             fb_load<HD, BM>(dOs, dg, OS, q0, T, tid);
             for (int r = tid; r < BM; r += FL_THREADS) {
@@ -2568,12 +2575,12 @@ static int fb_backward(float *dqkv, const float *dout, const float *qkv, const f
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * nh * T;
     float *D = fl_scratch(rows * sizeof(float));
-    launch_smem(flash_dot_k<__nv_bfloat16>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, CACT16(out), dout, B, T,
-              nh, HD);
+    launch_smem(flash_dot_k<__nv_bfloat16, __nv_bfloat16>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, CACT16(out),
+                CACT16(dout), B, T, nh, HD);
     launch_smem(flash_bf16_dq_k<HD, DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq, ACT16(dqkv),
-                dout, CACT16(qkv), lse, (const float *)D, T, nh, nkv, scale);
+                CACT16(dout), CACT16(qkv), lse, (const float *)D, T, nh, nkv, scale);
     launch_smem(flash_bf16_dkv_k<HD, DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS, smem_dkv,
-                ACT16(dqkv), dout, CACT16(qkv), lse, (const float *)D, T, nh, nkv, scale);
+                ACT16(dqkv), CACT16(dout), CACT16(qkv), lse, (const float *)D, T, nh, nkv, scale);
     return 1;
 }
 // ---- bf16 tensor-core flash attention region: end ----
@@ -2673,10 +2680,11 @@ extern "C" long kernels_cuda_flash_attention_calls(void) { return flash_calls; }
 //             dS = P * (dO V^T - rowsum(dO * O)) * scale, dQ = dS K, dK = dS^T Q
 // Q, K and V are views by strides of qkv ([B, T, (nh + 2 nkv) hd]) itself
 // when it is [a] bf16, else of one bf16 copy of it; GQA through K and V
-// having nkv heads; O is out itself when out is [a] bf16; Stats is lse ([B, nh, T], natural log), so the forward and
-// backward interoperate with the other paths' lse. dQ, dK and dV land in
-// dqkv itself when it is [a] bf16, else in a bf16 copy widened into it
-// (overwritten, kernels.h).
+// having nkv heads; O and dO are out and dout themselves when they are [a]
+// bf16 (else bf16 copies); Stats is lse ([B, nh, T], natural log), so the
+// forward and backward interoperate with the other paths' lse. dQ, dK and dV
+// land in dqkv itself when it is [a] bf16, else in a bf16 copy widened into
+// it (overwritten, kernels.h).
 // A plan per shape is built at first use and kept (at most DN_PLANS: a
 // training run has two, for its forward and backward, and sampling one per
 // context length; past them the fused kernels, with one line); a
@@ -3135,7 +3143,7 @@ static int dn_attention_backward(float *dqkv, const float *dout, const float *qk
     const size_t nq = (size_t)B * T * S, no = (size_t)B * T * nh * hd, rows = (size_t)B * nh * T;
     const __nv_bfloat16 *q16 = dn_qkv16(qkv, nq);
     const void *o16 = act_bf16() ? (const void *)out : bf16_copy(&sc_dn_o, out, no);
-    const void *do16 = bf16_copy(&sc_dn_do, dout, no);
+    const void *do16 = act_bf16() ? (const void *)dout : bf16_copy(&sc_dn_do, dout, no);
     /* dqkv is [a]: under bf16 cuDNN writes it in place */
     __nv_bfloat16 *dq16 =
         act_bf16() ? ACT16(dqkv) : (__nv_bfloat16 *)scratch_get(&sc_dn_dqkv, nq * sizeof(__nv_bfloat16));
@@ -3236,13 +3244,15 @@ static void attention_backward_gemm(float *dqkv, const float *dout, const float 
     }
 }
 
-/* dqkv's fp32 form where dqkv is [a] bf16 but the kernels that run write
- * fp32 (the GEMM path, the TF32 / fp32 fused kernels) */
-static Scratch sc_att_dqkv;
+/* dqkv's and dout's fp32 forms where they are [a] bf16 but the kernels
+ * that run write or read fp32 (the GEMM path, the TF32 / fp32 fused
+ * kernels) */
+static Scratch sc_att_dqkv, sc_att_do32;
 
-/* qkv, out and dqkv are [a]: cuDNN and the bf16 fused kernels read qkv and
- * out and write dqkv as bf16; any other path under bf16 reads fp32 copies
- * of qkv and out and writes fp32 scratch, rounded into dqkv after */
+/* qkv, out, dout and dqkv are [a]: cuDNN and the bf16 fused kernels read
+ * qkv, out and dout and write dqkv as bf16; any other path under bf16 reads
+ * fp32 copies of qkv, out and dout and writes fp32 scratch, rounded into
+ * dqkv after */
 static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int B, int T, int nh, int nkv, int hd) {
     if (!dqkv) return;
@@ -3259,15 +3269,19 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
     const float *o = out, *q = att_qkv32(qkv, B, T, nh, nkv, hd);
     float *dq = dqkv;
     const size_t nq = (size_t)B * T * (nh + 2 * nkv) * hd;
+    const float *dO = dout;
     if (act_bf16()) {
         const size_t n = (size_t)B * T * nh * hd;
         float *o32 = (float *)scratch_get(&sc_att32, n * sizeof(float));
+        float *do32 = (float *)scratch_get(&sc_att_do32, n * sizeof(float));
         to_f32(o32, out, n);
+        to_f32(do32, dout, n);
         o = o32;
+        dO = do32;
         dq = (float *)scratch_get(&sc_att_dqkv, nq * sizeof(float));
     }
-    if (flash && !fl_bf16() && flash_attention_backward(dq, dout, q, o, lse, B, T, nh, nkv, hd)) flash_calls++;
-    else attention_backward_gemm(dq, dout, q, o, lse, B, T, nh, nkv, hd);
+    if (flash && !fl_bf16() && flash_attention_backward(dq, dO, q, o, lse, B, T, nh, nkv, hd)) flash_calls++;
+    else attention_backward_gemm(dq, dO, q, o, lse, B, T, nh, nkv, hd);
     if (dq != dqkv) to_bf16(dqkv, dq, nq);
 }
 
@@ -3933,6 +3947,7 @@ static Kernels cuda_kernels = {
     /* .matmul_backward = */ matmul_backward,
     /* .matmul_forward_a = */ matmul_forward_a,
     /* .matmul_backward_a = */ matmul_backward_a,
+    /* .matmul_backward_dinp_a = */ matmul_backward_dinp_a,
     /* .attention_forward = */ attention_forward,
     /* .attention_backward = */ attention_backward,
     /* .rope_forward = */ rope_forward,

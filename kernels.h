@@ -13,8 +13,8 @@
  *     gradient accumulation across micro-batches and the residual stream free.
  *     The exceptions are the in-place kernels, marked "in place", and the
  *     input gradients of the matrix products and of attention
- *     (matmul_backward's and matmul_backward_a's dinp, attention_backward's
- *     dqkv, marked OVERWRITTEN): every caller wanted them alone, and an
+ *     (the matmul_backward family's dinp, attention_backward's dqkv,
+ *     marked OVERWRITTEN): every caller wanted them alone, and an
  *     added-into one cost a zeroing pass and a read of it.
  *   - Any gradient output may be NULL, meaning "not needed".
  */
@@ -39,7 +39,8 @@ typedef struct Kernels {
      * read); the LM head's logits, with the probabilities or gradients the
      * cross-entropy leaves in them (which only the LM head's backward
      * reads); attention's input qkv (the qkv projection's output, which only
-     * RoPE and attention read) and its gradient d(qkv). 4 (fp32) on the CPU
+     * RoPE and attention read), its output's gradient and its input's
+     * gradient d(qkv). 4 (fp32) on the CPU
      * and on CUDA under compute dtype tf32 or fp32; 2 (bf16, rounded to
      * nearest even) on CUDA under bf16 (the default; see
      * kernels_cuda_set_compute_dtype), so that its bf16 GEMMs read them with
@@ -117,6 +118,12 @@ typedef struct Kernels {
                              int OC);
     void (*matmul_backward_a)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                               const float *w, int N, int C, int OC);
+    /* matmul_backward with dinp (OVERWRITTEN) [a]: the attention output
+     * projection's, whose input gradient is attention_backward's dout, [a]
+     * (under bf16 the GEMM rounds it to bf16 once where it is stored, and
+     * attention reads it with no conversion pass) */
+    void (*matmul_backward_dinp_a)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                                   const float *w, int N, int C, int OC);
 
     /* ---- attention ----
      * qkv is [B, T, (nh + 2*nkv) * hd]: per token all q heads, then all k
@@ -130,9 +137,10 @@ typedef struct Kernels {
     void (*attention_forward)(float *out, float *lse, const float *qkv,
                               int B, int T, int nh, int nkv, int hd);
     /* dqkv = d(out)/d(qkv) . dout (OVERWRITTEN), from the forward's out and
-     * lse; dqkv is [a] (under bf16 each gradient rounded once where it is
-     * stored; rope_backward and the qkv projection's matmul_backward_a read
-     * it as it is) */
+     * lse; dout and dqkv are [a] (dout as the output projection's
+     * matmul_backward_dinp_a stores it; under bf16 each gradient in dqkv
+     * rounded once where it is stored; rope_backward and the qkv
+     * projection's matmul_backward_a read it as it is) */
     void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int nh, int nkv, int hd);
     /* Rotary embedding, Hugging Face rotate-half convention, on the q and k

@@ -378,6 +378,11 @@ static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float 
     matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
 }
 
+static void matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                                   const float *w, int N, int C, int OC) {
+    matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+}
+
 // ----------------------------------------------------------------------------
 // attention
 
@@ -932,6 +937,7 @@ static const Kernels cpu_kernels = {
     .matmul_backward = matmul_backward,
     .matmul_forward_a = matmul_forward_a,
     .matmul_backward_a = matmul_backward_a,
+    .matmul_backward_dinp_a = matmul_backward_dinp_a,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .rope_forward = rope_forward,

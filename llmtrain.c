@@ -1404,17 +1404,17 @@ static double cuda_scratch_bytes(const Trainer *t) {
     const int bf16 = cuda_bf16(&t->cfg);
     int flash = strcmp(att, "gemm") != 0 && (m->hd == 32 || m->hd == 64 || m->hd == 128);
     s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
-    /* attention's fp32 output beside the bf16 one, and its fp32 qkv and
-     * d(qkv) beside the bf16 [a] ones */
-    if (bf16 && !flash) s += grow * (N * m->nh * m->hd * 4.0 + 2.0 * N * m->qkv_dim * 4.0);
+    /* attention's fp32 output and output gradient beside the bf16 ones, and
+     * its fp32 qkv and d(qkv) beside the bf16 [a] ones */
+    if (bf16 && !flash) s += grow * (2.0 * N * m->nh * m->hd * 4.0 + 2.0 * N * m->qkv_dim * 4.0);
     /* cuDNN's attention (train.attention_kernel cudnn, the default under
-     * bf16): bf16 copies of dO and, unless they are bf16 [a], of qkv, dqkv
-     * and out, the rows' dO.O sums, the fp32 dQ accumulator, the plan's
-     * workspace (at most 64 MiB: kernels.cu's DN_WS_CAP) */
+     * bf16): unless they are bf16 [a], bf16 copies of qkv, dqkv, out and dO;
+     * the rows' dO.O sums, the fp32 dQ accumulator, the plan's workspace (at
+     * most 64 MiB: kernels.cu's DN_WS_CAP) */
     int cudnn = strcmp(att, "auto") != 0 ? strcmp(att, "cudnn") == 0 : bf16;
     if (cudnn && m->hd % 8 == 0 && m->hd <= 128) {
         double S = m->qkv_dim, OS = (double)m->nh * m->hd;
-        s += grow * ((bf16 ? 0.0 : 2.0) * N * S * 2.0 + N * OS * 2.0 * (bf16 ? 1.0 : 2.0) +
+        s += grow * ((bf16 ? 0.0 : 2.0) * N * S * 2.0 + (bf16 ? 0.0 : 2.0) * N * OS * 2.0 +
                      N * m->nh * 4.0 + N * OS * 4.0 +
                      64.0 * 1048576);
     }

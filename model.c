@@ -742,8 +742,10 @@ void model_backward(Model *m, float loss_scale) {
         k->matmul_backward_a(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim);
         if (tp) tp_allreduce(m, m->dbuf1, NC, 0); /* column-parallel: partial input gradient */
         norm_backward(m, m->dres, g->ln2_w, g->ln2_b, m->dbuf1, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
-        /* attention block; m->dres becomes d(x); d(qkv) in dbuf2 is [a] */
-        k->matmul_backward(m->dbuf1, g->attn_out_w, g->attn_out_b, m->dres, a->atty, w->attn_out_w, N, nh * hd, C);
+        /* attention block; m->dres becomes d(x); d(atty) in dbuf1 and d(qkv)
+         * in dbuf2 are [a] */
+        k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, m->dres, a->atty, w->attn_out_w, N,
+                                  nh * hd, C);
         k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, B, T, nh, nkv, hd);
         if (llama) k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, c->rope_theta, 0);
         k->matmul_backward_a(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, a->ln1, w->qkv_w, N, C, m->qkv_dim);

@@ -477,6 +477,39 @@ static void test_act_storage(int bf16_mode) {
     free(inp); free(w); free(dout); free(out); free(dw);
 }
 
+/* matmul_backward_dinp_a (the attention output projection's backward):
+ * matmul_backward with dinp [a], started full of other values (it is
+ * overwritten). Under bf16 the CPU multiplies the operands as the GPU's
+ * GEMMs read them (dout and w rounded to bf16, inp the [a] words) and dinp
+ * must be its product rounded to nearest (fp32 words where bf16 belong,
+ * or a second rounding, fail it); dw equals the CPU's up to the fp32
+ * summation order, and dbias sums the fp32 dout as matmul_backward's does.
+ * Under TF32 and fp32, matmul_backward's tolerances. */
+static void test_matmul_dinp_a_case(int N, int C, int OC, int with_bias) {
+    char name[96];
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *inp = hrand(nx, 1), *w = hrand(nw, 0.1f), *dout = hrand(no, 1), *dout_r = hdup(dout, no);
+    float *dinp = hrand(nx, 1), *dw = hrand(nw, 1), *db = hrand(OC, 1);
+    float *ginp = dcopy_act(inp, nx), *gw = dcopy(w, nw), *gdout = dcopy(dout, no);
+    float *gdinp = dcopy_act(dinp, nx), *gdw = dcopy(dw, nw), *gdb = dcopy(db, OC);
+    act_round(inp, nx);
+    act_round(w, nw);
+    act_round(dout_r, no);
+    KC->matmul_backward(dinp, dw, NULL, dout_r, inp, w, N, C, OC);
+    if (with_bias) KC->matmul_backward(NULL, NULL, db, dout, inp, w, N, C, OC);
+    KG->matmul_backward_dinp_a(gdinp, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, N, C, OC);
+    snprintf(name, sizeof name, "matmul_bwd_dinp_a dinp %dx%dx%d", N, C, OC);
+    if (act16()) check_act_rn_sum(name, dinp, gdinp, nx);
+    else check(name, dinp, gdinp, nx, tol_mm);
+    snprintf(name, sizeof name, "matmul_bwd_dinp_a dw %dx%dx%d", N, C, OC);
+    check(name, dw, gdw, nw, act16() ? TOL_FP32MM : tol_mm);
+    if (with_bias) {
+        snprintf(name, sizeof name, "matmul_bwd_dinp_a dbias %dx%dx%d", N, C, OC);
+        check(name, db, gdb, OC, TOL_F32);
+    }
+    free(inp); free(w); free(dout); free(dout_r); free(dinp); free(dw); free(db);
+}
+
 /* matmul_gelu_forward against the CPU's matmul + gelu; fused: whether this
  * shape should take cuBLASLt's GELU epilogue (C, OC multiples of 8 and
  * aligned operands) in the TF32 and bf16 modes, checked with the backend's
@@ -668,9 +701,11 @@ static void test_attention_case(const char *mode, int B, int T, int nh, int nkv,
     size_t nqkv = (size_t)B * T * S, nout = (size_t)B * T * OS, nlse = (size_t)B * nh * T;
     kernels_cuda_set_attention(mode);
     float *qkv = hrand(nqkv, 1), *dout = hrand(nout, 1);
-    /* qkv is [a]: under bf16 the CPU starts from the device's bf16 values */
-    float *gqkv = dcopy_act(qkv, nqkv), *gdout = dcopy(dout, nout);
+    /* qkv and dout are [a]: under bf16 the CPU starts from the device's
+     * bf16 values */
+    float *gqkv = dcopy_act(qkv, nqkv), *gdout = dcopy_act(dout, nout);
     act_round(qkv, nqkv);
+    act_round(dout, nout);
     float *out = hrand(nout, 1), *lse = hrand(nlse, 1);
     float *gout = dcopy_act(out, nout), *glse = dcopy(lse, nlse);
     long calls0 = kernels_cuda_flash_attention_calls(), dn0 = kernels_cuda_cudnn_attention_calls();
@@ -1275,6 +1310,8 @@ int main(int argc, char **argv) {
     test_matmul_case(100, 72, 130, 0, 1);
     test_matmul_case(37, 50, 29, 1, 1); /* odd sizes, 4-byte aligned operands */
     test_matmul_case(256, 768, 2304, 0, 0);
+    test_matmul_dinp_a_case(64, 128, 96, 1);
+    test_matmul_dinp_a_case(256, 768, 768, 0); /* GPT-2's attention output projection, no bias */
     test_matmul_gelu_case(64, 128, 96, 0, 1, 1);
     test_matmul_gelu_case(64, 128, 96, 0, 0, 1);   /* GELU_AUX without a bias */
     test_matmul_gelu_case(256, 768, 3072, 0, 1, 1); /* GPT-2's c_fc */
