@@ -1125,12 +1125,17 @@ extern "C" long kernels_cuda_fused_dgelu_calls(void) { return fused_dgelu_calls;
  * the fp32 result to nearest, and so are gelu_pre and dgelu_pre (the GELU
  * epilogues' aux has D's type); the bias epilogue takes a bf16 copy of the
  * fp32 bias (its vector has D's type too), and the unfused forms round
- * each kernel's fp32 result once more. */
+ * each kernel's fp32 result once more.
+ * c_in != NULL (unbatched, fp32 C): the beta term reads c_in (with C's ld)
+ * instead of C, and the result goes to C (cuBLASLt's separate C and D: the
+ * residual add fused into the product, matmul_forward_res). */
 static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, long long sA,
                          const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                          const float *bias, int bf16, float *gelu_pre, const void *A_bf16, const void *B_bf16,
-                         const float *dgelu_pre, int c_bf16) {
+                         const float *dgelu_pre, int c_bf16, const float *c_in) {
     if (M <= 0 || N <= 0) return;
+    if (c_in && (batch != 1 || c_bf16 || gelu_pre || dgelu_pre))
+        die(EXIT_INTERNAL, "cuda gemm: a separate C input wants an unbatched fp32 product without a GELU");
     if (c_bf16 && (!bf16 || batch != 1 || beta != 0.0f))
         die(EXIT_INTERNAL, "cuda gemm: a bf16 output wants bf16 operands, no batch and beta 0");
     if (K <= 0) die(EXIT_INTERNAL, "cuda gemm: K = %d", K);
@@ -1160,6 +1165,10 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
     key.al_a = alignment_of(Ap, lda, key.sA, es);
     key.al_b = alignment_of(Bp, ldb, key.sB, es);
     key.al_c = alignment_of(C, ldc, key.sC, c_bf16 ? 2 : 4);
+    if (c_in) { /* C and D share the layout and the algorithm: the alignment both have */
+        int al_in = alignment_of(c_in, ldc, 0, 4);
+        if (al_in < key.al_c) key.al_c = al_in;
+    }
     if (gelu_pre) { /* D is C or, unfused, gelu_pre: the alignment both have */
         key.al_aux = alignment_of(gelu_pre, ldc, 0, c_bf16 ? 2 : 4);
         if (key.al_aux < key.al_c) key.al_c = key.al_aux;
@@ -1210,8 +1219,9 @@ static void rm_gemm_core(int ta, int tb, int M, int N, int K, float alpha, const
         else fused_gelu_calls++;
     }
     float *D = gelu_pre && !p->epi_gelu ? gelu_pre : C; /* unfused GELU: the product goes to gelu_pre */
-    CUBLAS_CHECK(cublasLtMatmul(G.lt, p->desc, &alpha, Bp, p->la, Ap, p->lb, &beta, D, p->lc, D, p->lc, &p->algo, G.ws,
-                                G.ws_bytes, 0));
+    const void *Cp = c_in ? (const void *)c_in : (const void *)D;
+    CUBLAS_CHECK(cublasLtMatmul(G.lt, p->desc, &alpha, Bp, p->la, Ap, p->lb, &beta, Cp, p->lc, D, p->lc, &p->algo,
+                                G.ws, G.ws_bytes, 0));
     launch_check_("cublasLtMatmul", __FILE__, __LINE__);
     if (bias && !p->epi_bias) {
         if (batch > 1) die(EXIT_INTERNAL, "cuda gemm: unfused bias with a batched GEMM");
@@ -1230,7 +1240,7 @@ static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const floa
                     const float *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch,
                     const float *bias) {
     rm_gemm_core(ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, bias, 0, NULL, NULL, NULL,
-                 NULL, 0);
+                 NULL, 0, NULL);
 }
 
 /* inp is [a]: under bf16 it goes to cuBLASLt as it is */
@@ -1238,7 +1248,18 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
     if (N <= 0 || OC <= 0) return;
     const int bf16 = act_bf16();
     rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, bf16, NULL, bf16 ? inp : NULL,
-                 bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, 0);
+                 bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, 0, NULL);
+}
+
+/* out = res + inp @ w^T (+ bias): one GEMM, beta 1 reading res as its C
+ * and writing out as its D, so the product never goes through memory on
+ * its own (inp is [a]; res and out fp32, the residual stream) */
+static void matmul_forward_res(float *out, const float *res, const float *inp, const float *w, const float *bias,
+                               int N, int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    const int bf16 = act_bf16();
+    rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 1.0f, out, OC, 0, 1, bias, bf16, NULL, bf16 ? inp : NULL,
+                 bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, 0, res);
 }
 
 /* pre = inp @ w^T + bias, out = gelu(pre): one GEMM with cuBLASLt's GELU
@@ -1252,7 +1273,7 @@ static void matmul_gelu_forward(float *out, float *pre, const float *inp, const 
     if (N <= 0 || OC <= 0) return;
     const int bf16 = act_bf16();
     rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, bf16, pre, bf16 ? inp : NULL,
-                 bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, bf16);
+                 bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, bf16, NULL);
 }
 
 /* matmul_backward's three products; dinp (ld ldd) is overwritten with
@@ -1269,11 +1290,11 @@ static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, f
     const void *db = dout_bf16 ? (const void *)dout : bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
     if (dinp)
         rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 0.0f, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
-                     bf16 ? wc_get(w, (size_t)OC * C) : NULL, dgelu_pre, dinp_bf16);
+                     bf16 ? wc_get(w, (size_t)OC * C) : NULL, dgelu_pre, dinp_bf16, NULL);
     /* inp is [a]: bf16 as it is under bf16 */
     if (dw)
         rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db,
-                     bf16 ? inp : NULL, NULL, 0);
+                     bf16 ? inp : NULL, NULL, 0, NULL);
     if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, dout_bf16);
 }
 
@@ -1294,7 +1315,7 @@ static void matmul_forward_a(float *out, const float *inp, const float *w, const
         return;
     }
     rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, 1, NULL, inp,
-                 wc_get(w, (size_t)OC * C), NULL, 1);
+                 wc_get(w, (size_t)OC * C), NULL, 1, NULL);
 }
 
 static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
@@ -3945,6 +3966,7 @@ static Kernels cuda_kernels = {
     /* .add_rmsnorm_forward = */ add_rmsnorm_forward,
     /* .matmul_forward = */ matmul_forward,
     /* .matmul_backward = */ matmul_backward,
+    /* .matmul_forward_res = */ matmul_forward_res,
     /* .matmul_forward_a = */ matmul_forward_a,
     /* .matmul_backward_a = */ matmul_backward_a,
     /* .matmul_backward_dinp_a = */ matmul_backward_dinp_a,

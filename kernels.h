@@ -100,6 +100,15 @@ typedef struct Kernels {
     /* dinp[N,C] = dout @ w (OVERWRITTEN); dw[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout */
     void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC);
+    /* out[N,OC] = res + inp @ w^T (+ bias): matmul_forward with the
+     * residual add after it in the same call (res and out fp32; out must not
+     * overlap res). The layers' output projections write the residual
+     * stream with it; CUDA runs it as one GEMM reading res as its C input
+     * (beta 1), so the product is never stored and read back on its own.
+     * The CPU computes the product, then res + product: the bits of
+     * matmul_forward then add. */
+    void (*matmul_forward_res)(float *out, const float *res, const float *inp, const float *w, const float *bias,
+                               int N, int C, int OC);
     /* matmul_forward and matmul_backward (dinp OVERWRITTEN) with out (the
      * forward's) and dout (the backward's) [a] as well: on
      * CUDA under bf16 the GEMM writes bf16 and the backward's two GEMMs read

@@ -367,6 +367,15 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
     }
 }
 
+/* the product, then res + it: the bits of matmul_forward then add */
+static void matmul_forward_res(float *out, const float *res, const float *inp, const float *w, const float *bias,
+                               int N, int C, int OC) {
+    matmul_forward(out, inp, w, bias, N, C, OC);
+    const size_t n = (size_t)N * OC;
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = res[i] + out[i];
+}
+
 /* [a] out / dout: fp32 here, so the plain products */
 static void matmul_forward_a(float *out, const float *inp, const float *w, const float *bias, int N, int C,
                              int OC) {
@@ -935,6 +944,7 @@ static const Kernels cpu_kernels = {
     .add_rmsnorm_forward = add_rmsnorm_forward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
+    .matmul_forward_res = matmul_forward_res,
     .matmul_forward_a = matmul_forward_a,
     .matmul_backward_a = matmul_backward_a,
     .matmul_backward_dinp_a = matmul_backward_dinp_a,

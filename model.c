@@ -564,20 +564,29 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         k->matmul_forward_a(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->qkv_dim); /* qkv is [a] */
         if (llama) k->rope_forward(a->qkv, B, T, nh, nkv, hd, c->rope_theta, 0);
         k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
-        /* row-parallel: partial sums, the replicated bias added once (rank 0) */
-        k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, root ? w->attn_out_b : NULL, N, nh * hd, C);
-        if (tp) tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
-        /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))), the add fused with norm2 */
-        add_norm_forward(m, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->dbuf1, w->ln2_w, w->ln2_b, N);
+        if (tp) { /* row-parallel: partial sums, the replicated bias added once (rank 0) */
+            k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, root ? w->attn_out_b : NULL, N, nh * hd, C);
+            tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
+            /* the residual add fused with norm2 */
+            add_norm_forward(m, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->dbuf1, w->ln2_w, w->ln2_b, N);
+        } else { /* the residual add fused with the product */
+            k->matmul_forward_res(a->res2, x, a->atty, w->attn_out_w, w->attn_out_b, N, nh * hd, C);
+            norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N);
+        }
+        /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))) */
         if (llama) {
             k->matmul_forward_a(a->fch, a->ln2, w->fc_w, NULL, N, C, m->fc_dim); /* no bias; fch is [a] */
             k->swiglu_forward(a->fch_act, a->fch, N, F);
         } else { /* fc_dim = F: one call, so CUDA can fuse the GELU into the GEMM */
             k->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, w->fc_w, w->fc_b, N, C, F);
         }
-        k->matmul_forward(m->dbuf1, a->fch_act, w->proj_w, root ? w->proj_b : NULL, N, F, C);
-        if (tp) tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
-        k->add(a->res3, a->res2, m->dbuf1, (size_t)N * C);
+        if (tp) {
+            k->matmul_forward(m->dbuf1, a->fch_act, w->proj_w, root ? w->proj_b : NULL, N, F, C);
+            tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
+            k->add(a->res3, a->res2, m->dbuf1, (size_t)N * C);
+        } else {
+            k->matmul_forward_res(a->res3, a->res2, a->fch_act, w->proj_w, w->proj_b, N, F, C);
+        }
 }
 
 /* Rows of the LM head and cross-entropy at a time for N rows. */

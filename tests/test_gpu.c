@@ -477,6 +477,32 @@ static void test_act_storage(int bf16_mode) {
     free(inp); free(w); free(dout); free(out); free(dw);
 }
 
+/* matmul_forward_res (the output projections: the residual add in the
+ * GEMM, beta 1 reading res) against the CPU's product then add: out must
+ * be res + the product (+ bias) within the matmul tolerance of the largest
+ * value (under bf16 the CPU multiplies the operands rounded as the GPU's
+ * GEMM reads them, and the fp32 sums differ only in order: TOL_FP32MM); off
+ * shifts the operands off 16-byte alignment (a bias the epilogue cannot
+ * take is added by a kernel after the GEMM). res must be left as it was. */
+static void test_matmul_res_case(int N, int C, int OC, int off, int with_bias) {
+    char name[96];
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *inp = hrand(nx, 1), *w = hrand(nw, 0.1f), *bias = hrand(OC, 1), *res = hrand(no, 4);
+    float *out = hrand(no, 1);
+    float *ginp = dcopy_act_off(inp, nx, off), *gw = dcopy_off(w, nw, off), *gbias = dcopy_off(bias, OC, off);
+    float *gres = dcopy_off(res, no, off), *gout = dcopy_off(out, no, off);
+    act_round(inp, nx);
+    if (act16()) act_round(w, nw);
+    KC->matmul_forward_res(out, res, inp, w, with_bias ? bias : NULL, N, C, OC);
+    KG->matmul_forward_res(gout, gres, ginp, gw, with_bias ? gbias : NULL, N, C, OC);
+    snprintf(name, sizeof name, "matmul_fwd_res %dx%dx%d%s%s", N, C, OC, with_bias ? " +bias" : "",
+             off ? " unaligned" : "");
+    check(name, out, gout, no, act16() ? TOL_FP32MM : tol_mm);
+    snprintf(name, sizeof name, "matmul_fwd_res %dx%dx%d res unchanged", N, C, OC);
+    check(name, res, gres, no, 0.0);
+    free(inp); free(w); free(bias); free(res); free(out);
+}
+
 /* matmul_backward_dinp_a (the attention output projection's backward):
  * matmul_backward with dinp [a], started full of other values (it is
  * overwritten). Under bf16 the CPU multiplies the operands as the GPU's
@@ -1310,6 +1336,9 @@ int main(int argc, char **argv) {
     test_matmul_case(100, 72, 130, 0, 1);
     test_matmul_case(37, 50, 29, 1, 1); /* odd sizes, 4-byte aligned operands */
     test_matmul_case(256, 768, 2304, 0, 0);
+    test_matmul_res_case(64, 128, 96, 0, 1);
+    test_matmul_res_case(37, 50, 29, 1, 1);    /* odd sizes, 4-byte aligned operands */
+    test_matmul_res_case(256, 3072, 768, 0, 0); /* GPT-2's MLP down-projection */
     test_matmul_dinp_a_case(64, 128, 96, 1);
     test_matmul_dinp_a_case(256, 768, 768, 0); /* GPT-2's attention output projection, no bias */
     test_matmul_gelu_case(64, 128, 96, 0, 1, 1);

@@ -532,14 +532,17 @@ static void test_gelu(void) {
     free(ref); free(d); free(fd); free(once); free(c.out); free(c.inp); free(c.R);
 }
 
-/* matmul_gelu_forward is matmul_forward then gelu_forward, bit for bit (so
- * GPT-2 on the CPU trains exactly as before the fused entry); small shapes
- * (one sgemm) and large ones (sgemm sliced over the threads), with and
- * without a bias */
-static void test_matmul_gelu(int N, int C, int OC, int with_bias) {
+/* The fused forwards are their parts, bit for bit (so the CPU trains
+ * exactly as before each fused entry): matmul_gelu_forward is
+ * matmul_forward then gelu_forward (GPT-2's MLP), matmul_forward_res is
+ * matmul_forward then add(res, product) (the output projections, which
+ * write the residual stream; out starts as garbage). Small shapes (one
+ * sgemm) and large ones (sgemm sliced over the threads), with and without
+ * a bias */
+static void test_matmul_fused(int N, int C, int OC, int with_bias) {
     float *inp = randv((size_t)N * C, 2), *w = randv((size_t)OC * C, 0.5f), *bias = with_bias ? randv(OC, 1) : NULL;
     size_t n = (size_t)N * OC;
-    float *pre = randv(n, 1), *out = randv(n, 1), *pre2 = zerov(n), *out2 = zerov(n);
+    float *pre = randv(n, 1), *out = randv(n, 1), *pre2 = zerov(n), *out2 = zerov(n), *res = randv(n, 3);
     K->matmul_gelu_forward(out, pre, inp, w, bias, N, C, OC);
     K->matmul_forward(pre2, inp, w, bias, N, C, OC);
     K->gelu_forward(out2, pre2, n);
@@ -547,7 +550,14 @@ static void test_matmul_gelu(int N, int C, int OC, int with_bias) {
     snprintf(name, sizeof name, "matmul_gelu_forward %dx%dx%d%s", N, C, OC, with_bias ? " +bias" : "");
     int same = memcmp(pre, pre2, n * sizeof(float)) == 0 && memcmp(out, out2, n * sizeof(float)) == 0;
     report(same, name, "%s", same ? "pre and out bit-identical to matmul_forward + gelu_forward" : "differs from matmul_forward + gelu_forward");
-    free(inp); free(w); free(bias); free(pre); free(out); free(pre2); free(out2);
+    /* pre2 is the product; out is garbage again */
+    for (size_t i = 0; i < n; i++) out[i] = 100.0f;
+    K->matmul_forward_res(out, res, inp, w, bias, N, C, OC);
+    K->add(out2, res, pre2, n);
+    snprintf(name, sizeof name, "matmul_forward_res %dx%dx%d%s", N, C, OC, with_bias ? " +bias" : "");
+    same = memcmp(out, out2, n * sizeof(float)) == 0;
+    report(same, name, "%s", same ? "bit-identical to matmul_forward + add" : "differs from matmul_forward + add");
+    free(inp); free(w); free(bias); free(pre); free(out); free(pre2); free(out2); free(res);
 }
 
 /* matmul_gelu_backward / matmul_swiglu_backward are matmul_backward into a
@@ -988,9 +998,10 @@ int main(int argc, char **argv) {
     test_attention(1, 300, 2, 1, 8, 60); // more rows than one attention block
     test_rope();
     test_gelu();
-    test_matmul_gelu(7, 5, 9, 1);
-    test_matmul_gelu(64, 96, 200, 1);
-    test_matmul_gelu(300, 64, 40, 0);
+    test_matmul_fused(7, 5, 9, 1);
+    test_matmul_fused(64, 96, 200, 1);
+    test_matmul_fused(300, 64, 40, 0);
+    test_matmul_fused(300, 256, 768, 0);
     test_matmul_act_backward(7, 5, 9, 0, 1);
     test_matmul_act_backward(64, 96, 200, 0, 1);
     test_matmul_act_backward(300, 64, 40, 0, 0);
