@@ -487,10 +487,12 @@ enum { COL_PLAIN = 0, COL_LN = 1, COL_RMS = 2 };
 #define COL_TY 8
 
 /* grid (ceil(C/32), RB); partial0/1 are [RB, C]; DT: d's element type
- * (bf16 for the plain sum of an [a] gradient) */
+ * (bf16 for the plain sum of an [a] gradient). copy (COL_PLAIN of an fp32
+ * d only, else NULL): also writes d rounded to bf16 there, [N, C] (each
+ * element is read by exactly one thread) */
 template <int MODE, typename DT>
 __global__ void colsum_partial_k(float *partial0, float *partial1, const DT *d, const float *x, const float *mean,
-                                 const float *rstd, int N, int C, int rows_per) {
+                                 const float *rstd, int N, int C, int rows_per, __nv_bfloat16 *copy) {
     __shared__ float s0[COL_TY][COL_TX + 1], s1[COL_TY][COL_TX + 1];
     int c = blockIdx.x * COL_TX + threadIdx.x;
     int r0 = blockIdx.y * rows_per, r1 = min(N, r0 + rows_per);
@@ -501,6 +503,7 @@ __global__ void colsum_partial_k(float *partial0, float *partial1, const DT *d, 
             float dv = act_ld(d, i);
             if (MODE == COL_PLAIN) {
                 a0 += dv;
+                if (copy) copy[i] = __float2bfloat16_rn(dv);
             } else if (MODE == COL_LN) {
                 a0 += dv * ((x[i] - mean[r]) * rstd[r]);
                 a1 += dv;
@@ -532,10 +535,16 @@ __global__ void colsum_finish_k(float *dst0, float *dst1, const float *partial0,
     if (dst1) dst1[c] += t1;
 }
 
+static long colsum_copy_calls;
+extern "C" long kernels_cuda_colsum_copy_calls(void) { return colsum_copy_calls; }
+
 /* dst0 += column sums of the MODE expression; dst1 (LN only) += sum of d;
- * d_bf16 (COL_PLAIN only): d is bf16 */
-static void colsum_add(int mode, float *dst0, float *dst1, const float *d, const float *x, const float *mean,
-                       const float *rstd, int N, int C, int d_bf16) {
+ * d_bf16 (COL_PLAIN only): d is bf16; copy (COL_PLAIN of an fp32 d only):
+ * d rounded to bf16 is written there in the same pass (a bias gradient and
+ * the bf16 operand of the backward's GEMMs from one read of the fp32 output
+ * gradient) */
+static void colsum_add_copy(int mode, float *dst0, float *dst1, const float *d, const float *x, const float *mean,
+                            const float *rstd, int N, int C, int d_bf16, __nv_bfloat16 *copy) {
     if (N <= 0 || C <= 0) return;
     int rows_per = 256;
     int RB = (N + rows_per - 1) / rows_per;
@@ -545,15 +554,24 @@ static void colsum_add(int mode, float *dst0, float *dst1, const float *d, const
     float *p0 = part, *p1 = two ? part + (size_t)RB * C : NULL;
     dim3 grid((C + COL_TX - 1) / COL_TX, RB), block(COL_TX, COL_TY);
     if (d_bf16 && mode != COL_PLAIN) die(EXIT_INTERNAL, "cuda colsum: a bf16 d with a norm's expression");
+    if (copy && (d_bf16 || mode != COL_PLAIN)) die(EXIT_INTERNAL, "cuda colsum: a bf16 copy of other than a plain fp32 d");
     if (d_bf16)
-        colsum_partial_k<COL_PLAIN, __nv_bfloat16><<<grid, block>>>(p0, p1, CACT16(d), x, mean, rstd, N, C, rows_per);
+        colsum_partial_k<COL_PLAIN, __nv_bfloat16>
+            <<<grid, block>>>(p0, p1, CACT16(d), x, mean, rstd, N, C, rows_per, (__nv_bfloat16 *)NULL);
     else if (mode == COL_PLAIN)
-        colsum_partial_k<COL_PLAIN, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per);
-    else if (mode == COL_LN) colsum_partial_k<COL_LN, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per);
-    else colsum_partial_k<COL_RMS, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per);
+        colsum_partial_k<COL_PLAIN, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per, copy);
+    else if (mode == COL_LN)
+        colsum_partial_k<COL_LN, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per, (__nv_bfloat16 *)NULL);
+    else colsum_partial_k<COL_RMS, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per, (__nv_bfloat16 *)NULL);
     LAUNCH_CHECK();
+    if (copy) colsum_copy_calls++;
     colsum_finish_k<<<(C + 255) / 256, 256>>>(dst0, dst1, p0, p1, RB, C);
     LAUNCH_CHECK();
+}
+
+static void colsum_add(int mode, float *dst0, float *dst1, const float *d, const float *x, const float *mean,
+                       const float *rstd, int N, int C, int d_bf16) {
+    colsum_add_copy(mode, dst0, dst1, d, x, mean, rstd, N, C, d_bf16, NULL);
 }
 
 // ----------------------------------------------------------------------------
@@ -1286,8 +1304,17 @@ static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, f
                                  int dout_bf16, int dinp_bf16) {
     int bf16 = matmul_bf16();
     if (dout_bf16 && !bf16) die(EXIT_INTERNAL, "cuda matmul backward: a bf16 dout without bf16 GEMMs");
-    /* bf16: dout, the A operand of both products, is converted once */
-    const void *db = dout_bf16 ? (const void *)dout : bf16 && dinp && dw ? bf16_copy(&sc_bf16_a, dout, (size_t)N * OC) : NULL;
+    /* bf16: dout, the A operand of both products, is converted once; with
+     * a bias gradient of an fp32 dout, by the bias gradient's pass over it */
+    const int sum_copy = bf16 && !dout_bf16 && dbias && (dinp || dw);
+    const void *db = dout_bf16 ? (const void *)dout : NULL;
+    if (sum_copy) {
+        __nv_bfloat16 *c = (__nv_bfloat16 *)scratch_get(&sc_bf16_a, (size_t)N * OC * sizeof(__nv_bfloat16));
+        colsum_add_copy(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, 0, c);
+        db = c;
+    } else if (bf16 && !dout_bf16 && dinp && dw) {
+        db = bf16_copy(&sc_bf16_a, dout, (size_t)N * OC);
+    }
     if (dinp)
         rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 0.0f, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
                      bf16 ? wc_get(w, (size_t)OC * C) : NULL, dgelu_pre, dinp_bf16, NULL);
@@ -1295,7 +1322,7 @@ static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, f
     if (dw)
         rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db,
                      bf16 ? inp : NULL, NULL, 0, NULL);
-    if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, dout_bf16);
+    if (dbias && !sum_copy) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, dout_bf16);
 }
 
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,

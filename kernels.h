@@ -369,8 +369,12 @@ long kernels_cuda_fused_dgelu_calls(void);
  * input gradient and the weight (and bias) gradients in one pass over dout
  * and inp (the rest: three kernels, for a C too wide for shared memory) */
 long kernels_cuda_fused_norm_bwd_calls(void);
+/* How many bias gradients so far were summed from an fp32 output gradient
+ * in the same pass that wrote its bf16 copy for the backward's GEMMs (under
+ * bf16; the rest: a conversion pass and a bias pass) */
+long kernels_cuda_colsum_copy_calls(void);
 /* The attention kernels (train.attention_kernel): "cudnn" (cuDNN's fused
- * attention on bf16 copies, head dims 8..128 by 8; the shapes it declines
+ * attention on bf16 qkv, head dims 8..128 by 8; the shapes it declines
  * take "flash"), "flash" (fused kernels, head dims 32/64/128; other shapes
  * take the GEMMs), "gemm" (cuBLASLt GEMMs on the full T x T square) or
  * "auto" (the default: cudnn under compute dtype bf16, else flash). May

@@ -436,8 +436,16 @@ static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
     float *dinp = hrand((size_t)N * C, 1), *dw = hrand((size_t)OC * C, 1), *db = hrand(OC, 1);
     float *gdinp = dcopy_off(dinp, (size_t)N * C, off), *gdw = dcopy_off(dw, (size_t)OC * C, off);
     float *gdb = dcopy_off(db, OC, off);
+    long sc0 = kernels_cuda_colsum_copy_calls();
     KC->matmul_backward(dinp, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
     KG->matmul_backward(gdinp, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, N, C, OC);
+    /* under bf16 a bias gradient's pass writes the GEMMs' bf16 copy of dout
+     * (a wrong copy fails dinp and dw below) */
+    long sc = kernels_cuda_colsum_copy_calls() - sc0;
+    int sc_ok = sc == (with_bias && act16() ? 1 : 0);
+    printf("%s matmul_bwd %dx%dx%d: %ld bias pass(es) wrote the bf16 copy of dout (expected %d)\n",
+           sc_ok ? "ok  " : "FAIL", N, C, OC, sc, with_bias && act16() ? 1 : 0);
+    if (sc_ok) pass++; else fail++;
     snprintf(name, sizeof name, "matmul_bwd dinp %dx%dx%d%s", N, C, OC, off ? " unaligned" : "");
     check(name, dinp, gdinp, (size_t)N * C, tol_mm);
     snprintf(name, sizeof name, "matmul_bwd dw %dx%dx%d%s", N, C, OC, off ? " unaligned" : "");
