@@ -17,10 +17,11 @@
  * fp32, plain fp32 without tensor cores.
  *
  * Attention: cuDNN's fused attention (the default under bf16, where it
- * reads the bf16 [a] qkv and out as they are), fused flash-style kernels (tiles of queries x keys in shared
- * memory and registers, online softmax, no T x T scratch; TF32 tensor
- * cores through wmma, fp32 FMA under compute dtype fp32, bf16 tensor cores
- * through mma.sync with the scores in registers under bf16; head dims 32,
+ * reads the bf16 [a] qkv and out as they are), fused flash-style kernels
+ * (tiles of queries x keys in shared memory and registers, online softmax,
+ * no T x T scratch; TF32 tensor cores through wmma, fp32 FMA under compute
+ * dtype fp32, bf16 tensor cores through mma.sync with the scores in
+ * registers under bf16; head dims 32,
  * 64, 128): see the "attention, fused" section and the bf16 region after
  * it. Other head dims, and every shape under train.attention_kernel gemm,
  * take strided-batched
@@ -555,14 +556,13 @@ static void colsum_add_copy(int mode, float *dst0, float *dst1, const float *d, 
     dim3 grid((C + COL_TX - 1) / COL_TX, RB), block(COL_TX, COL_TY);
     if (d_bf16 && mode != COL_PLAIN) die(EXIT_INTERNAL, "cuda colsum: a bf16 d with a norm's expression");
     if (copy && (d_bf16 || mode != COL_PLAIN)) die(EXIT_INTERNAL, "cuda colsum: a bf16 copy of other than a plain fp32 d");
+    /* copy is NULL but for a plain fp32 d (above) */
     if (d_bf16)
-        colsum_partial_k<COL_PLAIN, __nv_bfloat16>
-            <<<grid, block>>>(p0, p1, CACT16(d), x, mean, rstd, N, C, rows_per, (__nv_bfloat16 *)NULL);
+        colsum_partial_k<COL_PLAIN, __nv_bfloat16><<<grid, block>>>(p0, p1, CACT16(d), x, mean, rstd, N, C, rows_per, copy);
     else if (mode == COL_PLAIN)
         colsum_partial_k<COL_PLAIN, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per, copy);
-    else if (mode == COL_LN)
-        colsum_partial_k<COL_LN, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per, (__nv_bfloat16 *)NULL);
-    else colsum_partial_k<COL_RMS, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per, (__nv_bfloat16 *)NULL);
+    else if (mode == COL_LN) colsum_partial_k<COL_LN, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per, copy);
+    else colsum_partial_k<COL_RMS, float><<<grid, block>>>(p0, p1, d, x, mean, rstd, N, C, rows_per, copy);
     LAUNCH_CHECK();
     if (copy) colsum_copy_calls++;
     colsum_finish_k<<<(C + 255) / 256, 256>>>(dst0, dst1, p0, p1, RB, C);
@@ -990,6 +990,14 @@ static Scratch sc_bf16_a, sc_bf16_b;
 static const void *bf16_copy(Scratch *s, const float *x, size_t n) {
     void *d = scratch_get(s, n * sizeof(__nv_bfloat16));
     to_bf16(d, x, n);
+    return d;
+}
+
+/* n bf16 values at x widened into fp32 scratch (an [a] buffer for kernels
+ * that read fp32) */
+static const float *f32_copy(Scratch *s, const void *x, size_t n) {
+    float *d = (float *)scratch_get(s, n * sizeof(float));
+    to_f32(d, x, n);
     return d;
 }
 
@@ -2208,23 +2216,9 @@ __device__ __forceinline__ void fb_mma(float (&d)[4], const uint32_t (&a)[4], ui
 
 __device__ __forceinline__ uint32_t *fb_base() { return reinterpret_cast<uint32_t *>(fl_base()); }
 
-/* Rows [r0, r0 + R) of one head's [T, HD] slice (row stride `stride`
- * elements, g at row 0) as bf16 into sm[R][HD/2 + 4 words]; rows past T as
- * zeros. An fp32 slice is rounded to nearest here; a bf16 one ([a] qkv
- * under bf16) is copied as it is, 16 bytes at a time. */
-template <int HD, int R>
-__device__ __forceinline__ void fb_load(uint32_t *sm, const float *__restrict__ g, size_t stride, int r0, int T,
-                                        int tid) {
-    constexpr int V4 = HD / 4, LDW = HD / 2 + 4;
-    for (int f = tid; f < R * V4; f += FL_THREADS) {
-        const int r = f / V4, c = f % V4;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r0 + r < T) v = *(const float4 *)(g + (size_t)(r0 + r) * stride + 4 * c);
-        uint32_t *o = sm + r * LDW + 2 * c;
-        o[0] = fb_pack(v.x, v.y);
-        o[1] = fb_pack(v.z, v.w);
-    }
-}
+/* Rows [r0, r0 + R) of one head's [T, HD] bf16 slice ([a] qkv or dout;
+ * row stride `stride` elements, g at row 0) into sm[R][HD/2 + 4 words] as
+ * they are, 16 bytes a thread; rows past T as zeros */
 template <int HD, int R>
 __device__ __forceinline__ void fb_load(uint32_t *sm, const __nv_bfloat16 *__restrict__ g, size_t stride, int r0,
                                         int T, int tid) {
@@ -3218,16 +3212,6 @@ static int dn_attention_backward(float *dqkv, const float *dout, const float *qk
  * TF32 / fp32 fused kernels) */
 static Scratch sc_att32, sc_att_qkv32;
 
-/* qkv as the fp32 kernels read it: itself, or under bf16 [a] widened into
- * scratch */
-static const float *att_qkv32(const float *qkv, int B, int T, int nh, int nkv, int hd) {
-    if (!act_bf16()) return qkv;
-    const size_t nq = (size_t)B * T * (nh + 2 * nkv) * hd;
-    float *q = (float *)scratch_get(&sc_att_qkv32, nq * sizeof(float));
-    to_f32(q, qkv, nq);
-    return q;
-}
-
 static void attention_forward_gemm(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -3256,9 +3240,9 @@ static void attention_forward(float *out, float *lse, const float *qkv, int B, i
         flash_calls++;
         return;
     }
-    const size_t n = (size_t)B * T * nh * hd;
+    const size_t n = (size_t)B * T * nh * hd, nq = (size_t)B * T * (nh + 2 * nkv) * hd;
     float *o = act_bf16() ? (float *)scratch_get(&sc_att32, n * sizeof(float)) : out;
-    const float *q = att_qkv32(qkv, B, T, nh, nkv, hd);
+    const float *q = act_bf16() ? f32_copy(&sc_att_qkv32, qkv, nq) : qkv;
     if (flash && !fl_bf16() && flash_attention_forward(o, lse, q, B, T, nh, nkv, hd)) flash_calls++;
     else attention_forward_gemm(o, lse, q, B, T, nh, nkv, hd);
     if (o != out) to_bf16(out, o, n);
@@ -3314,18 +3298,14 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
         flash_calls++;
         return;
     }
-    const float *o = out, *q = att_qkv32(qkv, B, T, nh, nkv, hd);
+    const float *o = out, *q = qkv, *dO = dout;
     float *dq = dqkv;
     const size_t nq = (size_t)B * T * (nh + 2 * nkv) * hd;
-    const float *dO = dout;
     if (act_bf16()) {
         const size_t n = (size_t)B * T * nh * hd;
-        float *o32 = (float *)scratch_get(&sc_att32, n * sizeof(float));
-        float *do32 = (float *)scratch_get(&sc_att_do32, n * sizeof(float));
-        to_f32(o32, out, n);
-        to_f32(do32, dout, n);
-        o = o32;
-        dO = do32;
+        o = f32_copy(&sc_att32, out, n);
+        dO = f32_copy(&sc_att_do32, dout, n);
+        q = f32_copy(&sc_att_qkv32, qkv, nq);
         dq = (float *)scratch_get(&sc_att_dqkv, nq * sizeof(float));
     }
     if (flash && !fl_bf16() && flash_attention_backward(dq, dO, q, o, lse, B, T, nh, nkv, hd)) flash_calls++;

@@ -1414,9 +1414,7 @@ static double cuda_scratch_bytes(const Trainer *t) {
     int cudnn = strcmp(att, "auto") != 0 ? strcmp(att, "cudnn") == 0 : bf16;
     if (cudnn && m->hd % 8 == 0 && m->hd <= 128) {
         double S = m->qkv_dim, OS = (double)m->nh * m->hd;
-        s += grow * ((bf16 ? 0.0 : 2.0) * N * S * 2.0 + (bf16 ? 0.0 : 2.0) * N * OS * 2.0 +
-                     N * m->nh * 4.0 + N * OS * 4.0 +
-                     64.0 * 1048576);
+        s += grow * ((bf16 ? 0.0 : 2.0 * N * (S + OS) * 2.0) + N * m->nh * 4.0 + N * OS * 4.0 + 64.0 * 1048576);
     }
     /* the column sums' partials (bias gradients; the norms' weight
      * gradients where C is too wide for their one-pass backward), or those
