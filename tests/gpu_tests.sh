@@ -34,6 +34,11 @@
 #      (Llama, n_embd 256); runs with the copies (Llama; checkpointing none
 #      and full) are the runs without them (LLMTRAIN_CUDA_WEIGHT_CACHE=0) to
 #      1e-7.
+#   3e. checkpoint and resume on cuda: a bf16 run (bf16 working weights
+#      rounded stochastically, the fused attention) killed at step 8 resumes
+#      from step 6 bit-identical to the uninterrupted run, losses and
+#      exported weights; its checkpoint resumed on the CPU continues within
+#      3e-2 (with two GPUs, also under FULL_SHARD on NCCL, bit for bit).
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
 #      FULL_SHARD (also with bf16 working weights, gathered as bf16 words)
 #      and tp 2 against the same jobs' 2-rank CPU runs (MPI); FULL_SHARD
@@ -350,6 +355,51 @@ if [ $wc_ok = 1 ]; then
     echo "ok   bf16 weight copies: llama runs with them (checkpointing none and full) are the runs without, to 1e-7"; pass=$((pass + 1))
 else echo "FAIL bf16 weight copies: a run with them differs from the run without"; fail=$((fail + 1)); fi
 
+# Checkpoint and resume on cuda: a run killed at step 8 (checkpoints every 3
+# steps, written synchronously so that step 6's is complete) and started
+# again resumes from step 6 and ends bit-identical to the uninterrupted run,
+# losses and exported weights (compare_runs.py --exact). The job is the one
+# with most device-side state to lose: bf16 GEMMs with the weights' bf16
+# copies, bf16 working weights rounded stochastically (the rounding keyed by
+# step), AdamW's moments; the fused attention, whose backward sums in a fixed
+# order (cuDNN's does not). Then the cuda checkpoint of step 6 resumed on the
+# CPU: steps 7-10 within the bf16 tolerance of the cuda run's (a checkpoint
+# does not depend on the backend that wrote it).
+# resume_case NAME NP ARGS...: $TMP/rs-NAME-ref uninterrupted, $TMP/rs-NAME-cut
+# killed at step 8 on its last rank and restarted; 0 when they are identical
+resume_case() {
+    local name=$1 np=$2 rc1 rc2; shift 2
+    local launch=($BIN); [ "$np" -gt 1 ] && launch=($MPIRUN "$np" $BIN)
+    local job=("$TMP/llama.json" --set train.steps=10 --set train.device=cuda --set train.compute_dtype=bf16
+               --set train.attention_kernel=flash --set train.param_dtype=bf16 --set optim.stochastic_rounding=true
+               --set checkpoint.every_steps=3 --set eval.sample_tokens=0 "$@")
+    timeout 600 "${launch[@]}" "${job[@]}" --set log.dir="$TMP/rs-$name-ref" >"$TMP/rs-$name-ref.out" 2>&1 ||
+        { echo "  uninterrupted run exited non-zero: $(grep llmtrain: "$TMP/rs-$name-ref.out" | head -2)"; return 1; }
+    LLMTRAIN_FAULT="rank=$((np - 1)),step=8,kind=die" timeout 600 "${launch[@]}" "${job[@]}" --set checkpoint.async=false \
+        --set log.dir="$TMP/rs-$name-cut" >"$TMP/rs-$name-cut.out" 2>&1; rc1=$?
+    timeout 600 "${launch[@]}" "${job[@]}" --set log.dir="$TMP/rs-$name-cut" >>"$TMP/rs-$name-cut.out" 2>&1; rc2=$?
+    $BIN export "$TMP/rs-$name-ref/checkpoints" "$TMP/rs-$name-ref/hf" >/dev/null 2>&1 &&
+        $BIN export "$TMP/rs-$name-cut/checkpoints" "$TMP/rs-$name-cut/hf" >/dev/null 2>&1 ||
+        { echo "  export failed"; return 1; }
+    [ $rc1 -ne 0 ] && [ $rc2 -eq 0 ] && grep -q "^resume: .*step_00000006 at step 6" "$TMP/rs-$name-cut.out" &&
+        grep -q "backend cuda" "$TMP/rs-$name-cut.out" &&
+        $PY tests/compare_runs.py "$TMP/rs-$name-ref" "$TMP/rs-$name-cut" --steps 10 --exact ||
+        { echo "  exit $rc1 then $rc2; $(grep -E '^resume|llmtrain:' "$TMP/rs-$name-cut.out" | head -3)"; return 1; }
+}
+if resume_case 1 1; then
+    echo "ok   cuda, bf16 working weights rounded stochastically, killed at step 8: resumed from step 6, losses and weights bit-identical"; pass=$((pass + 1))
+else echo "FAIL cuda resume: the resumed run is not the uninterrupted one"; fail=$((fail + 1)); fi
+# the cuda checkpoint of step 6 resumed on the CPU
+mkdir -p "$TMP/rs-cpu/checkpoints" && cp -r "$TMP/rs-1-cut/checkpoints/step_00000006" "$TMP/rs-cpu/checkpoints/" 2>/dev/null
+if $BIN "$TMP/llama.json" --set train.steps=10 --set train.device=cpu --set train.param_dtype=bf16 --set optim.stochastic_rounding=true \
+       --set eval.sample_tokens=0 --set log.dir="$TMP/rs-cpu" >"$TMP/rs-cpu.out" 2>&1 &&
+   grep -q "^resume: .*step_00000006 at step 6" "$TMP/rs-cpu.out" &&
+   [ "$(grep -c '"loss"' "$TMP/rs-cpu/metrics.jsonl")" -eq 4 ] &&
+   $BIN export "$TMP/rs-cpu/checkpoints" "$TMP/rs-cpu/hf" >/dev/null 2>&1 &&
+   $PY tests/compare_runs.py "$TMP/rs-1-ref" "$TMP/rs-cpu" --loss-rtol $LOSS_RTOL_BF16 --weight-rtol $LOSS_RTOL_BF16 >"$TMP/rs-cpu.cmp"; then
+    echo "ok   the cuda checkpoint of step 6 resumed on the CPU: steps 7-10 and the final weights within $LOSS_RTOL_BF16 of the cuda run"; pass=$((pass + 1))
+else echo "FAIL cuda checkpoint resumed on the CPU: $(grep -E '^resume|llmtrain:' "$TMP/rs-cpu.out" | head -2) $(head -3 "$TMP/rs-cpu.cmp" 2>/dev/null)"; fail=$((fail + 1)); fi
+
 # multi-rank: NCCL (2 GPUs or more) or the refusal (1 GPU)
 ngpu=${GPU_COUNT:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 # same_comm_bytes RUN_A RUN_B: identical comm_bytes in every step line
@@ -399,6 +449,11 @@ if [ "${ngpu:-0}" -ge 2 ]; then
     if [ $wc_ok = 1 ] && $PY tests/compare_runs.py "$TMP/mr-wc-0" "$TMP/mr-wc-1" --steps $STEPS --loss-rtol 1e-7; then
         echo "ok   2 ranks FULL_SHARD, 4 layers in 2 pool slots, bf16: the run with the weights' bf16 copies is the run without, to 1e-7"; pass=$((pass + 1))
     else echo "FAIL 2 ranks FULL_SHARD bf16: the run with the weights' bf16 copies differs from the run without"; fail=$((fail + 1)); fi
+    # checkpoint and resume under FULL_SHARD on NCCL: each rank saves and
+    # reloads its own shard of the master weights and moments
+    if resume_case fs 2 --set parallel.strategy=FULL_SHARD; then
+        echo "ok   2 ranks FULL_SHARD on NCCL, rank 1 killed at step 8: resumed from step 6, losses and weights bit-identical"; pass=$((pass + 1))
+    else echo "FAIL 2 ranks FULL_SHARD resume on NCCL: the resumed run is not the uninterrupted one"; fail=$((fail + 1)); fi
     $MPIRUN 2 $BIN "$TMP/llama.json" --set train.steps=2 --set log.dir="$TMP/mr-auto" --set checkpoint.dir="$TMP/mr-auto/ckpt" \
         >"$TMP/mr-auto.out" 2>&1; rc=$?
     if [ $rc -eq 0 ] && grep -q "backend cuda, collectives NCCL" "$TMP/mr-auto.out"; then
