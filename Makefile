@@ -14,7 +14,7 @@ PY = /usr/bin/python3
 
 SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpoint.c rendezvous.c util.c
 HDR = $(wildcard *.h)
-TEST_BINS = tests/test_kernels tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
+TEST_BINS = tests/test_kernels tests/test_model tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest
 
 # CUDA backend: built whenever nvcc is found (on PATH or in /usr/local/cuda);
@@ -120,6 +120,9 @@ tests/llmtrain_emu: $(SRC) dist_nccl.c $(HDR) $(EMU_OBJ) $(EMU)/nccl_emu.c $(EMU
 
 tests/test_kernels: tests/test_kernels.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< kernels_cpu.c util.c $(BLAS_LIBS) -lm -o $@
+
+tests/test_model: tests/test_model.c tests/check.h model.c config.c kernels_cpu.c util.c $(HDR)
+	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< model.c config.c kernels_cpu.c util.c $(LIBS) -o $@
 
 tests/test_data: tests/test_data.c tests/check.h data.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< data.c util.c -o $@

@@ -616,6 +616,28 @@ static void head_forward(Model *m, int r0, int n, float dloss) {
     }
 }
 
+/* The LM head's forward and backward for the N rows of a training
+ * micro-batch, head_rows at a time: each chunk's logits, its losses and
+ * d(logits) = (probabilities - onehot) * loss_scale in their place, then
+ * d(lnf) of its rows and its terms of the head's weight gradient. One
+ * chunk's logits exist at a time and none is computed twice (the chunk's
+ * backward follows its forward at once: the loss scale is known before the
+ * forward). Under tp d(lnf) is a partial sum over the vocabulary slices,
+ * all-reduced by the backward. The caller has taken the final chunk's (and,
+ * tied, the embeddings') gradient buffers: CHUNK_PRE_BACKWARD. */
+static void head_train(Model *m, int N, float loss_scale) {
+    const Kernels *k = m->k;
+    const int C = m->cfg.n_embd, R = head_rows(m, N), tp = m->tp > 1;
+    for (int r0 = 0; r0 < N; r0 += R) {
+        int n = N - r0 < R ? N - r0 : R;
+        head_forward(m, r0, n, tp ? 0.0f : loss_scale);
+        if (tp) k->crossentropy_vp_backward(m->logits, m->targets + r0, loss_scale, n, m->V, m->v0);
+        k->matmul_backward_a(m->dlnf + (size_t)r0 * C, m->g.lm_head, NULL, m->logits, act_at(m, m->lnf, (size_t)r0 * C),
+                             m->p.lm_head, n, C, m->V);
+    }
+    m->head_scale = loss_scale;
+}
+
 float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
@@ -662,22 +684,26 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     if (tied) chunk_event(m, 0, CHUNK_PRE_FORWARD); /* the LM head reads wte */
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, N);
     int R = head_rows(m, N);
-    /* a training forward of the whole micro-batch at once leaves the head's
-     * gradients (chunked, the backward recomputes them) */
-    float dloss = targets && !tp && !m->forward_only && R == N ? m->loss_scale : 0.0f;
-    m->head_fused = dloss != 0.0f;
-    if (!targets) { /* the logits of the last R rows (sampling reads the last one) */
-        m->logits_row0 = N - R;
-        k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, NULL, R, C, m->V);
-    } else {
-        if (tp)
-            for (int n = 0; n < N; n++)
-                if (targets[n] < 0 || targets[n] >= c->vocab_size)
-                    die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], c->vocab_size);
-        m->logits_row0 = 0;
-        for (int r0 = 0; r0 < N; r0 += R) /* full logits never exist when R < N */
-            head_forward(m, r0, N - r0 < R ? N - r0 : R, dloss);
+    m->head_scale = 0.0f;
+    if (targets && tp)
+        for (int n = 0; n < N; n++)
+            if (targets[n] < 0 || targets[n] >= c->vocab_size)
+                die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], c->vocab_size);
+    m->logits_row0 = targets ? 0 : N - R;
+    if (targets && !m->forward_only && m->loss_scale != 0.0f) {
+        /* a training forward: the backward of the final chunk starts here,
+         * with the LM head's (so no POST_FORWARD: the chunk stays for the
+         * backward, which ends it) */
+        chunk_event(m, L + 1, CHUNK_PRE_BACKWARD);
+        if (tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD); /* the LM head writes wte's gradient; POST after the embedding */
+        head_train(m, N, m->loss_scale);
+        return (float)(k->sum(m->losses, (size_t)N) / N);
     }
+    if (!targets) /* the logits of the last R rows (sampling reads the last one) */
+        k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, NULL, R, C, m->V);
+    else
+        for (int r0 = 0; r0 < N; r0 += R) /* full logits never exist when R < N */
+            head_forward(m, r0, N - r0 < R ? N - r0 : R, 0.0f);
     if (tied) chunk_event(m, 0, CHUNK_POST_FORWARD);
     chunk_event(m, L + 1, CHUNK_POST_FORWARD);
     if (!targets) return NAN;
@@ -706,27 +732,18 @@ void model_backward(Model *m, float loss_scale) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, N = B * T, C = c->n_embd, F = m->F;
-    int nh = m->nh, nkv = m->nkv, hd = m->hd, V = m->V;
+    int nh = m->nh, nkv = m->nkv, hd = m->hd;
     int llama = c->arch == ARCH_LLAMA, tp = m->tp > 1;
     size_t NC = (size_t)N * C;
     int L = c->n_layer, tied = c->tie_embeddings;
 
-    chunk_event(m, L + 1, CHUNK_PRE_BACKWARD);
-    if (tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD); /* the LM head writes wte's gradient; POST after the embedding */
-    int R = head_rows(m, N);
-    if (m->head_fused && loss_scale != m->loss_scale)
+    /* the training forward ran the LM head's backward (head_train) */
+    if (m->head_scale == 0.0f)
+        die(EXIT_INTERNAL, "model_backward: the last forward was not a training forward (targets, model.loss_scale set, not forward_only)");
+    if (loss_scale != m->head_scale)
         die(EXIT_INTERNAL, "model_backward: loss_scale %g, but the forward's cross-entropy took %g", (double)loss_scale,
-            (double)m->loss_scale);
-    for (int r0 = 0; r0 < N; r0 += R) {
-        int n = N - r0 < R ? N - r0 : R;
-        /* chunked: this chunk's logits again, and its gradients with them
-         * (tp: its probabilities); one chunk: the forward's are here */
-        if (R < N) head_forward(m, r0, n, tp ? 0.0f : loss_scale);
-        if (tp) k->crossentropy_vp_backward(m->logits, m->targets + r0, loss_scale, n, V, m->v0);
-        else if (R == N && !m->head_fused) k->crossentropy_backward(m->logits, m->targets + r0, loss_scale, n, V);
-        k->matmul_backward_a(m->dlnf + (size_t)r0 * C, m->g.lm_head, NULL, m->logits, act_at(m, m->lnf, (size_t)r0 * C),
-                            m->p.lm_head, n, C, V);
-    }
+            (double)m->head_scale);
+    m->head_scale = 0.0f;
     if (tp) tp_allreduce(m, m->dlnf, NC, 0); /* partial over the vocabulary slices */
     const float *xL = c->n_layer > 0 ? m->la[c->n_layer - 1].res3 : m->encoded;
     k->zero(m->dres, NC * sizeof(float));

@@ -93,7 +93,8 @@ enum { ACT_NONE = 0, ACT_SELECTIVE = 1 /* attention outputs */, ACT_FULL = 2 /* 
 /* What the activations keep: train.activation_checkpointing, and
  * train.lm_head_chunk, the token rows the LM head and the cross-entropy
  * process at a time (0: the whole micro-batch), so that logits exist for
- * head_rows rows only and the backward recomputes each chunk's. */
+ * head_rows rows only (a training forward runs each chunk's backward right
+ * after its forward: nothing is recomputed). */
 typedef struct ModelMem {
     int act_ckpt;
     int head_rows;
@@ -112,10 +113,11 @@ typedef struct Model {
     int head_rows;            /* LM head / cross-entropy rows at a time (0: all) */
     int offload;              /* activation offload on (and n_layer > OFFLOAD_SLOTS) */
     int forward_only;         /* set by the caller around forwards no backward follows (no offload then) */
-    float loss_scale;         /* set by the caller: the next backward's loss_scale (0: unknown); a forward
-                               * with targets then leaves d(logits) instead of probabilities (one pass
-                               * fewer over them, crossentropy_fused) */
-    int head_fused;           /* the last forward left d(logits) for loss_scale in logits */
+    float loss_scale;         /* set by the caller: the next backward's loss_scale. A forward with targets,
+                               * not forward_only, with it set is a training forward: it runs the LM head's
+                               * backward too, chunk by chunk (head_train in model.c); model_backward
+                               * follows only such a forward, with the same loss_scale */
+    float head_scale;         /* the loss_scale the last forward's LM-head backward took (0: none ran) */
     int same_weights;         /* set by the caller: nothing wrote the weights since the last forward (the
                                * next micro-batch of a gradient accumulation), so backend copies derived
                                * from them (kernels.h weights_stable) still hold; the next forward clears it */
@@ -209,8 +211,10 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
  * counted from logits_row0; local V each) as floats in host memory: the
  * [a] buffer widened when it is bf16. */
 void model_logits_to_host(const Model *m, int row, int n, float *dst);
-/* Backward of the last forward; grads += d(loss_scale * sum of losses)/dparams.
- * Use loss_scale = 1/(total targets of the step) for a mean loss. */
+/* Backward of the last forward, a training forward (m->loss_scale set:
+ * its LM head's backward ran with it); grads += d(loss_scale * sum of
+ * losses)/dparams. Use loss_scale = 1/(total targets of the step) for a
+ * mean loss. */
 void model_backward(Model *m, float loss_scale);
 /* Training FLOPs per token: 6*params(matmuls) + attention, as in the README. */
 double model_flops_per_token(const ModelConfig *cfg, int T);

@@ -25,6 +25,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # "auto" would pick CUDA. (make test-gpu checks the CUDA backend.)
 export LLMTRAIN_DEVICE=cpu
 run kernels tests/test_kernels
+run model tests/test_model
 run data tests/test_data
 run ckpt tests/test_ckpt
 run rendezvous tests/test_rendezvous

@@ -1,0 +1,135 @@
+/* tests/test_model.c — model.c's order of work, checked through a Kernels
+ * table that counts calls (the CPU backend underneath):
+ *   - the LM head in chunks (train.lm_head_chunk, ModelMem.head_rows): a
+ *     training forward of N rows runs ceil(N / R) LM-head products of at
+ *     most R rows and, right after each, that chunk's backward products
+ *     (d(lnf) and the weight gradient), and model_backward runs none: the
+ *     chunked head computes nothing twice; the losses equal the unchunked
+ *     run's and every gradient is within reduction order of it (the head's
+ *     weight gradient is summed chunk by chunk), tied and untied, GPT-2 and
+ *     Llama, R dividing N, not dividing it, and R >= N;
+ *   - a forward that is not a training forward (forward_only, as evaluation
+ *     runs) runs the head's forward products only. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "config.h"
+#include "kernels.h"
+#include "model.h"
+#include "util.h"
+
+static const Kernels *cpu;
+static const float *head_w; /* the LM head's weight: the products that read it are the head's */
+static int head_fwd, head_bwd, max_rows;
+
+static void count_forward_a(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
+    if (w == head_w) {
+        head_fwd++;
+        if (N > max_rows) max_rows = N;
+    }
+    cpu->matmul_forward_a(out, inp, w, bias, N, C, OC);
+}
+
+static void count_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
+                             int N, int C, int OC) {
+    if (w == head_w) {
+        head_bwd++;
+        if (N > max_rows) max_rows = N;
+    }
+    cpu->matmul_backward_a(dinp, dw, dbias, dout, inp, w, N, C, OC);
+}
+
+static ModelConfig cfg(int llama, int tied) {
+    ModelConfig c = {0};
+    c.arch = llama ? ARCH_LLAMA : ARCH_GPT2;
+    c.n_layer = 2; c.n_embd = 32; c.n_head = 4; c.n_kv_head = llama ? 2 : 4; c.ffn_hidden = llama ? 48 : 0;
+    c.vocab_size = 61; c.max_seq_len = 32; c.norm_eps = 1e-5f; c.rope_theta = 10000; c.tie_embeddings = tied;
+    c.ffn_multiple_of = 256;
+    model_config_finish(&c, "test");
+    return c;
+}
+
+/* One training micro-batch (forward, backward) of model m with the given
+ * head rows; the counts of the head's products in the forward and in the
+ * backward, the mean loss and the gradients (host copy, caller frees). */
+typedef struct {
+    int fwd_f, fwd_b, bwd_f, bwd_b, rows;
+    float loss;
+    float *grads;
+    size_t n;
+} Pass;
+
+static Pass train_pass(const char *name, const ModelConfig *c, const Kernels *k, int head_rows, const int *tok,
+                       const int *tgt, int B, int T) {
+    Model m;
+    model_build_tp(&m, c, k, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, head_rows, 0, 0});
+    model_init_random(&m, 0.02f, 11);
+    head_w = m.p.lm_head;
+    Pass p = {0};
+    head_fwd = head_bwd = max_rows = 0;
+    m.loss_scale = 1.0f / (float)(B * T);
+    p.loss = model_forward(&m, tok, tgt);
+    p.fwd_f = head_fwd; p.fwd_b = head_bwd;
+    head_fwd = head_bwd = 0;
+    model_backward(&m, 1.0f / (float)(B * T));
+    p.bwd_f = head_fwd; p.bwd_b = head_bwd;
+    p.rows = max_rows;
+    p.n = m.n_params;
+    p.grads = malloc_check(p.n * sizeof(float));
+    memcpy(p.grads, m.grads, p.n * sizeof(float));
+    /* a forward no backward follows (evaluation): the head's forward only */
+    m.forward_only = 1;
+    head_fwd = head_bwd = 0;
+    float ev = model_forward(&m, tok, tgt);
+    int R = head_rows > 0 && head_rows < B * T ? head_rows : B * T, chunks = (B * T + R - 1) / R;
+    check(head_fwd == chunks && head_bwd == 0 && fabsf(ev - p.loss) <= 1e-6f * fabsf(p.loss),
+          "%s, head_rows %d: an evaluation forward runs %d head product(s), no backward one (%d, %d), the loss "
+          "%.7f (training forward %.7f)", name, head_rows, chunks, head_fwd, head_bwd, (double)ev, (double)p.loss);
+    head_w = NULL;
+    model_free(&m);
+    return p;
+}
+
+int main(void) {
+    cpu = kernels_cpu();
+    Kernels k = *cpu;
+    k.matmul_forward_a = count_forward_a;
+    k.matmul_backward_a = count_backward_a;
+    const int B = 2, T = 32, N = B * T;
+    int tok[64], tgt[64];
+    for (int i = 0; i < N; i++) { tok[i] = (i * 37 + 5) % 61; tgt[i] = (i * 53 + 17) % 61; }
+    for (int arch = 0; arch < 2; arch++)
+        for (int tied = 0; tied < 2; tied++) {
+            ModelConfig c = cfg(arch, tied);
+            const char *name = arch ? (tied ? "llama tied" : "llama") : (tied ? "gpt2 tied" : "gpt2");
+            Pass ref = train_pass(name, &c, &k, 0, tok, tgt, B, T);
+            check(ref.fwd_f == 1 && ref.fwd_b == 1 && ref.bwd_f == 0 && ref.bwd_b == 0 && ref.rows == N,
+                  "%s, whole micro-batch: the forward runs the head's product and its backward (%d, %d of %d rows), "
+                  "model_backward neither (%d, %d)", name, ref.fwd_f, ref.fwd_b, ref.rows, ref.bwd_f, ref.bwd_b);
+            const int rows[] = {7, 16, 64, 100};
+            for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+                int R = rows[i] < N ? rows[i] : N, chunks = (N + R - 1) / R;
+                Pass p = train_pass(name, &c, &k, rows[i], tok, tgt, B, T);
+                check(p.fwd_f == chunks && p.fwd_b == chunks && p.bwd_f == 0 && p.bwd_b == 0 && p.rows == R,
+                      "%s, head_rows %d: the forward runs %d chunk(s) of at most %d rows, each product once with its "
+                      "backward (%d, %d of at most %d rows), model_backward none (%d, %d)",
+                      name, rows[i], chunks, R, p.fwd_f, p.fwd_b, p.rows, p.bwd_f, p.bwd_b);
+                double worst = 0, scale = 0;
+                for (size_t j = 0; j < p.n; j++) {
+                    double d = fabs((double)p.grads[j] - ref.grads[j]);
+                    if (d > worst) worst = d;
+                    if (fabs(ref.grads[j]) > scale) scale = fabs(ref.grads[j]);
+                }
+                check(p.loss == ref.loss && p.n == ref.n && worst <= 1e-5 * scale,
+                      "%s, head_rows %d: the loss is the unchunked one (%.7f, %.7f), every gradient within %.1e "
+                      "(largest %.3e)", name, rows[i], (double)p.loss, (double)ref.loss, worst, scale);
+                free(p.grads);
+            }
+            free(ref.grads);
+        }
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail != 0;
+}
