@@ -1247,9 +1247,6 @@ static void check_layout(Trainer *t) {
             mc->vocab_size, c->tp);
     if (c->tp > 1 && c->debug_dump[0])
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
-    if (c->lm_head_chunk > 0 && c->debug_dump[0])
-        die(EXIT_USAGE, "%s: debug.dump writes the whole micro-batch's logits: it needs train.lm_head_chunk 0, not %d", c->path,
-            c->lm_head_chunk);
     dist_set_tp(d, c->tp);
     if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
         t->S = d->dp;
@@ -1359,8 +1356,14 @@ static void print_model_batch(const Trainer *t) {
     printf("model %s: %d layers, %d embd, %d heads (%d kv), ffn %d, vocab %d, %.2fM parameters%s\n",
            mc->arch == ARCH_GPT2 ? "gpt2" : "llama", mc->n_layer, mc->n_embd, mc->n_head, mc->n_kv_head,
            mc->ffn_hidden, mc->vocab_size, n / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "");
-    printf("batch: %d seqs x %d tokens = %lld tokens/step; micro %d x accum %d x dp %d | world %d\n", c->global_batch, c->seq_len,
+    printf("batch: %d seqs x %d tokens = %lld tokens/step; micro %d x accum %d x dp %d | world %d", c->global_batch, c->seq_len,
            (long long)c->global_batch * c->seq_len, c->micro_batch, t->accum, t->dist.dp, t->dist.world);
+    const Model *m = &t->model;
+    int mb_rows = c->micro_batch * c->seq_len;
+    if (m->head_rows < mb_rows) /* the chunked LM head: how many rows, and the logits it holds */
+        printf(" | lm head %d rows at a time (%.0f MiB of logits%s)", m->head_rows,
+               (double)m->head_rows * m->V * m->act_bytes / (1 << 20), m->tp > 1 ? " per rank" : "");
+    printf("\n");
 }
 
 static void print_header(Trainer *t) {
@@ -1605,6 +1608,11 @@ static int train(int argc, char **argv) {
 #endif
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank,
                    (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0});
+    int mb_rows = c->micro_batch * c->seq_len;
+    if (c->debug_dump[0] && t->model.head_rows < mb_rows)
+        die(EXIT_USAGE, "%s: debug.dump writes the whole micro-batch's logits, but the LM head takes %d of its %d rows at a time "
+            "(train.lm_head_chunk %d; expected at least %d, or 0 with the logits within %zu MiB)", c->path,
+            t->model.head_rows, mb_rows, c->lm_head_chunk, mb_rows, HEAD_AUTO_BYTES >> 20);
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, NULL, NULL};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);

@@ -372,11 +372,20 @@ void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, in
     build_layout(m, pad_multiple);
 }
 
+int model_head_rows_auto(int N, int V, int act_bytes) {
+    size_t row = (size_t)V * (size_t)act_bytes;
+    if ((size_t)N * row <= HEAD_AUTO_BYTES) return N;
+    size_t most = HEAD_AUTO_BYTES / row / 64 * 64; /* a multiple of 64 rows within the bound */
+    if (most < 64) most = 64;
+    size_t chunks = ((size_t)N + most - 1) / most, rows = ((size_t)N + chunks - 1) / chunks;
+    return (int)((rows + 63) / 64 * 64); /* at most `most`: rows <= most, a multiple of 64 */
+}
+
 void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank, ModelMem mem) {
     model_layout(m, cfg, pad_multiple, tp, tp_rank);
     m->act_bytes = mem.act_bytes > 0 ? mem.act_bytes : (int)sizeof(float);
     m->act_ckpt = mem.act_ckpt;
-    m->head_rows = mem.head_rows;
+    m->head_rows = mem.head_rows > 0 ? mem.head_rows : model_head_rows_auto(B * T, m->V, m->act_bytes);
     m->offload = mem.offload && cfg->n_layer > OFFLOAD_SLOTS;
     m->B = B;
     m->T = T;

@@ -92,7 +92,7 @@ enum { ACT_NONE = 0, ACT_SELECTIVE = 1 /* attention outputs */, ACT_FULL = 2 /* 
 
 /* What the activations keep: train.activation_checkpointing, and
  * train.lm_head_chunk, the token rows the LM head and the cross-entropy
- * process at a time (0: the whole micro-batch), so that logits exist for
+ * process at a time (0: model_head_rows_auto), so that logits exist for
  * head_rows rows only (a training forward runs each chunk's backward right
  * after its forward: nothing is recomputed). */
 typedef struct ModelMem {
@@ -110,7 +110,7 @@ typedef struct ModelMem {
 typedef struct Model {
     ModelConfig cfg;
     int act_ckpt;             /* ACT_NONE | ACT_SELECTIVE | ACT_FULL */
-    int head_rows;            /* LM head / cross-entropy rows at a time (0: all) */
+    int head_rows;            /* LM head / cross-entropy rows at a time (ModelMem.head_rows, 0 resolved) */
     int offload;              /* activation offload on (and n_layer > OFFLOAD_SLOTS) */
     int forward_only;         /* set by the caller around forwards no backward follows (no offload then) */
     float loss_scale;         /* set by the caller: the next backward's loss_scale. A forward with targets,
@@ -174,6 +174,13 @@ typedef struct Model {
 /* Build the layout table and allocate params/grads/moments and activations
  * for micro-batch B x T. pad_multiple: every chunk is padded to a multiple
  * of it (sharding needs chunks divisible by the shard degree); 1 = none. */
+/* train.lm_head_chunk 0: the rows of N the LM head takes at a time so that
+ * its logits ([rows, V] of act_bytes each; V this rank's vocabulary slice)
+ * take at most HEAD_AUTO_BYTES: all N when they fit, else the fewest equal
+ * chunks that do, rounded up to a multiple of 64 rows. */
+#define HEAD_AUTO_BYTES ((size_t)2 << 30)
+int model_head_rows_auto(int N, int V, int act_bytes);
+
 void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple);
 /* The same; alloc_moments = 0 leaves m and v NULL (a sharded optimizer
  * keeps its own state for the local shard only). */

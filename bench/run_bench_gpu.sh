@@ -17,7 +17,9 @@
 # Each case runs under train.compute_dtype bf16 (the default: bf16 GEMMs and
 # [a] activations, the fused attention on its bf16 mma.sync kernels) and
 # tf32 (fp32 storage, TF32 tensor cores at half the bf16 rate);
-# BENCH_MATMUL="bf16" or "tf32" picks one. Each also runs with the three
+# BENCH_MATMUL="bf16" or "tf32" picks one. The LM head takes train.lm_head_chunk's
+# default: whole under bf16 (GPT-2's logits 1.5 GiB, Llama's 1.0 GiB), and
+# for GPT-2 under tf32 (fp32 logits, 3.1 GiB) 2 chunks of 8192 rows. Each also runs with the three
 # attention paths (train.attention_kernel): cuDNN's fused attention, the
 # hand-written fused kernels and the cuBLASLt GEMMs; BENCH_ATTENTION="cudnn",
 # "flash" or "gemm" (or a list) picks. The result line names both.

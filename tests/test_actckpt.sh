@@ -86,9 +86,27 @@ for layout in "1" "2 --set parallel.tensor=2"; do
     else echo "FAIL np $np sample with lm_head_chunk 5: '$b' vs '$a'"; fail=$((fail + 1)); fi
 done
 $BIN "$TMP/llama.json" --set train.lm_head_chunk=4 --set debug.dump="$TMP/dump" >"$TMP/dd.out" 2>&1; rc=$?
-if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/dd.out")" -eq 1 ] && grep -q "debug.dump .* needs train.lm_head_chunk 0" "$TMP/dd.out"; then
+if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/dd.out")" -eq 1 ] &&
+   grep -q "debug.dump writes the whole micro-batch's logits, but the LM head takes 4 of its 64 rows at a time (train.lm_head_chunk 4; expected at least 64, or 0 with the logits within 2048 MiB)" "$TMP/dd.out"; then
     echo "ok   debug.dump with lm_head_chunk: one line, exit 2"; pass=$((pass + 1))
 else echo "FAIL debug.dump with lm_head_chunk: rc $rc $(cat "$TMP/dd.out")"; fail=$((fail + 1)); fi
+# train.lm_head_chunk 0 (the default) chunks the LM head only where the
+# micro-batch's logits would pass 2 GiB: GPT-2 124M's at B 16, T 1024
+# (vocabulary 50304) take 1.5 GiB under CUDA's bf16 and 3.1 GiB in the CPU's
+# fp32, so the CPU job takes 2 chunks of 8192 rows (the header says so) and
+# holds exactly half of the logits' bytes fewer than with lm_head_chunk
+# 16384; the CUDA job holds them whole, as with 16384
+g124='{"model": {"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304, "max_seq_len": 1024},
+ "data": {"train": "'$TMP/train.bin'"}, "train": {"seq_len": 1024, "micro_batch": 16, "global_batch": 16}}'
+echo "$g124" >"$TMP/g124.json"
+chk() { $BIN check "$TMP/g124.json" --set train.device=$1 --set train.lm_head_chunk=$2 2>&1; }
+act() { grep -o "activations_bytes [0-9]*" <<<"$1" | awk '{print $2}'; }
+c0=$(chk cpu 0); c1=$(chk cpu 16384); g0=$(chk cuda 0); g1=$(chk cuda 16384)
+if grep -q "^batch: .* | lm head 8192 rows at a time (1572 MiB of logits)$" <<<"$c0" &&
+   [ "$(act "$c1")" = "$(( $(act "$c0") + 8192 * 50304 * 4 ))" ] &&
+   ! grep -q "lm head" <<<"$g0$c1" && [ -n "$(act "$g0")" ] && [ "$(act "$g0")" = "$(act "$g1")" ]; then
+    echo "ok   lm_head_chunk 0: GPT-2 124M at 16 x 1024 in fp32 takes 2 chunks of 8192 rows ($(act "$c0") activation bytes, $(act "$c1") whole), in bf16 one"; pass=$((pass + 1))
+else echo "FAIL lm_head_chunk 0: cpu '$(grep -o 'lm head.*' <<<"$c0")' $(act "$c0") vs $(act "$c1"); cuda $(act "$g0") vs $(act "$g1")"; fail=$((fail + 1)); fi
 $BIN "$TMP/llama.json" --set train.activation_checkpointing=some >"$TMP/bad.out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q "train.activation_checkpointing" "$TMP/bad.out" && [ "$(wc -l <"$TMP/bad.out")" -eq 1 ]; then
     echo "ok   an unknown mode is one line, exit 2"; pass=$((pass + 1))

@@ -9,7 +9,10 @@
  *     weight gradient is summed chunk by chunk), tied and untied, GPT-2 and
  *     Llama, R dividing N, not dividing it, and R >= N;
  *   - a forward that is not a training forward (forward_only, as evaluation
- *     runs) runs the head's forward products only. */
+ *     runs) runs the head's forward products only;
+ *   - train.lm_head_chunk 0 (model_head_rows_auto): the whole micro-batch
+ *     while its logits take at most HEAD_AUTO_BYTES, else the fewest chunks
+ *     that do, equal and a multiple of 64 rows. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,7 +96,32 @@ static Pass train_pass(const char *name, const ModelConfig *c, const Kernels *k,
     return p;
 }
 
+/* train.lm_head_chunk 0: the whole micro-batch while its logits fit in
+ * HEAD_AUTO_BYTES, else the fewest chunks that fit, equal and a multiple of
+ * 64 rows (against a search over the chunk counts) */
+static void test_head_rows_auto(void) {
+    const struct { int N, V, b; } cases[] = {
+        {16384, 50304, 2}, {16384, 50304, 4}, {4096, 128256, 2}, {16384, 128256, 2}, {65536, 128256, 2},
+        {65536, 128256 / 8, 2}, {8191, 131072, 2}, {8193, 131072, 2}, {1000, 1 << 24, 4}, {64, 96, 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int N = cases[i].N, V = cases[i].V, b = cases[i].b;
+        const size_t row = (size_t)V * b;
+        int want = N;
+        if ((size_t)N * row > HEAD_AUTO_BYTES)
+            for (int k = 2;; k++) { /* the fewest chunks whose rows, rounded up to 64, fit (or 64 rows) */
+                int r = ((N + k - 1) / k + 63) / 64 * 64;
+                if ((size_t)r * row <= HEAD_AUTO_BYTES || r == 64) { want = r; break; }
+            }
+        int got = model_head_rows_auto(N, V, b);
+        check(got == want && (got == N || got % 64 == 0),
+              "lm_head_chunk 0 for %d rows of %d x %d bytes: %d rows a chunk (expected %d; %.0f MiB of logits, "
+              "the bound %zu MiB)", N, V, b, got, want, (double)got * (double)row / 1048576, HEAD_AUTO_BYTES >> 20);
+    }
+}
+
 int main(void) {
+    test_head_rows_auto();
     cpu = kernels_cpu();
     Kernels k = *cpu;
     k.matmul_forward_a = count_forward_a;
