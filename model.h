@@ -171,9 +171,6 @@ typedef struct Model {
     int *tokens, *targets;    /* [N] backend memory */
 } Model;
 
-/* Build the layout table and allocate params/grads/moments and activations
- * for micro-batch B x T. pad_multiple: every chunk is padded to a multiple
- * of it (sharding needs chunks divisible by the shard degree); 1 = none. */
 /* train.lm_head_chunk 0: the rows of N the LM head takes at a time so that
  * its logits ([rows, V] of act_bytes each; V this rank's vocabulary slice)
  * take at most HEAD_AUTO_BYTES: all N when they fit, else the fewest equal
@@ -181,6 +178,9 @@ typedef struct Model {
 #define HEAD_AUTO_BYTES ((size_t)2 << 30)
 int model_head_rows_auto(int N, int V, int act_bytes);
 
+/* Build the layout table and allocate params/grads/moments and activations
+ * for micro-batch B x T. pad_multiple: every chunk is padded to a multiple
+ * of it (sharding needs chunks divisible by the shard degree); 1 = none. */
 void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple);
 /* The same; alloc_moments = 0 leaves m and v NULL (a sharded optimizer
  * keeps its own state for the local shard only). */
