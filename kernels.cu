@@ -3949,6 +3949,30 @@ static void cu_offload_wait(int mark) {
 }
 
 // ----------------------------------------------------------------------------
+// timing (log.profile_steps): events on the compute stream, each created at
+// its slot's first mark and kept (host objects; no device memory)
+
+static cudaEvent_t timer_ev[KERNEL_TIMER_SLOTS];
+
+static void cu_timer_mark(int slot) {
+    if (slot < 0 || slot >= KERNEL_TIMER_SLOTS) die(EXIT_INTERNAL, "timer_mark: slot %d out of range", slot);
+    if (!timer_ev[slot]) CUDA_CHECK(cudaEventCreateWithFlags(&timer_ev[slot], cudaEventDefault));
+    CUDA_CHECK(cudaEventRecord(timer_ev[slot], 0));
+}
+
+static void cu_timer_read(int n, double *ms) {
+    if (n < 1 || n > KERNEL_TIMER_SLOTS || !timer_ev[n - 1]) die(EXIT_INTERNAL, "timer_read: %d slots", n);
+    host_wait(); /* multi-rank: a hung collective is the watchdog's, not a wait in the driver */
+    CUDA_CHECK(cudaEventSynchronize(timer_ev[n - 1])); /* the last mark: the stream runs in order */
+    ms[0] = 0.0;
+    for (int i = 1; i < n; i++) {
+        float f = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&f, timer_ev[0], timer_ev[i]));
+        ms[i] = f;
+    }
+}
+
+// ----------------------------------------------------------------------------
 // the table, device selection, probe and peak
 
 /* not const: act_bytes follows the compute dtype, set by kernels_cuda() */
@@ -4010,6 +4034,8 @@ static Kernels cuda_kernels = {
     /* .offload_copy = */ cu_offload_copy,
     /* .offload_mark = */ cu_offload_mark,
     /* .offload_wait = */ cu_offload_wait,
+    /* .timer_mark = */ cu_timer_mark,
+    /* .timer_read = */ cu_timer_read,
 };
 
 /* No CUDA call happens before this, kernels_cuda_available or kernels_cuda:

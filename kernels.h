@@ -282,7 +282,19 @@ typedef struct Kernels {
     void (*offload_copy)(void *host, void *dev, size_t bytes, int to_host);
     int (*offload_mark)(void);
     void (*offload_wait)(int mark);
+
+    /* ---- timing (log.profile_steps, profile.c) ----
+     * timer_mark(i): slot i (0 <= i < KERNEL_TIMER_SLOTS) takes the moment
+     * everything queued so far on the compute stream has run: an event
+     * recorded on it on CUDA, the clock now on the CPU (whose calls are done
+     * when they return). timer_read(n, ms): waits for slots 0..n-1 and gives
+     * each one's time in milliseconds after slot 0's. A slot keeps its last
+     * mark until the next. */
+    void (*timer_mark)(int slot);
+    void (*timer_read)(int n, double *ms);
 } Kernels;
+
+#define KERNEL_TIMER_SLOTS 8192
 
 /* Shared by the backends so that they round to the same bits. */
 #ifdef __CUDACC__

@@ -921,6 +921,21 @@ static void unpack_bf16(float *dst, const uint16_t *src, size_t n) {
 }
 
 // ----------------------------------------------------------------------------
+// timing: every call is done when it returns, so a mark is the clock
+
+static double cpu_marks[KERNEL_TIMER_SLOTS];
+
+static void cpu_timer_mark(int slot) {
+    if (slot < 0 || slot >= KERNEL_TIMER_SLOTS) die(EXIT_INTERNAL, "timer_mark: slot %d out of range", slot);
+    cpu_marks[slot] = now_s();
+}
+
+static void cpu_timer_read(int n, double *ms) {
+    if (n < 1 || n > KERNEL_TIMER_SLOTS) die(EXIT_INTERNAL, "timer_read: %d slots", n);
+    for (int i = 0; i < n; i++) ms[i] = 1000.0 * (cpu_marks[i] - cpu_marks[0]);
+}
+
+// ----------------------------------------------------------------------------
 // the table
 
 static const Kernels cpu_kernels = {
@@ -981,6 +996,8 @@ static const Kernels cpu_kernels = {
     .offload_copy = cpu_offload_copy,
     .offload_mark = cpu_offload_mark,
     .offload_wait = cpu_offload_wait,
+    .timer_mark = cpu_timer_mark,
+    .timer_read = cpu_timer_read,
 };
 
 const Kernels *kernels_cpu(void) {

@@ -21,6 +21,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "parallel.h"
+#include "profile.h"
 #include "util.h"
 #include <errno.h>
 #include <limits.h>
@@ -58,6 +59,11 @@ typedef struct Trainer {
     uint16_t *wshard;          /* train.param_dtype bf16, sharded: the working-weight shard as bf16 words, what the gathers send */
     double train_time;         /* seconds spent in steps, for the ETA */
     int timed_steps;
+    /* log.profile_steps: the kernel table is profile.c's; steps
+     * [prof_first, prof_last] (0-based) are timed, prof_n of them so far in
+     * prof_wall seconds; prof_printed once the table is out */
+    int prof_first, prof_last, prof_n, prof_printed;
+    double prof_wall;
     uint64_t sample_rng;
     /* sharded data parallel (parallel.strategy other than NO_SHARD with a
      * shard group of S > 1 ranks): the optimizer owns, per chunk, the slice
@@ -1319,6 +1325,35 @@ static void select_backend(Trainer *t) {
     t->k = kernels_cpu();
 }
 
+/* log.profile_steps: the window of steps to time, from the run's second (the
+ * first builds plans, grows scratch and warms caches) unless the run has
+ * only one; the kernel table becomes profile.c's timing wrapper. */
+static void setup_profile(Trainer *t) {
+    const Config *c = &t->cfg;
+    t->prof_first = t->prof_last = -1;
+    if (c->profile_steps <= 0 || t->step_base >= c->steps) return;
+    t->prof_first = t->step_base + (c->steps - t->step_base > 1);
+    t->prof_last = t->prof_first + c->profile_steps - 1;
+    if (t->prof_last >= c->steps) t->prof_last = c->steps - 1;
+}
+
+static void print_profile(Trainer *t) {
+    if (t->prof_n == 0 || t->prof_printed) return;
+    t->prof_printed = 1;
+    if (!is_root(t)) return;
+    char what[96];
+    int a = t->prof_first + 1, b = t->prof_first + t->prof_n;
+    if (a == b) snprintf(what, sizeof what, "step %d", a);
+    else snprintf(what, sizeof what, "steps %d-%d", a, b);
+    profile_print(stdout, "profile: ", what, t->prof_n, 1000 * t->prof_wall, t->peak_gflops);
+    char path[2048];
+    snprintf(path, sizeof path, "%s/profile.json", t->cfg.log_dir);
+    if (profile_write_json(path, t->prof_first + 1, t->prof_n, 1000 * t->prof_wall, t->peak_gflops) != 0)
+        warnf("could not write %s: %s (the table above has the same figures)", path, strerror(errno));
+    else printf("profile: %s\n", path);
+    fflush(stdout);
+}
+
 
 /* MFU peak: log.peak_gflops, else the GPU's bf16 dense peak, else the
  * measured CPU sgemm rate. */
@@ -1591,6 +1626,7 @@ static int train(int argc, char **argv) {
     dist_watchdog_start(&t->dist, c->timeout_s);
     check_layout(t);
     select_backend(t); /* a missing GPU is usually every rank's error too */
+    if (c->profile_steps > 0) t->k = profile_wrap(t->k); /* timing off until its window */
     die_replicated(0); /* from here errors may differ per rank or host (data paths, memory) */
     t->threads = kernels_cpu_set_threads(0, t->dist.local_size);
 
@@ -1626,6 +1662,7 @@ static int train(int argc, char **argv) {
     t->peak_gflops = select_peak(t, &t->peak_source);
     t->sample_rng = c->seed * 2654435761ull + 88172645463325252ull;
     int resumed = resume(t);
+    setup_profile(t);
     refresh_working(t, t->step_base);
     ck_setup(t);
     if (node_leader(t)) { /* folders a run that died left half-written */
@@ -1650,7 +1687,16 @@ static int train(int argc, char **argv) {
     for (int step = t->step_base; step < c->steps; step++) {
         dist_phase(&t->dist, step + 1, "forward");
         dist_fault_point(&t->dist, step + 1);
+        /* a timed step's wall time: from an idle stream to the end of its last kernel */
+        int profiled = step >= t->prof_first && step <= t->prof_last && t->prof_first >= 0;
+        double w0 = 0;
+        if (profiled) { profile_set(1); w0 = now_s(); }
         StepStats s = train_step(t, step);
+        if (profiled) {
+            profile_set(0);
+            t->prof_n++;
+            t->prof_wall += now_s() - w0;
+        }
         track_spikes(t, &s);
         int last = step + 1 == c->steps;
         int stop = 0, due = 0;
@@ -1682,12 +1728,14 @@ static int train(int argc, char **argv) {
         if (eval) dist_phase(&t->dist, step + 1, "eval");
         if (eval && t->have_val && c->eval_batches > 0) s.val_loss = eval_loss(t);
         log_step(t, &s);
+        if (step == t->prof_last) print_profile(t);
         if (eval) print_sample(t);
         if (stop && !last) {
             stopped = 1;
             break;
         }
     }
+    print_profile(t); /* stopped inside the window */
     dist_phase(&t->dist, c->steps, "checkpoint");
     ck_drain(t);
     ckpt_writer_free(t->ckw);

@@ -31,6 +31,11 @@
 # GEMMs, attention, cross-entropy, the top kernels); BENCH_PROFILE_CSV_DIR
 # keeps the CSVs. The ms/step of a profiled case is ncu's (serialised
 # launches), not a timing.
+# BENCH_PROFILE=kernels: no profiler needed (a GPU runtime where ncu cannot
+# read the counters too): each case times its steps 2-3 with
+# log.profile_steps (CUDA events around every kernel-table call) and prints
+# llmtrain's table after its result line: ms a step per entry, and the
+# matrix products' and attention's TFLOP/s and share of the peak.
 set -u
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -39,10 +44,14 @@ $PY -c 'import numpy' 2>/dev/null || PY=python3
 PROFILE=${BENCH_PROFILE:-0}
 STEPS=${BENCH_STEPS:-8}
 PROF=()
-if [ "$PROFILE" = 1 ]; then
-    STEPS=2
-    command -v ncu >/dev/null || { echo "bench-gpu: FAIL: BENCH_PROFILE=1 needs Nsight Compute's ncu on PATH" >&2; exit 1; }
-fi
+case $PROFILE in
+0|kernels) ;;
+1)  STEPS=2
+    command -v ncu >/dev/null || { echo "bench-gpu: FAIL: BENCH_PROFILE=1 needs Nsight Compute's ncu on PATH" >&2; exit 1; };;
+*)  echo "bench-gpu: FAIL: BENCH_PROFILE=$PROFILE: expected 0, 1 (Nsight Compute) or kernels (log.profile_steps)" >&2; exit 1;;
+esac
+PROFILE_STEPS=0
+[ "$PROFILE" = kernels ] && PROFILE_STEPS=2
 MATMUL=${BENCH_MATMUL:-bf16 tf32}
 ATTENTION=${BENCH_ATTENTION:-cudnn flash gemm}
 for m in $MATMUL; do
@@ -77,7 +86,7 @@ run_case() {
  "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $((B * accum)), "device": "cuda", "activation_checkpointing": "$ac",
            "compute_dtype": "$mm", "attention_kernel": "$att"},
  "optim": {"lr": 3e-4, "warmup_steps": 0},
- "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name"}, "checkpoint": {"dir": "$TMP/ck_$name"}}
+ "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name", "profile_steps": $PROFILE_STEPS}, "checkpoint": {"dir": "$TMP/ck_$name"}}
 JSON
     rm -rf "$TMP/run_$name"
     [ "$PROFILE" = 1 ] && PROF=(ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base
@@ -102,6 +111,7 @@ print(f"{name} ({params}M params) {shape} {mm} GEMMs, {att} attention on {dev}: 
       f"{med('tokens_per_s'):.0f} tokens/s, MFU {100 * med('mfu'):.1f}% of {peak / 1e3:.0f} TFLOP/s bf16 dense "
       f"(median of {len(timed)} steps after warm-up)")
 PYEOF
+    [ "$PROFILE" = kernels ] && grep "^profile: " "$TMP/$name.out" | grep -v "profile.json$"
     if [ "$PROFILE" = 1 ]; then
         $PY bench/ncu_table.py "$TMP/$tag.ncu.csv" || exit 1
         [ -n "${BENCH_PROFILE_CSV_DIR:-}" ] && cp "$TMP/$tag.ncu.csv" "$BENCH_PROFILE_CSV_DIR/"

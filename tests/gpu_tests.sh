@@ -39,6 +39,9 @@
 #      from step 6 bit-identical to the uninterrupted run, losses and
 #      exported weights; its checkpoint resumed on the CPU continues within
 #      3e-2 (with two GPUs, also under FULL_SHARD on NCCL, bit for bit).
+#   3f. log.profile_steps on cuda: a bf16 Llama run's steps 2-3 timed by
+#      events on the compute stream, with the CPU profile's calls and FLOPs
+#      per kernel-table entry, and bit-identical to the run unprofiled.
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
 #      FULL_SHARD (also with bf16 working weights, gathered as bf16 words)
 #      and tp 2 against the same jobs' 2-rank CPU runs (MPI); FULL_SHARD
@@ -399,6 +402,31 @@ if $BIN "$TMP/llama.json" --set train.steps=10 --set train.device=cpu --set trai
    $PY tests/compare_runs.py "$TMP/rs-1-ref" "$TMP/rs-cpu" --loss-rtol $LOSS_RTOL_BF16 --weight-rtol $LOSS_RTOL_BF16 >"$TMP/rs-cpu.cmp"; then
     echo "ok   the cuda checkpoint of step 6 resumed on the CPU: steps 7-10 and the final weights within $LOSS_RTOL_BF16 of the cuda run"; pass=$((pass + 1))
 else echo "FAIL cuda checkpoint resumed on the CPU: $(grep -E '^resume|llmtrain:' "$TMP/rs-cpu.out" | head -2) $(head -3 "$TMP/rs-cpu.cmp" 2>/dev/null)"; fail=$((fail + 1)); fi
+
+# log.profile_steps on cuda: steps 2-3 of a bf16 Llama run (the fused
+# attention, whose bits repeat) timed by events on the compute stream; the
+# same calls and FLOPs per kernel-table entry as the CPU's profile of the
+# job, every call timed within the steps' wall time, and the run bit-identical
+# to the same run unprofiled
+pjob=("$TMP/llama.json" --set train.steps=4 --set train.compute_dtype=bf16 --set train.attention_kernel=flash --set eval.sample_tokens=0)
+for p in cpu:2 cuda:2 cuda:0; do
+    $BIN "${pjob[@]}" --set train.device=${p%:*} --set log.profile_steps=${p#*:} --set log.dir="$TMP/prof-${p/:/-}" \
+        >"$TMP/prof-${p/:/-}.out" 2>&1 || echo "  profile run $p exited non-zero: $(grep llmtrain: "$TMP/prof-${p/:/-}.out" | head -2)"
+done
+if $PY - "$TMP/prof-cpu-2/profile.json" "$TMP/prof-cuda-2/profile.json" <<'PYEOF' &&
+import json, sys
+c, g = (json.load(open(p)) for p in sys.argv[1:3])
+key = lambda p: {e["name"]: (e["calls"], e["flops"]) for e in p["entries"]}
+ms = sum(e["ms"] for e in g["entries"])
+ok = (g["backend"] == "cuda" and c["backend"] == "cpu" and key(c) == key(g) and g["first_step"] == 2 and g["steps"] == 2
+      and all(e["ms"] >= 0 for e in g["entries"]) and 0 < ms <= g["wall_ms"] * (1 + 1e-6))
+print(f"  {len(key(g))} entries, {sum(v[0] for v in key(g).values())} calls; {ms:.2f} of {g['wall_ms']:.2f} ms timed")
+sys.exit(0 if ok else 1)
+PYEOF
+   grep -q "^profile: steps 2-3 (2 steps): .* (timed on the CUDA compute stream)" "$TMP/prof-cuda-2.out" &&
+   $PY tests/compare_runs.py "$TMP/prof-cuda-0" "$TMP/prof-cuda-2" --steps 4 --exact >/dev/null; then
+    echo "ok   log.profile_steps on cuda: the CPU's calls and FLOPs per entry, timed on the compute stream, the run's bits unchanged"; pass=$((pass + 1))
+else echo "FAIL log.profile_steps on cuda: $(grep '^profile: steps' "$TMP/prof-cuda-2.out")"; fail=$((fail + 1)); fi
 
 # multi-rank: NCCL (2 GPUs or more) or the refusal (1 GPU)
 ngpu=${GPU_COUNT:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}

@@ -55,5 +55,11 @@ if [ $rc -eq 1 ] && [ "$t" = "bench-gpu: FAIL: BENCH_PROFILE=1 needs Nsight Comp
     ok "BENCH_PROFILE=1 without ncu: exit 1, one line"
 else bad "BENCH_PROFILE=1 without ncu: rc $rc: $t"; fi
 
+# BENCH_PROFILE must name a mode: one line, exit 1, before any run
+t=$(BENCH_PROFILE=yes bench/run_bench_gpu.sh 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$t" = "bench-gpu: FAIL: BENCH_PROFILE=yes: expected 0, 1 (Nsight Compute) or kernels (log.profile_steps)" ]; then
+    ok "BENCH_PROFILE=yes: exit 1, one line naming the modes"
+else bad "BENCH_PROFILE=yes: rc $rc: $t"; fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <algorithm>
 #include <vector>
 
@@ -400,6 +401,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     default: return "unknown error";
@@ -523,7 +525,9 @@ struct EmuStream {
     int dummy;
 };
 struct EmuEvent {
-    int dummy;
+    unsigned flags;
+    int recorded;
+    double t; /* host seconds at the last record: the emulation runs each launch before it returns */
 };
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
@@ -545,8 +549,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     return e ? cudaSuccess : set_err(cudaErrorInvalidValue);
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
-    (void)flags;
     *e = (cudaEvent_t)calloc(1, sizeof(EmuEvent));
+    (*e)->flags = flags;
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -555,7 +559,20 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     (void)s;
-    return e ? cudaSuccess : set_err(cudaErrorInvalidValue);
+    if (!e) return set_err(cudaErrorInvalidValue);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    e->t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    e->recorded = 1;
+    return cudaSuccess;
+}
+/* as CUDA: both events recorded, neither created with cudaEventDisableTiming */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    if (!ms || !a || !b) return set_err(cudaErrorInvalidValue);
+    if ((a->flags | b->flags) & cudaEventDisableTiming) return set_err(cudaErrorInvalidResourceHandle);
+    if (!a->recorded || !b->recorded) return set_err(cudaErrorInvalidResourceHandle);
+    *ms = (float)(1000.0 * (b->t - a->t));
+    return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : set_err(cudaErrorInvalidValue); }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }

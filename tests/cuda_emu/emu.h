@@ -68,6 +68,7 @@ typedef enum cudaError {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
     cudaErrorLaunchFailure = 719,
     cudaErrorUnknown = 999
@@ -132,6 +133,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 
 /* emulator internals shared with the C++ side */
 cudaError_t emu_func_set_attribute(const void *f, enum cudaFuncAttribute a, int v);

@@ -212,6 +212,27 @@ int main(int argc, char **argv) {
         return report(n == 1 && s1 == CUBLAS_STATUS_SUCCESS && s2 == CUBLAS_STATUS_NOT_SUPPORTED,
                       "a cuBLASLt plan chosen for 16-byte operands refuses a 4-byte aligned one");
     }
+    if (!strcmp(mode, "events")) { /* as CUDA: timing events only, both recorded, elapsed in order */
+        cudaEvent_t a, b, nt, fresh;
+        cudaEventCreateWithFlags(&a, cudaEventDefault);
+        cudaEventCreateWithFlags(&b, cudaEventDefault);
+        cudaEventCreateWithFlags(&nt, cudaEventDisableTiming);
+        cudaEventCreateWithFlags(&fresh, cudaEventDefault);
+        cudaEventRecord(a, 0);
+        shfl_k<<<64, 64>>>(d, 32);
+        cudaEventRecord(b, 0);
+        cudaEventRecord(nt, 0);
+        cudaEventSynchronize(b);
+        float ms = -1.0f, x = 0.0f;
+        int ok = cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms >= 0.0f;
+        int bad = report(ok, "cudaEventElapsedTime between two recorded timing events: >= 0 ms");
+        bad |= report(cudaEventElapsedTime(&x, a, nt) == cudaErrorInvalidResourceHandle,
+                      "an event created with cudaEventDisableTiming: invalid resource handle");
+        bad |= report(cudaEventElapsedTime(&x, a, fresh) == cudaErrorInvalidResourceHandle,
+                      "an event never recorded: invalid resource handle");
+        (void)cudaGetLastError();
+        return bad;
+    }
     fprintf(stderr, "selftest: unknown mode '%s'\n", mode);
     return 2;
 }

@@ -4,7 +4,7 @@
 cd "$(dirname "$0")" || exit 2
 BIN=build/selftest
 pass=0; fail=0
-for mode in shuffle smem wmma mma-bf16 ldmatrix cublas-align; do
+for mode in shuffle smem wmma mma-bf16 ldmatrix cublas-align events; do
     out=$($BIN $mode 2>&1); rc=$?
     echo "$out"
     p=$(grep -c '^ok' <<<"$out"); f=$(grep -c '^FAIL' <<<"$out")

@@ -1,0 +1,48 @@
+/* profile.h — log.profile_steps: where a training step's compute time goes,
+ * per entry of the kernel table, on any backend and any GPU runtime (no
+ * profiler needed).
+ *
+ * profile_wrap returns a kernel table that calls the given one and, while
+ * timing is on, brackets every call that does work with the backend's
+ * timer_mark: an event on the CUDA compute stream, the clock on the CPU. So
+ * an entry's time is what its kernels, GEMMs and copies took on the stream,
+ * not the host's time to queue them. Matrix products and attention also
+ * count their FLOPs (attention's causal half: QK^T and PV over the
+ * T(T+1)/2 query-key pairs, forward 2 products, backward 5), so the table
+ * gives their achieved rate. Results are the wrapped table's, bit for bit. */
+#ifndef LLMTRAIN_PROFILE_H
+#define LLMTRAIN_PROFILE_H
+#include "kernels.h"
+#include <stdio.h>
+
+/* One wrapper per process: wrapping twice, or a second table, is exit 70. */
+const Kernels *profile_wrap(const Kernels *inner);
+/* Timing on (totals kept across on/off) or off (what was marked is read
+ * back and added). Both wait until the backend has run everything queued
+ * (on CUDA, for the compute stream), so the host's clock around an on/off
+ * pair bounds the time of every call timed inside it. */
+void profile_set(int on);
+/* Forget the totals. */
+void profile_reset(void);
+
+typedef struct {
+    const char *name; /* the kernel-table entry */
+    long calls;
+    double ms;        /* on the backend's clock, summed */
+    double flops;     /* matrix products and attention only, else 0 */
+} ProfileRow;
+
+/* The entries called since the last reset, most time first; returns how
+ * many (at most max). */
+int profile_rows(ProfileRow *rows, int max);
+/* The table of `steps` timed steps whose wall time was wall_ms in all:
+ * prefix on every line, rates against peak_gflops when above 0. */
+void profile_print(FILE *f, const char *prefix, const char *what, int steps, double wall_ms, double peak_gflops);
+
+/* The same totals as JSON ({"backend", "first_step" (1-based), "steps",
+ * "wall_ms", "peak_gflops", "entries": [{"name", "calls", "ms", "flops"}]},
+ * sums over the steps, most time first), written whole (a temporary file
+ * renamed): 0, or -1 with errno set. */
+int profile_write_json(const char *path, int first_step, int steps, double wall_ms, double peak_gflops);
+
+#endif

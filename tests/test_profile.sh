@@ -1,0 +1,138 @@
+#!/bin/bash
+# log.profile_steps: the kernel table timed call by call over a window of
+# steps. Checked against what the job's shape says a step must do, not
+# against the profiler's own code: the calls of each kernel-table entry a
+# step (derived here from the model's structure: layers, micro-batches,
+# checkpointing mode), the matrix products' FLOPs (6 x the product weights x
+# tokens, plus the recomputed forward under full checkpointing) and
+# attention's (causal: 2 products forward, 5 backward, over T(T+1)/2 pairs);
+# the timed calls inside the steps' wall time; the window (the run's second
+# step on, also after a resume; a one-step run times its step); the table on
+# stdout once per job, profile.json beside metrics.jsonl; and a profiled run's
+# losses, norms and weights bit-identical to the same run unprofiled (1 rank
+# and FULL_SHARD on 2).
+. "$(dirname "$0")/lib.sh"
+
+write_shard "$TMP/train.bin" 96 20000 1
+tiny_job gpt2 "$TMP/gpt2.json" "$TMP/train.bin"
+tiny_job llama "$TMP/llama.json" "$TMP/train.bin"
+
+# check_json PROFILE.json ARCH ACCUM CKPT HEADCHUNKS FIRST STEPS: calls, FLOPs and times
+check_json() {
+    $PY - "$@" <<'PYEOF'
+import json, sys
+path, arch, accum, ckpt, H, first, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+p = json.load(open(path))
+# the tiny job of tests/lib.sh: 2 layers, 32 wide, 4 heads (Llama 2 kv heads, ffn 256 by Llama's rule), vocab 96, 2 x 16 tokens
+L, C, nh, V, B, T = 2, 32, 4, 96, 2, 16
+hd = C // nh
+llama = arch == "llama"
+nkv, F = (2, 256) if llama else (nh, 4 * C)
+norm = "rmsnorm" if llama else "layernorm"
+layer_fwd = {f"{norm}_forward": 2, "matmul_forward_a": 1 + llama, "attention_forward": 1, "matmul_forward_res": 2}
+layer_fwd.update({"rope_forward": 1, "swiglu_forward": 1} if llama else {"matmul_gelu_forward": 1})
+layer_bwd = {("matmul_swiglu_backward" if llama else "matmul_gelu_backward"): 1, "matmul_backward_a": 2,
+             f"{norm}_backward": 2, "matmul_backward_dinp_a": 1, "attention_backward": 1}
+if llama: layer_bwd["rope_backward"] = 1
+micro = {"from_host": 2, "embed_forward": 1, f"{norm}_forward": 1, "matmul_forward_a": H, "crossentropy_fused": H,
+         "matmul_backward_a": H, "sum": 1, "zero": 1, f"{norm}_backward": 1, "embed_backward": 1}
+def add(d, e, n):
+    for k, v in e.items(): d[k] = d.get(k, 0) + n * v
+add(micro, layer_fwd, L)
+add(micro, layer_bwd, L)
+if ckpt == "full": add(micro, layer_fwd, L)
+if ckpt == "selective": add(micro, {"attention_forward": 1}, L)
+want = {"zero": 1, "sumsq": 1, "adamw_multi": 1}  # a step: the gradients zeroed, their norm, AdamW
+add(want, micro, accum)
+got = {e["name"]: e["calls"] for e in p["entries"]}
+errs = []
+for k in sorted(set(want) | set(got)):
+    if got.get(k, 0) != want.get(k, 0) * steps:
+        errs.append(f"{k}: {got.get(k, 0)} calls, expected {want.get(k, 0) * steps}")
+layer = (C * (nh + 2 * nkv) * hd + nh * hd * C + C * (2 * F if llama else F) + F * C)
+tokens = accum * B * T
+mm_want = steps * tokens * (6 * (L * layer + V * C) + (2 * L * layer if ckpt == "full" else 0))
+att = B * nh * hd * T * (T + 1) * L * accum * steps
+att_want = {"attention_forward": att * (2 if ckpt == "none" else 4), "attention_backward": 5 * att}
+fl = {e["name"]: e["flops"] for e in p["entries"]}
+mm_got = sum(v for k, v in fl.items() if k.startswith("matmul_"))
+if mm_got != mm_want: errs.append(f"matrix-product FLOPs {mm_got:.0f}, expected {mm_want}")
+for k, v in att_want.items():
+    if fl.get(k) != v: errs.append(f"{k} FLOPs {fl.get(k)}, expected {v}")
+others = [k for k, v in fl.items() if v and not (k.startswith("matmul_") or k in att_want)]
+if others: errs.append(f"FLOPs counted for {others}")
+ms = sum(e["ms"] for e in p["entries"])
+if not (p["first_step"] == first and p["steps"] == steps): errs.append(f"window {p['first_step']}+{p['steps']}, expected {first}+{steps}")
+if not all(e["ms"] >= 0 for e in p["entries"]) or not (0.2 * p["wall_ms"] <= ms <= p["wall_ms"] * (1 + 1e-9)):
+    errs.append(f"timed calls {ms:.3f} ms against the steps' {p['wall_ms']:.3f} ms")
+print("; ".join(errs) if errs else f"{sum(got.values())} calls in {len(got)} entries, {mm_got:.0f} + {att_want['attention_forward'] + 5 * att} FLOPs, {ms:.2f} of {p['wall_ms']:.2f} ms")
+sys.exit(1 if errs else 0)
+PYEOF
+}
+
+# 1 rank: GPT-2 (steps 2-4 of 5), Llama under each checkpointing mode (a
+# window past the run's end: steps 2-3 of 3, printed at the end)
+run() { # NAME JOB ARGS...: llmtrain into $TMP/NAME
+    local name=$1 job=$2; shift 2
+    $BIN "$job" --set log.dir="$TMP/$name" "$@" >"$TMP/$name.out" 2>&1 || echo "  $name exited non-zero: $(tail -2 "$TMP/$name.out")"
+}
+run g0 "$TMP/gpt2.json" --set train.steps=5
+run g1 "$TMP/gpt2.json" --set train.steps=5 --set log.profile_steps=3
+if t=$(check_json "$TMP/g1/profile.json" gpt2 4 none 1 2 3); then ok "gpt2 steps 2-4: $t"; else bad "gpt2 profile.json: $t"; fi
+# the table: its header names the window, a row per entry, where the JSON went; nothing from a run without it
+rows=$(grep -cE '^profile: +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9.]+ ' "$TMP/g1.out")
+entries=$($PY -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["entries"]))' "$TMP/g1/profile.json")
+if grep -q "^profile: steps 2-4 (3 steps): [0-9.]* ms a step in 159 calls of the kernel table (timed by the host clock)" "$TMP/g1.out" &&
+   grep -Eq "^profile: +[0-9.]+ +[0-9.]+% +20\.0 +[0-9.]+ +[0-9.e-]+ +[0-9.]+%  matmul_backward_a$" "$TMP/g1.out" &&
+   [ "$rows" = "$entries" ] && grep -qx "profile: $TMP/g1/profile.json" "$TMP/g1.out" &&
+   [ "$(grep -n '^profile: steps' "$TMP/g1.out" | cut -d: -f1)" -gt "$(grep -n '^step     4/5' "$TMP/g1.out" | cut -d: -f1)" ] &&
+   ! grep -q "^profile" "$TMP/g0.out" && [ ! -e "$TMP/g0/profile.json" ]; then
+    ok "gpt2: the table after step 4 (159 calls a step, $rows rows, matmul_backward_a 20 a step at its rate and share of the peak)"
+else bad "gpt2 table: $(grep '^profile' "$TMP/g1.out" | head -5)"; fi
+$BIN export "$TMP/g0/checkpoints" "$TMP/g0/hf" >/dev/null 2>&1; $BIN export "$TMP/g1/checkpoints" "$TMP/g1/hf" >/dev/null 2>&1
+if $PY tests/compare_runs.py "$TMP/g0" "$TMP/g1" --steps 5 --exact >/dev/null; then
+    ok "gpt2: profiled run bit-identical to the unprofiled one (losses, norms, weights)"
+else bad "gpt2: the profiled run differs"; fi
+
+for mode in none selective full; do
+    run l-$mode "$TMP/llama.json" --set train.steps=3 --set log.profile_steps=10 --set train.activation_checkpointing=$mode
+    if t=$(check_json "$TMP/l-$mode/profile.json" llama 4 $mode 1 2 2) && grep -q "^profile: steps 2-3 (2 steps)" "$TMP/l-$mode.out"; then
+        ok "llama $mode, window past the end (steps 2-3 of 3): $t"
+    else bad "llama $mode: $t $(grep '^profile: steps' "$TMP/l-$mode.out")"; fi
+done
+# the LM head in chunks: 32-row micro-batches in 3 chunks of at most 12 rows
+run l-chunk "$TMP/llama.json" --set train.steps=3 --set log.profile_steps=2 --set train.lm_head_chunk=12
+if t=$(check_json "$TMP/l-chunk/profile.json" llama 4 none 3 2 2); then ok "llama, lm head in 3 chunks: $t"; else bad "llama chunked head: $t"; fi
+
+# more calls in a step than the backend has timer slots (8192, 2 a call):
+# 300 micro-batches, about 11,700 calls, read back in several batches
+run many "$TMP/gpt2.json" --set train.steps=2 --set train.global_batch=600 --set log.profile_steps=1
+if t=$(check_json "$TMP/many/profile.json" gpt2 300 none 1 2 1); then ok "300 micro-batches a step (slots read back mid-step): $t"; else bad "300 micro-batches: $t"; fi
+
+# after a resume the window starts at the resumed run's second step; a
+# one-step run times its only step
+run r "$TMP/gpt2.json" --set train.steps=3
+run r "$TMP/gpt2.json" --set train.steps=6 --set log.profile_steps=1
+if t=$(check_json "$TMP/r/profile.json" gpt2 4 none 1 5 1) && grep -q "^resume" "$TMP/r.out" && grep -q "^profile: step 5 (1 step)" "$TMP/r.out"; then
+    ok "resumed at step 3: step 5 timed: $t"
+else bad "resumed window: $t $(grep '^profile: step' "$TMP/r.out")"; fi
+run one "$TMP/gpt2.json" --set train.steps=1 --set log.profile_steps=4
+if t=$(check_json "$TMP/one/profile.json" gpt2 4 none 1 1 1); then ok "one-step run: step 1 timed: $t"; else bad "one-step run: $t"; fi
+
+# 2 ranks, FULL_SHARD: one table for the job, the same bits as unprofiled
+for p in 0 2; do
+    $MPIRUN 2 $BIN "$TMP/gpt2.json" --set train.steps=4 --set parallel.strategy=FULL_SHARD --set log.profile_steps=$p \
+        --set log.dir="$TMP/fs$p" >"$TMP/fs$p.out" 2>&1 || echo "  FULL_SHARD profile $p exited non-zero: $(tail -2 "$TMP/fs$p.out")"
+done
+if [ "$(grep -c '^profile: steps 2-3 (2 steps)' "$TMP/fs2.out")" = 1 ] && [ -s "$TMP/fs2/profile.json" ] &&
+   $PY tests/compare_runs.py "$TMP/fs0" "$TMP/fs2" --steps 4 --exact >/dev/null; then
+    ok "FULL_SHARD 2 ranks: one table, losses and norms bit-identical to unprofiled"
+else bad "FULL_SHARD profile: $(grep -c '^profile: steps' "$TMP/fs2.out") tables"; fi
+
+$BIN "$TMP/gpt2.json" --set log.profile_steps=-1 >"$TMP/bad.out" 2>&1; rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/bad.out")" -eq 1 ] && grep -q "log.profile_steps" "$TMP/bad.out"; then
+    ok "log.profile_steps -1: one line, exit 2"
+else bad "log.profile_steps -1: rc $rc $(cat "$TMP/bad.out")"; fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
