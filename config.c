@@ -88,7 +88,7 @@ static const Key KEYS[] = {
     /* log */
     {"log.dir", K_STR, STR(log_dir), "\"\"", 0, 0, NULL, "where metrics.jsonl goes (empty: runs/<job file name>)"},
     {"log.every_steps", K_INT, OFF(log_every), 0, "1", 1, BIG, NULL, "print a step line every this many steps"},
-    {"log.profile_steps", K_INT, OFF(profile_steps), 0, "0", 0, BIG, NULL, "time every kernel-table call of this many training steps (from the run's second) on the backend's own clock (CUDA events on the compute stream; the host clock on the CPU), then print where the time went per entry, with the matrix products' and attention's TFLOP/s, and write it to <log.dir>/profile.json (0 = off; see Profiling)"},
+    {"log.profile_steps", K_INT, OFF(profile_steps), 0, "0", 0, BIG, NULL, "time every kernel-table call of this many training steps (from the run's second) on the backend's own clock (CUDA events on the compute stream; the host clock on the CPU), then print where the time went per entry, with the matrix products' and attention's TFLOP/s and the memory-bound entries' GB/s, and write it to <log.dir>/profile.json (0 = off; see Profiling)"},
     {"log.peak_gflops", K_DOUBLE, OFF(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s used for MFU (0 = measure sgemm on the CPU)"},
     /* checkpoint */
     {"checkpoint.dir", K_STR, STR(ckpt_dir), "\"\"", 0, 0, NULL, "checkpoint root, one folder per step (empty: <log.dir>/checkpoints)"},

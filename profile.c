@@ -36,7 +36,7 @@ static struct {
     int pair[KERNEL_TIMER_SLOTS / 2]; /* the entry of each pair of slots */
     double mark[KERNEL_TIMER_SLOTS];
     long calls[E_COUNT];
-    double ms[E_COUNT], flops[E_COUNT];
+    double ms[E_COUNT], flops[E_COUNT], bytes[E_COUNT];
 } P;
 
 static void harvest(void) {
@@ -53,188 +53,223 @@ static int begin(void) {
     return 1;
 }
 
-static void end(int timed, int e, double flops) {
+static void end(int timed, int e, double flops, double bytes) {
     if (!timed) return;
     P.in->timer_mark(P.n + 1);
     P.pair[P.n / 2] = e;
     P.n += 2;
     P.calls[e]++;
     P.flops[e] += flops;
+    P.bytes[e] += bytes;
 }
 
-#define TIMED(e, flops, call)                                                                                          \
+#define TIMED(e, flops, bytes, call)                                                                                   \
     do {                                                                                                               \
         int timed_ = begin();                                                                                          \
         call;                                                                                                          \
-        end(timed_, E_##e, (flops));                                                                                   \
+        end(timed_, E_##e, (flops), (bytes));                                                                          \
     } while (0)
 
 /* 2 FLOPs a multiply-add of an [N, C] x [C, OC] product, times how many */
 static double mm(int N, int C, int OC, int products) { return 2.0 * N * C * OC * products; }
 /* one causal product over [B, nh] heads: QK^T or PV on T(T+1)/2 pairs */
 static double att(int B, int T, int nh, int hd) { return (double)B * nh * hd * T * (T + 1.0); }
+/* The least traffic of the memory-bound entries: each operand read once and
+ * each result written once (an add-into result read and written), fp32
+ * unless [a] (A bytes an element, the table's act_bytes); 0 for the products
+ * and attention (rated by their FLOPs) and for host copies. */
+#define A ((double)P.table.act_bytes)
+static double by(size_t n, double bytes_each) { return (double)n * bytes_each; }
+static double adamw_bytes(const AdamWRange *r, int n) { /* p, g, m, v read; p, m, v written */
+    double b = 0;
+    for (int i = 0; i < n; i++) b += by(r[i].n, 28);
+    return b;
+}
 
-static void w_zero(void *p, size_t b) { TIMED(zero, 0, P.in->zero(p, b)); }
-static void w_copy(void *d, const void *s, size_t b) { TIMED(copy, 0, P.in->copy(d, s, b)); }
-static void w_to_host(void *d, const void *s, size_t b) { TIMED(to_host, 0, P.in->to_host(d, s, b)); }
-static void w_from_host(void *d, const void *s, size_t b) { TIMED(from_host, 0, P.in->from_host(d, s, b)); }
+static void w_zero(void *p, size_t b) { TIMED(zero, 0, b, P.in->zero(p, b)); }
+static void w_copy(void *d, const void *s, size_t b) { TIMED(copy, 0, 2.0 * b, P.in->copy(d, s, b)); }
+static void w_to_host(void *d, const void *s, size_t b) { TIMED(to_host, 0, 0, P.in->to_host(d, s, b)); }
+static void w_from_host(void *d, const void *s, size_t b) { TIMED(from_host, 0, 0, P.in->from_host(d, s, b)); }
 static void w_embed_forward(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C) {
-    TIMED(embed_forward, 0, P.in->embed_forward(out, tok, wte, wpe, N, T, C));
+    TIMED(embed_forward, 0, by(N, 4) + by((size_t)N * C, wpe ? 12 : 8),
+          P.in->embed_forward(out, tok, wte, wpe, N, T, C));
 }
 static void w_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C) {
-    TIMED(embed_backward, 0, P.in->embed_backward(dwte, dwpe, dout, tok, N, T, C));
+    TIMED(embed_backward, 0, 0, P.in->embed_backward(dwte, dwpe, dout, tok, N, T, C));
 }
 static void w_embed_forward_vp(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C,
                                int v0, int V) {
-    TIMED(embed_forward_vp, 0, P.in->embed_forward_vp(out, tok, wte, wpe, N, T, C, v0, V));
+    TIMED(embed_forward_vp, 0, by(N, 4) + by((size_t)N * C, wpe ? 12 : 8),
+          P.in->embed_forward_vp(out, tok, wte, wpe, N, T, C, v0, V));
 }
 static void w_embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C,
                                 int v0, int V) {
-    TIMED(embed_backward_vp, 0, P.in->embed_backward_vp(dwte, dwpe, dout, tok, N, T, C, v0, V));
+    TIMED(embed_backward_vp, 0, 0, P.in->embed_backward_vp(dwte, dwpe, dout, tok, N, T, C, v0, V));
 }
 static void w_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                                 int N, int C, float eps) {
-    TIMED(layernorm_forward, 0, P.in->layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps));
+    TIMED(layernorm_forward, 0, by((size_t)N * C, 4 + A) + by(N, 8) + by(C, 8),
+          P.in->layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps));
 }
 static void w_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, const float *mean, const float *rstd, int N, int C) {
-    TIMED(layernorm_backward, 0, P.in->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
+    TIMED(layernorm_backward, 0, by((size_t)N * C, 16) + by(N, 8) + by(C, 20),
+          P.in->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
 }
 static void w_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
-    TIMED(rmsnorm_forward, 0, P.in->rmsnorm_forward(out, rstd, inp, w, N, C, eps));
+    TIMED(rmsnorm_forward, 0, by((size_t)N * C, 4 + A) + by(N, 4) + by(C, 4),
+          P.in->rmsnorm_forward(out, rstd, inp, w, N, C, eps));
 }
 static void w_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                const float *rstd, int N, int C) {
-    TIMED(rmsnorm_backward, 0, P.in->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C));
+    TIMED(rmsnorm_backward, 0, by((size_t)N * C, 16) + by(N, 4) + by(C, 12),
+          P.in->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C));
 }
 static void w_add_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
                                     const float *w, const float *bias, int N, int C, float eps) {
-    TIMED(add_layernorm_forward, 0, P.in->add_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, eps));
+    TIMED(add_layernorm_forward, 0, by((size_t)N * C, 12 + A) + by(N, 8) + by(C, 8),
+          P.in->add_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, eps));
 }
 static void w_add_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
                                   int N, int C, float eps) {
-    TIMED(add_rmsnorm_forward, 0, P.in->add_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps));
+    TIMED(add_rmsnorm_forward, 0, by((size_t)N * C, 12 + A) + by(N, 4) + by(C, 4),
+          P.in->add_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps));
 }
 static void w_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
-    TIMED(matmul_forward, mm(N, C, OC, 1), P.in->matmul_forward(out, inp, w, bias, N, C, OC));
+    TIMED(matmul_forward, mm(N, C, OC, 1), 0, P.in->matmul_forward(out, inp, w, bias, N, C, OC));
 }
 static void w_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                               const float *w, int N, int C, int OC) {
-    TIMED(matmul_backward, mm(N, C, OC, (dinp != NULL) + (dw != NULL)),
+    TIMED(matmul_backward, mm(N, C, OC, (dinp != NULL) + (dw != NULL)), 0,
           P.in->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC));
 }
 static void w_matmul_forward_res(float *out, const float *res, const float *inp, const float *w, const float *bias,
                                  int N, int C, int OC) {
-    TIMED(matmul_forward_res, mm(N, C, OC, 1), P.in->matmul_forward_res(out, res, inp, w, bias, N, C, OC));
+    TIMED(matmul_forward_res, mm(N, C, OC, 1), 0, P.in->matmul_forward_res(out, res, inp, w, bias, N, C, OC));
 }
 static void w_matmul_forward_a(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
-    TIMED(matmul_forward_a, mm(N, C, OC, 1), P.in->matmul_forward_a(out, inp, w, bias, N, C, OC));
+    TIMED(matmul_forward_a, mm(N, C, OC, 1), 0, P.in->matmul_forward_a(out, inp, w, bias, N, C, OC));
 }
 static void w_matmul_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                                 const float *w, int N, int C, int OC) {
-    TIMED(matmul_backward_a, mm(N, C, OC, (dinp != NULL) + (dw != NULL)),
+    TIMED(matmul_backward_a, mm(N, C, OC, (dinp != NULL) + (dw != NULL)), 0,
           P.in->matmul_backward_a(dinp, dw, dbias, dout, inp, w, N, C, OC));
 }
 static void w_matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                                      const float *w, int N, int C, int OC) {
-    TIMED(matmul_backward_dinp_a, mm(N, C, OC, (dinp != NULL) + (dw != NULL)),
+    TIMED(matmul_backward_dinp_a, mm(N, C, OC, (dinp != NULL) + (dw != NULL)), 0,
           P.in->matmul_backward_dinp_a(dinp, dw, dbias, dout, inp, w, N, C, OC));
 }
 static void w_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
-    TIMED(attention_forward, 2 * att(B, T, nh, hd), P.in->attention_forward(out, lse, qkv, B, T, nh, nkv, hd));
+    TIMED(attention_forward, 2 * att(B, T, nh, hd), 0, P.in->attention_forward(out, lse, qkv, B, T, nh, nkv, hd));
 }
 static void w_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                  int B, int T, int nh, int nkv, int hd) {
-    TIMED(attention_backward, 5 * att(B, T, nh, hd),
+    TIMED(attention_backward, 5 * att(B, T, nh, hd), 0,
           P.in->attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd));
 }
 static void w_rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
-    TIMED(rope_forward, 0, P.in->rope_forward(qkv, B, T, nh, nkv, hd, theta, pos0));
+    TIMED(rope_forward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A),
+          P.in->rope_forward(qkv, B, T, nh, nkv, hd, theta, pos0));
 }
 static void w_rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
-    TIMED(rope_backward, 0, P.in->rope_backward(dqkv, B, T, nh, nkv, hd, theta, pos0));
+    TIMED(rope_backward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A),
+          P.in->rope_backward(dqkv, B, T, nh, nkv, hd, theta, pos0));
 }
-static void w_gelu_forward(float *out, const float *inp, size_t n) { TIMED(gelu_forward, 0, P.in->gelu_forward(out, inp, n)); }
+static void w_gelu_forward(float *out, const float *inp, size_t n) {
+    TIMED(gelu_forward, 0, by(n, 8),
+          P.in->gelu_forward(out, inp, n));
+}
 static void w_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-    TIMED(gelu_backward, 0, P.in->gelu_backward(dinp, inp, dout, n));
+    TIMED(gelu_backward, 0, by(n, 12), P.in->gelu_backward(dinp, inp, dout, n));
 }
 static void w_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
                                   int C, int OC) {
-    TIMED(matmul_gelu_forward, mm(N, C, OC, 1), P.in->matmul_gelu_forward(out, pre, inp, w, bias, N, C, OC));
+    TIMED(matmul_gelu_forward, mm(N, C, OC, 1), 0, P.in->matmul_gelu_forward(out, pre, inp, w, bias, N, C, OC));
 }
 static void w_swiglu_forward(float *out, const float *inp, int N, int F) {
-    TIMED(swiglu_forward, 0, P.in->swiglu_forward(out, inp, N, F));
+    TIMED(swiglu_forward, 0, by((size_t)N * F, 3 * A), P.in->swiglu_forward(out, inp, N, F));
 }
 static void w_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
-    TIMED(swiglu_backward, 0, P.in->swiglu_backward(dinp, inp, dout, N, F));
+    TIMED(swiglu_backward, 0, by((size_t)N * F, 2 * A + 20), P.in->swiglu_backward(dinp, inp, dout, N, F));
 }
 static void w_matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
                                    const float *w, const float *pre, int N, int C, int OC) {
-    TIMED(matmul_gelu_backward, mm(N, C, OC, (dpre != NULL) + (dw != NULL)),
+    TIMED(matmul_gelu_backward, mm(N, C, OC, (dpre != NULL) + (dw != NULL)), 0,
           P.in->matmul_gelu_backward(dpre, dw, dbias, dout, inp, w, pre, N, C, OC));
 }
 static void w_matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
                                      const float *w, const float *pre, int N, int C, int OC) {
-    TIMED(matmul_swiglu_backward, mm(N, C, OC, (dpre != NULL) + (dw != NULL)),
+    TIMED(matmul_swiglu_backward, mm(N, C, OC, (dpre != NULL) + (dw != NULL)), 0,
           P.in->matmul_swiglu_backward(dpre, dw, dbias, dout, inp, w, pre, N, C, OC));
 }
-static void w_add(float *out, const float *a, const float *b, size_t n) { TIMED(add, 0, P.in->add(out, a, b, n)); }
+static void w_add(float *out, const float *a, const float *b, size_t n) {
+    TIMED(add, 0, by(n, 12),
+          P.in->add(out, a, b, n));
+}
 static void w_crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
-    TIMED(crossentropy_forward, 0, P.in->crossentropy_forward(losses, logits, targets, N, V));
+    TIMED(crossentropy_forward, 0, by((size_t)N * V, 2 * A) + by(N, 8),
+          P.in->crossentropy_forward(losses, logits, targets, N, V));
 }
 static void w_crossentropy_backward(float *probs, const int *targets, float dloss, int N, int V) {
-    TIMED(crossentropy_backward, 0, P.in->crossentropy_backward(probs, targets, dloss, N, V));
+    TIMED(crossentropy_backward, 0, by((size_t)N * V, 2 * A) + by(N, 4),
+          P.in->crossentropy_backward(probs, targets, dloss, N, V));
 }
 static void w_crossentropy_fused(float *losses, float *logits, const int *targets, float dloss, int N, int V) {
-    TIMED(crossentropy_fused, 0, P.in->crossentropy_fused(losses, logits, targets, dloss, N, V));
+    TIMED(crossentropy_fused, 0, by((size_t)N * V, 2 * A) + by(N, 8),
+          P.in->crossentropy_fused(losses, logits, targets, dloss, N, V));
 }
 static void w_crossentropy_vp_max(float *rowmax, const float *logits, int N, int V) {
-    TIMED(crossentropy_vp_max, 0, P.in->crossentropy_vp_max(rowmax, logits, N, V));
+    TIMED(crossentropy_vp_max, 0, by((size_t)N * V, A) + by(N, 4), P.in->crossentropy_vp_max(rowmax, logits, N, V));
 }
 static void w_crossentropy_vp_expsum(float *sums, float *tgt, float *logits, const float *rowmax, const int *targets,
                                      int N, int V, int v0) {
-    TIMED(crossentropy_vp_expsum, 0, P.in->crossentropy_vp_expsum(sums, tgt, logits, rowmax, targets, N, V, v0));
+    TIMED(crossentropy_vp_expsum, 0, by((size_t)N * V, 2 * A) + by(N, 16),
+          P.in->crossentropy_vp_expsum(sums, tgt, logits, rowmax, targets, N, V, v0));
 }
 static void w_crossentropy_vp_finish(float *losses, float *logits, const float *rowmax, const float *sums,
                                      const float *tgt, int N, int V) {
-    TIMED(crossentropy_vp_finish, 0, P.in->crossentropy_vp_finish(losses, logits, rowmax, sums, tgt, N, V));
+    TIMED(crossentropy_vp_finish, 0, by((size_t)N * V, 2 * A) + by(N, 16),
+          P.in->crossentropy_vp_finish(losses, logits, rowmax, sums, tgt, N, V));
 }
 static void w_crossentropy_vp_backward(float *probs, const int *targets, float dloss, int N, int V, int v0) {
-    TIMED(crossentropy_vp_backward, 0, P.in->crossentropy_vp_backward(probs, targets, dloss, N, V, v0));
+    TIMED(crossentropy_vp_backward, 0, by((size_t)N * V, 2 * A) + by(N, 4),
+          P.in->crossentropy_vp_backward(probs, targets, dloss, N, V, v0));
 }
 static double w_sumsq(const float *x, size_t n) {
     double r;
-    TIMED(sumsq, 0, r = P.in->sumsq(x, n));
+    TIMED(sumsq, 0, by(n, 4), r = P.in->sumsq(x, n));
     return r;
 }
 static double w_sum(const float *x, size_t n) {
     double r;
-    TIMED(sum, 0, r = P.in->sum(x, n));
+    TIMED(sum, 0, by(n, 4), r = P.in->sum(x, n));
     return r;
 }
-static void w_scale(float *x, float s, size_t n) { TIMED(scale, 0, P.in->scale(x, s, n)); }
+static void w_scale(float *x, float s, size_t n) { TIMED(scale, 0, by(n, 8), P.in->scale(x, s, n)); }
 static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                     float eps, float wd, int t, float grad_scale) {
-    TIMED(adamw, 0, P.in->adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, grad_scale));
+    TIMED(adamw, 0, by(n, 28), P.in->adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, grad_scale));
 }
 static void w_adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int n_ranges,
                           float lr, float beta1, float beta2, float eps, int t, float grad_scale) {
-    TIMED(adamw_multi, 0, P.in->adamw_multi(p, g, m, v, ranges, n_ranges, lr, beta1, beta2, eps, t, grad_scale));
+    TIMED(adamw_multi, 0, adamw_bytes(ranges, n_ranges),
+          P.in->adamw_multi(p, g, m, v, ranges, n_ranges, lr, beta1, beta2, eps, t, grad_scale));
 }
 static void w_round_bf16(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
-    TIMED(round_bf16, 0, P.in->round_bf16(dst, src, n, seed, index0));
+    TIMED(round_bf16, 0, by(n, 8), P.in->round_bf16(dst, src, n, seed, index0));
 }
 static void w_pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
-    TIMED(pack_bf16, 0, P.in->pack_bf16(dst, src, n, seed, index0));
+    TIMED(pack_bf16, 0, by(n, 6), P.in->pack_bf16(dst, src, n, seed, index0));
 }
 static void w_unpack_bf16(float *dst, const uint16_t *src, size_t n) {
-    TIMED(unpack_bf16, 0, P.in->unpack_bf16(dst, src, n));
+    TIMED(unpack_bf16, 0, by(n, 6), P.in->unpack_bf16(dst, src, n));
 }
 static void w_offload_copy(void *host, void *dev, size_t bytes, int to_host) {
-    TIMED(offload_copy, 0, P.in->offload_copy(host, dev, bytes, to_host));
+    TIMED(offload_copy, 0, 0, P.in->offload_copy(host, dev, bytes, to_host));
 }
 /* the compute stream waiting for an offload copy: its time is the stall */
-static void w_offload_wait(int mark) { TIMED(offload_wait, 0, P.in->offload_wait(mark)); }
+static void w_offload_wait(int mark) { TIMED(offload_wait, 0, 0, P.in->offload_wait(mark)); }
 
 const Kernels *profile_wrap(const Kernels *inner) {
     if (P.in) die(EXIT_INTERNAL, "profile_wrap: the %s table is wrapped already", P.in->name);
@@ -264,6 +299,7 @@ void profile_reset(void) {
     memset(P.calls, 0, sizeof P.calls);
     memset(P.ms, 0, sizeof P.ms);
     memset(P.flops, 0, sizeof P.flops);
+    memset(P.bytes, 0, sizeof P.bytes);
 }
 
 static int by_time(const void *a, const void *b) {
@@ -276,7 +312,7 @@ int profile_rows(ProfileRow *rows, int max) {
     ProfileRow all[E_COUNT];
     int n = 0;
     for (int e = 0; e < E_COUNT; e++)
-        if (P.calls[e] > 0) all[n++] = (ProfileRow){entry_name[e], P.calls[e], P.ms[e], P.flops[e]};
+        if (P.calls[e] > 0) all[n++] = (ProfileRow){entry_name[e], P.calls[e], P.ms[e], P.flops[e], P.bytes[e]};
     qsort(all, (size_t)n, sizeof all[0], by_time);
     if (n > max) n = max;
     memcpy(rows, all, (size_t)n * sizeof all[0]);
@@ -300,17 +336,21 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
     if (fl > 0)
         fprintf(f, "%smatrix products and attention: %.4g TFLOP a step in %.2f ms, %.4g TFLOP/s%s", prefix, fl / s / 1e12,
                 fl_ms / s, fl / (fl_ms * 1e9), peak_gflops > 0 ? "" : "\n");
-    if (fl > 0 && peak_gflops > 0) fprintf(f, " (%.1f%% of the %.4g TFLOP/s peak)\n", 100 * fl / (fl_ms * 1e6) / peak_gflops, peak_gflops / 1e3);
-    fprintf(f, "%s%9s %6s %8s %10s %9s %6s  %s\n", prefix, "ms/step", "share", "calls", "us/call", "TFLOP/s", "peak", "entry");
+    if (fl > 0 && peak_gflops > 0)
+        fprintf(f, " (%.1f%% of the %.4g TFLOP/s peak)\n", 100 * fl / (fl_ms * 1e6) / peak_gflops, peak_gflops / 1e3);
+    fprintf(f, "%s%9s %6s %8s %10s %9s %6s %8s  %s\n", prefix, "ms/step", "share", "calls", "us/call", "TFLOP/s", "peak",
+            "GB/s", "entry");
     for (int i = 0; i < n; i++) {
-        char rate[16] = "", pk[16] = "";
+        char rate[16] = "", pk[16] = "", bw[16] = "";
         if (r[i].flops > 0 && r[i].ms > 0) {
             double tf = r[i].flops / (r[i].ms * 1e9);
             snprintf(rate, sizeof rate, "%.4g", tf);
             if (peak_gflops > 0) snprintf(pk, sizeof pk, "%.1f%%", 100 * tf * 1e3 / peak_gflops);
         }
-        fprintf(f, "%s%9.3f %5.1f%% %8.1f %10.1f %9s %6s  %s\n", prefix, r[i].ms / s, ms > 0 ? 100 * r[i].ms / ms : 0.0,
-                (double)r[i].calls / s, 1000 * r[i].ms / (double)r[i].calls, rate, pk, r[i].name);
+        if (r[i].bytes > 0 && r[i].ms > 0) snprintf(bw, sizeof bw, "%.4g", r[i].bytes / (r[i].ms * 1e6));
+        fprintf(f, "%s%9.3f %5.1f%% %8.1f %10.1f %9s %6s %8s  %s\n", prefix, r[i].ms / s,
+                ms > 0 ? 100 * r[i].ms / ms : 0.0, (double)r[i].calls / s, 1000 * r[i].ms / (double)r[i].calls, rate, pk,
+                bw, r[i].name);
     }
 }
 
@@ -321,8 +361,8 @@ int profile_write_json(const char *path, int first_step, int steps, double wall_
     buf_add(&b, "{\"backend\":\"%s\",\"first_step\":%d,\"steps\":%d,\"wall_ms\":%.17g,\"peak_gflops\":%.17g,\"entries\":[",
             P.in->name, first_step, steps, wall_ms, peak_gflops);
     for (int i = 0; i < n; i++)
-        buf_add(&b, "%s\n{\"name\":\"%s\",\"calls\":%ld,\"ms\":%.17g,\"flops\":%.17g}", i ? "," : "", r[i].name,
-                r[i].calls, r[i].ms, r[i].flops);
+        buf_add(&b, "%s\n{\"name\":\"%s\",\"calls\":%ld,\"ms\":%.17g,\"flops\":%.17g,\"bytes\":%.17g}", i ? "," : "",
+                r[i].name, r[i].calls, r[i].ms, r[i].flops, r[i].bytes);
     buf_add(&b, "]}\n");
     /* whole or not at all: a temporary file renamed over the name */
     char tmp[4200];

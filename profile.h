@@ -9,7 +9,10 @@
  * not the host's time to queue them. Matrix products and attention also
  * count their FLOPs (attention's causal half: QK^T and PV over the
  * T(T+1)/2 query-key pairs, forward 2 products, backward 5), so the table
- * gives their achieved rate. Results are the wrapped table's, bit for bit. */
+ * gives their achieved rate; the memory-bound entries count the least
+ * traffic they must make (each operand read once, each result written
+ * once), for their achieved bandwidth. Results are the wrapped table's,
+ * bit for bit. */
 #ifndef LLMTRAIN_PROFILE_H
 #define LLMTRAIN_PROFILE_H
 #include "kernels.h"
@@ -30,6 +33,7 @@ typedef struct {
     long calls;
     double ms;        /* on the backend's clock, summed */
     double flops;     /* matrix products and attention only, else 0 */
+    double bytes;     /* the memory-bound entries' least traffic (profile.c), else 0 */
 } ProfileRow;
 
 /* The entries called since the last reset, most time first; returns how
@@ -40,7 +44,8 @@ int profile_rows(ProfileRow *rows, int max);
 void profile_print(FILE *f, const char *prefix, const char *what, int steps, double wall_ms, double peak_gflops);
 
 /* The same totals as JSON ({"backend", "first_step" (1-based), "steps",
- * "wall_ms", "peak_gflops", "entries": [{"name", "calls", "ms", "flops"}]},
+ * "wall_ms", "peak_gflops", "entries": [{"name", "calls", "ms", "flops",
+ * "bytes"}]},
  * sums over the steps, most time first), written whole (a temporary file
  * renamed): 0, or -1 with errno set. */
 int profile_write_json(const char *path, int first_step, int steps, double wall_ms, double peak_gflops);

@@ -34,8 +34,9 @@
 # BENCH_PROFILE=kernels: no profiler needed (a GPU runtime where ncu cannot
 # read the counters too): each case times its steps 2-3 with
 # log.profile_steps (CUDA events around every kernel-table call) and prints
-# llmtrain's table after its result line: ms a step per entry, and the
-# matrix products' and attention's TFLOP/s and share of the peak.
+# llmtrain's table after its result line: ms a step per entry, the matrix
+# products' and attention's TFLOP/s and share of the peak, the memory-bound
+# entries' GB/s.
 set -u
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3

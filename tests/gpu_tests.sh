@@ -41,7 +41,8 @@
 #      3e-2 (with two GPUs, also under FULL_SHARD on NCCL, bit for bit).
 #   3f. log.profile_steps on cuda: a bf16 Llama run's steps 2-3 timed by
 #      events on the compute stream, with the CPU profile's calls and FLOPs
-#      per kernel-table entry, and bit-identical to the run unprofiled.
+#      per kernel-table entry (the bytes of its bf16 norm outputs at 2 an
+#      element), and bit-identical to the run unprofiled.
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
 #      FULL_SHARD (also with bf16 working weights, gathered as bf16 words)
 #      and tp 2 against the same jobs' 2-rank CPU runs (MPI); FULL_SHARD
@@ -406,7 +407,8 @@ else echo "FAIL cuda checkpoint resumed on the CPU: $(grep -E '^resume|llmtrain:
 # log.profile_steps on cuda: steps 2-3 of a bf16 Llama run (the fused
 # attention, whose bits repeat) timed by events on the compute stream; the
 # same calls and FLOPs per kernel-table entry as the CPU's profile of the
-# job, every call timed within the steps' wall time, and the run bit-identical
+# job (the norms' least traffic counting their bf16 outputs at 2 bytes),
+# every call timed within the steps' wall time, and the run bit-identical
 # to the same run unprofiled
 pjob=("$TMP/llama.json" --set train.steps=4 --set train.compute_dtype=bf16 --set train.attention_kernel=flash --set eval.sample_tokens=0)
 for p in cpu:2 cuda:2 cuda:0; do
@@ -418,7 +420,11 @@ import json, sys
 c, g = (json.load(open(p)) for p in sys.argv[1:3])
 key = lambda p: {e["name"]: (e["calls"], e["flops"]) for e in p["entries"]}
 ms = sum(e["ms"] for e in g["entries"])
-ok = (g["backend"] == "cuda" and c["backend"] == "cpu" and key(c) == key(g) and g["first_step"] == 2 and g["steps"] == 2
+# the least traffic counts bf16 [a] buffers at 2 bytes: the norms' outputs (N = 4 x 64 rows of 64)
+cb, gb = ({e["name"]: (e["calls"], e["bytes"]) for e in p["entries"]} for p in (c, g))
+n, bc = cb["rmsnorm_forward"]
+ok = gb["rmsnorm_forward"][1] == bc - 2 * 256 * 64 * n and all(gb[k][1] <= cb[k][1] for k in cb)
+ok = ok and (g["backend"] == "cuda" and c["backend"] == "cpu" and key(c) == key(g) and g["first_step"] == 2 and g["steps"] == 2
       and all(e["ms"] >= 0 for e in g["entries"]) and 0 < ms <= g["wall_ms"] * (1 + 1e-6))
 print(f"  {len(key(g))} entries, {sum(v[0] for v in key(g).values())} calls; {ms:.2f} of {g['wall_ms']:.2f} ms timed")
 sys.exit(0 if ok else 1)

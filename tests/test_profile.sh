@@ -6,7 +6,9 @@
 # checkpointing mode), the matrix products' FLOPs (6 x the product weights x
 # tokens, plus the recomputed forward under full checkpointing) and
 # attention's (causal: 2 products forward, 5 backward, over T(T+1)/2 pairs);
-# the timed calls inside the steps' wall time; the window (the run's second
+# the least traffic of the memory-bound entries (the final norm, AdamW over
+# every parameter, the cross-entropy's logits); the timed calls inside the
+# steps' wall time; the window (the run's second
 # step on, also after a resume; a one-step run times its step); the table on
 # stdout once per job, profile.json beside metrics.jsonl; and a profiled run's
 # losses, norms and weights bit-identical to the same run unprofiled (1 rank
@@ -61,11 +63,21 @@ for k, v in att_want.items():
     if fl.get(k) != v: errs.append(f"{k} FLOPs {fl.get(k)}, expected {v}")
 others = [k for k, v in fl.items() if v and not (k.startswith("matmul_") or k in att_want)]
 if others: errs.append(f"FLOPs counted for {others}")
+# the least traffic (fp32 on the CPU): the final norm's forward per call, AdamW's 28 bytes a
+# parameter a step, the cross-entropy's logits read and written once
+N = B * T
+params = (2 * V * C + L * (2 * C + layer) + C) if llama else (V * C + T * C + L * (4 * C + layer + 9 * C) + 2 * C)
+by = {e["name"]: e["bytes"] for e in p["entries"]}
+by_want = {f"{norm}_forward": got.get(f"{norm}_forward", 0) * (8 * N * C + (4 * N + 4 * C if llama else 8 * N + 8 * C)),
+           "adamw_multi": 28 * params * steps, "crossentropy_fused": accum * steps * (8 * N * V + 8 * N)}
+for k, v in by_want.items():
+    if by.get(k) != v: errs.append(f"{k} bytes {by.get(k)}, expected {v}")
+if any(by[k] for k in by if k.startswith("matmul_") or k.startswith("attention_")): errs.append("bytes counted for a product")
 ms = sum(e["ms"] for e in p["entries"])
 if not (p["first_step"] == first and p["steps"] == steps): errs.append(f"window {p['first_step']}+{p['steps']}, expected {first}+{steps}")
 if not all(e["ms"] >= 0 for e in p["entries"]) or not (0.2 * p["wall_ms"] <= ms <= p["wall_ms"] * (1 + 1e-9)):
     errs.append(f"timed calls {ms:.3f} ms against the steps' {p['wall_ms']:.3f} ms")
-print("; ".join(errs) if errs else f"{sum(got.values())} calls in {len(got)} entries, {mm_got:.0f} + {att_want['attention_forward'] + 5 * att} FLOPs, {ms:.2f} of {p['wall_ms']:.2f} ms")
+print("; ".join(errs) if errs else f"{sum(got.values())} calls in {len(got)} entries, {mm_got:.0f} + {att_want['attention_forward'] + 5 * att} FLOPs, AdamW {by_want['adamw_multi']:.0f} bytes, {ms:.2f} of {p['wall_ms']:.2f} ms")
 sys.exit(1 if errs else 0)
 PYEOF
 }
@@ -83,11 +95,12 @@ if t=$(check_json "$TMP/g1/profile.json" gpt2 4 none 1 2 3); then ok "gpt2 steps
 rows=$(grep -cE '^profile: +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9.]+ ' "$TMP/g1.out")
 entries=$($PY -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["entries"]))' "$TMP/g1/profile.json")
 if grep -q "^profile: steps 2-4 (3 steps): [0-9.]* ms a step in 159 calls of the kernel table (timed by the host clock)" "$TMP/g1.out" &&
-   grep -Eq "^profile: +[0-9.]+ +[0-9.]+% +20\.0 +[0-9.]+ +[0-9.e-]+ +[0-9.]+%  matmul_backward_a$" "$TMP/g1.out" &&
+   grep -Eq "^profile: +[0-9.]+ +[0-9.]+% +20\.0 +[0-9.]+ +[0-9.e-]+ +[0-9.]+% +matmul_backward_a$" "$TMP/g1.out" &&
+   grep -Eq "^profile: +[0-9.]+ +[0-9.]+% +1\.0 +[0-9.]+ +[0-9.e-]+  adamw_multi$" "$TMP/g1.out" &&
    [ "$rows" = "$entries" ] && grep -qx "profile: $TMP/g1/profile.json" "$TMP/g1.out" &&
    [ "$(grep -n '^profile: steps' "$TMP/g1.out" | cut -d: -f1)" -gt "$(grep -n '^step     4/5' "$TMP/g1.out" | cut -d: -f1)" ] &&
    ! grep -q "^profile" "$TMP/g0.out" && [ ! -e "$TMP/g0/profile.json" ]; then
-    ok "gpt2: the table after step 4 (159 calls a step, $rows rows, matmul_backward_a 20 a step at its rate and share of the peak)"
+    ok "gpt2: the table after step 4 (159 calls a step, $rows rows, matmul_backward_a 20 a step at its rate and share of the peak, adamw_multi's GB/s)"
 else bad "gpt2 table: $(grep '^profile' "$TMP/g1.out" | head -5)"; fi
 $BIN export "$TMP/g0/checkpoints" "$TMP/g0/hf" >/dev/null 2>&1; $BIN export "$TMP/g1/checkpoints" "$TMP/g1/hf" >/dev/null 2>&1
 if $PY tests/compare_runs.py "$TMP/g0" "$TMP/g1" --steps 5 --exact >/dev/null; then
