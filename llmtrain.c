@@ -1337,21 +1337,43 @@ static void setup_profile(Trainer *t) {
     if (t->prof_last >= c->steps) t->prof_last = c->steps - 1;
 }
 
+/* Every rank takes part (the gather of each rank's timed time a step:
+ * with several ranks, a slow one shows as the spread); rank 0 prints. */
 static void print_profile(Trainer *t) {
     if (t->prof_n == 0 || t->prof_printed) return;
     t->prof_printed = 1;
-    if (!is_root(t)) return;
+    int W = t->dist.world;
+    double mine = profile_total_ms() / t->prof_n;
+    double *rank_ms = malloc_check((size_t)W * sizeof(double));
+    dist_gather_f64(&t->dist, &mine, rank_ms, 1);
+    if (!is_root(t)) {
+        free(rank_ms);
+        return;
+    }
     char what[96];
     int a = t->prof_first + 1, b = t->prof_first + t->prof_n;
     if (a == b) snprintf(what, sizeof what, "step %d", a);
     else snprintf(what, sizeof what, "steps %d-%d", a, b);
     profile_print(stdout, "profile: ", what, t->prof_n, 1000 * t->prof_wall, t->peak_gflops);
+    if (W > 1) {
+        int lo = 0, hi = 0;
+        double sum = 0;
+        for (int r = 0; r < W; r++) {
+            sum += rank_ms[r];
+            if (rank_ms[r] < rank_ms[lo]) lo = r;
+            if (rank_ms[r] > rank_ms[hi]) hi = r;
+        }
+        printf("profile: timed ms a step over the %d ranks: min %.2f (rank %d), mean %.2f, max %.2f (rank %d)%s\n", W,
+               rank_ms[lo], lo, sum / W, rank_ms[hi], hi,
+               rank_ms[hi] > 1.1 * rank_ms[lo] ? ": the slowest rank holds the others up at every collective" : "");
+    }
     char path[2048];
     snprintf(path, sizeof path, "%s/profile.json", t->cfg.log_dir);
-    if (profile_write_json(path, t->prof_first + 1, t->prof_n, 1000 * t->prof_wall, t->peak_gflops) != 0)
+    if (profile_write_json(path, t->prof_first + 1, t->prof_n, 1000 * t->prof_wall, t->peak_gflops, rank_ms, W) != 0)
         warnf("could not write %s: %s (the table above has the same figures)", path, strerror(errno));
     else printf("profile: %s\n", path);
     fflush(stdout);
+    free(rank_ms);
 }
 
 

@@ -307,6 +307,13 @@ static int by_time(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : strcmp(((const ProfileRow *)a)->name, ((const ProfileRow *)b)->name);
 }
 
+double profile_total_ms(void) {
+    harvest();
+    double ms = 0;
+    for (int e = 0; e < E_COUNT; e++) ms += P.ms[e];
+    return ms;
+}
+
 int profile_rows(ProfileRow *rows, int max) {
     harvest();
     ProfileRow all[E_COUNT];
@@ -354,7 +361,8 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
     }
 }
 
-int profile_write_json(const char *path, int first_step, int steps, double wall_ms, double peak_gflops) {
+int profile_write_json(const char *path, int first_step, int steps, double wall_ms, double peak_gflops,
+                       const double *rank_ms, int world) {
     ProfileRow r[E_COUNT];
     int n = profile_rows(r, E_COUNT);
     Buf b = {0};
@@ -363,7 +371,13 @@ int profile_write_json(const char *path, int first_step, int steps, double wall_
     for (int i = 0; i < n; i++)
         buf_add(&b, "%s\n{\"name\":\"%s\",\"calls\":%ld,\"ms\":%.17g,\"flops\":%.17g,\"bytes\":%.17g}", i ? "," : "",
                 r[i].name, r[i].calls, r[i].ms, r[i].flops, r[i].bytes);
-    buf_add(&b, "]}\n");
+    buf_add(&b, "]");
+    if (world > 1) {
+        buf_add(&b, ",\n\"rank_ms\":[");
+        for (int i = 0; i < world; i++) buf_add(&b, "%s%.17g", i ? "," : "", rank_ms[i]);
+        buf_add(&b, "]");
+    }
+    buf_add(&b, "}\n");
     /* whole or not at all: a temporary file renamed over the name */
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);

@@ -36,6 +36,8 @@ typedef struct {
     double bytes;     /* the memory-bound entries' least traffic (profile.c), else 0 */
 } ProfileRow;
 
+/* The time of every call timed since the last reset, in ms. */
+double profile_total_ms(void);
 /* The entries called since the last reset, most time first; returns how
  * many (at most max). */
 int profile_rows(ProfileRow *rows, int max);
@@ -45,9 +47,10 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
 
 /* The same totals as JSON ({"backend", "first_step" (1-based), "steps",
  * "wall_ms", "peak_gflops", "entries": [{"name", "calls", "ms", "flops",
- * "bytes"}]},
+ * "bytes"}], and with world > 1 "rank_ms": each rank's timed ms a step},
  * sums over the steps, most time first), written whole (a temporary file
  * renamed): 0, or -1 with errno set. */
-int profile_write_json(const char *path, int first_step, int steps, double wall_ms, double peak_gflops);
+int profile_write_json(const char *path, int first_step, int steps, double wall_ms, double peak_gflops,
+                       const double *rank_ms, int world);
 
 #endif

@@ -137,10 +137,22 @@ for p in 0 2; do
     $MPIRUN 2 $BIN "$TMP/gpt2.json" --set train.steps=4 --set parallel.strategy=FULL_SHARD --set log.profile_steps=$p \
         --set log.dir="$TMP/fs$p" >"$TMP/fs$p.out" 2>&1 || echo "  FULL_SHARD profile $p exited non-zero: $(tail -2 "$TMP/fs$p.out")"
 done
+# each rank's timed time a step: rank 0's is its table's, the line gives min, mean and max
+rank_line=$($PY - "$TMP/fs2/profile.json" <<'PYEOF'
+import json, sys
+p = json.load(open(sys.argv[1]))
+r = p.get("rank_ms", [])
+own = sum(e["ms"] for e in p["entries"]) / p["steps"]
+ok = len(r) == 2 and all(x > 0 for x in r) and abs(r[0] - own) <= 1e-9 * own
+lo, hi = min(range(2), key=lambda i: r[i]), max(range(2), key=lambda i: r[i])
+print(f"profile: timed ms a step over the 2 ranks: min {r[lo]:.2f} (rank {lo}), mean {sum(r) / 2:.2f}, max {r[hi]:.2f} (rank {hi})" if ok else "bad rank_ms")
+PYEOF
+)
 if [ "$(grep -c '^profile: steps 2-3 (2 steps)' "$TMP/fs2.out")" = 1 ] && [ -s "$TMP/fs2/profile.json" ] &&
+   grep -q "^$rank_line" "$TMP/fs2.out" && ! grep -q "over the .* ranks" "$TMP/g1.out" &&
    $PY tests/compare_runs.py "$TMP/fs0" "$TMP/fs2" --steps 4 --exact >/dev/null; then
-    ok "FULL_SHARD 2 ranks: one table, losses and norms bit-identical to unprofiled"
-else bad "FULL_SHARD profile: $(grep -c '^profile: steps' "$TMP/fs2.out") tables"; fi
+    ok "FULL_SHARD 2 ranks: one table, each rank's timed ms a step (rank 0's its own), losses and norms bit-identical to unprofiled"
+else bad "FULL_SHARD profile: $(grep -c '^profile: steps' "$TMP/fs2.out") tables, '$rank_line' vs $(grep 'over the' "$TMP/fs2.out")"; fi
 
 $BIN "$TMP/gpt2.json" --set log.profile_steps=-1 >"$TMP/bad.out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/bad.out")" -eq 1 ] && grep -q "log.profile_steps" "$TMP/bad.out"; then
