@@ -37,6 +37,12 @@
 # llmtrain's table after its result line: ms a step per entry, the matrix
 # products' and attention's TFLOP/s and share of the peak, the memory-bound
 # entries' GB/s.
+# BENCH_BIN (default ./llmtrain): the binary to time. BENCH_SMOKE=1 checks
+# this script, not the GPU: tiny models of the same architectures (2 layers,
+# 64 channels, vocabulary 96) at T=64 and B of 2 at most, every case and option as above, its
+# figures meaningless; make test runs it on the host emulation of CUDA
+# (BENCH_BIN=tests/llmtrain_emu, tests/test_cuda_emu.sh), so that a GPU
+# session's bench-gpu does not fail on the script.
 set -u
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -44,6 +50,9 @@ PY=/usr/bin/python3
 $PY -c 'import numpy' 2>/dev/null || PY=python3
 PROFILE=${BENCH_PROFILE:-0}
 STEPS=${BENCH_STEPS:-8}
+BIN=${BENCH_BIN:-./llmtrain}
+SMOKE=${BENCH_SMOKE:-0}
+case $SMOKE in 0|1) ;; *) echo "bench-gpu: FAIL: BENCH_SMOKE=$SMOKE: expected 0 or 1" >&2; exit 1;; esac
 PROF=()
 case $PROFILE in
 0|kernels) ;;
@@ -65,12 +74,14 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 unset LLMTRAIN_DEVICE
 
-$PY - "$TMP" <<'PYEOF'
+[ "$SMOKE" = 1 ] && echo "bench-gpu: BENCH_SMOKE=1: tiny models of the same architectures ($BIN), a check of this script; the figures mean nothing"
+
+$PY - "$TMP" "$SMOKE" <<'PYEOF' || { echo "bench-gpu: FAIL: writing the token files" >&2; exit 1; }
 import sys, numpy as np
-d = sys.argv[1]
+d, smoke = sys.argv[1], sys.argv[2] == "1"
 for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16),
                                     ("llama_1B", 128256, 20240801, 7, np.uint32)):
-    t = np.random.default_rng(0).integers(0, vocab, 300_000)
+    t = np.random.default_rng(0).integers(0, 96 if smoke else vocab, 300_000)
     h = np.zeros(256, np.int32); h[:3] = (magic, ver, len(t))
     with open(f"{d}/{name}.bin", "wb") as f:
         f.write(h.tobytes()); f.write(t.astype(dt).tobytes())
@@ -80,6 +91,13 @@ PYEOF
 run_case() {
     local name="$1" model="$2" B="$3" T="$4" mm="$5" ac="$6" att="$7" accum="${8:-1}"
     local tag="$name-$mm-$att"
+    if [ "$SMOKE" = 1 ]; then
+        model=$("$PY" -c 'import json, sys; m = json.loads(sys.argv[1]); m.update(n_layer=2, n_embd=64, n_head=4, vocab_size=96, max_seq_len=64)
+if "n_kv_head" in m: m.update(n_kv_head=2, ffn_hidden=128)
+print(json.dumps(m))' "$model") || exit 1
+        T=64
+        [ "$B" -gt 2 ] && B=2
+    fi
     [ "$accum" = 1 ] || tag="$tag-accum$accum"
     cat >"$TMP/$name.json" <<JSON
 {"model": $model,
@@ -92,12 +110,12 @@ JSON
     rm -rf "$TMP/run_$name"
     [ "$PROFILE" = 1 ] && PROF=(ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base
                                 --log-file "$TMP/$tag.ncu.csv")
-    if ! "${PROF[@]}" ./llmtrain "$TMP/$name.json" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
+    if ! "${PROF[@]}" "$BIN" "$TMP/$name.json" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
         echo "bench-gpu: FAIL: $name: $(grep -m1 . "$TMP/$name.err")" >&2
         exit 1
     fi
     rm -rf "$TMP/ck_$name" # the final checkpoint (the Llama's is 15 GB)
-    $PY - "$name" "$B" "$T" "$TMP/$name.out" "$TMP/run_$name/metrics.jsonl" "$mm" "$att" "$accum" <<'PYEOF'
+    $PY - "$name" "$B" "$T" "$TMP/$name.out" "$TMP/run_$name/metrics.jsonl" "$mm" "$att" "$accum" <<'PYEOF' || { echo "bench-gpu: FAIL: $name: could not read ms/step, tokens/s and MFU from its output (the error above)" >&2; exit 1; }
 import json, re, statistics, sys
 name, B, T, out, metrics, mm, att, accum = sys.argv[1:9]
 shape = f"B={B} T={T}" + (f" ({accum} micro-batches a step)" if accum != "1" else "")

@@ -60,6 +60,10 @@ t=$(BENCH_PROFILE=yes bench/run_bench_gpu.sh 2>&1); rc=$?
 if [ $rc -eq 1 ] && [ "$t" = "bench-gpu: FAIL: BENCH_PROFILE=yes: expected 0, 1 (Nsight Compute) or kernels (log.profile_steps)" ]; then
     ok "BENCH_PROFILE=yes: exit 1, one line naming the modes"
 else bad "BENCH_PROFILE=yes: rc $rc: $t"; fi
+t=$(BENCH_SMOKE=yes bench/run_bench_gpu.sh 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$t" = "bench-gpu: FAIL: BENCH_SMOKE=yes: expected 0 or 1" ]; then
+    ok "BENCH_SMOKE=yes: exit 1, one line"
+else bad "BENCH_SMOKE=yes: rc $rc: $t"; fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
