@@ -177,8 +177,7 @@ static void w_rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, 
           P.in->rope_backward(dqkv, B, T, nh, nkv, hd, theta, pos0));
 }
 static void w_gelu_forward(float *out, const float *inp, size_t n) {
-    TIMED(gelu_forward, 0, by(n, 8),
-          P.in->gelu_forward(out, inp, n));
+    TIMED(gelu_forward, 0, by(n, 8), P.in->gelu_forward(out, inp, n));
 }
 static void w_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     TIMED(gelu_backward, 0, by(n, 12), P.in->gelu_backward(dinp, inp, dout, n));
@@ -204,8 +203,7 @@ static void w_matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const
           P.in->matmul_swiglu_backward(dpre, dw, dbias, dout, inp, w, pre, N, C, OC));
 }
 static void w_add(float *out, const float *a, const float *b, size_t n) {
-    TIMED(add, 0, by(n, 12),
-          P.in->add(out, a, b, n));
+    TIMED(add, 0, by(n, 12), P.in->add(out, a, b, n));
 }
 static void w_crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
     TIMED(crossentropy_forward, 0, by((size_t)N * V, 2 * A) + by(N, 8),
@@ -270,6 +268,7 @@ static void w_offload_copy(void *host, void *dev, size_t bytes, int to_host) {
 }
 /* the compute stream waiting for an offload copy: its time is the stall */
 static void w_offload_wait(int mark) { TIMED(offload_wait, 0, 0, P.in->offload_wait(mark)); }
+#undef A
 
 const Kernels *profile_wrap(const Kernels *inner) {
     if (P.in) die(EXIT_INTERNAL, "profile_wrap: the %s table is wrapped already", P.in->name);

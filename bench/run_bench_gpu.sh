@@ -39,10 +39,10 @@
 # entries' GB/s.
 # BENCH_BIN (default ./llmtrain): the binary to time. BENCH_SMOKE=1 checks
 # this script, not the GPU: tiny models of the same architectures (2 layers,
-# 64 channels, vocabulary 96) at T=64 and B of 2 at most, every case and option as above, its
-# figures meaningless; make test runs it on the host emulation of CUDA
-# (BENCH_BIN=tests/llmtrain_emu, tests/test_cuda_emu.sh), so that a GPU
-# session's bench-gpu does not fail on the script.
+# 64 channels, vocabulary 96) at T=64 and B of 2 at most, every case and
+# option as above, its figures meaningless; make test runs it on the host
+# emulation of CUDA (BENCH_BIN=tests/llmtrain_emu, tests/test_cuda_emu.sh),
+# so that a GPU session's bench-gpu does not fail on the script.
 set -u
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
