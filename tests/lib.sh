@@ -38,18 +38,45 @@ tiny_job() {
 EOF
 }
 
-# A port nothing listens on (the kernel's pick, released), per launch.
-free_port() { $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# A port nothing listens on, with the next one free too (the agent-store
+# test moves the rendezvous to MASTER_PORT + 1), per launch. Drawn below the
+# kernel's ephemeral range, so no connection a rank or an earlier test opens
+# can be holding it by the time rank 0 listens (a port the kernel picked for
+# bind(0) is also one it hands out to connect()).
+free_port() {
+    $PY - <<'PYEOF'
+import random, socket
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 32768
+for _ in range(1000):
+    p = random.randrange(10000, max(low - 1, 10001))
+    held = []
+    try:
+        for q in (p, p + 1):
+            s = socket.socket(); held.append(s); s.bind(("127.0.0.1", q))
+    except OSError:
+        continue
+    finally:
+        for s in held: s.close()
+    print(p); break
+else:
+    raise SystemExit("free_port: no free pair of ports below %d" % low)
+PYEOF
+}
 # trun NAME NP COMMAND...: a torchrun-style launch of NP local ranks of
 # COMMAND (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set; PORT
-# and LOCAL_WORLD_SIZE from the caller's environment when set); the ranks
+# and LOCAL_WORLD_SIZE from the caller's environment when set; a rendezvous
+# timeout of 60 s unless the caller sets one, so a launch that cannot form
+# fails in a minute, not the default 300 s); the ranks
 # write to trun's stdout and stderr; rank r's exit code lands in
 # $TMP/NAME.rc.r (rcs NAME NP lists them); returns the largest code.
 trun() {
     local name=$1 np=$2; shift 2
     local port=${PORT:-$(free_port)} pids=() r rc=0 c
     for ((r = 0; r < np; r++)); do
-        (RANK=$r WORLD_SIZE=$np LOCAL_RANK=$((r % ${LOCAL_WORLD_SIZE:-$np})) MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@"; echo $? >"$TMP/$name.rc.$r") &
+        (RANK=$r WORLD_SIZE=$np LOCAL_RANK=$((r % ${LOCAL_WORLD_SIZE:-$np})) MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LLMTRAIN_RDZV_TIMEOUT_S=${LLMTRAIN_RDZV_TIMEOUT_S:-60} "$@"; echo $? >"$TMP/$name.rc.$r") &
         pids+=($!)
     done
     for r in "${pids[@]}"; do wait "$r"; done
