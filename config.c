@@ -90,6 +90,7 @@ static const Key KEYS[] = {
     {"log.every_steps", K_INT, OFF(log_every), 0, "1", 1, BIG, NULL, "print a step line every this many steps"},
     {"log.profile_steps", K_INT, OFF(profile_steps), 0, "0", 0, BIG, NULL, "time every kernel-table call of this many training steps (from the run's second) on the backend's own clock (CUDA events on the compute stream; the host clock on the CPU), then print where the time went per entry, with the matrix products' and attention's TFLOP/s and the memory-bound entries' GB/s, and write it to <log.dir>/profile.json (0 = off; see Profiling)"},
     {"log.peak_gflops", K_DOUBLE, OFF(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s used for MFU (0 = measure sgemm on the CPU)"},
+    {"log.peak_gbs", K_DOUBLE, OFF(peak_gbs), 0, "0", 0, 1e12, NULL, "peak memory bandwidth in GB/s that log.profile_steps' table holds the memory-bound entries against (0 = on CUDA the device's, from its memory clock and bus width; on the CPU none)"},
     /* checkpoint */
     {"checkpoint.dir", K_STR, STR(ckpt_dir), "\"\"", 0, 0, NULL, "checkpoint root, one folder per step (empty: <log.dir>/checkpoints)"},
     {"checkpoint.every_steps", K_INT, OFF(ckpt_every), 0, "0", 0, BIG, NULL, "write a checkpoint every this many steps (0 = only at the end)"},

@@ -64,6 +64,7 @@ typedef struct Config {
     char log_dir[1024];
     int log_every;
     double peak_gflops;  /* 0: measure (CPU) / detect (GPU) */
+    double peak_gbs;     /* log.peak_gbs: 0: the GPU's memory bandwidth (none on the CPU) */
     int profile_steps;   /* log.profile_steps: time the kernel table over this many steps (profile.c) */
     /* checkpoint */
     char ckpt_dir[1024];

@@ -4137,6 +4137,16 @@ extern "C" const char *kernels_cuda_device_info(void) {
     return info;
 }
 
+/* HBM and GDDR move two words a memory clock on each bus line: an H100 SXM
+ * (2619 MHz, 5120 bits) gives its datasheet's 3.35 TB/s. */
+extern "C" double kernels_cuda_peak_gbs(void) {
+    cuda_init();
+    int clk_khz = 0, bus_bits = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrMemoryClockRate, G.dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, G.dev));
+    return 2.0 * clk_khz * 1e3 * (bus_bits / 8.0) * 1e-9;
+}
+
 /* Dense bf16 tensor-core peak (GFLOP/s) of the device: the datasheet figure
  * for the parts named, else SMs x clock x bf16 FLOPs per SM per clock of the
  * architecture. */

@@ -366,6 +366,9 @@ const char *kernels_cuda_device_info(void);
 /* Dense bf16 tensor-core peak of the device in GFLOP/s, for MFU; *source
  * (optional) says where the figure comes from. */
 double kernels_cuda_peak_gflops(const char **source);
+/* The device's peak memory bandwidth in GB/s (2 transfers a memory clock x
+ * the bus width), for log.profile_steps' memory-bound entries. */
+double kernels_cuda_peak_gbs(void);
 /* Device memory this backend holds now (*in_use) and at most so far (*peak),
  * in bytes: every alloc() (until its free()), the scratch buffers that only
  * grow, the cuBLASLt workspace. Not the CUDA context or library-internal

@@ -50,6 +50,7 @@ typedef struct Trainer {
     char metrics_path[1200];
     double peak_gflops;
     const char *peak_source;   /* where peak_gflops comes from (header line) */
+    double peak_gbs;           /* log.peak_gbs, else the GPU's memory bandwidth, else 0 (the profile's GB/s share) */
     double flops_per_token;
     int nonfinite_run;         /* consecutive skipped steps */
     int ck_deferred;           /* a periodic checkpoint fell on a skipped step */
@@ -1354,7 +1355,7 @@ static void print_profile(Trainer *t) {
     int a = t->prof_first + 1, b = t->prof_first + t->prof_n;
     if (a == b) snprintf(what, sizeof what, "step %d", a);
     else snprintf(what, sizeof what, "steps %d-%d", a, b);
-    profile_print(stdout, "profile: ", what, t->prof_n, 1000 * t->prof_wall, t->peak_gflops);
+    profile_print(stdout, "profile: ", what, t->prof_n, 1000 * t->prof_wall, t->peak_gflops, t->peak_gbs);
     if (W > 1) {
         int lo = 0, hi = 0;
         double sum = 0;
@@ -1369,7 +1370,8 @@ static void print_profile(Trainer *t) {
     }
     char path[2048];
     snprintf(path, sizeof path, "%s/profile.json", t->cfg.log_dir);
-    if (profile_write_json(path, t->prof_first + 1, t->prof_n, 1000 * t->prof_wall, t->peak_gflops, rank_ms, W) != 0)
+    if (profile_write_json(path, t->prof_first + 1, t->prof_n, 1000 * t->prof_wall, t->peak_gflops, t->peak_gbs,
+                           rank_ms, W) != 0)
         warnf("could not write %s: %s (the table above has the same figures)", path, strerror(errno));
     else printf("profile: %s\n", path);
     fflush(stdout);
@@ -1386,6 +1388,17 @@ static double select_peak(Trainer *t, const char **source) {
 #endif
     *source = "measured sgemm";
     return kernels_cpu_sgemm_peak_gflops();
+}
+
+/* The memory-bound entries' peak in the profile: log.peak_gbs, else the
+ * GPU's memory bandwidth; on the CPU none (a share of a guess would
+ * mislead). */
+static double select_peak_gbs(Trainer *t) {
+    if (t->cfg.peak_gbs > 0) return t->cfg.peak_gbs;
+#ifdef LLMTRAIN_CUDA
+    if (backend_is_cuda(t)) return kernels_cuda_peak_gbs();
+#endif
+    return 0;
 }
 
 /* A resumed run appends (a resume event line marks where; steps after the
@@ -1682,6 +1695,7 @@ static int train(int argc, char **argv) {
     t->host_flat = malloc_check(t->model.n_params * sizeof(float));
     t->flops_per_token = model_flops_per_token(&c->model, c->seq_len);
     t->peak_gflops = select_peak(t, &t->peak_source);
+    if (c->profile_steps > 0) t->peak_gbs = select_peak_gbs(t);
     t->sample_rng = c->seed * 2654435761ull + 88172645463325252ull;
     int resumed = resume(t);
     setup_profile(t);

@@ -325,14 +325,16 @@ int profile_rows(ProfileRow *rows, int max) {
     return n;
 }
 
-void profile_print(FILE *f, const char *prefix, const char *what, int steps, double wall_ms, double peak_gflops) {
+void profile_print(FILE *f, const char *prefix, const char *what, int steps, double wall_ms, double peak_gflops,
+                   double peak_gbs) {
     ProfileRow r[E_COUNT];
     int n = profile_rows(r, E_COUNT);
-    double ms = 0, calls = 0, fl = 0, fl_ms = 0;
+    double ms = 0, calls = 0, fl = 0, fl_ms = 0, by = 0, by_ms = 0;
     for (int i = 0; i < n; i++) {
         ms += r[i].ms;
         calls += (double)r[i].calls;
         if (r[i].flops > 0) { fl += r[i].flops; fl_ms += r[i].ms; }
+        else if (r[i].bytes > 0) { by += r[i].bytes; by_ms += r[i].ms; }
     }
     double s = steps > 0 ? steps : 1;
     const char *clock = strcmp(P.in->name, "cuda") == 0 ? "timed on the CUDA compute stream" : "timed by the host clock";
@@ -344,6 +346,21 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
                 fl_ms / s, fl / (fl_ms * 1e9), peak_gflops > 0 ? "" : "\n");
     if (fl > 0 && peak_gflops > 0)
         fprintf(f, " (%.1f%% of the %.4g TFLOP/s peak)\n", 100 * fl / (fl_ms * 1e6) / peak_gflops, peak_gflops / 1e3);
+    if (by > 0)
+        fprintf(f, "%smemory-bound entries: %.4g GB a step in %.2f ms, %.4g GB/s%s", prefix, by / s / 1e9, by_ms / s,
+                by / (by_ms * 1e6), peak_gbs > 0 ? "" : "\n");
+    if (by > 0 && peak_gbs > 0)
+        fprintf(f, " (%.1f%% of the %.4g GB/s peak)\n", 100 * by / (by_ms * 1e6) / peak_gbs, peak_gbs);
+    /* The floor: the products at the compute peak, the memory-bound entries
+     * at the bandwidth peak, the rest (neither counted) as timed. */
+    if (fl > 0 && by > 0 && peak_gflops > 0 && peak_gbs > 0) {
+        double fl_floor = fl / (peak_gflops * 1e6), by_floor = by / (peak_gbs * 1e6), rest = ms - fl_ms - by_ms;
+        double floor = fl_floor + by_floor + rest;
+        fprintf(f,
+                "%sat the peaks these calls would take %.2f ms a step (the products and attention %.2f, the memory-bound "
+                "entries %.2f, the rest %.2f as timed): %.1f%% of their timed %.2f ms\n",
+                prefix, floor / s, fl_floor / s, by_floor / s, rest / s, ms > 0 ? 100 * floor / ms : 0.0, ms / s);
+    }
     fprintf(f, "%s%9s %6s %8s %10s %9s %6s %8s  %s\n", prefix, "ms/step", "share", "calls", "us/call", "TFLOP/s", "peak",
             "GB/s", "entry");
     for (int i = 0; i < n; i++) {
@@ -352,8 +369,11 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
             double tf = r[i].flops / (r[i].ms * 1e9);
             snprintf(rate, sizeof rate, "%.4g", tf);
             if (peak_gflops > 0) snprintf(pk, sizeof pk, "%.1f%%", 100 * tf * 1e3 / peak_gflops);
+        } else if (r[i].bytes > 0 && r[i].ms > 0) {
+            double gbs = r[i].bytes / (r[i].ms * 1e6);
+            snprintf(bw, sizeof bw, "%.4g", gbs);
+            if (peak_gbs > 0) snprintf(pk, sizeof pk, "%.1f%%", 100 * gbs / peak_gbs);
         }
-        if (r[i].bytes > 0 && r[i].ms > 0) snprintf(bw, sizeof bw, "%.4g", r[i].bytes / (r[i].ms * 1e6));
         fprintf(f, "%s%9.3f %5.1f%% %8.1f %10.1f %9s %6s %8s  %s\n", prefix, r[i].ms / s,
                 ms > 0 ? 100 * r[i].ms / ms : 0.0, (double)r[i].calls / s, 1000 * r[i].ms / (double)r[i].calls, rate, pk,
                 bw, r[i].name);
@@ -361,12 +381,13 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
 }
 
 int profile_write_json(const char *path, int first_step, int steps, double wall_ms, double peak_gflops,
-                       const double *rank_ms, int world) {
+                       double peak_gbs, const double *rank_ms, int world) {
     ProfileRow r[E_COUNT];
     int n = profile_rows(r, E_COUNT);
     Buf b = {0};
-    buf_add(&b, "{\"backend\":\"%s\",\"first_step\":%d,\"steps\":%d,\"wall_ms\":%.17g,\"peak_gflops\":%.17g,\"entries\":[",
-            P.in->name, first_step, steps, wall_ms, peak_gflops);
+    buf_add(&b, "{\"backend\":\"%s\",\"first_step\":%d,\"steps\":%d,\"wall_ms\":%.17g,\"peak_gflops\":%.17g,"
+                "\"peak_gbs\":%.17g,\"entries\":[",
+            P.in->name, first_step, steps, wall_ms, peak_gflops, peak_gbs);
     for (int i = 0; i < n; i++)
         buf_add(&b, "%s\n{\"name\":\"%s\",\"calls\":%ld,\"ms\":%.17g,\"flops\":%.17g,\"bytes\":%.17g}", i ? "," : "",
                 r[i].name, r[i].calls, r[i].ms, r[i].flops, r[i].bytes);

@@ -42,15 +42,18 @@ double profile_total_ms(void);
  * many (at most max). */
 int profile_rows(ProfileRow *rows, int max);
 /* The table of `steps` timed steps whose wall time was wall_ms in all:
- * prefix on every line, rates against peak_gflops when above 0. */
-void profile_print(FILE *f, const char *prefix, const char *what, int steps, double wall_ms, double peak_gflops);
+ * prefix on every line, the products' and attention's rates against
+ * peak_gflops and the memory-bound entries' against peak_gbs, each when
+ * above 0, and with both the time the calls would take at those peaks. */
+void profile_print(FILE *f, const char *prefix, const char *what, int steps, double wall_ms, double peak_gflops,
+                   double peak_gbs);
 
 /* The same totals as JSON ({"backend", "first_step" (1-based), "steps",
- * "wall_ms", "peak_gflops", "entries": [{"name", "calls", "ms", "flops",
+ * "wall_ms", "peak_gflops", "peak_gbs" (0: none), "entries": [{"name", "calls", "ms", "flops",
  * "bytes"}], and with world > 1 "rank_ms": each rank's timed ms a step},
  * sums over the steps, most time first), written whole (a temporary file
  * renamed): 0, or -1 with errno set. */
 int profile_write_json(const char *path, int first_step, int steps, double wall_ms, double peak_gflops,
-                       const double *rank_ms, int world);
+                       double peak_gbs, const double *rank_ms, int world);
 
 #endif

@@ -36,7 +36,8 @@
 # log.profile_steps (CUDA events around every kernel-table call) and prints
 # llmtrain's table after its result line: ms a step per entry, the matrix
 # products' and attention's TFLOP/s and share of the peak, the memory-bound
-# entries' GB/s.
+# entries' GB/s and share of the memory bandwidth, and what the calls would
+# take at those peaks (how far faster kernels alone could go).
 # BENCH_BIN (default ./llmtrain): the binary to time. BENCH_SMOKE=1 checks
 # this script, not the GPU: tiny models of the same architectures (2 layers,
 # 64 channels, vocabulary 96) at T=64 and B of 2 at most, every case and

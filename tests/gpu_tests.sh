@@ -42,7 +42,9 @@
 #   3f. log.profile_steps on cuda: a bf16 Llama run's steps 2-3 timed by
 #      events on the compute stream, with the CPU profile's calls and FLOPs
 #      per kernel-table entry (the bytes of its bf16 norm outputs at 2 an
-#      element), and bit-identical to the run unprofiled.
+#      element), the GB/s held against the device's memory bandwidth and
+#      every printed figure as profile.json's, and bit-identical to the run
+#      unprofiled.
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
 #      FULL_SHARD (also with bf16 working weights, gathered as bf16 words)
 #      and tp 2 against the same jobs' 2-rank CPU runs (MPI); FULL_SHARD
@@ -415,23 +417,30 @@ for p in cpu:2 cuda:2 cuda:0; do
     $BIN "${pjob[@]}" --set train.device=${p%:*} --set log.profile_steps=${p#*:} --set log.dir="$TMP/prof-${p/:/-}" \
         >"$TMP/prof-${p/:/-}.out" 2>&1 || echo "  profile run $p exited non-zero: $(grep llmtrain: "$TMP/prof-${p/:/-}.out" | head -2)"
 done
-if $PY - "$TMP/prof-cpu-2/profile.json" "$TMP/prof-cuda-2/profile.json" <<'PYEOF' &&
+if $PY - "$TMP/prof-cpu-2/profile.json" "$TMP/prof-cuda-2/profile.json" "$TMP/prof-cuda-2.out" <<'PYEOF' &&
 import json, sys
 c, g = (json.load(open(p)) for p in sys.argv[1:3])
+# the memory bandwidth: the device's (2 x memory clock x bus width; the
+# emulation reports an H100 SXM's 2619 MHz x 5120 bits), none on the CPU
+emu = "host emulation of CUDA" in open(sys.argv[3]).read()
+bw = g["peak_gbs"] > 100 and c["peak_gbs"] == 0 and (not emu or abs(g["peak_gbs"] - 3352.32) < 1e-6)
+print(f"  memory bandwidth peak {g['peak_gbs']:.6g} GB/s" + ("" if bw else " (wrong)"))
 key = lambda p: {e["name"]: (e["calls"], e["flops"]) for e in p["entries"]}
 ms = sum(e["ms"] for e in g["entries"])
 # the least traffic counts bf16 [a] buffers at 2 bytes: the norms' outputs (N = 4 x 64 rows of 64)
 cb, gb = ({e["name"]: (e["calls"], e["bytes"]) for e in p["entries"]} for p in (c, g))
 n, bc = cb["rmsnorm_forward"]
 ok = gb["rmsnorm_forward"][1] == bc - 2 * 256 * 64 * n and all(gb[k][1] <= cb[k][1] for k in cb)
-ok = ok and (g["backend"] == "cuda" and c["backend"] == "cpu" and key(c) == key(g) and g["first_step"] == 2 and g["steps"] == 2
+ok = ok and bw and (g["backend"] == "cuda" and c["backend"] == "cpu" and key(c) == key(g) and g["first_step"] == 2 and g["steps"] == 2
       and all(e["ms"] >= 0 for e in g["entries"]) and 0 < ms <= g["wall_ms"] * (1 + 1e-6))
 print(f"  {len(key(g))} entries, {sum(v[0] for v in key(g).values())} calls; {ms:.2f} of {g['wall_ms']:.2f} ms timed")
 sys.exit(0 if ok else 1)
 PYEOF
    grep -q "^profile: steps 2-3 (2 steps): .* (timed on the CUDA compute stream)" "$TMP/prof-cuda-2.out" &&
+   $PY tests/check_profile_table.py "$TMP/prof-cuda-2.out" "$TMP/prof-cuda-2/profile.json" >/dev/null &&
+   grep -q "^profile: at the peaks" "$TMP/prof-cuda-2.out" &&
    $PY tests/compare_runs.py "$TMP/prof-cuda-0" "$TMP/prof-cuda-2" --steps 4 --exact >/dev/null; then
-    echo "ok   log.profile_steps on cuda: the CPU's calls and FLOPs per entry, timed on the compute stream, the run's bits unchanged"; pass=$((pass + 1))
+    echo "ok   log.profile_steps on cuda: the CPU's calls and FLOPs per entry, timed on the compute stream, the GB/s against the device's memory bandwidth, the run's bits unchanged"; pass=$((pass + 1))
 else echo "FAIL log.profile_steps on cuda: $(grep '^profile: steps' "$TMP/prof-cuda-2.out")"; fail=$((fail + 1)); fi
 
 # multi-rank: NCCL (2 GPUs or more) or the refusal (1 GPU)

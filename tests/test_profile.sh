@@ -10,7 +10,10 @@
 # every parameter, the cross-entropy's logits); the timed calls inside the
 # steps' wall time; the window (the run's second
 # step on, also after a resume; a one-step run times its step); the table on
-# stdout once per job, profile.json beside metrics.jsonl; and a profiled run's
+# stdout once per job, profile.json beside metrics.jsonl, every figure the
+# table prints recomputed from profile.json (tests/check_profile_table.py:
+# the rates, the shares of log.peak_gflops and log.peak_gbs, the time at the
+# peaks); and a profiled run's
 # losses, norms and weights bit-identical to the same run unprofiled (1 rank
 # and FULL_SHARD on 2).
 . "$(dirname "$0")/lib.sh"
@@ -102,6 +105,17 @@ if grep -q "^profile: steps 2-4 (3 steps): [0-9.]* ms a step in 159 calls of the
    ! grep -q "^profile" "$TMP/g0.out" && [ ! -e "$TMP/g0/profile.json" ]; then
     ok "gpt2: the table after step 4 (159 calls a step, $rows rows, matmul_backward_a 20 a step at its rate and share of the peak, adamw_multi's GB/s)"
 else bad "gpt2 table: $(grep '^profile' "$TMP/g1.out" | head -5)"; fi
+# every printed figure against profile.json: with no bandwidth peak on the
+# CPU the GB/s rows have no share and there is no line of the peaks' time;
+# with log.peak_gbs (and log.peak_gflops) both, and the JSON records it
+run gb "$TMP/gpt2.json" --set train.steps=3 --set log.profile_steps=2 --set log.peak_gbs=5 --set log.peak_gflops=50
+if t0=$($PY tests/check_profile_table.py "$TMP/g1.out" "$TMP/g1/profile.json") &&
+   t1=$($PY tests/check_profile_table.py "$TMP/gb.out" "$TMP/gb/profile.json") &&
+   ! grep -q "^profile: at the peaks" "$TMP/g1.out" && grep -q "^profile: at the peaks" "$TMP/gb.out" &&
+   $PY -c 'import json, sys; sys.exit(not (json.load(open(sys.argv[1]))["peak_gbs"] == 0 and json.load(open(sys.argv[2]))["peak_gbs"] == 5))' \
+       "$TMP/g1/profile.json" "$TMP/gb/profile.json"; then
+    ok "gpt2: the table's figures as profile.json's ($t0); with log.peak_gbs=5: $t1"
+else bad "the table against profile.json: ${t0:-} / ${t1:-} $(grep -E '^profile: (memory|at the)' "$TMP/gb.out")"; fi
 $BIN export "$TMP/g0/checkpoints" "$TMP/g0/hf" >/dev/null 2>&1; $BIN export "$TMP/g1/checkpoints" "$TMP/g1/hf" >/dev/null 2>&1
 if $PY tests/compare_runs.py "$TMP/g0" "$TMP/g1" --steps 5 --exact >/dev/null; then
     ok "gpt2: profiled run bit-identical to the unprofiled one (losses, norms, weights)"
@@ -154,10 +168,12 @@ if [ "$(grep -c '^profile: steps 2-3 (2 steps)' "$TMP/fs2.out")" = 1 ] && [ -s "
     ok "FULL_SHARD 2 ranks: one table, each rank's timed ms a step (rank 0's its own), losses and norms bit-identical to unprofiled"
 else bad "FULL_SHARD profile: $(grep -c '^profile: steps' "$TMP/fs2.out") tables, '$rank_line' vs $(grep 'over the' "$TMP/fs2.out")"; fi
 
-$BIN "$TMP/gpt2.json" --set log.profile_steps=-1 >"$TMP/bad.out" 2>&1; rc=$?
-if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/bad.out")" -eq 1 ] && grep -q "log.profile_steps" "$TMP/bad.out"; then
-    ok "log.profile_steps -1: one line, exit 2"
-else bad "log.profile_steps -1: rc $rc $(cat "$TMP/bad.out")"; fi
+for kv in log.profile_steps=-1 log.peak_gbs=-1; do
+    $BIN "$TMP/gpt2.json" --set $kv >"$TMP/bad.out" 2>&1; rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/bad.out")" -eq 1 ] && grep -q "${kv%=*}" "$TMP/bad.out"; then
+        ok "$kv: one line, exit 2"
+    else bad "$kv: rc $rc $(cat "$TMP/bad.out")"; fi
+done
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -448,9 +448,13 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
 
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int dev) {
     if (dev < 0 || dev >= n_devices()) return set_err(cudaErrorInvalidDevice);
-    if (a != cudaDevAttrClockRate) return set_err(cudaErrorInvalidValue);
-    *v = 1980000;
-    return cudaSuccess;
+    /* an H100 SXM's: 1980 MHz, HBM3 at 2619 MHz on 5120 bits */
+    switch (a) {
+    case cudaDevAttrClockRate: *v = 1980000; return cudaSuccess;
+    case cudaDevAttrMemoryClockRate: *v = 2619000; return cudaSuccess;
+    case cudaDevAttrGlobalMemoryBusWidth: *v = 5120; return cudaSuccess;
+    }
+    return set_err(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
