@@ -134,7 +134,7 @@ c1=$(rcs held 2)
 if [ "$(cat "$TMP/held.rc.0")" = 6 ] && grep -q "rank 0: rendezvous failed: .*Address already in use" "$TMP/held.out"; then
     ok "MASTER_PORT held by another process: rank 0 exits 6 saying the address is in use (exit codes $c1)"
 else bad "held MASTER_PORT: exit codes $c1: $(grep llmtrain: "$TMP/held.out" | head -2)"; fi
-PORT=$port TORCHELASTIC_USE_AGENT_STORE=True LLMTRAIN_RDZV_TIMEOUT_S=30 trun agent 2 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/agent" >"$TMP/agent.out" 2>&1
+PORT=$port TORCHELASTIC_USE_AGENT_STORE=True trun agent 2 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/agent" >"$TMP/agent.out" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q "rendezvous 127.0.0.1:$((port + 1)))" "$TMP/agent.out"; then
     ok "TORCHELASTIC_USE_AGENT_STORE=True: the rendezvous moves to MASTER_PORT + 1 and the run completes"
