@@ -15,7 +15,8 @@ PY = /usr/bin/python3
 SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpoint.c rendezvous.c profile.c util.c
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/test_model tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
-            tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest
+            tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
+            tests/fuzz_replay
 
 # CUDA backend: built whenever nvcc is found (on PATH or in /usr/local/cuda);
 # `make NVCC=` builds the CPU-only binary. CUDA_ARCH lists the SM versions
@@ -46,7 +47,7 @@ CUDA_INC = -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
 NCCL_LIBS = -L$(NCCL_LIBDIR) -Wl,-rpath,$(NCCL_LIBDIR) -lnccl
 endif
 
-.PHONY: all check-deps deps test demo bench clean test-gpu bench-gpu
+.PHONY: all check-deps deps test demo bench clean test-gpu bench-gpu fuzz
 all: check-deps llmtrain
 
 # Name the missing package instead of failing inside a compiler error.
@@ -140,6 +141,24 @@ tests/test_dist_nccl: tests/test_dist_nccl.c dist_nccl.c parallel.c rendezvous.c
 tests/test_ckpt: tests/test_ckpt.c tests/check.h ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -o $@
 
+# The readers of files a user hands llmtrain (job file, Hugging Face config
+# and safetensors, checkpoint manifest, token shard, vocab) under the
+# sanitizers (tests/fuzz/fuzz.c). tests/fuzz_replay (gcc) replays the
+# committed corpus in make test; make fuzz runs clang's libFuzzer on each
+# target for FUZZ_SECONDS (tests/fuzz/run.sh).
+FUZZ_SRC = tests/fuzz/fuzz.c config.c ckpt.c checkpoint.c model.c data.c kernels_cpu.c util.c
+FUZZ_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all $(WARN) -fopenmp -I. \
+             -Wl,--wrap=die,--wrap=mmap,--wrap=munmap
+tests/fuzz_replay: $(FUZZ_SRC) $(HDR)
+	$(CC) $(FUZZ_FLAGS) $(FUZZ_SRC) $(LIBS) -lpthread -o $@
+tests/fuzz/build/fuzz: $(FUZZ_SRC) $(HDR)
+	@mkdir -p tests/fuzz/build
+	clang $(FUZZ_FLAGS) -Wno-pass-failed -DFUZZ_LIBFUZZER -fsanitize=fuzzer $(FUZZ_SRC) $(LIBS) -lpthread -o $@
+fuzz: deps
+	@command -v clang >/dev/null || { echo "make fuzz: FAIL: needs clang (apt-get install clang)" >&2; exit 1; }
+	$(MAKE) tests/fuzz/build/fuzz
+	tests/fuzz/run.sh
+
 deps:
 	scripts/install_deps.sh
 
@@ -157,5 +176,5 @@ bench: deps
 
 clean:
 	rm -f llmtrain $(TEST_BINS) tests/test_gpu kernels_cuda.o
-	rm -rf $(EMU)/build
+	rm -rf $(EMU)/build tests/fuzz/build
 	rm -rf runs

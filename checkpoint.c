@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -86,7 +87,7 @@ static int errf(char *why, size_t n, const char *fmt, ...) __attribute__((format
 static int errf(char *why, size_t n, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(why, n, fmt, ap);
+    vformat_line(why, n, fmt, ap);
     va_end(ap);
     return -1;
 }
@@ -561,7 +562,7 @@ static bool get_u64(const cJSON *o, const char *key, uint64_t *out) {
         char *end;
         errno = 0;
         unsigned long long x = strtoull(v->valuestring, &end, 0);
-        if (!v->valuestring[0] || *end || errno) return false;
+        if (!(v->valuestring[0] >= '0' && v->valuestring[0] <= '9') || *end || errno) return false; /* no sign, no space */
         *out = x;
         return true;
     }
@@ -574,7 +575,7 @@ static bool get_u64(const cJSON *o, const char *key, uint64_t *out) {
 static bool get_int(const cJSON *o, const char *key, int lo, int *out) {
     uint64_t u;
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (cJSON_IsNumber(v) && v->valuedouble < 0 && lo < 0 && v->valuedouble == (int)v->valuedouble && v->valuedouble >= lo) {
+    if (cJSON_IsNumber(v) && v->valuedouble < 0 && lo < 0 && v->valuedouble >= lo && v->valuedouble == (int)v->valuedouble) {
         *out = (int)v->valuedouble;
         return true;
     }
@@ -589,7 +590,9 @@ static bool get_shape(const cJSON *o, const char *key, int *ndim, int64_t *shape
     if (!cJSON_IsArray(a) || n < 1 || n > 2) return false;
     for (int i = 0; i < n; i++) {
         const cJSON *v = cJSON_GetArrayItem(a, i);
-        if (!cJSON_IsNumber(v) || v->valuedouble < 1) return false;
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1 && v->valuedouble < 9007199254740992.0) ||
+            v->valuedouble != floor(v->valuedouble))
+            return false;
         shape[i] = (int64_t)v->valuedouble;
     }
     *ndim = n;
@@ -670,16 +673,21 @@ CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
             if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 5) BAD("%s: tensors[%d] (%s): slice %d: expected 5 numbers", path, i, T->name, j);
             for (int q = 0; q < 5; q++) {
                 const cJSON *x = cJSON_GetArrayItem(a, q);
-                if (!cJSON_IsNumber(x) || x->valuedouble < 0) BAD("%s: tensors[%d] (%s): slice %d: expected 5 non-negative numbers", path, i, T->name, j);
+                /* whole and below 2^53 (exact in a double), so the casts and the sums below cannot overflow */
+                if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble < 9007199254740992.0) ||
+                    x->valuedouble != floor(x->valuedouble))
+                    BAD("%s: tensors[%d] (%s): slice %d: expected 5 non-negative integers", path, i, T->name, j);
                 v[q] = x->valuedouble;
             }
+            if (v[0] >= L->tp || v[1] >= mf->n_files)
+                BAD("%s: tensors[%d] (%s): slice %d lies outside the files or the layout", path, i, T->name, j);
             Slice *S = &T->slices[j];
             S->tp_rank = (int)v[0];
             S->file = (int)v[1];
             S->byte_off = (size_t)v[2];
             S->start = (size_t)v[3];
             S->count = (size_t)v[4];
-            if (S->tp_rank >= L->tp || S->file >= mf->n_files || S->byte_off + S->count * sizeof(float) > mf->files[S->file].bytes)
+            if (S->byte_off + S->count * sizeof(float) > mf->files[S->file].bytes)
                 BAD("%s: tensors[%d] (%s): slice %d lies outside the files or the layout", path, i, T->name, j);
         }
     }

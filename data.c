@@ -271,6 +271,11 @@ void vocab_load(Vocab *v, const char *path) {
         die(EXIT_USAGE, "%s: bad vocab magic %u (expected %d)", path, h[0], VOCAB_MAGIC);
     if (h[1] != 1 && h[1] != 2) die(EXIT_USAGE, "%s: bad vocab version %u (expected 1 or 2)", path, h[1]);
     if (h[2] == 0 || h[2] > (1u << 30)) die(EXIT_USAGE, "%s: bad vocab size %u in header", path, h[2]);
+    /* each token takes at least its length byte: a size past that is a
+     * damaged header, refused before the tables are allocated for it */
+    if (h[2] > len - hb)
+        die(EXIT_USAGE, "%s: vocab header says %u tokens but the file has only %zu bytes after the header (at least one a token)",
+            path, h[2], len - hb);
     int n = (int)h[2];
     int eot = -1;
     if (h[1] == 2 && h[3] != 0xFFFFFFFFu) {

@@ -74,7 +74,7 @@ static void say(char *why, size_t n, const char *fmt, ...) {
     if (!why || !n) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(why, n, fmt, ap);
+    vformat_line(why, n, fmt, ap);
     va_end(ap);
 }
 
@@ -245,7 +245,7 @@ static int fail(Rendezvous *r, int skip, char *why, size_t wn, const char *fmt, 
 static int fail(Rendezvous *r, int skip, char *why, size_t wn, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(r->reason, sizeof r->reason, fmt, ap);
+    vformat_line(r->reason, sizeof r->reason, fmt, ap);
     va_end(ap);
     r->broken = 1;
     if (r->rank == 0) abort_peers(r->fd, r->world, skip, r->reason);

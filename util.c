@@ -13,6 +13,28 @@ static int g_linger; /* see die_replicated */
 
 void die_replicated(int linger) { g_linger = linger; }
 
+void vformat_line(char *out, size_t n, const char *fmt, va_list ap) {
+    if (!n) return;
+    char msg[4096];
+    if (vsnprintf(msg, sizeof msg, fmt, ap) < 0) msg[0] = '\0';
+    size_t o = 0;
+    for (const unsigned char *c = (const unsigned char *)msg; *c; c++) {
+        char esc[5] = {(char)*c, 0};
+        if (*c == '\n') memcpy(esc, "\\n", 3);
+        else if (*c < 0x20 || *c == 0x7f) snprintf(esc, sizeof esc, "\\x%02x", *c);
+        size_t e = strlen(esc);
+        if (o + e >= n) break;
+        memcpy(out + o, esc, e);
+        o += e;
+    }
+    out[o] = '\0';
+}
+
+void die_format(char *line, size_t n, const char *fmt, va_list ap) {
+    size_t o = (size_t)snprintf(line, n, "llmtrain: ");
+    if (o < n) vformat_line(line + o, n - o, fmt, ap);
+}
+
 void die(int code, const char *fmt, ...) {
     /* An error every rank meets alike is rank 0's to print: when it fails
      * too, mpirun ends this rank during the wait and the job says it once;
@@ -23,10 +45,9 @@ void die(int code, const char *fmt, ...) {
     char line[4096];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(line + 10, sizeof line - 11, fmt, ap);
+    die_format(line, sizeof line - 1, fmt, ap);
     va_end(ap);
-    memcpy(line, "llmtrain: ", 10);
-    size_t len = n < 0 ? 10 : (size_t)n < sizeof line - 11 ? 10 + (size_t)n : sizeof line - 2;
+    size_t len = strlen(line);
     line[len++] = '\n';
     fflush(stdout);
     fflush(stderr);
@@ -36,12 +57,12 @@ void die(int code, const char *fmt, ...) {
 }
 
 void warnf(const char *fmt, ...) {
+    char line[4096];
     va_list ap;
     va_start(ap, fmt);
-    fputs("llmtrain: warning: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    die_format(line, sizeof line, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "llmtrain: warning: %s\n", line + 10);
 }
 
 void *malloc_check_(size_t size, const char *file, int line) {

@@ -24,6 +24,14 @@ enum {
 /* Print "llmtrain: <message>" on stderr (one line) and exit with code. */
 void die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
 void warnf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* One line of text for a message, whatever its arguments hold: printf's
+ * formatting into out (n bytes, cut at n - 1), each newline written as \n
+ * and each other control character as \xHH (a tensor name read from a
+ * damaged file, a peer's text), so a message stays one line. die() and
+ * warnf format with it; so do the readers that return their error text. */
+void vformat_line(char *out, size_t n, const char *fmt, va_list ap);
+/* die()'s line without its newline: "llmtrain: " and vformat_line's text. */
+void die_format(char *line, size_t n, const char *fmt, va_list ap);
 /* linger = 1 (every rank but 0) while all ranks check the same inputs (the
  * job file, the layout) and so fail alike: die() first waits 3 s, in which
  * mpirun, seeing rank 0 exit, ends this rank, so a job of N ranks prints
