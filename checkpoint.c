@@ -556,6 +556,16 @@ void ckpt_manifest_close(CkptManifest *mf) {
     free(mf);
 }
 
+/* a JSON number that is whole, at least lo and at most 2^53 (exact in a
+ * double, so casting it and summing a few cannot overflow) */
+static bool json_whole(const cJSON *v, double lo, uint64_t *out) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= 9007199254740992.0) ||
+        v->valuedouble != floor(v->valuedouble))
+        return false;
+    *out = (uint64_t)v->valuedouble;
+    return true;
+}
+
 static bool get_u64(const cJSON *o, const char *key, uint64_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (cJSON_IsString(v)) {
@@ -566,10 +576,7 @@ static bool get_u64(const cJSON *o, const char *key, uint64_t *out) {
         *out = x;
         return true;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0 || v->valuedouble != (double)(uint64_t)v->valuedouble)
-        return false;
-    *out = (uint64_t)v->valuedouble;
-    return true;
+    return json_whole(v, 0, out);
 }
 
 static bool get_int(const cJSON *o, const char *key, int lo, int *out) {
@@ -589,11 +596,9 @@ static bool get_shape(const cJSON *o, const char *key, int *ndim, int64_t *shape
     int n = cJSON_GetArraySize(a);
     if (!cJSON_IsArray(a) || n < 1 || n > 2) return false;
     for (int i = 0; i < n; i++) {
-        const cJSON *v = cJSON_GetArrayItem(a, i);
-        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1 && v->valuedouble < 9007199254740992.0) ||
-            v->valuedouble != floor(v->valuedouble))
-            return false;
-        shape[i] = (int64_t)v->valuedouble;
+        uint64_t d;
+        if (!json_whole(cJSON_GetArrayItem(a, i), 1, &d)) return false;
+        shape[i] = (int64_t)d;
     }
     *ndim = n;
     return true;
@@ -669,17 +674,12 @@ CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
         T->slices = calloc_check((size_t)T->n_slices + 1, sizeof(Slice));
         for (int j = 0; j < T->n_slices; j++) {
             const cJSON *a = cJSON_GetArrayItem(sl, j);
-            double v[5];
+            uint64_t v[5];
             if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 5) BAD("%s: tensors[%d] (%s): slice %d: expected 5 numbers", path, i, T->name, j);
-            for (int q = 0; q < 5; q++) {
-                const cJSON *x = cJSON_GetArrayItem(a, q);
-                /* whole and below 2^53 (exact in a double), so the casts and the sums below cannot overflow */
-                if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble < 9007199254740992.0) ||
-                    x->valuedouble != floor(x->valuedouble))
+            for (int q = 0; q < 5; q++)
+                if (!json_whole(cJSON_GetArrayItem(a, q), 0, &v[q]))
                     BAD("%s: tensors[%d] (%s): slice %d: expected 5 non-negative integers", path, i, T->name, j);
-                v[q] = x->valuedouble;
-            }
-            if (v[0] >= L->tp || v[1] >= mf->n_files)
+            if (v[0] >= (uint64_t)L->tp || v[1] >= (uint64_t)mf->n_files || v[2] + v[4] * sizeof(float) > mf->files[v[1]].bytes)
                 BAD("%s: tensors[%d] (%s): slice %d lies outside the files or the layout", path, i, T->name, j);
             Slice *S = &T->slices[j];
             S->tp_rank = (int)v[0];
@@ -687,8 +687,6 @@ CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
             S->byte_off = (size_t)v[2];
             S->start = (size_t)v[3];
             S->count = (size_t)v[4];
-            if (S->byte_off + S->count * sizeof(float) > mf->files[S->file].bytes)
-                BAD("%s: tensors[%d] (%s): slice %d lies outside the files or the layout", path, i, T->name, j);
         }
     }
     const cJSON *config = cJSON_GetObjectItemCaseSensitive(root, "config");

@@ -60,9 +60,9 @@ void warnf(const char *fmt, ...) {
     char line[4096];
     va_list ap;
     va_start(ap, fmt);
-    die_format(line, sizeof line, fmt, ap);
+    vformat_line(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "llmtrain: warning: %s\n", line + 10);
+    fprintf(stderr, "llmtrain: warning: %s\n", line);
 }
 
 void *malloc_check_(size_t size, const char *file, int line) {

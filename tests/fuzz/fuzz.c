@@ -65,7 +65,6 @@ static char g_last[4096]; /* the last refusal, for the replay's report */
 
 /* die() as the product's util.c formats it (its own escaping included:
  * this wrapper sees the line util.c's die_format would write) */
-void __real_die(int code, const char *fmt, ...);
 __attribute__((noreturn)) void __wrap_die(int code, const char *fmt, ...) {
     char line[4096];
     va_list ap;
