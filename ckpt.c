@@ -538,6 +538,48 @@ static void gpt2_config(const HfCfg *c, ModelConfig *o) {
     o->tie_embeddings = 1;
 }
 
+/* A number of the rope_scaling object in [lo, hi] (a whole one if whole). */
+static double rope_scaling_num(const HfCfg *c, const cJSON *rs, const char *key, double lo, double hi, int whole) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, key);
+    if (!v) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: missing key %s (rope_type llama3)", c->path, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) || (whole && v->valuedouble != floor(v->valuedouble)))
+        die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.%s: expected %s in [%g, %g]", c->path, key,
+            whole ? "an integer" : "a number", lo, hi);
+    return v->valuedouble;
+}
+
+/* rope_scaling: null (or rope_type "default"), or Llama 3.1's rescaled
+ * frequencies, {"rope_type": "llama3", "factor", "low_freq_factor",
+ * "high_freq_factor", "original_max_position_embeddings"} ("type" in older
+ * files). The other kinds (linear, dynamic, yarn, ...) are other math and
+ * are refused, as is a key this one does not have. */
+static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
+    const cJSON *rs = cfg_get(c, "rope_scaling", false);
+    if (!rs) return;
+    if (!cJSON_IsObject(rs)) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: expected an object or null", c->path);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    if (!cJSON_IsString(t)) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: expected a string rope_type", c->path);
+    if (strcmp(t->valuestring, "default") == 0) return;
+    if (strcmp(t->valuestring, "llama3") != 0)
+        die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: rope_type \"%s\" is not supported (llama3 or default)", c->path,
+            t->valuestring);
+    static const char *known[] = {"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
+                                  "original_max_position_embeddings"};
+    for (const cJSON *e = rs->child; e; e = e->next) {
+        size_t i = 0;
+        while (i < sizeof known / sizeof known[0] && strcmp(e->string, known[i]) != 0) i++;
+        if (i == sizeof known / sizeof known[0])
+            die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.%s: not supported (rope_type llama3 has factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)",
+                c->path, e->string);
+    }
+    o->rope_scaling = 1; /* llama3 */
+    o->rope_scaling_factor = (float)rope_scaling_num(c, rs, "factor", 1, 1e6, 0);
+    o->rope_low_freq_factor = (float)rope_scaling_num(c, rs, "low_freq_factor", 0, 1e6, 0);
+    o->rope_high_freq_factor = (float)rope_scaling_num(c, rs, "high_freq_factor", 0, 1e6, 0);
+    o->rope_original_max_seq_len = (int)rope_scaling_num(c, rs, "original_max_position_embeddings", 1, 1 << 24, 1);
+}
+
 static void llama_config(const HfCfg *c, ModelConfig *o) {
     o->arch = ARCH_LLAMA;
     o->n_embd = cfg_int(c, "hidden_size", true, 0);
@@ -557,8 +599,7 @@ static void llama_config(const HfCfg *c, ModelConfig *o) {
         die(EXIT_USAGE, HF_CTX "%s: key attention_bias: true is not supported (no biases in Llama)", c->path);
     if (cfg_bool(c, "mlp_bias", false))
         die(EXIT_USAGE, HF_CTX "%s: key mlp_bias: true is not supported (no biases in Llama)", c->path);
-    if (cfg_get(c, "rope_scaling", false))
-        die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: rope_scaling is not supported", c->path);
+    llama_rope_scaling(c, o);
     if (o->n_embd % o->n_head != 0)
         die(EXIT_USAGE, HF_CTX "%s: key num_attention_heads: %d does not divide hidden_size %d", c->path, o->n_head, o->n_embd);
     int hd = cfg_int(c, "head_dim", false, o->n_embd / o->n_head);
@@ -576,8 +617,7 @@ void hf_read_config(const char *dir, ModelConfig *out) {
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!cJSON_IsObject(root)) die(EXIT_USAGE, HF_CTX "%s: not a JSON object (malformed JSON?)", path);
     HfCfg c = {path, root};
-    memset(out, 0, sizeof *out);
-    out->ffn_multiple_of = 256;
+    config_model_defaults(out); /* what config.json does not say (ffn_multiple_of, the RoPE scaling's numbers) */
     const char *type = cfg_str(&c, "model_type", NULL);
     if (!type) die(EXIT_USAGE, HF_CTX "%s: missing key model_type", path);
     if (strcmp(type, "gpt2") == 0) gpt2_config(&c, out);
@@ -787,7 +827,16 @@ static cJSON *hf_config_json(const Model *m) {
         cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq_len);
         cJSON_AddItemToObject(o, "rms_norm_eps", json_float(c->norm_eps));
         cJSON_AddItemToObject(o, "rope_theta", json_float(c->rope_theta));
-        cJSON_AddNullToObject(o, "rope_scaling");
+        if (c->rope_scaling) { /* llama3 */
+            cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+            cJSON_AddStringToObject(rs, "rope_type", "llama3");
+            cJSON_AddItemToObject(rs, "factor", json_float(c->rope_scaling_factor));
+            cJSON_AddItemToObject(rs, "low_freq_factor", json_float(c->rope_low_freq_factor));
+            cJSON_AddItemToObject(rs, "high_freq_factor", json_float(c->rope_high_freq_factor));
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_seq_len);
+        } else {
+            cJSON_AddNullToObject(o, "rope_scaling");
+        }
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_embeddings);
         cJSON_AddStringToObject(o, "hidden_act", "silu");
         cJSON_AddFalseToObject(o, "attention_bias");

@@ -45,6 +45,11 @@ static const Key KEYS[] = {
     {"model.max_seq_len", K_INT, OFF(model.max_seq_len), 0, "1024", 1, 1 << 24, NULL, "longest sequence (GPT-2: rows of the position table)"},
     {"model.norm_eps", K_FLOAT, OFF(model.norm_eps), 0, "1e-5", 0, 1, NULL, "LayerNorm / RMSNorm epsilon"},
     {"model.rope_theta", K_FLOAT, OFF(model.rope_theta), 0, "10000", 1, 1e12, NULL, "RoPE base (Llama)"},
+    {"model.rope_scaling", K_ENUM, OFF(model.rope_scaling), 0, "\"none\"", 0, 0, "none|llama3", "RoPE frequency scaling (Llama): none, or llama3, Llama 3.1's and 3.2's (Hugging Face rope_type \"llama3\"): a frequency whose wavelength 2 pi / frequency exceeds rope_original_max_seq_len / rope_low_freq_factor is divided by rope_scaling_factor, one below rope_original_max_seq_len / rope_high_freq_factor is kept, one between is blended (see the notes below); the four rope_* keys after this one apply only with llama3"},
+    {"model.rope_scaling_factor", K_FLOAT, OFF(model.rope_scaling_factor), 0, "8", 1, 1e6, NULL, "rope_scaling llama3: the low frequencies' divisor (Llama 3.1: 8, Llama 3.2: 32)"},
+    {"model.rope_low_freq_factor", K_FLOAT, OFF(model.rope_low_freq_factor), 0, "1", 0, 1e6, NULL, "rope_scaling llama3: wavelengths above rope_original_max_seq_len / this are scaled"},
+    {"model.rope_high_freq_factor", K_FLOAT, OFF(model.rope_high_freq_factor), 0, "4", 0, 1e6, NULL, "rope_scaling llama3: wavelengths below rope_original_max_seq_len / this are kept (must exceed rope_low_freq_factor)"},
+    {"model.rope_original_max_seq_len", K_INT, OFF(model.rope_original_max_seq_len), 0, "8192", 1, 1 << 24, NULL, "rope_scaling llama3: the context length the frequencies were trained for"},
     {"model.tie_embeddings", K_BOOL, OFF(model.tie_embeddings), 0, "false", 0, 0, NULL, "share the token embedding with the LM head (GPT-2: always true)"},
     /* init */
     {"init.from", K_STR, STR(init_from), "\"\"", 0, 0, NULL, "Hugging Face folder (config.json + model.safetensors, F32 or BF16) to start from; the model section then comes from it"},
@@ -277,7 +282,38 @@ static void apply_set(cJSON *root, const char *arg) {
     }
 }
 
+static void set_defaults(Config *cfg);
+
+void config_model_defaults(ModelConfig *m) {
+    Config tmp;
+    memset(&tmp, 0, sizeof tmp);
+    set_defaults(&tmp);
+    *m = tmp.model;
+}
+
+/* A job's RoPE scaling numbers do something only with rope_scaling llama3:
+ * one set (not its default) without it is an error, not silently unused. */
+static void rope_scaling_unused(const ModelConfig *m, const char *where) {
+    if (m->rope_scaling) return; /* 1 = llama3 */
+    ModelConfig d;
+    config_model_defaults(&d);
+    const char *set = m->rope_scaling_factor != d.rope_scaling_factor     ? "rope_scaling_factor"
+                      : m->rope_low_freq_factor != d.rope_low_freq_factor ? "rope_low_freq_factor"
+                      : m->rope_high_freq_factor != d.rope_high_freq_factor ? "rope_high_freq_factor"
+                      : m->rope_original_max_seq_len != d.rope_original_max_seq_len ? "rope_original_max_seq_len"
+                                                                                    : NULL;
+    if (set)
+        die(EXIT_USAGE, "%s: model.%s is set but model.rope_scaling is \"none\" (it applies only with \"llama3\")", where, set);
+}
+
 void model_config_finish(ModelConfig *m, const char *where) {
+    if (m->rope_scaling) { /* llama3 */
+        if (m->arch == ARCH_GPT2)
+            die(EXIT_USAGE, "%s: model.rope_scaling \"llama3\": GPT-2 has no RoPE (expected \"none\")", where);
+        if (!(m->rope_high_freq_factor > m->rope_low_freq_factor))
+            die(EXIT_USAGE, "%s: model.rope_high_freq_factor %g must exceed model.rope_low_freq_factor %g", where,
+                m->rope_high_freq_factor, m->rope_low_freq_factor);
+    }
     if (m->n_embd % m->n_head != 0)
         die(EXIT_USAGE, "%s: model.n_head %d does not divide model.n_embd %d", where, m->n_head, m->n_embd);
     if (m->arch == ARCH_GPT2) {
@@ -312,6 +348,7 @@ static void set_defaults(Config *cfg) {
 
 /* Fill values that default to other values, and check cross-key rules. */
 static void finish(Config *cfg, const char *origin, const cJSON *root) {
+    rope_scaling_unused(&cfg->model, origin);
     model_config_finish(&cfg->model, origin);
     if (cfg->seq_len == 0) cfg->seq_len = cfg->model.max_seq_len;
     if (cfg->seq_len > cfg->model.max_seq_len)
@@ -435,6 +472,15 @@ void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir) {
         die(EXIT_USAGE, "%s: train.seq_len %d exceeds the model's max_seq_len %d (from %s)", cfg->path, cfg->seq_len, cfg->model.max_seq_len, hf_dir);
 }
 
+/* The name of an int-stored enum's choice idx ("gpt2" for model.arch 0). */
+static const char *choice_name(const Key *k, int idx, char *buf, size_t n) {
+    const char *p = k->choices;
+    for (int j = 0; j < idx && strchr(p, '|'); j++) p = strchr(p, '|') + 1;
+    const char *bar = strchr(p, '|');
+    snprintf(buf, n, "%.*s", (int)(bar ? bar - p : (long)strlen(p)), p);
+    return buf;
+}
+
 /* Write the resolved model section (defaults and init.from filled in) into
  * the effective config text, so a checkpoint rebuilds the same model
  * without the job file or the init folder. */
@@ -450,13 +496,8 @@ void config_freeze_model(Config *cfg) {
         const char *field = (const char *)cfg + k->off;
         switch (k->type) {
         case K_ENUM: {
-            int idx = *(const int *)field;
-            const char *p = k->choices;
-            for (int j = 0; j < idx; j++) p = strchr(p, '|') + 1;
-            const char *bar = strchr(p, '|');
             char buf[32];
-            snprintf(buf, sizeof buf, "%.*s", (int)(bar ? bar - p : (long)strlen(p)), p);
-            cJSON_AddStringToObject(model, name, buf);
+            cJSON_AddStringToObject(model, name, choice_name(k, *(const int *)field, buf, sizeof buf));
             break;
         }
         case K_INT: cJSON_AddNumberToObject(model, name, *(const int *)field); break;
@@ -487,7 +528,11 @@ int config_model_diff(const ModelConfig *a, const ModelConfig *b, char *out, siz
             float x = *(const float *)fa, y = *(const float *)fb;
             if (x != y) { snprintf(out, n, "%s %g vs %g", k->path, x, y); return 1; }
         } else if (*(const int *)fa != *(const int *)fb) {
-            snprintf(out, n, "%s %d vs %d", k->path, *(const int *)fa, *(const int *)fb);
+            char x[32], y[32];
+            if (k->type == K_ENUM)
+                snprintf(out, n, "%s %s vs %s", k->path, choice_name(k, *(const int *)fa, x, sizeof x),
+                         choice_name(k, *(const int *)fb, y, sizeof y));
+            else snprintf(out, n, "%s %d vs %d", k->path, *(const int *)fa, *(const int *)fb);
             return 1;
         }
     }

@@ -20,6 +20,9 @@ typedef struct ModelConfig {
     int max_seq_len;
     float norm_eps;
     float rope_theta;
+    int rope_scaling;    /* index of none|llama3: ROPE_NONE | ROPE_LLAMA3 (kernels.h) */
+    float rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_seq_len;
     int tie_embeddings;  /* GPT-2 always tied */
 } ModelConfig;
 
@@ -96,6 +99,8 @@ void config_load_string(Config *cfg, const char *json, const char *origin);
 /* Fill derived model values (n_kv_head, ffn_hidden defaults) and validate
  * the model shape; `where` names the source for messages. */
 void model_config_finish(ModelConfig *m, const char *where);
+/* Every model.* key's default (a model section of {}). */
+void config_model_defaults(ModelConfig *m);
 /* Print every key, its type, default and description (README table). */
 void config_print_keys(void);
 /* True when the job (after --set) names this key explicitly. */

@@ -3319,14 +3319,14 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
 /* T: float, or bf16 for the [a] qkv and dqkv under bf16 (rotated in fp32,
  * each element rounded once where it is stored) */
 template <typename T_>
-__global__ void rope_k(T_ *x, int N, int T, int nh, int nkv, int hd, float theta, int pos0, float dir) {
+__global__ void rope_k(T_ *x, int N, int T, int nh, int nkv, int hd, Rope rope, int pos0, float dir) {
     int half = hd / 2, S = (nh + 2 * nkv) * hd, nrot = nh + nkv;
     size_t total = (size_t)N * half;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         int n = (int)(idx / half), i = (int)(idx % half);
         /* angles in double: pos * inv_freq reaches thousands of radians */
-        double inv_freq = pow((double)theta, -2.0 * i / hd);
+        double inv_freq = rope_inv_freq(&rope, i, hd);
         double ang = ((double)pos0 + (n % T)) * inv_freq;
         double sd, cd;
         sincos(ang, &sd, &cd);
@@ -3342,23 +3342,23 @@ __global__ void rope_k(T_ *x, int N, int T, int nh, int nkv, int hd, float theta
 }
 
 /* x16: x is an [a] buffer in bf16 */
-static void rope_apply(float *x, int x16, int B, int T, int nh, int nkv, int hd, float theta, int pos0, float dir) {
+static void rope_apply(float *x, int x16, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0, float dir) {
     if (hd % 2 != 0) die(EXIT_INTERNAL, "rope: head_dim %d must be even", hd);
     size_t total = (size_t)B * T * (hd / 2);
     if (!total) return;
-    if (x16) rope_k<__nv_bfloat16><<<grid_for(total, 256), 256>>>(ACT16(x), B * T, T, nh, nkv, hd, theta, pos0, dir);
-    else rope_k<float><<<grid_for(total, 256), 256>>>(x, B * T, T, nh, nkv, hd, theta, pos0, dir);
+    if (x16) rope_k<__nv_bfloat16><<<grid_for(total, 256), 256>>>(ACT16(x), B * T, T, nh, nkv, hd, *rope, pos0, dir);
+    else rope_k<float><<<grid_for(total, 256), 256>>>(x, B * T, T, nh, nkv, hd, *rope, pos0, dir);
     LAUNCH_CHECK();
 }
 
 /* qkv is [a] */
-static void rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
-    rope_apply(qkv, act_bf16(), B, T, nh, nkv, hd, theta, pos0, 1.0f);
+static void rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
+    rope_apply(qkv, act_bf16(), B, T, nh, nkv, hd, rope, pos0, 1.0f);
 }
 
 /* dqkv is [a] */
-static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
-    rope_apply(dqkv, act_bf16(), B, T, nh, nkv, hd, theta, pos0, -1.0f);
+static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
+    rope_apply(dqkv, act_bf16(), B, T, nh, nkv, hd, rope, pos0, -1.0f);
 }
 
 // ----------------------------------------------------------------------------

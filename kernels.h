@@ -20,6 +20,7 @@
  */
 #ifndef LLMTRAIN_KERNELS_H
 #define LLMTRAIN_KERNELS_H
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +30,40 @@ typedef struct AdamWRange {
     size_t offset, n;
     float wd;
 } AdamWRange;
+
+/* RoPE's frequencies: inv_freq[i] = theta^(-2i/hd) for i < hd/2, and
+ * under scaling ROPE_LLAMA3 Llama 3.1's rescaling of them (Hugging Face's
+ * rope_type "llama3"): with wavelength w = 2 pi / inv_freq and the
+ * wavelengths L = original_max_seq_len / low_freq_factor and
+ * H = original_max_seq_len / high_freq_factor, a frequency with w < H (a
+ * short wavelength) is kept, one with w > L is divided by factor, and
+ * between them s = (original_max_seq_len / w - low_freq_factor) /
+ * (high_freq_factor - low_freq_factor) blends the two:
+ * (1 - s) inv_freq / factor + s inv_freq. */
+enum { ROPE_NONE = 0, ROPE_LLAMA3 = 1 };
+typedef struct Rope {
+    float theta;
+    int scaling; /* ROPE_NONE | ROPE_LLAMA3 */
+    float factor, low_freq_factor, high_freq_factor;
+    int original_max_seq_len;
+} Rope;
+
+/* The one definition of the frequencies, for both backends (in double: an
+ * angle pos * inv_freq reaches thousands of radians). */
+#ifdef __CUDACC__
+#define ROPE_HOST_DEVICE __host__ __device__
+#else
+#define ROPE_HOST_DEVICE
+#endif
+static inline ROPE_HOST_DEVICE double rope_inv_freq(const Rope *r, int i, int hd) {
+    double f = pow((double)r->theta, -2.0 * i / hd);
+    if (r->scaling != ROPE_LLAMA3) return f;
+    double w = 6.283185307179586 / f, orig = (double)r->original_max_seq_len;
+    if (w < orig / r->high_freq_factor) return f;
+    if (w > orig / r->low_freq_factor) return f / r->factor;
+    double s = (orig / w - r->low_freq_factor) / ((double)r->high_freq_factor - r->low_freq_factor);
+    return (1.0 - s) * f / r->factor + s * f;
+}
 
 typedef struct Kernels {
     const char *name; /* "cpu", "cuda" */
@@ -154,11 +189,12 @@ typedef struct Kernels {
                                const float *lse, int B, int T, int nh, int nkv, int hd);
     /* Rotary embedding, Hugging Face rotate-half convention, on the q and k
      * heads of qkv ([B,T,(nh+2nkv)*hd]), in place; position of row n is
-     * pos0 + n % T. inv_freq[i] = theta^(-2i/hd), i < hd/2. qkv is [a]
-     * (rotated in fp32, each element rounded once where it is stored).
-     * rope_backward applies the inverse rotation to dqkv ([a]), in place. */
-    void (*rope_forward)(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0);
-    void (*rope_backward)(float *dqkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0);
+     * pos0 + n % T; its angles are pos x rope_inv_freq(rope, i, hd), i <
+     * hd/2. qkv is [a] (rotated in fp32, each element rounded once where it
+     * is stored). rope_backward applies the inverse rotation to dqkv ([a]),
+     * in place. */
+    void (*rope_forward)(float *qkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0);
+    void (*rope_backward)(float *dqkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0);
 
     /* ---- pointwise ---- */
     /* GELU, tanh approximation (GPT-2's gelu_new) */

@@ -559,13 +559,13 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
  * Threads split positions so each computes its cos/sin once for all B rows. */
 #define ROPE_MAX_HALF 512
 
-static void rope_rotate(float *x, int B, int T, int nh, int nkv, int hd, float theta, int pos0,
+static void rope_rotate(float *x, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0,
                         float dir) {
     if (hd % 2 != 0 || hd / 2 > ROPE_MAX_HALF)
         die(EXIT_INTERNAL, "rope: head_dim %d must be even and at most %d", hd, 2 * ROPE_MAX_HALF);
     const int half = hd / 2, S = (nh + 2 * nkv) * hd, nrot = nh + nkv;
     double inv_freq[ROPE_MAX_HALF];
-    for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / hd);
+    for (int i = 0; i < half; i++) inv_freq[i] = rope_inv_freq(rope, i, hd);
     #pragma omp parallel for
     for (int t = 0; t < T; t++) {
         float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
@@ -589,12 +589,12 @@ static void rope_rotate(float *x, int B, int T, int nh, int nkv, int hd, float t
     }
 }
 
-static void rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
-    rope_rotate(qkv, B, T, nh, nkv, hd, theta, pos0, 1.0f);
+static void rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
+    rope_rotate(qkv, B, T, nh, nkv, hd, rope, pos0, 1.0f);
 }
 
-static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
-    rope_rotate(dqkv, B, T, nh, nkv, hd, theta, pos0, -1.0f);
+static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
+    rope_rotate(dqkv, B, T, nh, nkv, hd, rope, pos0, -1.0f);
 }
 
 // ----------------------------------------------------------------------------

@@ -1423,9 +1423,15 @@ static void print_model_batch(const Trainer *t) {
     const ModelConfig *mc = &c->model;
     double n = 0;
     for (int i = 0; i < t->model.n_specs; i++) n += (double)model_global_numel(&t->model, &t->model.specs[i]);
-    printf("model %s: %d layers, %d embd, %d heads (%d kv), ffn %d, vocab %d, %.2fM parameters%s\n",
+    char rope[160] = "";
+    if (mc->arch == ARCH_LLAMA)
+        snprintf(rope, sizeof rope, ", RoPE theta %g", mc->rope_theta);
+    if (mc->rope_scaling) /* llama3 */
+        snprintf(rope + strlen(rope), sizeof rope - strlen(rope), " scaled llama3 (factor %g, low %g, high %g, original %d)",
+                 mc->rope_scaling_factor, mc->rope_low_freq_factor, mc->rope_high_freq_factor, mc->rope_original_max_seq_len);
+    printf("model %s: %d layers, %d embd, %d heads (%d kv), ffn %d, vocab %d, %.2fM parameters%s%s\n",
            mc->arch == ARCH_GPT2 ? "gpt2" : "llama", mc->n_layer, mc->n_embd, mc->n_head, mc->n_kv_head,
-           mc->ffn_hidden, mc->vocab_size, n / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "");
+           mc->ffn_hidden, mc->vocab_size, n / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "", rope);
     printf("batch: %d seqs x %d tokens = %lld tokens/step; micro %d x accum %d x dp %d | world %d", c->global_batch, c->seq_len,
            (long long)c->global_batch * c->seq_len, c->micro_batch, t->accum, t->dist.dp, t->dist.world);
     const Model *m = &t->model;

@@ -559,6 +559,12 @@ static void tp_allreduce(const Model *m, float *x, size_t n, int max) {
     if (m->tp > 1) m->comm.allreduce(m->comm.ctx, x, n, max);
 }
 
+/* The job's RoPE for the kernels. */
+static Rope rope_of(const ModelConfig *c) {
+    return (Rope){c->rope_theta, c->rope_scaling, c->rope_scaling_factor, c->rope_low_freq_factor,
+                  c->rope_high_freq_factor, c->rope_original_max_seq_len};
+}
+
 /* One transformer layer's forward from its input x into m->la[l] (under
  * activation checkpointing the backward calls it again to recompute). */
 static void layer_forward(Model *m, int l, const float *x, int B, int T) {
@@ -571,7 +577,10 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         /* attention block: res2 = x + out_proj(attn(qkv(norm1(x)))) */
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
         k->matmul_forward_a(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->qkv_dim); /* qkv is [a] */
-        if (llama) k->rope_forward(a->qkv, B, T, nh, nkv, hd, c->rope_theta, 0);
+        if (llama) {
+            Rope rope = rope_of(c);
+            k->rope_forward(a->qkv, B, T, nh, nkv, hd, &rope, 0);
+        }
         k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
         if (tp) { /* row-parallel: partial sums, the replicated bias added once (rank 0) */
             k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, root ? w->attn_out_b : NULL, N, nh * hd, C);
@@ -782,7 +791,10 @@ void model_backward(Model *m, float loss_scale) {
         k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, m->dres, a->atty, w->attn_out_w, N,
                                   nh * hd, C);
         k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, B, T, nh, nkv, hd);
-        if (llama) k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, c->rope_theta, 0);
+        if (llama) {
+            Rope rope = rope_of(c);
+            k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, &rope, 0);
+        }
         k->matmul_backward_a(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, a->ln1, w->qkv_w, N, C, m->qkv_dim);
         if (tp) tp_allreduce(m, m->dbuf1, NC, 0);
         norm_backward(m, m->dres, g->ln1_w, g->ln1_b, m->dbuf1, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);

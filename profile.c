@@ -168,13 +168,13 @@ static void w_attention_backward(float *dqkv, const float *dout, const float *qk
     TIMED(attention_backward, 5 * att(B, T, nh, hd), 0,
           P.in->attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd));
 }
-static void w_rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
+static void w_rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
     TIMED(rope_forward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A),
-          P.in->rope_forward(qkv, B, T, nh, nkv, hd, theta, pos0));
+          P.in->rope_forward(qkv, B, T, nh, nkv, hd, rope, pos0));
 }
-static void w_rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, float theta, int pos0) {
+static void w_rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
     TIMED(rope_backward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A),
-          P.in->rope_backward(dqkv, B, T, nh, nkv, hd, theta, pos0));
+          P.in->rope_backward(dqkv, B, T, nh, nkv, hd, rope, pos0));
 }
 static void w_gelu_forward(float *out, const float *inp, size_t n) {
     TIMED(gelu_forward, 0, by(n, 8), P.in->gelu_forward(out, inp, n));

@@ -360,7 +360,11 @@ static int cfg_equal(const ModelConfig *a, const ModelConfig *b) {
     return a->arch == b->arch && a->n_layer == b->n_layer && a->n_embd == b->n_embd && a->n_head == b->n_head &&
            a->n_kv_head == b->n_kv_head && a->ffn_hidden == b->ffn_hidden && a->ffn_multiple_of == b->ffn_multiple_of &&
            a->vocab_size == b->vocab_size && a->max_seq_len == b->max_seq_len && a->norm_eps == b->norm_eps &&
-           a->rope_theta == b->rope_theta && a->tie_embeddings == b->tie_embeddings;
+           a->rope_theta == b->rope_theta && a->tie_embeddings == b->tie_embeddings && a->rope_scaling == b->rope_scaling &&
+           (!a->rope_scaling ||
+            (a->rope_scaling_factor == b->rope_scaling_factor && a->rope_low_freq_factor == b->rope_low_freq_factor &&
+             a->rope_high_freq_factor == b->rope_high_freq_factor &&
+             a->rope_original_max_seq_len == b->rope_original_max_seq_len));
 }
 
 static void build(Model *m, const ModelConfig *c, uint64_t seed) {
@@ -497,6 +501,35 @@ static void test_llama(void) {
         free_all(r, n);
         model_free(&m);
     }
+}
+
+/* Llama 3's RoPE scaling: config.json carries the rope_scaling object
+ * out and back, with the numbers the job had. */
+static void test_llama3_rope(void) {
+    ModelConfig c = llama_cfg(1);
+    c.rope_scaling = 1; /* llama3 */
+    c.rope_scaling_factor = 32; c.rope_low_freq_factor = 1.5f; c.rope_high_freq_factor = 6; c.rope_original_max_seq_len = 24;
+    Model m;
+    build(&m, &c, 11);
+    char *dir = tpath("hf_llama3");
+    roundtrip("llama3 rope scaling", &m, dir);
+    size_t len;
+    char *text = read_text_file(tpath("hf_llama3/config.json"), &len);
+    cJSON *root = text ? cJSON_Parse(text) : NULL, *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    double got[4];
+    const char *keys[4] = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+    for (int i = 0; i < 4; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, keys[i]);
+        got[i] = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    }
+    check(cJSON_IsString(type) && strcmp(type->valuestring, "llama3") == 0 && got[0] == 32 && got[1] == 1.5 && got[2] == 6 &&
+              got[3] == 24 && cJSON_GetArraySize(rs) == 5,
+          "llama3 rope scaling: config.json has rope_scaling {rope_type llama3, factor 32, low_freq_factor 1.5, high_freq_factor 6, "
+          "original_max_position_embeddings 24}");
+    cJSON_Delete(root);
+    free(text);
+    model_free(&m);
 }
 
 /* llama (untied) folder rewritten: every tensor as BF16 (truncated). */
@@ -653,7 +686,41 @@ static void test_hf_errors(void) {
 
     d = variant("err_cfg", NULL);
     set_config(d, "rope_scaling", "{\"type\":\"linear\",\"factor\":2.0}");
-    expect_die("hf config: rope_scaling", child_hf_config, d, EXIT_USAGE, "config.json: key rope_scaling: rope_scaling is not supported");
+    expect_die("hf config: rope_scaling linear", child_hf_config, d, EXIT_USAGE,
+               "config.json: key rope_scaling: rope_type \"linear\" is not supported (llama3 or default)");
+    set_config(d, "rope_scaling", "[1]");
+    expect_die("hf config: rope_scaling not an object", child_hf_config, d, EXIT_USAGE, "key rope_scaling: expected an object or null");
+    set_config(d, "rope_scaling", "{\"factor\":2.0}");
+    expect_die("hf config: rope_scaling without rope_type", child_hf_config, d, EXIT_USAGE, "key rope_scaling: expected a string rope_type");
+    const char *L3 = "\"rope_type\":\"llama3\",\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192";
+    char rs[400];
+    snprintf(rs, sizeof rs, "{%s}", L3);
+    set_config(d, "rope_scaling", rs);
+    expect_die("hf config: llama3 without factor", child_hf_config, d, EXIT_USAGE, "key rope_scaling: missing key factor (rope_type llama3)");
+    snprintf(rs, sizeof rs, "{%s,\"factor\":0.5}", L3);
+    set_config(d, "rope_scaling", rs);
+    expect_die("hf config: llama3 factor 0.5", child_hf_config, d, EXIT_USAGE, "key rope_scaling.factor: expected a number in [1, 1e+06]");
+    snprintf(rs, sizeof rs, "{%s,\"factor\":8,\"mscale\":1}", L3);
+    set_config(d, "rope_scaling", rs);
+    expect_die("hf config: llama3 with an unknown key", child_hf_config, d, EXIT_USAGE, "key rope_scaling.mscale: not supported");
+    set_config(d, "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":4,\"high_freq_factor\":4,"
+                                  "\"original_max_position_embeddings\":8192}");
+    expect_die("hf config: llama3 high_freq_factor == low_freq_factor", child_hf_config, d, EXIT_USAGE,
+               "model.rope_high_freq_factor 4 must exceed model.rope_low_freq_factor 4");
+    set_config(d, "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
+                                  "\"original_max_position_embeddings\":8192.5}");
+    expect_die("hf config: llama3 original_max_position_embeddings 8192.5", child_hf_config, d, EXIT_USAGE,
+               "key rope_scaling.original_max_position_embeddings: expected an integer in [1, 1.67772e+07]");
+    ModelConfig rc;
+    set_config(d, "rope_scaling", "{\"type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                                  "\"original_max_position_embeddings\":8192}");
+    hf_read_config(d, &rc);
+    check(rc.rope_scaling == 1 && rc.rope_scaling_factor == 32 && rc.rope_low_freq_factor == 1 && rc.rope_high_freq_factor == 4 &&
+              rc.rope_original_max_seq_len == 8192,
+          "hf config: Llama 3.2's rope_scaling (legacy \"type\" key) read as llama3, factor 32, 1, 4, 8192");
+    set_config(d, "rope_scaling", "{\"rope_type\":\"default\"}");
+    hf_read_config(d, &rc);
+    check(rc.rope_scaling == 0, "hf config: rope_type default = no scaling");
     set_config(d, "rope_scaling", "null");
     set_config(d, "hidden_act", "\"gelu\"");
     expect_die("hf config: hidden_act gelu", child_hf_config, d, EXIT_USAGE, "key hidden_act");
@@ -1026,6 +1093,7 @@ int main(void) {
     test_st_write_error();
     test_gpt2();
     test_llama();
+    test_llama3_rope();
     test_bf16_load();
     test_sharded();
     test_hf_errors();

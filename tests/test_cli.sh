@@ -79,6 +79,21 @@ expect_fail "unknown option" "unknown option '--bogus'" $BIN "$TMP/job.json" --b
 nvidia-smi -L 2>/dev/null | grep -q '^GPU' || expect_fail "train.device=cuda without a usable GPU" "train.device" $BIN "$TMP/job.json" --set train.device=cuda
 expect_fail "export of nothing" "no complete checkpoint" $BIN export "$TMP/empty" "$TMP/out_hf"
 
+# Llama 3's RoPE scaling: its numbers only with model.rope_scaling llama3, a
+# blend band that exists, and none on GPT-2; a llama3 job trains, resumes
+# from its own checkpoint, and a checkpoint of the unscaled job is another
+# model's
+expect_fail "bad rope_scaling" 'model.rope_scaling: expected one of none|llama3, got "yarn"' $BIN "$TMP/job.json" --set model.rope_scaling=yarn
+expect_fail "rope scaling number without llama3" 'model.rope_scaling_factor is set but model.rope_scaling is "none"' $BIN "$TMP/job.json" --set model.rope_scaling_factor=32
+expect_fail "rope_high_freq_factor <= rope_low_freq_factor" "model.rope_high_freq_factor 1 must exceed model.rope_low_freq_factor 1" $BIN "$TMP/job.json" --set model.rope_scaling=llama3 --set model.rope_high_freq_factor=1
+expect_fail "rope scaling on GPT-2" 'model.rope_scaling "llama3": GPT-2 has no RoPE' $BIN "$TMP/job.json" --set model.arch=gpt2 --set model.rope_scaling=llama3
+expect_fail "resume with another rope scaling" "was written for another model (checkpoint vs job: model.rope_scaling none vs llama3)" $BIN "$TMP/job.json" --set model.rope_scaling=llama3
+L3=(--set model.rope_scaling=llama3 --set model.rope_scaling_factor=32 --set model.rope_original_max_seq_len=8 --set checkpoint.dir="$TMP/ckpt_l3" --set log.dir="$TMP/run_l3")
+if $BIN "$TMP/job.json" "${L3[@]}" >"$TMP/out" 2>"$TMP/err" && $BIN "$TMP/job.json" "${L3[@]}" --set train.steps=3 >"$TMP/out2" 2>&1 &&
+   grep -q "resume: .*step_00000002 at step 2" "$TMP/out2" && grep -q '"step":3' "$TMP/run_l3/metrics.jsonl"; then
+    ok "a rope_scaling llama3 job trains 2 steps and a 3-step run resumes from its checkpoint"
+else bad "rope_scaling llama3 train + resume: $(cat "$TMP/err"; grep -E 'resume|error' "$TMP/out2" | head -3)"; fi
+
 # the CUDA backend's precision and attention are job keys; the variables
 # that once set them are refused, not silently ignored
 expect_fail "bad compute dtype" 'train.compute_dtype: expected one of bf16|tf32|fp32, got "fp16"' $BIN "$TMP/job.json" --set train.compute_dtype=fp16

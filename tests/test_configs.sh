@@ -62,6 +62,68 @@ EOF
 then ok "Llama 2 shapes (70B: 8 kv heads) and recipe (4M tokens, 3e-4 -> 3e-5, warmup 2000, wd 0.1, clip 1, betas 0.9/0.95, eps 1e-5)"
 else bad "config shapes or recipe"; fi
 
+# Llama 3.2 1B: its shape (1,235,814,400 parameters) and Llama 3's RoPE
+# scaling. The file agrees with Meta's config.json as published with the
+# weights (below, verbatim), so --set init.from=<that folder> takes it, and a
+# folder whose scaling differs is refused naming the key.
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$TMP/l32" "$TMP/l32_x8"
+cat >"$TMP/l32/config.json" <<'EOF'
+{
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+}
+EOF
+sed 's/"factor": 32.0/"factor": 8.0/' "$TMP/l32/config.json" >"$TMP/l32_x8/config.json"
+line="model llama: 16 layers, 2048 embd, 32 heads (8 kv), ffn 8192, vocab 128256, 1235.81M parameters (tied embeddings), RoPE theta 500000 scaled llama3 (factor 32, low 1, high 4, original 8192)"
+out=$($BIN check configs/llama3.2_1b.json --world 8 2>&1)
+rc=$?
+out2=$($BIN check configs/llama3.2_1b.json --world 8 --set init.from="$TMP/l32" 2>&1)
+rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && echo "$out" | grep -qxF "$line" && echo "$out2" | grep -qxF "$line" &&
+   echo "$out" | grep -q "^batch: 512 seqs x 8192 tokens = 4194304 tokens/step; micro 2 x accum 32 x dp 8 | world 8"; then
+    ok "llama3.2_1b.json on 8 ranks: Llama 3.2 1B's shape and RoPE scaling, alone and with init.from Meta's config.json"
+else
+    bad "llama3.2_1b.json: rc=$rc/$rc2 $out $out2"
+fi
+err=$($BIN check configs/llama3.2_1b.json --world 8 --set init.from="$TMP/l32_x8" 2>&1 >/dev/null)
+rc=$?
+if [ $rc -eq 2 ] && [ "$(echo "$err" | wc -l)" -eq 1 ] && echo "$err" | grep -q "model.rope_scaling_factor = 32 conflicts with init.from"; then
+    ok "llama3.2_1b.json with init.from a folder scaled by 8: exit 2: $err"
+else
+    bad "llama3.2_1b.json with a folder scaled by 8: rc=$rc $err"
+fi
+
 # an impossible layout: the same message as a training start, exit 2, one line
 err=$($BIN check configs/llama2_70b.json --world 24 2>&1 >/dev/null)
 rc=$?

@@ -873,17 +873,28 @@ static void test_rope(void) {
     size_t n = (size_t)B * T * S;
     /* rope_forward's qkv and rope_backward's dqkv are [a]: under bf16 the
      * device rotates the bf16 words in fp32 and rounds each once, the CPU
-     * the same rounded values */
-    float *x = hrand(n, 1), *gx = dcopy_act(x, n);
-    act_round(x, n);
-    KC->rope_forward(x, B, T, nh, nkv, hd, 10000.0f, 7);
-    KG->rope_forward(gx, B, T, nh, nkv, hd, 10000.0f, 7);
-    check_act_rn_sum("rope_forward ([a] qkv)", x, gx, n);
-    float *gdx = dcopy_act(x, n);
-    act_round(x, n);
-    KC->rope_backward(x, B, T, nh, nkv, hd, 500000.0f, 0);
-    KG->rope_backward(gdx, B, T, nh, nkv, hd, 500000.0f, 0);
-    check_act_rn_sum("rope_backward ([a] dqkv)", x, gdx, n);
+     * the same rounded values. Unscaled (the backward at another theta),
+     * then Llama 3's scaling (hd 16: kept, blended and divided frequencies). */
+    const Rope plain = {10000.0f, ROPE_NONE, 0, 0, 0, 0}, plain5 = {500000.0f, ROPE_NONE, 0, 0, 0, 0};
+    const Rope llama3 = {500000.0f, ROPE_LLAMA3, 32.0f, 1.0f, 4.0f, 256};
+    const struct { const char *tag; const Rope *fwd, *bwd; int pos_fwd, pos_bwd; } cases[] = {
+        {"", &plain, &plain5, 7, 0}, {"llama3 scaling ", &llama3, &llama3, 5, 5}};
+    float *x = hrand(n, 1);
+    for (int c = 0; c < 2; c++) {
+        char name[96];
+        float *gx = dcopy_act(x, n);
+        act_round(x, n);
+        KC->rope_forward(x, B, T, nh, nkv, hd, cases[c].fwd, cases[c].pos_fwd);
+        KG->rope_forward(gx, B, T, nh, nkv, hd, cases[c].fwd, cases[c].pos_fwd);
+        snprintf(name, sizeof name, "rope_forward %s([a] qkv)", cases[c].tag);
+        check_act_rn_sum(name, x, gx, n);
+        float *gdx = dcopy_act(x, n);
+        act_round(x, n);
+        KC->rope_backward(x, B, T, nh, nkv, hd, cases[c].bwd, cases[c].pos_bwd);
+        KG->rope_backward(gdx, B, T, nh, nkv, hd, cases[c].bwd, cases[c].pos_bwd);
+        snprintf(name, sizeof name, "rope_backward %s([a] dqkv)", cases[c].tag);
+        check_act_rn_sum(name, x, gdx, n);
+    }
 }
 
 static void test_pointwise(void) {

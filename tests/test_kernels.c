@@ -456,44 +456,81 @@ static void test_attention(int B, int T, int nh, int nkv, int hd, int nsub) {
 // ----------------------------------------------------------------------------
 // rope
 
-typedef struct { float *x, *tmp, *R; int B, T, nh, nkv, hd, pos0; } RopeCtx;
+typedef struct { float *x, *tmp, *R; int B, T, nh, nkv, hd, pos0; const Rope *rope; } RopeCtx;
 static double rope_loss(void *p) {
     RopeCtx *c = p;
     size_t n = (size_t)c->B * c->T * (c->nh + 2 * c->nkv) * c->hd;
     memcpy(c->tmp, c->x, n * sizeof(float));
-    K->rope_forward(c->tmp, c->B, c->T, c->nh, c->nkv, c->hd, 10000.0f, c->pos0);
+    K->rope_forward(c->tmp, c->B, c->T, c->nh, c->nkv, c->hd, c->rope, c->pos0);
     return dot_r(c->tmp, c->R, n);
 }
 
-static void test_rope(void) {
-    int B = 2, T = 5, nh = 4, nkv = 2, hd = 8, pos0 = 3, S = (nh + 2 * nkv) * hd, half = hd / 2;
+/* The frequencies as Hugging Face's _compute_llama3_parameters writes them
+ * (two torch.where passes), not as kernels.h does; *band counts which of
+ * kept (0), blended (1) and divided (2) frequency i falls in. */
+static double ref_inv_freq(const Rope *r, int i, int hd, int *band) {
+    double inv = 1.0 / pow((double)r->theta, (double)(2 * i) / hd);
+    if (r->scaling != ROPE_LLAMA3) { band[0]++; return inv; }
+    double wavelen = 2 * M_PI / inv, old = r->original_max_seq_len;
+    double low_wavelen = old / r->low_freq_factor, high_wavelen = old / r->high_freq_factor;
+    double llama = wavelen > low_wavelen ? inv / r->factor : inv;
+    double smooth = (old / wavelen - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+    double smoothed = (1 - smooth) * llama / r->factor + smooth * llama;
+    int medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+    band[medium ? 1 : wavelen > low_wavelen ? 2 : 0]++;
+    return medium ? smoothed : llama;
+}
+
+static void test_rope_case(const char *tag, int hd, const Rope *rope) {
+    int B = 2, T = 5, nh = 4, nkv = 2, pos0 = 3, S = (nh + 2 * nkv) * hd, half = hd / 2;
     size_t n = (size_t)B * T * S;
-    RopeCtx c = {randv(n, 1), zerov(n), randv(n, 1), B, T, nh, nkv, hd, pos0};
-    double *ref = malloc_check(sizeof(double) * n);
+    char name[160];
+    RopeCtx c = {randv(n, 1), zerov(n), randv(n, 1), B, T, nh, nkv, hd, pos0, rope};
+    double *ref = malloc_check(sizeof(double) * n), inv[64];
+    int band[3] = {0, 0, 0};
+    for (int i = 0; i < half; i++) inv[i] = ref_inv_freq(rope, i, hd, band);
+    if (rope->scaling == ROPE_LLAMA3) {
+        snprintf(name, sizeof name, "rope %s: the frequencies fall in all three bands (kept %d, blended %d, divided %d)", tag,
+                 band[0], band[1], band[2]);
+        report(band[0] > 0 && band[1] > 0 && band[2] > 0, name, "%s", "");
+    }
     for (int r = 0; r < B * T; r++)
         for (int hh = 0; hh < nh + 2 * nkv; hh++) {
             const float *x = c.x + (size_t)r * S + hh * hd;
             double *o = ref + (size_t)r * S + hh * hd;
             for (int i = 0; i < half; i++) {
                 if (hh >= nh + nkv) { o[i] = x[i]; o[i + half] = x[i + half]; continue; }
-                double ang = (pos0 + r % T) * pow(10000.0, -2.0 * i / hd);
+                double ang = (pos0 + r % T) * inv[i];
                 o[i] = x[i] * cos(ang) - x[i + half] * sin(ang);
                 o[i + half] = x[i + half] * cos(ang) + x[i] * sin(ang);
             }
         }
     rope_loss(&c);
-    check_close("rope_forward", c.tmp, ref, n, 1e-5);
+    snprintf(name, sizeof name, "rope_forward %s", tag);
+    check_close(name, c.tmp, ref, n, 1e-5);
 
     // forward then backward is the identity (the rotation is orthogonal)
-    K->rope_backward(c.tmp, B, T, nh, nkv, hd, 10000.0f, pos0);
+    K->rope_backward(c.tmp, B, T, nh, nkv, hd, rope, pos0);
     for (size_t i = 0; i < n; i++) ref[i] = c.x[i];
-    check_close("rope_forward+backward identity", c.tmp, ref, n, 1e-5);
+    snprintf(name, sizeof name, "rope_forward+backward identity %s", tag);
+    check_close(name, c.tmp, ref, n, 1e-5);
 
     float *g = dup(c.R, n), *fd = zerov(n);
-    K->rope_backward(g, B, T, nh, nkv, hd, 10000.0f, pos0);
+    K->rope_backward(g, B, T, nh, nkv, hd, rope, pos0);
     fd_grad(rope_loss, &c, c.x, n, 1e-2f, fd);
-    check_grad("rope_backward dqkv", g, fd, n);
+    snprintf(name, sizeof name, "rope_backward dqkv %s", tag);
+    check_grad(name, g, fd, n);
     free(ref); free(g); free(fd); free(c.x); free(c.tmp); free(c.R);
+}
+
+static void test_rope(void) {
+    Rope plain = {10000.0f, ROPE_NONE, 0, 0, 0, 0};
+    test_rope_case("(theta 1e4)", 8, &plain);
+    /* Llama 3's scaling with a short original context, so that the 8
+     * frequencies of hd 16 at theta 5e5 reach every band: wavelengths
+     * 6.3 and 32 kept (below 256 / 4), 159 blended, 803 and up divided */
+    Rope llama3 = {500000.0f, ROPE_LLAMA3, 32.0f, 1.0f, 4.0f, 256};
+    test_rope_case("(llama3 scaling)", 16, &llama3);
 }
 
 // ----------------------------------------------------------------------------

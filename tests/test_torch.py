@@ -235,10 +235,14 @@ CASES = {
     "gpt2": dict(arch="gpt2", n_layer=2, n_embd=32, n_head=4, n_kv_head=4, ffn_hidden=None,
                  vocab=64, max_seq_len=32, eps=1e-5, theta=None, tie=True, decay_all=False,
                  model_section_in_main=True),
-    # (b) Llama with GQA, untied
+    # (b) Llama with GQA, untied, Llama 3's RoPE scaling (theta 5e5; an
+    # original context of 256 puts head_dim 8's four frequencies in every
+    # band: wavelength 6.3 kept, 167 blended, 4443 and 1.2e5 divided by 32)
     "llama_gqa": dict(arch="llama", n_layer=2, n_embd=32, n_head=4, n_kv_head=2, ffn_hidden=64,
-                      vocab=80, max_seq_len=32, eps=1e-5, theta=10000.0, tie=False,
-                      decay_all=False, model_section_in_main=False),
+                      vocab=80, max_seq_len=32, eps=1e-5, theta=500000.0, tie=False,
+                      decay_all=False, model_section_in_main=False,
+                      rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 256}),
     # (c) Llama tied, n_kv_head == n_head, explicit ffn_hidden 48, other eps/theta, decay_all
     "llama_tied": dict(arch="llama", n_layer=2, n_embd=32, n_head=4, n_kv_head=4, ffn_hidden=48,
                        vocab=64, max_seq_len=32, eps=1e-6, theta=100.0, tie=True,
@@ -260,7 +264,7 @@ def hf_config(c):
     cfg = R.llama_config(c["n_layer"], c["n_embd"], c["n_head"], c["n_kv_head"], c["ffn_hidden"],
                          c["vocab"], c["max_seq_len"], eps=c["eps"], theta=c["theta"], tie=c["tie"])
     # keys a real HF Llama config.json carries
-    cfg.update({"rope_scaling": None, "torch_dtype": "float32", "bos_token_id": 1,
+    cfg.update({"rope_scaling": c.get("rope_scaling"), "torch_dtype": "float32", "bos_token_id": 1,
                 "eos_token_id": 2, "initializer_range": 0.02})
     return cfg
 
@@ -271,6 +275,12 @@ def model_section(c, ffn=True):
     if c["arch"] == "llama":
         m.update({"n_kv_head": c["n_kv_head"], "rope_theta": c["theta"],
                   "tie_embeddings": c["tie"]})
+        rs = c.get("rope_scaling")
+        if rs:
+            m.update({"rope_scaling": rs["rope_type"], "rope_scaling_factor": rs["factor"],
+                      "rope_low_freq_factor": rs["low_freq_factor"],
+                      "rope_high_freq_factor": rs["high_freq_factor"],
+                      "rope_original_max_seq_len": rs["original_max_position_embeddings"]})
         if ffn:
             m["ffn_hidden"] = c["ffn_hidden"]
     return m
@@ -369,6 +379,8 @@ def run_case(binary, cname, c, root):
     if c["arch"] == "llama":
         if abs(float(p0_cfg.get("rope_theta", -1)) - cfg["rope_theta"]) > 1e-6 * cfg["rope_theta"]:
             bad["rope_theta"] = (p0_cfg.get("rope_theta"), cfg["rope_theta"])
+        if p0_cfg.get("rope_scaling") != cfg["rope_scaling"]:
+            bad["rope_scaling"] = (p0_cfg.get("rope_scaling"), cfg["rope_scaling"])
         if bool(p0_cfg.get("tie_word_embeddings", False)) != cfg["tie_word_embeddings"]:
             bad["tie_word_embeddings"] = (p0_cfg.get("tie_word_embeddings"), cfg["tie_word_embeddings"])
     CK.check(not bad, f"{tag} params0 config.json" + (f" mismatches (C, expected): {bad}" if bad else ""))

@@ -138,8 +138,32 @@ def causal_attention(q, k, v):
     return att @ v
 
 
-def rope_cos_sin(T, hd, theta, dtype, pos0=0):
+def llama3_inv_freq(inv_freq, rs):
+    """Llama 3.1's rescaled RoPE frequencies (Hugging Face rope_type "llama3"):
+    wavelengths longer than original/low_freq_factor divided by factor,
+    shorter than original/high_freq_factor kept, a linear blend in 1/wavelength
+    between (Meta's apply_scaling in llama/model.py)."""
+    factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+    old = float(rs["original_max_position_embeddings"])
+    out = []
+    for f in inv_freq.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < old / hi:
+            out.append(f)
+        elif wavelen > old / lo:
+            out.append(f / factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def rope_cos_sin(T, hd, theta, dtype, pos0=0, scaling=None):
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))  # [hd/2]
+    if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
+    elif scaling is not None and scaling.get("rope_type", scaling.get("type")) != "default":
+        raise ValueError(f"unsupported rope_scaling {scaling!r}")
     pos = torch.arange(pos0, pos0 + T, dtype=torch.float64)
     freqs = torch.outer(pos, inv_freq)                  # [T, hd/2]
     emb = torch.cat([freqs, freqs], dim=-1)             # [T, hd]
@@ -197,6 +221,7 @@ class RefModel:
             self.nkv = cfg.get("num_key_value_heads") or self.nh
             self.eps = cfg.get("rms_norm_eps", 1e-6)
             self.theta = float(cfg.get("rope_theta", 10000.0))
+            self.rope_scaling = cfg.get("rope_scaling")
             self.max_T = cfg["max_position_embeddings"]
             self.tied = bool(cfg.get("tie_word_embeddings", False))
         self.hd = self.C // self.nh
@@ -248,7 +273,7 @@ class RefModel:
             x = self._ln(x, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"])
             return x @ p["transformer.wte.weight"].t()
         # llama
-        cos, sin = rope_cos_sin(T, hd, self.theta, self.dtype)
+        cos, sin = rope_cos_sin(T, hd, self.theta, self.dtype, scaling=self.rope_scaling)
         x = p["model.embed_tokens.weight"][idx]
         for i in range(self.L):
             h = f"model.layers.{i}."
@@ -473,6 +498,20 @@ def _selftest():
     re = apply_rope(e.expand(12, hd), cos, sin)[pos]
     check("rope rotate-half convention", abs(re[i] - math.cos(ang)) < 1e-12
           and abs(re[i + hd // 2] - math.sin(ang)) < 1e-12)
+
+    # Llama 3's scaled frequencies: the highest kept, the lowest divided by the
+    # factor, and the blend meets both at its band edges
+    rs = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+    base = 1.0 / (500000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64))
+    sc = llama3_inv_freq(base, rs)
+    check("llama3 rope: highest frequency kept, lowest divided by factor",
+          sc[0] == base[0] and abs(sc[-1] - base[-1] / 32) < 1e-18)
+    edges = torch.tensor([2 * math.pi / (8192 / 4), 2 * math.pi / 8192], dtype=torch.float64)
+    eps_f = torch.tensor([1 + 1e-9, 1 - 1e-9], dtype=torch.float64)
+    at, near = llama3_inv_freq(edges, rs), llama3_inv_freq(edges * eps_f, rs)
+    check("llama3 rope: continuous at the band edges", rel(at, near) < 1e-8
+          and abs(at[0] - edges[0]) < 1e-15 and abs(at[1] - edges[1] / 32) < 1e-15)
 
     # ---- models ----
     g_cfg = gpt2_config(2, 32, 4, 64, 32)
