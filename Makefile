@@ -88,7 +88,7 @@ EMU = tests/cuda_emu
 EMU_DEFS = -DLLMTRAIN_CUDA -I$(EMU)/include -I$(EMU)/nccl
 EMU_HDR = $(EMU)/emu.h $(wildcard $(EMU)/include/*.h) $(EMU)/include/cub/device/device_radix_sort.cuh $(EMU)/nccl/nccl.h
 EMU_OBJ = $(EMU)/build/kernels_emu.o $(EMU)/build/emu.o $(EMU)/build/cudnn_emu.o
-EMU_CXX = $(CXX) -O2 -march=native -std=c++17 -Wall -Wextra -Werror -Wno-unknown-pragmas
+EMU_CXX = $(CXX) -O2 -march=native -std=c++17 -pthread -Wall -Wextra -Werror -Wno-unknown-pragmas
 
 $(EMU)/build/kernels_emu.cpp: kernels.cu $(EMU)/cu2cpp.py
 	@mkdir -p $(EMU)/build
@@ -114,7 +114,7 @@ $(EMU)/build/selftest: $(EMU)/selftest.cu $(EMU)/cu2cpp.py $(EMU_HDR) $(EMU)/bui
 	$(EMU_CXX) $(EMU_DEFS) $(EMU)/build/selftest.cpp $(EMU)/build/emu.o -o $@
 
 tests/test_gpu_emu: tests/test_gpu.c kernels_cpu.c model.c util.c $(HDR) $(EMU_OBJ)
-	$(CC) -O2 -march=native $(WARN) $(OMP) $(EMU_DEFS) -I. $< kernels_cpu.c model.c util.c $(EMU_OBJ) $(BLAS_LIBS) -lm -lstdc++ -o $@
+	$(CC) -O2 -march=native $(WARN) $(OMP) $(EMU_DEFS) -I. $< kernels_cpu.c model.c util.c $(EMU_OBJ) $(BLAS_LIBS) -lm -lstdc++ -lpthread -o $@
 
 tests/llmtrain_emu: $(SRC) dist_nccl.c $(HDR) $(EMU_OBJ) $(EMU)/nccl_emu.c $(EMU_HDR)
 	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(EMU_DEFS) $(SRC) dist_nccl.c $(EMU)/nccl_emu.c $(EMU_OBJ) $(LIBS) -lstdc++ -lpthread -o $@

@@ -13,8 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sched.h>
 #include <time.h>
+#include <unistd.h>
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 // ----------------------------------------------------------------------------
@@ -46,6 +52,11 @@ __asm__(".text\n"
 
 static void die_emu(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 static void die_emu(int code, const char *fmt, ...) {
+    /* blocks run on several threads: the first to fail speaks and exits,
+     * any other waits for the exit */
+    static std::atomic<int> dying{0};
+    if (dying.exchange(1))
+        for (;;) pause();
     char buf[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -58,19 +69,23 @@ static void die_emu(int code, const char *fmt, ...) {
 
 namespace emu {
 
-Fiber *cur;
-uint3 block_idx;
+/* Each OS thread that runs blocks has its own fibers, warps, block state,
+ * scheduler stack and shared memory; the launch's kernel, arguments and
+ * shape are everyone's (set before the threads start, read only). */
+thread_local Fiber *cur;
+thread_local uint3 block_idx;
 dim3 block_dim, grid_dim;
 
 static const size_t STACK_BYTES = 64 * 1024;
-static std::vector<Fiber> fibers;
-static void *sched_sp;
+static thread_local std::vector<Fiber> fibers;
+static thread_local void *sched_sp;
 static void (*run_fn)(void *);
 static void *run_ctx;
 static const char *run_name;
-static char *smem_buf;
-static size_t smem_cap;
-static unsigned long long events; /* barrier arrivals and exits: progress */
+static size_t run_smem;
+static thread_local char *smem_buf;
+static thread_local size_t smem_cap;
+static thread_local unsigned long long events; /* barrier arrivals and exits: progress */
 
 struct Warp {
     int alive, arrived;
@@ -82,8 +97,8 @@ struct Warp {
     uint32_t fa[32][4], fb[32][2]; /* mma.sync's fragments, by lane */
     const uint16_t *rows[32];      /* ldmatrix's row addresses, by lane */
 };
-static std::vector<Warp> warps;
-static struct {
+static thread_local std::vector<Warp> warps;
+static thread_local struct {
     int alive, arrived;
     unsigned gen;
 } blk;
@@ -315,6 +330,90 @@ static int dyn_limit(const void *kernel) {
     return 48 * 1024;
 }
 
+/* This thread's share of the launch: blocks by the next index no thread has
+ * taken (x fastest, as the hardware numbers them), each in full. */
+static std::atomic<unsigned long> next_block;
+static void run_blocks(unsigned long nblocks, int nthreads) {
+    if (fibers.size() < (size_t)nthreads) fibers.resize(nthreads, Fiber{});
+    if (warps.size() < (size_t)(nthreads + 31) / 32) warps.resize((nthreads + 31) / 32, Warp{});
+    /* dynamic shared memory: exactly run_smem bytes from a 16-byte (not
+     * 128-byte) aligned address */
+    if (run_smem + 16 > smem_cap) {
+        free(smem_buf ? smem_buf - 16 : NULL);
+        char *p = (char *)aligned_alloc(128, (run_smem + 16 + 127) / 128 * 128);
+        if (!p) die_emu(3, "out of host memory for shared memory");
+        smem_buf = p + 16;
+        smem_cap = (run_smem + 16 + 127) / 128 * 128;
+    }
+    for (unsigned long b; (b = next_block.fetch_add(1)) < nblocks;) {
+        block_idx = uint3{(unsigned)(b % grid_dim.x), (unsigned)(b / grid_dim.x % grid_dim.y),
+                          (unsigned)(b / ((unsigned long)grid_dim.x * grid_dim.y))};
+        if (run_smem) memset(smem_buf, 0xFF, run_smem); /* garbage, as the hardware's (NaN floats) */
+        run_block(nthreads);
+    }
+}
+
+/* The helper threads: started at the first launch of two blocks or more,
+ * never stopped (a process may exit with them waiting), so a pool that is
+ * never freed. */
+struct Pool {
+    std::mutex mu;
+    std::condition_variable go, idle;
+    unsigned long gen = 0, nblocks = 0;
+    int nthreads = 0, busy = 0, helpers = 0;
+};
+static Pool *pool;
+
+static void helper_main() {
+    unsigned long seen = 0;
+    for (;;) {
+        unsigned long nblocks;
+        int nthreads;
+        {
+            std::unique_lock<std::mutex> l(pool->mu);
+            pool->go.wait(l, [&] { return pool->gen != seen; });
+            seen = pool->gen;
+            nblocks = pool->nblocks;
+            nthreads = pool->nthreads;
+        }
+        run_blocks(nblocks, nthreads);
+        std::lock_guard<std::mutex> l(pool->mu);
+        if (--pool->busy == 0) pool->idle.notify_one();
+    }
+}
+
+static int threads_wanted() {
+    static int n = 0;
+    if (n) return n;
+    const char *e = getenv("LLMTRAIN_CUDA_EMU_THREADS");
+    cpu_set_t cpus; /* the processors this process may run on */
+    long v = e && *e ? strtol(e, NULL, 10) : sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    n = v < 1 ? 1 : v > 8 ? 8 : (int)v;
+    return n;
+}
+
+static void launch_blocks(unsigned long nblocks, int nthreads) {
+    next_block.store(0);
+    int helpers = (int)std::min<unsigned long>(nblocks, (unsigned long)threads_wanted()) - 1;
+    if (helpers <= 0) {
+        run_blocks(nblocks, nthreads);
+        return;
+    }
+    if (!pool) pool = new Pool;
+    for (; pool->helpers < helpers; pool->helpers++) std::thread(helper_main).detach();
+    {
+        std::lock_guard<std::mutex> l(pool->mu);
+        pool->nblocks = nblocks;
+        pool->nthreads = nthreads;
+        pool->busy = pool->helpers;
+        pool->gen++;
+    }
+    pool->go.notify_all();
+    run_blocks(nblocks, nthreads);
+    std::unique_lock<std::mutex> l(pool->mu);
+    pool->idle.wait(l, [] { return pool->busy == 0; });
+}
+
 void execute(const char *name, const void *kernel, dim3 grid, dim3 block, size_t smem, void (*fn)(void *), void *ctx) {
     size_t nthreads = (size_t)block.x * block.y * block.z;
     if (nthreads == 0 || nthreads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
@@ -330,29 +429,13 @@ void execute(const char *name, const void *kernel, dim3 grid, dim3 block, size_t
         last_error = cudaErrorInvalidValue;
         return;
     }
-    if (fibers.size() < nthreads) fibers.resize(nthreads, Fiber{});
-    if (warps.size() < (nthreads + 31) / 32) warps.resize((nthreads + 31) / 32, Warp{});
-    /* dynamic shared memory: exactly smem bytes from a 16-byte (not
-     * 128-byte) aligned address */
-    if (smem + 16 > smem_cap) {
-        free(smem_buf ? smem_buf - 16 : NULL);
-        char *p = (char *)aligned_alloc(128, (smem + 16 + 127) / 128 * 128);
-        if (!p) die_emu(3, "out of host memory for shared memory");
-        smem_buf = p + 16;
-        smem_cap = (smem + 16 + 127) / 128 * 128;
-    }
     run_fn = fn;
     run_ctx = ctx;
     run_name = name;
+    run_smem = smem;
     grid_dim = grid;
     block_dim = block;
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
-                block_idx = uint3{x, y, z};
-                if (smem) memset(smem_buf, 0xFF, smem); /* garbage, as the hardware's (NaN floats) */
-                run_block((int)nthreads);
-            }
+    launch_blocks((unsigned long)grid.x * grid.y * grid.z, (int)nthreads);
 }
 
 } // namespace emu

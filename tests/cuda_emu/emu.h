@@ -6,13 +6,19 @@
  *   - "Device" memory is host memory (256-byte aligned, counted against an
  *     emulated capacity); every stream runs at once, in issue order, so
  *     events and waits are always complete.
- *   - A kernel launch runs its blocks one after another; the threads of a
- *     block are fibers (one stack each) on one OS thread, switched only at
- *     __syncthreads, warp shuffles and the wmma and mma.sync operations, which are
- *     barriers over the block or the warp. __shared__ variables are
- *     function statics (one block at a time), dynamic shared memory is a
- *     buffer of exactly the bytes the launch asked for, 16-byte aligned and
- *     deliberately not 128-byte aligned.
+ *   - A kernel launch runs its blocks on a few OS threads at once (each
+ *     takes the next block not yet run; LLMTRAIN_CUDA_EMU_THREADS, default
+ *     the host's processors up to 8; 1 runs them one after another on the
+ *     caller's thread); the threads of a block are fibers (one stack each)
+ *     on one OS thread, switched only at __syncthreads, warp shuffles and
+ *     the wmma and mma.sync operations, which are barriers over the block
+ *     or the warp. So blocks that wrote each other's outputs, or read what
+ *     another block of the same launch writes, would give results that
+ *     depend on the threads' timing, as on the hardware. __shared__
+ *     variables are thread-local function statics (one block at a time on
+ *     each OS thread), dynamic shared memory is a buffer of exactly the
+ *     bytes the launch asked for, 16-byte aligned and deliberately not
+ *     128-byte aligned.
  *   - It is strict where the hardware is: a launch over 1024 threads, a grid
  *     beyond its limits or more dynamic shared memory than the kernel was
  *     allowed (48 KB unless cudaFuncSetAttribute raised it, at most the
@@ -158,7 +164,7 @@ cudaError_t emu_func_get_attributes(cudaFuncAttributes *fa, const void *f);
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static
+#define __shared__ static thread_local
 
 struct dim3 {
     unsigned x, y, z;
@@ -211,8 +217,10 @@ struct Fiber {
     unsigned mma_round;  /* wmma products likewise */
 };
 
-extern Fiber *cur;
-extern uint3 block_idx;
+/* the fiber running and its block: each OS thread that runs blocks has its
+ * own (the launch's shape is the same for all) */
+extern thread_local Fiber *cur;
+extern thread_local uint3 block_idx;
 extern dim3 block_dim, grid_dim;
 
 void syncthreads();

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <mma.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,7 +26,7 @@ template <int N> __global__ void smem_k(float *out) {
     dyn[t] = (float)t;
     stat[t % N] = 1.0f;
     __syncthreads();
-    out[t] = dyn[blockDim.x - 1 - t] + stat[0] + (float)blockIdx.x * 1000.0f;
+    out[blockIdx.x * blockDim.x + t] = dyn[blockDim.x - 1 - t] + stat[0] + (float)blockIdx.x * 1000.0f;
 }
 
 __global__ void diverge_k(float *out) {
@@ -92,6 +93,32 @@ __global__ void ldsm_k(unsigned *out, int trans, int col0) {
     for (int j = 0; j < 4; j++) out[lane * 4 + j] = r[j];
 }
 
+/* Blocks at once: each block fills its __shared__ array with its own
+ * values, passes a barrier and shuffles, and reads them back reversed; a
+ * block sharing the array with one run at the same time on another thread
+ * would read the other's. Each block also records the OS thread it ran on
+ * (the emulator's own business: this file is never built by nvcc). */
+__global__ void blocks_k(float *out, unsigned long *who) {
+    __shared__ float s[256];
+    int t = threadIdx.x;
+    s[t] = (float)(blockIdx.x * 1000 + t);
+    __syncthreads();
+    float v = s[255 - t];
+    for (int o = 16; o > 0; o >>= 1) v += 0.0f * __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    s[t] = -1.0f; /* the next block on this thread must not see these */
+    out[blockIdx.x * 256 + t] = v;
+    if (t == 0) who[blockIdx.x] = (unsigned long)pthread_self();
+}
+
+/* many blocks, one of them (37) with a barrier half its warp never reaches */
+__global__ void diverge_many_k(float *out) {
+    float v = 1.0f;
+    if (blockIdx.x == 37 && (threadIdx.x & 31) < 16) __syncthreads();
+    else v = __shfl_xor_sync(0xffffffffu, v, 1);
+    out[blockIdx.x * 32 + threadIdx.x] = v;
+}
+
 static int report(int ok, const char *what) {
     printf("%s %s\n", ok ? "ok  " : "FAIL", what);
     return ok ? 0 : 1;
@@ -122,12 +149,37 @@ int main(int argc, char **argv) {
         cudaFuncSetAttribute(smem_k<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big);
         smem_k<32><<<2, 256, big>>>(d);
         int ok = cudaGetLastError() == cudaSuccess;
-        cudaMemcpy(h, d, 256 * sizeof(float), cudaMemcpyDeviceToHost);
-        for (int t = 0; t < 256; t++) ok &= h[t] == (float)(255 - t) + 1.0f + 1000.0f; /* block 1 wrote last */
+        cudaMemcpy(h, d, 512 * sizeof(float), cudaMemcpyDeviceToHost);
+        for (int t = 0; t < 512; t++) ok &= h[t] == (float)(255 - t % 256) + 1.0f + (float)(t / 256) * 1000.0f;
         bad |= report(ok, "after cudaFuncSetAttribute it runs: dynamic and static shared memory shared by the block");
         smem_k<32><<<1, 2048>>>(d);
         bad |= report(cudaGetLastError() == cudaErrorInvalidConfiguration, "a block of 2048 threads fails to launch");
         return bad;
+    }
+    if (!strcmp(mode, "blocks")) { /* run with LLMTRAIN_CUDA_EMU_THREADS=4 */
+        const int nb = 128;
+        unsigned long *who, hw[128];
+        float *hb = (float *)malloc(nb * 256 * sizeof(float));
+        cudaMalloc((void **)&who, sizeof hw);
+        blocks_k<<<nb, 256>>>(d, who);
+        cudaMemcpy(hb, d, nb * 256 * sizeof(float), cudaMemcpyDeviceToHost);
+        cudaMemcpy(hw, who, sizeof hw, cudaMemcpyDeviceToHost);
+        int ok = 1, threads = 0;
+        for (int i = 0; i < nb * 256; i++) ok &= hb[i] == (float)(i / 256 * 1000 + 255 - i % 256);
+        for (int b = 0; b < nb; b++) {
+            int seen = 0;
+            for (int c = 0; c < b; c++) seen |= hw[c] == hw[b];
+            threads += !seen;
+        }
+        char what[160];
+        snprintf(what, sizeof what, "128 blocks on %d OS threads: every block read back only its own __shared__ values", threads);
+        free(hb);
+        return report(ok && threads > 1, what);
+    }
+    if (!strcmp(mode, "diverge-many")) { /* must end the process, from whichever thread ran block 37 */
+        diverge_many_k<<<64, 32>>>(d);
+        cudaDeviceSynchronize();
+        return report(0, "a barrier half a warp of block 37 never reaches went unnoticed");
     }
     if (!strcmp(mode, "diverge")) { /* must end the process */
         diverge_k<<<1, 32>>>(d);
