@@ -364,8 +364,8 @@ struct Pool {
 };
 static Pool *pool;
 
-static void helper_main() {
-    unsigned long seen = 0;
+/* seen: the launch number when it started, so that it waits for the next */
+static void helper_main(unsigned long seen) {
     for (;;) {
         unsigned long nblocks;
         int nthreads;
@@ -400,9 +400,9 @@ static void launch_blocks(unsigned long nblocks, int nthreads) {
         return;
     }
     if (!pool) pool = new Pool;
-    for (; pool->helpers < helpers; pool->helpers++) std::thread(helper_main).detach();
     {
         std::lock_guard<std::mutex> l(pool->mu);
+        for (; pool->helpers < helpers; pool->helpers++) std::thread(helper_main, pool->gen).detach();
         pool->nblocks = nblocks;
         pool->nthreads = nthreads;
         pool->busy = pool->helpers;
