@@ -538,8 +538,11 @@ static void gpt2_config(const HfCfg *c, ModelConfig *o) {
     o->tie_embeddings = 1;
 }
 
-/* A number of the rope_scaling object in [lo, hi] (a whole one if whole). */
-static double rope_scaling_num(const HfCfg *c, const cJSON *rs, const char *key, double lo, double hi, int whole) {
+/* A number of the rope_scaling object in the range of the job key it fills
+ * (a whole one if whole). */
+static double rope_scaling_num(const HfCfg *c, const cJSON *rs, const char *key, const char *job_key, int whole) {
+    double lo, hi;
+    config_key_range(job_key, &lo, &hi);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, key);
     if (!v) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: missing key %s (rope_type llama3)", c->path, key);
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) || (whole && v->valuedouble != floor(v->valuedouble)))
@@ -574,10 +577,11 @@ static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
                 c->path, e->string);
     }
     o->rope_scaling = 1; /* llama3 */
-    o->rope_scaling_factor = (float)rope_scaling_num(c, rs, "factor", 1, 1e6, 0);
-    o->rope_low_freq_factor = (float)rope_scaling_num(c, rs, "low_freq_factor", 0, 1e6, 0);
-    o->rope_high_freq_factor = (float)rope_scaling_num(c, rs, "high_freq_factor", 0, 1e6, 0);
-    o->rope_original_max_seq_len = (int)rope_scaling_num(c, rs, "original_max_position_embeddings", 1, 1 << 24, 1);
+    o->rope_scaling_factor = (float)rope_scaling_num(c, rs, "factor", "model.rope_scaling_factor", 0);
+    o->rope_low_freq_factor = (float)rope_scaling_num(c, rs, "low_freq_factor", "model.rope_low_freq_factor", 0);
+    o->rope_high_freq_factor = (float)rope_scaling_num(c, rs, "high_freq_factor", "model.rope_high_freq_factor", 0);
+    o->rope_original_max_seq_len =
+        (int)rope_scaling_num(c, rs, "original_max_position_embeddings", "model.rope_original_max_seq_len", 1);
 }
 
 static void llama_config(const HfCfg *c, ModelConfig *o) {

@@ -282,6 +282,13 @@ static void apply_set(cJSON *root, const char *arg) {
     }
 }
 
+void config_key_range(const char *path, double *lo, double *hi) {
+    const Key *k = find_key(path);
+    if (!k) die(EXIT_INTERNAL, "config_key_range: no key %s", path);
+    *lo = k->lo;
+    *hi = k->hi;
+}
+
 static void set_defaults(Config *cfg);
 
 void config_model_defaults(ModelConfig *m) {

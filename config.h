@@ -99,6 +99,9 @@ void config_load_string(Config *cfg, const char *json, const char *origin);
 /* Fill derived model values (n_kv_head, ffn_hidden defaults) and validate
  * the model shape; `where` names the source for messages. */
 void model_config_finish(ModelConfig *m, const char *where);
+/* The range a job may give the key at path (e.g. "model.rope_scaling_factor"),
+ * for readers of other files that fill the same field. */
+void config_key_range(const char *path, double *lo, double *hi);
 /* Every model.* key's default (a model section of {}). */
 void config_model_defaults(ModelConfig *m);
 /* Print every key, its type, default and description (README table). */
