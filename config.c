@@ -106,6 +106,7 @@ static const Key KEYS[] = {
     {"checkpoint.resume", K_STR, STR(ckpt_resume), "\"auto\"", 0, 0, NULL, "auto: newest complete checkpoint in checkpoint.dir, else in durable_dir; none; or a checkpoint folder / root to resume from"},
     /* parallel */
     {"parallel.tensor", K_INT, OFF(tp), 0, "1", 1, 1024, NULL, "tensor-parallel degree (Megatron-style, tp innermost; must divide the ranks, n_kv_head, ffn_hidden and vocab_size)"},
+    {"parallel.sequence_parallel", K_BOOL, OFF(seq_parallel), 0, "false", 0, 0, NULL, "Megatron's sequence parallelism (needs parallel.tensor > 1): the residual stream, the norms and their outputs are split over the TP group by rows instead of replicated, the tensor-parallel all-reduces become all-gathers and reduce-scatters; activation memory of those tensors / tp, the same results"},
     {"parallel.strategy", K_STR, STR(strategy), "\"NO_SHARD\"", 0, 0, "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD|HYBRID_SHARD_ZERO2", "data-parallel sharding strategy (PyTorch FSDP names)"},
     {"parallel.shard_degree", K_INT, OFF(shard_degree), 0, "0", 0, 1 << 20, NULL, "ranks per shard group for the hybrid strategies (0 = all data-parallel ranks)"},
     {"parallel.reshard_after_forward", K_ENUM, OFF(reshard_after_forward), 0, "\"auto\"", 0, 0, "auto|true|false", "sharded strategies: free each layer chunk's gathered weights after its forward and gather them again for its backward (auto = true for FULL_SHARD and HYBRID_SHARD, false for SHARD_GRAD_OP and HYBRID_SHARD_ZERO2)"},

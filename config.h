@@ -79,6 +79,7 @@ typedef struct Config {
     char ckpt_resume[1024];
     /* parallel */
     int tp;
+    int seq_parallel; /* parallel.sequence_parallel (needs tp > 1) */
     char strategy[32];
     int shard_degree;
     int reshard_after_forward; /* 0 auto (true for FULL_SHARD / HYBRID_SHARD), 1 true, 2 false */

@@ -979,6 +979,7 @@ typedef struct StepStats {
     double loss, lr, norm, dt, val_loss;
     int clipped, skipped;
     double comm_ag, comm_rs, comm_ar, comm_tp; /* bus bytes of this step per collective kind */
+    double comm_tp_ag, comm_tp_rs;             /* ... and sequence parallelism's (the step line's tp counts all three) */
     double comm_wait;  /* seconds blocked in collectives and waits (exposed communication) */
     double ck_block;   /* seconds training was blocked by a checkpoint begun after this step */
     double norm_mean;  /* running mean of the previous CKPT_SPIKE_WINDOW norms (NAN: none yet) */
@@ -1028,7 +1029,7 @@ static void log_step(Trainer *t, const StepStats *s) {
     if ((s->step + 1) % c->log_every == 0 || s->step + 1 == c->steps || s->skipped) {
         char comm[160] = ""; /* a world of one does not communicate */
         if (t->dist.world > 1) {
-            const double kind[4] = {s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp};
+            const double kind[4] = {s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp + s->comm_tp_ag + s->comm_tp_rs};
             const char *name[4] = {"ag", "rs", "ar", "tp"};
             int n = snprintf(comm, sizeof comm, " | comm %.2f MB (", (kind[0] + kind[1] + kind[2] + kind[3]) / 1e6);
             const char *sep = "";
@@ -1071,8 +1072,9 @@ static void log_step(Trainer *t, const StepStats *s) {
     if (s->spike_ended) fprintf(f, ",\"grad_spike_steps\":%d", s->spike_ended);
     if (s->ck_block > 0) json_num(f, "ckpt_block_ms", 1000 * s->ck_block);
     if (t->dist.world > 1) json_num(f, "comm_wait_ms", 1000 * s->comm_wait);
-    fprintf(f, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f,\"tp_allreduce\":%.0f}",
-            s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp);
+    fprintf(f, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f,\"tp_allreduce\":%.0f,"
+               "\"tp_allgather\":%.0f,\"tp_reduce_scatter\":%.0f}",
+            s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp, s->comm_tp_ag, s->comm_tp_rs);
     fprintf(f, "}\n");
     fflush(f);
 }
@@ -1227,6 +1229,8 @@ static StepStats train_step(Trainer *t, int step) {
     s.comm_rs = t->dist.bytes_reduce_scatter;
     s.comm_ar = t->dist.bytes_allreduce;
     s.comm_tp = t->dist.bytes_tp_allreduce;
+    s.comm_tp_ag = t->dist.bytes_tp_allgather;
+    s.comm_tp_rs = t->dist.bytes_tp_reduce_scatter;
     s.comm_wait = t->dist.comm_wait_s;
     s.dt = now_s() - t0;
     return s;
@@ -1252,6 +1256,9 @@ static void check_layout(Trainer *t) {
     if (mc->vocab_size % c->tp != 0)
         die(EXIT_USAGE, "%s: model.vocab_size %d is not divisible by parallel.tensor %d; pad the vocabulary", c->path,
             mc->vocab_size, c->tp);
+    if (c->seq_parallel && c->tp == 1)
+        die(EXIT_USAGE, "%s: parallel.sequence_parallel needs parallel.tensor > 1 (it splits the TP group's rows; got tensor 1)",
+            c->path);
     if (c->tp > 1 && c->debug_dump[0])
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
     dist_set_tp(d, c->tp);
@@ -1576,7 +1583,8 @@ static void print_layout(Trainer *t) {
                       : "replicated");
     int P = d->tp;
     if (P > 1) {
-        printf("tensor parallel: %d ranks per TP group (tp innermost); heads, ffn and vocabulary split %d ways\n", P, P);
+        printf("tensor parallel: %d ranks per TP group (tp innermost); heads, ffn and vocabulary split %d ways%s\n", P, P,
+               t->cfg.seq_parallel ? "; sequence parallel: the residual stream and norms split by rows" : "");
         for (int g = 0; g < d->dp; g++) {
             printf("  TP group %d: ranks", g);
             for (int i = 0; i < P; i++) printf(" %d", g * P + i);
@@ -1610,6 +1618,10 @@ static void print_layout(Trainer *t) {
 }
 
 static void tp_allreduce_cb(void *ctx, float *x, size_t n, int max) { dist_tp_allreduce_f32(ctx, x, n, max); }
+static void tp_allgather_cb(void *ctx, const void *send, void *recv, size_t n, int es) { dist_tp_allgather(ctx, send, recv, n, es); }
+static void tp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size_t n) {
+    dist_tp_reduce_scatter_f32(ctx, send, recv, n);
+}
 
 /* `JOB [--set k=v ...]` (and `--world N` when world is not NULL): load the
  * job into t->cfg, take init.from's model section and freeze the model. */
@@ -1684,13 +1696,13 @@ static int train(int argc, char **argv) {
     if (backend_is_cuda(t) && t->dist.world > 1) dist_nccl_attach(&t->dist); /* device collectives through NCCL */
 #endif
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank,
-                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0});
+                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel});
     int mb_rows = c->micro_batch * c->seq_len;
     if (c->debug_dump[0] && t->model.head_rows < mb_rows)
         die(EXIT_USAGE, "%s: debug.dump writes the whole micro-batch's logits, but the LM head takes %d of its %d rows at a time "
             "(train.lm_head_chunk %d; expected at least %d, or 0 with the logits within %zu MiB)", c->path,
             t->model.head_rows, mb_rows, c->lm_head_chunk, mb_rows, HEAD_AUTO_BYTES >> 20);
-    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, NULL, NULL};
+    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
     setup_shards(t);
@@ -1848,13 +1860,13 @@ static int cmd_check(int argc, char **argv) {
      * machine's devices (a GPU job checks on a laptop), and nothing is allocated */
     int act_bytes = strcmp(c->device, "cpu") != 0 && cuda_bf16(c) ? 2 : 4; /* the [a] activations on CUDA */
     model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0,
-                  (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes});
+                  (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes, c->seq_parallel});
     printf("check: %s: valid for %d ranks\n", c->path, world);
     if (c->description[0]) printf("description: %s\n", c->description);
     print_model_batch(t);
     int tp = t->dist.tp, dp = t->dist.dp;
-    printf("parallel: tensor %d x data-parallel %d | strategy %s: shard groups of %d x %d replicas\n", tp, dp, c->strategy,
-           t->S, dp / t->S);
+    printf("parallel: tensor %d%s x data-parallel %d | strategy %s: shard groups of %d x %d replicas\n", tp,
+           c->seq_parallel ? " (sequence parallel)" : "", dp, c->strategy, t->S, dp / t->S);
     double b[RANK_BYTES];
     char off[64];
     rank_bytes(t, b);

@@ -184,24 +184,24 @@ typedef struct { float **ptr; size_t n; unsigned kept; int act; } ActBuf; /* act
 #define MAX_ACT_BUFS 16
 
 static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
-    size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd;
+    size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd, S = (size_t)m->S; /* S: the residual stream's rows */
     int gpt2 = m->cfg.arch == ARCH_GPT2, n = 0;
 #define BUF(p, sz, keep, act) (b[n++] = (ActBuf){&a->p, (sz), (keep), (act)})
-    BUF(ln1, N * C, KEEP_NOT_FULL, 1);
-    if (gpt2) BUF(ln1_mean, N, KEEP_NOT_FULL, 0);
-    BUF(ln1_rstd, N, KEEP_NOT_FULL, 0);
+    BUF(ln1, S * C, KEEP_NOT_FULL, 1);
+    if (gpt2) BUF(ln1_mean, S, KEEP_NOT_FULL, 0);
+    BUF(ln1_rstd, S, KEEP_NOT_FULL, 0);
     BUF(qkv, N * (size_t)m->qkv_dim, KEEP_NOT_FULL, 1); /* [a]: RoPE and attention read it */
     BUF(atty, N * (size_t)m->nh * m->hd, KEEP_NONE_ONLY, 1);
     BUF(lse, (size_t)m->B * m->nh * m->T, KEEP_NONE_ONLY, 0);
-    BUF(res2, N * C, KEEP_NOT_FULL, 0);
-    BUF(ln2, N * C, KEEP_NOT_FULL, 1);
-    if (gpt2) BUF(ln2_mean, N, KEEP_NOT_FULL, 0);
-    BUF(ln2_rstd, N, KEEP_NOT_FULL, 0);
+    BUF(res2, S * C, KEEP_NOT_FULL, 0);
+    BUF(ln2, S * C, KEEP_NOT_FULL, 1);
+    if (gpt2) BUF(ln2_mean, S, KEEP_NOT_FULL, 0);
+    BUF(ln2_rstd, S, KEEP_NOT_FULL, 0);
     /* the MLP pre-activation, [a]: only the activation's kernels read it
      * (SwiGLU's written by matmul_forward_a, GELU's by matmul_gelu_forward) */
     BUF(fch, N * (size_t)m->fc_dim, KEEP_NOT_FULL, 1);
     BUF(fch_act, N * (size_t)m->F, KEEP_NOT_FULL, 1);
-    BUF(res3, N * C, KEEP_ALL, 0);
+    BUF(res3, S * C, KEEP_ALL, 0);
 #undef BUF
     if (!gpt2) a->ln1_mean = a->ln2_mean = NULL;
     return n;
@@ -232,11 +232,14 @@ static size_t layer_kept_floats(const Model *m) {
 static size_t carve_acts(Model *m, float *base) {
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)m->B * m->T, C = (size_t)c->n_embd, off = 0;
+    /* sequence parallelism: the residual stream's S rows a rank, and the
+     * all-gathered / reduce-scattered buffers' Np = tp * S >= N */
+    size_t S = (size_t)m->S, Np = m->sp ? S * (size_t)m->tp : N;
     size_t widest = N * (size_t)(m->fc_dim > m->qkv_dim ? m->fc_dim : m->qkv_dim);
     if (widest < N * C) widest = N * C;
     int gpt2 = c->arch == ARCH_GPT2;
 #define TAKE(ptr, n) do { size_t n_ = (n); (ptr) = base ? base + off : NULL; off += round16(n_); } while (0)
-    TAKE(m->encoded, N * C);
+    TAKE(m->encoded, S * C);
     /* activation checkpointing: layers after the first share layer 0's
      * buffers for what the backward recomputes (full: everything but the
      * layer output res3; selective: the attention output and its lse).
@@ -257,20 +260,29 @@ static size_t carve_acts(Model *m, float *base) {
             else TAKE(*b[i].ptr, buf_floats(m, &b[i]));
         }
     }
-    TAKE(m->lnf, act_floats(m, N * C));
-    if (gpt2) TAKE(m->lnf_mean, N); else m->lnf_mean = NULL;
-    TAKE(m->lnf_rstd, N);
+    TAKE(m->lnf, act_floats(m, Np * C)); /* all rows: the LM head is vocab-parallel */
+    if (gpt2) TAKE(m->lnf_mean, S); else m->lnf_mean = NULL;
+    TAKE(m->lnf_rstd, S);
     size_t R = m->head_rows > 0 && (size_t)m->head_rows < N ? (size_t)m->head_rows : N;
     TAKE(m->logits, act_floats(m, R * (size_t)m->V)); /* [a] */
     TAKE(m->losses, N);
     if (m->tp > 1) { TAKE(m->ce_max, R); TAKE(m->ce_sum, 2 * R); }
     else m->ce_max = m->ce_sum = NULL;
-    TAKE(m->dres, N * C);
-    /* dbuf1: [N, C] outputs and [N, nh*hd] gradients; dbuf2 the widest
-     * (d(fch), d(qkv)) */
-    TAKE(m->dbuf1, N * (size_t)(C > (size_t)m->nh * m->hd ? C : (size_t)m->nh * m->hd));
+    TAKE(m->dres, S * C);
+    /* dbuf1: [N, C] outputs (Np rows: a reduce-scatter's input) and [N,
+     * nh*hd] gradients; dbuf2 the widest (d(fch), d(qkv)) */
+    TAKE(m->dbuf1, (m->sp ? Np : N) * (size_t)(C > (size_t)m->nh * m->hd ? C : (size_t)m->nh * m->hd));
     TAKE(m->dbuf2, widest);
-    TAKE(m->dlnf, N * C);
+    TAKE(m->dlnf, Np * C);
+    if (m->sp) {
+        TAKE(m->sp_gath, act_floats(m, Np * C));
+        TAKE(m->sp_dgath, Np * C);
+        TAKE(m->sp_part, S * C);
+        TAKE(m->sp_lnf, act_floats(m, S * C));
+        TAKE(m->sp_dnorm, 2 * C);
+    } else {
+        m->sp_gath = m->sp_dgath = m->sp_part = m->sp_lnf = m->sp_dnorm = NULL;
+    }
 #undef TAKE
     return off;
 }
@@ -351,7 +363,7 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
 }
 
 void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments) {
-    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0});
+    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0});
 }
 
 void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, int tp_rank) {
@@ -389,6 +401,8 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
     m->offload = mem.offload && cfg->n_layer > OFFLOAD_SLOTS;
     m->B = B;
     m->T = T;
+    m->sp = mem.seq_parallel && tp > 1;
+    m->S = m->sp ? (B * T + tp - 1) / tp : B * T;
     m->la = calloc_check((size_t)cfg->n_layer, sizeof(LayerActs));
     m->acts_floats = carve_acts(m, NULL);
     m->offload_layer_floats = layer_kept_floats(m);
@@ -559,6 +573,62 @@ static void tp_allreduce(const Model *m, float *x, size_t n, int max) {
     if (m->tp > 1) m->comm.allreduce(m->comm.ctx, x, n, max);
 }
 
+/* Sequence parallelism: the rows of N this rank's residual stream holds. */
+static int sp_rows(const Model *m, int N) { return m->sp ? (N + m->tp - 1) / m->tp : N; }
+
+/* Every TP rank's S rows of C elements (es bytes each) into full [tp * S, C]. */
+static void sp_gather(const Model *m, void *full, const void *rows, int S, int es) {
+    m->comm.allgather(m->comm.ctx, rows, full, (size_t)S * m->cfg.n_embd, es);
+}
+
+/* The TP ranks' partial sums full[N, C] summed, this rank's S rows into
+ * rows[S, C] (rows [N, tp * S) of full are zeroed first: the padding). */
+static void sp_scatter(const Model *m, float *rows, float *full, int N, int S) {
+    size_t C = (size_t)m->cfg.n_embd, Np = (size_t)S * (size_t)m->tp;
+    if (Np > (size_t)N) m->k->zero(full + (size_t)N * C, (Np - (size_t)N) * C * sizeof(float));
+    m->comm.reduce_scatter(m->comm.ctx, full, rows, (size_t)S * C);
+}
+
+/* A row-parallel product's partial output full[N, C] made whole: all-reduced
+ * in place (returns full), or under sequence parallelism reduce-scattered
+ * into sp_part (returns it: this rank's S rows). */
+static const float *tp_reduce_rows(Model *m, float *full, int N, int S) {
+    if (m->sp) {
+        sp_scatter(m, m->sp_part, full, N, S);
+        return m->sp_part;
+    }
+    tp_allreduce(m, full, (size_t)N * m->cfg.n_embd, 0);
+    return full;
+}
+
+/* The input a column-parallel product reads: a norm's output of S rows,
+ * all-gathered under sequence parallelism (into sp_gath), else itself. */
+static const float *tp_gather_rows(Model *m, const float *ln, int S) {
+    if (!m->sp) return ln;
+    sp_gather(m, m->sp_gath, ln, S, m->act_bytes);
+    return m->sp_gath;
+}
+
+/* The norm's backward over S rows. Under sequence parallelism its weight
+ * (and bias) gradient covers this rank's rows only: it is computed apart,
+ * all-reduced over the TP group and then added, so every TP rank holds the
+ * same gradient of the replicated norm. */
+static void norm_backward_rows(Model *m, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                               const float *w, const float *mean, const float *rstd, int S) {
+    if (!m->sp) {
+        norm_backward(m, dinp, dw, db, dout, inp, w, mean, rstd, S);
+        return;
+    }
+    const Kernels *k = m->k;
+    size_t C = (size_t)m->cfg.n_embd, n = db ? 2 * C : C;
+    float *pw = m->sp_dnorm, *pb = db ? pw + C : NULL;
+    k->zero(pw, n * sizeof(float));
+    norm_backward(m, dinp, pw, pb, dout, inp, w, mean, rstd, S);
+    tp_allreduce(m, pw, n, 0);
+    k->add(dw, dw, pw, C);
+    if (db) k->add(db, db, pb, C);
+}
+
 /* The job's RoPE for the kernels. */
 static Rope rope_of(const ModelConfig *c) {
     return (Rope){c->rope_theta, c->rope_scaling, c->rope_scaling_factor, c->rope_low_freq_factor,
@@ -570,13 +640,14 @@ static Rope rope_of(const ModelConfig *c) {
 static void layer_forward(Model *m, int l, const float *x, int B, int T) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
-    int N = B * T, C = c->n_embd, F = m->F, nh = m->nh, nkv = m->nkv, hd = m->hd;
+    int N = B * T, S = sp_rows(m, N), C = c->n_embd, F = m->F, nh = m->nh, nkv = m->nkv, hd = m->hd;
     int llama = c->arch == ARCH_LLAMA, tp = m->tp > 1, root = m->tp_rank == 0;
     const LayerPtrs *w = &m->p.layers[l];
     LayerActs *a = &m->la[l];
-        /* attention block: res2 = x + out_proj(attn(qkv(norm1(x)))) */
-        norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
-        k->matmul_forward_a(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->qkv_dim); /* qkv is [a] */
+        /* attention block: res2 = x + out_proj(attn(qkv(norm1(x)))); x, res2
+         * and the norms' outputs have S rows (N but under sequence parallelism) */
+        norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, S);
+        k->matmul_forward_a(a->qkv, tp_gather_rows(m, a->ln1, S), w->qkv_w, w->qkv_b, N, C, m->qkv_dim); /* qkv is [a] */
         if (llama) {
             Rope rope = rope_of(c);
             k->rope_forward(a->qkv, B, T, nh, nkv, hd, &rope, 0);
@@ -584,24 +655,25 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
         if (tp) { /* row-parallel: partial sums, the replicated bias added once (rank 0) */
             k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, root ? w->attn_out_b : NULL, N, nh * hd, C);
-            tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
+            const float *y = tp_reduce_rows(m, m->dbuf1, N, S);
             /* the residual add fused with norm2 */
-            add_norm_forward(m, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->dbuf1, w->ln2_w, w->ln2_b, N);
+            add_norm_forward(m, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, y, w->ln2_w, w->ln2_b, S);
         } else { /* the residual add fused with the product */
             k->matmul_forward_res(a->res2, x, a->atty, w->attn_out_w, w->attn_out_b, N, nh * hd, C);
             norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N);
         }
         /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))) */
+        const float *ln2 = tp_gather_rows(m, a->ln2, S);
         if (llama) {
-            k->matmul_forward_a(a->fch, a->ln2, w->fc_w, NULL, N, C, m->fc_dim); /* no bias; fch is [a] */
+            k->matmul_forward_a(a->fch, ln2, w->fc_w, NULL, N, C, m->fc_dim); /* no bias; fch is [a] */
             k->swiglu_forward(a->fch_act, a->fch, N, F);
         } else { /* fc_dim = F: one call, so CUDA can fuse the GELU into the GEMM */
-            k->matmul_gelu_forward(a->fch_act, a->fch, a->ln2, w->fc_w, w->fc_b, N, C, F);
+            k->matmul_gelu_forward(a->fch_act, a->fch, ln2, w->fc_w, w->fc_b, N, C, F);
         }
         if (tp) {
             k->matmul_forward(m->dbuf1, a->fch_act, w->proj_w, root ? w->proj_b : NULL, N, F, C);
-            tp_allreduce(m, m->dbuf1, (size_t)N * C, 0);
-            k->add(a->res3, a->res2, m->dbuf1, (size_t)N * C);
+            const float *y = tp_reduce_rows(m, m->dbuf1, N, S);
+            k->add(a->res3, a->res2, y, (size_t)S * C);
         } else {
             k->matmul_forward_res(a->res3, a->res2, a->fch_act, w->proj_w, w->proj_b, N, F, C);
         }
@@ -660,7 +732,7 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
     if (B > m->B || T > m->T) die(EXIT_INTERNAL, "model_forward: %dx%d exceeds the built %dx%d", B, T, m->B, m->T);
-    int N = B * T, C = c->n_embd;
+    int N = B * T, S = sp_rows(m, N), C = c->n_embd;
     int tp = m->tp > 1, root = m->tp_rank == 0;
     m->cur_B = B;
     m->cur_T = T;
@@ -680,7 +752,10 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     }
     m->same_weights = 0;
     chunk_event(m, 0, CHUNK_PRE_FORWARD);
-    if (tp) { /* vocab-parallel lookup; wpe added once (tp rank 0) */
+    if (m->sp) { /* vocab-parallel lookup; wpe added once (tp rank 0); this rank's rows of the sum */
+        k->embed_forward_vp(m->dbuf1, m->tokens, m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
+        sp_scatter(m, m->encoded, m->dbuf1, N, S);
+    } else if (tp) {
         k->embed_forward_vp(m->encoded, m->tokens, m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
         tp_allreduce(m, m->encoded, (size_t)N * C, 0);
     } else {
@@ -700,7 +775,12 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     }
     chunk_event(m, L + 1, CHUNK_PRE_FORWARD);
     if (tied) chunk_event(m, 0, CHUNK_PRE_FORWARD); /* the LM head reads wte */
-    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, N);
+    if (m->sp) { /* the LM head reads every row */
+        norm_forward(m, m->sp_lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, S);
+        sp_gather(m, m->lnf, m->sp_lnf, S, m->act_bytes);
+    } else {
+        norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, N);
+    }
     int R = head_rows(m, N);
     m->head_scale = 0.0f;
     if (targets && tp)
@@ -746,13 +826,21 @@ float model_forward(Model *m, const int *tokens, const int *targets) {
     return model_forward_bt(m, tokens, targets, m->B, m->T);
 }
 
+/* d(residual stream) of all N rows for a product that reads them: m->dres,
+ * or under sequence parallelism every TP rank's S rows of it gathered into
+ * sp_dgath. */
+static const float *dres_rows(Model *m, int S) {
+    if (!m->sp) return m->dres;
+    sp_gather(m, m->sp_dgath, m->dres, S, (int)sizeof(float));
+    return m->sp_dgath;
+}
+
 void model_backward(Model *m, float loss_scale) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
-    int B = m->cur_B, T = m->cur_T, N = B * T, C = c->n_embd, F = m->F;
+    int B = m->cur_B, T = m->cur_T, N = B * T, S = sp_rows(m, N), C = c->n_embd, F = m->F;
     int nh = m->nh, nkv = m->nkv, hd = m->hd;
     int llama = c->arch == ARCH_LLAMA, tp = m->tp > 1;
-    size_t NC = (size_t)N * C;
     int L = c->n_layer, tied = c->tie_embeddings;
 
     /* the training forward ran the LM head's backward (head_train) */
@@ -762,10 +850,13 @@ void model_backward(Model *m, float loss_scale) {
         die(EXIT_INTERNAL, "model_backward: loss_scale %g, but the forward's cross-entropy took %g", (double)loss_scale,
             (double)m->head_scale);
     m->head_scale = 0.0f;
-    if (tp) tp_allreduce(m, m->dlnf, NC, 0); /* partial over the vocabulary slices */
+    /* d(lnf) is partial over the vocabulary slices; m->dres, d(residual
+     * stream), has S rows (N but under sequence parallelism), and where a
+     * product reads all N rows of it, sp_dgath gathers them (dres_rows) */
+    const float *dlnf = tp ? tp_reduce_rows(m, m->dlnf, N, S) : m->dlnf;
     const float *xL = c->n_layer > 0 ? m->la[c->n_layer - 1].res3 : m->encoded;
-    k->zero(m->dres, NC * sizeof(float));
-    norm_backward(m, m->dres, m->g.lnf_w, m->g.lnf_b, m->dlnf, xL, m->p.lnf_w, m->lnf_mean, m->lnf_rstd, N);
+    k->zero(m->dres, (size_t)S * C * sizeof(float));
+    norm_backward_rows(m, m->dres, m->g.lnf_w, m->g.lnf_b, dlnf, xL, m->p.lnf_w, m->lnf_mean, m->lnf_rstd, S);
     chunk_event(m, L + 1, CHUNK_POST_BACKWARD);
 
     for (int l = L - 1; l >= 0; l--) {
@@ -781,27 +872,29 @@ void model_backward(Model *m, float loss_scale) {
         /* d(fch) into dbuf2 (overwritten: the down-projection's backward and
          * the activation's in one call), [a]: the up-projection's backward
          * reads it as it is (Llama has no biases: NULL) */
-        if (llama) k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
-        else k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, m->dres, a->fch_act, w->proj_w, a->fch, N, F, C);
-        k->matmul_backward_a(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, a->ln2, w->fc_w, N, C, m->fc_dim);
-        if (tp) tp_allreduce(m, m->dbuf1, NC, 0); /* column-parallel: partial input gradient */
-        norm_backward(m, m->dres, g->ln2_w, g->ln2_b, m->dbuf1, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
+        const float *dout = dres_rows(m, S);
+        if (llama) k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, a->fch_act, w->proj_w, a->fch, N, F, C);
+        else k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, a->fch_act, w->proj_w, a->fch, N, F, C);
+        k->matmul_backward_a(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, tp_gather_rows(m, a->ln2, S), w->fc_w, N, C, m->fc_dim);
+        /* column-parallel: partial input gradient */
+        const float *dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
+        norm_backward_rows(m, m->dres, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, S);
         /* attention block; m->dres becomes d(x); d(atty) in dbuf1 and d(qkv)
          * in dbuf2 are [a] */
-        k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, m->dres, a->atty, w->attn_out_w, N,
+        k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, dres_rows(m, S), a->atty, w->attn_out_w, N,
                                   nh * hd, C);
         k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, B, T, nh, nkv, hd);
         if (llama) {
             Rope rope = rope_of(c);
             k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, &rope, 0);
         }
-        k->matmul_backward_a(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, a->ln1, w->qkv_w, N, C, m->qkv_dim);
-        if (tp) tp_allreduce(m, m->dbuf1, NC, 0);
-        norm_backward(m, m->dres, g->ln1_w, g->ln1_b, m->dbuf1, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
+        k->matmul_backward_a(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, tp_gather_rows(m, a->ln1, S), w->qkv_w, N, C, m->qkv_dim);
+        dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
+        norm_backward_rows(m, m->dres, g->ln1_w, g->ln1_b, dln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, S);
         chunk_event(m, l + 1, CHUNK_POST_BACKWARD);
     }
     if (!tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD);
-    if (tp) k->embed_backward_vp(m->g.wte, m->g.wpe, m->dres, m->tokens, N, T, C, m->v0, m->V);
+    if (tp) k->embed_backward_vp(m->g.wte, m->g.wpe, dres_rows(m, S), m->tokens, N, T, C, m->v0, m->V);
     else k->embed_backward(m->g.wte, m->g.wpe, m->dres, m->tokens, N, T, C);
     chunk_event(m, 0, CHUNK_POST_BACKWARD);
 }

@@ -51,7 +51,8 @@ typedef struct ModelPtrs {
 
 /* Saved activations of one layer (NULL where an arch has no such tensor).
  * ln1, atty, ln2 and fch_act are [a] buffers (kernels.h): act_bytes an
- * element, never read here. */
+ * element, never read here. Under sequence parallelism (Model.sp) ln1,
+ * res2, ln2, res3 and the norms' statistics hold this rank's S rows. */
 typedef struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd;   /* [N,C], [N], [N] */
     float *qkv;                         /* [N, QKV] after rope */
@@ -71,7 +72,11 @@ enum { CHUNK_PRE_FORWARD, CHUNK_POST_FORWARD, CHUNK_PRE_BACKWARD, CHUNK_POST_BAC
 
 /* Collectives the model needs, supplied by the trainer (model.c stays free
  * of MPI). allreduce: in place over the TP group, sum (max = 0) or
- * elementwise max (max = 1); unused when tp == 1. chunk (NULL: none): called
+ * elementwise max (max = 1); unused when tp == 1. Under sequence
+ * parallelism (ModelMem.seq_parallel) also, over the TP group: allgather,
+ * every member's n elements of es bytes (4: float32, 2: bf16 words) into
+ * recv[tp * n] in member order; reduce_scatter, the members' send[tp * n]
+ * summed, block tp_rank into recv[n]. chunk (NULL: none): called
  * around each chunk's use, in order: forward 0 (embeddings), 1..L (layers),
  * L+1 (final norm and LM head; with tied embeddings chunk 0 is used again
  * inside it: PRE/POST_FORWARD 0 around the LM head, and PRE_BACKWARD 0 right
@@ -82,6 +87,8 @@ enum { CHUNK_PRE_FORWARD, CHUNK_POST_FORWARD, CHUNK_PRE_BACKWARD, CHUNK_POST_BAC
 typedef struct ModelComm {
     void *ctx;
     void (*allreduce)(void *ctx, float *x, size_t n, int max);
+    void (*allgather)(void *ctx, const void *send, void *recv, size_t n, int es);
+    void (*reduce_scatter)(void *ctx, const float *send, float *recv, size_t n);
     void *hook_ctx;
     void (*chunk)(void *hook_ctx, int chunk, int event);
 } ModelComm;
@@ -100,6 +107,7 @@ typedef struct ModelMem {
     int head_rows;
     int offload; /* train.activation_offload: layers' kept activations in host memory */
     int act_bytes; /* bytes per element of the [a] activations (kernels.h; 0: 4); model_build_tp takes the backend's */
+    int seq_parallel; /* parallel.sequence_parallel (with tp > 1): see Model.sp */
 } ModelMem;
 
 /* Activation offload: device buffers for this many layers (slots); layer l
@@ -135,6 +143,15 @@ typedef struct Model {
      * nkv = n_kv_head/tp kv heads, F = ffn_hidden/tp hidden units and the
      * vocabulary rows [v0, v0 + V) of V = vocab_size/tp (tp = 1: the full model) */
     int tp, tp_rank, nh, nkv, F, V, v0;
+    /* Megatron's sequence parallelism (tp > 1): the residual stream, the
+     * norms and their outputs hold only this rank's S = ceil(N / tp) of the
+     * N rows, rows [tp_rank * S, +S) (the last rank's beyond N are zero
+     * padding). A norm's output is all-gathered into sp_gath before the
+     * column-parallel product that reads it (again in the backward, for the
+     * weight gradient), and a row-parallel product's partial sums are
+     * reduce-scattered instead of all-reduced; the backward mirrors it. The
+     * norms' weight gradients, partial over the rows, are all-reduced. */
+    int sp, S;                /* S: rows per rank at the built B x T (N when sp is 0) */
     ModelComm comm;
 
     ParamSpec *specs;
@@ -168,6 +185,12 @@ typedef struct Model {
     float *dbuf1;             /* [N, max(C, nh * hd)] */
     float *dbuf2;             /* [N, max(qkv_dim, fc_dim, C)] */
     float *dlnf;              /* [N,C] */
+    /* sequence parallelism (NULL without): Np = tp * S rows */
+    float *sp_gath;           /* [Np, C] [a]: a norm's output all-gathered */
+    float *sp_dgath;          /* [Np, C]: d(residual stream) all-gathered */
+    float *sp_part;           /* [S, C]: a reduce-scatter's rows */
+    float *sp_lnf;            /* [S, C] [a]: the final norm's own rows */
+    float *sp_dnorm;          /* [2C]: a norm's weight (and bias) gradient over this rank's rows */
     int *tokens, *targets;    /* [N] backend memory */
 } Model;
 

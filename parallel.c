@@ -741,6 +741,7 @@ int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
 
 void dist_comm_reset(Dist *d) {
     d->bytes_allgather = d->bytes_reduce_scatter = d->bytes_allreduce = d->bytes_tp_allreduce = 0;
+    d->bytes_tp_allgather = d->bytes_tp_reduce_scatter = 0;
     d->comm_wait_s = 0;
 }
 
@@ -781,18 +782,46 @@ void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) { gat
 /* Bytes of an element of collective op: bf16 words for DIST_OP_ALLGATHER_BF16, else floats. */
 static size_t op_elem_bytes(int op) { return op == DIST_OP_ALLGATHER_BF16 ? 2 : sizeof(float); }
 
-/* Shard-group all-gather of n elements per member: float32 (op
- * DIST_OP_ALLGATHER) or bf16 words (DIST_OP_ALLGATHER_BF16). */
-static void shard_allgather(Dist *d, int op, const void *send, void *recv, size_t n) {
-    int S = d->shard_size;
+/* All-gather of n elements per member over group g (shard or TP): float32
+ * (op DIST_OP_ALLGATHER) or bf16 words (DIST_OP_ALLGATHER_BF16), its bus
+ * bytes added to *bytes; a group of one copies. */
+static void group_allgather(Dist *d, int g, int op, const void *send, void *recv, size_t n, double *bytes) {
+    int r, S;
+    dist_group_rank(d, g, &r, &S);
     size_t es = op_elem_bytes(op);
     if (S == 1 || !d->groups) {
         copy_bytes(d, recv, send, n * es);
         return;
     }
-    if (d->dev) dev_collective(d, "ncclAllGather", op, DIST_GROUP_SHARD, send, recv, n);
-    else x_allgather(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n, es);
-    d->bytes_allgather += (double)(S - 1) / S * (double)S * (double)n * es;
+    if (d->dev) dev_collective(d, "ncclAllGather", op, g, send, recv, n);
+    else x_allgather(d, xc_group(d, g), send, recv, n, es);
+    *bytes += (double)(S - 1) / S * (double)S * (double)n * es;
+}
+
+/* Reduce-scatter (sum) of send[size * n] into recv[n] over group g, its bus bytes added to *bytes. */
+static void group_reduce_scatter(Dist *d, int g, const float *send, float *recv, size_t n, double *bytes) {
+    int r, S;
+    dist_group_rank(d, g, &r, &S);
+    if (S == 1 || !d->groups) {
+        copy_bytes(d, recv, send, n * sizeof(float));
+        return;
+    }
+    if (d->dev) dev_collective(d, "ncclReduceScatter", DIST_OP_REDUCE_SCATTER, g, send, recv, n);
+    else x_reduce_scatter_f32(d, xc_group(d, g), send, recv, n);
+    *bytes += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
+}
+
+static void shard_allgather(Dist *d, int op, const void *send, void *recv, size_t n) {
+    group_allgather(d, DIST_GROUP_SHARD, op, send, recv, n, &d->bytes_allgather);
+}
+
+void dist_tp_allgather(Dist *d, const void *send, void *recv, size_t n, int es) {
+    if (es != 2 && es != 4) die(EXIT_INTERNAL, "dist_tp_allgather: elements of %d bytes (expected 2 or 4)", es);
+    group_allgather(d, DIST_GROUP_TP, es == 2 ? DIST_OP_ALLGATHER_BF16 : DIST_OP_ALLGATHER, send, recv, n, &d->bytes_tp_allgather);
+}
+
+void dist_tp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
+    group_reduce_scatter(d, DIST_GROUP_TP, send, recv, n, &d->bytes_tp_reduce_scatter);
 }
 
 void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n) {
@@ -804,14 +833,7 @@ void dist_shard_allgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, si
 }
 
 void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
-    int S = d->shard_size;
-    if (S == 1 || !d->groups) {
-        copy_bytes(d, recv, send, n * sizeof(float));
-        return;
-    }
-    if (d->dev) dev_collective(d, "ncclReduceScatter", DIST_OP_REDUCE_SCATTER, DIST_GROUP_SHARD, send, recv, n);
-    else x_reduce_scatter_f32(d, xc_group(d, DIST_GROUP_SHARD), send, recv, n);
-    d->bytes_reduce_scatter += (double)(S - 1) / S * (double)S * (double)n * sizeof(float);
+    group_reduce_scatter(d, DIST_GROUP_SHARD, send, recv, n, &d->bytes_reduce_scatter);
 }
 
 /* A free slot of the request table (grown on demand). */

@@ -54,6 +54,7 @@ typedef struct Dist {
     /* communication volume of the current step in bus bytes (NCCL-tests
      * convention), reset by dist_comm_reset */
     double bytes_allgather, bytes_reduce_scatter, bytes_allreduce, bytes_tp_allreduce;
+    double bytes_tp_allgather, bytes_tp_reduce_scatter; /* sequence parallelism's */
     /* seconds this rank spent blocked in collectives and waits since
      * dist_comm_reset: communication that compute did not hide */
     double comm_wait_s, coll_t0;
@@ -96,6 +97,11 @@ void dist_set_tp(Dist *d, int tp);
  * (recv[tp*n]; always MPI). */
 void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max);
 void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n);
+/* TP group, backend memory (sequence parallelism): all-gather n elements
+ * of es bytes (4: float32, 2: bf16 words) from every member into recv[tp*n]
+ * (member i's block at i*n); reduce-scatter (sum) send[tp*n] into recv[n]. */
+void dist_tp_allgather(Dist *d, const void *send, void *recv, size_t n, int es);
+void dist_tp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
 void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n);
 void dist_comm_reset(Dist *d);
 /* Shard group: all-gather n floats from every member into recv[S*n]

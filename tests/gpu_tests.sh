@@ -47,9 +47,11 @@
 #      unprofiled.
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
 #      FULL_SHARD (also with bf16 working weights, gathered as bf16 words)
-#      and tp 2 against the same jobs' 2-rank CPU runs (MPI); FULL_SHARD
-#      with 4 layers under bf16 GEMMs with the weights' bf16 copies against
-#      the run without them (1e-7):
+#      and tp 2 (also with sequence parallelism) against the same jobs'
+#      2-rank CPU runs (MPI); tp 2 with sequence parallelism under bf16
+#      GEMMs (the norms' outputs all-gathered as bf16 words) against tp 2
+#      without it (1e-4); FULL_SHARD with 4 layers under bf16 GEMMs with
+#      the weights' bf16 copies against the run without them (1e-7):
 #      loss / grad norm / val loss within the TF32 tolerance, the same
 #      comm_bytes per step, the header naming NCCL; auto picks cuda for 2
 #      ranks; a torchrun-style launch (no MPI: NCCL's ids over the TCP
@@ -456,12 +458,14 @@ PYEOF
 }
 if [ "${ngpu:-0}" -ge 2 ]; then
     # fullshard-bf16: bf16 working weights, all-gathered as bf16 words (ncclBfloat16 against MPI_UINT16_T)
-    for case in noshard:NO_SHARD:1:fp32 fullshard:FULL_SHARD:1:fp32 fullshard-bf16:FULL_SHARD:1:bf16 tp2:NO_SHARD:2:fp32; do
-        IFS=: read -r name strat tp pdt <<<"$case"
+    # tp2-sp: sequence parallelism's all-gathers and reduce-scatters on the TP group
+    for case in noshard:NO_SHARD:1:fp32 fullshard:FULL_SHARD:1:fp32 fullshard-bf16:FULL_SHARD:1:bf16 tp2:NO_SHARD:2:fp32 \
+                tp2-sp:NO_SHARD:2:fp32:true; do
+        IFS=: read -r name strat tp pdt sp <<<"$case"
         ok_runs=1
         for dev in cpu cuda; do
             if ! timeout 600 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=$dev --set train.compute_dtype=tf32 --set parallel.strategy=$strat \
-                 --set parallel.tensor=$tp --set train.param_dtype=$pdt \
+                 --set parallel.tensor=$tp --set train.param_dtype=$pdt --set parallel.sequence_parallel=${sp:-false} \
                  --set log.dir="$TMP/mr-$name-$dev" --set checkpoint.dir="$TMP/mr-$name-$dev/ckpt" \
                  >"$TMP/mr-$name-$dev.out" 2>&1; then
                 echo "FAIL 2 ranks $name train.device=$dev exited non-zero: $(grep -E 'llmtrain:|NCCL' "$TMP/mr-$name-$dev.out" | head -3)"
@@ -479,6 +483,19 @@ if [ "${ngpu:-0}" -ge 2 ]; then
             echo "ok   2 ranks $name: comm_bytes per step identical on NCCL and MPI"; pass=$((pass + 1))
         else echo "FAIL 2 ranks $name: comm_bytes differ between NCCL and MPI"; fail=$((fail + 1)); fi
     done
+    # sequence parallelism with bf16 activations: the norms' outputs are
+    # all-gathered as bf16 words (ncclBfloat16); the run is tp 2's without
+    # it but for the order of the norms' weight-gradient sums
+    sp_ok=1
+    for sp in false true; do
+        timeout 600 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=cuda --set train.compute_dtype=bf16 --set parallel.tensor=2 \
+            --set parallel.sequence_parallel=$sp --set log.dir="$TMP/mr-sp-$sp" --set checkpoint.dir="$TMP/mr-sp-$sp/ckpt" \
+            >"$TMP/mr-sp-$sp.out" 2>&1 || { echo "FAIL 2 ranks tp 2 bf16 sequence_parallel $sp run: $(grep -E 'llmtrain:|NCCL' "$TMP/mr-sp-$sp.out" | head -2)"; sp_ok=0; }
+    done
+    if [ $sp_ok = 1 ] && $PY tests/compare_runs.py "$TMP/mr-sp-false" "$TMP/mr-sp-true" --steps $STEPS --loss-rtol 1e-4 &&
+       grep '"loss"' "$TMP/mr-sp-true/metrics.jsonl" | tail -1 | grep -q '"tp_allgather":[1-9]'; then
+        echo "ok   2 ranks tp 2 bf16: sequence parallel (bf16 all-gathers) matches tensor parallel alone to 1e-4"; pass=$((pass + 1))
+    else echo "FAIL 2 ranks tp 2 bf16: sequence parallel differs from tensor parallel alone"; fail=$((fail + 1)); fi
     # the weights' bf16 copies under FULL_SHARD with 4 layers: the layers share 2
     # pool slots, so a slot's weights change at each gather; with the copies
     # the run must be the one without them

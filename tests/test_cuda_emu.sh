@@ -11,9 +11,10 @@
 #      shapes up to T = 256), whole GPT-2 / Llama runs on train.device=cuda
 #      against the CPU (GEMM and fused attention, offload, selective
 #      checkpointing), and with 2 emulated devices the 2-rank NCCL runs
-#      (NO_SHARD, FULL_SHARD, tp 2) against MPI on the CPU and the hung-rank
-#      watchdog. 8 steps per run instead of 20 (the emulator runs a step of
-#      the small jobs in about 0.75 s);
+#      (NO_SHARD, FULL_SHARD, tp 2 with and without sequence parallelism)
+#      against MPI on the CPU, tp 2's sequence parallelism in bf16 against
+#      tp 2 alone, and the hung-rank watchdog. 8 steps per run instead of 20
+#      (the emulator runs a step of the small jobs in about 0.75 s);
 #   3. what the GPU suite cannot stage: device memory running out (an
 #      emulated 34 MiB device) is exit 3 and one line naming the allocation,
 #      and 2 ranks on a node of 1 emulated device is exit 2 and one line.

@@ -107,6 +107,21 @@ static void routing(Dist *d, int tp, int S) {
     else CHECK(n_calls == c0, "tp all-reduce with tp 1 called the device");
     CHECK(d->bytes_tp_allreduce == (tp > 1 ? 2 * 2.0 * (tp - 1) / tp * n * sizeof(float) : 0), "tp bytes %g", d->bytes_tp_allreduce);
 
+    /* sequence parallelism's TP-group all-gathers (float32, bf16 words) and reduce-scatter */
+    c0 = n_calls;
+    dist_tp_allgather(d, x, y, n, 4);
+    if (tp > 1) expect_blocking("dist_tp_allgather f32", c0, DIST_OP_ALLGATHER, DIST_GROUP_TP, x, y, n);
+    else CHECK(n_calls == c0 + 1 && calls[c0].what == 'c' && calls[c0].recv == y, "tp 1 all-gather: not one device copy");
+    c0 = n_calls;
+    dist_tp_allgather(d, x, y, n, 2);
+    if (tp > 1) expect_blocking("dist_tp_allgather bf16", c0, DIST_OP_ALLGATHER_BF16, DIST_GROUP_TP, x, y, n);
+    c0 = n_calls;
+    dist_tp_reduce_scatter_f32(d, x, y, n);
+    if (tp > 1) expect_blocking("dist_tp_reduce_scatter_f32", c0, DIST_OP_REDUCE_SCATTER, DIST_GROUP_TP, x, y, n);
+    else CHECK(n_calls == c0 + 1 && calls[c0].what == 'c' && calls[c0].recv == y, "tp 1 reduce-scatter: not one device copy");
+    CHECK(d->bytes_tp_allgather == (tp - 1) * (double)n * (4 + 2) && d->bytes_tp_reduce_scatter == (tp - 1) * (double)n * 4,
+          "tp all-gather bytes %g, reduce-scatter bytes %g", d->bytes_tp_allgather, d->bytes_tp_reduce_scatter);
+
     c0 = n_calls;
     dist_replicate_allreduce_sum_f32(d, x, n);
     if (R > 1) expect_blocking("dist_replicate_allreduce_sum_f32", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_REPLICATE, x, x, n);

@@ -1148,7 +1148,7 @@ static void test_model_weight_copies(void) {
     for (int i = 0; i < N; i++) { tok[i] = (int)(rnd_u32() % 96); tgt[i] = (int)(rnd_u32() % 96); }
     for (int ck = 0; ck < 2; ck++) {
         Model m;
-        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ck ? ACT_FULL : ACT_NONE, 0, 0, 0});
+        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ck ? ACT_FULL : ACT_NONE, 0, 0, 0, 0});
         model_init_random(&m, 0.02f, 7);
         long h0, m0, h1, m1, h2, m2, h3, m3;
         size_t b0, b1, b2;

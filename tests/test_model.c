@@ -12,7 +12,8 @@
  *     runs) runs the head's forward products only;
  *   - train.lm_head_chunk 0 (model_head_rows_auto): the whole micro-batch
  *     while its logits take at most HEAD_AUTO_BYTES, else the fewest chunks
- *     that do, equal and a multiple of 64 rows. */
+ *     that do, equal and a multiple of 64 rows;
+ *   - sequence parallelism's activation buffers (test_sp_acts). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,14 +46,41 @@ static void count_backward_a(float *dinp, float *dw, float *dbias, const float *
     cpu->matmul_backward_a(dinp, dw, dbias, dout, inp, w, N, C, OC);
 }
 
-static ModelConfig cfg(int llama, int tied) {
+static ModelConfig cfg_vocab(int llama, int tied, int vocab) {
     ModelConfig c = {0};
     c.arch = llama ? ARCH_LLAMA : ARCH_GPT2;
     c.n_layer = 2; c.n_embd = 32; c.n_head = 4; c.n_kv_head = llama ? 2 : 4; c.ffn_hidden = llama ? 48 : 0;
-    c.vocab_size = 61; c.max_seq_len = 32; c.norm_eps = 1e-5f; c.rope_theta = 10000; c.tie_embeddings = tied;
+    c.vocab_size = vocab; c.max_seq_len = 32; c.norm_eps = 1e-5f; c.rope_theta = 10000; c.tie_embeddings = tied;
     c.ffn_multiple_of = 256;
     model_config_finish(&c, "test");
     return c;
+}
+
+static ModelConfig cfg(int llama, int tied) { return cfg_vocab(llama, tied, 61); }
+
+/* Sequence parallelism's activations (ModelMem.seq_parallel), counted
+ * buffer by buffer for tp 2, B x T = 2 x 32 (N = 64 rows, S = 32 a rank):
+ * each layer's ln1, res2, ln2 and res3 [N, C] and its norms' statistics
+ * (rstd, GPT-2 also mean) [N] keep S rows, and so do the embedding output,
+ * d(residual) and the final norm's statistics; sequence parallelism adds
+ * sp_gath and sp_dgath [N, C], sp_part and sp_lnf [S, C] and sp_dnorm [2C]
+ * (every size a multiple of 16 floats: no rounding in the count). */
+static void test_sp_acts(void) {
+    for (int llama = 0; llama < 2; llama++) {
+        ModelConfig c = cfg_vocab(llama, 0, 64);
+        const long N = 64, S = 32, C = c.n_embd, L = c.n_layer, stats = llama ? 1 : 2;
+        Model tp, sp;
+        model_plan_tp(&tp, &c, 2, 32, 1, 2, 1, (ModelMem){ACT_NONE, 0, 0, 4, 0});
+        model_plan_tp(&sp, &c, 2, 32, 1, 2, 1, (ModelMem){ACT_NONE, 0, 0, 4, 1});
+        long saved = L * (N - S) * (4 * C + 2 * stats) + 2 * (N - S) * C + (N - S) * stats;
+        long added = 2 * N * C + 2 * S * C + 2 * C;
+        long got = (long)tp.acts_floats - (long)sp.acts_floats;
+        check(sp.sp == 1 && sp.S == S && tp.sp == 0 && got == saved - added,
+              "%s, tp 2, sequence parallel: %ld fewer activation floats a rank (want %ld saved - %ld added = %ld)",
+              llama ? "llama" : "gpt2", got, saved, added, saved - added);
+        model_free(&tp);
+        model_free(&sp);
+    }
 }
 
 /* One training micro-batch (forward, backward) of model m with the given
@@ -68,7 +96,7 @@ typedef struct {
 static Pass train_pass(const char *name, const ModelConfig *c, const Kernels *k, int head_rows, const int *tok,
                        const int *tgt, int B, int T) {
     Model m;
-    model_build_tp(&m, c, k, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, head_rows, 0, 0});
+    model_build_tp(&m, c, k, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, head_rows, 0, 0, 0});
     model_init_random(&m, 0.02f, 11);
     head_w = m.p.lm_head;
     Pass p = {0};
@@ -122,6 +150,7 @@ static void test_head_rows_auto(void) {
 
 int main(void) {
     test_head_rows_auto();
+    test_sp_acts();
     cpu = kernels_cpu();
     Kernels k = *cpu;
     k.matmul_forward_a = count_forward_a;

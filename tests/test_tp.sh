@@ -1,10 +1,16 @@
 #!/bin/bash
 # Tensor parallelism (parallel.tensor) over MPI: tp 2 alone (2 ranks), with
 # FULL_SHARD over 2 data-parallel ranks (4 ranks) and with HYBRID_SHARD 2x2
-# (8 ranks) must reproduce the single-process losses, gradient norms and
-# exported final weights, for a small GPT-2 and a small Llama with GQA
-# (export reassembles the sharded checkpoint of any layout into global
-# tensors). Impossible layouts: one line, exit 2.
+# (8 ranks), each with and without sequence parallelism
+# (parallel.sequence_parallel), must reproduce the single-process losses,
+# gradient norms and exported final weights, for a small GPT-2 and a small
+# Llama with GQA (export reassembles the sharded checkpoint of any layout
+# into global tensors). Sequence parallelism also where the rows do not
+# split evenly (15 a micro-batch: the last rank's padding), under both
+# activation checkpointing modes and offload, and in sampling (B = 1, a
+# growing T): the same losses, validation losses and sampled tokens as one
+# rank; its all-gather and reduce-scatter bytes are the counts the README
+# gives. Impossible layouts: one line, exit 2.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -18,12 +24,13 @@ for arch in gpt2 llama; do
  "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
  "eval": {"sample_tokens": 0}}
 EOF
-    # run name: ranks-tp[-strategy[-shard_degree]]
-    for run in 1-1 2-2 4-2-FULL_SHARD 8-2-HYBRID_SHARD-2; do
-        IFS=- read -r np tp strategy degree <<<"$run"
+    # run name: [sp-]ranks-tp[-strategy[-shard_degree]] (sp-: sequence parallel)
+    for run in 1-1 2-2 4-2-FULL_SHARD 8-2-HYBRID_SHARD-2 sp-2-2 sp-4-2-FULL_SHARD sp-8-2-HYBRID_SHARD-2; do
+        IFS=- read -r np tp strategy degree <<<"${run#sp-}"
         set_args="--set log.dir=$TMP/$arch-$run --set checkpoint.dir=$TMP/$arch-$run/ckpt --set parallel.tensor=$tp"
         [ -n "$strategy" ] && set_args="$set_args --set parallel.strategy=$strategy"
         [ -n "$degree" ] && set_args="$set_args --set parallel.shard_degree=$degree"
+        sp=""; [ "${run%%-*}" = sp ] && { sp="sequence parallel "; set_args="$set_args --set parallel.sequence_parallel=true"; }
         if [ $np = 1 ]; then cmd="$BIN"; else cmd="$MPIRUN $np $BIN"; fi
         if ! $cmd "$TMP/$arch.json" $set_args >"$TMP/$arch-$run.out" 2>&1; then
             echo "FAIL $arch $run exited non-zero: $(tail -3 "$TMP/$arch-$run.out")"; fail=$((fail + 1)); continue
@@ -32,9 +39,9 @@ EOF
         [ $run = 1-1 ] && continue
         # weights get 1e-3 for the reason given in test_ddp.sh (GPT-2's key bias)
         if $PY tests/compare_runs.py "$TMP/$arch-1-1" "$TMP/$arch-$run" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3; then
-            echo "ok   $arch: ranks $np tp $tp ${strategy:-NO_SHARD} matches 1 rank"; pass=$((pass + 1))
+            echo "ok   $arch: ranks $np tp $tp $sp${strategy:-NO_SHARD} matches 1 rank"; pass=$((pass + 1))
         else
-            echo "FAIL $arch: ranks $np tp $tp ${strategy:-NO_SHARD} differs from 1 rank"; fail=$((fail + 1))
+            echo "FAIL $arch: ranks $np tp $tp $sp${strategy:-NO_SHARD} differs from 1 rank"; fail=$((fail + 1))
         fi
     done
 done
@@ -50,6 +57,70 @@ if grep -q "TP group 3: ranks 6 7" "$o8" && grep -qE "^health: tp all-reduce 104
 else
     echo "FAIL TP group lines or tp_allreduce bytes missing"; fail=$((fail + 1))
 fi
+
+# sequence parallelism's collectives per micro-batch (README, Tensor
+# parallelism): 4L + 2 reduce-scatters and 6L + 2 all-gathers of S x C
+# floats (S = N / tp rows a rank), each (tp - 1) S C 4 bus bytes; the
+# all-reduces left are the cross-entropy's 3N floats and the 2L + 1 norms'
+# weight (GPT-2: and bias) gradients, each 2 (tp - 1) / tp n 4 bus bytes
+for arch in gpt2 llama; do
+    if $PY - "$TMP/$arch-sp-2-2/metrics.jsonl" $arch <<'PYEOF'
+import json, sys
+L, C, B, T, tp, micro = 2, 32, 2, 16, 2, 8 // 2   # the job above: global 8 of micro 2, dp 1
+N = B * T; S = N // tp; unit = (tp - 1) * S * C * 4
+norm = (2 * L + 1) * (2 * C if sys.argv[2] == "gpt2" else C)
+want = {"tp_reduce_scatter": micro * (4 * L + 2) * unit, "tp_allgather": micro * (6 * L + 2) * unit,
+        "tp_allreduce": micro * 2 * (tp - 1) / tp * (3 * N + norm) * 4}
+got = [json.loads(l)["comm_bytes"] for l in open(sys.argv[1]) if '"comm_bytes"' in l]
+bad = [g for g in got if any(g[k] != v for k, v in want.items())]
+if bad or len(got) != 10: sys.exit(f"want {want}, got {bad[:1] or got[:1]}")
+PYEOF
+    then echo "ok   $arch sequence parallel: tp all-gather, reduce-scatter and all-reduce bytes are the README's counts"; pass=$((pass + 1))
+    else echo "FAIL $arch sequence parallel: comm_bytes differ from the README's counts"; fail=$((fail + 1)); fi
+done
+
+# sequence parallelism where the rows do not split evenly (micro-batches of
+# 15 rows on 2 ranks: the second holds 7 and a zero row), with 4 layers
+# under activation checkpointing (the recompute repeats the gathers) and
+# offload (4 layers in 3 slots), and sampling's B = 1 forwards of every
+# length: losses, validation losses, weights and the sampled tokens of one rank
+sample() { sed -n '/^--- sample ---$/,+1p' "$1"; }
+for arch in gpt2 llama; do
+    cat >"$TMP/$arch-odd.json" <<EOF
+{"model": {"arch": "$arch", "n_layer": 4, "n_embd": 32, "n_head": 4, "n_kv_head": $([ $arch = llama ] && echo 2 || echo 4),
+           "vocab_size": 96, "max_seq_len": 16},
+ "data": {"train": "$TMP/train.bin", "val": "$TMP/train.bin"},
+ "train": {"steps": 6, "seq_len": 15, "micro_batch": 1, "global_batch": 2},
+ "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
+ "eval": {"sample_tokens": 12, "every_steps": 3, "batches": 2}}
+EOF
+    for run in one sp sp-full sp-selective sp-offload; do
+        cmd="$MPIRUN 2 $BIN"; extra="--set parallel.tensor=2 --set parallel.sequence_parallel=true"
+        case $run in
+        one) cmd="$BIN"; extra="" ;;
+        sp-full|sp-selective) extra="$extra --set train.activation_checkpointing=${run#sp-}" ;;
+        sp-offload) extra="$extra --set train.activation_offload=true" ;;
+        esac
+        $cmd "$TMP/$arch-odd.json" $extra --set log.dir="$TMP/$arch-odd-$run" --set checkpoint.dir="$TMP/$arch-odd-$run/ckpt" \
+            >"$TMP/$arch-odd-$run.out" 2>&1 || echo "(run $arch-odd-$run exited non-zero: $(tail -1 "$TMP/$arch-odd-$run.out"))"
+        $BIN export "$TMP/$arch-odd-$run/ckpt" "$TMP/$arch-odd-$run/hf" >/dev/null 2>&1
+        [ $run = one ] && continue
+        if $PY tests/compare_runs.py "$TMP/$arch-odd-one" "$TMP/$arch-odd-$run" --steps 6 --loss-rtol 1e-5 --weight-rtol 1e-3 &&
+           grep -q "val_loss" "$TMP/$arch-odd-$run.out" && [ -n "$(sample "$TMP/$arch-odd-one.out")" ] &&
+           [ "$(sample "$TMP/$arch-odd-one.out")" = "$(sample "$TMP/$arch-odd-$run.out")" ]; then
+            echo "ok   $arch $run, 15 rows on 2 ranks: losses, val losses, weights and sampled tokens of 1 rank"; pass=$((pass + 1))
+        else
+            echo "FAIL $arch $run, 15 rows on 2 ranks differs from 1 rank: $(grep llmtrain: "$TMP/$arch-odd-$run.out" | head -2)"; fail=$((fail + 1))
+        fi
+    done
+done
+# the activations: the residual stream's and the norms' rows are halved
+a_sp=$($BIN check "$TMP/llama.json" --world 2 --set parallel.tensor=2 --set parallel.sequence_parallel=true | grep -o 'activations_bytes [0-9]*')
+a_tp=$($BIN check "$TMP/llama.json" --world 2 --set parallel.tensor=2 | grep -o 'activations_bytes [0-9]*')
+if [ -n "$a_sp" ] && [ "${a_sp#* }" -lt "${a_tp#* }" ] &&
+   $BIN check "$TMP/llama.json" --world 2 --set parallel.tensor=2 --set parallel.sequence_parallel=true | grep -q "sequence parallel"; then
+    echo "ok   llmtrain check: sequence parallel named, $a_sp < $a_tp"; pass=$((pass + 1))
+else echo "FAIL llmtrain check with sequence parallelism: $a_sp vs $a_tp"; fail=$((fail + 1)); fi
 
 # init.from under tensor parallelism: each rank keeps its slices of the Hugging Face tensors
 for run in init-1 init-2; do
@@ -80,6 +151,7 @@ reject() { # name ranks expected-message set-args...
     fi
 }
 reject world 3 "parallel.tensor 2 does not divide the 3 ranks" --set parallel.tensor=2
+reject sp_tp1 2 "parallel.sequence_parallel needs parallel.tensor > 1" --set parallel.sequence_parallel=true
 reject kv_heads 4 "model.n_kv_head 2 (n_head 4) is not divisible by parallel.tensor 4" --set parallel.tensor=4
 reject ffn 2 "model.ffn_hidden 91 is not divisible by parallel.tensor 2" --set parallel.tensor=2 --set model.ffn_hidden=91
 reject vocab 2 "model.vocab_size 95 is not divisible by parallel.tensor 2; pad the vocabulary" --set parallel.tensor=2 --set model.vocab_size=95
