@@ -74,9 +74,12 @@ static const Key KEYS[] = {
     {"train.device", K_STR, STR(device), "\"auto\"", 0, 0, "auto|cpu|cuda", "compute backend: auto (CUDA when every rank has a GPU of its own, else CPU), cpu or cuda (rank r takes device local_rank % GPUs)"},
     /* optim */
     {"optim.lr", K_FLOAT, OFF(lr), 0, "6e-4", 0, 10, NULL, "peak learning rate"},
-    {"optim.min_lr", K_FLOAT, OFF(min_lr), 0, "0", 0, 10, NULL, "learning rate at the end of the cosine decay"},
+    {"optim.min_lr", K_FLOAT, OFF(min_lr), 0, "0", 0, 10, NULL, "learning rate at the end of the decay (inverse_sqrt: its floor; constant: unused)"},
     {"optim.warmup_steps", K_INT, OFF(warmup_steps), 0, "0", 0, BIG, NULL, "linear warmup steps"},
-    {"optim.decay_steps", K_INT, OFF(decay_steps), 0, "0", 0, BIG, NULL, "step at which the cosine reaches min_lr (0 = train.steps)"},
+    {"optim.decay_steps", K_INT, OFF(decay_steps), 0, "0", 0, BIG, NULL, "step at which the decay reaches min_lr (0 = train.steps; constant and inverse_sqrt: unused)"},
+    {"optim.lr_decay_style", K_ENUM, OFF(lr_decay_style), 0, "\"cosine\"", 0, 0, LR_STYLES, "the LR after the warmup (Megatron's --lr-decay-style): cosine or linear from lr to min_lr at decay_steps; constant lr; inverse_sqrt lr * sqrt(warmup_steps / step), floored at min_lr; wsd (warmup-stable-decay) lr until the last wsd_decay_steps before decay_steps, then wsd_decay_style down to min_lr (formulas under Exact semantics)"},
+    {"optim.wsd_decay_steps", K_INT, OFF(wsd_decay_steps), 0, "0", 0, BIG, NULL, "lr_decay_style wsd: steps of the final decay, which ends at decay_steps (Megatron's --lr-wsd-decay-iters; required, at most decay_steps - warmup_steps)"},
+    {"optim.wsd_decay_style", K_ENUM, OFF(wsd_decay_style), 0, "\"linear\"", 0, 0, WSD_STYLES, "lr_decay_style wsd: the final decay's shape, from lr to min_lr: linear, cosine, exponential (2 * 0.5^q - 1 of the way) or minus_sqrt (1 - sqrt(q)), q the fraction of the decay done (Megatron's --lr-wsd-decay-style)"},
     {"optim.weight_decay", K_FLOAT, OFF(weight_decay), 0, "0.1", 0, 10, NULL, "AdamW decoupled weight decay"},
     {"optim.decay_all", K_BOOL, OFF(decay_all), 0, "false", 0, 0, NULL, "decay every parameter (Llama 2 recipe) instead of 2-D weights only"},
     {"optim.beta1", K_FLOAT, OFF(beta1), 0, "0.9", 0, 0.999999, NULL, "AdamW beta1"},
@@ -354,6 +357,24 @@ static void set_defaults(Config *cfg) {
     }
 }
 
+/* The wsd keys apply only with lr_decay_style wsd, which needs a decay that
+ * fits after the warmup. */
+static void lr_schedule_check(const Config *cfg, const char *where) {
+    if (cfg->lr_decay_style != LR_WSD) {
+        char name[32];
+        const char *set = cfg->wsd_decay_steps ? "wsd_decay_steps" : cfg->wsd_decay_style != WSD_LINEAR ? "wsd_decay_style" : NULL;
+        if (set)
+            die(EXIT_USAGE, "%s: optim.%s is set but optim.lr_decay_style is \"%s\" (it applies only with \"wsd\")", where, set,
+                config_enum_name(LR_STYLES, cfg->lr_decay_style, name, sizeof name));
+        return;
+    }
+    if (cfg->wsd_decay_steps == 0)
+        die(EXIT_USAGE, "%s: optim.lr_decay_style \"wsd\" needs optim.wsd_decay_steps > 0 (the steps of the final decay; got 0)", where);
+    if (cfg->wsd_decay_steps > cfg->decay_steps - cfg->warmup_steps)
+        die(EXIT_USAGE, "%s: optim.wsd_decay_steps %d exceeds optim.decay_steps %d - optim.warmup_steps %d (the decay would begin "
+            "before the warmup ends)", where, cfg->wsd_decay_steps, cfg->decay_steps, cfg->warmup_steps);
+}
+
 /* Fill values that default to other values, and check cross-key rules. */
 static void finish(Config *cfg, const char *origin, const cJSON *root) {
     rope_scaling_unused(&cfg->model, origin);
@@ -365,6 +386,7 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
     if (cfg->stochastic_rounding && cfg->param_dtype != 1)
         die(EXIT_USAGE, "%s: optim.stochastic_rounding needs train.param_dtype \"bf16\" (it rounds the bf16 working weights)", origin);
     if (cfg->min_lr > cfg->lr) die(EXIT_USAGE, "%s: optim.min_lr %g exceeds optim.lr %g", origin, cfg->min_lr, cfg->lr);
+    lr_schedule_check(cfg, origin);
     if (cfg->global_batch != 0 && cfg->global_batch % cfg->micro_batch != 0)
         die(EXIT_USAGE, "%s: train.global_batch %d is not a multiple of train.micro_batch %d", origin, cfg->global_batch, cfg->micro_batch);
     if (!cfg->data_train[0] && !lookup(root, "data.train"))
@@ -480,9 +502,8 @@ void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir) {
         die(EXIT_USAGE, "%s: train.seq_len %d exceeds the model's max_seq_len %d (from %s)", cfg->path, cfg->seq_len, cfg->model.max_seq_len, hf_dir);
 }
 
-/* The name of an int-stored enum's choice idx ("gpt2" for model.arch 0). */
-static const char *choice_name(const Key *k, int idx, char *buf, size_t n) {
-    const char *p = k->choices;
+const char *config_enum_name(const char *choices, int idx, char *buf, size_t n) {
+    const char *p = choices;
     for (int j = 0; j < idx && strchr(p, '|'); j++) p = strchr(p, '|') + 1;
     const char *bar = strchr(p, '|');
     snprintf(buf, n, "%.*s", (int)(bar ? bar - p : (long)strlen(p)), p);
@@ -505,7 +526,7 @@ void config_freeze_model(Config *cfg) {
         switch (k->type) {
         case K_ENUM: {
             char buf[32];
-            cJSON_AddStringToObject(model, name, choice_name(k, *(const int *)field, buf, sizeof buf));
+            cJSON_AddStringToObject(model, name, config_enum_name(k->choices, *(const int *)field, buf, sizeof buf));
             break;
         }
         case K_INT: cJSON_AddNumberToObject(model, name, *(const int *)field); break;
@@ -538,11 +559,65 @@ int config_model_diff(const ModelConfig *a, const ModelConfig *b, char *out, siz
         } else if (*(const int *)fa != *(const int *)fb) {
             char x[32], y[32];
             if (k->type == K_ENUM)
-                snprintf(out, n, "%s %s vs %s", k->path, choice_name(k, *(const int *)fa, x, sizeof x),
-                         choice_name(k, *(const int *)fb, y, sizeof y));
+                snprintf(out, n, "%s %s vs %s", k->path, config_enum_name(k->choices, *(const int *)fa, x, sizeof x),
+                         config_enum_name(k->choices, *(const int *)fb, y, sizeof y));
             else snprintf(out, n, "%s %d vs %d", k->path, *(const int *)fa, *(const int *)fb);
             return 1;
         }
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* learning-rate schedule                                              */
+
+double config_lr_at(const Config *c, int s) {
+    double lr = c->lr, lo = c->min_lr;
+    int W = c->warmup_steps, D = c->decay_steps;
+    if (s < W) return lr * (double)(s + 1) / (double)W;
+    switch (c->lr_decay_style) {
+    case LR_CONSTANT: return lr;
+    case LR_INVERSE_SQRT: { /* lr at the warmup's last step (s + 1 = W), then ~ 1/sqrt(s + 1) */
+        double v = lr * sqrt((double)(W > 1 ? W : 1) / (double)(s + 1));
+        return v > lo ? v : lo;
+    }
+    case LR_WSD: {
+        int K = c->wsd_decay_steps, start = D - K; /* config: K >= 1, start >= W */
+        if (s < start) return lr;
+        double q = (double)(s - start) / (double)K, f;
+        if (q > 1.0) q = 1.0;
+        switch (c->wsd_decay_style) {
+        case WSD_COSINE: f = 0.5 * (1.0 + cos(M_PI * q)); break;
+        case WSD_EXPONENTIAL: f = 2.0 * pow(0.5, q) - 1.0; break;
+        case WSD_MINUS_SQRT: f = 1.0 - sqrt(q); break;
+        default: f = 1.0 - q; break; /* WSD_LINEAR */
+        }
+        return lo + (lr - lo) * f;
+    }
+    default: { /* LR_COSINE, LR_LINEAR */
+        int span = D - W;
+        double p = (double)(s - W) / (double)(span > 1 ? span : 1);
+        if (p > 1.0) p = 1.0;
+        double f = c->lr_decay_style == LR_LINEAR ? 1.0 - p : 0.5 * (1.0 + cos(M_PI * p));
+        return lo + (lr - lo) * f;
+    }
+    }
+}
+
+void config_lr_text(const Config *c, char *buf, size_t n) {
+    char w[48] = "", style[32];
+    if (c->warmup_steps) snprintf(w, sizeof w, "warmup %d, ", c->warmup_steps);
+    switch (c->lr_decay_style) {
+    case LR_CONSTANT: snprintf(buf, n, "%sconstant %g", w, c->lr); break;
+    case LR_INVERSE_SQRT: snprintf(buf, n, "%sinverse_sqrt from %g, floor %g", w, c->lr, c->min_lr); break;
+    case LR_WSD:
+        snprintf(buf, n, "%swsd %g, then %s -> %g over steps %d..%d", w, c->lr,
+                 config_enum_name(WSD_STYLES, c->wsd_decay_style, style, sizeof style), c->min_lr,
+                 c->decay_steps - c->wsd_decay_steps, c->decay_steps);
+        break;
+    default:
+        snprintf(buf, n, "%s%s %g -> %g over steps %d..%d", w, config_enum_name(LR_STYLES, c->lr_decay_style, style, sizeof style),
+                 c->lr, c->min_lr, c->warmup_steps, c->decay_steps);
+        break;
+    }
 }

@@ -26,6 +26,13 @@ typedef struct ModelConfig {
     int tie_embeddings;  /* GPT-2 always tied */
 } ModelConfig;
 
+/* optim.lr_decay_style and optim.wsd_decay_style: the choices, in the order
+ * of their int values */
+#define LR_STYLES "cosine|linear|constant|inverse_sqrt|wsd"
+enum { LR_COSINE, LR_LINEAR, LR_CONSTANT, LR_INVERSE_SQRT, LR_WSD };
+#define WSD_STYLES "linear|cosine|exponential|minus_sqrt"
+enum { WSD_LINEAR, WSD_COSINE, WSD_EXPONENTIAL, WSD_MINUS_SQRT };
+
 typedef struct Config {
     char path[1024];     /* job file, for messages */
     char description[512]; /* free text (`llmtrain check` prints it) */
@@ -54,6 +61,9 @@ typedef struct Config {
     /* optim */
     float lr, min_lr;
     int warmup_steps, decay_steps;
+    int lr_decay_style;  /* index of LR_STYLES: LR_COSINE ... LR_WSD */
+    int wsd_decay_steps; /* wsd: length of the final decay */
+    int wsd_decay_style; /* index of WSD_STYLES: WSD_LINEAR ... WSD_MINUS_SQRT */
     float weight_decay;
     int decay_all;
     int stochastic_rounding; /* bf16 working weights rounded stochastically */
@@ -119,5 +129,11 @@ void config_freeze_model(Config *cfg);
  * out); returns 0 when they describe the same model. */
 int config_model_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n);
 void config_free(Config *cfg);
+/* The name of choice idx of an enum's "a|b|c" choices, into buf. */
+const char *config_enum_name(const char *choices, int idx, char *buf, size_t n);
+/* The learning rate of the update of 0-based step s (README, Exact semantics). */
+double config_lr_at(const Config *c, int s);
+/* One line saying what the schedule does ("warmup 10, cosine 3e-3 -> 3e-4 at step 100"). */
+void config_lr_text(const Config *c, char *buf, size_t n);
 
 #endif

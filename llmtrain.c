@@ -113,16 +113,7 @@ static void on_stop_signal(int sig) { g_stop_signal = sig; }
 static int is_root(const Trainer *t) { return t->dist.rank == 0; }
 
 /* ------------------------------------------------------------------ */
-/* schedule and optimizer                                              */
-
-/* LR at 0-based step s: linear warmup, then cosine from lr to min_lr. */
-static float lr_at(const Config *c, int s) {
-    if (s < c->warmup_steps) return c->lr * (float)(s + 1) / (float)c->warmup_steps;
-    int span = c->decay_steps - c->warmup_steps;
-    double p = (double)(s - c->warmup_steps) / (double)(span > 1 ? span : 1);
-    if (p > 1.0) p = 1.0;
-    return (float)(c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * p)));
-}
+/* optimizer                                                          */
 
 static size_t shard_len(const Trainer *t, int c) { return t->model.chunk_size[c] / (size_t)t->S; }
 
@@ -1194,7 +1185,7 @@ static StepStats train_step(Trainer *t, int step) {
     /* every TP rank of a data-parallel slot holds the same loss */
     s.loss = red[0] / t->dist.world;
     s.norm = sqrt(red[1]);
-    s.lr = lr_at(c, step);
+    s.lr = (float)config_lr_at(c, step);
     if (dump) {
         if (t->sharded) gather_params(t);
         if (is_root(t)) dump_logits(t, s.loss);
@@ -1447,6 +1438,10 @@ static void print_model_batch(const Trainer *t) {
         printf(" | lm head %d rows at a time (%.0f MiB of logits%s)", m->head_rows,
                (double)m->head_rows * m->V * m->act_bytes / (1 << 20), m->tp > 1 ? " per rank" : "");
     printf("\n");
+    char lr[192];
+    config_lr_text(c, lr, sizeof lr);
+    printf("optim: AdamW, lr %s | weight decay %g%s, betas %g/%g, eps %g, clip %g\n", lr, c->weight_decay,
+           c->decay_all ? " (all parameters)" : "", c->beta1, c->beta2, c->eps, c->grad_clip);
 }
 
 static void print_header(Trainer *t) {

@@ -94,6 +94,16 @@ if $BIN "$TMP/job.json" "${L3[@]}" >"$TMP/out" 2>"$TMP/err" && $BIN "$TMP/job.js
     ok "a rope_scaling llama3 job trains 2 steps and a 3-step run resumes from its checkpoint"
 else bad "rope_scaling llama3 train + resume: $(cat "$TMP/err"; grep -E 'resume|error' "$TMP/out2" | head -3)"; fi
 
+# the LR schedule: a known style, wsd's keys only with wsd, and a wsd decay
+# that has a length and fits after the warmup (tests/test_torch.py checks
+# every style's values against PyTorch's schedulers)
+expect_fail "bad lr_decay_style" 'optim.lr_decay_style: expected one of cosine|linear|constant|inverse_sqrt|wsd, got "step"' $BIN "$TMP/job.json" --set optim.lr_decay_style=step
+expect_fail "wsd_decay_steps without wsd" 'optim.wsd_decay_steps is set but optim.lr_decay_style is "linear" (it applies only with "wsd")' $BIN "$TMP/job.json" --set optim.lr_decay_style=linear --set optim.wsd_decay_steps=2
+expect_fail "wsd_decay_style without wsd" 'optim.wsd_decay_style is set but optim.lr_decay_style is "cosine"' $BIN "$TMP/job.json" --set optim.wsd_decay_style=cosine
+expect_fail "wsd without wsd_decay_steps" 'optim.lr_decay_style "wsd" needs optim.wsd_decay_steps > 0' $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd
+expect_fail "wsd decay longer than decay_steps - warmup_steps" "optim.wsd_decay_steps 9 exceeds optim.decay_steps 10 - optim.warmup_steps 2 (the decay would begin before the warmup ends)" $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=9 --set optim.decay_steps=10 --set optim.warmup_steps=2
+expect_fail "bad wsd_decay_style" 'optim.wsd_decay_style: expected one of linear|cosine|exponential|minus_sqrt, got "sqrt"' $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=1 --set optim.wsd_decay_style=sqrt
+
 # the CUDA backend's precision and attention are job keys; the variables
 # that once set them are refused, not silently ignored
 expect_fail "bad compute dtype" 'train.compute_dtype: expected one of bf16|tf32|fp32, got "fp16"' $BIN "$TMP/job.json" --set train.compute_dtype=fp16

@@ -242,11 +242,14 @@ CASES = {
                       vocab=80, max_seq_len=32, eps=1e-5, theta=500000.0, tie=False,
                       decay_all=False, model_section_in_main=False,
                       rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 256}),
-    # (c) Llama tied, n_kv_head == n_head, explicit ffn_hidden 48, other eps/theta, decay_all
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+                      # warmup-stable-decay: lr over steps 5..9, a cosine to min_lr over 9..15
+                      schedule={"lr_decay_style": "wsd", "wsd_decay_steps": 6, "wsd_decay_style": "cosine"}),
+    # (c) Llama tied, n_kv_head == n_head, explicit ffn_hidden 48, other eps/theta, decay_all,
+    # a linear LR decay
     "llama_tied": dict(arch="llama", n_layer=2, n_embd=32, n_head=4, n_kv_head=4, ffn_hidden=48,
                        vocab=64, max_seq_len=32, eps=1e-6, theta=100.0, tie=True,
-                       decay_all=True, model_section_in_main=True),
+                       decay_all=True, model_section_in_main=True, schedule={"lr_decay_style": "linear"}),
 }
 
 T = 16            # seq_len (< max_seq_len, so GPT-2's unused wpe rows must get zero grad)
@@ -300,6 +303,7 @@ def base_job(work, name, c, steps, grad_clip, init=None, model=None, dump=True, 
         "log": {"dir": os.path.join(work, name, "log"), "every_steps": 1},
         "checkpoint": {"dir": os.path.join(work, name, "ckpt"), "every_steps": 0},
     }
+    job["optim"].update(c.get("schedule") or {})
     if init is not None:
         job["init"] = init
     if model is not None:
@@ -350,7 +354,8 @@ def run_case(binary, cname, c, root):
     # ---- choose grad_clip so that clipping triggers on some steps only ----
     probe = R.RefModel(cfg, init_t, dtype=torch.float64)
     norms = [r["grad_norm"] for r in R.train(probe, train_tokens, STEPS, T, MB, GB, LR, MIN_LR, WARMUP,
-                                             DECAY, WD, c["decay_all"], B1, B2, EPS, grad_clip=0.0)]
+                                             DECAY, WD, c["decay_all"], B1, B2, EPS, grad_clip=0.0,
+                                             schedule=c.get("schedule"))]
     clip = float(np.float32(np.median(norms)))
 
     # ---- main run: dump + 20-step trajectory + final checkpoint ----
@@ -417,12 +422,12 @@ def run_case(binary, cname, c, root):
     # ---- trajectory ----
     ref = R.RefModel(cfg, p0, dtype=torch.float64)
     recs = R.train(ref, train_tokens, STEPS, T, MB, GB, LR, MIN_LR, WARMUP, DECAY, WD, c["decay_all"],
-                   B1, B2, EPS, grad_clip=clip)
+                   B1, B2, EPS, grad_clip=clip, schedule=c.get("schedule"))
     n_clipped = sum(r["clipped"] for r in recs)
     CK.check(0 < n_clipped < STEPS, f"{tag} grad_clip={clip:.4g} triggers in torch on {n_clipped}/{STEPS} steps")
     ref32 = R.RefModel(cfg, p0, dtype=torch.float32)  # fp32 torch: the noise floor, for context
     R.train(ref32, train_tokens, STEPS, T, MB, GB, LR, MIN_LR, WARMUP, DECAY, WD, c["decay_all"],
-            B1, B2, EPS, grad_clip=clip)
+            B1, B2, EPS, grad_clip=clip, schedule=c.get("schedule"))
     steps = read_metrics(os.path.join(work, "main", "log"))
     if CK.check(steps is not None and sorted(steps) == list(range(1, STEPS + 1)),
                 f"{tag} metrics.jsonl has step lines 1..{STEPS}" +
@@ -622,9 +627,9 @@ def run_bf16(binary, root):
     CK.check(worst <= TOL_GRAD, f"{tag} step0 grads on the bf16 weights worst rel={worst:.2g}")
     ref = R.RefModel(cfg, init_t, dtype=torch.float64)
     recs = R.train(ref, toks, steps, T, MB, GB, LR, MIN_LR, WARMUP, DECAY, WD, c["decay_all"], B1, B2, EPS,
-                   grad_clip=1.0, bf16_working=True)
+                   grad_clip=1.0, bf16_working=True, schedule=c.get("schedule"))
     full = R.train(R.RefModel(cfg, init_t, dtype=torch.float64), toks, steps, T, MB, GB, LR, MIN_LR, WARMUP, DECAY,
-                   WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0)
+                   WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0, schedule=c.get("schedule"))
     got = read_metrics(os.path.join(work, "main", "log"))
     e_bf = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in recs)
     e_full = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in full)
@@ -640,6 +645,92 @@ def run_bf16(binary, root):
         fin_t = ref.state_dict()
         worst = max(rel_err(fin[n], fin_t[n]) for n in fin_t)
         CK.check(worst <= TOL_FINAL, f"{tag} exported master weights vs torch's masters worst rel={worst:.2g}")
+
+
+# the LR schedules (optim.lr_decay_style) on a tiny GPT-2: (label, warmup, min_lr, optim keys)
+SCHED_STEPS, SCHED_DECAY = 30, 24
+SCHEDULES = [
+    ("cosine", 3, MIN_LR, {}),
+    ("linear", 3, MIN_LR, {"lr_decay_style": "linear"}),
+    ("constant", 3, MIN_LR, {"lr_decay_style": "constant"}),
+    ("inverse_sqrt", 4, MIN_LR, {"lr_decay_style": "inverse_sqrt"}),
+    ("inverse_sqrt floored at min_lr from step 16", 4, LR / 2, {"lr_decay_style": "inverse_sqrt"}),
+    ("inverse_sqrt without warmup", 0, MIN_LR, {"lr_decay_style": "inverse_sqrt"}),
+    ("wsd (linear by default)", 3, MIN_LR, {"lr_decay_style": "wsd", "wsd_decay_steps": 8}),
+    ("wsd cosine", 3, MIN_LR, {"lr_decay_style": "wsd", "wsd_decay_steps": 8, "wsd_decay_style": "cosine"}),
+    ("wsd exponential", 3, MIN_LR, {"lr_decay_style": "wsd", "wsd_decay_steps": 8, "wsd_decay_style": "exponential"}),
+    ("wsd minus_sqrt", 3, MIN_LR, {"lr_decay_style": "wsd", "wsd_decay_steps": 8, "wsd_decay_style": "minus_sqrt"}),
+    ("wsd decaying right after the warmup", 3, MIN_LR, {"lr_decay_style": "wsd", "wsd_decay_steps": 21}),
+]
+
+
+def run_schedules(binary, root):
+    """Every optim.lr_decay_style (and wsd_decay_style): the lr of each of 30
+    steps in metrics.jsonl against PyTorch's schedulers (torch_ref.
+    torch_lr_schedule) and the README's formulas (torch_ref.lr_at); the
+    check command's optim line; and WSD's cooldown from a checkpoint of the
+    stable phase (a run planned with a far decay_steps, resumed with the
+    decay moved to now) reproducing a run planned with that decay."""
+    tag = "schedule"
+    work = os.path.join(root, tag)
+    os.makedirs(work)
+    toks = markov_tokens(3000, 64, seed=41)
+    write_shard(os.path.join(work, "train_000.bin"), toks)
+
+    def job(name, steps, warmup, min_lr, keys, decay=SCHED_DECAY, ckpt=None):
+        return {"description": f"test_torch {tag} {name}",
+                "model": {"arch": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 64,
+                          "max_seq_len": 16},
+                "data": {"train": os.path.join(work, "train_000.bin")},
+                "train": {"steps": steps, "seq_len": 8, "micro_batch": 2, "device": "cpu"},
+                "optim": dict({"lr": LR, "min_lr": min_lr, "warmup_steps": warmup, "decay_steps": decay}, **keys),
+                "eval": {"sample_tokens": 0},
+                "log": {"dir": os.path.join(work, name, "log")},
+                "checkpoint": {"dir": ckpt or os.path.join(work, name, "ckpt")}}
+
+    for i, (label, warmup, min_lr, keys) in enumerate(SCHEDULES):
+        name = f"s{i}"
+        ok, out = run_bin(binary, job(name, SCHED_STEPS, warmup, min_lr, keys), work, name)
+        if not CK.check(ok, f"{tag} {label}: run" + ("" if ok else f": {out}")):
+            continue
+        got = read_metrics(os.path.join(work, name, "log")) or {}
+        ref = R.torch_lr_schedule(SCHED_STEPS, LR, min_lr, warmup, SCHED_DECAY, keys)
+        formula = [R.lr_at(s, LR, min_lr, warmup, SCHED_DECAY, keys) for s in range(SCHED_STEPS)]
+        c = [got.get(s + 1, {}).get("lr") for s in range(SCHED_STEPS)]
+        if not CK.check(all(isinstance(v, (int, float)) for v in c), f"{tag} {label}: lr of steps 1..{SCHED_STEPS} logged"):
+            continue
+        e_t = max(abs(a - b) / b for a, b in zip(c, ref))
+        e_f = max(abs(a - b) / b for a, b in zip(formula, ref))
+        CK.check(e_t <= TOL_LR and e_f <= 1e-12,
+                 f"{tag} {label}: lr of {SCHED_STEPS} steps vs torch.optim.lr_scheduler worst rel={e_t:.2g} "
+                 f"(README formula vs torch {e_f:.2g}; {ref[warmup]:.3g} after the warmup, {ref[-1]:.3g} at the end)")
+
+    # the check command says what the schedule is
+    with open(os.path.join(work, "chk.json"), "w") as f:
+        json.dump(job("chk", SCHED_STEPS, 3, MIN_LR, SCHEDULES[7][3]), f)
+    ok, out = run_bin(binary, None, work, "chk", args_prefix=["check", os.path.join(work, "chk.json")])
+    want = "optim: AdamW, lr warmup 3, wsd 0.003, then cosine -> 0.0003 over steps 16..24 | weight decay 0.1"
+    CK.check(ok and want in out, f"{tag} llmtrain check prints '{want}'" + ("" if ok and want in out else f": {out}"))
+
+    # WSD's cooldown: steps 1..6 of a run decaying at step 1000, resumed with
+    # the 4-step decay ending at (0-based) step 10, against one run planned so
+    wsd = {"lr_decay_style": "wsd", "wsd_decay_steps": 4}
+    ok1, out1 = run_bin(binary, job("planned", 11, 2, MIN_LR, wsd, decay=10), work, "planned")
+    ck = os.path.join(work, "stable", "ckpt")
+    ok2, out2 = run_bin(binary, job("stable", 6, 2, MIN_LR, wsd, decay=1000, ckpt=ck), work, "stable")
+    ok3, out3 = run_bin(binary, job("cooldown", 11, 2, MIN_LR, wsd, decay=10, ckpt=ck), work, "cooldown")
+    if CK.check(ok1 and ok2 and ok3 and "resume: " in out3, f"{tag} wsd: planned run, stable run to step 6, "
+                f"cooldown resumed from its checkpoint" + ("" if ok1 and ok2 and ok3 else f": {out1} {out2} {out3}")):
+        a = read_metrics(os.path.join(work, "planned", "log")) or {}
+        b = dict(read_metrics(os.path.join(work, "stable", "log")) or {})
+        b.update({k: v for k, v in (read_metrics(os.path.join(work, "cooldown", "log")) or {}).items() if k > 6})
+        same = sorted(a) == sorted(b) == list(range(1, 12)) and all(
+            a[k]["lr"] == b[k]["lr"] and abs(a[k]["loss"] - b[k]["loss"]) <= 1e-6 * a[k]["loss"] for k in a)
+        lrs = [a.get(k, {}).get("lr") or 0.0 for k in range(1, 12)]
+        shape = (abs(lrs[5] - LR) < 1e-9 and lrs[6] == lrs[5] and all(lrs[k] < lrs[k - 1] for k in range(7, 11))
+                 and abs(lrs[10] - MIN_LR) < 1e-9)
+        CK.check(same and shape, f"{tag} wsd cooldown from step 6's checkpoint == the planned run: lr and loss of "
+                                 f"steps 1..11 (lr {' '.join(f'{v:.3g}' for v in lrs)})")
 
 
 def main():
@@ -668,6 +759,8 @@ def main():
                     run_case(binary, cname, CASES[cname], root)
                     if cname == "llama_gqa":
                         run_bf16(binary, root)
+                    if cname == "gpt2":
+                        run_schedules(binary, root)
                 except Exception as e:  # a crash in the test is a failure, not a traceback
                     import traceback
                     traceback.print_exc()

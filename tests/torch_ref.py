@@ -7,6 +7,7 @@ micro-batching, AdamW param groups, LR schedule, gradient clipping).
 Only torch primitives are used; no transformers.
 """
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -308,12 +309,88 @@ class RefModel:
 # training semantics
 # --------------------------------------------------------------------------
 
-def lr_at(s, lr, min_lr, warmup, decay_steps):
-    """LR used by the update of 0-based step s."""
+def lr_at(s, lr, min_lr, warmup, decay_steps, schedule=None):
+    """LR used by the update of 0-based step s, from the README's formulas.
+    schedule: None (cosine) or {"lr_decay_style": ..., "wsd_decay_steps": K,
+    "wsd_decay_style": ...} as the job's optim keys."""
+    sc = schedule or {}
+    style = sc.get("lr_decay_style", "cosine")
     if s < warmup:
         return lr * (s + 1) / warmup
+    if style == "constant":
+        return lr
+    if style == "inverse_sqrt":
+        return max(min_lr, lr * math.sqrt(max(warmup, 1) / (s + 1)))
+    if style == "wsd":
+        K = sc["wsd_decay_steps"]
+        q = min(1.0, max(0.0, (s - (decay_steps - K)) / K))
+        f = {"linear": lambda q: 1 - q, "cosine": lambda q: 0.5 * (1 + math.cos(math.pi * q)),
+             "exponential": lambda q: 2 * 0.5 ** q - 1, "minus_sqrt": lambda q: 1 - math.sqrt(q)}
+        return min_lr + (lr - min_lr) * f[sc.get("wsd_decay_style", "linear")](q)
     p = min(1.0, (s - warmup) / max(1, decay_steps - warmup))
+    if style == "linear":
+        return min_lr + (lr - min_lr) * (1.0 - p)
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * p))
+
+
+def torch_lr_schedule(n, lr, min_lr, warmup, decay_steps, schedule=None):
+    """The LRs of 0-based steps 0..n-1 as PyTorch's schedulers give them: a
+    SequentialLR of LinearLR (the warmup, and linear decays), CosineAnnealingLR
+    (cosine decays, then ConstantLR at min_lr) and ConstantLR (stable phases),
+    stepped once per optimizer step. The shapes torch has no class for
+    (inverse_sqrt; wsd's exponential and minus_sqrt) go through LambdaLR on
+    Megatron's formulas, written out here again."""
+    sc = schedule or {}
+    style = sc.get("lr_decay_style", "cosine")
+    sched = torch.optim.lr_scheduler
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    lo = min_lr / lr
+    phases, milestones = [], []
+
+    def phase(start, sch):
+        if phases:
+            milestones.append(start)
+        phases.append(sch)
+
+    def cos_then_min(start, span):
+        phase(start, sched.CosineAnnealingLR(opt, T_max=span, eta_min=min_lr))
+        phase(start + span, sched.ConstantLR(opt, factor=lo, total_iters=n + 1))
+
+    if warmup > 1:
+        phase(0, sched.LinearLR(opt, start_factor=1.0 / warmup, end_factor=1.0, total_iters=warmup - 1))
+    elif warmup == 1:
+        phase(0, sched.ConstantLR(opt, factor=1.0, total_iters=0))
+    W, D = warmup, decay_steps
+    if style == "constant":
+        phase(W, sched.ConstantLR(opt, factor=1.0, total_iters=0))
+    elif style == "linear":
+        phase(W, sched.LinearLR(opt, start_factor=1.0, end_factor=lo, total_iters=max(1, D - W)))
+    elif style == "cosine":
+        cos_then_min(W, max(1, D - W))
+    elif style == "inverse_sqrt":
+        phase(W, sched.LambdaLR(opt, lambda t: max(lo, math.sqrt(max(W, 1) / (t + W + 1)))))
+    elif style == "wsd":
+        K, ws = sc["wsd_decay_steps"], sc.get("wsd_decay_style", "linear")
+        if D - K > W:
+            phase(W, sched.ConstantLR(opt, factor=1.0, total_iters=0))
+        if ws == "linear":
+            phase(D - K, sched.LinearLR(opt, start_factor=1.0, end_factor=lo, total_iters=K))
+        elif ws == "cosine":
+            cos_then_min(D - K, K)
+        else:
+            g = (lambda q: 2 * 0.5 ** q - 1) if ws == "exponential" else (lambda q: 1 - math.sqrt(q))
+            phase(D - K, sched.LambdaLR(opt, lambda t: lo + (1 - lo) * g(min(1.0, t / K))))
+    else:
+        raise ValueError(style)
+    out = []
+    with warnings.catch_warnings():  # SequentialLR steps its schedulers with an epoch, which torch 1.13 warns about
+        warnings.simplefilter("ignore", UserWarning)
+        sch = phases[0] if len(phases) == 1 else sched.SequentialLR(opt, phases, milestones)
+        for _ in range(n):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sch.step()
+    return out
 
 
 def global_batch(tokens, step, G, T):
@@ -373,7 +450,7 @@ def round_bf16(x):
 
 def train(model, tokens, steps, seq_len, micro_batch, global_batch_size, lr, min_lr,
           warmup_steps, decay_steps, weight_decay, decay_all=False, beta1=0.9,
-          beta2=0.95, eps=1e-8, grad_clip=1.0, start_step=0, bf16_working=False):
+          beta2=0.95, eps=1e-8, grad_clip=1.0, start_step=0, bf16_working=False, schedule=None):
     """Runs `steps` optimizer steps; returns a list of per-step records
     {step (1-based), loss, lr, grad_norm, clipped}. bf16_working: mixed
     precision as FSDP's param_dtype=bfloat16 does it: the optimizer updates
@@ -390,6 +467,7 @@ def train(model, tokens, steps, seq_len, micro_batch, global_batch_size, lr, min
             for p in params:
                 p.copy_(round_bf16(master[id(p)]))
     opt = torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+    lrs = torch_lr_schedule(start_step + steps, lr, min_lr, warmup_steps, decay_steps, schedule)
     recs = []
     for s in range(start_step, start_step + steps):
         x, y = global_batch(tokens, s, global_batch_size, seq_len)
@@ -400,7 +478,7 @@ def train(model, tokens, steps, seq_len, micro_batch, global_batch_size, lr, min
             norm = torch.nn.utils.clip_grad_norm_(params, grad_clip).item()
         else:
             norm = torch.norm(torch.stack([p.grad.norm() for p in params])).item()
-        cur = lr_at(s, lr, min_lr, warmup_steps, decay_steps)
+        cur = lrs[s]
         for g in opt.param_groups:
             g["lr"] = cur
         if master is not None:
