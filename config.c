@@ -56,8 +56,8 @@ static const Key KEYS[] = {
     {"init.std", K_FLOAT, OFF(init_std), 0, "0.02", 0, 10, NULL, "std of the normal init; residual output projections use std/sqrt(2*n_layer)"},
     {"init.seed", K_U64, OFF(seed), 0, "1337", 0, 1.8e19, NULL, "seed of the init and of data shuffling"},
     /* data */
-    {"data.train", K_STR, STR(data_train), "\"\"", 0, 0, NULL, "training token shards: a path or a glob (llm.c format, uint16 or uint32 tokens)"},
-    {"data.val", K_STR, STR(data_val), "\"\"", 0, 0, NULL, "validation token shards (empty: no validation loss)"},
+    {"data.train", K_STR, STR(data_train), "\"\"", 0, 0, NULL, "training token shards: a path or a glob (llm.c format, uint16 or uint32 tokens), or a blend of them as weight-path pairs, \"0.7 web/*.bin 0.3 code/*.bin\" (see Data)"},
+    {"data.val", K_STR, STR(data_val), "\"\"", 0, 0, NULL, "validation token shards, a path, glob or blend as data.train (empty: no validation loss)"},
     {"data.vocab", K_STR, STR(data_vocab), "\"\"", 0, 0, NULL, "token-to-bytes table for printing samples (llm.c tokenizer format; empty: print ids)"},
     {"data.shuffle", K_BOOL, OFF(data_shuffle), 0, "false", 0, 0, NULL, "visit sequences in a seeded random order per epoch instead of in file order"},
     /* train */

@@ -17,6 +17,16 @@
  * n_seqs, that takes under 4 applications on average. Each epoch therefore
  * visits every sequence start j*T exactly once, in an order that depends on
  * (seed, epoch) only, so any rank can compute any step's sequences.
+ *
+ * A blend of sources with weights w_i (normalised to sum 1) is a fixed
+ * pattern of BLEND_PERIOD = 65536 positions, built greedily as Megatron
+ * builds its blended index: position p goes to the source with the largest
+ * w_i * (p + 1) - c_i, c_i its positions so far (ties: the lowest i). Global
+ * sequence seq = q * P + p is then source pat_src[p]'s sequence
+ * q * pat_cnt[src] + pat_idx[p]: every source's sequences are used in their
+ * own order (shuffled or not) with none skipped or repeated, any prefix of
+ * the pattern holds each source within one sequence of its share, and a step
+ * is still addressable without history.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -26,6 +36,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -92,6 +105,117 @@ static void shard_open(Shard *s, const char *path, const char *what) {
     s->n_tokens = ntok;
 }
 
+/* ---------------------------------------------------------------- blends */
+
+/* A whole blank-free word that is a number (so "1.bin" is not one). */
+static int word_number(const char *w, size_t len, double *v) {
+    char buf[64], *end;
+    if (len == 0 || len >= sizeof buf) return 0;
+    memcpy(buf, w, len);
+    buf[len] = '\0';
+    errno = 0;
+    *v = strtod(buf, &end);
+    return end == buf + len && errno == 0;
+}
+
+/* The blank-separated words of s: start and length of word k, or 0. */
+static int nth_word(const char *s, int k, const char **w, size_t *len) {
+    for (int i = 0;; i++) {
+        while (*s == ' ' || *s == '\t') s++;
+        if (!*s) return 0;
+        const char *e = s;
+        while (*e && *e != ' ' && *e != '\t') e++;
+        if (i == k) {
+            *w = s;
+            *len = (size_t)(e - s);
+            return 1;
+        }
+        s = e;
+    }
+}
+
+/* A pattern whose first word is a number is a blend. */
+static int is_blend(const char *pattern) {
+    const char *w = NULL;
+    size_t len = 0;
+    double v;
+    return nth_word(pattern, 1, &w, &len) && nth_word(pattern, 0, &w, &len) && word_number(w, len, &v);
+}
+
+static void blend_open(DataSet *d, const char *pattern, const char *what, int vocab_size, int T, int shuffle,
+                       uint64_t seed) {
+    int nw = 0;
+    const char *w = NULL;
+    size_t len = 0;
+    while (nth_word(pattern, nw, &w, &len)) nw++;
+    if (nw % 2)
+        die(EXIT_USAGE, "%s: '%s': a blend is pairs of weight and path (\"0.7 a/*.bin 0.3 b/*.bin\"); got %d words", what,
+            pattern, nw);
+    int n = nw / 2;
+    if (n > BLEND_MAX_SOURCES) die(EXIT_USAGE, "%s: a blend of %d sources (at most %d)", what, n, BLEND_MAX_SOURCES);
+    d->n_src = n;
+    d->src = calloc_check((size_t)n, sizeof *d->src);
+    d->weight = calloc_check((size_t)n, sizeof *d->weight);
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        nth_word(pattern, 2 * i, &w, &len);
+        if (!word_number(w, len, &d->weight[i]) || !(d->weight[i] > 0) || !isfinite(d->weight[i]))
+            die(EXIT_USAGE, "%s: blend source %d: weight '%.*s' (expected a positive number before each path)", what, i + 1,
+                (int)len, w);
+        sum += d->weight[i];
+        nth_word(pattern, 2 * i + 1, &w, &len);
+        char path[1024];
+        if (len >= sizeof path) die(EXIT_USAGE, "%s: blend source %d: path too long", what, i + 1);
+        memcpy(path, w, len);
+        path[len] = '\0';
+        dataset_open(&d->src[i], path, what, vocab_size, T, shuffle, seed + (uint64_t)i);
+        d->n_tokens += d->src[i].n_tokens;
+    }
+    for (int i = 0; i < n; i++) d->weight[i] /= sum;
+    d->pat_src = malloc_check(BLEND_PERIOD * sizeof *d->pat_src);
+    d->pat_idx = malloc_check(BLEND_PERIOD * sizeof *d->pat_idx);
+    d->pat_cnt = calloc_check((size_t)n, sizeof *d->pat_cnt);
+    for (uint32_t p = 0; p < BLEND_PERIOD; p++) {
+        int best = 0;
+        double best_err = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            double err = d->weight[i] * (double)(p + 1) - (double)d->pat_cnt[i];
+            if (err > best_err) best_err = err, best = i;
+        }
+        d->pat_src[p] = (uint8_t)best;
+        d->pat_idx[p] = d->pat_cnt[best]++;
+    }
+    for (int i = 0; i < n; i++)
+        if (!d->pat_cnt[i])
+            die(EXIT_USAGE, "%s: blend source %d: weight %g of %g draws no sequence in %d (expected at least 1/%d of the sum)",
+                what, i + 1, d->weight[i] * sum, sum, BLEND_PERIOD, BLEND_PERIOD);
+    d->vocab_size = vocab_size;
+    d->T = T;
+    d->shuffle = shuffle ? 1 : 0;
+    d->seed = seed;
+}
+
+void dataset_blend_pick(const DataSet *d, uint64_t seq, int *src, uint64_t *n) {
+    uint64_t q = seq / BLEND_PERIOD, p = seq % BLEND_PERIOD;
+    *src = d->pat_src[p];
+    *n = q * d->pat_cnt[*src] + d->pat_idx[p];
+}
+
+void dataset_describe(const DataSet *d, const char *pattern, char *buf, size_t n) {
+    if (!d->n_src) {
+        snprintf(buf, n, "%s (%llu tokens)", pattern, (unsigned long long)d->n_tokens);
+        return;
+    }
+    size_t at = (size_t)snprintf(buf, n, "blend of %d:", d->n_src);
+    for (int i = 0; i < d->n_src && at < n; i++) {
+        const char *w = NULL;
+        size_t len = 0;
+        nth_word(pattern, 2 * i + 1, &w, &len);
+        at += (size_t)snprintf(buf + at, n - at, "%s %.4g%% %.*s (%llu tokens)", i ? "," : "", 100 * d->weight[i], (int)len, w,
+                               (unsigned long long)d->src[i].n_tokens);
+    }
+}
+
 void dataset_open(DataSet *d, const char *pattern, const char *what, int vocab_size, int T, int shuffle,
                   uint64_t seed) {
     memset(d, 0, sizeof *d);
@@ -99,6 +223,11 @@ void dataset_open(DataSet *d, const char *pattern, const char *what, int vocab_s
     if (!pattern || !*pattern) die(EXIT_USAGE, "%s: empty path (expected a token shard file or glob)", what);
     if (T <= 0) die(EXIT_USAGE, "%s: sequence length %d must be positive", what, T);
     if (vocab_size <= 0) die(EXIT_USAGE, "%s: model.vocab_size %d must be positive", what, vocab_size);
+    snprintf(d->what, sizeof d->what, "%s", what);
+    if (is_blend(pattern)) {
+        blend_open(d, pattern, what, vocab_size, T, shuffle, seed);
+        return;
+    }
 
     /* A path that names an existing file is taken literally (it may contain
      * glob metacharacters); anything else is a glob. */
@@ -125,7 +254,6 @@ void dataset_open(DataSet *d, const char *pattern, const char *what, int vocab_s
 
     d->shards = calloc_check((size_t)n, sizeof(Shard));
     d->n_shards = n;
-    snprintf(d->what, sizeof d->what, "%s", what);
     uint64_t total = 0;
     for (int i = 0; i < n; i++) {
         shard_open(&d->shards[i], paths[i], what);
@@ -148,6 +276,12 @@ void dataset_open(DataSet *d, const char *pattern, const char *what, int vocab_s
 }
 
 void dataset_close(DataSet *d) {
+    for (int i = 0; i < d->n_src; i++) dataset_close(&d->src[i]);
+    free(d->src);
+    free(d->weight);
+    free(d->pat_src);
+    free(d->pat_idx);
+    free(d->pat_cnt);
     if (d->shards) {
         for (int i = 0; i < d->n_shards; i++)
             if (d->shards[i].map) munmap((void *)d->shards[i].map, d->shards[i].map_len);
@@ -241,6 +375,13 @@ static void read_tokens(const DataSet *d, uint64_t pos, int *out, uint64_t count
 }
 
 void dataset_sequence(const DataSet *d, uint64_t seq, int *inputs, int *targets) {
+    if (d->n_src) {
+        int i;
+        uint64_t k;
+        dataset_blend_pick(d, seq, &i, &k);
+        dataset_sequence(&d->src[i], k, inputs, targets);
+        return;
+    }
     const uint64_t T = (uint64_t)d->T, n = d->n_tokens;
     uint64_t start;
     if (!d->shuffle) {

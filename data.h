@@ -25,6 +25,10 @@ typedef struct Shard {
     uint64_t start;       /* global offset of its first token */
 } Shard;
 
+/* A blend's pattern repeats every BLEND_PERIOD sequences (see data.c). */
+#define BLEND_PERIOD 65536
+#define BLEND_MAX_SOURCES 64
+
 typedef struct DataSet {
     char what[64];        /* config key for messages, e.g. "data.train" */
     Shard *shards;        /* sorted by path */
@@ -35,11 +39,25 @@ typedef struct DataSet {
     int shuffle;
     uint64_t seed;
     uint64_t n_seqs;      /* sequences of T+1 tokens per epoch (shuffle addressing) */
+    /* a blend ("0.7 web/shard_*.bin 0.3 code/shard_*.bin"): the sources (each a plain
+     * DataSet; the shard fields above stay empty), their weights normalised
+     * to sum 1, and one period of the pattern: sequence p of a period comes
+     * from source pat_src[p], as that source's pat_idx[p]-th of the period;
+     * pat_cnt[i] = source i's sequences a period */
+    int n_src;
+    struct DataSet *src;
+    double *weight;
+    uint8_t *pat_src;
+    uint32_t *pat_idx;
+    uint32_t *pat_cnt;
 } DataSet;
 
 /* Open every file matching pattern (a path or a glob), validate headers and
  * sizes. Errors: one line naming the file, exit(EXIT_USAGE). `what` names
- * the config key for messages ("data.train"). */
+ * the config key for messages ("data.train"). A pattern of weight-path
+ * pairs separated by blanks ("0.7 web/shard_*.bin 0.3 code/shard_*.bin", Megatron's
+ * --data-path form) opens a blend: source i is opened as above (shuffled
+ * with seed + i) and draws weight_i / sum of weights of the sequences. */
 void dataset_open(DataSet *d, const char *pattern, const char *what, int vocab_size,
                   int T, int shuffle, uint64_t seed);
 void dataset_close(DataSet *d);
@@ -49,6 +67,12 @@ void dataset_close(DataSet *d);
  * seeded permutation of sequence starts per epoch (shuffle on).
  * A token id >= vocab_size: one line naming file and offset, exit(EXIT_USAGE). */
 void dataset_sequence(const DataSet *d, uint64_t seq, int *inputs, int *targets);
+/* A blend: which source sequence seq comes from, and its number there
+ * (dataset_sequence(&d->src[*src], *n) is sequence seq). */
+void dataset_blend_pick(const DataSet *d, uint64_t seq, int *src, uint64_t *n);
+/* One line for the header: "PATH (N tokens)", or for a blend every source's
+ * normalised weight, pattern and tokens. */
+void dataset_describe(const DataSet *d, const char *pattern, char *buf, size_t n);
 
 /* Vocab table, llm.c's tokenizer format: 256 x uint32 header (magic
  * 20240328, version 2, vocab_size, eot_token), then per token a uint8

@@ -1457,8 +1457,10 @@ static void print_header(Trainer *t) {
            kernels_cpu_blas_info());
     print_model_batch(t);
     if (t->dist.world > 1) printf("launch: %s | %d ranks, %d on this node\n", t->dist.launch, t->dist.world, t->dist.local_size);
-    printf("data: %s (%llu tokens)%s | peak for MFU %.1f GFLOP/s (%s)\n", c->data_train, (unsigned long long)t->train.n_tokens,
-           t->have_val ? ", val on" : "", t->peak_gflops, t->peak_source);
+    char data[1024];
+    dataset_describe(&t->train, c->data_train, data, sizeof data);
+    printf("data: %s%s | peak for MFU %.1f GFLOP/s (%s)\n", data, t->have_val ? ", val on" : "", t->peak_gflops,
+           t->peak_source);
     printf("metrics: %s\n", t->metrics_path);
     fflush(stdout);
 }

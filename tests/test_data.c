@@ -14,6 +14,7 @@
 #endif
 #include "data.h"
 #include "util.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -427,6 +428,25 @@ static void test_errors(void) {
     write_shard(p, tok, 8, 2);
     expect_error("too_few_tokens", OP_OPEN, p, 256, 8, 0, "few.bin", "need at least sequence length + 1 = 9");
 
+    /* blends: pairs, positive weights, each large enough to draw, each path opened */
+    {
+        char ok[700], bl[2200];
+        path_in(ok, sizeof ok, "blend_ok.bin");
+        write_shard(ok, tok, 100, 2);
+        snprintf(bl, sizeof bl, "0.5 %s 0.5", ok);
+        expect_error("blend_odd_words", OP_OPEN, bl, 256, 4, 0, "a blend is pairs of weight and path", "got 3 words");
+        snprintf(bl, sizeof bl, "-1 %s 1 %s", ok, ok);
+        expect_error("blend_negative_weight", OP_OPEN, bl, 256, 4, 0, "blend source 1: weight '-1'",
+                     "expected a positive number before each path");
+        snprintf(bl, sizeof bl, "1 %s x %s", ok, ok);
+        expect_error("blend_weight_not_a_number", OP_OPEN, bl, 256, 4, 0, "blend source 2: weight 'x'", NULL);
+        snprintf(bl, sizeof bl, "1e-9 %s 1 %s", ok, ok);
+        expect_error("blend_weight_too_small", OP_OPEN, bl, 256, 4, 0, "blend source 1: weight 1e-09",
+                     "draws no sequence in 65536");
+        snprintf(bl, sizeof bl, "1 %s 1 %s/blend_none_*.bin", ok, tmpdir);
+        expect_error("blend_source_missing", OP_OPEN, bl, 256, 4, 0, "data.train: no file matches", "blend_none_*.bin");
+    }
+
     path_in(p, sizeof p, "dirshard.bin");
     mkdir(p, 0755);
     expect_error("directory", OP_OPEN, p, 256, 4, 0, "dirshard.bin", "not a regular file");
@@ -474,6 +494,95 @@ static void test_errors(void) {
     expect_error("vocab_missing", OP_VOCAB, p, 0, 0, 0, "vocab_missing.bin", "cannot read");
 }
 
+/* ------------------------------------------------------------------ blends */
+
+/* "0.5 A 0.3 B 0.2 C" against the three sources opened alone (source i
+ * shuffled with seed + i) and the greedy rule written out again here: for
+ * three periods and a bit, sequence seq is the next unused sequence of the
+ * source the rule picks, read from that source alone. */
+static void test_blend_case(int shuffle, const char *weights[3], const char *label) {
+    enum { T = 5 };
+    const uint64_t seed = 77;
+    char src[3][800], pat[2600];
+    static const int sizes[3] = {1000, 701, 333};
+    for (int i = 0; i < 3; i++) {
+        char name[64], dir[700];
+        snprintf(name, sizeof name, "blend_%s_%d", label, i);
+        path_in(dir, sizeof dir, name);
+        mkdir(dir, 0755);
+        uint32_t tok[1000];
+        for (int k = 0; k < sizes[i]; k++) tok[k] = (uint32_t)(i * 1000 + k) % 3001;
+        char f[800];
+        snprintf(f, sizeof f, "%s/a.bin", dir);
+        write_shard(f, tok, (size_t)sizes[i] / 2, i == 1 ? 4 : 2);
+        snprintf(f, sizeof f, "%s/b.bin", dir);
+        write_shard(f, tok + sizes[i] / 2, (size_t)(sizes[i] - sizes[i] / 2), i == 1 ? 4 : 2);
+        snprintf(src[i], sizeof src[i], "%s/*.bin", dir);
+    }
+    snprintf(pat, sizeof pat, "%s %s  %s %s\t%s %s", weights[0], src[0], weights[1], src[1], weights[2], src[2]);
+    DataSet b, s[3];
+    dataset_open(&b, pat, "data.train", 3001, T, shuffle, seed);
+    for (int i = 0; i < 3; i++) dataset_open(&s[i], src[i], "data.train", 3001, T, shuffle, seed + (uint64_t)i);
+    check(b.n_src == 3 && b.n_tokens == 1000 + 701 + 333, "blend %s: 3 sources, %llu tokens", label,
+          (unsigned long long)b.n_tokens);
+    const double w[3] = {0.5, 0.3, 0.2};
+    uint64_t used[3] = {0, 0, 0};
+    uint32_t c[3] = {0, 0, 0};
+    double worst_share = 0;
+    int bad_pick = 0, bad_tok = 0;
+    const uint64_t N = 3 * (uint64_t)BLEND_PERIOD + 1234;
+    int in[T], tg[T], in2[T], tg2[T];
+    for (uint64_t seq = 0; seq < N; seq++) {
+        uint64_t p = seq % BLEND_PERIOD;
+        if (p == 0) c[0] = c[1] = c[2] = 0;
+        int best = 0;
+        for (int i = 1; i < 3; i++)
+            if (w[i] * (double)(p + 1) - c[i] > w[best] * (double)(p + 1) - c[best]) best = i;
+        c[best]++;
+        for (int i = 0; i < 3 && seq < BLEND_PERIOD; i++) {
+            double dev = fabs((double)c[i] - w[i] * (double)(p + 1));
+            if (dev > worst_share) worst_share = dev;
+        }
+        int got;
+        uint64_t n;
+        dataset_blend_pick(&b, seq, &got, &n);
+        if (got != best || n != used[best]) bad_pick++;
+        dataset_sequence(&b, seq, in, tg);
+        dataset_sequence(&s[best], used[best], in2, tg2);
+        if (memcmp(in, in2, sizeof in) || memcmp(tg, tg2, sizeof tg)) bad_tok++;
+        used[best]++;
+    }
+    check(bad_pick == 0 && bad_tok == 0,
+          "blend %s (shuffle %d): %llu sequences (3 periods and more) are each source's next unused one, by the greedy "
+          "rule (%d wrong picks, %d wrong tokens); used %llu/%llu/%llu", label, shuffle, (unsigned long long)N, bad_pick,
+          bad_tok, (unsigned long long)used[0], (unsigned long long)used[1], (unsigned long long)used[2]);
+    check(worst_share < 1.0, "blend %s: every prefix of the period holds each source within %.3f (< 1) sequences of its "
+                             "share", label, worst_share);
+    char line[4096];
+    dataset_describe(&b, pat, line, sizeof line);
+    check(strstr(line, "blend of 3: 50% ") && strstr(line, "30% ") && strstr(line, "20% ") &&
+              strstr(line, "(333 tokens)"), "blend %s: describe: %s", label, line);
+    for (int i = 0; i < 3; i++) dataset_close(&s[i]);
+    dataset_close(&b);
+}
+
+static void test_blend(void) {
+    const char *norm[3] = {"0.5", "0.3", "0.2"}, *raw[3] = {"5", "3e0", "2."};
+    test_blend_case(0, norm, "norm");
+    test_blend_case(1, norm, "shuf");
+    test_blend_case(0, raw, "raw"); /* weights are normalised */
+    /* a pattern whose first word is not a number is one path, blanks included */
+    char p[700];
+    path_in(p, sizeof p, "a b.bin");
+    uint32_t tok[40];
+    for (int i = 0; i < 40; i++) tok[i] = (uint32_t)i;
+    write_shard(p, tok, 40, 2);
+    DataSet d;
+    dataset_open(&d, p, "data.train", 256, 4, 0, 0);
+    check(d.n_src == 0 && d.n_tokens == 40, "a path with a blank is one path, not a blend");
+    dataset_close(&d);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void rm_rf(const char *dir) {
@@ -496,6 +605,7 @@ int main(int argc, char **argv) {
     test_shuffle_case(1025, 1, 2);  /* n_seqs 1025 = 2^10 + 1, T = 1 */
     test_shuffle_case(13, 7, 1);    /* n_seqs 1 */
     test_vocab();
+    test_blend();
     test_errors();
 
     if (keep) printf("kept %s\n", tmpdir);

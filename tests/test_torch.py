@@ -585,6 +585,15 @@ def run_case(binary, cname, c, root):
                            float(lsc.reshape(-1)[0]), lt, TOL_LOSS)
 
 
+def hf_init_folder(work, c, seed):
+    """A random Hugging Face folder <work>/init_hf for case c: (its config,
+    the folder, the tensors as read back)."""
+    cfg = hf_config(c)
+    init_dir = os.path.join(work, "init_hf")
+    hfio.write_hf_folder(init_dir, cfg, R.random_hf_tensors(cfg, std=0.1, seed=seed, norm_jitter=0.1, bias_std=0.05))
+    return cfg, init_dir, hfio.read_hf_folder(init_dir)[1]
+
+
 def run_bf16(binary, root):
     """train.param_dtype bf16 (nearest rounding) against torch's FSDP-style
     mixed precision: fp32/64 master weights updated by AdamW, the model's
@@ -599,11 +608,7 @@ def run_bf16(binary, root):
     toks = markov_tokens(2200, V, seed=211)
     write_shard(os.path.join(work, "train_000.bin"), toks)
     write_shard(os.path.join(work, "val.bin"), markov_tokens(600, V, seed=7))
-    cfg = hf_config(c)
-    init_t = R.random_hf_tensors(cfg, std=0.1, seed=23, norm_jitter=0.1, bias_std=0.05)
-    init_dir = os.path.join(work, "init_hf")
-    hfio.write_hf_folder(init_dir, cfg, init_t)
-    init_t = hfio.read_hf_folder(init_dir)[1]
+    cfg, init_dir, init_t = hf_init_folder(work, c, seed=23)
     steps = 12
     job = base_job(work, "main", c, steps, 1.0, init={"from": init_dir})
     job["train"]["param_dtype"] = "bf16"
@@ -645,6 +650,48 @@ def run_bf16(binary, root):
         fin_t = ref.state_dict()
         worst = max(rel_err(fin[n], fin_t[n]) for n in fin_t)
         CK.check(worst <= TOL_FINAL, f"{tag} exported master weights vs torch's masters worst rel={worst:.2g}")
+
+
+def run_blend(binary, root):
+    """A data blend (data.train "0.6 A 0.4 B"): 10 steps' loss and grad_norm
+    against torch on the sequences the README's blend rule picks
+    (torch_ref.blend_batch); the same torch run on A's and B's shards as one
+    glob must not match, so the check sees which sequences were used."""
+    c = CASES["gpt2"]
+    tag = "blend"
+    work = os.path.join(root, tag)
+    os.makedirs(work)
+    V = c["vocab"]
+    a, b = markov_tokens(1500, V, seed=311), markov_tokens(900, V, seed=312)
+    write_shard(os.path.join(work, "a_000.bin"), a[:700])
+    write_shard(os.path.join(work, "a_001.bin"), a[700:])
+    write_shard(os.path.join(work, "b_000.bin"), b)
+    write_shard(os.path.join(work, "val.bin"), markov_tokens(600, V, seed=7))
+    cfg, init_dir, init_t = hf_init_folder(work, c, seed=29)
+    steps = 10
+    blend = f"0.6 {os.path.join(work, 'a_*.bin')} 0.4 {os.path.join(work, 'b_000.bin')}"
+    job = base_job(work, "main", c, steps, 1.0, init={"from": init_dir}, dump=False, train_glob=blend)
+    ok, out = run_bin(binary, job, work, "main")
+    if not CK.check(ok and "data: blend of 2: 60% " in out and "40% " in out,
+                    f"{tag} run ({steps} steps) and its data line" + ("" if ok else f": {out}")):
+        return
+    got = read_metrics(os.path.join(work, "main", "log")) or {}
+    pat = R.blend_pattern([0.6, 0.4])
+    src = [np.concatenate([a[:700], a[700:]]), b]
+    recs = R.train(R.RefModel(cfg, init_t, dtype=torch.float64), None, steps, T, MB, GB, LR, MIN_LR, WARMUP, DECAY,
+                   WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0,
+                   batch_fn=lambda s: R.blend_batch(src, pat, s, GB, T))
+    wrong = R.train(R.RefModel(cfg, init_t, dtype=torch.float64), np.concatenate([a, b]), steps, T, MB, GB, LR, MIN_LR,
+                    WARMUP, DECAY, WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0)
+    if not CK.check(sorted(got) == list(range(1, steps + 1)), f"{tag} metrics.jsonl has steps 1..{steps}"):
+        return
+    e = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in recs)
+    en = max(abs(got[r["step"]]["grad_norm"] - r["grad_norm"]) / r["grad_norm"] for r in recs)
+    ew = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in wrong)
+    n_b = sum(1 for j in range(steps * GB) if pat[0][j] == 1)
+    CK.check(e <= TOL_STEP_LOSS and en <= TOL_NORM and ew > 10 * TOL_STEP_LOSS,
+             f"{tag} trajectory vs torch on the blend's sequences ({n_b}/{steps * GB} from B): loss worst rel={e:.2g}, "
+             f"grad_norm {en:.2g}; against the unblended data {ew:.2g}")
 
 
 # the LR schedules (optim.lr_decay_style) on a tiny GPT-2: (label, warmup, min_lr, optim keys)
@@ -761,6 +808,7 @@ def main():
                         run_bf16(binary, root)
                     if cname == "gpt2":
                         run_schedules(binary, root)
+                        run_blend(binary, root)
                 except Exception as e:  # a crash in the test is a failure, not a traceback
                     import traceback
                     traceback.print_exc()

@@ -393,6 +393,47 @@ def torch_lr_schedule(n, lr, min_lr, warmup, decay_steps, schedule=None):
     return out
 
 
+BLEND_PERIOD = 65536
+
+
+def blend_pattern(weights):
+    """One period of a data blend's pattern, by the README's rule: position p
+    goes to the source with the largest w_i * (p + 1) - c_i (w normalised,
+    c_i its positions so far; ties to the lowest i). Returns (src, idx, cnt):
+    the source of each position, its number among that source's positions,
+    and each source's positions a period."""
+    total = 0.0
+    for x in weights:
+        total += x
+    w = [x / total for x in weights]
+    cnt = [0] * len(w)
+    src, idx = [], []
+    for p in range(BLEND_PERIOD):
+        best = max(range(len(w)), key=lambda i: (w[i] * (p + 1) - cnt[i], -i))
+        src.append(best)
+        idx.append(cnt[best])
+        cnt[best] += 1
+    return src, idx, cnt
+
+
+def blend_batch(sources, pattern, step, G, T):
+    """global_batch for a blend: sources = 1-D token arrays (each source's
+    shards concatenated), pattern = blend_pattern(weights). Global sequence
+    j = q * P + p is sequence q * cnt[src] + idx[p] of source src = src[p],
+    which starts at token (that number * T) mod its length."""
+    src, idx, cnt = pattern
+    xs, ys = [], []
+    for i in range(G):
+        j = step * G + i
+        q, p = divmod(j, BLEND_PERIOD)
+        toks = sources[src[p]]
+        n = q * cnt[src[p]] + idx[p]
+        k = ((n * T) + np.arange(T + 1)) % len(toks)
+        seq = toks[k].astype(np.int64)
+        xs.append(seq[:T]); ys.append(seq[1:])
+    return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))
+
+
 def global_batch(tokens, step, G, T):
     """tokens: 1-D int numpy array (all shards concatenated). Sequence i of
     step k starts at s = (k*G + i)*T (mod n). Returns x, y int64 [G,T]."""
@@ -450,13 +491,15 @@ def round_bf16(x):
 
 def train(model, tokens, steps, seq_len, micro_batch, global_batch_size, lr, min_lr,
           warmup_steps, decay_steps, weight_decay, decay_all=False, beta1=0.9,
-          beta2=0.95, eps=1e-8, grad_clip=1.0, start_step=0, bf16_working=False, schedule=None):
+          beta2=0.95, eps=1e-8, grad_clip=1.0, start_step=0, bf16_working=False, schedule=None,
+          batch_fn=None):
     """Runs `steps` optimizer steps; returns a list of per-step records
     {step (1-based), loss, lr, grad_norm, clipped}. bf16_working: mixed
     precision as FSDP's param_dtype=bfloat16 does it: the optimizer updates
     full-precision master copies and the model's weights are their bf16
     rounding (set now and after every step); the model's final weights are
-    then the masters."""
+    then the masters. batch_fn(step) -> (x, y), if given, replaces
+    global_batch(tokens, step, ...)."""
     params = model.parameters()
     groups = param_groups(model, weight_decay, decay_all)
     master = None
@@ -470,7 +513,7 @@ def train(model, tokens, steps, seq_len, micro_batch, global_batch_size, lr, min
     lrs = torch_lr_schedule(start_step + steps, lr, min_lr, warmup_steps, decay_steps, schedule)
     recs = []
     for s in range(start_step, start_step + steps):
-        x, y = global_batch(tokens, s, global_batch_size, seq_len)
+        x, y = batch_fn(s) if batch_fn else global_batch(tokens, s, global_batch_size, seq_len)
         for p in params:
             p.grad = None
         loss, _ = forward_backward(model, x, y, micro_batch)
