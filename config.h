@@ -133,7 +133,7 @@ void config_free(Config *cfg);
 const char *config_enum_name(const char *choices, int idx, char *buf, size_t n);
 /* The learning rate of the update of 0-based step s (README, Exact semantics). */
 double config_lr_at(const Config *c, int s);
-/* One line saying what the schedule does ("warmup 10, cosine 3e-3 -> 3e-4 at step 100"). */
+/* One line saying what the schedule does ("warmup 10, cosine 0.003 -> 0.0003 over steps 10..100"). */
 void config_lr_text(const Config *c, char *buf, size_t n);
 
 #endif

@@ -25,8 +25,9 @@
  * sequence seq = q * P + p is then source pat_src[p]'s sequence
  * q * pat_cnt[src] + pat_idx[p]: every source's sequences are used in their
  * own order (shuffled or not) with none skipped or repeated, any prefix of
- * the pattern holds each source within one sequence of its share, and a step
- * is still addressable without history.
+ * the pattern holds each source less than one sequence above its share (it is
+ * picked only while below it) and about one below (README: measured bounds),
+ * and a step is still addressable without history.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
