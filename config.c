@@ -130,6 +130,9 @@ static const char *type_name(KeyType t) {
     }
 }
 
+/* "a number", "an integer" */
+static const char *type_article(KeyType t) { return t == K_INT || t == K_U64 ? "an" : "a"; }
+
 /* "did you mean" for unknown keys: the closest known key by edit distance. */
 static int edit_distance(const char *a, const char *b) {
     int la = (int)strlen(a), lb = (int)strlen(b);
@@ -177,7 +180,8 @@ static void check_known(const cJSON *obj, const char *prefix, const char *origin
         char path[256];
         snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] ? "." : "", it->string);
         if (cJSON_IsObject(it)) {
-            if (find_key(path)) die(EXIT_USAGE, "%s: %s: expected a %s, got an object", origin, path, type_name(find_key(path)->type));
+            const Key *k = find_key(path);
+            if (k) die(EXIT_USAGE, "%s: %s: expected %s %s, got an object", origin, path, type_article(k->type), type_name(k->type));
             if (!is_section(path)) die_unknown(origin, path);
             check_known(it, path, origin);
         } else if (!find_key(path)) {
@@ -240,7 +244,7 @@ static void store(Config *cfg, const Key *k, const cJSON *v, const char *origin)
         *(int *)field = cJSON_IsTrue(v);
         return;
     }
-    if (!cJSON_IsNumber(v)) die(EXIT_USAGE, "%s: %s: expected a %s, got %s", origin, k->path, type_name(k->type), got);
+    if (!cJSON_IsNumber(v)) die(EXIT_USAGE, "%s: %s: expected %s %s, got %s", origin, k->path, type_article(k->type), type_name(k->type), got);
     double x = v->valuedouble;
     if (!isfinite(x)) die(EXIT_USAGE, "%s: %s: expected a finite number, got %s", origin, k->path, got);
     if ((k->type == K_INT || k->type == K_U64) && x != floor(x))
@@ -256,7 +260,8 @@ static void store(Config *cfg, const Key *k, const cJSON *v, const char *origin)
     }
 }
 
-/* Apply "a.b=value": the value is JSON when it parses, else a plain string. */
+/* Apply "a.b=value": the value is JSON when it parses whole, else a plain
+ * string (so "5abc" is not 5, and a blend "1 a.bin 2 b.bin" is a string). */
 static void apply_set(cJSON *root, const char *arg) {
     const char *eq = strchr(arg, '=');
     if (!eq || eq == arg) die(EXIT_USAGE, "--set %s: expected key=value", arg);
@@ -266,7 +271,7 @@ static void apply_set(cJSON *root, const char *arg) {
     memcpy(path, arg, n);
     path[n] = '\0';
     if (!find_key(path)) die_unknown("--set", path);
-    cJSON *val = cJSON_Parse(eq + 1);
+    cJSON *val = cJSON_ParseWithOpts(eq + 1, NULL, 1);
     if (!val) val = cJSON_CreateString(eq + 1);
     cJSON *node = root;
     char *save = NULL;

@@ -58,9 +58,10 @@ expect_fail "malformed JSON" "malformed.json:2:" $BIN "$TMP/malformed.json"
 expect_fail "missing job file" "nope.json" $BIN "$TMP/nope.json"
 expect_fail "unknown key" "unknown key 'model.n_layers' (did you mean 'model.n_layer'?)" $BIN "$TMP/job.json" --set model.n_layers=2
 expect_fail "unknown section" "unknown key 'trian.steps'" $BIN "$TMP/job.json" --set trian.steps=2
-expect_fail "wrong type (string for int)" "model.n_layer: expected a integer" $BIN "$TMP/job.json" --set model.n_layer=two
+expect_fail "wrong type (string for int)" "model.n_layer: expected an integer" $BIN "$TMP/job.json" --set model.n_layer=two
 expect_fail "wrong type (float for int)" "train.steps: expected an integer, got 2.5" $BIN "$TMP/job.json" --set train.steps=2.5
 expect_fail "wrong type (bool)" "data.shuffle: expected true or false" $BIN "$TMP/job.json" --set data.shuffle=1
+expect_fail "--set value with trailing text" 'train.steps: expected an integer, got "5abc"' $BIN "$TMP/job.json" --set train.steps=5abc
 expect_fail "out of range" "optim.beta2: expected a value in" $BIN "$TMP/job.json" --set optim.beta2=1.5
 expect_fail "negative" "model.n_layer: expected a value in [1," $BIN "$TMP/job.json" --set model.n_layer=0
 expect_fail "bad enum" "model.arch: expected one of gpt2|llama" $BIN "$TMP/job.json" --set model.arch=bert

@@ -151,7 +151,7 @@ expect_failure "missing val channel the job needs" "$R" "channel 'val' missing"
 R=$TMP/badint/ml
 make_root "$R" '{"job": "tiny.json", "train.steps": "abc"}' train val
 entry "$R"
-expect_failure "train.steps=abc" "$R" 'train.steps: expected a integer, got "abc"'
+expect_failure "train.steps=abc" "$R" 'train.steps: expected an integer, got "abc"'
 [ $rc -eq 2 ] && ok "train.steps=abc exits 2 (bad input)" || bad "train.steps=abc exit $rc, expected 2"
 R=$TMP/unknown/ml
 make_root "$R" '{"job": "tiny.json", "train.stepz": "5"}' train val
