@@ -827,7 +827,7 @@ static void forward_only(Trainer *t, int on) {
         if (t->pslot[c] >= 0) die(EXIT_INTERNAL, "sharded eval: chunk %d still gathered after the forwards", c);
 }
 
-static double eval_loss(Trainer *t) {
+static double eval_loss(Trainer *t, const DataSet *ds) {
     double sum[2] = {0, 0};
     /* the same eval.batches micro-batches whatever the layout: dp rank r takes
      * r, r+dp, ... Sharded, every rank runs as many forwards (the chunk
@@ -838,7 +838,7 @@ static double eval_loss(Trainer *t) {
     for (int i = 0, j = t->dist.dp_rank; i < n; i++, j += dp) {
         int counted = j < t->cfg.eval_batches;
         if (!counted && !t->sharded) break;
-        load_batch(t, &t->val, counted ? (uint64_t)j * (uint64_t)t->model.B : 0);
+        load_batch(t, ds, counted ? (uint64_t)j * (uint64_t)t->model.B : 0);
         float loss = model_forward(&t->model, t->tok, t->tgt);
         if (counted) { sum[0] += loss; sum[1] += 1; }
     }
@@ -968,6 +968,8 @@ static void json_num(FILE *f, const char *key, double v) {
 typedef struct StepStats {
     int step;          /* 0-based */
     double loss, lr, norm, dt, val_loss;
+    int n_val_src;     /* a blended data.val: each source's own val loss */
+    double val_src[BLEND_MAX_SOURCES];
     int clipped, skipped;
     double comm_ag, comm_rs, comm_ar, comm_tp; /* bus bytes of this step per collective kind */
     double comm_tp_ag, comm_tp_rs;             /* ... and sequence parallelism's (the step line's tp counts all three) */
@@ -1036,7 +1038,11 @@ static void log_step(Trainer *t, const StepStats *s) {
         printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s%s | %.0f ms%s | ETA %s%s\n",
                s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", s->spike ? " SPIKE" : "", tps, 100 * mfu,
                mem / (1 << 30), gpu_mem >= 0 ? " gpu" : "", comm, 1000 * s->dt, ck, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
-        if (isfinite(s->val_loss)) printf("step %5d/%d | val_loss %.4f\n", s->step + 1, c->steps, s->val_loss);
+        if (isfinite(s->val_loss)) {
+            printf("step %5d/%d | val_loss %.4f", s->step + 1, c->steps, s->val_loss);
+            for (int i = 0; i < s->n_val_src; i++) printf("%s%.4f", i ? " " : " | by source ", s->val_src[i]);
+            printf("\n");
+        }
         fflush(stdout);
     }
     FILE *f = t->metrics;
@@ -1058,6 +1064,14 @@ static void log_step(Trainer *t, const StepStats *s) {
     fprintf(f, ",\"clipped\":%s,\"skipped\":%s,\"nonfinite_total\":%d", s->clipped ? "true" : "false",
             s->skipped ? "true" : "false", t->st.nonfinite_total);
     if (isfinite(s->val_loss)) json_num(f, "val_loss", s->val_loss);
+    if (isfinite(s->val_loss) && s->n_val_src) {
+        fprintf(f, ",\"val_loss_sources\":[");
+        for (int i = 0; i < s->n_val_src; i++) {
+            if (isfinite(s->val_src[i])) fprintf(f, "%s%.9g", i ? "," : "", s->val_src[i]);
+            else fprintf(f, "%snull", i ? "," : "");
+        }
+        fprintf(f, "]");
+    }
     if (isfinite(s->norm_mean)) json_num(f, "grad_norm_mean20", s->norm_mean);
     fprintf(f, ",\"grad_spike\":%s", s->spike ? "true" : "false");
     if (s->spike_ended) fprintf(f, ",\"grad_spike_steps\":%d", s->spike_ended);
@@ -1461,6 +1475,10 @@ static void print_header(Trainer *t) {
     dataset_describe(&t->train, c->data_train, data, sizeof data);
     printf("data: %s%s | peak for MFU %.1f GFLOP/s (%s)\n", data, t->have_val ? ", val on" : "", t->peak_gflops,
            t->peak_source);
+    if (t->have_val && t->val.n_src) { /* val_loss lines then add each source's, in this order */
+        dataset_describe(&t->val, c->data_val, data, sizeof data);
+        printf("val: %s\n", data);
+    }
     printf("metrics: %s\n", t->metrics_path);
     fflush(stdout);
 }
@@ -1777,7 +1795,12 @@ static int train(int argc, char **argv) {
         /* sharded: eval and sample forwards gather chunk by chunk through the
          * chunk hook, as the step does (never the full weights) */
         if (eval) dist_phase(&t->dist, step + 1, "eval");
-        if (eval && t->have_val && c->eval_batches > 0) s.val_loss = eval_loss(t);
+        if (eval && t->have_val && c->eval_batches > 0) {
+            s.val_loss = eval_loss(t, &t->val);
+            /* a blend: also each source alone, on its own first eval.batches */
+            for (int i = 0; i < t->val.n_src; i++) s.val_src[i] = eval_loss(t, &t->val.src[i]);
+            s.n_val_src = t->val.n_src;
+        }
         log_step(t, &s);
         if (step == t->prof_last) print_profile(t);
         if (eval) print_sample(t);

@@ -6,7 +6,8 @@
 # ranks run an uncounted forward) and the same greedy sample, for GPT-2,
 # Llama and Llama with tied embeddings; an 8-layer Llama under FULL_SHARD 4
 # keeps params_peak_bytes (metrics.jsonl) at params_bytes through its
-# evaluations, below the model's size.
+# evaluations, below the model's size. A blended data.val's per-source val
+# losses (each a collective evaluation of its own) match 1 rank's.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -65,6 +66,26 @@ EOF
         fi
     done
 done
+
+# a blended data.val: every source's val loss is a collective evaluation of
+# its own (3 batches over the dp ranks), the same on 4 ranks sharded as on 1
+write_shard "$TMP/val2.bin" 96 3000 2
+vb=(--set data.val="1 $TMP/train.bin 2 $TMP/val2.bin")
+if run vblend-1 1 "$TMP/llama.json" "${vb[@]}" &&
+   run vblend-4 4 "$TMP/llama.json" "${vb[@]}" --set parallel.strategy=FULL_SHARD --set parallel.tensor=2; then
+    if cmp=$($PY - "$TMP/vblend-1/metrics.jsonl" "$TMP/vblend-4/metrics.jsonl" <<'PYEOF2'
+import json, sys
+a, b = ([d for d in map(json.loads, open(p)) if "val_loss" in d] for p in sys.argv[1:3])
+ok = len(a) == len(b) == 2 and all(
+    len(x["val_loss_sources"]) == len(y["val_loss_sources"]) == 2 and
+    all(abs(u - v) <= 1e-5 * abs(u) for u, v in zip(x["val_loss_sources"] + [x["val_loss"]], y["val_loss_sources"] + [y["val_loss"]]))
+    for x, y in zip(a, b))
+print([d["val_loss_sources"] for d in b])
+sys.exit(0 if ok else 1)
+PYEOF2
+    ); then ok "val blend: tp 2 x FULL_SHARD 2 val_loss and val_loss_sources match 1 rank's $cmp"
+    else bad "val blend: 4 ranks' val_loss_sources differ from 1 rank's: $cmp"; fi
+fi
 
 # memory: the 8-layer Llama's working weights stay the chunk pools (the
 # embeddings, the final chunk and 2 layers) through eval and sampling at

@@ -693,6 +693,29 @@ def run_blend(binary, root):
              f"{tag} trajectory vs torch on the blend's sequences ({n_b}/{steps * GB} from B): loss worst rel={e:.2g}, "
              f"grad_norm {en:.2g}; against the unblended data {ew:.2g}")
 
+    # a blended data.val: val_loss on the blend's sequences, val_loss_sources
+    # each source's alone; against runs whose data.val is that source
+    va, vb = os.path.join(work, "va.bin"), os.path.join(work, "vb.bin")
+    write_shard(va, markov_tokens(500, V, seed=313))
+    write_shard(vb, markov_tokens(400, V, seed=314))
+    vals = {}
+    for name, val in (("vblend", f"3 {va} 1 {vb}"), ("va", va), ("vb", vb)):
+        job = base_job(work, name, c, 4, 1.0, init={"from": init_dir}, dump=False, train_glob=blend)
+        job["data"]["val"] = val
+        job["eval"] = {"every_steps": 2, "batches": 3, "sample_tokens": 0}
+        ok, out = run_bin(binary, job, work, name)
+        if not CK.check(ok, f"{tag} run with data.val {name}" + ("" if ok else f": {out}")):
+            return
+        vals[name] = ({k: v for k, v in (read_metrics(os.path.join(work, name, "log")) or {}).items() if "val_loss" in v},
+                      out)
+    m, out = vals["vblend"]
+    same = sorted(m) == [2, 4] and all(
+        m[k].get("val_loss_sources") == [vals["va"][0][k]["val_loss"], vals["vb"][0][k]["val_loss"]] and
+        "val_loss_sources" not in vals["va"][0][k] for k in m)
+    CK.check(same and "val: blend of 2: 75% " in out and "| by source " in out,
+             f"{tag} data.val blend: val_loss_sources of steps 2 and 4 == the val_loss of runs on each source alone "
+             f"({[m[k].get('val_loss_sources') for k in sorted(m)]}), the val line and the step line's 'by source'")
+
 
 # the LR schedules (optim.lr_decay_style) on a tiny GPT-2: (label, warmup, min_lr, optim keys)
 SCHED_STEPS, SCHED_DECAY = 30, 24
