@@ -419,17 +419,23 @@ def blend_pattern(weights):
 def blend_batch(sources, pattern, step, G, T):
     """global_batch for a blend: sources = 1-D token arrays (each source's
     shards concatenated), pattern = blend_pattern(weights). Global sequence
-    j = q * P + p is sequence q * cnt[src] + idx[p] of source src = src[p],
-    which starts at token (that number * T) mod its length."""
+    j = q * P + p is sequence q * cnt[src] + idx[p] of source src = src[p]."""
     src, idx, cnt = pattern
+
+    def pick(j):
+        q, p = divmod(j, BLEND_PERIOD)
+        return sources[src[p]], q * cnt[src[p]] + idx[p]
+    return batch_of(pick, step, G, T)
+
+
+def batch_of(pick, step, G, T):
+    """Inputs and targets (int64 [G, T]) of step's G global sequences j:
+    pick(j) -> (tokens, n), sequence n of tokens starting at token n*T (mod
+    its length), reads wrapping to the start."""
     xs, ys = [], []
     for i in range(G):
-        j = step * G + i
-        q, p = divmod(j, BLEND_PERIOD)
-        toks = sources[src[p]]
-        n = q * cnt[src[p]] + idx[p]
-        k = ((n * T) + np.arange(T + 1)) % len(toks)
-        seq = toks[k].astype(np.int64)
+        toks, n = pick(step * G + i)
+        seq = toks[(n * T + np.arange(T + 1)) % len(toks)].astype(np.int64)
         xs.append(seq[:T]); ys.append(seq[1:])
     return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))
 
@@ -437,14 +443,7 @@ def blend_batch(sources, pattern, step, G, T):
 def global_batch(tokens, step, G, T):
     """tokens: 1-D int numpy array (all shards concatenated). Sequence i of
     step k starts at s = (k*G + i)*T (mod n). Returns x, y int64 [G,T]."""
-    n = len(tokens)
-    xs, ys = [], []
-    for i in range(G):
-        s = ((step * G + i) * T) % n
-        idx = (s + np.arange(T + 1)) % n
-        seq = tokens[idx].astype(np.int64)
-        xs.append(seq[:T]); ys.append(seq[1:])
-    return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))
+    return batch_of(lambda j: (tokens, j), step, G, T)
 
 
 def forward_backward(model, x, y, micro_batch):
