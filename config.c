@@ -65,6 +65,9 @@ static const Key KEYS[] = {
     {"train.seq_len", K_INT, OFF(seq_len), 0, "0", 0, 1 << 24, NULL, "sequence length T (0 = model.max_seq_len)"},
     {"train.micro_batch", K_INT, OFF(micro_batch), 0, "4", 1, 1 << 20, NULL, "sequences per forward pass on one rank"},
     {"train.global_batch", K_INT, OFF(global_batch), 0, "0", 0, BIG, NULL, "sequences per optimizer step over all ranks (0 = micro_batch * dp); accumulation = global / (micro * dp)"},
+    {"train.rampup_start_batch", K_INT, OFF(rampup_start), 0, "0", 0, BIG, NULL, "batch-size ramp-up (Megatron's --rampup-batch-size, first value): the global batch of the first steps, raised by rampup_batch_increment in equal stages until global_batch is reached after rampup_samples sequences (0 = no ramp; a multiple of micro_batch x dp below global_batch; see the notes below)"},
+    {"train.rampup_batch_increment", K_INT, OFF(rampup_increment), 0, "0", 0, BIG, NULL, "batch-size ramp-up: sequences added at each stage (a multiple of micro_batch x dp that divides global_batch - rampup_start_batch)"},
+    {"train.rampup_samples", K_INT, OFF(rampup_samples), 0, "0", 0, BIG, NULL, "batch-size ramp-up: sequences consumed over which the batch grows from rampup_start_batch to global_batch (the stages are equal shares of it)"},
     {"train.activation_checkpointing", K_ENUM, OFF(act_ckpt), 0, "\"none\"", 0, 0, "none|selective|full", "recompute activations in the backward instead of keeping them: selective = each layer's attention output (the attention forward again per layer), full = everything but each layer's output (one more forward per layer)"},
     {"train.activation_offload", K_BOOL, OFF(act_offload), 0, "false", 0, 0, NULL, "keep each layer's saved activations in host memory between its forward and its backward: the device holds 3 layers' (the one computing, its input, one in flight), the copies overlap compute (pinned memory and a copy stream on CUDA); with activation_checkpointing full only the layer inputs move, as SMP's activation offloading"},
     {"train.lm_head_chunk", K_INT, OFF(lm_head_chunk), 0, "0", 0, 1 << 30, NULL, "token rows the LM head and the cross-entropy process at a time, so logits ([rows, vocab]) exist for this many tokens only (each chunk's backward runs right after its forward: nothing is recomputed); 0 = the whole micro-batch while its logits take at most 2 GiB per rank, else the fewest equal chunks (a multiple of 64 rows) that do; at least `micro_batch` x `seq_len` = never chunked"},
@@ -380,6 +383,21 @@ static void lr_schedule_check(const Config *cfg, const char *where) {
             "before the warmup ends)", where, cfg->wsd_decay_steps, cfg->decay_steps, cfg->warmup_steps);
 }
 
+/* The ramp keys go together: a start batch, a step and a length. Their
+ * divisibility by micro_batch x dp is checked with the layout. */
+static void rampup_check(const Config *cfg, const char *where) {
+    if (cfg->rampup_start == 0) {
+        const char *set = cfg->rampup_increment ? "rampup_batch_increment" : cfg->rampup_samples ? "rampup_samples" : NULL;
+        if (set)
+            die(EXIT_USAGE, "%s: train.%s is set but train.rampup_start_batch is 0 (it applies only with a batch-size ramp-up)",
+                where, set);
+        return;
+    }
+    if (cfg->rampup_increment == 0 || cfg->rampup_samples == 0)
+        die(EXIT_USAGE, "%s: train.rampup_start_batch %d needs train.%s > 0 (got 0)", where, cfg->rampup_start,
+            cfg->rampup_increment == 0 ? "rampup_batch_increment" : "rampup_samples");
+}
+
 /* Fill values that default to other values, and check cross-key rules. */
 static void finish(Config *cfg, const char *origin, const cJSON *root) {
     rope_scaling_unused(&cfg->model, origin);
@@ -392,6 +410,7 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
         die(EXIT_USAGE, "%s: optim.stochastic_rounding needs train.param_dtype \"bf16\" (it rounds the bf16 working weights)", origin);
     if (cfg->min_lr > cfg->lr) die(EXIT_USAGE, "%s: optim.min_lr %g exceeds optim.lr %g", origin, cfg->min_lr, cfg->lr);
     lr_schedule_check(cfg, origin);
+    rampup_check(cfg, origin);
     if (cfg->global_batch != 0 && cfg->global_batch % cfg->micro_batch != 0)
         die(EXIT_USAGE, "%s: train.global_batch %d is not a multiple of train.micro_batch %d", origin, cfg->global_batch, cfg->micro_batch);
     if (!cfg->data_train[0] && !lookup(root, "data.train"))
@@ -625,4 +644,24 @@ void config_lr_text(const Config *c, char *buf, size_t n) {
                  c->lr, c->min_lr, c->warmup_steps, c->decay_steps);
         break;
     }
+}
+
+/* ------------------------------------------------------------------ */
+/* batch-size ramp-up                                                  */
+
+int config_batch_at(const Config *c, uint64_t consumed) {
+    if (c->rampup_start == 0 || consumed >= (uint64_t)c->rampup_samples) return c->global_batch;
+    uint64_t stages = (uint64_t)(c->global_batch - c->rampup_start) / (uint64_t)c->rampup_increment;
+    uint64_t k = consumed * stages / (uint64_t)c->rampup_samples; /* < stages */
+    return c->rampup_start + (int)k * c->rampup_increment;
+}
+
+uint64_t config_cursor_at(const Config *c, int step0, uint64_t cursor0, int step) {
+    uint64_t cur = cursor0;
+    for (int s = step0; s < step; s++) {
+        int g = config_batch_at(c, cur);
+        if (g == c->global_batch) return cur + (uint64_t)(step - s) * (uint64_t)g; /* the ramp is over */
+        cur += (uint64_t)g;
+    }
+    return cur;
 }

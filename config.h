@@ -51,6 +51,9 @@ typedef struct Config {
     int seq_len;
     int micro_batch;
     int global_batch;
+    int rampup_start;     /* train.rampup_start_batch: the first steps' global batch (0: no ramp) */
+    int rampup_increment; /* train.rampup_batch_increment */
+    int rampup_samples;   /* train.rampup_samples: sequences over which the batch reaches global_batch */
     char device[16];
     int act_ckpt;        /* ACT_NONE | ACT_SELECTIVE | ACT_FULL (model.h), by index of none|selective|full */
     int lm_head_chunk;   /* token rows of the LM head + cross-entropy at a time (0: the micro-batch) */
@@ -135,5 +138,14 @@ const char *config_enum_name(const char *choices, int idx, char *buf, size_t n);
 double config_lr_at(const Config *c, int s);
 /* One line saying what the schedule does ("warmup 10, cosine 0.003 -> 0.0003 over steps 10..100"). */
 void config_lr_text(const Config *c, char *buf, size_t n);
+/* The global batch of a step that begins after `consumed` sequences of
+ * the run: train.global_batch, or under a ramp rampup_start_batch + k x
+ * rampup_batch_increment, k = floor(consumed x stages / rampup_samples)
+ * (Megatron's rule, in integers), global_batch once consumed reaches
+ * rampup_samples. Needs global_batch resolved (check_layout). */
+int config_batch_at(const Config *c, uint64_t consumed);
+/* The data cursor (sequences consumed) before step `step` of a run whose
+ * step step0 began at cursor0: each step takes config_batch_at(cursor). */
+uint64_t config_cursor_at(const Config *c, int step0, uint64_t cursor0, int step);
 
 #endif

@@ -42,7 +42,7 @@ typedef struct Trainer {
     int have_val;
     Vocab vocab;
     int have_vocab;
-    int accum;                 /* micro-batches per rank per step */
+    int accum;                 /* micro-batches per rank per step at train.global_batch (a ramp's steps take fewer) */
     int threads;               /* CPU threads of this rank */
     int *tok, *tgt;            /* host batch [B*T] */
     float *host_flat;          /* host copy of a flat array (dump, checkpoints) */
@@ -59,7 +59,7 @@ typedef struct Trainer {
     int n_opt_ranges;
     uint16_t *wshard;          /* train.param_dtype bf16, sharded: the working-weight shard as bf16 words, what the gathers send */
     double train_time;         /* seconds spent in steps, for the ETA */
-    int timed_steps;
+    double timed_seqs;         /* the sequences of those steps */
     /* log.profile_steps: the kernel table is profile.c's; steps
      * [prof_first, prof_last] (0-based) are timed, prof_n of them so far in
      * prof_wall seconds; prof_printed once the table is out */
@@ -93,6 +93,8 @@ typedef struct Trainer {
     /* resume: step `step_base` reads global sequences from `seq_base` on */
     int step_base;
     uint64_t seq_base;
+    int plan_step;             /* step_cursor's walk: the cursor before step plan_step */
+    uint64_t plan_cursor;
     TrainState st;             /* counters and the spike tracker, saved with every checkpoint */
     /* checkpoint in flight (checkpoint.c writes; the protocol is below) */
     CkptWriter *ckw;
@@ -652,6 +654,8 @@ static void ck_advance(Trainer *t, int any_failed) {
 
 /* Begin a checkpoint of the state after `step` steps. Returns the time
  * training was blocked (seconds). */
+static uint64_t step_cursor(Trainer *t, int step); /* the data cursor before a step (data, below) */
+
 static double ck_begin(Trainer *t, int step) {
     double t0 = now_s();
     ck_drain(t);
@@ -666,7 +670,7 @@ static double ck_begin(Trainer *t, int step) {
         }
     t->ck_state = t->st;
     t->ck_state.step = step;
-    t->ck_state.seq_cursor = t->seq_base + (uint64_t)(step - t->step_base) * (uint64_t)t->cfg.global_batch;
+    t->ck_state.seq_cursor = step_cursor(t, step);
     t->ck_state.rng = t->sample_rng;
     t->ck_phase = CK_LOCAL;
     t->ck_direct = 0;
@@ -786,6 +790,8 @@ static int resume(Trainer *t) {
     t->st = *st;
     t->step_base = st->step;
     t->seq_base = st->seq_cursor;
+    t->plan_step = st->step;
+    t->plan_cursor = st->seq_cursor;
     t->sample_rng = st->rng;
     t->ck_done_step = st->step;
     if (is_root(t)) {
@@ -801,18 +807,34 @@ static int resume(Trainer *t) {
 /* data                                                                */
 
 /* Fill the host batch with micro-batch j of this rank for step `step`:
- * global sequence i of step k is k*G + i, counted from the resumed
- * checkpoint's data cursor (so a changed global batch continues the data);
- * rank r owns i in [r*G/dp, (r+1)*G/dp). */
+ * step k reads the G_k global sequences from the data cursor c_k on, where
+ * c_k counts the sequences the run consumed before it (from the resumed
+ * checkpoint's cursor on, so a changed global batch continues the data)
+ * and G_k is train.global_batch, or the ramp's batch at c_k; rank r owns
+ * c_k + [r*G_k/dp, (r+1)*G_k/dp). */
 static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
     int B = t->model.B, T = t->model.T;
     for (int b = 0; b < B; b++) dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
 }
 
-static uint64_t micro_first_seq(const Trainer *t, int step, int j) {
-    uint64_t G = (uint64_t)t->cfg.global_batch;
-    return t->seq_base + (uint64_t)(step - t->step_base) * G + (uint64_t)t->dist.dp_rank * (G / (uint64_t)t->dist.dp) +
-           (uint64_t)j * (uint64_t)t->model.B;
+/* c_k: steps only move forward, so the walk from the resume point is done
+ * once (config_cursor_at; a jump back starts it again). */
+static uint64_t step_cursor(Trainer *t, int step) {
+    if (step < t->plan_step || t->plan_step < t->step_base) {
+        t->plan_step = t->step_base;
+        t->plan_cursor = t->seq_base;
+    }
+    t->plan_cursor = config_cursor_at(&t->cfg, t->plan_step, t->plan_cursor, step);
+    t->plan_step = step;
+    return t->plan_cursor;
+}
+
+/* G_k */
+static int step_batch(Trainer *t, int step) { return config_batch_at(&t->cfg, step_cursor(t, step)); }
+
+static uint64_t micro_first_seq(Trainer *t, int step, int j) {
+    uint64_t G = (uint64_t)step_batch(t, step);
+    return step_cursor(t, step) + (uint64_t)t->dist.dp_rank * (G / (uint64_t)t->dist.dp) + (uint64_t)j * (uint64_t)t->model.B;
 }
 
 /* ------------------------------------------------------------------ */
@@ -967,6 +989,7 @@ static void json_num(FILE *f, const char *key, double v) {
 
 typedef struct StepStats {
     int step;          /* 0-based */
+    int batch;         /* its global batch in sequences (train.global_batch, or the ramp's) */
     double loss, lr, norm, dt, val_loss;
     int n_val_src;     /* a blended data.val: each source's own val loss */
     double val_src[BLEND_MAX_SOURCES];
@@ -1007,17 +1030,19 @@ static void track_spikes(Trainer *t, StepStats *s) {
 
 static void log_step(Trainer *t, const StepStats *s) {
     const Config *c = &t->cfg;
-    double tokens = (double)c->global_batch * c->seq_len;
+    double tokens = (double)s->batch * c->seq_len;
     double tps = tokens / s->dt;
     double mfu = t->peak_gflops > 0 ? t->flops_per_token * tps / (t->peak_gflops * 1e9) / t->dist.world : NAN;
     /* mem: the device's memory on CUDA (the host's peak RSS also goes to
      * metrics), the process's peak RSS on the CPU */
     double host_mem = peak_rss_bytes(), gpu_mem = gpu_peak_bytes(t);
     double mem = gpu_mem >= 0 ? gpu_mem : host_mem;
-    if (s->step > 0 || c->steps == 1) { t->train_time += s->dt; t->timed_steps++; }
-    double avg = t->timed_steps ? t->train_time / t->timed_steps : s->dt;
+    if (s->step > 0 || c->steps == 1) { t->train_time += s->dt; t->timed_seqs += s->batch; }
+    /* time per sequence x the sequences left (a ramp's steps grow) */
+    double per_seq = t->timed_seqs > 0 ? t->train_time / t->timed_seqs : s->dt / s->batch;
+    uint64_t next = step_cursor(t, s->step + 1);
     char eta[32];
-    fmt_duration(eta, sizeof eta, avg * (c->steps - s->step - 1));
+    fmt_duration(eta, sizeof eta, per_seq * (double)(config_cursor_at(c, s->step + 1, next, c->steps) - next));
     if (!is_root(t)) return;
     if ((s->step + 1) % c->log_every == 0 || s->step + 1 == c->steps || s->skipped) {
         char comm[160] = ""; /* a world of one does not communicate */
@@ -1033,10 +1058,11 @@ static void log_step(Trainer *t, const StepStats *s) {
                 }
             snprintf(comm + n, sizeof comm - (size_t)n, ") wait %.0f ms", 1000 * s->comm_wait);
         }
-        char ck[48] = "";
+        char ck[48] = "", batch[32] = "";
+        if (c->rampup_start) snprintf(batch, sizeof batch, " | batch %d", s->batch);
         if (s->ck_block > 0) snprintf(ck, sizeof ck, " | ckpt blocked %.0f ms", 1000 * s->ck_block);
-        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s%s | %.0f ms%s | ETA %s%s\n",
-               s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", s->spike ? " SPIKE" : "", tps, 100 * mfu,
+        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s%s | %.0f ms%s | ETA %s%s\n",
+               s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", s->spike ? " SPIKE" : "", batch, tps, 100 * mfu,
                mem / (1 << 30), gpu_mem >= 0 ? " gpu" : "", comm, 1000 * s->dt, ck, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
         if (isfinite(s->val_loss)) {
             printf("step %5d/%d | val_loss %.4f", s->step + 1, c->steps, s->val_loss);
@@ -1050,6 +1076,7 @@ static void log_step(Trainer *t, const StepStats *s) {
     json_num(f, "loss", s->loss);
     json_num(f, "lr", s->lr);
     json_num(f, "grad_norm", s->norm);
+    fprintf(f, ",\"global_batch\":%d,\"consumed_samples\":%llu", s->batch, (unsigned long long)next);
     json_num(f, "tokens_per_s", tps);
     json_num(f, "mfu", mfu);
     json_num(f, "mem_bytes", mem);
@@ -1147,7 +1174,8 @@ static StepStats train_step(Trainer *t, int step) {
     Config *c = &t->cfg;
     Model *m = &t->model;
     const Kernels *k = t->k;
-    StepStats s = {.step = step, .val_loss = NAN};
+    StepStats s = {.step = step, .batch = step_batch(t, step), .val_loss = NAN};
+    int accum = s.batch / (c->micro_batch * t->dist.dp); /* check_layout: a whole number at every batch */
     double t0 = now_s();
     dist_comm_reset(&t->dist);
     /* debug dump: sharded, every rank takes part in gathering the weights */
@@ -1158,12 +1186,12 @@ static StepStats train_step(Trainer *t, int step) {
 
     if (!t->sharded) k->zero(m->grads, m->n_params * sizeof(float));
     double loss_sum = 0;
-    float loss_scale = 1.0f / ((float)c->global_batch * (float)c->seq_len);
+    float loss_scale = 1.0f / ((float)s.batch * (float)c->seq_len);
     m->loss_scale = loss_scale; /* the forwards leave the head's gradients for the backward (crossentropy_fused) */
     /* sharded: the chunk hooks gather each chunk before its forward and
      * backward and reduce-scatter its gradients right after its backward */
     t->in_step = 1;
-    for (int j = 0; j < t->accum; j++) {
+    for (int j = 0; j < accum; j++) {
         t->micro = j;
         dist_phase(&t->dist, step + 1, "forward");
         load_batch(t, &t->train, micro_first_seq(t, step, j));
@@ -1171,7 +1199,7 @@ static StepStats train_step(Trainer *t, int step) {
         loss_sum += model_forward(m, t->tok, t->tgt);
         dist_phase(&t->dist, step + 1, "backward");
         model_backward(m, loss_scale);
-        if (t->sharded && j + 1 < t->accum) rs_finish_all(t); /* the next micro-batch adds into gshard again */
+        if (t->sharded && j + 1 < accum) rs_finish_all(t); /* the next micro-batch adds into gshard again */
     }
     t->in_step = 0;
     for (int ch = 0; t->sharded && ch < m->n_chunks; ch++)
@@ -1180,7 +1208,7 @@ static StepStats train_step(Trainer *t, int step) {
     int poison = dist_fault_nan(&t->dist, step + 1); /* test hook */
     if (poison && !t->sharded) { float nan = NAN; k->from_host(m->grads, &nan, sizeof nan); }
     /* gradients of the mean loss: each rank holds its share, the sum is the mean */
-    double red[2] = {loss_sum / t->accum, 0};
+    double red[2] = {loss_sum / accum, 0};
     if (t->sharded) {
         dist_phase(&t->dist, step + 1, "reduce_scatter");
         reduce_grads(t, poison);
@@ -1289,6 +1317,19 @@ static void check_layout(Trainer *t) {
         die(EXIT_USAGE, "%s: train.global_batch %d is not divisible by train.micro_batch %d x data-parallel ranks %d",
             c->path, c->global_batch, c->micro_batch, d->dp);
     t->accum = c->global_batch / (c->micro_batch * d->dp);
+    if (c->rampup_start) { /* every batch of the ramp must split into whole micro-batches per rank */
+        int unit = c->micro_batch * d->dp;
+        if (c->rampup_start >= c->global_batch)
+            die(EXIT_USAGE, "%s: train.rampup_start_batch %d is not below train.global_batch %d (a ramp-up grows to it)", c->path,
+                c->rampup_start, c->global_batch);
+        if (c->rampup_start % unit != 0 || c->rampup_increment % unit != 0)
+            die(EXIT_USAGE, "%s: train.%s %d is not divisible by train.micro_batch %d x data-parallel ranks %d", c->path,
+                c->rampup_start % unit ? "rampup_start_batch" : "rampup_batch_increment",
+                c->rampup_start % unit ? c->rampup_start : c->rampup_increment, c->micro_batch, d->dp);
+        if ((c->global_batch - c->rampup_start) % c->rampup_increment != 0)
+            die(EXIT_USAGE, "%s: train.rampup_batch_increment %d does not divide train.global_batch %d - train.rampup_start_batch %d",
+                c->path, c->rampup_increment, c->global_batch, c->rampup_start);
+    }
 }
 
 /* train.device: "cpu"; "cuda" (exit 2 with one line when unusable); "auto":
@@ -1446,6 +1487,15 @@ static void print_model_batch(const Trainer *t) {
            mc->ffn_hidden, mc->vocab_size, n / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "", rope);
     printf("batch: %d seqs x %d tokens = %lld tokens/step; micro %d x accum %d x dp %d | world %d", c->global_batch, c->seq_len,
            (long long)c->global_batch * c->seq_len, c->micro_batch, t->accum, t->dist.dp, t->dist.world);
+    if (c->rampup_start) { /* where the ramp ends, walked from this run's start (a resume: its checkpoint) */
+        int k = t->step_base;
+        uint64_t cur = t->seq_base;
+        while (k < c->steps && config_batch_at(c, cur) < c->global_batch) cur += (uint64_t)config_batch_at(c, cur), k++;
+        printf(" | ramp-up from %d seqs, +%d per %g samples: ", c->rampup_start, c->rampup_increment,
+               (double)c->rampup_samples / ((c->global_batch - c->rampup_start) / c->rampup_increment));
+        if (config_batch_at(c, cur) == c->global_batch) printf("%d from step %d", c->global_batch, k + 1);
+        else printf("%d at the last step", config_batch_at(c, cur));
+    }
     const Model *m = &t->model;
     int mb_rows = c->micro_batch * c->seq_len;
     if (m->head_rows < mb_rows) /* the chunked LM head: how many rows, and the logits it holds */

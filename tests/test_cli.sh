@@ -104,6 +104,14 @@ expect_fail "wsd_decay_style without wsd" 'optim.wsd_decay_style is set but opti
 expect_fail "wsd without wsd_decay_steps" 'optim.lr_decay_style "wsd" needs optim.wsd_decay_steps > 0' $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd
 expect_fail "wsd decay longer than decay_steps - warmup_steps" "optim.wsd_decay_steps 9 exceeds optim.decay_steps 10 - optim.warmup_steps 2 (the decay would begin before the warmup ends)" $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=9 --set optim.decay_steps=10 --set optim.warmup_steps=2
 expect_fail "bad wsd_decay_style" 'optim.wsd_decay_style: expected one of linear|cosine|exponential|minus_sqrt, got "sqrt"' $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=1 --set optim.wsd_decay_style=sqrt
+# a batch-size ramp-up: its three keys together, every batch whole micro-batches per rank, below global_batch
+R="--set train.rampup_start_batch=2 --set train.rampup_batch_increment=2 --set train.rampup_samples=8"
+expect_fail "rampup increment without a start" 'train.rampup_batch_increment is set but train.rampup_start_batch is 0 (it applies only with a batch-size ramp-up)' $BIN "$TMP/job.json" --set train.rampup_batch_increment=2
+expect_fail "rampup start without samples" 'train.rampup_start_batch 2 needs train.rampup_samples > 0 (got 0)' $BIN "$TMP/job.json" --set train.rampup_start_batch=2 --set train.rampup_batch_increment=2
+expect_fail "rampup start not below global_batch" 'train.rampup_start_batch 4 is not below train.global_batch 4 (a ramp-up grows to it)' $BIN "$TMP/job.json" $R --set train.rampup_start_batch=4
+expect_fail "rampup start not whole micro-batches" 'train.rampup_start_batch 3 is not divisible by train.micro_batch 2 x data-parallel ranks 1' $BIN "$TMP/job.json" $R --set train.rampup_start_batch=3 --set train.global_batch=6
+expect_fail "rampup increment not dividing the ramp" 'train.rampup_batch_increment 4 does not divide train.global_batch 8 - train.rampup_start_batch 2' $BIN "$TMP/job.json" $R --set train.rampup_batch_increment=4 --set train.global_batch=8
+expect_fail "rampup start at 2 data-parallel ranks (check)" 'train.rampup_start_batch 2 is not divisible by train.micro_batch 2 x data-parallel ranks 2' $BIN check "$TMP/job.json" --world 2 $R --set train.global_batch=8
 
 # the CUDA backend's precision and attention are job keys; the variables
 # that once set them are refused, not silently ignored

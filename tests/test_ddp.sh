@@ -7,7 +7,8 @@
 # at 4 ranks keeps at most a quarter of the optimizer state per rank. Per-layer
 # (FSDP) gathering: reshard_after_forward both ways, gradient accumulation,
 # tied embeddings and 8 layers match 1 rank; comm_bytes per kind equal the
-# per-chunk figure; working weights and gradients stay a few chunks.
+# per-chunk figure; working weights and gradients stay a few chunks; a
+# batch-size ramp-up matches 1 rank sharded and under tensor parallelism.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -81,6 +82,16 @@ fsdp_run llama-acc-1 1 "$TMP/llama.json" "" 10 --set train.global_batch=16
 fsdp_run llama-acc-2-FULL_SHARD 2 "$TMP/llama.json" llama-acc-1 10 --set train.global_batch=16 --set parallel.strategy=FULL_SHARD
 fsdp_run llama-acc-4-HYBRID_SHARD-2 4 "$TMP/llama.json" llama-acc-1 10 --set train.global_batch=16 \
     --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=2
+# batch-size ramp-up: 4, 8, 12, then 16 sequences a step (1..4 micro-batches per rank at 2 ranks, each
+# step's own loss scale and data cursor), sharded and with tensor parallelism 2 x data parallelism 2
+RAMP="--set train.global_batch=16 --set train.rampup_start_batch=4 --set train.rampup_batch_increment=4 --set train.rampup_samples=48"
+fsdp_run llama-ramp-1 1 "$TMP/llama.json" "" 10 $RAMP
+fsdp_run llama-ramp-2-FULL_SHARD 2 "$TMP/llama.json" llama-ramp-1 10 $RAMP --set parallel.strategy=FULL_SHARD
+fsdp_run llama-ramp-4-tp2 4 "$TMP/llama.json" llama-ramp-1 10 $RAMP --set parallel.tensor=2
+ramp=$($PY -c 'import json,sys; print(" ".join(str(json.loads(l)["global_batch"]) for l in open(sys.argv[1]) if "\"loss\"" in l))' \
+       "$TMP/llama-ramp-2-FULL_SHARD/metrics.jsonl" 2>/dev/null)
+if [ "$ramp" = "4 4 4 4 8 8 12 12 16 16" ]; then ok "ramp-up at 2 ranks: global_batch per step $ramp"
+else bad "ramp-up at 2 ranks: global_batch per step '$ramp', expected 4 4 4 4 8 8 12 12 16 16"; fi
 # tied embeddings (the LM head reads chunk 0 at the end of the forward) on Llama; GPT-2 is always tied
 fsdp_run llama-tied-1 1 "$TMP/llama.json" "" 10 --set model.tie_embeddings=true
 fsdp_run llama-tied-4-FULL_SHARD 4 "$TMP/llama.json" llama-tied-1 10 --set model.tie_embeddings=true --set parallel.strategy=FULL_SHARD

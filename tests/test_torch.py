@@ -717,6 +717,68 @@ def run_blend(binary, root):
              f"({[m[k].get('val_loss_sources') for k in sorted(m)]}), the val line and the step line's 'by source'")
 
 
+def run_rampup(binary, root):
+    """A batch-size ramp-up (train.rampup_*: 2 sequences a step, +2 every 8
+    sequences consumed, up to 8): 10 steps' loss, grad_norm, global_batch
+    and consumed_samples against torch on the sequences Megatron's rule
+    (torch_ref.rampup_plan) gives each step, and not against a run at the
+    full batch throughout; a run stopped at step 5 (batch 4, mid-ramp) and
+    resumed gives the same steps 6..10; the start line says where the ramp
+    ends."""
+    c = CASES["gpt2"]
+    tag = "rampup"
+    work = os.path.join(root, tag)
+    os.makedirs(work)
+    toks = markov_tokens(2200, c["vocab"], seed=411)
+    write_shard(os.path.join(work, "train_000.bin"), toks)
+    write_shard(os.path.join(work, "val.bin"), markov_tokens(600, c["vocab"], seed=7))
+    cfg, init_dir, init_t = hf_init_folder(work, c, seed=31)
+    steps, G, ramp = 10, 8, (2, 2, 24)
+
+    def job(name, n, ckpt=None):
+        j = base_job(work, name, c, n, 1.0, init={"from": init_dir}, dump=False)
+        j["train"].update({"global_batch": G, "rampup_start_batch": ramp[0], "rampup_batch_increment": ramp[1],
+                           "rampup_samples": ramp[2]})
+        if ckpt:
+            j["checkpoint"]["dir"] = ckpt
+        return j
+    ok, out = run_bin(binary, job("main", steps), work, "main")
+    want = "| ramp-up from 2 seqs, +2 per 8 samples: 8 from step 9"
+    if not CK.check(ok and want in out, f"{tag} run ({steps} steps) and its batch line '{want}'" + ("" if ok else f": {out}")):
+        return
+    got = read_metrics(os.path.join(work, "main", "log")) or {}
+    plan = R.rampup_plan(steps, ramp[0], ramp[1], ramp[2], G)
+    recs = R.train(R.RefModel(cfg, init_t, dtype=torch.float64), None, steps, T, MB, G, LR, MIN_LR, WARMUP, DECAY,
+                   WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0,
+                   batch_fn=lambda s: R.batch_of(lambda j: (toks, plan[s][0] + j), 0, plan[s][1], T))
+    full = R.train(R.RefModel(cfg, init_t, dtype=torch.float64), toks, steps, T, MB, G, LR, MIN_LR, WARMUP, DECAY,
+                   WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0)
+    if not CK.check(sorted(got) == list(range(1, steps + 1)), f"{tag} metrics.jsonl has steps 1..{steps}"):
+        return
+    batches = [got[k].get("global_batch") for k in range(1, steps + 1)]
+    consumed = [got[k].get("consumed_samples") for k in range(1, steps + 1)]
+    CK.check(batches == [g for _, g in plan] and consumed == [cur + g for cur, g in plan],
+             f"{tag} global_batch {batches} and consumed_samples {consumed} follow Megatron's rule")
+    e = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in recs)
+    en = max(abs(got[r["step"]]["grad_norm"] - r["grad_norm"]) / r["grad_norm"] for r in recs)
+    ew = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in full)
+    CK.check(e <= TOL_STEP_LOSS and en <= TOL_NORM and ew > 10 * TOL_STEP_LOSS,
+             f"{tag} trajectory vs torch on the ramp's batches: loss worst rel={e:.2g}, grad_norm {en:.2g}; "
+             f"against {G} sequences every step {ew:.2g}")
+
+    # stopped at step 5 (the ramp's batch 4) and resumed
+    ck = os.path.join(work, "part", "ckpt")
+    ok1, out1 = run_bin(binary, job("part", 5, ckpt=ck), work, "part")
+    ok2, out2 = run_bin(binary, job("rest", steps, ckpt=ck), work, "rest")
+    if CK.check(ok1 and ok2 and "resume: " in out2, f"{tag} run to step 5, then resumed to step {steps}" +
+                ("" if ok1 and ok2 else f": {out1} {out2}")):
+        b = read_metrics(os.path.join(work, "rest", "log")) or {}
+        same = sorted(k for k in b if k > 5) == list(range(6, steps + 1)) and all(
+            b[k]["global_batch"] == got[k]["global_batch"] and b[k]["consumed_samples"] == got[k]["consumed_samples"]
+            and abs(b[k]["loss"] - got[k]["loss"]) <= 1e-6 * got[k]["loss"] for k in range(6, steps + 1))
+        CK.check(same, f"{tag} resumed mid-ramp: steps 6..{steps} have the uninterrupted run's batches, cursor and losses")
+
+
 # the LR schedules (optim.lr_decay_style) on a tiny GPT-2: (label, warmup, min_lr, optim keys)
 SCHED_STEPS, SCHED_DECAY = 30, 24
 SCHEDULES = [
@@ -832,6 +894,7 @@ def main():
                     if cname == "gpt2":
                         run_schedules(binary, root)
                         run_blend(binary, root)
+                        run_rampup(binary, root)
                 except Exception as e:  # a crash in the test is a failure, not a traceback
                     import traceback
                     traceback.print_exc()

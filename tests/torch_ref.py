@@ -440,6 +440,27 @@ def batch_of(pick, step, G, T):
     return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))
 
 
+def rampup_batch(consumed, start, incr, samples, G):
+    """Megatron's batch-size ramp-up (--rampup-batch-size start incr samples),
+    as its calculator computes it, in floating point: the global batch of a
+    step that begins after `consumed` samples."""
+    if consumed > samples:
+        return G
+    per_stage = samples / ((G - start) // incr)
+    return start + int(consumed / per_stage) * incr
+
+
+def rampup_plan(steps, start, incr, samples, G):
+    """[(cursor, batch)] of steps 0..steps-1 under a ramp: each step reads
+    the batch global sequences from the samples consumed before it on."""
+    plan, cur = [], 0
+    for _ in range(steps):
+        g = rampup_batch(cur, start, incr, samples, G)
+        plan.append((cur, g))
+        cur += g
+    return plan
+
+
 def global_batch(tokens, step, G, T):
     """tokens: 1-D int numpy array (all shards concatenated). Sequence i of
     step k starts at s = (k*G + i)*T (mod n). Returns x, y int64 [G,T]."""
