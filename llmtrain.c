@@ -652,10 +652,10 @@ static void ck_advance(Trainer *t, int any_failed) {
     t->ck_direct = 0;
 }
 
-/* Begin a checkpoint of the state after `step` steps. Returns the time
- * training was blocked (seconds). */
 static uint64_t step_cursor(Trainer *t, int step); /* the data cursor before a step (data, below) */
 
+/* Begin a checkpoint of the state after `step` steps. Returns the time
+ * training was blocked (seconds). */
 static double ck_begin(Trainer *t, int step) {
     double t0 = now_s();
     ck_drain(t);
@@ -1488,13 +1488,13 @@ static void print_model_batch(const Trainer *t) {
     printf("batch: %d seqs x %d tokens = %lld tokens/step; micro %d x accum %d x dp %d | world %d", c->global_batch, c->seq_len,
            (long long)c->global_batch * c->seq_len, c->micro_batch, t->accum, t->dist.dp, t->dist.world);
     if (c->rampup_start) { /* where the ramp ends, walked from this run's start (a resume: its checkpoint) */
-        int k = t->step_base;
+        int k = t->step_base, g = 0;
         uint64_t cur = t->seq_base;
-        while (k < c->steps && config_batch_at(c, cur) < c->global_batch) cur += (uint64_t)config_batch_at(c, cur), k++;
-        printf(" | ramp-up from %d seqs, +%d per %g samples: ", c->rampup_start, c->rampup_increment,
+        for (; k < c->steps && (g = config_batch_at(c, cur)) < c->global_batch; k++) cur += (uint64_t)g;
+        printf(" | ramp-up from %d seqs, +%d per %g samples", c->rampup_start, c->rampup_increment,
                (double)c->rampup_samples / ((c->global_batch - c->rampup_start) / c->rampup_increment));
-        if (config_batch_at(c, cur) == c->global_batch) printf("%d from step %d", c->global_batch, k + 1);
-        else printf("%d at the last step", config_batch_at(c, cur));
+        if (k < c->steps) printf(": %d from step %d", c->global_batch, k + 1);
+        else if (g) printf(": still %d at the last step", g);
     }
     const Model *m = &t->model;
     int mb_rows = c->micro_batch * c->seq_len;

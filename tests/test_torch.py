@@ -770,7 +770,9 @@ def run_rampup(binary, root):
     ck = os.path.join(work, "part", "ckpt")
     ok1, out1 = run_bin(binary, job("part", 5, ckpt=ck), work, "part")
     ok2, out2 = run_bin(binary, job("rest", steps, ckpt=ck), work, "rest")
-    if CK.check(ok1 and ok2 and "resume: " in out2, f"{tag} run to step 5, then resumed to step {steps}" +
+    ends = (": still 4 at the last step", ": 8 from step 9")
+    if CK.check(ok1 and ok2 and "resume: " in out2 and ends[0] in out1 and ends[1] in out2,
+                f"{tag} run to step 5 ('{ends[0]}'), then resumed to step {steps} ('{ends[1]}', walked from the checkpoint)" +
                 ("" if ok1 and ok2 else f": {out1} {out2}")):
         b = read_metrics(os.path.join(work, "rest", "log")) or {}
         same = sorted(k for k in b if k > 5) == list(range(6, steps + 1)) and all(
