@@ -202,9 +202,11 @@ void dataset_blend_pick(const DataSet *d, uint64_t seq, int *src, uint64_t *n) {
     *n = q * d->pat_cnt[*src] + d->pat_idx[p];
 }
 
-void dataset_describe(const DataSet *d, const char *pattern, char *buf, size_t n) {
+void dataset_describe(const DataSet *d, const char *pattern, double run_tokens, char *buf, size_t n) {
+    char ep[48] = "";
     if (!d->n_src) {
-        snprintf(buf, n, "%s (%llu tokens)", pattern, (unsigned long long)d->n_tokens);
+        if (run_tokens > 0) snprintf(ep, sizeof ep, ", %.3g epochs this run", run_tokens / (double)d->n_tokens);
+        snprintf(buf, n, "%s (%llu tokens%s)", pattern, (unsigned long long)d->n_tokens, ep);
         return;
     }
     size_t at = (size_t)snprintf(buf, n, "blend of %d:", d->n_src);
@@ -212,8 +214,9 @@ void dataset_describe(const DataSet *d, const char *pattern, char *buf, size_t n
         const char *w = NULL;
         size_t len = 0;
         nth_word(pattern, 2 * i + 1, &w, &len);
-        at += (size_t)snprintf(buf + at, n - at, "%s %.4g%% %.*s (%llu tokens)", i ? "," : "", 100 * d->weight[i], (int)len, w,
-                               (unsigned long long)d->src[i].n_tokens);
+        if (run_tokens > 0) snprintf(ep, sizeof ep, ", %.3g epochs", run_tokens * d->weight[i] / (double)d->src[i].n_tokens);
+        at += (size_t)snprintf(buf + at, n - at, "%s %.4g%% %.*s (%llu tokens%s)", i ? "," : "", 100 * d->weight[i], (int)len, w,
+                               (unsigned long long)d->src[i].n_tokens, ep);
     }
 }
 

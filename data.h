@@ -71,8 +71,10 @@ void dataset_sequence(const DataSet *d, uint64_t seq, int *inputs, int *targets)
  * (dataset_sequence(&d->src[*src], *n) is sequence seq). */
 void dataset_blend_pick(const DataSet *d, uint64_t seq, int *src, uint64_t *n);
 /* One line for the header: "PATH (N tokens)", or for a blend every source's
- * normalised weight, pattern and tokens. */
-void dataset_describe(const DataSet *d, const char *pattern, char *buf, size_t n);
+ * normalised weight, pattern and tokens; run_tokens > 0 (the tokens a run
+ * reads) adds the epochs of each source that makes: ", E epochs this run"
+ * ("E epochs" per source of a blend, its share of run_tokens). */
+void dataset_describe(const DataSet *d, const char *pattern, double run_tokens, char *buf, size_t n);
 
 /* Vocab table, llm.c's tokenizer format: 256 x uint32 header (magic
  * 20240328, version 2, vocab_size, eot_token), then per token a uint8

@@ -1469,6 +1469,21 @@ static void open_metrics(Trainer *t, int resumed) {
     }
 }
 
+/* The sequences a run of train.steps reads: from the resume point's cursor
+ * (0 at a fresh start) on, under a ramp-up step by step. */
+static uint64_t run_sequences(const Trainer *t) {
+    return config_cursor_at(&t->cfg, t->step_base, t->seq_base, t->cfg.steps > t->step_base ? t->cfg.steps : t->step_base);
+}
+
+/* 704 -> "704", 12800 -> "12.8k", 2.5e9 -> "2.5B" (4 significant digits) */
+static void fmt_count(char *buf, size_t n, double x) {
+    static const char unit[] = " kMBT";
+    int u = 0;
+    while (x >= 1e3 && u < 4) x /= 1e3, u++;
+    if (u) snprintf(buf, n, "%.4g%c", x, unit[u]);
+    else snprintf(buf, n, "%.0f", x);
+}
+
 /* The model and batch-arithmetic lines (training start and `llmtrain check`).
  * The parameter count is the whole model's (GLOBAL tensors under tp > 1). */
 static void print_model_batch(const Trainer *t) {
@@ -1502,6 +1517,11 @@ static void print_model_batch(const Trainer *t) {
         printf(" | lm head %d rows at a time (%.0f MiB of logits%s)", m->head_rows,
                (double)m->head_rows * m->V * m->act_bytes / (1 << 20), m->tp > 1 ? " per rank" : "");
     printf("\n");
+    /* the run's whole budget (a resumed run: its earlier steps too), against the parameters (Chinchilla: ~20) */
+    double seqs = (double)run_sequences(t), tokens = seqs * c->seq_len;
+    char tk[32];
+    fmt_count(tk, sizeof tk, tokens);
+    printf("tokens: %s over %d steps (%.0f sequences; %.3g per parameter)\n", tk, c->steps, seqs, tokens / n);
     char lr[192];
     config_lr_text(c, lr, sizeof lr);
     printf("optim: AdamW, lr %s | weight decay %g%s, betas %g/%g, eps %g, clip %g\n", lr, c->weight_decay,
@@ -1522,11 +1542,11 @@ static void print_header(Trainer *t) {
     print_model_batch(t);
     if (t->dist.world > 1) printf("launch: %s | %d ranks, %d on this node\n", t->dist.launch, t->dist.world, t->dist.local_size);
     char data[1024];
-    dataset_describe(&t->train, c->data_train, data, sizeof data);
+    dataset_describe(&t->train, c->data_train, (double)run_sequences(t) * c->seq_len, data, sizeof data);
     printf("data: %s%s | peak for MFU %.1f GFLOP/s (%s)\n", data, t->have_val ? ", val on" : "", t->peak_gflops,
            t->peak_source);
     if (t->have_val && t->val.n_src) { /* val_loss lines then add each source's, in this order */
-        dataset_describe(&t->val, c->data_val, data, sizeof data);
+        dataset_describe(&t->val, c->data_val, 0, data, sizeof data);
         printf("val: %s\n", data);
     }
     printf("metrics: %s\n", t->metrics_path);

@@ -559,9 +559,15 @@ static void test_blend_case(int shuffle, const char *weights[3], const char *lab
     check(worst_share < 1.0, "blend %s: every prefix of the period holds each source within %.3f (< 1) sequences of its "
                              "share", label, worst_share);
     char line[4096];
-    dataset_describe(&b, pat, line, sizeof line);
+    dataset_describe(&b, pat, 0, line, sizeof line);
     check(strstr(line, "blend of 3: 50% ") && strstr(line, "30% ") && strstr(line, "20% ") &&
               strstr(line, "(333 tokens)"), "blend %s: describe: %s", label, line);
+    /* a run of 2000 tokens reads 1000 / 600 / 400 tokens of the sources' 1000 / 701 / 333 */
+    dataset_describe(&b, pat, 2000, line, sizeof line);
+    check(strstr(line, "(1000 tokens, 1 epochs)") && strstr(line, "(701 tokens, 0.856 epochs)") &&
+              strstr(line, "(333 tokens, 1.2 epochs)"), "blend %s: describe with a run of 2000 tokens: %s", label, line);
+    dataset_describe(&s[2], "one", 2000, line, sizeof line);
+    check(strcmp(line, "one (333 tokens, 6.01 epochs this run)") == 0, "describe one source with a run of 2000 tokens: %s", line);
     for (int i = 0; i < 3; i++) dataset_close(&s[i]);
     dataset_close(&b);
 }

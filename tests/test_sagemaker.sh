@@ -185,7 +185,7 @@ if [ $rc -eq 0 ] && [ -f "$TMP/noefa.env" ] && [ ! -s "$TMP/noefa.env" ]; then
 else
     bad "no EFA: rc=$rc env: $(cat "$TMP/noefa.env" 2>&1)"
 fi
-if grep -q "^data: $TMP/elsewhere/\*.bin (6000 tokens), val on" "$R.out" &&
+if grep -q "^data: $TMP/elsewhere/\*.bin (6000 tokens, [0-9.e+-]* epochs this run), val on" "$R.out" &&
    grep -qF -- "--set 'data.val=\"$R/input/data/validation/*.bin\"'" "$R.out"; then
     ok "SM_CHANNEL_TRAIN names the train channel; 'validation' maps to data.val"
 else

@@ -723,8 +723,9 @@ def run_rampup(binary, root):
     and consumed_samples against torch on the sequences Megatron's rule
     (torch_ref.rampup_plan) gives each step, and not against a run at the
     full batch throughout; a run stopped at step 5 (batch 4, mid-ramp) and
-    resumed gives the same steps 6..10; the start line says where the ramp
-    ends."""
+    resumed gives the same steps 6..10; the start lines say where the ramp
+    ends, the tokens the whole run reads (per parameter) and the epochs of
+    data.train that makes, the resumed run's too."""
     c = CASES["gpt2"]
     tag = "rampup"
     work = os.path.join(root, tag)
@@ -748,6 +749,11 @@ def run_rampup(binary, root):
         return
     got = read_metrics(os.path.join(work, "main", "log")) or {}
     plan = R.rampup_plan(steps, ramp[0], ramp[1], ramp[2], G)
+    n_seq = sum(g for _, g in plan)
+    n_par = sum(p.numel() for p in R.RefModel(cfg, init_t, dtype=torch.float64).parameters())
+    budget = [f"tokens: {n_seq * T} over {steps} steps ({n_seq} sequences; {n_seq * T / n_par:.3g} per parameter)",
+              f"train_*.bin ({len(toks)} tokens, {n_seq * T / len(toks):.3g} epochs this run)"]
+    CK.check(all(b in out for b in budget), f"{tag} start lines: '{budget[0]}', '{budget[1]}'")
     recs = R.train(R.RefModel(cfg, init_t, dtype=torch.float64), None, steps, T, MB, G, LR, MIN_LR, WARMUP, DECAY,
                    WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0,
                    batch_fn=lambda s: R.batch_of(lambda j: (toks, plan[s][0] + j), 0, plan[s][1], T))
@@ -778,7 +784,9 @@ def run_rampup(binary, root):
         same = sorted(k for k in b if k > 5) == list(range(6, steps + 1)) and all(
             b[k]["global_batch"] == got[k]["global_batch"] and b[k]["consumed_samples"] == got[k]["consumed_samples"]
             and abs(b[k]["loss"] - got[k]["loss"]) <= 1e-6 * got[k]["loss"] for k in range(6, steps + 1))
-        CK.check(same, f"{tag} resumed mid-ramp: steps 6..{steps} have the uninterrupted run's batches, cursor and losses")
+        CK.check(same and all(b in out2 for b in budget),
+                 f"{tag} resumed mid-ramp: steps 6..{steps} have the uninterrupted run's batches, cursor and losses; the "
+                 f"same tokens line and epochs")
 
 
 # the LR schedules (optim.lr_decay_style) on a tiny GPT-2: (label, warmup, min_lr, optim keys)
