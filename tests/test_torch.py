@@ -753,7 +753,7 @@ def run_rampup(binary, root):
     n_par = sum(p.numel() for p in R.RefModel(cfg, init_t, dtype=torch.float64).parameters())
     budget = [f"tokens: {n_seq * T} over {steps} steps ({n_seq} sequences; {n_seq * T / n_par:.3g} per parameter)",
               f"train_*.bin ({len(toks)} tokens, {n_seq * T / len(toks):.3g} epochs this run)"]
-    CK.check(all(b in out for b in budget), f"{tag} start lines: '{budget[0]}', '{budget[1]}'")
+    CK.check(all(line in out for line in budget), f"{tag} start lines: '{budget[0]}', '{budget[1]}'")
     recs = R.train(R.RefModel(cfg, init_t, dtype=torch.float64), None, steps, T, MB, G, LR, MIN_LR, WARMUP, DECAY,
                    WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0,
                    batch_fn=lambda s: R.batch_of(lambda j: (toks, plan[s][0] + j), 0, plan[s][1], T))
@@ -784,7 +784,7 @@ def run_rampup(binary, root):
         same = sorted(k for k in b if k > 5) == list(range(6, steps + 1)) and all(
             b[k]["global_batch"] == got[k]["global_batch"] and b[k]["consumed_samples"] == got[k]["consumed_samples"]
             and abs(b[k]["loss"] - got[k]["loss"]) <= 1e-6 * got[k]["loss"] for k in range(6, steps + 1))
-        CK.check(same and all(b in out2 for b in budget),
+        CK.check(same and all(line in out2 for line in budget),
                  f"{tag} resumed mid-ramp: steps 6..{steps} have the uninterrupted run's batches, cursor and losses; the "
                  f"same tokens line and epochs")
 
