@@ -95,6 +95,7 @@ typedef struct Trainer {
     uint64_t seq_base;
     int plan_step;             /* step_cursor's walk: the cursor before step plan_step */
     uint64_t plan_cursor;
+    uint64_t end_cursor;       /* the cursor after the last step (run_sequences, once), for the ETA */
     TrainState st;             /* counters and the spike tracker, saved with every checkpoint */
     /* checkpoint in flight (checkpoint.c writes; the protocol is below) */
     CkptWriter *ckw;
@@ -1042,7 +1043,7 @@ static void log_step(Trainer *t, const StepStats *s) {
     double per_seq = t->timed_seqs > 0 ? t->train_time / t->timed_seqs : s->dt / s->batch;
     uint64_t next = step_cursor(t, s->step + 1);
     char eta[32];
-    fmt_duration(eta, sizeof eta, per_seq * (double)(config_cursor_at(c, s->step + 1, next, c->steps) - next));
+    fmt_duration(eta, sizeof eta, per_seq * (double)(t->end_cursor - next));
     if (!is_root(t)) return;
     if ((s->step + 1) % c->log_every == 0 || s->step + 1 == c->steps || s->skipped) {
         char comm[160] = ""; /* a world of one does not communicate */
@@ -1801,6 +1802,7 @@ static int train(int argc, char **argv) {
     if (c->profile_steps > 0) t->peak_gbs = select_peak_gbs(t);
     t->sample_rng = c->seed * 2654435761ull + 88172645463325252ull;
     int resumed = resume(t);
+    t->end_cursor = run_sequences(t);
     setup_profile(t);
     refresh_working(t, t->step_base);
     ck_setup(t);
