@@ -133,6 +133,16 @@ static double clock_s(clockid_t id) {
 double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
 double unix_time_s(void) { return clock_s(CLOCK_REALTIME); }
 
+void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
 void buf_add(Buf *b, const char *fmt, ...) {
     for (;;) {
         va_list ap;

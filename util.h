@@ -63,5 +63,8 @@ int mkdir_p(const char *path);
 double now_s(void);
 /* Seconds since the Unix epoch (metrics.jsonl "time"). */
 double unix_time_s(void);
+/* s as a JSON string literal, quotes included: '"' and backslash escaped,
+ * control bytes as \u00XX (metrics.jsonl's paths). */
+void json_string(FILE *f, const char *s);
 
 #endif

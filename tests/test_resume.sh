@@ -145,6 +145,20 @@ if [ $rc -eq 0 ] && grep -q "nothing to train" "$TMP/ref-np1.out" && [ "$(grep -
     ok "a finished run started again: exit 0, nothing trained"
 else bad "rerun of a finished job: rc $rc"; fi
 
+# ---- a checkpoint folder with a quote, a backslash and a tab: metrics.jsonl stays JSON ----
+odd="$TMP/odd \"ck\\x	y"
+run odd 1 --set train.steps=4 --set "checkpoint.dir=$odd"; rc1=$?
+run odd 1 --set train.steps=6 --set "checkpoint.dir=$odd"; rc2=$?
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && $PY - "$TMP/odd/metrics.jsonl" "$odd" <<'PYEOF'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+ck = [l["path"] for l in lines if l.get("event") == "checkpoint"]
+assert ck == [sys.argv[2] + "/step_%08d" % s for s in (3, 4, 6)], ck
+assert [l["step"] for l in lines if l.get("event") == "resume"] == [4], lines
+PYEOF
+then ok "a checkpoint.dir with '\"', '\\' and a tab: every metrics.jsonl line parses, the paths as written, resumed"
+else bad "odd checkpoint.dir: rc $rc1/$rc2; $(grep -E 'error' "$TMP/odd.out" | head -2)"; fi
+
 # ---- errors: one line, exit 2 ----
 run other 1 --set train.steps=2
 $BIN "$TMP/job.json" --set log.dir="$TMP/other" --set model.n_layer=3 >"$TMP/other3.out" 2>&1; rc=$?
