@@ -100,6 +100,7 @@ static const Key KEYS[] = {
     {"log.dir", K_STR, STR(log_dir), "\"\"", 0, 0, NULL, "where metrics.jsonl goes (empty: runs/<job file name>)"},
     {"log.every_steps", K_INT, OFF(log_every), 0, "1", 1, BIG, NULL, "print a step line every this many steps"},
     {"log.profile_steps", K_INT, OFF(profile_steps), 0, "0", 0, BIG, NULL, "time every kernel-table call of this many training steps (from the run's second) on the backend's own clock (CUDA events on the compute stream; the host clock on the CPU), then print where the time went per entry, with the matrix products' and attention's TFLOP/s and the memory-bound entries' GB/s, and write it to <log.dir>/profile.json (0 = off; see Profiling)"},
+    {"log.param_norm", K_BOOL, OFF(log_param_norm), 0, "true", 0, 0, NULL, "log the L2 norm of the fp32 master weights after every step (pnorm on the step line, param_norm in metrics.jsonl), as the Llama 2 recipe monitors it and Megatron's --log-params-norm: one pass over this rank's share of the weights and an all-reduce of one number a step"},
     {"log.peak_gflops", K_DOUBLE, OFF(peak_gflops), 0, "0", 0, 1e12, NULL, "peak GFLOP/s used for MFU (0 = measure sgemm on the CPU)"},
     {"log.peak_gbs", K_DOUBLE, OFF(peak_gbs), 0, "0", 0, 1e12, NULL, "peak memory bandwidth in GB/s that log.profile_steps' table holds the memory-bound entries against (0 = on CUDA the device's, from its memory clock and bus width; on the CPU none)"},
     /* checkpoint */

@@ -82,6 +82,7 @@ typedef struct Config {
     double peak_gflops;  /* 0: measure (CPU) / detect (GPU) */
     double peak_gbs;     /* log.peak_gbs: 0: the GPU's memory bandwidth (none on the CPU) */
     int profile_steps;   /* log.profile_steps: time the kernel table over this many steps (profile.c) */
+    int log_param_norm;  /* log.param_norm: the master weights' L2 norm after every step */
     /* checkpoint */
     char ckpt_dir[1024];
     int ckpt_every;

@@ -994,6 +994,7 @@ typedef struct StepStats {
     int step;          /* 0-based */
     int batch;         /* its global batch in sequences (train.global_batch, or the ramp's) */
     double loss, lr, norm, dt, val_loss;
+    double pnorm;      /* the master weights' L2 norm after the step (NAN: log.param_norm off) */
     int n_val_src;     /* a blended data.val: each source's own val loss */
     double val_src[BLEND_MAX_SOURCES];
     int clipped, skipped;
@@ -1061,11 +1062,12 @@ static void log_step(Trainer *t, const StepStats *s) {
                 }
             snprintf(comm + n, sizeof comm - (size_t)n, ") wait %.0f ms", 1000 * s->comm_wait);
         }
-        char ck[48] = "", batch[32] = "";
+        char ck[48] = "", batch[32] = "", pn[48] = "";
         if (c->rampup_start) snprintf(batch, sizeof batch, " | batch %d", s->batch);
+        if (c->log_param_norm) snprintf(pn, sizeof pn, " | pnorm %.2f", s->pnorm);
         if (s->ck_block > 0) snprintf(ck, sizeof ck, " | ckpt blocked %.0f ms", 1000 * s->ck_block);
-        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s%s | %.0f ms%s | ETA %s%s\n",
-               s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", s->spike ? " SPIKE" : "", batch, tps, 100 * mfu,
+        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s%s%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s%s | %.0f ms%s | ETA %s%s\n",
+               s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", s->spike ? " SPIKE" : "", pn, batch, tps, 100 * mfu,
                mem / (1 << 30), gpu_mem >= 0 ? " gpu" : "", comm, 1000 * s->dt, ck, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
         if (isfinite(s->val_loss)) {
             printf("step %5d/%d | val_loss %.4f", s->step + 1, c->steps, s->val_loss);
@@ -1079,6 +1081,7 @@ static void log_step(Trainer *t, const StepStats *s) {
     json_num(f, "loss", s->loss);
     json_num(f, "lr", s->lr);
     json_num(f, "grad_norm", s->norm);
+    if (c->log_param_norm) json_num(f, "param_norm", s->pnorm);
     fprintf(f, ",\"global_batch\":%d,\"consumed_samples\":%llu", s->batch, (unsigned long long)next);
     json_num(f, "tokens_per_s", tps);
     json_num(f, "mfu", mfu);
@@ -1149,26 +1152,41 @@ static void dump_logits(Trainer *t, double loss) {
 /* Gradient sum of squares with tensor parallelism, each parameter counted
  * once: split tensors on every TP rank, replicated ones on tp_rank 0 only,
  * then summed over the TP group. */
-static double tp_sumsq(Trainer *t) {
+static double tp_sumsq(Trainer *t, const float *a) {
     const Model *m = &t->model;
     double sq = 0;
     for (int i = 0; i < m->n_specs; i++) {
         const ParamSpec *s = &m->specs[i];
-        if (s->tp_axis >= 0 || t->dist.tp_rank == 0) sq += t->k->sumsq(m->grads + s->offset, s->numel);
+        if (s->tp_axis >= 0 || t->dist.tp_rank == 0) sq += t->k->sumsq(a + s->offset, s->numel);
     }
     dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
     return sq;
 }
 
-/* The same over the local gradient shard (summed over the TP group by the caller). */
-static double tp_sumsq_sharded(Trainer *t) {
+/* The same over a local shard (summed over the TP group by the caller). */
+static double tp_sumsq_sharded(Trainer *t, const float *a) {
     const Model *m = &t->model;
     double sq = 0;
     for (int i = 0; i < m->n_specs; i++) {
         const ParamSpec *s = &m->specs[i];
         if (s->tp_axis < 0 && t->dist.tp_rank != 0) continue;
         size_t o, n = spec_in_shard(t, s, &o);
-        if (n) sq += t->k->sumsq(t->gshard + o, n);
+        if (n) sq += t->k->sumsq(a + o, n);
+    }
+    return sq;
+}
+
+/* The sum of squares of a model-sized array (whole: a, or this rank's shard
+ * of it: shard) over the whole model, each element once: TP splits summed
+ * over the TP group, shards over the shard group (replicas hold the same). */
+static double model_sumsq(Trainer *t, const float *a, const float *shard) {
+    double sq;
+    if (t->sharded) {
+        sq = t->dist.tp > 1 ? tp_sumsq_sharded(t, shard) : t->k->sumsq(shard, t->n_shard);
+        dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
+        dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
+    } else {
+        sq = t->dist.tp > 1 ? tp_sumsq(t, a) : t->k->sumsq(a, t->model.n_params);
     }
     return sq;
 }
@@ -1216,15 +1234,13 @@ static StepStats train_step(Trainer *t, int step) {
         dist_phase(&t->dist, step + 1, "reduce_scatter");
         reduce_grads(t, poison);
         /* replicas hold identical shards: the norm sums over the shard group only */
-        double sq = t->dist.tp > 1 ? tp_sumsq_sharded(t) : k->sumsq(t->gshard, t->n_shard);
-        dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
-        dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
+        double sq = model_sumsq(t, NULL, t->gshard);
         dist_allreduce_sum_f64(&t->dist, red, 1);
         red[1] = sq;
     } else {
         dist_phase(&t->dist, step + 1, "allreduce");
         dist_allreduce_sum_f32(&t->dist, m->grads, m->n_params);
-        red[1] = t->dist.tp > 1 ? tp_sumsq(t) : k->sumsq(m->grads, m->n_params);
+        red[1] = model_sumsq(t, m->grads, NULL);
         dist_allreduce_sum_f64(&t->dist, red, 1);
     }
     /* every TP rank of a data-parallel slot holds the same loss */
@@ -1261,6 +1277,8 @@ static StepStats train_step(Trainer *t, int step) {
         adamw_step(t, (float)s.lr, scale, step);
     }
     refresh_working(t, step + 1);
+    /* the master weights after the update (the fp32 params without a master copy) */
+    s.pnorm = c->log_param_norm ? sqrt(model_sumsq(t, t->master ? t->master : m->params, t->master)) : NAN;
     s.comm_ag = t->dist.bytes_allgather;
     s.comm_rs = t->dist.bytes_reduce_scatter;
     s.comm_ar = t->dist.bytes_allreduce;

@@ -4,8 +4,8 @@
     plot_metrics.py METRICS_JSONL [--out PNG]
 
 METRICS_JSONL holds one JSON object per line (llmtrain's log.dir/metrics.jsonl).
-Step lines carry "step" and some of loss, lr, grad_norm, global_batch,
-tokens_per_s, mfu, mem_bytes, gpu_mem_bytes, host_mem_bytes,
+Step lines carry "step" and some of loss, lr, grad_norm, param_norm,
+global_batch, tokens_per_s, mfu, mem_bytes, gpu_mem_bytes, host_mem_bytes,
 params_peak_bytes, step_ms, comm_wait_ms, ckpt_block_ms, skipped,
 grad_spike, val_loss and val_loss_sources (val_loss may be on its own line
 with just "step"). A {"event":"resume","step":N} line marks a restart from
@@ -19,7 +19,8 @@ Panels, all against the step:
   loss           train (smoothed too past 50 steps), val, each val source of
                  a blend (dashed), skipped steps (red verticals)
   tokens/s       and MFU (right axis, %), medians in the title
-  grad norm      log scale; grad-norm spikes (dots) and skipped steps
+  grad norm      log scale; grad-norm spikes (dots) and skipped steps; the
+                 parameter norm (right axis, linear)
   learning rate  and the global batch (right axis) when a ramp-up changes it
   memory         GiB: the step line's peak (host RSS, or the GPU's on CUDA),
                  the host's on CUDA, the working weights' peak when sharded
@@ -137,8 +138,8 @@ SOURCE_COLORS = ("tab:cyan", "tab:olive", "tab:pink", "tab:brown", "tab:gray", "
 def build_figure(m, name):
     """The figure for Metrics m. Each plotted line's gid names its series
     (tests/test_plot.py reads them back): loss, loss_smoothed, val,
-    val_source_1.., tokens_per_s, mfu, grad_norm, grad_spike, lr,
-    global_batch, mem, host_mem, params_peak, step_ms, comm_wait_ms,
+    val_source_1.., tokens_per_s, mfu, grad_norm, grad_spike, param_norm,
+    lr, global_batch, mem, host_mem, params_peak, step_ms, comm_wait_ms,
     ckpt_block_ms; skipped and resume for the vertical markers."""
     import matplotlib
     matplotlib.use("Agg")
@@ -251,7 +252,15 @@ def build_figure(m, name):
     verticals(ax_gn, skipped, "skipped", "skipped step", color="tab:red", lw=0.8, alpha=0.6)
     if spikes or skipped:
         ax_gn.legend(loc="upper right", fontsize="small")
-    ax_gn.set_title("grad norm (log scale)")
+    title = "grad norm (log scale)"
+    # the parameter norm (log.param_norm) on the right, linear
+    px, pys = series(train, "param_norm")
+    if px:
+        ax_pn = ax_gn.twinx()
+        plot(ax_pn, "param_norm", px, pys, color="tab:blue", lw=1.2, ls="--")
+        ax_pn.set_ylabel("parameter norm")
+        title += f", param norm (dashed, right) {pys[0]:.4g} to {pys[-1]:.4g}"
+    ax_gn.set_title(title)
 
     # learning rate, and the global batch when it changes (a ramp-up)
     xs, ys = series(train, "lr")

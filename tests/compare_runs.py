@@ -1,5 +1,5 @@
-"""compare_runs.py — compare two llmtrain runs: the per-step loss and grad
-norm in their metrics.jsonl and (when both have one) the exported weights in
+"""compare_runs.py — compare two llmtrain runs: the per-step loss, grad
+norm, parameter norm and val loss in their metrics.jsonl and (when both have one) the exported weights in
 RUN/hf/model.safetensors. Exit 0 when they agree within tolerance.
 
   compare_runs.py RUN_A RUN_B [--steps N] [--loss-rtol R] [--weight-rtol R] [--exact]
@@ -40,7 +40,7 @@ def main():
         print(f"  step count: {len(sa)} vs {len(sb)}, expected {args.steps}")
         bad += 1
     for s in sorted(set(sa) & set(sb)):
-        for key in ("loss", "grad_norm", "val_loss"):
+        for key in ("loss", "grad_norm", "param_norm", "val_loss"):
             if key not in sa[s] and key not in sb[s]:
                 continue
             if key not in sa[s] or key not in sb[s]:

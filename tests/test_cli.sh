@@ -52,6 +52,18 @@ expect_fail() {
 # a good run first, so the cases below fail for the reason they name
 if $BIN "$TMP/job.json" >"$TMP/out" 2>"$TMP/err"; then ok "good job exits 0"; else bad "good job failed: $(cat "$TMP/err")"; fi
 if grep -q '"step":2' "$TMP/run/metrics.jsonl" 2>/dev/null; then ok "metrics.jsonl has step 2"; else bad "metrics.jsonl lacks step 2"; fi
+# log.param_norm (default true): pnorm on each step line equal to metrics.jsonl's param_norm; false: neither
+if $PY - "$TMP/out" "$TMP/run/metrics.jsonl" <<'PYEOF'
+import json, re, sys
+shown = [float(x) for x in re.findall(r"^step +\d+/2 \|.* \| norm [0-9.]+\*? \| pnorm ([0-9.]+) \|", open(sys.argv[1]).read(), re.M)]
+logged = [l["param_norm"] for l in map(json.loads, open(sys.argv[2])) if "loss" in l]
+assert len(shown) == 2 and len(logged) == 2 and all(abs(a - b) <= 0.005 for a, b in zip(shown, logged)) and logged[0] > 0, (shown, logged)
+PYEOF
+then ok "log.param_norm: pnorm on the step lines, param_norm in metrics.jsonl"; else bad "pnorm / param_norm: $(grep '^step' "$TMP/out")"; fi
+if $BIN "$TMP/job.json" --set log.param_norm=false --set log.dir="$TMP/nopn" --set checkpoint.dir="$TMP/nopn/ckpt" >"$TMP/nopn.out" 2>&1 &&
+   grep -q '^step     2/2 | loss' "$TMP/nopn.out" && ! grep -q pnorm "$TMP/nopn.out" && ! grep -q param_norm "$TMP/nopn/metrics.jsonl"; then
+    ok "log.param_norm=false: no pnorm, no param_norm"
+else bad "log.param_norm=false: $(grep '^step' "$TMP/nopn.out")"; fi
 
 printf '{"model": {"arch": "llama",\n "n_layer": 1,, }}' >"$TMP/malformed.json"
 expect_fail "malformed JSON" "malformed.json:2:" $BIN "$TMP/malformed.json"

@@ -7,8 +7,9 @@ batch-size ramp-up, a blended validation set, a NaN step (LLMTRAIN_FAULT)
 and a resume from a checkpoint that logs steps again. The test parses the
 file itself (the last line of a step wins) and reads every series back out
 of the figure (each line's gid names it): loss, val, each val source,
-lr, global batch, grad norm and its spikes, memory, step time, checkpoint
-blocking, the skipped step's and the resume's verticals, the title. A
+lr, global batch, grad norm and its spikes, the parameter norm, memory,
+step time, checkpoint blocking, the skipped step's and the resume's
+verticals, the title. A
 hand-written file covers the rest: duplicate steps, a cut-off last line,
 events, a null loss, a val-only line, GPU memory fields, the communication
 wait, a constant batch, MFU on an axis aligned with tokens/s, the smoothed
@@ -181,6 +182,7 @@ def test_real(tmp, binary):
     skipped = [s for s in steps if rows[s]["skipped"]]
     check(skipped == [3], f"real run: step 3 skipped ({skipped})")
     series_ok("grad_norm", "grad_norm", [s for s in steps if rows[s]["grad_norm"] is not None])
+    series_ok("param_norm", "param_norm")
     spikes = [s for s in steps if rows[s]["grad_spike"]]
     if spikes:
         series_ok("grad_spike", "grad_norm", spikes)
@@ -222,7 +224,8 @@ def test_real(tmp, binary):
           f"figure: title '{title}'")
     titles = [ax.get_title() for ax in fig.axes[:6]]
     check([t.split(" (")[0].split(",")[0] for t in titles] ==
-          ["loss", "tokens/s", "grad norm", "learning rate and global batch", "memory", "step time"],
+          ["loss", "tokens/s", "grad norm", "learning rate and global batch", "memory", "step time"] and
+          "param norm (dashed, right)" in titles[2],
           f"figure: six panels {titles}")
 
 
@@ -276,6 +279,8 @@ def test_synthetic(tmp):
     check("global_batch" not in got and "(global batch 8)" in fig.axes[3].get_title(),
           f"synthetic: a constant batch is in the title, not a line ('{fig.axes[3].get_title()}')")
     check("mfu" not in got, "synthetic: constant mfu/tokens_per_s draws no MFU line")
+    check("param_norm" not in got and "param norm" not in fig.axes[2].get_title(),
+          "synthetic: no param_norm (log.param_norm false), no parameter-norm axis")
     twins = [ax for ax in fig.axes if ax.get_gid() == "mfu_axis"]
     tps_ax = got["tokens_per_s"][0][0]
     ok = len(twins) == 1 and abs(twins[0].get_ylim()[1] / tps_ax.get_ylim()[1] - 100 * 2e-4) < 1e-12

@@ -43,6 +43,7 @@ TOL_LOSS = 1e-4        # relative error of a loss
 TOL_GRAD = 1e-3        # relative norm error per gradient tensor
 TOL_STEP_LOSS = 1e-3   # per-step trajectory loss
 TOL_NORM = 1e-3        # per-step grad_norm
+TOL_PNORM = 1e-5       # per-step param_norm (agrees to ~1e-7; a step moves it by ~5e-5)
 TOL_LR = 1e-5          # per-step lr
 TOL_FINAL = 1e-4       # relative norm error per final weight tensor
 
@@ -432,10 +433,11 @@ def run_case(binary, cname, c, root):
     if CK.check(steps is not None and sorted(steps) == list(range(1, STEPS + 1)),
                 f"{tag} metrics.jsonl has step lines 1..{STEPS}" +
                 ("" if steps is None else f" (got {sorted(steps)[:3]}..{sorted(steps)[-3:]})")):
-        worst = {"loss": 0.0, "lr": 0.0, "grad_norm": 0.0}
+        traj = (("loss", TOL_STEP_LOSS), ("lr", TOL_LR), ("grad_norm", TOL_NORM), ("param_norm", TOL_PNORM))
+        worst = {key: 0.0 for key, _ in traj}
         for r in recs:
             o = steps[r["step"]]
-            for key, tol in (("loss", TOL_STEP_LOSS), ("lr", TOL_LR), ("grad_norm", TOL_NORM)):
+            for key, tol in traj:
                 cv = o.get(key)
                 if cv is None or not isinstance(cv, (int, float)):
                     CK.check(False, f"{tag} step {r['step']} {key} missing in metrics.jsonl: {o}")
@@ -445,8 +447,15 @@ def run_case(binary, cname, c, root):
                 if e > tol or VERBOSE:
                     CK.check(e <= tol, f"{tag} step {r['step']} {key} rel={e:.2g} C={cv:.8g} "
                                        f"torch={r[key]:.8g}" + ("" if e <= tol else f" (tol {tol:g})"))
-        for key, tol in (("loss", TOL_STEP_LOSS), ("lr", TOL_LR), ("grad_norm", TOL_NORM)):
+        for key, tol in traj:
             CK.check(worst[key] <= tol, f"{tag} trajectory {key} steps 1..{STEPS} worst rel={worst[key]:.2g}")
+        # param_norm is the norm after the step's update, not before it (the
+        # previous step's norm): C is 10x nearer torch's after than before
+        def pn_rel(r, ahead):  # C's param_norm ahead steps later against torch's at r
+            return abs(steps[r["step"] + ahead].get("param_norm", 0) - r["param_norm"]) / r["param_norm"]
+        after, before = (sum(pn_rel(r, ahead) for r in recs[:-1]) / (len(recs) - 1) for ahead in (0, 1))
+        CK.check(before > 10 * after, f"{tag} param_norm is after the update: mean rel {after:.2g} to torch's, "
+                                      f"{before:.2g} to the step before's")
         CK.check(recs[-1]["loss"] < recs[0]["loss"],
                  f"{tag} loss decreases {recs[0]['loss']:.4f} -> {recs[-1]['loss']:.4f} (torch)")
 
@@ -639,8 +648,11 @@ def run_bf16(binary, root):
     e_bf = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in recs)
     e_full = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in full)
     n_bf = max(abs(got[r["step"]]["grad_norm"] - r["grad_norm"]) / r["grad_norm"] for r in recs)
-    CK.check(e_bf <= TOL_STEP_LOSS and n_bf <= TOL_NORM,
-             f"{tag} trajectory vs torch with bf16 working weights: loss worst rel={e_bf:.2g}, grad_norm {n_bf:.2g}")
+    # the parameter norm is the fp32 masters', not the bf16 working weights'
+    p_bf = max(abs(got[r["step"]]["param_norm"] - r["param_norm"]) / r["param_norm"] for r in recs)
+    CK.check(e_bf <= TOL_STEP_LOSS and n_bf <= TOL_NORM and p_bf <= TOL_PNORM,
+             f"{tag} trajectory vs torch with bf16 working weights: loss worst rel={e_bf:.2g}, grad_norm {n_bf:.2g}, "
+             f"param_norm (the masters') {p_bf:.2g}")
     CK.check(e_bf * 10 < e_full, f"{tag} C is nearer the bf16 reference ({e_bf:.2g}) than the full-precision one "
                                  f"({e_full:.2g}) by more than 10x")
     exp_dir = os.path.join(work, "main", "export")

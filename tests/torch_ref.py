@@ -514,7 +514,8 @@ def train(model, tokens, steps, seq_len, micro_batch, global_batch_size, lr, min
           beta2=0.95, eps=1e-8, grad_clip=1.0, start_step=0, bf16_working=False, schedule=None,
           batch_fn=None):
     """Runs `steps` optimizer steps; returns a list of per-step records
-    {step (1-based), loss, lr, grad_norm, clipped}. bf16_working: mixed
+    {step (1-based), loss, lr, grad_norm, param_norm (the L2 norm of the
+    weights after the step: the masters under bf16_working), clipped}. bf16_working: mixed
     precision as FSDP's param_dtype=bfloat16 does it: the optimizer updates
     full-precision master copies and the model's weights are their bf16
     rounding (set now and after every step); the model's final weights are
@@ -552,7 +553,9 @@ def train(model, tokens, steps, seq_len, micro_batch, global_batch_size, lr, min
             with torch.no_grad():
                 for p in params:
                     p.copy_(round_bf16(master[id(p)]))
-        recs.append({"step": s + 1, "loss": loss, "lr": cur, "grad_norm": norm,
+        with torch.no_grad():
+            pnorm = math.sqrt(sum(float((master[id(p)] if master else p).double().pow(2).sum()) for p in params))
+        recs.append({"step": s + 1, "loss": loss, "lr": cur, "grad_norm": norm, "param_norm": pnorm,
                      "clipped": bool(grad_clip and grad_clip > 0 and norm > grad_clip)})
     if master is not None:
         with torch.no_grad():
