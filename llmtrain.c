@@ -1149,9 +1149,9 @@ static void dump_logits(Trainer *t, double loss) {
 /* ------------------------------------------------------------------ */
 /* one step                                                            */
 
-/* Gradient sum of squares with tensor parallelism, each parameter counted
- * once: split tensors on every TP rank, replicated ones on tp_rank 0 only,
- * then summed over the TP group. */
+/* The sum of squares of a model-sized array (gradients, weights) with tensor
+ * parallelism, each parameter counted once: split tensors on every TP rank,
+ * replicated ones on tp_rank 0 only, then summed over the TP group. */
 static double tp_sumsq(Trainer *t, const float *a) {
     const Model *m = &t->model;
     double sq = 0;
@@ -1278,6 +1278,7 @@ static StepStats train_step(Trainer *t, int step) {
     }
     refresh_working(t, step + 1);
     /* the master weights after the update (the fp32 params without a master copy) */
+    if (c->log_param_norm) dist_phase(&t->dist, step + 1, "param_norm");
     s.pnorm = c->log_param_norm ? sqrt(model_sumsq(t, t->master ? t->master : m->params, t->master)) : NAN;
     s.comm_ag = t->dist.bytes_allgather;
     s.comm_rs = t->dist.bytes_reduce_scatter;
