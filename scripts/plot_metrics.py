@@ -210,9 +210,9 @@ def build_figure(m, name):
         ax_tps.set_ylim(0, top)
         mx, mfu = series(train, "mfu", scale=100.0)
         if mfu:
-            # MFU is tokens/s times a constant (FLOPs per token / peak) unless
-            # a resume changed the world or the peak: then a right axis
-            # aligned with tokens/s, else its own dashed line
+            # MFU is tokens/s times FLOPs per token / peak, a constant until a
+            # restart changes the world or the measured peak: while it is, a
+            # right axis aligned with tokens/s, otherwise a dashed line
             ax_mfu = ax_tps.twinx()
             ax_mfu.set_gid("mfu_axis")
             tps = dict(zip(xs, ys))
