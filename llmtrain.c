@@ -1176,13 +1176,14 @@ static double tp_sumsq_sharded(Trainer *t, const float *a) {
     return sq;
 }
 
-/* The sum of squares of a model-sized array (whole: a, or this rank's shard
- * of it: shard) over the whole model, each element once: TP splits summed
- * over the TP group, shards over the shard group (replicas hold the same). */
-static double model_sumsq(Trainer *t, const float *a, const float *shard) {
+/* The sum of squares of a model-sized array over the whole model, each
+ * element once; a is this rank's shard of it when sharded (summed over the
+ * shard group; replicas hold the same), else all of it. TP splits are summed
+ * over the TP group. */
+static double model_sumsq(Trainer *t, const float *a) {
     double sq;
     if (t->sharded) {
-        sq = t->dist.tp > 1 ? tp_sumsq_sharded(t, shard) : t->k->sumsq(shard, t->n_shard);
+        sq = t->dist.tp > 1 ? tp_sumsq_sharded(t, a) : t->k->sumsq(a, t->n_shard);
         dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
         dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
     } else {
@@ -1234,13 +1235,13 @@ static StepStats train_step(Trainer *t, int step) {
         dist_phase(&t->dist, step + 1, "reduce_scatter");
         reduce_grads(t, poison);
         /* replicas hold identical shards: the norm sums over the shard group only */
-        double sq = model_sumsq(t, NULL, t->gshard);
+        double sq = model_sumsq(t, t->gshard);
         dist_allreduce_sum_f64(&t->dist, red, 1);
         red[1] = sq;
     } else {
         dist_phase(&t->dist, step + 1, "allreduce");
         dist_allreduce_sum_f32(&t->dist, m->grads, m->n_params);
-        red[1] = model_sumsq(t, m->grads, NULL);
+        red[1] = model_sumsq(t, m->grads);
         dist_allreduce_sum_f64(&t->dist, red, 1);
     }
     /* every TP rank of a data-parallel slot holds the same loss */
@@ -1277,9 +1278,13 @@ static StepStats train_step(Trainer *t, int step) {
         adamw_step(t, (float)s.lr, scale, step);
     }
     refresh_working(t, step + 1);
-    /* the master weights after the update (the fp32 params without a master copy) */
-    if (c->log_param_norm) dist_phase(&t->dist, step + 1, "param_norm");
-    s.pnorm = c->log_param_norm ? sqrt(model_sumsq(t, t->master ? t->master : m->params, t->master)) : NAN;
+    /* the master weights after the update (sharded: the master shard; the
+     * fp32 params without a master copy) */
+    s.pnorm = NAN;
+    if (c->log_param_norm) {
+        dist_phase(&t->dist, step + 1, "param_norm");
+        s.pnorm = sqrt(model_sumsq(t, t->master ? t->master : m->params));
+    }
     s.comm_ag = t->dist.bytes_allgather;
     s.comm_rs = t->dist.bytes_reduce_scatter;
     s.comm_ar = t->dist.bytes_allreduce;
