@@ -32,6 +32,8 @@ typedef struct ModelConfig {
 enum { LR_COSINE, LR_LINEAR, LR_CONSTANT, LR_INVERSE_SQRT, LR_WSD };
 #define WSD_STYLES "linear|cosine|exponential|minus_sqrt"
 enum { WSD_LINEAR, WSD_COSINE, WSD_EXPONENTIAL, WSD_MINUS_SQRT };
+/* train.attention_mask, by index of "causal|block_causal" */
+enum { ATT_MASK_CAUSAL, ATT_MASK_BLOCK_CAUSAL };
 
 typedef struct Config {
     char path[1024];     /* job file, for messages */
@@ -46,6 +48,7 @@ typedef struct Config {
     char data_val[1024];
     char data_vocab[1024];
     int data_shuffle;
+    int eod_token;       /* data.eod_token: the token that ends a document (-1: none) */
     /* train */
     int steps;
     int seq_len;
@@ -60,6 +63,7 @@ typedef struct Config {
     int act_offload;     /* train.activation_offload */
     int param_dtype;     /* 0 fp32, 1 bf16: precision of the working weights (master stays fp32) */
     char compute_dtype[8];    /* bf16|tf32|fp32: the CUDA backend's products and [a] buffers */
+    int attention_mask;       /* ATT_MASK_CAUSAL | ATT_MASK_BLOCK_CAUSAL, by index of causal|block_causal */
     char attention_kernel[8]; /* auto|cudnn|flash|gemm: the CUDA backend's attention */
     /* optim */
     float lr, min_lr;

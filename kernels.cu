@@ -1439,37 +1439,43 @@ static AttPass att_pass(int h, int B, int T, int nh, int nkv, int hd) {
     return a;
 }
 
+/* The first key of query t of batch entry e under the pass's qstart (a
+ * block-causal mask: its document's first token), else 0 */
+__device__ __forceinline__ int att_start(const int *qstart, size_t e, int T, int t) {
+    return qstart ? qstart[e * T + t] : 0;
+}
+
 /* one block per row of a pass's scores ([B*T] rows of T): softmax over
- * [0, t], zero beyond; the scores arrive scaled. lse[(e*nh + h)*T + t] gets
- * the row's log-sum-exp. */
-__global__ void causal_softmax_lse_k(float *p, float *lse, int T, int nh, int h) {
+ * [s, t] (s = att_start), zero elsewhere; the scores arrive scaled.
+ * lse[(e*nh + h)*T + t] gets the row's log-sum-exp. */
+__global__ void causal_softmax_lse_k(float *p, float *lse, const int *qstart, int T, int nh, int h) {
     size_t row = blockIdx.x, e = row / T;
-    int t = (int)(row % T);
+    int t = (int)(row % T), s0 = att_start(qstart, e, T, t);
     float *x = p + row * T;
     float m = -INFINITY;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, x[j]);
+    for (int j = s0 + (int)threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, x[j]);
     m = block_max(m);
     float s = 0.0f;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) s += expf(x[j] - m);
+    for (int j = s0 + (int)threadIdx.x; j <= t; j += blockDim.x) s += expf(x[j] - m);
     s = block_sum(s);
     float inv = 1.0f / s;
-    for (int j = threadIdx.x; j < T; j += blockDim.x) x[j] = j <= t ? expf(x[j] - m) * inv : 0.0f;
+    for (int j = threadIdx.x; j < T; j += blockDim.x) x[j] = j >= s0 && j <= t ? expf(x[j] - m) * inv : 0.0f;
     if (threadIdx.x == 0) lse[(e * nh + h) * T + t] = m + logf(s);
 }
 
 /* the backward's probabilities again: scaled scores -> exp(s - lse) on
- * [0, t], zero beyond */
-__global__ void causal_exp_lse_k(float *p, const float *lse, int T, int nh, int h) {
+ * [s, t], zero elsewhere */
+__global__ void causal_exp_lse_k(float *p, const float *lse, const int *qstart, int T, int nh, int h) {
     size_t row = blockIdx.x, e = row / T;
-    int t = (int)(row % T);
+    int t = (int)(row % T), s0 = att_start(qstart, e, T, t);
     float *x = p + row * T;
     float l = lse[(e * nh + h) * T + t];
-    for (int j = threadIdx.x; j < T; j += blockDim.x) x[j] = j <= t ? expf(x[j] - l) : 0.0f;
+    for (int j = threadIdx.x; j < T; j += blockDim.x) x[j] = j >= s0 && j <= t ? expf(x[j] - l) : 0.0f;
 }
 
 /* dP -> dS in place for one pass: dS = P * (dP - D) * scale with D the row's
  * dO . O (= sum P * dP); row r belongs to batch entry e = r / T, whose out
- * and dout rows start at e*so + t*OS + o */
+ * and dout rows start at e*so + t*OS + o. P is zero outside [s, t], so dS is. */
 __global__ void causal_softmax_bwd_k(float *ds, const float *p, const float *out, const float *dout, long long so,
                                      int OS, size_t o, int hd, int T, float scale) {
     size_t row = blockIdx.x, e = row / T;
@@ -1636,20 +1642,30 @@ template <int HD> __device__ __forceinline__ void fl_put_row(float *row, const f
 
 /* A block of the forward or dQ kernel, grid (B * nh, query tiles), the
  * last query tile (most key tiles) first: sequence b, query head h, its kv
- * head kh, query rows [q0, q0 + BM), key tiles [0, nkt) up to the
- * diagonal; qkv rows are S floats, out / dout rows OS. */
+ * head kh, query rows [q0, q0 + BM), key tiles [kt0, nkt) up to the
+ * diagonal (kt0 0, or under a block-causal mask the tile of the first
+ * row's qstart, the smallest of the block's); qs: row b's qstart or NULL;
+ * qkv rows are S floats, out / dout rows OS. */
 struct FlQBlock {
-    int b, h, kh, q0, nkt;
+    int b, h, kh, q0, kt0, nkt;
     size_t S, OS;
+    const int *qs;
 };
 
-template <int HD, int BM, int BN> __device__ __forceinline__ FlQBlock fl_qblock(int T, int nh, int nkv) {
+/* the first key query q may attend to (qs: its row's qstart, or NULL);
+ * rows past T, which are never stored, take 0 */
+__device__ __forceinline__ int fl_start(const int *qs, int q, int T) { return qs && q < T ? qs[q] : 0; }
+
+template <int HD, int BM, int BN>
+__device__ __forceinline__ FlQBlock fl_qblock(const int *qstart, int T, int nh, int nkv) {
     FlQBlock k;
     const int bh = (int)blockIdx.x, nqt = (T + BM - 1) / BM;
     k.b = bh / nh;
     k.h = bh % nh;
     k.kh = k.h / (nh / nkv);
     k.q0 = (nqt - 1 - (int)blockIdx.y) * BM;
+    k.qs = qstart ? qstart + (size_t)k.b * T : NULL;
+    k.kt0 = fl_start(k.qs, k.q0, T) / BN;
     k.nkt = ((k.q0 + BM < T ? k.q0 + BM : T) - 1) / BN + 1;
     k.S = (size_t)(nh + 2 * nkv) * HD;
     k.OS = (size_t)nh * HD;
@@ -1858,31 +1874,45 @@ template <bool TC, int HD, int BM, int BN> constexpr size_t fl_dq_floats() {
     return (size_t)(2 * BM + 2 * BN) * (HD + 4) + (size_t)(TC ? 2 : 1) * BN * (BM + 4);
 }
 template <int HD, int BN, int BM> constexpr size_t fl_dkv_floats() {
-    return (size_t)(2 * BN + 2 * BM) * (HD + 4) + (size_t)2 * BM * (BN + 4) + 2 * BM;
+    return (size_t)(2 * BN + 2 * BM) * (HD + 4) + (size_t)2 * BM * (BN + 4) + 3 * BM; /* ls, Ds, qss */
+}
+
+/* dK / dV's query tiles of BM rows end at the first from q0 / BM = qt0 on
+ * whose first row's qstart (the smallest of the tile's) is past key kl:
+ * qstart never decreases along a row, so no later row attends to kl or an
+ * earlier key. nqt without a block-causal mask (qs NULL). The same for every
+ * thread of a block. */
+template <int BM> __device__ __forceinline__ int fl_qend(const int *qs, int kl, int qt0, int nqt, int T) {
+    if (!qs) return nqt;
+    int qt = qt0;
+    while (qt < nqt && fl_start(qs, qt * BM, T) <= kl) qt++;
+    return qt;
 }
 
 /* forward: grid (B * nh, query tiles), the last query tile first */
 template <bool TC, int HD, int BM, int BN>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_fwd_k(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv, int T, int nh,
-                int nkv, float scale) {
+    flash_fwd_k(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv,
+                const int *__restrict__ qstart, int T, int nh, int nkv, float scale) {
     constexpr int LDH = HD + 4, LDP = BM + 4, RM = BM / 16, CN = BN / 8, OC = HD / 8;
     static_assert(BM % 16 == 0 && BN % 16 == 0 && HD % 32 == 0 && (RM == 2 || RM == 4), "flash tile shape");
     /* Ts (tensor cores only): one tile's P V */
     float *Qs = fl_base(), *Ks = Qs + BM * LDH, *Vs = Ks + BN * LDH, *Pt = Vs + BN * LDH, *Ts = Pt + BN * LDP;
     const int tid = (int)threadIdx.x, tx = tid & 7, ty = tid >> 3;
-    const FlQBlock blk = fl_qblock<HD, BM, BN>(T, nh, nkv);
+    const FlQBlock blk = fl_qblock<HD, BM, BN>(qstart, T, nh, nkv);
     const int b = blk.b, h = blk.h, kh = blk.kh, q0 = blk.q0;
     const float *seq = qkv + (size_t)b * T * blk.S;
     fl_load<HD, BM>(Qs, seq + (size_t)h * HD, blk.S, q0, T, tid);
     float o[RM][OC], m[RM], l[RM];
+    int qs[RM];
     fl_zero(o);
 #pragma unroll
     for (int i = 0; i < RM; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
+        qs[i] = fl_start(blk.qs, q0 + ty * RM + i, T);
     }
-    for (int kt = 0; kt < blk.nkt; kt++) {
+    for (int kt = blk.kt0; kt < blk.nkt; kt++) {
         const int k0 = kt * BN;
         __syncthreads(); /* the previous tile's readers of Ks, Vs, Pt, Ts are done */
         fl_load_kv<HD, BN>(Ks, Vs, seq, nh, nkv, kh, k0, T, tid);
@@ -1896,7 +1926,7 @@ __global__ void __launch_bounds__(FL_THREADS)
 #pragma unroll
             for (int j = 0; j < CN; j++) {
                 const int k = k0 + tx + 8 * j;
-                s[i][j] = k <= q && k < T ? s[i][j] * scale : -INFINITY;
+                s[i][j] = k <= q && k >= qs[i] && k < T ? s[i][j] * scale : -INFINITY;
                 mx = fmaxf(mx, s[i][j]);
             }
             mx = fl_max8(mx);
@@ -1965,20 +1995,21 @@ __global__ void flash_dot_k(float *__restrict__ D, const OT *__restrict__ out, c
 template <bool TC, int HD, int BM, int BN>
 __global__ void __launch_bounds__(FL_THREADS)
     flash_bwd_dq_k(float *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
-                   const float *__restrict__ lse, const float *__restrict__ Dr, int T, int nh, int nkv,
-                   float scale) {
+                   const float *__restrict__ lse, const float *__restrict__ Dr, const int *__restrict__ qstart, int T,
+                   int nh, int nkv, float scale) {
     constexpr int LDH = HD + 4, LDP = BM + 4, RM = BM / 16, CN = BN / 8, OC = HD / 8;
     static_assert(BM % 16 == 0 && BN % 16 == 0 && HD % 32 == 0 && (RM == 2 || RM == 4), "flash tile shape");
     /* dPt (tensor cores only): the dP tile, transposed */
     float *Qs = fl_base(), *dOs = Qs + BM * LDH, *Ks = dOs + BM * LDH, *Vs = Ks + BN * LDH, *dSt = Vs + BN * LDH;
     float *dPt = dSt + BN * LDP;
     const int tid = (int)threadIdx.x, tx = tid & 7, ty = tid >> 3;
-    const FlQBlock blk = fl_qblock<HD, BM, BN>(T, nh, nkv);
+    const FlQBlock blk = fl_qblock<HD, BM, BN>(qstart, T, nh, nkv);
     const int b = blk.b, h = blk.h, kh = blk.kh, q0 = blk.q0;
     const float *seq = qkv + (size_t)b * T * blk.S;
     fl_load<HD, BM>(Qs, seq + (size_t)h * HD, blk.S, q0, T, tid);
     fl_load<HD, BM>(dOs, dout + (size_t)b * T * blk.OS + (size_t)h * HD, blk.OS, q0, T, tid);
     float lr[RM], dr[RM], dq[RM][OC];
+    int qs[RM];
     FlFrag f[TC ? BM * HD / 1024 : 1];
     fl_zero(dq);
     if constexpr (TC) fl_frag_zero(f);
@@ -1988,8 +2019,9 @@ __global__ void __launch_bounds__(FL_THREADS)
         const size_t li = ((size_t)b * nh + h) * T + q;
         lr[i] = q < T ? lse[li] : 0.0f;
         dr[i] = q < T ? Dr[li] : 0.0f;
+        qs[i] = fl_start(blk.qs, q, T);
     }
-    for (int kt = 0; kt < blk.nkt; kt++) {
+    for (int kt = blk.kt0; kt < blk.nkt; kt++) {
         const int k0 = kt * BN;
         __syncthreads(); /* the previous tile's readers of Ks, Vs, dSt, dPt are done */
         fl_load_kv<HD, BN>(Ks, Vs, seq, nh, nkv, kh, k0, T, tid);
@@ -2003,7 +2035,7 @@ __global__ void __launch_bounds__(FL_THREADS)
 #pragma unroll
             for (int i = 0; i < RM; i++) {
                 const int q = q0 + ty * RM + i;
-                const float p = k <= q && q < T ? expf(s[i][j] * scale - lr[i]) : 0.0f;
+                const float p = k <= q && k >= qs[i] && q < T ? expf(s[i][j] * scale - lr[i]) : 0.0f;
                 s[i][j] = p * (dp[i][j] - dr[i]) * scale;
             }
         }
@@ -2028,17 +2060,22 @@ __global__ void __launch_bounds__(FL_THREADS)
 template <bool TC, int HD, int BN, int BM>
 __global__ void __launch_bounds__(FL_THREADS)
     flash_bwd_dkv_k(float *__restrict__ dqkv, const float *__restrict__ dout, const float *__restrict__ qkv,
-                    const float *__restrict__ lse, const float *__restrict__ Dr, int T, int nh, int nkv,
-                    float scale) {
+                    const float *__restrict__ lse, const float *__restrict__ Dr, const int *__restrict__ qstart, int T,
+                    int nh, int nkv, float scale) {
     constexpr int LDH = HD + 4, LDP = BN + 4, RM = BN / 16, CN = BM / 8, OC = HD / 8;
     static_assert(BN % 16 == 0 && BM % 16 == 0 && HD % 32 == 0 && (RM == 2 || RM == 4) && BN <= BM,
                   "flash tile shape");
     float *Ks = fl_base(), *Vs = Ks + BN * LDH, *Qs = Vs + BN * LDH, *dOs = Qs + BM * LDH;
     float *Pt = dOs + BM * LDH, *dSt = Pt + BM * LDP, *ls = dSt + BM * LDP, *Ds = ls + BM;
+    int *qss = reinterpret_cast<int *>(Ds + BM);
     const int tid = (int)threadIdx.x, tx = tid & 7, ty = tid >> 3;
     const int bk = (int)blockIdx.x, b = bk / nkv, kh = bk % nkv, group = nh / nkv;
     const int k0 = (int)blockIdx.y * BN, nqt = (T + BM - 1) / BM;
     const size_t S = (size_t)(nh + 2 * nkv) * HD, OS = (size_t)nh * HD;
+    const int *qsrow = qstart ? qstart + (size_t)b * T : NULL;
+    /* under a block-causal mask, the query tiles from qend on start their
+     * documents after this key tile's last key: none of them attends to it */
+    const int qend = fl_qend<BM>(qsrow, k0 + BN - 1, k0 / BM, nqt, T);
     const float *seq = qkv + (size_t)b * T * S;
     const float *dseq = dout + (size_t)b * T * OS;
     fl_load_kv<HD, BN>(Ks, Vs, seq, nh, nkv, kh, k0, T, tid);
@@ -2051,9 +2088,9 @@ __global__ void __launch_bounds__(FL_THREADS)
         fl_frag_zero(fv);
     }
     for (int h = kh * group; h < (kh + 1) * group; h++) {
-        for (int qt = k0 / BM; qt < nqt; qt++) { /* tiles before k0 / BM end above the diagonal */
+        for (int qt = k0 / BM; qt < qend; qt++) { /* tiles before k0 / BM end above the diagonal */
             const int q0 = qt * BM;
-            __syncthreads(); /* the previous step's readers of Qs, dOs, Pt, dSt, ls, Ds are done */
+            __syncthreads(); /* the previous step's readers of Qs, dOs, Pt, dSt, ls, Ds, qss are done */
             fl_load<HD, BM>(Qs, seq + (size_t)h * HD, S, q0, T, tid);
             fl_load<HD, BM>(dOs, dseq + (size_t)h * HD, OS, q0, T, tid);
             for (int r = tid; r < BM; r += FL_THREADS) {
@@ -2061,6 +2098,7 @@ __global__ void __launch_bounds__(FL_THREADS)
                 const size_t li = ((size_t)b * nh + h) * T + q;
                 ls[r] = q < T ? lse[li] : 0.0f;
                 Ds[r] = q < T ? Dr[li] : 0.0f;
+                qss[r] = fl_start(qsrow, q, T);
             }
             __syncthreads();
             float st[RM][CN], dpt[RM][CN];
@@ -2070,10 +2108,11 @@ __global__ void __launch_bounds__(FL_THREADS)
             for (int j = 0; j < CN; j++) {
                 const int c = tx + 8 * j, q = q0 + c;
                 const float lq = ls[c], dd = Ds[c];
+                const int qsc = qss[c];
 #pragma unroll
                 for (int i = 0; i < RM; i++) {
                     const int k = k0 + ty * RM + i;
-                    const float p = k <= q && q < T ? expf(st[i][j] * scale - lq) : 0.0f;
+                    const float p = k <= q && k >= qsc && q < T ? expf(st[i][j] * scale - lq) : 0.0f;
                     st[i][j] = p;
                     dpt[i][j] = p * (dpt[i][j] - dd) * scale;
                 }
@@ -2118,19 +2157,19 @@ template <bool TC> struct FlCfg<TC, 128> {
 
 /* 0 when this shape does not fit (the caller takes the GEMM path) */
 template <bool TC, int HD>
-static int fl_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv) {
+static int fl_forward(float *out, float *lse, const float *qkv, const int *qstart, int B, int T, int nh, int nkv) {
     constexpr int BM = FlCfg<TC, HD>::FWD_M, BN = FlCfg<TC, HD>::FWD_N;
     const size_t smem = fl_fwd_floats<TC, HD, BM, BN>() * sizeof(float) + FL_SMEM_SLACK;
     const int nqt = (T + BM - 1) / BM;
     if (smem > smem_limit() || nqt > 65535) return 0;
     launch_smem(flash_fwd_k<TC, HD, BM, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse, qkv,
-              T, nh, nkv, 1.0f / sqrtf((float)HD));
+                qstart, T, nh, nkv, 1.0f / sqrtf((float)HD));
     return 1;
 }
 
 template <bool TC, int HD>
-static int fl_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int B,
-                       int T, int nh, int nkv) {
+static int fl_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                       const int *qstart, int B, int T, int nh, int nkv) {
     typedef FlCfg<TC, HD> C;
     const size_t smem_dq = fl_dq_floats<TC, HD, C::DQ_M, C::DQ_N>() * sizeof(float) + FL_SMEM_SLACK;
     const size_t smem_dkv = fl_dkv_floats<HD, C::DKV_N, C::DKV_M>() * sizeof(float) + FL_SMEM_SLACK;
@@ -2141,9 +2180,9 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
     float *D = fl_scratch(rows * sizeof(float));
     launch_smem(flash_dot_k<float, float>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD);
     launch_smem(flash_bwd_dq_k<TC, HD, C::DQ_M, C::DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq,
-              dqkv, dout, qkv, lse, (const float *)D, T, nh, nkv, scale);
+              dqkv, dout, qkv, lse, (const float *)D, qstart, T, nh, nkv, scale);
     launch_smem(flash_bwd_dkv_k<TC, HD, C::DKV_N, C::DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS,
-              smem_dkv, dqkv, dout, qkv, lse, (const float *)D, T, nh, nkv, scale);
+              smem_dkv, dqkv, dout, qkv, lse, (const float *)D, qstart, T, nh, nkv, scale);
     return 1;
 }
 
@@ -2353,12 +2392,12 @@ template <int HD, int R> __host__ __device__ constexpr int fb_words() { return R
 /* forward: grid (B * nh, query tiles), the last query tile first */
 template <int HD, int BN>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_bf16_fwd_k(float *__restrict__ out, float *__restrict__ lse, const __nv_bfloat16 *__restrict__ qkv, int T,
-                     int nh, int nkv, float scale) {
+    flash_bf16_fwd_k(float *__restrict__ out, float *__restrict__ lse, const __nv_bfloat16 *__restrict__ qkv,
+                     const int *__restrict__ qstart, int T, int nh, int nkv, float scale) {
     constexpr int LDW = HD / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
     uint32_t *Qs = fb_base(), *Ks = Qs + fb_words<HD, FB_BM>(), *Vs = Ks + fb_words<HD, BN>();
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
-    const FlQBlock blk = fl_qblock<HD, FB_BM, BN>(T, nh, nkv);
+    const FlQBlock blk = fl_qblock<HD, FB_BM, BN>(qstart, T, nh, nkv);
     const __nv_bfloat16 *seq = qkv + (size_t)blk.b * T * blk.S;
     fb_load<HD, FB_BM>(Qs, seq + (size_t)blk.h * HD, blk.S, blk.q0, T, tid);
     __syncthreads();
@@ -2366,19 +2405,23 @@ __global__ void __launch_bounds__(FL_THREADS)
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) fb_frag_a<LDW>(qa[kc], Qs, warp * 16, kc, lane);
     const int w0 = blk.q0 + warp * 16, row[2] = {w0 + (lane >> 2), w0 + (lane >> 2) + 8};
+    const int qs[2] = {fl_start(blk.qs, row[0], T), fl_start(blk.qs, row[1], T)};
+    /* the warp's rows' qstart span [ws0, ws1]: tiles before ws0 are skipped,
+     * tiles that begin before ws1 are masked */
+    const int ws0 = fl_start(blk.qs, w0, T), ws1 = fl_start(blk.qs, (w0 + 15 < T ? w0 + 15 : T - 1), T);
     const float sl2 = scale * FB_LOG2E;
     float o[OT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     fb_zero(o);
-    for (int kt = 0; kt < blk.nkt; kt++) {
+    for (int kt = blk.kt0; kt < blk.nkt; kt++) {
         const int k0 = kt * BN;
         __syncthreads(); /* the previous tile's readers of Ks and Vs are done */
         fb_load<HD, BN>(Ks, seq + (size_t)(nh + blk.kh) * HD, blk.S, k0, T, tid);
         fb_load<HD, BN>(Vs, seq + (size_t)(nh + nkv + blk.kh) * HD, blk.S, k0, T, tid);
         __syncthreads();
-        if (k0 > w0 + 15) continue; /* every key after every row of the warp */
+        if (k0 > w0 + 15 || k0 + BN <= ws0) continue; /* every key after every row of the warp, or before */
         float s[NT][4];
         fb_scores<KC, NT, LDW>(s, qa, Ks, lane);
-        const bool edge = k0 + BN - 1 > w0 || k0 + BN > T;
+        const bool edge = k0 + BN - 1 > w0 || k0 + BN > T || k0 < ws1;
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int j = 0; j < NT; j++)
@@ -2386,7 +2429,7 @@ __global__ void __launch_bounds__(FL_THREADS)
             for (int e = 0; e < 4; e++) {
                 const int k = k0 + 8 * j + 2 * t + (e & 1);
                 float v = s[j][e] * sl2;
-                if (edge && (k > row[e >> 1] || k >= T)) v = -INFINITY;
+                if (edge && (k > row[e >> 1] || k < qs[e >> 1] || k >= T)) v = -INFINITY;
                 s[j][e] = v;
                 mx[e >> 1] = fmaxf(mx[e >> 1], v);
             }
@@ -2433,12 +2476,13 @@ template <int HD, int BN>
 __global__ void __launch_bounds__(FL_THREADS)
     flash_bf16_dq_k(__nv_bfloat16 *__restrict__ dqkv, const __nv_bfloat16 *__restrict__ dout,
                     const __nv_bfloat16 *__restrict__ qkv, const float *__restrict__ lse,
-                    const float *__restrict__ Dr, int T, int nh, int nkv, float scale) {
+                    const float *__restrict__ Dr, const int *__restrict__ qstart, int T, int nh, int nkv,
+                    float scale) {
     constexpr int LDW = HD / 2 + 4, KC = HD / 16, NT = BN / 8, OT = HD / 8;
     uint32_t *Qs = fb_base(), *dOs = Qs + fb_words<HD, FB_BM>(), *Ks = dOs + fb_words<HD, FB_BM>();
     uint32_t *Vs = Ks + fb_words<HD, BN>();
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
-    const FlQBlock blk = fl_qblock<HD, FB_BM, BN>(T, nh, nkv);
+    const FlQBlock blk = fl_qblock<HD, FB_BM, BN>(qstart, T, nh, nkv);
     const __nv_bfloat16 *seq = qkv + (size_t)blk.b * T * blk.S;
     fb_load<HD, FB_BM>(Qs, seq + (size_t)blk.h * HD, blk.S, blk.q0, T, tid);
     fb_load<HD, FB_BM>(dOs, dout + (size_t)blk.b * T * blk.OS + (size_t)blk.h * HD, blk.OS, blk.q0, T, tid);
@@ -2450,6 +2494,8 @@ __global__ void __launch_bounds__(FL_THREADS)
         fb_frag_a<LDW>(da[kc], dOs, warp * 16, kc, lane);
     }
     const int w0 = blk.q0 + warp * 16, row[2] = {w0 + (lane >> 2), w0 + (lane >> 2) + 8};
+    const int qs[2] = {fl_start(blk.qs, row[0], T), fl_start(blk.qs, row[1], T)};
+    const int ws0 = fl_start(blk.qs, w0, T), ws1 = fl_start(blk.qs, (w0 + 15 < T ? w0 + 15 : T - 1), T);
     const float sl2 = scale * FB_LOG2E;
     float l2[2], dd[2];
 #pragma unroll
@@ -2460,23 +2506,24 @@ __global__ void __launch_bounds__(FL_THREADS)
     }
     float dq[OT][4];
     fb_zero(dq);
-    for (int kt = 0; kt < blk.nkt; kt++) {
+    for (int kt = blk.kt0; kt < blk.nkt; kt++) {
         const int k0 = kt * BN;
         __syncthreads(); /* the previous tile's readers of Ks and Vs are done */
         fb_load<HD, BN>(Ks, seq + (size_t)(nh + blk.kh) * HD, blk.S, k0, T, tid);
         fb_load<HD, BN>(Vs, seq + (size_t)(nh + nkv + blk.kh) * HD, blk.S, k0, T, tid);
         __syncthreads();
-        if (k0 > w0 + 15) continue;
+        if (k0 > w0 + 15 || k0 + BN <= ws0) continue;
         float s[NT][4], dp[NT][4];
         fb_scores<KC, NT, LDW>(s, qa, Ks, lane);
         fb_scores<KC, NT, LDW>(dp, da, Vs, lane);
-        const bool edge = k0 + BN - 1 > w0;
+        const bool edge = k0 + BN - 1 > w0 || k0 < ws1;
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int k = k0 + 8 * j + 2 * t + (e & 1), q = row[e >> 1];
-                const float p = (!edge || k <= q) && q < T ? exp2f(s[j][e] * sl2 - l2[e >> 1]) : 0.0f;
+                const float p =
+                    (!edge || (k <= q && k >= qs[e >> 1])) && q < T ? exp2f(s[j][e] * sl2 - l2[e >> 1]) : 0.0f;
                 s[j][e] = p * (dp[j][e] - dd[e >> 1]);
             }
         fb_accum<NT / 2, OT, LDW>(dq, s, Ks, lane);
@@ -2500,15 +2547,19 @@ template <int HD, int BM>
 __global__ void __launch_bounds__(FL_THREADS)
     flash_bf16_dkv_k(__nv_bfloat16 *__restrict__ dqkv, const __nv_bfloat16 *__restrict__ dout,
                      const __nv_bfloat16 *__restrict__ qkv, const float *__restrict__ lse,
-                     const float *__restrict__ Dr, int T, int nh, int nkv, float scale) {
+                     const float *__restrict__ Dr, const int *__restrict__ qstart, int T, int nh, int nkv,
+                     float scale) {
     constexpr int BN = FB_BM, LDW = HD / 2 + 4, KC = HD / 16, NT = BM / 8, OT = HD / 8;
     constexpr bool KREG = HD <= 64;
     uint32_t *Ks = fb_base(), *Vs = Ks + fb_words<HD, BN>(), *Qs = Vs + fb_words<HD, BN>();
     uint32_t *dOs = Qs + fb_words<HD, BM>();
     float *ls = reinterpret_cast<float *>(dOs + fb_words<HD, BM>()), *Ds = ls + BM;
+    int *qss = reinterpret_cast<int *>(Ds + BM);
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
     const int bk = (int)blockIdx.x, b = bk / nkv, kh = bk % nkv, group = nh / nkv;
     const int k0 = (int)blockIdx.y * BN, nqt = (T + BM - 1) / BM;
+    const int *qsrow = qstart ? qstart + (size_t)b * T : NULL;
+    const int qend = fl_qend<BM>(qsrow, k0 + BN - 1, k0 / BM, nqt, T); /* see flash_bwd_dkv_k */
     const size_t S = (size_t)(nh + 2 * nkv) * HD, OS = (size_t)nh * HD;
     const __nv_bfloat16 *seq = qkv + (size_t)b * T * S, *dseq = dout + (size_t)b * T * OS;
     fb_load<HD, BN>(Ks, seq + (size_t)(nh + kh) * HD, S, k0, T, tid);
@@ -2528,7 +2579,7 @@ __global__ void __launch_bounds__(FL_THREADS)
     fb_zero(dk);
     fb_zero(dv);
     for (int h = kh * group; h < (kh + 1) * group; h++) {
-        for (int qt = k0 / BM; qt < nqt; qt++) { /* tiles before k0 / BM end above the diagonal */
+        for (int qt = k0 / BM; qt < qend; qt++) { /* tiles before k0 / BM end above the diagonal */
             const int q0 = qt * BM;
             __syncthreads(); /* the previous step's readers are done */
             const __nv_bfloat16 *qg = seq + (size_t)h * HD, *dg = dseq + (size_t)h * HD;
@@ -2539,9 +2590,12 @@ __global__ void __launch_bounds__(FL_THREADS)
                 const size_t li = ((size_t)b * nh + h) * T + q;
                 ls[r] = q < T ? lse[li] * FB_LOG2E : 0.0f;
                 Ds[r] = q < T ? Dr[li] : 0.0f;
+                qss[r] = fl_start(qsrow, q, T);
             }
             __syncthreads();
-            if (q0 + BM - 1 < w0) continue; /* every query before every key of the warp */
+            /* every query before every key of the warp, or its document
+             * after them (the tile's first query's qstart is its smallest) */
+            if (q0 + BM - 1 < w0 || qss[0] > w0 + 15) continue;
             float st[NT][4], dpt[NT][4];
             if constexpr (KREG) {
                 fb_scores<KC, NT, LDW>(st, ka, Qs, lane);
@@ -2558,14 +2612,17 @@ __global__ void __launch_bounds__(FL_THREADS)
                     fb_mma_nk<NT, LDW>(dpt, a, dOs, kc, lane);
                 }
             }
-            const bool edge = q0 < w0 + 15 || q0 + BM > T;
+            /* masked: the diagonal, T, or a document that starts after the
+             * warp's first key (qss[BM - 1], the tile's largest qstart) */
+            const bool edge = q0 < w0 + 15 || q0 + BM > T || qss[BM - 1] > w0;
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = 8 * j + 2 * t + (e & 1), q = q0 + c;
-                    const float p =
-                        !edge || (key[e >> 1] <= q && q < T) ? exp2f(st[j][e] * sl2 - ls[c]) : 0.0f;
+                    const float p = !edge || (key[e >> 1] <= q && key[e >> 1] >= qss[c] && q < T)
+                                        ? exp2f(st[j][e] * sl2 - ls[c])
+                                        : 0.0f;
                     st[j][e] = p;
                     dpt[j][e] = p * (dpt[j][e] - Ds[c]);
                 }
@@ -2593,25 +2650,26 @@ template <int HD> struct FbCfg {
     static constexpr int FWD_N = 64, DQ_N = HD > 64 ? 32 : 64, DKV_M = HD > 64 ? 32 : 64;
 };
 
-template <int HD> static int fb_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv) {
+template <int HD>
+static int fb_forward(float *out, float *lse, const float *qkv, const int *qstart, int B, int T, int nh, int nkv) {
     constexpr int BN = FbCfg<HD>::FWD_N;
     const size_t smem =
         (size_t)(fb_words<HD, FB_BM>() + 2 * fb_words<HD, BN>()) * 4 + FL_SMEM_SLACK;
     const int nqt = (T + FB_BM - 1) / FB_BM;
     if (smem > smem_limit() || nqt > 65535) return 0;
     launch_smem(flash_bf16_fwd_k<HD, BN>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem, out, lse,
-                CACT16(qkv), T, nh, nkv, 1.0f / sqrtf((float)HD));
+                CACT16(qkv), qstart, T, nh, nkv, 1.0f / sqrtf((float)HD));
     return 1;
 }
 
 template <int HD>
-static int fb_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int B,
-                       int T, int nh, int nkv) {
+static int fb_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                       const int *qstart, int B, int T, int nh, int nkv) {
     constexpr int DQ_N = FbCfg<HD>::DQ_N, DKV_M = FbCfg<HD>::DKV_M;
     const size_t smem_dq =
         (size_t)(2 * fb_words<HD, FB_BM>() + 2 * fb_words<HD, DQ_N>()) * 4 + FL_SMEM_SLACK;
     const size_t smem_dkv =
-        (size_t)(2 * fb_words<HD, FB_BM>() + 2 * fb_words<HD, DKV_M>() + 2 * DKV_M) * 4 + FL_SMEM_SLACK;
+        (size_t)(2 * fb_words<HD, FB_BM>() + 2 * fb_words<HD, DKV_M>() + 3 * DKV_M) * 4 + FL_SMEM_SLACK; /* ls, Ds, qss */
     const int nqt = (T + FB_BM - 1) / FB_BM, nkt = (T + FB_BM - 1) / FB_BM;
     if (smem_dq > smem_limit() || smem_dkv > smem_limit() || nqt > 65535) return 0;
     const float scale = 1.0f / sqrtf((float)HD);
@@ -2620,9 +2678,9 @@ static int fb_backward(float *dqkv, const float *dout, const float *qkv, const f
     launch_smem(flash_dot_k<__nv_bfloat16, __nv_bfloat16>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, CACT16(out),
                 CACT16(dout), B, T, nh, HD);
     launch_smem(flash_bf16_dq_k<HD, DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq, ACT16(dqkv),
-                CACT16(dout), CACT16(qkv), lse, (const float *)D, T, nh, nkv, scale);
+                CACT16(dout), CACT16(qkv), lse, (const float *)D, qstart, T, nh, nkv, scale);
     launch_smem(flash_bf16_dkv_k<HD, DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS, smem_dkv,
-                ACT16(dqkv), CACT16(dout), CACT16(qkv), lse, (const float *)D, T, nh, nkv, scale);
+                ACT16(dqkv), CACT16(dout), CACT16(qkv), lse, (const float *)D, qstart, T, nh, nkv, scale);
     return 1;
 }
 // ---- bf16 tensor-core flash attention region: end ----
@@ -2632,17 +2690,18 @@ static int fl_aligned(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 /* The fused forward when it takes this shape (head dim 32, 64 or 128,
  * 16-byte aligned operands, B * heads and tiles within the grid limits);
  * else 0 and nothing ran. Tensor cores when fl_tensor_cores() says so. */
-static int flash_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
+static int flash_attention_forward(float *out, float *lse, const float *qkv, const int *qstart, int B, int T, int nh,
+                                   int nkv, int hd) {
     if (B <= 0 || T <= 0) return 1;
     if (!fl_aligned(qkv) || !fl_aligned(out) || (size_t)B * nh > 0x7fffffffu) return 0;
     const int tc = fl_tensor_cores();
     if (fl_bf16()) switch (hd) {
-        case 32: return fb_forward<32>(out, lse, qkv, B, T, nh, nkv);
-        case 64: return fb_forward<64>(out, lse, qkv, B, T, nh, nkv);
-        case 128: return fb_forward<128>(out, lse, qkv, B, T, nh, nkv);
+        case 32: return fb_forward<32>(out, lse, qkv, qstart, B, T, nh, nkv);
+        case 64: return fb_forward<64>(out, lse, qkv, qstart, B, T, nh, nkv);
+        case 128: return fb_forward<128>(out, lse, qkv, qstart, B, T, nh, nkv);
         default: return 0;
         }
-#define FL_FWD(TC, HD) fl_forward<TC, HD>(out, lse, qkv, B, T, nh, nkv)
+#define FL_FWD(TC, HD) fl_forward<TC, HD>(out, lse, qkv, qstart, B, T, nh, nkv)
     switch (hd) {
     case 32: return tc ? FL_FWD(true, 32) : FL_FWD(false, 32);
     case 64: return tc ? FL_FWD(true, 64) : FL_FWD(false, 64);
@@ -2653,19 +2712,19 @@ static int flash_attention_forward(float *out, float *lse, const float *qkv, int
 }
 
 static int flash_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                    const float *lse, int B, int T, int nh, int nkv, int hd) {
+                                    const float *lse, const int *qstart, int B, int T, int nh, int nkv, int hd) {
     if (B <= 0 || T <= 0) return 1;
     if (!fl_aligned(dqkv) || !fl_aligned(dout) || !fl_aligned(qkv) || !fl_aligned(out) ||
         (size_t)B * nh > 0x7fffffffu)
         return 0;
     const int tc = fl_tensor_cores();
     if (fl_bf16()) switch (hd) {
-        case 32: return fb_backward<32>(dqkv, dout, qkv, out, lse, B, T, nh, nkv);
-        case 64: return fb_backward<64>(dqkv, dout, qkv, out, lse, B, T, nh, nkv);
-        case 128: return fb_backward<128>(dqkv, dout, qkv, out, lse, B, T, nh, nkv);
+        case 32: return fb_backward<32>(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv);
+        case 64: return fb_backward<64>(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv);
+        case 128: return fb_backward<128>(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv);
         default: return 0;
         }
-#define FL_BWD(TC, HD) fl_backward<TC, HD>(dqkv, dout, qkv, out, lse, B, T, nh, nkv)
+#define FL_BWD(TC, HD) fl_backward<TC, HD>(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv)
     switch (hd) {
     case 32: return tc ? FL_BWD(true, 32) : FL_BWD(false, 32);
     case 64: return tc ? FL_BWD(true, 64) : FL_BWD(false, 64);
@@ -3212,7 +3271,8 @@ static int dn_attention_backward(float *dqkv, const float *dout, const float *qk
  * TF32 / fp32 fused kernels) */
 static Scratch sc_att32, sc_att_qkv32;
 
-static void attention_forward_gemm(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
+static void attention_forward_gemm(float *out, float *lse, const float *qkv, const int *qstart, int B, int T, int nh,
+                                   int nkv, int hd) {
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     float *P = (float *)scratch_get(&sc_attp, (size_t)B * T * T * sizeof(float));
@@ -3220,7 +3280,7 @@ static void attention_forward_gemm(float *out, float *lse, const float *qkv, int
         AttPass a = att_pass(h, B, T, nh, nkv, hd);
         /* P = softmax(scale * Q K^T) over the full square, then P V */
         rm_gemm(0, 1, T, T, hd, scale, qkv + a.q, S, a.sqkv, qkv + a.k, S, a.sqkv, 0.0f, P, T, a.sp, a.count, NULL);
-        causal_softmax_lse_k<<<(unsigned)((size_t)B * T), row_threads(T)>>>(P, lse, T, nh, h);
+        causal_softmax_lse_k<<<(unsigned)((size_t)B * T), row_threads(T)>>>(P, lse, qstart, T, nh, h);
         LAUNCH_CHECK();
         rm_gemm(0, 0, T, hd, T, 1.0f, P, T, a.sp, qkv + a.v, S, a.sqkv, 0.0f, out + a.o, OS, a.so, a.count, NULL);
     }
@@ -3228,28 +3288,30 @@ static void attention_forward_gemm(float *out, float *lse, const float *qkv, int
 
 /* qkv and out are [a]: under bf16 cuDNN and the bf16 fused kernels read
  * and write them as bf16; any other path reads an fp32 copy of qkv and
- * writes fp32 into sc_att32, converted after */
-static void attention_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
+ * writes fp32 into sc_att32, converted after. cuDNN's graphs are causal
+ * only: a block-causal mask (qstart) takes the fused kernels. */
+static void attention_forward(float *out, float *lse, const float *qkv, const int *qstart, int B, int T, int nh,
+                              int nkv, int hd) {
     check_heads(nh, nkv);
     const int mode = attention_mode(), flash = mode != ATT_GEMM;
-    if (mode == ATT_CUDNN && dn_attention_forward(out, lse, qkv, B, T, nh, nkv, hd)) {
+    if (mode == ATT_CUDNN && !qstart && dn_attention_forward(out, lse, qkv, B, T, nh, nkv, hd)) {
         DN.calls++;
         return;
     }
-    if (flash && fl_bf16() && flash_attention_forward(out, lse, qkv, B, T, nh, nkv, hd)) {
+    if (flash && fl_bf16() && flash_attention_forward(out, lse, qkv, qstart, B, T, nh, nkv, hd)) {
         flash_calls++;
         return;
     }
     const size_t n = (size_t)B * T * nh * hd, nq = (size_t)B * T * (nh + 2 * nkv) * hd;
     float *o = act_bf16() ? (float *)scratch_get(&sc_att32, n * sizeof(float)) : out;
     const float *q = act_bf16() ? f32_copy(&sc_att_qkv32, qkv, nq) : qkv;
-    if (flash && !fl_bf16() && flash_attention_forward(o, lse, q, B, T, nh, nkv, hd)) flash_calls++;
-    else attention_forward_gemm(o, lse, q, B, T, nh, nkv, hd);
+    if (flash && !fl_bf16() && flash_attention_forward(o, lse, q, qstart, B, T, nh, nkv, hd)) flash_calls++;
+    else attention_forward_gemm(o, lse, q, qstart, B, T, nh, nkv, hd);
     if (o != out) to_bf16(out, o, n);
 }
 
 static void attention_backward_gemm(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                    const float *lse, int B, int T, int nh, int nkv, int hd) {
+                                    const float *lse, const int *qstart, int B, int T, int nh, int nkv, int hd) {
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     float *P = (float *)scratch_get(&sc_attp, (size_t)B * T * T * sizeof(float));
@@ -3262,7 +3324,7 @@ static void attention_backward_gemm(float *dqkv, const float *dout, const float 
         AttPass a = att_pass(h, B, T, nh, nkv, hd);
         const float *dO = dout + a.o;
         rm_gemm(0, 1, T, T, hd, scale, qkv + a.q, S, a.sqkv, qkv + a.k, S, a.sqkv, 0.0f, P, T, a.sp, a.count, NULL);
-        causal_exp_lse_k<<<(unsigned)((size_t)B * T), row_threads(T)>>>(P, lse, T, nh, h);
+        causal_exp_lse_k<<<(unsigned)((size_t)B * T), row_threads(T)>>>(P, lse, qstart, T, nh, h);
         LAUNCH_CHECK();
         /* dP = dO V^T; dV += P^T dO */
         rm_gemm(0, 1, T, T, hd, 1.0f, dO, OS, a.so, qkv + a.v, S, a.sqkv, 0.0f, dS, T, a.sp, a.count, NULL);
@@ -3286,15 +3348,15 @@ static Scratch sc_att_dqkv, sc_att_do32;
  * fp32 copies of qkv, out and dout and writes fp32 scratch, rounded into
  * dqkv after */
 static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                               int B, int T, int nh, int nkv, int hd) {
+                               const int *qstart, int B, int T, int nh, int nkv, int hd) {
     if (!dqkv) return;
     check_heads(nh, nkv);
     const int mode = attention_mode(), flash = mode != ATT_GEMM;
-    if (mode == ATT_CUDNN && dn_attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd)) {
+    if (mode == ATT_CUDNN && !qstart && dn_attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd)) {
         DN.calls++;
         return;
     }
-    if (flash && fl_bf16() && flash_attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd)) {
+    if (flash && fl_bf16() && flash_attention_backward(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv, hd)) {
         flash_calls++;
         return;
     }
@@ -3308,8 +3370,8 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
         q = f32_copy(&sc_att_qkv32, qkv, nq);
         dq = (float *)scratch_get(&sc_att_dqkv, nq * sizeof(float));
     }
-    if (flash && !fl_bf16() && flash_attention_backward(dq, dO, q, o, lse, B, T, nh, nkv, hd)) flash_calls++;
-    else attention_backward_gemm(dq, dO, q, o, lse, B, T, nh, nkv, hd);
+    if (flash && !fl_bf16() && flash_attention_backward(dq, dO, q, o, lse, qstart, B, T, nh, nkv, hd)) flash_calls++;
+    else attention_backward_gemm(dq, dO, q, o, lse, qstart, B, T, nh, nkv, hd);
     if (dq != dqkv) to_bf16(dqkv, dq, nq);
 }
 

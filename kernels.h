@@ -177,16 +177,21 @@ typedef struct Kernels {
      * scores (natural log), so the probabilities never need to be stored:
      * the backward recomputes them as exp(q.k / sqrt(hd) - lse) (flash
      * attention's form; O(T) memory per head instead of O(T^2)).
-     * qkv and out are [a] (forward and backward). */
-    void (*attention_forward)(float *out, float *lse, const float *qkv,
+     * qkv and out are [a] (forward and backward).
+     * qstart, when not NULL, masks by document (train.attention_mask
+     * block_causal): qstart[b*T + t] is the first position of row b that
+     * query t may attend to (its document's first token), so it attends to
+     * [qstart, t]; it is non-decreasing along a row and at most t. NULL: 0
+     * for every query (plain causal). An int array in the backend's memory. */
+    void (*attention_forward)(float *out, float *lse, const float *qkv, const int *qstart,
                               int B, int T, int nh, int nkv, int hd);
     /* dqkv = d(out)/d(qkv) . dout (OVERWRITTEN), from the forward's out and
-     * lse; dout and dqkv are [a] (dout as the output projection's
+     * lse, under the forward's qstart; dout and dqkv are [a] (dout as the output projection's
      * matmul_backward_dinp_a stores it; under bf16 each gradient in dqkv
      * rounded once where it is stored; rope_backward and the qkv
      * projection's matmul_backward_a read it as it is) */
     void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
-                               const float *lse, int B, int T, int nh, int nkv, int hd);
+                               const float *lse, const int *qstart, int B, int T, int nh, int nkv, int hd);
     /* Rotary embedding, Hugging Face rotate-half convention, on the q and k
      * heads of qkv ([B,T,(nh+2nkv)*hd]), in place; position of row n is
      * pos0 + n % T; its angles are pos x rope_inv_freq(rope, i, hd), i <

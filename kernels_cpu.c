@@ -441,17 +441,25 @@ static float *att_scratch_get(size_t n) {
     return att_scratch;
 }
 
-/* Scores of query rows [r0, r1) against keys [0, r1): P[M, r1] = scale q k^T */
-static void att_scores(float *P, const float *q, const float *k, int S, int r0, int r1, int hd, float scale) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hd, scale, q + (size_t)r0 * S, S, k, S, 0.0f,
-                P, r1);
+/* Scores of query rows [r0, r1) against keys [c0, r1): P[M, r1 - c0] = scale q k^T */
+static void att_scores(float *P, const float *q, const float *k, int S, int r0, int r1, int c0, int hd,
+                       float scale) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1 - c0, hd, scale, q + (size_t)r0 * S, S,
+                k + (size_t)c0 * S, S, 0.0f, P, r1 - c0);
 }
+
+/* The first key of query t of one row: its document's first token under a
+ * block-causal mask (qs, the row's qstart), else 0 */
+static inline int att_start(const int *qs, int t) { return qs ? qs[t] : 0; }
 
 /* Flash-style attention: the probabilities of a block of ATT_BLOCK query
  * rows live only in the thread's scratch, the forward saves each row's
  * log-sum-exp, and the backward recomputes P = exp(s - lse). Memory is
- * O(T) per head instead of the T x T probabilities. */
-static void attention_forward(float *out, float *lse, const float *qkv,
+ * O(T) per head instead of the T x T probabilities. A block's keys start at
+ * its first row's qstart (the smallest: qstart never decreases along a row),
+ * its column j is key c0 + j, and row t's probabilities are zero outside
+ * [qstart[t], t]. */
+static void attention_forward(float *out, float *lse, const float *qkv, const int *qstart,
                               int B, int T, int nh, int nkv, int hd) {
     check_heads(nh, nkv);
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd, group = nh / nkv;
@@ -463,33 +471,36 @@ static void attention_forward(float *out, float *lse, const float *qkv,
         for (int h = 0; h < nh; h++) {
             float *P = att_scratch_get(need);
             int kh = h / group;
+            const int *qs = qstart ? qstart + (size_t)b * T : NULL;
             const float *q = qkv + (size_t)b * T * S + (size_t)h * hd;
             const float *k = qkv + (size_t)b * T * S + (size_t)(nh + kh) * hd;
             const float *v = qkv + (size_t)b * T * S + (size_t)(nh + nkv + kh) * hd;
             float *o = out + (size_t)b * T * OS + (size_t)h * hd;
             float *L = lse + ((size_t)b * nh + h) * T;
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, M = r1 - r0;
-                att_scores(P, q, k, S, r0, r1, hd, scale);
+                int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, M = r1 - r0, c0 = att_start(qs, r0), W = r1 - c0;
+                att_scores(P, q, k, S, r0, r1, c0, hd, scale);
                 for (int t = r0; t < r1; t++) {
-                    // softmax over [0, t], zero beyond
-                    float *row = P + (size_t)(t - r0) * r1;
-                    float m = row_max(row, t + 1);
-                    double z = row_exp_sum(row, t + 1, m);
+                    // softmax over [s, t], zero elsewhere
+                    float *row = P + (size_t)(t - r0) * W;
+                    int s0 = att_start(qs, t) - c0, n = t - c0 + 1;
+                    float m = row_max(row + s0, n - s0);
+                    double z = row_exp_sum(row + s0, n - s0, m);
                     float inv = (float)(1.0 / z);
-                    for (int j = 0; j <= t; j++) row[j] *= inv;
-                    for (int j = t + 1; j < r1; j++) row[j] = 0.0f;
+                    for (int j = 0; j < s0; j++) row[j] = 0.0f;
+                    for (int j = s0; j < n; j++) row[j] *= inv;
+                    for (int j = n; j < W; j++) row[j] = 0.0f;
                     L[t] = m + (float)log(z);
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, r1,
-                            1.0f, P, r1, v, S, 0.0f, o + (size_t)r0 * OS, OS);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, W,
+                            1.0f, P, W, v + (size_t)c0 * S, S, 0.0f, o + (size_t)r0 * OS, OS);
             }
         }
     }
 }
 
 static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                               const float *lse, int B, int T, int nh, int nkv, int hd) {
+                               const float *lse, const int *qstart, int B, int T, int nh, int nkv, int hd) {
     if (!dqkv) return;
     check_heads(nh, nkv);
     const int S = (nh + 2 * nkv) * hd, OS = nh * hd, group = nh / nkv;
@@ -503,6 +514,7 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
         for (int kh = 0; kh < nkv; kh++) {
             float *P = att_scratch_get(2 * blk), *dS = P + blk;
             size_t base = (size_t)b * T * S;
+            const int *qs = qstart ? qstart + (size_t)b * T : NULL;
             const float *k = qkv + base + (size_t)(nh + kh) * hd;
             const float *v = qkv + base + (size_t)(nh + nkv + kh) * hd;
             float *dk = dqkv + base + (size_t)(nh + kh) * hd;
@@ -520,34 +532,39 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
                 const float *dO = dout + (size_t)b * T * OS + (size_t)h * hd;
                 for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                     int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, M = r1 - r0;
-                    // P = exp(s - lse) again, zero beyond the diagonal
-                    att_scores(P, q, k, S, r0, r1, hd, scale);
+                    int c0 = att_start(qs, r0), W = r1 - c0;
+                    // P = exp(s - lse) again, zero outside [qstart, t]
+                    att_scores(P, q, k, S, r0, r1, c0, hd, scale);
                     for (int t = r0; t < r1; t++) {
-                        float *row = P + (size_t)(t - r0) * r1, l = L[t];
-                        for (int j = 0; j <= t; j++) row[j] = exp_f(row[j] - l);
-                        for (int j = t + 1; j < r1; j++) row[j] = 0.0f;
+                        float *row = P + (size_t)(t - r0) * W, l = L[t];
+                        int s0 = att_start(qs, t) - c0, n = t - c0 + 1;
+                        for (int j = 0; j < s0; j++) row[j] = 0.0f;
+                        for (int j = s0; j < n; j++) row[j] = exp_f(row[j] - l);
+                        for (int j = n; j < W; j++) row[j] = 0.0f;
                     }
                     // dP = dO V^T, dV += P^T dO
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, hd,
-                                1.0f, dO + (size_t)r0 * OS, OS, v, S, 0.0f, dS, r1);
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, M,
-                                1.0f, P, r1, dO + (size_t)r0 * OS, OS, 1.0f, dv, S);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, hd,
+                                1.0f, dO + (size_t)r0 * OS, OS, v + (size_t)c0 * S, S, 0.0f, dS, W);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, W, hd, M,
+                                1.0f, P, W, dO + (size_t)r0 * OS, OS, 1.0f, dv + (size_t)c0 * S, S);
                     // dS = P * (dP - D) * scale with D = rowsum(P * dP) = dO . O
                     for (int t = r0; t < r1; t++) {
-                        const float *p = P + (size_t)(t - r0) * r1, *ot = O + (size_t)t * OS, *gt = dO + (size_t)t * OS;
-                        float *ds = dS + (size_t)(t - r0) * r1;
+                        const float *p = P + (size_t)(t - r0) * W, *ot = O + (size_t)t * OS, *gt = dO + (size_t)t * OS;
+                        float *ds = dS + (size_t)(t - r0) * W;
                         double dd = 0.0;
                         #pragma omp simd reduction(+:dd)
                         for (int i = 0; i < hd; i++) dd += (double)ot[i] * gt[i];
                         float D = (float)dd;
-                        for (int j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - D) * scale;
-                        for (int j = t + 1; j < r1; j++) ds[j] = 0.0f;
+                        int s0 = att_start(qs, t) - c0, n = t - c0 + 1;
+                        for (int j = 0; j < s0; j++) ds[j] = 0.0f;
+                        for (int j = s0; j < n; j++) ds[j] = p[j] * (ds[j] - D) * scale;
+                        for (int j = n; j < W; j++) ds[j] = 0.0f;
                     }
                     // dQ += dS K, dK += dS^T Q
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, r1,
-                                1.0f, dS, r1, k, S, 1.0f, dq + (size_t)r0 * S, S);
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, M,
-                                1.0f, dS, r1, q + (size_t)r0 * S, S, 1.0f, dk, S);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, W,
+                                1.0f, dS, W, k + (size_t)c0 * S, S, 1.0f, dq + (size_t)r0 * S, S);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, W, hd, M,
+                                1.0f, dS, W, q + (size_t)r0 * S, S, 1.0f, dk + (size_t)c0 * S, S);
                 }
             }
         }

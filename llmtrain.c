@@ -1524,6 +1524,9 @@ static void print_model_batch(const Trainer *t) {
     if (mc->rope_scaling) /* llama3 */
         snprintf(rope + strlen(rope), sizeof rope - strlen(rope), " scaled llama3 (factor %g, low %g, high %g, original %d)",
                  mc->rope_scaling_factor, mc->rope_low_freq_factor, mc->rope_high_freq_factor, mc->rope_original_max_seq_len);
+    if (c->attention_mask == ATT_MASK_BLOCK_CAUSAL)
+        snprintf(rope + strlen(rope), sizeof rope - strlen(rope), ", block-causal attention (documents end at token %d)",
+                 c->eod_token);
     printf("model %s: %d layers, %d embd, %d heads (%d kv), ffn %d, vocab %d, %.2fM parameters%s%s\n",
            mc->arch == ARCH_GPT2 ? "gpt2" : "llama", mc->n_layer, mc->n_embd, mc->n_head, mc->n_kv_head,
            mc->ffn_hidden, mc->vocab_size, n / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "", rope);
@@ -1779,6 +1782,9 @@ static void load_job(Trainer *t, int argc, char **argv, int *world, const char *
         config_take_model(c, &hf, c->init_from);
     }
     config_freeze_model(c);
+    if (c->eod_token >= c->model.vocab_size)
+        die(EXIT_USAGE, "%s: data.eod_token %d is not a token of the model (expected below model.vocab_size %d)", c->path,
+            c->eod_token, c->model.vocab_size);
 }
 
 static int train(int argc, char **argv) {
@@ -1809,6 +1815,7 @@ static int train(int argc, char **argv) {
 #endif
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank,
                    (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel});
+    t->model.eod_token = c->attention_mask == ATT_MASK_BLOCK_CAUSAL ? c->eod_token : -1;
     int mb_rows = c->micro_batch * c->seq_len;
     if (c->debug_dump[0] && t->model.head_rows < mb_rows)
         die(EXIT_USAGE, "%s: debug.dump writes the whole micro-batch's logits, but the LM head takes %d of its %d rows at a time "

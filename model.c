@@ -438,6 +438,9 @@ void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
     if (m->offload) m->offload_host = k->host_alloc(m->offload_floats * sizeof(float));
     m->tokens = k->alloc((size_t)B * T * sizeof(int));
     m->targets = k->alloc((size_t)B * T * sizeof(int));
+    m->qstart = k->alloc((size_t)B * T * sizeof(int));
+    m->qstart_host = malloc_check((size_t)B * T * sizeof(int));
+    m->eod_token = -1;
 }
 
 void model_free(Model *m) {
@@ -446,12 +449,12 @@ void model_free(Model *m) {
         k->free(m->params); k->free(m->grads);
         if (m->m) k->free(m->m);
         if (m->v) k->free(m->v);
-        k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets);
+        k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets); k->free(m->qstart);
         if (m->offload_host) k->host_free(m->offload_host);
     }
     free(m->p.layers); free(m->g.layers); free(m->la);
     free(m->specs); free(m->chunk_offset); free(m->chunk_size);
-    free(m->chunk_params); free(m->chunk_grads); free(m->chunk_spec0);
+    free(m->chunk_params); free(m->chunk_grads); free(m->chunk_spec0); free(m->qstart_host);
     memset(m, 0, sizeof *m);
 }
 
@@ -635,6 +638,10 @@ static Rope rope_of(const ModelConfig *c) {
                   c->rope_high_freq_factor, c->rope_original_max_seq_len};
 }
 
+/* attention's qstart: the last forward's documents under a block-causal
+ * mask, else NULL (plain causal) */
+static const int *att_qstart(const Model *m) { return m->eod_token >= 0 ? m->qstart : NULL; }
+
 /* One transformer layer's forward from its input x into m->la[l] (under
  * activation checkpointing the backward calls it again to recompute). */
 static void layer_forward(Model *m, int l, const float *x, int B, int T) {
@@ -652,7 +659,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
             Rope rope = rope_of(c);
             k->rope_forward(a->qkv, B, T, nh, nkv, hd, &rope, 0);
         }
-        k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
+        k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, nh, nkv, hd);
         if (tp) { /* row-parallel: partial sums, the replicated bias added once (rank 0) */
             k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, root ? w->attn_out_b : NULL, N, nh * hd, C);
             const float *y = tp_reduce_rows(m, m->dbuf1, N, S);
@@ -738,6 +745,14 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     m->cur_T = T;
     k->from_host(m->tokens, tokens, (size_t)N * sizeof(int));
     if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
+    if (m->eod_token >= 0) { /* block-causal: a document starts after each eod_token, and at each row's start */
+        for (int b = 0; b < B; b++)
+            for (int t = 0, s = 0; t < T; t++) {
+                m->qstart_host[b * T + t] = s;
+                if (tokens[b * T + t] == m->eod_token) s = t + 1;
+            }
+        k->from_host(m->qstart, m->qstart_host, (size_t)N * sizeof(int));
+    }
     int L = c->n_layer, tied = c->tie_embeddings;
 
     /* Whatever changed the weights since the last forward (the optimizer,
@@ -867,7 +882,8 @@ void model_backward(Model *m, float loss_scale) {
         const LayerActs *a = &m->la[l];
         const float *x = l > 0 ? m->la[l - 1].res3 : m->encoded;
         if (m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T); /* deterministic: the same values again */
-        else if (m->act_ckpt == ACT_SELECTIVE) k->attention_forward(a->atty, a->lse, a->qkv, B, T, nh, nkv, hd);
+        else if (m->act_ckpt == ACT_SELECTIVE)
+            k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, nh, nkv, hd);
         /* MLP block; m->dres holds d(res3) and becomes d(res2) */
         /* d(fch) into dbuf2 (overwritten: the down-projection's backward and
          * the activation's in one call), [a]: the up-projection's backward
@@ -883,7 +899,7 @@ void model_backward(Model *m, float loss_scale) {
          * in dbuf2 are [a] */
         k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, dres_rows(m, S), a->atty, w->attn_out_w, N,
                                   nh * hd, C);
-        k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, B, T, nh, nkv, hd);
+        k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, att_qstart(m), B, T, nh, nkv, hd);
         if (llama) {
             Rope rope = rope_of(c);
             k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, &rope, 0);

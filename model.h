@@ -192,6 +192,13 @@ typedef struct Model {
     float *sp_lnf;            /* [S, C] [a]: the final norm's own rows */
     float *sp_dnorm;          /* [2C]: a norm's weight (and bias) gradient over this rank's rows */
     int *tokens, *targets;    /* [N] backend memory */
+    int eod_token;            /* set by the caller: the token that ends a document under a block-causal
+                               * attention mask (train.attention_mask block_causal), -1 (model_build's)
+                               * for plain causal attention */
+    int *qstart;              /* [N] backend memory: each token's document's first position in its row
+                               * (attention's qstart, kernels.h), computed from the tokens by every forward
+                               * when eod_token >= 0 */
+    int *qstart_host;         /* [N] the same, host memory */
 } Model;
 
 /* train.lm_head_chunk 0: the rows of N the LM head takes at a time so that

@@ -160,13 +160,17 @@ static void w_matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const
     TIMED(matmul_backward_dinp_a, mm(N, C, OC, (dinp != NULL) + (dw != NULL)), 0,
           P.in->matmul_backward_dinp_a(dinp, dw, dbias, dout, inp, w, N, C, OC));
 }
-static void w_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int nh, int nkv, int hd) {
-    TIMED(attention_forward, 2 * att(B, T, nh, hd), 0, P.in->attention_forward(out, lse, qkv, B, T, nh, nkv, hd));
+/* attention's FLOPs are the causal mask's under a block-causal one too (as
+ * MFU counts them): the documents' lengths live in the backend's memory */
+static void w_attention_forward(float *out, float *lse, const float *qkv, const int *qstart, int B, int T, int nh,
+                                int nkv, int hd) {
+    TIMED(attention_forward, 2 * att(B, T, nh, hd), 0,
+          P.in->attention_forward(out, lse, qkv, qstart, B, T, nh, nkv, hd));
 }
 static void w_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                                 int B, int T, int nh, int nkv, int hd) {
+                                 const int *qstart, int B, int T, int nh, int nkv, int hd) {
     TIMED(attention_backward, 5 * att(B, T, nh, hd), 0,
-          P.in->attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd));
+          P.in->attention_backward(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv, hd));
 }
 static void w_rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
     TIMED(rope_forward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A),

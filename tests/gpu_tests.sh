@@ -30,6 +30,9 @@
 #      GEMMs and (Llama) selective checkpointing, against cpu within 3e-2;
 #      no shape declined; emulated, a cuDNN that declines everything leaves
 #      the flash run's numbers; the memory estimate with its buffers (T 512).
+#      Block-causal attention (train.attention_mask) in Llama runs on the
+#      same shape: the fused kernels under TF32 and bf16 (cuDNN passing the
+#      mask to them) against cpu.
 #   3d. under bf16 GEMMs: the memory estimate with the weights' bf16 copies
 #      (Llama, n_embd 256); runs with the copies (Llama; checkpointing none
 #      and full) are the runs without them (LLMTRAIN_CUDA_WEIGHT_CACHE=0) to
@@ -321,6 +324,37 @@ for arch in gpt2 llama; do
         else echo "FAIL cudnn $arch declined (emulated): $nd 'declined' lines for $nu shapes (training's B4 T100 among them?), or the run differs from the flash one"; fail=$((fail + 1)); fi
     fi
 done
+# block-causal attention (train.attention_mask block_causal, documents
+# ending at data.eod_token 5: about one boundary a row of the uniform
+# tokens) in whole Llama runs on the 3b shape (head dim 64, T = 100): cpu,
+# the fused kernels under TF32 and under bf16 (auto = cuDNN's causal graphs,
+# which a block-causal mask passes to the fused kernels), each against the
+# cpu run; the cpu run is not the causal one (the mask changed the losses).
+ok_runs=1
+for run in cpu:auto:tf32 flash:flash:tf32 auto-bf16:auto:bf16; do
+    IFS=: read -r name att mm <<<"$run"
+    dev=cuda; [ $name = cpu ] && dev=cpu
+    if ! $BIN "$TMP/llama.json" --set train.attention_kernel=$att --set train.compute_dtype=$mm --set model.n_embd=128 \
+         --set model.n_head=2 --set model.n_kv_head=1 --set model.max_seq_len=128 --set train.seq_len=100 \
+         --set data.eod_token=5 --set train.attention_mask=block_causal --set train.device=$dev \
+         --set log.dir="$TMP/bc-$name" --set checkpoint.dir="$TMP/bc-$name/ckpt" >"$TMP/bc-$name.out" 2>&1; then
+        echo "FAIL block-causal $name exited non-zero: $(tail -3 "$TMP/bc-$name.out")"; fail=$((fail + 1)); ok_runs=0
+    fi
+done
+if [ $ok_runs = 1 ]; then
+    for run in flash:$LOSS_RTOL auto-bf16:$LOSS_RTOL_BF16; do
+        name=${run%%:*} tol=${run#*:}
+        if $PY tests/compare_runs.py "$TMP/bc-cpu" "$TMP/bc-$name" --steps $STEPS --loss-rtol $tol; then
+            echo "ok   block-causal llama (head dim 64, T 100): $STEPS steps $name vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
+        else
+            echo "FAIL block-causal llama: $name and cpu loss trajectories differ by more than $tol"; fail=$((fail + 1))
+        fi
+    done
+    if ! $PY tests/compare_runs.py "$TMP/fa-llama-cpu" "$TMP/bc-cpu" --steps $STEPS --loss-rtol 1e-3 >/dev/null 2>&1 &&
+       grep -q "block-causal attention (documents end at token 5)" "$TMP/bc-cpu.out"; then
+        echo "ok   block-causal llama: the header says so, and the losses are not the causal run's (beyond 1e-3)"; pass=$((pass + 1))
+    else echo "FAIL block-causal llama: the header lacks it, or the run's losses are the causal run's"; fail=$((fail + 1)); fi
+fi
 if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=cudnn --set train.compute_dtype=tf32 \
      --set train.steps=2 --set train.seq_len=512 \
      --set model.max_seq_len=512 --set model.n_embd=128 --set model.n_head=2 --set model.n_kv_head=1 \

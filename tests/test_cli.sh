@@ -107,6 +107,14 @@ if $BIN "$TMP/job.json" "${L3[@]}" >"$TMP/out" 2>"$TMP/err" && $BIN "$TMP/job.js
     ok "a rope_scaling llama3 job trains 2 steps and a 3-step run resumes from its checkpoint"
 else bad "rope_scaling llama3 train + resume: $(cat "$TMP/err"; grep -E 'resume|error' "$TMP/out2" | head -3)"; fi
 
+# block-causal attention: it needs the document end token, the token only
+# with it, and one the model has (tests/test_torch.py checks the masked
+# model against PyTorch; tests/test_kernels.c and tests/test_gpu.c the kernels)
+expect_fail "block_causal without data.eod_token" 'train.attention_mask "block_causal" needs data.eod_token (the token that ends a document; got -1)' $BIN "$TMP/job.json" --set train.attention_mask=block_causal
+expect_fail "data.eod_token without block_causal" 'data.eod_token is set but train.attention_mask is "causal" (it applies only with "block_causal")' $BIN "$TMP/job.json" --set data.eod_token=3
+expect_fail "data.eod_token past the vocabulary" "data.eod_token 64 is not a token of the model (expected below model.vocab_size 64)" $BIN "$TMP/job.json" --set train.attention_mask=block_causal --set data.eod_token=64
+expect_fail "bad attention_mask" 'train.attention_mask: expected one of causal|block_causal, got "document"' $BIN "$TMP/job.json" --set train.attention_mask=document
+
 # the LR schedule: a known style, wsd's keys only with wsd, and a wsd decay
 # that has a length and fits after the warmup (tests/test_torch.py checks
 # every style's values against PyTorch's schedulers)

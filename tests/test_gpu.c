@@ -725,13 +725,30 @@ static void test_dgelu_epilogue_variant(void) {
  * for head dims 64 and 128 (the models' shapes); for other multiples of 8
  * it may decline a shape (a note, and the fused kernels' result is held to
  * their tolerance); its backward accumulates dQ in any order, so no
- * bit-for-bit repeat. */
-static void test_attention_case(const char *mode, int B, int T, int nh, int nkv, int hd) {
-    char name[128], shape[64];
+ * bit-for-bit repeat. doclen > 0: a block-causal mask (qstart) of
+ * documents 1..doclen long, the same on both backends; cuDNN's graphs are
+ * causal only, so under cudnn the fused kernels must run instead. */
+static void test_attention_case(const char *mode, int B, int T, int nh, int nkv, int hd, int doclen) {
+    char name[128], shape[80];
     int S = (nh + 2 * nkv) * hd, OS = nh * hd;
     int flash = strcmp(mode, "flash") == 0, dnn = strcmp(mode, "cudnn") == 0;
     int fusable = hd == 32 || hd == 64 || hd == 128, fused = flash && fusable;
-    int dn_may = dnn && hd % 8 == 0 && hd <= 128, dn_must = dnn && (hd == 64 || hd == 128);
+    int dn_may = dnn && !doclen && hd % 8 == 0 && hd <= 128, dn_must = dn_may && (hd == 64 || hd == 128);
+    int *qs = NULL, *gqs = NULL;
+    if (doclen) {
+        qs = malloc_check((size_t)B * T * sizeof(int));
+        uint64_t r = 0x9e3779b97f4a7c15ull * (uint64_t)(T + doclen);
+        for (int b = 0; b < B; b++)
+            for (int t = 0, s0 = 0, end = -1; t < T; t++) {
+                if (t > end) { /* a new document, 1..doclen tokens */
+                    r = r * 6364136223846793005ull + 1442695040888963407ull;
+                    s0 = t;
+                    end = t + (int)((r >> 33) % (uint64_t)doclen);
+                }
+                qs[b * T + t] = s0;
+            }
+        gqs = dcopy_int(qs, (size_t)B * T);
+    }
     size_t nqkv = (size_t)B * T * S, nout = (size_t)B * T * OS, nlse = (size_t)B * nh * T;
     kernels_cuda_set_attention(mode);
     float *qkv = hrand(nqkv, 1), *dout = hrand(nout, 1);
@@ -743,20 +760,20 @@ static void test_attention_case(const char *mode, int B, int T, int nh, int nkv,
     float *out = hrand(nout, 1), *lse = hrand(nlse, 1);
     float *gout = dcopy_act(out, nout), *glse = dcopy(lse, nlse);
     long calls0 = kernels_cuda_flash_attention_calls(), dn0 = kernels_cuda_cudnn_attention_calls();
-    KC->attention_forward(out, lse, qkv, B, T, nh, nkv, hd);
-    KG->attention_forward(gout, glse, gqkv, B, T, nh, nkv, hd);
+    KC->attention_forward(out, lse, qkv, qs, B, T, nh, nkv, hd);
+    KG->attention_forward(gout, glse, gqkv, gqs, B, T, nh, nkv, hd);
     /* dqkv is [a] (overwritten: starts as other values) */
     float *dqkv = hrand(nqkv, 1), *gdqkv = dcopy_act(dqkv, nqkv), *gdqkv2 = flash ? dcopy_act(dqkv, nqkv) : NULL;
-    KC->attention_backward(dqkv, dout, qkv, out, lse, B, T, nh, nkv, hd);
-    KG->attention_backward(gdqkv, gdout, gqkv, gout, glse, B, T, nh, nkv, hd);
+    KC->attention_backward(dqkv, dout, qkv, out, lse, qs, B, T, nh, nkv, hd);
+    KG->attention_backward(gdqkv, gdout, gqkv, gout, glse, gqs, B, T, nh, nkv, hd);
     long calls = kernels_cuda_flash_attention_calls() - calls0, dn = kernels_cuda_cudnn_attention_calls() - dn0;
     /* what ran decides the tolerance: cuDNN and the bf16 fused kernels
      * round Q, K, V, dO, P and dS to bf16 */
     if (dnn && dn == 0 && fusable) fused = 1;
     double tol = dn > 0 || (fused && tol_mm == TOL_BF16) ? TOL_BF16 : tol_att;
-    snprintf(shape, sizeof shape, "%s%s B%d T%d h%d/%d hd%d", mode,
+    snprintf(shape, sizeof shape, "%s%s B%d T%d h%d/%d hd%d%s", mode,
              dnn ? (dn == 2 ? "" : dn_may ? "(declined)" : "(not taken)") : flash && !fused ? "(GEMMs)" : "", B, T,
-             nh, nkv, hd);
+             nh, nkv, hd, doclen ? " block-causal" : "");
     snprintf(name, sizeof name, "attention_fwd out %s", shape);
     check_act(name, out, gout, nout, tol);
     /* lse is a logarithm: an error d scales the probabilities by e^d, so
@@ -768,7 +785,12 @@ static void test_attention_case(const char *mode, int B, int T, int nh, int nkv,
     /* bf16 [a] dqkv: each gradient also rounded once where it is stored */
     snprintf(name, sizeof name, "attention_bwd dqkv %s%s", shape, act16() ? " (bf16 [a])" : "");
     check_act(name, dqkv, gdqkv, nqkv, act16() && tol < TOL_BF16 ? TOL_BF16 : tol);
-    if (dnn) {
+    if (dnn && doclen) {
+        int ok = dn == 0 && calls == (fusable ? 2 : 0);
+        printf("%s attention %s: %ld of 2 calls ran cuDNN (expected 0), %ld the fused kernels (expected %d)\n",
+               ok ? "ok  " : "FAIL", shape, dn, calls, fusable ? 2 : 0);
+        if (ok) pass++; else fail++;
+    } else if (dnn) {
         int ok = dn_must ? dn == 2 : dn_may ? dn == 0 || dn == 2 : dn == 0;
         printf("%s attention %s: %ld of 2 calls ran cuDNN%s\n", ok ? "ok  " : "FAIL", shape, dn,
                dn_must ? " (expected 2)" : dn_may ? (dn ? "" : ": note: cuDNN declined this shape") : " (expected 0)");
@@ -782,7 +804,7 @@ static void test_attention_case(const char *mode, int B, int T, int nh, int nkv,
         const size_t words = act16() ? nqkv / 2 : nqkv; /* [a]: nqkv is even */
         float *h1 = malloc_check(words * sizeof(float));
         KG->to_host(h1, gdqkv, words * sizeof(float));
-        KG->attention_backward(gdqkv2, gdout, gqkv, gout, glse, B, T, nh, nkv, hd);
+        KG->attention_backward(gdqkv2, gdout, gqkv, gout, glse, gqs, B, T, nh, nkv, hd);
         snprintf(name, sizeof name, "attention_bwd twice %s", shape);
         check_bits(name, h1, gdqkv2, words);
         free(h1);
@@ -790,23 +812,31 @@ static void test_attention_case(const char *mode, int B, int T, int nh, int nkv,
         printf("FAIL attention %s ran the fused kernels or cuDNN in gemm mode\n", shape);
         fail++;
     }
-    free(qkv); free(dout); free(out); free(lse); free(dqkv);
+    free(qkv); free(dout); free(out); free(lse); free(dqkv); free(qs);
 }
 
 static void test_attention(void) {
-    static const int cases[][5] = {
-        /* B, T, nh, nkv, hd */
-        {3, 40, 4, 2, 16},    /* GQA, batched over 3 sequences (flash: takes the GEMMs) */
-        {1, 64, 4, 2, 16},    /* GQA, one sequence (unbatched GEMMs) */
-        {2, 130, 6, 6, 32},   /* MHA, T past two 64-row tiles */
-        {1, 17, 8, 1, 8},     /* MQA, T not a multiple of anything */
-        {2, 200, 4, 2, 64},   /* GQA, ragged last tile, B > 1 */
-        {1, 256, 4, 1, 64},   /* MQA, T a multiple of the tile */
-        {2, 100, 4, 4, 128},  /* MHA, head dim 128 (32-wide key tiles), ragged */
-        {1, 97, 8, 2, 128},   /* GQA groups of 4, head dim 128 */
-        {1, 1, 2, 1, 64},     /* a single token */
-        {2, 1024, 12, 12, 64}, /* GPT-2 124M's attention shape at B = 2 */
-        {1, 1000, 8, 2, 128}, /* Llama-like, ragged */
+    static const int cases[][6] = {
+        /* B, T, nh, nkv, hd, block-causal documents up to this long (0: causal) */
+        {3, 40, 4, 2, 16, 0},    /* GQA, batched over 3 sequences (flash: takes the GEMMs) */
+        {1, 64, 4, 2, 16, 0},    /* GQA, one sequence (unbatched GEMMs) */
+        {2, 130, 6, 6, 32, 0},   /* MHA, T past two 64-row tiles */
+        {1, 17, 8, 1, 8, 0},     /* MQA, T not a multiple of anything */
+        {2, 200, 4, 2, 64, 0},   /* GQA, ragged last tile, B > 1 */
+        {1, 256, 4, 1, 64, 0},   /* MQA, T a multiple of the tile */
+        {2, 100, 4, 4, 128, 0},  /* MHA, head dim 128 (32-wide key tiles), ragged */
+        {1, 97, 8, 2, 128, 0},   /* GQA groups of 4, head dim 128 */
+        {1, 1, 2, 1, 64, 0},     /* a single token */
+        {2, 1024, 12, 12, 64, 0}, /* GPT-2 124M's attention shape at B = 2 */
+        {1, 1000, 8, 2, 128, 0}, /* Llama-like, ragged */
+        /* block-causal (train.attention_mask): documents inside and across tiles */
+        {2, 130, 6, 6, 32, 50},  /* MHA, documents across 64-row tiles */
+        {1, 40, 4, 2, 16, 9},    /* head dim 16 (flash: the GEMMs' softmax kernels) */
+        {2, 200, 4, 2, 64, 70},  /* GQA, ragged last tile */
+        {1, 256, 4, 1, 64, 150}, /* MQA, long documents: key tiles skipped whole */
+        {1, 192, 4, 2, 64, 1},   /* every token its own document */
+        {2, 100, 4, 4, 128, 30}, /* head dim 128 (32-wide tiles) */
+        {1, 1000, 8, 2, 128, 300}, /* Llama-like */
     };
     const char *modes[3] = {"gemm", "flash", "cudnn"};
     /* TEST_GPU_MAX_T: leave out the longer sequences (the host emulation of
@@ -820,7 +850,7 @@ static void test_attention(void) {
                 left_out++;
                 continue;
             }
-            test_attention_case(modes[m], cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+            test_attention_case(modes[m], cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4], cases[i][5]);
         }
     if (left_out) printf("note attention: %d cases with T > %d left out (TEST_GPU_MAX_T)\n", left_out, max_T);
     /* the header line names the mode; auto is cudnn under bf16 GEMMs, else flash */

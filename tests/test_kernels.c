@@ -371,15 +371,16 @@ static void test_matmul_large(int N, int C, int OC) {
 // ----------------------------------------------------------------------------
 // attention
 
-typedef struct { float *out, *lse, *qkv, *R; int B, T, nh, nkv, hd; } AttnCtx;
+typedef struct { float *out, *lse, *qkv, *R; const int *qs; int B, T, nh, nkv, hd; } AttnCtx;
 static double attn_loss(void *p) {
     AttnCtx *c = p;
-    K->attention_forward(c->out, c->lse, c->qkv, c->B, c->T, c->nh, c->nkv, c->hd);
+    K->attention_forward(c->out, c->lse, c->qkv, c->qs, c->B, c->T, c->nh, c->nkv, c->hd);
     return dot_r(c->out, c->R, (size_t)c->B * c->T * c->nh * c->hd);
 }
 
-/* naive causal attention in double: out and each row's log-sum-exp */
-static void attn_ref(double *out, double *lse, const float *qkv, int B, int T, int nh, int nkv,
+/* naive attention in double: out and each row's log-sum-exp; row t of
+ * sequence b attends to [qs[b*T + t], t] (qs NULL: [0, t]) */
+static void attn_ref(double *out, double *lse, const float *qkv, const int *qs, int B, int T, int nh, int nkv,
                      int hd) {
     int S = (nh + 2 * nkv) * hd;
     double *s = malloc_check(sizeof(double) * T);
@@ -388,20 +389,21 @@ static void attn_ref(double *out, double *lse, const float *qkv, int B, int T, i
             int kh = h / (nh / nkv);
             for (int t = 0; t < T; t++) {
                 const float *q = qkv + ((size_t)b * T + t) * S + h * hd;
+                const int u0 = qs ? qs[b * T + t] : 0;
                 double m = -INFINITY, z = 0;
-                for (int u = 0; u <= t; u++) {
+                for (int u = u0; u <= t; u++) {
                     const float *k = qkv + ((size_t)b * T + u) * S + (nh + kh) * hd;
                     double d = 0;
                     for (int i = 0; i < hd; i++) d += (double)q[i] * k[i];
                     s[u] = d / sqrt((double)hd);
                     if (s[u] > m) m = s[u];
                 }
-                for (int u = 0; u <= t; u++) { s[u] = exp(s[u] - m); z += s[u]; }
+                for (int u = u0; u <= t; u++) { s[u] = exp(s[u] - m); z += s[u]; }
                 lse[((size_t)b * nh + h) * T + t] = m + log(z);
                 double *o = out + ((size_t)b * T + t) * nh * hd + h * hd;
                 for (int i = 0; i < hd; i++) {
                     double acc = 0;
-                    for (int u = 0; u <= t; u++)
+                    for (int u = u0; u <= t; u++)
                         acc += s[u] / z * qkv[((size_t)b * T + u) * S + (nh + nkv + kh) * hd + i];
                     o[i] = acc;
                 }
@@ -410,26 +412,51 @@ static void attn_ref(double *out, double *lse, const float *qkv, int B, int T, i
     free(s);
 }
 
-/* nsub > 0: finite differences only at nsub random qkv entries (large T) */
-static void test_attention(int B, int T, int nh, int nkv, int hd, int nsub) {
-    char name[128];
+/* Documents of random lengths 1..maxlen packed into B rows of T: qs[b*T +
+ * t] = the first position of t's document (the block-causal mask's qstart;
+ * model.c derives it from the eod tokens the same way) */
+static int *random_docs(int B, int T, int maxlen) {
+    int *qs = malloc_check(sizeof(int) * (size_t)B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0, s = 0, end = 1 + irand(maxlen); t < T; t++) {
+            if (t == end) s = t, end = t + 1 + irand(maxlen);
+            qs[b * T + t] = s;
+        }
+    return qs;
+}
+
+/* nsub > 0: finite differences only at nsub random qkv entries (large T);
+ * doclen > 0: a block-causal mask of random documents up to doclen long */
+static void test_attention(int B, int T, int nh, int nkv, int hd, int nsub, int doclen) {
+    char name[192], shape[64];
     size_t nqkv = (size_t)B * T * (nh + 2 * nkv) * hd, nout = (size_t)B * T * nh * hd;
     size_t nlse = (size_t)B * nh * T;
-    AttnCtx c = {zerov(nout), zerov(nlse), randv(nqkv, 1.5f), randv(nout, 1), B, T, nh, nkv, hd};
+    int *qs = doclen ? random_docs(B, T, doclen) : NULL;
+    AttnCtx c = {zerov(nout), zerov(nlse), randv(nqkv, 1.5f), randv(nout, 1), qs, B, T, nh, nkv, hd};
+    snprintf(shape, sizeof shape, "T=%d nh=%d nkv=%d%s", T, nh, nkv, doclen ? " block-causal" : "");
     double *rout = malloc_check(sizeof(double) * nout), *rlse = malloc_check(sizeof(double) * nlse);
-    attn_ref(rout, rlse, c.qkv, B, T, nh, nkv, hd);
+    attn_ref(rout, rlse, c.qkv, qs, B, T, nh, nkv, hd);
     attn_loss(&c);
-    snprintf(name, sizeof name, "attention_forward out T=%d nh=%d nkv=%d", T, nh, nkv);
+    snprintf(name, sizeof name, "attention_forward out %s", shape);
     check_close(name, c.out, rout, nout, 1e-5);
-    snprintf(name, sizeof name, "attention_forward lse T=%d nh=%d nkv=%d", T, nh, nkv);
+    snprintf(name, sizeof name, "attention_forward lse %s", shape);
     check_close(name, c.lse, rlse, nlse, 1e-5);
+    if (qs) { /* the mask did something: plain causal attention gives other outputs */
+        float *causal = zerov(nout), *clse = zerov(nlse);
+        K->attention_forward(causal, clse, c.qkv, NULL, B, T, nh, nkv, hd);
+        double diff = 0;
+        for (size_t i = 0; i < nout; i++) diff = fmax(diff, fabs((double)causal[i] - c.out[i]));
+        snprintf(name, sizeof name, "attention_forward %s differs from causal", shape);
+        report(diff > 1e-2, name, "(max |difference| %.3g)", diff);
+        free(causal); free(clse);
+    }
 
     float *dqkv = zerov(nqkv);
-    K->attention_backward(dqkv, c.R, c.qkv, c.out, c.lse, B, T, nh, nkv, hd);
+    K->attention_backward(dqkv, c.R, c.qkv, c.out, c.lse, qs, B, T, nh, nkv, hd);
     float *fd = zerov(nqkv);
     if (nsub == 0) {
         fd_grad(attn_loss, &c, c.qkv, nqkv, 1e-3f, fd);
-        snprintf(name, sizeof name, "attention_backward dqkv T=%d nh=%d nkv=%d", T, nh, nkv);
+        snprintf(name, sizeof name, "attention_backward dqkv %s", shape);
         check_grad(name, dqkv, fd, nqkv);
     } else {
         float *a = zerov(nsub);
@@ -438,18 +465,17 @@ static void test_attention(int B, int T, int nh, int nkv, int hd, int nsub) {
             fd_grad(attn_loss, &c, c.qkv + i, 1, 1e-2f, fd + j);
             a[j] = dqkv[i];
         }
-        snprintf(name, sizeof name, "attention_backward dqkv T=%d nh=%d nkv=%d (%d entries)",
-                 T, nh, nkv, nsub);
+        snprintf(name, sizeof name, "attention_backward dqkv %s (%d entries)", shape, nsub);
         check_grad(name, a, fd, nsub);
         free(a);
     }
     attn_loss(&c);
     float *once = dup(dqkv, nqkv);
-    K->attention_backward(dqkv, c.R, c.qkv, c.out, c.lse, B, T, nh, nkv, hd);
-    snprintf(name, sizeof name, "attention_backward overwrites T=%d nh=%d nkv=%d", T, nh, nkv);
+    K->attention_backward(dqkv, c.R, c.qkv, c.out, c.lse, qs, B, T, nh, nkv, hd);
+    snprintf(name, sizeof name, "attention_backward overwrites %s", shape);
     report(memcmp(once, dqkv, nqkv * sizeof(float)) == 0, name, "%s",
            memcmp(once, dqkv, nqkv * sizeof(float)) ? "(differs from one call's)" : "(one call's, bit for bit)");
-    free(rout); free(rlse); free(dqkv); free(fd); free(once);
+    free(rout); free(rlse); free(dqkv); free(fd); free(once); free(qs);
     free(c.out); free(c.lse); free(c.qkv); free(c.R);
 }
 
@@ -1029,10 +1055,12 @@ int main(int argc, char **argv) {
     test_matmul();
     test_matmul_large(64, 96, 200);
     test_matmul_large(300, 64, 40);
-    test_attention(2, 5, 4, 2, 8, 0);   // GQA
-    test_attention(2, 5, 2, 2, 8, 0);   // plain multi-head
-    test_attention(1, 4, 3, 1, 4, 0);   // multi-query
-    test_attention(1, 300, 2, 1, 8, 60); // more rows than one attention block
+    test_attention(2, 5, 4, 2, 8, 0, 0);   // GQA
+    test_attention(2, 5, 2, 2, 8, 0, 0);   // plain multi-head
+    test_attention(1, 4, 3, 1, 4, 0, 0);   // multi-query
+    test_attention(1, 300, 2, 1, 8, 60, 0); // more rows than one attention block
+    test_attention(2, 9, 4, 2, 8, 0, 3);   // block-causal: documents of 1..3 tokens
+    test_attention(2, 300, 2, 1, 8, 60, 90); // block-causal, documents across attention blocks
     test_rope();
     test_gelu();
     test_matmul_fused(7, 5, 9, 1);

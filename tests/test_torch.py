@@ -314,9 +314,10 @@ def base_job(work, name, c, steps, grad_clip, init=None, model=None, dump=True, 
     return job
 
 
-def torch_step0(cfg, tensors, tokens, dtype=torch.float64):
-    """Loss, first-micro-batch logits and grads of step 0 in torch."""
-    m = R.RefModel(cfg, tensors, dtype=dtype)
+def torch_step0(cfg, tensors, tokens, dtype=torch.float64, eod=None):
+    """Loss, first-micro-batch logits and grads of step 0 in torch (eod:
+    block-causal attention)."""
+    m = R.RefModel(cfg, tensors, dtype=dtype, eod=eod)
     x, y = R.global_batch(tokens, 0, GB, T)
     loss, logits = R.forward_backward(m, x, y, MB)
     return loss, logits, R.grads_dict(m)
@@ -664,6 +665,95 @@ def run_bf16(binary, root):
         CK.check(worst <= TOL_FINAL, f"{tag} exported master weights vs torch's masters worst rel={worst:.2g}")
 
 
+def doc_tokens(n, vocab, eod, seed):
+    """markov_tokens with the document end eod written every 1..10 tokens:
+    documents shorter than a row (T = 16), some across row boundaries"""
+    toks = markov_tokens(n, vocab, seed)
+    rs = np.random.RandomState(seed + 1)
+    i = rs.randint(0, 6)
+    while i < n:
+        toks[i] = eod
+        i += 1 + rs.randint(0, 10)
+    return toks
+
+
+def run_docmask(binary, root, cname):
+    """train.attention_mask block_causal (documents ending at data.eod_token)
+    against torch's reference with the mask built from document ids
+    (torch_ref.document_ids, a cumulative count of eod tokens, not llmtrain's
+    per-token first positions): step-0 logits, loss and every gradient, the
+    trajectory, and that plain causal attention is far from it (so the mask
+    did something). Llama: the reference's packed logits equal each document
+    run alone (RoPE sees relative positions only). Selective activation
+    checkpointing recomputes attention under the same mask: the same losses."""
+    c = CASES[cname]
+    tag = f"{cname} block_causal"
+    work = os.path.join(root, f"docmask_{cname}")
+    os.makedirs(work)
+    V = c["vocab"]
+    eod = V - 1
+    toks = doc_tokens(2200, V, eod, seed=401)
+    write_shard(os.path.join(work, "train_000.bin"), toks)
+    write_shard(os.path.join(work, "val.bin"), doc_tokens(600, V, eod, seed=7))
+    cfg, init_dir, init_t = hf_init_folder(work, c, seed=29)
+    steps = 10
+
+    def job_of(name, act_ckpt="none"):
+        j = base_job(work, name, c, steps, 1.0, init={"from": init_dir}, dump=name == "main")
+        j["data"]["eod_token"] = eod
+        j["train"]["attention_mask"] = "block_causal"
+        j["train"]["activation_checkpointing"] = act_ckpt
+        return j
+
+    ok, out = run_bin(binary, job_of("main"), work, "main")
+    if not CK.check(ok, f"{tag} run (data.eod_token {eod}, {steps} steps)" + ("" if ok else f": {out}")):
+        return
+    CK.check(f"block-causal attention (documents end at token {eod})" in out,
+             f"{tag} the model line says block-causal attention and the eod token")
+    x, _ = R.global_batch(toks, 0, GB, T)
+    docs = R.document_ids(x, eod)
+    CK.check(int((docs[:, -1] > 0).sum()) == GB, f"{tag} every sequence of step 1 holds more than one document "
+                                                  f"({[int(d) + 1 for d in docs[:, -1]]})")
+    dump = os.path.join(work, "main", "dump")
+    loss_t, logits_t, grads_t = torch_step0(cfg, init_t, toks, eod=eod)
+    loss_causal, logits_causal, _ = torch_step0(cfg, init_t, toks)
+    logits_c, loss_c = read_dump_logits(dump)
+    cmp_tensor(f"{tag} step0 logits", logits_c, logits_t, TOL_LOGITS)
+    cmp_scalar(f"{tag} step0 loss", float(loss_c.reshape(-1)[0]), loss_t, TOL_LOSS)
+    far = rel_err(logits_c, logits_causal)
+    CK.check(far > 100 * TOL_LOGITS, f"{tag} step0 logits are far from causal attention's (rel {far:.2g})")
+    _, grads_c = hfio.read_hf_folder(os.path.join(dump, "grads"))
+    worst = max(rel_err(grads_c[n], grads_t[n]) for n in grads_t)
+    CK.check(worst <= TOL_GRAD, f"{tag} step0 grads worst rel={worst:.2g} ({len(grads_t)} tensors)")
+    recs = R.train(R.RefModel(cfg, init_t, dtype=torch.float64, eod=eod), toks, steps, T, MB, GB, LR, MIN_LR, WARMUP,
+                   DECAY, WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0, schedule=c.get("schedule"))
+    got = read_metrics(os.path.join(work, "main", "log"))
+    e_loss = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in recs)
+    e_norm = max(abs(got[r["step"]]["grad_norm"] - r["grad_norm"]) / r["grad_norm"] for r in recs)
+    CK.check(e_loss <= TOL_STEP_LOSS and e_norm <= TOL_NORM,
+             f"{tag} trajectory vs torch: loss worst rel={e_loss:.2g}, grad_norm {e_norm:.2g}")
+    ok, out = run_bin(binary, job_of("selective", "selective"), work, "selective")
+    if CK.check(ok, f"{tag} run with activation_checkpointing selective" + ("" if ok else f": {out}")):
+        sel = read_metrics(os.path.join(work, "selective", "log"))
+        same = all(sel[k]["loss"] == got[k]["loss"] and sel[k]["grad_norm"] == got[k]["grad_norm"] for k in got)
+        CK.check(same, f"{tag} selective checkpointing recomputes the same attention: losses and norms bit for bit")
+    if c["arch"] == "llama":  # the reference's mask against no mask at all
+        m = R.RefModel(cfg, init_t, dtype=torch.float64, eod=eod)
+        plain = R.RefModel(cfg, init_t, dtype=torch.float64)
+        row = x[:1]
+        with torch.no_grad():
+            packed = m(row)[0]
+            ends = [i + 1 for i in range(T) if int(row[0, i]) == eod] + [T]
+            alone, s0 = [], 0
+            for e in ends:
+                if e > s0:
+                    alone.append(plain(row[:, s0:e])[0])
+                s0 = e
+        e = rel_err(packed, torch.cat(alone))
+        CK.check(e < 1e-10, f"{tag} torch reference: a packed row's logits == its {len(alone)} documents run alone "
+                            f"(rel {e:.1e})")
+
+
 def run_blend(binary, root):
     """A data blend (data.train "0.6 A 0.4 B"): 10 steps' loss and grad_norm
     against torch on the sequences the README's blend rule picks
@@ -913,6 +1003,8 @@ def main():
                     run_case(binary, cname, CASES[cname], root)
                     if cname == "llama_gqa":
                         run_bf16(binary, root)
+                    if cname in ("llama_gqa", "gpt2"):
+                        run_docmask(binary, root, cname)
                     if cname == "gpt2":
                         run_schedules(binary, root)
                         run_blend(binary, root)

@@ -129,11 +129,14 @@ def silu(x):
     return x * torch.sigmoid(x)
 
 
-def causal_attention(q, k, v):
-    """q [B,nh,T,hd], k,v [B,nh,T,hd] -> [B,nh,T,hd]; softmax(q k^T/sqrt(hd)) v, causal."""
+def causal_attention(q, k, v, docs=None):
+    """q [B,nh,T,hd], k,v [B,nh,T,hd] -> [B,nh,T,hd]; softmax(q k^T/sqrt(hd)) v, causal.
+    docs [B,T] (document ids, block-causal): a query sees only the keys of its own document."""
     T, hd = q.shape[-2], q.shape[-1]
     att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(hd))
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    if docs is not None:
+        mask = mask[None, None] | (docs[:, None, :, None] != docs[:, None, None, :])
     att = att.masked_fill(mask, float("-inf"))
     att = torch.softmax(att, dim=-1)
     return att @ v
@@ -193,12 +196,22 @@ def repeat_kv(x, n_rep):
 # the models
 # --------------------------------------------------------------------------
 
+def document_ids(idx, eod):
+    """[B,T] -> [B,T]: each token's document number within its row, the
+    documents ending at (and including) each eod token, as torchtitan's
+    block_causal mask counts them"""
+    ends = (idx == eod).long()
+    return torch.cumsum(ends, dim=1) - ends
+
+
 class RefModel:
     """A GPT-2 or Llama causal LM whose parameters are a dict of leaf tensors
-    keyed by Hugging Face names. dtype: float64 (reference) or float32."""
+    keyed by Hugging Face names. dtype: float64 (reference) or float32.
+    eod: block-causal attention, documents ending at this token (None: causal)."""
 
-    def __init__(self, cfg, tensors, dtype=torch.float64, fast=False):
+    def __init__(self, cfg, tensors, dtype=torch.float64, fast=False, eod=None):
         self.cfg = dict(cfg)
+        self.eod = eod
         self.arch = arch_of(cfg)
         self.dtype = dtype
         self.fast = fast  # use torch's fused F.layer_norm/F.gelu (same math), for benchmarks
@@ -256,6 +269,7 @@ class RefModel:
             raise ValueError(f"T={T} > max positions {self.max_T}")
         p = self.params
         C, nh, nkv, hd = self.C, self.nh, self.nkv, self.hd
+        docs = None if self.eod is None else document_ids(idx, self.eod)
         if self.arch == "gpt2":
             x = p["transformer.wte.weight"][idx] + p["transformer.wpe.weight"][:T][None]
             for i in range(self.L):
@@ -266,7 +280,7 @@ class RefModel:
                 q = q.view(B, T, nh, hd).transpose(1, 2)
                 k = k.view(B, T, nh, hd).transpose(1, 2)
                 v = v.view(B, T, nh, hd).transpose(1, 2)
-                y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+                y = causal_attention(q, k, v, docs).transpose(1, 2).reshape(B, T, C)
                 x = x + (y @ p[h + "attn.c_proj.weight"] + p[h + "attn.c_proj.bias"])
                 a = self._ln(x, p[h + "ln_2.weight"], p[h + "ln_2.bias"])
                 m = self._gelu(a @ p[h + "mlp.c_fc.weight"] + p[h + "mlp.c_fc.bias"])
@@ -286,7 +300,7 @@ class RefModel:
             k = apply_rope(k, cos, sin)
             k = repeat_kv(k, nh // nkv)
             v = repeat_kv(v, nh // nkv)
-            y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, nh * hd)
+            y = causal_attention(q, k, v, docs).transpose(1, 2).reshape(B, T, nh * hd)
             x = x + y @ p[h + "self_attn.o_proj.weight"].t()
             a = rms_norm(x, p[h + "post_attention_layernorm.weight"], self.eps)
             g = a @ p[h + "mlp.gate_proj.weight"].t()
