@@ -1518,7 +1518,7 @@ static void print_model_batch(const Trainer *t) {
     const ModelConfig *mc = &c->model;
     double n = 0;
     for (int i = 0; i < t->model.n_specs; i++) n += (double)model_global_numel(&t->model, &t->model.specs[i]);
-    char rope[160] = "";
+    char rope[256] = "";
     if (mc->arch == ARCH_LLAMA)
         snprintf(rope, sizeof rope, ", RoPE theta %g", mc->rope_theta);
     if (mc->rope_scaling) /* llama3 */
