@@ -248,17 +248,6 @@ static size_t st_writer_numel(const StWriter *w, int i) {
     return n;
 }
 
-static void json_str(Buf *b, const char *s) {
-    buf_add(b, "\"");
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') buf_add(b, "\\%c", c);
-        else if (c < 0x20) buf_add(b, "\\u%04x", c);
-        else buf_add(b, "%c", c);
-    }
-    buf_add(b, "\"");
-}
-
 /* Header JSON, padded with spaces so the data section starts 8-aligned. */
 static void st_header(const StWriter *w, const char *metadata_json, Buf *b) {
     buf_add(b, "{");
@@ -275,7 +264,7 @@ static void st_header(const StWriter *w, const char *metadata_json, Buf *b) {
     size_t off = 0;
     for (int i = 0; i < w->n; i++) {
         buf_add(b, "%s", (i || metadata_json) ? "," : "");
-        json_str(b, w->t[i].name);
+        buf_json_string(b, w->t[i].name);
         buf_add(b, ":{\"dtype\":\"F32\",\"shape\":[");
         for (int d = 0; d < w->t[i].ndim; d++) buf_add(b, "%s%lld", d ? "," : "", (long long)w->t[i].shape[d]);
         size_t bytes = st_writer_numel(w, i) * sizeof(float);

@@ -1439,18 +1439,17 @@ static AttPass att_pass(int h, int B, int T, int nh, int nkv, int hd) {
     return a;
 }
 
-/* The first key of query t of batch entry e under the pass's qstart (a
- * block-causal mask: its document's first token), else 0 */
-__device__ __forceinline__ int att_start(const int *qstart, size_t e, int T, int t) {
-    return qstart ? qstart[e * T + t] : 0;
-}
+/* The first key query q of a sequence may attend to: qs[q] (qs its row of
+ * a block-causal mask's qstart, its document's first token), or 0 without
+ * one (qs NULL); rows past T, which are never stored, take 0 */
+__device__ __forceinline__ int att_start(const int *qs, int q, int T) { return qs && q < T ? qs[q] : 0; }
 
 /* one block per row of a pass's scores ([B*T] rows of T): softmax over
  * [s, t] (s = att_start), zero elsewhere; the scores arrive scaled.
  * lse[(e*nh + h)*T + t] gets the row's log-sum-exp. */
 __global__ void causal_softmax_lse_k(float *p, float *lse, const int *qstart, int T, int nh, int h) {
     size_t row = blockIdx.x, e = row / T;
-    int t = (int)(row % T), s0 = att_start(qstart, e, T, t);
+    int t = (int)(row % T), s0 = att_start(qstart ? qstart + e * T : NULL, t, T);
     float *x = p + row * T;
     float m = -INFINITY;
     for (int j = s0 + (int)threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, x[j]);
@@ -1467,7 +1466,7 @@ __global__ void causal_softmax_lse_k(float *p, float *lse, const int *qstart, in
  * [s, t], zero elsewhere */
 __global__ void causal_exp_lse_k(float *p, const float *lse, const int *qstart, int T, int nh, int h) {
     size_t row = blockIdx.x, e = row / T;
-    int t = (int)(row % T), s0 = att_start(qstart, e, T, t);
+    int t = (int)(row % T), s0 = att_start(qstart ? qstart + e * T : NULL, t, T);
     float *x = p + row * T;
     float l = lse[(e * nh + h) * T + t];
     for (int j = threadIdx.x; j < T; j += blockDim.x) x[j] = j >= s0 && j <= t ? expf(x[j] - l) : 0.0f;
@@ -1652,10 +1651,6 @@ struct FlQBlock {
     const int *qs;
 };
 
-/* the first key query q may attend to (qs: its row's qstart, or NULL);
- * rows past T, which are never stored, take 0 */
-__device__ __forceinline__ int fl_start(const int *qs, int q, int T) { return qs && q < T ? qs[q] : 0; }
-
 template <int HD, int BM, int BN>
 __device__ __forceinline__ FlQBlock fl_qblock(const int *qstart, int T, int nh, int nkv) {
     FlQBlock k;
@@ -1665,7 +1660,7 @@ __device__ __forceinline__ FlQBlock fl_qblock(const int *qstart, int T, int nh, 
     k.kh = k.h / (nh / nkv);
     k.q0 = (nqt - 1 - (int)blockIdx.y) * BM;
     k.qs = qstart ? qstart + (size_t)k.b * T : NULL;
-    k.kt0 = fl_start(k.qs, k.q0, T) / BN;
+    k.kt0 = att_start(k.qs, k.q0, T) / BN;
     k.nkt = ((k.q0 + BM < T ? k.q0 + BM : T) - 1) / BN + 1;
     k.S = (size_t)(nh + 2 * nkv) * HD;
     k.OS = (size_t)nh * HD;
@@ -1885,7 +1880,7 @@ template <int HD, int BN, int BM> constexpr size_t fl_dkv_floats() {
 template <int BM> __device__ __forceinline__ int fl_qend(const int *qs, int kl, int qt0, int nqt, int T) {
     if (!qs) return nqt;
     int qt = qt0;
-    while (qt < nqt && fl_start(qs, qt * BM, T) <= kl) qt++;
+    while (qt < nqt && att_start(qs, qt * BM, T) <= kl) qt++;
     return qt;
 }
 
@@ -1910,7 +1905,7 @@ __global__ void __launch_bounds__(FL_THREADS)
     for (int i = 0; i < RM; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
-        qs[i] = fl_start(blk.qs, q0 + ty * RM + i, T);
+        qs[i] = att_start(blk.qs, q0 + ty * RM + i, T);
     }
     for (int kt = blk.kt0; kt < blk.nkt; kt++) {
         const int k0 = kt * BN;
@@ -2019,7 +2014,7 @@ __global__ void __launch_bounds__(FL_THREADS)
         const size_t li = ((size_t)b * nh + h) * T + q;
         lr[i] = q < T ? lse[li] : 0.0f;
         dr[i] = q < T ? Dr[li] : 0.0f;
-        qs[i] = fl_start(blk.qs, q, T);
+        qs[i] = att_start(blk.qs, q, T);
     }
     for (int kt = blk.kt0; kt < blk.nkt; kt++) {
         const int k0 = kt * BN;
@@ -2098,7 +2093,7 @@ __global__ void __launch_bounds__(FL_THREADS)
                 const size_t li = ((size_t)b * nh + h) * T + q;
                 ls[r] = q < T ? lse[li] : 0.0f;
                 Ds[r] = q < T ? Dr[li] : 0.0f;
-                qss[r] = fl_start(qsrow, q, T);
+                qss[r] = att_start(qsrow, q, T);
             }
             __syncthreads();
             float st[RM][CN], dpt[RM][CN];
@@ -2405,10 +2400,10 @@ __global__ void __launch_bounds__(FL_THREADS)
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) fb_frag_a<LDW>(qa[kc], Qs, warp * 16, kc, lane);
     const int w0 = blk.q0 + warp * 16, row[2] = {w0 + (lane >> 2), w0 + (lane >> 2) + 8};
-    const int qs[2] = {fl_start(blk.qs, row[0], T), fl_start(blk.qs, row[1], T)};
+    const int qs[2] = {att_start(blk.qs, row[0], T), att_start(blk.qs, row[1], T)};
     /* the warp's rows' qstart span [ws0, ws1]: tiles before ws0 are skipped,
      * tiles that begin before ws1 are masked */
-    const int ws0 = fl_start(blk.qs, w0, T), ws1 = fl_start(blk.qs, (w0 + 15 < T ? w0 + 15 : T - 1), T);
+    const int ws0 = att_start(blk.qs, w0, T), ws1 = att_start(blk.qs, (w0 + 15 < T ? w0 + 15 : T - 1), T);
     const float sl2 = scale * FB_LOG2E;
     float o[OT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     fb_zero(o);
@@ -2494,8 +2489,8 @@ __global__ void __launch_bounds__(FL_THREADS)
         fb_frag_a<LDW>(da[kc], dOs, warp * 16, kc, lane);
     }
     const int w0 = blk.q0 + warp * 16, row[2] = {w0 + (lane >> 2), w0 + (lane >> 2) + 8};
-    const int qs[2] = {fl_start(blk.qs, row[0], T), fl_start(blk.qs, row[1], T)};
-    const int ws0 = fl_start(blk.qs, w0, T), ws1 = fl_start(blk.qs, (w0 + 15 < T ? w0 + 15 : T - 1), T);
+    const int qs[2] = {att_start(blk.qs, row[0], T), att_start(blk.qs, row[1], T)};
+    const int ws0 = att_start(blk.qs, w0, T), ws1 = att_start(blk.qs, (w0 + 15 < T ? w0 + 15 : T - 1), T);
     const float sl2 = scale * FB_LOG2E;
     float l2[2], dd[2];
 #pragma unroll
@@ -2590,7 +2585,7 @@ __global__ void __launch_bounds__(FL_THREADS)
                 const size_t li = ((size_t)b * nh + h) * T + q;
                 ls[r] = q < T ? lse[li] * FB_LOG2E : 0.0f;
                 Ds[r] = q < T ? Dr[li] : 0.0f;
-                qss[r] = fl_start(qsrow, q, T);
+                qss[r] = att_start(qsrow, q, T);
             }
             __syncthreads();
             /* every query before every key of the warp, or its document

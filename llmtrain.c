@@ -632,10 +632,11 @@ static void ck_advance(Trainer *t, int any_failed) {
                secs > 0 ? total / 1e6 / secs : 0.0, t->ck_phase == CK_DURABLE ? " [durable copy]" : "");
         fflush(stdout);
         if (t->metrics) {
-            fprintf(t->metrics, "{\"event\":\"checkpoint\",\"step\":%d,\"path\":", step);
-            json_string(t->metrics, fin);
-            fprintf(t->metrics, ",\"bytes\":%.0f,\"write_s\":%.6f,\"durable\":%s}\n", total, secs,
-                    t->ck_phase == CK_DURABLE || t->ck_direct ? "true" : "false");
+            Buf path = {0};
+            buf_json_string(&path, fin);
+            fprintf(t->metrics, "{\"event\":\"checkpoint\",\"step\":%d,\"path\":%s,\"bytes\":%.0f,\"write_s\":%.6f,\"durable\":%s}\n",
+                    step, path.s, total, secs, t->ck_phase == CK_DURABLE || t->ck_direct ? "true" : "false");
+            free(path.s);
             fflush(t->metrics);
         }
     }

@@ -133,16 +133,6 @@ static double clock_s(clockid_t id) {
 double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
 double unix_time_s(void) { return clock_s(CLOCK_REALTIME); }
 
-void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
 void buf_add(Buf *b, const char *fmt, ...) {
     for (;;) {
         va_list ap;
@@ -157,4 +147,14 @@ void buf_add(Buf *b, const char *fmt, ...) {
         b->s = s;
         b->cap = cap;
     }
+}
+
+void buf_json_string(Buf *b, const char *s) {
+    buf_add(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') buf_add(b, "\\%c", *p);
+        else if (*p < 0x20) buf_add(b, "\\u%04x", *p);
+        else buf_add(b, "%c", *p);
+    }
+    buf_add(b, "\"");
 }

@@ -53,6 +53,9 @@ void fclose_check_(FILE *f, const char *path, const char *file, int line);
  * offsets as doubles): buf_add appends printf-style; b->s is malloc'd. */
 typedef struct Buf { char *s; size_t len, cap; } Buf;
 void buf_add(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* s appended as a JSON string literal, quotes included: '"' and backslash
+ * escaped, control bytes as \u00XX (safetensors names, metrics.jsonl's paths) */
+void buf_json_string(Buf *b, const char *s);
 
 /* Read a whole small file (configs, json headers) into a NUL-terminated buffer.
  * Returns NULL (and sets *len = 0) when it cannot be read. */
@@ -63,8 +66,5 @@ int mkdir_p(const char *path);
 double now_s(void);
 /* Seconds since the Unix epoch (metrics.jsonl "time"). */
 double unix_time_s(void);
-/* s as a JSON string literal, quotes included: '"' and backslash escaped,
- * control bytes as \u00XX (metrics.jsonl's paths). */
-void json_string(FILE *f, const char *s);
 
 #endif
