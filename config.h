@@ -64,6 +64,7 @@ typedef struct Config {
     int param_dtype;     /* 0 fp32, 1 bf16: precision of the working weights (master stays fp32) */
     char compute_dtype[8];    /* bf16|tf32|fp32: the CUDA backend's products and [a] buffers */
     int attention_mask;       /* ATT_MASK_CAUSAL | ATT_MASK_BLOCK_CAUSAL, by index of causal|block_causal */
+    int eod_mask_loss;        /* train.eod_mask_loss: no loss on the prediction after data.eod_token */
     char attention_kernel[8]; /* auto|cudnn|flash|gemm: the CUDA backend's attention */
     /* optim */
     float lr, min_lr;

@@ -3656,7 +3656,8 @@ __device__ __forceinline__ void ce_warp_merge(float &m, float &s) {
     }
 }
 
-/* full-vocabulary softmax + loss; an out-of-range target gives a NaN loss.
+/* full-vocabulary softmax + loss; an out-of-range target gives a NaN loss,
+ * CE_NO_TARGET a loss of 0 (and with grad a zero row).
  * Two passes over the row instead of three: the max and the sum in one
  * (online), then the probabilities. CE_FWD_THREADS = 1024: fewer rows in
  * flight, so the second pass finds more of its row in L2. */
@@ -3697,21 +3698,21 @@ __global__ void __launch_bounds__(CE_FWD_THREADS) ce_fwd_k(float *losses, T *log
         if (grad) {
             p = as_stored(x, p);
             if (j == tg) p -= 1.0f;
-            p *= dloss;
+            p = tg == CE_NO_TARGET ? 0.0f : p * dloss;
         }
         act_st(x, j, p);
     }
-    if (threadIdx.x == 0) losses[blockIdx.x] = (float)(log((double)s) - ((double)xt - m));
+    if (threadIdx.x == 0) losses[blockIdx.x] = tg == CE_NO_TARGET ? 0.0f : (float)(log((double)s) - ((double)xt - m));
 }
 
-/* probs -> (probs - onehot(target - v0)) * dloss */
+/* probs -> (probs - onehot(target - v0)) * dloss (0 for CE_NO_TARGET) */
 template <typename T> __global__ void ce_bwd_k(T *probs, const int *targets, float dloss, int N, int V, int v0) {
     size_t n = (size_t)N * V;
     GRID_STRIDE(i, n) {
         int r = (int)(i / V), j = (int)(i % V);
         float p = act_ld(probs, i);
         if (targets[r] - v0 == j) p -= 1.0f;
-        act_st(probs, i, p * dloss);
+        act_st(probs, i, targets[r] == CE_NO_TARGET ? 0.0f : p * dloss);
     }
 }
 
@@ -3747,13 +3748,14 @@ __global__ void ce_vp_expsum_k(float *sums, float *tgt, T *logits, const float *
 
 template <typename T>
 __global__ void ce_vp_finish_k(float *losses, T *logits, const float *rowmax, const float *sums, const float *tgt,
-                               int V) {
+                               const int *targets, int V) {
     T *x = logits + (size_t)blockIdx.x * V;
     float inv = (float)(1.0 / (double)sums[blockIdx.x]);
     for (int j = threadIdx.x; j < V; j += blockDim.x) act_st(x, j, act_ld(x, j) * inv);
     if (threadIdx.x == 0)
-        losses[blockIdx.x] =
-            (float)(log((double)sums[blockIdx.x]) - ((double)tgt[blockIdx.x] - rowmax[blockIdx.x]));
+        losses[blockIdx.x] = targets[blockIdx.x] == CE_NO_TARGET
+                                 ? 0.0f
+                                 : (float)(log((double)sums[blockIdx.x]) - ((double)tgt[blockIdx.x] - rowmax[blockIdx.x]));
 }
 
 static void ce_fwd(float *losses, float *logits, const int *targets, int N, int V, int grad, float dloss) {
@@ -3799,10 +3801,11 @@ static void crossentropy_vp_expsum(float *sums, float *tgt, float *logits, const
 }
 
 static void crossentropy_vp_finish(float *losses, float *logits, const float *rowmax, const float *sums,
-                                   const float *tgt, int N, int V) {
+                                   const float *tgt, const int *targets, int N, int V) {
     if (N <= 0) return;
-    if (act_bf16()) ce_vp_finish_k<__nv_bfloat16><<<N, CE_THREADS>>>(losses, ACT16(logits), rowmax, sums, tgt, V);
-    else ce_vp_finish_k<float><<<N, CE_THREADS>>>(losses, logits, rowmax, sums, tgt, V);
+    if (act_bf16())
+        ce_vp_finish_k<__nv_bfloat16><<<N, CE_THREADS>>>(losses, ACT16(logits), rowmax, sums, tgt, targets, V);
+    else ce_vp_finish_k<float><<<N, CE_THREADS>>>(losses, logits, rowmax, sums, tgt, targets, V);
     LAUNCH_CHECK();
 }
 

@@ -31,6 +31,10 @@ typedef struct AdamWRange {
     float wd;
 } AdamWRange;
 
+/* A cross-entropy target that asks for no loss (PyTorch's ignore_index):
+ * the prediction after an end-of-document token under train.eod_mask_loss. */
+#define CE_NO_TARGET (-1)
+
 /* RoPE's frequencies: inv_freq[i] = theta^(-2i/hd) for i < hd/2, and
  * under scaling ROPE_LLAMA3 Llama 3.1's rescaling of them (Hugging Face's
  * rope_type "llama3"): with wavelength w = 2 pi / inv_freq and the
@@ -240,7 +244,9 @@ typedef struct Kernels {
     /* ---- loss (logits are [a] in every one of them; the arithmetic is
      * fp32, each value rounded once where it is stored) ----
      * logits [N, V] are replaced by softmax probabilities (in place);
-     * losses[n] = -log p[n, targets[n]].                                 */
+     * losses[n] = -log p[n, targets[n]]. A row whose target is
+     * CE_NO_TARGET (a masked prediction: train.eod_mask_loss) has loss 0
+     * and a zero gradient row; it still gets its probabilities.          */
     void (*crossentropy_forward)(float *losses, float *logits, const int *targets, int N, int V);
     /* probs [N,V] -> dlogits = (probs - onehot(target)) * dloss, in place */
     void (*crossentropy_backward)(float *probs, const int *targets, float dloss, int N, int V);
@@ -257,13 +263,13 @@ typedef struct Kernels {
      * expsum: logits = exp(logits - rowmax) in place, sums[n] = row sum and
      * tgt[n] = the target's logit when this rank owns it, else 0 (then
      * all-reduce SUM of both); finish: logits /= sums (probabilities, in
-     * place) and losses[n] = log(sums) + rowmax - tgt;
+     * place) and losses[n] = log(sums) + rowmax - tgt (0 for CE_NO_TARGET);
      * backward: probs -> (probs - onehot_local) * dloss, in place. */
     void (*crossentropy_vp_max)(float *rowmax, const float *logits, int N, int V);
     void (*crossentropy_vp_expsum)(float *sums, float *tgt, float *logits, const float *rowmax,
                                    const int *targets, int N, int V, int v0);
     void (*crossentropy_vp_finish)(float *losses, float *logits, const float *rowmax, const float *sums,
-                                   const float *tgt, int N, int V);
+                                   const float *tgt, const int *targets, int N, int V);
     void (*crossentropy_vp_backward)(float *probs, const int *targets, float dloss, int N, int V, int v0);
 
     /* ---- optimizer and reductions over flat parameter ranges ---- */

@@ -741,21 +741,30 @@ static float ce_row_forward(float *x, int V, int t) {
     return (float)(log(s) - ((double)xt - m));
 }
 
+/* (p - onehot(t)) * dloss; a row without a target (CE_NO_TARGET) has no loss
+ * and a zero gradient */
 static void ce_row_backward(float *p, int V, int t, float dloss) {
+    if (t == CE_NO_TARGET) {
+        memset(p, 0, (size_t)V * sizeof(float));
+        return;
+    }
     p[t] -= 1.0f;
     for (int j = 0; j < V; j++) p[j] *= dloss;
 }
 
 static void ce_check_targets(const int *targets, int N, int V) {
     for (int n = 0; n < N; n++)
-        if (targets[n] < 0 || targets[n] >= V)
-            die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], V);
+        if (targets[n] != CE_NO_TARGET && (targets[n] < 0 || targets[n] >= V))
+            die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d) (or CE_NO_TARGET)", targets[n], V);
 }
 
 static void crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
     ce_check_targets(targets, N, V);
     #pragma omp parallel for
-    for (int n = 0; n < N; n++) losses[n] = ce_row_forward(logits + (size_t)n * V, V, targets[n]);
+    for (int n = 0; n < N; n++) {
+        float l = ce_row_forward(logits + (size_t)n * V, V, targets[n] == CE_NO_TARGET ? 0 : targets[n]);
+        losses[n] = targets[n] == CE_NO_TARGET ? 0.0f : l;
+    }
 }
 
 static void crossentropy_backward(float *probs, const int *targets, float dloss, int N, int V) {
@@ -769,7 +778,8 @@ static void crossentropy_fused(float *losses, float *logits, const int *targets,
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * V;
-        losses[n] = ce_row_forward(x, V, targets[n]);
+        float l = ce_row_forward(x, V, targets[n] == CE_NO_TARGET ? 0 : targets[n]);
+        losses[n] = targets[n] == CE_NO_TARGET ? 0.0f : l;
         ce_row_backward(x, V, targets[n], dloss);
     }
 }
@@ -791,13 +801,13 @@ static void crossentropy_vp_expsum(float *sums, float *tgt, float *logits, const
 }
 
 static void crossentropy_vp_finish(float *losses, float *logits, const float *rowmax, const float *sums,
-                                   const float *tgt, int N, int V) {
+                                   const float *tgt, const int *targets, int N, int V) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * V;
         float inv = (float)(1.0 / sums[n]);
         for (int j = 0; j < V; j++) x[j] *= inv;
-        losses[n] = (float)(log((double)sums[n]) - ((double)tgt[n] - rowmax[n]));
+        losses[n] = targets[n] == CE_NO_TARGET ? 0.0f : (float)(log((double)sums[n]) - ((double)tgt[n] - rowmax[n]));
     }
 }
 
@@ -805,6 +815,10 @@ static void crossentropy_vp_backward(float *probs, const int *targets, float dlo
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float *p = probs + (size_t)n * V;
+        if (targets[n] == CE_NO_TARGET) {
+            memset(p, 0, (size_t)V * sizeof(float));
+            continue;
+        }
         int t = targets[n] - v0;
         if (t >= 0 && t < V) p[t] -= 1.0f;
         for (int j = 0; j < V; j++) p[j] *= dloss;

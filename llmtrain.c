@@ -819,6 +819,9 @@ static int resume(Trainer *t) {
 static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
     int B = t->model.B, T = t->model.T;
     for (int b = 0; b < B; b++) dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
+    if (t->cfg.eod_mask_loss) /* what follows a document's end is not predicted */
+        for (size_t i = 0; i < (size_t)B * T; i++)
+            if (t->tok[i] == t->cfg.eod_token) t->tgt[i] = CE_NO_TARGET;
 }
 
 /* c_k: steps only move forward, so the walk from the resume point is done
@@ -839,6 +842,25 @@ static int step_batch(Trainer *t, int step) { return config_batch_at(&t->cfg, st
 static uint64_t micro_first_seq(Trainer *t, int step, int j) {
     uint64_t G = (uint64_t)step_batch(t, step);
     return step_cursor(t, step) + (uint64_t)t->dist.dp_rank * (G / (uint64_t)t->dist.dp) + (uint64_t)j * (uint64_t)t->model.B;
+}
+
+/* The targets with a loss in step `step`'s whole global batch: its tokens
+ * with train.eod_mask_loss (this rank's micro-batches counted, then summed
+ * over the data-parallel ranks; a TP group's ranks read the same), else
+ * every one. The step's loss is their mean, so a batch's split into
+ * micro-batches and ranks does not change it (Megatron's per-token loss). */
+static double step_targets(Trainer *t, int step, int batch, int accum) {
+    const Config *c = &t->cfg;
+    if (!c->eod_mask_loss) return (double)batch * c->seq_len;
+    double n = 0;
+    size_t N = (size_t)t->model.B * t->model.T;
+    dist_phase(&t->dist, step + 1, "forward"); /* the sum is the step's first collective */
+    for (int j = 0; j < accum; j++) {
+        load_batch(t, &t->train, micro_first_seq(t, step, j));
+        for (size_t i = 0; i < N; i++) n += t->tgt[i] != CE_NO_TARGET;
+    }
+    dist_allreduce_sum_f64(&t->dist, &n, 1);
+    return n / t->dist.tp;
 }
 
 /* ------------------------------------------------------------------ */
@@ -865,11 +887,11 @@ static double eval_loss(Trainer *t, const DataSet *ds) {
         int counted = j < t->cfg.eval_batches;
         if (!counted && !t->sharded) break;
         load_batch(t, ds, counted ? (uint64_t)j * (uint64_t)t->model.B : 0);
-        float loss = model_forward(&t->model, t->tok, t->tgt);
-        if (counted) { sum[0] += loss; sum[1] += 1; }
+        model_forward(&t->model, t->tok, t->tgt);
+        if (counted) { sum[0] += t->model.loss_sum; sum[1] += (double)t->model.n_targets; }
     }
     forward_only(t, 0);
-    dist_allreduce_sum_f64(&t->dist, sum, 2);
+    dist_allreduce_sum_f64(&t->dist, sum, 2); /* a TP group's ranks count the same targets */
     return sum[1] > 0 ? sum[0] / sum[1] : NAN;
 }
 
@@ -1208,8 +1230,9 @@ static StepStats train_step(Trainer *t, int step) {
     if (dump) free_full_params(t);
 
     if (!t->sharded) k->zero(m->grads, m->n_params * sizeof(float));
-    double loss_sum = 0;
-    float loss_scale = 1.0f / ((float)s.batch * (float)c->seq_len);
+    double loss_sum = 0, n_targets = step_targets(t, step, s.batch, accum);
+    /* (no target in the batch: no loss, zero gradients, a NaN loss: skipped) */
+    float loss_scale = n_targets > 0 ? 1.0f / (float)n_targets : 1.0f;
     m->loss_scale = loss_scale; /* the forwards leave the head's gradients for the backward (crossentropy_fused) */
     /* sharded: the chunk hooks gather each chunk before its forward and
      * backward and reduce-scatter its gradients right after its backward */
@@ -1219,7 +1242,8 @@ static StepStats train_step(Trainer *t, int step) {
         dist_phase(&t->dist, step + 1, "forward");
         load_batch(t, &t->train, micro_first_seq(t, step, j));
         m->same_weights = j > 0; /* the optimizer runs after the last micro-batch */
-        loss_sum += model_forward(m, t->tok, t->tgt);
+        model_forward(m, t->tok, t->tgt);
+        loss_sum += m->loss_sum;
         dist_phase(&t->dist, step + 1, "backward");
         model_backward(m, loss_scale);
         if (t->sharded && j + 1 < accum) rs_finish_all(t); /* the next micro-batch adds into gshard again */
@@ -1231,7 +1255,7 @@ static StepStats train_step(Trainer *t, int step) {
     int poison = dist_fault_nan(&t->dist, step + 1); /* test hook */
     if (poison && !t->sharded) { float nan = NAN; k->from_host(m->grads, &nan, sizeof nan); }
     /* gradients of the mean loss: each rank holds its share, the sum is the mean */
-    double red[2] = {loss_sum / accum, 0};
+    double red[2] = {loss_sum, 0};
     if (t->sharded) {
         dist_phase(&t->dist, step + 1, "reduce_scatter");
         reduce_grads(t, poison);
@@ -1246,7 +1270,7 @@ static StepStats train_step(Trainer *t, int step) {
         dist_allreduce_sum_f64(&t->dist, red, 1);
     }
     /* every TP rank of a data-parallel slot holds the same loss */
-    s.loss = red[0] / t->dist.world;
+    s.loss = red[0] / t->dist.tp / n_targets;
     s.norm = sqrt(red[1]);
     s.lr = (float)config_lr_at(c, step);
     if (dump) {
@@ -1542,6 +1566,7 @@ static void print_model_batch(const Trainer *t) {
         if (k < c->steps) printf(": %d from step %d", c->global_batch, k + 1);
         else if (g) printf(": still %d at the last step", g);
     }
+    if (c->eod_mask_loss) printf(" | no loss on the targets after token %d (eod_mask_loss)", c->eod_token);
     const Model *m = &t->model;
     int mb_rows = c->micro_batch * c->seq_len;
     if (m->head_rows < mb_rows) /* the chunked LM head: how many rows, and the logits it holds */

@@ -705,7 +705,7 @@ static void head_forward(Model *m, int r0, int n, float dloss) {
         tp_allreduce(m, m->ce_max, (size_t)n, 1);
         k->crossentropy_vp_expsum(m->ce_sum, tgt, m->logits, m->ce_max, tg, n, m->V, m->v0);
         tp_allreduce(m, m->ce_sum, 2 * (size_t)n, 0);
-        k->crossentropy_vp_finish(m->losses + r0, m->logits, m->ce_max, m->ce_sum, tgt, n, m->V);
+        k->crossentropy_vp_finish(m->losses + r0, m->logits, m->ce_max, m->ce_sum, tgt, tg, n, m->V);
     } else if (dloss != 0.0f) {
         k->crossentropy_fused(m->losses + r0, m->logits, tg, dloss, n, m->cfg.vocab_size);
     } else {
@@ -733,6 +733,13 @@ static void head_train(Model *m, int N, float loss_scale) {
                              m->p.lm_head, n, C, m->V);
     }
     m->head_scale = loss_scale;
+}
+
+/* The mean of the N rows' losses over those with a target (a row without
+ * one has loss 0), their sum left in m->loss_sum */
+static float forward_loss(Model *m, int N) {
+    m->loss_sum = m->k->sum(m->losses, (size_t)N);
+    return m->n_targets ? (float)(m->loss_sum / (double)m->n_targets) : NAN;
 }
 
 float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T) {
@@ -798,10 +805,13 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     }
     int R = head_rows(m, N);
     m->head_scale = 0.0f;
-    if (targets && tp)
-        for (int n = 0; n < N; n++)
-            if (targets[n] < 0 || targets[n] >= c->vocab_size)
-                die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], c->vocab_size);
+    m->n_targets = 0;
+    for (int n = 0; targets && n < N; n++) {
+        if (targets[n] == CE_NO_TARGET) continue;
+        if (targets[n] < 0 || targets[n] >= c->vocab_size)
+            die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], c->vocab_size);
+        m->n_targets++;
+    }
     m->logits_row0 = targets ? 0 : N - R;
     if (targets && !m->forward_only && m->loss_scale != 0.0f) {
         /* a training forward: the backward of the final chunk starts here,
@@ -810,7 +820,7 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
         chunk_event(m, L + 1, CHUNK_PRE_BACKWARD);
         if (tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD); /* the LM head writes wte's gradient; POST after the embedding */
         head_train(m, N, m->loss_scale);
-        return (float)(k->sum(m->losses, (size_t)N) / N);
+        return forward_loss(m, N);
     }
     if (!targets) /* the logits of the last R rows (sampling reads the last one) */
         k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, NULL, R, C, m->V);
@@ -820,7 +830,7 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     if (tied) chunk_event(m, 0, CHUNK_POST_FORWARD);
     chunk_event(m, L + 1, CHUNK_POST_FORWARD);
     if (!targets) return NAN;
-    return (float)(k->sum(m->losses, (size_t)N) / N);
+    return forward_loss(m, N);
 }
 
 void model_logits_to_host(const Model *m, int row, int n, float *dst) {

@@ -126,6 +126,8 @@ typedef struct Model {
                                * backward too, chunk by chunk (head_train in model.c); model_backward
                                * follows only such a forward, with the same loss_scale */
     float head_scale;         /* the loss_scale the last forward's LM-head backward took (0: none ran) */
+    double loss_sum;          /* the last forward with targets: the sum of its losses (double) */
+    long n_targets;           /* ... and how many of its targets ask for a loss (not CE_NO_TARGET) */
     int same_weights;         /* set by the caller: nothing wrote the weights since the last forward (the
                                * next micro-batch of a gradient accumulation), so backend copies derived
                                * from them (kernels.h weights_stable) still hold; the next forward clears it */
@@ -238,7 +240,9 @@ void model_init_random(Model *m, float std, uint64_t seed);
 /* Look up a tensor by internal name; NULL if absent. */
 const ParamSpec *model_find(const Model *m, const char *name);
 /* Forward over a micro-batch (tokens/targets are host arrays of B*T).
- * Returns the mean loss over its B*T targets (targets may be NULL: no loss;
+ * Returns the mean loss over its targets, those not CE_NO_TARGET (kernels.h;
+ * NaN if none), and leaves their sum and count in loss_sum and n_targets
+ * (targets may be NULL: no loss;
  * then m->logits holds the logits of the last rows [logits_row0, B*T): all
  * of them, or the last head_rows). */
 float model_forward(Model *m, const int *tokens, const int *targets);
@@ -250,8 +254,8 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
 void model_logits_to_host(const Model *m, int row, int n, float *dst);
 /* Backward of the last forward, a training forward (m->loss_scale set:
  * its LM head's backward ran with it); grads += d(loss_scale * sum of
- * losses)/dparams. Use loss_scale = 1/(total targets of the step) for a
- * mean loss. */
+ * losses)/dparams. Use loss_scale = 1/(total targets of the step, those
+ * not CE_NO_TARGET) for a mean loss. */
 void model_backward(Model *m, float loss_scale);
 /* Training FLOPs per token: 6*params(matmuls) + attention, as in the README. */
 double model_flops_per_token(const ModelConfig *cfg, int T);

@@ -230,9 +230,9 @@ static void w_crossentropy_vp_expsum(float *sums, float *tgt, float *logits, con
           P.in->crossentropy_vp_expsum(sums, tgt, logits, rowmax, targets, N, V, v0));
 }
 static void w_crossentropy_vp_finish(float *losses, float *logits, const float *rowmax, const float *sums,
-                                     const float *tgt, int N, int V) {
-    TIMED(crossentropy_vp_finish, 0, by((size_t)N * V, 2 * A) + by(N, 16),
-          P.in->crossentropy_vp_finish(losses, logits, rowmax, sums, tgt, N, V));
+                                     const float *tgt, const int *targets, int N, int V) {
+    TIMED(crossentropy_vp_finish, 0, by((size_t)N * V, 2 * A) + by(N, 20),
+          P.in->crossentropy_vp_finish(losses, logits, rowmax, sums, tgt, targets, N, V));
 }
 static void w_crossentropy_vp_backward(float *probs, const int *targets, float dloss, int N, int V, int v0) {
     TIMED(crossentropy_vp_backward, 0, by((size_t)N * V, 2 * A) + by(N, 4),

@@ -326,7 +326,9 @@ for arch in gpt2 llama; do
 done
 # block-causal attention (train.attention_mask block_causal, documents
 # ending at data.eod_token 5: about one boundary a row of the uniform
-# tokens) in whole Llama runs on the 3b shape (head dim 64, T = 100): cpu,
+# tokens) with no loss on the prediction after each (train.eod_mask_loss:
+# the cross-entropy's rows without a target, the mean over the targets
+# left) in whole Llama runs on the 3b shape (head dim 64, T = 100): cpu,
 # the fused kernels under TF32 and under bf16 (auto = cuDNN's causal graphs,
 # which a block-causal mask passes to the fused kernels), each against the
 # cpu run; the cpu run is not the causal one (the mask changed the losses).
@@ -336,7 +338,7 @@ for run in cpu:auto:tf32 flash:flash:tf32 auto-bf16:auto:bf16; do
     dev=cuda; [ $name = cpu ] && dev=cpu
     if ! $BIN "$TMP/llama.json" --set train.attention_kernel=$att --set train.compute_dtype=$mm --set model.n_embd=128 \
          --set model.n_head=2 --set model.n_kv_head=1 --set model.max_seq_len=128 --set train.seq_len=100 \
-         --set data.eod_token=5 --set train.attention_mask=block_causal --set train.device=$dev \
+         --set data.eod_token=5 --set train.attention_mask=block_causal --set train.eod_mask_loss=true --set train.device=$dev \
          --set log.dir="$TMP/bc-$name" --set checkpoint.dir="$TMP/bc-$name/ckpt" >"$TMP/bc-$name.out" 2>&1; then
         echo "FAIL block-causal $name exited non-zero: $(tail -3 "$TMP/bc-$name.out")"; fail=$((fail + 1)); ok_runs=0
     fi
@@ -345,7 +347,7 @@ if [ $ok_runs = 1 ]; then
     for run in flash:$LOSS_RTOL auto-bf16:$LOSS_RTOL_BF16; do
         name=${run%%:*} tol=${run#*:}
         if $PY tests/compare_runs.py "$TMP/bc-cpu" "$TMP/bc-$name" --steps $STEPS --loss-rtol $tol; then
-            echo "ok   block-causal llama (head dim 64, T 100): $STEPS steps $name vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
+            echo "ok   block-causal llama with eod_mask_loss (head dim 64, T 100): $STEPS steps $name vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
         else
             echo "FAIL block-causal llama: $name and cpu loss trajectories differ by more than $tol"; fail=$((fail + 1))
         fi

@@ -111,7 +111,9 @@ else bad "rope_scaling llama3 train + resume: $(cat "$TMP/err"; grep -E 'resume|
 # with it, and one the model has (tests/test_torch.py checks the masked
 # model against PyTorch; tests/test_kernels.c and tests/test_gpu.c the kernels)
 expect_fail "block_causal without data.eod_token" 'train.attention_mask "block_causal" needs data.eod_token (the token that ends a document; got -1)' $BIN "$TMP/job.json" --set train.attention_mask=block_causal
-expect_fail "data.eod_token without block_causal" 'data.eod_token is set but train.attention_mask is "causal" (it applies only with "block_causal")' $BIN "$TMP/job.json" --set data.eod_token=3
+expect_fail "data.eod_token that nothing uses" 'data.eod_token is set but unused (it applies with train.attention_mask "block_causal" or train.eod_mask_loss true; got "causal" and false)' $BIN "$TMP/job.json" --set data.eod_token=3
+expect_fail "eod_mask_loss without data.eod_token" 'train.eod_mask_loss needs data.eod_token (the token that ends a document; got -1)' $BIN "$TMP/job.json" --set train.eod_mask_loss=true
+expect_fail "eod_mask_loss: data.eod_token past the vocabulary" "data.eod_token 64 is not a token of the model (expected below model.vocab_size 64)" $BIN "$TMP/job.json" --set train.eod_mask_loss=true --set data.eod_token=64
 expect_fail "data.eod_token past the vocabulary" "data.eod_token 64 is not a token of the model (expected below model.vocab_size 64)" $BIN "$TMP/job.json" --set train.attention_mask=block_causal --set data.eod_token=64
 expect_fail "bad attention_mask" 'train.attention_mask: expected one of causal|block_causal, got "document"' $BIN "$TMP/job.json" --set train.attention_mask=document
 
@@ -203,10 +205,15 @@ $BIN "$TMP/job.json" --set train.steps=4 --set checkpoint.every_steps=1 --set ch
 kept=$(ls "$TMP/ckkl" 2>/dev/null | tr '\n' ' ')
 if [ "$kept" = "step_00000003 step_00000004 " ]; then ok "checkpoint.keep_last=2 keeps the newest two"; else bad "keep_last left: $kept"; fi
 
-# every key of `llmtrain keys` is documented in the README
+# every key of `llmtrain keys` is documented in the README, with the same row
+# (the README's table is that output: a doc changed on one side only fails)
 missing=""
 for k in $($BIN keys | sed -n 's/^| `\([^`]*\)`.*/\1/p'); do grep -qF "\`$k\`" README.md || missing="$missing $k"; done
 if [ -z "$missing" ]; then ok "README documents every config key"; else bad "README lacks keys:$missing"; fi
+stale=""
+while IFS= read -r row; do grep -qxF -- "$row" README.md || stale="$stale $(cut -d'`' -f2 <<<"$row")"; done < <($BIN keys)
+if [ -z "$stale" ]; then ok "README's key table rows are the rows of llmtrain keys, word for word"
+else bad "README's key table differs from llmtrain keys (regenerate it) at:$stale"; fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

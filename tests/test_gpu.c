@@ -982,12 +982,34 @@ static void check_act_bits(const char *name, const float *dev_a, const float *de
  * the CPU's value rounded to nearest (check_act_rn); one computed from a
  * stored bf16 value (the gradients, the normalised vocab-parallel
  * probabilities) is within a bf16 unit of the largest (TOL_BF16). */
+/* The rows without a target (CE_NO_TARGET) on the device: every d(logits)
+ * element of them exactly 0 ([a] dl, when given), and their losses (when
+ * given) exactly 0. A gradient left as p * dloss would be within the
+ * tolerance of the CPU's zeros, so this is checked by itself. */
+static void check_no_target_rows(const char *name, const float *dl, const float *dloss_dev, const int *tgt, int N, int V) {
+    size_t n = (size_t)N * V, bad = 0, rows = 0;
+    float *h = dl ? act_to_host(dl, n) : NULL, *l = malloc_check((size_t)N * sizeof(float));
+    if (dloss_dev) KG->to_host(l, dloss_dev, (size_t)N * sizeof(float));
+    for (int r = 0; r < N; r++) {
+        if (tgt[r] != CE_NO_TARGET) continue;
+        rows++;
+        for (int j = 0; h && j < V; j++) bad += h[(size_t)r * V + j] != 0.0f;
+        bad += dloss_dev && l[r] != 0.0f;
+    }
+    int ok = rows > 0 && bad == 0;
+    printf("%s %-34s %zu rows without a target: %zu values not exactly 0\n", ok ? "ok  " : "FAIL", name, rows, bad);
+    if (ok) pass++; else fail++;
+    free(h);
+    free(l);
+}
+
 static void test_crossentropy(void) {
     int N = 45, V = 1037;
     size_t n = (size_t)N * V;
     const double tol2 = act16() ? TOL_BF16 : TOL_F32;
     int tgt[45];
     for (int i = 0; i < N; i++) tgt[i] = (int)(rnd_u32() % V);
+    tgt[5] = tgt[17] = CE_NO_TARGET; /* no loss, a zero gradient row (train.eod_mask_loss) */
     int *gtgt = dcopy_int(tgt, N);
     float *lg = hrand(n, 3), *loss = hrand(N, 1), *gloss = dcopy(loss, N);
     /* the CUDA forward keeps a running max and rescales its running sum as
@@ -1006,9 +1028,11 @@ static void test_crossentropy(void) {
     KG->crossentropy_forward(gloss, glg, gtgt, N, V);
     check("crossentropy_forward losses", loss, gloss, N, TOL_F32);
     check_act_rn("crossentropy_forward probs", lg, glg, n);
+    check_no_target_rows("crossentropy_forward no target", NULL, gloss, tgt, N, V);
     KC->crossentropy_backward(lg, tgt, 0.01f, N, V);
     KG->crossentropy_backward(glg, gtgt, 0.01f, N, V);
     check_act("crossentropy_backward", lg, glg, n, tol2);
+    check_no_target_rows("crossentropy_backward no target", glg, NULL, tgt, N, V);
     /* crossentropy_fused: the CPU's within tolerance, and the bits of the
      * device's own forward + backward */
     float *floss = hrand(N, 1), *gfloss = dcopy(floss, N), *hg = malloc_check(n * sizeof(float));
@@ -1016,6 +1040,7 @@ static void test_crossentropy(void) {
     KG->crossentropy_fused(gfloss, gfu, gtgt, 0.01f, N, V);
     check("crossentropy_fused losses", floss, gfloss, N, TOL_F32);
     check_act("crossentropy_fused dlogits", fu, gfu, n, tol2);
+    check_no_target_rows("crossentropy_fused no target", gfu, gfloss, tgt, N, V);
     check_act_bits("crossentropy_fused = fwd + bwd", glg, gfu, n);
     KG->to_host(hg, gloss, N * sizeof(float));
     check_bits("crossentropy_fused losses = fwd's", hg, gfloss, N);
@@ -1036,13 +1061,15 @@ static void test_crossentropy(void) {
     check("crossentropy_vp_expsum sums", sm, gsm, N, TOL_F32);
     check("crossentropy_vp_expsum tgt", tg, gtg, N, TOL_F32);
     check_act_rn("crossentropy_vp_expsum exp", l2, gl2, nl);
-    KC->crossentropy_vp_finish(loss, l2, mx, sm, tg, N, Vl);
-    KG->crossentropy_vp_finish(gloss, gl2, gmx, gsm, gtg, N, Vl);
+    KC->crossentropy_vp_finish(loss, l2, mx, sm, tg, tgt, N, Vl);
+    KG->crossentropy_vp_finish(gloss, gl2, gmx, gsm, gtg, gtgt, N, Vl);
     check("crossentropy_vp_finish losses", loss, gloss, N, TOL_F32);
     check_act("crossentropy_vp_finish probs", l2, gl2, nl, tol2);
+    check_no_target_rows("crossentropy_vp_finish no target", NULL, gloss, tgt, N, Vl);
     KC->crossentropy_vp_backward(l2, tgt, 0.5f, N, Vl, v0);
     KG->crossentropy_vp_backward(gl2, gtgt, 0.5f, N, Vl, v0);
     check_act("crossentropy_vp_backward", l2, gl2, nl, tol2);
+    check_no_target_rows("crossentropy_vp_backward no target", gl2, NULL, tgt, N, Vl);
 }
 
 /* matmul_forward_a / matmul_backward_a: matmul_forward and

@@ -754,6 +754,86 @@ def run_docmask(binary, root, cname):
                             f"(rel {e:.1e})")
 
 
+def run_eodloss(binary, root, cname, block_causal):
+    """train.eod_mask_loss (no loss on the prediction after data.eod_token)
+    against torch's F.cross_entropy with those targets set to its
+    ignore_index (torch_ref.mask_after_eod: where the INPUT is eod): step-0
+    loss, logits and every gradient, the 10-step trajectory and the final
+    val_loss. The step's loss is the mean over the whole global batch's
+    remaining targets: step 1's first micro-batch is every other token an
+    eod, so its micro-batches keep very different counts and the gradient of
+    a mean per micro-batch (Megatron's older rule) is far from it; and the
+    unmasked loss is far too (the mask did something)."""
+    c = CASES[cname]
+    tag = f"{cname} eod_mask_loss" + (" with block_causal" if block_causal else "")
+    work = os.path.join(root, f"eodloss_{cname}")
+    os.makedirs(work)
+    V = c["vocab"]
+    eod = V - 1
+    toks = doc_tokens(2200, V, eod, seed=503)
+    toks[:MB * T:2] = eod
+    val = doc_tokens(600, V, eod, seed=11)
+    write_shard(os.path.join(work, "train_000.bin"), toks)
+    write_shard(os.path.join(work, "val.bin"), val)
+    cfg, init_dir, init_t = hf_init_folder(work, c, seed=31)
+    steps = 10
+    job = base_job(work, "main", c, steps, 1.0, init={"from": init_dir})
+    job["data"]["eod_token"] = eod
+    job["train"]["eod_mask_loss"] = True
+    if block_causal:
+        job["train"]["attention_mask"] = "block_causal"
+    job["eval"] = {"every_steps": steps, "batches": 2, "sample_tokens": 0}
+    ok, out = run_bin(binary, job, work, "main")
+    if not CK.check(ok, f"{tag} run (data.eod_token {eod}, {steps} steps)" + ("" if ok else f": {out}")):
+        return
+    CK.check(f"no loss on the targets after token {eod} (eod_mask_loss)" in out, f"{tag} the batch line says so")
+    ref_eod = eod if block_causal else None
+
+    def batch(step):
+        x, y = R.global_batch(toks, step, GB, T)
+        return x, R.mask_after_eod(x, y, eod)
+
+    x, ym = batch(0)
+    counts = [int((ym[j * MB:(j + 1) * MB] != R.IGNORE).sum()) for j in range(GB // MB)]
+    CK.check(len(set(counts)) > 1 and sum(counts) < GB * T,
+             f"{tag} step 1's micro-batches keep different numbers of targets ({counts} of {MB * T} each)")
+    m = R.RefModel(cfg, init_t, dtype=torch.float64, eod=ref_eod)
+    loss_t, logits_t = R.forward_backward(m, x, ym, MB)
+    grads_t = R.grads_dict(m)
+    logits_c, loss_c = read_dump_logits(os.path.join(work, "main", "dump"))
+    loss_c = float(loss_c.reshape(-1)[0])
+    cmp_tensor(f"{tag} step0 logits", logits_c, logits_t, TOL_LOGITS)
+    cmp_scalar(f"{tag} step0 loss", loss_c, loss_t, TOL_LOSS)
+    _, grads_c = hfio.read_hf_folder(os.path.join(work, "main", "dump", "grads"))
+    worst = max(rel_err(grads_c[n], grads_t[n]) for n in grads_t)
+    CK.check(worst <= TOL_GRAD, f"{tag} step0 grads worst rel={worst:.2g} ({len(grads_t)} tensors)")
+    pm = R.RefModel(cfg, init_t, dtype=torch.float64, eod=ref_eod)
+    for j in range(GB // MB):  # each micro-batch's own mean, averaged
+        (pm.loss(x[j * MB:(j + 1) * MB], ym[j * MB:(j + 1) * MB])[0] / (GB // MB)).backward()
+    flat = lambda g: torch.cat([g[n].double().reshape(-1) for n in sorted(grads_t)])  # noqa: E731
+    far_pm = rel_err(flat(grads_c), flat(R.grads_dict(pm)))
+    with torch.no_grad():
+        unmasked = m.loss(x, R.global_batch(toks, 0, GB, T)[1])[0].item()
+    far_un = abs(loss_c - unmasked) / unmasked
+    CK.check(far_pm > 10 * TOL_GRAD and far_un > 10 * TOL_LOSS,
+             f"{tag} step0 gradients are far from those of the mean of micro-batch means (rel {far_pm:.2g}), "
+             f"the loss from the unmasked loss (rel {far_un:.2g})")
+    ref = R.RefModel(cfg, init_t, dtype=torch.float64, eod=ref_eod)
+    recs = R.train(ref, toks, steps, T, MB, GB, LR, MIN_LR, WARMUP, DECAY, WD, c["decay_all"], B1, B2, EPS,
+                   grad_clip=1.0, schedule=c.get("schedule"), batch_fn=batch)
+    got = read_metrics(os.path.join(work, "main", "log"))
+    e_loss = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in recs)
+    e_norm = max(abs(got[r["step"]]["grad_norm"] - r["grad_norm"]) / r["grad_norm"] for r in recs)
+    CK.check(e_loss <= TOL_STEP_LOSS and e_norm <= TOL_NORM,
+             f"{tag} trajectory vs torch: loss worst rel={e_loss:.2g}, grad_norm {e_norm:.2g}")
+    xv, yv = R.global_batch(val, 0, 2 * MB, T)  # eval.batches 2 of micro_batch sequences
+    with torch.no_grad():
+        val_t = ref.loss(xv, R.mask_after_eod(xv, yv, eod))[0].item()
+    val_c = got[steps].get("val_loss", float("nan"))
+    cmp_scalar(f"{tag} val_loss after {steps} steps (the mean over both eval batches' remaining targets)",
+               val_c, val_t, TOL_STEP_LOSS)
+
+
 def run_blend(binary, root):
     """A data blend (data.train "0.6 A 0.4 B"): 10 steps' loss and grad_norm
     against torch on the sequences the README's blend rule picks
@@ -1005,6 +1085,7 @@ def main():
                         run_bf16(binary, root)
                     if cname in ("llama_gqa", "gpt2"):
                         run_docmask(binary, root, cname)
+                        run_eodloss(binary, root, cname, block_causal=cname == "llama_gqa")
                     if cname == "gpt2":
                         run_schedules(binary, root)
                         run_blend(binary, root)

@@ -204,6 +204,17 @@ def document_ids(idx, eod):
     return torch.cumsum(ends, dim=1) - ends
 
 
+IGNORE = -100  # F.cross_entropy's ignore_index: a target without a loss
+
+
+def mask_after_eod(x, y, eod):
+    """Megatron's --eod-mask-loss: no loss where the INPUT token is eod (its
+    target is the next document's first token); those targets become IGNORE"""
+    y = y.clone()
+    y[x == eod] = IGNORE
+    return y
+
+
 class RefModel:
     """A GPT-2 or Llama causal LM whose parameters are a dict of leaf tensors
     keyed by Hugging Face names. dtype: float64 (reference) or float32.
@@ -312,10 +323,12 @@ class RefModel:
 
     __call__ = forward
 
-    def loss(self, idx, targets):
-        """Mean cross-entropy over all targets; also returns the logits."""
+    def loss(self, idx, targets, reduction="mean"):
+        """Cross-entropy over the targets that are not IGNORE, their mean (or
+        reduction "sum"); also returns the logits."""
         logits = self.forward(idx)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
+                               reduction=reduction)
         return loss, logits
 
 
@@ -482,20 +495,22 @@ def global_batch(tokens, step, G, T):
 
 
 def forward_backward(model, x, y, micro_batch):
-    """Gradient of the mean loss over the whole batch, accumulated over
-    micro-batches of `micro_batch` sequences. Grads are ADDED into .grad.
+    """Gradient of the mean loss over the whole batch's targets (those not
+    IGNORE), accumulated over micro-batches of `micro_batch` sequences: each
+    adds its loss sum over that count. Grads are ADDED into .grad.
     Returns (mean loss as float, logits of the first micro-batch)."""
     G = x.shape[0]
     assert G % micro_batch == 0
     n_micro = G // micro_batch
+    n = int((y != IGNORE).sum())
     total = 0.0
     first_logits = None
     for j in range(n_micro):
         xb = x[j * micro_batch:(j + 1) * micro_batch]
         yb = y[j * micro_batch:(j + 1) * micro_batch]
-        loss, logits = model.loss(xb, yb)
-        (loss / n_micro).backward()
-        total += loss.item() / n_micro
+        loss, logits = model.loss(xb, yb, reduction="sum")
+        (loss / n).backward()
+        total += loss.item() / n
         if j == 0:
             first_logits = logits.detach()
     return total, first_logits
@@ -759,6 +774,23 @@ def _selftest():
     ga, gb = grads_dict(ma), grads_dict(mb)
     check("micro-batching == full batch", abs(la - lb) < 1e-12 and
           max(rel(ga[n], gb[n]) for n in ga if gb[n].norm() > 0) < 1e-12)
+    # with targets masked after an "eod" (token 5), unevenly over the micro-batches:
+    # accumulation == F.cross_entropy's mean over the whole batch's remaining targets
+    ym = mask_after_eod(x, y, 5)
+    x5 = x.clone()
+    x5[0, ::2] = 5  # micro-batch 0 loses 8 more targets than micro-batch 1
+    ym5 = mask_after_eod(x5, y, 5)
+    n0, n1 = int((ym5[:2] != IGNORE).sum()), int((ym5[2:] != IGNORE).sum())
+    ma = RefModel(g_cfg, random_hf_tensors(g_cfg, std=0.1, seed=12))
+    mb = RefModel(g_cfg, random_hf_tensors(g_cfg, std=0.1, seed=12))
+    la, _ = forward_backward(ma, x5, ym5, 2)
+    lb, _ = mb.loss(x5, ym5)
+    lb.backward()
+    ga, gb = grads_dict(ma), grads_dict(mb)
+    check("masked targets: micro-batching == one mean over the batch", n0 != n1 and
+          bool((ym[x == 5] == IGNORE).all()) and bool((ym[x != 5] == y[x != 5]).all()) and
+          abs(la - lb.item()) < 1e-12 and max(rel(ga[n], gb[n]) for n in ga if gb[n].norm() > 0) < 1e-12,
+          f"targets {n0} + {n1}")
 
     # schedule
     sched = [lr_at(s, 1e-3, 1e-4, 5, 20) for s in range(25)]
