@@ -730,15 +730,16 @@ static void add(float *out, const float *a, const float *b, size_t n) {
 // ----------------------------------------------------------------------------
 // loss
 
-/* probabilities of row x, in place; returns its loss for target t */
+/* probabilities of row x, in place; returns its loss for target t (0 for
+ * CE_NO_TARGET) */
 static float ce_row_forward(float *x, int V, int t) {
     float m = row_max(x, V);
-    float xt = x[t];
+    float xt = t == CE_NO_TARGET ? 0.0f : x[t];
     double s = row_exp_sum(x, V, m);
     float inv = (float)(1.0 / s);
     for (int j = 0; j < V; j++) x[j] *= inv;
     // log-sum-exp form: exact even when p[target] underflows to zero
-    return (float)(log(s) - ((double)xt - m));
+    return t == CE_NO_TARGET ? 0.0f : (float)(log(s) - ((double)xt - m));
 }
 
 /* (p - onehot(t)) * dloss; a row without a target (CE_NO_TARGET) has no loss
@@ -761,10 +762,7 @@ static void ce_check_targets(const int *targets, int N, int V) {
 static void crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
     ce_check_targets(targets, N, V);
     #pragma omp parallel for
-    for (int n = 0; n < N; n++) {
-        float l = ce_row_forward(logits + (size_t)n * V, V, targets[n] == CE_NO_TARGET ? 0 : targets[n]);
-        losses[n] = targets[n] == CE_NO_TARGET ? 0.0f : l;
-    }
+    for (int n = 0; n < N; n++) losses[n] = ce_row_forward(logits + (size_t)n * V, V, targets[n]);
 }
 
 static void crossentropy_backward(float *probs, const int *targets, float dloss, int N, int V) {
@@ -778,8 +776,7 @@ static void crossentropy_fused(float *losses, float *logits, const int *targets,
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * V;
-        float l = ce_row_forward(x, V, targets[n] == CE_NO_TARGET ? 0 : targets[n]);
-        losses[n] = targets[n] == CE_NO_TARGET ? 0.0f : l;
+        losses[n] = ce_row_forward(x, V, targets[n]);
         ce_row_backward(x, V, targets[n], dloss);
     }
 }

@@ -844,10 +844,11 @@ static uint64_t micro_first_seq(Trainer *t, int step, int j) {
     return step_cursor(t, step) + (uint64_t)t->dist.dp_rank * (G / (uint64_t)t->dist.dp) + (uint64_t)j * (uint64_t)t->model.B;
 }
 
-/* The targets with a loss in step `step`'s whole global batch: its tokens
- * with train.eod_mask_loss (this rank's micro-batches counted, then summed
- * over the data-parallel ranks; a TP group's ranks read the same), else
- * every one. The step's loss is their mean, so a batch's split into
+/* How many targets of step `step`'s whole global batch have a loss: all
+ * batch x seq_len of them, or under train.eod_mask_loss those not
+ * CE_NO_TARGET, counted over this rank's micro-batches (read here once
+ * more) and summed over the data-parallel ranks (a TP group's ranks read
+ * the same batches). The step's loss is their mean, so a batch's split into
  * micro-batches and ranks does not change it (Megatron's per-token loss). */
 static double step_targets(Trainer *t, int step, int batch, int accum) {
     const Config *c = &t->cfg;
