@@ -60,7 +60,7 @@ static const Key KEYS[] = {
     {"data.val", K_STR, STR(data_val), "\"\"", 0, 0, NULL, "validation token shards, a path, glob or blend as data.train (empty: no validation loss)"},
     {"data.vocab", K_STR, STR(data_vocab), "\"\"", 0, 0, NULL, "token-to-bytes table for printing samples (llm.c tokenizer format; empty: print ids)"},
     {"data.shuffle", K_BOOL, OFF(data_shuffle), 0, "false", 0, 0, NULL, "visit sequences in a seeded random order per epoch instead of in file order"},
-    {"data.eod_token", K_INT, OFF(eod_token), 0, "-1", -1, BIG, NULL, "the token that ends each document in the shards (GPT-2's endoftext is 50256, Llama 3's end_of_text 128001; -1 = none; must be below model.vocab_size): the document boundaries of train.attention_mask block_causal and train.eod_mask_loss"},
+    {"data.eod_token", K_INT, OFF(eod_token), 0, "-1", -1, BIG, NULL, "the token that ends each document in the shards (GPT-2's endoftext is 50256, Llama 3's end_of_text 128001; -1 = none; must be below model.vocab_size): the document boundaries of train.attention_mask block_causal, train.eod_mask_loss and train.reset_position_ids"},
     /* train */
     {"train.steps", K_INT, OFF(steps), 0, "100", 0, BIG, NULL, "optimizer steps"},
     {"train.seq_len", K_INT, OFF(seq_len), 0, "0", 0, 1 << 24, NULL, "sequence length T (0 = model.max_seq_len)"},
@@ -74,8 +74,9 @@ static const Key KEYS[] = {
     {"train.lm_head_chunk", K_INT, OFF(lm_head_chunk), 0, "0", 0, 1 << 30, NULL, "token rows the LM head and the cross-entropy process at a time, so logits ([rows, vocab]) exist for this many tokens only (each chunk's backward runs right after its forward: nothing is recomputed); 0 = the whole micro-batch while its logits take at most 2 GiB per rank, else the fewest equal chunks (a multiple of 64 rows) that do; at least `micro_batch` x `seq_len` = never chunked"},
     {"train.param_dtype", K_ENUM, OFF(param_dtype), 0, "\"fp32\"", 0, 0, "fp32|bf16", "the working copy of the weights that forward and backward read: fp32, or rounded to bf16 precision from the fp32 master weights after every step (gradients, master weights and AdamW moments stay fp32; sharded, the weight all-gathers move bf16 words, half the bytes)"},
     {"train.compute_dtype", K_STR, STR(compute_dtype), "\"bf16\"", 0, 0, "bf16|tf32|fp32", "the CUDA backend's matrix products and the activations only they read (mixed precision): bf16 (bf16 operands, fp32 accumulation, those activations and the logits stored as bf16; norms, softmax and the loss in fp32), tf32 (fp32 storage, TF32 tensor cores) or fp32 (no tensor cores); the CPU backend computes in fp32 whatever this says"},
-    {"train.attention_mask", K_ENUM, OFF(attention_mask), 0, "\"causal\"", 0, 0, "causal|block_causal", "which earlier tokens a token attends to: causal (all of its sequence's) or block_causal (its own document's only, documents ending at data.eod_token: Llama 3's document masking, torchtitan's attn_mask_type block_causal, Megatron's --reset-attention-mask); positions are not reset (see the notes below)"},
+    {"train.attention_mask", K_ENUM, OFF(attention_mask), 0, "\"causal\"", 0, 0, "causal|block_causal", "which earlier tokens a token attends to: causal (all of its sequence's) or block_causal (its own document's only, documents ending at data.eod_token: Llama 3's document masking, torchtitan's attn_mask_type block_causal, Megatron's --reset-attention-mask); positions still count from the row's start unless train.reset_position_ids is set"},
     {"train.eod_mask_loss", K_BOOL, OFF(eod_mask_loss), 0, "false", 0, 0, NULL, "no loss on the prediction that follows data.eod_token (the next document's first token, which nothing before it predicts; Megatron's --eod-mask-loss); the step's loss and gradients are the mean over the targets that remain in the whole global batch, whatever its split into micro-batches and ranks"},
+    {"train.reset_position_ids", K_BOOL, OFF(reset_position_ids), 0, "false", 0, 0, NULL, "positions count from each document's first token (the one after data.eod_token, or the row's first) instead of from the row's start: GPT-2's learned position rows and Llama's RoPE angles (Megatron's --reset-position-ids)"},
     {"train.attention_kernel", K_STR, STR(attention_kernel), "\"auto\"", 0, 0, "auto|cudnn|flash|gemm", "the CUDA backend's attention: cudnn (cuDNN's fused attention; shapes it declines take flash), flash (llmtrain's fused kernels, head dims 32/64/128; others take gemm), gemm (cuBLASLt GEMMs and softmax kernels) or auto (cudnn under compute_dtype bf16, else flash); the CPU backend has one attention"},
     {"train.device", K_STR, STR(device), "\"auto\"", 0, 0, "auto|cpu|cuda", "compute backend: auto (CUDA when every rank has a GPU of its own, else CPU), cpu or cuda (rank r takes device local_rank % GPUs)"},
     /* optim */
@@ -420,10 +421,12 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
             origin);
     if (cfg->eod_mask_loss && cfg->eod_token < 0)
         die(EXIT_USAGE, "%s: train.eod_mask_loss needs data.eod_token (the token that ends a document; got -1)", origin);
-    if (cfg->attention_mask != ATT_MASK_BLOCK_CAUSAL && !cfg->eod_mask_loss && cfg->eod_token >= 0)
+    if (cfg->reset_position_ids && cfg->eod_token < 0)
+        die(EXIT_USAGE, "%s: train.reset_position_ids needs data.eod_token (the token that ends a document; got -1)", origin);
+    if (cfg->attention_mask != ATT_MASK_BLOCK_CAUSAL && !cfg->eod_mask_loss && !cfg->reset_position_ids && cfg->eod_token >= 0)
         die(EXIT_USAGE,
-            "%s: data.eod_token is set but unused (it applies with train.attention_mask \"block_causal\" or train.eod_mask_loss "
-            "true; got \"causal\" and false)",
+            "%s: data.eod_token is set but unused (it applies with train.attention_mask \"block_causal\", train.eod_mask_loss "
+            "true or train.reset_position_ids true; got \"causal\", false and false)",
             origin);
     if (cfg->global_batch != 0 && cfg->global_batch % cfg->micro_batch != 0)
         die(EXIT_USAGE, "%s: train.global_batch %d is not a multiple of train.micro_batch %d", origin, cfg->global_batch, cfg->micro_batch);

@@ -65,6 +65,7 @@ typedef struct Config {
     char compute_dtype[8];    /* bf16|tf32|fp32: the CUDA backend's products and [a] buffers */
     int attention_mask;       /* ATT_MASK_CAUSAL | ATT_MASK_BLOCK_CAUSAL, by index of causal|block_causal */
     int eod_mask_loss;        /* train.eod_mask_loss: no loss on the prediction after data.eod_token */
+    int reset_position_ids;   /* train.reset_position_ids: positions count from each document's first token */
     char attention_kernel[8]; /* auto|cudnn|flash|gemm: the CUDA backend's attention */
     /* optim */
     float lr, min_lr;

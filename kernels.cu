@@ -328,14 +328,14 @@ static void cu_from_host(void *dst, const void *host_src, size_t bytes) {
 // ----------------------------------------------------------------------------
 // embeddings
 
-__global__ void embed_fwd_k(float *out, const int *tokens, const float *wte, const float *wpe, int N, int T, int C,
-                            int v0, int V) {
+__global__ void embed_fwd_k(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe, int N,
+                            int T, int C, int v0, int V) {
     size_t total = (size_t)N * C;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         int n = (int)(i / C), c = (int)(i % C);
         int t = tokens[n] - v0;
         float x = (t >= 0 && t < V) ? wte[(size_t)t * C + c] : 0.0f;
-        if (wpe) x += wpe[(size_t)(n % T) * C + c];
+        if (wpe) x += wpe[(size_t)(pos ? pos[n] : n % T) * C + c];
         out[i] = x;
     }
 }
@@ -345,8 +345,8 @@ __global__ void embed_fwd_k(float *out, const int *tokens, const float *wte, con
  * from the row's current value: the CPU backend's order, so the result does
  * not depend on scheduling and equals the CPU's bits (only additions).
  *
- * dwpe: position t's rows are n = t, t + T, t + 2T, ...: one thread per
- * (t, channel) walks them in order.
+ * dwpe without a position array: position t's rows are n = t, t + T,
+ * t + 2T, ...: one thread per (t, channel) walks them in order.
  *
  * dwte: a token can be anywhere in the batch, so the rows are grouped by
  * token first: key(n) = (vocabulary row r, or V for a token outside
@@ -355,8 +355,10 @@ __global__ void embed_fwd_k(float *out, const int *tokens, const float *wte, con
  * sorted order is (token, n) whatever the sort's stability. Then one block
  * per (sorted position, 128 channels) where a token's run starts adds that
  * run's dout rows in order into dwte[r]; the other blocks return at once.
- * The keys and CUB's temporary storage live in a scratch buffer that only
- * grows, so the step loop allocates nothing after the first step. */
+ * dwpe with a position array (positions reset at each document) is the same
+ * with the positions for tokens and T rows. The keys and CUB's temporary
+ * storage live in a scratch buffer that only grows, so the step loop
+ * allocates nothing after the first step. */
 
 static int bit_length(unsigned long long x) {
     int b = 0;
@@ -364,9 +366,9 @@ static int bit_length(unsigned long long x) {
     return b;
 }
 
-__global__ void embed_keys_k(unsigned long long *keys, const int *tokens, int N, int v0, int V, int pos_bits) {
+__global__ void embed_keys_k(unsigned long long *keys, const int *ids, int N, int v0, int V, int pos_bits) {
     GRID_STRIDE(i, (size_t)N) {
-        long long t = (long long)tokens[i] - v0;
+        long long t = (long long)ids[i] - v0;
         unsigned long long r = (t >= 0 && t < V) ? (unsigned long long)t : (unsigned long long)V;
         keys[i] = (r << pos_bits) | i;
     }
@@ -416,21 +418,16 @@ __global__ void embed_bwd_wpe_k(float *dwpe, const float *dout, int N, int T, in
 
 static Scratch sc_embed;
 
-static void embed_forward_vp(float *out, const int *tokens, const float *wte, const float *wpe, int N, int T, int C,
-                             int v0, int V) {
+static void embed_forward_vp(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe, int N,
+                             int T, int C, int v0, int V) {
     if (N <= 0 || C <= 0) return;
-    embed_fwd_k<<<grid_for((size_t)N * C, 256), 256>>>(out, tokens, wte, wpe, N, T, C, v0, V);
+    embed_fwd_k<<<grid_for((size_t)N * C, 256), 256>>>(out, tokens, pos, wte, wpe, N, T, C, v0, V);
     LAUNCH_CHECK();
 }
 
-static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens, int N, int T, int C,
-                              int v0, int V) {
-    if (N <= 0 || C <= 0) return;
-    if (dwpe && T > 0) {
-        embed_bwd_wpe_k<<<grid_for((size_t)(N < T ? N : T) * C, 256), 256>>>(dwpe, dout, N, T, C);
-        LAUNCH_CHECK();
-    }
-    if (!dwte || V <= 0) return;
+/* dst[ids[n] - v0,:] += dout[n,:] for the ids in [v0, v0 + V), each row's
+ * in increasing n: the sort above */
+static void embed_sorted_add(float *dst, const float *dout, const int *ids, int N, int C, int v0, int V) {
     int pos_bits = bit_length((unsigned long long)N - 1), end_bit = pos_bits + bit_length((unsigned long long)V);
     cub::DoubleBuffer<unsigned long long> keys(NULL, NULL);
     size_t temp_bytes = 0;
@@ -438,21 +435,37 @@ static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const
     size_t key_bytes = ((size_t)N * sizeof(unsigned long long) + 255) / 256 * 256;
     char *sc = (char *)scratch_get(&sc_embed, 2 * key_bytes + temp_bytes);
     keys = cub::DoubleBuffer<unsigned long long>((unsigned long long *)sc, (unsigned long long *)(sc + key_bytes));
-    embed_keys_k<<<grid_for((size_t)N, 256), 256>>>(keys.Current(), tokens, N, v0, V, pos_bits);
+    embed_keys_k<<<grid_for((size_t)N, 256), 256>>>(keys.Current(), ids, N, v0, V, pos_bits);
     LAUNCH_CHECK();
     CUDA_CHECK(cub::DeviceRadixSort::SortKeys(sc + 2 * key_bytes, temp_bytes, keys, N, 0, end_bit, 0));
     LAUNCH_CHECK();
     dim3 grid((unsigned)N, (unsigned)((C + EMB_THREADS - 1) / EMB_THREADS));
-    embed_bwd_wte_k<<<grid, EMB_THREADS>>>(dwte, dout, keys.Current(), N, C, V, pos_bits);
+    embed_bwd_wte_k<<<grid, EMB_THREADS>>>(dst, dout, keys.Current(), N, C, V, pos_bits);
     LAUNCH_CHECK();
 }
 
-static void embed_forward(float *out, const int *tokens, const float *wte, const float *wpe, int N, int T, int C) {
-    embed_forward_vp(out, tokens, wte, wpe, N, T, C, 0, 0x7fffffff);
+static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos, int N,
+                              int T, int C, int v0, int V) {
+    if (N <= 0 || C <= 0) return;
+    if (dwpe && T > 0) {
+        if (pos) {
+            embed_sorted_add(dwpe, dout, pos, N, C, 0, T);
+        } else {
+            embed_bwd_wpe_k<<<grid_for((size_t)(N < T ? N : T) * C, 256), 256>>>(dwpe, dout, N, T, C);
+            LAUNCH_CHECK();
+        }
+    }
+    if (dwte && V > 0) embed_sorted_add(dwte, dout, tokens, N, C, v0, V);
 }
 
-static void embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int N, int T, int C) {
-    embed_backward_vp(dwte, dwpe, dout, tokens, N, T, C, 0, 0x7fffffff);
+static void embed_forward(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe, int N,
+                          int T, int C) {
+    embed_forward_vp(out, tokens, pos, wte, wpe, N, T, C, 0, 0x7fffffff);
+}
+
+static void embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos, int N, int T,
+                           int C) {
+    embed_backward_vp(dwte, dwpe, dout, tokens, pos, N, T, C, 0, 0x7fffffff);
 }
 
 // ----------------------------------------------------------------------------
@@ -3376,7 +3389,7 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
 /* T: float, or bf16 for the [a] qkv and dqkv under bf16 (rotated in fp32,
  * each element rounded once where it is stored) */
 template <typename T_>
-__global__ void rope_k(T_ *x, int N, int T, int nh, int nkv, int hd, Rope rope, int pos0, float dir) {
+__global__ void rope_k(T_ *x, const int *pos, int N, int T, int nh, int nkv, int hd, Rope rope, float dir) {
     int half = hd / 2, S = (nh + 2 * nkv) * hd, nrot = nh + nkv;
     size_t total = (size_t)N * half;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
@@ -3384,7 +3397,7 @@ __global__ void rope_k(T_ *x, int N, int T, int nh, int nkv, int hd, Rope rope, 
         int n = (int)(idx / half), i = (int)(idx % half);
         /* angles in double: pos * inv_freq reaches thousands of radians */
         double inv_freq = rope_inv_freq(&rope, i, hd);
-        double ang = ((double)pos0 + (n % T)) * inv_freq;
+        double ang = (double)(pos ? pos[n] : n % T) * inv_freq;
         double sd, cd;
         sincos(ang, &sd, &cd);
         float cs = (float)cd, sn = dir * (float)sd;
@@ -3399,23 +3412,24 @@ __global__ void rope_k(T_ *x, int N, int T, int nh, int nkv, int hd, Rope rope, 
 }
 
 /* x16: x is an [a] buffer in bf16 */
-static void rope_apply(float *x, int x16, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0, float dir) {
+static void rope_apply(float *x, int x16, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope,
+                       float dir) {
     if (hd % 2 != 0) die(EXIT_INTERNAL, "rope: head_dim %d must be even", hd);
     size_t total = (size_t)B * T * (hd / 2);
     if (!total) return;
-    if (x16) rope_k<__nv_bfloat16><<<grid_for(total, 256), 256>>>(ACT16(x), B * T, T, nh, nkv, hd, *rope, pos0, dir);
-    else rope_k<float><<<grid_for(total, 256), 256>>>(x, B * T, T, nh, nkv, hd, *rope, pos0, dir);
+    if (x16) rope_k<__nv_bfloat16><<<grid_for(total, 256), 256>>>(ACT16(x), pos, B * T, T, nh, nkv, hd, *rope, dir);
+    else rope_k<float><<<grid_for(total, 256), 256>>>(x, pos, B * T, T, nh, nkv, hd, *rope, dir);
     LAUNCH_CHECK();
 }
 
 /* qkv is [a] */
-static void rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
-    rope_apply(qkv, act_bf16(), B, T, nh, nkv, hd, rope, pos0, 1.0f);
+static void rope_forward(float *qkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
+    rope_apply(qkv, act_bf16(), pos, B, T, nh, nkv, hd, rope, 1.0f);
 }
 
 /* dqkv is [a] */
-static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
-    rope_apply(dqkv, act_bf16(), B, T, nh, nkv, hd, rope, pos0, -1.0f);
+static void rope_backward(float *dqkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
+    rope_apply(dqkv, act_bf16(), pos, B, T, nh, nkv, hd, rope, -1.0f);
 }
 
 // ----------------------------------------------------------------------------

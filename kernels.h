@@ -97,19 +97,22 @@ typedef struct Kernels {
     void (*from_host)(void *dst, const void *host_src, size_t bytes);
 
     /* ---- embeddings ----
-     * out[n,:] = wte[tokens[n],:] + (wpe ? wpe[n % T,:] : 0)           */
-    void (*embed_forward)(float *out, const int *tokens, const float *wte, const float *wpe,
+     * out[n,:] = wte[tokens[n],:] + (wpe ? wpe[p(n),:] : 0), where row n's
+     * position p(n) is pos[n] (0 <= pos[n] < T; an int array in the
+     * backend's memory: train.reset_position_ids) or, pos NULL, n % T */
+    void (*embed_forward)(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
                           int N, int T, int C);
-    /* dwte[tokens[n],:] += dout[n,:]; dwpe[n % T,:] += dout[n,:] (dwpe may be NULL) */
-    void (*embed_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+    /* dwte[tokens[n],:] += dout[n,:]; dwpe[p(n),:] += dout[n,:] (dwpe may be
+     * NULL); each gradient row adds its rows of dout in increasing n */
+    void (*embed_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos,
                            int N, int T, int C);
 
     /* Vocab-parallel (tensor parallel) forms: wte holds only vocabulary rows
      * [v0, v0 + V); a token outside contributes zero (wpe is still added when
      * given), backward adds only rows in range. The caller sums over ranks. */
-    void (*embed_forward_vp)(float *out, const int *tokens, const float *wte, const float *wpe,
+    void (*embed_forward_vp)(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
                              int N, int T, int C, int v0, int V);
-    void (*embed_backward_vp)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+    void (*embed_backward_vp)(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos,
                               int N, int T, int C, int v0, int V);
 
     /* ---- norms (statistics in fp32; mean/rstd saved for backward, [N]);
@@ -197,13 +200,14 @@ typedef struct Kernels {
     void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, const int *qstart, int B, int T, int nh, int nkv, int hd);
     /* Rotary embedding, Hugging Face rotate-half convention, on the q and k
-     * heads of qkv ([B,T,(nh+2nkv)*hd]), in place; position of row n is
-     * pos0 + n % T; its angles are pos x rope_inv_freq(rope, i, hd), i <
-     * hd/2. qkv is [a] (rotated in fp32, each element rounded once where it
-     * is stored). rope_backward applies the inverse rotation to dqkv ([a]),
-     * in place. */
-    void (*rope_forward)(float *qkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0);
-    void (*rope_backward)(float *dqkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0);
+     * heads of qkv ([B,T,(nh+2nkv)*hd]), in place; row n's position p is
+     * pos[n] (pos >= 0; an int array in the backend's memory:
+     * train.reset_position_ids) or, pos NULL, n % T; its angles are p x
+     * rope_inv_freq(rope, i, hd), i < hd/2. qkv is [a] (rotated in fp32,
+     * each element rounded once where it is stored). rope_backward applies
+     * the inverse rotation to dqkv ([a]), in place. */
+    void (*rope_forward)(float *qkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope);
+    void (*rope_backward)(float *dqkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope);
 
     /* ---- pointwise ---- */
     /* GELU, tanh approximation (GPT-2's gelu_new) */

@@ -92,13 +92,13 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) { cpu_fill(dst, s
 // ----------------------------------------------------------------------------
 // embeddings
 
-static void embed_forward_vp(float *out, const int *tokens, const float *wte, const float *wpe,
+static void embed_forward_vp(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
                              int N, int T, int C, int v0, int V) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * C;
         int t = tokens[n] - v0;
-        const float *pe = wpe ? wpe + (size_t)(n % T) * C : NULL;
+        const float *pe = wpe ? wpe + (size_t)(pos ? pos[n] : n % T) * C : NULL;
         if (t >= 0 && t < V) {
             const float *we = wte + (size_t)t * C;
             for (int c = 0; c < C; c++) o[c] = pe ? we[c] + pe[c] : we[c];
@@ -108,11 +108,11 @@ static void embed_forward_vp(float *out, const int *tokens, const float *wte, co
     }
 }
 
-/* Repeated tokens (and every batch row for wpe) hit the same gradient row,
+/* Repeated tokens (and every batch row, or document, for wpe) hit the same gradient row,
  * so threads split the channels, not the tokens: race-free and deterministic. */
 #define COLBLOCK 64
 
-static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens,
+static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos,
                               int N, int T, int C, int v0, int V) {
     int nblocks = (C + COLBLOCK - 1) / COLBLOCK;
     #pragma omp parallel for
@@ -126,7 +126,7 @@ static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const
                 for (int c = c0; c < c1; c++) g[c] += d[c];
             }
             if (dwpe) {
-                float *g = dwpe + (size_t)(n % T) * C;
+                float *g = dwpe + (size_t)(pos ? pos[n] : n % T) * C;
                 for (int c = c0; c < c1; c++) g[c] += d[c];
             }
         }
@@ -134,12 +134,14 @@ static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const
 }
 
 /* Without tensor parallelism the whole vocabulary is this rank's slice. */
-static void embed_forward(float *out, const int *tokens, const float *wte, const float *wpe, int N, int T, int C) {
-    embed_forward_vp(out, tokens, wte, wpe, N, T, C, 0, INT_MAX);
+static void embed_forward(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe, int N,
+                          int T, int C) {
+    embed_forward_vp(out, tokens, pos, wte, wpe, N, T, C, 0, INT_MAX);
 }
 
-static void embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int N, int T, int C) {
-    embed_backward_vp(dwte, dwpe, dout, tokens, N, T, C, 0, INT_MAX);
+static void embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos, int N,
+                           int T, int C) {
+    embed_backward_vp(dwte, dwpe, dout, tokens, pos, N, T, C, 0, INT_MAX);
 }
 
 // ----------------------------------------------------------------------------
@@ -573,10 +575,11 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
 
 /* Rotate the q and k heads of every row by its position's angles; dir = +1
  * forward, -1 the inverse (= transpose) rotation for the backward pass.
- * Threads split positions so each computes its cos/sin once for all B rows. */
+ * Threads split the T columns; a thread computes cos/sin again only when a
+ * row's position differs from the last row's (pos NULL: once for all B rows). */
 #define ROPE_MAX_HALF 512
 
-static void rope_rotate(float *x, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0,
+static void rope_rotate(float *x, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope,
                         float dir) {
     if (hd % 2 != 0 || hd / 2 > ROPE_MAX_HALF)
         die(EXIT_INTERNAL, "rope: head_dim %d must be even and at most %d", hd, 2 * ROPE_MAX_HALF);
@@ -586,13 +589,16 @@ static void rope_rotate(float *x, int B, int T, int nh, int nkv, int hd, const R
     #pragma omp parallel for
     for (int t = 0; t < T; t++) {
         float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
-        // angles in double: pos * inv_freq reaches thousands of radians
-        double pos = (double)pos0 + t;
-        for (int i = 0; i < half; i++) {
-            cs[i] = (float)cos(pos * inv_freq[i]);
-            sn[i] = dir * (float)sin(pos * inv_freq[i]);
-        }
+        int done = -1; /* the position cs and sn hold */
         for (int b = 0; b < B; b++) {
+            int p = pos ? pos[(size_t)b * T + t] : t;
+            if (p != done) { // angles in double: p * inv_freq reaches thousands of radians
+                for (int i = 0; i < half; i++) {
+                    cs[i] = (float)cos((double)p * inv_freq[i]);
+                    sn[i] = dir * (float)sin((double)p * inv_freq[i]);
+                }
+                done = p;
+            }
             float *row = x + ((size_t)b * T + t) * S;
             for (int hh = 0; hh < nrot; hh++) {
                 float *v = row + (size_t)hh * hd;
@@ -606,12 +612,12 @@ static void rope_rotate(float *x, int B, int T, int nh, int nkv, int hd, const R
     }
 }
 
-static void rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
-    rope_rotate(qkv, B, T, nh, nkv, hd, rope, pos0, 1.0f);
+static void rope_forward(float *qkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
+    rope_rotate(qkv, pos, B, T, nh, nkv, hd, rope, 1.0f);
 }
 
-static void rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
-    rope_rotate(dqkv, B, T, nh, nkv, hd, rope, pos0, -1.0f);
+static void rope_backward(float *dqkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
+    rope_rotate(dqkv, pos, B, T, nh, nkv, hd, rope, -1.0f);
 }
 
 // ----------------------------------------------------------------------------

@@ -1553,6 +1553,8 @@ static void print_model_batch(const Trainer *t) {
     if (c->attention_mask == ATT_MASK_BLOCK_CAUSAL)
         snprintf(rope + strlen(rope), sizeof rope - strlen(rope), ", block-causal attention (documents end at token %d)",
                  c->eod_token);
+    if (c->reset_position_ids)
+        snprintf(rope + strlen(rope), sizeof rope - strlen(rope), ", positions reset after token %d", c->eod_token);
     printf("model %s: %d layers, %d embd, %d heads (%d kv), ffn %d, vocab %d, %.2fM parameters%s%s\n",
            mc->arch == ARCH_GPT2 ? "gpt2" : "llama", mc->n_layer, mc->n_embd, mc->n_head, mc->n_kv_head,
            mc->ffn_hidden, mc->vocab_size, n / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "", rope);
@@ -1842,7 +1844,9 @@ static int train(int argc, char **argv) {
 #endif
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank,
                    (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel});
-    t->model.eod_token = c->attention_mask == ATT_MASK_BLOCK_CAUSAL ? c->eod_token : -1;
+    t->model.block_causal = c->attention_mask == ATT_MASK_BLOCK_CAUSAL;
+    t->model.reset_pos = c->reset_position_ids;
+    t->model.eod_token = t->model.block_causal || t->model.reset_pos ? c->eod_token : -1;
     int mb_rows = c->micro_batch * c->seq_len;
     if (c->debug_dump[0] && t->model.head_rows < mb_rows)
         die(EXIT_USAGE, "%s: debug.dump writes the whole micro-batch's logits, but the LM head takes %d of its %d rows at a time "

@@ -440,6 +440,8 @@ void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
     m->targets = k->alloc((size_t)B * T * sizeof(int));
     m->qstart = k->alloc((size_t)B * T * sizeof(int));
     m->qstart_host = malloc_check((size_t)B * T * sizeof(int));
+    m->pos = k->alloc((size_t)B * T * sizeof(int));
+    m->pos_host = malloc_check((size_t)B * T * sizeof(int));
     m->eod_token = -1;
 }
 
@@ -450,11 +452,13 @@ void model_free(Model *m) {
         if (m->m) k->free(m->m);
         if (m->v) k->free(m->v);
         k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets); k->free(m->qstart);
+        k->free(m->pos);
         if (m->offload_host) k->host_free(m->offload_host);
     }
     free(m->p.layers); free(m->g.layers); free(m->la);
     free(m->specs); free(m->chunk_offset); free(m->chunk_size);
     free(m->chunk_params); free(m->chunk_grads); free(m->chunk_spec0); free(m->qstart_host);
+    free(m->pos_host);
     memset(m, 0, sizeof *m);
 }
 
@@ -640,7 +644,11 @@ static Rope rope_of(const ModelConfig *c) {
 
 /* attention's qstart: the last forward's documents under a block-causal
  * mask, else NULL (plain causal) */
-static const int *att_qstart(const Model *m) { return m->eod_token >= 0 ? m->qstart : NULL; }
+static const int *att_qstart(const Model *m) { return m->block_causal ? m->qstart : NULL; }
+
+/* the embeddings' and RoPE's positions: the last forward's, counted from
+ * each document's first token, under reset_pos, else NULL (the row's) */
+static const int *positions(const Model *m) { return m->reset_pos ? m->pos : NULL; }
 
 /* One transformer layer's forward from its input x into m->la[l] (under
  * activation checkpointing the backward calls it again to recompute). */
@@ -657,7 +665,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         k->matmul_forward_a(a->qkv, tp_gather_rows(m, a->ln1, S), w->qkv_w, w->qkv_b, N, C, m->qkv_dim); /* qkv is [a] */
         if (llama) {
             Rope rope = rope_of(c);
-            k->rope_forward(a->qkv, B, T, nh, nkv, hd, &rope, 0);
+            k->rope_forward(a->qkv, positions(m), B, T, nh, nkv, hd, &rope);
         }
         k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, nh, nkv, hd);
         if (tp) { /* row-parallel: partial sums, the replicated bias added once (rank 0) */
@@ -752,13 +760,15 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     m->cur_T = T;
     k->from_host(m->tokens, tokens, (size_t)N * sizeof(int));
     if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
-    if (m->eod_token >= 0) { /* block-causal: a document starts after each eod_token, and at each row's start */
+    if (m->eod_token >= 0) { /* documents: one starts after each eod_token, and at each row's start */
         for (int b = 0; b < B; b++)
             for (int t = 0, s = 0; t < T; t++) {
                 m->qstart_host[b * T + t] = s;
+                m->pos_host[b * T + t] = t - s;
                 if (tokens[b * T + t] == m->eod_token) s = t + 1;
             }
-        k->from_host(m->qstart, m->qstart_host, (size_t)N * sizeof(int));
+        if (m->block_causal) k->from_host(m->qstart, m->qstart_host, (size_t)N * sizeof(int));
+        if (m->reset_pos) k->from_host(m->pos, m->pos_host, (size_t)N * sizeof(int));
     }
     int L = c->n_layer, tied = c->tie_embeddings;
 
@@ -775,13 +785,14 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     m->same_weights = 0;
     chunk_event(m, 0, CHUNK_PRE_FORWARD);
     if (m->sp) { /* vocab-parallel lookup; wpe added once (tp rank 0); this rank's rows of the sum */
-        k->embed_forward_vp(m->dbuf1, m->tokens, m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
+        k->embed_forward_vp(m->dbuf1, m->tokens, positions(m), m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
         sp_scatter(m, m->encoded, m->dbuf1, N, S);
     } else if (tp) {
-        k->embed_forward_vp(m->encoded, m->tokens, m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
+        k->embed_forward_vp(m->encoded, m->tokens, positions(m), m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0,
+                            m->V);
         tp_allreduce(m, m->encoded, (size_t)N * C, 0);
     } else {
-        k->embed_forward(m->encoded, m->tokens, m->p.wte, m->p.wpe, N, T, C);
+        k->embed_forward(m->encoded, m->tokens, positions(m), m->p.wte, m->p.wpe, N, T, C);
     }
     chunk_event(m, 0, CHUNK_POST_FORWARD);
     const float *x = m->encoded;
@@ -912,7 +923,7 @@ void model_backward(Model *m, float loss_scale) {
         k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, att_qstart(m), B, T, nh, nkv, hd);
         if (llama) {
             Rope rope = rope_of(c);
-            k->rope_backward(m->dbuf2, B, T, nh, nkv, hd, &rope, 0);
+            k->rope_backward(m->dbuf2, positions(m), B, T, nh, nkv, hd, &rope);
         }
         k->matmul_backward_a(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, tp_gather_rows(m, a->ln1, S), w->qkv_w, N, C, m->qkv_dim);
         dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
@@ -920,8 +931,8 @@ void model_backward(Model *m, float loss_scale) {
         chunk_event(m, l + 1, CHUNK_POST_BACKWARD);
     }
     if (!tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD);
-    if (tp) k->embed_backward_vp(m->g.wte, m->g.wpe, dres_rows(m, S), m->tokens, N, T, C, m->v0, m->V);
-    else k->embed_backward(m->g.wte, m->g.wpe, m->dres, m->tokens, N, T, C);
+    if (tp) k->embed_backward_vp(m->g.wte, m->g.wpe, dres_rows(m, S), m->tokens, positions(m), N, T, C, m->v0, m->V);
+    else k->embed_backward(m->g.wte, m->g.wpe, m->dres, m->tokens, positions(m), N, T, C);
     chunk_event(m, 0, CHUNK_POST_BACKWARD);
 }
 

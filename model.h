@@ -194,13 +194,20 @@ typedef struct Model {
     float *sp_lnf;            /* [S, C] [a]: the final norm's own rows */
     float *sp_dnorm;          /* [2C]: a norm's weight (and bias) gradient over this rank's rows */
     int *tokens, *targets;    /* [N] backend memory */
-    int eod_token;            /* set by the caller: the token that ends a document under a block-causal
-                               * attention mask (train.attention_mask block_causal), -1 (model_build's)
-                               * for plain causal attention */
+    int eod_token;            /* set by the caller: the token that ends a document when documents matter
+                               * (block_causal or reset_pos), -1 (model_build's) when they do not */
+    int block_causal;         /* set by the caller: attention sees only the query's document
+                               * (train.attention_mask block_causal; needs eod_token) */
+    int reset_pos;            /* set by the caller: positions count from each document's first token
+                               * (train.reset_position_ids; needs eod_token) */
     int *qstart;              /* [N] backend memory: each token's document's first position in its row
                                * (attention's qstart, kernels.h), computed from the tokens by every forward
-                               * when eod_token >= 0 */
-    int *qstart_host;         /* [N] the same, host memory */
+                               * under block_causal */
+    int *qstart_host;         /* [N] host memory: the same whenever eod_token >= 0 */
+    int *pos;                 /* [N] backend memory: each token's position in its document (its row
+                               * position less qstart; kernels.h's pos), computed by every forward under
+                               * reset_pos */
+    int *pos_host;            /* [N] host memory: the same whenever eod_token >= 0 */
 } Model;
 
 /* train.lm_head_chunk 0: the rows of N the LM head takes at a time so that

@@ -90,21 +90,23 @@ static void w_zero(void *p, size_t b) { TIMED(zero, 0, b, P.in->zero(p, b)); }
 static void w_copy(void *d, const void *s, size_t b) { TIMED(copy, 0, 2.0 * b, P.in->copy(d, s, b)); }
 static void w_to_host(void *d, const void *s, size_t b) { TIMED(to_host, 0, 0, P.in->to_host(d, s, b)); }
 static void w_from_host(void *d, const void *s, size_t b) { TIMED(from_host, 0, 0, P.in->from_host(d, s, b)); }
-static void w_embed_forward(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C) {
-    TIMED(embed_forward, 0, by(N, 4) + by((size_t)N * C, wpe ? 12 : 8),
-          P.in->embed_forward(out, tok, wte, wpe, N, T, C));
+static void w_embed_forward(float *out, const int *tok, const int *pos, const float *wte, const float *wpe, int N, int T,
+                            int C) {
+    TIMED(embed_forward, 0, by(N, pos ? 8 : 4) + by((size_t)N * C, wpe ? 12 : 8),
+          P.in->embed_forward(out, tok, pos, wte, wpe, N, T, C));
 }
-static void w_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C) {
-    TIMED(embed_backward, 0, 0, P.in->embed_backward(dwte, dwpe, dout, tok, N, T, C));
+static void w_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tok, const int *pos, int N, int T,
+                             int C) {
+    TIMED(embed_backward, 0, 0, P.in->embed_backward(dwte, dwpe, dout, tok, pos, N, T, C));
 }
-static void w_embed_forward_vp(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C,
-                               int v0, int V) {
-    TIMED(embed_forward_vp, 0, by(N, 4) + by((size_t)N * C, wpe ? 12 : 8),
-          P.in->embed_forward_vp(out, tok, wte, wpe, N, T, C, v0, V));
+static void w_embed_forward_vp(float *out, const int *tok, const int *pos, const float *wte, const float *wpe, int N,
+                               int T, int C, int v0, int V) {
+    TIMED(embed_forward_vp, 0, by(N, pos ? 8 : 4) + by((size_t)N * C, wpe ? 12 : 8),
+          P.in->embed_forward_vp(out, tok, pos, wte, wpe, N, T, C, v0, V));
 }
-static void w_embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C,
-                                int v0, int V) {
-    TIMED(embed_backward_vp, 0, 0, P.in->embed_backward_vp(dwte, dwpe, dout, tok, N, T, C, v0, V));
+static void w_embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tok, const int *pos, int N,
+                                int T, int C, int v0, int V) {
+    TIMED(embed_backward_vp, 0, 0, P.in->embed_backward_vp(dwte, dwpe, dout, tok, pos, N, T, C, v0, V));
 }
 static void w_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                                 int N, int C, float eps) {
@@ -172,13 +174,13 @@ static void w_attention_backward(float *dqkv, const float *dout, const float *qk
     TIMED(attention_backward, 5 * att(B, T, nh, hd), 0,
           P.in->attention_backward(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv, hd));
 }
-static void w_rope_forward(float *qkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
-    TIMED(rope_forward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A),
-          P.in->rope_forward(qkv, B, T, nh, nkv, hd, rope, pos0));
+static void w_rope_forward(float *qkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
+    TIMED(rope_forward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A) + (pos ? by((size_t)B * T, 4) : 0),
+          P.in->rope_forward(qkv, pos, B, T, nh, nkv, hd, rope));
 }
-static void w_rope_backward(float *dqkv, int B, int T, int nh, int nkv, int hd, const Rope *rope, int pos0) {
-    TIMED(rope_backward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A),
-          P.in->rope_backward(dqkv, B, T, nh, nkv, hd, rope, pos0));
+static void w_rope_backward(float *dqkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
+    TIMED(rope_backward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A) + (pos ? by((size_t)B * T, 4) : 0),
+          P.in->rope_backward(dqkv, pos, B, T, nh, nkv, hd, rope));
 }
 static void w_gelu_forward(float *out, const float *inp, size_t n) {
     TIMED(gelu_forward, 0, by(n, 8), P.in->gelu_forward(out, inp, n));

@@ -328,35 +328,41 @@ done
 # ending at data.eod_token 5: about one boundary a row of the uniform
 # tokens) with no loss on the prediction after each (train.eod_mask_loss:
 # the cross-entropy's rows without a target, the mean over the targets
-# left) in whole Llama runs on the 3b shape (head dim 64, T = 100): cpu,
-# the fused kernels under TF32 and under bf16 (auto = cuDNN's causal graphs,
+# left) in whole runs on the 3b shape (head dim 64, T = 100), GPT-2's with
+# its positions reset at each document too (train.reset_position_ids: the
+# wpe rows by position array, their gradient through the sort): cpu, the
+# fused kernels under TF32 and under bf16 (auto = cuDNN's causal graphs,
 # which a block-causal mask passes to the fused kernels), each against the
 # cpu run; the cpu run is not the causal one (the mask changed the losses).
-ok_runs=1
-for run in cpu:auto:tf32 flash:flash:tf32 auto-bf16:auto:bf16; do
-    IFS=: read -r name att mm <<<"$run"
-    dev=cuda; [ $name = cpu ] && dev=cpu
-    if ! $BIN "$TMP/llama.json" --set train.attention_kernel=$att --set train.compute_dtype=$mm --set model.n_embd=128 \
-         --set model.n_head=2 --set model.n_kv_head=1 --set model.max_seq_len=128 --set train.seq_len=100 \
-         --set data.eod_token=5 --set train.attention_mask=block_causal --set train.eod_mask_loss=true --set train.device=$dev \
-         --set log.dir="$TMP/bc-$name" --set checkpoint.dir="$TMP/bc-$name/ckpt" >"$TMP/bc-$name.out" 2>&1; then
-        echo "FAIL block-causal $name exited non-zero: $(tail -3 "$TMP/bc-$name.out")"; fail=$((fail + 1)); ok_runs=0
-    fi
-done
-if [ $ok_runs = 1 ]; then
-    for run in flash:$LOSS_RTOL auto-bf16:$LOSS_RTOL_BF16; do
-        name=${run%%:*} tol=${run#*:}
-        if $PY tests/compare_runs.py "$TMP/bc-cpu" "$TMP/bc-$name" --steps $STEPS --loss-rtol $tol; then
-            echo "ok   block-causal llama with eod_mask_loss (head dim 64, T 100): $STEPS steps $name vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
-        else
-            echo "FAIL block-causal llama: $name and cpu loss trajectories differ by more than $tol"; fail=$((fail + 1))
+for arch in llama gpt2; do
+    nkv=2 extra=(--set train.reset_position_ids=true) what="block_causal + eod_mask_loss + reset_position_ids"
+    [ $arch = llama ] && { nkv=1 extra=() what="block_causal + eod_mask_loss"; }
+    ok_runs=1
+    for run in cpu:auto:tf32 flash:flash:tf32 auto-bf16:auto:bf16; do
+        IFS=: read -r name att mm <<<"$run"
+        dev=cuda; [ $name = cpu ] && dev=cpu
+        if ! $BIN "$TMP/$arch.json" --set train.attention_kernel=$att --set train.compute_dtype=$mm --set model.n_embd=128 \
+             --set model.n_head=2 --set model.n_kv_head=$nkv --set model.max_seq_len=128 --set train.seq_len=100 \
+             --set data.eod_token=5 --set train.attention_mask=block_causal --set train.eod_mask_loss=true "${extra[@]}" \
+             --set train.device=$dev --set log.dir="$TMP/bc-$arch-$name" --set checkpoint.dir="$TMP/bc-$arch-$name/ckpt" \
+             >"$TMP/bc-$arch-$name.out" 2>&1; then
+            echo "FAIL block-causal $arch $name exited non-zero: $(tail -3 "$TMP/bc-$arch-$name.out")"; fail=$((fail + 1)); ok_runs=0
         fi
     done
-    if ! $PY tests/compare_runs.py "$TMP/fa-llama-cpu" "$TMP/bc-cpu" --steps $STEPS --loss-rtol 1e-3 >/dev/null 2>&1 &&
-       grep -q "block-causal attention (documents end at token 5)" "$TMP/bc-cpu.out"; then
-        echo "ok   block-causal llama: the header says so, and the losses are not the causal run's (beyond 1e-3)"; pass=$((pass + 1))
-    else echo "FAIL block-causal llama: the header lacks it, or the run's losses are the causal run's"; fail=$((fail + 1)); fi
-fi
+    [ $ok_runs = 1 ] || continue
+    for run in flash:$LOSS_RTOL auto-bf16:$LOSS_RTOL_BF16; do
+        name=${run%%:*} tol=${run#*:}
+        if $PY tests/compare_runs.py "$TMP/bc-$arch-cpu" "$TMP/bc-$arch-$name" --steps $STEPS --loss-rtol $tol; then
+            echo "ok   $arch $what (head dim 64, T 100): $STEPS steps $name vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
+        else
+            echo "FAIL $arch $what: $name and cpu loss trajectories differ by more than $tol"; fail=$((fail + 1))
+        fi
+    done
+    if ! $PY tests/compare_runs.py "$TMP/fa-$arch-cpu" "$TMP/bc-$arch-cpu" --steps $STEPS --loss-rtol 1e-3 >/dev/null 2>&1 &&
+       grep -q "block-causal attention (documents end at token 5)" "$TMP/bc-$arch-cpu.out"; then
+        echo "ok   $arch $what: the header says so, and the losses are not the causal run's (beyond 1e-3)"; pass=$((pass + 1))
+    else echo "FAIL $arch $what: the header lacks it, or the run's losses are the causal run's"; fail=$((fail + 1)); fi
+done
 if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=cudnn --set train.compute_dtype=tf32 \
      --set train.steps=2 --set train.seq_len=512 \
      --set model.max_seq_len=512 --set model.n_embd=128 --set model.n_head=2 --set model.n_kv_head=1 \

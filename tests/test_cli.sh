@@ -107,11 +107,13 @@ if $BIN "$TMP/job.json" "${L3[@]}" >"$TMP/out" 2>"$TMP/err" && $BIN "$TMP/job.js
     ok "a rope_scaling llama3 job trains 2 steps and a 3-step run resumes from its checkpoint"
 else bad "rope_scaling llama3 train + resume: $(cat "$TMP/err"; grep -E 'resume|error' "$TMP/out2" | head -3)"; fi
 
-# block-causal attention: it needs the document end token, the token only
-# with it, and one the model has (tests/test_torch.py checks the masked
+# block-causal attention, the loss mask and reset positions: each needs the
+# document end token, the token only with one of them, and one the model has (tests/test_torch.py checks the masked
 # model against PyTorch; tests/test_kernels.c and tests/test_gpu.c the kernels)
 expect_fail "block_causal without data.eod_token" 'train.attention_mask "block_causal" needs data.eod_token (the token that ends a document; got -1)' $BIN "$TMP/job.json" --set train.attention_mask=block_causal
-expect_fail "data.eod_token that nothing uses" 'data.eod_token is set but unused (it applies with train.attention_mask "block_causal" or train.eod_mask_loss true; got "causal" and false)' $BIN "$TMP/job.json" --set data.eod_token=3
+expect_fail "data.eod_token that nothing uses" 'data.eod_token is set but unused (it applies with train.attention_mask "block_causal", train.eod_mask_loss true or train.reset_position_ids true; got "causal", false and false)' $BIN "$TMP/job.json" --set data.eod_token=3
+expect_fail "reset_position_ids without data.eod_token" 'train.reset_position_ids needs data.eod_token (the token that ends a document; got -1)' $BIN "$TMP/job.json" --set train.reset_position_ids=true
+expect_fail "reset_position_ids: data.eod_token past the vocabulary" "data.eod_token 64 is not a token of the model (expected below model.vocab_size 64)" $BIN "$TMP/job.json" --set train.reset_position_ids=true --set data.eod_token=64
 expect_fail "eod_mask_loss without data.eod_token" 'train.eod_mask_loss needs data.eod_token (the token that ends a document; got -1)' $BIN "$TMP/job.json" --set train.eod_mask_loss=true
 expect_fail "eod_mask_loss: data.eod_token past the vocabulary" "data.eod_token 64 is not a token of the model (expected below model.vocab_size 64)" $BIN "$TMP/job.json" --set train.eod_mask_loss=true --set data.eod_token=64
 expect_fail "data.eod_token past the vocabulary" "data.eod_token 64 is not a token of the model (expected below model.vocab_size 64)" $BIN "$TMP/job.json" --set train.attention_mask=block_causal --set data.eod_token=64

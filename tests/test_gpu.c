@@ -85,6 +85,19 @@ static int *dcopy_int(const int *h, size_t n) {
     return d;
 }
 
+/* Positions counted from each document's start (train.reset_position_ids),
+ * documents of 1 to 64 tokens, each row's first token starting one: B x T
+ * ints (free them) */
+static int *doc_positions(int B, int T) {
+    int *pos = malloc_check((size_t)B * T * sizeof(int));
+    for (int b = 0; b < B; b++)
+        for (int t = 0, s = 0, len = 1 + (int)(rnd_u32() % 64); t < T; t++) {
+            if (t - s == len) { s = t; len = 1 + (int)(rnd_u32() % 64); }
+            pos[(size_t)b * T + t] = t - s;
+        }
+    return pos;
+}
+
 /* [a] buffers (kernels.h): KG->act_bytes an element, bf16 under
  * compute dtype bf16. A host float to bf16 to nearest even (the
  * rounding of kernels.h's round_bf16_word, seed 0) and back. */
@@ -238,28 +251,39 @@ static void test_embed(void) {
     int *dtok = dcopy_int(tok, N);
     float *gwte = dcopy(wte, (size_t)V * C), *gwpe = dcopy(wpe, (size_t)T * C), *gdout = dcopy(dout, (size_t)N * C);
     float *out = hrand((size_t)N * C, 1), *gout = dcopy(out, (size_t)N * C);
-    KC->embed_forward(out, tok, wte, wpe, N, T, C);
-    KG->embed_forward(gout, dtok, gwte, gwpe, N, T, C);
+    KC->embed_forward(out, tok, NULL, wte, wpe, N, T, C);
+    KG->embed_forward(gout, dtok, NULL, gwte, gwpe, N, T, C);
     check("embed_forward", out, gout, (size_t)N * C, TOL_F32);
-    KC->embed_forward(out, tok, wte, NULL, N, T, C);
-    KG->embed_forward(gout, dtok, gwte, NULL, N, T, C);
+    KC->embed_forward(out, tok, NULL, wte, NULL, N, T, C);
+    KG->embed_forward(gout, dtok, NULL, gwte, NULL, N, T, C);
     check("embed_forward (no wpe)", out, gout, (size_t)N * C, TOL_F32);
+    int *pos = doc_positions(B, T), *dpos = dcopy_int(pos, N);
+    KC->embed_forward(out, tok, pos, wte, wpe, N, T, C);
+    KG->embed_forward(gout, dtok, dpos, gwte, gwpe, N, T, C);
+    check("embed_forward (reset positions)", out, gout, (size_t)N * C, TOL_F32);
     float *dwte = hrand((size_t)V * C, 1), *dwpe = hrand((size_t)T * C, 1);
     float *gdwte = dcopy(dwte, (size_t)V * C), *gdwpe = dcopy(dwpe, (size_t)T * C);
-    KC->embed_backward(dwte, dwpe, dout, tok, N, T, C);
-    KG->embed_backward(gdwte, gdwpe, gdout, dtok, N, T, C);
+    KC->embed_backward(dwte, dwpe, dout, tok, NULL, N, T, C);
+    KG->embed_backward(gdwte, gdwpe, gdout, dtok, NULL, N, T, C);
     check("embed_backward dwte", dwte, gdwte, (size_t)V * C, TOL_F32);
     check("embed_backward dwpe", dwpe, gdwpe, (size_t)T * C, TOL_F32);
+    KC->embed_backward(dwte, dwpe, dout, tok, pos, N, T, C);
+    KG->embed_backward(gdwte, gdwpe, gdout, dtok, dpos, N, T, C);
+    check("embed_backward dwpe (reset positions)", dwpe, gdwpe, (size_t)T * C, TOL_F32);
     /* vocabulary rows [v0, v0 + Vl) only */
     int v0 = 60, Vl = 80;
     float *wl = hrand((size_t)Vl * C, 1), *gwl = dcopy(wl, (size_t)Vl * C);
-    KC->embed_forward_vp(out, tok, wl, wpe, N, T, C, v0, Vl);
-    KG->embed_forward_vp(gout, dtok, gwl, gwpe, N, T, C, v0, Vl);
+    KC->embed_forward_vp(out, tok, NULL, wl, wpe, N, T, C, v0, Vl);
+    KG->embed_forward_vp(gout, dtok, NULL, gwl, gwpe, N, T, C, v0, Vl);
     check("embed_forward_vp", out, gout, (size_t)N * C, TOL_F32);
+    KC->embed_forward_vp(out, tok, pos, wl, wpe, N, T, C, v0, Vl);
+    KG->embed_forward_vp(gout, dtok, dpos, gwl, gwpe, N, T, C, v0, Vl);
+    check("embed_forward_vp (reset positions)", out, gout, (size_t)N * C, TOL_F32);
     float *dwl = hrand((size_t)Vl * C, 1), *gdwl = dcopy(dwl, (size_t)Vl * C);
-    KC->embed_backward_vp(dwl, NULL, dout, tok, N, T, C, v0, Vl);
-    KG->embed_backward_vp(gdwl, NULL, gdout, dtok, N, T, C, v0, Vl);
+    KC->embed_backward_vp(dwl, NULL, dout, tok, NULL, N, T, C, v0, Vl);
+    KG->embed_backward_vp(gdwl, NULL, gdout, dtok, NULL, N, T, C, v0, Vl);
     check("embed_backward_vp dwte", dwl, gdwl, (size_t)Vl * C, TOL_F32);
+    free(pos);
 }
 
 /* Bitwise comparison of a device buffer with a host one: the count of
@@ -283,27 +307,29 @@ static void check_bits(const char *name, const float *host, const float *dev, si
  * calls on the same inputs give the same bits, and, since every gradient row
  * adds its dout rows in the CPU's order (increasing row), the CPU's bits.
  * Tokens from a vocabulary of `vocab` (skewed: every fourth token from its
- * first 50 ids), the vocab-parallel slice [v0, v0 + Vl) when Vl > 0. */
-static void test_embed_det(int B, int T, int C, int vocab, int v0, int Vl) {
+ * first 50 ids), the vocab-parallel slice [v0, v0 + Vl) when Vl > 0; reset:
+ * positions counted from documents' starts (doc_positions; dwpe through the
+ * sort, as dwte), else n % T. */
+static void test_embed_det(int B, int T, int C, int vocab, int v0, int Vl, int reset) {
     int N = B * T, rows = Vl > 0 ? Vl : vocab;
     char name[96];
     int *tok = malloc_check((size_t)N * sizeof(int));
     for (int i = 0; i < N; i++) tok[i] = (int)(rnd_u32() % 4 == 0 ? rnd_u32() % (vocab < 50 ? vocab : 50) : rnd_u32() % vocab);
     float *dout = hrand((size_t)N * C, 1), *dwte = hrand((size_t)rows * C, 1), *dwpe = hrand((size_t)T * C, 1);
-    int *gtok = dcopy_int(tok, N);
+    int *gtok = dcopy_int(tok, N), *pos = reset ? doc_positions(B, T) : NULL, *gpos = pos ? dcopy_int(pos, N) : NULL;
     float *gdout = dcopy(dout, (size_t)N * C);
     float *g1 = dcopy(dwte, (size_t)rows * C), *g2 = dcopy(dwte, (size_t)rows * C);
     float *p1 = dcopy(dwpe, (size_t)T * C), *p2 = dcopy(dwpe, (size_t)T * C);
     if (Vl > 0) {
-        KC->embed_backward_vp(dwte, dwpe, dout, tok, N, T, C, v0, Vl);
-        KG->embed_backward_vp(g1, p1, gdout, gtok, N, T, C, v0, Vl);
-        KG->embed_backward_vp(g2, p2, gdout, gtok, N, T, C, v0, Vl);
+        KC->embed_backward_vp(dwte, dwpe, dout, tok, pos, N, T, C, v0, Vl);
+        KG->embed_backward_vp(g1, p1, gdout, gtok, gpos, N, T, C, v0, Vl);
+        KG->embed_backward_vp(g2, p2, gdout, gtok, gpos, N, T, C, v0, Vl);
     } else {
-        KC->embed_backward(dwte, dwpe, dout, tok, N, T, C);
-        KG->embed_backward(g1, p1, gdout, gtok, N, T, C);
-        KG->embed_backward(g2, p2, gdout, gtok, N, T, C);
+        KC->embed_backward(dwte, dwpe, dout, tok, pos, N, T, C);
+        KG->embed_backward(g1, p1, gdout, gtok, gpos, N, T, C);
+        KG->embed_backward(g2, p2, gdout, gtok, gpos, N, T, C);
     }
-    const char *vp = Vl > 0 ? " vp" : "";
+    const char *vp = Vl > 0 ? (reset ? " vp reset" : " vp") : (reset ? " reset" : "");
     snprintf(name, sizeof name, "embed_bwd%s dwte N%d V%d", vp, N, vocab);
     check(name, dwte, g1, (size_t)rows * C, TOL_F32);
     snprintf(name, sizeof name, "embed_bwd%s dwpe N%d V%d", vp, N, vocab);
@@ -319,7 +345,7 @@ static void test_embed_det(int B, int T, int C, int vocab, int v0, int Vl) {
     check_bits(name, dwte, g1, (size_t)rows * C);
     snprintf(name, sizeof name, "embed_bwd%s = CPU bits dwpe N%d V%d", vp, N, vocab);
     check_bits(name, dwpe, p1, (size_t)T * C);
-    free(tok); free(dout); free(dwte); free(dwpe); free(h1); free(q1);
+    free(tok); free(dout); free(dwte); free(dwpe); free(h1); free(q1); free(pos);
 }
 
 /* The norms against the CPU. The backward's one-pass form
@@ -907,24 +933,31 @@ static void test_rope(void) {
      * then Llama 3's scaling (hd 16: kept, blended and divided frequencies). */
     const Rope plain = {10000.0f, ROPE_NONE, 0, 0, 0, 0}, plain5 = {500000.0f, ROPE_NONE, 0, 0, 0, 0};
     const Rope llama3 = {500000.0f, ROPE_LLAMA3, 32.0f, 1.0f, 4.0f, 256};
-    const struct { const char *tag; const Rope *fwd, *bwd; int pos_fwd, pos_bwd; } cases[] = {
-        {"", &plain, &plain5, 7, 0}, {"llama3 scaling ", &llama3, &llama3, 5, 5}};
+    /* positions: each row's (NULL), documents' (reset), and documents' with
+     * row b's shifted by 3000 b (angles of thousands of radians) */
+    int *reset = doc_positions(B, T), *far = doc_positions(B, T);
+    for (int i = 0; i < B * T; i++) far[i] += 3000 * (i / T);
+    int *greset = dcopy_int(reset, (size_t)B * T), *gfar = dcopy_int(far, (size_t)B * T);
+    const struct { const char *tag; const Rope *fwd, *bwd; const int *pos_fwd, *pos_bwd, *gpos_fwd, *gpos_bwd; } cases[] = {
+        {"(positions: the rows' forward, the documents' backward) ", &plain, &plain5, NULL, reset, NULL, greset},
+        {"llama3 scaling, positions to 3000+ ", &llama3, &llama3, far, far, gfar, gfar}};
     float *x = hrand(n, 1);
     for (int c = 0; c < 2; c++) {
         char name[96];
         float *gx = dcopy_act(x, n);
         act_round(x, n);
-        KC->rope_forward(x, B, T, nh, nkv, hd, cases[c].fwd, cases[c].pos_fwd);
-        KG->rope_forward(gx, B, T, nh, nkv, hd, cases[c].fwd, cases[c].pos_fwd);
+        KC->rope_forward(x, cases[c].pos_fwd, B, T, nh, nkv, hd, cases[c].fwd);
+        KG->rope_forward(gx, cases[c].gpos_fwd, B, T, nh, nkv, hd, cases[c].fwd);
         snprintf(name, sizeof name, "rope_forward %s([a] qkv)", cases[c].tag);
         check_act_rn_sum(name, x, gx, n);
         float *gdx = dcopy_act(x, n);
         act_round(x, n);
-        KC->rope_backward(x, B, T, nh, nkv, hd, cases[c].bwd, cases[c].pos_bwd);
-        KG->rope_backward(gdx, B, T, nh, nkv, hd, cases[c].bwd, cases[c].pos_bwd);
+        KC->rope_backward(x, cases[c].pos_bwd, B, T, nh, nkv, hd, cases[c].bwd);
+        KG->rope_backward(gdx, cases[c].gpos_bwd, B, T, nh, nkv, hd, cases[c].bwd);
         snprintf(name, sizeof name, "rope_backward %s([a] dqkv)", cases[c].tag);
         check_act_rn_sum(name, x, gdx, n);
     }
+    free(reset); free(far);
 }
 
 static void test_pointwise(void) {
@@ -1398,10 +1431,13 @@ int main(int argc, char **argv) {
     printf("device: %s\n", kernels_cuda_device_info());
     test_mem_stats();
     test_embed();
-    test_embed_det(16, 1024, 64, 7, 0, 0);       /* N = 16384 tokens from a vocabulary of 7 */
-    test_embed_det(16, 1024, 64, 7, 3, 3);       /* its vocab-parallel slice [3, 6) */
-    test_embed_det(16, 1024, 768, 50304, 0, 0);  /* GPT-2 124M's shape */
-    test_embed_det(2, 1024, 768, 50304, 25152, 25152); /* its second half under tp 2 */
+    test_embed_det(16, 1024, 64, 7, 0, 0, 0);       /* N = 16384 tokens from a vocabulary of 7 */
+    test_embed_det(16, 1024, 64, 7, 3, 3, 0);       /* its vocab-parallel slice [3, 6) */
+    test_embed_det(16, 1024, 64, 7, 0, 0, 1);       /* positions reset at documents */
+    test_embed_det(16, 1024, 64, 7, 3, 3, 1);
+    test_embed_det(16, 1024, 768, 50304, 0, 0, 0);  /* GPT-2 124M's shape */
+    test_embed_det(2, 1024, 768, 50304, 25152, 25152, 0); /* its second half under tp 2 */
+    test_embed_det(2, 1024, 768, 50304, 0, 0, 1);
     test_norms_case(70, 300, 1);
     test_norms_case(600, 512, 1);
     test_norms_case(4500, 64, 1);

@@ -117,71 +117,102 @@ static void fd_grad(LossFn loss, void *ctx, float *x, size_t n, float eps, float
 // ----------------------------------------------------------------------------
 // embeddings
 
-typedef struct { float *out, *wte, *wpe, *R; int *tokens; int N, T, C; } EmbedCtx;
+typedef struct { float *out, *wte, *wpe, *R; int *tokens; const int *pos; int N, T, C; } EmbedCtx;
 static double embed_loss(void *p) {
     EmbedCtx *c = p;
-    K->embed_forward(c->out, c->tokens, c->wte, c->wpe, c->N, c->T, c->C);
+    K->embed_forward(c->out, c->tokens, c->pos, c->wte, c->wpe, c->N, c->T, c->C);
     return dot_r(c->out, c->R, (size_t)c->N * c->C);
 }
 
-static void test_embed(void) {
+/* The rows' positions: pos NULL (n % T), or reset after token 3 as
+ * train.reset_position_ids gives them (row 0: 1 [3] | 1 -> 0 1 0; row 1:
+ * 0 [3] | [3] -> 0 1 0), so position 2 gets no gradient */
+static const int EMBED_RESET_POS[6] = {0, 1, 0, 0, 1, 0};
+
+static void test_embed_case(const char *tag, const int *pos) {
     int B = 2, T = 3, N = B * T, C = 8, V = 4;
     int tokens[6] = {1, 3, 1, 0, 3, 3}; // repeats: the scatter-add must sum them
-    EmbedCtx c = {zerov(N * C), randv(V * C, 1), randv(T * C, 1), randv(N * C, 1), tokens, N, T, C};
+    char name[96];
+    EmbedCtx c = {zerov(N * C), randv(V * C, 1), randv(T * C, 1), randv(N * C, 1), tokens, pos, N, T, C};
     // forward vs reference, with and without wpe
     double *ref = malloc_check(sizeof(double) * N * C);
-    K->embed_forward(c.out, tokens, c.wte, c.wpe, N, T, C);
+    K->embed_forward(c.out, tokens, pos, c.wte, c.wpe, N, T, C);
     for (int n = 0; n < N; n++)
         for (int i = 0; i < C; i++)
-            ref[n * C + i] = (double)c.wte[tokens[n] * C + i] + c.wpe[(n % T) * C + i];
-    check_close("embed_forward", c.out, ref, N * C, 1e-6);
-    K->embed_forward(c.out, tokens, c.wte, NULL, N, T, C);
+            ref[n * C + i] = (double)c.wte[tokens[n] * C + i] + c.wpe[(pos ? pos[n] : n % T) * C + i];
+    snprintf(name, sizeof name, "embed_forward%s", tag);
+    check_close(name, c.out, ref, N * C, 1e-6);
+    K->embed_forward(c.out, tokens, pos, c.wte, NULL, N, T, C);
     for (int n = 0; n < N; n++)
         for (int i = 0; i < C; i++) ref[n * C + i] = c.wte[tokens[n] * C + i];
-    check_close("embed_forward no-wpe", c.out, ref, N * C, 1e-6);
+    snprintf(name, sizeof name, "embed_forward no-wpe%s", tag);
+    check_close(name, c.out, ref, N * C, 1e-6);
 
     float *dwte = zerov(V * C), *dwpe = zerov(T * C), *fwte = zerov(V * C), *fwpe = zerov(T * C);
-    K->embed_backward(dwte, dwpe, c.R, tokens, N, T, C);
+    K->embed_backward(dwte, dwpe, c.R, tokens, pos, N, T, C);
     fd_grad(embed_loss, &c, c.wte, V * C, 1e-2f, fwte);
     fd_grad(embed_loss, &c, c.wpe, T * C, 1e-2f, fwpe);
-    check_grad("embed_backward dwte", dwte, fwte, V * C);
-    check_grad("embed_backward dwpe", dwpe, fwpe, T * C);
+    snprintf(name, sizeof name, "embed_backward dwte%s", tag);
+    check_grad(name, dwte, fwte, V * C);
+    snprintf(name, sizeof name, "embed_backward dwpe%s", tag);
+    check_grad(name, dwpe, fwpe, T * C);
+    if (pos) { /* position 2 is no row's: its gradient stays 0, positions 0 and 1 take both rows' */
+        int zero = 1;
+        for (int i = 2 * C; i < 3 * C; i++) zero &= dwpe[i] == 0.0f;
+        double want = (double)c.R[0] + c.R[2 * C] + c.R[3 * C] + c.R[5 * C]; /* channel 0 of the four position-0 rows */
+        report(zero && fabs(dwpe[0] - want) < 1e-5, "embed_backward dwpe under reset positions",
+               "(row 2 untouched %d; position 0 channel 0: %g, expected %g)", zero, dwpe[0], want);
+    }
     float *once = dup(dwte, V * C);
-    K->embed_backward(dwte, NULL, c.R, tokens, N, T, C);
-    check_doubles("embed_backward adds (dwpe NULL)", once, dwte, V * C);
+    K->embed_backward(dwte, NULL, c.R, tokens, pos, N, T, C);
+    snprintf(name, sizeof name, "embed_backward adds (dwpe NULL)%s", tag);
+    check_doubles(name, once, dwte, V * C);
     free(ref); free(dwte); free(dwpe); free(fwte); free(fwpe); free(once);
     free(c.out); free(c.wte); free(c.wpe); free(c.R);
+}
+
+static void test_embed(void) {
+    test_embed_case("", NULL);
+    test_embed_case(" (positions reset at each document)", EMBED_RESET_POS);
 }
 
 /* vocab-parallel embedding: P slices of the vocabulary, summed as the TP
  * all-reduce would (wpe on slice 0 only), must equal the full lookup; each
  * slice's backward must equal its rows of the full backward */
-static void test_embed_vp(void) {
+static void test_embed_vp_case(const char *tag, const int *pos) {
     int B = 2, T = 3, N = B * T, C = 8, V = 6, P = 3, Vl = V / P;
     int tokens[6] = {1, 5, 1, 0, 3, 5};
+    char name[96];
     float *wte = randv(V * C, 1), *wpe = randv(T * C, 1), *dout = randv(N * C, 1);
     float *full = zerov(N * C), *part = zerov(N * C), *sum = zerov(N * C);
-    K->embed_forward(full, tokens, wte, wpe, N, T, C);
+    K->embed_forward(full, tokens, pos, wte, wpe, N, T, C);
     double *ref = malloc_check(sizeof(double) * N * C);
     for (int i = 0; i < N * C; i++) ref[i] = full[i];
     float *dfull = zerov(V * C), *dwpe = zerov(T * C), *dpart = zerov(V * C), *dwpe_p = zerov(T * C);
-    K->embed_backward(dfull, dwpe, dout, tokens, N, T, C);
+    K->embed_backward(dfull, dwpe, dout, tokens, pos, N, T, C);
     for (int r = 0; r < P; r++) {
-        K->embed_forward_vp(part, tokens, wte + (size_t)r * Vl * C, r == 0 ? wpe : NULL, N, T, C, r * Vl, Vl);
+        K->embed_forward_vp(part, tokens, pos, wte + (size_t)r * Vl * C, r == 0 ? wpe : NULL, N, T, C, r * Vl, Vl);
         for (int i = 0; i < N * C; i++) sum[i] += part[i];
         memset(dwpe_p, 0, sizeof(float) * T * C);
-        K->embed_backward_vp(dpart + (size_t)r * Vl * C, dwpe_p, dout, tokens, N, T, C, r * Vl, Vl);
+        K->embed_backward_vp(dpart + (size_t)r * Vl * C, dwpe_p, dout, tokens, pos, N, T, C, r * Vl, Vl);
         for (int i = 0; i < T * C; i++) dwpe_p[i] -= dwpe[i];
         int same = 1;
         for (int i = 0; i < T * C; i++) same &= fabsf(dwpe_p[i]) <= 1e-6f;
-        report(same, "embed_backward_vp dwpe equals full", "(slice %d)", r);
+        report(same, "embed_backward_vp dwpe equals full", "(slice %d%s)", r, tag);
     }
-    check_close("embed_forward_vp summed over slices", sum, ref, N * C, 1e-6);
+    snprintf(name, sizeof name, "embed_forward_vp summed over slices%s", tag);
+    check_close(name, sum, ref, N * C, 1e-6);
     double *dref = malloc_check(sizeof(double) * V * C);
     for (int i = 0; i < V * C; i++) dref[i] = dfull[i];
-    check_close("embed_backward_vp slices = full dwte", dpart, dref, V * C, 1e-6);
+    snprintf(name, sizeof name, "embed_backward_vp slices = full dwte%s", tag);
+    check_close(name, dpart, dref, V * C, 1e-6);
     free(wte); free(wpe); free(dout); free(full); free(part); free(sum); free(ref);
     free(dfull); free(dwpe); free(dpart); free(dwpe_p); free(dref);
+}
+
+static void test_embed_vp(void) {
+    test_embed_vp_case("", NULL);
+    test_embed_vp_case(", positions reset", EMBED_RESET_POS);
 }
 
 // ----------------------------------------------------------------------------
@@ -482,12 +513,12 @@ static void test_attention(int B, int T, int nh, int nkv, int hd, int nsub, int 
 // ----------------------------------------------------------------------------
 // rope
 
-typedef struct { float *x, *tmp, *R; int B, T, nh, nkv, hd, pos0; const Rope *rope; } RopeCtx;
+typedef struct { float *x, *tmp, *R; int B, T, nh, nkv, hd; const int *pos; const Rope *rope; } RopeCtx;
 static double rope_loss(void *p) {
     RopeCtx *c = p;
     size_t n = (size_t)c->B * c->T * (c->nh + 2 * c->nkv) * c->hd;
     memcpy(c->tmp, c->x, n * sizeof(float));
-    K->rope_forward(c->tmp, c->B, c->T, c->nh, c->nkv, c->hd, c->rope, c->pos0);
+    K->rope_forward(c->tmp, c->pos, c->B, c->T, c->nh, c->nkv, c->hd, c->rope);
     return dot_r(c->tmp, c->R, n);
 }
 
@@ -507,11 +538,12 @@ static double ref_inv_freq(const Rope *r, int i, int hd, int *band) {
     return medium ? smoothed : llama;
 }
 
-static void test_rope_case(const char *tag, int hd, const Rope *rope) {
-    int B = 2, T = 5, nh = 4, nkv = 2, pos0 = 3, S = (nh + 2 * nkv) * hd, half = hd / 2;
+/* pos: each row's position (NULL: n % T) */
+static void test_rope_case(const char *tag, int hd, const Rope *rope, const int *pos) {
+    int B = 2, T = 5, nh = 4, nkv = 2, S = (nh + 2 * nkv) * hd, half = hd / 2;
     size_t n = (size_t)B * T * S;
     char name[160];
-    RopeCtx c = {randv(n, 1), zerov(n), randv(n, 1), B, T, nh, nkv, hd, pos0, rope};
+    RopeCtx c = {randv(n, 1), zerov(n), randv(n, 1), B, T, nh, nkv, hd, pos, rope};
     double *ref = malloc_check(sizeof(double) * n), inv[64];
     int band[3] = {0, 0, 0};
     for (int i = 0; i < half; i++) inv[i] = ref_inv_freq(rope, i, hd, band);
@@ -526,7 +558,7 @@ static void test_rope_case(const char *tag, int hd, const Rope *rope) {
             double *o = ref + (size_t)r * S + hh * hd;
             for (int i = 0; i < half; i++) {
                 if (hh >= nh + nkv) { o[i] = x[i]; o[i + half] = x[i + half]; continue; }
-                double ang = (pos0 + r % T) * inv[i];
+                double ang = (pos ? pos[r] : r % T) * inv[i];
                 o[i] = x[i] * cos(ang) - x[i + half] * sin(ang);
                 o[i + half] = x[i + half] * cos(ang) + x[i] * sin(ang);
             }
@@ -536,13 +568,13 @@ static void test_rope_case(const char *tag, int hd, const Rope *rope) {
     check_close(name, c.tmp, ref, n, 1e-5);
 
     // forward then backward is the identity (the rotation is orthogonal)
-    K->rope_backward(c.tmp, B, T, nh, nkv, hd, rope, pos0);
+    K->rope_backward(c.tmp, pos, B, T, nh, nkv, hd, rope);
     for (size_t i = 0; i < n; i++) ref[i] = c.x[i];
     snprintf(name, sizeof name, "rope_forward+backward identity %s", tag);
     check_close(name, c.tmp, ref, n, 1e-5);
 
     float *g = dup(c.R, n), *fd = zerov(n);
-    K->rope_backward(g, B, T, nh, nkv, hd, rope, pos0);
+    K->rope_backward(g, pos, B, T, nh, nkv, hd, rope);
     fd_grad(rope_loss, &c, c.x, n, 1e-2f, fd);
     snprintf(name, sizeof name, "rope_backward dqkv %s", tag);
     check_grad(name, g, fd, n);
@@ -550,13 +582,18 @@ static void test_rope_case(const char *tag, int hd, const Rope *rope) {
 }
 
 static void test_rope(void) {
+    /* positions from an array: reset at documents (row 0), and large ones
+     * whose angles reach thousands of radians (row 1) */
+    static const int pos[10] = {0, 1, 2, 0, 1, 3000, 3001, 0, 1, 2};
     Rope plain = {10000.0f, ROPE_NONE, 0, 0, 0, 0};
-    test_rope_case("(theta 1e4)", 8, &plain);
+    test_rope_case("(theta 1e4)", 8, &plain, NULL);
+    test_rope_case("(theta 1e4, positions from an array)", 8, &plain, pos);
     /* Llama 3's scaling with a short original context, so that the 8
      * frequencies of hd 16 at theta 5e5 reach every band: wavelengths
      * 6.3 and 32 kept (below 256 / 4), 159 blended, 803 and up divided */
     Rope llama3 = {500000.0f, ROPE_LLAMA3, 32.0f, 1.0f, 4.0f, 256};
-    test_rope_case("(llama3 scaling)", 16, &llama3);
+    test_rope_case("(llama3 scaling)", 16, &llama3, NULL);
+    test_rope_case("(llama3 scaling, positions from an array)", 16, &llama3, pos);
 }
 
 // ----------------------------------------------------------------------------

@@ -677,6 +677,62 @@ def doc_tokens(n, vocab, eod, seed):
     return toks
 
 
+def doc_case(root, cname, name, seeds, eods_in_first_micro_batch=False):
+    """The packed-document tests' set-up: case cname's folder root/name_cname
+    with a training shard of documents ending at the vocabulary's last token
+    (eods_in_first_micro_batch: every other token of step 1's first
+    micro-batch an eod too), a validation shard of them and a Hugging Face
+    init folder; seeds: (training, validation, init). Returns c, work, eod,
+    the training and validation tokens, cfg, the init folder and tensors."""
+    c = CASES[cname]
+    work = os.path.join(root, f"{name}_{cname}")
+    os.makedirs(work)
+    eod = c["vocab"] - 1
+    toks = doc_tokens(2200, c["vocab"], eod, seed=seeds[0])
+    if eods_in_first_micro_batch:
+        toks[:MB * T:2] = eod
+    val = doc_tokens(600, c["vocab"], eod, seed=seeds[1])
+    write_shard(os.path.join(work, "train_000.bin"), toks)
+    write_shard(os.path.join(work, "val.bin"), val)
+    cfg, init_dir, init_t = hf_init_folder(work, c, seed=seeds[2])
+    return c, work, eod, toks, val, cfg, init_dir, init_t
+
+
+def doc_job(work, c, steps, init_dir, eod, block_causal, key):
+    """The job of a packed-document test's main run: data.eod_token eod, the
+    boolean train key on, block_causal attention or not"""
+    job = base_job(work, "main", c, steps, 1.0, init={"from": init_dir})
+    job["data"]["eod_token"] = eod
+    job["train"][key] = True
+    if block_causal:
+        job["train"]["attention_mask"] = "block_causal"
+    return job
+
+
+def check_step0(tag, dump, loss_t, logits_t, grads_t):
+    """A run's step-0 dump against torch's loss, logits and gradients; returns
+    the dump's logits and loss"""
+    logits_c, loss_c = read_dump_logits(dump)
+    loss_c = float(loss_c.reshape(-1)[0])
+    cmp_tensor(f"{tag} step0 logits", logits_c, logits_t, TOL_LOGITS)
+    cmp_scalar(f"{tag} step0 loss", loss_c, loss_t, TOL_LOSS)
+    _, grads_c = hfio.read_hf_folder(os.path.join(dump, "grads"))
+    worst = max(rel_err(grads_c[n], grads_t[n]) for n in grads_t)
+    CK.check(worst <= TOL_GRAD, f"{tag} step0 grads worst rel={worst:.2g} ({len(grads_t)} tensors)")
+    return logits_c, loss_c, grads_c
+
+
+def check_trajectory(tag, logdir, recs):
+    """A run's metrics.jsonl against torch's steps (R.train's records): each
+    step's loss and gradient norm; returns the run's metrics by step"""
+    got = read_metrics(logdir)
+    e_loss = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in recs)
+    e_norm = max(abs(got[r["step"]]["grad_norm"] - r["grad_norm"]) / r["grad_norm"] for r in recs)
+    CK.check(e_loss <= TOL_STEP_LOSS and e_norm <= TOL_NORM,
+             f"{tag} trajectory vs torch: loss worst rel={e_loss:.2g}, grad_norm {e_norm:.2g}")
+    return got
+
+
 def run_docmask(binary, root, cname):
     """train.attention_mask block_causal (documents ending at data.eod_token)
     against torch's reference with the mask built from document ids
@@ -686,16 +742,8 @@ def run_docmask(binary, root, cname):
     did something). Llama: the reference's packed logits equal each document
     run alone (RoPE sees relative positions only). Selective activation
     checkpointing recomputes attention under the same mask: the same losses."""
-    c = CASES[cname]
+    c, work, eod, toks, _, cfg, init_dir, init_t = doc_case(root, cname, "docmask", (401, 7, 29))
     tag = f"{cname} block_causal"
-    work = os.path.join(root, f"docmask_{cname}")
-    os.makedirs(work)
-    V = c["vocab"]
-    eod = V - 1
-    toks = doc_tokens(2200, V, eod, seed=401)
-    write_shard(os.path.join(work, "train_000.bin"), toks)
-    write_shard(os.path.join(work, "val.bin"), doc_tokens(600, V, eod, seed=7))
-    cfg, init_dir, init_t = hf_init_folder(work, c, seed=29)
     steps = 10
 
     def job_of(name, act_ckpt="none"):
@@ -717,21 +765,12 @@ def run_docmask(binary, root, cname):
     dump = os.path.join(work, "main", "dump")
     loss_t, logits_t, grads_t = torch_step0(cfg, init_t, toks, eod=eod)
     loss_causal, logits_causal, _ = torch_step0(cfg, init_t, toks)
-    logits_c, loss_c = read_dump_logits(dump)
-    cmp_tensor(f"{tag} step0 logits", logits_c, logits_t, TOL_LOGITS)
-    cmp_scalar(f"{tag} step0 loss", float(loss_c.reshape(-1)[0]), loss_t, TOL_LOSS)
+    logits_c, _, _ = check_step0(tag, dump, loss_t, logits_t, grads_t)
     far = rel_err(logits_c, logits_causal)
     CK.check(far > 100 * TOL_LOGITS, f"{tag} step0 logits are far from causal attention's (rel {far:.2g})")
-    _, grads_c = hfio.read_hf_folder(os.path.join(dump, "grads"))
-    worst = max(rel_err(grads_c[n], grads_t[n]) for n in grads_t)
-    CK.check(worst <= TOL_GRAD, f"{tag} step0 grads worst rel={worst:.2g} ({len(grads_t)} tensors)")
     recs = R.train(R.RefModel(cfg, init_t, dtype=torch.float64, eod=eod), toks, steps, T, MB, GB, LR, MIN_LR, WARMUP,
                    DECAY, WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0, schedule=c.get("schedule"))
-    got = read_metrics(os.path.join(work, "main", "log"))
-    e_loss = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in recs)
-    e_norm = max(abs(got[r["step"]]["grad_norm"] - r["grad_norm"]) / r["grad_norm"] for r in recs)
-    CK.check(e_loss <= TOL_STEP_LOSS and e_norm <= TOL_NORM,
-             f"{tag} trajectory vs torch: loss worst rel={e_loss:.2g}, grad_norm {e_norm:.2g}")
+    got = check_trajectory(tag, os.path.join(work, "main", "log"), recs)
     ok, out = run_bin(binary, job_of("selective", "selective"), work, "selective")
     if CK.check(ok, f"{tag} run with activation_checkpointing selective" + ("" if ok else f": {out}")):
         sel = read_metrics(os.path.join(work, "selective", "log"))
@@ -754,6 +793,38 @@ def run_docmask(binary, root, cname):
                             f"(rel {e:.1e})")
 
 
+def run_resetpos(binary, root, cname, block_causal):
+    """train.reset_position_ids (positions counted from each document's first
+    token) against torch's reference with position ids from
+    torch_ref.document_positions (written from document ids): step-0
+    logits, loss and every gradient (GPT-2's wpe rows included), the 10-step
+    trajectory, and that the positions did something: the logits are far
+    from the same attention's without the reset. GPT-2 with block_causal
+    (Megatron's usual pairing: a packed document then sees exactly what it
+    would alone), Llama GQA with causal attention (under block_causal RoPE
+    is relative and the reset changes nothing: torch_ref's selftest)."""
+    c, work, eod, toks, _, cfg, init_dir, init_t = doc_case(root, cname, "resetpos", (607, 13, 37))
+    tag = f"{cname} reset_position_ids" + (" with block_causal" if block_causal else "")
+    steps = 10
+    job = doc_job(work, c, steps, init_dir, eod, block_causal, "reset_position_ids")
+    ok, out = run_bin(binary, job, work, "main")
+    if not CK.check(ok, f"{tag} run (data.eod_token {eod}, {steps} steps)" + ("" if ok else f": {out}")):
+        return
+    CK.check(f"positions reset after token {eod}" in out, f"{tag} the model line says so")
+    ref_eod = eod if block_causal else None
+    x, y = R.global_batch(toks, 0, GB, T)
+    m = R.RefModel(cfg, init_t, dtype=torch.float64, eod=ref_eod, pos_eod=eod)
+    loss_t, logits_t = R.forward_backward(m, x, y, MB)
+    grads_t = R.grads_dict(m)
+    logits_c, _, _ = check_step0(tag, os.path.join(work, "main", "dump"), loss_t, logits_t, grads_t)
+    _, unreset, _ = torch_step0(cfg, init_t, toks, eod=ref_eod)
+    far = rel_err(logits_c, unreset)
+    CK.check(far > 100 * TOL_LOGITS, f"{tag} step0 logits are far from those without the reset (rel {far:.2g})")
+    recs = R.train(R.RefModel(cfg, init_t, dtype=torch.float64, eod=ref_eod, pos_eod=eod), toks, steps, T, MB, GB, LR,
+                   MIN_LR, WARMUP, DECAY, WD, c["decay_all"], B1, B2, EPS, grad_clip=1.0, schedule=c.get("schedule"))
+    check_trajectory(tag, os.path.join(work, "main", "log"), recs)
+
+
 def run_eodloss(binary, root, cname, block_causal):
     """train.eod_mask_loss (no loss on the prediction after data.eod_token)
     against torch's F.cross_entropy with those targets set to its
@@ -764,24 +835,11 @@ def run_eodloss(binary, root, cname, block_causal):
     eod, so its micro-batches keep very different counts and the gradient of
     a mean per micro-batch (Megatron's older rule) is far from it; and the
     unmasked loss is far too (the mask did something)."""
-    c = CASES[cname]
+    c, work, eod, toks, val, cfg, init_dir, init_t = doc_case(root, cname, "eodloss", (503, 11, 31),
+                                                              eods_in_first_micro_batch=True)
     tag = f"{cname} eod_mask_loss" + (" with block_causal" if block_causal else "")
-    work = os.path.join(root, f"eodloss_{cname}")
-    os.makedirs(work)
-    V = c["vocab"]
-    eod = V - 1
-    toks = doc_tokens(2200, V, eod, seed=503)
-    toks[:MB * T:2] = eod
-    val = doc_tokens(600, V, eod, seed=11)
-    write_shard(os.path.join(work, "train_000.bin"), toks)
-    write_shard(os.path.join(work, "val.bin"), val)
-    cfg, init_dir, init_t = hf_init_folder(work, c, seed=31)
     steps = 10
-    job = base_job(work, "main", c, steps, 1.0, init={"from": init_dir})
-    job["data"]["eod_token"] = eod
-    job["train"]["eod_mask_loss"] = True
-    if block_causal:
-        job["train"]["attention_mask"] = "block_causal"
+    job = doc_job(work, c, steps, init_dir, eod, block_causal, "eod_mask_loss")
     job["eval"] = {"every_steps": steps, "batches": 2, "sample_tokens": 0}
     ok, out = run_bin(binary, job, work, "main")
     if not CK.check(ok, f"{tag} run (data.eod_token {eod}, {steps} steps)" + ("" if ok else f": {out}")):
@@ -800,13 +858,7 @@ def run_eodloss(binary, root, cname, block_causal):
     m = R.RefModel(cfg, init_t, dtype=torch.float64, eod=ref_eod)
     loss_t, logits_t = R.forward_backward(m, x, ym, MB)
     grads_t = R.grads_dict(m)
-    logits_c, loss_c = read_dump_logits(os.path.join(work, "main", "dump"))
-    loss_c = float(loss_c.reshape(-1)[0])
-    cmp_tensor(f"{tag} step0 logits", logits_c, logits_t, TOL_LOGITS)
-    cmp_scalar(f"{tag} step0 loss", loss_c, loss_t, TOL_LOSS)
-    _, grads_c = hfio.read_hf_folder(os.path.join(work, "main", "dump", "grads"))
-    worst = max(rel_err(grads_c[n], grads_t[n]) for n in grads_t)
-    CK.check(worst <= TOL_GRAD, f"{tag} step0 grads worst rel={worst:.2g} ({len(grads_t)} tensors)")
+    _, loss_c, grads_c = check_step0(tag, os.path.join(work, "main", "dump"), loss_t, logits_t, grads_t)
     pm = R.RefModel(cfg, init_t, dtype=torch.float64, eod=ref_eod)
     for j in range(GB // MB):  # each micro-batch's own mean, averaged
         (pm.loss(x[j * MB:(j + 1) * MB], ym[j * MB:(j + 1) * MB])[0] / (GB // MB)).backward()
@@ -821,11 +873,7 @@ def run_eodloss(binary, root, cname, block_causal):
     ref = R.RefModel(cfg, init_t, dtype=torch.float64, eod=ref_eod)
     recs = R.train(ref, toks, steps, T, MB, GB, LR, MIN_LR, WARMUP, DECAY, WD, c["decay_all"], B1, B2, EPS,
                    grad_clip=1.0, schedule=c.get("schedule"), batch_fn=batch)
-    got = read_metrics(os.path.join(work, "main", "log"))
-    e_loss = max(abs(got[r["step"]]["loss"] - r["loss"]) / r["loss"] for r in recs)
-    e_norm = max(abs(got[r["step"]]["grad_norm"] - r["grad_norm"]) / r["grad_norm"] for r in recs)
-    CK.check(e_loss <= TOL_STEP_LOSS and e_norm <= TOL_NORM,
-             f"{tag} trajectory vs torch: loss worst rel={e_loss:.2g}, grad_norm {e_norm:.2g}")
+    got = check_trajectory(tag, os.path.join(work, "main", "log"), recs)
     xv, yv = R.global_batch(val, 0, 2 * MB, T)  # eval.batches 2 of micro_batch sequences
     with torch.no_grad():
         val_t = ref.loss(xv, R.mask_after_eod(xv, yv, eod))[0].item()
@@ -1086,6 +1134,7 @@ def main():
                     if cname in ("llama_gqa", "gpt2"):
                         run_docmask(binary, root, cname)
                         run_eodloss(binary, root, cname, block_causal=cname == "llama_gqa")
+                        run_resetpos(binary, root, cname, block_causal=cname == "gpt2")
                     if cname == "gpt2":
                         run_schedules(binary, root)
                         run_blend(binary, root)

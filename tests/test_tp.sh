@@ -138,29 +138,36 @@ else
     echo "FAIL init.from with tp 2: $(tail -2 "$TMP/init-2.out")"; fail=$((fail + 1))
 fi
 
-# train.eod_mask_loss with block_causal attention: the step's loss is the
-# mean over the whole batch's targets left, whatever the layout. Tokens
-# 0..7 with 5 ending the documents, so micro-batches keep different numbers
-# of targets: one rank with the batch of 8 as one micro-batch against 2
-# ranks (dp 2, micro-batches of 2) and 4 (tp 2, sequence parallel, the
-# vocab-parallel cross-entropy dropping the masked rows, x dp 2 FULL_SHARD);
-# a mean per micro-batch would give neither the one-rank run
+# Megatron's packed-document set-up, block_causal attention with
+# train.eod_mask_loss and train.reset_position_ids: the step's loss is the
+# mean over the whole batch's targets left, whatever the layout, and the
+# positions (GPT-2's wpe rows through the vocab-parallel embedding, Llama's
+# RoPE) count from each document's start on every rank. Tokens 0..7 with 5
+# ending the documents, so micro-batches keep different numbers of targets:
+# one rank with the batch of 8 as one micro-batch against 2 ranks (dp 2,
+# micro-batches of 2) and 4 (tp 2, sequence parallel, the vocab-parallel
+# cross-entropy dropping the masked rows, x dp 2 FULL_SHARD); a mean per
+# micro-batch would give neither the one-rank run
 write_shard "$TMP/docs.bin" 8 20000 2
-for run in 1-1 2-1 4-2; do
-    IFS=- read -r np tp <<<"$run"
-    cmd="$BIN"; extra="--set train.micro_batch=8"
-    [ $np -gt 1 ] && { cmd="$MPIRUN $np $BIN"; extra="--set parallel.tensor=$tp"; }
-    [ $tp = 2 ] && extra="$extra --set parallel.sequence_parallel=true --set parallel.strategy=FULL_SHARD"
-    $cmd "$TMP/llama.json" $extra --set data.train="$TMP/docs.bin" --set data.eod_token=5 --set train.eod_mask_loss=true \
-        --set train.attention_mask=block_causal --set log.dir="$TMP/eod-$run" --set checkpoint.dir="$TMP/eod-$run/ckpt" \
-        >"$TMP/eod-$run.out" 2>&1 || echo "(run eod-$run exited non-zero: $(tail -1 "$TMP/eod-$run.out"))"
-    $BIN export "$TMP/eod-$run/ckpt" "$TMP/eod-$run/hf" >/dev/null 2>&1
-    [ $run = 1-1 ] && continue
-    if $PY tests/compare_runs.py "$TMP/eod-1-1" "$TMP/eod-$run" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3; then
-        ok "llama eod_mask_loss + block_causal: ranks $np tp $tp (micro-batches of 2) matches 1 rank (one micro-batch of 8)"
-    else
-        bad "llama eod_mask_loss + block_causal: ranks $np tp $tp differs from 1 rank: $(grep llmtrain: "$TMP/eod-$run.out" | head -2)"
-    fi
+for arch in llama gpt2; do
+    for run in 1-1 2-1 4-2; do
+        IFS=- read -r np tp <<<"$run"
+        cmd="$BIN"; extra="--set train.micro_batch=8"
+        [ $np -gt 1 ] && { cmd="$MPIRUN $np $BIN"; extra="--set parallel.tensor=$tp"; }
+        [ $tp = 2 ] && extra="$extra --set parallel.sequence_parallel=true --set parallel.strategy=FULL_SHARD"
+        d="$TMP/eod-$arch-$run"
+        $cmd "$TMP/$arch.json" $extra --set data.train="$TMP/docs.bin" --set data.eod_token=5 --set train.eod_mask_loss=true \
+            --set train.attention_mask=block_causal --set train.reset_position_ids=true --set log.dir="$d" \
+            --set checkpoint.dir="$d/ckpt" >"$d.out" 2>&1 || echo "(run eod-$arch-$run exited non-zero: $(tail -1 "$d.out"))"
+        $BIN export "$d/ckpt" "$d/hf" >/dev/null 2>&1
+        [ $run = 1-1 ] && continue
+        what="$arch block_causal + eod_mask_loss + reset_position_ids: ranks $np tp $tp"
+        if $PY tests/compare_runs.py "$TMP/eod-$arch-1-1" "$d" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3; then
+            ok "$what (micro-batches of 2) matches 1 rank (one micro-batch of 8)"
+        else
+            bad "$what differs from 1 rank: $(grep llmtrain: "$d.out" | head -2)"
+        fi
+    done
 done
 
 # impossible layouts: one clear line and exit 2 before any work

@@ -204,6 +204,18 @@ def document_ids(idx, eod):
     return torch.cumsum(ends, dim=1) - ends
 
 
+def document_positions(idx, eod):
+    """[B,T] -> [B,T]: each token's position within its document (Megatron's
+    --reset-position-ids: 0 at a row's first token and after each eod token,
+    the eod token itself the last of its document), written from the
+    document ids: a token's position is the number of earlier tokens of its
+    row with the same id"""
+    docs = document_ids(idx, eod)
+    same = docs[:, :, None] == docs[:, None, :]                      # [B, t, u]
+    earlier = torch.ones(idx.shape[1], idx.shape[1], dtype=torch.bool).tril(-1)
+    return (same & earlier[None]).sum(-1)
+
+
 IGNORE = -100  # F.cross_entropy's ignore_index: a target without a loss
 
 
@@ -218,11 +230,14 @@ def mask_after_eod(x, y, eod):
 class RefModel:
     """A GPT-2 or Llama causal LM whose parameters are a dict of leaf tensors
     keyed by Hugging Face names. dtype: float64 (reference) or float32.
-    eod: block-causal attention, documents ending at this token (None: causal)."""
+    eod: block-causal attention, documents ending at this token (None: causal).
+    pos_eod: positions counted from each document's start, documents ending
+    at this token (None: from the row's start)."""
 
-    def __init__(self, cfg, tensors, dtype=torch.float64, fast=False, eod=None):
+    def __init__(self, cfg, tensors, dtype=torch.float64, fast=False, eod=None, pos_eod=None):
         self.cfg = dict(cfg)
         self.eod = eod
+        self.pos_eod = pos_eod
         self.arch = arch_of(cfg)
         self.dtype = dtype
         self.fast = fast  # use torch's fused F.layer_norm/F.gelu (same math), for benchmarks
@@ -281,8 +296,10 @@ class RefModel:
         p = self.params
         C, nh, nkv, hd = self.C, self.nh, self.nkv, self.hd
         docs = None if self.eod is None else document_ids(idx, self.eod)
+        pos = None if self.pos_eod is None else document_positions(idx, self.pos_eod)
         if self.arch == "gpt2":
-            x = p["transformer.wte.weight"][idx] + p["transformer.wpe.weight"][:T][None]
+            wpe = p["transformer.wpe.weight"]
+            x = p["transformer.wte.weight"][idx] + (wpe[:T][None] if pos is None else wpe[pos])
             for i in range(self.L):
                 h = f"transformer.h.{i}."
                 a = self._ln(x, p[h + "ln_1.weight"], p[h + "ln_1.bias"])
@@ -300,6 +317,8 @@ class RefModel:
             return x @ p["transformer.wte.weight"].t()
         # llama
         cos, sin = rope_cos_sin(T, hd, self.theta, self.dtype, scaling=self.rope_scaling)
+        if pos is not None:  # each row its own angles: [B, 1, T, hd] against q, k [B, H, T, hd]
+            cos, sin = cos[pos][:, None], sin[pos][:, None]
         x = p["model.embed_tokens.weight"][idx]
         for i in range(self.L):
             h = f"model.layers.{i}."
@@ -747,6 +766,36 @@ def _selftest():
     with torch.no_grad():
         a = RefModel(l_cfg, t_gqa)(idx); bb = RefModel(mha_cfg, t_mha)(idx)
     check("GQA == MHA with repeated kv heads (h -> h // n_rep)", rel(a, bb) < 1e-12, f"rel={rel(a, bb):.1e}")
+
+    # positions reset at each document (Megatron's --reset-position-ids)
+    row = torch.tensor([[1, 5, 2, 3, 5, 5, 4]])
+    check("document_positions: 0 at a row's start and after each eod",
+          document_positions(row, 5).tolist() == [[0, 1, 0, 1, 2, 0, 0]])
+    # with the block-causal mask too, a packed row's logits are its documents'
+    # run alone: GPT-2's learned positions count from each document's start
+    # (without the reset its second document's logits differ); Llama's RoPE
+    # is relative, so resetting its positions under the mask changes nothing
+    pk = torch.randint(0, 60, (1, 16), generator=torch.Generator().manual_seed(3))
+    pk[0, [4, 5, 11]] = 63
+    for nm, cfg, vocab_eod in [("gpt2", g_cfg, 63), ("llama-gqa", l_cfg, 63)]:
+        ts = random_hf_tensors(cfg, std=0.1, seed=13)
+        reset, mask_only, plain = (RefModel(cfg, ts, eod=vocab_eod, pos_eod=vocab_eod), RefModel(cfg, ts, eod=vocab_eod),
+                                   RefModel(cfg, ts))
+        with torch.no_grad():
+            packed, unreset = reset(pk)[0], mask_only(pk)[0]
+            alone = torch.cat([plain(pk[:, s0:e])[0] for s0, e in [(0, 5), (5, 6), (6, 12), (12, 16)]])
+        e_alone, e_unreset = rel(packed, alone), rel(unreset, alone)
+        if nm == "gpt2":
+            check(f"{nm} reset positions + block mask: a packed row == its documents alone, not without the reset",
+                  e_alone < 1e-12 and e_unreset > 1e-3, f"rel {e_alone:.1e}, without the reset {e_unreset:.1e}")
+        else:
+            check(f"{nm} reset positions + block mask == block mask alone == documents alone",
+                  e_alone < 1e-12 and e_unreset < 1e-12, f"rel {e_alone:.1e}, {e_unreset:.1e}")
+        with torch.no_grad():
+            causal_reset = RefModel(cfg, ts, pos_eod=vocab_eod)(pk)[0]
+        e_c = rel(causal_reset, plain(pk)[0])
+        check(f"{nm} reset positions change causal attention's logits after the first eod only",
+              e_c > 1e-3 and rel(causal_reset[:5], plain(pk)[0][:5]) < 1e-14, f"rel {e_c:.1e}")
 
     # plain multi-head attention written independently (per-head loop)
     def mha_loop(q, k, v):
