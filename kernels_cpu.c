@@ -575,38 +575,64 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
 
 /* Rotate the q and k heads of every row by its position's angles; dir = +1
  * forward, -1 the inverse (= transpose) rotation for the backward pass.
- * Threads split the T columns; a thread computes cos/sin again only when a
- * row's position differs from the last row's (pos NULL: once for all B rows). */
+ * The rows read their position's cos and sin from a table over positions
+ * [0, P) (P: T, or one past the largest of pos), computed once for a RoPE
+ * and head dim and kept while later calls need no more positions: a
+ * position array (documents' positions, which differ from row to row) costs
+ * no more trigonometry than the rows' own. */
 #define ROPE_MAX_HALF 512
+
+static struct {
+    Rope rope;
+    int hd, P;
+    float *cs, *sn; /* [P, hd/2]: cos and sin of p x rope_inv_freq(i) */
+} rope_tab;
+
+static int rope_same(const Rope *a, const Rope *b) {
+    return a->theta == b->theta && a->scaling == b->scaling && a->factor == b->factor &&
+           a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor &&
+           a->original_max_seq_len == b->original_max_seq_len;
+}
 
 static void rope_rotate(float *x, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope,
                         float dir) {
     if (hd % 2 != 0 || hd / 2 > ROPE_MAX_HALF)
         die(EXIT_INTERNAL, "rope: head_dim %d must be even and at most %d", hd, 2 * ROPE_MAX_HALF);
     const int half = hd / 2, S = (nh + 2 * nkv) * hd, nrot = nh + nkv;
-    double inv_freq[ROPE_MAX_HALF];
-    for (int i = 0; i < half; i++) inv_freq[i] = rope_inv_freq(rope, i, hd);
-    #pragma omp parallel for
-    for (int t = 0; t < T; t++) {
-        float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
-        int done = -1; /* the position cs and sn hold */
-        for (int b = 0; b < B; b++) {
-            int p = pos ? pos[(size_t)b * T + t] : t;
-            if (p != done) { // angles in double: p * inv_freq reaches thousands of radians
-                for (int i = 0; i < half; i++) {
-                    cs[i] = (float)cos((double)p * inv_freq[i]);
-                    sn[i] = dir * (float)sin((double)p * inv_freq[i]);
-                }
-                done = p;
+    const size_t N = (size_t)B * T;
+    int P = T;
+    if (pos)
+        for (size_t n = 0; n < N; n++) P = pos[n] >= P ? pos[n] + 1 : P;
+    if (!rope_tab.cs || rope_tab.hd != hd || rope_tab.P < P || !rope_same(&rope_tab.rope, rope)) {
+        double inv_freq[ROPE_MAX_HALF];
+        for (int i = 0; i < half; i++) inv_freq[i] = rope_inv_freq(rope, i, hd);
+        free(rope_tab.cs);
+        free(rope_tab.sn);
+        rope_tab.cs = malloc_check((size_t)P * half * sizeof(float));
+        rope_tab.sn = malloc_check((size_t)P * half * sizeof(float));
+        rope_tab.rope = *rope;
+        rope_tab.hd = hd;
+        rope_tab.P = P;
+        #pragma omp parallel for
+        for (int p = 0; p < P; p++)
+            for (int i = 0; i < half; i++) { // angles in double: p * inv_freq reaches thousands of radians
+                rope_tab.cs[(size_t)p * half + i] = (float)cos((double)p * inv_freq[i]);
+                rope_tab.sn[(size_t)p * half + i] = (float)sin((double)p * inv_freq[i]);
             }
-            float *row = x + ((size_t)b * T + t) * S;
-            for (int hh = 0; hh < nrot; hh++) {
-                float *v = row + (size_t)hh * hd;
-                for (int i = 0; i < half; i++) {
-                    float a = v[i], c = v[i + half];
-                    v[i] = a * cs[i] - c * sn[i];
-                    v[i + half] = c * cs[i] + a * sn[i];
-                }
+    }
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        size_t p = (size_t)(pos ? pos[n] : (int)(n % T));
+        const float *cs = rope_tab.cs + p * half, *sn0 = rope_tab.sn + p * half;
+        float sn[ROPE_MAX_HALF];
+        for (int i = 0; i < half; i++) sn[i] = dir * sn0[i]; /* exact: the backward's sin is the forward's negated */
+        float *row = x + n * S;
+        for (int hh = 0; hh < nrot; hh++) {
+            float *v = row + (size_t)hh * hd;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], c = v[i + half];
+                v[i] = a * cs[i] - c * sn[i];
+                v[i + half] = c * cs[i] + a * sn[i];
             }
         }
     }

@@ -594,6 +594,9 @@ static void test_rope(void) {
     Rope llama3 = {500000.0f, ROPE_LLAMA3, 32.0f, 1.0f, 4.0f, 256};
     test_rope_case("(llama3 scaling)", 16, &llama3, NULL);
     test_rope_case("(llama3 scaling, positions from an array)", 16, &llama3, pos);
+    /* the CPU keeps its cos/sin table while the RoPE and head dim stay: a
+     * RoPE that differs only in its frequencies must not read llama3's */
+    test_rope_case("(theta 1e4 at head dim 16, right after llama3's)", 16, &plain, NULL);
 }
 
 // ----------------------------------------------------------------------------
