@@ -528,23 +528,25 @@ static void gpt2_config(const HfCfg *c, ModelConfig *o) {
 }
 
 /* A number of the rope_scaling object in the range of the job key it fills
- * (a whole one if whole). */
-static double rope_scaling_num(const HfCfg *c, const cJSON *rs, const char *key, const char *job_key, int whole) {
+ * (a whole one if whole); kind: its rope_type, for the message. */
+static double rope_scaling_num(const HfCfg *c, const cJSON *rs, const char *kind, const char *key, const char *job_key,
+                               int whole) {
     double lo, hi;
     config_key_range(job_key, &lo, &hi);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, key);
-    if (!v) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: missing key %s (rope_type llama3)", c->path, key);
+    if (!v) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: missing key %s (rope_type %s)", c->path, key, kind);
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) || (whole && v->valuedouble != floor(v->valuedouble)))
         die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.%s: expected %s in [%g, %g]", c->path, key,
             whole ? "an integer" : "a number", lo, hi);
     return v->valuedouble;
 }
 
-/* rope_scaling: null (or rope_type "default"), or Llama 3.1's rescaled
+/* rope_scaling: null (or rope_type "default"), Llama 3.1's rescaled
  * frequencies, {"rope_type": "llama3", "factor", "low_freq_factor",
- * "high_freq_factor", "original_max_position_embeddings"} ("type" in older
- * files). The other kinds (linear, dynamic, yarn, ...) are other math and
- * are refused, as is a key this one does not have. */
+ * "high_freq_factor", "original_max_position_embeddings"}, or position
+ * interpolation, {"rope_type": "linear", "factor"} ("type" in older files).
+ * The other kinds (dynamic, yarn, ...) are other math and are refused, as
+ * is a key the kind does not have. */
 static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
     const cJSON *rs = cfg_get(c, "rope_scaling", false);
     if (!rs) return;
@@ -553,24 +555,30 @@ static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
     if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
     if (!cJSON_IsString(t)) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: expected a string rope_type", c->path);
     if (strcmp(t->valuestring, "default") == 0) return;
-    if (strcmp(t->valuestring, "llama3") != 0)
-        die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: rope_type \"%s\" is not supported (llama3 or default)", c->path,
-            t->valuestring);
+    int linear = strcmp(t->valuestring, "linear") == 0;
+    if (!linear && strcmp(t->valuestring, "llama3") != 0)
+        die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: rope_type \"%s\" is not supported (llama3, linear or default)",
+            c->path, t->valuestring);
     static const char *known[] = {"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
                                   "original_max_position_embeddings"};
+    size_t n_known = linear ? 3 : sizeof known / sizeof known[0]; /* linear: the first three */
     for (const cJSON *e = rs->child; e; e = e->next) {
         size_t i = 0;
-        while (i < sizeof known / sizeof known[0] && strcmp(e->string, known[i]) != 0) i++;
-        if (i == sizeof known / sizeof known[0])
-            die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.%s: not supported (rope_type llama3 has factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)",
-                c->path, e->string);
+        while (i < n_known && strcmp(e->string, known[i]) != 0) i++;
+        if (i == n_known)
+            die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.%s: not supported (rope_type %s)", c->path, e->string,
+                linear ? "linear has factor" : "llama3 has factor, low_freq_factor, high_freq_factor, original_max_position_embeddings");
     }
-    o->rope_scaling = 1; /* llama3 */
-    o->rope_scaling_factor = (float)rope_scaling_num(c, rs, "factor", "model.rope_scaling_factor", 0);
-    o->rope_low_freq_factor = (float)rope_scaling_num(c, rs, "low_freq_factor", "model.rope_low_freq_factor", 0);
-    o->rope_high_freq_factor = (float)rope_scaling_num(c, rs, "high_freq_factor", "model.rope_high_freq_factor", 0);
+    o->rope_scaling_factor = (float)rope_scaling_num(c, rs, t->valuestring, "factor", "model.rope_scaling_factor", 0);
+    if (linear) {
+        o->rope_scaling = ROPE_LINEAR;
+        return;
+    }
+    o->rope_scaling = ROPE_LLAMA3;
+    o->rope_low_freq_factor = (float)rope_scaling_num(c, rs, t->valuestring, "low_freq_factor", "model.rope_low_freq_factor", 0);
+    o->rope_high_freq_factor = (float)rope_scaling_num(c, rs, t->valuestring, "high_freq_factor", "model.rope_high_freq_factor", 0);
     o->rope_original_max_seq_len =
-        (int)rope_scaling_num(c, rs, "original_max_position_embeddings", "model.rope_original_max_seq_len", 1);
+        (int)rope_scaling_num(c, rs, t->valuestring, "original_max_position_embeddings", "model.rope_original_max_seq_len", 1);
 }
 
 static void llama_config(const HfCfg *c, ModelConfig *o) {
@@ -820,7 +828,11 @@ static cJSON *hf_config_json(const Model *m) {
         cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq_len);
         cJSON_AddItemToObject(o, "rms_norm_eps", json_float(c->norm_eps));
         cJSON_AddItemToObject(o, "rope_theta", json_float(c->rope_theta));
-        if (c->rope_scaling) { /* llama3 */
+        if (c->rope_scaling == ROPE_LINEAR) {
+            cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+            cJSON_AddStringToObject(rs, "rope_type", "linear");
+            cJSON_AddItemToObject(rs, "factor", json_float(c->rope_scaling_factor));
+        } else if (c->rope_scaling == ROPE_LLAMA3) {
             cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
             cJSON_AddStringToObject(rs, "rope_type", "llama3");
             cJSON_AddItemToObject(rs, "factor", json_float(c->rope_scaling_factor));

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #endif
 #include "config.h"
+#include "kernels.h"
 #include "util.h"
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -45,8 +46,8 @@ static const Key KEYS[] = {
     {"model.max_seq_len", K_INT, OFF(model.max_seq_len), 0, "1024", 1, 1 << 24, NULL, "longest sequence (GPT-2: rows of the position table)"},
     {"model.norm_eps", K_FLOAT, OFF(model.norm_eps), 0, "1e-5", 0, 1, NULL, "LayerNorm / RMSNorm epsilon"},
     {"model.rope_theta", K_FLOAT, OFF(model.rope_theta), 0, "10000", 1, 1e12, NULL, "RoPE base (Llama)"},
-    {"model.rope_scaling", K_ENUM, OFF(model.rope_scaling), 0, "\"none\"", 0, 0, "none|llama3", "RoPE frequency scaling (Llama): none, or llama3, Llama 3.1's and 3.2's (Hugging Face rope_type \"llama3\"): a frequency whose wavelength 2 pi / frequency exceeds rope_original_max_seq_len / rope_low_freq_factor is divided by rope_scaling_factor, one below rope_original_max_seq_len / rope_high_freq_factor is kept, one between is blended (see the notes below); the four rope_* keys after this one apply only with llama3"},
-    {"model.rope_scaling_factor", K_FLOAT, OFF(model.rope_scaling_factor), 0, "8", 1, 1e6, NULL, "rope_scaling llama3: the low frequencies' divisor (Llama 3.1: 8, Llama 3.2: 32)"},
+    {"model.rope_scaling", K_ENUM, OFF(model.rope_scaling), 0, "\"none\"", 0, 0, "none|llama3|linear", "RoPE frequency scaling (Llama): none; llama3, Llama 3.1's and 3.2's (Hugging Face rope_type \"llama3\"): a frequency whose wavelength 2 pi / frequency exceeds rope_original_max_seq_len / rope_low_freq_factor is divided by rope_scaling_factor, one below rope_original_max_seq_len / rope_high_freq_factor is kept, one between is blended; or linear, position interpolation (Hugging Face rope_type \"linear\", Megatron's --rotary-seq-len-interpolation-factor): every frequency divided by rope_scaling_factor (see the notes below); rope_scaling_factor applies with either, the three rope_* keys after it only with llama3"},
+    {"model.rope_scaling_factor", K_FLOAT, OFF(model.rope_scaling_factor), 0, "8", 1, 1e6, NULL, "rope_scaling llama3: the low frequencies' divisor (Llama 3.1: 8, Llama 3.2: 32); linear: every frequency's (positions interpolated by this factor)"},
     {"model.rope_low_freq_factor", K_FLOAT, OFF(model.rope_low_freq_factor), 0, "1", 0, 1e6, NULL, "rope_scaling llama3: wavelengths above rope_original_max_seq_len / this are scaled"},
     {"model.rope_high_freq_factor", K_FLOAT, OFF(model.rope_high_freq_factor), 0, "4", 0, 1e6, NULL, "rope_scaling llama3: wavelengths below rope_original_max_seq_len / this are kept (must exceed rope_low_freq_factor)"},
     {"model.rope_original_max_seq_len", K_INT, OFF(model.rope_original_max_seq_len), 0, "8192", 1, 1 << 24, NULL, "rope_scaling llama3: the context length the frequencies were trained for"},
@@ -315,25 +316,30 @@ void config_model_defaults(ModelConfig *m) {
     *m = tmp.model;
 }
 
-/* A job's RoPE scaling numbers do something only with rope_scaling llama3:
- * one set (not its default) without it is an error, not silently unused. */
+/* A job's RoPE scaling numbers do something only with the scalings that
+ * read them (rope_scaling_factor: llama3 and linear; the other three:
+ * llama3): one set (not its default) without them is an error, not
+ * silently unused. */
 static void rope_scaling_unused(const ModelConfig *m, const char *where) {
-    if (m->rope_scaling) return; /* 1 = llama3 */
+    if (m->rope_scaling == ROPE_LLAMA3) return;
     ModelConfig d;
     config_model_defaults(&d);
-    const char *set = m->rope_scaling_factor != d.rope_scaling_factor     ? "rope_scaling_factor"
-                      : m->rope_low_freq_factor != d.rope_low_freq_factor ? "rope_low_freq_factor"
-                      : m->rope_high_freq_factor != d.rope_high_freq_factor ? "rope_high_freq_factor"
+    const char *set = m->rope_scaling_factor != d.rope_scaling_factor && m->rope_scaling != ROPE_LINEAR
+                          ? "rope_scaling_factor"
+                      : m->rope_low_freq_factor != d.rope_low_freq_factor           ? "rope_low_freq_factor"
+                      : m->rope_high_freq_factor != d.rope_high_freq_factor         ? "rope_high_freq_factor"
                       : m->rope_original_max_seq_len != d.rope_original_max_seq_len ? "rope_original_max_seq_len"
                                                                                     : NULL;
     if (set)
-        die(EXIT_USAGE, "%s: model.%s is set but model.rope_scaling is \"none\" (it applies only with \"llama3\")", where, set);
+        die(EXIT_USAGE, "%s: model.%s is set but model.rope_scaling is \"%s\" (it applies only with \"llama3\"%s)", where, set,
+            m->rope_scaling == ROPE_LINEAR ? "linear" : "none", strcmp(set, "rope_scaling_factor") == 0 ? " or \"linear\"" : "");
 }
 
 void model_config_finish(ModelConfig *m, const char *where) {
-    if (m->rope_scaling) { /* llama3 */
-        if (m->arch == ARCH_GPT2)
-            die(EXIT_USAGE, "%s: model.rope_scaling \"llama3\": GPT-2 has no RoPE (expected \"none\")", where);
+    if (m->rope_scaling && m->arch == ARCH_GPT2)
+        die(EXIT_USAGE, "%s: model.rope_scaling \"%s\": GPT-2 has no RoPE (expected \"none\")", where,
+            m->rope_scaling == ROPE_LINEAR ? "linear" : "llama3");
+    if (m->rope_scaling == ROPE_LLAMA3) {
         if (!(m->rope_high_freq_factor > m->rope_low_freq_factor))
             die(EXIT_USAGE, "%s: model.rope_high_freq_factor %g must exceed model.rope_low_freq_factor %g", where,
                 m->rope_high_freq_factor, m->rope_low_freq_factor);

@@ -20,7 +20,7 @@ typedef struct ModelConfig {
     int max_seq_len;
     float norm_eps;
     float rope_theta;
-    int rope_scaling;    /* index of none|llama3: ROPE_NONE | ROPE_LLAMA3 (kernels.h) */
+    int rope_scaling;    /* index of none|llama3|linear: ROPE_NONE | ROPE_LLAMA3 | ROPE_LINEAR (kernels.h) */
     float rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_seq_len;
     int tie_embeddings;  /* GPT-2 always tied */

@@ -35,8 +35,11 @@ typedef struct AdamWRange {
  * the prediction after an end-of-document token under train.eod_mask_loss. */
 #define CE_NO_TARGET (-1)
 
-/* RoPE's frequencies: inv_freq[i] = theta^(-2i/hd) for i < hd/2, and
- * under scaling ROPE_LLAMA3 Llama 3.1's rescaling of them (Hugging Face's
+/* RoPE's frequencies: inv_freq[i] = theta^(-2i/hd) for i < hd/2; under
+ * scaling ROPE_LINEAR each divided by factor (position interpolation:
+ * Hugging Face's rope_type "linear", Megatron's
+ * --rotary-seq-len-interpolation-factor); under ROPE_LLAMA3 Llama 3.1's
+ * rescaling of them (Hugging Face's
  * rope_type "llama3"): with wavelength w = 2 pi / inv_freq and the
  * wavelengths L = original_max_seq_len / low_freq_factor and
  * H = original_max_seq_len / high_freq_factor, a frequency with w < H (a
@@ -44,10 +47,10 @@ typedef struct AdamWRange {
  * between them s = (original_max_seq_len / w - low_freq_factor) /
  * (high_freq_factor - low_freq_factor) blends the two:
  * (1 - s) inv_freq / factor + s inv_freq. */
-enum { ROPE_NONE = 0, ROPE_LLAMA3 = 1 };
+enum { ROPE_NONE = 0, ROPE_LLAMA3 = 1, ROPE_LINEAR = 2 }; /* model.rope_scaling's none|llama3|linear */
 typedef struct Rope {
     float theta;
-    int scaling; /* ROPE_NONE | ROPE_LLAMA3 */
+    int scaling; /* ROPE_NONE | ROPE_LLAMA3 | ROPE_LINEAR */
     float factor, low_freq_factor, high_freq_factor;
     int original_max_seq_len;
 } Rope;
@@ -61,6 +64,7 @@ typedef struct Rope {
 #endif
 static inline ROPE_HOST_DEVICE double rope_inv_freq(const Rope *r, int i, int hd) {
     double f = pow((double)r->theta, -2.0 * i / hd);
+    if (r->scaling == ROPE_LINEAR) return f / r->factor;
     if (r->scaling != ROPE_LLAMA3) return f;
     double w = 6.283185307179586 / f, orig = (double)r->original_max_seq_len;
     if (w < orig / r->high_freq_factor) return f;

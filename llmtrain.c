@@ -1547,7 +1547,9 @@ static void print_model_batch(const Trainer *t) {
     char rope[256] = "";
     if (mc->arch == ARCH_LLAMA)
         snprintf(rope, sizeof rope, ", RoPE theta %g", mc->rope_theta);
-    if (mc->rope_scaling) /* llama3 */
+    if (mc->rope_scaling == ROPE_LINEAR)
+        snprintf(rope + strlen(rope), sizeof rope - strlen(rope), " scaled linear (factor %g)", mc->rope_scaling_factor);
+    if (mc->rope_scaling == ROPE_LLAMA3)
         snprintf(rope + strlen(rope), sizeof rope - strlen(rope), " scaled llama3 (factor %g, low %g, high %g, original %d)",
                  mc->rope_scaling_factor, mc->rope_low_freq_factor, mc->rope_high_freq_factor, mc->rope_original_max_seq_len);
     if (c->attention_mask == ATT_MASK_BLOCK_CAUSAL)

@@ -361,9 +361,9 @@ static int cfg_equal(const ModelConfig *a, const ModelConfig *b) {
            a->n_kv_head == b->n_kv_head && a->ffn_hidden == b->ffn_hidden && a->ffn_multiple_of == b->ffn_multiple_of &&
            a->vocab_size == b->vocab_size && a->max_seq_len == b->max_seq_len && a->norm_eps == b->norm_eps &&
            a->rope_theta == b->rope_theta && a->tie_embeddings == b->tie_embeddings && a->rope_scaling == b->rope_scaling &&
-           (!a->rope_scaling ||
-            (a->rope_scaling_factor == b->rope_scaling_factor && a->rope_low_freq_factor == b->rope_low_freq_factor &&
-             a->rope_high_freq_factor == b->rope_high_freq_factor &&
+           (!a->rope_scaling || a->rope_scaling_factor == b->rope_scaling_factor) && /* the numbers its scaling reads */
+           (a->rope_scaling != ROPE_LLAMA3 ||
+            (a->rope_low_freq_factor == b->rope_low_freq_factor && a->rope_high_freq_factor == b->rope_high_freq_factor &&
              a->rope_original_max_seq_len == b->rope_original_max_seq_len));
 }
 
@@ -503,33 +503,46 @@ static void test_llama(void) {
     }
 }
 
-/* Llama 3's RoPE scaling: config.json carries the rope_scaling object
- * out and back, with the numbers the job had. */
-static void test_llama3_rope(void) {
+/* A RoPE scaling's config.json: rope_scaling carries the kind and the n
+ * numbers of keys[] out and back (values want[]: the factor first, then
+ * llama3's low, high and original context), and nothing else. */
+static void rope_scaling_roundtrip(const char *kind, int scaling, int n, const char *const *keys, const double *want) {
     ModelConfig c = llama_cfg(1);
-    c.rope_scaling = 1; /* llama3 */
-    c.rope_scaling_factor = 32; c.rope_low_freq_factor = 1.5f; c.rope_high_freq_factor = 6; c.rope_original_max_seq_len = 24;
+    c.rope_scaling = scaling;
+    c.rope_scaling_factor = (float)want[0];
+    if (n == 4) {
+        c.rope_low_freq_factor = (float)want[1]; c.rope_high_freq_factor = (float)want[2];
+        c.rope_original_max_seq_len = (int)want[3];
+    }
     Model m;
     build(&m, &c, 11);
-    char *dir = tpath("hf_llama3");
-    roundtrip("llama3 rope scaling", &m, dir);
+    char dir_name[64], what[64];
+    snprintf(dir_name, sizeof dir_name, "hf_%s", kind);
+    snprintf(what, sizeof what, "%s rope scaling", kind);
+    roundtrip(what, &m, tpath(dir_name));
     size_t len;
-    char *text = read_text_file(tpath("hf_llama3/config.json"), &len);
+    char cfg_name[96];
+    snprintf(cfg_name, sizeof cfg_name, "%s/config.json", dir_name);
+    char *text = read_text_file(tpath(cfg_name), &len);
     cJSON *root = text ? cJSON_Parse(text) : NULL, *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    double got[4];
-    const char *keys[4] = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
-    for (int i = 0; i < 4; i++) {
+    int same = cJSON_IsString(type) && strcmp(type->valuestring, kind) == 0 && cJSON_GetArraySize(rs) == n + 1;
+    for (int i = 0; i < n; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, keys[i]);
-        got[i] = cJSON_IsNumber(v) ? v->valuedouble : -1;
+        same &= cJSON_IsNumber(v) && v->valuedouble == want[i];
     }
-    check(cJSON_IsString(type) && strcmp(type->valuestring, "llama3") == 0 && got[0] == 32 && got[1] == 1.5 && got[2] == 6 &&
-              got[3] == 24 && cJSON_GetArraySize(rs) == 5,
-          "llama3 rope scaling: config.json has rope_scaling {rope_type llama3, factor 32, low_freq_factor 1.5, high_freq_factor 6, "
-          "original_max_position_embeddings 24}");
+    check(same, "%s rope scaling: config.json has rope_scaling {rope_type %s and the job's %d numbers}", kind, kind, n);
     cJSON_Delete(root);
     free(text);
     model_free(&m);
+}
+
+/* Llama 3's RoPE scaling, and linear scaling (position interpolation) */
+static void test_rope_scaling(void) {
+    static const char *const keys[4] = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+    static const double llama3[4] = {32, 1.5, 6, 24}, linear[1] = {4};
+    rope_scaling_roundtrip("llama3", ROPE_LLAMA3, 4, keys, llama3);
+    rope_scaling_roundtrip("linear", ROPE_LINEAR, 1, keys, linear);
 }
 
 /* llama (untied) folder rewritten: every tensor as BF16 (truncated). */
@@ -685,9 +698,15 @@ static void test_hf_errors(void) {
     expect_die("hf load: no weights file", child_hf_load, d, EXIT_USAGE, "no model.safetensors or model.safetensors.index.json");
 
     d = variant("err_cfg", NULL);
-    set_config(d, "rope_scaling", "{\"type\":\"linear\",\"factor\":2.0}");
-    expect_die("hf config: rope_scaling linear", child_hf_config, d, EXIT_USAGE,
-               "config.json: key rope_scaling: rope_type \"linear\" is not supported (llama3 or default)");
+    set_config(d, "rope_scaling", "{\"type\":\"dynamic\",\"factor\":2.0}");
+    expect_die("hf config: rope_scaling dynamic", child_hf_config, d, EXIT_USAGE,
+               "config.json: key rope_scaling: rope_type \"dynamic\" is not supported (llama3, linear or default)");
+    set_config(d, "rope_scaling", "{\"type\":\"linear\"}");
+    expect_die("hf config: linear without factor", child_hf_config, d, EXIT_USAGE,
+               "key rope_scaling: missing key factor (rope_type linear)");
+    set_config(d, "rope_scaling", "{\"rope_type\":\"linear\",\"factor\":2,\"low_freq_factor\":1}");
+    expect_die("hf config: linear with llama3's key", child_hf_config, d, EXIT_USAGE,
+               "key rope_scaling.low_freq_factor: not supported (rope_type linear has factor)");
     set_config(d, "rope_scaling", "[1]");
     expect_die("hf config: rope_scaling not an object", child_hf_config, d, EXIT_USAGE, "key rope_scaling: expected an object or null");
     set_config(d, "rope_scaling", "{\"factor\":2.0}");
@@ -1093,7 +1112,7 @@ int main(void) {
     test_st_write_error();
     test_gpt2();
     test_llama();
-    test_llama3_rope();
+    test_rope_scaling();
     test_bf16_load();
     test_sharded();
     test_hf_errors();

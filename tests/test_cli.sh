@@ -92,12 +92,14 @@ expect_fail "unknown option" "unknown option '--bogus'" $BIN "$TMP/job.json" --b
 nvidia-smi -L 2>/dev/null | grep -q '^GPU' || expect_fail "train.device=cuda without a usable GPU" "train.device" $BIN "$TMP/job.json" --set train.device=cuda
 expect_fail "export of nothing" "no complete checkpoint" $BIN export "$TMP/empty" "$TMP/out_hf"
 
-# Llama 3's RoPE scaling: its numbers only with model.rope_scaling llama3, a
-# blend band that exists, and none on GPT-2; a llama3 job trains, resumes
-# from its own checkpoint, and a checkpoint of the unscaled job is another
-# model's
-expect_fail "bad rope_scaling" 'model.rope_scaling: expected one of none|llama3, got "yarn"' $BIN "$TMP/job.json" --set model.rope_scaling=yarn
-expect_fail "rope scaling number without llama3" 'model.rope_scaling_factor is set but model.rope_scaling is "none"' $BIN "$TMP/job.json" --set model.rope_scaling_factor=32
+# RoPE scaling: Llama 3's numbers only with model.rope_scaling llama3 (the
+# factor also with linear), a blend band that exists, and none on GPT-2; a
+# llama3 job trains, resumes from its own checkpoint, and a checkpoint of the
+# unscaled job is another model's
+expect_fail "bad rope_scaling" 'model.rope_scaling: expected one of none|llama3|linear, got "yarn"' $BIN "$TMP/job.json" --set model.rope_scaling=yarn
+expect_fail "rope scaling number without llama3" 'model.rope_scaling_factor is set but model.rope_scaling is "none" (it applies only with "llama3" or "linear")' $BIN "$TMP/job.json" --set model.rope_scaling_factor=32
+expect_fail "llama3's number with linear scaling" 'model.rope_original_max_seq_len is set but model.rope_scaling is "linear" (it applies only with "llama3")' $BIN "$TMP/job.json" --set model.rope_scaling=linear --set model.rope_original_max_seq_len=4096
+expect_fail "linear scaling on GPT-2" 'model.rope_scaling "linear": GPT-2 has no RoPE' $BIN "$TMP/job.json" --set model.arch=gpt2 --set model.rope_scaling=linear
 expect_fail "rope_high_freq_factor <= rope_low_freq_factor" "model.rope_high_freq_factor 1 must exceed model.rope_low_freq_factor 1" $BIN "$TMP/job.json" --set model.rope_scaling=llama3 --set model.rope_high_freq_factor=1
 expect_fail "rope scaling on GPT-2" 'model.rope_scaling "llama3": GPT-2 has no RoPE' $BIN "$TMP/job.json" --set model.arch=gpt2 --set model.rope_scaling=llama3
 expect_fail "resume with another rope scaling" "was written for another model (checkpoint vs job: model.rope_scaling none vs llama3)" $BIN "$TMP/job.json" --set model.rope_scaling=llama3

@@ -930,9 +930,11 @@ static void test_rope(void) {
     /* rope_forward's qkv and rope_backward's dqkv are [a]: under bf16 the
      * device rotates the bf16 words in fp32 and rounds each once, the CPU
      * the same rounded values. Unscaled (the backward at another theta),
-     * then Llama 3's scaling (hd 16: kept, blended and divided frequencies). */
+     * then Llama 3's scaling (hd 16: kept, blended and divided frequencies),
+     * then linear scaling (position interpolation). */
     const Rope plain = {10000.0f, ROPE_NONE, 0, 0, 0, 0}, plain5 = {500000.0f, ROPE_NONE, 0, 0, 0, 0};
     const Rope llama3 = {500000.0f, ROPE_LLAMA3, 32.0f, 1.0f, 4.0f, 256};
+    const Rope linear = {10000.0f, ROPE_LINEAR, 4.0f, 0, 0, 0};
     /* positions: each row's (NULL), documents' (reset), and documents' with
      * row b's shifted by 3000 b (angles of thousands of radians) */
     int *reset = doc_positions(B, T), *far = doc_positions(B, T);
@@ -940,9 +942,10 @@ static void test_rope(void) {
     int *greset = dcopy_int(reset, (size_t)B * T), *gfar = dcopy_int(far, (size_t)B * T);
     const struct { const char *tag; const Rope *fwd, *bwd; const int *pos_fwd, *pos_bwd, *gpos_fwd, *gpos_bwd; } cases[] = {
         {"(positions: the rows' forward, the documents' backward) ", &plain, &plain5, NULL, reset, NULL, greset},
-        {"llama3 scaling, positions to 3000+ ", &llama3, &llama3, far, far, gfar, gfar}};
+        {"llama3 scaling, positions to 3000+ ", &llama3, &llama3, far, far, gfar, gfar},
+        {"linear scaling by 4, document positions ", &linear, &linear, reset, reset, greset, greset}};
     float *x = hrand(n, 1);
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < 3; c++) {
         char name[96];
         float *gx = dcopy_act(x, n);
         act_round(x, n);

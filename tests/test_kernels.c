@@ -558,7 +558,9 @@ static void test_rope_case(const char *tag, int hd, const Rope *rope, const int 
             double *o = ref + (size_t)r * S + hh * hd;
             for (int i = 0; i < half; i++) {
                 if (hh >= nh + nkv) { o[i] = x[i]; o[i + half] = x[i + half]; continue; }
-                double ang = (pos ? pos[r] : r % T) * inv[i];
+                double at = pos ? pos[r] : r % T;
+                if (rope->scaling == ROPE_LINEAR) at /= rope->factor; /* position interpolation */
+                double ang = at * inv[i];
                 o[i] = x[i] * cos(ang) - x[i + half] * sin(ang);
                 o[i + half] = x[i + half] * cos(ang) + x[i] * sin(ang);
             }
@@ -597,6 +599,10 @@ static void test_rope(void) {
     /* the CPU keeps its cos/sin table while the RoPE and head dim stay: a
      * RoPE that differs only in its frequencies must not read llama3's */
     test_rope_case("(theta 1e4 at head dim 16, right after llama3's)", 16, &plain, NULL);
+    /* linear scaling (position interpolation), against positions divided by its factor */
+    Rope linear = {10000.0f, ROPE_LINEAR, 4.0f, 0, 0, 0};
+    test_rope_case("(linear scaling by 4)", 8, &linear, NULL);
+    test_rope_case("(linear scaling by 4, positions from an array)", 8, &linear, pos);
 }
 
 // ----------------------------------------------------------------------------

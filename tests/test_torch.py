@@ -246,11 +246,12 @@ CASES = {
                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
                       # warmup-stable-decay: lr over steps 5..9, a cosine to min_lr over 9..15
                       schedule={"lr_decay_style": "wsd", "wsd_decay_steps": 6, "wsd_decay_style": "cosine"}),
-    # (c) Llama tied, n_kv_head == n_head, explicit ffn_hidden 48, other eps/theta, decay_all,
-    # a linear LR decay
+    # (c) Llama tied, n_kv_head == n_head, explicit ffn_hidden 48, other eps/theta, linear RoPE
+    # scaling (position interpolation by 4), decay_all, a linear LR decay
     "llama_tied": dict(arch="llama", n_layer=2, n_embd=32, n_head=4, n_kv_head=4, ffn_hidden=48,
                        vocab=64, max_seq_len=32, eps=1e-6, theta=100.0, tie=True,
-                       decay_all=True, model_section_in_main=True, schedule={"lr_decay_style": "linear"}),
+                       decay_all=True, model_section_in_main=True, schedule={"lr_decay_style": "linear"},
+                       rope_scaling={"rope_type": "linear", "factor": 4.0}),
 }
 
 T = 16            # seq_len (< max_seq_len, so GPT-2's unused wpe rows must get zero grad)
@@ -281,8 +282,9 @@ def model_section(c, ffn=True):
                   "tie_embeddings": c["tie"]})
         rs = c.get("rope_scaling")
         if rs:
-            m.update({"rope_scaling": rs["rope_type"], "rope_scaling_factor": rs["factor"],
-                      "rope_low_freq_factor": rs["low_freq_factor"],
+            m.update({"rope_scaling": rs["rope_type"], "rope_scaling_factor": rs["factor"]})
+        if rs and rs["rope_type"] == "llama3":
+            m.update({"rope_low_freq_factor": rs["low_freq_factor"],
                       "rope_high_freq_factor": rs["high_freq_factor"],
                       "rope_original_max_seq_len": rs["original_max_position_embeddings"]})
         if ffn:
@@ -400,6 +402,11 @@ def run_case(binary, cname, c, root):
     if CK.check(logits_c is not None and loss_c is not None, f"{tag} dump/logits.safetensors has logits+loss"):
         cmp_tensor(f"{tag} step0 logits [first micro-batch]", logits_c, logits_t, TOL_LOGITS)
         cmp_scalar(f"{tag} step0 loss", float(loss_c.reshape(-1)[0]), loss_t, TOL_LOSS)
+        if cfg.get("rope_scaling"):  # the scaling did something: the unscaled RoPE's logits are far
+            _, unscaled, _ = torch_step0(dict(cfg, rope_scaling=None), p0, train_tokens)
+            far = rel_err(logits_c, unscaled)
+            CK.check(far > 100 * TOL_LOGITS, f"{tag} step0 logits are far from unscaled RoPE's "
+                                             f"({cfg['rope_scaling']['rope_type']}; rel {far:.2g})")
     g_dir = os.path.join(dump, "grads")
     if CK.check(os.path.exists(os.path.join(g_dir, "model.safetensors")), f"{tag} dump/grads written"):
         _, grads_c = hfio.read_hf_folder(g_dir)

@@ -164,11 +164,14 @@ def llama3_inv_freq(inv_freq, rs):
 
 def rope_cos_sin(T, hd, theta, dtype, pos0=0, scaling=None):
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))  # [hd/2]
-    if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "llama3":
-        inv_freq = llama3_inv_freq(inv_freq, scaling)
-    elif scaling is not None and scaling.get("rope_type", scaling.get("type")) != "default":
-        raise ValueError(f"unsupported rope_scaling {scaling!r}")
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
     pos = torch.arange(pos0, pos0 + T, dtype=torch.float64)
+    if kind == "llama3":
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
+    elif kind == "linear":  # position interpolation: the positions divided by the factor
+        pos = pos / float(scaling["factor"])
+    elif kind not in (None, "default"):
+        raise ValueError(f"unsupported rope_scaling {scaling!r}")
     freqs = torch.outer(pos, inv_freq)                  # [T, hd/2]
     emb = torch.cat([freqs, freqs], dim=-1)             # [T, hd]
     return emb.cos().to(dtype), emb.sin().to(dtype)
