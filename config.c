@@ -47,7 +47,7 @@ static const Key KEYS[] = {
     {"model.norm_eps", K_FLOAT, OFF(model.norm_eps), 0, "1e-5", 0, 1, NULL, "LayerNorm / RMSNorm epsilon"},
     {"model.rope_theta", K_FLOAT, OFF(model.rope_theta), 0, "10000", 1, 1e12, NULL, "RoPE base (Llama)"},
     {"model.rope_scaling", K_ENUM, OFF(model.rope_scaling), 0, "\"none\"", 0, 0, "none|llama3|linear", "RoPE frequency scaling (Llama): none; llama3, Llama 3.1's and 3.2's (Hugging Face rope_type \"llama3\"): a frequency whose wavelength 2 pi / frequency exceeds rope_original_max_seq_len / rope_low_freq_factor is divided by rope_scaling_factor, one below rope_original_max_seq_len / rope_high_freq_factor is kept, one between is blended; or linear, position interpolation (Hugging Face rope_type \"linear\", Megatron's --rotary-seq-len-interpolation-factor): every frequency divided by rope_scaling_factor (see the notes below); rope_scaling_factor applies with either, the three rope_* keys after it only with llama3"},
-    {"model.rope_scaling_factor", K_FLOAT, OFF(model.rope_scaling_factor), 0, "8", 1, 1e6, NULL, "rope_scaling llama3: the low frequencies' divisor (Llama 3.1: 8, Llama 3.2: 32); linear: every frequency's (positions interpolated by this factor)"},
+    {"model.rope_scaling_factor", K_FLOAT, OFF(model.rope_scaling_factor), 0, "8", 1, 1e6, NULL, "rope_scaling llama3: the low frequencies' divisor (Llama 3.1: 8, Llama 3.2: 32); linear: every frequency's (positions interpolated by this factor; a linear job must set it)"},
     {"model.rope_low_freq_factor", K_FLOAT, OFF(model.rope_low_freq_factor), 0, "1", 0, 1e6, NULL, "rope_scaling llama3: wavelengths above rope_original_max_seq_len / this are scaled"},
     {"model.rope_high_freq_factor", K_FLOAT, OFF(model.rope_high_freq_factor), 0, "4", 0, 1e6, NULL, "rope_scaling llama3: wavelengths below rope_original_max_seq_len / this are kept (must exceed rope_low_freq_factor)"},
     {"model.rope_original_max_seq_len", K_INT, OFF(model.rope_original_max_seq_len), 0, "8192", 1, 1 << 24, NULL, "rope_scaling llama3: the context length the frequencies were trained for"},
@@ -413,6 +413,9 @@ static void rampup_check(const Config *cfg, const char *where) {
 static void finish(Config *cfg, const char *origin, const cJSON *root) {
     rope_scaling_unused(&cfg->model, origin);
     model_config_finish(&cfg->model, origin);
+    if (cfg->model.rope_scaling == ROPE_LINEAR && root && !lookup(root, "model.rope_scaling_factor"))
+        die(EXIT_USAGE, "%s: model.rope_scaling \"linear\" needs model.rope_scaling_factor (the interpolation factor: the "
+            "context to train at over the one the model was trained at; its default is llama3's)", origin);
     if (cfg->seq_len == 0) cfg->seq_len = cfg->model.max_seq_len;
     if (cfg->seq_len > cfg->model.max_seq_len)
         die(EXIT_USAGE, "%s: train.seq_len %d exceeds model.max_seq_len %d", origin, cfg->seq_len, cfg->model.max_seq_len);

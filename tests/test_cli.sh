@@ -93,21 +93,26 @@ nvidia-smi -L 2>/dev/null | grep -q '^GPU' || expect_fail "train.device=cuda wit
 expect_fail "export of nothing" "no complete checkpoint" $BIN export "$TMP/empty" "$TMP/out_hf"
 
 # RoPE scaling: Llama 3's numbers only with model.rope_scaling llama3 (the
-# factor also with linear), a blend band that exists, and none on GPT-2; a
-# llama3 job trains, resumes from its own checkpoint, and a checkpoint of the
-# unscaled job is another model's
+# factor also with linear, which needs it), a blend band that exists, and
+# none on GPT-2; a llama3 and a linear job train and resume from their own
+# checkpoints, and a checkpoint of the unscaled job is another model's
 expect_fail "bad rope_scaling" 'model.rope_scaling: expected one of none|llama3|linear, got "yarn"' $BIN "$TMP/job.json" --set model.rope_scaling=yarn
 expect_fail "rope scaling number without llama3" 'model.rope_scaling_factor is set but model.rope_scaling is "none" (it applies only with "llama3" or "linear")' $BIN "$TMP/job.json" --set model.rope_scaling_factor=32
-expect_fail "llama3's number with linear scaling" 'model.rope_original_max_seq_len is set but model.rope_scaling is "linear" (it applies only with "llama3")' $BIN "$TMP/job.json" --set model.rope_scaling=linear --set model.rope_original_max_seq_len=4096
-expect_fail "linear scaling on GPT-2" 'model.rope_scaling "linear": GPT-2 has no RoPE' $BIN "$TMP/job.json" --set model.arch=gpt2 --set model.rope_scaling=linear
+expect_fail "llama3's number with linear scaling" 'model.rope_original_max_seq_len is set but model.rope_scaling is "linear" (it applies only with "llama3")' $BIN "$TMP/job.json" --set model.rope_scaling=linear --set model.rope_scaling_factor=2 --set model.rope_original_max_seq_len=4096
+expect_fail "linear scaling on GPT-2" 'model.rope_scaling "linear": GPT-2 has no RoPE' $BIN "$TMP/job.json" --set model.arch=gpt2 --set model.rope_scaling=linear --set model.rope_scaling_factor=2
+expect_fail "linear scaling without its factor" 'model.rope_scaling "linear" needs model.rope_scaling_factor (the interpolation factor' $BIN "$TMP/job.json" --set model.rope_scaling=linear
 expect_fail "rope_high_freq_factor <= rope_low_freq_factor" "model.rope_high_freq_factor 1 must exceed model.rope_low_freq_factor 1" $BIN "$TMP/job.json" --set model.rope_scaling=llama3 --set model.rope_high_freq_factor=1
 expect_fail "rope scaling on GPT-2" 'model.rope_scaling "llama3": GPT-2 has no RoPE' $BIN "$TMP/job.json" --set model.arch=gpt2 --set model.rope_scaling=llama3
 expect_fail "resume with another rope scaling" "was written for another model (checkpoint vs job: model.rope_scaling none vs llama3)" $BIN "$TMP/job.json" --set model.rope_scaling=llama3
-L3=(--set model.rope_scaling=llama3 --set model.rope_scaling_factor=32 --set model.rope_original_max_seq_len=8 --set checkpoint.dir="$TMP/ckpt_l3" --set log.dir="$TMP/run_l3")
-if $BIN "$TMP/job.json" "${L3[@]}" >"$TMP/out" 2>"$TMP/err" && $BIN "$TMP/job.json" "${L3[@]}" --set train.steps=3 >"$TMP/out2" 2>&1 &&
-   grep -q "resume: .*step_00000002 at step 2" "$TMP/out2" && grep -q '"step":3' "$TMP/run_l3/metrics.jsonl"; then
-    ok "a rope_scaling llama3 job trains 2 steps and a 3-step run resumes from its checkpoint"
-else bad "rope_scaling llama3 train + resume: $(cat "$TMP/err"; grep -E 'resume|error' "$TMP/out2" | head -3)"; fi
+for kind in llama3 linear; do
+    RS=(--set model.rope_scaling=$kind --set model.rope_scaling_factor=32 --set checkpoint.dir="$TMP/ckpt_$kind" --set log.dir="$TMP/run_$kind")
+    [ $kind = llama3 ] && RS+=(--set model.rope_original_max_seq_len=8)
+    if $BIN "$TMP/job.json" "${RS[@]}" >"$TMP/out" 2>"$TMP/err" && $BIN "$TMP/job.json" "${RS[@]}" --set train.steps=3 >"$TMP/out2" 2>&1 &&
+       grep -q "resume: .*step_00000002 at step 2" "$TMP/out2" && grep -q '"step":3' "$TMP/run_$kind/metrics.jsonl" &&
+       grep -q "scaled $kind (factor 32" "$TMP/out2"; then
+        ok "a rope_scaling $kind job trains 2 steps and a 3-step run resumes from its checkpoint"
+    else bad "rope_scaling $kind train + resume: $(cat "$TMP/err"; grep -E 'resume|error' "$TMP/out2" | head -3)"; fi
+done
 
 # block-causal attention, the loss mask and reset positions: each needs the
 # document end token, the token only with one of them, and one the model has (tests/test_torch.py checks the masked
