@@ -543,10 +543,14 @@ static double rope_scaling_num(const HfCfg *c, const cJSON *rs, const char *kind
 
 /* rope_scaling: null (or rope_type "default"), Llama 3.1's rescaled
  * frequencies, {"rope_type": "llama3", "factor", "low_freq_factor",
- * "high_freq_factor", "original_max_position_embeddings"}, or position
- * interpolation, {"rope_type": "linear", "factor"} ("type" in older files).
- * The other kinds (dynamic, yarn, ...) are other math and are refused, as
- * is a key the kind does not have. */
+ * "high_freq_factor", "original_max_position_embeddings"}, position
+ * interpolation, {"rope_type": "linear", "factor"} ("type" in older files),
+ * or YaRN, {"rope_type": "yarn", "factor"} with, as Hugging Face reads them,
+ * optional "original_max_position_embeddings" (the file's
+ * max_position_embeddings), "beta_fast" (32), "beta_slow" (1),
+ * "attention_factor" (0.1 ln(factor) + 1) and "truncate" (true). The other
+ * kinds (dynamic, longrope, ...) are other math and are refused, as is a key
+ * the kind does not have (YaRN's mscale and mscale_all_dim among them). */
 static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
     const cJSON *rs = cfg_get(c, "rope_scaling", false);
     if (!rs) return;
@@ -555,26 +559,54 @@ static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
     if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
     if (!cJSON_IsString(t)) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: expected a string rope_type", c->path);
     if (strcmp(t->valuestring, "default") == 0) return;
-    int linear = strcmp(t->valuestring, "linear") == 0;
-    if (!linear && strcmp(t->valuestring, "llama3") != 0)
-        die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: rope_type \"%s\" is not supported (llama3, linear or default)",
+    static const struct { const char *type, *keys[6], *has; int kind; } kinds[] = {
+        {"llama3",
+         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+         "factor, low_freq_factor, high_freq_factor, original_max_position_embeddings",
+         ROPE_LLAMA3},
+        {"linear", {"factor"}, "factor", ROPE_LINEAR},
+        {"yarn",
+         {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate"},
+         "factor, original_max_position_embeddings, beta_fast, beta_slow, attention_factor, truncate",
+         ROPE_YARN},
+    };
+    int k = 0, n_kinds = (int)(sizeof kinds / sizeof kinds[0]);
+    while (k < n_kinds && strcmp(t->valuestring, kinds[k].type) != 0) k++;
+    if (k == n_kinds)
+        die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: rope_type \"%s\" is not supported (llama3, linear, yarn or default)",
             c->path, t->valuestring);
-    static const char *known[] = {"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
-                                  "original_max_position_embeddings"};
-    size_t n_known = linear ? 3 : sizeof known / sizeof known[0]; /* linear: the first three */
     for (const cJSON *e = rs->child; e; e = e->next) {
-        size_t i = 0;
-        while (i < n_known && strcmp(e->string, known[i]) != 0) i++;
-        if (i == n_known)
-            die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.%s: not supported (rope_type %s)", c->path, e->string,
-                linear ? "linear has factor" : "llama3 has factor, low_freq_factor, high_freq_factor, original_max_position_embeddings");
+        int known = strcmp(e->string, "rope_type") == 0 || strcmp(e->string, "type") == 0;
+        for (int i = 0; i < 6 && kinds[k].keys[i] && !known; i++) known = strcmp(e->string, kinds[k].keys[i]) == 0;
+        if (!known)
+            die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.%s: not supported (rope_type %s has %s)", c->path, e->string,
+                kinds[k].type, kinds[k].has);
     }
+    o->rope_scaling = kinds[k].kind;
     o->rope_scaling_factor = (float)rope_scaling_num(c, rs, t->valuestring, "factor", "model.rope_scaling_factor", 0);
-    if (linear) {
-        o->rope_scaling = ROPE_LINEAR;
+    if (o->rope_scaling == ROPE_LINEAR) return;
+    if (o->rope_scaling == ROPE_YARN) {
+        if (!cJSON_GetObjectItemCaseSensitive(rs, "original_max_position_embeddings"))
+            o->rope_original_max_seq_len = o->max_seq_len;
+        else
+            o->rope_original_max_seq_len = (int)rope_scaling_num(c, rs, t->valuestring, "original_max_position_embeddings",
+                                                                 "model.rope_original_max_seq_len", 1);
+        if (cJSON_GetObjectItemCaseSensitive(rs, "beta_fast"))
+            o->rope_beta_fast = (float)rope_scaling_num(c, rs, t->valuestring, "beta_fast", "model.rope_beta_fast", 0);
+        if (cJSON_GetObjectItemCaseSensitive(rs, "beta_slow"))
+            o->rope_beta_slow = (float)rope_scaling_num(c, rs, t->valuestring, "beta_slow", "model.rope_beta_slow", 0);
+        if (cJSON_GetObjectItemCaseSensitive(rs, "attention_factor")) {
+            o->rope_attention_factor =
+                (float)rope_scaling_num(c, rs, t->valuestring, "attention_factor", "model.rope_attention_factor", 0);
+            if (!(o->rope_attention_factor > 0)) /* 0 is the job key's "default", not a factor */
+                die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.attention_factor: expected a number > 0", c->path);
+        }
+        const cJSON *tr = cJSON_GetObjectItemCaseSensitive(rs, "truncate");
+        if (tr && !cJSON_IsBool(tr))
+            die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.truncate: expected true or false", c->path);
+        if (tr) o->rope_truncate = cJSON_IsTrue(tr);
         return;
     }
-    o->rope_scaling = ROPE_LLAMA3;
     o->rope_low_freq_factor = (float)rope_scaling_num(c, rs, t->valuestring, "low_freq_factor", "model.rope_low_freq_factor", 0);
     o->rope_high_freq_factor = (float)rope_scaling_num(c, rs, t->valuestring, "high_freq_factor", "model.rope_high_freq_factor", 0);
     o->rope_original_max_seq_len =
@@ -832,6 +864,20 @@ static cJSON *hf_config_json(const Model *m) {
             cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
             cJSON_AddStringToObject(rs, "rope_type", "linear");
             cJSON_AddItemToObject(rs, "factor", json_float(c->rope_scaling_factor));
+        } else if (c->rope_scaling == ROPE_YARN) {
+            cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+            cJSON_AddStringToObject(rs, "rope_type", "yarn");
+            cJSON_AddItemToObject(rs, "factor", json_float(c->rope_scaling_factor));
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_seq_len);
+            /* the rest only where not Hugging Face's defaults (ours too), so a
+             * folder read in writes back its own rope_scaling */
+            ModelConfig d;
+            config_model_defaults(&d);
+            if (c->rope_beta_fast != d.rope_beta_fast) cJSON_AddItemToObject(rs, "beta_fast", json_float(c->rope_beta_fast));
+            if (c->rope_beta_slow != d.rope_beta_slow) cJSON_AddItemToObject(rs, "beta_slow", json_float(c->rope_beta_slow));
+            if (c->rope_attention_factor > 0)
+                cJSON_AddItemToObject(rs, "attention_factor", json_float(c->rope_attention_factor));
+            if (!c->rope_truncate) cJSON_AddFalseToObject(rs, "truncate");
         } else if (c->rope_scaling == ROPE_LLAMA3) {
             cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
             cJSON_AddStringToObject(rs, "rope_type", "llama3");

@@ -46,11 +46,15 @@ static const Key KEYS[] = {
     {"model.max_seq_len", K_INT, OFF(model.max_seq_len), 0, "1024", 1, 1 << 24, NULL, "longest sequence (GPT-2: rows of the position table)"},
     {"model.norm_eps", K_FLOAT, OFF(model.norm_eps), 0, "1e-5", 0, 1, NULL, "LayerNorm / RMSNorm epsilon"},
     {"model.rope_theta", K_FLOAT, OFF(model.rope_theta), 0, "10000", 1, 1e12, NULL, "RoPE base (Llama)"},
-    {"model.rope_scaling", K_ENUM, OFF(model.rope_scaling), 0, "\"none\"", 0, 0, "none|llama3|linear", "RoPE frequency scaling (Llama): none; llama3, Llama 3.1's and 3.2's (Hugging Face rope_type \"llama3\"): a frequency whose wavelength 2 pi / frequency exceeds rope_original_max_seq_len / rope_low_freq_factor is divided by rope_scaling_factor, one below rope_original_max_seq_len / rope_high_freq_factor is kept, one between is blended; or linear, position interpolation (Hugging Face rope_type \"linear\", Megatron's --rotary-seq-len-interpolation-factor): every frequency divided by rope_scaling_factor (see the notes below); rope_scaling_factor applies with either, the three rope_* keys after it only with llama3"},
-    {"model.rope_scaling_factor", K_FLOAT, OFF(model.rope_scaling_factor), 0, "8", 1, 1e6, NULL, "rope_scaling llama3: the low frequencies' divisor (Llama 3.1: 8, Llama 3.2: 32); linear: every frequency's (positions interpolated by this factor; a linear job must set it)"},
+    {"model.rope_scaling", K_ENUM, OFF(model.rope_scaling), 0, "\"none\"", 0, 0, "none|llama3|linear|yarn", "RoPE frequency scaling (Llama): none; llama3, Llama 3.1's and 3.2's (Hugging Face rope_type \"llama3\"): a frequency whose wavelength 2 pi / frequency exceeds rope_original_max_seq_len / rope_low_freq_factor is divided by rope_scaling_factor, one below rope_original_max_seq_len / rope_high_freq_factor is kept, one between is blended; linear, position interpolation (Hugging Face rope_type \"linear\", Megatron's --rotary-seq-len-interpolation-factor): every frequency divided by rope_scaling_factor; or yarn, YaRN (Hugging Face rope_type \"yarn\"): a frequency that turns fewer than rope_beta_slow times over rope_original_max_seq_len is divided by rope_scaling_factor, one that turns more than rope_beta_fast times is kept, a ramp between, and cos and sin are multiplied by rope_attention_factor (see the notes below); each rope_* key after this one says which scalings read it"},
+    {"model.rope_scaling_factor", K_FLOAT, OFF(model.rope_scaling_factor), 0, "8", 1, 1e6, NULL, "rope_scaling llama3: the low frequencies' divisor (Llama 3.1: 8, Llama 3.2: 32); linear: every frequency's (positions interpolated by this factor); yarn: the slow frequencies' divisor (the context to train at over the original); a linear or yarn job must set it"},
     {"model.rope_low_freq_factor", K_FLOAT, OFF(model.rope_low_freq_factor), 0, "1", 0, 1e6, NULL, "rope_scaling llama3: wavelengths above rope_original_max_seq_len / this are scaled"},
     {"model.rope_high_freq_factor", K_FLOAT, OFF(model.rope_high_freq_factor), 0, "4", 0, 1e6, NULL, "rope_scaling llama3: wavelengths below rope_original_max_seq_len / this are kept (must exceed rope_low_freq_factor)"},
-    {"model.rope_original_max_seq_len", K_INT, OFF(model.rope_original_max_seq_len), 0, "8192", 1, 1 << 24, NULL, "rope_scaling llama3: the context length the frequencies were trained for"},
+    {"model.rope_original_max_seq_len", K_INT, OFF(model.rope_original_max_seq_len), 0, "8192", 1, 1 << 24, NULL, "rope_scaling llama3 and yarn: the context length the frequencies were trained for (a yarn job must set it)"},
+    {"model.rope_beta_fast", K_FLOAT, OFF(model.rope_beta_fast), 0, "32", 1e-3, 1e6, NULL, "rope_scaling yarn: frequencies turning more than this many times over rope_original_max_seq_len are kept (must exceed rope_beta_slow)"},
+    {"model.rope_beta_slow", K_FLOAT, OFF(model.rope_beta_slow), 0, "1", 1e-3, 1e6, NULL, "rope_scaling yarn: frequencies turning fewer than this many times over rope_original_max_seq_len are divided by rope_scaling_factor"},
+    {"model.rope_attention_factor", K_FLOAT, OFF(model.rope_attention_factor), 0, "0", 0, 1e6, NULL, "rope_scaling yarn: the factor on RoPE's cos and sin, so on the attention logits squared (0 = YaRN's 0.1 ln(rope_scaling_factor) + 1)"},
+    {"model.rope_truncate", K_BOOL, OFF(model.rope_truncate), 0, "true", 0, 0, NULL, "rope_scaling yarn: round the ramp's ends to whole frequency indices (Hugging Face's truncate; false for gpt-oss)"},
     {"model.tie_embeddings", K_BOOL, OFF(model.tie_embeddings), 0, "false", 0, 0, NULL, "share the token embedding with the LM head (GPT-2: always true)"},
     /* init */
     {"init.from", K_STR, STR(init_from), "\"\"", 0, 0, NULL, "Hugging Face folder (config.json + model.safetensors, F32 or BF16) to start from; the model section then comes from it"},
@@ -317,28 +321,47 @@ void config_model_defaults(ModelConfig *m) {
 }
 
 /* A job's RoPE scaling numbers do something only with the scalings that
- * read them (rope_scaling_factor: llama3 and linear; the other three:
- * llama3): one set (not its default) without them is an error, not
- * silently unused. */
+ * read them (a bit per ROPE_* kind): one set (not its default) without
+ * them is an error, not silently unused. */
+static const char *rope_scaling_name(int s) {
+    static const char *names[] = {"none", "llama3", "linear", "yarn"};
+    return names[s];
+}
+
 static void rope_scaling_unused(const ModelConfig *m, const char *where) {
-    if (m->rope_scaling == ROPE_LLAMA3) return;
     ModelConfig d;
     config_model_defaults(&d);
-    const char *set = m->rope_scaling_factor != d.rope_scaling_factor && m->rope_scaling != ROPE_LINEAR
-                          ? "rope_scaling_factor"
-                      : m->rope_low_freq_factor != d.rope_low_freq_factor           ? "rope_low_freq_factor"
-                      : m->rope_high_freq_factor != d.rope_high_freq_factor         ? "rope_high_freq_factor"
-                      : m->rope_original_max_seq_len != d.rope_original_max_seq_len ? "rope_original_max_seq_len"
-                                                                                    : NULL;
-    if (set)
-        die(EXIT_USAGE, "%s: model.%s is set but model.rope_scaling is \"%s\" (it applies only with \"llama3\"%s)", where, set,
-            m->rope_scaling == ROPE_LINEAR ? "linear" : "none", strcmp(set, "rope_scaling_factor") == 0 ? " or \"linear\"" : "");
+    enum { L3 = 1 << ROPE_LLAMA3, LIN = 1 << ROPE_LINEAR, YA = 1 << ROPE_YARN };
+    const struct { const char *key; int set, readers; } keys[] = {
+        {"rope_scaling_factor", m->rope_scaling_factor != d.rope_scaling_factor, L3 | LIN | YA},
+        {"rope_low_freq_factor", m->rope_low_freq_factor != d.rope_low_freq_factor, L3},
+        {"rope_high_freq_factor", m->rope_high_freq_factor != d.rope_high_freq_factor, L3},
+        {"rope_original_max_seq_len", m->rope_original_max_seq_len != d.rope_original_max_seq_len, L3 | YA},
+        {"rope_beta_fast", m->rope_beta_fast != d.rope_beta_fast, YA},
+        {"rope_beta_slow", m->rope_beta_slow != d.rope_beta_slow, YA},
+        {"rope_attention_factor", m->rope_attention_factor != d.rope_attention_factor, YA},
+        {"rope_truncate", m->rope_truncate != d.rope_truncate, YA},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        if (!keys[i].set || (keys[i].readers >> m->rope_scaling & 1)) continue;
+        char readers[64] = ""; /* "a", "a" or "b", "a", "b" or "c" */
+        int left = __builtin_popcount((unsigned)keys[i].readers);
+        for (int s = ROPE_LLAMA3; s <= ROPE_YARN; s++)
+            if (keys[i].readers >> s & 1)
+                snprintf(readers + strlen(readers), sizeof readers - strlen(readers), "%s\"%s\"",
+                         !readers[0] ? "" : --left == 1 ? " or " : ", ", rope_scaling_name(s));
+        die(EXIT_USAGE, "%s: model.%s is set but model.rope_scaling is \"%s\" (it applies only with %s)", where,
+            keys[i].key, rope_scaling_name(m->rope_scaling), readers);
+    }
 }
 
 void model_config_finish(ModelConfig *m, const char *where) {
     if (m->rope_scaling && m->arch == ARCH_GPT2)
         die(EXIT_USAGE, "%s: model.rope_scaling \"%s\": GPT-2 has no RoPE (expected \"none\")", where,
-            m->rope_scaling == ROPE_LINEAR ? "linear" : "llama3");
+            rope_scaling_name(m->rope_scaling));
+    if (m->rope_scaling == ROPE_YARN && !(m->rope_beta_fast > m->rope_beta_slow))
+        die(EXIT_USAGE, "%s: model.rope_beta_fast %g must exceed model.rope_beta_slow %g", where, m->rope_beta_fast,
+            m->rope_beta_slow);
     if (m->rope_scaling == ROPE_LLAMA3) {
         if (!(m->rope_high_freq_factor > m->rope_low_freq_factor))
             die(EXIT_USAGE, "%s: model.rope_high_freq_factor %g must exceed model.rope_low_freq_factor %g", where,
@@ -413,9 +436,14 @@ static void rampup_check(const Config *cfg, const char *where) {
 static void finish(Config *cfg, const char *origin, const cJSON *root) {
     rope_scaling_unused(&cfg->model, origin);
     model_config_finish(&cfg->model, origin);
-    if (cfg->model.rope_scaling == ROPE_LINEAR && root && !lookup(root, "model.rope_scaling_factor"))
-        die(EXIT_USAGE, "%s: model.rope_scaling \"linear\" needs model.rope_scaling_factor (the interpolation factor: the "
-            "context to train at over the one the model was trained at; its default is llama3's)", origin);
+    if ((cfg->model.rope_scaling == ROPE_LINEAR || cfg->model.rope_scaling == ROPE_YARN) && root &&
+        !lookup(root, "model.rope_scaling_factor"))
+        die(EXIT_USAGE, "%s: model.rope_scaling \"%s\" needs model.rope_scaling_factor (the %s factor: the "
+            "context to train at over the one the model was trained at; its default is llama3's)", origin,
+            rope_scaling_name(cfg->model.rope_scaling), cfg->model.rope_scaling == ROPE_LINEAR ? "interpolation" : "extension");
+    if (cfg->model.rope_scaling == ROPE_YARN && root && !lookup(root, "model.rope_original_max_seq_len"))
+        die(EXIT_USAGE, "%s: model.rope_scaling \"yarn\" needs model.rope_original_max_seq_len (the context the model was "
+            "trained at; its default is llama3's)", origin);
     if (cfg->seq_len == 0) cfg->seq_len = cfg->model.max_seq_len;
     if (cfg->seq_len > cfg->model.max_seq_len)
         die(EXIT_USAGE, "%s: train.seq_len %d exceeds model.max_seq_len %d", origin, cfg->seq_len, cfg->model.max_seq_len);

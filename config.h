@@ -20,9 +20,11 @@ typedef struct ModelConfig {
     int max_seq_len;
     float norm_eps;
     float rope_theta;
-    int rope_scaling;    /* index of none|llama3|linear: ROPE_NONE | ROPE_LLAMA3 | ROPE_LINEAR (kernels.h) */
+    int rope_scaling;    /* index of none|llama3|linear|yarn: ROPE_NONE | ROPE_LLAMA3 | ROPE_LINEAR | ROPE_YARN (kernels.h) */
     float rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_seq_len;
+    float rope_beta_fast, rope_beta_slow, rope_attention_factor; /* yarn's */
+    int rope_truncate;                                           /* yarn's */
     int tie_embeddings;  /* GPT-2 always tied */
 } ModelConfig;
 

@@ -3385,6 +3385,7 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
 
 // ----------------------------------------------------------------------------
 // RoPE (rotate-half), one thread per (row, frequency), every q and k head
+// (cos and sin times rope_mscale, as the CPU's table holds them)
 
 /* T: float, or bf16 for the [a] qkv and dqkv under bf16 (rotated in fp32,
  * each element rounded once where it is stored) */
@@ -3392,6 +3393,7 @@ template <typename T_>
 __global__ void rope_k(T_ *x, const int *pos, int N, int T, int nh, int nkv, int hd, Rope rope, float dir) {
     int half = hd / 2, S = (nh + 2 * nkv) * hd, nrot = nh + nkv;
     size_t total = (size_t)N * half;
+    double m = rope_mscale(&rope);
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         int n = (int)(idx / half), i = (int)(idx % half);
@@ -3400,7 +3402,7 @@ __global__ void rope_k(T_ *x, const int *pos, int N, int T, int nh, int nkv, int
         double ang = (double)(pos ? pos[n] : n % T) * inv_freq;
         double sd, cd;
         sincos(ang, &sd, &cd);
-        float cs = (float)cd, sn = dir * (float)sd;
+        float cs = (float)(cd * m), sn = dir * (float)(sd * m);
         T_ *row = x + (size_t)n * S;
         for (int hh = 0; hh < nrot; hh++) {
             T_ *v = row + (size_t)hh * hd;

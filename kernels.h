@@ -46,13 +46,25 @@ typedef struct AdamWRange {
  * short wavelength) is kept, one with w > L is divided by factor, and
  * between them s = (original_max_seq_len / w - low_freq_factor) /
  * (high_freq_factor - low_freq_factor) blends the two:
- * (1 - s) inv_freq / factor + s inv_freq. */
-enum { ROPE_NONE = 0, ROPE_LLAMA3 = 1, ROPE_LINEAR = 2 }; /* model.rope_scaling's none|llama3|linear */
+ * (1 - s) inv_freq / factor + s inv_freq.
+ * Under ROPE_YARN, YaRN's (Peng et al. 2023; Hugging Face's rope_type
+ * "yarn"): with d(r) = hd ln(original_max_seq_len / (2 pi r)) / (2 ln theta),
+ * the index at which a frequency turns r times over the original context,
+ * lo = d(beta_fast) and hi = d(beta_slow) (rounded down and up unless
+ * !truncate, then clamped to [0, hd - 1]; hi = lo + 0.001 where they meet),
+ * and the ramp s = clamp((i - lo) / (hi - lo), 0, 1): inv_freq / factor s +
+ * inv_freq (1 - s), so the fast frequencies (i <= lo) are kept and the slow
+ * ones (i >= hi) divided by factor. YaRN also scales cos and sin by
+ * rope_mscale: attention_factor, or where that is 0 its default
+ * 0.1 ln(factor) + 1 (which scales the attention logits by its square). */
+enum { ROPE_NONE = 0, ROPE_LLAMA3 = 1, ROPE_LINEAR = 2, ROPE_YARN = 3 }; /* model.rope_scaling's none|llama3|linear|yarn */
 typedef struct Rope {
     float theta;
-    int scaling; /* ROPE_NONE | ROPE_LLAMA3 | ROPE_LINEAR */
+    int scaling; /* ROPE_NONE | ROPE_LLAMA3 | ROPE_LINEAR | ROPE_YARN */
     float factor, low_freq_factor, high_freq_factor;
     int original_max_seq_len;
+    float beta_fast, beta_slow, attention_factor; /* ROPE_YARN's */
+    int truncate;                                 /* ROPE_YARN's: round lo down and hi up */
 } Rope;
 
 /* The one definition of the frequencies, for both backends (in double: an
@@ -65,12 +77,31 @@ typedef struct Rope {
 static inline ROPE_HOST_DEVICE double rope_inv_freq(const Rope *r, int i, int hd) {
     double f = pow((double)r->theta, -2.0 * i / hd);
     if (r->scaling == ROPE_LINEAR) return f / r->factor;
+    if (r->scaling == ROPE_YARN) {
+        double orig = (double)r->original_max_seq_len, two_ln_theta = 2.0 * log((double)r->theta);
+        double lo = hd * log(orig / (6.283185307179586 * r->beta_fast)) / two_ln_theta;
+        double hi = hd * log(orig / (6.283185307179586 * r->beta_slow)) / two_ln_theta;
+        if (r->truncate) lo = floor(lo), hi = ceil(hi);
+        lo = lo > 0 ? lo : 0;
+        hi = hi < hd - 1 ? hi : hd - 1;
+        if (lo == hi) hi += 0.001;
+        double s = (i - lo) / (hi - lo);
+        s = s < 0 ? 0 : s > 1 ? 1 : s;
+        return f / r->factor * s + f * (1.0 - s);
+    }
     if (r->scaling != ROPE_LLAMA3) return f;
     double w = 6.283185307179586 / f, orig = (double)r->original_max_seq_len;
     if (w < orig / r->high_freq_factor) return f;
     if (w > orig / r->low_freq_factor) return f / r->factor;
     double s = (orig / w - r->low_freq_factor) / ((double)r->high_freq_factor - r->low_freq_factor);
     return (1.0 - s) * f / r->factor + s * f;
+}
+
+/* The factor on cos and sin: YaRN's attention factor (1 otherwise). */
+static inline ROPE_HOST_DEVICE double rope_mscale(const Rope *r) {
+    if (r->scaling != ROPE_YARN) return 1.0;
+    if (r->attention_factor > 0) return r->attention_factor;
+    return r->factor <= 1 ? 1.0 : 0.1 * log((double)r->factor) + 1.0;
 }
 
 typedef struct Kernels {
@@ -207,9 +238,11 @@ typedef struct Kernels {
      * heads of qkv ([B,T,(nh+2nkv)*hd]), in place; row n's position p is
      * pos[n] (pos >= 0; an int array in the backend's memory:
      * train.reset_position_ids) or, pos NULL, n % T; its angles are p x
-     * rope_inv_freq(rope, i, hd), i < hd/2. qkv is [a] (rotated in fp32,
-     * each element rounded once where it is stored). rope_backward applies
-     * the inverse rotation to dqkv ([a]), in place. */
+     * rope_inv_freq(rope, i, hd), i < hd/2, and its cos and sin are
+     * scaled by rope_mscale(rope) (1 but under YaRN). qkv is [a] (rotated
+     * in fp32, each element rounded once where it is stored).
+     * rope_backward applies the transpose (the inverse rotation, times
+     * rope_mscale) to dqkv ([a]), in place. */
     void (*rope_forward)(float *qkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope);
     void (*rope_backward)(float *dqkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope);
 

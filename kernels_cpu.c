@@ -585,13 +585,14 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
 static struct {
     Rope rope;
     int hd, P;
-    float *cs, *sn; /* [P, hd/2]: cos and sin of p x rope_inv_freq(i) */
+    float *cs, *sn; /* [P, hd/2]: cos and sin of p x rope_inv_freq(i), times rope_mscale */
 } rope_tab;
 
 static int rope_same(const Rope *a, const Rope *b) {
     return a->theta == b->theta && a->scaling == b->scaling && a->factor == b->factor &&
            a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor &&
-           a->original_max_seq_len == b->original_max_seq_len;
+           a->original_max_seq_len == b->original_max_seq_len && a->beta_fast == b->beta_fast &&
+           a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor && a->truncate == b->truncate;
 }
 
 static void rope_rotate(float *x, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope,
@@ -604,7 +605,7 @@ static void rope_rotate(float *x, const int *pos, int B, int T, int nh, int nkv,
     if (pos)
         for (size_t n = 0; n < N; n++) P = pos[n] >= P ? pos[n] + 1 : P;
     if (!rope_tab.cs || rope_tab.hd != hd || rope_tab.P < P || !rope_same(&rope_tab.rope, rope)) {
-        double inv_freq[ROPE_MAX_HALF];
+        double inv_freq[ROPE_MAX_HALF], m = rope_mscale(rope);
         for (int i = 0; i < half; i++) inv_freq[i] = rope_inv_freq(rope, i, hd);
         free(rope_tab.cs);
         free(rope_tab.sn);
@@ -616,8 +617,8 @@ static void rope_rotate(float *x, const int *pos, int B, int T, int nh, int nkv,
         #pragma omp parallel for
         for (int p = 0; p < P; p++)
             for (int i = 0; i < half; i++) { // angles in double: p * inv_freq reaches thousands of radians
-                rope_tab.cs[(size_t)p * half + i] = (float)cos((double)p * inv_freq[i]);
-                rope_tab.sn[(size_t)p * half + i] = (float)sin((double)p * inv_freq[i]);
+                rope_tab.cs[(size_t)p * half + i] = (float)(m * cos((double)p * inv_freq[i]));
+                rope_tab.sn[(size_t)p * half + i] = (float)(m * sin((double)p * inv_freq[i]));
             }
     }
     #pragma omp parallel for

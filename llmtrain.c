@@ -1549,6 +1549,13 @@ static void print_model_batch(const Trainer *t) {
         snprintf(rope, sizeof rope, ", RoPE theta %g", mc->rope_theta);
     if (mc->rope_scaling == ROPE_LINEAR)
         snprintf(rope + strlen(rope), sizeof rope - strlen(rope), " scaled linear (factor %g)", mc->rope_scaling_factor);
+    if (mc->rope_scaling == ROPE_YARN) {
+        Rope r = {.scaling = ROPE_YARN, .factor = mc->rope_scaling_factor, .attention_factor = mc->rope_attention_factor};
+        snprintf(rope + strlen(rope), sizeof rope - strlen(rope),
+                 " scaled yarn (factor %g, original %d, beta %g/%g%s, attention factor %.4g)", mc->rope_scaling_factor,
+                 mc->rope_original_max_seq_len, mc->rope_beta_fast, mc->rope_beta_slow, mc->rope_truncate ? "" : " untruncated",
+                 rope_mscale(&r));
+    }
     if (mc->rope_scaling == ROPE_LLAMA3)
         snprintf(rope + strlen(rope), sizeof rope - strlen(rope), " scaled llama3 (factor %g, low %g, high %g, original %d)",
                  mc->rope_scaling_factor, mc->rope_low_freq_factor, mc->rope_high_freq_factor, mc->rope_original_max_seq_len);

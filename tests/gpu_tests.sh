@@ -363,6 +363,39 @@ for arch in llama gpt2; do
         echo "ok   $arch $what: the header says so, and the losses are not the causal run's (beyond 1e-3)"; pass=$((pass + 1))
     else echo "FAIL $arch $what: the header lacks it, or the run's losses are the causal run's"; fail=$((fail + 1)); fi
 done
+# RoPE scaling in whole runs on the 3b shape (head dim 64, T 100): Llama
+# with YaRN by 4 over an original context of 32 (frequency 0 kept, 1 to 5
+# on the ramp, 6 to 31 divided; cos and sin times 0.1 ln 4 + 1) and with
+# linear scaling by 4: cpu, the fused kernels under TF32 and auto under
+# bf16, each against the cpu run; the cpu run is not the unscaled one.
+for kind in yarn linear; do
+    extra=(--set model.rope_scaling=$kind --set model.rope_scaling_factor=4)
+    [ $kind = yarn ] && extra+=(--set model.rope_original_max_seq_len=32)
+    ok_runs=1
+    for run in cpu:auto:tf32 flash:flash:tf32 auto-bf16:auto:bf16; do
+        IFS=: read -r name att mm <<<"$run"
+        dev=cuda; [ $name = cpu ] && dev=cpu
+        if ! $BIN "$TMP/llama.json" --set train.attention_kernel=$att --set train.compute_dtype=$mm --set model.n_embd=128 \
+             --set model.n_head=2 --set model.n_kv_head=1 --set model.max_seq_len=128 --set train.seq_len=100 "${extra[@]}" \
+             --set train.device=$dev --set log.dir="$TMP/rs-$kind-$name" --set checkpoint.dir="$TMP/rs-$kind-$name/ckpt" \
+             >"$TMP/rs-$kind-$name.out" 2>&1; then
+            echo "FAIL rope scaling $kind $name exited non-zero: $(tail -3 "$TMP/rs-$kind-$name.out")"; fail=$((fail + 1)); ok_runs=0
+        fi
+    done
+    [ $ok_runs = 1 ] || continue
+    for run in flash:$LOSS_RTOL auto-bf16:$LOSS_RTOL_BF16; do
+        name=${run%%:*} tol=${run#*:}
+        if $PY tests/compare_runs.py "$TMP/rs-$kind-cpu" "$TMP/rs-$kind-$name" --steps $STEPS --loss-rtol $tol; then
+            echo "ok   llama rope_scaling $kind (head dim 64, T 100): $STEPS steps $name vs cpu, loss/grad norm/val loss within $tol"; pass=$((pass + 1))
+        else
+            echo "FAIL llama rope_scaling $kind: $name and cpu loss trajectories differ by more than $tol"; fail=$((fail + 1))
+        fi
+    done
+    if ! $PY tests/compare_runs.py "$TMP/fa-llama-cpu" "$TMP/rs-$kind-cpu" --steps $STEPS --loss-rtol 1e-3 >/dev/null 2>&1 &&
+       grep -q "scaled $kind (factor 4" "$TMP/rs-$kind-cpu.out"; then
+        echo "ok   llama rope_scaling $kind: the header says so, and the losses are not the unscaled run's (beyond 1e-3)"; pass=$((pass + 1))
+    else echo "FAIL llama rope_scaling $kind: the header lacks it, or the run's losses are the unscaled run's"; fail=$((fail + 1)); fi
+done
 if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=cudnn --set train.compute_dtype=tf32 \
      --set train.steps=2 --set train.seq_len=512 \
      --set model.max_seq_len=512 --set model.n_embd=128 --set model.n_head=2 --set model.n_kv_head=1 \

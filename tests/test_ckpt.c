@@ -339,7 +339,8 @@ static void test_st_write_error(void) {
 /* ------------------------------------------------------------ models */
 
 static ModelConfig gpt2_cfg(void) {
-    ModelConfig c = {0};
+    ModelConfig c;
+    config_model_defaults(&c); /* the keys not set below */
     c.arch = ARCH_GPT2;
     c.n_layer = 2; c.n_embd = 32; c.n_head = 4; c.vocab_size = 67; c.max_seq_len = 16;
     c.norm_eps = 1e-5f; c.rope_theta = 10000; c.ffn_multiple_of = 256;
@@ -348,7 +349,8 @@ static ModelConfig gpt2_cfg(void) {
 }
 
 static ModelConfig llama_cfg(int tied) {
-    ModelConfig c = {0};
+    ModelConfig c;
+    config_model_defaults(&c); /* the keys not set below */
     c.arch = ARCH_LLAMA;
     c.n_layer = 2; c.n_embd = 32; c.n_head = 4; c.n_kv_head = 2; c.ffn_hidden = 48; c.vocab_size = 61;
     c.max_seq_len = 32; c.norm_eps = 1e-6f; c.rope_theta = 500000; c.tie_embeddings = tied; c.ffn_multiple_of = 256;
@@ -364,7 +366,11 @@ static int cfg_equal(const ModelConfig *a, const ModelConfig *b) {
            (!a->rope_scaling || a->rope_scaling_factor == b->rope_scaling_factor) && /* the numbers its scaling reads */
            (a->rope_scaling != ROPE_LLAMA3 ||
             (a->rope_low_freq_factor == b->rope_low_freq_factor && a->rope_high_freq_factor == b->rope_high_freq_factor &&
-             a->rope_original_max_seq_len == b->rope_original_max_seq_len));
+             a->rope_original_max_seq_len == b->rope_original_max_seq_len)) &&
+           (a->rope_scaling != ROPE_YARN ||
+            (a->rope_original_max_seq_len == b->rope_original_max_seq_len && a->rope_beta_fast == b->rope_beta_fast &&
+             a->rope_beta_slow == b->rope_beta_slow && a->rope_attention_factor == b->rope_attention_factor &&
+             a->rope_truncate == b->rope_truncate));
 }
 
 static void build(Model *m, const ModelConfig *c, uint64_t seed) {
@@ -503,46 +509,56 @@ static void test_llama(void) {
     }
 }
 
-/* A RoPE scaling's config.json: rope_scaling carries the kind and the n
- * numbers of keys[] out and back (values want[]: the factor first, then
- * llama3's low, high and original context), and nothing else. */
-static void rope_scaling_roundtrip(const char *kind, int scaling, int n, const char *const *keys, const double *want) {
-    ModelConfig c = llama_cfg(1);
-    c.rope_scaling = scaling;
-    c.rope_scaling_factor = (float)want[0];
-    if (n == 4) {
-        c.rope_low_freq_factor = (float)want[1]; c.rope_high_freq_factor = (float)want[2];
-        c.rope_original_max_seq_len = (int)want[3];
-    }
+/* A RoPE scaling's config.json: rope_scaling carries the kind (the scaling
+ * of c, a Llama config with its numbers set) and the n numbers of keys[]
+ * (values want[]) out and back, "truncate": false where !c.rope_truncate,
+ * and nothing else. */
+static void rope_scaling_roundtrip(const char *kind, ModelConfig c, int n, const char *const *keys, const double *want) {
     Model m;
     build(&m, &c, 11);
-    char dir_name[64], what[64];
-    snprintf(dir_name, sizeof dir_name, "hf_%s", kind);
-    snprintf(what, sizeof what, "%s rope scaling", kind);
+    char dir_name[64], what[96];
+    snprintf(dir_name, sizeof dir_name, "hf_%s_%d", kind, n);
+    snprintf(what, sizeof what, "%s rope scaling (%d number%s)", kind, n, n == 1 ? "" : "s");
     roundtrip(what, &m, tpath(dir_name));
     size_t len;
     char cfg_name[96];
     snprintf(cfg_name, sizeof cfg_name, "%s/config.json", dir_name);
     char *text = read_text_file(tpath(cfg_name), &len);
     cJSON *root = text ? cJSON_Parse(text) : NULL, *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    int same = cJSON_IsString(type) && strcmp(type->valuestring, kind) == 0 && cJSON_GetArraySize(rs) == n + 1;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type"), *tr = cJSON_GetObjectItemCaseSensitive(rs, "truncate");
+    int same = cJSON_IsString(type) && strcmp(type->valuestring, kind) == 0 &&
+               cJSON_GetArraySize(rs) == n + 1 + !c.rope_truncate && (c.rope_truncate ? !tr : cJSON_IsFalse(tr));
     for (int i = 0; i < n; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, keys[i]);
         same &= cJSON_IsNumber(v) && v->valuedouble == want[i];
     }
-    check(same, "%s rope scaling: config.json has rope_scaling {rope_type %s and the job's %d numbers}", kind, kind, n);
+    check(same, "%s: config.json has rope_scaling {rope_type %s and the job's %d numbers%s}", what, kind, n,
+          c.rope_truncate ? "" : ", truncate false");
     cJSON_Delete(root);
     free(text);
     model_free(&m);
 }
 
-/* Llama 3's RoPE scaling, and linear scaling (position interpolation) */
+/* Llama 3's RoPE scaling, linear scaling (position interpolation) and YaRN
+ * (its keys at Hugging Face's defaults left out, then every one set) */
 static void test_rope_scaling(void) {
     static const char *const keys[4] = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
-    static const double llama3[4] = {32, 1.5, 6, 24}, linear[1] = {4};
-    rope_scaling_roundtrip("llama3", ROPE_LLAMA3, 4, keys, llama3);
-    rope_scaling_roundtrip("linear", ROPE_LINEAR, 1, keys, linear);
+    static const char *const ykeys[5] = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"};
+    static const double llama3[4] = {32, 1.5, 6, 24}, linear[1] = {4}, yarn[5] = {4, 24, 16, 2, 0.75};
+    ModelConfig c = llama_cfg(1);
+    c.rope_scaling = ROPE_LLAMA3;
+    c.rope_scaling_factor = 32, c.rope_low_freq_factor = 1.5f, c.rope_high_freq_factor = 6, c.rope_original_max_seq_len = 24;
+    rope_scaling_roundtrip("llama3", c, 4, keys, llama3);
+    c = llama_cfg(1);
+    c.rope_scaling = ROPE_LINEAR;
+    c.rope_scaling_factor = 4;
+    rope_scaling_roundtrip("linear", c, 1, keys, linear);
+    c = llama_cfg(1);
+    c.rope_scaling = ROPE_YARN;
+    c.rope_scaling_factor = 4, c.rope_original_max_seq_len = 24;
+    rope_scaling_roundtrip("yarn", c, 2, ykeys, yarn);
+    c.rope_beta_fast = 16, c.rope_beta_slow = 2, c.rope_attention_factor = 0.75f, c.rope_truncate = 0;
+    rope_scaling_roundtrip("yarn", c, 5, ykeys, yarn);
 }
 
 /* llama (untied) folder rewritten: every tensor as BF16 (truncated). */
@@ -697,39 +713,44 @@ static void test_hf_errors(void) {
     unlink(st);
     expect_die("hf load: no weights file", child_hf_load, d, EXIT_USAGE, "no model.safetensors or model.safetensors.index.json");
 
+    /* rope_scaling objects refused: a kind not supported, a key missing or
+     * foreign to its kind, a number out of range, bands or a ramp that do
+     * not exist, a value of the wrong type */
+#define L3 "\"rope_type\":\"llama3\",\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192"
+    static const struct { const char *what, *rs, *want; } bad_rs[] = {
+        {"rope_scaling dynamic", "{\"type\":\"dynamic\",\"factor\":2.0}",
+         "config.json: key rope_scaling: rope_type \"dynamic\" is not supported (llama3, linear, yarn or default)"},
+        {"linear without factor", "{\"type\":\"linear\"}", "key rope_scaling: missing key factor (rope_type linear)"},
+        {"linear with llama3's key", "{\"rope_type\":\"linear\",\"factor\":2,\"low_freq_factor\":1}",
+         "key rope_scaling.low_freq_factor: not supported (rope_type linear has factor)"},
+        {"rope_scaling not an object", "[1]", "key rope_scaling: expected an object or null"},
+        {"rope_scaling without rope_type", "{\"factor\":2.0}", "key rope_scaling: expected a string rope_type"},
+        {"llama3 without factor", "{" L3 "}", "key rope_scaling: missing key factor (rope_type llama3)"},
+        {"llama3 factor 0.5", "{" L3 ",\"factor\":0.5}", "key rope_scaling.factor: expected a number in [1, 1e+06]"},
+        {"llama3 with an unknown key", "{" L3 ",\"factor\":8,\"mscale\":1}", "key rope_scaling.mscale: not supported"},
+        {"llama3 high_freq_factor == low_freq_factor",
+         "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":4,\"high_freq_factor\":4,\"original_max_position_embeddings\":8192}",
+         "model.rope_high_freq_factor 4 must exceed model.rope_low_freq_factor 4"},
+        {"llama3 original_max_position_embeddings 8192.5",
+         "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,\"original_max_position_embeddings\":8192.5}",
+         "key rope_scaling.original_max_position_embeddings: expected an integer in [1, 1.67772e+07]"},
+        {"yarn with DeepSeek's mscale", "{\"rope_type\":\"yarn\",\"factor\":40,\"mscale\":1.0,\"mscale_all_dim\":1.0}",
+         "key rope_scaling.mscale: not supported (rope_type yarn has factor, original_max_position_embeddings, beta_fast, "
+         "beta_slow, attention_factor, truncate)"},
+        {"yarn attention_factor 0", "{\"rope_type\":\"yarn\",\"factor\":4,\"attention_factor\":0}",
+         "key rope_scaling.attention_factor: expected a number > 0"},
+        {"yarn truncate 0", "{\"rope_type\":\"yarn\",\"factor\":4,\"truncate\":0}", "key rope_scaling.truncate: expected true or false"},
+        {"yarn beta_fast == beta_slow", "{\"rope_type\":\"yarn\",\"factor\":4,\"beta_fast\":1,\"beta_slow\":1}",
+         "model.rope_beta_fast 1 must exceed model.rope_beta_slow 1"},
+    };
+#undef L3
     d = variant("err_cfg", NULL);
-    set_config(d, "rope_scaling", "{\"type\":\"dynamic\",\"factor\":2.0}");
-    expect_die("hf config: rope_scaling dynamic", child_hf_config, d, EXIT_USAGE,
-               "config.json: key rope_scaling: rope_type \"dynamic\" is not supported (llama3, linear or default)");
-    set_config(d, "rope_scaling", "{\"type\":\"linear\"}");
-    expect_die("hf config: linear without factor", child_hf_config, d, EXIT_USAGE,
-               "key rope_scaling: missing key factor (rope_type linear)");
-    set_config(d, "rope_scaling", "{\"rope_type\":\"linear\",\"factor\":2,\"low_freq_factor\":1}");
-    expect_die("hf config: linear with llama3's key", child_hf_config, d, EXIT_USAGE,
-               "key rope_scaling.low_freq_factor: not supported (rope_type linear has factor)");
-    set_config(d, "rope_scaling", "[1]");
-    expect_die("hf config: rope_scaling not an object", child_hf_config, d, EXIT_USAGE, "key rope_scaling: expected an object or null");
-    set_config(d, "rope_scaling", "{\"factor\":2.0}");
-    expect_die("hf config: rope_scaling without rope_type", child_hf_config, d, EXIT_USAGE, "key rope_scaling: expected a string rope_type");
-    const char *L3 = "\"rope_type\":\"llama3\",\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192";
-    char rs[400];
-    snprintf(rs, sizeof rs, "{%s}", L3);
-    set_config(d, "rope_scaling", rs);
-    expect_die("hf config: llama3 without factor", child_hf_config, d, EXIT_USAGE, "key rope_scaling: missing key factor (rope_type llama3)");
-    snprintf(rs, sizeof rs, "{%s,\"factor\":0.5}", L3);
-    set_config(d, "rope_scaling", rs);
-    expect_die("hf config: llama3 factor 0.5", child_hf_config, d, EXIT_USAGE, "key rope_scaling.factor: expected a number in [1, 1e+06]");
-    snprintf(rs, sizeof rs, "{%s,\"factor\":8,\"mscale\":1}", L3);
-    set_config(d, "rope_scaling", rs);
-    expect_die("hf config: llama3 with an unknown key", child_hf_config, d, EXIT_USAGE, "key rope_scaling.mscale: not supported");
-    set_config(d, "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":4,\"high_freq_factor\":4,"
-                                  "\"original_max_position_embeddings\":8192}");
-    expect_die("hf config: llama3 high_freq_factor == low_freq_factor", child_hf_config, d, EXIT_USAGE,
-               "model.rope_high_freq_factor 4 must exceed model.rope_low_freq_factor 4");
-    set_config(d, "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
-                                  "\"original_max_position_embeddings\":8192.5}");
-    expect_die("hf config: llama3 original_max_position_embeddings 8192.5", child_hf_config, d, EXIT_USAGE,
-               "key rope_scaling.original_max_position_embeddings: expected an integer in [1, 1.67772e+07]");
+    for (size_t b = 0; b < sizeof bad_rs / sizeof bad_rs[0]; b++) {
+        char what[96];
+        snprintf(what, sizeof what, "hf config: %s", bad_rs[b].what);
+        set_config(d, "rope_scaling", bad_rs[b].rs);
+        expect_die(what, child_hf_config, d, EXIT_USAGE, bad_rs[b].want);
+    }
     ModelConfig rc;
     set_config(d, "rope_scaling", "{\"type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
                                   "\"original_max_position_embeddings\":8192}");
@@ -737,6 +758,21 @@ static void test_hf_errors(void) {
     check(rc.rope_scaling == 1 && rc.rope_scaling_factor == 32 && rc.rope_low_freq_factor == 1 && rc.rope_high_freq_factor == 4 &&
               rc.rope_original_max_seq_len == 8192,
           "hf config: Llama 3.2's rope_scaling (legacy \"type\" key) read as llama3, factor 32, 1, 4, 8192");
+    /* YaRN: Hugging Face's defaults for the keys left out (the original
+     * context: the file's max_position_embeddings), each key read when given */
+    set_config(d, "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4.0}");
+    hf_read_config(d, &rc);
+    check(rc.rope_scaling == ROPE_YARN && rc.rope_scaling_factor == 4 && rc.rope_original_max_seq_len == rc.max_seq_len &&
+              rc.rope_beta_fast == 32 && rc.rope_beta_slow == 1 && rc.rope_attention_factor == 0 && rc.rope_truncate == 1,
+          "hf config: yarn with only its factor: original context max_position_embeddings (%d), betas 32/1, the default "
+          "attention factor, truncated",
+          rc.max_seq_len);
+    set_config(d, "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":32.0,\"original_max_position_embeddings\":4096,"
+                                  "\"beta_fast\":16,\"beta_slow\":2,\"attention_factor\":0.5,\"truncate\":false}");
+    hf_read_config(d, &rc);
+    check(rc.rope_scaling == ROPE_YARN && rc.rope_scaling_factor == 32 && rc.rope_original_max_seq_len == 4096 &&
+              rc.rope_beta_fast == 16 && rc.rope_beta_slow == 2 && rc.rope_attention_factor == 0.5f && rc.rope_truncate == 0,
+          "hf config: yarn with every key (gpt-oss's truncate false) read as given");
     set_config(d, "rope_scaling", "{\"rope_type\":\"default\"}");
     hf_read_config(d, &rc);
     check(rc.rope_scaling == 0, "hf config: rope_type default = no scaling");

@@ -92,27 +92,38 @@ expect_fail "unknown option" "unknown option '--bogus'" $BIN "$TMP/job.json" --b
 nvidia-smi -L 2>/dev/null | grep -q '^GPU' || expect_fail "train.device=cuda without a usable GPU" "train.device" $BIN "$TMP/job.json" --set train.device=cuda
 expect_fail "export of nothing" "no complete checkpoint" $BIN export "$TMP/empty" "$TMP/out_hf"
 
-# RoPE scaling: Llama 3's numbers only with model.rope_scaling llama3 (the
-# factor also with linear, which needs it), a blend band that exists, and
-# none on GPT-2; a llama3 and a linear job train and resume from their own
+# RoPE scaling: each number only with the scalings that read it (the factor
+# with llama3, linear and yarn, which need it; the original context with
+# llama3 and yarn, which needs it; the betas, attention factor and truncate
+# with yarn), a blend band and a ramp that exist, and none on GPT-2; a
+# llama3, a linear and a yarn job train and resume from their own
 # checkpoints, and a checkpoint of the unscaled job is another model's
-expect_fail "bad rope_scaling" 'model.rope_scaling: expected one of none|llama3|linear, got "yarn"' $BIN "$TMP/job.json" --set model.rope_scaling=yarn
-expect_fail "rope scaling number without llama3" 'model.rope_scaling_factor is set but model.rope_scaling is "none" (it applies only with "llama3" or "linear")' $BIN "$TMP/job.json" --set model.rope_scaling_factor=32
-expect_fail "llama3's number with linear scaling" 'model.rope_original_max_seq_len is set but model.rope_scaling is "linear" (it applies only with "llama3")' $BIN "$TMP/job.json" --set model.rope_scaling=linear --set model.rope_scaling_factor=2 --set model.rope_original_max_seq_len=4096
+expect_fail "bad rope_scaling" 'model.rope_scaling: expected one of none|llama3|linear|yarn, got "dynamic"' $BIN "$TMP/job.json" --set model.rope_scaling=dynamic
+expect_fail "rope scaling number without llama3" 'model.rope_scaling_factor is set but model.rope_scaling is "none" (it applies only with "llama3", "linear" or "yarn")' $BIN "$TMP/job.json" --set model.rope_scaling_factor=32
+expect_fail "llama3's number with linear scaling" 'model.rope_original_max_seq_len is set but model.rope_scaling is "linear" (it applies only with "llama3" or "yarn")' $BIN "$TMP/job.json" --set model.rope_scaling=linear --set model.rope_scaling_factor=2 --set model.rope_original_max_seq_len=4096
+expect_fail "llama3's number with yarn" 'model.rope_low_freq_factor is set but model.rope_scaling is "yarn" (it applies only with "llama3")' $BIN "$TMP/job.json" --set model.rope_scaling=yarn --set model.rope_scaling_factor=2 --set model.rope_original_max_seq_len=8 --set model.rope_low_freq_factor=2
+expect_fail "yarn's number with llama3" 'model.rope_truncate is set but model.rope_scaling is "llama3" (it applies only with "yarn")' $BIN "$TMP/job.json" --set model.rope_scaling=llama3 --set model.rope_truncate=false
+expect_fail "yarn's attention factor without scaling" 'model.rope_attention_factor is set but model.rope_scaling is "none" (it applies only with "yarn")' $BIN "$TMP/job.json" --set model.rope_attention_factor=1.2
 expect_fail "linear scaling on GPT-2" 'model.rope_scaling "linear": GPT-2 has no RoPE' $BIN "$TMP/job.json" --set model.arch=gpt2 --set model.rope_scaling=linear --set model.rope_scaling_factor=2
+expect_fail "yarn on GPT-2" 'model.rope_scaling "yarn": GPT-2 has no RoPE' $BIN "$TMP/job.json" --set model.arch=gpt2 --set model.rope_scaling=yarn --set model.rope_scaling_factor=2 --set model.rope_original_max_seq_len=8
 expect_fail "linear scaling without its factor" 'model.rope_scaling "linear" needs model.rope_scaling_factor (the interpolation factor' $BIN "$TMP/job.json" --set model.rope_scaling=linear
+expect_fail "yarn without its factor" 'model.rope_scaling "yarn" needs model.rope_scaling_factor (the extension factor' $BIN "$TMP/job.json" --set model.rope_scaling=yarn --set model.rope_original_max_seq_len=8
+expect_fail "yarn without its original context" 'model.rope_scaling "yarn" needs model.rope_original_max_seq_len (the context the model was trained at' $BIN "$TMP/job.json" --set model.rope_scaling=yarn --set model.rope_scaling_factor=2
+expect_fail "yarn beta_fast <= beta_slow" "model.rope_beta_fast 2 must exceed model.rope_beta_slow 4" $BIN "$TMP/job.json" --set model.rope_scaling=yarn --set model.rope_scaling_factor=2 --set model.rope_original_max_seq_len=8 --set model.rope_beta_fast=2 --set model.rope_beta_slow=4
 expect_fail "rope_high_freq_factor <= rope_low_freq_factor" "model.rope_high_freq_factor 1 must exceed model.rope_low_freq_factor 1" $BIN "$TMP/job.json" --set model.rope_scaling=llama3 --set model.rope_high_freq_factor=1
 expect_fail "rope scaling on GPT-2" 'model.rope_scaling "llama3": GPT-2 has no RoPE' $BIN "$TMP/job.json" --set model.arch=gpt2 --set model.rope_scaling=llama3
 expect_fail "resume with another rope scaling" "was written for another model (checkpoint vs job: model.rope_scaling none vs llama3)" $BIN "$TMP/job.json" --set model.rope_scaling=llama3
-for kind in llama3 linear; do
+for kind in llama3 linear yarn; do
     RS=(--set model.rope_scaling=$kind --set model.rope_scaling_factor=32 --set checkpoint.dir="$TMP/ckpt_$kind" --set log.dir="$TMP/run_$kind")
-    [ $kind = llama3 ] && RS+=(--set model.rope_original_max_seq_len=8)
+    [ $kind != linear ] && RS+=(--set model.rope_original_max_seq_len=8)
     if $BIN "$TMP/job.json" "${RS[@]}" >"$TMP/out" 2>"$TMP/err" && $BIN "$TMP/job.json" "${RS[@]}" --set train.steps=3 >"$TMP/out2" 2>&1 &&
        grep -q "resume: .*step_00000002 at step 2" "$TMP/out2" && grep -q '"step":3' "$TMP/run_$kind/metrics.jsonl" &&
-       grep -q "scaled $kind (factor 32" "$TMP/out2"; then
+       grep -q "scaled $kind (factor 32" "$TMP/out2" &&
+       { [ $kind != yarn ] || grep -q "scaled yarn (factor 32, original 8, beta 32/1, attention factor 1.347)" "$TMP/out2"; }; then
         ok "a rope_scaling $kind job trains 2 steps and a 3-step run resumes from its checkpoint"
     else bad "rope_scaling $kind train + resume: $(cat "$TMP/err"; grep -E 'resume|error' "$TMP/out2" | head -3)"; fi
 done
+expect_fail "resume a yarn checkpoint with another attention factor" "was written for another model (checkpoint vs job: model.rope_attention_factor 0 vs 1.2)" $BIN "$TMP/job.json" --set model.rope_scaling=yarn --set model.rope_scaling_factor=32 --set model.rope_original_max_seq_len=8 --set model.rope_attention_factor=1.2 --set checkpoint.dir="$TMP/ckpt_yarn" --set log.dir="$TMP/run_yarn"
 
 # block-causal attention, the loss mask and reset positions: each needs the
 # document end token, the token only with one of them, and one the model has (tests/test_torch.py checks the masked

@@ -931,10 +931,14 @@ static void test_rope(void) {
      * device rotates the bf16 words in fp32 and rounds each once, the CPU
      * the same rounded values. Unscaled (the backward at another theta),
      * then Llama 3's scaling (hd 16: kept, blended and divided frequencies),
-     * then linear scaling (position interpolation). */
-    const Rope plain = {10000.0f, ROPE_NONE, 0, 0, 0, 0}, plain5 = {500000.0f, ROPE_NONE, 0, 0, 0, 0};
-    const Rope llama3 = {500000.0f, ROPE_LLAMA3, 32.0f, 1.0f, 4.0f, 256};
-    const Rope linear = {10000.0f, ROPE_LINEAR, 4.0f, 0, 0, 0};
+     * then linear scaling (position interpolation), then YaRN. */
+    const Rope plain = {.theta = 10000.0f, .scaling = ROPE_NONE}, plain5 = {.theta = 500000.0f, .scaling = ROPE_NONE};
+    const Rope llama3 = {.theta = 500000.0f, .scaling = ROPE_LLAMA3, .factor = 32.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .original_max_seq_len = 256};
+    const Rope linear = {.theta = 10000.0f, .scaling = ROPE_LINEAR, .factor = 4.0f};
+    /* YaRN by 4 over an original context of 256 (hd 16: kept, blended and
+     * divided frequencies), the ends not rounded, cos and sin times 1.1386 */
+    const Rope yarn = {.theta = 10000.0f, .scaling = ROPE_YARN, .factor = 4.0f, .original_max_seq_len = 256,
+                       .beta_fast = 32.0f, .beta_slow = 1.0f, .truncate = 0};
     /* positions: each row's (NULL), documents' (reset), and documents' with
      * row b's shifted by 3000 b (angles of thousands of radians) */
     int *reset = doc_positions(B, T), *far = doc_positions(B, T);
@@ -943,9 +947,10 @@ static void test_rope(void) {
     const struct { const char *tag; const Rope *fwd, *bwd; const int *pos_fwd, *pos_bwd, *gpos_fwd, *gpos_bwd; } cases[] = {
         {"(positions: the rows' forward, the documents' backward) ", &plain, &plain5, NULL, reset, NULL, greset},
         {"llama3 scaling, positions to 3000+ ", &llama3, &llama3, far, far, gfar, gfar},
-        {"linear scaling by 4, document positions ", &linear, &linear, reset, reset, greset, greset}};
+        {"linear scaling by 4, document positions ", &linear, &linear, reset, reset, greset, greset},
+        {"yarn by 4, positions to 3000+ ", &yarn, &yarn, far, far, gfar, gfar}};
     float *x = hrand(n, 1);
-    for (int c = 0; c < 3; c++) {
+    for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
         char name[96];
         float *gx = dcopy_act(x, n);
         act_round(x, n);

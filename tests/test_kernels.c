@@ -522,11 +522,28 @@ static double rope_loss(void *p) {
     return dot_r(c->tmp, c->R, n);
 }
 
-/* The frequencies as Hugging Face's _compute_llama3_parameters writes them
- * (two torch.where passes), not as kernels.h does; *band counts which of
- * kept (0), blended (1) and divided (2) frequency i falls in. */
+/* YaRN's index at which a frequency turns rot times over the context ctx
+ * (Hugging Face's find_correction_dim) */
+static double yarn_correction_dim(double rot, int hd, double theta, double ctx) {
+    return hd * log(ctx / (rot * 2 * M_PI)) / (2 * log(theta));
+}
+
+/* The frequencies as Hugging Face's _compute_llama3_parameters (two
+ * torch.where passes) and _compute_yarn_parameters (interpolation and
+ * extrapolation mixed by 1 - ramp) write them, not as kernels.h does; *band
+ * counts which of kept (0), blended (1) and divided (2) frequency i falls in. */
 static double ref_inv_freq(const Rope *r, int i, int hd, int *band) {
     double inv = 1.0 / pow((double)r->theta, (double)(2 * i) / hd);
+    if (r->scaling == ROPE_YARN) {
+        double low = yarn_correction_dim(r->beta_fast, hd, r->theta, r->original_max_seq_len);
+        double high = yarn_correction_dim(r->beta_slow, hd, r->theta, r->original_max_seq_len);
+        if (r->truncate) { low = floor(low); high = ceil(high); }
+        low = fmax(low, 0); high = fmin(high, hd - 1);
+        if (low == high) high += 0.001;
+        double ramp = fmin(fmax((i - low) / (high - low), 0), 1), extra = 1 - ramp;
+        band[extra == 1 ? 0 : extra == 0 ? 2 : 1]++;
+        return inv / r->factor * (1 - extra) + inv * extra;
+    }
     if (r->scaling != ROPE_LLAMA3) { band[0]++; return inv; }
     double wavelen = 2 * M_PI / inv, old = r->original_max_seq_len;
     double low_wavelen = old / r->low_freq_factor, high_wavelen = old / r->high_freq_factor;
@@ -547,7 +564,10 @@ static void test_rope_case(const char *tag, int hd, const Rope *rope, const int 
     double *ref = malloc_check(sizeof(double) * n), inv[64];
     int band[3] = {0, 0, 0};
     for (int i = 0; i < half; i++) inv[i] = ref_inv_freq(rope, i, hd, band);
-    if (rope->scaling == ROPE_LLAMA3) {
+    /* YaRN's factor on cos and sin: its attention_factor, or 0.1 ln(factor) + 1 */
+    double m = rope->scaling != ROPE_YARN ? 1 : rope->attention_factor > 0 ? rope->attention_factor
+                                                                           : 0.1 * log(rope->factor) + 1;
+    if (rope->scaling == ROPE_LLAMA3 || rope->scaling == ROPE_YARN) {
         snprintf(name, sizeof name, "rope %s: the frequencies fall in all three bands (kept %d, blended %d, divided %d)", tag,
                  band[0], band[1], band[2]);
         report(band[0] > 0 && band[1] > 0 && band[2] > 0, name, "%s", "");
@@ -561,18 +581,19 @@ static void test_rope_case(const char *tag, int hd, const Rope *rope, const int 
                 double at = pos ? pos[r] : r % T;
                 if (rope->scaling == ROPE_LINEAR) at /= rope->factor; /* position interpolation */
                 double ang = at * inv[i];
-                o[i] = x[i] * cos(ang) - x[i + half] * sin(ang);
-                o[i + half] = x[i + half] * cos(ang) + x[i] * sin(ang);
+                o[i] = m * (x[i] * cos(ang) - x[i + half] * sin(ang));
+                o[i + half] = m * (x[i + half] * cos(ang) + x[i] * sin(ang));
             }
         }
     rope_loss(&c);
     snprintf(name, sizeof name, "rope_forward %s", tag);
     check_close(name, c.tmp, ref, n, 1e-5);
 
-    // forward then backward is the identity (the rotation is orthogonal)
+    // forward then backward is the identity (the rotation is orthogonal),
+    // times m^2 on the q and k heads under YaRN
     K->rope_backward(c.tmp, pos, B, T, nh, nkv, hd, rope);
-    for (size_t i = 0; i < n; i++) ref[i] = c.x[i];
-    snprintf(name, sizeof name, "rope_forward+backward identity %s", tag);
+    for (size_t i = 0; i < n; i++) ref[i] = (int)(i % S) < (nh + nkv) * hd ? m * m * c.x[i] : c.x[i];
+    snprintf(name, sizeof name, "rope_forward+backward identity%s %s", m != 1 ? " x m^2" : "", tag);
     check_close(name, c.tmp, ref, n, 1e-5);
 
     float *g = dup(c.R, n), *fd = zerov(n);
@@ -587,22 +608,38 @@ static void test_rope(void) {
     /* positions from an array: reset at documents (row 0), and large ones
      * whose angles reach thousands of radians (row 1) */
     static const int pos[10] = {0, 1, 2, 0, 1, 3000, 3001, 0, 1, 2};
-    Rope plain = {10000.0f, ROPE_NONE, 0, 0, 0, 0};
+    Rope plain = {.theta = 10000.0f, .scaling = ROPE_NONE};
     test_rope_case("(theta 1e4)", 8, &plain, NULL);
     test_rope_case("(theta 1e4, positions from an array)", 8, &plain, pos);
     /* Llama 3's scaling with a short original context, so that the 8
      * frequencies of hd 16 at theta 5e5 reach every band: wavelengths
      * 6.3 and 32 kept (below 256 / 4), 159 blended, 803 and up divided */
-    Rope llama3 = {500000.0f, ROPE_LLAMA3, 32.0f, 1.0f, 4.0f, 256};
+    Rope llama3 = {.theta = 500000.0f, .scaling = ROPE_LLAMA3, .factor = 32.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .original_max_seq_len = 256};
     test_rope_case("(llama3 scaling)", 16, &llama3, NULL);
     test_rope_case("(llama3 scaling, positions from an array)", 16, &llama3, pos);
     /* the CPU keeps its cos/sin table while the RoPE and head dim stay: a
      * RoPE that differs only in its frequencies must not read llama3's */
     test_rope_case("(theta 1e4 at head dim 16, right after llama3's)", 16, &plain, NULL);
     /* linear scaling (position interpolation), against positions divided by its factor */
-    Rope linear = {10000.0f, ROPE_LINEAR, 4.0f, 0, 0, 0};
+    Rope linear = {.theta = 10000.0f, .scaling = ROPE_LINEAR, .factor = 4.0f};
     test_rope_case("(linear scaling by 4)", 8, &linear, NULL);
     test_rope_case("(linear scaling by 4, positions from an array)", 8, &linear, pos);
+    /* YaRN over an original context of 256 at theta 1e4: hd 16's 8
+     * frequencies have lo = floor(0.21) = 0 and hi = ceil(3.2) = 4, so
+     * index 0 is kept, 1 to 3 blended and 4 to 7 divided; its attention
+     * factor by default (0.1 ln 4 + 1), then given, then with betas 16
+     * and 2 and the ends not rounded (lo 0.81, hi 2.62: 0 kept, 1 and 2
+     * blended, 3 to 7 divided) */
+    Rope yarn = {.theta = 10000.0f, .scaling = ROPE_YARN, .factor = 4.0f, .original_max_seq_len = 256, .beta_fast = 32.0f, .beta_slow = 1.0f, .truncate = 1};
+    test_rope_case("(yarn by 4)", 16, &yarn, NULL);
+    test_rope_case("(yarn by 4, positions from an array)", 16, &yarn, pos);
+    Rope yarn_af = yarn, yarn_nt = yarn;
+    yarn_af.attention_factor = 0.7f;
+    test_rope_case("(yarn by 4, attention factor 0.7)", 16, &yarn_af, pos);
+    yarn_nt.truncate = 0;
+    yarn_nt.beta_fast = 16.0f;
+    yarn_nt.beta_slow = 2.0f;
+    test_rope_case("(yarn by 4, untruncated, betas 16/2)", 16, &yarn_nt, NULL);
 }
 
 // ----------------------------------------------------------------------------

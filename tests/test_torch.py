@@ -1,7 +1,7 @@
 """test_torch.py — compares llmtrain against the independent PyTorch
 reference in tests/torch_ref.py.
 
-    /usr/bin/python3 tests/test_torch.py [--bin ./llmtrain] [--cases gpt2,llama_gqa,llama_tied]
+    /usr/bin/python3 tests/test_torch.py [--bin ./llmtrain] [--cases gpt2,llama_gqa,llama_tied,llama_yarn]
                                          [--keep] [-v]
 
 For each model case it writes random token shards (llm.c format), a random
@@ -252,6 +252,14 @@ CASES = {
                        vocab=64, max_seq_len=32, eps=1e-6, theta=100.0, tie=True,
                        decay_all=True, model_section_in_main=True, schedule={"lr_decay_style": "linear"},
                        rope_scaling={"rope_type": "linear", "factor": 4.0}),
+    # (d) Llama with GQA, untied, YaRN by 4 over an original context of 256 with Hugging
+    # Face's defaults (betas 32/1, truncated, attention factor 0.1 ln 4 + 1): head_dim 8's
+    # frequency 0 kept, 1 blended, 2 and 3 divided by 4
+    "llama_yarn": dict(arch="llama", n_layer=2, n_embd=32, n_head=4, n_kv_head=2, ffn_hidden=48,
+                       vocab=64, max_seq_len=32, eps=1e-5, theta=10000.0, tie=False,
+                       decay_all=False, model_section_in_main=True,
+                       rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                     "original_max_position_embeddings": 256}),
 }
 
 T = 16            # seq_len (< max_seq_len, so GPT-2's unused wpe rows must get zero grad)
@@ -287,6 +295,10 @@ def model_section(c, ffn=True):
             m.update({"rope_low_freq_factor": rs["low_freq_factor"],
                       "rope_high_freq_factor": rs["high_freq_factor"],
                       "rope_original_max_seq_len": rs["original_max_position_embeddings"]})
+        if rs and rs["rope_type"] == "yarn":
+            m["rope_original_max_seq_len"] = rs["original_max_position_embeddings"]
+            m.update({f"rope_{k}": rs[k] for k in ("beta_fast", "beta_slow", "attention_factor", "truncate")
+                      if k in rs})
         if ffn:
             m["ffn_hidden"] = c["ffn_hidden"]
     return m
@@ -407,6 +419,12 @@ def run_case(binary, cname, c, root):
             far = rel_err(logits_c, unscaled)
             CK.check(far > 100 * TOL_LOGITS, f"{tag} step0 logits are far from unscaled RoPE's "
                                              f"({cfg['rope_scaling']['rope_type']}; rel {far:.2g})")
+            if cfg["rope_scaling"]["rope_type"] == "yarn":  # and YaRN's attention factor did something
+                _, no_af, _ = torch_step0(dict(cfg, rope_scaling=dict(cfg["rope_scaling"], attention_factor=1.0)),
+                                          p0, train_tokens)
+                far = rel_err(logits_c, no_af)
+                CK.check(far > 100 * TOL_LOGITS, f"{tag} step0 logits are far from YaRN's with attention factor 1 "
+                                                 f"(rel {far:.2g})")
     g_dir = os.path.join(dump, "grads")
     if CK.check(os.path.exists(os.path.join(g_dir, "model.safetensors")), f"{tag} dump/grads written"):
         _, grads_c = hfio.read_hf_folder(g_dir)

@@ -162,19 +162,50 @@ def llama3_inv_freq(inv_freq, rs):
     return torch.tensor(out, dtype=torch.float64)
 
 
+def yarn_inv_freq(hd, theta, rs):
+    """YaRN's RoPE frequencies and attention factor (Peng et al. 2023, as
+    Hugging Face's rope_type "yarn" reads its keys): frequency index i mixes
+    the interpolated theta^(-2i/hd)/factor and the original by a ramp over
+    the indices [low, high] at which a frequency turns beta_fast and beta_slow
+    times over the original context; cos and sin are scaled by the attention
+    factor, by default 0.1 ln(factor) + 1."""
+    factor, orig = float(rs["factor"]), float(rs["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(rs.get("beta_fast", 32)), float(rs.get("beta_slow", 1))
+
+    def turns_at(rot):  # the index whose wavelength fits rot times in the original context
+        return hd * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = turns_at(beta_fast), turns_at(beta_slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, hd - 1)
+    if low == high:
+        high += 0.001
+    i = torch.arange(hd // 2, dtype=torch.float64)
+    ramp = ((i - low) / (high - low)).clamp(0, 1)       # 0: keep, 1: interpolate
+    base = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    inv_freq = base / factor * ramp + base * (1 - ramp)
+    attn = rs.get("attention_factor")
+    if attn is None:
+        attn = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    return inv_freq, float(attn)
+
+
 def rope_cos_sin(T, hd, theta, dtype, pos0=0, scaling=None):
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))  # [hd/2]
     kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
     pos = torch.arange(pos0, pos0 + T, dtype=torch.float64)
+    mscale = 1.0
     if kind == "llama3":
         inv_freq = llama3_inv_freq(inv_freq, scaling)
     elif kind == "linear":  # position interpolation: the positions divided by the factor
         pos = pos / float(scaling["factor"])
+    elif kind == "yarn":
+        inv_freq, mscale = yarn_inv_freq(hd, theta, scaling)
     elif kind not in (None, "default"):
         raise ValueError(f"unsupported rope_scaling {scaling!r}")
     freqs = torch.outer(pos, inv_freq)                  # [T, hd/2]
     emb = torch.cat([freqs, freqs], dim=-1)             # [T, hd]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * mscale).to(dtype), (emb.sin() * mscale).to(dtype)
 
 
 def rotate_half(x):
@@ -707,6 +738,22 @@ def _selftest():
     at, near = llama3_inv_freq(edges, rs), llama3_inv_freq(edges * eps_f, rs)
     check("llama3 rope: continuous at the band edges", rel(at, near) < 1e-8
           and abs(at[0] - edges[0]) < 1e-15 and abs(at[1] - edges[1] / 32) < 1e-15)
+
+    # YaRN: over an original context of 256 at theta 1e4 and hd 16, index 0
+    # is kept, 4..7 are divided by the factor and 1..3 ramp between; the
+    # default attention factor is 0.1 ln(factor) + 1, and it scales q.k by
+    # its square
+    ys = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+    yf, ym = yarn_inv_freq(16, 10000.0, ys)
+    yb = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+    check("yarn rope: index 0 kept, 4..7 divided by the factor, 1..3 between",
+          yf[0] == yb[0] and rel(yf[4:], yb[4:] / 4) < 1e-15
+          and bool(((yf[1:4] < yb[1:4]) & (yf[1:4] > yb[1:4] / 4)).all()))
+    check("yarn rope: default attention factor 0.1 ln 4 + 1", abs(ym - (0.1 * math.log(4) + 1)) < 1e-15)
+    ycos, ysin = rope_cos_sin(12, 16, 10000.0, torch.float64, scaling=ys)
+    q16 = torch.randn(16, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    check("yarn rope: scales a vector's norm by the attention factor",
+          rel(apply_rope(q16.expand(12, 16), ycos, ysin).norm(dim=-1), ym * q16.norm().expand(12)) < 1e-13)
 
     # ---- models ----
     g_cfg = gpt2_config(2, 32, 4, 64, 32)
