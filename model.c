@@ -638,9 +638,16 @@ static void norm_backward_rows(Model *m, float *dinp, float *dw, float *db, cons
 
 /* The job's RoPE for the kernels. */
 static Rope rope_of(const ModelConfig *c) {
-    return (Rope){c->rope_theta,           c->rope_scaling,   c->rope_scaling_factor,  c->rope_low_freq_factor,
-                  c->rope_high_freq_factor, c->rope_original_max_seq_len, c->rope_beta_fast, c->rope_beta_slow,
-                  c->rope_attention_factor, c->rope_truncate};
+    return (Rope){.theta = c->rope_theta,
+                  .scaling = c->rope_scaling,
+                  .factor = c->rope_scaling_factor,
+                  .low_freq_factor = c->rope_low_freq_factor,
+                  .high_freq_factor = c->rope_high_freq_factor,
+                  .original_max_seq_len = c->rope_original_max_seq_len,
+                  .beta_fast = c->rope_beta_fast,
+                  .beta_slow = c->rope_beta_slow,
+                  .attention_factor = c->rope_attention_factor,
+                  .truncate = c->rope_truncate};
 }
 
 /* attention's qstart: the last forward's documents under a block-causal
