@@ -1661,7 +1661,7 @@ static double cuda_scratch_bytes(const Trainer *t) {
     const int gpt2 = t->cfg.model.arch == ARCH_GPT2;
     double rb = fmin(128.0, ceil(N / 256.0)), widest = 2 * C;
     if (gpt2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
-    double rbn = fmin(512.0, ceil(N / 8.0));
+    double rbn = fmin(1024.0, ceil(N / 8.0)); /* kernels.cu NBW_MAX_BLOCKS */
     rbn = ceil(N / ceil(N / rbn));
     s += grow * fmax(rb * widest, rbn * (gpt2 ? 2.0 : 1.0) * C) * 4.0;
     s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);

@@ -2,7 +2,10 @@
 norm, parameter norm and val loss in their metrics.jsonl and (when both have one) the exported weights in
 RUN/hf/model.safetensors. Exit 0 when they agree within tolerance.
 
-  compare_runs.py RUN_A RUN_B [--steps N] [--loss-rtol R] [--weight-rtol R] [--exact]
+  compare_runs.py RUN_A RUN_B [--steps N] [--upto S] [--loss-rtol R] [--weight-rtol R] [--exact]
+
+--steps N: each run must have logged N steps; --upto S: the metrics of steps
+1..S only (the weights are still compared).
 """
 import argparse
 import json
@@ -31,6 +34,7 @@ def main():
     ap.add_argument("b")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--loss-rtol", type=float, default=1e-5)
+    ap.add_argument("--upto", type=int, default=0, help="compare the metrics of the steps up to this one only")
     ap.add_argument("--weight-rtol", type=float, default=1e-5)
     ap.add_argument("--exact", action="store_true", help="require bit-identical losses and weights")
     args = ap.parse_args()
@@ -40,6 +44,8 @@ def main():
         print(f"  step count: {len(sa)} vs {len(sb)}, expected {args.steps}")
         bad += 1
     for s in sorted(set(sa) & set(sb)):
+        if args.upto and s > args.upto:
+            continue
         for key in ("loss", "grad_norm", "param_norm", "val_loss"):
             if key not in sa[s] and key not in sb[s]:
                 continue

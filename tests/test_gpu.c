@@ -201,22 +201,38 @@ static void check_act(const char *name, const float *ref, const float *dev, size
  * Below 1e-37 both count as zero: the CPU's exp gives e^-87 for anything
  * smaller (kernels_cpu.c's exp_f), e^-inf included, where CUDA's gives 0.
  * floor: an absolute error allowed beside the unit (check_act_rn_sum). */
+static void check_act_rn_floor_pct(const char *name, const float *ref, const float *dev, size_t n, double floor,
+                                   size_t min_exact_pct);
 static void check_act_rn_floor(const char *name, const float *ref, const float *dev, size_t n, double floor) {
+    check_act_rn_floor_pct(name, ref, dev, n, floor, 99);
+}
+
+/* min_exact_pct: the share of elements that must be exactly the CPU's
+ * rounded value (99 for our kernels; a library's epilogue, which computes
+ * its activation's derivative its own way, is held to less) */
+static void check_act_rn_floor_pct(const char *name, const float *ref, const float *dev, size_t n, double floor,
+                                   size_t min_exact_pct) {
     if (!act16()) {
         check(name, ref, dev, n, TOL_F32);
         return;
     }
     float *h = act_to_host(dev, n);
-    size_t exact = 0, far = 0, worst = 0;
+    size_t exact = 0, far = 0, worst = 0, inward = 0;
     for (size_t i = 0; i < n; i++) {
         float r = bf16_val(bf16_rn(ref[i]));
         double ulp = ldexp(1.0, ilogb(r == 0.0f ? 1e-30f : r) - 7);
         if (h[i] == r || (fabsf(h[i]) < 1e-37f && fabsf(r) < 1e-37f)) exact++;
-        else if (!(fabs((double)h[i] - r) <= ulp + floor)) { far++; worst = i; }
+        else {
+            if (fabsf(h[i]) < fabsf(r)) inward++;
+            if (!(fabs((double)h[i] - r) <= ulp + floor)) { far++; worst = i; }
+        }
     }
-    int ok = far == 0 && exact * 100 >= n * 99;
-    printf("%s %-34s bf16: %zu of %zu = the CPU's rounded to nearest, %zu more than 1 unit off\n", ok ? "ok  " : "FAIL",
-           name, exact, n, far);
+    /* held to less than 99% exact, the rest must not lean toward zero as
+     * truncation's would (all of it; cuBLASLt's DGELU on an H200: 50% and 61%) */
+    int ok = far == 0 && exact * 100 >= n * min_exact_pct &&
+             (min_exact_pct >= 99 || n - exact < 100 || inward * 100 <= (n - exact) * 80);
+    printf("%s %-34s bf16: %zu of %zu = the CPU's rounded to nearest (%zu%% needed; of the rest %zu toward zero), "
+           "%zu more than 1 unit off\n", ok ? "ok  " : "FAIL", name, exact, n, min_exact_pct, inward, far);
     if (far) printf("     worst [%zu]: gpu %g cpu %g\n", worst, h[worst], ref[worst]);
     if (ok) pass++; else fail++;
     free(h);
@@ -648,7 +664,12 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
              with_bias ? " +bias" : "", off ? " unaligned" : "");
     snprintf(name, sizeof name, "%s dpre (%s%s)", shape, exact ? "bf16 [a], " : "",
              swiglu ? (exact ? "from fp32 scratch" : "in place") : did ? "DGELU epilogue" : "GEMM + kernel");
-    if (exact && (swiglu || did)) check_act_rn_sum(name, dpre, gdpre, np);
+    if (exact && swiglu) check_act_rn_sum(name, dpre, gdpre, np);
+    else if (exact && did) { /* cuBLASLt's DGELU: on an H200 (cuBLASLt 13.1) 73% and 96% exact, none 2 units off */
+        double mx = 0.0;
+        for (size_t i = 0; i < np; i++) mx = fmax(mx, fabs(dpre[i]));
+        check_act_rn_floor_pct(name, dpre, gdpre, np, 1e-4 * mx, 60);
+    }
     else check_act(name, dpre, gdpre, np, tol_mm);
     snprintf(name, sizeof name, "%s dw", shape);
     check(name, dw, gdw, nw, tol_mm);
@@ -1002,6 +1023,16 @@ static void test_pointwise(void) {
     size_t big = (size_t)3 << 20; /* more than one element per reduction thread */
     float *y = hrand(big, 1), *gy = dcopy(y, big);
     check_scalar("sumsq (3M)", KC->sumsq(y, big), KG->sumsq(gy, big), TOL_RED);
+    /* the 16-byte loads (four a round, the rounds' remainder, the n % 4
+     * tail) from an aligned start, and the scalar loop from unaligned ones */
+    const size_t offs[] = {0, 0, 1, 3, 0}, lens[] = {big - 1, big - 3, big - 1, 1000002, 5};
+    for (int i = 0; i < 5; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "sumsq [%zu, +%zu)", offs[i], lens[i]);
+        check_scalar(name, KC->sumsq(y + offs[i], lens[i]), KG->sumsq(gy + offs[i], lens[i]), TOL_RED);
+        snprintf(name, sizeof name, "sum [%zu, +%zu)", offs[i], lens[i]);
+        check_scalar(name, KC->sum(y + offs[i], lens[i]), KG->sum(gy + offs[i], lens[i]), TOL_RED);
+    }
 }
 
 /* two device [a] buffers hold the same bits */
