@@ -665,7 +665,7 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
     snprintf(name, sizeof name, "%s dpre (%s%s)", shape, exact ? "bf16 [a], " : "",
              swiglu ? (exact ? "from fp32 scratch" : "in place") : did ? "DGELU epilogue" : "GEMM + kernel");
     if (exact && swiglu) check_act_rn_sum(name, dpre, gdpre, np);
-    else if (exact && did) { /* cuBLASLt's DGELU: on an H200 (cuBLASLt 13.1) 73% and 96% exact, none 2 units off */
+    else if (exact && did) { /* cuBLASLt's DGELU: on an H200 (cuBLASLt 13.1) 73% and 96% exact, none more than a unit off */
         double mx = 0.0;
         for (size_t i = 0; i < np; i++) mx = fmax(mx, fabs(dpre[i]));
         check_act_rn_floor_pct(name, dpre, gdpre, np, 1e-4 * mx, 60);

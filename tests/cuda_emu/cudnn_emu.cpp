@@ -20,8 +20,9 @@
  *     index i / (out / operand) (1 = broadcast, GQA heads = groups).
  *   - POINTWISE with every operand of the output's rank (cuDNN 9.14 declines
  *     others), broadcasting size-1 dims: ADD SUB MUL DIV MIN MAX EXP LOG NEG
- *     ABS SQRT RSQRT RECIPROCAL IDENTITY TANH SIGMOID CMP_* LOGICAL_* GEN_INDEX (Y = the index along AXIS) and
- *     BINARY_SELECT (Y = T ? X : B); y = op(alpha1 x, alpha2 b).
+ *     ABS SQRT RSQRT RECIPROCAL IDENTITY TANH SIGMOID CMP_* LOGICAL_*
+ *     GEN_INDEX (Y = the index along AXIS) and BINARY_SELECT (Y = T ? X : B);
+ *     y = op(alpha1 x, alpha2 b).
  *   - REDUCTION over the dims where the output is smaller (its extent must
  *     divide the input's; input index i goes to i / (in / out)).
  *   - RESHAPE: Y is X's memory reinterpreted through Y's dims and strides
@@ -639,7 +640,8 @@ cudnnStatus_t finalize_op_pointwise(Desc *d) {
     op.out = y->tensor;
     for (size_t i = 0; i < op.in.size(); i++)
         if (op.in[i].dims.size() != op.out.dims.size()) // cuDNN 9.14: "xDesc.getNbDims() != bDesc.getNbDims()"
-            return err(CUDNN_STATUS_BAD_PARAM, "OPERATION_POINTWISE mode %d: input uid %lld has rank %zu, output uid %lld rank %zu (expected equal ranks)",
+            return err(CUDNN_STATUS_BAD_PARAM,
+                       "OPERATION_POINTWISE mode %d: input uid %lld has rank %zu, output uid %lld rank %zu (expected equal ranks)",
                        m, (long long)op.in[i].uid, op.in[i].dims.size(), (long long)op.out.uid, op.out.dims.size());
         else if (!broadcasts(op.in[i].dims, op.out.dims))
             return err(CUDNN_STATUS_BAD_PARAM, "OPERATION_POINTWISE mode %d: input uid %lld dims %s do not broadcast to output uid %lld dims %s",
