@@ -472,6 +472,18 @@ long kernels_cuda_fused_dgelu_calls(void);
  * input gradient and the weight (and bias) gradients in one pass over dout
  * and inp (the rest: three kernels, for a C too wide for shared memory) */
 long kernels_cuda_fused_norm_bwd_calls(void);
+/* Of those, how many took the float4 form (a width a multiple of 4, rows
+ * 16-byte aligned): which 0 with a lane's share of the row in registers
+ * between the two passes (C up to 2048), 1 reading the row twice. */
+long kernels_cuda_vec_norm_bwd_calls(int which);
+/* How many crossentropy_forward / crossentropy_fused calls so far read and
+ * wrote the logits 16 bytes at a time (V a multiple of 8 under bf16 [a], of
+ * 4 under fp32, the logits 16-byte aligned); the rest: an element at a time */
+long kernels_cuda_vec_ce_calls(void);
+/* How many layernorm / rmsnorm forward calls (the residual add's too) so far
+ * read and wrote 16 bytes at a time (C a multiple of 4, rows 16-byte
+ * aligned); the rest: an element at a time */
+long kernels_cuda_vec_norm_fwd_calls(void);
 /* How many bias gradients so far were summed from an fp32 output gradient
  * in the same pass that wrote its bf16 copy for the backward's GEMMs (under
  * bf16; the rest: a conversion pass and a bias pass) */

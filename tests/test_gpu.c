@@ -366,12 +366,17 @@ static void test_embed_det(int B, int T, int C, int vocab, int v0, int Vl, int r
 
 /* The norms against the CPU. The backward's one-pass form
  * (kernels_cuda_fused_norm_bwd_calls) must run for every width whose
- * accumulators fit in a block's shared memory (fused = 1: both calls;
- * 0: neither), and a second call from the same values must give the same
- * bits (no atomics). Shapes: one block; several rows a warp over 75
- * blocks; the 512-block cap with a ragged last block; too wide for the
- * one-pass form. */
-static void test_norms_case(int N, int C, int fused) {
+ * accumulators fit in a block's shared memory, in the form expected
+ * (NBW_*: float4 with the row in registers, float4 reading it twice, the
+ * scalar loop for a width not a multiple of 4, or none), and a second call
+ * from the same values must give the same bits (no atomics). Shapes: one
+ * block; several rows a warp over 75 blocks; the 1024-block cap with a
+ * ragged last block and lanes without a column; the register form's widest
+ * rows with over 48 KB of shared memory, then a wider one (the kernel's
+ * limit raised again); the re-reading form; too wide for the one-pass
+ * form. */
+enum { NBW_NONE, NBW_SCALAR, NBW_REGS, NBW_REREAD };
+static void test_norms_case(int N, int C, int form) {
     char name[96];
     size_t NC = (size_t)N * C;
     float *x = hrand(NC, 2), *w = hrand(C, 1), *b = hrand(C, 1), *dout = hrand(NC, 1);
@@ -379,6 +384,7 @@ static void test_norms_case(int N, int C, int fused) {
     float *gx = dcopy(x, NC), *gw = dcopy(w, C), *gb = dcopy(b, C), *gdout = dcopy(dout, NC);
     float *out = hrand(NC, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
     float *gout = dcopy_act(out, NC), *gmean = dcopy(mean, N), *grstd = dcopy(rstd, N);
+    const long fw0 = kernels_cuda_vec_norm_fwd_calls();
     KC->layernorm_forward(out, mean, rstd, x, w, b, N, C, 1e-5f);
     KG->layernorm_forward(gout, gmean, grstd, gx, gw, gb, N, C, 1e-5f);
     snprintf(name, sizeof name, "layernorm_fwd out %dx%d", N, C);
@@ -388,13 +394,14 @@ static void test_norms_case(int N, int C, int fused) {
     float *dinp = hrand(NC, 1), *dw = hrand(C, 1), *db = hrand(C, 1);
     float *gdinp = dcopy(dinp, NC), *gdw = dcopy(dw, C), *gdb = dcopy(db, C);
     float *gdinp2 = dcopy(dinp, NC), *gdw2 = dcopy(dw, C), *gdb2 = dcopy(db, C);
-    long f0 = kernels_cuda_fused_norm_bwd_calls();
+    long f0 = kernels_cuda_fused_norm_bwd_calls(), v0 = kernels_cuda_vec_norm_bwd_calls(0),
+         v1 = kernels_cuda_vec_norm_bwd_calls(1);
     KC->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
     KG->layernorm_backward(gdinp, gdw, gdb, gdout, gx, gw, gmean, grstd, N, C);
     KG->layernorm_backward(gdinp2, gdw2, gdb2, gdout, gx, gw, gmean, grstd, N, C);
     long fl = kernels_cuda_fused_norm_bwd_calls() - f0;
-    const char *form = fl ? "one pass" : "three kernels";
-    snprintf(name, sizeof name, "layernorm_bwd dinp %dx%d (%s)", N, C, form);
+    const char *how = fl ? "one pass" : "three kernels";
+    snprintf(name, sizeof name, "layernorm_bwd dinp %dx%d (%s)", N, C, how);
     check(name, dinp, gdinp, NC, TOL_F32);
     snprintf(name, sizeof name, "layernorm_bwd dw %dx%d", N, C);
     check(name, dw, gdw, C, TOL_F32);
@@ -434,18 +441,27 @@ static void test_norms_case(int N, int C, int fused) {
     bad += bits_differ(h, gdw2, C);
     printf("%s rmsnorm_bwd %dx%d run twice: %zu words differ\n", bad ? "FAIL" : "ok  ", N, C, bad);
     if (bad) fail++; else pass++;
-    int ok = fl == (fused ? 4 : 0);
-    printf("%s norm backward %dx%d: %ld of 4 calls in one pass (expected %s)\n", ok ? "ok  " : "FAIL", N, C, fl,
-           fused ? "all" : "none: too wide for shared memory");
+    const long regs = kernels_cuda_vec_norm_bwd_calls(0) - v0, reread = kernels_cuda_vec_norm_bwd_calls(1) - v1;
+    static const char *const form_name[] = {"none: too wide for shared memory", "scalar", "float4, row in registers",
+                                            "float4, row read twice"};
+    int ok = fl == (form == NBW_NONE ? 0 : 4) && regs == (form == NBW_REGS ? 4 : 0) &&
+             reread == (form == NBW_REREAD ? 4 : 0);
+    const long fwv = kernels_cuda_vec_norm_fwd_calls() - fw0, fw_want = C % 4 == 0 ? 2 : 0;
+    printf("%s norm forward %dx%d: %ld of 2 calls 16 bytes at a time (expected %ld)\n", fwv == fw_want ? "ok  " : "FAIL",
+           N, C, fwv, fw_want);
+    if (fwv == fw_want) pass++; else fail++;
+    printf("%s norm backward %dx%d: %ld of 4 calls in one pass, %ld float4 in registers, %ld float4 read twice "
+           "(expected %s)\n",
+           ok ? "ok  " : "FAIL", N, C, fl, regs, reread, form_name[form]);
     if (ok) pass++; else fail++;
     free(h); free(x); free(w); free(b); free(dout); free(out); free(mean); free(rstd); free(dinp); free(dw); free(db);
 }
 
 /* the residual add fused with the norm: res = a + b (exact), out and the
  * statistics as the CPU's fused kernel; in place (res = a) for rmsnorm */
-static void test_add_norms(void) {
-    int N = 70, C = 300;
+static void test_add_norms(int N, int C) {
     size_t NC = (size_t)N * C;
+    const long fw0 = kernels_cuda_vec_norm_fwd_calls();
     float *a = hrand(NC, 2), *b = hrand(NC, 1), *w = hrand(C, 1), *bias = hrand(C, 1);
     for (size_t i = 0; i < NC; i++) a[i] += 3.0f;
     float *ga = dcopy(a, NC), *gb = dcopy(b, NC), *gw = dcopy(w, C), *gbias = dcopy(bias, C);
@@ -462,6 +478,10 @@ static void test_add_norms(void) {
     check("add_rmsnorm_forward res in place", a, ga, NC, 0.0);
     check_act_rn_sum("add_rmsnorm_forward out", out, gout, NC);
     check("add_rmsnorm_forward rstd", rstd, grstd, N, TOL_F32);
+    const long fwv = kernels_cuda_vec_norm_fwd_calls() - fw0, fw_want = C % 4 == 0 ? 2 : 0;
+    printf("%s add + norm forward %dx%d: %ld of 2 calls 16 bytes at a time (expected %ld)\n",
+           fwv == fw_want ? "ok  " : "FAIL", N, C, fwv, fw_want);
+    if (fwv == fw_want) pass++; else fail++;
 }
 
 static void test_matmul_case(int N, int C, int OC, int off, int with_bias) {
@@ -1075,8 +1095,11 @@ static void check_no_target_rows(const char *name, const float *dl, const float 
     free(l);
 }
 
-static void test_crossentropy(void) {
-    int N = 45, V = 1037;
+/* V = 1037: an element at a time; 1040: 16 bytes at a time
+ * (kernels_cuda_vec_ce_calls: both calls, or neither) */
+static void test_crossentropy(int V) {
+    int N = 45;
+    const long v0_calls = kernels_cuda_vec_ce_calls();
     size_t n = (size_t)N * V;
     const double tol2 = act16() ? TOL_BF16 : TOL_F32;
     int tgt[45];
@@ -1087,11 +1110,13 @@ static void test_crossentropy(void) {
     /* the CUDA forward keeps a running max and rescales its running sum as
      * the max grows: row 0 rises along its length (a new max at every
      * element), row 1 falls, row 2 has masked (-inf) logits where they are
-     * no target, one at its first column */
+     * no target, one at its first column, row 3 its first 24 (whole groups
+     * of 16 bytes first in the row) */
     for (int j = 0; j < V; j++) {
         lg[j] = 60.0f * (float)j / (float)V;
         lg[(size_t)V + j] = -60.0f * (float)j / (float)V;
         if (j % 7 == 0 && j != tgt[2]) lg[(size_t)2 * V + j] = -INFINITY;
+        if (j < 24 && j != tgt[3]) lg[(size_t)3 * V + j] = -INFINITY;
     }
     act_round(lg, n);
     float *glg = dcopy_act(lg, n), *gfu = dcopy_act(lg, n), *fu = malloc_check(n * sizeof(float));
@@ -1117,6 +1142,10 @@ static void test_crossentropy(void) {
     KG->to_host(hg, gloss, N * sizeof(float));
     check_bits("crossentropy_fused losses = fwd's", hg, gfloss, N);
     free(fu); free(floss); free(hg);
+    const long vec_calls = kernels_cuda_vec_ce_calls() - v0_calls, want = V % 8 == 0 ? 2 : 0;
+    printf("%s crossentropy V=%d: %ld of 2 calls 16 bytes at a time (expected %ld)\n", vec_calls == want ? "ok  " : "FAIL",
+           V, vec_calls, want);
+    if (vec_calls == want) pass++; else fail++;
     /* vocab-parallel pieces on the columns [v0, v0 + Vl) */
     int v0 = 300, Vl = 400;
     size_t nl = (size_t)N * Vl;
@@ -1331,6 +1360,32 @@ static void test_adamw(void) {
     check("adamw_multi p", p, gp, n, TOL_F32);
     check("adamw_multi m", m, gm, n, TOL_F32);
     check("adamw_multi v", v, gv, n, TOL_F32);
+    /* ranges off the 16-byte grid, ending inside a group of 4 and shorter
+     * than one: against the CPU, and the same bits as the device's adamw
+     * range by range (16-byte groups and single elements alike) */
+    AdamWRange r2[4] = {{0, 998, 0.1f}, {1000, 3, 0.0f}, {1006, 50001, 0.05f}, {60002, 40001, 0.1f}};
+    float *hp = malloc_check(n * sizeof(float)), *hm = malloc_check(n * sizeof(float)),
+          *hv = malloc_check(n * sizeof(float));
+    KG->to_host(hp, gp, n * sizeof(float));
+    KG->to_host(hm, gm, n * sizeof(float));
+    KG->to_host(hv, gv, n * sizeof(float));
+    float *sp = dcopy(hp, n), *sm = dcopy(hm, n), *sv = dcopy(hv, n);
+    KC->adamw_multi(p, g, m, v, r2, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 8, 0.9f);
+    KG->adamw_multi(gp, gg, gm, gv, r2, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 8, 0.9f);
+    for (int i = 0; i < 4; i++) {
+        size_t o = r2[i].offset;
+        KG->adamw(sp + o, gg + o, sm + o, sv + o, r2[i].n, 1e-3f, 0.9f, 0.999f, 1e-8f, r2[i].wd, 8, 0.9f);
+    }
+    check("adamw_multi unaligned p", p, gp, n, TOL_F32);
+    check("adamw_multi unaligned m", m, gm, n, TOL_F32);
+    check("adamw_multi unaligned v", v, gv, n, TOL_F32);
+    KG->to_host(hp, sp, n * sizeof(float));
+    KG->to_host(hm, sm, n * sizeof(float));
+    KG->to_host(hv, sv, n * sizeof(float));
+    check_bits("adamw_multi = adamw per range p", hp, gp, n);
+    check_bits("adamw_multi = adamw per range m", hm, gm, n);
+    check_bits("adamw_multi = adamw per range v", hv, gv, n);
+    free(hp); free(hm); free(hv);
 }
 
 /* round_bf16 must give the CPU's bits exactly (the random bits are a fixed
@@ -1477,11 +1532,17 @@ int main(int argc, char **argv) {
     test_embed_det(16, 1024, 768, 50304, 0, 0, 0);  /* GPT-2 124M's shape */
     test_embed_det(2, 1024, 768, 50304, 25152, 25152, 0); /* its second half under tp 2 */
     test_embed_det(2, 1024, 768, 50304, 0, 0, 1);
-    test_norms_case(70, 300, 1);
-    test_norms_case(600, 512, 1);
-    test_norms_case(4500, 64, 1);
-    test_norms_case(5, 16384, 0);
-    test_add_norms();
+    test_norms_case(70, 300, NBW_REGS);
+    test_norms_case(600, 512, NBW_REGS);
+    test_norms_case(9000, 64, NBW_REGS);
+    test_norms_case(70, 302, NBW_SCALAR);
+    test_norms_case(40, 1600, NBW_REGS);  /* 51 KB of layernorm accumulators */
+    test_norms_case(24, 2048, NBW_REGS);  /* 64 KB: the same kernel's limit raised again */
+    test_norms_case(9, 2176, NBW_REREAD); /* 17 float4 a lane */
+    test_norms_case(5, 16384, NBW_NONE);
+    test_add_norms(70, 300);  /* float4, in registers */
+    test_add_norms(70, 302);  /* an element at a time */
+    test_add_norms(9, 2176);  /* float4, read again for each pass */
     test_act_storage(tol_mm == TOL_BF16);
     test_matmul_case(64, 128, 96, 0, 1);
     test_matmul_case(100, 72, 130, 0, 1);
@@ -1510,7 +1571,8 @@ int main(int argc, char **argv) {
     test_offload();
     test_rope();
     test_pointwise();
-    test_crossentropy();
+    test_crossentropy(1037);
+    test_crossentropy(1040);
     test_lm_head_case(64, 128, 1000, 0, 0);
     test_lm_head_case(37, 72, 96, 0, 0);
     test_lm_head_case(64, 128, 384, 1, 0); /* the qkv projection: a bias, [a] out */
