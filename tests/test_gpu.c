@@ -461,6 +461,7 @@ static void test_norms_case(int N, int C, int form) {
  * statistics as the CPU's fused kernel; in place (res = a) for rmsnorm */
 static void test_add_norms(int N, int C) {
     size_t NC = (size_t)N * C;
+    char name[96];
     const long fw0 = kernels_cuda_vec_norm_fwd_calls();
     float *a = hrand(NC, 2), *b = hrand(NC, 1), *w = hrand(C, 1), *bias = hrand(C, 1);
     for (size_t i = 0; i < NC; i++) a[i] += 3.0f;
@@ -469,15 +470,22 @@ static void test_add_norms(int N, int C) {
     float *gres = dcopy(res, NC), *gout = dcopy_act(out, NC), *gmean = dcopy(mean, N), *grstd = dcopy(rstd, N);
     KC->add_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, 1e-5f);
     KG->add_layernorm_forward(gres, gout, gmean, grstd, ga, gb, gw, gbias, N, C, 1e-5f);
-    check("add_layernorm_forward res", res, gres, NC, 0.0);
-    check_act_rn_sum("add_layernorm_forward out", out, gout, NC);
-    check("add_layernorm_forward mean", mean, gmean, N, TOL_F32);
-    check("add_layernorm_forward rstd", rstd, grstd, N, TOL_F32);
+    snprintf(name, sizeof name, "add_layernorm_forward res %dx%d", N, C);
+    check(name, res, gres, NC, 0.0);
+    snprintf(name, sizeof name, "add_layernorm_forward out %dx%d", N, C);
+    check_act_rn_sum(name, out, gout, NC);
+    snprintf(name, sizeof name, "add_layernorm_forward mean %dx%d", N, C);
+    check(name, mean, gmean, N, TOL_F32);
+    snprintf(name, sizeof name, "add_layernorm_forward rstd %dx%d", N, C);
+    check(name, rstd, grstd, N, TOL_F32);
     KC->add_rmsnorm_forward(a, out, rstd, a, b, w, N, C, 1e-5f);
     KG->add_rmsnorm_forward(ga, gout, grstd, ga, gb, gw, N, C, 1e-5f);
-    check("add_rmsnorm_forward res in place", a, ga, NC, 0.0);
-    check_act_rn_sum("add_rmsnorm_forward out", out, gout, NC);
-    check("add_rmsnorm_forward rstd", rstd, grstd, N, TOL_F32);
+    snprintf(name, sizeof name, "add_rmsnorm_forward res in place %dx%d", N, C);
+    check(name, a, ga, NC, 0.0);
+    snprintf(name, sizeof name, "add_rmsnorm_forward out %dx%d", N, C);
+    check_act_rn_sum(name, out, gout, NC);
+    snprintf(name, sizeof name, "add_rmsnorm_forward rstd %dx%d", N, C);
+    check(name, rstd, grstd, N, TOL_F32);
     const long fwv = kernels_cuda_vec_norm_fwd_calls() - fw0, fw_want = C % 4 == 0 ? 2 : 0;
     printf("%s add + norm forward %dx%d: %ld of 2 calls 16 bytes at a time (expected %ld)\n",
            fwv == fw_want ? "ok  " : "FAIL", N, C, fwv, fw_want);
@@ -1534,7 +1542,7 @@ int main(int argc, char **argv) {
     test_embed_det(2, 1024, 768, 50304, 0, 0, 1);
     test_norms_case(70, 300, NBW_REGS);
     test_norms_case(600, 512, NBW_REGS);
-    test_norms_case(9000, 64, NBW_REGS);
+    test_norms_case(9001, 64, NBW_REGS);
     test_norms_case(70, 302, NBW_SCALAR);
     test_norms_case(40, 1600, NBW_REGS);  /* 51 KB of layernorm accumulators */
     test_norms_case(24, 2048, NBW_REGS);  /* 64 KB: the same kernel's limit raised again */
