@@ -559,15 +559,12 @@ static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
     if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
     if (!cJSON_IsString(t)) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: expected a string rope_type", c->path);
     if (strcmp(t->valuestring, "default") == 0) return;
-    static const struct { const char *type, *keys[6], *has; int kind; } kinds[] = {
-        {"llama3",
-         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
-         "factor, low_freq_factor, high_freq_factor, original_max_position_embeddings",
-         ROPE_LLAMA3},
-        {"linear", {"factor"}, "factor", ROPE_LINEAR},
+    enum { MAX_KEYS = 6 };
+    static const struct { const char *type, *keys[MAX_KEYS]; int kind; } kinds[] = {
+        {"llama3", {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}, ROPE_LLAMA3},
+        {"linear", {"factor"}, ROPE_LINEAR},
         {"yarn",
          {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate"},
-         "factor, original_max_position_embeddings, beta_fast, beta_slow, attention_factor, truncate",
          ROPE_YARN},
     };
     int k = 0, n_kinds = (int)(sizeof kinds / sizeof kinds[0]);
@@ -577,10 +574,14 @@ static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
             c->path, t->valuestring);
     for (const cJSON *e = rs->child; e; e = e->next) {
         int known = strcmp(e->string, "rope_type") == 0 || strcmp(e->string, "type") == 0;
-        for (int i = 0; i < 6 && kinds[k].keys[i] && !known; i++) known = strcmp(e->string, kinds[k].keys[i]) == 0;
-        if (!known)
+        for (int i = 0; i < MAX_KEYS && kinds[k].keys[i] && !known; i++) known = strcmp(e->string, kinds[k].keys[i]) == 0;
+        if (!known) {
+            char has[160] = "";
+            for (int i = 0; i < MAX_KEYS && kinds[k].keys[i]; i++)
+                snprintf(has + strlen(has), sizeof has - strlen(has), "%s%s", i ? ", " : "", kinds[k].keys[i]);
             die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.%s: not supported (rope_type %s has %s)", c->path, e->string,
-                kinds[k].type, kinds[k].has);
+                kinds[k].type, has);
+        }
     }
     o->rope_scaling = kinds[k].kind;
     o->rope_scaling_factor = (float)rope_scaling_num(c, rs, t->valuestring, "factor", "model.rope_scaling_factor", 0);

@@ -169,6 +169,9 @@ static Scratch sc_att, sc_attp, sc_col, sc_adam;
 #define GRID_STRIDE(i, n) \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
+/* a pointer 16-byte loads and stores may use */
+static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
 static unsigned grid_for(size_t n, int threads) {
     size_t g = (n + (size_t)threads - 1) / (size_t)threads;
     if (g < 1) g = 1;
@@ -1005,8 +1008,6 @@ extern "C" long kernels_cuda_fused_norm_bwd_calls(void) { return fused_norm_bwd_
 /* which: 0 the float4 form with the row in registers, 1 the float4 form
  * reading the row twice (wider than 2048) */
 extern "C" long kernels_cuda_vec_norm_bwd_calls(int which) { return vec_norm_bwd_calls[which != 0]; }
-
-static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* float4 chunks a lane for a row of C: the smallest instantiated NCH that
  * holds it, 0 when over 16 (the re-reading form) */
@@ -2560,7 +2561,6 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
  * columns 2t, 2t+1), c2, c3 (row g+8). The host emulation implements the
  * instruction with the same layouts (tests/cuda_emu). */
 
-
 /* two adjacent bf16 gradients (dqkv, [a] under bf16), each rounded once */
 __device__ __forceinline__ void fb_put2(__nv_bfloat16 *p, float lo, float hi) {
     *reinterpret_cast<uint32_t *>(static_cast<void *>(p)) = fb_pack(lo, hi);
@@ -3018,15 +3018,13 @@ static int fb_backward(float *dqkv, const float *dout, const float *qkv, const f
 }
 // ---- bf16 tensor-core flash attention region: end ----
 
-static int fl_aligned(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 /* The fused forward when it takes this shape (head dim 32, 64 or 128,
  * 16-byte aligned operands, B * heads and tiles within the grid limits);
  * else 0 and nothing ran. Tensor cores when fl_tensor_cores() says so. */
 static int flash_attention_forward(float *out, float *lse, const float *qkv, const int *qstart, int B, int T, int nh,
                                    int nkv, int hd) {
     if (B <= 0 || T <= 0) return 1;
-    if (!fl_aligned(qkv) || !fl_aligned(out) || (size_t)B * nh > 0x7fffffffu) return 0;
+    if (!aligned16(qkv) || !aligned16(out) || (size_t)B * nh > 0x7fffffffu) return 0;
     const int tc = fl_tensor_cores();
     if (fl_bf16()) switch (hd) {
         case 32: return fb_forward<32>(out, lse, qkv, qstart, B, T, nh, nkv);
@@ -3047,7 +3045,7 @@ static int flash_attention_forward(float *out, float *lse, const float *qkv, con
 static int flash_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                                     const float *lse, const int *qstart, int B, int T, int nh, int nkv, int hd) {
     if (B <= 0 || T <= 0) return 1;
-    if (!fl_aligned(dqkv) || !fl_aligned(dout) || !fl_aligned(qkv) || !fl_aligned(out) ||
+    if (!aligned16(dqkv) || !aligned16(dout) || !aligned16(qkv) || !aligned16(out) ||
         (size_t)B * nh > 0x7fffffffu)
         return 0;
     const int tc = fl_tensor_cores();
