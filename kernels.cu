@@ -250,6 +250,50 @@ __device__ __forceinline__ void act_st4(__nv_bfloat16 *o, int q, float4 v) {
     ((uint2 *)(void *)o)[q] = make_uint2(fb_pack(v.x, v.y), fb_pack(v.z, v.w));
 }
 
+/* 16 bytes of T (4 fp32 or 8 bf16, 16-byte aligned) as floats, and back
+ * (bf16 rounded to nearest even, as act_st) */
+__device__ __forceinline__ void ld16(const float *p, float *v) {
+    const float4 a = *(const float4 *)(const void *)p;
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+}
+__device__ __forceinline__ void ld16(const __nv_bfloat16 *p, float *v) {
+    const uint4 a = *(const uint4 *)(const void *)p;
+    const uint32_t wd[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[2 * i] = __uint_as_float(wd[i] << 16);
+        v[2 * i + 1] = __uint_as_float(wd[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void st16(float *p, const float *v) {
+    *(float4 *)(void *)p = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void st16(__nv_bfloat16 *p, const float *v) {
+    *(uint4 *)(void *)p = make_uint4(fb_pack(v[0], v[1]), fb_pack(v[2], v[3]), fb_pack(v[4], v[5]), fb_pack(v[6], v[7]));
+}
+
+/* E consecutive elements of T from 16-byte aligned p (E * sizeof(T) a
+ * multiple of 16), 16 bytes a load, as floats, and back */
+template <int E, typename T> __device__ __forceinline__ void ldn(const T *p, float *v) {
+    static_assert(E * sizeof(T) % 16 == 0, "ldn: whole 16-byte words");
+#pragma unroll
+    for (int k = 0; k < E; k += (int)(16 / sizeof(T))) ld16(p + k, v + k);
+}
+template <int E, typename T> __device__ __forceinline__ void stn(T *p, const float *v) {
+    static_assert(E * sizeof(T) % 16 == 0, "stn: whole 16-byte words");
+#pragma unroll
+    for (int k = 0; k < E; k += (int)(16 / sizeof(T))) st16(p + k, v + k);
+}
+
+/* The pointwise kernels' 16-byte form (the conversions', RoPE's,
+ * SwiGLU's): PW_E consecutive elements a thread (ldn / stn), every operand
+ * 16-byte aligned, each element computed by the same expression as the
+ * element-at-a-time form's, so the same bits */
+#define PW_E 8
+
 /* an [a] argument as its element type */
 #define ACT16(p) ((__nv_bfloat16 *)(void *)(p))
 #define CACT16(p) ((const __nv_bfloat16 *)(const void *)(p))
@@ -1316,26 +1360,38 @@ extern "C" void kernels_cuda_set_compute_dtype(const char *dtype) {
 
 static int matmul_bf16(void) { return matmul_mode() == MM_BF16; }
 
-__global__ void to_bf16_k(__nv_bfloat16 *dst, const float *src, size_t n) {
-    GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
+/* dst[i] = src[i] as DT (fp32 to bf16 to nearest even, bf16 to fp32
+ * exactly); VEC: PW_E elements a thread up to the last whole group, both
+ * pointers 16-byte aligned, then the n % PW_E left an element a thread */
+template <bool VEC, typename DT, typename ST> __global__ void convert_k(DT *dst, const ST *src, size_t n) {
+    size_t done = 0;
+    if constexpr (VEC) {
+        done = n / PW_E * PW_E;
+        GRID_STRIDE(g, n / PW_E) {
+            float v[PW_E];
+            ldn<PW_E>(src + g * PW_E, v);
+            stn<PW_E>(dst + g * PW_E, v);
+        }
+    }
+    GRID_STRIDE(i, n - done) act_st(dst, done + i, act_ld(src, done + i));
 }
 
-__global__ void to_f32_k(float *dst, const __nv_bfloat16 *src, size_t n) {
-    GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
+static long vec_convert_calls;
+extern "C" long kernels_cuda_vec_convert_calls(void) { return vec_convert_calls; }
+
+template <typename DT, typename ST> static void convert(DT *dst, const ST *src, size_t n) {
+    if (!n) return;
+    if (aligned16(dst) && aligned16(src)) {
+        convert_k<true, DT, ST><<<grid_for(n / PW_E + 1, 256), 256>>>(dst, src, n);
+        vec_convert_calls++;
+    } else convert_k<false, DT, ST><<<grid_for(n, 256), 256>>>(dst, src, n);
+    LAUNCH_CHECK();
 }
 
 /* n floats to n bf16 at dst (to nearest even), and back */
-static void to_bf16(void *dst, const float *src, size_t n) {
-    if (!n) return;
-    to_bf16_k<<<grid_for(n, 256), 256>>>((__nv_bfloat16 *)dst, src, n);
-    LAUNCH_CHECK();
-}
+static void to_bf16(void *dst, const float *src, size_t n) { convert((__nv_bfloat16 *)dst, src, n); }
 
-static void to_f32(float *dst, const void *src, size_t n) {
-    if (!n) return;
-    to_f32_k<<<grid_for(n, 256), 256>>>(dst, (const __nv_bfloat16 *)src, n);
-    LAUNCH_CHECK();
-}
+static void to_f32(float *dst, const void *src, size_t n) { convert(dst, (const __nv_bfloat16 *)src, n); }
 
 static Scratch sc_bf16_a, sc_bf16_b;
 
@@ -3708,9 +3764,23 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
     if (dq != dqkv) to_bf16(dqkv, dq, nq);
 }
 
+/* calls of the pointwise kernels' 16-byte form (PW_E): RoPE's, SwiGLU's */
+static long vec_pointwise_calls;
+extern "C" long kernels_cuda_vec_pointwise_calls(void) { return vec_pointwise_calls; }
+
 // ----------------------------------------------------------------------------
-// RoPE (rotate-half), one thread per (row, frequency), every q and k head
-// (cos and sin times rope_mscale, as the CPU's table holds them)
+// RoPE (rotate-half) of every q and k head: a block a row, 8 elements a
+// thread (rope_row_k) where head_dim is a multiple of 16, else a thread per
+// (row, frequency) (rope_k); cos and sin times rope_mscale, as the CPU's
+// table holds them
+
+/* one pair (a, c) = (x[i], x[i + half]) rotated by the angle of cos cs and
+ * sin sn (times rope_mscale; sn negated for the backward) */
+__device__ __forceinline__ void rope_rot(float &a, float &c, float cs, float sn) {
+    const float a0 = a;
+    a = a0 * cs - c * sn;
+    c = c * cs + a0 * sn;
+}
 
 /* T: float, or bf16 for the [a] qkv and dqkv under bf16 (rotated in fp32,
  * each element rounded once where it is stored) */
@@ -3732,8 +3802,43 @@ __global__ void rope_k(T_ *x, const int *pos, int N, int T, int nh, int nkv, int
         for (int hh = 0; hh < nrot; hh++) {
             T_ *v = row + (size_t)hh * hd;
             float a = act_ld(v, (size_t)i), c = act_ld(v, (size_t)(i + half));
-            act_st(v, (size_t)i, a * cs - c * sn);
-            act_st(v, (size_t)(i + half), c * cs + a * sn);
+            rope_rot(a, c, cs, sn);
+            act_st(v, (size_t)i, a);
+            act_st(v, (size_t)(i + half), c);
+        }
+    }
+}
+
+/* The 16-byte form (hd / 2 a multiple of PW_E, x 16-byte aligned): a
+ * block a row at a time, its cos and sin computed once into shared memory
+ * (as rope_k computes them), then PW_E frequencies of one head a thread;
+ * each element the same expression as rope_k's, so the same bits */
+template <typename T_>
+__global__ void rope_row_k(T_ *x, const int *pos, int N, int T, int nh, int nkv, int hd, Rope rope, float dir) {
+    extern __shared__ float rope_cs[]; /* cos [half], then dir * sin [half] */
+    const int half = hd / 2, S = (nh + 2 * nkv) * hd, nrot = nh + nkv, HE = half / PW_E;
+    const double m = rope_mscale(&rope);
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        __syncthreads(); /* the previous row's readers are done with the table */
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            double ang = (double)(pos ? pos[n] : n % T) * rope_inv_freq(&rope, i, hd);
+            double sd, cd;
+            sincos(ang, &sd, &cd);
+            rope_cs[i] = (float)(cd * m);
+            rope_cs[half + i] = dir * (float)(sd * m);
+        }
+        __syncthreads();
+        T_ *row = x + (size_t)n * S;
+        for (int it = threadIdx.x; it < nrot * HE; it += blockDim.x) {
+            T_ *v = row + (size_t)(it / HE) * hd;
+            const int i = (it % HE) * PW_E;
+            float a[PW_E], c[PW_E];
+            ldn<PW_E>(v + i, a);
+            ldn<PW_E>(v + half + i, c);
+#pragma unroll
+            for (int k = 0; k < PW_E; k++) rope_rot(a[k], c[k], rope_cs[i + k], rope_cs[half + i + k]);
+            stn<PW_E>(v + i, a);
+            stn<PW_E>(v + half + i, c);
         }
     }
 }
@@ -3744,7 +3849,17 @@ static void rope_apply(float *x, int x16, const int *pos, int B, int T, int nh, 
     if (hd % 2 != 0) die(EXIT_INTERNAL, "rope: head_dim %d must be even", hd);
     size_t total = (size_t)B * T * (hd / 2);
     if (!total) return;
-    if (x16) rope_k<__nv_bfloat16><<<grid_for(total, 256), 256>>>(ACT16(x), pos, B * T, T, nh, nkv, hd, *rope, dir);
+    if (hd % (2 * PW_E) == 0 && hd <= 4096 && aligned16(x)) {
+        /* a thread per PW_E frequencies of a head, up to 256 a block; as
+         * many blocks as the device holds at once (2048 threads an SM), each
+         * taking rows in turn */
+        const int items = (nh + nkv) * (hd / 2 / PW_E), threads = items >= 256 ? 256 : (items + 31) / 32 * 32;
+        const int N = B * T, fill = G.prop.multiProcessorCount * (2048 / threads), blocks = N < fill ? N : fill;
+        const size_t smem = (size_t)hd * sizeof(float);
+        if (x16) rope_row_k<__nv_bfloat16><<<blocks, threads, smem>>>(ACT16(x), pos, N, T, nh, nkv, hd, *rope, dir);
+        else rope_row_k<float><<<blocks, threads, smem>>>(x, pos, N, T, nh, nkv, hd, *rope, dir);
+        vec_pointwise_calls++;
+    } else if (x16) rope_k<__nv_bfloat16><<<grid_for(total, 256), 256>>>(ACT16(x), pos, B * T, T, nh, nkv, hd, *rope, dir);
     else rope_k<float><<<grid_for(total, 256), 256>>>(x, pos, B * T, T, nh, nkv, hd, *rope, dir);
     LAUNCH_CHECK();
 }
@@ -3791,13 +3906,28 @@ template <typename T> __global__ void dgelu_inplace_k(T *d, const T *pre, size_t
     GRID_STRIDE(i, n) act_st(d, i, act_ld(d, i) * gelu_grad(act_ld(pre, i)));
 }
 
+/* silu(g) * u, the SwiGLU of one gate g and up u */
+__device__ __forceinline__ float swiglu_val(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 /* inp (gate | up) and out are [a]: float or bf16 alike */
 template <typename T> __global__ void swiglu_fwd_k(T *out, const T *inp, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
         size_t r = i / F, j = i % F;
-        float g = act_ld(inp, r * 2 * F + j), u = act_ld(inp, r * 2 * F + F + j);
-        act_st(out, i, g / (1.0f + expf(-g)) * u);
+        act_st(out, i, swiglu_val(act_ld(inp, r * 2 * F + j), act_ld(inp, r * 2 * F + F + j)));
+    }
+}
+
+template <typename T> __global__ void swiglu_fwd_vec_k(T *out, const T *inp, int N, int F) {
+    const int FE = F / PW_E;
+    GRID_STRIDE(i, (size_t)N * FE) {
+        size_t r = i / FE, j = (i % FE) * PW_E;
+        float g[PW_E], u[PW_E];
+        ldn<PW_E>(inp + r * 2 * F + j, g);
+        ldn<PW_E>(inp + r * 2 * F + F + j, u);
+#pragma unroll
+        for (int k = 0; k < PW_E; k++) g[k] = swiglu_val(g[k], u[k]);
+        stn<PW_E>(out + r * F + j, g);
     }
 }
 
@@ -3810,20 +3940,22 @@ __device__ __forceinline__ void swiglu_grads(float g, float u, float d, float *d
     *du = d * g * sg;
 }
 
-/* dinp [N, 2F] gets (d gate | d up) from dout [N, F] and the [a]
- * pre-activation inp (IT: float or bf16): added into (ADD, the kernels.h
- * swiglu_backward) or stored, rounded once (the bf16 [a] dpre of
- * matmul_swiglu_backward, from its fp32 dh) */
+/* dinp [N, 2F] gets (d gate | d up) from dout [N, F] (row stride ldo) and
+ * the [a] pre-activation inp (IT: float or bf16): added into (ADD, the
+ * kernels.h swiglu_backward) or stored, rounded once (the bf16 [a] dpre of
+ * matmul_swiglu_backward, from its fp32 dh). dout may be dinp's own gate
+ * columns (ldo 2F, fp32 [a]): the thread that reads a d(out) writes its
+ * two gradients. */
 template <typename T, bool ADD, typename IT>
-__global__ void swiglu_bwd_k(T *dinp, const IT *inp, const float *dout, int N, int F) {
+__global__ void swiglu_bwd_k(T *dinp, const IT *inp, const float *dout, size_t ldo, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
         size_t r = i / F, j = i % F;
         float dg, du;
-        swiglu_grads(act_ld(inp, r * 2 * F + j), act_ld(inp, r * 2 * F + F + j), dout[i], &dg, &du);
-        if constexpr (ADD) {
-            dinp[r * 2 * F + j] += dg;
-            dinp[r * 2 * F + F + j] += du;
+        swiglu_grads(act_ld(inp, r * 2 * F + j), act_ld(inp, r * 2 * F + F + j), dout[r * ldo + j], &dg, &du);
+        if constexpr (ADD) { /* __fadd_rn: never fused with the gradient's last product, in either form */
+            dinp[r * 2 * F + j] = __fadd_rn(dinp[r * 2 * F + j], dg);
+            dinp[r * 2 * F + F + j] = __fadd_rn(dinp[r * 2 * F + F + j], du);
         } else {
             act_st(dinp, r * 2 * F + j, dg);
             act_st(dinp, r * 2 * F + F + j, du);
@@ -3831,14 +3963,29 @@ __global__ void swiglu_bwd_k(T *dinp, const IT *inp, const float *dout, int N, i
     }
 }
 
-/* d [N, 2F] holds dh in its gate columns; each (row, j) becomes d gate and
- * d up, both written by the thread that read dh (fp32 [a] only) */
-__global__ void swiglu_bwd_inplace_k(float *d, const float *inp, int N, int F) {
-    size_t n = (size_t)N * F;
-    GRID_STRIDE(i, n) {
-        size_t r = i / F, j = i % F;
-        float *dr = d + r * 2 * F;
-        swiglu_grads(inp[r * 2 * F + j], inp[r * 2 * F + F + j], dr[j], &dr[j], &dr[F + j]);
+template <typename T, bool ADD, typename IT>
+__global__ void swiglu_bwd_vec_k(T *dinp, const IT *inp, const float *dout, size_t ldo, int N, int F) {
+    const int FE = F / PW_E;
+    GRID_STRIDE(i, (size_t)N * FE) {
+        size_t r = i / FE, j = (i % FE) * PW_E;
+        float g[PW_E], u[PW_E], d[PW_E];
+        ldn<PW_E>(inp + r * 2 * F + j, g);
+        ldn<PW_E>(inp + r * 2 * F + F + j, u);
+        ldn<PW_E>(dout + r * ldo + j, d);
+#pragma unroll
+        for (int k = 0; k < PW_E; k++) swiglu_grads(g[k], u[k], d[k], &g[k], &u[k]);
+        if constexpr (ADD) {
+            float a[PW_E], b[PW_E];
+            ldn<PW_E>(dinp + r * 2 * F + j, a);
+            ldn<PW_E>(dinp + r * 2 * F + F + j, b);
+#pragma unroll
+            for (int k = 0; k < PW_E; k++) {
+                g[k] = __fadd_rn(a[k], g[k]);
+                u[k] = __fadd_rn(b[k], u[k]);
+            }
+        }
+        stn<PW_E>(dinp + r * 2 * F + j, g);
+        stn<PW_E>(dinp + r * 2 * F + F + j, u);
     }
 }
 
@@ -3874,31 +4021,47 @@ static void dgelu_inplace(float *d, const float *pre, size_t n, int bf16) {
     LAUNCH_CHECK();
 }
 
-static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F) {
+/* whether a [N, 2F] SwiGLU call takes the PW_E-element form */
+static int swiglu_vec(int F, const void *a, const void *b, const void *c) {
+    const int v = F % PW_E == 0 && aligned16(a) && aligned16(b) && aligned16(c);
+    vec_pointwise_calls += v;
+    return v;
+}
+
+template <typename T, bool ADD, typename IT>
+static void swiglu_bwd_launch(T *dinp, const IT *inp, const float *dout, size_t ldo, int N, int F) {
     if (N <= 0 || F <= 0) return;
-    swiglu_bwd_inplace_k<<<grid_for((size_t)N * F, 256), 256>>>(d, pre, N, F);
+    if (swiglu_vec(F, dinp, inp, dout))
+        swiglu_bwd_vec_k<T, ADD, IT><<<grid_for((size_t)N * (F / PW_E), 256), 256>>>(dinp, inp, dout, ldo, N, F);
+    else swiglu_bwd_k<T, ADD, IT><<<grid_for((size_t)N * F, 256), 256>>>(dinp, inp, dout, ldo, N, F);
     LAUNCH_CHECK();
 }
 
+/* d [N, 2F] (fp32) holds dh in its gate columns: the gradients in place */
+static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F) {
+    swiglu_bwd_launch<float, false, float>(d, pre, d, 2 * (size_t)F, N, F);
+}
+
 static void swiglu_bwd_act(float *dpre, const float *dh, const float *pre, int N, int F) {
-    if (N <= 0 || F <= 0) return;
-    swiglu_bwd_k<__nv_bfloat16, false, __nv_bfloat16>
-        <<<grid_for((size_t)N * F, 256), 256>>>(ACT16(dpre), CACT16(pre), dh, N, F);
+    swiglu_bwd_launch<__nv_bfloat16, false, __nv_bfloat16>(ACT16(dpre), CACT16(pre), dh, (size_t)F, N, F);
+}
+
+template <typename T> static void swiglu_fwd_launch(T *out, const T *inp, int N, int F) {
+    if (swiglu_vec(F, out, inp, inp)) swiglu_fwd_vec_k<T><<<grid_for((size_t)N * (F / PW_E), 256), 256>>>(out, inp, N, F);
+    else swiglu_fwd_k<T><<<grid_for((size_t)N * F, 256), 256>>>(out, inp, N, F);
     LAUNCH_CHECK();
 }
 
 static void swiglu_forward(float *out, const float *inp, int N, int F) {
     if (N <= 0 || F <= 0) return;
-    if (act_bf16()) swiglu_fwd_k<__nv_bfloat16><<<grid_for((size_t)N * F, 256), 256>>>(ACT16(out), CACT16(inp), N, F);
-    else swiglu_fwd_k<float><<<grid_for((size_t)N * F, 256), 256>>>(out, inp, N, F);
-    LAUNCH_CHECK();
+    if (act_bf16()) swiglu_fwd_launch(ACT16(out), CACT16(inp), N, F);
+    else swiglu_fwd_launch(out, inp, N, F);
 }
 
 static void swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
-    if (!dinp || N <= 0 || F <= 0) return;
-    if (act_bf16()) swiglu_bwd_k<float, true, __nv_bfloat16><<<grid_for((size_t)N * F, 256), 256>>>(dinp, CACT16(inp), dout, N, F);
-    else swiglu_bwd_k<float, true, float><<<grid_for((size_t)N * F, 256), 256>>>(dinp, inp, dout, N, F);
-    LAUNCH_CHECK();
+    if (!dinp) return;
+    if (act_bf16()) swiglu_bwd_launch<float, true, __nv_bfloat16>(dinp, CACT16(inp), dout, (size_t)F, N, F);
+    else swiglu_bwd_launch<float, true, float>(dinp, inp, dout, (size_t)F, N, F);
 }
 
 static void add(float *out, const float *a, const float *b, size_t n) {
@@ -3924,13 +4087,35 @@ static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, ui
     LAUNCH_CHECK();
 }
 
+/* VEC: PW_E words a thread (16 bytes of bf16 stored at once) up to the last
+ * whole group, both pointers 16-byte aligned, as convert_k */
+template <bool VEC>
 __global__ void pack_bf16_k(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
-    GRID_STRIDE(i, n) dst[i] = (uint16_t)(round_bf16_word(__float_as_uint(src[i]), seed, index0 + i) >> 16);
+    size_t done = 0;
+    if constexpr (VEC) {
+        done = n / PW_E * PW_E;
+        GRID_STRIDE(g, n / PW_E) {
+            float v[PW_E];
+            uint32_t w[PW_E / 2];
+            static_assert(PW_E == 8, "pack_bf16_k stores one uint4");
+            ldn<PW_E>(src + g * PW_E, v);
+#pragma unroll
+            for (int k = 0; k < PW_E; k += 2)
+                w[k / 2] = round_bf16_word(__float_as_uint(v[k]), seed, index0 + g * PW_E + k) >> 16 |
+                           (round_bf16_word(__float_as_uint(v[k + 1]), seed, index0 + g * PW_E + k + 1) & 0xffff0000u);
+            *(uint4 *)(void *)(dst + g * PW_E) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+    GRID_STRIDE(i, n - done)
+        dst[done + i] = (uint16_t)(round_bf16_word(__float_as_uint(src[done + i]), seed, index0 + done + i) >> 16);
 }
 
 static void pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
     if (!n) return;
-    pack_bf16_k<<<grid_for(n, 256), 256>>>(dst, src, n, seed, index0);
+    if (aligned16(dst) && aligned16(src)) {
+        pack_bf16_k<true><<<grid_for(n / PW_E + 1, 256), 256>>>(dst, src, n, seed, index0);
+        vec_convert_calls++;
+    } else pack_bf16_k<false><<<grid_for(n, 256), 256>>>(dst, src, n, seed, index0);
     LAUNCH_CHECK();
 }
 
@@ -4011,31 +4196,6 @@ __device__ __forceinline__ void ce_warp_merge(float &m, float &s) {
 __device__ __forceinline__ float as_stored(const float *, float v) { return v; }
 __device__ __forceinline__ float as_stored(const __nv_bfloat16 *, float v) {
     return __bfloat162float(__float2bfloat16_rn(v));
-}
-
-/* 16 bytes of T (4 fp32 or 8 bf16, 16-byte aligned) as floats, and back
- * (bf16 rounded to nearest even, as act_st) */
-__device__ __forceinline__ void ld16(const float *p, float *v) {
-    const float4 a = *(const float4 *)(const void *)p;
-    v[0] = a.x;
-    v[1] = a.y;
-    v[2] = a.z;
-    v[3] = a.w;
-}
-__device__ __forceinline__ void ld16(const __nv_bfloat16 *p, float *v) {
-    const uint4 a = *(const uint4 *)(const void *)p;
-    const uint32_t wd[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        v[2 * i] = __uint_as_float(wd[i] << 16);
-        v[2 * i + 1] = __uint_as_float(wd[i] & 0xffff0000u);
-    }
-}
-__device__ __forceinline__ void st16(float *p, const float *v) {
-    *(float4 *)(void *)p = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ __forceinline__ void st16(__nv_bfloat16 *p, const float *v) {
-    *(uint4 *)(void *)p = make_uint4(fb_pack(v[0], v[1]), fb_pack(v[2], v[3]), fb_pack(v[4], v[5]), fb_pack(v[6], v[7]));
 }
 
 /* ce_online over E logits at once: the sum rescaled once to their max, then

@@ -484,6 +484,17 @@ long kernels_cuda_vec_ce_calls(void);
  * read and wrote 16 bytes at a time (C a multiple of 4, rows 16-byte
  * aligned); the rest: an element at a time */
 long kernels_cuda_vec_norm_fwd_calls(void);
+/* How many swiglu_forward / swiglu_backward calls (matmul_swiglu_backward's
+ * too) and rope_forward / rope_backward calls so far took the pointwise
+ * kernels' 16-byte form: 8 elements a thread (SwiGLU: F a multiple of 8;
+ * RoPE: head_dim a multiple of 16; every operand 16-byte aligned); the
+ * rest: an element at a time */
+long kernels_cuda_vec_pointwise_calls(void);
+/* How many fp32 <-> bf16 conversions (the bf16 GEMMs' operand copies, the
+ * weight cache's, unpack_bf16's) and pack_bf16 calls so far took the
+ * 16-byte form (8 elements a thread up to the last whole 8, both pointers
+ * 16-byte aligned); the rest: an element at a time */
+long kernels_cuda_vec_convert_calls(void);
 /* How many bias gradients so far were summed from an fp32 output gradient
  * in the same pass that wrote its bf16 copy for the backward's GEMMs (under
  * bf16; the rest: a conversion pass and a bias pass) */

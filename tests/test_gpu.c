@@ -319,6 +319,18 @@ static void check_bits(const char *name, const float *host, const float *dev, si
     if (bad) fail++; else pass++;
 }
 
+/* two device [a] buffers hold the same bits */
+static void check_act_bits(const char *name, const float *dev_a, const float *dev_b, size_t n) {
+    size_t bytes = n * (size_t)KG->act_bytes, bad = 0;
+    unsigned char *a = malloc_check(bytes + 16), *b = malloc_check(bytes + 16);
+    KG->to_host(a, dev_a, bytes);
+    KG->to_host(b, dev_b, bytes);
+    for (size_t i = 0; i < n; i++) bad += memcmp(a + i * KG->act_bytes, b + i * KG->act_bytes, KG->act_bytes) != 0;
+    printf("%s %-34s %zu of %zu [a] elements differ\n", bad ? "FAIL" : "ok  ", name, bad, n);
+    if (bad) fail++; else pass++;
+    free(a); free(b);
+}
+
 /* The embedding backward is deterministic: on heavily repeated tokens two
  * calls on the same inputs give the same bits, and, since every gradient row
  * adds its dout rows in the CPU's order (increasing row), the CPU's bits.
@@ -675,7 +687,7 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
     const int exact = act16();
     float *dout0 = exact ? hdup(dout, (size_t)N * OC) : NULL, *db0 = exact ? hdup(db, OC) : NULL;
     if (exact) { act_round(dout, (size_t)N * OC); act_round(w, nw); act_round(inp, nc); }
-    long f0 = kernels_cuda_fused_dgelu_calls();
+    long f0 = kernels_cuda_fused_dgelu_calls(), p0 = kernels_cuda_vec_pointwise_calls();
     if (swiglu) {
         KC->matmul_swiglu_backward(dpre, dw, with_bias ? db : NULL, dout, inp, w, pre, N, C, OC);
         KG->matmul_swiglu_backward(gdpre, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, gpre, N, C, OC);
@@ -712,6 +724,16 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
     if (!fused && did) {
         printf("FAIL %s took the DGELU epilogue, which it cannot\n", shape);
         fail++;
+    }
+    /* SwiGLU's gradients from d(h): the 16-byte form where C % 8 == 0 and
+     * the operands are aligned */
+    const long pw = kernels_cuda_vec_pointwise_calls() - p0, pw_want = swiglu && C % 8 == 0 && !off;
+    if (pw != pw_want) {
+        printf("FAIL %s: %ld SwiGLU calls in the 16-byte form, %ld wanted\n", shape, pw, pw_want);
+        fail++;
+    } else if (swiglu) {
+        printf("ok   %s: SwiGLU's gradients %s\n", shape, pw ? "in the 16-byte form" : "an element at a time");
+        pass++;
     }
     free(dout); free(inp); free(w); free(pre); free(dpre); free(dw); free(db); free(dout0); free(db0);
 }
@@ -973,8 +995,13 @@ static void test_offload(void) {
     free(h); free(back); free(zero);
 }
 
-static void test_rope(void) {
-    int B = 2, T = 33, nh = 4, nkv = 2, hd = 16, S = (nh + 2 * nkv) * hd;
+/* One RoPE shape under four scalings. The device's 16-byte form (head_dim a
+ * multiple of 16, qkv 16-byte aligned: kernels_cuda_vec_pointwise_calls)
+ * must give the CPU's values rounded as the element-at-a-time form's, and
+ * the very bits that form gives on a copy one element off the 16-byte grid
+ * (which must take it). */
+static void test_rope_shape(int B, int T, int nh, int nkv, int hd) {
+    int S = (nh + 2 * nkv) * hd;
     size_t n = (size_t)B * T * S;
     /* rope_forward's qkv and rope_backward's dqkv are [a]: under bf16 the
      * device rotates the bf16 words in fp32 and rounds each once, the CPU
@@ -994,27 +1021,53 @@ static void test_rope(void) {
     for (int i = 0; i < B * T; i++) far[i] += 3000 * (i / T);
     int *greset = dcopy_int(reset, (size_t)B * T), *gfar = dcopy_int(far, (size_t)B * T);
     const struct { const char *tag; const Rope *fwd, *bwd; const int *pos_fwd, *pos_bwd, *gpos_fwd, *gpos_bwd; } cases[] = {
-        {"(positions: the rows' forward, the documents' backward) ", &plain, &plain5, NULL, reset, NULL, greset},
-        {"llama3 scaling, positions to 3000+ ", &llama3, &llama3, far, far, gfar, gfar},
-        {"linear scaling by 4, document positions ", &linear, &linear, reset, reset, greset, greset},
-        {"yarn by 4, positions to 3000+ ", &yarn, &yarn, far, far, gfar, gfar}};
+        {"positions: the rows' forward, the documents' backward", &plain, &plain5, NULL, reset, NULL, greset},
+        {"llama3 scaling, positions to 3000+", &llama3, &llama3, far, far, gfar, gfar},
+        {"linear scaling by 4, document positions", &linear, &linear, reset, reset, greset, greset},
+        {"yarn by 4, positions to 3000+", &yarn, &yarn, far, far, gfar, gfar}};
+    const int vec = hd % 16 == 0;
+    long forms = 0, forms_off = 0, calls = 0;
     float *x = hrand(n, 1);
     for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
-        char name[96];
-        float *gx = dcopy_act(x, n);
-        act_round(x, n);
-        KC->rope_forward(x, cases[c].pos_fwd, B, T, nh, nkv, hd, cases[c].fwd);
-        KG->rope_forward(gx, cases[c].gpos_fwd, B, T, nh, nkv, hd, cases[c].fwd);
-        snprintf(name, sizeof name, "rope_forward %s([a] qkv)", cases[c].tag);
-        check_act_rn_sum(name, x, gx, n);
-        float *gdx = dcopy_act(x, n);
-        act_round(x, n);
-        KC->rope_backward(x, cases[c].pos_bwd, B, T, nh, nkv, hd, cases[c].bwd);
-        KG->rope_backward(gdx, cases[c].gpos_bwd, B, T, nh, nkv, hd, cases[c].bwd);
-        snprintf(name, sizeof name, "rope_backward %s([a] dqkv)", cases[c].tag);
-        check_act_rn_sum(name, x, gdx, n);
+        char name[192];
+        for (int dir = 0; dir < 2; dir++) {
+            const char *what = dir ? "rope_backward" : "rope_forward";
+            float *gx = dcopy_act(x, n), *gxo = dcopy_act_off(x, n, 1);
+            act_round(x, n);
+            const long v0 = kernels_cuda_vec_pointwise_calls();
+            if (dir) {
+                KC->rope_backward(x, cases[c].pos_bwd, B, T, nh, nkv, hd, cases[c].bwd);
+                KG->rope_backward(gx, cases[c].gpos_bwd, B, T, nh, nkv, hd, cases[c].bwd);
+            } else {
+                KC->rope_forward(x, cases[c].pos_fwd, B, T, nh, nkv, hd, cases[c].fwd);
+                KG->rope_forward(gx, cases[c].gpos_fwd, B, T, nh, nkv, hd, cases[c].fwd);
+            }
+            forms += kernels_cuda_vec_pointwise_calls() - v0;
+            calls++;
+            const long v1 = kernels_cuda_vec_pointwise_calls();
+            if (dir) KG->rope_backward(gxo, cases[c].gpos_bwd, B, T, nh, nkv, hd, cases[c].bwd);
+            else KG->rope_forward(gxo, cases[c].gpos_fwd, B, T, nh, nkv, hd, cases[c].fwd);
+            forms_off += kernels_cuda_vec_pointwise_calls() - v1; /* must be none */
+            snprintf(name, sizeof name, "%s hd %d, nh %d, nkv %d (%s) ([a])", what, hd, nh, nkv, cases[c].tag);
+            check_act_rn_sum(name, x, gx, n);
+            snprintf(name, sizeof name, "%s hd %d (%s): %s form = element form", what, hd, cases[c].tag,
+                     vec ? "16-byte" : "element");
+            check_act_bits(name, gx, gxo, n);
+        }
     }
-    free(reset); free(far);
+    const int ok = forms == (vec ? calls : 0) && forms_off == 0;
+    printf("%s rope hd %d, nh %d, nkv %d: %ld of %ld aligned calls in the 16-byte form (%ld wanted), "
+           "%ld of the unaligned ones (0 wanted)\n", ok ? "ok  " : "FAIL", hd, nh, nkv, forms, calls, vec ? calls : 0,
+           forms_off);
+    if (ok) pass++; else fail++;
+    free(x); free(reset); free(far);
+}
+
+static void test_rope(void) {
+    test_rope_shape(2, 33, 4, 2, 16);  /* 16-byte form, 6 threads a row */
+    test_rope_shape(1, 9, 33, 1, 128); /* 16-byte form, 272 items over 256 threads */
+    test_rope_shape(2, 17, 4, 2, 12);  /* element at a time */
+    test_rope_shape(1, 9000, 1, 1, 16); /* 16-byte form, more rows than blocks (132 SMs x 64 on the emulation) */
 }
 
 static void test_pointwise(void) {
@@ -1028,18 +1081,6 @@ static void test_pointwise(void) {
     KC->gelu_backward(di, x, d, 2 * n);
     KG->gelu_backward(gdi, gx, gd, 2 * n);
     check("gelu_backward", di, gdi, 2 * n, TOL_F32);
-    /* SwiGLU's inp and out are [a]: under bf16 the device reads the bf16
-     * pre-activation, and the CPU computes from the same rounded values */
-    float *gso = dcopy_act(o, n), *gxa = dcopy_act(x, 2 * n), *xr = hdup(x, 2 * n);
-    act_round(xr, 2 * n);
-    KC->swiglu_forward(o, xr, N, F);
-    KG->swiglu_forward(gso, gxa, N, F);
-    check_act_rn("swiglu_forward ([a] in and out)", o, gso, n);
-    KG->from_host(go, o, 2 * n * sizeof(float)); /* the fp32 checks below start from the CPU's values */
-    KC->swiglu_backward(di, xr, d, N, F);
-    KG->swiglu_backward(gdi, gxa, gd, N, F);
-    check("swiglu_backward ([a] inp)", di, gdi, 2 * n, TOL_F32);
-    free(xr);
     KC->add(o, o, x, 2 * n); /* out aliases a */
     KG->add(go, go, gx, 2 * n);
     check("add (aliased)", o, go, 2 * n, TOL_F32);
@@ -1063,16 +1104,46 @@ static void test_pointwise(void) {
     }
 }
 
-/* two device [a] buffers hold the same bits */
-static void check_act_bits(const char *name, const float *dev_a, const float *dev_b, size_t n) {
-    size_t bytes = n * (size_t)KG->act_bytes, bad = 0;
-    unsigned char *a = malloc_check(bytes + 16), *b = malloc_check(bytes + 16);
-    KG->to_host(a, dev_a, bytes);
-    KG->to_host(b, dev_b, bytes);
-    for (size_t i = 0; i < n; i++) bad += memcmp(a + i * KG->act_bytes, b + i * KG->act_bytes, KG->act_bytes) != 0;
-    printf("%s %-34s %zu of %zu [a] elements differ\n", bad ? "FAIL" : "ok  ", name, bad, n);
-    if (bad) fail++; else pass++;
-    free(a); free(b);
+/* swiglu_forward and swiglu_backward at [N, 2F] against the CPU. The
+ * device's 16-byte form (F a multiple of 8, 16-byte aligned operands:
+ * kernels_cuda_vec_pointwise_calls) must give the very bits the
+ * element-at-a-time form gives on copies one element off the 16-byte grid
+ * (which must take it). */
+static void test_swiglu(int N, int F) {
+    size_t n = (size_t)N * F;
+    char name[128];
+    float *x = hrand(2 * n, 2), *d = hrand(n, 1), *o = hrand(n, 1), *di = hrand(2 * n, 1);
+    /* inp and out are [a]: under bf16 the device reads the bf16
+     * pre-activation, and the CPU computes from the same rounded values */
+    float *gx = dcopy_act(x, 2 * n), *gxo = dcopy_act_off(x, 2 * n, 1), *go = dcopy_act(o, n);
+    float *goo = dcopy_act_off(o, n, 1), *gd = dcopy(d, n), *gdo = dcopy_off(d, n, 1);
+    float *gdi = dcopy(di, 2 * n), *gdio = dcopy_off(di, 2 * n, 1);
+    act_round(x, 2 * n);
+    const int vec = F % 8 == 0;
+    const long v0 = kernels_cuda_vec_pointwise_calls();
+    KC->swiglu_forward(o, x, N, F);
+    KG->swiglu_forward(go, gx, N, F);
+    KC->swiglu_backward(di, x, d, N, F);
+    KG->swiglu_backward(gdi, gx, gd, N, F);
+    const long v1 = kernels_cuda_vec_pointwise_calls();
+    KG->swiglu_forward(goo, gxo, N, F);
+    KG->swiglu_backward(gdio, gxo, gdo, N, F);
+    const long v2 = kernels_cuda_vec_pointwise_calls();
+    snprintf(name, sizeof name, "swiglu_forward %dx%d ([a] in and out)", N, F);
+    check_act_rn(name, o, go, n);
+    snprintf(name, sizeof name, "swiglu_backward %dx%d ([a] inp)", N, F);
+    check(name, di, gdi, 2 * n, TOL_F32);
+    snprintf(name, sizeof name, "swiglu_forward %dx%d: %s form = element form", N, F, vec ? "16-byte" : "element");
+    check_act_bits(name, go, goo, n);
+    float *hdio = malloc_check(2 * n * sizeof(float) + 16);
+    KG->to_host(hdio, gdio, 2 * n * sizeof(float));
+    snprintf(name, sizeof name, "swiglu_backward %dx%d: %s form = element form", N, F, vec ? "16-byte" : "element");
+    check_bits(name, hdio, gdi, 2 * n);
+    const int ok = v1 - v0 == (vec ? 2 : 0) && v2 == v1;
+    printf("%s swiglu %dx%d: %ld of 2 aligned calls in the 16-byte form (%d wanted), %ld of the unaligned ones "
+           "(0 wanted)\n", ok ? "ok  " : "FAIL", N, F, v1 - v0, vec ? 2 : 0, v2 - v1);
+    if (ok) pass++; else fail++;
+    free(x); free(d); free(o); free(di); free(hdio);
 }
 
 /* The logits are [a] (kernels.h): under bf16 the device reads and writes
@@ -1411,27 +1482,36 @@ static void test_round_bf16(void) {
         for (size_t i = 0; i < n; i++) bad += memcmp(&y[i], &h[i], 4) != 0;
         printf("%s round_bf16 %s: %zu of %zu words differ from the CPU's\n", bad ? "FAIL" : "ok  ", k ? "stochastic" : "nearest", bad, n);
         if (bad) fail++; else pass++;
-        /* pack_bf16: the CPU's bf16 words; unpack_bf16 of them: the CPU's fp32 words */
+        /* pack_bf16: the CPU's bf16 words; unpack_bf16 of them: the CPU's
+         * fp32 words. Both 16-byte aligned (the 16-byte form up to the last
+         * whole 8 words, n % 8 = 3 left), then one element off (an element
+         * at a time): kernels_cuda_vec_convert_calls counts the form */
         uint16_t *c16 = malloc_check(n * sizeof(uint16_t)), *g16 = malloc_check(n * sizeof(uint16_t));
         float *cw = malloc_check(n * sizeof(float));
-        uint16_t *dp = (uint16_t *)KG->alloc(n * sizeof(uint16_t));
-        float *dx = dcopy(x, n), *dw = (float *)KG->alloc(n * sizeof(float));
         KC->pack_bf16(c16, x, n, seeds[k], 777);
-        KG->pack_bf16(dp, dx, n, seeds[k], 777);
-        KG->to_host(g16, dp, n * sizeof(uint16_t));
         KC->unpack_bf16(cw, c16, n);
-        KG->unpack_bf16(dw, dp, n);
-        KG->to_host(h, dw, n * sizeof(float));
-        size_t bad16 = 0, badw = 0;
-        for (size_t i = 0; i < n; i++) {
-            bad16 += c16[i] != g16[i];
-            badw += memcmp(&cw[i], &h[i], 4) != 0;
+        for (int off = 0; off < 2; off++) {
+            uint16_t *dpb = (uint16_t *)KG->alloc((n + 8) * sizeof(uint16_t)), *dp = dpb + off;
+            float *dx = dcopy_off(x, n, off), *dwb = (float *)KG->alloc((n + 8) * sizeof(float)), *dw = dwb + off;
+            const long v0 = kernels_cuda_vec_convert_calls();
+            KG->pack_bf16(dp, dx, n, seeds[k], 777);
+            KG->to_host(g16, dp, n * sizeof(uint16_t));
+            KG->unpack_bf16(dw, dp, n);
+            const long vec = kernels_cuda_vec_convert_calls() - v0;
+            KG->to_host(h, dw, n * sizeof(float));
+            size_t bad16 = 0, badw = 0;
+            for (size_t i = 0; i < n; i++) {
+                bad16 += c16[i] != g16[i];
+                badw += memcmp(&cw[i], &h[i], 4) != 0;
+            }
+            const int ok = !bad16 && !badw && vec == (off ? 0 : 2);
+            printf("%s pack_bf16 / unpack_bf16 %s%s: %zu bf16 words and %zu widened words of %zu differ from the "
+                   "CPU's; %ld of 2 calls in the 16-byte form (%d wanted)\n", ok ? "ok  " : "FAIL",
+                   k ? "stochastic" : "nearest", off ? ", one element off" : "", bad16, badw, n, vec, off ? 0 : 2);
+            if (ok) pass++; else fail++;
+            KG->free(dpb); /* dx: dcopy's, freed with the rest */
+            KG->free(dwb);
         }
-        printf("%s pack_bf16 / unpack_bf16 %s: %zu bf16 words and %zu widened words of %zu differ from the CPU's\n",
-               bad16 || badw ? "FAIL" : "ok  ", k ? "stochastic" : "nearest", bad16, badw, n);
-        if (bad16 || badw) fail++; else pass++;
-        KG->free(dp); /* dx: dcopy's, freed with the rest */
-        KG->free(dw);
         free(c16);
         free(g16);
         free(cw);
@@ -1579,6 +1659,10 @@ int main(int argc, char **argv) {
     test_offload();
     test_rope();
     test_pointwise();
+    test_swiglu(50, 123); /* element at a time */
+    test_swiglu(50, 128);
+    test_swiglu(50, 132); /* a multiple of 4, not of 8: element at a time */
+    test_swiglu(7, 8200); /* 1025 eight-element groups a row: rows straddle blocks */
     test_crossentropy(1037);
     test_crossentropy(1040);
     test_lm_head_case(64, 128, 1000, 0, 0);

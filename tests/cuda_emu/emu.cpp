@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+float __fadd_rn(float a, float b) { return a + b; }
+
 // ----------------------------------------------------------------------------
 // fibers: an x86-64 context switch (the callee-saved registers on the old
 // stack, then the new stack pointer; MXCSR and the x87 control word are the
