@@ -1420,7 +1420,14 @@ static const float *f32_copy(Scratch *s, const void *x, size_t n) {
  * slots of sharded training reuse theirs), so later steps allocate nothing;
  * past WC_ENTRIES keys products convert into scratch as outside a range.
  * Past WC_RANGES ranges the oldest ends (a model declares each chunk just
- * before its products). */
+ * before its products).
+ * The flat copy: when adamw_multi updates weights that start a declared
+ * range and products have copied some of them (an unsharded model's), the
+ * range gets one bf16 copy of all its weights (wc_flat), the entries inside
+ * it become views of it (their own copies freed first), and AdamW writes
+ * the copy of each weight it updates in the same pass, so the next step
+ * converts nothing (adamw_multi returns 1 and the trainer keeps the
+ * declaration). At most one flat copy; it goes with its weights' memory. */
 #define WC_RANGES 256
 #define WC_ENTRIES 4096
 typedef struct {
@@ -1428,9 +1435,15 @@ typedef struct {
     size_t n;
     void *bf;
     int current;
+    int view; /* bf points into wc_flat, not a copy of its own */
 } WcEntry;
 static WcEntry wc[WC_ENTRIES];
 static int wc_n;
+static struct {
+    const float *p;
+    size_t n;
+    __nv_bfloat16 *bf;
+} wc_flat;
 static struct {
     const float *p;
     size_t n;
@@ -1478,18 +1491,44 @@ static void cu_weights_stable(const float *p, size_t n) {
     wc_nr++;
 }
 
+/* the flat copy goes, and the entries that are views of it */
+static void wc_flat_drop(void) {
+    if (!wc_flat.bf) return;
+    for (int i = 0; i < wc_n;) {
+        if (wc[i].view) wc[i] = wc[--wc_n];
+        else i++;
+    }
+    dev_free(wc_flat.bf, wc_flat.n * sizeof(__nv_bfloat16));
+    wc_bytes -= wc_flat.n * sizeof(__nv_bfloat16);
+    memset(&wc_flat, 0, sizeof wc_flat);
+}
+
 /* cu_free of [p, p + bytes): its copies go with it, and its ranges */
 static void wc_forget(const void *p, size_t bytes) {
+    if (wc_flat.bf && overlaps(wc_flat.p, wc_flat.n * sizeof(float), p, bytes)) wc_flat_drop();
     for (int i = 0; i < wc_n;) {
         if (overlaps(wc[i].w, wc[i].n * sizeof(float), p, bytes)) {
-            dev_free(wc[i].bf, wc[i].n * sizeof(__nv_bfloat16));
-            wc_bytes -= wc[i].n * sizeof(__nv_bfloat16);
+            if (!wc[i].view) {
+                dev_free(wc[i].bf, wc[i].n * sizeof(__nv_bfloat16));
+                wc_bytes -= wc[i].n * sizeof(__nv_bfloat16);
+            }
             wc[i] = wc[--wc_n];
         } else {
             i++;
         }
     }
     wc_end_ranges(p, bytes);
+}
+
+/* [w, w + n) lies in [p, p + np) */
+static int inside(const float *w, size_t n, const float *p, size_t np) { return w >= p && w + n <= p + np; }
+
+/* the copy of [w, w + n) can be a view of the flat copy: inside it and
+ * 16-byte aligned there, as a copy of its own is (the products' fast
+ * algorithms need it); any other keeps a copy of its own, which an AdamW
+ * over its weights leaves stale */
+static int flat_view_ok(const float *w, size_t n) {
+    return inside(w, n, wc_flat.p, wc_flat.n) && (w - wc_flat.p) % 8 == 0;
 }
 
 static int wc_enabled(void) {
@@ -1509,7 +1548,7 @@ static const void *wc_get(const float *w, size_t n) {
     if (!wc_enabled()) return NULL;
     int stable = 0;
     for (int i = 0; i < wc_nr && !stable; i++)
-        stable = w >= wc_range[i].p && w + n <= wc_range[i].p + wc_range[i].n;
+        stable = inside(w, n, wc_range[i].p, wc_range[i].n);
     if (!stable) return NULL;
     WcEntry *e = NULL;
     for (int i = 0; i < wc_n && !e; i++)
@@ -1520,8 +1559,13 @@ static const void *wc_get(const float *w, size_t n) {
         e->w = w;
         e->n = n;
         e->current = 0;
-        DEV_MALLOC(&e->bf, n * sizeof(__nv_bfloat16));
-        wc_bytes += n * sizeof(__nv_bfloat16);
+        e->view = wc_flat.bf && flat_view_ok(w, n);
+        if (e->view) {
+            e->bf = wc_flat.bf + (w - wc_flat.p);
+        } else {
+            DEV_MALLOC(&e->bf, n * sizeof(__nv_bfloat16));
+            wc_bytes += n * sizeof(__nv_bfloat16);
+        }
     }
     if (e->current) {
         wc_hits++;
@@ -4460,6 +4504,7 @@ static double sum(const float *x, size_t n) { return reduce(x, n, 0); }
 typedef struct {
     size_t offset, n, start; /* start: elements of all earlier ranges */
     float wd;                /* the kernel forms 1 - lr * wd as adamw does */
+    int norm;                /* counts in the sum of squares */
 } DevRange;
 
 /* the constants of one step (AdamConsts and the hyperparameters) */
@@ -4475,21 +4520,23 @@ __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
     p = p * decay - k.step_size * (m / (sqrtf(v) / k.bc2_sqrt + k.eps));
 }
 
-__device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, float *v, size_t i, float decay,
-                                           const AdamK &k) {
+/* element i; returns its new weight */
+__device__ __forceinline__ float adamw_elem(float *p, const float *g, float *m, float *v, size_t i, float decay,
+                                            const AdamK &k) {
     float pi = p[i], mi = m[i], vi = v[i];
     adamw_one(pi, g[i], mi, vi, decay, k);
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
+    return pi;
 }
 
 /* four elements from i (a multiple of 4, the arrays 16-byte aligned) with
  * 16-byte loads and stores: adamw_one on each, the same bits as adamw_elem.
  * (The element-at-a-time kernels ran the Llama 1B shape's 1.24 B parameters,
  * 28 bytes each, at 3.15 TB/s on an H200.) */
-__device__ __forceinline__ void adamw_elem4(float *p, const float *g, float *m, float *v, size_t i, float decay,
-                                            const AdamK &k) {
+__device__ __forceinline__ float4 adamw_elem4(float *p, const float *g, float *m, float *v, size_t i, float decay,
+                                              const AdamK &k) {
     float4 p4 = *(float4 *)(void *)(p + i), m4 = *(float4 *)(void *)(m + i), v4 = *(float4 *)(void *)(v + i);
     const float4 g4 = *(const float4 *)(const void *)(g + i);
     adamw_one(p4.x, g4.x, m4.x, v4.x, decay, k);
@@ -4499,6 +4546,7 @@ __device__ __forceinline__ void adamw_elem4(float *p, const float *g, float *m, 
     *(float4 *)(void *)(m + i) = m4;
     *(float4 *)(void *)(v + i) = v4;
     *(float4 *)(void *)(p + i) = p4;
+    return p4;
 }
 
 /* vec (p, g, m, v 16-byte aligned): thread-groups of 4 elements, then the
@@ -4527,21 +4575,37 @@ __device__ __forceinline__ int adam_range(const DevRange *r, int nr, size_t i) {
 /* Thread-groups of 4 of the ranges' concatenated elements (total of them):
  * a group inside one range whose array index is a multiple of 4 (vec: the
  * arrays 16-byte aligned) in one adamw_elem4, any other (across a range's
- * end, or a range not starting on a multiple of 4) one element at a time */
+ * end, or a range not starting on a multiple of 4) one element at a time.
+ * w16 (not NULL): the bf16 copy of p (to nearest even, as to_bf16), each
+ * updated weight's written too. partial (not NULL): the block's sum of
+ * squares of the updated weights of the norm ranges, in double, at
+ * partial[blockIdx.x] (a grid fixed by the device, so the same bits every
+ * run). */
 __global__ void adamw_multi_k(float *p, const float *g, float *m, float *v, const DevRange *r, int nr, size_t total,
-                              float lr, AdamK k, int vec) {
+                              float lr, AdamK k, int vec, __nv_bfloat16 *w16, double *partial) {
+    double s = 0.0;
     GRID_STRIDE(q, (total + 3) / 4) {
         const size_t i0 = 4 * q;
         const int a = adam_range(r, nr, i0);
         const size_t j0 = r[a].offset + (i0 - r[a].start);
         if (vec && i0 + 4 <= r[a].start + r[a].n && j0 % 4 == 0) {
-            adamw_elem4(p, g, m, v, j0, (float)(1.0 - (double)lr * r[a].wd), k);
+            const float4 u = adamw_elem4(p, g, m, v, j0, (float)(1.0 - (double)lr * r[a].wd), k);
+            if (w16) *(uint2 *)(void *)(w16 + j0) = make_uint2(fb_pack(u.x, u.y), fb_pack(u.z, u.w));
+            if (partial && r[a].norm)
+                s += ((double)u.x * u.x + (double)u.y * u.y) + ((double)u.z * u.z + (double)u.w * u.w);
             continue;
         }
         for (size_t i = i0; i < i0 + 4 && i < total; i++) {
             const int b = adam_range(r, nr, i);
-            adamw_elem(p, g, m, v, r[b].offset + (i - r[b].start), (float)(1.0 - (double)lr * r[b].wd), k);
+            const size_t j = r[b].offset + (i - r[b].start);
+            const float u = adamw_elem(p, g, m, v, j, (float)(1.0 - (double)lr * r[b].wd), k);
+            if (w16) w16[j] = __float2bfloat16_rn(u);
+            if (partial && r[b].norm) s += (double)u * u;
         }
+    }
+    if (partial) { /* the same for every thread of the block */
+        s = block_sum(s);
+        if (threadIdx.x == 0) partial[blockIdx.x] = s;
     }
 }
 
@@ -4581,11 +4645,68 @@ static void adamw(float *p, const float *g, float *m, float *v, size_t n, float 
     LAUNCH_CHECK();
 }
 
+/* The weight cache's flat bf16 copy for an AdamW over p with the k ranges
+ * r (see the weight cache): NULL unless p starts a declared range that holds
+ * every range and products have copied weights inside it; made the first
+ * time (the entries' own copies freed first, so the two never sit side by
+ * side), its entries views of it. */
+static __nv_bfloat16 *wc_flat_for(const float *p, const DevRange *r, int k) {
+    if (!wc_enabled()) return NULL;
+    size_t n = 0, end = 0;
+    for (int i = 0; i < wc_nr && !n; i++)
+        if (wc_range[i].p == p) n = wc_range[i].n;
+    for (int i = 0; i < k; i++) end = r[i].offset + r[i].n > end ? r[i].offset + r[i].n : end;
+    int copied = 0;
+    for (int i = 0; i < wc_n && !copied; i++) copied = inside(wc[i].w, wc[i].n, p, n);
+    if (!n || end > n || !copied) return NULL;
+    if (wc_flat.bf && (wc_flat.p != p || wc_flat.n != n)) wc_flat_drop();
+    const int make = !wc_flat.bf;
+    wc_flat.p = p;
+    wc_flat.n = n;
+    for (int i = 0; i < wc_n; i++) {
+        WcEntry *e = &wc[i];
+        if (e->view || !flat_view_ok(e->w, e->n)) continue;
+        dev_free(e->bf, e->n * sizeof(__nv_bfloat16));
+        wc_bytes -= e->n * sizeof(__nv_bfloat16);
+        e->bf = NULL;
+        e->view = 1;
+        e->current = 0;
+    }
+    if (make) {
+        DEV_MALLOC(&wc_flat.bf, n * sizeof(__nv_bfloat16));
+        wc_bytes += n * sizeof(__nv_bfloat16);
+    }
+    for (int i = 0; i < wc_n; i++)
+        if (wc[i].view && !wc[i].bf) wc[i].bf = wc_flat.bf + (wc[i].w - p);
+    return wc_flat.bf;
+}
+
+/* After the AdamW that wrote the flat copy: a view its ranges cover (they
+ * do not overlap) is current (the rest of the copy is as it was, as are the
+ * weights there); a copy of its own that shares a weight with a range is
+ * stale */
+static void wc_flat_written(const DevRange *r, int k) {
+    for (int i = 0; i < wc_n; i++) {
+        WcEntry *e = &wc[i];
+        size_t covered = 0;
+        for (int j = 0; j < k; j++) {
+            const float *a = wc_flat.p + r[j].offset, *lo = a > e->w ? a : e->w;
+            const float *hi = a + r[j].n < e->w + e->n ? a + r[j].n : e->w + e->n;
+            covered += hi > lo ? (size_t)(hi - lo) : 0;
+        }
+        if (e->view && covered == e->n) e->current = 1;
+        if (!e->view && covered) e->current = 0;
+    }
+}
+
+static Scratch sc_adam_red;
+
 /* The range table goes to the device only when it changes (the trainer's is
  * built once), so a step makes no synchronous upload. */
-static void adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int nr, float lr,
-                        float beta1, float beta2, float eps, int t, float grad_scale) {
-    if (nr <= 0) return;
+static int adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int nr, float lr,
+                       float beta1, float beta2, float eps, int t, float grad_scale, double *sumsq) {
+    if (sumsq) *sumsq = 0.0;
+    if (nr <= 0) return 0;
     static DevRange *host, *sent;
     static int host_cap, n_sent = -1;
     static void *sent_to;
@@ -4606,10 +4727,11 @@ static void adamw_multi(float *p, const float *g, float *m, float *v, const Adam
         host[k].n = ranges[i].n;
         host[k].start = total;
         host[k].wd = ranges[i].wd;
+        host[k].norm = ranges[i].norm != 0;
         total += ranges[i].n;
         k++;
     }
-    if (!total) return;
+    if (!total) return 0;
     DevRange *dev = (DevRange *)scratch_get(&sc_adam, (size_t)k * sizeof *dev);
     if (k != n_sent || (void *)dev != sent_to || memcmp(host, sent, (size_t)k * sizeof *host) != 0) {
         cu_from_host(dev, host, (size_t)k * sizeof *dev);
@@ -4619,9 +4741,24 @@ static void adamw_multi(float *p, const float *g, float *m, float *v, const Adam
     }
     AdamConsts c = adam_consts(lr, beta1, beta2, t);
     const int vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
-    adamw_multi_k<<<grid_for((total + 3) / 4, 256), 256>>>(p, g, m, v, dev, k, total, lr,
-                                                         adam_k(c, beta1, beta2, eps, grad_scale), vec);
+    __nv_bfloat16 *w16 = wc_flat_for(p, host, k);
+    unsigned grid = grid_for((total + 3) / 4, 256);
+    double *partial = NULL;
+    if (sumsq) { /* as many blocks as the device holds at once (one wave), a partial each */
+        const unsigned fill = (unsigned)G.prop.multiProcessorCount * (2048 / 256);
+        grid = grid < fill ? grid : fill;
+        partial = (double *)scratch_get(&sc_adam_red, (size_t)grid * sizeof(double));
+    }
+    adamw_multi_k<<<grid, 256>>>(p, g, m, v, dev, k, total, lr, adam_k(c, beta1, beta2, eps, grad_scale), vec, w16,
+                                 partial);
     LAUNCH_CHECK();
+    if (w16) wc_flat_written(host, k);
+    if (sumsq) {
+        reduce_final_k<<<1, RED_THREADS>>>(partial, (int)grid, G.red_out);
+        LAUNCH_CHECK();
+        cu_to_host(sumsq, G.red_out, sizeof *sumsq);
+    }
+    return w16 != NULL;
 }
 
 // ----------------------------------------------------------------------------

@@ -25,10 +25,12 @@
 #include <stdint.h>
 
 /* One range of the flat parameter arrays for adamw_multi: elements
- * [offset, offset + n), weight decay wd (0 for ranges not decayed). */
+ * [offset, offset + n), weight decay wd (0 for ranges not decayed); norm:
+ * its updated weights count in adamw_multi's sum of squares. */
 typedef struct AdamWRange {
     size_t offset, n;
     float wd;
+    int norm;
 } AdamWRange;
 
 /* A cross-entropy target that asks for no loss (PyTorch's ignore_index):
@@ -325,9 +327,18 @@ typedef struct Kernels {
                   float beta1, float beta2, float eps, float wd, int t, float grad_scale);
     /* The same update over several ranges of the same flat arrays (p, g, m, v
      * are the array bases) in one call: one launch on CUDA, a loop of adamw
-     * on the CPU. Results equal calling adamw per range. */
-    void (*adamw_multi)(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int n_ranges,
-                        float lr, float beta1, float beta2, float eps, int t, float grad_scale);
+     * on the CPU. Results equal calling adamw per range. sumsq != NULL:
+     * *sumsq = the sum of squares (double) of the updated p over the ranges
+     * with norm set, taken in the same pass (log.param_norm without a
+     * second read of the weights), the same bits every run. Returns 1 when
+     * the backend's copies derived from p (weights_stable) were updated in
+     * the same pass and still hold (a caller may skip declaring the weights
+     * again: Model.same_weights); 0 when they are stale, as after any write.
+     * CUDA under bf16 GEMMs returns 1 when p is the start of a declared
+     * range whose weights the products have copied: it writes the bf16
+     * copy of every updated weight beside it. */
+    int (*adamw_multi)(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int n_ranges,
+                       float lr, float beta1, float beta2, float eps, int t, float grad_scale, double *sumsq);
     /* dst = src rounded to bfloat16 precision (8-bit mantissa; the low 16 bits
      * of each fp32 word cleared; dst == src allowed). seed 0: to nearest, ties
      * to even. seed != 0: stochastically, up with probability (dropped bits)
@@ -348,8 +359,9 @@ typedef struct Kernels {
     /* ---- weights that stay put ----
      * weights_stable(p, n): the n floats at p were just written (any copy a
      * backend derived from them is stale) and stay as they are until the next
-     * call whose range overlaps theirs; weights_stable(NULL, 0) ends every
-     * range. While a range holds, a backend may keep derived copies of the
+     * call whose range overlaps theirs, or change only through an
+     * adamw_multi that returns 1 (it updated the copies with them);
+     * weights_stable(NULL, 0) ends every range. While a range holds, a backend may keep derived copies of the
      * w operands of the matrix products (matmul_*) inside it:
      * CUDA under bf16 GEMMs keeps their bf16 conversion, made by the first
      * product that reads them instead of by each (the backward's, the

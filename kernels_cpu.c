@@ -894,9 +894,14 @@ static void sqrt_inplace(float *x, int n) {
  * p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  * p -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps). */
 #define ADAM_BLOCK 1024
+#define ADAM_MAX_THREADS 256
 
-static void adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float wd, int t, float grad_scale) {
+/* One range; sq: returns the sum of squares of the updated p, each thread
+ * summing its blocks (a static schedule: consecutive blocks) in order and
+ * the threads' sums added in thread order, so the same bits every run at a
+ * given thread count. */
+static double adamw_range(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                          float beta2, float eps, float wd, int t, float grad_scale, int sq) {
     double bc1 = 1.0 - pow((double)beta1, t);
     double bc2 = 1.0 - pow((double)beta2, t);
     const float step_size = (float)((double)lr / bc1);
@@ -904,30 +909,56 @@ static void adamw(float *p, const float *g, float *m, float *v, size_t n, float 
     const float decay = (float)(1.0 - (double)lr * wd);
     const float ob1 = (float)(1.0 - (double)beta1), ob2 = (float)(1.0 - (double)beta2);
     long nblocks = (long)((n + ADAM_BLOCK - 1) / ADAM_BLOCK);
-    #pragma omp parallel for schedule(static)
-    for (long blk = 0; blk < nblocks; blk++) {
-        size_t i0 = (size_t)blk * ADAM_BLOCK;
-        int len = n - i0 < ADAM_BLOCK ? (int)(n - i0) : ADAM_BLOCK;
-        float *pb = p + i0, *mb = m + i0, *vb = v + i0;
-        const float *gb = g + i0;
-        float den[ADAM_BLOCK];
-        for (int i = 0; i < len; i++) {
-            float gi = gb[i] * grad_scale;
-            mb[i] = beta1 * mb[i] + ob1 * gi;
-            vb[i] = beta2 * vb[i] + ob2 * gi * gi;
-            den[i] = vb[i];
+    double part[ADAM_MAX_THREADS] = {0};
+    int nt = omp_get_max_threads();
+    if (nt > ADAM_MAX_THREADS) nt = ADAM_MAX_THREADS;
+    #pragma omp parallel num_threads(nt)
+    {
+        double s = 0.0;
+        #pragma omp for schedule(static)
+        for (long blk = 0; blk < nblocks; blk++) {
+            size_t i0 = (size_t)blk * ADAM_BLOCK;
+            int len = n - i0 < ADAM_BLOCK ? (int)(n - i0) : ADAM_BLOCK;
+            float *pb = p + i0, *mb = m + i0, *vb = v + i0;
+            const float *gb = g + i0;
+            float den[ADAM_BLOCK];
+            for (int i = 0; i < len; i++) {
+                float gi = gb[i] * grad_scale;
+                mb[i] = beta1 * mb[i] + ob1 * gi;
+                vb[i] = beta2 * vb[i] + ob2 * gi * gi;
+                den[i] = vb[i];
+            }
+            sqrt_inplace(den, len);
+            for (int i = 0; i < len; i++)
+                pb[i] = pb[i] * decay - step_size * (mb[i] / (den[i] / bc2_sqrt + eps));
+            if (sq) {
+                double bs = 0.0;
+                #pragma omp simd reduction(+:bs)
+                for (int i = 0; i < len; i++) bs += (double)pb[i] * pb[i];
+                s += bs;
+            }
         }
-        sqrt_inplace(den, len);
-        for (int i = 0; i < len; i++)
-            pb[i] = pb[i] * decay - step_size * (mb[i] / (den[i] / bc2_sqrt + eps));
+        part[omp_get_thread_num()] = s;
     }
+    double total = 0.0;
+    for (int i = 0; i < nt; i++) total += part[i];
+    return total;
 }
 
-static void adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *r, int nr, float lr,
-                        float beta1, float beta2, float eps, int t, float grad_scale) {
+static void adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, int t, float grad_scale) {
+    adamw_range(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, grad_scale, 0);
+}
+
+/* The CPU keeps no copies of the weights: returns 0. */
+static int adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *r, int nr, float lr,
+                       float beta1, float beta2, float eps, int t, float grad_scale, double *sumsq) {
+    double sq = 0.0;
     for (int i = 0; i < nr; i++)
-        adamw(p + r[i].offset, g + r[i].offset, m + r[i].offset, v + r[i].offset, r[i].n, lr, beta1, beta2, eps,
-              r[i].wd, t, grad_scale);
+        sq += adamw_range(p + r[i].offset, g + r[i].offset, m + r[i].offset, v + r[i].offset, r[i].n, lr, beta1,
+                          beta2, eps, r[i].wd, t, grad_scale, sumsq && r[i].norm);
+    if (sumsq) *sumsq = sq;
+    return 0;
 }
 
 static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {

@@ -57,6 +57,7 @@ typedef struct Trainer {
     AdamWRange *opt_ranges;    /* what AdamW updates (opt_ranges_build) */
     uint64_t *opt_elem0;       /* per range: (tensor index << 40) + its first element in the tensor */
     int n_opt_ranges;
+    int weights_kept;          /* the last AdamW kept the backend's copies of the weights (Kernels.adamw_multi) */
     uint16_t *wshard;          /* train.param_dtype bf16, sharded: the working-weight shard as bf16 words, what the gathers send */
     double train_time;         /* seconds spent in steps, for the ETA */
     double timed_seqs;         /* the sequences of those steps */
@@ -135,7 +136,8 @@ static size_t spec_in_shard(const Trainer *t, const ParamSpec *s, size_t *off) {
 /* The optimizer's ranges, built once: every tensor's part of what this rank
  * updates (its shard when sharded, padding skipped; else the whole tensor)
  * with the tensor's weight decay, so each step is one adamw_multi call (one
- * launch on CUDA). */
+ * launch on CUDA). norm: the tensor counts in log.param_norm on this rank
+ * (under TP a replicated tensor counts on TP rank 0 only, as tp_sumsq). */
 static void opt_ranges_build(Trainer *t) {
     const Config *c = &t->cfg;
     const Model *m = &t->model;
@@ -152,7 +154,8 @@ static void opt_ranges_build(Trainer *t) {
         }
         if (n == 0) continue;
         t->opt_elem0[t->n_opt_ranges] = ((uint64_t)i << 40) + first;
-        t->opt_ranges[t->n_opt_ranges++] = (AdamWRange){o, n, (c->decay_all || s->decay) ? c->weight_decay : 0.0f};
+        t->opt_ranges[t->n_opt_ranges++] =
+            (AdamWRange){o, n, (c->decay_all || s->decay) ? c->weight_decay : 0.0f, s->tp_axis >= 0 || t->dist.tp_rank == 0};
     }
 }
 
@@ -163,6 +166,7 @@ static void opt_ranges_build(Trainer *t) {
 static void refresh_working(Trainer *t, int steps_done) {
     const Config *c = &t->cfg;
     if (c->param_dtype != 1) return;
+    t->weights_kept = 0; /* the working weights are written here */
     uint64_t seed = 0;
     if (c->stochastic_rounding) seed = splitmix64(c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)steps_done) | 1; /* never 0 (nearest) */
     for (int i = 0; i < t->n_opt_ranges; i++) {
@@ -172,15 +176,17 @@ static void refresh_working(Trainer *t, int steps_done) {
     }
 }
 
-static void adamw_step(Trainer *t, float lr, float grad_scale, int step) {
+/* sumsq (not NULL): this rank's part of the updated master weights' sum of
+ * squares (the ranges with norm set); sets t->weights_kept */
+static void adamw_step(Trainer *t, float lr, float grad_scale, int step, double *sumsq) {
     const Config *c = &t->cfg;
     Model *m = &t->model;
     if (t->sharded)
-        t->k->adamw_multi(t->master, t->gshard, t->mshard, t->vshard, t->opt_ranges, t->n_opt_ranges, lr, c->beta1, c->beta2,
-                          c->eps, step + 1, grad_scale);
+        t->weights_kept = t->k->adamw_multi(t->master, t->gshard, t->mshard, t->vshard, t->opt_ranges, t->n_opt_ranges, lr,
+                                            c->beta1, c->beta2, c->eps, step + 1, grad_scale, sumsq);
     else /* master: its own fp32 copy under bf16 working weights */
-        t->k->adamw_multi(t->master ? t->master : m->params, m->grads, m->m, m->v, t->opt_ranges, t->n_opt_ranges, lr,
-                          c->beta1, c->beta2, c->eps, step + 1, grad_scale);
+        t->weights_kept = t->k->adamw_multi(t->master ? t->master : m->params, m->grads, m->m, m->v, t->opt_ranges,
+                                            t->n_opt_ranges, lr, c->beta1, c->beta2, c->eps, step + 1, grad_scale, sumsq);
 }
 
 /* Where n bf16 words land in a buffer of n floats to be widened in place
@@ -691,6 +697,7 @@ static double ck_begin(Trainer *t, int step) {
 static void install_state(Trainer *t, const float *p, const float *mm, const float *vv) {
     Model *m = &t->model;
     const Kernels *k = t->k;
+    t->weights_kept = 0;
     if (!t->sharded) {
         k->from_host(t->master ? t->master : m->params, p, m->n_params * sizeof(float));
         k->from_host(m->m, mm, m->n_params * sizeof(float));
@@ -1216,6 +1223,13 @@ static double model_sumsq(Trainer *t, const float *a) {
     return sq;
 }
 
+/* model_sumsq's sums over ranks, of this rank's part (adamw_step's) */
+static double model_sumsq_ranks(Trainer *t, double sq) {
+    if (t->sharded) dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
+    dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
+    return sq;
+}
+
 static StepStats train_step(Trainer *t, int step) {
     Config *c = &t->cfg;
     Model *m = &t->model;
@@ -1238,11 +1252,15 @@ static StepStats train_step(Trainer *t, int step) {
     /* sharded: the chunk hooks gather each chunk before its forward and
      * backward and reduce-scatter its gradients right after its backward */
     t->in_step = 1;
+    /* the last AdamW updated the backend's weight copies too: the first
+     * forward need not declare the weights again */
+    const int kept = t->weights_kept;
+    t->weights_kept = 0;
     for (int j = 0; j < accum; j++) {
         t->micro = j;
         dist_phase(&t->dist, step + 1, "forward");
         load_batch(t, &t->train, micro_first_seq(t, step, j));
-        m->same_weights = j > 0; /* the optimizer runs after the last micro-batch */
+        m->same_weights = j > 0 || kept; /* the optimizer runs after the last micro-batch */
         model_forward(m, t->tok, t->tgt);
         loss_sum += m->loss_sum;
         dist_phase(&t->dist, step + 1, "backward");
@@ -1289,6 +1307,8 @@ static StepStats train_step(Trainer *t, int step) {
         }
     }
 
+    double psq = 0.0;
+    int have_psq = 0;
     if (!isfinite(s.loss) || !isfinite(s.norm)) {
         s.skipped = 1;
         t->nonfinite_run++;
@@ -1301,15 +1321,17 @@ static StepStats train_step(Trainer *t, int step) {
             s.clipped = 1;
         }
         dist_phase(&t->dist, step + 1, "optimizer");
-        adamw_step(t, (float)s.lr, scale, step);
+        adamw_step(t, (float)s.lr, scale, step, c->log_param_norm ? &psq : NULL);
+        have_psq = c->log_param_norm;
     }
     refresh_working(t, step + 1);
     /* the master weights after the update (sharded: the master shard; the
-     * fp32 params without a master copy) */
+     * fp32 params without a master copy): summed by AdamW as it wrote them,
+     * or (a skipped step) read again */
     s.pnorm = NAN;
     if (c->log_param_norm) {
         dist_phase(&t->dist, step + 1, "param_norm");
-        s.pnorm = sqrt(model_sumsq(t, t->master ? t->master : m->params));
+        s.pnorm = sqrt(have_psq ? model_sumsq_ranks(t, psq) : model_sumsq(t, t->master ? t->master : m->params));
     }
     s.comm_ag = t->dist.bytes_allgather;
     s.comm_rs = t->dist.bytes_reduce_scatter;
@@ -1678,14 +1700,20 @@ static double cuda_scratch_bytes(const Trainer *t) {
         if (gpt2) s += grow * 2.0 * m->fc_dim;
         else s += grow * 4.0 * N * m->F;
         /* the weights' copies, exactly their size: every layer's four and
-         * the LM head, or sharded, those of the layers' pool slots */
+         * the LM head, or sharded, those of the layers' pool slots; not
+         * sharded, from the first AdamW on one flat copy of all the weights
+         * (kernels.cu wc_flat; the copies of weights off its 8-float grid
+         * stay beside it) */
         const char *wc = getenv("LLMTRAIN_CUDA_WEIGHT_CACHE");
         int np, ng, L = t->cfg.model.n_layer;
         pool_slots(t, &np, &ng);
         int copies = t->sharded ? np - 2 : L;
         if (!(wc && strcmp(wc, "0") == 0) && 4 * copies + 1 <= 4096) {
             double layer = (double)m->qkv_dim * C + (double)C * m->nh * m->hd + (double)m->fc_dim * C + (double)C * m->F;
-            s += 2.0 * (copies * layer + (double)m->V * C);
+            double own = 2.0 * (copies * layer + (double)m->V * C);
+            int off_grid = 0;
+            for (int i = 0; i < m->n_specs; i++) off_grid |= m->specs[i].ndim == 2 && m->specs[i].offset % 8 != 0;
+            s += t->sharded ? own : fmax(own, 2.0 * m->n_params + (off_grid ? own : 0.0));
         } else {
             s += grow * 2.0 * wmax;
         }

@@ -80,9 +80,9 @@ static double att(int B, int T, int nh, int hd) { return (double)B * nh * hd * T
  * and attention (rated by their FLOPs) and for host copies. */
 #define A ((double)P.table.act_bytes)
 static double by(size_t n, double bytes_each) { return (double)n * bytes_each; }
-static double adamw_bytes(const AdamWRange *r, int n) { /* p, g, m, v read; p, m, v written */
+static double adamw_bytes(const AdamWRange *r, int n, double each) { /* p, g, m, v read; p, m, v written */
     double b = 0;
-    for (int i = 0; i < n; i++) b += by(r[i].n, 28);
+    for (int i = 0; i < n; i++) b += by(r[i].n, each);
     return b;
 }
 
@@ -255,10 +255,13 @@ static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, floa
                     float eps, float wd, int t, float grad_scale) {
     TIMED(adamw, 0, by(n, 28), P.in->adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, grad_scale));
 }
-static void w_adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int n_ranges,
-                          float lr, float beta1, float beta2, float eps, int t, float grad_scale) {
-    TIMED(adamw_multi, 0, adamw_bytes(ranges, n_ranges),
-          P.in->adamw_multi(p, g, m, v, ranges, n_ranges, lr, beta1, beta2, eps, t, grad_scale));
+/* kept: the bf16 copies written beside the weights, 2 bytes more each */
+static int w_adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int n_ranges,
+                         float lr, float beta1, float beta2, float eps, int t, float grad_scale, double *sumsq) {
+    int kept = 0;
+    TIMED(adamw_multi, 0, adamw_bytes(ranges, n_ranges, kept ? 30 : 28),
+          kept = P.in->adamw_multi(p, g, m, v, ranges, n_ranges, lr, beta1, beta2, eps, t, grad_scale, sumsq));
+    return kept;
 }
 static void w_round_bf16(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
     TIMED(round_bf16, 0, by(n, 8), P.in->round_bf16(dst, src, n, seed, index0));

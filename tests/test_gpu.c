@@ -1400,11 +1400,32 @@ static void test_model_weight_copies(void) {
             if (step == 1) kernels_cuda_weight_cache_stats(&h2, &m2, &b2);
         }
         kernels_cuda_weight_cache_stats(&h3, &m3, NULL);
+        const int bf = act16();
+        const long made = bf ? 9 : 0, hits = bf ? (ck ? 17 : 9) : 0;
+        /* AdamW over every weight, as an unsharded trainer's step: under bf16
+         * it keeps the copies (returns 1), so a forward that does not declare
+         * the weights again (same_weights, as the trainer then sets) makes
+         * none and gives the loss of one that does, bit for bit */
+        AdamWRange all = {0, m.n_params, 0.1f, 1};
+        int kept = KG->adamw_multi(m.params, m.grads, m.m, m.v, &all, 1, 1e-2f, 0.9f, 0.95f, 1e-8f, 1, 1.0f, NULL);
+        long h4, m4, h5, m5;
+        m.same_weights = kept;
+        float la = model_forward(&m, tok, tgt);
+        model_backward(&m, 1.0f / N);
+        kernels_cuda_weight_cache_stats(&h4, &m4, NULL);
+        m.same_weights = 0;
+        float lb = model_forward(&m, tok, tgt);
+        model_backward(&m, 1.0f / N);
+        kernels_cuda_weight_cache_stats(&h5, &m5, NULL);
+        const int oka = kept == bf && m4 - m3 == (kept ? 0 : made) && h4 - h3 == (kept ? made + hits : hits) &&
+             m5 - m4 == made && memcmp(&la, &lb, sizeof la) == 0 && la != loss[2];
+        printf("%s model weight copies%s, after AdamW: returned %d; made %ld, hit %ld (expected %ld, %ld); loss %.9g, "
+               "declared again %.9g, before the update %.9g\n", oka ? "ok  " : "FAIL", ck ? " (full ckpt)" : "", kept,
+               m4 - m3, h4 - h3, kept ? 0 : made, kept ? made + hits : hits, (double)la, (double)lb, (double)loss[2]);
+        if (oka) pass++; else fail++;
         model_free(&m);
         size_t b3;
         kernels_cuda_weight_cache_stats(NULL, NULL, &b3);
-        const int bf = act16();
-        const long made = bf ? 9 : 0, hits = bf ? (ck ? 17 : 9) : 0;
         const size_t bytes = bf ? 2 * (2 * ((size_t)128 * 64 + 64 * 64 + 256 * 64 + 64 * 128) + 96 * 64) : 0;
         int ok = m1 - m0 == made && h1 - h0 == hits && b1 - b0 == bytes && m2 - m1 == made && h2 - h1 == hits &&
                  b2 == b1 && b3 == b0;
@@ -1423,6 +1444,27 @@ static void test_model_weight_copies(void) {
     }
 }
 
+/* adamw_multi's sum of squares: against a double sum of the device's own
+ * updated weights over the ranges with norm set (to 1e-12: the order
+ * differs), and the CPU's (1e-6: the weights may differ in the last bit);
+ * with no weights declared it keeps no copies (returns 0) */
+static void check_sumsq(const char *name, const float *dev_p, const AdamWRange *r, int nr, double gsq, double csq,
+                        int kept) {
+    double want = 0;
+    for (int i = 0; i < nr; i++) {
+        if (!r[i].norm || !r[i].n) continue;
+        float *h = malloc_check(r[i].n * sizeof(float));
+        KG->to_host(h, dev_p + r[i].offset, r[i].n * sizeof(float));
+        for (size_t j = 0; j < r[i].n; j++) want += (double)h[j] * h[j];
+        free(h);
+    }
+    double rel = fabs(gsq - want) / want, relc = fabs(gsq - csq) / csq;
+    int ok = rel < 1e-12 && relc < 1e-6 && kept == 0;
+    printf("%s %-34s %.17g, its weights' %.17g (rel %.1e), the CPU's rel %.1e; returned %d\n", ok ? "ok  " : "FAIL", name,
+           gsq, want, rel, relc, kept);
+    if (ok) pass++; else fail++;
+}
+
 static void test_adamw(void) {
     size_t n = 100003;
     float *p = hrand(n, 1), *g = hrand(n, 1), *m = hrand(n, 0.1f), *v = hrand(n, 0.1f);
@@ -1433,24 +1475,27 @@ static void test_adamw(void) {
     check("adamw p", p, gp, n, TOL_F32);
     check("adamw m", m, gm, n, TOL_F32);
     check("adamw v", v, gv, n, TOL_F32);
-    AdamWRange r[4] = {{0, 1000, 0.1f}, {1000, 0, 0.1f}, {2000, 50000, 0.0f}, {60000, 40003, 0.05f}};
-    KC->adamw_multi(p, g, m, v, r, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 7, 1.0f);
-    KG->adamw_multi(gp, gg, gm, gv, r, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 7, 1.0f);
+    AdamWRange r[4] = {{0, 1000, 0.1f, 1}, {1000, 0, 0.1f, 1}, {2000, 50000, 0.0f, 0}, {60000, 40003, 0.05f, 1}};
+    double csq = 0, gsq = 0;
+    KC->adamw_multi(p, g, m, v, r, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 7, 1.0f, &csq);
+    int kept = KG->adamw_multi(gp, gg, gm, gv, r, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 7, 1.0f, &gsq);
+    check_sumsq("adamw_multi sum of squares", gp, r, 4, gsq, csq, kept);
     check("adamw_multi p", p, gp, n, TOL_F32);
     check("adamw_multi m", m, gm, n, TOL_F32);
     check("adamw_multi v", v, gv, n, TOL_F32);
     /* ranges off the 16-byte grid, ending inside a group of 4 and shorter
      * than one: against the CPU, and the same bits as the device's adamw
      * range by range (16-byte groups and single elements alike) */
-    AdamWRange r2[4] = {{0, 998, 0.1f}, {1000, 3, 0.0f}, {1006, 50001, 0.05f}, {60002, 40001, 0.1f}};
+    AdamWRange r2[4] = {{0, 998, 0.1f, 1}, {1000, 3, 0.0f, 1}, {1006, 50001, 0.05f, 0}, {60002, 40001, 0.1f, 1}};
     float *hp = malloc_check(n * sizeof(float)), *hm = malloc_check(n * sizeof(float)),
           *hv = malloc_check(n * sizeof(float));
     KG->to_host(hp, gp, n * sizeof(float));
     KG->to_host(hm, gm, n * sizeof(float));
     KG->to_host(hv, gv, n * sizeof(float));
     float *sp = dcopy(hp, n), *sm = dcopy(hm, n), *sv = dcopy(hv, n);
-    KC->adamw_multi(p, g, m, v, r2, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 8, 0.9f);
-    KG->adamw_multi(gp, gg, gm, gv, r2, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 8, 0.9f);
+    KC->adamw_multi(p, g, m, v, r2, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 8, 0.9f, &csq);
+    kept = KG->adamw_multi(gp, gg, gm, gv, r2, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 8, 0.9f, &gsq);
+    check_sumsq("adamw_multi unaligned sum of squares", gp, r2, 4, gsq, csq, kept);
     for (int i = 0; i < 4; i++) {
         size_t o = r2[i].offset;
         KG->adamw(sp + o, gg + o, sm + o, sv + o, r2[i].n, 1e-3f, 0.9f, 0.999f, 1e-8f, r2[i].wd, 8, 0.9f);
@@ -1465,6 +1510,117 @@ static void test_adamw(void) {
     check_bits("adamw_multi = adamw per range m", hm, gm, n);
     check_bits("adamw_multi = adamw per range v", hv, gv, n);
     free(hp); free(hm); free(hv);
+    /* more groups of 4 than the threads of the grid the sum of squares
+     * caps (the blocks the device holds at once: 132 x 8 of 256 on the
+     * emulation): each thread takes several */
+    size_t nb = 2300003;
+    float *bp = hrand(nb, 1), *bg = hrand(nb, 1), *bm = hrand(nb, 0.1f), *bv = hrand(nb, 0.1f);
+    for (size_t i = 0; i < nb; i++) bv[i] = fabsf(bv[i]);
+    float *hb[4] = {bp, bg, bm, bv}, *db[4];
+    for (int i = 0; i < 4; i++) { /* freed below, not at the end with dcopy's */
+        db[i] = KG->alloc(nb * sizeof(float));
+        KG->from_host(db[i], hb[i], nb * sizeof(float));
+    }
+    float *gbp = db[0], *gbg = db[1], *gbm = db[2], *gbv = db[3];
+    AdamWRange rb[2] = {{0, 1200000, 0.1f, 1}, {1200001, nb - 1200001, 0.0f, 1}};
+    KC->adamw_multi(bp, bg, bm, bv, rb, 2, 1e-3f, 0.9f, 0.95f, 1e-8f, 2, 1.0f, &csq);
+    kept = KG->adamw_multi(gbp, gbg, gbm, gbv, rb, 2, 1e-3f, 0.9f, 0.95f, 1e-8f, 2, 1.0f, &gsq);
+    check_sumsq("adamw_multi 2.3M sum of squares", gbp, rb, 2, gsq, csq, kept);
+    check("adamw_multi 2.3M p", bp, gbp, nb, TOL_F32);
+    free(bp); free(bg); free(bm); free(bv);
+    KG->free(gbp); KG->free(gbg); KG->free(gbm); KG->free(gbv);
+}
+
+/* AdamW over weights declared stable whose products were copied (an
+ * unsharded model's step; kernels.h adamw_multi). Under bf16 it writes the
+ * bf16 copy of every weight it updates beside it and returns 1: the copies
+ * of the weights at multiples of 8 floats from the start become views of
+ * one flat copy of the range (their own memory freed first), the next
+ * product of them converts nothing and gives, bit for bit, what a fresh
+ * conversion gives; a weight off that grid keeps a copy of its own, which
+ * the update leaves stale (made again); a weight first read after the
+ * update is a view made then; the weights' free takes it all. Under TF32
+ * and fp32 nothing is kept and it returns 0. */
+static void test_adamw_weight_copies(void) {
+    int N = 64, C = 96, OC = 80;
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC, tot = 4 * nw + 16;
+    /* a view, its own copy (off the 8-float grid), a view made later, a view
+     * the update covers half of */
+    size_t off[4] = {0, nw + 4, 2 * nw + 8, 3 * nw + 16};
+    const int bf = act16();
+    const double tol = bf ? TOL_FP32MM : tol_mm;
+    float *inp = hrand(nx, 1), *w = hrand(tot, 0.1f), *g = hrand(tot, 1), *mo = hrand(tot, 0.01f),
+          *vo = hrand(tot, 0.01f);
+    for (size_t i = 0; i < tot; i++) vo[i] = fabsf(vo[i]);
+    act_round(inp, nx);
+    float *ginp = dcopy_act(inp, nx), *gw = KG->alloc(tot * sizeof(float)), *gg = dcopy(g, tot), *gm = dcopy(mo, tot),
+          *gv = dcopy(vo, tot);
+    KG->from_host(gw, w, tot * sizeof(float));
+    float *gout[4], *out = malloc_check(no * sizeof(float)), *hw = malloc_check(tot * sizeof(float));
+    for (int i = 0; i < 4; i++) gout[i] = KG->alloc(no * sizeof(float));
+    long h0, m0, h, m;
+    size_t b0, b;
+    int step = 0;
+    kernels_cuda_weight_cache_stats(&h0, &m0, &b0);
+#define WC_EXPECT(what, dh, dm, db)                                                                                  do {                                                                                                                 kernels_cuda_weight_cache_stats(&h, &m, &b);                                                                     int ok_ = h - h0 == (bf ? (dh) : 0) && m - m0 == (bf ? (dm) : 0) && b - b0 == (bf ? (size_t)(db) : 0);           printf("%s adamw weight copies: %-30s hits +%ld, made +%ld, bytes +%zu\n", ok_ ? "ok  " : "FAIL", what,                   h - h0, m - m0, b - b0);                                                                                  if (ok_) pass++; else fail++;                                                                                } while (0)
+    KG->weights_stable(gw, tot);
+    KG->matmul_forward(gout[0], ginp, gw + off[0], NULL, N, C, OC);
+    KG->matmul_forward(gout[0], ginp, gw + off[1], NULL, N, C, OC);
+    KG->matmul_forward(gout[0], ginp, gw + off[3], NULL, N, C, OC);
+    WC_EXPECT("three products: own copies", 0, 3, 3 * nw * 2);
+    /* the third weight in two ranges, the second starting off the 4-float
+     * grid: AdamW writes its copy an element at a time */
+    AdamWRange r[5] = {{off[0], nw, 0.1f, 1},
+                       {off[1], nw, 0.0f, 1},
+                       {off[2], 2, 0.1f, 0},
+                       {off[2] + 2, nw - 2, 0.1f, 0},
+                       {off[3], nw / 2, 0.1f, 1}};
+    double sq = 0;
+    int kept = KG->adamw_multi(gw, gg, gm, gv, r, 5, 1e-2f, 0.9f, 0.95f, 1e-8f, ++step, 1.0f, &sq);
+    printf("%s adamw weight copies: adamw_multi returned %d (expected %d)\n", kept == bf ? "ok  " : "FAIL", kept, bf);
+    if (kept == bf) pass++; else fail++;
+    WC_EXPECT("after AdamW: the flat copy", 0, 3, (tot + nw) * 2);
+    /* no new declaration: what the trainer does after a 1 */
+    for (int i = 0; i < 4; i++) KG->matmul_forward(gout[i], ginp, gw + off[i], NULL, N, C, OC);
+    WC_EXPECT("products after it", 1, 6, (tot + nw) * 2);
+    KG->to_host(hw, gw, tot * sizeof(float));
+    act_round(hw, tot);
+    const char *names[4] = {"adamw wcache: the view", "adamw wcache: own copy again", "adamw wcache: a later view",
+                            "adamw wcache: half covered, again"};
+    for (int i = 0; i < 4; i++) {
+        KC->matmul_forward(out, inp, hw + off[i], NULL, N, C, OC);
+        check(names[i], out, gout[i], no, tol);
+    }
+    /* declared again: the view converted afresh gives the same bits */
+    KG->weights_stable(gw, tot);
+    KG->matmul_forward(gout[3], ginp, gw + off[0], NULL, N, C, OC);
+    WC_EXPECT("declared again: made afresh", 1, 7, (tot + nw) * 2);
+    float *a = malloc_check(no * sizeof(float));
+    KG->to_host(a, gout[0], no * sizeof(float));
+    check_bits("adamw wcache: AdamW's copy = to_bf16", a, gout[3], no);
+    /* a second update: the views it covers are current again (the third
+     * written element by element), and hold what fresh conversions give */
+    KG->adamw_multi(gw, gg, gm, gv, r, 4, 1e-2f, 0.9f, 0.95f, 1e-8f, ++step, 1.0f, NULL); /* not the half */
+    KG->matmul_forward(gout[0], ginp, gw + off[0], NULL, N, C, OC);
+    KG->matmul_forward(gout[2], ginp, gw + off[2], NULL, N, C, OC);
+    WC_EXPECT("a second update", 3, 7, (tot + nw) * 2);
+    KG->to_host(hw, gw, tot * sizeof(float));
+    act_round(hw, tot);
+    KC->matmul_forward(out, inp, hw + off[2], NULL, N, C, OC);
+    check("adamw wcache: the later view updated", out, gout[2], no, tol);
+    KG->weights_stable(gw, tot);
+    KG->matmul_forward(gout[1], ginp, gw + off[0], NULL, N, C, OC);
+    KG->matmul_forward(gout[3], ginp, gw + off[2], NULL, N, C, OC);
+    WC_EXPECT("declared again: both afresh", 3, 9, (tot + nw) * 2);
+    KG->to_host(a, gout[0], no * sizeof(float));
+    check_bits("adamw wcache: 2nd copy = to_bf16", a, gout[1], no);
+    KG->to_host(a, gout[2], no * sizeof(float));
+    check_bits("adamw wcache: 1 by 1 copy = to_bf16", a, gout[3], no);
+    KG->free(gw);
+    WC_EXPECT("freed with the weights", 3, 9, 0);
+#undef WC_EXPECT
+    for (int i = 0; i < 4; i++) KG->free(gout[i]);
+    free(inp); free(w); free(g); free(mo); free(vo); free(out); free(hw); free(a);
 }
 
 /* round_bf16 must give the CPU's bits exactly (the random bits are a fixed
@@ -1673,6 +1829,7 @@ int main(int argc, char **argv) {
     test_lm_head_case(37, 72, 200, 1, 1);
     test_weight_cache();
     test_model_weight_copies();
+    test_adamw_weight_copies();
     test_adamw();
     test_round_bf16();
     test_unpack_inplace();

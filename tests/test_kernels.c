@@ -942,15 +942,33 @@ static void test_adamw_multi(void) {
     float *p = randv(n, 1), *g = randv(n, 2), *m = randv(n, 0.1f), *v = randv(n, 0.1f);
     for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
     float *p2 = dup(p, n), *m2 = dup(m, n), *v2 = dup(v, n);
-    AdamWRange r[4] = {{0, 1000, 0.1f}, {1000, 0, 0.1f}, {1200, 2000, 0.0f}, {3500, 1500, 0.05f}};
-    K->adamw_multi(p, g, m, v, r, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 4, 0.7f);
+    AdamWRange r[4] = {{0, 1000, 0.1f, 0}, {1000, 0, 0.1f, 0}, {1200, 2000, 0.0f, 0}, {3500, 1500, 0.05f, 0}};
+    K->adamw_multi(p, g, m, v, r, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 4, 0.7f, NULL);
     for (int i = 0; i < 4; i++)
         K->adamw(p2 + r[i].offset, g + r[i].offset, m2 + r[i].offset, v2 + r[i].offset, r[i].n, 1e-3f, 0.9f, 0.95f,
                  1e-8f, r[i].wd, 4, 0.7f);
     int same = memcmp(p, p2, n * sizeof(float)) == 0 && memcmp(m, m2, n * sizeof(float)) == 0 &&
                memcmp(v, v2, n * sizeof(float)) == 0;
     report(same, "adamw_multi equals adamw per range", "%s", same ? "bit-identical" : "differs");
+    /* the sum of squares of the updated weights over the ranges with norm
+     * set (the third not), against a plain double sum; the same update and
+     * the same bits twice; and the CPU keeps no copies (returns 0) */
+    AdamWRange rn[4] = {{0, 1000, 0.1f, 1}, {1000, 0, 0.1f, 1}, {1200, 2000, 0.0f, 0}, {3500, 1500, 0.05f, 1}};
+    float *p3 = dup(p, n), *m3 = dup(m, n), *v3 = dup(v, n), *p4 = dup(p, n), *m4 = dup(m, n), *v4 = dup(v, n);
+    double sq = -1, sq2 = -2, want = 0;
+    int kept = K->adamw_multi(p3, g, m3, v3, rn, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 5, 0.7f, &sq);
+    K->adamw_multi(p4, g, m4, v4, rn, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 5, 0.7f, &sq2);
+    K->adamw_multi(p, g, m, v, rn, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 5, 0.7f, NULL);
+    for (int i = 0; i < 4; i++)
+        for (size_t j = rn[i].offset; rn[i].norm && j < rn[i].offset + rn[i].n; j++) want += (double)p3[j] * p3[j];
+    double rel = fabs(sq - want) / want;
+    same = memcmp(p, p3, n * sizeof(float)) == 0 && memcmp(m, m3, n * sizeof(float)) == 0 &&
+           memcmp(v, v3, n * sizeof(float)) == 0;
+    report(rel < 1e-12 && memcmp(&sq, &sq2, sizeof sq) == 0 && same && kept == 0, "adamw_multi sum of squares",
+           "%.17g vs %.17g (rel %.1e), again %.17g, update %s, returned %d", sq, want, rel, sq2,
+           same ? "as without it" : "differs", kept);
     free(p); free(g); free(m); free(v); free(p2); free(m2); free(v2);
+    free(p3); free(m3); free(v3); free(p4); free(m4); free(v4);
 }
 
 static void test_misc(void) {
