@@ -361,8 +361,9 @@ typedef struct Kernels {
      * backend derived from them is stale) and stay as they are until the next
      * call whose range overlaps theirs, or change only through an
      * adamw_multi that returns 1 (it updated the copies with them);
-     * weights_stable(NULL, 0) ends every range. While a range holds, a backend may keep derived copies of the
-     * w operands of the matrix products (matmul_*) inside it:
+     * weights_stable(NULL, 0) ends every range. While a range holds, a
+     * backend may keep derived copies of the w operands of the matrix
+     * products (matmul_*) inside it:
      * CUDA under bf16 GEMMs keeps their bf16 conversion, made by the first
      * product that reads them instead of by each (the backward's, the
      * recompute's). Freeing the memory drops its copies. The CPU keeps none. */
