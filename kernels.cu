@@ -179,6 +179,10 @@ static unsigned grid_for(size_t n, int threads) {
     return (unsigned)g;
 }
 
+/* the blocks of `threads` threads the device holds at once (2048 threads an
+ * SM): the grid of a kernel whose blocks take their work in turn */
+static int resident_blocks(int threads) { return G.prop.multiProcessorCount * (2048 / threads); }
+
 // ----------------------------------------------------------------------------
 // warp and block reductions (blockDim.x a multiple of 32, at most 1024)
 
@@ -3898,7 +3902,7 @@ static void rope_apply(float *x, int x16, const int *pos, int B, int T, int nh, 
          * many blocks as the device holds at once (2048 threads an SM), each
          * taking rows in turn */
         const int items = (nh + nkv) * (hd / 2 / PW_E), threads = items >= 256 ? 256 : (items + 31) / 32 * 32;
-        const int N = B * T, fill = G.prop.multiProcessorCount * (2048 / threads), blocks = N < fill ? N : fill;
+        const int N = B * T, fill = resident_blocks(threads), blocks = N < fill ? N : fill;
         const size_t smem = (size_t)hd * sizeof(float);
         if (x16) rope_row_k<__nv_bfloat16><<<blocks, threads, smem>>>(ACT16(x), pos, N, T, nh, nkv, hd, *rope, dir);
         else rope_row_k<float><<<blocks, threads, smem>>>(x, pos, N, T, nh, nkv, hd, *rope, dir);
@@ -4745,7 +4749,7 @@ static int adamw_multi(float *p, const float *g, float *m, float *v, const AdamW
     unsigned grid = grid_for((total + 3) / 4, 256);
     double *partial = NULL;
     if (sumsq) { /* as many blocks as the device holds at once (one wave), a partial each */
-        const unsigned fill = (unsigned)G.prop.multiProcessorCount * (2048 / 256);
+        const unsigned fill = (unsigned)resident_blocks(256);
         grid = grid < fill ? grid : fill;
         partial = (double *)scratch_get(&sc_adam_red, (size_t)grid * sizeof(double));
     }
