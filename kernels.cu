@@ -341,6 +341,7 @@ static void *cu_alloc(size_t bytes) {
 }
 
 static void wc_forget(const void *p, size_t bytes);
+static void gf_forget(const void *p, size_t bytes);
 
 static void cu_free(void *p) {
     if (!p) return;
@@ -348,6 +349,7 @@ static void cu_free(void *p) {
     while (i > 0 && Live.p[i - 1] != p) i--;
     if (i == 0) die(EXIT_INTERNAL, "cuda free: %p was not allocated by this backend", p);
     wc_forget(p, Live.bytes[i - 1]);
+    gf_forget(p, Live.bytes[i - 1]);
     dev_free(p, Live.bytes[i - 1]);
     Live.n--;
     Live.p[i - 1] = Live.p[Live.n];
@@ -356,6 +358,159 @@ static void cu_free(void *p) {
 
 static void cu_zero(void *p, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+}
+
+// ----------------------------------------------------------------------------
+// gradient memory that starts at zero without a zeroing pass
+// (Kernels.grads_fresh / grads_settle)
+
+/* A fresh region holds gradients that are logically zero whatever its bytes
+ * are. It keeps the spans written since it was declared (sorted, disjoint,
+ * adjacent ones merged): a kernel that stores a whole tensor instead of
+ * adding into it (grad_first), or a gap zeroed because a kernel must add into
+ * it (grad_ready). Settling zeroes the gaps left and ends the region. */
+#define GF_REGIONS 32
+#define GF_SPANS 512
+typedef struct {
+    uintptr_t lo, hi;
+    int n;                      /* spans written */
+    uintptr_t s[GF_SPANS][2];   /* [lo, hi) each, in order */
+} GradRegion;
+static GradRegion gf[GF_REGIONS];
+static int gf_n;
+static long gf_first_writes, gf_zeroed_bytes;
+
+extern "C" long kernels_cuda_fresh_grad_stats(int *regions, size_t *zeroed_bytes) {
+    if (regions) *regions = gf_n;
+    if (zeroed_bytes) *zeroed_bytes = (size_t)gf_zeroed_bytes;
+    return gf_first_writes;
+}
+
+static void gf_zero(uintptr_t lo, uintptr_t hi) {
+    if (hi <= lo) return;
+    CUDA_CHECK(cudaMemsetAsync((void *)lo, 0, hi - lo, 0));
+    gf_zeroed_bytes += (long)(hi - lo);
+}
+
+/* [lo, hi) (inside r) written: merged into r's spans; when they run out, the
+ * whole region is zeroed where unwritten and becomes one span */
+static void gf_mark(GradRegion *r, uintptr_t lo, uintptr_t hi) {
+    int i = 0;
+    while (i < r->n && r->s[i][1] < lo) i++; /* the first span that ends at or after lo */
+    int j = i;
+    while (j < r->n && r->s[j][0] <= hi) { /* those touching [lo, hi) join it */
+        if (r->s[j][0] < lo) lo = r->s[j][0];
+        if (r->s[j][1] > hi) hi = r->s[j][1];
+        j++;
+    }
+    if (j == i && r->n == GF_SPANS) {
+        uintptr_t at = r->lo;
+        for (int k = 0; k < r->n; k++) {
+            gf_zero(at, r->s[k][0]);
+            at = r->s[k][1];
+        }
+        gf_zero(at, r->hi);
+        r->n = 1;
+        r->s[0][0] = r->lo;
+        r->s[0][1] = r->hi;
+        return;
+    }
+    /* spans i..j-1 become one: [lo, hi) */
+    memmove(&r->s[i + 1], &r->s[j], (size_t)(r->n - j) * sizeof r->s[0]);
+    r->n += 1 - (j - i);
+    r->s[i][0] = lo;
+    r->s[i][1] = hi;
+}
+
+/* zero what is unwritten of [lo, hi) (inside r) and mark it written */
+static void gf_fill(GradRegion *r, uintptr_t lo, uintptr_t hi) {
+    uintptr_t at = lo;
+    for (int k = 0; k < r->n && at < hi; k++) {
+        if (r->s[k][1] <= at) continue;
+        if (r->s[k][0] >= hi) break;
+        if (r->s[k][0] > at) gf_zero(at, r->s[k][0]);
+        at = r->s[k][1];
+    }
+    if (at < hi) gf_zero(at, hi);
+    gf_mark(r, lo, hi);
+}
+
+static void gf_remove(int i) {
+    gf[i] = gf[--gf_n];
+}
+
+/* The bytes [p, p + bytes) are about to be added into or read: whatever of
+ * them lies in a fresh region unwritten is zeroed first. */
+static void grad_ready(const void *p, size_t bytes) {
+    uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+    for (int i = 0; i < gf_n; i++)
+        if (gf[i].lo < hi && lo < gf[i].hi) gf_fill(&gf[i], lo > gf[i].lo ? lo : gf[i].lo, hi < gf[i].hi ? hi : gf[i].hi);
+}
+
+/* From p to the end of the fresh region holding p (an embedding's gradient,
+ * whose size embed_backward is not told: the embeddings come last in a
+ * backward, so no later kernel loses a first write to it). */
+static void grad_ready_to_end(const void *p) {
+    uintptr_t lo = (uintptr_t)p;
+    for (int i = 0; i < gf_n; i++)
+        if (gf[i].lo <= lo && lo < gf[i].hi) gf_fill(&gf[i], lo, gf[i].hi);
+}
+
+/* A kernel is about to add a gradient into the whole tensor [g, g + n): 1
+ * when it may store it instead (the tensor lies in one fresh region and no
+ * byte of it was written since), and it is marked written; else 0, its
+ * fresh parts zeroed (grad_ready) for the add. */
+static int grad_first(const float *g, size_t n) {
+    uintptr_t lo = (uintptr_t)g, hi = lo + n * sizeof(float);
+    if (!g || !n) return 0;
+    for (int i = 0; i < gf_n; i++) {
+        GradRegion *r = &gf[i];
+        if (!(r->lo <= lo && hi <= r->hi)) continue;
+        int k = 0;
+        while (k < r->n && r->s[k][1] <= lo) k++;
+        if (k < r->n && r->s[k][0] < hi) break; /* partly written: add */
+        gf_mark(r, lo, hi);
+        gf_first_writes++;
+        return 1;
+    }
+    grad_ready(g, n * sizeof(float));
+    return 0;
+}
+
+/* Kernels.grads_fresh: the regions it overlaps end first (one it does not
+ * contain settled: its part outside keeps its meaning) */
+static void grads_fresh(float *g, size_t n) {
+    uintptr_t lo = (uintptr_t)g, hi = lo + n * sizeof(float);
+    if (!g || !n) return;
+    for (int i = gf_n - 1; i >= 0; i--) {
+        if (!(gf[i].lo < hi && lo < gf[i].hi)) continue;
+        if (gf[i].lo < lo || gf[i].hi > hi) gf_fill(&gf[i], gf[i].lo, gf[i].hi);
+        gf_remove(i);
+    }
+    if (gf_n == GF_REGIONS) { /* no room: zero it as the CPU does */
+        gf_zero(lo, hi);
+        return;
+    }
+    GradRegion *r = &gf[gf_n++];
+    r->lo = lo;
+    r->hi = hi;
+    r->n = 0;
+}
+
+/* Kernels.grads_settle: the unwritten parts zeroed; a region left all
+ * written ends */
+static void grads_settle(float *g, size_t n) {
+    if (!g || !n) return;
+    grad_ready(g, n * sizeof(float));
+    for (int i = gf_n - 1; i >= 0; i--)
+        if (gf[i].n == 1 && gf[i].s[0][0] == gf[i].lo && gf[i].s[0][1] == gf[i].hi) gf_remove(i);
+}
+
+/* freed memory: its regions end, nothing zeroed */
+static void gf_forget(const void *p, size_t bytes) {
+    uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+    for (int i = gf_n - 1; i >= 0; i--)
+        if (gf[i].lo < hi && lo < gf[i].hi) gf_remove(i);
 }
 
 static void cu_copy(void *dst, const void *src, size_t bytes) {
@@ -519,6 +674,13 @@ static void embed_sorted_add(float *dst, const float *dout, const int *ids, int 
 static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos, int N,
                               int T, int C, int v0, int V) {
     if (N <= 0 || C <= 0) return;
+    /* rows added into: a fresh gradient zeroed (embed_backward's vocabulary
+     * is not given: to the end of its fresh region) */
+    if (dwpe && T > 0) grad_ready(dwpe, (size_t)T * C * sizeof(float));
+    if (dwte && V > 0) {
+        if (V == 0x7fffffff) grad_ready_to_end(dwte);
+        else grad_ready(dwte, (size_t)V * C * sizeof(float));
+    }
     if (dwpe && T > 0) {
         if (pos) {
             embed_sorted_add(dwpe, dout, pos, N, C, 0, T);
@@ -615,14 +777,16 @@ __global__ void colsum_partial_k(float *partial0, float *partial1, const DT *d, 
     }
 }
 
-/* dst0[c] (and dst1[c]) += the sum over the RB partials [RB, C]: block x
+/* dst0[c] (and dst1[c]) += the sum over the RB partials [RB, C] (= under
+ * set0 / set1: a fresh gradient's first write, grad_first): block x
  * takes 32 columns, its thread (x, y) sums the partials y, y + 32, ... of
  * column x, then thread (x, 0) adds the 32 sums in order: a fixed order, the
  * same bits every run. (One thread a column summing all RB in turn ran the
  * norms' 512-1024 partials on C / 256 blocks: 3 SMs for C = 768.) */
 #define FIN_TY 32
 __global__ void __launch_bounds__(32 * FIN_TY)
-    colsum_finish_k(float *dst0, float *dst1, const float *partial0, const float *partial1, int RB, int C) {
+    colsum_finish_k(float *dst0, float *dst1, const float *partial0, const float *partial1, int RB, int C, int set0,
+                    int set1) {
     __shared__ float s0[FIN_TY][33], s1[FIN_TY][33];
     const int c = blockIdx.x * 32 + threadIdx.x;
     float t0 = 0.0f, t1 = 0.0f;
@@ -640,13 +804,14 @@ __global__ void __launch_bounds__(32 * FIN_TY)
             u0 += s0[y][threadIdx.x];
             u1 += s1[y][threadIdx.x];
         }
-        if (dst0) dst0[c] += u0;
-        if (dst1) dst1[c] += u1;
+        if (dst0) dst0[c] = set0 ? u0 : dst0[c] + u0;
+        if (dst1) dst1[c] = set1 ? u1 : dst1[c] + u1;
     }
 }
 
 static void colsum_finish(float *dst0, float *dst1, const float *p0, const float *p1, int RB, int C) {
-    colsum_finish_k<<<(unsigned)((C + 31) / 32), dim3(32, FIN_TY)>>>(dst0, dst1, p0, p1, RB, C);
+    const int set0 = grad_first(dst0, (size_t)C), set1 = grad_first(dst1, (size_t)C);
+    colsum_finish_k<<<(unsigned)((C + 31) / 32), dim3(32, FIN_TY)>>>(dst0, dst1, p0, p1, RB, C, set0, set1);
     LAUNCH_CHECK();
 }
 
@@ -1782,10 +1947,11 @@ static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, f
     if (dinp)
         rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 0.0f, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
                      bf16 ? wc_get(w, (size_t)OC * C) : NULL, dgelu_pre, dinp_bf16, NULL);
-    /* inp is [a]: bf16 as it is under bf16 */
+    /* inp is [a]: bf16 as it is under bf16; a fresh dw's first product
+     * stores it (beta 0: the gradient memory is neither zeroed nor read) */
     if (dw)
-        rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dw, C, 0, 1, NULL, bf16, NULL, db,
-                     bf16 ? inp : NULL, NULL, 0, NULL);
+        rm_gemm_core(1, 0, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, grad_first(dw, (size_t)OC * C) ? 0.0f : 1.0f, dw,
+                     C, 0, 1, NULL, bf16, NULL, db, bf16 ? inp : NULL, NULL, 0, NULL);
     if (dbias && !sum_copy) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, dout_bf16);
 }
 
@@ -4114,6 +4280,10 @@ static void swiglu_backward(float *dinp, const float *inp, const float *dout, in
 
 static void add(float *out, const float *a, const float *b, size_t n) {
     if (!n) return;
+    /* a fresh gradient read (model.c's sequence-parallel norm weights) */
+    grad_ready(a, n * sizeof(float));
+    grad_ready(b, n * sizeof(float));
+    if (out != a && out != b) grad_ready(out, n * sizeof(float));
     add_k<<<grid_for(n, 256), 256>>>(out, a, b, n);
     LAUNCH_CHECK();
 }
@@ -4903,6 +5073,8 @@ static Kernels cuda_kernels = {
     /* .pack_bf16 = */ pack_bf16,
     /* .unpack_bf16 = */ unpack_bf16,
     /* .weights_stable = */ cu_weights_stable,
+    /* .grads_fresh = */ grads_fresh,
+    /* .grads_settle = */ grads_settle,
     /* .host_alloc = */ cu_host_alloc,
     /* .host_free = */ cu_host_free,
     /* .offload_copy = */ cu_offload_copy,

@@ -9,7 +9,8 @@
  *   - Linear weights are stored [OC, C] (out, in), as torch.nn.Linear.
  *   - Forward kernels OVERWRITE their outputs.
  *   - Backward kernels ADD into every gradient output (dinp, dweight, dbias):
- *     callers zero a buffer that must start empty. This is what makes
+ *     callers zero a buffer that must start empty (a gradient buffer:
+ *     grads_fresh, then grads_settle before it is read). This is what makes
  *     gradient accumulation across micro-batches and the residual stream free.
  *     The exceptions are the in-place kernels, marked "in place", and the
  *     input gradients of the matrix products and of attention
@@ -369,6 +370,22 @@ typedef struct Kernels {
      * recompute's). Freeing the memory drops its copies. The CPU keeps none. */
     void (*weights_stable)(const float *p, size_t n);
 
+    /* ---- gradients that start at zero without a zeroing pass ----
+     * grads_fresh(g, n): the n floats at g are gradient memory that is to
+     * start the backward at zero (in place of zero()); what it holds no
+     * longer matters. A backend may leave it as it is and have the first
+     * backward kernel that adds into a whole tensor there store instead
+     * (CUDA: the weight-gradient GEMM with beta 0, the column sums of the
+     * biases and norm weights), zeroing only what a kernel must add into
+     * (an embedding's scattered rows). grads_settle(g, n): the range is
+     * read next (a reduction, the gradient norm, AdamW): whatever of it no
+     * kernel has written since becomes zero. In between, only the backward
+     * kernels' gradient outputs (dw, dbias, the norms' and the embeddings')
+     * and add() may touch it. The CPU zeroes at grads_fresh and its
+     * grads_settle does nothing. Freeing the memory ends its state. */
+    void (*grads_fresh)(float *g, size_t n);
+    void (*grads_settle)(float *g, size_t n);
+
     /* ---- activation offload (train.activation_offload) ----
      * host_alloc: zero-filled host memory for the copies (page-locked on
      * CUDA, so they run asynchronously). offload_copy queues a copy of bytes
@@ -512,6 +529,13 @@ long kernels_cuda_vec_convert_calls(void);
  * in the same pass that wrote its bf16 copy for the backward's GEMMs (under
  * bf16; the rest: a conversion pass and a bias pass) */
 long kernels_cuda_colsum_copy_calls(void);
+/* How many weight, bias and norm-weight gradients so far were stored by
+ * their first backward product or column sum in fresh gradient memory
+ * (Kernels.grads_fresh) instead of added into zeroed memory; *regions: the
+ * fresh ranges not yet settled (or freed); *zeroed_bytes: the bytes of
+ * fresh memory zeroed so far (settled, or added into by an embedding's
+ * backward). Either pointer may be NULL. For tests. */
+long kernels_cuda_fresh_grad_stats(int *regions, size_t *zeroed_bytes);
 /* The attention kernels (train.attention_kernel): "cudnn" (cuDNN's fused
  * attention on bf16 qkv, head dims 8..128 by 8; the shapes it declines
  * take "flash"), "flash" (fused kernels, head dims 32/64/128; other shapes

@@ -86,6 +86,15 @@ static void cpu_fill(void *dst, const void *src, size_t bytes) { /* src NULL: ze
 }
 
 static void cpu_zero(void *p, size_t bytes) { cpu_fill(p, NULL, bytes); }
+
+/* the CPU zeroes the gradients when told they start at zero: settled then */
+static void cpu_grads_fresh(float *g, size_t n) { cpu_zero(g, n * sizeof(float)); }
+
+static void cpu_grads_settle(float *g, size_t n) {
+    (void)g;
+    (void)n;
+}
+
 /* large copies (checkpoint staging, resume) are split over the threads too */
 static void cpu_copy(void *dst, const void *src, size_t bytes) { cpu_fill(dst, src, bytes); }
 
@@ -1083,6 +1092,8 @@ static const Kernels cpu_kernels = {
     .pack_bf16 = pack_bf16,
     .unpack_bf16 = unpack_bf16,
     .weights_stable = cpu_weights_stable,
+    .grads_fresh = cpu_grads_fresh,
+    .grads_settle = cpu_grads_settle,
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
     .offload_copy = cpu_offload_copy,

@@ -1,7 +1,7 @@
 /* llmtrain.c — main: job -> topology -> model -> train loop -> exit code.
  *
  * One training step, top to bottom (train_step below):
- *   zero grads; for each micro-batch: forward, backward (accumulating)
+ *   gradients start at zero (grads_fresh); for each micro-batch: forward, backward (accumulating)
  *   -> sum gradients over data-parallel ranks (NO_SHARD: all-reduce; sharded
  *   strategies: the chunk hooks all-gather each layer chunk before its
  *   forward/backward and reduce-scatter its gradients into the local shard
@@ -329,7 +329,9 @@ static void rs_finish_all(Trainer *t) {
     for (int c = t->model.n_chunks - 1; c >= 0; c--) rs_finish(t, c);
 }
 
-/* A zeroed gradient buffer for chunk c; when its class is all taken by
+/* A gradient buffer for chunk c that starts at zero (grads_fresh: the
+ * backward's first product into each tensor stores; rs_start settles it);
+ * when its class is all taken by
  * reduce-scatters in flight, wait for them (highest chunk first: the oldest
  * of a backward). */
 static void grads_take(Trainer *t, int c) {
@@ -346,7 +348,7 @@ static void grads_take(Trainer *t, int c) {
     }
     t->gslot[c] = i;
     m->chunk_grads[c] = t->gbuf[i];
-    t->k->zero(t->gbuf[i], m->chunk_size[c] * sizeof(float));
+    t->k->grads_fresh(t->gbuf[i], m->chunk_size[c]);
 }
 
 /* Chunk c's backward is done: reduce-scatter its gradient (sum over the
@@ -355,6 +357,7 @@ static void grads_take(Trainer *t, int c) {
  * gradient buffer) and added to gshard at the wait. */
 static void rs_start(Trainer *t, int c) {
     float *g = t->gbuf[t->gslot[c]];
+    t->k->grads_settle(g, t->model.chunk_size[c]);
     t->rs_state[c] = t->micro > 0 ? 2 : 1;
     t->rs_req[c] = dist_shard_ireduce_scatter_f32(&t->dist, g, t->micro > 0 ? g : t->gshard + t->shard_off[c], shard_len(t, c));
     t->model.chunk_grads[c] = NULL;
@@ -1244,7 +1247,9 @@ static StepStats train_step(Trainer *t, int step) {
     if (dump && is_root(t)) dump_flat(t, m->params, "params0");
     if (dump) free_full_params(t);
 
-    if (!t->sharded) k->zero(m->grads, m->n_params * sizeof(float));
+    /* the gradients start at zero: on CUDA the first product into each
+     * weight's stores it (no zeroing pass, no read of zeros) */
+    if (!t->sharded) k->grads_fresh(m->grads, m->n_params);
     double loss_sum = 0, n_targets = step_targets(t, step, s.batch, accum);
     /* (no target in the batch: no loss, zero gradients, a NaN loss: skipped) */
     float loss_scale = n_targets > 0 ? 1.0f / (float)n_targets : 1.0f;
@@ -1268,6 +1273,7 @@ static StepStats train_step(Trainer *t, int step) {
         if (t->sharded && j + 1 < accum) rs_finish_all(t); /* the next micro-batch adds into gshard again */
     }
     t->in_step = 0;
+    if (!t->sharded) k->grads_settle(m->grads, m->n_params); /* what no kernel wrote is zero */
     for (int ch = 0; t->sharded && ch < m->n_chunks; ch++)
         if (t->pslot[ch] >= 0 || (t->gslot[ch] >= 0 && !t->rs_state[ch]))
             die(EXIT_INTERNAL, "sharded step: chunk %d still gathered after the backward", ch);

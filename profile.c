@@ -19,7 +19,8 @@
     X(swiglu_backward) X(matmul_gelu_backward) X(matmul_swiglu_backward) X(add) X(crossentropy_forward)              \
     X(crossentropy_backward) X(crossentropy_fused) X(crossentropy_vp_max) X(crossentropy_vp_expsum)                  \
     X(crossentropy_vp_finish) X(crossentropy_vp_backward) X(sumsq) X(sum) X(scale) X(adamw) X(adamw_multi)           \
-    X(round_bf16) X(pack_bf16) X(unpack_bf16) X(offload_copy) X(offload_wait)
+    X(round_bf16) X(pack_bf16) X(unpack_bf16) X(grads_fresh) X(grads_settle) X(offload_copy) X(offload_wait)
+
 
 #define X(n) E_##n,
 enum { ENTRIES(X) E_COUNT };
@@ -272,6 +273,10 @@ static void w_pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed
 static void w_unpack_bf16(float *dst, const uint16_t *src, size_t n) {
     TIMED(unpack_bf16, 0, by(n, 6), P.in->unpack_bf16(dst, src, n));
 }
+/* no least traffic: CUDA writes nothing at grads_fresh and zeroes at
+ * grads_settle only what no kernel stored (the CPU zeroes at grads_fresh) */
+static void w_grads_fresh(float *g, size_t n) { TIMED(grads_fresh, 0, 0, P.in->grads_fresh(g, n)); }
+static void w_grads_settle(float *g, size_t n) { TIMED(grads_settle, 0, 0, P.in->grads_settle(g, n)); }
 static void w_offload_copy(void *host, void *dev, size_t bytes, int to_host) {
     TIMED(offload_copy, 0, 0, P.in->offload_copy(host, dev, bytes, to_host));
 }

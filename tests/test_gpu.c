@@ -1444,6 +1444,191 @@ static void test_model_weight_copies(void) {
     }
 }
 
+/* grads_fresh / grads_settle (kernels.h). Gradient memory full of NaN is
+ * declared fresh and the backward kernels write tensors inside it as a step
+ * would: a product's weight and bias gradients, a layernorm's weight and
+ * bias, an RMSNorm's weight over the first half of a tensor that a product
+ * then adds into whole, position rows, an embedding's scattered rows, the
+ * first product again (a second micro-batch), and a tensor no kernel
+ * writes. Settled, the
+ * memory must hold what the same calls give in zeroed memory (==), with the
+ * 5 tensors written whole first stored (counted), and the rest zeroed: the
+ * half the RMSNorm left, the positions' tensor, the embedding's to the end
+ * of the region and the unwritten tensor, bytes counted. Then: a fresh range that overlaps part of
+ * a pending one settles that one first, and freeing memory ends its region. */
+static void fresh_grads_run(float *G, int fresh, const size_t *o, float *const *d, const int *gtok, int N, int C,
+                            int OC, int T, size_t tot, const float *nan_host) {
+    if (fresh) {
+        KG->from_host(G, nan_host, tot * sizeof(float));
+        KG->grads_fresh(G, tot);
+    } else {
+        KG->zero(G, tot * sizeof(float));
+    }
+    /* d: 0 dinp [N,C], 1 dout [N,OC], 2 inp [a] [N,C], 3 w [OC,C], 4 x [N,C], 5 norm w [C], 6 mean, 7 rstd,
+     * 8 rms rstd, 9 dout2 [N,2], 10 w2 [2,C], 11 dnorm [N,C], 12 embedding dout [N,C] */
+    KG->matmul_backward(d[0], G + o[0], G + o[1], d[1], d[2], d[3], N, C, OC);
+    KG->zero(d[0], (size_t)N * C * sizeof(float));
+    KG->layernorm_backward(d[0], G + o[2], G + o[3], d[11], d[4], d[5], d[6], d[7], N, C);
+    KG->rmsnorm_backward(d[0], G + o[4], d[11], d[4], d[5], d[8], N, C);
+    KG->matmul_backward(d[0], G + o[4], NULL, d[9], d[2], d[10], N, C, 2);
+    KG->embed_backward(NULL, G + o[5], d[12], gtok, NULL, N, T, C); /* position rows */
+    KG->embed_backward(G + o[7], NULL, d[12], gtok, NULL, N, T, C);
+    KG->matmul_backward(d[0], G + o[0], G + o[1], d[1], d[2], d[3], N, C, OC);
+    if (fresh) KG->grads_settle(G, tot);
+}
+
+static int same_floats(const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!(a[i] == b[i])) return 0;
+    return 1;
+}
+
+static void test_fresh_grads(void) {
+    const int N = 48, C = 64, OC = 40, V = 30, T = 16;
+    /* dw | db | layernorm w | b | RMSNorm w, then a [2, C] product | positions | unwritten | embedding | the
+     * region's tail */
+    size_t o[9];
+    o[0] = 0;
+    o[1] = o[0] + (size_t)OC * C;
+    o[2] = o[1] + OC;
+    o[3] = o[2] + C;
+    o[4] = o[3] + C;
+    o[5] = o[4] + 2 * (size_t)C;
+    o[6] = o[5] + (size_t)T * C;
+    o[7] = o[6] + 100;
+    o[8] = o[7] + (size_t)V * C;
+    const size_t tot = o[8] + 40;
+    int tok[48];
+    for (int i = 0; i < N; i++) tok[i] = (int)(rnd_u32() % 12); /* rows 12.. of the embedding untouched */
+    float *x = hrand((size_t)N * C, 1), *nw = hrand(C, 1);
+    float *d[13];
+    d[0] = dcopy(hrand((size_t)N * C, 1), (size_t)N * C);
+    d[1] = dcopy(hrand((size_t)N * OC, 1), (size_t)N * OC);
+    d[2] = dcopy_act(hrand((size_t)N * C, 1), (size_t)N * C);
+    d[3] = dcopy(hrand((size_t)OC * C, 1), (size_t)OC * C);
+    d[4] = dcopy(x, (size_t)N * C);
+    d[5] = dcopy(nw, C);
+    d[6] = dcopy(hrand(N, 1), N);
+    d[7] = dcopy(hrand(N, 1), N);
+    d[8] = dcopy(hrand(N, 1), N);
+    d[9] = dcopy(hrand((size_t)N * 2, 1), (size_t)N * 2);
+    d[10] = dcopy(hrand(2 * (size_t)C, 1), 2 * (size_t)C);
+    d[11] = dcopy(hrand((size_t)N * C, 1), (size_t)N * C);
+    d[12] = dcopy(hrand((size_t)N * C, 1), (size_t)N * C);
+    float *gout = dcopy_act(hrand((size_t)N * C, 1), (size_t)N * C);
+    KG->layernorm_forward(gout, d[6], d[7], d[4], d[5], d[5], N, C, 1e-5f); /* real statistics */
+    KG->rmsnorm_forward(gout, d[8], d[4], d[5], N, C, 1e-5f);
+    int *gtok = dcopy_int(tok, N);
+    float *nan_host = malloc(tot * sizeof(float));
+    for (size_t i = 0; i < tot; i++) nan_host[i] = NAN;
+    float *G = dcopy(nan_host, tot), *R = dcopy(nan_host, tot);
+    float *hg = malloc(tot * sizeof(float)), *hr = malloc(tot * sizeof(float));
+
+    size_t z0, z1;
+    int r0, r1, r2;
+    long w0 = kernels_cuda_fresh_grad_stats(&r0, &z0);
+    fresh_grads_run(R, 0, o, d, gtok, N, C, OC, T, tot, nan_host);
+    long w1 = kernels_cuda_fresh_grad_stats(&r1, &z1);
+    fresh_grads_run(G, 1, o, d, gtok, N, C, OC, T, tot, nan_host);
+    size_t z2;
+    long w2 = kernels_cuda_fresh_grad_stats(&r2, &z2);
+    KG->to_host(hg, G, tot * sizeof(float));
+    KG->to_host(hr, R, tot * sizeof(float));
+    size_t zeroed = ((size_t)C + (size_t)T * C + 100 + (size_t)V * C + 40) * sizeof(float);
+    int ok = same_floats(hg, hr, tot) && w1 == w0 && z1 == z0 && w2 - w1 == 5 && z2 - z1 == zeroed && r2 == r0;
+    printf("%s grads_fresh: NaN memory, 8 backward calls, settled: %s the zeroed memory's; %ld stored first "
+           "(expected 5), %zu bytes zeroed (expected %zu), %d regions left (expected %d)\n", ok ? "ok  " : "FAIL",
+           same_floats(hg, hr, tot) ? "==" : "differs from", w2 - w1, z2 - z1, zeroed, r2, r0);
+    if (ok) pass++; else fail++;
+
+    /* a fresh range over part of a pending one: that one is settled first
+     * (all but its stored product zeroed), then the new one */
+    KG->zero(R, tot * sizeof(float));
+    KG->matmul_backward(d[0], R + o[0], R + o[1], d[1], d[2], d[3], N, C, OC);
+    KG->from_host(G, nan_host, tot * sizeof(float));
+    KG->grads_fresh(G, tot);
+    KG->matmul_backward(d[0], G + o[0], G + o[1], d[1], d[2], d[3], N, C, OC);
+    int r3, r4, r5;
+    kernels_cuda_fresh_grad_stats(&r3, NULL);
+    KG->grads_fresh(G + o[6], 100);
+    kernels_cuda_fresh_grad_stats(&r4, NULL);
+    KG->grads_settle(G + o[6], 100);
+    kernels_cuda_fresh_grad_stats(&r5, NULL);
+    KG->to_host(hg, G, tot * sizeof(float));
+    KG->to_host(hr, R, tot * sizeof(float));
+    ok = same_floats(hg, hr, tot) && r3 == r0 + 1 && r4 == r0 + 1 && r5 == r0;
+    printf("%s grads_fresh over part of a pending range: %s a product into zeroed memory; regions %d, %d, %d "
+           "(expected %d, %d, %d)\n", ok ? "ok  " : "FAIL", same_floats(hg, hr, tot) ? "==" : "differs from",
+           r3 - r0, r4 - r0, r5 - r0, 1, 1, 0);
+    if (ok) pass++; else fail++;
+
+    /* freeing fresh memory ends its region, zeroing nothing */
+    float *F = KG->alloc(1000 * sizeof(float));
+    size_t z6, z7;
+    int r6, r7;
+    KG->grads_fresh(F, 1000);
+    kernels_cuda_fresh_grad_stats(&r6, &z6);
+    KG->free(F);
+    kernels_cuda_fresh_grad_stats(&r7, &z7);
+    ok = r6 == r0 + 1 && r7 == r0 && z7 == z6;
+    printf("%s grads_fresh then free: regions %d then %d (expected 1, 0), %zu bytes zeroed (expected 0)\n",
+           ok ? "ok  " : "FAIL", r6 - r0, r7 - r0, z7 - z6);
+    if (ok) pass++; else fail++;
+    free(x); free(nw); free(nan_host); free(hg); free(hr);
+}
+
+/* The same through model.c: two micro-batches' forward and backward of a
+ * 2-layer GPT-2 (tied, biases) and Llama (untied) into gradients that were
+ * NaN and declared fresh, settled, against the same into zeroed gradients:
+ * equal (==), with every tensor a product or a column sum writes stored
+ * first (GPT-2 12 a layer, the final norm's 2 and the tied LM head's; the
+ * Llama's 6 a layer, 1 and its LM head's) and the embeddings zeroed. */
+static void test_model_fresh_grads(void) {
+    for (int llama = 0; llama < 2; llama++) {
+        ModelConfig c = {0};
+        c.arch = llama ? ARCH_LLAMA : ARCH_GPT2;
+        c.n_layer = 2; c.n_embd = 64; c.n_head = 4; c.n_kv_head = llama ? 2 : 4; c.ffn_hidden = llama ? 128 : 256;
+        c.vocab_size = 96; c.max_seq_len = 32; c.norm_eps = 1e-5f; c.rope_theta = 10000.0f; c.tie_embeddings = !llama;
+        const int B = 2, T = 16, N = B * T;
+        int tok[2][32], tgt[2][32];
+        for (int j = 0; j < 2; j++)
+            for (int i = 0; i < N; i++) { tok[j][i] = (int)(rnd_u32() % 96); tgt[j][i] = (int)(rnd_u32() % 96); }
+        Model m;
+        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0});
+        model_init_random(&m, 0.02f, 7);
+        float *h[2];
+        long w[3];
+        for (int fresh = 0; fresh < 2; fresh++) {
+            h[fresh] = malloc_check(m.n_params * sizeof(float));
+            for (size_t i = 0; i < m.n_params; i++) h[fresh][i] = NAN;
+            w[fresh] = kernels_cuda_fresh_grad_stats(NULL, NULL);
+            if (fresh) {
+                KG->from_host(m.grads, h[fresh], m.n_params * sizeof(float));
+                KG->grads_fresh(m.grads, m.n_params);
+            } else {
+                KG->zero(m.grads, m.n_params * sizeof(float));
+            }
+            for (int j = 0; j < 2; j++) {
+                m.loss_scale = 1.0f / (2 * N);
+                m.same_weights = j > 0;
+                model_forward(&m, tok[j], tgt[j]);
+                model_backward(&m, 1.0f / (2 * N));
+            }
+            if (fresh) KG->grads_settle(m.grads, m.n_params);
+            KG->to_host(h[fresh], m.grads, m.n_params * sizeof(float));
+        }
+        w[2] = kernels_cuda_fresh_grad_stats(NULL, NULL);
+        const long want = llama ? 6 * 2 + 1 + 1 : 12 * 2 + 2 + 1;
+        int same = same_floats(h[0], h[1], m.n_params), ok = same && w[1] == w[0] && w[2] - w[1] == want;
+        printf("%s model gradients in fresh memory (%s, 2 micro-batches): %s the zeroed memory's; %ld stored first "
+               "(expected %ld)\n", ok ? "ok  " : "FAIL", llama ? "Llama, untied" : "GPT-2, tied",
+               same ? "==" : "differ from", w[2] - w[1], want);
+        if (ok) pass++; else fail++;
+        free(h[0]); free(h[1]);
+        model_free(&m);
+    }
+}
+
 /* adamw_multi's sum of squares: against a double sum of the device's own
  * updated weights over the ranges with norm set (to 1e-12: the order
  * differs), and the CPU's (1e-6: the weights may differ in the last bit);
@@ -1830,6 +2015,8 @@ int main(int argc, char **argv) {
     test_weight_cache();
     test_model_weight_copies();
     test_adamw_weight_copies();
+    test_fresh_grads();
+    test_model_fresh_grads();
     test_adamw();
     test_round_bf16();
     test_unpack_inplace();
