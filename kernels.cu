@@ -443,8 +443,10 @@ static void gf_remove(int i) {
  * them lies in a fresh region unwritten is zeroed first. */
 static void grad_ready(const void *p, size_t bytes) {
     uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
-    for (int i = 0; i < gf_n; i++)
-        if (gf[i].lo < hi && lo < gf[i].hi) gf_fill(&gf[i], lo > gf[i].lo ? lo : gf[i].lo, hi < gf[i].hi ? hi : gf[i].hi);
+    for (int i = 0; i < gf_n; i++) {
+        GradRegion *r = &gf[i];
+        if (r->lo < hi && lo < r->hi) gf_fill(r, lo > r->lo ? lo : r->lo, hi < r->hi ? hi : r->hi);
+    }
 }
 
 /* From p to the end of the fresh region holding p (an embedding's gradient,

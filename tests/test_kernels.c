@@ -1001,6 +1001,16 @@ static void test_misc(void) {
     K->copy(a, x, n * sizeof(float));
     zeroed &= memcmp(a, x, n * sizeof(float)) == 0;
     report(zeroed, "zero and copy", "(%zu MiB)", bytes >> 20);
+    /* grads_fresh: the CPU zeroes the gradients there and then (a backward
+     * adds into them at once); grads_settle leaves what is there */
+    memset(a, 7, bytes);
+    K->grads_fresh((float *)a, bytes / sizeof(float) - 1);
+    int fresh = a[bytes - 4] == 7 && a[bytes - 1] == 7;
+    for (size_t i = 0; i + 4 < bytes; i++) fresh &= a[i] == 0;
+    a[8] = 1;
+    K->grads_settle((float *)a, bytes / sizeof(float) - 1);
+    fresh &= a[8] == 1 && a[7] == 0;
+    report(fresh, "grads_fresh zeroes its range (and no more), grads_settle leaves it", "(%zu MiB)", bytes >> 20);
     K->free(a);
 
     const char *info = kernels_cpu_blas_info();
