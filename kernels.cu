@@ -1105,15 +1105,20 @@ __global__ void __launch_bounds__(NBW_WARPS * 32)
     }
 }
 
-/* The same pass with 16-byte loads (C % 4 == 0, every row 16-byte aligned):
- * lane l of a warp owns the float4 columns l, l + 32, ..., so its weight
- * gradient terms go to the same shared words for every row of the warp.
- * NCH > 0: a row has at most NCH float4 a lane, and the lane's d and x stay
- * in registers between the two passes (all of them loaded before the first
- * reduction: NCH 16-byte loads of each in flight); NCH = 0 (rows wider than
- * 16 x 128): both passes read d and x from memory (loops unrolled by 4).
- * The one-row-a-warp scalar loop (norm_bwd_fused_k), one 4-byte load in
- * flight a lane, kept the norms' backward at 1.2-1.6 TB/s on an H200. */
+/* The same pass with 16-byte loads (C % 4 == 0, every row 16-byte aligned),
+ * a block to a row at a time: thread t of the block's TH owns the float4
+ * columns t, t + TH, ..., so its weight (and bias) gradient terms stay its
+ * own for every row of the block, and a row's two sums are the block's
+ * (each warp's, then the warps' in order through shared memory: one
+ * __syncthreads a row, the buffer alternating). V > 0: at most V float4
+ * a thread (TH <= 256), its d, x and dinp loaded together before the first
+ * sum (one round trip to memory a row), w and the column sums in
+ * registers; V = 0 (rows wider than 4 x 256 float4): both passes read d and
+ * x from memory and the column sums live in shared memory. The earlier form,
+ * a warp to a row with the lane's share of d and x kept between the
+ * passes (16 float4 each at C = 2048) and dinp read after the row's sums,
+ * ran the Llama 1B shape's rmsnorm_backward at 2.06 TB/s on an H200 (43% of
+ * its bandwidth; GPT-2 124M's layernorm_backward at 2.75 TB/s). */
 /* one float4's share of the first pass: sd += d w, sdx += d w xhat */
 template <int MODE>
 __device__ __forceinline__ void nbw_pass1(float &sd, float &sdx, float4 d, float4 x, float4 w, float m, float rs) {
@@ -1141,135 +1146,155 @@ __device__ __forceinline__ void nbw_pass2(float4 &g, float4 &a0, float4 &a1, flo
     }
 }
 
-template <int MODE, int NCH>
-__global__ void __launch_bounds__(NBW_WARPS * 32)
-    norm_bwd_vec_k(float *__restrict__ dinp, float *__restrict__ part0, float *__restrict__ part1,
-                   const float *__restrict__ dout, const float *__restrict__ inp, const float *__restrict__ w,
-                   const float *__restrict__ mean, const float *__restrict__ rstd, int N, int C, int rows_per) {
-    extern __shared__ float nbw_sm[];
-    const int two = MODE == COL_LN, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, C4 = C >> 2;
-    float4 *a0 = (float4 *)(void *)(nbw_sm + (size_t)warp * (two ? 2 : 1) * C), *a1 = two ? a0 + C4 : a0;
+#define NBR_MAX_THREADS 256
+template <int MODE, int V>
+__global__ void __launch_bounds__(NBR_MAX_THREADS)
+    norm_bwd_rows_k(float *__restrict__ dinp, float *__restrict__ part0, float *__restrict__ part1,
+                    const float *__restrict__ dout, const float *__restrict__ inp, const float *__restrict__ w,
+                    const float *__restrict__ mean, const float *__restrict__ rstd, int N, int C, int rows_per) {
+    extern __shared__ float nbr_sm[]; /* V = 0: the block's column sums, [two ? 2 : 1][C] */
+    __shared__ float red[2][NBR_MAX_THREADS / 32][2];
+    constexpr int R = V > 0 ? V : 1;
+    const int two = MODE == COL_LN, C4 = C >> 2, TH = blockDim.x, t = threadIdx.x, lane = t & 31;
     const float4 *w4 = (const float4 *)(const void *)w;
-    for (int q = lane; q < C4; q += 32) {
-        a0[q] = f4_zero();
-        if (two) a1[q] = f4_zero();
+    float4 *c0 = (float4 *)(void *)nbr_sm, *c1 = c0 + C4; /* V = 0 */
+    float4 wr[R], s0[R], s1[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        const int q = t + TH * k;
+        wr[k] = V > 0 && q < C4 ? w4[q] : f4_zero();
+        s0[k] = f4_zero();
+        s1[k] = f4_zero();
     }
+    if (V == 0)
+        for (int q = t; q < C4; q += TH) {
+            c0[q] = f4_zero();
+            if (two) c1[q] = f4_zero();
+        }
     const int r0 = blockIdx.x * rows_per, r1 = min(N, r0 + rows_per);
-    for (int row = r0 + warp; row < r1; row += NBW_WARPS) {
+    int buf = 0;
+    for (int row = r0; row < r1; row++, buf ^= 1) {
         const float4 *d4 = (const float4 *)(const void *)(dout + (size_t)row * C);
         const float4 *x4 = (const float4 *)(const void *)(inp + (size_t)row * C);
         float4 *g4 = (float4 *)(void *)(dinp + (size_t)row * C);
         const float rs = rstd[row], m = two ? mean[row] : 0.0f;
         float sd = 0.0f, sdx = 0.0f;
-        if (NCH > 0) {
-            float4 dr[NCH > 0 ? NCH : 1], xr[NCH > 0 ? NCH : 1];
+        float4 dr[R], xr[R], gr[R];
+        if (V > 0) {
 #pragma unroll
-            for (int k = 0; k < NCH; k++) {
-                const int q = lane + 32 * k;
-                dr[k] = q < C4 ? d4[q] : f4_zero();
-                xr[k] = q < C4 ? x4[q] : f4_zero();
+            for (int k = 0; k < R; k++) {
+                const int q = t + TH * k;
+                const int in = q < C4;
+                dr[k] = in ? d4[q] : f4_zero();
+                xr[k] = in ? x4[q] : f4_zero();
+                gr[k] = in ? g4[q] : f4_zero();
             }
 #pragma unroll
-            for (int k = 0; k < NCH; k++) {
-                const int q = lane + 32 * k;
-                if (q < C4) nbw_pass1<MODE>(sd, sdx, dr[k], xr[k], w4[q], m, rs);
-            }
-            const float md = two ? warp_sum(sd) / C : 0.0f, mdx = warp_sum(sdx) / C;
+            for (int k = 0; k < R; k++)
+                if (t + TH * k < C4) nbw_pass1<MODE>(sd, sdx, dr[k], xr[k], wr[k], m, rs);
+        } else {
+#pragma unroll 4
+            for (int q = t; q < C4; q += TH) nbw_pass1<MODE>(sd, sdx, d4[q], x4[q], w4[q], m, rs);
+        }
+        if (two) sd = warp_sum(sd);
+        sdx = warp_sum(sdx);
+        if (lane == 0) {
+            red[buf][t >> 5][0] = sd;
+            red[buf][t >> 5][1] = sdx;
+        }
+        __syncthreads();
+        float bsd = 0.0f, bsdx = 0.0f;
+        for (int k = 0; k < TH >> 5; k++) {
+            if (two) bsd += red[buf][k][0];
+            bsdx += red[buf][k][1];
+        }
+        const float md = two ? bsd / C : 0.0f, mdx = bsdx / C;
+        if (V > 0) {
 #pragma unroll
-            for (int k = 0; k < NCH; k++) {
-                const int q = lane + 32 * k;
+            for (int k = 0; k < R; k++) {
+                const int q = t + TH * k;
                 if (q < C4) {
-                    float4 g = g4[q], s0 = a0[q], s1 = two ? a1[q] : f4_zero();
-                    nbw_pass2<MODE>(g, s0, s1, dr[k], xr[k], w4[q], m, rs, md, mdx);
-                    g4[q] = g;
-                    a0[q] = s0;
-                    if (two) a1[q] = s1;
+                    nbw_pass2<MODE>(gr[k], s0[k], s1[k], dr[k], xr[k], wr[k], m, rs, md, mdx);
+                    g4[q] = gr[k];
                 }
             }
         } else {
 #pragma unroll 4
-            for (int q = lane; q < C4; q += 32) nbw_pass1<MODE>(sd, sdx, d4[q], x4[q], w4[q], m, rs);
-            const float md = two ? warp_sum(sd) / C : 0.0f, mdx = warp_sum(sdx) / C;
-#pragma unroll 4
-            for (int q = lane; q < C4; q += 32) {
-                float4 g = g4[q], s0 = a0[q], s1 = two ? a1[q] : f4_zero();
-                nbw_pass2<MODE>(g, s0, s1, d4[q], x4[q], w4[q], m, rs, md, mdx);
+            for (int q = t; q < C4; q += TH) {
+                float4 g = g4[q], a0 = c0[q], a1 = two ? c1[q] : f4_zero();
+                nbw_pass2<MODE>(g, a0, a1, d4[q], x4[q], w4[q], m, rs, md, mdx);
                 g4[q] = g;
-                a0[q] = s0;
-                if (two) a1[q] = s1;
+                c0[q] = a0;
+                if (two) c1[q] = a1;
             }
         }
     }
-    __syncthreads();
-    /* the block's partial: its warps' rows summed, warp 0 first */
-    for (int q = threadIdx.x; q < C4; q += blockDim.x) {
-        float4 t0 = f4_zero(), t1 = f4_zero();
-        for (int k = 0; k < NBW_WARPS; k++) {
-            const float4 *s = (const float4 *)(const void *)(nbw_sm + (size_t)k * (two ? 2 : 1) * C);
-            const float4 u = s[q];
-            t0 = make_float4(t0.x + u.x, t0.y + u.y, t0.z + u.z, t0.w + u.w);
-            if (two) {
-                const float4 b = s[C4 + q];
-                t1 = make_float4(t1.x + b.x, t1.y + b.y, t1.z + b.z, t1.w + b.w);
+    /* the block's partial: a thread's own columns (no other thread wrote them) */
+    float4 *p0 = (float4 *)(void *)(part0 + (size_t)blockIdx.x * C);
+    float4 *p1 = two ? (float4 *)(void *)(part1 + (size_t)blockIdx.x * C) : NULL;
+    if (V > 0) {
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            const int q = t + TH * k;
+            if (q < C4) {
+                p0[q] = s0[k];
+                if (two) p1[q] = s1[k];
             }
         }
-        ((float4 *)(void *)(part0 + (size_t)blockIdx.x * C))[q] = t0;
-        if (two) ((float4 *)(void *)(part1 + (size_t)blockIdx.x * C))[q] = t1;
+    } else {
+        for (int q = t; q < C4; q += TH) {
+            p0[q] = c0[q];
+            if (two) p1[q] = c1[q];
+        }
     }
 }
 
 static long fused_norm_bwd_calls, vec_norm_bwd_calls[2];
 extern "C" long kernels_cuda_fused_norm_bwd_calls(void) { return fused_norm_bwd_calls; }
-/* which: 0 the float4 form with the row in registers, 1 the float4 form
- * reading the row twice (wider than 2048) */
+/* which: 0 the float4 form with a thread's columns in registers, 1 the
+ * float4 form reading the row twice (wider than 4096) */
 extern "C" long kernels_cuda_vec_norm_bwd_calls(int which) { return vec_norm_bwd_calls[which != 0]; }
 
-/* float4 chunks a lane for a row of C: the smallest instantiated NCH that
- * holds it, 0 when over 16 (the re-reading form) */
-static int nbw_chunks(int C) {
-    static const int have[] = {1, 2, 3, 4, 6, 8, 12, 16};
-    const int need = (C / 4 + 31) / 32;
-    for (size_t i = 0; i < sizeof have / sizeof have[0]; i++)
-        if (have[i] >= need) return have[i];
-    return 0;
-}
-
 template <int MODE>
-static void launch_norm_bwd_vec(int nch, int RB, size_t smem, float *dinp, float *p0, float *p1, const float *dout,
-                                const float *inp, const float *w, const float *mean, const float *rstd, int N, int C,
-                                int rows_per) {
+static void launch_norm_bwd_rows(int V, int RB, int TH, size_t smem, float *dinp, float *p0, float *p1,
+                                 const float *dout, const float *inp, const float *w, const float *mean,
+                                 const float *rstd, int N, int C, int rows_per) {
     const dim3 grid(RB);
-    const int th = NBW_WARPS * 32;
-#define NBW_CASE(K)                                                                                                   \
-    case K: launch_smem(norm_bwd_vec_k<MODE, K>, grid, th, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per); break
-    switch (nch) {
-        NBW_CASE(1); NBW_CASE(2); NBW_CASE(3); NBW_CASE(4); NBW_CASE(6); NBW_CASE(8); NBW_CASE(12); NBW_CASE(16);
-        default: NBW_CASE(0);
+#define NBR_CASE(K)                                                                                                   \
+    case K: launch_smem(norm_bwd_rows_k<MODE, K>, grid, TH, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per); break
+    switch (V) {
+        NBR_CASE(1); NBR_CASE(2); NBR_CASE(4);
+        default: NBR_CASE(0);
     }
-#undef NBW_CASE
+#undef NBR_CASE
 }
 
-/* the norm's backward in one pass (norm_bwd_vec_k, or norm_bwd_fused_k for
- * a width not a multiple of 4 or a row not 16-byte aligned) when its warps'
- * rows fit in a block's shared memory; returns 0 (nothing done) otherwise */
+/* the norm's backward in one pass (norm_bwd_rows_k, or norm_bwd_fused_k for
+ * a width not a multiple of 4 or a row not 16-byte aligned) when its column
+ * sums fit in a block's shared memory (the float4 form's reading-twice
+ * variant: one row of them; the scalar form: a row a warp); returns 0
+ * (nothing done) otherwise */
 static int norm_backward_fused(int mode, float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                const float *w, const float *mean, const float *rstd, int N, int C) {
     const int two = mode == COL_LN;
-    const size_t smem = (size_t)NBW_WARPS * (two ? 2 : 1) * C * sizeof(float);
-    if (!dinp || !dw || (two && !db) || smem > smem_limit()) return 0;
+    if (!dinp || !dw || (two && !db)) return 0;
     int RB = (N + 7) / 8;
     if (RB > NBW_MAX_BLOCKS) RB = NBW_MAX_BLOCKS;
     const int rows_per = (N + RB - 1) / RB;
     RB = (N + rows_per - 1) / rows_per;
+    const int C4 = C / 4, vec = C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
+    /* float4 columns a thread: 1, 2 or 4 in registers, 0 = the reading-twice form */
+    const int V = C4 <= NBR_MAX_THREADS ? 1 : C4 <= 2 * NBR_MAX_THREADS ? 2 : C4 <= 4 * NBR_MAX_THREADS ? 4 : 0;
+    const size_t smem = vec ? (V ? 0 : (size_t)(two ? 2 : 1) * C * sizeof(float))
+                            : (size_t)NBW_WARPS * (two ? 2 : 1) * C * sizeof(float);
+    if (smem > smem_limit()) return 0;
     float *part = (float *)scratch_get(&sc_col, (size_t)(two ? 2 : 1) * RB * C * sizeof(float));
     float *p0 = part, *p1 = two ? part + (size_t)RB * C : NULL;
-    const int vec = C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w) && aligned16(p0) &&
-                    (!p1 || aligned16(p1));
     if (vec) {
-        const int nch = nbw_chunks(C);
-        if (two) launch_norm_bwd_vec<COL_LN>(nch, RB, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
-        else launch_norm_bwd_vec<COL_RMS>(nch, RB, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
-        vec_norm_bwd_calls[nch == 0]++;
+        const int th = V ? ((C4 + V - 1) / V + 31) / 32 * 32 : NBR_MAX_THREADS;
+        if (two) launch_norm_bwd_rows<COL_LN>(V, RB, th, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
+        else launch_norm_bwd_rows<COL_RMS>(V, RB, th, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
+        vec_norm_bwd_calls[V == 0]++;
     } else if (two) {
         launch_smem(norm_bwd_fused_k<COL_LN>, dim3(RB), NBW_WARPS * 32, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
     } else {
@@ -4688,12 +4713,16 @@ typedef struct {
     float beta1, beta2, ob1, ob2, eps, step_size, bc2_sqrt, grad_scale;
 } AdamK;
 
-/* one element, as torch's single-tensor AdamW */
+/* one element, as torch's single-tensor AdamW. The sums are __fadd_rn /
+ * __fsub_rn, never fused with a product into a multiply-add: nvcc fused
+ * p * decay - step into one differently in adamw_k and adamw_multi_k (on an
+ * H200, 22,857 of 100,003 weights a bit apart between the two kernels), and
+ * every kernel here must give the same bits for the same element. */
 __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, float decay, const AdamK &k) {
     const float gi = g * k.grad_scale;
-    m = k.beta1 * m + k.ob1 * gi;
-    v = k.beta2 * v + k.ob2 * gi * gi;
-    p = p * decay - k.step_size * (m / (sqrtf(v) / k.bc2_sqrt + k.eps));
+    m = __fadd_rn(k.beta1 * m, k.ob1 * gi);
+    v = __fadd_rn(k.beta2 * v, k.ob2 * gi * gi);
+    p = __fsub_rn(p * decay, k.step_size * (m / (sqrtf(v) / k.bc2_sqrt + k.eps)));
 }
 
 /* element i; returns its new weight */

@@ -503,8 +503,8 @@ long kernels_cuda_fused_dgelu_calls(void);
  * and inp (the rest: three kernels, for a C too wide for shared memory) */
 long kernels_cuda_fused_norm_bwd_calls(void);
 /* Of those, how many took the float4 form (a width a multiple of 4, rows
- * 16-byte aligned): which 0 with a lane's share of the row in registers
- * between the two passes (C up to 2048), 1 reading the row twice. */
+ * 16-byte aligned; a block to a row): which 0 with a thread's columns in
+ * registers (C up to 4096), 1 reading the row twice. */
 long kernels_cuda_vec_norm_bwd_calls(int which);
 /* How many crossentropy_forward / crossentropy_fused calls so far read and
  * wrote the logits 16 bytes at a time (V a multiple of 8 under bf16 [a], of

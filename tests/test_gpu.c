@@ -379,14 +379,13 @@ static void test_embed_det(int B, int T, int C, int vocab, int v0, int Vl, int r
 /* The norms against the CPU. The backward's one-pass form
  * (kernels_cuda_fused_norm_bwd_calls) must run for every width whose
  * accumulators fit in a block's shared memory, in the form expected
- * (NBW_*: float4 with the row in registers, float4 reading it twice, the
- * scalar loop for a width not a multiple of 4, or none), and a second call
- * from the same values must give the same bits (no atomics). Shapes: one
- * block; several rows a warp over 75 blocks; the 1024-block cap with a
- * ragged last block and lanes without a column; the register form's widest
- * rows with over 48 KB of shared memory, then a wider one (the kernel's
- * limit raised again); the re-reading form; too wide for the one-pass
- * form. */
+ * (NBW_*: float4 with a thread's columns in registers, float4 reading the
+ * row twice, the scalar loop for a width not a multiple of 4, or none), and
+ * a second call from the same values must give the same bits (no atomics).
+ * Shapes: one block; several rows a block over 75 blocks; the 1024-block
+ * cap with a ragged last block and threads without a column; 1, 2 and 4
+ * float4 a thread, up to the widest; the re-reading form, ragged, then with
+ * over 48 KB of shared memory; too wide for the one-pass form. */
 enum { NBW_NONE, NBW_SCALAR, NBW_REGS, NBW_REREAD };
 static void test_norms_case(int N, int C, int form) {
     char name[96];
@@ -454,7 +453,7 @@ static void test_norms_case(int N, int C, int form) {
     printf("%s rmsnorm_bwd %dx%d run twice: %zu words differ\n", bad ? "FAIL" : "ok  ", N, C, bad);
     if (bad) fail++; else pass++;
     const long regs = kernels_cuda_vec_norm_bwd_calls(0) - v0, reread = kernels_cuda_vec_norm_bwd_calls(1) - v1;
-    static const char *const form_name[] = {"none: too wide for shared memory", "scalar", "float4, row in registers",
+    static const char *const form_name[] = {"none: too wide for shared memory", "scalar", "float4, columns in registers",
                                             "float4, row read twice"};
     int ok = fl == (form == NBW_NONE ? 0 : 4) && regs == (form == NBW_REGS ? 4 : 0) &&
              reread == (form == NBW_REREAD ? 4 : 0);
@@ -1965,10 +1964,13 @@ int main(int argc, char **argv) {
     test_norms_case(600, 512, NBW_REGS);
     test_norms_case(9001, 64, NBW_REGS);
     test_norms_case(70, 302, NBW_SCALAR);
-    test_norms_case(40, 1600, NBW_REGS);  /* 51 KB of layernorm accumulators */
-    test_norms_case(24, 2048, NBW_REGS);  /* 64 KB: the same kernel's limit raised again */
-    test_norms_case(9, 2176, NBW_REREAD); /* 17 float4 a lane */
-    test_norms_case(5, 16384, NBW_NONE);
+    test_norms_case(40, 1600, NBW_REGS);   /* 2 float4 a thread, 224 threads */
+    test_norms_case(24, 2048, NBW_REGS);   /* 2, 256 threads */
+    test_norms_case(9, 2176, NBW_REGS);    /* 4, 160 threads, the last without a column */
+    test_norms_case(12, 4096, NBW_REGS);   /* 4, 256 threads: the widest in registers */
+    test_norms_case(9, 4100, NBW_REREAD);  /* 1025 float4: the row read twice */
+    test_norms_case(5, 16384, NBW_REREAD); /* 128 KB of layernorm column sums (the launch's limit raised) */
+    test_norms_case(3, 65536, NBW_NONE);   /* over shared memory, for rmsnorm too */
     test_add_norms(70, 300);  /* float4, in registers */
     test_add_norms(70, 302);  /* an element at a time */
     test_add_norms(9, 2176);  /* float4, read again for each pass */

@@ -24,6 +24,7 @@
 #include <vector>
 
 float __fadd_rn(float a, float b) { return a + b; }
+float __fsub_rn(float a, float b) { return a - b; }
 
 // ----------------------------------------------------------------------------
 // fibers: an x86-64 context switch (the callee-saved registers on the old

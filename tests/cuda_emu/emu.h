@@ -197,10 +197,11 @@ static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-/* a + b rounded on its own, never fused into a multiply-add (CUDA's
+/* a + b (a - b) rounded on its own, never fused into a multiply-add (CUDA's
  * promise): out of line in emu.cpp, where the host compiler cannot fuse it
  * with the caller's multiply */
 float __fadd_rn(float a, float b);
+float __fsub_rn(float a, float b);
 
 struct __nv_bfloat16 {
     uint16_t x;
