@@ -1966,7 +1966,7 @@ int main(int argc, char **argv) {
     test_norms_case(70, 302, NBW_SCALAR);
     test_norms_case(40, 1600, NBW_REGS);   /* 2 float4 a thread, 224 threads */
     test_norms_case(24, 2048, NBW_REGS);   /* 2, 256 threads */
-    test_norms_case(9, 2176, NBW_REGS);    /* 4, 160 threads, the last without a column */
+    test_norms_case(9, 2176, NBW_REGS);    /* 4, 160 threads: 64 of them with 4 columns, 96 with 3 */
     test_norms_case(12, 4096, NBW_REGS);   /* 4, 256 threads: the widest in registers */
     test_norms_case(9, 4100, NBW_REREAD);  /* 1025 float4: the row read twice */
     test_norms_case(5, 16384, NBW_REREAD); /* 128 KB of layernorm column sums (the launch's limit raised) */
