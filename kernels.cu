@@ -2037,10 +2037,13 @@ static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const flo
 
 /* pre and dpre [N, 2C] ([a]): dh = dout @ w, then (d gate | d up) from dh
  * and pre. fp32 [a]: dh goes into dpre's gate columns (ld 2C, beta 0) and
- * becomes the gradients in place; bf16 [a]: dh into fp32 scratch, and one
- * kernel writes the bf16 gradients from it and the bf16 pre (each rounded
- * once from fp32, the up-projection's backward then reading them with no
- * conversion pass) */
+ * becomes the gradients in place; bf16 [a]: the GEMM writes dh as bf16
+ * scratch (rounded once from its fp32 accumulator, as every activation
+ * gradient the bf16 GEMMs hand on), and one kernel writes the bf16
+ * gradients from it and the bf16 pre (each rounded once from its fp32
+ * arithmetic, the up-projection's backward then reading them with no
+ * conversion pass). dh in bf16, not fp32: on the Llama 1B shape a
+ * layer's dh is 134 MB as fp32, written by the GEMM and read back. */
 static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
                                    const float *w, const float *pre, int N, int C, int OC) {
     if (N <= 0 || C <= 0) return;
@@ -2049,8 +2052,8 @@ static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const f
         return;
     }
     if (act_bf16() && dpre) {
-        float *dh = (float *)scratch_get(&sc_dh, (size_t)N * C * sizeof(float));
-        matmul_backward_core(dh, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0, 0);
+        float *dh = (float *)scratch_get(&sc_dh, (size_t)N * C * sizeof(__nv_bfloat16));
+        matmul_backward_core(dh, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0, 1);
         swiglu_bwd_act(dpre, dh, pre, N, C);
         return;
     }
@@ -4181,19 +4184,19 @@ __device__ __forceinline__ void swiglu_grads(float g, float u, float d, float *d
     *du = d * g * sg;
 }
 
-/* dinp [N, 2F] gets (d gate | d up) from dout [N, F] (row stride ldo) and
- * the [a] pre-activation inp (IT: float or bf16): added into (ADD, the
- * kernels.h swiglu_backward) or stored, rounded once (the bf16 [a] dpre of
- * matmul_swiglu_backward, from its fp32 dh). dout may be dinp's own gate
- * columns (ldo 2F, fp32 [a]): the thread that reads a d(out) writes its
- * two gradients. */
-template <typename T, bool ADD, typename IT>
-__global__ void swiglu_bwd_k(T *dinp, const IT *inp, const float *dout, size_t ldo, int N, int F) {
+/* dinp [N, 2F] gets (d gate | d up) from dout [N, F] (row stride ldo; DT:
+ * float or bf16) and the [a] pre-activation inp (IT: float or bf16): added
+ * into (ADD, the kernels.h swiglu_backward) or stored, rounded once (the
+ * bf16 [a] dpre of matmul_swiglu_backward, from its bf16 dh). dout may be
+ * dinp's own gate columns (ldo 2F, fp32 [a]): the thread that reads a
+ * d(out) writes its two gradients. */
+template <typename T, bool ADD, typename IT, typename DT>
+__global__ void swiglu_bwd_k(T *dinp, const IT *inp, const DT *dout, size_t ldo, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
         size_t r = i / F, j = i % F;
         float dg, du;
-        swiglu_grads(act_ld(inp, r * 2 * F + j), act_ld(inp, r * 2 * F + F + j), dout[r * ldo + j], &dg, &du);
+        swiglu_grads(act_ld(inp, r * 2 * F + j), act_ld(inp, r * 2 * F + F + j), act_ld(dout, r * ldo + j), &dg, &du);
         if constexpr (ADD) { /* __fadd_rn: never fused with the gradient's last product, in either form */
             dinp[r * 2 * F + j] = __fadd_rn(dinp[r * 2 * F + j], dg);
             dinp[r * 2 * F + F + j] = __fadd_rn(dinp[r * 2 * F + F + j], du);
@@ -4204,8 +4207,8 @@ __global__ void swiglu_bwd_k(T *dinp, const IT *inp, const float *dout, size_t l
     }
 }
 
-template <typename T, bool ADD, typename IT>
-__global__ void swiglu_bwd_vec_k(T *dinp, const IT *inp, const float *dout, size_t ldo, int N, int F) {
+template <typename T, bool ADD, typename IT, typename DT>
+__global__ void swiglu_bwd_vec_k(T *dinp, const IT *inp, const DT *dout, size_t ldo, int N, int F) {
     const int FE = F / PW_E;
     GRID_STRIDE(i, (size_t)N * FE) {
         size_t r = i / FE, j = (i % FE) * PW_E;
@@ -4269,22 +4272,24 @@ static int swiglu_vec(int F, const void *a, const void *b, const void *c) {
     return v;
 }
 
-template <typename T, bool ADD, typename IT>
-static void swiglu_bwd_launch(T *dinp, const IT *inp, const float *dout, size_t ldo, int N, int F) {
+template <typename T, bool ADD, typename IT, typename DT>
+static void swiglu_bwd_launch(T *dinp, const IT *inp, const DT *dout, size_t ldo, int N, int F) {
     if (N <= 0 || F <= 0) return;
     if (swiglu_vec(F, dinp, inp, dout))
-        swiglu_bwd_vec_k<T, ADD, IT><<<grid_for((size_t)N * (F / PW_E), 256), 256>>>(dinp, inp, dout, ldo, N, F);
-    else swiglu_bwd_k<T, ADD, IT><<<grid_for((size_t)N * F, 256), 256>>>(dinp, inp, dout, ldo, N, F);
+        swiglu_bwd_vec_k<T, ADD, IT, DT><<<grid_for((size_t)N * (F / PW_E), 256), 256>>>(dinp, inp, dout, ldo, N, F);
+    else swiglu_bwd_k<T, ADD, IT, DT><<<grid_for((size_t)N * F, 256), 256>>>(dinp, inp, dout, ldo, N, F);
     LAUNCH_CHECK();
 }
 
 /* d [N, 2F] (fp32) holds dh in its gate columns: the gradients in place */
 static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F) {
-    swiglu_bwd_launch<float, false, float>(d, pre, d, 2 * (size_t)F, N, F);
+    swiglu_bwd_launch<float, false, float, float>(d, pre, d, 2 * (size_t)F, N, F);
 }
 
+/* dh [N, F] is bf16 (the input-gradient GEMM's output, rounded once) */
 static void swiglu_bwd_act(float *dpre, const float *dh, const float *pre, int N, int F) {
-    swiglu_bwd_launch<__nv_bfloat16, false, __nv_bfloat16>(ACT16(dpre), CACT16(pre), dh, (size_t)F, N, F);
+    swiglu_bwd_launch<__nv_bfloat16, false, __nv_bfloat16, __nv_bfloat16>(ACT16(dpre), CACT16(pre), CACT16(dh),
+                                                                          (size_t)F, N, F);
 }
 
 template <typename T> static void swiglu_fwd_launch(T *out, const T *inp, int N, int F) {
@@ -4301,8 +4306,8 @@ static void swiglu_forward(float *out, const float *inp, int N, int F) {
 
 static void swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
     if (!dinp) return;
-    if (act_bf16()) swiglu_bwd_launch<float, true, __nv_bfloat16>(dinp, CACT16(inp), dout, (size_t)F, N, F);
-    else swiglu_bwd_launch<float, true, float>(dinp, inp, dout, (size_t)F, N, F);
+    if (act_bf16()) swiglu_bwd_launch<float, true, __nv_bfloat16, float>(dinp, CACT16(inp), dout, (size_t)F, N, F);
+    else swiglu_bwd_launch<float, true, float, float>(dinp, inp, dout, (size_t)F, N, F);
 }
 
 static void add(float *out, const float *a, const float *b, size_t n) {

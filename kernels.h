@@ -276,8 +276,10 @@ typedef struct Kernels {
      *           both [a] (the up-projection's matmul_backward_a reads dpre).
      * Equal to matmul_backward into a zeroed buffer, then gelu_backward /
      * swiglu_backward into a zeroed dpre (on the CPU bit for bit); CUDA runs
-     * the GELU's as the GEMM's epilogue when it can, and the SwiGLU's in
-     * place on the GEMM's output, written into dpre's gate columns. */
+     * the GELU's as the GEMM's epilogue when it can, and the SwiGLU's on
+     * the GEMM's output (fp32: in place, written into dpre's gate columns;
+     * under bf16 from the GEMM's bf16 dh, so dpre differs from the CPU's by
+     * that rounding too). */
     void (*matmul_gelu_backward)(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
                                  const float *w, const float *pre, int N, int C, int OC);
     void (*matmul_swiglu_backward)(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,

@@ -1697,14 +1697,14 @@ static double cuda_scratch_bytes(const Trainer *t) {
         /* bf16 scratch copies of a product's operands: a backward's output
          * gradient (N rows of a linear layer's outputs, C wide: the LM
          * head's, the qkv projection's and the MLP up-projection's are bf16
-         * already, SwiGLU's made from an fp32 scratch of N x F), GPT-2's
+         * already, SwiGLU's made from a bf16 scratch of N x F), GPT-2's
          * up-projection bias for the GELU epilogue, and without the
          * weights' copies (kernels.h weights_stable; or past kernels.cu's
          * 4096 of them) a weight matrix, at most the largest */
         double wmax = fmax((double)m->V * C, fmax(fmax(m->qkv_dim, m->fc_dim) * C, (double)C * fmax(m->F, (double)m->nh * m->hd)));
         s += grow * 2.0 * N * C;
         if (gpt2) s += grow * 2.0 * m->fc_dim;
-        else s += grow * 4.0 * N * m->F;
+        else s += grow * 2.0 * N * m->F;
         /* the weights' copies, exactly their size: every layer's four and
          * the LM head, or sharded, those of the layers' pool slots; not
          * sharded, from the first AdamW on one flat copy of all the weights

@@ -698,11 +698,19 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
         memcpy(db, db0, OC * sizeof(float));
         KC->matmul_backward(NULL, NULL, with_bias ? db : NULL, dout0, inp, w, N, C, OC);
     }
+    if (exact && swiglu) { /* the GPU's GEMM rounds dh to bf16 before SwiGLU's backward: the CPU's dh rounded alike */
+        float *dh = hrand(nc, 1);
+        KC->matmul_backward(dh, NULL, NULL, dout, inp, w, N, C, OC);
+        act_round(dh, nc);
+        memset(dpre, 0, np * sizeof(float));
+        KC->swiglu_backward(dpre, pre, dh, N, C);
+        free(dh);
+    }
     int did = kernels_cuda_fused_dgelu_calls() > f0;
     snprintf(shape, sizeof shape, "matmul_%s_bwd %dx%dx%d%s%s", swiglu ? "swiglu" : "gelu", N, C, OC,
              with_bias ? " +bias" : "", off ? " unaligned" : "");
     snprintf(name, sizeof name, "%s dpre (%s%s)", shape, exact ? "bf16 [a], " : "",
-             swiglu ? (exact ? "from fp32 scratch" : "in place") : did ? "DGELU epilogue" : "GEMM + kernel");
+             swiglu ? (exact ? "from bf16 dh" : "in place") : did ? "DGELU epilogue" : "GEMM + kernel");
     if (exact && swiglu) check_act_rn_sum(name, dpre, gdpre, np);
     else if (exact && did) { /* cuBLASLt's DGELU: on an H200 (cuBLASLt 13.1) 73% and 96% exact, none more than a unit off */
         double mx = 0.0;
@@ -1174,13 +1182,14 @@ static void check_no_target_rows(const char *name, const float *dl, const float 
 }
 
 /* V = 1037: an element at a time; 1040: 16 bytes at a time
- * (kernels_cuda_vec_ce_calls: both calls, or neither) */
-static void test_crossentropy(int V) {
-    int N = 45;
+ * (kernels_cuda_vec_ce_calls: both calls, or neither). 300 rows of V =
+ * 24,384: more 16-byte words in a row (3,048 bf16, 6,096 fp32) than a
+ * 1024-thread block's threads, so each thread's passes take several */
+static void test_crossentropy(int N, int V) {
     const long v0_calls = kernels_cuda_vec_ce_calls();
     size_t n = (size_t)N * V;
     const double tol2 = act16() ? TOL_BF16 : TOL_F32;
-    int tgt[45];
+    int *tgt = (int *)malloc_check((size_t)N * sizeof(int));
     for (int i = 0; i < N; i++) tgt[i] = (int)(rnd_u32() % V);
     tgt[5] = tgt[17] = CE_NO_TARGET; /* no loss, a zero gradient row (train.eod_mask_loss) */
     int *gtgt = dcopy_int(tgt, N);
@@ -1249,6 +1258,7 @@ static void test_crossentropy(int V) {
     KG->crossentropy_vp_backward(gl2, gtgt, 0.5f, N, Vl, v0);
     check_act("crossentropy_vp_backward", l2, gl2, nl, tol2);
     check_no_target_rows("crossentropy_vp_backward no target", gl2, NULL, tgt, N, Vl);
+    free(tgt);
 }
 
 /* matmul_forward_a / matmul_backward_a: matmul_forward and
@@ -2006,8 +2016,9 @@ int main(int argc, char **argv) {
     test_swiglu(50, 128);
     test_swiglu(50, 132); /* a multiple of 4, not of 8: element at a time */
     test_swiglu(7, 8200); /* 1025 eight-element groups a row: rows straddle blocks */
-    test_crossentropy(1037);
-    test_crossentropy(1040);
+    test_crossentropy(45, 1037);
+    test_crossentropy(45, 1040);
+    test_crossentropy(300, 24384);
     test_lm_head_case(64, 128, 1000, 0, 0);
     test_lm_head_case(37, 72, 96, 0, 0);
     test_lm_head_case(64, 128, 384, 1, 0); /* the qkv projection: a bias, [a] out */
