@@ -681,8 +681,10 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
     act_round(pre, np);
     float *gdw = dcopy_off(dw, nw, off), *gdb = dcopy_off(db, OC, off);
     /* bf16: the CPU from the GEMMs' bf16 operands, so that dpre can be held
-     * to the CPU's value rounded to nearest (rounded once from the fp32
-     * gradient, not twice; GELU's unfused form rounds the product first) */
+     * to the CPU's value rounded to nearest (GELU's: rounded once from the
+     * fp32 gradient, not twice, though its unfused form rounds the product
+     * first; SwiGLU's: from the CPU's dh rounded to bf16 as the GPU's GEMM
+     * rounds it, below) */
     const int exact = act16();
     float *dout0 = exact ? hdup(dout, (size_t)N * OC) : NULL, *db0 = exact ? hdup(db, OC) : NULL;
     if (exact) { act_round(dout, (size_t)N * OC); act_round(w, nw); act_round(inp, nc); }
