@@ -88,6 +88,9 @@ typedef struct Trainer {
     int *ag_unpack;            /* [n_chunks] 1: its bf16 gather (upper half of its slot) is to be widened when it is ready */
     int *rs_state;             /* [n_chunks] 0: no reduce-scatter; 1: one in flight into gshard, 2: in place (added at the wait) */
     int in_step, micro, head_fwd; /* inside a step's forward/backward; micro-batch; inside the final chunk's forward */
+    int step_accum, poison;    /* this step's micro-batches; LLMTRAIN_FAULT kind=nan poisons its gradients */
+    int chunks_done;           /* unsharded: chunks whose gradients are final this step (grads_done_hook) */
+    int *ar_req;               /* unsharded: [n_chunks] the data-parallel all-reduce of chunk c's gradients in flight, -1: none */
     int fwd_only;              /* eval / sample forwards: the hook gathers each chunk for its forward only */
     float *full;               /* outside a step: all weights gathered (debug.dump), else NULL */
     double full_peak;          /* bytes of t->full at its largest (0: never gathered; metrics params_peak_bytes) */
@@ -426,6 +429,28 @@ static void reduce_grads(Trainer *t, int poison) {
     dist_replicate_allreduce_sum_f32(&t->dist, t->gshard, t->n_shard);
 }
 
+/* Unsharded (NO_SHARD, or a single rank), after chunk c's backward of the
+ * step's last micro-batch: its gradients are final here. Settle them (what
+ * no kernel wrote is zero), poison them for LLMTRAIN_FAULT kind=nan (chunk 0,
+ * whose backward is the last: the NaN reaches every replica through the
+ * all-reduce), and start their all-reduce over the data-parallel group, so
+ * that it overlaps the backward of the chunks below (PyTorch DDP's gradient
+ * buckets, one a chunk; chunk 0, the embeddings, comes last and cannot).
+ * train_step waits for them all. */
+static void grads_done_hook(void *ctx, int c) {
+    Trainer *t = ctx;
+    Model *m = &t->model;
+    if (!t->in_step || t->micro + 1 < t->step_accum) return;
+    float *g = m->grads + m->chunk_offset[c];
+    t->k->grads_settle(g, m->chunk_size[c]);
+    if (c == 0 && t->poison) { float nan = NAN; t->k->from_host(m->grads, &nan, sizeof nan); }
+    if (t->ar_req[c] >= 0) die(EXIT_INTERNAL, "unsharded step: chunk %d's gradient all-reduce started twice", c);
+    t->chunks_done++;
+    t->ar_req[c] = dist_iallreduce_sum_f32(&t->dist, g, m->chunk_size[c]);
+    for (int i = 0; i < m->n_chunks; i++) /* progress for MPI's (it moves them inside MPI calls) */
+        if (t->ar_req[i] >= 0 && i != c) dist_test(&t->dist, t->ar_req[i]);
+}
+
 /* Sharded: copy this rank's shard of the initial weights into the master
  * shards, free the model's full params and grads and set up the chunk
  * pools: params for the embeddings, the final chunk and 2 layers (all
@@ -437,7 +462,13 @@ static void setup_shards(Trainer *t) {
     t->shard_off = calloc_check((size_t)m->n_chunks, sizeof(size_t));
     t->n_shard = 0;
     for (int c = 0; c < m->n_chunks; c++) { t->shard_off[c] = t->n_shard; t->n_shard += shard_len(t, c); }
-    if (!t->sharded) return;
+    if (!t->sharded) {
+        t->ar_req = malloc_check((size_t)m->n_chunks * sizeof(int));
+        for (int c = 0; c < m->n_chunks; c++) t->ar_req[c] = -1;
+        m->comm.hook_ctx = t;
+        m->comm.grads_done = grads_done_hook;
+        return;
+    }
     size_t bytes = t->n_shard * sizeof(float);
     t->master = k->alloc(bytes);
     t->gshard = k->alloc(bytes);
@@ -1239,6 +1270,9 @@ static StepStats train_step(Trainer *t, int step) {
     const Kernels *k = t->k;
     StepStats s = {.step = step, .batch = step_batch(t, step), .val_loss = NAN};
     int accum = s.batch / (c->micro_batch * t->dist.dp); /* check_layout: a whole number at every batch */
+    t->step_accum = accum;
+    t->chunks_done = 0;
+    t->poison = dist_fault_nan(&t->dist, step + 1); /* test hook */
     double t0 = now_s();
     dist_comm_reset(&t->dist);
     /* debug dump: sharded, every rank takes part in gathering the weights */
@@ -1273,24 +1307,27 @@ static StepStats train_step(Trainer *t, int step) {
         if (t->sharded && j + 1 < accum) rs_finish_all(t); /* the next micro-batch adds into gshard again */
     }
     t->in_step = 0;
-    if (!t->sharded) k->grads_settle(m->grads, m->n_params); /* what no kernel wrote is zero */
     for (int ch = 0; t->sharded && ch < m->n_chunks; ch++)
         if (t->pslot[ch] >= 0 || (t->gslot[ch] >= 0 && !t->rs_state[ch]))
             die(EXIT_INTERNAL, "sharded step: chunk %d still gathered after the backward", ch);
-    int poison = dist_fault_nan(&t->dist, step + 1); /* test hook */
-    if (poison && !t->sharded) { float nan = NAN; k->from_host(m->grads, &nan, sizeof nan); }
     /* gradients of the mean loss: each rank holds its share, the sum is the mean */
     double red[2] = {loss_sum, 0};
     if (t->sharded) {
         dist_phase(&t->dist, step + 1, "reduce_scatter");
-        reduce_grads(t, poison);
+        reduce_grads(t, t->poison);
         /* replicas hold identical shards: the norm sums over the shard group only */
         double sq = model_sumsq(t, t->gshard);
         dist_allreduce_sum_f64(&t->dist, red, 1);
         red[1] = sq;
     } else {
+        /* every chunk's all-reduce began after its backward (grads_done_hook) */
         dist_phase(&t->dist, step + 1, "allreduce");
-        dist_allreduce_sum_f32(&t->dist, m->grads, m->n_params);
+        if (t->chunks_done != m->n_chunks)
+            die(EXIT_INTERNAL, "unsharded step: %d of %d chunks finished their backward", t->chunks_done, m->n_chunks);
+        for (int ch = m->n_chunks - 1; ch >= 0; ch--) {
+            dist_wait(&t->dist, t->ar_req[ch]);
+            t->ar_req[ch] = -1;
+        }
         red[1] = model_sumsq(t, m->grads);
         dist_allreduce_sum_f64(&t->dist, red, 1);
     }
@@ -1895,7 +1932,7 @@ static int train(int argc, char **argv) {
         die(EXIT_USAGE, "%s: debug.dump writes the whole micro-batch's logits, but the LM head takes %d of its %d rows at a time "
             "(train.lm_head_chunk %d; expected at least %d, or 0 with the logits within %zu MiB)", c->path,
             t->model.head_rows, mb_rows, c->lm_head_chunk, mb_rows, HEAD_AUTO_BYTES >> 20);
-    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL};
+    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
     setup_shards(t);

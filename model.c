@@ -153,15 +153,18 @@ static void bind_chunk(Model *m, int c) {
     if (c == 0 && m->cfg.tie_embeddings) { m->p.lm_head = m->p.wte; m->g.lm_head = m->g.wte; }
 }
 
-/* Chunk hook: tell the trainer, then take the chunk's (maybe moved) pointers. */
+/* Chunk hook: tell the trainer, then take the chunk's (maybe moved)
+ * pointers; after a chunk's backward, grads_done too. */
 static void chunk_event(Model *m, int c, int ev) {
-    if (!m->comm.chunk) return;
-    m->comm.chunk(m->comm.hook_ctx, c, ev);
-    if (ev == CHUNK_PRE_FORWARD || ev == CHUNK_PRE_BACKWARD) {
-        bind_chunk(m, c);
-        /* (re)gathered: its weights are new and stay until its next gather */
-        m->k->weights_stable(m->chunk_params[c], m->chunk_size[c]);
+    if (m->comm.chunk) {
+        m->comm.chunk(m->comm.hook_ctx, c, ev);
+        if (ev == CHUNK_PRE_FORWARD || ev == CHUNK_PRE_BACKWARD) {
+            bind_chunk(m, c);
+            /* (re)gathered: its weights are new and stay until its next gather */
+            m->k->weights_stable(m->chunk_params[c], m->chunk_size[c]);
+        }
     }
+    if (ev == CHUNK_POST_BACKWARD && m->comm.grads_done) m->comm.grads_done(m->comm.hook_ctx, c);
 }
 
 const ParamSpec *model_find(const Model *m, const char *name) {

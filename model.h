@@ -83,7 +83,12 @@ enum { CHUNK_PRE_FORWARD, CHUNK_POST_FORWARD, CHUNK_PRE_BACKWARD, CHUNK_POST_BAC
  * after PRE_BACKWARD L+1, its POST_BACKWARD coming once, after the embedding
  * backward); backward L+1, L..1, 0. After a PRE event the model takes chunk
  * c's tensor pointers from chunk_params[c] / chunk_grads[c], which the hook
- * may have moved (sharded training keeps them in a small pool). */
+ * may have moved (sharded training keeps them in a small pool).
+ * grads_done (NULL: none): called at every CHUNK_POST_BACKWARD (after chunk,
+ * when both are set): chunk c's gradients for this backward are all
+ * written, and no later work of this backward touches them (the
+ * unsharded trainer starts their data-parallel all-reduce there); it may
+ * not move the chunk's pointers. */
 typedef struct ModelComm {
     void *ctx;
     void (*allreduce)(void *ctx, float *x, size_t n, int max);
@@ -91,6 +96,7 @@ typedef struct ModelComm {
     void (*reduce_scatter)(void *ctx, const float *send, float *recv, size_t n);
     void *hook_ctx;
     void (*chunk)(void *hook_ctx, int chunk, int event);
+    void (*grads_done)(void *hook_ctx, int chunk);
 } ModelComm;
 
 /* Activation checkpointing (train.activation_checkpointing): which saved

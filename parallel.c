@@ -10,7 +10,9 @@
 #include "util.h"
 #include <mpi.h>
 #include <pthread.h>
+#include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +154,8 @@ static void watch_collective(Dist *d, const char *name) {
 }
 
 void dist_phase(Dist *d, int step, const char *phase) {
+    d->phase_step = step;
+    d->phase = phase;
     struct DistWatch *w = d->watch;
     if (!w) return;
     pthread_mutex_lock(&w->mu);
@@ -316,9 +320,29 @@ void dist_init(Dist *d, int *argc, char ***argv) {
     d->replicate_size = d->dp;
     d->shard_group = d->rank;
     fault_parse(d);
+    const char *tr = getenv("LLMTRAIN_COMM_TRACE");
+    if (tr && *tr) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.%d", tr, d->rank);
+        if (!(d->trace = fopen(path, "w")))
+            die(EXIT_USAGE, "LLMTRAIN_COMM_TRACE: cannot open %s for writing: %s", path, strerror(errno));
+        setvbuf(d->trace, NULL, _IOLBF, 0); /* a hung or killed rank leaves its last line */
+    }
+}
+
+/* LLMTRAIN_COMM_TRACE's line for a collective started (kind != NULL) or a
+ * wait on handle h (kind NULL) */
+static void trace(const Dist *d, const char *kind, const char *group, size_t n, int h) {
+    if (!d->trace) return;
+    FILE *f = d->trace;
+    fprintf(f, "step %d phase %s ", d->phase_step, d->phase ? d->phase : "setup");
+    if (kind) fprintf(f, "start %s %s %zu h%d\n", kind, group, n, h);
+    else fprintf(f, "wait h%d\n", h);
 }
 
 void dist_finalize(Dist *d) {
+    if (d->trace) fclose(d->trace);
+    d->trace = NULL;
     watch_collective(d, "MPI_Finalize");
     if (d->dev) {
         const DistDevComm *dev = d->dev;
@@ -575,8 +599,9 @@ static int dev_start(Dist *d, const char *name, int op, int g, const void *send,
 
 /* A blocking float32 collective on device memory: started, and the
  * device's later work ordered after it. */
+static void wait_handle(Dist *d, int h, int traced);
 static void dev_collective(Dist *d, const char *name, int op, int g, const void *send, void *recv, size_t n) {
-    dist_wait(d, dev_start(d, name, op, g, send, recv, n));
+    wait_handle(d, dev_start(d, name, op, g, send, recv, n), 0);
 }
 
 /* A one-member group's all-gather or reduce-scatter: a copy in backend memory. */
@@ -610,6 +635,7 @@ void dist_group_bcast_bytes(Dist *d, int g, void *buf, size_t n) { x_bcast(d, xc
 
 void dist_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     if (d->dp == 1) return;
+    trace(d, "allreduce", "dp", n, -1);
     if (d->dev) dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
     else x_allreduce(d, d->tp > 1 ? xc_group(d, DIST_GROUP_DP) : xc_world(d), x, n, X_F32, X_SUM);
     d->bytes_allreduce += 2.0 * (d->dp - 1) / d->dp * (double)n * sizeof(float);
@@ -885,6 +911,7 @@ static int shard_istart(Dist *d, int op, const void *send, void *recv, size_t n)
         watch_collective(d, NULL);
         d->groups->req_name[h] = name;
     }
+    trace(d, rs ? "reduce_scatter" : op == DIST_OP_ALLGATHER ? "allgather" : "allgather_bf16", "shard", n, h);
     *(rs ? &d->bytes_reduce_scatter : &d->bytes_allgather) += (double)(S - 1) / S * (double)S * (double)n * es;
     return h;
 }
@@ -901,10 +928,34 @@ int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size
     return shard_istart(d, DIST_OP_REDUCE_SCATTER, send, recv, n);
 }
 
-void dist_wait(Dist *d, int h) {
+int dist_iallreduce_sum_f32(Dist *d, float *x, size_t n) {
+    if (d->dp == 1 || n == 0) return -1;
+    int h = -1;
+    if (d->dev) {
+        h = dev_start(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
+    } else if (!d->use_mpi || !d->groups) {
+        x_allreduce(d, d->tp > 1 ? xc_group(d, DIST_GROUP_DP) : xc_world(d), x, n, X_F32, X_SUM);
+    } else {
+        const char *name = "MPI_Iallreduce";
+        int cnt = count_of(n, name);
+        h = req_slot(d);
+        watch_collective(d, name);
+        check(d, MPI_Iallreduce(MPI_IN_PLACE, x, cnt, MPI_FLOAT, MPI_SUM, d->groups->dp, &d->groups->reqs[h]), name);
+        watch_collective(d, NULL);
+        d->groups->req_name[h] = name;
+    }
+    trace(d, "allreduce", "dp", n, h);
+    d->bytes_allreduce += 2.0 * (d->dp - 1) / d->dp * (double)n * sizeof(float);
+    return h;
+}
+
+/* dist_wait; traced: a handle the caller started (a blocking
+ * collective's own handle is not traced) */
+static void wait_handle(Dist *d, int h, int traced) {
     if (h < 0 || !d->groups) return;
     struct DistGroups *g = d->groups;
     if (h >= g->n_reqs || !g->req_name[h]) die(EXIT_INTERNAL, "dist_wait: bad request handle %d", h);
+    if (traced) trace(d, NULL, NULL, 0, h);
     watch_collective(d, g->req_name[h]); /* the watchdog names the collective a hung wait is for */
     if (d->dev) d->dev->wait(d->dev->ctx, h);
     else check(d, MPI_Wait(&g->reqs[h], MPI_STATUS_IGNORE), g->req_name[h]);
@@ -912,6 +963,8 @@ void dist_wait(Dist *d, int h) {
     g->reqs[h] = MPI_REQUEST_NULL;
     g->req_name[h] = NULL;
 }
+
+void dist_wait(Dist *d, int h) { wait_handle(d, h, 1); }
 
 int dist_test(Dist *d, int h) {
     if (h < 0 || !d->groups) return 1;
@@ -933,6 +986,7 @@ void dist_shard_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
 void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     int R = d->replicate_size;
     if (R == 1 || !d->groups) return;
+    trace(d, "allreduce", "replicate", n, -1);
     if (d->dev) dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_REPLICATE, x, x, n);
     else x_allreduce(d, xc_group(d, DIST_GROUP_REPLICATE), x, n, X_F32, X_SUM);
     d->bytes_allreduce += 2.0 * (R - 1) / R * (double)n * sizeof(float);

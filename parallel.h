@@ -65,6 +65,12 @@ typedef struct Dist {
     struct DistGroups *groups; /* the two sub-communicators (NULL: none) */
     struct DistWatch *watch; /* watchdog state (NULL until dist_watchdog_start) */
     const DistDevComm *dev;  /* float32 collectives on device memory (NULL: MPI) */
+    /* the step and phase of the last dist_phase (0 and NULL before it) */
+    int phase_step;
+    const char *phase;
+    /* LLMTRAIN_COMM_TRACE: this rank's trace of its data-parallel
+     * collectives (NULL: off; see dist_init) */
+    void *trace;
     /* test-only fault injection from LLMTRAIN_FAULT (kind 0: none) */
     int fault_kind, fault_rank, fault_step_lo, fault_step_hi;
 } Dist;
@@ -77,6 +83,13 @@ typedef struct Dist {
  * NCCL; slow for the CPU backend's gradients). Bad variables: exit 2; a
  * rendezvous that does not complete: exit 6. */
 void dist_init(Dist *d, int *argc, char ***argv);
+/* LLMTRAIN_COMM_TRACE=PREFIX (debugging; read by dist_init): each rank
+ * writes PREFIX.<rank>, one line per data-parallel float32 collective on
+ * backend memory as it is started and per wait on a non-blocking one:
+ * `step S phase P start KIND GROUP N hH` (KIND allreduce, allgather,
+ * allgather_bf16 or reduce_scatter; GROUP dp, shard or replicate; N
+ * elements per member; H the handle, -1 for a blocking one or one already
+ * done) and `step S phase P wait hH`. A file that cannot be opened: exit 2. */
 void dist_finalize(Dist *d);
 /* Sum in place: float32 over the data-parallel group (ranks of the same
  * tp_rank), float64 over the world. Every float32 collective below takes
@@ -123,6 +136,11 @@ int dist_shard_iallgather_f32(Dist *d, const float *send, float *recv, size_t n)
 void dist_shard_allgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n);
 int dist_shard_iallgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n);
 int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
+/* Non-blocking data-parallel all-reduce (sum of n floats in place, over the
+ * group dist_allreduce_sum_f32 uses, counted when started): a handle as
+ * above, or -1 when there is one data-parallel rank or it is already done
+ * (over TCP, the collective itself). x stays untouched until the wait. */
+int dist_iallreduce_sum_f32(Dist *d, float *x, size_t n);
 /* Complete and release a handle (-1: nothing); the watchdog names its
  * collective while waiting. dist_test only drives progress and says whether
  * it has completed: every handle still needs its dist_wait. */

@@ -56,7 +56,10 @@
 #      without it (1e-4); FULL_SHARD with 4 layers under bf16 GEMMs with
 #      the weights' bf16 copies against the run without them (1e-7):
 #      loss / grad norm / val loss within the TF32 tolerance, the same
-#      comm_bytes per step, the header naming NCCL; auto picks cuda for 2
+#      comm_bytes per step, the header naming NCCL; NO_SHARD's gradient
+#      all-reduces started chunk by chunk in the backward and waited for
+#      after it, on NCCL as on MPI (LLMTRAIN_COMM_TRACE, against the
+#      FULL_SHARD run's reduce-scatters); auto picks cuda for 2
 #      ranks; a torchrun-style launch (no MPI: NCCL's ids over the TCP
 #      rendezvous) repeats the FULL_SHARD run; a hung rank ends the job
 #      through the watchdog (exit 5, NCCL communicators aborted) within the
@@ -546,7 +549,8 @@ if [ "${ngpu:-0}" -ge 2 ]; then
         IFS=: read -r name strat tp pdt sp <<<"$case"
         ok_runs=1
         for dev in cpu cuda; do
-            if ! timeout 600 $MPIRUN 2 $BIN "$TMP/llama.json" --set train.device=$dev --set train.compute_dtype=tf32 --set parallel.strategy=$strat \
+            if ! LLMTRAIN_COMM_TRACE="$TMP/trace-$name-$dev" timeout 600 $MPIRUN 2 -x LLMTRAIN_COMM_TRACE $BIN "$TMP/llama.json" \
+                 --set train.device=$dev --set train.compute_dtype=tf32 --set parallel.strategy=$strat \
                  --set parallel.tensor=$tp --set train.param_dtype=$pdt --set parallel.sequence_parallel=${sp:-false} \
                  --set log.dir="$TMP/mr-$name-$dev" --set checkpoint.dir="$TMP/mr-$name-$dev/ckpt" \
                  >"$TMP/mr-$name-$dev.out" 2>&1; then
@@ -564,6 +568,14 @@ if [ "${ngpu:-0}" -ge 2 ]; then
         if same_comm_bytes "$TMP/mr-$name-cpu" "$TMP/mr-$name-cuda"; then
             echo "ok   2 ranks $name: comm_bytes per step identical on NCCL and MPI"; pass=$((pass + 1))
         else echo "FAIL 2 ranks $name: comm_bytes differ between NCCL and MPI"; fail=$((fail + 1)); fi
+    done
+    # NO_SHARD's gradient all-reduces start chunk by chunk in the backward
+    # (NCCL: queued on the communication stream, waited for by the compute
+    # stream after it), as on MPI
+    for dev in cpu cuda; do
+        if msg=$($PY tests/check_comm_trace.py "$TMP/trace-noshard-$dev" "$TMP/trace-fullshard-$dev" 2 $STEPS 4); then
+            echo "ok   2 ranks train.device=$dev: $msg"; pass=$((pass + 1))
+        else echo "$msg (train.device=$dev)"; fail=$((fail + 1)); fi
     done
     # sequence parallelism with bf16 activations: the norms' outputs are
     # all-gathered as bf16 words (ncclBfloat16); the run is tp 2's without

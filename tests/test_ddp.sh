@@ -156,6 +156,30 @@ else
     echo "FAIL FULL_SHARD x4, 8 layers: params_bytes '$p4' grads_bytes '$g4' per rank vs '$p1' / '$g1' at 1 rank"; fail=$((fail + 1))
 fi
 
+# NO_SHARD's gradient all-reduce overlaps the backward: LLMTRAIN_COMM_TRACE
+# shows one non-blocking all-reduce per chunk started in phase backward
+# (after the last micro-batch's backward of that chunk; accum 2 here) and
+# waited for after it, each covering its chunk (2 x FULL_SHARD's
+# reduce-scatter of the same chunk)
+for st in NO_SHARD FULL_SHARD; do
+    LLMTRAIN_COMM_TRACE="$TMP/trace-$st" $MPIRUN 2 -x LLMTRAIN_COMM_TRACE $BIN "$TMP/llama.json" --set train.steps=3 \
+        --set parallel.strategy=$st --set parallel.health_check=false --set log.dir="$TMP/trace-$st" >"$TMP/trace-$st.out" 2>&1 ||
+        echo "FAIL trace run $st exited non-zero: $(tail -2 "$TMP/trace-$st.out")"
+done
+if msg=$($PY tests/check_comm_trace.py "$TMP/trace-NO_SHARD" "$TMP/trace-FULL_SHARD" 2 3 4); then
+    echo "ok   $msg"; pass=$((pass + 1))
+else
+    echo "$msg"; fail=$((fail + 1))
+fi
+LLMTRAIN_COMM_TRACE=/nonexistent/dir/t $BIN "$TMP/gpt2.json" --set log.dir="$TMP/trace-bad" >"$TMP/trace-bad.out" 2>"$TMP/trace-bad.err"
+rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/trace-bad.err")" -eq 1 ] &&
+   grep -q '^llmtrain: LLMTRAIN_COMM_TRACE: cannot open /nonexistent/dir/t.0 for writing: No such file or directory$' "$TMP/trace-bad.err"; then
+    echo "ok   LLMTRAIN_COMM_TRACE in a missing directory: exit 2, one line"; pass=$((pass + 1))
+else
+    echo "FAIL LLMTRAIN_COMM_TRACE unwritable: rc=$rc $(head -2 "$TMP/trace-bad.err")"; fail=$((fail + 1))
+fi
+
 # layout errors: global batch not divisible by micro x dp
 $MPIRUN 2 $BIN "$TMP/gpt2.json" --set train.global_batch=6 --set log.dir="$TMP/bad" >"$TMP/bad.out" 2>&1
 rc=$?

@@ -2,7 +2,8 @@
  * DistDevComm (what the CUDA backend's NCCL layer plugs into), checked
  * without a GPU by a recording fake: the float32 collectives on backend
  * memory go to it with the right operation, group, buffers and handle
- * (started, waited once, released for reuse), one-member groups copy
+ * (started, waited once, released for reuse; the blocking and non-blocking
+ * data-parallel all-reduce too), one-member groups copy
  * through it, byte accounting is the MPI path's, and the float64
  * reductions, gathers and broadcasts stay on MPI (the fake sees nothing and
  * their results are right); the health check times through it; the
@@ -97,6 +98,23 @@ static void routing(Dist *d, int tp, int S) {
     if (dp > 1) expect_blocking("dist_allreduce_sum_f32", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
     else CHECK(n_calls == c0, "dist_allreduce_sum_f32 with dp 1 called the device");
     CHECK(d->bytes_allreduce == (dp > 1 ? 2.0 * (dp - 1) / dp * n * sizeof(float) : 0), "allreduce bytes %g", d->bytes_allreduce);
+    /* its non-blocking form (NO_SHARD's all-reduce of a chunk's gradients):
+     * started on the data-parallel group in place, tested, waited later */
+    c0 = n_calls;
+    int ha = dist_iallreduce_sum_f32(d, x, n);
+    if (dp > 1) {
+        CHECK(ha >= 0 && n_calls == c0 + 1 && calls[c0].what == 's' && calls[c0].h == ha && calls[c0].op == DIST_OP_ALLREDUCE_SUM &&
+                  calls[c0].group == DIST_GROUP_DP && calls[c0].send == x && calls[c0].recv == x && calls[c0].n == n,
+              "dist_iallreduce_sum_f32: not one start of an in-place all-reduce on the dp group (handle %d)", ha);
+        CHECK(dist_test(d, ha) == 1 && calls[n_calls - 1].what == 't' && calls[n_calls - 1].h == ha, "dist_iallreduce_sum_f32: test not routed");
+        dist_wait(d, ha);
+        CHECK(ha >= 0 && ha < 64 && live[ha] == 0 && calls[n_calls - 1].what == 'w' && calls[n_calls - 1].h == ha,
+              "dist_iallreduce_sum_f32: handle %d not waited once", ha);
+    } else {
+        CHECK(ha == -1 && n_calls == c0, "dist_iallreduce_sum_f32 with dp 1: handle %d, %d device calls", ha, n_calls - c0);
+    }
+    CHECK(d->bytes_allreduce == (dp > 1 ? 2 * 2.0 * (dp - 1) / dp * n * sizeof(float) : 0), "allreduce bytes %g after the non-blocking one",
+          d->bytes_allreduce);
 
     c0 = n_calls;
     dist_tp_allreduce_f32(d, x, n, 1);

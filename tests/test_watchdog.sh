@@ -41,7 +41,7 @@ else
     bad "hang: rc=$rc after ${secs}s, stderr: $(head -5 "$TMP/hang.err")"
 fi
 if grep -q '^llmtrain: rank 1: watchdog: step 3 phase forward (collective none)' "$TMP/hang.err" ||
-   grep -q '^llmtrain: rank 0: watchdog: step 3 phase allreduce (collective MPI_Allreduce)' "$TMP/hang.err"; then
+   grep -q '^llmtrain: rank 0: watchdog: step 3 phase allreduce (collective MPI_Iallreduce)' "$TMP/hang.err"; then
     ok "hang: the watchdog line names the hung rank's phase or the peer's blocked collective"
 else
     bad "hang: unexpected watchdog lines: $(grep watchdog "$TMP/hang.err")"

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Check LLMTRAIN_COMM_TRACE files of a NO_SHARD run against a FULL_SHARD
+run of the same job (tests/test_ddp.sh and tests/gpu_tests.sh).
+
+    check_comm_trace.py NO_SHARD_PREFIX FULL_SHARD_PREFIX RANKS STEPS CHUNKS
+
+NO_SHARD overlaps its gradient all-reduce with the backward: at every step,
+on every rank, exactly CHUNKS non-blocking data-parallel all-reduces start
+in phase `backward` (one a chunk, after that chunk's backward of the last
+micro-batch), none elsewhere; chunk by chunk they cover what the FULL_SHARD
+run reduce-scatters in its last micro-batch (the same chunks, in the same
+order, RANKS times the elements: a shard is 1/RANKS of a chunk); each is
+waited for once, in phase `allreduce`, after the step's last start. Every
+handle of either run is waited for exactly once. Prints one line; exits 1
+on a mismatch."""
+import re
+import sys
+
+LINE = re.compile(r"^step (\d+) phase (\S+) (?:start (\S+) (\S+) (\d+) h(-?\d+)|wait h(-?\d+))$")
+
+
+def read(path):
+    events = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            m = LINE.match(line.rstrip("\n"))
+            if not m:
+                sys.exit(f"FAIL {path}:{n}: not a trace line: {line.rstrip()!r}")
+            step, phase = int(m.group(1)), m.group(2)
+            if m.group(3):
+                events.append((step, phase, "start", m.group(3), m.group(4), int(m.group(5)), int(m.group(6))))
+            else:
+                events.append((step, phase, "wait", None, None, 0, int(m.group(7))))
+    return events
+
+
+def check_handles(path, events):
+    """every handle started (>= 0) is waited for once before it is reused"""
+    open_h = {}
+    for i, e in enumerate(events):
+        if e[2] == "start" and e[6] >= 0:
+            if e[6] in open_h:
+                sys.exit(f"FAIL {path}: handle h{e[6]} started again before its wait")
+            open_h[e[6]] = i
+        elif e[2] == "wait":
+            if e[6] not in open_h:
+                sys.exit(f"FAIL {path}: wait for h{e[6]}, which is not in flight")
+            del open_h[e[6]]
+    if open_h:
+        sys.exit(f"FAIL {path}: handles never waited for: {sorted(open_h)}")
+
+
+def main():
+    ddp, fsdp, ranks, steps, chunks = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    total = 0
+    for r in range(ranks):
+        dpath, fpath = f"{ddp}.{r}", f"{fsdp}.{r}"
+        dev, fev = read(dpath), read(fpath)
+        check_handles(dpath, dev)
+        check_handles(fpath, fev)
+        for s in range(1, steps + 1):
+            ar = [e for e in dev if e[0] == s and e[2] == "start" and e[3] == "allreduce" and e[4] == "dp"]
+            if len(ar) != chunks or any(e[1] != "backward" for e in ar):
+                sys.exit(f"FAIL {dpath}: step {s}: {len(ar)} data-parallel all-reduces in phases "
+                         f"{sorted(set(e[1] for e in ar))}, expected {chunks} in backward")
+            if any(e[6] < 0 for e in ar) and ranks > 1:
+                sys.exit(f"FAIL {dpath}: step {s}: a blocking all-reduce (h-1) where a non-blocking one was expected")
+            rs = [e for e in fev if e[0] == s and e[2] == "start" and e[3] == "reduce_scatter"]
+            last = rs[-chunks:]
+            want = [e[5] * ranks for e in last]
+            got = [e[5] for e in ar]
+            if len(rs) < chunks or got != want:
+                sys.exit(f"FAIL {dpath}: step {s}: all-reduce sizes {got}, expected {want} "
+                         f"({ranks} x the FULL_SHARD run's last {chunks} reduce-scatters)")
+            handles = {e[6] for e in ar}
+            idx = [i for i, e in enumerate(dev) if e[0] == s]
+            last_start = max(i for i in idx if dev[i][2] == "start" and dev[i][3] == "allreduce")
+            waits = [dev[i] for i in idx if dev[i][2] == "wait" and dev[i][6] in handles]
+            late = [i for i in idx if dev[i][2] == "wait" and dev[i][6] in handles and i < last_start]
+            if len(waits) != chunks or any(w[1] != "allreduce" for w in waits) or late:
+                sys.exit(f"FAIL {dpath}: step {s}: {len(waits)} waits for its all-reduces in phases "
+                         f"{sorted(set(w[1] for w in waits))}, {len(late)} before its last start; expected "
+                         f"{chunks}, in allreduce, after it")
+            total += len(ar)
+    print(f"NO_SHARD: {total} gradient all-reduces over {ranks} ranks x {steps} steps, {chunks} a step, all started "
+          f"in the backward and waited for after it, each {ranks} x its chunk's FULL_SHARD reduce-scatter")
+
+
+main()
