@@ -597,9 +597,10 @@ static int dev_start(Dist *d, const char *name, int op, int g, const void *send,
     return h;
 }
 
+static void wait_handle(Dist *d, int h, int traced);
+
 /* A blocking float32 collective on device memory: started, and the
  * device's later work ordered after it. */
-static void wait_handle(Dist *d, int h, int traced);
 static void dev_collective(Dist *d, const char *name, int op, int g, const void *send, void *recv, size_t n) {
     wait_handle(d, dev_start(d, name, op, g, send, recv, n), 0);
 }
@@ -851,14 +852,17 @@ void dist_tp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t 
 }
 
 void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n) {
+    if (d->shard_size > 1) trace(d, "allgather", "shard", n, -1);
     shard_allgather(d, DIST_OP_ALLGATHER, send, recv, n);
 }
 
 void dist_shard_allgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n) {
+    if (d->shard_size > 1) trace(d, "allgather_bf16", "shard", n, -1);
     shard_allgather(d, DIST_OP_ALLGATHER_BF16, send, recv, n);
 }
 
 void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
+    if (d->shard_size > 1) trace(d, "reduce_scatter", "shard", n, -1);
     group_reduce_scatter(d, DIST_GROUP_SHARD, send, recv, n, &d->bytes_reduce_scatter);
 }
 

@@ -21,7 +21,11 @@ LINE = re.compile(r"^step (\d+) phase (\S+) (?:start (\S+) (\S+) (\d+) h(-?\d+)|
 
 def read(path):
     events = []
-    with open(path) as f:
+    try:
+        f = open(path)
+    except OSError as e:
+        sys.exit(f"FAIL no trace {path}: {e.strerror}")
+    with f:
         for n, line in enumerate(f, 1):
             m = LINE.match(line.rstrip("\n"))
             if not m:
@@ -76,10 +80,10 @@ def main():
             idx = [i for i, e in enumerate(dev) if e[0] == s]
             last_start = max(i for i in idx if dev[i][2] == "start" and dev[i][3] == "allreduce")
             waits = [dev[i] for i in idx if dev[i][2] == "wait" and dev[i][6] in handles]
-            late = [i for i in idx if dev[i][2] == "wait" and dev[i][6] in handles and i < last_start]
-            if len(waits) != chunks or any(w[1] != "allreduce" for w in waits) or late:
+            early = [i for i in idx if dev[i][2] == "wait" and dev[i][6] in handles and i < last_start]
+            if len(waits) != chunks or any(w[1] != "allreduce" for w in waits) or early:
                 sys.exit(f"FAIL {dpath}: step {s}: {len(waits)} waits for its all-reduces in phases "
-                         f"{sorted(set(w[1] for w in waits))}, {len(late)} before its last start; expected "
+                         f"{sorted(set(w[1] for w in waits))}, {len(early)} before its last start; expected "
                          f"{chunks}, in allreduce, after it")
             total += len(ar)
     print(f"NO_SHARD: {total} gradient all-reduces over {ranks} ranks x {steps} steps, {chunks} a step, all started "

@@ -573,7 +573,7 @@ if [ "${ngpu:-0}" -ge 2 ]; then
     # (NCCL: queued on the communication stream, waited for by the compute
     # stream after it), as on MPI
     for dev in cpu cuda; do
-        if msg=$($PY tests/check_comm_trace.py "$TMP/trace-noshard-$dev" "$TMP/trace-fullshard-$dev" 2 $STEPS 4); then
+        if msg=$($PY tests/check_comm_trace.py "$TMP/trace-noshard-$dev" "$TMP/trace-fullshard-$dev" 2 $STEPS 4 2>&1); then
             echo "ok   2 ranks train.device=$dev: $msg"; pass=$((pass + 1))
         else echo "$msg (train.device=$dev)"; fail=$((fail + 1)); fi
     done

@@ -164,9 +164,9 @@ fi
 for st in NO_SHARD FULL_SHARD; do
     LLMTRAIN_COMM_TRACE="$TMP/trace-$st" $MPIRUN 2 -x LLMTRAIN_COMM_TRACE $BIN "$TMP/llama.json" --set train.steps=3 \
         --set parallel.strategy=$st --set parallel.health_check=false --set log.dir="$TMP/trace-$st" >"$TMP/trace-$st.out" 2>&1 ||
-        echo "FAIL trace run $st exited non-zero: $(tail -2 "$TMP/trace-$st.out")"
+        { echo "FAIL trace run $st exited non-zero: $(tail -2 "$TMP/trace-$st.out")"; fail=$((fail + 1)); }
 done
-if msg=$($PY tests/check_comm_trace.py "$TMP/trace-NO_SHARD" "$TMP/trace-FULL_SHARD" 2 3 4); then
+if msg=$($PY tests/check_comm_trace.py "$TMP/trace-NO_SHARD" "$TMP/trace-FULL_SHARD" 2 3 4 2>&1); then
     echo "ok   $msg"; pass=$((pass + 1))
 else
     echo "$msg"; fail=$((fail + 1))
