@@ -89,8 +89,8 @@ typedef struct Trainer {
     int *rs_state;             /* [n_chunks] 0: no reduce-scatter; 1: one in flight into gshard, 2: in place (added at the wait) */
     int in_step, micro, head_fwd; /* inside a step's forward/backward; micro-batch; inside the final chunk's forward */
     int step_accum, poison;    /* this step's micro-batches; LLMTRAIN_FAULT kind=nan poisons its gradients */
-    int chunks_done;           /* unsharded: chunks whose gradients are final this step (grads_done_hook) */
-    int *ar_req;               /* unsharded: [n_chunks] the data-parallel all-reduce of chunk c's gradients in flight, -1: none */
+    int chunks_done;           /* chunks whose gradients are final this step (ar_start) */
+    int *ar_req;               /* [n_chunks] the all-reduce of chunk c's final gradients in flight (ar_start), -1: none */
     int fwd_only;              /* eval / sample forwards: the hook gathers each chunk for its forward only */
     float *full;               /* outside a step: all weights gathered (debug.dump), else NULL */
     double full_peak;          /* bytes of t->full at its largest (0: never gathered; metrics params_peak_bytes) */
@@ -313,19 +313,37 @@ static void chunk_release(Trainer *t, int c) {
     t->model.chunk_params[c] = NULL;
 }
 
+/* The step's last micro-batch is under way (or done): chunk gradients
+ * final after their backward are the step's. */
+static int last_micro(const Trainer *t) { return t->micro + 1 == t->step_accum; }
+
+/* Start the data-parallel reduction of chunk c's final gradients: NO_SHARD
+ * all-reduces the chunk over the data-parallel group (x: the chunk's
+ * gradients), the sharded strategies its shard over the replicate group
+ * (x: the shard; none under FULL_SHARD's one replica). Poisons them first
+ * for LLMTRAIN_FAULT kind=nan at chunk 0, whose backward is the last: the
+ * NaN reaches every replica through the all-reduce. */
+static void ar_start(Trainer *t, int c, float *x, size_t n) {
+    if (c == 0 && t->poison) { float nan = NAN; t->k->from_host(x, &nan, sizeof nan); }
+    if (t->ar_req[c] >= 0) die(EXIT_INTERNAL, "step: chunk %d's gradient all-reduce started twice", c);
+    t->chunks_done++;
+    t->ar_req[c] = t->sharded ? dist_replicate_iallreduce_sum_f32(&t->dist, x, n) : dist_iallreduce_sum_f32(&t->dist, x, n);
+}
+
 /* Wait for chunk c's gradient reduce-scatter (if any), fold a staged one
- * into the shard and give its gradient buffer back. */
+ * into the shard and give its gradient buffer back; in the last
+ * micro-batch the shard is then final here: start its all-reduce over the
+ * replicas (HYBRID_SHARD), which train_step waits for. */
 static void rs_finish(Trainer *t, int c) {
     if (!t->rs_state[c]) return;
     dist_wait(&t->dist, t->rs_req[c]);
     t->rs_req[c] = -1;
-    if (t->rs_state[c] == 2) {
-        size_t o = t->shard_off[c];
-        t->k->add(t->gshard + o, t->gshard + o, t->gbuf[t->gslot[c]], shard_len(t, c));
-    }
+    size_t o = t->shard_off[c];
+    if (t->rs_state[c] == 2) t->k->add(t->gshard + o, t->gshard + o, t->gbuf[t->gslot[c]], shard_len(t, c));
     t->rs_state[c] = 0;
     t->gowner[t->gslot[c]] = -1;
     t->gslot[c] = -1;
+    if (last_micro(t)) ar_start(t, c, t->gshard + o, shard_len(t, c));
 }
 
 static void rs_finish_all(Trainer *t) {
@@ -372,6 +390,7 @@ static void comm_progress(Trainer *t) {
     for (int c = 0; c < t->model.n_chunks; c++) {
         if (t->ag_req[c] >= 0) dist_test(&t->dist, t->ag_req[c]);
         if (t->rs_req[c] >= 0) dist_test(&t->dist, t->rs_req[c]);
+        if (t->ar_req[c] >= 0) dist_test(&t->dist, t->ar_req[c]);
     }
 }
 
@@ -409,6 +428,15 @@ static void chunk_hook(void *ctx, int c, int ev) {
     case CHUNK_PRE_BACKWARD:
         t->head_fwd = 0;
         chunk_ready(t, c);
+        /* a chunk's reduce-scatter has the backward of the chunk below it
+         * to run behind and is waited for here, at the start of the next
+         * one's (where the layers' two gradient buffers would need it
+         * anyway): at one point of the backward on every rank, so that every
+         * rank starts the replicate all-reduces that follow in one order (MPI
+         * requires one order of collectives on a communicator; NCCL runs
+         * every group's on one stream, where two ranks with different orders
+         * wait for each other forever) */
+        for (int o = last; o > c + 1; o--) rs_finish(t, o);
         grads_take(t, c);
         if (c > 0) chunk_fetch(t, c - 1);
         break;
@@ -421,32 +449,32 @@ static void chunk_hook(void *ctx, int c, int ev) {
     comm_progress(t);
 }
 
-/* After the last micro-batch: the local gradient shard (every reduce-scatter
- * is complete) summed over the replicate group. */
-static void reduce_grads(Trainer *t, int poison) {
-    rs_finish_all(t);
-    if (poison) { float nan = NAN; t->k->from_host(t->gshard, &nan, sizeof nan); } /* LLMTRAIN_FAULT kind=nan */
-    dist_replicate_allreduce_sum_f32(&t->dist, t->gshard, t->n_shard);
+/* After the last micro-batch's backward: every chunk's all-reduce has
+ * started (ar_start: unsharded, grads_done_hook; sharded, rs_finish); wait
+ * for them, in phase allreduce. */
+static void ar_wait_all(Trainer *t, int step) {
+    dist_phase(&t->dist, step + 1, "allreduce");
+    if (t->chunks_done != t->model.n_chunks)
+        die(EXIT_INTERNAL, "step: %d of %d chunks finished their backward", t->chunks_done, t->model.n_chunks);
+    for (int c = t->model.n_chunks - 1; c >= 0; c--) {
+        dist_wait(&t->dist, t->ar_req[c]);
+        t->ar_req[c] = -1;
+    }
 }
 
 /* Unsharded (NO_SHARD, or a single rank), after chunk c's backward of the
  * step's last micro-batch: its gradients are final here. Settle them (what
- * no kernel wrote is zero), poison them for LLMTRAIN_FAULT kind=nan (chunk 0,
- * whose backward is the last: the NaN reaches every replica through the
- * all-reduce), and start their all-reduce over the data-parallel group, so
- * that it overlaps the backward of the chunks below (PyTorch DDP's gradient
- * buckets, one a chunk; chunk 0, the embeddings, comes last and cannot).
- * train_step waits for them all. */
+ * no kernel wrote is zero) and start their all-reduce over the
+ * data-parallel group, so that it overlaps the backward of the chunks below
+ * (PyTorch DDP's gradient buckets, one a chunk; chunk 0, the embeddings,
+ * comes last and cannot). */
 static void grads_done_hook(void *ctx, int c) {
     Trainer *t = ctx;
     Model *m = &t->model;
-    if (!t->in_step || t->micro + 1 < t->step_accum) return;
+    if (!t->in_step || !last_micro(t)) return;
     float *g = m->grads + m->chunk_offset[c];
     t->k->grads_settle(g, m->chunk_size[c]);
-    if (c == 0 && t->poison) { float nan = NAN; t->k->from_host(m->grads, &nan, sizeof nan); }
-    if (t->ar_req[c] >= 0) die(EXIT_INTERNAL, "unsharded step: chunk %d's gradient all-reduce started twice", c);
-    t->chunks_done++;
-    t->ar_req[c] = dist_iallreduce_sum_f32(&t->dist, g, m->chunk_size[c]);
+    ar_start(t, c, g, m->chunk_size[c]);
     for (int i = 0; i < m->n_chunks; i++) /* progress for MPI's (it moves them inside MPI calls) */
         if (t->ar_req[i] >= 0 && i != c) dist_test(&t->dist, t->ar_req[i]);
 }
@@ -462,9 +490,9 @@ static void setup_shards(Trainer *t) {
     t->shard_off = calloc_check((size_t)m->n_chunks, sizeof(size_t));
     t->n_shard = 0;
     for (int c = 0; c < m->n_chunks; c++) { t->shard_off[c] = t->n_shard; t->n_shard += shard_len(t, c); }
+    t->ar_req = malloc_check((size_t)m->n_chunks * sizeof(int));
+    for (int c = 0; c < m->n_chunks; c++) t->ar_req[c] = -1;
     if (!t->sharded) {
-        t->ar_req = malloc_check((size_t)m->n_chunks * sizeof(int));
-        for (int c = 0; c < m->n_chunks; c++) t->ar_req[c] = -1;
         m->comm.hook_ctx = t;
         m->comm.grads_done = grads_done_hook;
         return;
@@ -1313,21 +1341,18 @@ static StepStats train_step(Trainer *t, int step) {
     /* gradients of the mean loss: each rank holds its share, the sum is the mean */
     double red[2] = {loss_sum, 0};
     if (t->sharded) {
+        /* the reduce-scatters still in flight (the last two chunks'), whose
+         * replicate all-reduces start as each is waited for */
         dist_phase(&t->dist, step + 1, "reduce_scatter");
-        reduce_grads(t, t->poison);
+        rs_finish_all(t);
+        ar_wait_all(t, step);
         /* replicas hold identical shards: the norm sums over the shard group only */
         double sq = model_sumsq(t, t->gshard);
         dist_allreduce_sum_f64(&t->dist, red, 1);
         red[1] = sq;
     } else {
         /* every chunk's all-reduce began after its backward (grads_done_hook) */
-        dist_phase(&t->dist, step + 1, "allreduce");
-        if (t->chunks_done != m->n_chunks)
-            die(EXIT_INTERNAL, "unsharded step: %d of %d chunks finished their backward", t->chunks_done, m->n_chunks);
-        for (int ch = m->n_chunks - 1; ch >= 0; ch--) {
-            dist_wait(&t->dist, t->ar_req[ch]);
-            t->ar_req[ch] = -1;
-        }
+        ar_wait_all(t, step);
         red[1] = model_sumsq(t, m->grads);
         dist_allreduce_sum_f64(&t->dist, red, 1);
     }

@@ -932,26 +932,37 @@ int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size
     return shard_istart(d, DIST_OP_REDUCE_SCATTER, send, recv, n);
 }
 
-int dist_iallreduce_sum_f32(Dist *d, float *x, size_t n) {
-    if (d->dp == 1 || n == 0) return -1;
+/* A non-blocking sum of n floats in place over group g: DIST_GROUP_DP (the
+ * group dist_allreduce_sum_f32 uses) or DIST_GROUP_REPLICATE, traced as
+ * gname; -1 when the group has one member or it is already done (over TCP,
+ * the collective itself). */
+static int iallreduce(Dist *d, int g, const char *gname, float *x, size_t n) {
+    int rank, size;
+    dist_group_rank(d, g, &rank, &size);
+    if (size == 1 || n == 0) return -1;
     int h = -1;
     if (d->dev) {
-        h = dev_start(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
+        h = dev_start(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, g, x, x, n);
     } else if (!d->use_mpi || !d->groups) {
-        x_allreduce(d, d->tp > 1 ? xc_group(d, DIST_GROUP_DP) : xc_world(d), x, n, X_F32, X_SUM);
+        x_allreduce(d, g == DIST_GROUP_DP && d->tp == 1 ? xc_world(d) : xc_group(d, g), x, n, X_F32, X_SUM);
     } else {
         const char *name = "MPI_Iallreduce";
         int cnt = count_of(n, name);
         h = req_slot(d);
         watch_collective(d, name);
-        check(d, MPI_Iallreduce(MPI_IN_PLACE, x, cnt, MPI_FLOAT, MPI_SUM, d->groups->dp, &d->groups->reqs[h]), name);
+        check(d, MPI_Iallreduce(MPI_IN_PLACE, x, cnt, MPI_FLOAT, MPI_SUM, g == DIST_GROUP_DP ? d->groups->dp : d->groups->replicate,
+                                &d->groups->reqs[h]), name);
         watch_collective(d, NULL);
         d->groups->req_name[h] = name;
     }
-    trace(d, "allreduce", "dp", n, h);
-    d->bytes_allreduce += 2.0 * (d->dp - 1) / d->dp * (double)n * sizeof(float);
+    trace(d, "allreduce", gname, n, h);
+    d->bytes_allreduce += 2.0 * (size - 1) / size * (double)n * sizeof(float);
     return h;
 }
+
+int dist_iallreduce_sum_f32(Dist *d, float *x, size_t n) { return iallreduce(d, DIST_GROUP_DP, "dp", x, n); }
+
+int dist_replicate_iallreduce_sum_f32(Dist *d, float *x, size_t n) { return iallreduce(d, DIST_GROUP_REPLICATE, "replicate", x, n); }
 
 /* dist_wait; traced: a handle the caller started (a blocking
  * collective's own handle is not traced) */

@@ -147,8 +147,11 @@ int dist_iallreduce_sum_f32(Dist *d, float *x, size_t n);
 void dist_wait(Dist *d, int h);
 int dist_test(Dist *d, int h);
 void dist_shard_gather_f32(Dist *d, const float *send, float *recv, size_t n);
-/* Replicate group: sum n floats in place. */
+/* Replicate group: sum n floats in place; the non-blocking form as
+ * dist_iallreduce_sum_f32 (HYBRID_SHARD's all-reduce of a chunk's gradient
+ * shard over the replicas). */
 void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n);
+int dist_replicate_iallreduce_sum_f32(Dist *d, float *x, size_t n);
 /* World: gather n doubles from every rank to rank 0 (recv[world*n] there). */
 void dist_gather_f64(Dist *d, const double *send, double *recv, size_t n);
 /* Watchdog: a background thread that ends the job with exit code 5

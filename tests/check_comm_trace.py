@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Check LLMTRAIN_COMM_TRACE files of a NO_SHARD run against a FULL_SHARD
-run of the same job (tests/test_ddp.sh and tests/gpu_tests.sh).
+"""Check LLMTRAIN_COMM_TRACE files (tests/test_ddp.sh and tests/gpu_tests.sh).
 
     check_comm_trace.py NO_SHARD_PREFIX FULL_SHARD_PREFIX RANKS STEPS CHUNKS
+    check_comm_trace.py --hybrid HYBRID_SHARD_PREFIX RANKS STEPS CHUNKS
 
 NO_SHARD overlaps its gradient all-reduce with the backward: at every step,
 on every rank, exactly CHUNKS non-blocking data-parallel all-reduces start
@@ -10,9 +10,20 @@ in phase `backward` (one a chunk, after that chunk's backward of the last
 micro-batch), none elsewhere; chunk by chunk they cover what the FULL_SHARD
 run reduce-scatters in its last micro-batch (the same chunks, in the same
 order, RANKS times the elements: a shard is 1/RANKS of a chunk); each is
-waited for once, in phase `allreduce`, after the step's last start. Every
-handle of either run is waited for exactly once. Prints one line; exits 1
-on a mismatch."""
+waited for once, in phase `allreduce`, after the step's last start.
+
+HYBRID_SHARD (--hybrid) overlaps its all-reduce over the replicas with the
+backward: at every step, on every rank, exactly CHUNKS non-blocking
+replicate-group all-reduces, none over the data-parallel group; the i-th
+covers the shard of the i-th reduce-scatter of the last micro-batch (the
+same elements) and starts after that reduce-scatter's wait; the first
+CHUNKS - 2 start in phase `backward` (each chunk's reduce-scatter is waited
+for at the start of the backward two chunks below it), the last two (the
+lowest chunks') in phase `reduce_scatter` after it; each is waited for
+once, in phase `allreduce`, after the step's last start.
+
+Every handle is waited for exactly once. Prints one line; exits 1 on a
+mismatch."""
 import re
 import sys
 
@@ -54,7 +65,51 @@ def check_handles(path, events):
         sys.exit(f"FAIL {path}: handles never waited for: {sorted(open_h)}")
 
 
+def check_hybrid(prefix, ranks, steps, chunks):
+    total = 0
+    for r in range(ranks):
+        path = f"{prefix}.{r}"
+        ev = read(path)
+        check_handles(path, ev)
+        for s in range(1, steps + 1):
+            idx = [i for i, e in enumerate(ev) if e[0] == s]
+            rs = [i for i in idx if ev[i][2] == "start" and ev[i][3] == "reduce_scatter"]
+            ar = [i for i in idx if ev[i][2] == "start" and ev[i][3] == "allreduce"]
+            if any(ev[i][4] != "replicate" for i in ar):
+                sys.exit(f"FAIL {path}: step {s}: all-reduces over {sorted(set(ev[i][4] for i in ar))}, expected the replicate group only")
+            if len(ar) != chunks or any(ev[i][6] < 0 for i in ar):
+                sys.exit(f"FAIL {path}: step {s}: {len(ar)} replicate all-reduces with handles {[ev[i][6] for i in ar]}, "
+                         f"expected {chunks} non-blocking ones (one a chunk)")
+            if len(rs) < chunks or len(rs) % chunks:
+                sys.exit(f"FAIL {path}: step {s}: {len(rs)} reduce-scatters, expected a whole number of micro-batches x {chunks}")
+            last = rs[-chunks:]
+            got, want = [ev[i][5] for i in ar], [ev[i][5] for i in last]
+            if got != want:
+                sys.exit(f"FAIL {path}: step {s}: replicate all-reduce sizes {got}, expected the last micro-batch's "
+                         f"reduce-scatters {want}")
+            for k, (a, b) in enumerate(zip(ar, last)):
+                done = [i for i in idx if b < i and ev[i][2] == "wait" and ev[i][6] == ev[b][6]][:1]
+                if not done or done[0] > a:
+                    sys.exit(f"FAIL {path}: step {s}: all-reduce {k} (h{ev[a][6]}) starts before its chunk's reduce-scatter "
+                             f"(h{ev[b][6]}) is waited for")
+            phases = [ev[i][1] for i in ar]
+            want_ph = ["backward"] * (chunks - 2) + ["reduce_scatter"] * 2
+            if phases != want_ph:
+                sys.exit(f"FAIL {path}: step {s}: replicate all-reduces started in phases {phases}, expected {want_ph}")
+            # each start's own wait: the handle's next wait (check_handles: exactly one before it is reused)
+            waits = [next((i for i in idx if i > a and ev[i][2] == "wait" and ev[i][6] == ev[a][6]), None) for a in ar]
+            if None in waits or any(ev[i][1] != "allreduce" or i < ar[-1] for i in waits):
+                sys.exit(f"FAIL {path}: step {s}: the waits for its all-reduces in phases "
+                         f"{[ev[i][1] if i is not None else None for i in waits]}; expected {chunks}, in allreduce, after the last start")
+            total += len(ar)
+    print(f"HYBRID_SHARD: {total} replicate all-reduces over {ranks} ranks x {steps} steps, {chunks} a step, each after its "
+          f"chunk's last reduce-scatter, {chunks - 2} a step started in the backward, all waited for after it")
+
+
 def main():
+    if sys.argv[1] == "--hybrid":
+        check_hybrid(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        return
     ddp, fsdp, ranks, steps, chunks = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     total = 0
     for r in range(ranks):

@@ -577,6 +577,36 @@ if [ "${ngpu:-0}" -ge 2 ]; then
             echo "ok   2 ranks train.device=$dev: $msg"; pass=$((pass + 1))
         else echo "$msg (train.device=$dev)"; fail=$((fail + 1)); fi
     done
+    # HYBRID_SHARD, 2 shards x 2 replicas (4 GPUs), 2 micro-batches a step:
+    # each chunk's shard all-reduced over the replicas once its last
+    # reduce-scatter is waited for (NCCL: the shard and replicate groups'
+    # collectives share the communication stream, in one order on every
+    # rank), as on MPI; the run is MPI's on the CPU
+    if [ "$ngpu" -ge 4 ]; then
+        ok_runs=1
+        for dev in cpu cuda; do
+            LLMTRAIN_COMM_TRACE="$TMP/trace-hybrid-$dev" timeout 600 $MPIRUN 4 -x LLMTRAIN_COMM_TRACE $BIN "$TMP/llama.json" \
+                --set train.device=$dev --set train.compute_dtype=tf32 --set parallel.strategy=HYBRID_SHARD \
+                --set parallel.shard_degree=2 --set train.micro_batch=1 --set log.dir="$TMP/mr-hybrid-$dev" \
+                --set checkpoint.dir="$TMP/mr-hybrid-$dev/ckpt" >"$TMP/mr-hybrid-$dev.out" 2>&1 ||
+                { echo "FAIL 4 ranks HYBRID_SHARD train.device=$dev exited non-zero: $(grep -E 'llmtrain:|NCCL' "$TMP/mr-hybrid-$dev.out" | head -3)"
+                  fail=$((fail + 1)); ok_runs=0; }
+        done
+        if [ $ok_runs = 1 ]; then
+            if grep -q "backend cuda, collectives NCCL" "$TMP/mr-hybrid-cuda.out" &&
+               $PY tests/compare_runs.py "$TMP/mr-hybrid-cpu" "$TMP/mr-hybrid-cuda" --steps $STEPS --loss-rtol $LOSS_RTOL &&
+               same_comm_bytes "$TMP/mr-hybrid-cpu" "$TMP/mr-hybrid-cuda"; then
+                echo "ok   4 ranks HYBRID_SHARD 2 x 2 on NCCL: $STEPS steps within $LOSS_RTOL of MPI on the CPU, the same comm_bytes"; pass=$((pass + 1))
+            else echo "FAIL 4 ranks HYBRID_SHARD 2 x 2: NCCL's run is not MPI's on the CPU (or names no NCCL)"; fail=$((fail + 1)); fi
+            for dev in cpu cuda; do
+                if msg=$($PY tests/check_comm_trace.py --hybrid "$TMP/trace-hybrid-$dev" 4 $STEPS 4 2>&1); then
+                    echo "ok   4 ranks train.device=$dev: $msg"; pass=$((pass + 1))
+                else echo "$msg (train.device=$dev)"; fail=$((fail + 1)); fi
+            done
+        fi
+    else
+        echo "note HYBRID_SHARD on NCCL is left out: 2 shards x 2 replicas needs 4 GPUs, this machine has $ngpu"
+    fi
     # sequence parallelism with bf16 activations: the norms' outputs are
     # all-gathered as bf16 words (ncclBfloat16); the run is tp 2's without
     # it but for the order of the norms' weight-gradient sums

@@ -144,6 +144,26 @@ static void routing(Dist *d, int tp, int S) {
     dist_replicate_allreduce_sum_f32(d, x, n);
     if (R > 1) expect_blocking("dist_replicate_allreduce_sum_f32", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_REPLICATE, x, x, n);
     else CHECK(n_calls == c0, "replicate all-reduce with R 1 called the device");
+    /* its non-blocking form (HYBRID_SHARD's all-reduce of a chunk's
+     * gradient shard over the replicas): started on the replicate group in
+     * place, tested, waited later, counted as the blocking one */
+    double ar0 = d->bytes_allreduce;
+    c0 = n_calls;
+    int hr = dist_replicate_iallreduce_sum_f32(d, x + 1, n);
+    if (R > 1) {
+        CHECK(hr >= 0 && n_calls == c0 + 1 && calls[c0].what == 's' && calls[c0].h == hr && calls[c0].op == DIST_OP_ALLREDUCE_SUM &&
+                  calls[c0].group == DIST_GROUP_REPLICATE && calls[c0].send == x + 1 && calls[c0].recv == x + 1 && calls[c0].n == n,
+              "dist_replicate_iallreduce_sum_f32: not one start of an in-place all-reduce on the replicate group (handle %d)", hr);
+        CHECK(dist_test(d, hr) == 1 && calls[n_calls - 1].what == 't' && calls[n_calls - 1].h == hr,
+              "dist_replicate_iallreduce_sum_f32: test not routed");
+        dist_wait(d, hr);
+        CHECK(hr < 64 && live[hr] == 0 && calls[n_calls - 1].what == 'w' && calls[n_calls - 1].h == hr,
+              "dist_replicate_iallreduce_sum_f32: handle %d not waited once", hr);
+    } else {
+        CHECK(hr == -1 && n_calls == c0, "dist_replicate_iallreduce_sum_f32 with R 1: handle %d, %d device calls", hr, n_calls - c0);
+    }
+    CHECK(d->bytes_allreduce - ar0 == (R > 1 ? 2.0 * (R - 1) / R * n * sizeof(float) : 0), "replicate all-reduce bytes %g",
+          d->bytes_allreduce - ar0);
 
     c0 = n_calls;
     dist_shard_allgather_f32(d, x, y, n);

@@ -79,6 +79,18 @@ else
     bad "nan on rank 1 of 2: rc=$rc $(head -3 "$TMP/nan9mpi.err")"
 fi
 
+# ... and under HYBRID_SHARD 2 x 2 on rank 3, whose shard group is {2, 3}:
+# rank 0 sees the NaN only through rank 1, rank 3's replica, whose chunk 0
+# shard the all-reduce over the replicas sums with rank 3's poisoned one
+run nanhyb 4 "rank=3,step=2,kind=nan" --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=2 \
+    --set train.global_batch=8 --set train.micro_batch=1 --set train.steps=4
+if [ $rc -eq 0 ] && grep -q '^{"step":2,.*"skipped":true' "$TMP/nanhyb/metrics.jsonl" &&
+   [ "$(grep -c '"skipped":true' "$TMP/nanhyb/metrics.jsonl")" -eq 1 ] && grep -q '^{"step":4,' "$TMP/nanhyb/metrics.jsonl"; then
+    ok "nan on rank 3 of HYBRID_SHARD 2 x 2 at step 2: skipped on rank 0 too (through the replicate all-reduce), run exits 0"
+else
+    bad "nan on rank 3 of HYBRID_SHARD 2 x 2: rc=$rc $(head -3 "$TMP/nanhyb.err") $(grep '"step":2,' "$TMP/nanhyb/metrics.jsonl")"
+fi
+
 # (e) malformed LLMTRAIN_FAULT: exit 2, one line
 for f in "rank=1,step=3,kind=explode" "rank=1,kind=hang" "step=x,kind=die" "rank=0,step=5-2,kind=nan" "bogus" "step=2,kind=die,attempt=0" "step=2,kind=ckpt_die,attempt=x"; do
     run malformed 1 "$f"
