@@ -1341,8 +1341,10 @@ static StepStats train_step(Trainer *t, int step) {
     /* gradients of the mean loss: each rank holds its share, the sum is the mean */
     double red[2] = {loss_sum, 0};
     if (t->sharded) {
-        /* the reduce-scatters still in flight (the last two chunks'), whose
-         * replicate all-reduces start as each is waited for */
+        /* the reduce-scatters still in flight (the lowest two chunks', three
+         * with tied embeddings, whose chunk 0 backward hook runs with the
+         * final chunk's), whose replicate all-reduces start as each is
+         * waited for */
         dist_phase(&t->dist, step + 1, "reduce_scatter");
         rs_finish_all(t);
         ar_wait_all(t, step);

@@ -65,6 +65,11 @@ def check_handles(path, events):
         sys.exit(f"FAIL {path}: handles never waited for: {sorted(open_h)}")
 
 
+def next_wait(ev, idx, after):
+    """index in idx of the first wait for the handle started at ev[after], None if none"""
+    return next((i for i in idx if i > after and ev[i][2] == "wait" and ev[i][6] == ev[after][6]), None)
+
+
 def check_hybrid(prefix, ranks, steps, chunks):
     total = 0
     for r in range(ranks):
@@ -88,8 +93,8 @@ def check_hybrid(prefix, ranks, steps, chunks):
                 sys.exit(f"FAIL {path}: step {s}: replicate all-reduce sizes {got}, expected the last micro-batch's "
                          f"reduce-scatters {want}")
             for k, (a, b) in enumerate(zip(ar, last)):
-                done = [i for i in idx if b < i and ev[i][2] == "wait" and ev[i][6] == ev[b][6]][:1]
-                if not done or done[0] > a:
+                done = next_wait(ev, idx, b)
+                if done is None or done > a:
                     sys.exit(f"FAIL {path}: step {s}: all-reduce {k} (h{ev[a][6]}) starts before its chunk's reduce-scatter "
                              f"(h{ev[b][6]}) is waited for")
             phases = [ev[i][1] for i in ar]
@@ -97,7 +102,7 @@ def check_hybrid(prefix, ranks, steps, chunks):
             if phases != want_ph:
                 sys.exit(f"FAIL {path}: step {s}: replicate all-reduces started in phases {phases}, expected {want_ph}")
             # each start's own wait: the handle's next wait (check_handles: exactly one before it is reused)
-            waits = [next((i for i in idx if i > a and ev[i][2] == "wait" and ev[i][6] == ev[a][6]), None) for a in ar]
+            waits = [next_wait(ev, idx, a) for a in ar]
             if None in waits or any(ev[i][1] != "allreduce" or i < ar[-1] for i in waits):
                 sys.exit(f"FAIL {path}: step {s}: the waits for its all-reduces in phases "
                          f"{[ev[i][1] if i is not None else None for i in waits]}; expected {chunks}, in allreduce, after the last start")
