@@ -171,6 +171,7 @@ static Scratch sc_att, sc_attp, sc_col, sc_adam;
 
 /* a pointer 16-byte loads and stores may use */
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+static int aligned8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
 
 static unsigned grid_for(size_t n, int threads) {
     size_t g = (n + (size_t)threads - 1) / (size_t)threads;
@@ -1149,9 +1150,10 @@ __device__ __forceinline__ void nbw_pass2(float4 &g, float4 &a0, float4 &a1, flo
 #define NBR_MAX_THREADS 256
 template <int MODE, int V>
 __global__ void __launch_bounds__(NBR_MAX_THREADS)
-    norm_bwd_rows_k(float *__restrict__ dinp, float *__restrict__ part0, float *__restrict__ part1,
-                    const float *__restrict__ dout, const float *__restrict__ inp, const float *__restrict__ w,
-                    const float *__restrict__ mean, const float *__restrict__ rstd, int N, int C, int rows_per) {
+    norm_bwd_rows_k(float *__restrict__ dinp, __nv_bfloat16 *__restrict__ dcopy, float *__restrict__ part0,
+                    float *__restrict__ part1, const float *__restrict__ dout, const float *__restrict__ inp,
+                    const float *__restrict__ w, const float *__restrict__ mean, const float *__restrict__ rstd, int N,
+                    int C, int rows_per) {
     extern __shared__ float nbr_sm[]; /* V = 0: the block's column sums, [two ? 2 : 1][C] */
     __shared__ float red[2][NBR_MAX_THREADS / 32][2];
     constexpr int R = V > 0 ? V : 1;
@@ -1177,6 +1179,7 @@ __global__ void __launch_bounds__(NBR_MAX_THREADS)
         const float4 *d4 = (const float4 *)(const void *)(dout + (size_t)row * C);
         const float4 *x4 = (const float4 *)(const void *)(inp + (size_t)row * C);
         float4 *g4 = (float4 *)(void *)(dinp + (size_t)row * C);
+        __nv_bfloat16 *cp = dcopy ? dcopy + (size_t)row * C : NULL; /* dinp's bf16 copy (8-byte aligned rows) */
         const float rs = rstd[row], m = two ? mean[row] : 0.0f;
         float sd = 0.0f, sdx = 0.0f;
         float4 dr[R], xr[R], gr[R];
@@ -1216,6 +1219,7 @@ __global__ void __launch_bounds__(NBR_MAX_THREADS)
                 if (q < C4) {
                     nbw_pass2<MODE>(gr[k], s0[k], s1[k], dr[k], xr[k], wr[k], m, rs, md, mdx);
                     g4[q] = gr[k];
+                    if (cp) act_st4(cp, q, gr[k]);
                 }
             }
         } else {
@@ -1224,6 +1228,7 @@ __global__ void __launch_bounds__(NBR_MAX_THREADS)
                 float4 g = g4[q], a0 = c0[q], a1 = two ? c1[q] : f4_zero();
                 nbw_pass2<MODE>(g, a0, a1, d4[q], x4[q], w4[q], m, rs, md, mdx);
                 g4[q] = g;
+                if (cp) act_st4(cp, q, g);
                 c0[q] = a0;
                 if (two) c1[q] = a1;
             }
@@ -1249,19 +1254,23 @@ __global__ void __launch_bounds__(NBR_MAX_THREADS)
     }
 }
 
-static long fused_norm_bwd_calls, vec_norm_bwd_calls[2];
+static long fused_norm_bwd_calls, vec_norm_bwd_calls[2], fused_dinp_a_calls;
 extern "C" long kernels_cuda_fused_norm_bwd_calls(void) { return fused_norm_bwd_calls; }
+extern "C" long kernels_cuda_fused_dinp_a_calls(void) { return fused_dinp_a_calls; }
 /* which: 0 the float4 form with a thread's columns in registers, 1 the
  * float4 form reading the row twice (wider than 4096) */
 extern "C" long kernels_cuda_vec_norm_bwd_calls(int which) { return vec_norm_bwd_calls[which != 0]; }
 
 template <int MODE>
-static void launch_norm_bwd_rows(int V, int RB, int TH, size_t smem, float *dinp, float *p0, float *p1,
-                                 const float *dout, const float *inp, const float *w, const float *mean,
+static void launch_norm_bwd_rows(int V, int RB, int TH, size_t smem, float *dinp, __nv_bfloat16 *dcopy, float *p0,
+                                 float *p1, const float *dout, const float *inp, const float *w, const float *mean,
                                  const float *rstd, int N, int C, int rows_per) {
     const dim3 grid(RB);
 #define NBR_CASE(K)                                                                                                   \
-    case K: launch_smem(norm_bwd_rows_k<MODE, K>, grid, TH, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per); break
+    case K:                                                                                                           \
+        launch_smem(norm_bwd_rows_k<MODE, K>, grid, TH, smem, dinp, dcopy, p0, p1, dout, inp, w, mean, rstd, N, C,     \
+                    rows_per);                                                                                        \
+        break
     switch (V) {
         NBR_CASE(1); NBR_CASE(2); NBR_CASE(4);
         default: NBR_CASE(0);
@@ -1273,9 +1282,10 @@ static void launch_norm_bwd_rows(int V, int RB, int TH, size_t smem, float *dinp
  * a width not a multiple of 4 or a row not 16-byte aligned) when its column
  * sums fit in a block's shared memory (the float4 form's reading-twice
  * variant: one row of them; the scalar form: a row a warp); returns 0
- * (nothing done) otherwise */
-static int norm_backward_fused(int mode, float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                               const float *w, const float *mean, const float *rstd, int N, int C) {
+ * (nothing done) otherwise. *dinp_a: the [a] copy of dinp wanted; the
+ * float4 form writes a bf16 one beside dinp and sets it NULL (done). */
+static int norm_backward_fused(int mode, float *dinp, float **dinp_a, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean, const float *rstd, int N, int C) {
     const int two = mode == COL_LN;
     if (!dinp || !dw || (two && !db)) return 0;
     int RB = (N + 7) / 8;
@@ -1292,9 +1302,14 @@ static int norm_backward_fused(int mode, float *dinp, float *dw, float *db, cons
     float *p0 = part, *p1 = two ? part + (size_t)RB * C : NULL;
     if (vec) {
         const int th = V ? ((C4 + V - 1) / V + 31) / 32 * 32 : NBR_MAX_THREADS;
-        if (two) launch_norm_bwd_rows<COL_LN>(V, RB, th, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
-        else launch_norm_bwd_rows<COL_RMS>(V, RB, th, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
+        __nv_bfloat16 *cp = *dinp_a && act_bf16() && aligned8(*dinp_a) ? ACT16(*dinp_a) : NULL;
+        if (two) launch_norm_bwd_rows<COL_LN>(V, RB, th, smem, dinp, cp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
+        else launch_norm_bwd_rows<COL_RMS>(V, RB, th, smem, dinp, cp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
         vec_norm_bwd_calls[V == 0]++;
+        if (cp) {
+            fused_dinp_a_calls++;
+            *dinp_a = NULL;
+        }
     } else if (two) {
         launch_smem(norm_bwd_fused_k<COL_LN>, dim3(RB), NBW_WARPS * 32, smem, dinp, p0, p1, dout, inp, w, mean, rstd, N, C, rows_per);
     } else {
@@ -1355,14 +1370,28 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
     LAUNCH_CHECK();
 }
 
-static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
-                               const float *mean, const float *rstd, int N, int C) {
-    if (N <= 0 || norm_backward_fused(COL_LN, dinp, dw, db, dout, inp, w, mean, rstd, N, C)) return;
-    if (dinp) {
-        layernorm_bwd_k<<<norm_grid(N), NORM_THREADS>>>(dinp, dout, inp, w, mean, rstd, N, C);
-        LAUNCH_CHECK();
+static void to_bf16(void *dst, const float *src, size_t n);
+
+/* a norm backward's dinp_a where its kernel did not write it: dinp's n
+ * values as [a], converted (bf16) or copied (fp32) after it */
+static void dinp_a_after(float *dinp_a, const float *dinp, size_t n) {
+    if (!dinp_a) return;
+    if (!dinp) die(EXIT_INTERNAL, "cuda norm backward: dinp_a without dinp");
+    if (act_bf16()) to_bf16(dinp_a, dinp, n);
+    else cu_copy(dinp_a, dinp, n * sizeof(float));
+}
+
+static void layernorm_backward(float *dinp, float *dinp_a, float *dw, float *db, const float *dout, const float *inp,
+                               const float *w, const float *mean, const float *rstd, int N, int C) {
+    if (N <= 0) return;
+    if (!norm_backward_fused(COL_LN, dinp, &dinp_a, dw, db, dout, inp, w, mean, rstd, N, C)) {
+        if (dinp) {
+            layernorm_bwd_k<<<norm_grid(N), NORM_THREADS>>>(dinp, dout, inp, w, mean, rstd, N, C);
+            LAUNCH_CHECK();
+        }
+        if (dw || db) colsum_add(COL_LN, dw, db, dout, inp, mean, rstd, N, C, 0);
     }
-    if (dw || db) colsum_add(COL_LN, dw, db, dout, inp, mean, rstd, N, C, 0);
+    dinp_a_after(dinp_a, dinp, (size_t)N * C);
 }
 
 static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
@@ -1391,14 +1420,17 @@ static void add_rmsnorm_forward(float *res, float *out, float *rstd, const float
     LAUNCH_CHECK();
 }
 
-static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+static void rmsnorm_backward(float *dinp, float *dinp_a, float *dw, const float *dout, const float *inp, const float *w,
                              const float *rstd, int N, int C) {
-    if (N <= 0 || norm_backward_fused(COL_RMS, dinp, dw, NULL, dout, inp, w, NULL, rstd, N, C)) return;
-    if (dinp) {
-        rmsnorm_bwd_k<<<norm_grid(N), NORM_THREADS>>>(dinp, dout, inp, w, rstd, N, C);
-        LAUNCH_CHECK();
+    if (N <= 0) return;
+    if (!norm_backward_fused(COL_RMS, dinp, &dinp_a, dw, NULL, dout, inp, w, NULL, rstd, N, C)) {
+        if (dinp) {
+            rmsnorm_bwd_k<<<norm_grid(N), NORM_THREADS>>>(dinp, dout, inp, w, rstd, N, C);
+            LAUNCH_CHECK();
+        }
+        if (dw) colsum_add(COL_RMS, dw, NULL, dout, inp, NULL, rstd, N, C, 0);
     }
-    if (dw) colsum_add(COL_RMS, dw, NULL, dout, inp, NULL, rstd, N, C, 0);
+    dinp_a_after(dinp_a, dinp, (size_t)N * C);
 }
 
 // ----------------------------------------------------------------------------
@@ -1950,26 +1982,35 @@ static void matmul_gelu_forward(float *out, float *pre, const float *inp, const 
                  bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, bf16, NULL);
 }
 
+static long dout_convert_calls;
+extern "C" long kernels_cuda_dout_convert_calls(void) { return dout_convert_calls; }
+
 /* matmul_backward's three products; dinp (ld ldd) is overwritten with
  * dout @ w, times gelu'(dgelu_pre) when that is given.
  * dout_bf16: dout is bf16 itself (an [a] buffer under bf16; the bias
  * gradient sums those bf16 values); dinp_bf16: dinp (and dgelu_pre) are
- * bf16, the GEMM rounding its fp32 result (the GELU MLP's [a] d(pre)) */
+ * bf16, the GEMM rounding its fp32 result (the GELU MLP's [a] d(pre));
+ * dout_a: an fp32 dout's values as [a] (kernels.h), which the bf16 GEMMs
+ * read instead of a conversion of dout (NULL: none) */
 static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, float *dw, float *dbias,
-                                 const float *dout, const float *inp, const float *w, int N, int C, int OC,
-                                 int dout_bf16, int dinp_bf16) {
+                                 const float *dout, const float *dout_a, const float *inp, const float *w, int N,
+                                 int C, int OC, int dout_bf16, int dinp_bf16) {
     int bf16 = matmul_bf16();
     if (dout_bf16 && !bf16) die(EXIT_INTERNAL, "cuda matmul backward: a bf16 dout without bf16 GEMMs");
-    /* bf16: dout, the A operand of both products, is converted once; with
-     * a bias gradient of an fp32 dout, by the bias gradient's pass over it */
-    const int sum_copy = bf16 && !dout_bf16 && dbias && (dinp || dw);
-    const void *db = dout_bf16 ? (const void *)dout : NULL;
+    /* bf16: dout, the A operand of both products, is converted once (but
+     * where the caller has its copy, dout_a); with a bias gradient of an
+     * fp32 dout, by the bias gradient's pass over it */
+    const int have_a = bf16 && !dout_bf16 && dout_a;
+    const int sum_copy = bf16 && !dout_bf16 && !have_a && dbias && (dinp || dw);
+    const void *db = dout_bf16 ? (const void *)dout : have_a ? (const void *)dout_a : NULL;
     if (sum_copy) {
         __nv_bfloat16 *c = (__nv_bfloat16 *)scratch_get(&sc_bf16_a, (size_t)N * OC * sizeof(__nv_bfloat16));
         colsum_add_copy(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, 0, c);
         db = c;
-    } else if (bf16 && !dout_bf16 && dinp && dw) {
+        dout_convert_calls++;
+    } else if (bf16 && !dout_bf16 && !have_a && dinp && dw) {
         db = bf16_copy(&sc_bf16_a, dout, (size_t)N * OC);
+        dout_convert_calls++;
     }
     if (dinp)
         rm_gemm_core(0, 0, N, C, OC, 1.0f, dout, OC, 0, w, C, 0, 0.0f, dinp, ldd, 0, 1, NULL, bf16, NULL, db,
@@ -1985,7 +2026,7 @@ static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, f
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                             int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
-    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0, 0);
+    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, NULL, inp, w, N, C, OC, 0, 0);
 }
 
 /* [a] out / dout (kernels.h; the LM head, the SwiGLU up-projection, the qkv
@@ -2005,16 +2046,16 @@ static void matmul_forward_a(float *out, const float *inp, const float *w, const
 static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                               const float *w, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
-    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, act_bf16(), 0);
+    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, NULL, inp, w, N, C, OC, act_bf16(), 0);
 }
 
 /* dinp is [a] (the attention output projection's: attention_backward's
  * dout): under bf16 the input-gradient GEMM writes it as bf16, cuBLASLt
  * rounding the fp32 accumulator to nearest */
-static void matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                                   const float *w, int N, int C, int OC) {
+static void matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                   const float *inp, const float *w, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
-    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0, act_bf16());
+    matmul_backward_core(dinp, C, NULL, dw, dbias, dout, dout_a, inp, w, N, C, OC, 0, act_bf16());
 }
 
 static void swiglu_bwd_inplace(float *d, const float *pre, int N, int F);
@@ -2025,14 +2066,14 @@ static Scratch sc_dh;
  * input-gradient GEMM (or the GEMM and dgelu_inplace). pre and dpre are
  * [a]: under bf16 the epilogue reads the bf16 pre and writes the bf16
  * gradient, which the up-projection's matmul_backward_a takes as it is */
-static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
-                                 const float *w, const float *pre, int N, int C, int OC) {
+static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                 const float *inp, const float *w, const float *pre, int N, int C, int OC) {
     if (N <= 0 || C <= 0) return;
     if (OC <= 0) {
         if (dpre) cu_zero(dpre, (size_t)N * C * (act_bf16() ? 2 : 4));
         return;
     }
-    matmul_backward_core(dpre, C, dpre ? pre : NULL, dw, dbias, dout, inp, w, N, C, OC, 0, act_bf16());
+    matmul_backward_core(dpre, C, dpre ? pre : NULL, dw, dbias, dout, dout_a, inp, w, N, C, OC, 0, act_bf16());
 }
 
 /* pre and dpre [N, 2C] ([a]): dh = dout @ w, then (d gate | d up) from dh
@@ -2044,8 +2085,8 @@ static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const flo
  * arithmetic, the up-projection's backward then reading them with no
  * conversion pass). dh in bf16, not fp32: on the Llama 1B shape a
  * layer's dh is 134 MB as fp32, written by the GEMM and read back. */
-static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
-                                   const float *w, const float *pre, int N, int C, int OC) {
+static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                   const float *inp, const float *w, const float *pre, int N, int C, int OC) {
     if (N <= 0 || C <= 0) return;
     if (OC <= 0) {
         if (dpre) cu_zero(dpre, (size_t)N * 2 * C * (act_bf16() ? 2 : 4));
@@ -2053,11 +2094,11 @@ static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const f
     }
     if (act_bf16() && dpre) {
         float *dh = (float *)scratch_get(&sc_dh, (size_t)N * C * sizeof(__nv_bfloat16));
-        matmul_backward_core(dh, C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0, 1);
+        matmul_backward_core(dh, C, NULL, dw, dbias, dout, dout_a, inp, w, N, C, OC, 0, 1);
         swiglu_bwd_act(dpre, dh, pre, N, C);
         return;
     }
-    matmul_backward_core(dpre, 2 * C, NULL, dw, dbias, dout, inp, w, N, C, OC, 0, 0);
+    matmul_backward_core(dpre, 2 * C, NULL, dw, dbias, dout, dout_a, inp, w, N, C, OC, 0, 0);
     if (dpre) swiglu_bwd_inplace(dpre, pre, N, C);
 }
 

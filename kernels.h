@@ -154,16 +154,20 @@ typedef struct Kernels {
                               int N, int T, int C, int v0, int V);
 
     /* ---- norms (statistics in fp32; mean/rstd saved for backward, [N]);
-     * the forwards' out is [a] ---- */
+     * the forwards' out is [a]. The backwards' dinp_a (NULL: none; not
+     * without dinp) receives dinp's final values (after the add) as [a]:
+     * the residual stream's gradient, which the next output projection's
+     * backward reads as its dout_a (below), so that it is not converted
+     * again there; CUDA writes it from the same registers under bf16. ---- */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C, float eps);
-    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
+    void (*layernorm_backward)(float *dinp, float *dinp_a, float *dw, float *db, const float *dout,
                                const float *inp, const float *w, const float *mean,
                                const float *rstd, int N, int C);
     /* out = inp * rsqrt(mean(inp^2) + eps) * w */
     void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w,
                             int N, int C, float eps);
-    void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp,
+    void (*rmsnorm_backward)(float *dinp, float *dinp_a, float *dw, const float *dout, const float *inp,
                              const float *w, const float *rstd, int N, int C);
     /* The residual add fused with the norm after it: res = a + b (res may
      * alias a), then out = layernorm / rmsnorm of res exactly as the
@@ -210,9 +214,13 @@ typedef struct Kernels {
     /* matmul_backward with dinp (OVERWRITTEN) [a]: the attention output
      * projection's, whose input gradient is attention_backward's dout, [a]
      * (under bf16 the GEMM rounds it to bf16 once where it is stored, and
-     * attention reads it with no conversion pass) */
-    void (*matmul_backward_dinp_a)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                                   const float *w, int N, int C, int OC);
+     * attention reads it with no conversion pass).
+     * dout_a here and in the two below (NULL: none): dout's values as [a],
+     * exactly (a norm backward's dinp_a); the products read it instead of
+     * converting dout (CUDA under bf16; the CPU reads dout), and a bias
+     * gradient still sums the fp32 dout. */
+    void (*matmul_backward_dinp_a)(float *dinp, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                   const float *inp, const float *w, int N, int C, int OC);
 
     /* ---- attention ----
      * qkv is [B, T, (nh + 2*nkv) * hd]: per token all q heads, then all k
@@ -280,10 +288,10 @@ typedef struct Kernels {
      * the GEMM's output (fp32: in place, written into dpre's gate columns;
      * under bf16 from the GEMM's bf16 dh, so dpre differs from the CPU's by
      * that rounding too). */
-    void (*matmul_gelu_backward)(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
-                                 const float *w, const float *pre, int N, int C, int OC);
-    void (*matmul_swiglu_backward)(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
-                                   const float *w, const float *pre, int N, int C, int OC);
+    void (*matmul_gelu_backward)(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                 const float *inp, const float *w, const float *pre, int N, int C, int OC);
+    void (*matmul_swiglu_backward)(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                   const float *inp, const float *w, const float *pre, int N, int C, int OC);
     /* out = a + b (out may alias a) */
     void (*add)(float *out, const float *a, const float *b, size_t n);
 
@@ -531,6 +539,13 @@ long kernels_cuda_vec_convert_calls(void);
  * in the same pass that wrote its bf16 copy for the backward's GEMMs (under
  * bf16; the rest: a conversion pass and a bias pass) */
 long kernels_cuda_colsum_copy_calls(void);
+/* How many times so far a product's backward converted an fp32 dout to
+ * bf16 for its GEMMs (under bf16; with a bias gradient, in its pass:
+ * colsum_copy_calls counts those too); a dout_a given converts nothing.
+ * And how many norm backwards wrote their dinp_a in the pass that wrote
+ * dinp (under bf16; the rest: a conversion after it). */
+long kernels_cuda_dout_convert_calls(void);
+long kernels_cuda_fused_dinp_a_calls(void);
 /* How many weight, bias and norm-weight gradients so far were stored by
  * their first backward product or column sum in fresh gradient memory
  * (Kernels.grads_fresh) instead of added into zeroed memory; *regions: the

@@ -200,7 +200,7 @@ static void add_layernorm_forward(float *res, float *out, float *mean, float *rs
 
 /* dw and db sum over rows, so they get their own pass split by channels;
  * dinp is per row. */
-static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+static void layernorm_backward(float *dinp, float *dinp_a, float *dw, float *db, const float *dout,
                                const float *inp, const float *w, const float *mean,
                                const float *rstd, int N, int C) {
     if (dinp) {
@@ -221,6 +221,7 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
                 float xh = (x[c] - m) * rs;
                 g[c] += rs * (d[c] * w[c] - md - xh * mdx);
             }
+            if (dinp_a) memcpy(dinp_a + (size_t)n * C, g, (size_t)C * sizeof(float)); /* [a] is fp32 here */
         }
     }
     if (!dw && !db) return;
@@ -270,7 +271,7 @@ static void add_rmsnorm_forward(float *res, float *out, float *rstd, const float
     }
 }
 
-static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+static void rmsnorm_backward(float *dinp, float *dinp_a, float *dw, const float *dout, const float *inp,
                              const float *w, const float *rstd, int N, int C) {
     if (dinp) {
         #pragma omp parallel for
@@ -284,6 +285,7 @@ static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const fl
             float mdx = (float)(s / C);
             // d/dx of x*rs: rs * (g - xhat * mean(g * xhat)), g = dout * w
             for (int c = 0; c < C; c++) g[c] += rs * (d[c] * w[c] - x[c] * rs * mdx);
+            if (dinp_a) memcpy(dinp_a + (size_t)n * C, g, (size_t)C * sizeof(float));
         }
     }
     if (!dw) return;
@@ -398,8 +400,10 @@ static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float 
     matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
 }
 
-static void matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                                   const float *w, int N, int C, int OC) {
+/* dout_a (here and below): the same values as dout (fp32 [a]); read dout */
+static void matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                   const float *inp, const float *w, int N, int C, int OC) {
+    (void)dout_a;
     matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
 }
 
@@ -731,8 +735,9 @@ static void swiglu_backward(float *dinp, const float *inp, const float *dout, in
 /* dpre = gelu'(pre) . (dout @ w), overwritten: the product straight into
  * dpre (beta 0), then scaled in place; the same operations, in the same
  * order, as matmul_backward into zeros and gelu_backward into zeros */
-static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
-                                 const float *w, const float *pre, int N, int C, int OC) {
+static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                 const float *inp, const float *w, const float *pre, int N, int C, int OC) {
+    (void)dout_a;
     if (N <= 0 || C <= 0) return;
     if (dpre && OC <= 0) memset(dpre, 0, (size_t)N * C * sizeof(float));
     if (OC <= 0) return;
@@ -747,8 +752,9 @@ static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const flo
 
 /* dpre [N, 2C]: the product dh = dout @ w goes into the gate columns (ld
  * 2C), then each row becomes (d gate | d up) in place */
-static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
-                                   const float *w, const float *pre, int N, int C, int OC) {
+static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                   const float *inp, const float *w, const float *pre, int N, int C, int OC) {
+    (void)dout_a;
     if (N <= 0 || C <= 0) return;
     if (dpre && OC <= 0) memset(dpre, 0, (size_t)N * 2 * C * sizeof(float));
     if (OC <= 0) return;

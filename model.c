@@ -272,6 +272,11 @@ static size_t carve_acts(Model *m, float *base) {
     if (m->tp > 1) { TAKE(m->ce_max, R); TAKE(m->ce_sum, 2 * R); }
     else m->ce_max = m->ce_sum = NULL;
     TAKE(m->dres, S * C);
+    /* bf16 [a]: the norms' backward writes dres's bf16 copy too, which the
+     * output projections' backward GEMMs read (no conversion of their own);
+     * not under sequence parallelism, where they read dres's rows gathered */
+    if (m->act_bytes < (int)sizeof(float) && !m->sp) TAKE(m->dres_a, act_floats(m, S * C));
+    else m->dres_a = NULL;
     /* dbuf1: [N, C] outputs (Np rows: a reduce-scatter's input) and [N,
      * nh*hd] gradients; dbuf2 the widest (d(fch), d(qkv)) */
     TAKE(m->dbuf1, (m->sp ? Np : N) * (size_t)(C > (size_t)m->nh * m->hd ? C : (size_t)m->nh * m->hd));
@@ -573,10 +578,12 @@ static void add_norm_forward(const Model *m, float *res, float *out, float *mean
     else m->k->add_rmsnorm_forward(res, out, rstd, a, b, w, N, c->n_embd, c->norm_eps);
 }
 
-static void norm_backward(const Model *m, float *dinp, float *dw, float *db, const float *dout,
+/* dinp_a (NULL: none): dinp's [a] copy, for a product's backward next */
+static void norm_backward(const Model *m, float *dinp, float *dinp_a, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, const float *mean, const float *rstd, int N) {
-    if (m->cfg.arch == ARCH_GPT2) m->k->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.n_embd);
-    else m->k->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.n_embd);
+    if (m->cfg.arch == ARCH_GPT2)
+        m->k->layernorm_backward(dinp, dinp_a, dw, db, dout, inp, w, mean, rstd, N, m->cfg.n_embd);
+    else m->k->rmsnorm_backward(dinp, dinp_a, dw, dout, inp, w, rstd, N, m->cfg.n_embd);
 }
 
 static void tp_allreduce(const Model *m, float *x, size_t n, int max) {
@@ -623,17 +630,17 @@ static const float *tp_gather_rows(Model *m, const float *ln, int S) {
  * (and bias) gradient covers this rank's rows only: it is computed apart,
  * all-reduced over the TP group and then added, so every TP rank holds the
  * same gradient of the replicated norm. */
-static void norm_backward_rows(Model *m, float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                               const float *w, const float *mean, const float *rstd, int S) {
+static void norm_backward_rows(Model *m, float *dinp, float *dinp_a, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean, const float *rstd, int S) {
     if (!m->sp) {
-        norm_backward(m, dinp, dw, db, dout, inp, w, mean, rstd, S);
+        norm_backward(m, dinp, dinp_a, dw, db, dout, inp, w, mean, rstd, S);
         return;
     }
     const Kernels *k = m->k;
     size_t C = (size_t)m->cfg.n_embd, n = db ? 2 * C : C;
     float *pw = m->sp_dnorm, *pb = db ? pw + C : NULL;
     k->zero(pw, n * sizeof(float));
-    norm_backward(m, dinp, pw, pb, dout, inp, w, mean, rstd, S);
+    norm_backward(m, dinp, dinp_a, pw, pb, dout, inp, w, mean, rstd, S);
     tp_allreduce(m, pw, n, 0);
     k->add(dw, dw, pw, C);
     if (db) k->add(db, db, pb, C);
@@ -903,7 +910,7 @@ void model_backward(Model *m, float loss_scale) {
     const float *dlnf = tp ? tp_reduce_rows(m, m->dlnf, N, S) : m->dlnf;
     const float *xL = c->n_layer > 0 ? m->la[c->n_layer - 1].res3 : m->encoded;
     k->zero(m->dres, (size_t)S * C * sizeof(float));
-    norm_backward_rows(m, m->dres, m->g.lnf_w, m->g.lnf_b, dlnf, xL, m->p.lnf_w, m->lnf_mean, m->lnf_rstd, S);
+    norm_backward_rows(m, m->dres, m->dres_a, m->g.lnf_w, m->g.lnf_b, dlnf, xL, m->p.lnf_w, m->lnf_mean, m->lnf_rstd, S);
     chunk_event(m, L + 1, CHUNK_POST_BACKWARD);
 
     for (int l = L - 1; l >= 0; l--) {
@@ -921,16 +928,18 @@ void model_backward(Model *m, float loss_scale) {
          * the activation's in one call), [a]: the up-projection's backward
          * reads it as it is (Llama has no biases: NULL) */
         const float *dout = dres_rows(m, S);
-        if (llama) k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, a->fch_act, w->proj_w, a->fch, N, F, C);
-        else k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, a->fch_act, w->proj_w, a->fch, N, F, C);
+        if (llama)
+            k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, m->dres_a, a->fch_act, w->proj_w, a->fch, N,
+                                      F, C);
+        else k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, m->dres_a, a->fch_act, w->proj_w, a->fch, N, F, C);
         k->matmul_backward_a(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, tp_gather_rows(m, a->ln2, S), w->fc_w, N, C, m->fc_dim);
         /* column-parallel: partial input gradient */
         const float *dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
-        norm_backward_rows(m, m->dres, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, S);
+        norm_backward_rows(m, m->dres, m->dres_a, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, S);
         /* attention block; m->dres becomes d(x); d(atty) in dbuf1 and d(qkv)
          * in dbuf2 are [a] */
-        k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, dres_rows(m, S), a->atty, w->attn_out_w, N,
-                                  nh * hd, C);
+        k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, dres_rows(m, S), m->dres_a, a->atty,
+                                  w->attn_out_w, N, nh * hd, C);
         k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, att_qstart(m), B, T, nh, nkv, hd);
         if (llama) {
             Rope rope = rope_of(c);
@@ -938,7 +947,9 @@ void model_backward(Model *m, float loss_scale) {
         }
         k->matmul_backward_a(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, tp_gather_rows(m, a->ln1, S), w->qkv_w, N, C, m->qkv_dim);
         dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
-        norm_backward_rows(m, m->dres, g->ln1_w, g->ln1_b, dln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, S);
+        /* (the embeddings' backward reads dres as it is: no copy below layer 0) */
+        norm_backward_rows(m, m->dres, l > 0 ? m->dres_a : NULL, g->ln1_w, g->ln1_b, dln, x, w->ln1_w, a->ln1_mean,
+                           a->ln1_rstd, S);
         chunk_event(m, l + 1, CHUNK_POST_BACKWARD);
     }
     if (!tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD);

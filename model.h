@@ -190,6 +190,8 @@ typedef struct Model {
     float *ce_max, *ce_sum;   /* [R], [2R] vocab-parallel cross-entropy pieces (tp > 1) */
     /* backward scratch */
     float *dres;              /* [N,C] gradient of the residual stream */
+    float *dres_a;            /* [N,C] [a]: dres as the norms' backward last wrote it, for the output
+                               * projections' backward (dout_a); NULL under fp32 [a] and sequence parallelism */
     float *dbuf1;             /* [N, max(C, nh * hd)] */
     float *dbuf2;             /* [N, max(qkv_dim, fc_dim, C)] */
     float *dlnf;              /* [N,C] */

@@ -114,19 +114,20 @@ static void w_layernorm_forward(float *out, float *mean, float *rstd, const floa
     TIMED(layernorm_forward, 0, by((size_t)N * C, 4 + A) + by(N, 8) + by(C, 8),
           P.in->layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps));
 }
-static void w_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+/* the norms' backward: dout and inp read, dinp read and written, dinp_a written */
+static void w_layernorm_backward(float *dinp, float *dinp_a, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, const float *mean, const float *rstd, int N, int C) {
-    TIMED(layernorm_backward, 0, by((size_t)N * C, 16) + by(N, 8) + by(C, 20),
-          P.in->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
+    TIMED(layernorm_backward, 0, by((size_t)N * C, 16 + (dinp_a ? A : 0)) + by(N, 8) + by(C, 20),
+          P.in->layernorm_backward(dinp, dinp_a, dw, db, dout, inp, w, mean, rstd, N, C));
 }
 static void w_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     TIMED(rmsnorm_forward, 0, by((size_t)N * C, 4 + A) + by(N, 4) + by(C, 4),
           P.in->rmsnorm_forward(out, rstd, inp, w, N, C, eps));
 }
-static void w_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                               const float *rstd, int N, int C) {
-    TIMED(rmsnorm_backward, 0, by((size_t)N * C, 16) + by(N, 4) + by(C, 12),
-          P.in->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C));
+static void w_rmsnorm_backward(float *dinp, float *dinp_a, float *dw, const float *dout, const float *inp,
+                               const float *w, const float *rstd, int N, int C) {
+    TIMED(rmsnorm_backward, 0, by((size_t)N * C, 16 + (dinp_a ? A : 0)) + by(N, 4) + by(C, 12),
+          P.in->rmsnorm_backward(dinp, dinp_a, dw, dout, inp, w, rstd, N, C));
 }
 static void w_add_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
                                     const float *w, const float *bias, int N, int C, float eps) {
@@ -158,10 +159,10 @@ static void w_matmul_backward_a(float *dinp, float *dw, float *dbias, const floa
     TIMED(matmul_backward_a, mm(N, C, OC, (dinp != NULL) + (dw != NULL)), 0,
           P.in->matmul_backward_a(dinp, dw, dbias, dout, inp, w, N, C, OC));
 }
-static void w_matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                                     const float *w, int N, int C, int OC) {
+static void w_matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                     const float *inp, const float *w, int N, int C, int OC) {
     TIMED(matmul_backward_dinp_a, mm(N, C, OC, (dinp != NULL) + (dw != NULL)), 0,
-          P.in->matmul_backward_dinp_a(dinp, dw, dbias, dout, inp, w, N, C, OC));
+          P.in->matmul_backward_dinp_a(dinp, dw, dbias, dout, dout_a, inp, w, N, C, OC));
 }
 /* attention's FLOPs are the causal mask's under a block-causal one too (as
  * MFU counts them): the documents' lengths live in the backend's memory */
@@ -199,15 +200,15 @@ static void w_swiglu_forward(float *out, const float *inp, int N, int F) {
 static void w_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
     TIMED(swiglu_backward, 0, by((size_t)N * F, 2 * A + 20), P.in->swiglu_backward(dinp, inp, dout, N, F));
 }
-static void w_matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
-                                   const float *w, const float *pre, int N, int C, int OC) {
+static void w_matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                   const float *inp, const float *w, const float *pre, int N, int C, int OC) {
     TIMED(matmul_gelu_backward, mm(N, C, OC, (dpre != NULL) + (dw != NULL)), 0,
-          P.in->matmul_gelu_backward(dpre, dw, dbias, dout, inp, w, pre, N, C, OC));
+          P.in->matmul_gelu_backward(dpre, dw, dbias, dout, dout_a, inp, w, pre, N, C, OC));
 }
-static void w_matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
-                                     const float *w, const float *pre, int N, int C, int OC) {
+static void w_matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
+                                     const float *inp, const float *w, const float *pre, int N, int C, int OC) {
     TIMED(matmul_swiglu_backward, mm(N, C, OC, (dpre != NULL) + (dw != NULL)), 0,
-          P.in->matmul_swiglu_backward(dpre, dw, dbias, dout, inp, w, pre, N, C, OC));
+          P.in->matmul_swiglu_backward(dpre, dw, dbias, dout, dout_a, inp, w, pre, N, C, OC));
 }
 static void w_add(float *out, const float *a, const float *b, size_t n) {
     TIMED(add, 0, by(n, 12), P.in->add(out, a, b, n));

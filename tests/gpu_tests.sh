@@ -173,8 +173,10 @@ JSON
     # layout's activations_bytes is the TF32 run's less 2 bytes for each element
     # of every layer's ln1, qkv ((heads + 2 kv heads) x head dim), attention
     # output, ln2, MLP activation and MLP pre-activation (GELU's F wide,
-    # SwiGLU's 2F), of lnf and of the logits (B*T = 256 rows; the buffers'
-    # sizes are multiples of 16 floats here)
+    # SwiGLU's 2F), of lnf and of the logits, plus 2 bytes an element of the
+    # residual gradient's bf16 copy, which only bf16 holds (C wide, as lnf:
+    # the two cancel) (B*T = 256 rows; the buffers' sizes are multiples of 16
+    # floats here)
     if actline=$($PY - "$TMP/$arch-cuda.out" "$TMP/$arch-cuda-bf16.out" "$arch" <<'PYEOF'
 import re, sys
 def grab(path):
@@ -185,7 +187,7 @@ def grab(path):
 a32, (L, C, H, KV, F, V) = grab(sys.argv[1])
 a16, _ = grab(sys.argv[2])
 Q = (H + 2 * KV) * (C // H)
-want = 2 * 256 * (L * (3 * C + Q + F + (2 * F if sys.argv[3] == "llama" else F)) + C + V)
+want = 2 * 256 * (L * (3 * C + Q + F + (2 * F if sys.argv[3] == "llama" else F)) + C + V) - 2 * 256 * C
 print("activations_bytes tf32 %d, bf16 %d: %d less (expected %d)" % (a32, a16, a32 - a16, want))
 sys.exit(0 if a32 - a16 == want else 1)
 PYEOF
@@ -494,9 +496,10 @@ else echo "FAIL cuda checkpoint resumed on the CPU: $(grep -E '^resume|llmtrain:
 # log.profile_steps on cuda: steps 2-3 of a bf16 Llama run (the fused
 # attention, whose bits repeat) timed by events on the compute stream; the
 # same calls and FLOPs per kernel-table entry as the CPU's profile of the
-# job (the norms' least traffic counting their bf16 outputs at 2 bytes,
-# AdamW's the bf16 copies it writes beside the weights: 30 bytes a weight
-# to the CPU's 28, so the trainer took that path), every call timed within
+# job (the norms' least traffic counting their bf16 outputs at 2 bytes and
+# the residual gradient's bf16 copy, AdamW's the bf16 copies it writes
+# beside the weights: 30 bytes a weight to the CPU's 28, so the trainer took
+# those paths), every call timed within
 # the steps' wall time, and the run bit-identical to the same run unprofiled
 pjob=("$TMP/llama.json" --set train.steps=4 --set train.compute_dtype=bf16 --set train.attention_kernel=flash --set eval.sample_tokens=0)
 for p in cpu:2 cuda:2 cuda:0; do
@@ -516,7 +519,13 @@ ms = sum(e["ms"] for e in g["entries"])
 # the least traffic counts bf16 [a] buffers at 2 bytes: the norms' outputs (N = 4 x 64 rows of 64)
 cb, gb = ({e["name"]: (e["calls"], e["bytes"]) for e in p["entries"]} for p in (c, g))
 n, bc = cb["rmsnorm_forward"]
-ok = gb["rmsnorm_forward"][1] == bc - 2 * 256 * 64 * n and all(gb[k][1] <= cb[k][1] for k in cb if k != "adamw_multi")
+ok = gb["rmsnorm_forward"][1] == bc - 2 * 256 * 64 * n
+# and the norms' backward writes the residual gradient's bf16 copy beside it
+# (2 bytes an element; the job's 2 layers: 5 norm backwards a micro-batch,
+# all but layer 0's first), which the CPU does not hold
+nb, bb = cb["rmsnorm_backward"]
+ok = ok and gb["rmsnorm_backward"][1] == bb + 2 * 256 * 64 * (nb // 5 * 4)
+ok = ok and all(gb[k][1] <= cb[k][1] for k in cb if k not in ("adamw_multi", "rmsnorm_backward"))
 ok = ok and gb["adamw_multi"][1] * 28 == cb["adamw_multi"][1] * 30
 ok = ok and bw and (g["backend"] == "cuda" and c["backend"] == "cpu" and key(c) == key(g) and g["first_step"] == 2 and g["steps"] == 2
       and all(e["ms"] >= 0 for e in g["entries"]) and 0 < ms <= g["wall_ms"] * (1 + 1e-6))

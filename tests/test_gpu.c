@@ -407,9 +407,9 @@ static void test_norms_case(int N, int C, int form) {
     float *gdinp2 = dcopy(dinp, NC), *gdw2 = dcopy(dw, C), *gdb2 = dcopy(db, C);
     long f0 = kernels_cuda_fused_norm_bwd_calls(), v0 = kernels_cuda_vec_norm_bwd_calls(0),
          v1 = kernels_cuda_vec_norm_bwd_calls(1);
-    KC->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
-    KG->layernorm_backward(gdinp, gdw, gdb, gdout, gx, gw, gmean, grstd, N, C);
-    KG->layernorm_backward(gdinp2, gdw2, gdb2, gdout, gx, gw, gmean, grstd, N, C);
+    KC->layernorm_backward(dinp, NULL, dw, db, dout, x, w, mean, rstd, N, C);
+    KG->layernorm_backward(gdinp, NULL, gdw, gdb, gdout, gx, gw, gmean, grstd, N, C);
+    KG->layernorm_backward(gdinp2, NULL, gdw2, gdb2, gdout, gx, gw, gmean, grstd, N, C);
     long fl = kernels_cuda_fused_norm_bwd_calls() - f0;
     const char *how = fl ? "one pass" : "three kernels";
     snprintf(name, sizeof name, "layernorm_bwd dinp %dx%d (%s)", N, C, how);
@@ -438,9 +438,9 @@ static void test_norms_case(int N, int C, int form) {
     KG->from_host(gdinp2, dinp, NC * sizeof(float));
     KG->from_host(gdw, dw, C * sizeof(float));
     KG->from_host(gdw2, dw, C * sizeof(float));
-    KC->rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C);
-    KG->rmsnorm_backward(gdinp, gdw, gdout, gx, gw, grstd, N, C);
-    KG->rmsnorm_backward(gdinp2, gdw2, gdout, gx, gw, grstd, N, C);
+    KC->rmsnorm_backward(dinp, NULL, dw, dout, x, w, rstd, N, C);
+    KG->rmsnorm_backward(gdinp, NULL, gdw, gdout, gx, gw, grstd, N, C);
+    KG->rmsnorm_backward(gdinp2, NULL, gdw2, gdout, gx, gw, grstd, N, C);
     fl = kernels_cuda_fused_norm_bwd_calls() - f0;
     snprintf(name, sizeof name, "rmsnorm_bwd dinp %dx%d", N, C);
     check(name, dinp, gdinp, NC, TOL_F32);
@@ -470,6 +470,94 @@ static void test_norms_case(int N, int C, int form) {
 
 /* the residual add fused with the norm: res = a + b (exact), out and the
  * statistics as the CPU's fused kernel; in place (res = a) for rmsnorm */
+/* A norm backward's dinp_a (kernels.h): dinp's final values as [a]. With it
+ * dinp, dw and db keep the bits of the same call without it, and dinp_a
+ * (started full of other values) holds dinp rounded to nearest even under
+ * bf16 (dinp itself under fp32 [a]), every element. Under bf16 the float4
+ * forms write it from the registers that hold dinp
+ * (kernels_cuda_fused_dinp_a_calls: vec), the others convert dinp after;
+ * off: dinp_a one element off 8-byte alignment, converted after. */
+static void test_norm_dinp_a_case(int N, int C, int vec, int off) {
+    size_t NC = (size_t)N * C;
+    float *x = hrand(NC, 2), *w = hrand(C, 1), *dout = hrand(NC, 1), *dinp = hrand(NC, 1), *dw = hrand(C, 1);
+    float *db = hrand(C, 1), *mean = hrand(N, 0.1f), *rstd = hrand(N, 0.2f), *other = hrand(NC, 5);
+    for (int i = 0; i < N; i++) rstd[i] = 0.5f + fabsf(rstd[i]);
+    float *gx = dcopy(x, NC), *gw = dcopy(w, C), *gdout = dcopy(dout, NC), *gmean = dcopy(mean, N);
+    float *grstd = dcopy(rstd, N), *h = malloc_check(NC * sizeof(float) + 16), *hw = malloc_check(2 * C * sizeof(float));
+    for (int ln = 0; ln < 2; ln++) {
+        float *gd0 = dcopy(dinp, NC), *gd1 = dcopy(dinp, NC), *gw0 = dcopy(dw, C), *gw1 = dcopy(dw, C);
+        float *gb0 = dcopy(db, C), *gb1 = dcopy(db, C), *ga = dcopy_act_off(other, NC, off);
+        const long f0 = kernels_cuda_fused_dinp_a_calls();
+        if (ln) {
+            KG->layernorm_backward(gd0, NULL, gw0, gb0, gdout, gx, gw, gmean, grstd, N, C);
+            KG->layernorm_backward(gd1, ga, gw1, gb1, gdout, gx, gw, gmean, grstd, N, C);
+        } else {
+            KG->rmsnorm_backward(gd0, NULL, gw0, gdout, gx, gw, grstd, N, C);
+            KG->rmsnorm_backward(gd1, ga, gw1, gdout, gx, gw, grstd, N, C);
+        }
+        const long fused = kernels_cuda_fused_dinp_a_calls() - f0, want = act16() && vec && !off;
+        KG->to_host(hw, gw0, C * sizeof(float));
+        KG->to_host(hw + C, gb0, C * sizeof(float));
+        size_t same = bits_differ(hw, gw1, C) + (ln ? bits_differ(hw + C, gb1, C) : 0);
+        KG->to_host(h, gd0, NC * sizeof(float));
+        same += bits_differ(h, gd1, NC);
+        act_round(h, NC);
+        float *ha = act_to_host(ga, NC);
+        size_t bad = 0;
+        for (size_t i = 0; i < NC; i++) bad += memcmp(&h[i], &ha[i], 4) != 0;
+        const int ok = !same && !bad && fused == want;
+        printf("%s %s_bwd %dx%d dinp_a%s: %zu of %zu elements differ from dinp as [a], %zu words of dinp / dw / db "
+               "from the call without it; %s (expected %s)\n", ok ? "ok  " : "FAIL", ln ? "layernorm" : "rmsnorm", N, C,
+               off ? " one element off" : "", bad, NC, same, fused ? "in the pass" : "converted after",
+               want ? "in the pass" : "converted after");
+        if (ok) pass++; else fail++;
+        free(ha);
+    }
+    free(x); free(w); free(dout); free(dinp); free(dw); free(db); free(mean); free(rstd); free(other); free(h); free(hw);
+}
+
+/* dout_a (kernels.h) of the output projections' backward: the same call
+ * with the [a] copy of dout gives the same bits (dinp or dpre, dw, dbias:
+ * the bias still summing the fp32 dout) and converts no dout
+ * (kernels_cuda_dout_convert_calls: one conversion without it under bf16,
+ * none under fp32 [a]). kind 0 matmul_backward_dinp_a, 1
+ * matmul_gelu_backward, 2 matmul_swiglu_backward. */
+static void test_dout_a_case(int kind, int N, int C, int OC, int with_bias) {
+    static const char *const kname[] = {"matmul_bwd_dinp_a", "matmul_gelu_bwd", "matmul_swiglu_bwd"};
+    size_t nd = (size_t)N * OC, nw = (size_t)OC * C, np = (size_t)N * C * (kind == 2 ? 2 : 1);
+    float *dout = hrand(nd, 1), *inp = hrand((size_t)N * C, 1), *w = hrand(nw, 0.1f), *pre = hrand(np, 2);
+    float *dw = hrand(nw, 1), *db = hrand(OC, 1), *other = hrand(np, 3);
+    float *gdout = dcopy(dout, nd), *gdout_a = dcopy_act(dout, nd), *ginp = dcopy_act(inp, (size_t)N * C);
+    float *gw = dcopy(w, nw), *gpre = dcopy_act(pre, np), *gd[2], *gdw[2], *gdb[2];
+    long conv[2];
+    for (int a = 0; a < 2; a++) {
+        gd[a] = dcopy_act(other, np);
+        gdw[a] = dcopy(dw, nw);
+        gdb[a] = dcopy(db, OC);
+        const long c0 = kernels_cuda_dout_convert_calls();
+        const float *da = a ? gdout_a : NULL;
+        float *b = with_bias ? gdb[a] : NULL;
+        if (kind == 0) KG->matmul_backward_dinp_a(gd[a], gdw[a], b, gdout, da, ginp, gw, N, C, OC);
+        else if (kind == 1) KG->matmul_gelu_backward(gd[a], gdw[a], b, gdout, da, ginp, gw, gpre, N, C, OC);
+        else KG->matmul_swiglu_backward(gd[a], gdw[a], b, gdout, da, ginp, gw, gpre, N, C, OC);
+        conv[a] = kernels_cuda_dout_convert_calls() - c0;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "%s %dx%dx%d%s dout_a: d(inp)", kname[kind], N, C, OC, with_bias ? " +bias" : "");
+    check_act_bits(name, gd[0], gd[1], np);
+    float *h = malloc_check(nw * sizeof(float));
+    KG->to_host(h, gdw[0], nw * sizeof(float));
+    size_t bad = bits_differ(h, gdw[1], nw);
+    KG->to_host(h, gdb[0], OC * sizeof(float));
+    bad += bits_differ(h, gdb[1], OC);
+    const int ok = !bad && conv[0] == act16() && conv[1] == 0;
+    printf("%s %s %dx%dx%d%s dout_a: %zu words of dw / dbias differ; dout converted %ld times without it, %ld with "
+           "(expected %d, 0)\n", ok ? "ok  " : "FAIL", kname[kind], N, C, OC, with_bias ? " +bias" : "", bad, conv[0],
+           conv[1], act16());
+    if (ok) pass++; else fail++;
+    free(h); free(dout); free(inp); free(w); free(pre); free(dw); free(db); free(other);
+}
+
 static void test_add_norms(int N, int C) {
     size_t NC = (size_t)N * C;
     char name[96];
@@ -612,7 +700,7 @@ static void test_matmul_dinp_a_case(int N, int C, int OC, int with_bias) {
     act_round(dout_r, no);
     KC->matmul_backward(dinp, dw, NULL, dout_r, inp, w, N, C, OC);
     if (with_bias) KC->matmul_backward(NULL, NULL, db, dout, inp, w, N, C, OC);
-    KG->matmul_backward_dinp_a(gdinp, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, N, C, OC);
+    KG->matmul_backward_dinp_a(gdinp, gdw, with_bias ? gdb : NULL, gdout, NULL, ginp, gw, N, C, OC);
     snprintf(name, sizeof name, "matmul_bwd_dinp_a dinp %dx%dx%d", N, C, OC);
     if (act16()) check_act_rn_sum(name, dinp, gdinp, nx);
     else check(name, dinp, gdinp, nx, tol_mm);
@@ -690,11 +778,11 @@ static void test_matmul_act_bwd_case(int N, int C, int OC, int off, int swiglu, 
     if (exact) { act_round(dout, (size_t)N * OC); act_round(w, nw); act_round(inp, nc); }
     long f0 = kernels_cuda_fused_dgelu_calls(), p0 = kernels_cuda_vec_pointwise_calls();
     if (swiglu) {
-        KC->matmul_swiglu_backward(dpre, dw, with_bias ? db : NULL, dout, inp, w, pre, N, C, OC);
-        KG->matmul_swiglu_backward(gdpre, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, gpre, N, C, OC);
+        KC->matmul_swiglu_backward(dpre, dw, with_bias ? db : NULL, dout, NULL, inp, w, pre, N, C, OC);
+        KG->matmul_swiglu_backward(gdpre, gdw, with_bias ? gdb : NULL, gdout, NULL, ginp, gw, gpre, N, C, OC);
     } else {
-        KC->matmul_gelu_backward(dpre, dw, with_bias ? db : NULL, dout, inp, w, pre, N, C, OC);
-        KG->matmul_gelu_backward(gdpre, gdw, with_bias ? gdb : NULL, gdout, ginp, gw, gpre, N, C, OC);
+        KC->matmul_gelu_backward(dpre, dw, with_bias ? db : NULL, dout, NULL, inp, w, pre, N, C, OC);
+        KG->matmul_gelu_backward(gdpre, gdw, with_bias ? gdb : NULL, gdout, NULL, ginp, gw, gpre, N, C, OC);
     }
     if (exact) { /* the bias gradient sums the fp32 dout, not the rounded one */
         memcpy(db, db0, OC * sizeof(float));
@@ -803,7 +891,7 @@ static void test_dgelu_epilogue_variant(void) {
     float *gx = dcopy_act(x, n), *gw = dcopy(w, (size_t)C * C), *gone = dcopy(one, n), *gd = dcopy(one, n);
     float *gdw = dcopy(w, (size_t)C * C), *gpre = dcopy(x, n);
     long f0 = kernels_cuda_fused_dgelu_calls();
-    KG->matmul_gelu_backward(gd, gdw, NULL, gone, gx, gw, gpre, N, C, C);
+    KG->matmul_gelu_backward(gd, gdw, NULL, gone, NULL, gx, gw, gpre, N, C, C);
     int did = kernels_cuda_fused_dgelu_calls() > f0;
     KG->to_host(d, gd, n * sizeof(float));
     double se_tanh = 0, se_erf = 0;
@@ -1479,8 +1567,8 @@ static void fresh_grads_run(float *G, int fresh, const size_t *o, float *const *
      * 8 rms rstd, 9 dout2 [N,2], 10 w2 [2,C], 11 dnorm [N,C], 12 embedding dout [N,C] */
     KG->matmul_backward(d[0], G + o[0], G + o[1], d[1], d[2], d[3], N, C, OC);
     KG->zero(d[0], (size_t)N * C * sizeof(float));
-    KG->layernorm_backward(d[0], G + o[2], G + o[3], d[11], d[4], d[5], d[6], d[7], N, C);
-    KG->rmsnorm_backward(d[0], G + o[4], d[11], d[4], d[5], d[8], N, C);
+    KG->layernorm_backward(d[0], NULL, G + o[2], G + o[3], d[11], d[4], d[5], d[6], d[7], N, C);
+    KG->rmsnorm_backward(d[0], NULL, G + o[4], d[11], d[4], d[5], d[8], N, C);
     KG->matmul_backward(d[0], G + o[4], NULL, d[9], d[2], d[10], N, C, 2);
     KG->embed_backward(NULL, G + o[5], d[12], gtok, NULL, N, T, C); /* position rows */
     KG->embed_backward(G + o[7], NULL, d[12], gtok, NULL, N, T, C);
@@ -1588,6 +1676,16 @@ static void test_fresh_grads(void) {
     free(x); free(nw); free(nan_host); free(hg); free(hr);
 }
 
+/* the small models of the model-level checks: 2 layers, 64 wide, vocabulary
+ * 96; GPT-2 tied, Llama untied with 2 kv heads */
+static ModelConfig small_model(int llama) {
+    ModelConfig c = {0};
+    c.arch = llama ? ARCH_LLAMA : ARCH_GPT2;
+    c.n_layer = 2; c.n_embd = 64; c.n_head = 4; c.n_kv_head = llama ? 2 : 4; c.ffn_hidden = llama ? 128 : 256;
+    c.vocab_size = 96; c.max_seq_len = 32; c.norm_eps = 1e-5f; c.rope_theta = 10000.0f; c.tie_embeddings = !llama;
+    return c;
+}
+
 /* The same through model.c: two micro-batches' forward and backward of a
  * 2-layer GPT-2 (tied, biases) and Llama (untied) into gradients that were
  * NaN and declared fresh, settled, against the same into zeroed gradients:
@@ -1596,10 +1694,7 @@ static void test_fresh_grads(void) {
  * Llama's 6 a layer, 1 and its LM head's) and the embeddings zeroed. */
 static void test_model_fresh_grads(void) {
     for (int llama = 0; llama < 2; llama++) {
-        ModelConfig c = {0};
-        c.arch = llama ? ARCH_LLAMA : ARCH_GPT2;
-        c.n_layer = 2; c.n_embd = 64; c.n_head = 4; c.n_kv_head = llama ? 2 : 4; c.ffn_hidden = llama ? 128 : 256;
-        c.vocab_size = 96; c.max_seq_len = 32; c.norm_eps = 1e-5f; c.rope_theta = 10000.0f; c.tie_embeddings = !llama;
+        ModelConfig c = small_model(llama);
         const int B = 2, T = 16, N = B * T;
         int tok[2][32], tgt[2][32];
         for (int j = 0; j < 2; j++)
@@ -1634,6 +1729,53 @@ static void test_model_fresh_grads(void) {
         printf("%s model gradients in fresh memory (%s, 2 micro-batches): %s the zeroed memory's; %ld stored first "
                "(expected %ld)\n", ok ? "ok  " : "FAIL", llama ? "Llama, untied" : "GPT-2, tied",
                same ? "==" : "differ from", w[2] - w[1], want);
+        if (ok) pass++; else fail++;
+        free(h[0]); free(h[1]);
+        model_free(&m);
+    }
+}
+
+/* The residual gradient's [a] copy (Model.dres_a) in a model's backward:
+ * under bf16 the norm backwards into the residual gradient write it in their
+ * pass (the final norm's and 2 a layer but layer 0's first, whose gradient
+ * only the embeddings' backward reads, in fp32) and the output projections'
+ * backward convert no dout (2 a layer without it); the gradients are those
+ * of the same model with the copy taken away (dres_a NULL: the projections
+ * convert dres themselves), bit for bit. Llama (no biases) and GPT-2 (the
+ * projections' bias gradients from the fp32 dres). Under fp32 [a] a model
+ * has no copy. */
+static void test_model_dres_copy(void) {
+    for (int llama = 0; llama < 2; llama++) {
+        ModelConfig c = small_model(llama);
+        const int B = 2, T = 16, N = B * T;
+        int tok[32], tgt[32];
+        for (int i = 0; i < N; i++) { tok[i] = (int)(rnd_u32() % 96); tgt[i] = (int)(rnd_u32() % 96); }
+        Model m;
+        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0});
+        model_init_random(&m, 0.02f, 7);
+        float *copy = m.dres_a, *h[2];
+        long conv[2], fused[2];
+        for (int with = 1; with >= 0; with--) {
+            m.dres_a = with ? copy : NULL;
+            KG->zero(m.grads, m.n_params * sizeof(float));
+            const long c0 = kernels_cuda_dout_convert_calls(), f0 = kernels_cuda_fused_dinp_a_calls();
+            m.loss_scale = 1.0f / N;
+            m.same_weights = 0;
+            model_forward(&m, tok, tgt);
+            model_backward(&m, 1.0f / N);
+            conv[with] = kernels_cuda_dout_convert_calls() - c0;
+            fused[with] = kernels_cuda_fused_dinp_a_calls() - f0;
+            h[with] = malloc_check(m.n_params * sizeof(float));
+            KG->to_host(h[with], m.grads, m.n_params * sizeof(float));
+        }
+        m.dres_a = copy;
+        const int bf = act16(), L = c.n_layer, same = same_floats(h[0], h[1], m.n_params);
+        const int ok = same && (bf ? copy != NULL : copy == NULL) && conv[1] == 0 && conv[0] == (bf ? 2 * L : 0) &&
+                       fused[1] == (bf ? 2 * L : 0) && fused[0] == 0;
+        printf("%s model residual gradient's [a] copy (%s): %s; gradients %s those without it; dout converted %ld "
+               "times with it, %ld without (expected 0, %d); %ld norm backwards wrote it (expected %d)\n",
+               ok ? "ok  " : "FAIL", llama ? "Llama" : "GPT-2", copy ? "kept" : "none", same ? "==" : "differ from",
+               conv[1], conv[0], bf ? 2 * L : 0, fused[1], bf ? 2 * L : 0);
         if (ok) pass++; else fail++;
         free(h[0]); free(h[1]);
         model_free(&m);
@@ -1983,6 +2125,11 @@ int main(int argc, char **argv) {
     test_norms_case(9, 4100, NBW_REREAD);  /* 1025 float4: the row read twice */
     test_norms_case(5, 16384, NBW_REREAD); /* 128 KB of layernorm column sums (the launch's limit raised) */
     test_norms_case(3, 65536, NBW_NONE);   /* over shared memory, for rmsnorm too */
+    test_norm_dinp_a_case(70, 300, 1, 0);   /* float4, in registers */
+    test_norm_dinp_a_case(9, 4100, 1, 0);   /* float4, the row read twice */
+    test_norm_dinp_a_case(70, 300, 1, 1);   /* dinp_a not 8-byte aligned: converted after */
+    test_norm_dinp_a_case(70, 302, 0, 0);   /* the scalar one-pass form */
+    test_norm_dinp_a_case(3, 65536, 0, 0);  /* three kernels */
     test_add_norms(70, 300);  /* float4, in registers */
     test_add_norms(70, 302);  /* an element at a time */
     test_add_norms(9, 2176);  /* float4, read again for each pass */
@@ -2010,6 +2157,10 @@ int main(int argc, char **argv) {
     test_matmul_act_bwd_case(100, 130, 72, 0, 1, 1, 0);
     test_matmul_act_bwd_case(37, 29, 50, 1, 1, 0, 0);
     if (tol_mm == TOL_TF32) test_dgelu_epilogue_variant();
+    for (int kind = 0; kind < 3; kind++) {
+        test_dout_a_case(kind, 64, 128, 96, 1);
+        test_dout_a_case(kind, 64, 128, 96, 0);
+    }
     test_attention();
     test_offload();
     test_rope();
@@ -2032,6 +2183,7 @@ int main(int argc, char **argv) {
     test_adamw_weight_copies();
     test_fresh_grads();
     test_model_fresh_grads();
+    test_model_dres_copy();
     test_adamw();
     test_round_bf16();
     test_unpack_inplace();

@@ -252,7 +252,7 @@ static void test_layernorm(void) {
     float *dinp = zerov(N * C), *dw = zerov(C), *db = zerov(C);
     float *finp = zerov(N * C), *fw = zerov(C), *fb = zerov(C);
     layernorm_loss(&c);
-    K->layernorm_backward(dinp, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
+    K->layernorm_backward(dinp, NULL, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
     fd_grad(layernorm_loss, &c, c.inp, N * C, 1e-3f, finp);
     fd_grad(layernorm_loss, &c, c.w, C, 1e-3f, fw);
     fd_grad(layernorm_loss, &c, c.b, C, 1e-3f, fb);
@@ -260,17 +260,19 @@ static void test_layernorm(void) {
     check_grad("layernorm_backward dinp", dinp, finp, N * C);
     check_grad("layernorm_backward dw", dw, fw, C);
     check_grad("layernorm_backward db", db, fb, C);
-    float *o1 = dup(dinp, N * C), *o2 = dup(dw, C), *o3 = dup(db, C);
-    K->layernorm_backward(dinp, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
+    float *o1 = dup(dinp, N * C), *o2 = dup(dw, C), *o3 = dup(db, C), *da = randv(N * C, 5);
+    K->layernorm_backward(dinp, da, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
     check_doubles("layernorm_backward adds dinp", o1, dinp, N * C);
+    report(memcmp(da, dinp, (size_t)N * C * sizeof(float)) == 0, "layernorm_backward dinp_a = dinp after the add",
+           "fp32 [a]");
     check_doubles("layernorm_backward adds dw", o2, dw, C);
     check_doubles("layernorm_backward adds db", o3, db, C);
     // NULL outputs are skipped, the others still accumulate
     memcpy(dw, o2, C * sizeof(float));
-    K->layernorm_backward(NULL, dw, NULL, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
+    K->layernorm_backward(NULL, NULL, dw, NULL, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
     check_doubles("layernorm_backward NULL dinp/db", o2, dw, C);
     free(ref); free(dinp); free(dw); free(db); free(finp); free(fw); free(fb);
-    free(o1); free(o2); free(o3);
+    free(o1); free(o2); free(o3); free(da);
     free(c.out); free(c.mean); free(c.rstd); free(c.inp); free(c.w); free(c.b); free(c.R);
 }
 
@@ -289,16 +291,18 @@ static void test_rmsnorm(void) {
     check_close("rmsnorm_forward", c.out, ref, N * C, 1e-5);
 
     float *dinp = zerov(N * C), *dw = zerov(C), *finp = zerov(N * C), *fw = zerov(C);
-    K->rmsnorm_backward(dinp, dw, c.R, c.inp, c.w, c.rstd, N, C);
+    K->rmsnorm_backward(dinp, NULL, dw, c.R, c.inp, c.w, c.rstd, N, C);
     fd_grad(rmsnorm_loss, &c, c.inp, N * C, 1e-3f, finp);
     fd_grad(rmsnorm_loss, &c, c.w, C, 1e-3f, fw);
     rmsnorm_loss(&c);
     check_grad("rmsnorm_backward dinp", dinp, finp, N * C);
     check_grad("rmsnorm_backward dw", dw, fw, C);
-    float *o1 = dup(dinp, N * C);
-    K->rmsnorm_backward(dinp, NULL, c.R, c.inp, c.w, c.rstd, N, C);
+    float *o1 = dup(dinp, N * C), *da = randv(N * C, 5);
+    K->rmsnorm_backward(dinp, da, NULL, c.R, c.inp, c.w, c.rstd, N, C);
     check_doubles("rmsnorm_backward adds dinp (dw NULL)", o1, dinp, N * C);
-    free(ref); free(dinp); free(dw); free(finp); free(fw); free(o1);
+    report(memcmp(da, dinp, (size_t)N * C * sizeof(float)) == 0, "rmsnorm_backward dinp_a = dinp after the add",
+           "fp32 [a]");
+    free(ref); free(dinp); free(dw); free(finp); free(fw); free(o1); free(da);
     free(c.out); free(c.rstd); free(c.inp); free(c.w); free(c.R);
 }
 
@@ -715,8 +719,8 @@ static void test_matmul_act_backward(int N, int C, int OC, int swiglu, int with_
     float *dout = randv((size_t)N * OC, 1), *inp = randv(nc, 1), *w = randv(nw, 0.5f), *pre = randv(np, 2);
     float *dpre = randv(np, 100), *dw = randv(nw, 1), *db = with_bias ? randv(OC, 1) : NULL;
     float *dw2 = dup(dw, nw), *db2 = with_bias ? dup(db, OC) : NULL, *dh = zerov(nc), *dpre2 = zerov(np);
-    if (swiglu) K->matmul_swiglu_backward(dpre, dw, db, dout, inp, w, pre, N, C, OC);
-    else K->matmul_gelu_backward(dpre, dw, db, dout, inp, w, pre, N, C, OC);
+    if (swiglu) K->matmul_swiglu_backward(dpre, dw, db, dout, NULL, inp, w, pre, N, C, OC);
+    else K->matmul_gelu_backward(dpre, dw, db, dout, NULL, inp, w, pre, N, C, OC);
     K->matmul_backward(dh, dw2, db2, dout, inp, w, N, C, OC);
     if (swiglu) K->swiglu_backward(dpre2, pre, dh, N, C);
     else K->gelu_backward(dpre2, pre, dh, nc);
@@ -728,8 +732,8 @@ static void test_matmul_act_backward(int N, int C, int OC, int swiglu, int with_
     report(same, name, "%s", same ? "dpre (overwritten), dw and dbias bit-identical to matmul_backward + the activation's"
                                   : "differs from matmul_backward + the activation's backward");
     /* without dpre: only the weight gradients, added again */
-    if (swiglu) K->matmul_swiglu_backward(NULL, dw, db, dout, inp, w, pre, N, C, OC);
-    else K->matmul_gelu_backward(NULL, dw, db, dout, inp, w, pre, N, C, OC);
+    if (swiglu) K->matmul_swiglu_backward(NULL, dw, db, dout, NULL, inp, w, pre, N, C, OC);
+    else K->matmul_gelu_backward(NULL, dw, db, dout, NULL, inp, w, pre, N, C, OC);
     K->matmul_backward(NULL, dw2, db2, dout, inp, w, N, C, OC);
     same = memcmp(dw, dw2, nw * sizeof(float)) == 0 && (!with_bias || memcmp(db, db2, OC * sizeof(float)) == 0);
     report(same, name, "%s", same ? "with dpre NULL: dw and dbias added into again" : "with dpre NULL: differs");
