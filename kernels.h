@@ -457,8 +457,9 @@ const char *kernels_cpu_blas_info(void);
  * fall back to a slow kernel, pick the right core type and re-exec. */
 void kernels_cpu_select_blas_core(char **argv);
 /* Measured single-precision GEMM throughput of this machine (GFLOP/s),
- * from a short timed sgemm; used as the CPU peak for MFU. */
-double kernels_cpu_sgemm_peak_gflops(void);
+ * from a short timed sgemm; used as the CPU peak for MFU. The first call
+ * measures; later ones return it, or with again != 0 measure anew. */
+double kernels_cpu_sgemm_peak_gflops(int again);
 
 /* The CUDA backend (kernels.cu), defined only in CUDA builds (the build
  * defines LLMTRAIN_CUDA). Nothing touches the CUDA driver before

@@ -1167,9 +1167,9 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-double kernels_cpu_sgemm_peak_gflops(void) {
+double kernels_cpu_sgemm_peak_gflops(int again) {
     static double cached = 0.0;
-    if (cached > 0.0) return cached;
+    if (cached > 0.0 && !again) return cached;
     blas_init();
     const int n = 1024;
     size_t nn = (size_t)n * n;

@@ -50,6 +50,7 @@ typedef struct Trainer {
     char metrics_path[1200];
     double peak_gflops;
     const char *peak_source;   /* where peak_gflops comes from (header line) */
+    int peak_recheck;          /* a measured CPU peak, not yet measured again (check_peak) */
     double peak_gbs;           /* log.peak_gbs, else the GPU's memory bandwidth, else 0 (the profile's GB/s share) */
     double flops_per_token;
     int nonfinite_run;         /* consecutive skipped steps */
@@ -1125,10 +1126,27 @@ static void track_spikes(Trainer *t, StepStats *s) {
     st->norm_n++;
 }
 
+/* A step that ran faster than the CPU peak measured at start shows that
+ * measurement read low (its quarter second shared the cores with something
+ * else: on a 2-core VM once 119.6 GFLOP/s, against 228 in the runs before
+ * and after), which would put MFU over 100%: measure again, once, and keep
+ * the higher. (LLMTRAIN_FAULT kind=low_peak divides the peak by 10^4 at its
+ * step: a measurement far too low.) */
+static void check_peak(Trainer *t, int step, double gflops) {
+    if (!t->peak_recheck || !(gflops > t->peak_gflops)) return;
+    t->peak_recheck = 0;
+    double was = t->peak_gflops, now = kernels_cpu_sgemm_peak_gflops(1);
+    if (now > was) t->peak_gflops = now;
+    if (is_root(t))
+        printf("peak for MFU measured again after step %d, which ran at %.4g GFLOP/s a rank: %.4g GFLOP/s (measured "
+               "sgemm; %.4g before)\n", step, gflops, t->peak_gflops, was);
+}
+
 static void log_step(Trainer *t, const StepStats *s) {
     const Config *c = &t->cfg;
     double tokens = (double)s->batch * c->seq_len;
     double tps = tokens / s->dt;
+    check_peak(t, s->step + 1, t->flops_per_token * tps / 1e9 / t->dist.world);
     double mfu = t->peak_gflops > 0 ? t->flops_per_token * tps / (t->peak_gflops * 1e9) / t->dist.world : NAN;
     /* mem: the device's memory on CUDA (the host's peak RSS also goes to
      * metrics), the process's peak RSS on the CPU */
@@ -1585,7 +1603,8 @@ static double select_peak(Trainer *t, const char **source) {
     if (backend_is_cuda(t)) return kernels_cuda_peak_gflops(source);
 #endif
     *source = "measured sgemm";
-    return kernels_cpu_sgemm_peak_gflops();
+    t->peak_recheck = 1;
+    return kernels_cpu_sgemm_peak_gflops(0);
 }
 
 /* The memory-bound entries' peak in the profile: log.peak_gbs, else the
@@ -1999,6 +2018,7 @@ static int train(int argc, char **argv) {
     for (int step = t->step_base; step < c->steps; step++) {
         dist_phase(&t->dist, step + 1, "forward");
         dist_fault_point(&t->dist, step + 1);
+        if (dist_fault_low_peak(&t->dist, step + 1)) t->peak_gflops /= 1e4; /* test hook: check_peak */
         /* a timed step's wall time: from an idle stream to the end of its last kernel */
         int profiled = step >= t->prof_first && step <= t->prof_last && t->prof_first >= 0;
         double w0 = 0;

@@ -164,7 +164,7 @@ void dist_watchdog_start(Dist *d, double timeout_s);
  * that outlives the call, e.g. a literal: "forward", "allreduce", ...). */
 void dist_phase(Dist *d, int step, const char *phase);
 /* Test-only fault injection, LLMTRAIN_FAULT="rank=R,step=S[-E],kind=K[,attempt=A]"
- * with K hang|die|nan|ckpt_die|slow (parsed by dist_init; malformed: exit 2; a
+ * with K hang|die|nan|ckpt_die|slow|low_peak (parsed by dist_init; malformed: exit 2; a
  * fault for another attempt than LLMTRAIN_ATTEMPT is no fault).
  * dist_fault_point runs at the start of 1-based step `step` (hang / die /
  * slow: sleep 1 s);
@@ -174,6 +174,9 @@ void dist_phase(Dist *d, int step, const char *phase);
 void dist_fault_point(Dist *d, int step);
 int dist_fault_nan(Dist *d, int step);
 int dist_fault_ckpt_die(Dist *d, int step);
+/* ... and whether this rank's MFU peak reads 10^-4 of itself from `step`
+ * (kind=low_peak: a peak measured while the cores were busy) */
+int dist_fault_low_peak(Dist *d, int step);
 /* Startup health check (collective, every rank): time an all-reduce of
  * `bytes` on each group this rank is in; rank 0 prints one `health:` line per
  * group kind with the slowest group's bus bandwidth. Returns 1 when every

@@ -226,6 +226,39 @@ $BIN "$TMP/job.json" --set train.steps=4 --set checkpoint.every_steps=1 --set ch
 kept=$(ls "$TMP/ckkl" 2>/dev/null | tr '\n' ' ')
 if [ "$kept" = "step_00000003 step_00000004 " ]; then ok "checkpoint.keep_last=2 keeps the newest two"; else bad "keep_last left: $kept"; fi
 
+# MFU's CPU peak, measured at start, is measured again when a step runs
+# faster than it (a measurement that shared the cores with something else
+# reads low and would put MFU over 100%): LLMTRAIN_FAULT kind=low_peak at
+# step 2 divides it by 10^4; after step 2, one line, the new peak near the
+# header's, and every step's MFU in metrics.jsonl against a peak within 2x of
+# the header's (mfu / tokens_per_s is flops a token / peak). Without the
+# fault no second measurement (this tiny job is far below the peak), nor with
+# log.peak_gflops below its rate (the user's peak stands).
+$BIN "$TMP/job.json" --set train.steps=4 --set log.every_steps=1 --set log.dir="$TMP/pk" --set checkpoint.dir="$TMP/pk/ck" \
+    >"$TMP/pk0.out" 2>&1
+LLMTRAIN_FAULT="step=2,kind=low_peak" $BIN "$TMP/job.json" --set train.steps=4 --set log.every_steps=1 \
+    --set log.dir="$TMP/pk1" --set checkpoint.dir="$TMP/pk1/ck" >"$TMP/pk1.out" 2>&1
+$BIN "$TMP/job.json" --set train.steps=4 --set log.peak_gflops=0.0001 --set log.dir="$TMP/pk2" \
+    --set checkpoint.dir="$TMP/pk2/ck" >"$TMP/pk2.out" 2>&1
+if pkline=$($PY - "$TMP/pk0.out" "$TMP/pk1.out" "$TMP/pk1/metrics.jsonl" "$TMP/pk2.out" <<'PYEOF'
+import json, re, sys
+t0, t1, t2 = (open(p).read() for p in (sys.argv[1], sys.argv[2], sys.argv[4]))
+head = float(re.search(r"peak for MFU ([0-9.]+) GFLOP/s \(measured sgemm\)", t1).group(1))
+again = re.findall(r"^peak for MFU measured again after step (\d+), which ran at ([0-9.e+-]+) GFLOP/s a rank: "
+                   r"([0-9.e+-]+) GFLOP/s \(measured sgemm; ([0-9.e+-]+) before\)$", t1, re.M)
+assert len(again) == 1, again
+step, ran, new, was = int(again[0][0]), *map(float, again[0][1:])
+m = [l for l in map(json.loads, open(sys.argv[3])) if "loss" in l]
+per = [l["mfu"] / l["tokens_per_s"] for l in m]
+ok = (step == 2 and abs(was - head / 1e4) <= 1e-3 * was and ran > was and head / 2 < new < 2 * head and len(m) == 4
+      and all(0.5 * per[0] < p < 2 * per[0] for p in per) and 0 < m[-1]["mfu"] < 1
+      and "measured again" not in t0 and "measured again" not in t2 and "(log.peak_gflops)" in t2)
+print(f"peak {head:g} at start, {was:g} under the fault, {new:g} measured again after step {step} (which ran at {ran:g})")
+sys.exit(0 if ok else 1)
+PYEOF
+); then ok "MFU peak: $pkline; none measured again without the fault or under log.peak_gflops"
+else bad "MFU peak measured again: $pkline $(grep -h 'peak for MFU' "$TMP/pk0.out" "$TMP/pk1.out" "$TMP/pk2.out")"; fi
+
 # every key of `llmtrain keys` is documented in the README, with the same row
 # (the README's table is that output: a doc changed on one side only fails)
 missing=""
