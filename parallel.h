@@ -174,8 +174,8 @@ void dist_phase(Dist *d, int step, const char *phase);
 void dist_fault_point(Dist *d, int step);
 int dist_fault_nan(Dist *d, int step);
 int dist_fault_ckpt_die(Dist *d, int step);
-/* ... and whether this rank's MFU peak reads 10^-4 of itself from `step`
- * (kind=low_peak: a peak measured while the cores were busy) */
+/* ... and whether this rank divides its MFU peak by 10^4 at `step`
+ * (kind=low_peak: as a peak measured while the cores were busy reads low) */
 int dist_fault_low_peak(Dist *d, int step);
 /* Startup health check (collective, every rank): time an all-reduce of
  * `bytes` on each group this rank is in; rank 0 prints one `health:` line per
