@@ -7,6 +7,7 @@
 #endif
 #include "config.h"
 #include "kernels.h"
+#include "model.h"
 #include "util.h"
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -15,7 +16,10 @@
 #include <stddef.h>
 #include <string.h>
 
-typedef enum { K_INT, K_U64, K_FLOAT, K_DOUBLE, K_BOOL, K_STR, K_ENUM } KeyType;
+/* K_SET: some of the names in choices, as a JSON array of strings or one
+ * string of them separated by spaces or commas; stored as an int with bit i
+ * set for the i-th choice (at least one) */
+typedef enum { K_INT, K_U64, K_FLOAT, K_DOUBLE, K_BOOL, K_STR, K_ENUM, K_SET } KeyType;
 
 typedef struct Key {
     const char *path;     /* "section.name" */
@@ -24,7 +28,7 @@ typedef struct Key {
     size_t size;          /* K_STR: buffer size */
     const char *def;      /* default, as JSON text */
     double lo, hi;        /* numeric range, inclusive */
-    const char *choices;  /* K_ENUM: "a|b|c" (stored as index for int fields, else string) */
+    const char *choices;  /* K_ENUM: "a|b|c" (stored as index for int fields, else string); K_SET: the names */
     const char *doc;
 } Key;
 
@@ -74,7 +78,8 @@ static const Key KEYS[] = {
     {"train.rampup_start_batch", K_INT, OFF(rampup_start), 0, "0", 0, BIG, NULL, "batch-size ramp-up (Megatron's --rampup-batch-size, first value): the global batch of the first steps, raised by rampup_batch_increment in equal stages until global_batch is reached after rampup_samples sequences (0 = no ramp; a multiple of micro_batch x dp below global_batch; see the notes below)"},
     {"train.rampup_batch_increment", K_INT, OFF(rampup_increment), 0, "0", 0, BIG, NULL, "batch-size ramp-up: sequences added at each stage (a multiple of micro_batch x dp that divides global_batch - rampup_start_batch)"},
     {"train.rampup_samples", K_INT, OFF(rampup_samples), 0, "0", 0, BIG, NULL, "batch-size ramp-up: sequences consumed over which the batch grows from rampup_start_batch to global_batch (the stages are equal shares of it)"},
-    {"train.activation_checkpointing", K_ENUM, OFF(act_ckpt), 0, "\"none\"", 0, 0, "none|selective|full", "recompute activations in the backward instead of keeping them: selective = each layer's attention output (the attention forward again per layer), full = everything but each layer's output (one more forward per layer)"},
+    {"train.activation_checkpointing", K_ENUM, OFF(act_ckpt), 0, "\"none\"", 0, 0, "none|selective|full", "recompute activations in the backward instead of keeping them: selective = what train.recompute_modules names (by default each layer's attention output: the attention forward again per layer), full = everything but each layer's output (one more forward per layer)"},
+    {"train.recompute_modules", K_SET, OFF(recompute_modules), 0, "[\"attention\"]", 0, 0, "attention|norm|mlp_act", "activation_checkpointing selective: which of each layer's saved activations the backward recomputes (Megatron's --recompute-modules; a JSON list, or a string of names separated by spaces or commas): attention, its output and log-sum-exp (the attention forward again: compute-bound); norm, both norms' outputs and statistics (from the kept residual stream); mlp_act, the MLP's activation output (SwiGLU or GELU of the kept pre-activation). norm and mlp_act are memory-bound passes; on the Llama bench shape they free 5.8x the bytes attention does. Each recompute repeats the forward's kernel on the same inputs, so training is bit-identical to keeping everything (with mlp_act GPT-2's forward on CUDA runs its GELU as that kernel too, not in the GEMM's epilogue; see Activation checkpointing)"},
     {"train.activation_offload", K_BOOL, OFF(act_offload), 0, "false", 0, 0, NULL, "keep each layer's saved activations in host memory between its forward and its backward: the device holds 3 layers' (the one computing, its input, one in flight), the copies overlap compute (pinned memory and a copy stream on CUDA); with activation_checkpointing full only the layer inputs move, as SMP's activation offloading"},
     {"train.lm_head_chunk", K_INT, OFF(lm_head_chunk), 0, "0", 0, 1 << 30, NULL, "token rows the LM head and the cross-entropy process at a time, so logits ([rows, vocab]) exist for this many tokens only (each chunk's backward runs right after its forward: nothing is recomputed); 0 = the whole micro-batch while its logits take at most 2 GiB per rank, else the fewest equal chunks (a multiple of 64 rows) that do; at least `micro_batch` x `seq_len` = never chunked"},
     {"train.param_dtype", K_ENUM, OFF(param_dtype), 0, "\"fp32\"", 0, 0, "fp32|bf16", "the working copy of the weights that forward and backward read: fp32, or rounded to bf16 precision from the fp32 master weights after every step (gradients, master weights and AdamW moments stay fp32; sharded, the weight all-gathers move bf16 words, half the bytes)"},
@@ -139,6 +144,7 @@ static const char *type_name(KeyType t) {
     case K_INT: case K_U64: return "integer";
     case K_FLOAT: case K_DOUBLE: return "number";
     case K_BOOL: return "boolean";
+    case K_SET: return "list of names";
     default: return "string";
     }
 }
@@ -231,6 +237,13 @@ static int enum_index(const char *choices, const char *s) {
     return -1;
 }
 
+/* K_SET: the bit of one name (die when choices lacks it) */
+static int set_bit(const Key *k, const char *name, const char *got, const char *origin) {
+    int idx = enum_index(k->choices, name);
+    if (idx < 0) die(EXIT_USAGE, "%s: %s: \"%s\" is not one of %s (got %s)", origin, k->path, name, k->choices, got);
+    return 1 << idx;
+}
+
 /* Store one JSON value into the Config field of key k, checking type and range. */
 static void store(Config *cfg, const Key *k, const cJSON *v, const char *origin) {
     char *field = (char *)cfg + k->off;
@@ -240,6 +253,26 @@ static void store(Config *cfg, const Key *k, const cJSON *v, const char *origin)
     free(shown);
     if (k->type == K_ENUM && cJSON_IsBool(v) && enum_index(k->choices, "true") >= 0) { /* auto|true|false takes a boolean too */
         *(int *)field = enum_index(k->choices, cJSON_IsTrue(v) ? "true" : "false");
+        return;
+    }
+    if (k->type == K_SET) {
+        int set = 0;
+        if (cJSON_IsString(v)) { /* "a b", "a,b" */
+            char buf[256], *save = NULL;
+            snprintf(buf, sizeof buf, "%s", v->valuestring);
+            for (char *tok = strtok_r(buf, " ,\t", &save); tok; tok = strtok_r(NULL, " ,\t", &save))
+                set |= set_bit(k, tok, got, origin);
+        } else if (cJSON_IsArray(v)) {
+            for (const cJSON *it = v->child; it; it = it->next) {
+                if (!cJSON_IsString(it))
+                    die(EXIT_USAGE, "%s: %s: expected a list of strings (names from %s), got %s", origin, k->path, k->choices, got);
+                set |= set_bit(k, it->valuestring, got, origin);
+            }
+        } else {
+            die(EXIT_USAGE, "%s: %s: expected a list of names from %s, got %s", origin, k->path, k->choices, got);
+        }
+        if (!set) die(EXIT_USAGE, "%s: %s: expected at least one of %s, got %s", origin, k->path, k->choices, got);
+        *(int *)field = set;
         return;
     }
     if (k->type == K_STR || k->type == K_ENUM) {
@@ -453,6 +486,11 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
     if (cfg->min_lr > cfg->lr) die(EXIT_USAGE, "%s: optim.min_lr %g exceeds optim.lr %g", origin, cfg->min_lr, cfg->lr);
     lr_schedule_check(cfg, origin);
     rampup_check(cfg, origin);
+    if (cfg->act_ckpt != ACT_SELECTIVE && root && lookup(root, "train.recompute_modules")) {
+        char name[32];
+        die(EXIT_USAGE, "%s: train.recompute_modules is set but train.activation_checkpointing is \"%s\" (it applies only with "
+            "\"selective\")", origin, config_enum_name("none|selective|full", cfg->act_ckpt, name, sizeof name));
+    }
     if (cfg->attention_mask == ATT_MASK_BLOCK_CAUSAL && cfg->eod_token < 0)
         die(EXIT_USAGE, "%s: train.attention_mask \"block_causal\" needs data.eod_token (the token that ends a document; got -1)",
             origin);
@@ -543,7 +581,7 @@ void config_print_keys(void) {
     for (int i = 0; i < NKEYS; i++) {
         const Key *k = &KEYS[i];
         char t[160];
-        snprintf(t, sizeof t, "%s", k->choices ? k->choices : type_name(k->type));
+        snprintf(t, sizeof t, "%s%s", k->type == K_SET ? "list of " : "", k->choices ? k->choices : type_name(k->type));
         for (char *p = t; *p; p++) if (*p == '|') *p = '/'; /* keep the markdown table intact */
         printf("| `%s` | %s | `%s` | %s |\n", k->path, t, k->def, k->doc);
     }

@@ -61,6 +61,7 @@ typedef struct Config {
     int rampup_samples;   /* train.rampup_samples: sequences over which the batch reaches global_batch */
     char device[16];
     int act_ckpt;        /* ACT_NONE | ACT_SELECTIVE | ACT_FULL (model.h), by index of none|selective|full */
+    int recompute_modules; /* train.recompute_modules: RC_ATTENTION | RC_NORM | RC_MLP_ACT (model.h) */
     int lm_head_chunk;   /* token rows of the LM head + cross-entropy at a time (0: the micro-batch) */
     int act_offload;     /* train.activation_offload */
     int param_dtype;     /* 0 fp32, 1 bf16: precision of the working weights (master stays fp32) */

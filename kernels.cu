@@ -4291,7 +4291,7 @@ static void gelu_into(float *out, const float *pre, size_t n, int bf16) {
     LAUNCH_CHECK();
 }
 
-static void gelu_forward(float *out, const float *inp, size_t n) { gelu_into(out, inp, n, 0); }
+static void gelu_forward(float *out, const float *inp, size_t n) { gelu_into(out, inp, n, act_bf16()); }
 
 static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     if (!n || !dinp) return;

@@ -258,7 +258,9 @@ typedef struct Kernels {
     void (*rope_backward)(float *dqkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope);
 
     /* ---- pointwise ---- */
-    /* GELU, tanh approximation (GPT-2's gelu_new) */
+    /* GELU, tanh approximation (GPT-2's gelu_new); gelu_forward's inp and
+     * out are [a] (GPT-2's MLP activation, which selective checkpointing's
+     * mlp_act recomputes from the kept pre-activation), gelu_backward's fp32 */
     void (*gelu_forward)(float *out, const float *inp, size_t n);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
     /* GPT-2's MLP up-projection and its GELU in one call (inp, pre and

@@ -1691,6 +1691,14 @@ static void print_model_batch(const Trainer *t) {
     }
     if (c->eod_mask_loss) printf(" | no loss on the targets after token %d (eod_mask_loss)", c->eod_token);
     const Model *m = &t->model;
+    if (m->act_ckpt == ACT_FULL) printf(" | full activation checkpointing");
+    if (m->act_ckpt == ACT_SELECTIVE) { /* what the backward recomputes (train.recompute_modules) */
+        static const char *names[] = {"attention", "norm", "mlp_act"};
+        printf(" | selective activation checkpointing (");
+        for (int i = 0, first = 1; i < 3; i++)
+            if (m->recompute >> i & 1) { printf("%s%s", first ? "" : ", ", names[i]); first = 0; }
+        printf(")");
+    }
     int mb_rows = c->micro_batch * c->seq_len;
     if (m->head_rows < mb_rows) /* the chunked LM head: how many rows, and the logits it holds */
         printf(" | lm head %d rows at a time (%.0f MiB of logits%s)", m->head_rows,
@@ -1969,7 +1977,7 @@ static int train(int argc, char **argv) {
     if (backend_is_cuda(t) && t->dist.world > 1) dist_nccl_attach(&t->dist); /* device collectives through NCCL */
 #endif
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank,
-                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel});
+                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules});
     t->model.block_causal = c->attention_mask == ATT_MASK_BLOCK_CAUSAL;
     t->model.reset_pos = c->reset_position_ids;
     t->model.eod_token = t->model.block_causal || t->model.reset_pos ? c->eod_token : -1;
@@ -2143,7 +2151,7 @@ static int cmd_check(int argc, char **argv) {
      * machine's devices (a GPU job checks on a laptop), and nothing is allocated */
     int act_bytes = strcmp(c->device, "cpu") != 0 && cuda_bf16(c) ? 2 : 4; /* the [a] activations on CUDA */
     model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0,
-                  (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes, c->seq_parallel});
+                  (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes, c->seq_parallel, c->recompute_modules});
     printf("check: %s: valid for %d ranks\n", c->path, world);
     if (c->description[0]) printf("description: %s\n", c->description);
     print_model_batch(t);

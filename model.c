@@ -177,40 +177,39 @@ const ParamSpec *model_find(const Model *m, const char *name) {
 /* activations                                                         */
 
 /* One layer's activation buffers in carve order: where the pointer lives,
- * its size in floats, and the checkpointing modes that keep it per layer
- * (bit i set: kept under mode i; else the backward recomputes it and every
- * layer shares layer 0's buffer). */
-typedef struct { float **ptr; size_t n; unsigned kept; int act; } ActBuf; /* act: an [a] buffer of n elements */
-#define KEEP_ALL ((1u << ACT_NONE) | (1u << ACT_SELECTIVE) | (1u << ACT_FULL))
-#define KEEP_NOT_FULL ((1u << ACT_NONE) | (1u << ACT_SELECTIVE))
-#define KEEP_NONE_ONLY (1u << ACT_NONE)
+ * its size in floats, and the recompute bits (RC_*) that drop it: a buffer
+ * is kept per layer unless Model.recompute holds one of them, else the
+ * backward recomputes it and every layer shares layer 0's buffer. */
+typedef struct { float **ptr; size_t n; unsigned drop; int act; } ActBuf; /* act: an [a] buffer of n elements */
 #define MAX_ACT_BUFS 16
 
 static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
     size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd, S = (size_t)m->S; /* S: the residual stream's rows */
     int gpt2 = m->cfg.arch == ARCH_GPT2, n = 0;
-#define BUF(p, sz, keep, act) (b[n++] = (ActBuf){&a->p, (sz), (keep), (act)})
-    BUF(ln1, S * C, KEEP_NOT_FULL, 1);
-    if (gpt2) BUF(ln1_mean, S, KEEP_NOT_FULL, 0);
-    BUF(ln1_rstd, S, KEEP_NOT_FULL, 0);
-    BUF(qkv, N * (size_t)m->qkv_dim, KEEP_NOT_FULL, 1); /* [a]: RoPE and attention read it */
-    BUF(atty, N * (size_t)m->nh * m->hd, KEEP_NONE_ONLY, 1);
-    BUF(lse, (size_t)m->B * m->nh * m->T, KEEP_NONE_ONLY, 0);
-    BUF(res2, S * C, KEEP_NOT_FULL, 0);
-    BUF(ln2, S * C, KEEP_NOT_FULL, 1);
-    if (gpt2) BUF(ln2_mean, S, KEEP_NOT_FULL, 0);
-    BUF(ln2_rstd, S, KEEP_NOT_FULL, 0);
+    const unsigned L = RC_LAYER, NORM = RC_NORM | RC_LAYER;
+#define BUF(p, sz, drop, act) (b[n++] = (ActBuf){&a->p, (sz), (drop), (act)})
+    BUF(ln1, S * C, NORM, 1);
+    if (gpt2) BUF(ln1_mean, S, NORM, 0);
+    BUF(ln1_rstd, S, NORM, 0);
+    BUF(qkv, N * (size_t)m->qkv_dim, L, 1); /* [a]: RoPE and attention read it */
+    BUF(atty, N * (size_t)m->nh * m->hd, RC_ATTENTION | L, 1);
+    BUF(lse, (size_t)m->B * m->nh * m->T, RC_ATTENTION | L, 0);
+    BUF(res2, S * C, L, 0);
+    BUF(ln2, S * C, NORM, 1);
+    if (gpt2) BUF(ln2_mean, S, NORM, 0);
+    BUF(ln2_rstd, S, NORM, 0);
     /* the MLP pre-activation, [a]: only the activation's kernels read it
-     * (SwiGLU's written by matmul_forward_a, GELU's by matmul_gelu_forward) */
-    BUF(fch, N * (size_t)m->fc_dim, KEEP_NOT_FULL, 1);
-    BUF(fch_act, N * (size_t)m->F, KEEP_NOT_FULL, 1);
-    BUF(res3, S * C, KEEP_ALL, 0);
+     * (SwiGLU's written by matmul_forward_a, GELU's by matmul_gelu_forward, or
+     * under mlp_act recompute by matmul_forward_a) */
+    BUF(fch, N * (size_t)m->fc_dim, L, 1);
+    BUF(fch_act, N * (size_t)m->F, RC_MLP_ACT | L, 1);
+    BUF(res3, S * C, 0, 0);
 #undef BUF
     if (!gpt2) a->ln1_mean = a->ln2_mean = NULL;
     return n;
 }
 
-static int buf_kept(const Model *m, const ActBuf *b) { return (b->kept >> m->act_ckpt) & 1u; }
+static int buf_kept(const Model *m, const ActBuf *b) { return !(b->drop & (unsigned)m->recompute); }
 static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 /* floats that n elements of an [a] buffer take */
 static size_t act_floats(const Model *m, size_t n) { return (n * (size_t)m->act_bytes + sizeof(float) - 1) / sizeof(float); }
@@ -245,7 +244,7 @@ static size_t carve_acts(Model *m, float *base) {
     TAKE(m->encoded, S * C);
     /* activation checkpointing: layers after the first share layer 0's
      * buffers for what the backward recomputes (full: everything but the
-     * layer output res3; selective: the attention output and its lse).
+     * layer output res3; selective: what Model.recompute names).
      * Activation offload: layer l keeps its buffers in slot l % OFFLOAD_SLOTS
      * (the first layers' own), with a copy in host memory (model_offload_*). */
     ActBuf b0[MAX_ACT_BUFS];
@@ -371,7 +370,7 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
 }
 
 void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments) {
-    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0});
+    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0});
 }
 
 void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, int tp_rank) {
@@ -405,6 +404,8 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
     model_layout(m, cfg, pad_multiple, tp, tp_rank);
     m->act_bytes = mem.act_bytes > 0 ? mem.act_bytes : (int)sizeof(float);
     m->act_ckpt = mem.act_ckpt;
+    m->recompute = mem.act_ckpt == ACT_FULL ? RC_LAYER
+                 : mem.act_ckpt == ACT_SELECTIVE ? (mem.recompute ? mem.recompute : RC_ATTENTION) : 0;
     m->head_rows = mem.head_rows > 0 ? mem.head_rows : model_head_rows_auto(B * T, m->V, m->act_bytes);
     m->offload = mem.offload && cfg->n_layer > OFFLOAD_SLOTS;
     m->B = B;
@@ -700,6 +701,12 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         if (llama) {
             k->matmul_forward_a(a->fch, ln2, w->fc_w, NULL, N, C, m->fc_dim); /* no bias; fch is [a] */
             k->swiglu_forward(a->fch_act, a->fch, N, F);
+        } else if (m->recompute & RC_MLP_ACT) {
+            /* the backward recomputes the GELU with gelu_forward: the
+             * forward runs that kernel too (CUDA's GEMM epilogue rounds
+             * the GELU of the unrounded product) */
+            k->matmul_forward_a(a->fch, ln2, w->fc_w, w->fc_b, N, C, F);
+            k->gelu_forward(a->fch_act, a->fch, (size_t)N * F);
         } else { /* fc_dim = F: one call, so CUDA can fuse the GELU into the GEMM */
             k->matmul_gelu_forward(a->fch_act, a->fch, ln2, w->fc_w, w->fc_b, N, C, F);
         }
@@ -920,9 +927,15 @@ void model_backward(Model *m, float loss_scale) {
         const LayerPtrs *g = &m->g.layers[l];
         const LayerActs *a = &m->la[l];
         const float *x = l > 0 ? m->la[l - 1].res3 : m->encoded;
-        if (m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T); /* deterministic: the same values again */
-        else if (m->act_ckpt == ACT_SELECTIVE)
-            k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, nh, nkv, hd);
+        const int rc = m->act_ckpt == ACT_SELECTIVE ? m->recompute : 0;
+        /* deterministic: the same values again, each just before its first
+         * reader (ln1's after the attention's backward) */
+        if (m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T);
+        if (rc & RC_ATTENTION) k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, nh, nkv, hd);
+        if (rc & RC_MLP_ACT) {
+            if (llama) k->swiglu_forward(a->fch_act, a->fch, N, F);
+            else k->gelu_forward(a->fch_act, a->fch, (size_t)N * F);
+        }
         /* MLP block; m->dres holds d(res3) and becomes d(res2) */
         /* d(fch) into dbuf2 (overwritten: the down-projection's backward and
          * the activation's in one call), [a]: the up-projection's backward
@@ -932,6 +945,7 @@ void model_backward(Model *m, float loss_scale) {
             k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, m->dres_a, a->fch_act, w->proj_w, a->fch, N,
                                       F, C);
         else k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, m->dres_a, a->fch_act, w->proj_w, a->fch, N, F, C);
+        if (rc & RC_NORM) norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, S);
         k->matmul_backward_a(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, tp_gather_rows(m, a->ln2, S), w->fc_w, N, C, m->fc_dim);
         /* column-parallel: partial input gradient */
         const float *dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
@@ -945,6 +959,7 @@ void model_backward(Model *m, float loss_scale) {
             Rope rope = rope_of(c);
             k->rope_backward(m->dbuf2, positions(m), B, T, nh, nkv, hd, &rope);
         }
+        if (rc & RC_NORM) norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, S);
         k->matmul_backward_a(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, tp_gather_rows(m, a->ln1, S), w->qkv_w, N, C, m->qkv_dim);
         dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
         /* (the embeddings' backward reads dres as it is: no copy below layer 0) */

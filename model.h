@@ -101,7 +101,15 @@ typedef struct ModelComm {
 
 /* Activation checkpointing (train.activation_checkpointing): which saved
  * activations the backward recomputes instead of keeping per layer. */
-enum { ACT_NONE = 0, ACT_SELECTIVE = 1 /* attention outputs */, ACT_FULL = 2 /* all but each layer's output */ };
+enum { ACT_NONE = 0, ACT_SELECTIVE = 1 /* what ModelMem.recompute names */, ACT_FULL = 2 /* all but each layer's output */ };
+/* Under ACT_SELECTIVE, what the backward recomputes of each layer
+ * (train.recompute_modules, bit i the i-th of attention|norm|mlp_act):
+ * the attention output and its log-sum-exp; both norms' outputs and
+ * statistics; the MLP activation's output. RC_LAYER: everything of a layer
+ * but its output (ACT_FULL). Each recompute repeats the forward's kernel on
+ * the forward's inputs, so the backward sees the forward's values bit for
+ * bit. */
+enum { RC_ATTENTION = 1, RC_NORM = 2, RC_MLP_ACT = 4, RC_LAYER = 8 };
 
 /* What the activations keep: train.activation_checkpointing, and
  * train.lm_head_chunk, the token rows the LM head and the cross-entropy
@@ -114,6 +122,7 @@ typedef struct ModelMem {
     int offload; /* train.activation_offload: layers' kept activations in host memory */
     int act_bytes; /* bytes per element of the [a] activations (kernels.h; 0: 4); model_build_tp takes the backend's */
     int seq_parallel; /* parallel.sequence_parallel (with tp > 1): see Model.sp */
+    int recompute; /* ACT_SELECTIVE: RC_ATTENTION | RC_NORM | RC_MLP_ACT (0: RC_ATTENTION) */
 } ModelMem;
 
 /* Activation offload: device buffers for this many layers (slots); layer l
@@ -124,6 +133,7 @@ typedef struct ModelMem {
 typedef struct Model {
     ModelConfig cfg;
     int act_ckpt;             /* ACT_NONE | ACT_SELECTIVE | ACT_FULL */
+    int recompute;            /* RC_* the backward recomputes: 0 (none), ModelMem.recompute (selective), RC_LAYER (full) */
     int head_rows;            /* LM head / cross-entropy rows at a time (ModelMem.head_rows, 0 resolved) */
     int offload;              /* activation offload on (and n_layer > OFFLOAD_SLOTS) */
     int forward_only;         /* set by the caller around forwards no backward follows (no offload then) */

@@ -185,7 +185,7 @@ static void w_rope_backward(float *dqkv, const int *pos, int B, int T, int nh, i
           P.in->rope_backward(dqkv, pos, B, T, nh, nkv, hd, rope));
 }
 static void w_gelu_forward(float *out, const float *inp, size_t n) {
-    TIMED(gelu_forward, 0, by(n, 8), P.in->gelu_forward(out, inp, n));
+    TIMED(gelu_forward, 0, by(n, 2 * A), P.in->gelu_forward(out, inp, n));
 }
 static void w_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     TIMED(gelu_backward, 0, by(n, 12), P.in->gelu_backward(dinp, inp, dout, n));

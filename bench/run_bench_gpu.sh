@@ -7,7 +7,10 @@
 #                (gradient accumulation, 32768 tokens a step, as pre-training
 #                runs accumulate: the Llama 2 recipe steps every 4M tokens),
 #                where AdamW's pass over 1.24 B parameters (28 bytes each,
-#                about 13 ms on an H100) is paid once per 8 micro-batches
+#                about 13 ms on an H100) is paid once per 8 micro-batches;
+#                the single micro-batch again with selective checkpointing
+#                of the norms and the MLP activation (train.recompute_modules
+#                norm,mlp_act) instead of the attention
 # printing ms/step, tokens/s and MFU against the GPU's bf16 dense peak
 # (the header line says which peak; log.peak_gflops overrides).
 # Notes: the GEMM attention materialises one head's T x T probabilities in
@@ -88,10 +91,11 @@ for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16)
         f.write(h.tobytes()); f.write(t.astype(dt).tobytes())
 PYEOF
 
-# name | model json | B | T | compute dtype | activation checkpointing | attention kernel | micro-batches a step
+# name | model json | B | T | compute dtype | activation checkpointing[:recompute modules] | attention kernel | micro-batches a step
 run_case() {
     local name="$1" model="$2" B="$3" T="$4" mm="$5" ac="$6" att="$7" accum="${8:-1}"
-    local tag="$name-$mm-$att"
+    local tag="$name-$mm-$att" mods="" mods_json=""
+    case $ac in *:*) mods=${ac#*:}; ac=${ac%%:*}; mods_json=", \"recompute_modules\": \"$mods\""; tag="$tag-${mods//,/-}";; esac
     if [ "$SMOKE" = 1 ]; then
         model=$("$PY" -c 'import json, sys; m = json.loads(sys.argv[1]); m.update(n_layer=2, n_embd=64, n_head=4, vocab_size=96, max_seq_len=64)
 if "n_kv_head" in m: m.update(n_kv_head=2, ffn_hidden=128)
@@ -103,7 +107,7 @@ print(json.dumps(m))' "$model") || exit 1
     cat >"$TMP/$name.json" <<JSON
 {"model": $model,
  "data": {"train": "$TMP/$name.bin"},
- "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $((B * accum)), "device": "cuda", "activation_checkpointing": "$ac",
+ "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $((B * accum)), "device": "cuda", "activation_checkpointing": "$ac"$mods_json,
            "compute_dtype": "$mm", "attention_kernel": "$att"},
  "optim": {"lr": 3e-4, "warmup_steps": 0},
  "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name", "profile_steps": $PROFILE_STEPS}, "checkpoint": {"dir": "$TMP/ck_$name"}}
@@ -116,10 +120,12 @@ JSON
         exit 1
     fi
     rm -rf "$TMP/ck_$name" # the final checkpoint (the Llama's is 15 GB)
-    $PY - "$name" "$B" "$T" "$TMP/$name.out" "$TMP/run_$name/metrics.jsonl" "$mm" "$att" "$accum" <<'PYEOF' || { echo "bench-gpu: FAIL: $name: could not read ms/step, tokens/s and MFU from its output (the error above)" >&2; exit 1; }
+    $PY - "$name" "$B" "$T" "$TMP/$name.out" "$TMP/run_$name/metrics.jsonl" "$mm" "$att" "$accum" "$ac" "${mods:-attention}" <<'PYEOF' || { echo "bench-gpu: FAIL: $name: could not read ms/step, tokens/s and MFU from its output (the error above)" >&2; exit 1; }
 import json, re, statistics, sys
-name, B, T, out, metrics, mm, att, accum = sys.argv[1:9]
+name, B, T, out, metrics, mm, att, accum, ac, mods = sys.argv[1:11]
 shape = f"B={B} T={T}" + (f" ({accum} micro-batches a step)" if accum != "1" else "")
+if ac == "selective": shape += f", selective checkpointing ({mods.replace(',', ', ')})"
+elif ac != "none": shape += f", {ac} checkpointing"
 text = open(out).read()
 peak = float(re.search(r"peak for MFU ([0-9.]+) GFLOP/s", text).group(1))
 dev = re.search(r"backend cuda \| ([^;\n]*)", text).group(1)
@@ -150,6 +156,14 @@ for mm in $MATMUL; do
     for att in $ATTENTION; do
         run_case llama_1B '{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
                             "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm" selective "$att"
+    done
+done
+# selective checkpointing that recomputes the norms and the MLP activation
+# (memory-bound passes) instead of the attention: fewer bytes kept, less time
+for mm in $MATMUL; do
+    for att in $ATTENTION; do
+        run_case llama_1B '{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
+                            "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm" selective:norm,mlp_act "$att"
     done
 done
 for mm in $MATMUL; do

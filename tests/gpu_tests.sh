@@ -25,6 +25,10 @@
 #      recomputed) within 5e-3; then both again under
 #      compute dtype bf16 (the bf16 mma.sync attention kernels, the
 #      header must name them) within 3e-2.
+#   3b'. selective checkpointing's train.recompute_modules under bf16 on
+#      the 3b shapes: Llama's norm,mlp_act and all three, GPT-2's norm
+#      bit-identical to the run that keeps everything; GPT-2's norm,mlp_act
+#      (its GELU then its own kernel in the forward) against cpu within 3e-2.
 #   3c. cuDNN's fused attention (train.attention_kernel cudnn, the default
 #      under bf16 GEMMs) in whole runs on the 3b shapes: TF32 GEMMs, bf16
 #      GEMMs and (Llama) selective checkpointing, against cpu within 3e-2;
@@ -281,6 +285,32 @@ for arch in gpt2 llama; do
         else
             echo "FAIL flash $arch: $name and cpu loss trajectories differ by more than $tol"; fail=$((fail + 1))
         fi
+    done
+done
+
+# selective checkpointing's train.recompute_modules on cuda under bf16 [a]
+# activations, on the 3b shapes: bit-identical to the 3b run that keeps
+# everything (flash attention, whose backward sums in a fixed order; cuDNN's
+# does not) where the forward is the same: Llama with norm,mlp_act and with
+# all three, GPT-2 with norm. GPT-2 with mlp_act runs its GELU as its own
+# kernel in the forward too, not in the GEMM's epilogue, so its bits are
+# not that run's: it is held to the CPU within the bf16 tolerance (and
+# tests/test_gpu to a reference with that forward, gradients ==)
+for arch in gpt2 llama; do
+    nkv=2; [ $arch = llama ] && nkv=1
+    mods_list="norm:exact norm,mlp_act:cpu"; [ $arch = llama ] && mods_list="norm,mlp_act:exact attention,norm,mlp_act:exact"
+    for item in $mods_list; do
+        mods=${item%:*} against=${item#*:} name=rc-$(tr , - <<<"${item%:*}")
+        if ! $BIN "$TMP/$arch.json" --set train.attention_kernel=flash --set train.compute_dtype=bf16 --set model.n_embd=128 \
+             --set model.n_head=2 --set model.n_kv_head=$nkv --set model.max_seq_len=128 --set train.seq_len=100 \
+             --set train.activation_checkpointing=selective --set train.recompute_modules=$mods --set train.device=cuda \
+             --set log.dir="$TMP/fa-$arch-$name" --set checkpoint.dir="$TMP/fa-$arch-$name/ckpt" >"$TMP/fa-$arch-$name.out" 2>&1; then
+            echo "FAIL $arch cuda bf16 recompute_modules $mods exited non-zero: $(tail -2 "$TMP/fa-$arch-$name.out")"; fail=$((fail + 1))
+        elif [ $against = exact ] && $PY tests/compare_runs.py "$TMP/fa-$arch-flash-bf16" "$TMP/fa-$arch-$name" --steps $STEPS --exact; then
+            echo "ok   $arch cuda bf16: selective with recompute_modules $mods: $STEPS steps bit-identical to keeping everything"; pass=$((pass + 1))
+        elif [ $against = cpu ] && $PY tests/compare_runs.py "$TMP/fa-$arch-cpu" "$TMP/fa-$arch-$name" --steps $STEPS --loss-rtol $LOSS_RTOL_BF16; then
+            echo "ok   $arch cuda bf16: selective with recompute_modules $mods: $STEPS steps vs cpu within $LOSS_RTOL_BF16"; pass=$((pass + 1))
+        else echo "FAIL $arch cuda bf16: recompute_modules $mods differs (against: $against)"; fail=$((fail + 1)); fi
     done
 done
 

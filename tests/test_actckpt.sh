@@ -28,13 +28,24 @@ EOF2
     for layout in "1" "2 --set parallel.tensor=2" "2 --set parallel.strategy=FULL_SHARD"; do
         read -r np rest <<<"$layout"
         tag=$arch-np$np-$(echo "$rest" | tr -dc 'a-zA-Z0-9_')
-        for mode in none selective full; do
+        for mode in none selective full norm_act all; do
             cmd="$BIN"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
-            $cmd "$TMP/$arch.json" $rest --set train.activation_checkpointing=$mode --set log.dir="$TMP/$tag-$mode" \
+            case $mode in # train.recompute_modules: a string of names, a JSON list
+                norm_act) ck=(--set train.activation_checkpointing=selective --set "train.recompute_modules=norm,mlp_act") ;;
+                all) ck=(--set train.activation_checkpointing=selective --set 'train.recompute_modules=["mlp_act", "attention", "norm"]') ;;
+                *) ck=(--set train.activation_checkpointing=$mode) ;;
+            esac
+            $cmd "$TMP/$arch.json" $rest "${ck[@]}" --set log.dir="$TMP/$tag-$mode" \
                 >"$TMP/$tag-$mode.out" 2>&1 || echo "  $tag $mode exited non-zero: $(tail -2 "$TMP/$tag-$mode.out")"
             $BIN export "$TMP/$tag-$mode/checkpoints" "$TMP/$tag-$mode/hf" >/dev/null 2>&1
         done
-        for mode in selective full; do
+        # the header's batch line names what the backward recomputes
+        hdr=$(grep -h "^batch: " "$TMP/$tag-none.out" "$TMP/$tag-selective.out" "$TMP/$tag-norm_act.out" "$TMP/$tag-all.out" "$TMP/$tag-full.out" |
+              grep -o "| [a-z]* activation checkpointing.*" | tr '\n' ';')
+        if [ "$hdr" = "| selective activation checkpointing (attention);| selective activation checkpointing (norm, mlp_act);| selective activation checkpointing (attention, norm, mlp_act);| full activation checkpointing;" ]; then
+            echo "ok   $arch np $np ${rest:-} the batch line names the checkpointing: $hdr"; pass=$((pass + 1))
+        else echo "FAIL $arch np $np ${rest:-} the batch lines name '$hdr'"; fail=$((fail + 1)); fi
+        for mode in selective full norm_act all; do
             if $PY tests/compare_runs.py "$TMP/$tag-none" "$TMP/$tag-$mode" --steps 6 --exact; then
                 echo "ok   $arch np $np ${rest:-} $mode: bit-identical to none"; pass=$((pass + 1))
             else
@@ -55,11 +66,11 @@ EOF2
         if [ -n "$ac" ] && [ "$ac" -lt "$a0" ]; then
             echo "ok   $arch np $np ${rest:-} activations_bytes with lm_head_chunk 7: $ac < $a0"; pass=$((pass + 1))
         else echo "FAIL $arch np $np activations_bytes with lm_head_chunk: '$ac' vs '$a0'"; fail=$((fail + 1)); fi
-        a0=$(acts none); a1=$(acts selective); a2=$(acts full)
-        if [ -n "$a0" ] && [ "$a0" -gt "$a1" ] && [ "$a1" -gt "$a2" ]; then
-            echo "ok   $arch np $np ${rest:-} activations_bytes none $a0 > selective $a1 > full $a2"; pass=$((pass + 1))
+        a0=$(acts none); a1=$(acts selective); a2=$(acts full); a3=$(acts norm_act); a4=$(acts all)
+        if [ -n "$a0" ] && [ "$a0" -gt "$a1" ] && [ "$a1" -gt "$a3" ] && [ "$a3" -gt "$a4" ] && [ "$a4" -gt "$a2" ]; then
+            echo "ok   $arch np $np ${rest:-} activations_bytes none $a0 > selective $a1 > norm,mlp_act $a3 > all three $a4 > full $a2"; pass=$((pass + 1))
         else
-            echo "FAIL $arch np $np activations_bytes none '$a0' selective '$a1' full '$a2'"; fail=$((fail + 1))
+            echo "FAIL $arch np $np activations_bytes none '$a0' selective '$a1' norm,mlp_act '$a3' all three '$a4' full '$a2'"; fail=$((fail + 1))
         fi
     done
 done
@@ -73,6 +84,50 @@ done
 a8=$(cat "$TMP/act-8"); a1=$(cat "$TMP/act-1")
 if [ -n "$a8" ] && [ "$a8" = "$a1" ]; then echo "ok   activations_bytes 8 x 64 = 1 x 512 = $a1 (attention O(T) per head)"; pass=$((pass + 1))
 else echo "FAIL activations_bytes 8 x 64 '$a8' vs 1 x 512 '$a1'"; fail=$((fail + 1)); fi
+# train.recompute_modules: what each module frees, counted exactly by
+# `llmtrain check` (no training) on the CPU (fp32) and for CUDA under bf16
+# ([a] buffers at 2 bytes): every layer but the first (whose buffers the
+# others share) drops norm's two outputs (N x C, [a]) with their rstd (and
+# GPT-2's mean, N floats each), mlp_act the MLP activation (N x F, [a]);
+# N = 2 x 32 rows, C 32, F 256 (Llama) or 128 (GPT-2): all multiples of 16
+# floats, so no padding enters
+for arch in gpt2 llama; do
+    F=256; stats=1; [ $arch = gpt2 ] && { F=128; stats=2; }
+    for dev in cpu:4 cuda:2; do
+        a=${dev#*:}
+        got=""; want=""
+        base=$($BIN check "$TMP/$arch.json" --set train.device=${dev%:*} 2>&1 | grep -o "activations_bytes [0-9]*" | awk '{print $2}')
+        for mods in norm mlp_act "norm mlp_act"; do
+            n=$($BIN check "$TMP/$arch.json" --set train.device=${dev%:*} --set train.activation_checkpointing=selective \
+                --set "train.recompute_modules=$mods" 2>&1 | grep -o "activations_bytes [0-9]*" | awk '{print $2}')
+            w=0
+            case "$mods" in *norm*) w=$((w + 2 * (64 * 32 * a + stats * 64 * 4))) ;; esac
+            case "$mods" in *mlp_act*) w=$((w + 64 * F * a)) ;; esac
+            got="$got $((base - n))"; want="$want $((2 * w))"
+        done
+        if [ -n "$base" ] && [ "$got" = "$want" ]; then
+            echo "ok   $arch ${dev%:*} recompute_modules norm / mlp_act / both free exactly$got activation bytes"; pass=$((pass + 1))
+        else echo "FAIL $arch ${dev%:*} recompute_modules frees$got bytes, expected$want (base '$base')"; fail=$((fail + 1)); fi
+    done
+done
+# bad train.recompute_modules: one line, exit 2, naming the key and what was expected
+rc_bad() { # EXPECTED_TEXT ARGS...
+    local want=$1; shift
+    $BIN check "$TMP/llama.json" "$@" >"$TMP/rcbad.out" 2>&1; local rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/rcbad.out")" -eq 1 ] && grep -qF -- "$want" "$TMP/rcbad.out"; then
+        echo "ok   recompute_modules $*: $(cat "$TMP/rcbad.out")"; pass=$((pass + 1))
+    else echo "FAIL recompute_modules $*: rc $rc: $(cat "$TMP/rcbad.out") (expected: $want)"; fail=$((fail + 1)); fi
+}
+rc_bad 'train.recompute_modules: "mlp" is not one of attention|norm|mlp_act (got "norm mlp")' \
+    --set train.activation_checkpointing=selective --set "train.recompute_modules=norm mlp"
+rc_bad 'train.recompute_modules: expected at least one of attention|norm|mlp_act, got []' \
+    --set train.activation_checkpointing=selective --set "train.recompute_modules=[]"
+rc_bad 'train.recompute_modules: expected a list of strings (names from attention|norm|mlp_act), got ["norm",3]' \
+    --set train.activation_checkpointing=selective --set 'train.recompute_modules=["norm", 3]'
+rc_bad 'train.recompute_modules is set but train.activation_checkpointing is "full" (it applies only with "selective")' \
+    --set train.activation_checkpointing=full --set train.recompute_modules=norm
+rc_bad 'train.recompute_modules is set but train.activation_checkpointing is "none" (it applies only with "selective")' \
+    --set train.recompute_modules=attention
 # the sample reads the last chunk's logits: the same text as unchunked with the same weights
 for layout in "1" "2 --set parallel.tensor=2"; do
     read -r np rest <<<"$layout"

@@ -1172,9 +1172,17 @@ static void test_pointwise(void) {
     size_t n = (size_t)N * F;
     float *x = hrand(2 * n, 2), *d = hrand(2 * n, 1), *o = hrand(2 * n, 1), *di = hrand(2 * n, 1);
     float *gx = dcopy(x, 2 * n), *gd = dcopy(d, 2 * n), *go = dcopy(o, 2 * n), *gdi = dcopy(di, 2 * n);
-    KC->gelu_forward(o, x, 2 * n);
-    KG->gelu_forward(go, gx, 2 * n);
-    check("gelu_forward", o, go, 2 * n, TOL_F32);
+    { /* gelu_forward's inp and out are [a]: under bf16 the device reads the
+       * rounded inputs the CPU gets, and stores its result rounded */
+        float *xa = malloc_check(2 * n * sizeof(float)), *oa = malloc_check(2 * n * sizeof(float));
+        memcpy(xa, x, 2 * n * sizeof(float));
+        float *gxa = dcopy_act(xa, 2 * n), *goa = dcopy_act(o, 2 * n);
+        act_round(xa, 2 * n);
+        KC->gelu_forward(oa, xa, 2 * n);
+        KG->gelu_forward(goa, gxa, 2 * n);
+        check_act_rn("gelu_forward ([a] in and out)", oa, goa, 2 * n);
+        free(xa); free(oa);
+    }
     KC->gelu_backward(di, x, d, 2 * n);
     KG->gelu_backward(gdi, gx, gd, 2 * n);
     check("gelu_backward", di, gdi, 2 * n, TOL_F32);
@@ -1484,7 +1492,7 @@ static void test_model_weight_copies(void) {
     for (int i = 0; i < N; i++) { tok[i] = (int)(rnd_u32() % 96); tgt[i] = (int)(rnd_u32() % 96); }
     for (int ck = 0; ck < 2; ck++) {
         Model m;
-        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ck ? ACT_FULL : ACT_NONE, 0, 0, 0, 0});
+        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ck ? ACT_FULL : ACT_NONE, 0, 0, 0, 0, 0});
         model_init_random(&m, 0.02f, 7);
         long h0, m0, h1, m1, h2, m2, h3, m3;
         size_t b0, b1, b2;
@@ -1700,7 +1708,7 @@ static void test_model_fresh_grads(void) {
         for (int j = 0; j < 2; j++)
             for (int i = 0; i < N; i++) { tok[j][i] = (int)(rnd_u32() % 96); tgt[j][i] = (int)(rnd_u32() % 96); }
         Model m;
-        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0});
+        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0});
         model_init_random(&m, 0.02f, 7);
         float *h[2];
         long w[3];
@@ -1751,7 +1759,7 @@ static void test_model_dres_copy(void) {
         int tok[32], tgt[32];
         for (int i = 0; i < N; i++) { tok[i] = (int)(rnd_u32() % 96); tgt[i] = (int)(rnd_u32() % 96); }
         Model m;
-        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0});
+        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0});
         model_init_random(&m, 0.02f, 7);
         float *copy = m.dres_a, *h[2];
         long conv[2], fused[2];
@@ -1780,6 +1788,51 @@ static void test_model_dres_copy(void) {
         free(h[0]); free(h[1]);
         model_free(&m);
     }
+}
+
+/* Selective checkpointing's recompute (ModelMem.recompute: attention, norm,
+ * mlp_act together) through model.c on the device: the loss and every
+ * gradient equal (==) those of the model that keeps everything, and the
+ * recomputed buffers are shared between the layers (layer 1's ln1, ln2,
+ * attention output and MLP activation are layer 0's). GPT-2's reference
+ * runs the GELU as mlp_act has the forward run it, as its own kernel (set
+ * by hand: Model.recompute with nothing dropped; the GEMM's GELU epilogue
+ * rounds otherwise). Attention "gemm": deterministic. */
+static void test_model_recompute(void) {
+    kernels_cuda_set_attention("gemm");
+    for (int llama = 0; llama < 2; llama++) {
+        ModelConfig c = small_model(llama);
+        const int B = 2, T = 16, N = B * T;
+        int tok[32], tgt[32];
+        for (int i = 0; i < N; i++) { tok[i] = (int)(rnd_u32() % 96); tgt[i] = (int)(rnd_u32() % 96); }
+        Model m[2];
+        float *h[2], loss[2];
+        for (int r = 0; r < 2; r++) {
+            model_build_tp(&m[r], &c, KG, B, T, 1, 1, 1, 0,
+                           (ModelMem){r ? ACT_SELECTIVE : ACT_NONE, 0, 0, 0, 0, RC_ATTENTION | RC_NORM | RC_MLP_ACT});
+            if (!r) m[r].recompute = RC_MLP_ACT; /* nothing dropped (carved above): only the forward's GELU kernel */
+            model_init_random(&m[r], 0.02f, 7);
+            KG->zero(m[r].grads, m[r].n_params * sizeof(float));
+            m[r].loss_scale = 1.0f / N;
+            loss[r] = model_forward(&m[r], tok, tgt);
+            model_backward(&m[r], 1.0f / N);
+            h[r] = malloc_check(m[r].n_params * sizeof(float));
+            KG->to_host(h[r], m[r].grads, m[r].n_params * sizeof(float));
+        }
+        const LayerActs *a = m[1].la, *k = m[0].la;
+        const int shared = a[1].ln1 == a[0].ln1 && a[1].ln2 == a[0].ln2 && a[1].atty == a[0].atty &&
+                           a[1].fch_act == a[0].fch_act && a[1].fch != a[0].fch && a[1].qkv != a[0].qkv;
+        const int kept = k[1].ln1 != k[0].ln1 && k[1].fch_act != k[0].fch_act && k[1].atty != k[0].atty;
+        const int same = same_floats(h[0], h[1], m[0].n_params) && loss[0] == loss[1];
+        const int ok = same && shared && kept;
+        printf("%s model recompute of attention, norm and mlp_act (%s): loss %.9g vs %.9g, gradients %s; "
+               "recomputed buffers %s between layers, kept ones per layer%s\n", ok ? "ok  " : "FAIL",
+               llama ? "Llama" : "GPT-2", (double)loss[1], (double)loss[0], same ? "==" : "differ", shared ? "shared" : "NOT shared",
+               kept ? "" : " (NOT in the reference)");
+        if (ok) pass++; else fail++;
+        for (int r = 0; r < 2; r++) { free(h[r]); model_free(&m[r]); }
+    }
+    kernels_cuda_set_attention("auto");
 }
 
 /* adamw_multi's sum of squares: against a double sum of the device's own
@@ -2184,6 +2237,7 @@ int main(int argc, char **argv) {
     test_fresh_grads();
     test_model_fresh_grads();
     test_model_dres_copy();
+    test_model_recompute();
     test_adamw();
     test_round_bf16();
     test_unpack_inplace();

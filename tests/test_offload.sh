@@ -5,7 +5,8 @@
 # slots are reused, so a layer that read another layer's activations would
 # change the gradients: losses, gradient norms and exported weights must be
 # bit-identical to the same run without offload, under each checkpointing
-# mode, for GPT-2 and Llama (GQA), on 1 rank, tp 2 and FULL_SHARD 2, with
+# mode (selective also with train.recompute_modules norm,mlp_act), for
+# GPT-2 and Llama (GQA), on 1 rank, tp 2 and FULL_SHARD 2, with
 # gradient accumulation and evaluation in between. The device activations
 # fall and the host copy is n_layer x one layer's kept buffers.
 . "$(dirname "$0")/lib.sh"
@@ -24,10 +25,12 @@ EOF2
     for layout in "1" "2 --set parallel.tensor=2" "2 --set parallel.strategy=FULL_SHARD"; do
         read -r np rest <<<"$layout"
         cmd="$BIN"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
-        for mode in none selective full; do
+        for mode in none selective full norm_act; do
             tag=$arch-np$np-$(echo "$rest" | tr -dc 'a-zA-Z0-9_')-$mode
+            ck=(--set train.activation_checkpointing=$mode) # norm_act: the norms and the MLP activation recomputed, not offloaded
+            [ $mode = norm_act ] && ck=(--set train.activation_checkpointing=selective --set train.recompute_modules=norm,mlp_act)
             for off in false true; do
-                $cmd "$TMP/$arch.json" $rest --set train.activation_checkpointing=$mode --set train.activation_offload=$off \
+                $cmd "$TMP/$arch.json" $rest "${ck[@]}" --set train.activation_offload=$off \
                     --set log.dir="$TMP/$tag-$off" >"$TMP/$tag-$off.out" 2>&1 || echo "  $tag offload $off exited non-zero: $(tail -2 "$TMP/$tag-$off.out")"
                 $BIN export "$TMP/$tag-$off/checkpoints" "$TMP/$tag-$off/hf" >/dev/null 2>&1
             done

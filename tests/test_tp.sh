@@ -94,11 +94,12 @@ for arch in gpt2 llama; do
  "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
  "eval": {"sample_tokens": 12, "every_steps": 3, "batches": 2}}
 EOF
-    for run in one sp sp-full sp-selective sp-offload; do
+    for run in one sp sp-full sp-selective sp-recompute sp-offload; do
         cmd="$MPIRUN 2 $BIN"; extra="--set parallel.tensor=2 --set parallel.sequence_parallel=true"
         case $run in
         one) cmd="$BIN"; extra="" ;;
         sp-full|sp-selective) extra="$extra --set train.activation_checkpointing=${run#sp-}" ;;
+        sp-recompute) extra="$extra --set train.activation_checkpointing=selective --set train.recompute_modules=attention,norm,mlp_act" ;;
         sp-offload) extra="$extra --set train.activation_offload=true" ;;
         esac
         $cmd "$TMP/$arch-odd.json" $extra --set log.dir="$TMP/$arch-odd-$run" --set checkpoint.dir="$TMP/$arch-odd-$run/ckpt" \
@@ -113,6 +114,10 @@ EOF
             echo "FAIL $arch $run, 15 rows on 2 ranks differs from 1 rank: $(grep llmtrain: "$TMP/$arch-odd-$run.out" | head -2)"; fail=$((fail + 1))
         fi
     done
+    # the recompute under sequence parallelism (each rank's norm rows again, then gathered): bit for bit
+    if $PY tests/compare_runs.py "$TMP/$arch-odd-sp" "$TMP/$arch-odd-sp-recompute" --steps 6 --exact; then
+        echo "ok   $arch sp with recompute_modules attention,norm,mlp_act: bit-identical to sp keeping everything"; pass=$((pass + 1))
+    else echo "FAIL $arch sp with recompute_modules differs from sp"; fail=$((fail + 1)); fi
 done
 # the activations: the residual stream's and the norms' rows are halved
 a_sp=$($BIN check "$TMP/llama.json" --world 2 --set parallel.tensor=2 --set parallel.sequence_parallel=true | grep -o 'activations_bytes [0-9]*')
