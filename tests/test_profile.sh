@@ -3,7 +3,7 @@
 # steps. Checked against what the job's shape says a step must do, not
 # against the profiler's own code: the calls of each kernel-table entry a
 # step (derived here from the model's structure: layers, micro-batches,
-# checkpointing mode), the matrix products' FLOPs (6 x the product weights x
+# checkpointing mode, what selective checkpointing recomputes), the matrix products' FLOPs (6 x the product weights x
 # tokens, plus the recomputed forward under full checkpointing) and
 # attention's (causal: 2 products forward, 5 backward, over T(T+1)/2 pairs);
 # the least traffic of the memory-bound entries (the final norm, AdamW over
@@ -34,8 +34,13 @@ hd = C // nh
 llama = arch == "llama"
 nkv, F = (2, 256) if llama else (nh, 4 * C)
 norm = "rmsnorm" if llama else "layernorm"
+# ckpt: none, full, selective (the attention recomputed) or sel:MODS (train.recompute_modules)
+mods = set(ckpt[4:].split(",")) if ckpt.startswith("sel:") else {"attention"} if ckpt == "selective" else set()
+act = "swiglu_forward" if llama else "gelu_forward"
 layer_fwd = {f"{norm}_forward": 2, "matmul_forward_a": 1 + llama, "attention_forward": 1, "matmul_forward_res": 2}
-layer_fwd.update({"rope_forward": 1, "swiglu_forward": 1} if llama else {"matmul_gelu_forward": 1})
+if llama: layer_fwd.update({"rope_forward": 1, "swiglu_forward": 1})
+elif "mlp_act" in mods: layer_fwd.update({"matmul_forward_a": 2, "gelu_forward": 1})  # the GELU as recomputed, not the epilogue
+else: layer_fwd["matmul_gelu_forward"] = 1
 layer_bwd = {("matmul_swiglu_backward" if llama else "matmul_gelu_backward"): 1, "matmul_backward_a": 2,
              f"{norm}_backward": 2, "matmul_backward_dinp_a": 1, "attention_backward": 1}
 if llama: layer_bwd["rope_backward"] = 1
@@ -46,7 +51,8 @@ def add(d, e, n):
 add(micro, layer_fwd, L)
 add(micro, layer_bwd, L)
 if ckpt == "full": add(micro, layer_fwd, L)
-if ckpt == "selective": add(micro, {"attention_forward": 1}, L)
+recompute = {"attention": {"attention_forward": 1}, "norm": {f"{norm}_forward": 2}, "mlp_act": {act: 1}}
+for mod in mods: add(micro, recompute[mod], L)
 # a step: the gradients declared fresh (grads_fresh, in place of a zeroing
 # pass) and settled chunk by chunk (L + 2 chunks) after the last micro-batch's
 # backward of each, their norm, AdamW (which sums the updated weights'
@@ -62,7 +68,7 @@ layer = (C * (nh + 2 * nkv) * hd + nh * hd * C + C * (2 * F if llama else F) + F
 tokens = accum * B * T
 mm_want = steps * tokens * (6 * (L * layer + V * C) + (2 * L * layer if ckpt == "full" else 0))
 att = B * nh * hd * T * (T + 1) * L * accum * steps
-att_want = {"attention_forward": att * (2 if ckpt == "none" else 4), "attention_backward": 5 * att}
+att_want = {"attention_forward": att * (4 if ckpt == "full" or "attention" in mods else 2), "attention_backward": 5 * att}
 fl = {e["name"]: e["flops"] for e in p["entries"]}
 mm_got = sum(v for k, v in fl.items() if k.startswith("matmul_"))
 if mm_got != mm_want: errs.append(f"matrix-product FLOPs {mm_got:.0f}, expected {mm_want}")
@@ -125,12 +131,19 @@ if $PY tests/compare_runs.py "$TMP/g0" "$TMP/g1" --steps 5 --exact >/dev/null; t
     ok "gpt2: profiled run bit-identical to the unprofiled one (losses, norms, weights)"
 else bad "gpt2: the profiled run differs"; fi
 
-for mode in none selective full; do
-    run l-$mode "$TMP/llama.json" --set train.steps=3 --set log.profile_steps=10 --set train.activation_checkpointing=$mode
+for mode in none selective full sel:norm,mlp_act sel:attention,norm,mlp_act; do
+    ck=(--set train.activation_checkpointing=$mode)
+    [ "${mode#sel:}" != "$mode" ] && ck=(--set train.activation_checkpointing=selective --set train.recompute_modules=${mode#sel:})
+    run l-$mode "$TMP/llama.json" --set train.steps=3 --set log.profile_steps=10 "${ck[@]}"
     if t=$(check_json "$TMP/l-$mode/profile.json" llama 4 $mode 1 2 2) && grep -q "^profile: steps 2-3 (2 steps)" "$TMP/l-$mode.out"; then
         ok "llama $mode, window past the end (steps 2-3 of 3): $t"
     else bad "llama $mode: $t $(grep '^profile: steps' "$TMP/l-$mode.out")"; fi
 done
+# GPT-2 recomputing its norms and GELU: the forward runs the GELU as its own kernel
+run g-rc "$TMP/gpt2.json" --set train.steps=3 --set log.profile_steps=2 --set train.activation_checkpointing=selective \
+    --set train.recompute_modules=norm,mlp_act
+if t=$(check_json "$TMP/g-rc/profile.json" gpt2 4 sel:norm,mlp_act 1 2 2); then ok "gpt2 recomputing norm and mlp_act: $t"
+else bad "gpt2 sel:norm,mlp_act: $t"; fi
 # the LM head in chunks: 32-row micro-batches in 3 chunks of at most 12 rows
 run l-chunk "$TMP/llama.json" --set train.steps=3 --set log.profile_steps=2 --set train.lm_head_chunk=12
 if t=$(check_json "$TMP/l-chunk/profile.json" llama 4 none 3 2 2); then ok "llama, lm head in 3 chunks: $t"; else bad "llama chunked head: $t"; fi
