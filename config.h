@@ -33,6 +33,10 @@ typedef struct ModelConfig {
 #define LR_STYLES "cosine|linear|constant|inverse_sqrt|wsd"
 enum { LR_COSINE, LR_LINEAR, LR_CONSTANT, LR_INVERSE_SQRT, LR_WSD };
 #define WSD_STYLES "linear|cosine|exponential|minus_sqrt"
+/* train.activation_checkpointing's modes (ACT_* in model.h, by index) and
+ * train.recompute_modules' names (RC_* in model.h: bit i the i-th) */
+#define ACT_CKPT_MODES "none|selective|full"
+#define RECOMPUTE_MODULES "attention|norm|mlp_act"
 enum { WSD_LINEAR, WSD_COSINE, WSD_EXPONENTIAL, WSD_MINUS_SQRT };
 /* train.attention_mask, by index of "causal|block_causal" */
 enum { ATT_MASK_CAUSAL, ATT_MASK_BLOCK_CAUSAL };

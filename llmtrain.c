@@ -1693,10 +1693,13 @@ static void print_model_batch(const Trainer *t) {
     const Model *m = &t->model;
     if (m->act_ckpt == ACT_FULL) printf(" | full activation checkpointing");
     if (m->act_ckpt == ACT_SELECTIVE) { /* what the backward recomputes (train.recompute_modules) */
-        static const char *names[] = {"attention", "norm", "mlp_act"};
+        char name[32];
         printf(" | selective activation checkpointing (");
         for (int i = 0, first = 1; i < 3; i++)
-            if (m->recompute >> i & 1) { printf("%s%s", first ? "" : ", ", names[i]); first = 0; }
+            if (m->recompute >> i & 1) {
+                printf("%s%s", first ? "" : ", ", config_enum_name(RECOMPUTE_MODULES, i, name, sizeof name));
+                first = 0;
+            }
         printf(")");
     }
     int mb_rows = c->micro_batch * c->seq_len;

@@ -103,7 +103,7 @@ typedef struct ModelComm {
  * activations the backward recomputes instead of keeping per layer. */
 enum { ACT_NONE = 0, ACT_SELECTIVE = 1 /* what ModelMem.recompute names */, ACT_FULL = 2 /* all but each layer's output */ };
 /* Under ACT_SELECTIVE, what the backward recomputes of each layer
- * (train.recompute_modules, bit i the i-th of attention|norm|mlp_act):
+ * (train.recompute_modules, bit i the i-th of RECOMPUTE_MODULES, config.h):
  * the attention output and its log-sum-exp; both norms' outputs and
  * statistics; the MLP activation's output. RC_LAYER: everything of a layer
  * but its output (ACT_FULL). Each recompute repeats the forward's kernel on
