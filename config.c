@@ -78,8 +78,8 @@ static const Key KEYS[] = {
     {"train.rampup_start_batch", K_INT, OFF(rampup_start), 0, "0", 0, BIG, NULL, "batch-size ramp-up (Megatron's --rampup-batch-size, first value): the global batch of the first steps, raised by rampup_batch_increment in equal stages until global_batch is reached after rampup_samples sequences (0 = no ramp; a multiple of micro_batch x dp below global_batch; see the notes below)"},
     {"train.rampup_batch_increment", K_INT, OFF(rampup_increment), 0, "0", 0, BIG, NULL, "batch-size ramp-up: sequences added at each stage (a multiple of micro_batch x dp that divides global_batch - rampup_start_batch)"},
     {"train.rampup_samples", K_INT, OFF(rampup_samples), 0, "0", 0, BIG, NULL, "batch-size ramp-up: sequences consumed over which the batch grows from rampup_start_batch to global_batch (the stages are equal shares of it)"},
-    {"train.activation_checkpointing", K_ENUM, OFF(act_ckpt), 0, "\"none\"", 0, 0, ACT_CKPT_MODES, "recompute activations in the backward instead of keeping them: selective = what train.recompute_modules names (by default each layer's attention output: the attention forward again per layer), full = everything but each layer's output (one more forward per layer)"},
-    {"train.recompute_modules", K_SET, OFF(recompute_modules), 0, "[\"attention\"]", 0, 0, RECOMPUTE_MODULES, "activation_checkpointing selective: which of each layer's saved activations the backward recomputes (Megatron's --recompute-modules; a JSON list, or a string of names separated by spaces or commas): attention, its output and log-sum-exp (the attention forward again: compute-bound); norm, both norms' outputs and statistics (from the kept residual stream); mlp_act, the MLP's activation output (SwiGLU or GELU of the kept pre-activation). norm and mlp_act are memory-bound passes; on the Llama bench shape they free 5.8x the bytes attention does. Each recompute repeats the forward's kernel on the same inputs, so training is bit-identical to keeping everything (with mlp_act GPT-2's forward on CUDA runs its GELU as that kernel too, not in the GEMM's epilogue; see Activation checkpointing)"},
+    {"train.activation_checkpointing", K_ENUM, OFF(act_ckpt), 0, "\"none\"", 0, 0, ACT_CKPT_MODES, "recompute activations in the backward instead of keeping them: selective = what train.recompute_modules names (by default each layer's attention output: the attention forward again per layer), full = everything but each layer's output (one more forward per layer); the last layer is not recomputed (its forward's values are still there)"},
+    {"train.recompute_modules", K_SET, OFF(recompute_modules), 0, "[\"attention\"]", 0, 0, RECOMPUTE_MODULES, "activation_checkpointing selective: which of each layer's saved activations the backward recomputes (Megatron's --recompute-modules, whose core_attn and layernorm are accepted for attention and norm; a JSON list, or a string of names separated by spaces or commas): attention, its output and log-sum-exp (the attention forward again: compute-bound); norm, both norms' outputs and statistics (from the kept residual stream); mlp_act, the MLP's activation output (SwiGLU or GELU of the kept pre-activation). norm and mlp_act are memory-bound passes; on the Llama bench shape they free 5.8x the bytes attention does. Each recompute repeats the forward's kernel on the same inputs, so training is bit-identical to keeping everything (with mlp_act GPT-2's forward on CUDA runs its GELU as that kernel too, not in the GEMM's epilogue; see Activation checkpointing)"},
     {"train.activation_offload", K_BOOL, OFF(act_offload), 0, "false", 0, 0, NULL, "keep each layer's saved activations in host memory between its forward and its backward: the device holds 3 layers' (the one computing, its input, one in flight), the copies overlap compute (pinned memory and a copy stream on CUDA); with activation_checkpointing full only the layer inputs move, as SMP's activation offloading"},
     {"train.lm_head_chunk", K_INT, OFF(lm_head_chunk), 0, "0", 0, 1 << 30, NULL, "token rows the LM head and the cross-entropy process at a time, so logits ([rows, vocab]) exist for this many tokens only (each chunk's backward runs right after its forward: nothing is recomputed); 0 = the whole micro-batch while its logits take at most 2 GiB per rank, else the fewest equal chunks (a multiple of 64 rows) that do; at least `micro_batch` x `seq_len` = never chunked"},
     {"train.param_dtype", K_ENUM, OFF(param_dtype), 0, "\"fp32\"", 0, 0, "fp32|bf16", "the working copy of the weights that forward and backward read: fp32, or rounded to bf16 precision from the fp32 master weights after every step (gradients, master weights and AdamW moments stay fp32; sharded, the weight all-gathers move bf16 words, half the bytes)"},
@@ -237,8 +237,18 @@ static int enum_index(const char *choices, const char *s) {
     return -1;
 }
 
-/* K_SET: the bit of one name (die when choices lacks it) */
+/* K_SET names other tools spell their own way: Megatron's --recompute-modules
+ * core_attn and layernorm are train.recompute_modules' attention and norm
+ * (its mlp recomputes the whole MLP, products too: no alias) */
+static const struct { const char *path, *alias, *name; } set_aliases[] = {
+    {"train.recompute_modules", "core_attn", "attention"},
+    {"train.recompute_modules", "layernorm", "norm"},
+};
+
+/* K_SET: the bit of one name or alias (die when choices lacks it) */
 static int set_bit(const Key *k, const char *name, const char *got, const char *origin) {
+    for (size_t i = 0; i < sizeof set_aliases / sizeof set_aliases[0]; i++)
+        if (!strcmp(k->path, set_aliases[i].path) && !strcmp(name, set_aliases[i].alias)) name = set_aliases[i].name;
     int idx = enum_index(k->choices, name);
     if (idx < 0) die(EXIT_USAGE, "%s: %s: \"%s\" is not one of %s (got %s)", origin, k->path, name, k->choices, got);
     return 1 << idx;

@@ -359,8 +359,9 @@ static void offload_fetch(Model *m, int l, int wait) {
  * with, so its copy overlaps this layer's backward. */
 static void offload_pre_backward(Model *m, int l) {
     offload_fetch(m, l, 1);
-    /* full recompute rewrites the layer's output, which may still be on its way out */
-    if (m->act_ckpt == ACT_FULL) slot_wait(m, &m->slot_out[l % OFFLOAD_SLOTS]);
+    /* full recompute rewrites the layer's output, which may still be on its
+     * way out (not the last layer's: model_backward does not recompute it) */
+    if (m->act_ckpt == ACT_FULL && l < m->cfg.n_layer - 1) slot_wait(m, &m->slot_out[l % OFFLOAD_SLOTS]);
     if (l >= 1) offload_fetch(m, l - 1, 1);
     if (l >= 2) offload_fetch(m, l - 2, 0);
 }
@@ -927,10 +928,13 @@ void model_backward(Model *m, float loss_scale) {
         const LayerPtrs *g = &m->g.layers[l];
         const LayerActs *a = &m->la[l];
         const float *x = l > 0 ? m->la[l - 1].res3 : m->encoded;
-        const int rc = m->act_ckpt == ACT_SELECTIVE ? m->recompute : 0;
         /* deterministic: the same values again, each just before its first
-         * reader (ln1's after the attention's backward) */
-        if (m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T);
+         * reader (ln1's after the attention's backward); not for the last
+         * layer, whose forward's values still fill the shared buffers (the
+         * final norm and the LM head write buffers of their own) */
+        const int again = l < L - 1;
+        const int rc = again && m->act_ckpt == ACT_SELECTIVE ? m->recompute : 0;
+        if (again && m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T);
         if (rc & RC_ATTENTION) k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, nh, nkv, hd);
         if (rc & RC_MLP_ACT) {
             if (llama) k->swiglu_forward(a->fch_act, a->fch, N, F);

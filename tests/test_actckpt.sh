@@ -110,6 +110,17 @@ for arch in gpt2 llama; do
         else echo "FAIL $arch ${dev%:*} recompute_modules frees$got bytes, expected$want (base '$base')"; fail=$((fail + 1)); fi
     done
 done
+# Megatron's names: core_attn and layernorm are attention and norm (the same
+# activation bytes and batch line as those names)
+for arch in gpt2 llama; do
+    meg=$($BIN check "$TMP/$arch.json" --set train.activation_checkpointing=selective \
+          --set 'train.recompute_modules=["core_attn", "layernorm"]' 2>&1 | grep -E "activations_bytes|^batch")
+    own=$($BIN check "$TMP/$arch.json" --set train.activation_checkpointing=selective \
+          --set "train.recompute_modules=attention,norm" 2>&1 | grep -E "activations_bytes|^batch")
+    if [ -n "$own" ] && [ "$meg" = "$own" ] && grep -q "(attention, norm)" <<<"$own"; then
+        echo "ok   $arch recompute_modules core_attn, layernorm = attention, norm (Megatron's names)"; pass=$((pass + 1))
+    else echo "FAIL $arch recompute_modules core_attn, layernorm: '$meg' vs '$own'"; fail=$((fail + 1)); fi
+done
 # bad train.recompute_modules: one line, exit 2, naming the key and what was expected
 rc_bad() { # EXPECTED_TEXT ARGS...
     local want=$1; shift

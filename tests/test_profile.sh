@@ -50,9 +50,11 @@ def add(d, e, n):
     for k, v in e.items(): d[k] = d.get(k, 0) + n * v
 add(micro, layer_fwd, L)
 add(micro, layer_bwd, L)
-if ckpt == "full": add(micro, layer_fwd, L)
+# the backward recomputes every layer but the last (whose forward's values
+# are still in the buffers the layers share)
+if ckpt == "full": add(micro, layer_fwd, L - 1)
 recompute = {"attention": {"attention_forward": 1}, "norm": {f"{norm}_forward": 2}, "mlp_act": {act: 1}}
-for mod in mods: add(micro, recompute[mod], L)
+for mod in mods: add(micro, recompute[mod], L - 1)
 # a step: the gradients declared fresh (grads_fresh, in place of a zeroing
 # pass) and settled chunk by chunk (L + 2 chunks) after the last micro-batch's
 # backward of each, their norm, AdamW (which sums the updated weights'
@@ -66,9 +68,10 @@ for k in sorted(set(want) | set(got)):
         errs.append(f"{k}: {got.get(k, 0)} calls, expected {want.get(k, 0) * steps}")
 layer = (C * (nh + 2 * nkv) * hd + nh * hd * C + C * (2 * F if llama else F) + F * C)
 tokens = accum * B * T
-mm_want = steps * tokens * (6 * (L * layer + V * C) + (2 * L * layer if ckpt == "full" else 0))
+mm_want = steps * tokens * (6 * (L * layer + V * C) + (2 * (L - 1) * layer if ckpt == "full" else 0))
 att = B * nh * hd * T * (T + 1) * L * accum * steps
-att_want = {"attention_forward": att * (4 if ckpt == "full" or "attention" in mods else 2), "attention_backward": 5 * att}
+att_again = ckpt == "full" or "attention" in mods  # the forward of L - 1 layers again
+att_want = {"attention_forward": att // L * (2 * L + (2 * (L - 1) if att_again else 0)), "attention_backward": 5 * att}
 fl = {e["name"]: e["flops"] for e in p["entries"]}
 mm_got = sum(v for k, v in fl.items() if k.startswith("matmul_"))
 if mm_got != mm_want: errs.append(f"matrix-product FLOPs {mm_got:.0f}, expected {mm_want}")
