@@ -4741,6 +4741,38 @@ static double reduce(const float *x, size_t n, int sq) {
 }
 
 static double sumsq(const float *x, size_t n) { return reduce(x, n, 1); }
+
+/* sumsq beside the compute: the same two kernels on a non-blocking stream
+ * of the lowest priority (the compute stream's blocks go first wherever an
+ * SM frees), ordered after the compute queued so far by an event; its
+ * sums run in turn there, so one partial buffer serves them all. The take
+ * makes the compute stream wait for them, then copies through the host
+ * wait (which polls collectives). */
+static struct {
+    cudaStream_t s;
+    cudaEvent_t after_compute, done;
+    double *partial; /* [RED_BLOCKS] */
+} SIDE;
+
+static void sumsq_queue(const float *x, size_t n, double *dst) {
+    CUDA_CHECK(cudaEventRecord(SIDE.after_compute, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(SIDE.s, SIDE.after_compute, 0));
+    if (!n) {
+        CUDA_CHECK(cudaMemsetAsync(dst, 0, sizeof *dst, SIDE.s));
+        return;
+    }
+    reduce_partial_k<1><<<RED_BLOCKS, RED_THREADS, 0, SIDE.s>>>(x, n, SIDE.partial);
+    LAUNCH_CHECK();
+    reduce_final_k<<<1, RED_THREADS, 0, SIDE.s>>>(SIDE.partial, RED_BLOCKS, dst);
+    LAUNCH_CHECK();
+}
+
+static void sumsq_take(double *host, const double *dst, int n) {
+    if (n <= 0) return;
+    CUDA_CHECK(cudaEventRecord(SIDE.done, SIDE.s));
+    CUDA_CHECK(cudaStreamWaitEvent(0, SIDE.done, 0));
+    cu_to_host(host, dst, (size_t)n * sizeof *host);
+}
 static double sum(const float *x, size_t n) { return reduce(x, n, 0); }
 
 // ----------------------------------------------------------------------------
@@ -5142,6 +5174,8 @@ static Kernels cuda_kernels = {
     /* .crossentropy_vp_finish = */ crossentropy_vp_finish,
     /* .crossentropy_vp_backward = */ crossentropy_vp_backward,
     /* .sumsq = */ sumsq,
+    /* .sumsq_queue = */ sumsq_queue,
+    /* .sumsq_take = */ sumsq_take,
     /* .sum = */ sum,
     /* .scale = */ scale,
     /* .adamw = */ adamw,
@@ -5216,6 +5250,12 @@ static void cuda_init(void) {
     DEV_MALLOC(&G.ws, G.ws_bytes);
     DEV_MALLOC(&G.red_partial, RED_BLOCKS * sizeof(double));
     DEV_MALLOC(&G.red_out, sizeof(double));
+    DEV_MALLOC(&SIDE.partial, RED_BLOCKS * sizeof(double));
+    int least, greatest; /* a larger number is a lower priority */
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&SIDE.s, cudaStreamNonBlocking, least));
+    CUDA_CHECK(cudaEventCreateWithFlags(&SIDE.after_compute, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&SIDE.done, cudaEventDisableTiming));
     G.ready = 1;
 }
 

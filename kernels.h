@@ -331,6 +331,16 @@ typedef struct Kernels {
     /* ---- optimizer and reductions over flat parameter ranges ---- */
     /* sum of squares, accumulated in double */
     double (*sumsq)(const float *x, size_t n);
+    /* The same sum of squares beside the compute: sumsq_queue(x, n, dst)
+     * queues sumsq(x, n) (the same bits) to start after every kernel queued
+     * so far and run beside later ones (a second stream of low priority on
+     * CUDA: the gradient norm's passes overlap the backward of the layers
+     * below; at once on the CPU), its result in backend memory dst (one
+     * double, from alloc); x must stay as it is until the next sumsq_take.
+     * sumsq_take(host, dst, n): waits for every queued sum and copies the n
+     * doubles at dst to host. */
+    void (*sumsq_queue)(const float *x, size_t n, double *dst);
+    void (*sumsq_take)(double *host, const double *dst, int n);
     /* sum (double) */
     double (*sum)(const float *x, size_t n);
     void (*scale)(float *x, float s, size_t n);

@@ -880,6 +880,10 @@ static double sumsq(const float *x, size_t n) {
     return s;
 }
 
+/* the CPU's calls are done when they return: nothing runs beside */
+static void sumsq_queue(const float *x, size_t n, double *dst) { *dst = sumsq(x, n); }
+static void sumsq_take(double *host, const double *dst, int n) { memcpy(host, dst, (size_t)n * sizeof *host); }
+
 static double sum(const float *x, size_t n) {
     double s = 0.0;
     #pragma omp parallel for simd reduction(+:s) schedule(static)
@@ -1090,6 +1094,8 @@ static const Kernels cpu_kernels = {
     .crossentropy_vp_finish = crossentropy_vp_finish,
     .crossentropy_vp_backward = crossentropy_vp_backward,
     .sumsq = sumsq,
+    .sumsq_queue = sumsq_queue,
+    .sumsq_take = sumsq_take,
     .sum = sum,
     .scale = scale,
     .adamw = adamw,

@@ -92,6 +92,11 @@ typedef struct Trainer {
     int step_accum, poison;    /* this step's micro-batches; LLMTRAIN_FAULT kind=nan poisons its gradients */
     int chunks_done;           /* chunks whose gradients are final this step (ar_start) */
     int *ar_req;               /* [n_chunks] the all-reduce of chunk c's final gradients in flight (ar_start), -1: none */
+    /* unsharded: the gradient norm's sums of squares, queued beside the
+     * backward as each chunk's gradients become final (gnorm_queue): a slot
+     * a chunk, or under TP a slot a tensor (backend memory, zero-filled) */
+    double *gsq_dev, *gsq_host;
+    int n_gsq;
     int fwd_only;              /* eval / sample forwards: the hook gathers each chunk for its forward only */
     float *full;               /* outside a step: all weights gathered (debug.dump), else NULL */
     double full_peak;          /* bytes of t->full at its largest (0: never gathered; metrics params_peak_bytes) */
@@ -450,16 +455,48 @@ static void chunk_hook(void *ctx, int c, int ev) {
     comm_progress(t);
 }
 
+/* Unsharded: chunk c's gradients are final (its backward done in the last
+ * micro-batch and, with data-parallel replicas, its all-reduce waited for):
+ * queue their sums of squares for the gradient norm beside the compute
+ * (sumsq_queue), so that on CUDA they overlap the backward of the chunks
+ * below instead of a pass over every gradient after it. The whole chunk in
+ * slot c, or under TP each tensor this rank counts in its own slot (as
+ * tp_sumsq: split tensors on every TP rank, replicated ones on tp_rank 0). */
+static void gnorm_queue(Trainer *t, int c) {
+    const Model *m = &t->model;
+    if (t->dist.tp == 1) {
+        t->k->sumsq_queue(m->grads + m->chunk_offset[c], m->chunk_size[c], t->gsq_dev + c);
+        return;
+    }
+    for (int i = m->chunk_spec0[c]; i < m->chunk_spec0[c + 1]; i++) {
+        const ParamSpec *s = &m->specs[i];
+        if (s->tp_axis >= 0 || t->dist.tp_rank == 0) t->k->sumsq_queue(m->grads + s->offset, s->numel, t->gsq_dev + i);
+    }
+}
+
+/* The gradient norm's sum of squares from the queued slots, summed in slot
+ * order (the same bits every run) and over the TP group. */
+static double gnorm_take(Trainer *t) {
+    t->k->sumsq_take(t->gsq_host, t->gsq_dev, t->n_gsq);
+    double sq = 0.0;
+    for (int i = 0; i < t->n_gsq; i++) sq += t->gsq_host[i];
+    dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
+    return sq;
+}
+
 /* After the last micro-batch's backward: every chunk's all-reduce has
  * started (ar_start: unsharded, grads_done_hook; sharded, rs_finish); wait
- * for them, in phase allreduce. */
+ * for them, in phase allreduce. Unsharded, a chunk whose all-reduce this
+ * waited for has its gradient norm queued then. */
 static void ar_wait_all(Trainer *t, int step) {
     dist_phase(&t->dist, step + 1, "allreduce");
     if (t->chunks_done != t->model.n_chunks)
         die(EXIT_INTERNAL, "step: %d of %d chunks finished their backward", t->chunks_done, t->model.n_chunks);
     for (int c = t->model.n_chunks - 1; c >= 0; c--) {
+        int started = t->ar_req[c] >= 0;
         dist_wait(&t->dist, t->ar_req[c]);
         t->ar_req[c] = -1;
+        if (started && !t->sharded) gnorm_queue(t, c);
     }
 }
 
@@ -476,6 +513,7 @@ static void grads_done_hook(void *ctx, int c) {
     float *g = m->grads + m->chunk_offset[c];
     t->k->grads_settle(g, m->chunk_size[c]);
     ar_start(t, c, g, m->chunk_size[c]);
+    if (t->ar_req[c] < 0) gnorm_queue(t, c); /* no all-reduce (one data-parallel rank): final now */
     for (int i = 0; i < m->n_chunks; i++) /* progress for MPI's (it moves them inside MPI calls) */
         if (t->ar_req[i] >= 0 && i != c) dist_test(&t->dist, t->ar_req[i]);
 }
@@ -496,6 +534,9 @@ static void setup_shards(Trainer *t) {
     if (!t->sharded) {
         m->comm.hook_ctx = t;
         m->comm.grads_done = grads_done_hook;
+        t->n_gsq = t->dist.tp > 1 ? m->n_specs : m->n_chunks;
+        t->gsq_dev = k->alloc((size_t)t->n_gsq * sizeof(double));
+        t->gsq_host = calloc_check((size_t)t->n_gsq, sizeof(double));
         return;
     }
     size_t bytes = t->n_shard * sizeof(float);
@@ -1371,9 +1412,10 @@ static StepStats train_step(Trainer *t, int step) {
         dist_allreduce_sum_f64(&t->dist, red, 1);
         red[1] = sq;
     } else {
-        /* every chunk's all-reduce began after its backward (grads_done_hook) */
+        /* every chunk's all-reduce began after its backward (grads_done_hook),
+         * and its gradient norm's sum was queued when its gradients were final */
         ar_wait_all(t, step);
-        red[1] = model_sumsq(t, m->grads);
+        red[1] = gnorm_take(t);
         dist_allreduce_sum_f64(&t->dist, red, 1);
     }
     /* every TP rank of a data-parallel slot holds the same loss */

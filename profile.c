@@ -18,8 +18,9 @@
     X(rope_forward) X(rope_backward) X(gelu_forward) X(gelu_backward) X(matmul_gelu_forward) X(swiglu_forward)       \
     X(swiglu_backward) X(matmul_gelu_backward) X(matmul_swiglu_backward) X(add) X(crossentropy_forward)              \
     X(crossentropy_backward) X(crossentropy_fused) X(crossentropy_vp_max) X(crossentropy_vp_expsum)                  \
-    X(crossentropy_vp_finish) X(crossentropy_vp_backward) X(sumsq) X(sum) X(scale) X(adamw) X(adamw_multi)           \
-    X(round_bf16) X(pack_bf16) X(unpack_bf16) X(grads_fresh) X(grads_settle) X(offload_copy) X(offload_wait)
+    X(crossentropy_vp_finish) X(crossentropy_vp_backward) X(sumsq) X(sumsq_queue) X(sumsq_take) X(sum) X(scale)      \
+    X(adamw) X(adamw_multi) X(round_bf16) X(pack_bf16) X(unpack_bf16) X(grads_fresh) X(grads_settle) X(offload_copy) \
+    X(offload_wait)
 
 
 #define X(n) E_##n,
@@ -247,6 +248,11 @@ static double w_sumsq(const float *x, size_t n) {
     TIMED(sumsq, 0, by(n, 4), r = P.in->sumsq(x, n));
     return r;
 }
+/* no least traffic: on CUDA the sums run beside the compute stream, whose
+ * time shows only the queuing (the CPU's is the pass itself), and the take's
+ * is how long the compute stream then waits for them */
+static void w_sumsq_queue(const float *x, size_t n, double *dst) { TIMED(sumsq_queue, 0, 0, P.in->sumsq_queue(x, n, dst)); }
+static void w_sumsq_take(double *host, const double *dst, int n) { TIMED(sumsq_take, 0, 0, P.in->sumsq_take(host, dst, n)); }
 static double w_sum(const float *x, size_t n) {
     double r;
     TIMED(sum, 0, by(n, 4), r = P.in->sum(x, n));

@@ -1167,6 +1167,30 @@ static void test_rope(void) {
     test_rope_shape(1, 9000, 1, 1, 16); /* 16-byte form, more rows than blocks (132 SMs x 64 on the emulation) */
 }
 
+/* sumsq_queue beside the compute stream: each slot holds sumsq's bits for its
+ * range (the same kernels and grid on the side stream): unaligned ranges, an
+ * empty one (0), and one the compute stream wrote just before the queue
+ * (scale() by 2, so 4x the CPU's sum: the side stream starts after the work
+ * queued so far); a slot never queued keeps alloc's zero. */
+static void test_sumsq_queue(const float *y, const float *gy, size_t big) {
+    const size_t offs[] = {0, 1, 3, 0, 0}, lens[] = {big, big - 1, 1000002, 0, 5}, nz = 1000003;
+    double *gslots = KG->alloc(7 * sizeof(double)), got[7], want[7] = {0};
+    float *gz = dcopy(y, nz);
+    for (int i = 0; i < 5; i++) KG->sumsq_queue(gy + offs[i], lens[i], gslots + i);
+    KG->scale(gz, 2.0f, nz);
+    KG->sumsq_queue(gz, nz, gslots + 5);
+    KG->sumsq_take(got, gslots, 7);
+    for (int i = 0; i < 5; i++) want[i] = lens[i] ? KG->sumsq(gy + offs[i], lens[i]) : 0.0;
+    want[5] = KG->sumsq(gz, nz);
+    int same = memcmp(got, want, sizeof got) == 0;
+    double cpu5 = 4.0 * KC->sumsq(y, nz);
+    int ok = same && fabs(got[5] - cpu5) <= TOL_RED * cpu5;
+    printf("%s sumsq_queue: 6 sums beside the compute stream (unaligned, empty, one after scale()) %s sumsq's; "
+           "the scaled one %.17g, 4x the CPU's %.17g; a slot never queued %g\n", ok ? "ok  " : "FAIL",
+           same ? "==" : "differ from", got[5], cpu5, got[6]);
+    if (ok) pass++; else fail++;
+    KG->free(gslots); /* gz: with dcopy's others at the end */
+}
 static void test_pointwise(void) {
     int N = 50, F = 123;
     size_t n = (size_t)N * F;
@@ -1207,6 +1231,7 @@ static void test_pointwise(void) {
         snprintf(name, sizeof name, "sum [%zu, +%zu)", offs[i], lens[i]);
         check_scalar(name, KC->sum(y + offs[i], lens[i]), KG->sum(gy + offs[i], lens[i]), TOL_RED);
     }
+    test_sumsq_queue(y, gy, big);
 }
 
 /* swiglu_forward and swiglu_backward at [N, 2F] against the CPU. The

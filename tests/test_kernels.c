@@ -983,6 +983,15 @@ static void test_misc(void) {
     double gs = K->sum(x, n), gss = K->sumsq(x, n);
     report(fabs(gs - s) <= 1e-9 * fabs(ss), "sum", "got=%.9g want=%.9g", gs, s);
     report(fabs(gss - ss) <= 1e-12 * ss, "sumsq", "got=%.9g want=%.9g", gss, ss);
+    /* sumsq_queue: sumsq's bits in the slot named, taken together */
+    double slots[3] = {-1, -1, -1}, got[3];
+    K->sumsq_queue(x + 7, n - 7, &slots[2]);
+    K->sumsq_queue(x, 0, &slots[0]);
+    K->sumsq_queue(x, n / 2, &slots[1]);
+    K->sumsq_take(got, slots, 3);
+    double w1 = K->sumsq(x, n / 2), w2 = K->sumsq(x + 7, n - 7);
+    report(got[0] == 0.0 && memcmp(&got[1], &w1, sizeof w1) == 0 && memcmp(&got[2], &w2, sizeof w2) == 0, "sumsq_queue",
+           "slots %.17g %.17g %.17g, sumsq %.17g %.17g", got[0], got[1], got[2], w1, w2);
     double *ref = malloc_check(sizeof(double) * n);
     K->add(z, x, y, n);
     for (size_t i = 0; i < n; i++) ref[i] = (double)x[i] + y[i];

@@ -625,6 +625,18 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     *s = (cudaStream_t)calloc(1, sizeof(EmuStream));
     return cudaSuccess;
 }
+/* as the H100's and H200's CUDA 12-13 report: 0 the lowest priority, -5 the highest */
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return cudaSuccess;
+}
+/* every launch runs before it returns: a priority changes nothing here (CUDA
+ * clamps one outside the range) */
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority) {
+    (void)priority;
+    return cudaStreamCreateWithFlags(s, flags);
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     free(s);
     return cudaSuccess;
