@@ -4773,6 +4773,7 @@ static void sumsq_take(double *host, const double *dst, int n) {
     CUDA_CHECK(cudaStreamWaitEvent(0, SIDE.done, 0));
     cu_to_host(host, dst, (size_t)n * sizeof *host);
 }
+
 static double sum(const float *x, size_t n) { return reduce(x, n, 0); }
 
 // ----------------------------------------------------------------------------

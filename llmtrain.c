@@ -92,9 +92,10 @@ typedef struct Trainer {
     int step_accum, poison;    /* this step's micro-batches; LLMTRAIN_FAULT kind=nan poisons its gradients */
     int chunks_done;           /* chunks whose gradients are final this step (ar_start) */
     int *ar_req;               /* [n_chunks] the all-reduce of chunk c's final gradients in flight (ar_start), -1: none */
-    /* unsharded: the gradient norm's sums of squares, queued beside the
-     * backward as each chunk's gradients become final (gnorm_queue): a slot
-     * a chunk, or under TP a slot a tensor (backend memory, zero-filled) */
+    /* the gradient norm's sums of squares, queued beside the backward as
+     * each chunk's gradients (sharded: its shard) become final
+     * (gnorm_queue): a slot a chunk, or under TP a slot a tensor (backend
+     * memory, zero-filled) */
     double *gsq_dev, *gsq_host;
     int n_gsq;
     int fwd_only;              /* eval / sample forwards: the hook gathers each chunk for its forward only */
@@ -323,6 +324,8 @@ static void chunk_release(Trainer *t, int c) {
  * final after their backward are the step's. */
 static int last_micro(const Trainer *t) { return t->micro + 1 == t->step_accum; }
 
+static void gnorm_queue(Trainer *t, int c);
+
 /* Start the data-parallel reduction of chunk c's final gradients: NO_SHARD
  * all-reduces the chunk over the data-parallel group (x: the chunk's
  * gradients), the sharded strategies its shard over the replicate group
@@ -334,6 +337,7 @@ static void ar_start(Trainer *t, int c, float *x, size_t n) {
     if (t->ar_req[c] >= 0) die(EXIT_INTERNAL, "step: chunk %d's gradient all-reduce started twice", c);
     t->chunks_done++;
     t->ar_req[c] = t->sharded ? dist_replicate_iallreduce_sum_f32(&t->dist, x, n) : dist_iallreduce_sum_f32(&t->dist, x, n);
+    if (t->ar_req[c] < 0) gnorm_queue(t, c); /* no replicas to all-reduce over: final now */
 }
 
 /* Wait for chunk c's gradient reduce-scatter (if any), fold a staged one
@@ -455,39 +459,47 @@ static void chunk_hook(void *ctx, int c, int ev) {
     comm_progress(t);
 }
 
-/* Unsharded: chunk c's gradients are final (its backward done in the last
- * micro-batch and, with data-parallel replicas, its all-reduce waited for):
+/* Chunk c's gradients are final (the last micro-batch's backward done, its
+ * reduce-scatter waited for when sharded, its all-reduce over the
+ * data-parallel replicas waited for when there is one: ar_start, ar_wait_all):
  * queue their sums of squares for the gradient norm beside the compute
  * (sumsq_queue), so that on CUDA they overlap the backward of the chunks
- * below instead of a pass over every gradient after it. The whole chunk in
- * slot c, or under TP each tensor this rank counts in its own slot (as
- * tp_sumsq: split tensors on every TP rank, replicated ones on tp_rank 0). */
+ * below instead of a pass over every gradient after it. The chunk's
+ * gradients (sharded: this rank's shard of them) in slot c, or under TP each
+ * tensor this rank counts in its own slot, as tp_sumsq and
+ * tp_sumsq_sharded count them (split tensors on every TP rank, replicated
+ * ones on tp_rank 0). */
 static void gnorm_queue(Trainer *t, int c) {
     const Model *m = &t->model;
     if (t->dist.tp == 1) {
-        t->k->sumsq_queue(m->grads + m->chunk_offset[c], m->chunk_size[c], t->gsq_dev + c);
+        if (t->sharded) t->k->sumsq_queue(t->gshard + t->shard_off[c], shard_len(t, c), t->gsq_dev + c);
+        else t->k->sumsq_queue(m->grads + m->chunk_offset[c], m->chunk_size[c], t->gsq_dev + c);
         return;
     }
     for (int i = m->chunk_spec0[c]; i < m->chunk_spec0[c + 1]; i++) {
         const ParamSpec *s = &m->specs[i];
-        if (s->tp_axis >= 0 || t->dist.tp_rank == 0) t->k->sumsq_queue(m->grads + s->offset, s->numel, t->gsq_dev + i);
+        if (s->tp_axis < 0 && t->dist.tp_rank != 0) continue;
+        size_t o, n = t->sharded ? spec_in_shard(t, s, &o) : (o = s->offset, s->numel);
+        if (n) t->k->sumsq_queue((t->sharded ? t->gshard : m->grads) + o, n, t->gsq_dev + i);
     }
 }
 
 /* The gradient norm's sum of squares from the queued slots, summed in slot
- * order (the same bits every run) and over the TP group. */
+ * order (the same bits every run), over the shard group when sharded
+ * (replicas hold the same shards) and over the TP group, as model_sumsq. */
 static double gnorm_take(Trainer *t) {
     t->k->sumsq_take(t->gsq_host, t->gsq_dev, t->n_gsq);
     double sq = 0.0;
     for (int i = 0; i < t->n_gsq; i++) sq += t->gsq_host[i];
+    if (t->sharded) dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
     dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
     return sq;
 }
 
 /* After the last micro-batch's backward: every chunk's all-reduce has
  * started (ar_start: unsharded, grads_done_hook; sharded, rs_finish); wait
- * for them, in phase allreduce. Unsharded, a chunk whose all-reduce this
- * waited for has its gradient norm queued then. */
+ * for them, in phase allreduce. A chunk whose all-reduce this waited for
+ * has its gradient norm queued then. */
 static void ar_wait_all(Trainer *t, int step) {
     dist_phase(&t->dist, step + 1, "allreduce");
     if (t->chunks_done != t->model.n_chunks)
@@ -496,7 +508,7 @@ static void ar_wait_all(Trainer *t, int step) {
         int started = t->ar_req[c] >= 0;
         dist_wait(&t->dist, t->ar_req[c]);
         t->ar_req[c] = -1;
-        if (started && !t->sharded) gnorm_queue(t, c);
+        if (started) gnorm_queue(t, c);
     }
 }
 
@@ -513,7 +525,6 @@ static void grads_done_hook(void *ctx, int c) {
     float *g = m->grads + m->chunk_offset[c];
     t->k->grads_settle(g, m->chunk_size[c]);
     ar_start(t, c, g, m->chunk_size[c]);
-    if (t->ar_req[c] < 0) gnorm_queue(t, c); /* no all-reduce (one data-parallel rank): final now */
     for (int i = 0; i < m->n_chunks; i++) /* progress for MPI's (it moves them inside MPI calls) */
         if (t->ar_req[i] >= 0 && i != c) dist_test(&t->dist, t->ar_req[i]);
 }
@@ -531,12 +542,12 @@ static void setup_shards(Trainer *t) {
     for (int c = 0; c < m->n_chunks; c++) { t->shard_off[c] = t->n_shard; t->n_shard += shard_len(t, c); }
     t->ar_req = malloc_check((size_t)m->n_chunks * sizeof(int));
     for (int c = 0; c < m->n_chunks; c++) t->ar_req[c] = -1;
+    t->n_gsq = t->dist.tp > 1 ? m->n_specs : m->n_chunks;
+    t->gsq_dev = k->alloc((size_t)t->n_gsq * sizeof(double));
+    t->gsq_host = calloc_check((size_t)t->n_gsq, sizeof(double));
     if (!t->sharded) {
         m->comm.hook_ctx = t;
         m->comm.grads_done = grads_done_hook;
-        t->n_gsq = t->dist.tp > 1 ? m->n_specs : m->n_chunks;
-        t->gsq_dev = k->alloc((size_t)t->n_gsq * sizeof(double));
-        t->gsq_host = calloc_check((size_t)t->n_gsq, sizeof(double));
         return;
     }
     size_t bytes = t->n_shard * sizeof(float);
@@ -1407,8 +1418,9 @@ static StepStats train_step(Trainer *t, int step) {
         dist_phase(&t->dist, step + 1, "reduce_scatter");
         rs_finish_all(t);
         ar_wait_all(t, step);
-        /* replicas hold identical shards: the norm sums over the shard group only */
-        double sq = model_sumsq(t, t->gshard);
+        /* each chunk's norm sum was queued when its shard was final;
+         * replicas hold identical shards: summed over the shard group only */
+        double sq = gnorm_take(t);
         dist_allreduce_sum_f64(&t->dist, red, 1);
         red[1] = sq;
     } else {
