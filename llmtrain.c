@@ -147,7 +147,7 @@ static size_t spec_in_shard(const Trainer *t, const ParamSpec *s, size_t *off) {
  * updates (its shard when sharded, padding skipped; else the whole tensor)
  * with the tensor's weight decay, so each step is one adamw_multi call (one
  * launch on CUDA). norm: the tensor counts in log.param_norm on this rank
- * (under TP a replicated tensor counts on TP rank 0 only, as tp_sumsq). */
+ * (under TP a replicated tensor counts on TP rank 0 only, as sumsq_chunk_queue). */
 static void opt_ranges_build(Trainer *t) {
     const Config *c = &t->cfg;
     const Model *m = &t->model;
@@ -459,41 +459,56 @@ static void chunk_hook(void *ctx, int c, int ev) {
     comm_progress(t);
 }
 
-/* Chunk c's gradients are final (the last micro-batch's backward done, its
- * reduce-scatter waited for when sharded, its all-reduce over the
- * data-parallel replicas waited for when there is one: ar_start, ar_wait_all):
- * queue their sums of squares for the gradient norm beside the compute
- * (sumsq_queue), so that on CUDA they overlap the backward of the chunks
- * below instead of a pass over every gradient after it. The chunk's
- * gradients (sharded: this rank's shard of them) in slot c, or under TP each
- * tensor this rank counts in its own slot, as tp_sumsq and
- * tp_sumsq_sharded count them (split tensors on every TP rank, replicated
- * ones on tp_rank 0). */
-static void gnorm_queue(Trainer *t, int c) {
+/* Sums of squares over a model-sized array (gradients, weights), each
+ * parameter once: a is this rank's shard of it when sharded (replicas hold
+ * the same), else all of it; under TP split tensors count on every TP rank,
+ * replicated ones on tp_rank 0 only. sumsq_chunk_queue queues chunk c's part
+ * (Kernels.sumsq_queue: beside the compute on CUDA) into slot c, or under TP
+ * each counted tensor's part into its own slot; sumsq_slots_take adds the
+ * slots in order (the same bits every run) and sums over the ranks. */
+static void sumsq_chunk_queue(Trainer *t, const float *a, int c) {
     const Model *m = &t->model;
     if (t->dist.tp == 1) {
-        if (t->sharded) t->k->sumsq_queue(t->gshard + t->shard_off[c], shard_len(t, c), t->gsq_dev + c);
-        else t->k->sumsq_queue(m->grads + m->chunk_offset[c], m->chunk_size[c], t->gsq_dev + c);
+        if (t->sharded) t->k->sumsq_queue(a + t->shard_off[c], shard_len(t, c), t->gsq_dev + c);
+        else t->k->sumsq_queue(a + m->chunk_offset[c], m->chunk_size[c], t->gsq_dev + c);
         return;
     }
     for (int i = m->chunk_spec0[c]; i < m->chunk_spec0[c + 1]; i++) {
         const ParamSpec *s = &m->specs[i];
         if (s->tp_axis < 0 && t->dist.tp_rank != 0) continue;
         size_t o, n = t->sharded ? spec_in_shard(t, s, &o) : (o = s->offset, s->numel);
-        if (n) t->k->sumsq_queue((t->sharded ? t->gshard : m->grads) + o, n, t->gsq_dev + i);
+        if (n) t->k->sumsq_queue(a + o, n, t->gsq_dev + i);
     }
 }
 
-/* The gradient norm's sum of squares from the queued slots, summed in slot
- * order (the same bits every run), over the shard group when sharded
- * (replicas hold the same shards) and over the TP group, as model_sumsq. */
-static double gnorm_take(Trainer *t) {
-    t->k->sumsq_take(t->gsq_host, t->gsq_dev, t->n_gsq);
-    double sq = 0.0;
-    for (int i = 0; i < t->n_gsq; i++) sq += t->gsq_host[i];
+/* this rank's part of a model-wide sum of squares, summed over the shard
+ * group when sharded and over the TP group */
+static double model_sumsq_ranks(Trainer *t, double sq) {
     if (t->sharded) dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
     dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
     return sq;
+}
+
+static double sumsq_slots_take(Trainer *t) {
+    t->k->sumsq_take(t->gsq_host, t->gsq_dev, t->n_gsq);
+    double sq = 0.0;
+    for (int i = 0; i < t->n_gsq; i++) sq += t->gsq_host[i];
+    return model_sumsq_ranks(t, sq);
+}
+
+/* Chunk c's gradients are final (the last micro-batch's backward done, its
+ * reduce-scatter waited for when sharded, its all-reduce over the
+ * data-parallel replicas waited for when there is one: ar_start,
+ * ar_wait_all): queue their sums of squares for the gradient norm, so that
+ * on CUDA they overlap the backward of the chunks below instead of a pass
+ * over every gradient after it; the step takes them (sumsq_slots_take). */
+static void gnorm_queue(Trainer *t, int c) { sumsq_chunk_queue(t, t->sharded ? t->gshard : t->model.grads, c); }
+
+/* The sum of squares of a model-sized array, all at once (the parameter
+ * norm of a step AdamW did not sum). */
+static double model_sumsq(Trainer *t, const float *a) {
+    for (int c = 0; c < t->model.n_chunks; c++) sumsq_chunk_queue(t, a, c);
+    return sumsq_slots_take(t);
 }
 
 /* After the last micro-batch's backward: every chunk's all-reduce has
@@ -1312,56 +1327,6 @@ static void dump_logits(Trainer *t, double loss) {
 /* ------------------------------------------------------------------ */
 /* one step                                                            */
 
-/* The sum of squares of a model-sized array (gradients, weights) with tensor
- * parallelism, each parameter counted once: split tensors on every TP rank,
- * replicated ones on tp_rank 0 only, then summed over the TP group. */
-static double tp_sumsq(Trainer *t, const float *a) {
-    const Model *m = &t->model;
-    double sq = 0;
-    for (int i = 0; i < m->n_specs; i++) {
-        const ParamSpec *s = &m->specs[i];
-        if (s->tp_axis >= 0 || t->dist.tp_rank == 0) sq += t->k->sumsq(a + s->offset, s->numel);
-    }
-    dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
-    return sq;
-}
-
-/* The same over a local shard (summed over the TP group by the caller). */
-static double tp_sumsq_sharded(Trainer *t, const float *a) {
-    const Model *m = &t->model;
-    double sq = 0;
-    for (int i = 0; i < m->n_specs; i++) {
-        const ParamSpec *s = &m->specs[i];
-        if (s->tp_axis < 0 && t->dist.tp_rank != 0) continue;
-        size_t o, n = spec_in_shard(t, s, &o);
-        if (n) sq += t->k->sumsq(a + o, n);
-    }
-    return sq;
-}
-
-/* The sum of squares of a model-sized array over the whole model, each
- * element once; a is this rank's shard of it when sharded (summed over the
- * shard group; replicas hold the same), else all of it. TP splits are summed
- * over the TP group. */
-static double model_sumsq(Trainer *t, const float *a) {
-    double sq;
-    if (t->sharded) {
-        sq = t->dist.tp > 1 ? tp_sumsq_sharded(t, a) : t->k->sumsq(a, t->n_shard);
-        dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
-        dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
-    } else {
-        sq = t->dist.tp > 1 ? tp_sumsq(t, a) : t->k->sumsq(a, t->model.n_params);
-    }
-    return sq;
-}
-
-/* model_sumsq's sums over ranks, of this rank's part (adamw_step's) */
-static double model_sumsq_ranks(Trainer *t, double sq) {
-    if (t->sharded) dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
-    dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
-    return sq;
-}
-
 static StepStats train_step(Trainer *t, int step) {
     Config *c = &t->cfg;
     Model *m = &t->model;
@@ -1420,14 +1385,14 @@ static StepStats train_step(Trainer *t, int step) {
         ar_wait_all(t, step);
         /* each chunk's norm sum was queued when its shard was final;
          * replicas hold identical shards: summed over the shard group only */
-        double sq = gnorm_take(t);
+        double sq = sumsq_slots_take(t);
         dist_allreduce_sum_f64(&t->dist, red, 1);
         red[1] = sq;
     } else {
         /* every chunk's all-reduce began after its backward (grads_done_hook),
          * and its gradient norm's sum was queued when its gradients were final */
         ar_wait_all(t, step);
-        red[1] = gnorm_take(t);
+        red[1] = sumsq_slots_take(t);
         dist_allreduce_sum_f64(&t->dist, red, 1);
     }
     /* every TP rank of a data-parallel slot holds the same loss */
