@@ -102,7 +102,7 @@ static struct {
     cublasLtHandle_t lt;
     void *ws;
     size_t ws_bytes;
-    double *red_partial; /* [RED_BLOCKS] */
+    double *red_partial; /* [RED_MAX_BLOCKS] */
     double *red_out;     /* [1] */
 } G;
 
@@ -163,7 +163,15 @@ static void *scratch_get(Scratch *s, size_t bytes) {
 
 static Scratch sc_att, sc_attp, sc_col, sc_adam;
 
-#define RED_BLOCKS 512
+/* The reductions' grid: a block for every RED_SPAN elements (64 KB of
+ * fp32, four rounds of four 16-byte loads a thread), up to RED_MAX_BLOCKS
+ * (past 128 M elements the blocks take more). A function of n alone, so the
+ * same bits on every device; and short-lived blocks, so that one of
+ * sumsq_queue's, which runs beside the compute and is never preempted, holds
+ * an SM for microseconds, not for the whole pass as a grid of the blocks the
+ * device holds at once, each striding over all of x, would. */
+#define RED_SPAN 16384
+#define RED_MAX_BLOCKS 8192
 #define RED_THREADS 256
 
 #define GRID_STRIDE(i, n) \
@@ -183,6 +191,14 @@ static unsigned grid_for(size_t n, int threads) {
 /* the blocks of `threads` threads the device holds at once (2048 threads an
  * SM): the grid of a kernel whose blocks take their work in turn */
 static int resident_blocks(int threads) { return G.prop.multiProcessorCount * (2048 / threads); }
+
+static unsigned last_red_grid;
+static unsigned red_grid(size_t n) {
+    const size_t g = (n + RED_SPAN - 1) / RED_SPAN;
+    last_red_grid = (unsigned)(g < 1 ? 1 : g > RED_MAX_BLOCKS ? RED_MAX_BLOCKS : g);
+    return last_red_grid;
+}
+extern "C" unsigned kernels_cuda_last_reduce_grid(void) { return last_red_grid; }
 
 // ----------------------------------------------------------------------------
 // warp and block reductions (blockDim.x a multiple of 32, at most 1024)
@@ -4680,8 +4696,8 @@ static void crossentropy_vp_finish(float *losses, float *logits, const float *ro
 }
 
 // ----------------------------------------------------------------------------
-// reductions: deterministic (fixed grid, per-block partials in double, a
-// fixed-order final sum), returned to the host
+// reductions: deterministic (a grid fixed by n, red_grid; per-block
+// partials in double, a fixed-order final sum), returned to the host
 
 /* Each thread: four 16-byte loads in flight per round (x 16-byte aligned;
  * else the scalar loop), four double sums, then the n % 4 tail. The order is
@@ -4730,10 +4746,11 @@ __global__ void reduce_final_k(const double *partial, int n, double *out) {
 
 static double reduce(const float *x, size_t n, int sq) {
     if (!n) return 0.0;
-    if (sq) reduce_partial_k<1><<<RED_BLOCKS, RED_THREADS>>>(x, n, G.red_partial);
-    else reduce_partial_k<0><<<RED_BLOCKS, RED_THREADS>>>(x, n, G.red_partial);
+    const unsigned grid = red_grid(n);
+    if (sq) reduce_partial_k<1><<<grid, RED_THREADS>>>(x, n, G.red_partial);
+    else reduce_partial_k<0><<<grid, RED_THREADS>>>(x, n, G.red_partial);
     LAUNCH_CHECK();
-    reduce_final_k<<<1, RED_THREADS>>>(G.red_partial, RED_BLOCKS, G.red_out);
+    reduce_final_k<<<1, RED_THREADS>>>(G.red_partial, (int)grid, G.red_out);
     LAUNCH_CHECK();
     double h = 0.0;
     cu_to_host(&h, G.red_out, sizeof h);
@@ -4742,16 +4759,18 @@ static double reduce(const float *x, size_t n, int sq) {
 
 static double sumsq(const float *x, size_t n) { return reduce(x, n, 1); }
 
-/* sumsq beside the compute: the same two kernels on a non-blocking stream
- * of the lowest priority (the compute stream's blocks go first wherever an
- * SM frees), ordered after the compute queued so far by an event; its
- * sums run in turn there, so one partial buffer serves them all. The take
+/* sumsq beside the compute: the same two kernels and grid on a
+ * non-blocking stream of the lowest priority (the compute stream's pending
+ * blocks go first wherever an SM frees; a side block already running is
+ * not preempted, but red_grid keeps each one's work to 64 KB), ordered
+ * after the compute queued so far by an event; its sums run in turn there,
+ * so one partial buffer serves them all. The take
  * makes the compute stream wait for them, then copies through the host
  * wait (which polls collectives). */
 static struct {
     cudaStream_t s;
     cudaEvent_t after_compute, done;
-    double *partial; /* [RED_BLOCKS] */
+    double *partial; /* [RED_MAX_BLOCKS] */
 } SIDE;
 
 static void sumsq_queue(const float *x, size_t n, double *dst) {
@@ -4761,9 +4780,10 @@ static void sumsq_queue(const float *x, size_t n, double *dst) {
         CUDA_CHECK(cudaMemsetAsync(dst, 0, sizeof *dst, SIDE.s));
         return;
     }
-    reduce_partial_k<1><<<RED_BLOCKS, RED_THREADS, 0, SIDE.s>>>(x, n, SIDE.partial);
+    const unsigned grid = red_grid(n);
+    reduce_partial_k<1><<<grid, RED_THREADS, 0, SIDE.s>>>(x, n, SIDE.partial);
     LAUNCH_CHECK();
-    reduce_final_k<<<1, RED_THREADS, 0, SIDE.s>>>(SIDE.partial, RED_BLOCKS, dst);
+    reduce_final_k<<<1, RED_THREADS, 0, SIDE.s>>>(SIDE.partial, (int)grid, dst);
     LAUNCH_CHECK();
 }
 
@@ -5249,9 +5269,9 @@ static void cuda_init(void) {
     CUBLAS_CHECK(cublasLtCreate(&G.lt));
     G.ws_bytes = WORKSPACE_BYTES;
     DEV_MALLOC(&G.ws, G.ws_bytes);
-    DEV_MALLOC(&G.red_partial, RED_BLOCKS * sizeof(double));
+    DEV_MALLOC(&G.red_partial, RED_MAX_BLOCKS * sizeof(double));
     DEV_MALLOC(&G.red_out, sizeof(double));
-    DEV_MALLOC(&SIDE.partial, RED_BLOCKS * sizeof(double));
+    DEV_MALLOC(&SIDE.partial, RED_MAX_BLOCKS * sizeof(double));
     int least, greatest; /* a larger number is a lower priority */
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(cudaStreamCreateWithPriority(&SIDE.s, cudaStreamNonBlocking, least));

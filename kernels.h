@@ -543,6 +543,10 @@ long kernels_cuda_vec_norm_fwd_calls(void);
  * RoPE: head_dim a multiple of 16; every operand 16-byte aligned); the
  * rest: an element at a time */
 long kernels_cuda_vec_pointwise_calls(void);
+/* The grid of the last sum / sumsq / sumsq_queue reduction: a block for
+ * every 16384 elements, at most 8192 blocks (each block's work bounded, so
+ * the side stream's never holds an SM long); for tests */
+unsigned kernels_cuda_last_reduce_grid(void);
 /* How many fp32 <-> bf16 conversions (the bf16 GEMMs' operand copies, the
  * weight cache's, unpack_bf16's) and pack_bf16 calls so far took the
  * 16-byte form (8 elements a thread up to the last whole 8, both pointers

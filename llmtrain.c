@@ -1779,7 +1779,7 @@ static int cuda_bf16(const Config *c) { return strcmp(c->compute_dtype, "bf16") 
 static double cuda_scratch_bytes(const Trainer *t) {
     const Model *m = &t->model;
     const double B = t->cfg.micro_batch, T = t->cfg.seq_len, N = B * T, C = t->cfg.model.n_embd, grow = 1.125;
-    double s = 32.0 * 1048576 + 512 * 8 + 8;
+    double s = 32.0 * 1048576 + 2 * 8192 * 8 + 8; /* kernels.cu RED_MAX_BLOCKS: the reductions and sumsq_queue */
     const char *att = t->cfg.attention_kernel;
     const int bf16 = cuda_bf16(&t->cfg);
     int flash = strcmp(att, "gemm") != 0 && (m->hd == 32 || m->hd == 64 || m->hd == 128);

@@ -1176,7 +1176,22 @@ static void test_sumsq_queue(const float *y, const float *gy, size_t big) {
     const size_t offs[] = {0, 1, 3, 0, 0}, lens[] = {big, big - 1, 1000002, 0, 5}, nz = 1000003;
     double *gslots = KG->alloc(7 * sizeof(double)), got[7], want[7] = {0};
     float *gz = dcopy(y, nz);
-    for (int i = 0; i < 5; i++) KG->sumsq_queue(gy + offs[i], lens[i], gslots + i);
+    /* a block for every 16384 elements: each of the side stream's blocks
+     * holds its SM only while it reads 64 KB (not a grid the size of the
+     * device, each block striding over the whole range) */
+    int grids_ok = 1;
+    for (int i = 0; i < 5; i++) {
+        KG->sumsq_queue(gy + offs[i], lens[i], gslots + i);
+        const unsigned want_grid = lens[i] ? (unsigned)((lens[i] + 16383) / 16384) : 0;
+        if (lens[i] && kernels_cuda_last_reduce_grid() != want_grid) {
+            printf("FAIL sumsq_queue of %zu elements: a grid of %u blocks, want %u (16384 elements a block)\n", lens[i],
+                   kernels_cuda_last_reduce_grid(), want_grid);
+            grids_ok = 0;
+        }
+    }
+    if (grids_ok) printf("ok   sumsq_queue grids: a block for every 16384 elements (%zu elements: %u blocks)\n", lens[0],
+                         (unsigned)((lens[0] + 16383) / 16384));
+    if (grids_ok) pass++; else fail++;
     KG->scale(gz, 2.0f, nz);
     KG->sumsq_queue(gz, nz, gslots + 5);
     KG->sumsq_take(got, gslots, 7);
