@@ -61,7 +61,7 @@ static const Key KEYS[] = {
     {"model.rope_truncate", K_BOOL, OFF(model.rope_truncate), 0, "true", 0, 0, NULL, "rope_scaling yarn: round the ramp's ends to whole frequency indices (Hugging Face's truncate; false for gpt-oss)"},
     {"model.tie_embeddings", K_BOOL, OFF(model.tie_embeddings), 0, "false", 0, 0, NULL, "share the token embedding with the LM head (GPT-2: always true)"},
     /* init */
-    {"init.from", K_STR, STR(init_from), "\"\"", 0, 0, NULL, "Hugging Face folder (config.json + model.safetensors, F32 or BF16) to start from; the model section then comes from it"},
+    {"init.from", K_STR, STR(init_from), "\"\"", 0, 0, NULL, "Hugging Face folder (config.json + model.safetensors, F32, BF16 or F16) to start from; the model section then comes from it"},
     {"init.std", K_FLOAT, OFF(init_std), 0, "0.02", 0, 10, NULL, "std of the normal init; residual output projections use std/sqrt(2*n_layer)"},
     {"init.seed", K_U64, OFF(seed), 0, "1337", 0, 1.8e19, NULL, "seed of the init and of data shuffling"},
     /* data */
