@@ -489,22 +489,39 @@ int ckpt_list(const char *root, char *paths, size_t n, int max) {
 void ckpt_remove_partial(const char *root) {
     DIR *d = opendir(root);
     if (!d) return;
-    char p[PATH_BUF];
+    char p[PATH_BUF], fin[PATH_BUF];
+    int restored = 0;
     for (struct dirent *e; (e = readdir(d));) {
-        if (step_of(e->d_name, ".tmp") < 0 && step_of(e->d_name, ".old") < 0) continue;
+        long old = step_of(e->d_name, ".old");
+        if (step_of(e->d_name, ".tmp") < 0 && old < 0) continue;
         int len = snprintf(p, sizeof p, "%s/%s", root, e->d_name);
-        if (len > 0 && (size_t)len < sizeof p) ckpt_remove(p);
+        if (len <= 0 || (size_t)len >= sizeof p) continue;
+        /* a complete folder that ckpt_commit moved aside to replace it, and
+         * the run died before the replacement took its name: put it back
+         * (resume verifies it as any other) */
+        snprintf(fin, sizeof fin, "%s/step_%08ld", root, old);
+        if (old >= 0 && !path_exists(fin) && has_manifest(p) && rename(p, fin) == 0) {
+            restored = 1;
+            continue;
+        }
+        ckpt_remove(p);
     }
     closedir(d);
+    if (restored) (void)sync_dir(root);
 }
 
-int ckpt_prune(const char *root, int keep_last) {
+int ckpt_prune(const char *root, int keep_last, long newest) {
     if (keep_last <= 0) return 0;
     size_t count;
     long *steps = complete_steps(root, &count);
-    int removed = 0;
+    int removed = 0, kept = 0;
     char p[PATH_BUF];
-    for (size_t i = (size_t)keep_last; i < count; i++) {
+    for (size_t i = 0; i < count; i++) {
+        if (steps[i] > newest) continue; /* not this run's: neither counted nor removed */
+        if (kept < keep_last) {
+            kept++;
+            continue;
+        }
         snprintf(p, sizeof p, "%s/step_%08ld", root, steps[i]);
         ckpt_remove(p);
         removed++;
@@ -742,6 +759,17 @@ int ckpt_manifest_verify(const CkptManifest *mf, int rank, int world, char *why,
 const char *ckpt_manifest_config(const CkptManifest *mf) { return mf->config; }
 const TrainState *ckpt_manifest_state(const CkptManifest *mf) { return &mf->st; }
 CkptLayout ckpt_manifest_layout(const CkptManifest *mf) { return mf->layout; }
+
+void ckpt_manifest_rank_file(const CkptManifest *mf, int r, uint64_t *bytes, uint64_t *checksum) {
+    char name[64];
+    snprintf(name, sizeof name, "rank_%05d.bin", r);
+    *bytes = *checksum = 0;
+    for (int i = 0; i < mf->n_files; i++)
+        if (strcmp(mf->files[i].name, name) == 0) {
+            *bytes = mf->files[i].bytes;
+            *checksum = mf->files[i].checksum;
+        }
+}
 
 static const MTensor *find_tensor(const CkptManifest *mf, const char *name, int kind) {
     for (int i = 0; i < mf->n_tensors; i++)

@@ -25,7 +25,7 @@
 typedef struct TrainState {
     int step;                   /* optimizer steps completed */
     uint64_t seq_cursor;        /* global sequence index of the next step's first sequence */
-    uint64_t rng;               /* sampling RNG */
+    uint64_t rng;               /* the sampling RNG's key at this step (written for the format; samples are keyed by init.seed and the step) */
     int nonfinite_total;        /* skipped steps so far */
     /* gradient-norm spike tracker (running mean over CKPT_SPIKE_WINDOW steps) */
     double norm_hist[CKPT_SPIKE_WINDOW];
@@ -96,12 +96,19 @@ char *ckpt_manifest_text(const Model *m, const CkptLayout *L, const uint64_t *by
 int ckpt_commit(const char *tmp_dir, const char *final_dir, const char *root, const char *manifest, char *why, size_t n);
 /* <root>/step_%08d (.tmp when tmp). */
 void ckpt_step_dir(char *out, size_t n, const char *root, int step, int tmp);
-/* Remove every step_*.tmp folder under root (left by a run that died). */
+/* Remove every step_*.tmp and step_*.old folder under root (left by a run
+ * that died), except a complete step_N.old whose step_N is missing (the run
+ * died inside ckpt_commit's replacement of step N): that one is renamed
+ * back to step_N. */
 void ckpt_remove_partial(const char *root);
-/* keep_last: remove complete step folders older than the newest keep_last
- * (0 = keep all). Only called after a newer one is complete. Returns how
- * many were removed. */
-int ckpt_prune(const char *root, int keep_last);
+/* keep_last: of the complete step folders up to step `newest` (the one just
+ * completed), remove all but the newest keep_last (0 = keep all). Folders
+ * past `newest` are another lineage's (a newer checkpoint resume rejected as
+ * damaged, or one an explicit checkpoint.resume went back past, or a
+ * node-local copy that could not verify): they neither count nor go, and a
+ * checkpoint of their step replaces them. Only called after `newest` is
+ * complete. Returns how many were removed. */
+int ckpt_prune(const char *root, int keep_last, long newest);
 /* Remove a folder tree (a failed .tmp). */
 void ckpt_remove(const char *dir);
 
@@ -120,6 +127,9 @@ int ckpt_manifest_verify(const CkptManifest *mf, int rank, int world, char *why,
 const char *ckpt_manifest_config(const CkptManifest *mf); /* config JSON text */
 const TrainState *ckpt_manifest_state(const CkptManifest *mf);
 CkptLayout ckpt_manifest_layout(const CkptManifest *mf);
+/* The size and checksum the manifest records for rank r's file
+ * (rank_%05d.bin); 0 and 0 when rank r wrote none. */
+void ckpt_manifest_rank_file(const CkptManifest *mf, int r, uint64_t *bytes, uint64_t *checksum);
 /* Fill host arrays with the state of m's layout (its tp and tp_rank; any
  * padding) from a checkpoint written with any layout of the same model,
  * reading only the local flat ranges [lo[c], hi[c]) of each chunk c (a

@@ -24,6 +24,7 @@
 #include "profile.h"
 #include "util.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -116,8 +117,11 @@ typedef struct Trainer {
     TrainState ck_state;       /* state of the checkpoint in flight */
     char ck_root[1024];        /* where the phase in flight writes */
     char *ck_manifest;         /* kept for the durable copy's commit */
+    uint64_t *ck_bytes, *ck_sums; /* [world]: each rank file's size and checksum in ck_manifest */
     double ck_began, ck_last;  /* now_s() when it began / when the last one began */
     int ck_done_step;          /* newest step whose checkpoint is complete (-1: none) */
+    int ck_durable_step;       /* newest step this run copied to (or wrote in) durable_dir (-1: none) */
+    int ck_recopy;             /* the resumed checkpoint's durable copy is being made again (ck_recopy) */
 } Trainer;
 
 enum { CK_IDLE, CK_LOCAL, CK_DURABLE };
@@ -650,7 +654,9 @@ static float *state_ptr(Trainer *t, int k, int c, size_t lo) {
 static void ck_setup(Trainer *t) {
     t->ck_owned = ckpt_owned_floats(&t->model, t->dist.shard_size, t->dist.shard_index, t->dist.replicate_size, t->dist.shard_group);
     t->ckw = ckpt_writer_new(3 * t->ck_owned);
-    t->ck_done_step = -1;
+    t->ck_bytes = calloc_check((size_t)t->dist.world, sizeof(uint64_t));
+    t->ck_sums = calloc_check((size_t)t->dist.world, sizeof(uint64_t));
+    t->ck_done_step = t->ck_durable_step = -1;
     t->ck_last = now_s();
 }
 
@@ -674,6 +680,17 @@ static void ck_start_write(Trainer *t, const char *root) {
 }
 
 static void ck_advance(Trainer *t, int any_failed);
+
+/* LLMTRAIN_FAULT kind=ckpt_rot: the local disk changes a written file */
+static void flip_first_byte(const char *path) {
+    int fd = open(path, O_RDWR);
+    unsigned char b;
+    if (fd >= 0 && pread(fd, &b, 1, 0) == 1) {
+        b ^= 0xff;
+        if (pwrite(fd, &b, 1, 0) != 1) warnf("ckpt_rot: cannot write %s", path);
+    }
+    if (fd >= 0) close(fd);
+}
 
 /* One small all-reduce: checkpoint writers still busy / failed, a stop
  * signal on any rank, the every_minutes clock (rank 0 decides). Moves the
@@ -728,11 +745,27 @@ static void ck_advance(Trainer *t, int any_failed) {
     }
     free(info);
     int failed = any_failed;
+    if (!failed && t->ck_phase == CK_DURABLE) {
+        /* the copy read what the manifest says was written, or the local
+         * file changed since (the durable folder would hold what resume
+         * refuses, and keep_last would prune the good ones behind it) */
+        for (int i = 0; i < W && !failed; i++) {
+            if (bytes[i] == t->ck_bytes[i] && sums[i] == t->ck_sums[i]) continue;
+            if (is_root(t))
+                fprintf(stderr, "llmtrain: checkpoint step %d: rank_%05d.bin read %llu bytes with checksum %016llx for the durable copy; "
+                                "the manifest says %llu bytes, %016llx (the local file changed after it was written)\n",
+                        step, i, (unsigned long long)bytes[i], (unsigned long long)sums[i], (unsigned long long)t->ck_bytes[i],
+                        (unsigned long long)t->ck_sums[i]);
+            failed = 1;
+        }
+    }
     if (!failed) {
         if (t->ck_phase == CK_LOCAL) {
             free(t->ck_manifest);
             CkptLayout L = ck_layout(t);
             t->ck_manifest = ckpt_manifest_text(&t->model, &L, bytes, sums, &t->cfg, &t->ck_state);
+            memcpy(t->ck_bytes, bytes, (size_t)W * sizeof *bytes);
+            memcpy(t->ck_sums, sums, (size_t)W * sizeof *sums);
         }
         /* rank 0 commits first; then the first rank of every other node
          * commits its own copy where the folder is node-local (on a shared
@@ -756,13 +789,17 @@ static void ck_advance(Trainer *t, int any_failed) {
             ck_start_write(t, t->cfg.ckpt_durable_dir); /* the staging buffer still holds the state */
             return;
         }
-        if (is_root(t)) fprintf(stderr, "llmtrain: warning: checkpoint step %d dropped; the newest complete checkpoint is %s\n", step,
-                                t->ck_done_step >= 0 ? "still the previous one" : "none yet");
+        if (is_root(t) && t->ck_phase == CK_DURABLE)
+            fprintf(stderr, "llmtrain: warning: checkpoint step %d: the copy to %s failed; the checkpoint is complete in %s only "
+                            "(the next checkpoint is copied again)\n", step, t->cfg.ckpt_durable_dir, t->cfg.ckpt_dir);
+        else if (is_root(t))
+            fprintf(stderr, "llmtrain: warning: checkpoint step %d dropped; the newest complete checkpoint is %s\n", step,
+                    t->ck_done_step >= 0 ? "still the previous one" : "none yet");
         t->ck_phase = CK_IDLE;
         t->ck_direct = 0;
         return;
     }
-    if (node_leader(t)) ckpt_prune(t->ck_root, t->cfg.ckpt_keep_last); /* only now that a newer one is complete */
+    if (node_leader(t)) ckpt_prune(t->ck_root, t->cfg.ckpt_keep_last, step); /* only now that a newer one is complete */
     if (is_root(t)) {
         printf("checkpoint: %s complete | %.1f MB in %.2f s background (%.0f MB/s)%s\n", fin, total / 1e6, secs,
                secs > 0 ? total / 1e6 / secs : 0.0, t->ck_phase == CK_DURABLE ? " [durable copy]" : "");
@@ -777,6 +814,7 @@ static void ck_advance(Trainer *t, int any_failed) {
         }
     }
     t->ck_done_step = step;
+    if (t->ck_phase == CK_DURABLE || t->ck_direct) t->ck_durable_step = step;
     if (t->ck_phase == CK_LOCAL && durable && !t->ck_direct) {
         t->ck_phase = CK_DURABLE;
         snprintf(t->ck_root, sizeof t->ck_root, "%s", t->cfg.ckpt_durable_dir);
@@ -784,6 +822,7 @@ static void ck_advance(Trainer *t, int any_failed) {
             char src[1200], dst[1200];
             ck_file(src, sizeof src, t->cfg.ckpt_dir, step, 0, d->rank);
             ck_file(dst, sizeof dst, t->ck_root, step, 1, d->rank);
+            if (dist_fault_ckpt_rot(d, step)) flip_first_byte(src); /* test hook */
             ckpt_writer_copy(t->ckw, src, dst);
         }
         return;
@@ -793,6 +832,7 @@ static void ck_advance(Trainer *t, int any_failed) {
 }
 
 static uint64_t step_cursor(Trainer *t, int step); /* the data cursor before a step (data, below) */
+static uint64_t sample_key(uint64_t seed, int step);   /* the sampling RNG of the sample after a step (sampling, below) */
 
 /* Begin a checkpoint of the state after `step` steps. Returns the time
  * training was blocked (seconds). */
@@ -811,7 +851,7 @@ static double ck_begin(Trainer *t, int step) {
     t->ck_state = t->st;
     t->ck_state.step = step;
     t->ck_state.seq_cursor = step_cursor(t, step);
-    t->ck_state.rng = t->sample_rng;
+    t->ck_state.rng = sample_key((uint64_t)t->cfg.seed, step); /* the format's field; resume needs nothing from it */
     t->ck_phase = CK_LOCAL;
     t->ck_direct = 0;
     t->ck_began = t->ck_last = t0;
@@ -840,6 +880,63 @@ static void install_state(Trainer *t, const float *p, const float *mm, const flo
 }
 
 #define MAX_CANDIDATES 256
+
+/* Resumed from the local checkpoint of step S (path) while durable_dir has
+ * no complete step S: the run that wrote it died during its durable copy,
+ * or the copy failed. Make that copy again, in the background as any
+ * durable phase (ck_control advances it; the step's final check waits for
+ * it when S is the last step), when the layout is the one that wrote it
+ * (rank r copies rank r's file); another layout's ranks own other files,
+ * and the next checkpoint is the first copied. */
+static void ck_recopy(Trainer *t, const CkptManifest *mf, const char *path) {
+    const Config *c = &t->cfg;
+    Dist *d = &t->dist;
+    const int S = ckpt_manifest_state(mf)->step;
+    char local[1100], dur[1100], found[1100];
+    if (!c->ckpt_durable_dir[0]) return;
+    ckpt_step_dir(local, sizeof local, c->ckpt_dir, S, 0);
+    ckpt_step_dir(dur, sizeof dur, c->ckpt_durable_dir, S, 0);
+    /* rank 0 decides for all (ranks see the same folders) */
+    double need = is_root(t) && strcmp(path, local) == 0 && ckpt_resolve(dur, found, sizeof found) != 0;
+    dist_allreduce_sum_f64(d, &need, 1);
+    if (need == 0) return;
+    CkptLayout L = ckpt_manifest_layout(mf), now = ck_layout(t);
+    if (L.world != now.world || L.tp != now.tp || L.shard != now.shard || L.replicate != now.replicate) {
+        if (is_root(t))
+            fprintf(stderr, "llmtrain: warning: %s has no complete copy of step %d and this layout cannot make it "
+                            "(written by %d ranks, now %d); the next checkpoint is copied there\n", c->ckpt_durable_dir, S, L.world,
+                    d->world);
+        return;
+    }
+    char man[1200];
+    snprintf(man, sizeof man, "%s/manifest.json", local);
+    size_t len;
+    char *text = read_text_file(man, &len);
+    double bad = text == NULL;
+    dist_allreduce_sum_f64(d, &bad, 1);
+    if (bad > 0) { /* verified a moment ago: gone since */
+        free(text);
+        if (is_root(t)) fprintf(stderr, "llmtrain: warning: %s: cannot read again; step %d is not copied to %s\n", man, S, c->ckpt_durable_dir);
+        return;
+    }
+    free(t->ck_manifest);
+    t->ck_manifest = text;
+    for (int r = 0; r < d->world; r++) ckpt_manifest_rank_file(mf, r, &t->ck_bytes[r], &t->ck_sums[r]);
+    t->ck_state = t->st;
+    t->ck_state.step = S;
+    t->ck_phase = CK_DURABLE;
+    t->ck_direct = 0;
+    t->ck_recopy = 1;
+    t->ck_began = now_s();
+    snprintf(t->ck_root, sizeof t->ck_root, "%s", c->ckpt_durable_dir);
+    if (is_root(t)) printf("resume: %s has no complete step %d; copying it there again\n", c->ckpt_durable_dir, S);
+    if (t->ck_owned) {
+        char src[1200], dst[1200];
+        ck_file(src, sizeof src, c->ckpt_dir, S, 0, d->rank);
+        ck_file(dst, sizeof dst, t->ck_root, S, 1, d->rank);
+        ckpt_writer_copy(t->ckw, src, dst);
+    }
+}
 
 /* checkpoint.resume: find the newest checkpoint every rank can read and
  * whose checksums hold (skipping the others with a warning), load it into
@@ -933,13 +1030,13 @@ static int resume(Trainer *t) {
     t->seq_base = st->seq_cursor;
     t->plan_step = st->step;
     t->plan_cursor = st->seq_cursor;
-    t->sample_rng = st->rng;
     t->ck_done_step = st->step;
     if (is_root(t)) {
         printf("resume: %s at step %d (written by %d ranks: tp %d x shard %d x replicate %d; now %d: tp %d x shard %d x replicate %d)\n",
                path, st->step, L.world, L.tp, L.shard, L.replicate, d->world, d->tp, d->shard_size, d->replicate_size);
         fflush(stdout);
     }
+    if (!explicit) ck_recopy(t, mf, path);
     ckpt_manifest_close(mf);
     return 1;
 }
@@ -1061,14 +1158,24 @@ static int pick_token(Trainer *t, const float *row, int V) {
     return next;
 }
 
+/* The sampling RNG's start for the sample after `step`: keyed by init.seed
+ * and the step alone (splitmix64), so a resumed run draws what the
+ * uninterrupted one drew wherever its checkpoints fell (a state carried
+ * from sample to sample would need the checkpoint taken after the sample,
+ * and the checkpoint goes first). Odd, so never xorshift's fixed point 0. */
+static uint64_t sample_key(uint64_t seed, int step) {
+    return splitmix64(splitmix64(seed ^ 0x73616D706C65ull) + (uint64_t)step) | 1;
+}
+
 /* Generate sample_tokens tokens after a short prompt taken from the data,
  * and print them (rank 0). Uses B = 1 forwards over the growing context.
  * Tensor parallel: the TP group of data-parallel rank 0 runs the forwards;
  * rank 0 gathers the last row's vocabulary slices, picks, and shares it.
  * Sharded: every rank runs the same forwards (the chunk gathers are
  * collectives of the shard group) and rank 0 shares its choice with all. */
-static void print_sample(Trainer *t) {
+static void print_sample(Trainer *t, int step) {
     const Config *c = &t->cfg;
+    t->sample_rng = sample_key((uint64_t)c->seed, step);
     Model *m = &t->model;
     int T = m->T, V = m->cfg.vocab_size, tp = t->dist.tp, dp0 = t->dist.dp_rank == 0;
     if (c->sample_tokens <= 0 || (!dp0 && !t->sharded)) return;
@@ -2020,17 +2127,16 @@ static int train(int argc, char **argv) {
     t->flops_per_token = model_flops_per_token(&c->model, c->seq_len);
     t->peak_gflops = select_peak(t, &t->peak_source);
     if (c->profile_steps > 0) t->peak_gbs = select_peak_gbs(t);
-    t->sample_rng = c->seed * 2654435761ull + 88172645463325252ull;
-    int resumed = resume(t);
-    t->end_cursor = run_sequences(t);
-    setup_profile(t);
-    refresh_working(t, t->step_base);
-    ck_setup(t);
-    if (node_leader(t)) { /* folders a run that died left half-written */
+    if (node_leader(t)) { /* folders a run that died left half-written (or moved aside: put back) */
         ckpt_remove_partial(c->ckpt_dir);
         if (c->ckpt_durable_dir[0]) ckpt_remove_partial(c->ckpt_durable_dir);
     }
     dist_barrier(&t->dist);
+    ck_setup(t);
+    int resumed = resume(t);
+    t->end_cursor = run_sequences(t);
+    setup_profile(t);
+    refresh_working(t, t->step_base);
     open_metrics(t, resumed);
     print_header(t);
     print_layout(t);
@@ -2096,7 +2202,7 @@ static int train(int argc, char **argv) {
         }
         log_step(t, &s);
         if (step == t->prof_last) print_profile(t);
-        if (eval) print_sample(t);
+        if (eval) print_sample(t, step + 1);
         if (stop && !last) {
             stopped = 1;
             break;
@@ -2114,6 +2220,13 @@ static int train(int argc, char **argv) {
     if (t->ck_done_step != final_step) {
         if (is_root(t)) fprintf(stderr, "llmtrain: the final checkpoint (step %d) could not be written to %s%s%s; see the lines above\n",
                                 final_step, c->ckpt_dir, c->ckpt_durable_dir[0] ? " or " : "", c->ckpt_durable_dir);
+        dist_abort(&t->dist, EXIT_IO);
+    }
+    /* the local disk may not outlive the job (SageMaker's does not): a final
+     * checkpoint this run wrote is complete only with its durable copy */
+    if (c->ckpt_durable_dir[0] && (t->step_base < c->steps || t->ck_recopy) && t->ck_durable_step != final_step) {
+        if (is_root(t)) fprintf(stderr, "llmtrain: the final checkpoint (step %d) is complete in %s but could not be copied to %s; see the lines above\n",
+                                final_step, c->ckpt_dir, c->ckpt_durable_dir);
         dist_abort(&t->dist, EXIT_IO);
     }
     if (stopped && is_root(t))

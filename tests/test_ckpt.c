@@ -1114,12 +1114,31 @@ static void test_ckpt(void) {
     check(okc && exists(tpath("prune/step_00000012/manifest.json")) && !exists(tpath("prune/step_00000012.old")),
           "commit: saving an existing step replaces it");
     mkdir_p(tpath("prune/step_00000001.tmp"));
-    int removed = ckpt_prune(proot, 2);
+    int removed = ckpt_prune(proot, 2, 12);
     check(removed == 2 && !exists(tpath("prune/step_00000003")) && !exists(tpath("prune/step_00000005")) &&
               exists(tpath("prune/step_00000007/manifest.json")) && exists(tpath("prune/step_00000012/manifest.json")) &&
               exists(tpath("prune/step_00000001.tmp")),
           "prune(keep_last=2): the two oldest complete steps removed, newest two and incomplete folders kept (removed %d)", removed);
-    check(ckpt_prune(proot, 0) == 0 && exists(tpath("prune/step_00000007/manifest.json")), "prune(keep_last=0): keeps everything");
+    check(ckpt_prune(proot, 0, 12) == 0 && exists(tpath("prune/step_00000007/manifest.json")), "prune(keep_last=0): keeps everything");
+    /* a run resumed from below a newer complete-looking folder (damaged, or
+     * another lineage) completes step 9: the newer ones neither count nor go */
+    okc = save_as(&G, &L1, proot, 20, &cfg, why, sizeof why) == 0 && save_as(&G, &L1, proot, 9, &cfg, why, sizeof why) == 0;
+    removed = ckpt_prune(proot, 1, 9);
+    check(okc && removed == 1 && exists(tpath("prune/step_00000009/manifest.json")) && !exists(tpath("prune/step_00000007")) &&
+              exists(tpath("prune/step_00000012/manifest.json")) && exists(tpath("prune/step_00000020/manifest.json")),
+          "prune(keep_last=1) after step 9: step 9 kept, 7 removed, 12 and 20 (past it) untouched (removed %d)", removed);
+    /* died inside a replacement: step 12 moved aside, its new copy complete
+     * in .tmp; and a stale .old beside a complete step 20 */
+    int mv = rename(tpath("prune/step_00000012"), tpath("prune/step_00000012.old")) == 0;
+    mkdir_p(tpath("prune/step_00000012.tmp"));
+    copy_file(tpath("prune/step_00000009/manifest.json"), tpath("prune/step_00000012.tmp/manifest.json"));
+    mkdir_p(tpath("prune/step_00000020.old"));
+    copy_file(tpath("prune/step_00000009/manifest.json"), tpath("prune/step_00000020.old/manifest.json"));
+    ckpt_remove_partial(proot);
+    check(mv && exists(tpath("prune/step_00000012/manifest.json")) && !exists(tpath("prune/step_00000012.old")) &&
+              !exists(tpath("prune/step_00000012.tmp")) && !exists(tpath("prune/step_00000020.old")) &&
+              exists(tpath("prune/step_00000020/manifest.json")),
+          "remove_partial: a complete step_12.old whose step_12 is missing is renamed back; .tmp and a stale .old removed");
 
     /* a write that cannot happen reports, leaves no file, and the writer survives */
     CkptWriter *w = ckpt_writer_new(16);

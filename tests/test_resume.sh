@@ -5,8 +5,12 @@
 # tp2 x FULL_SHARD 2 (4 ranks) -> 1 rank -> 2 ranks HYBRID_SHARD continues the
 # uninterrupted losses within reduction-order tolerance; SIGTERM writes a
 # checkpoint and exits 143; durable_dir holds a second complete copy that
-# resume falls back to; metrics.jsonl is appended and its gradient-spike
-# fields match a recomputation from the logged norms.
+# resume falls back to, verified against the manifest's checksums, made again
+# by the next start when it was cut off, and whose failure for the final
+# checkpoint is exit 3; keep_last never prunes the checkpoint just written;
+# samples after a resume are the uninterrupted run's; metrics.jsonl is
+# appended and its gradient-spike fields match a recomputation from the
+# logged norms.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -122,6 +126,74 @@ if grep -q "resume: $TMP/durable/step_00000006 at step 6" "$TMP/dur.out" && $PY 
    [ -f "$TMP/durable/step_00000010/manifest.json" ]; then
     ok "local checkpoints gone: resumed from durable_dir, bit-identical; the final one copied there"
 else bad "resume from durable_dir: $(grep resume "$TMP/dur.out")"; fi
+
+# ---- durable copies that fail. The copy of the final checkpoint failing is
+# exit 3 (the local disk may not outlive the job); a local file that changed
+# after it was written (LLMTRAIN_FAULT kind=ckpt_rot) is not copied as if
+# the manifest described it ----
+: >"$TMP/afile"
+run durfail 1 --set train.steps=4 --set checkpoint.durable_dir="$TMP/afile/durable"; rc=$?
+if [ $rc -eq 3 ] && grep -q "checkpoint step 3: the copy to $TMP/afile/durable failed; the checkpoint is complete in $TMP/durfail/checkpoints only" "$TMP/durfail.out" &&
+   grep -q "the final checkpoint (step 4) is complete in $TMP/durfail/checkpoints but could not be copied to $TMP/afile/durable" "$TMP/durfail.out" &&
+   [ -f "$TMP/durfail/checkpoints/step_00000004/manifest.json" ]; then
+    ok "durable copies failing: each one line, the local checkpoint complete; the final one's: exit 3"
+else bad "durable copy failing: rc $rc; $(grep -E 'copy|final' "$TMP/durfail.out" | head -3)"; fi
+LLMTRAIN_FAULT="rank=0,step=6,kind=ckpt_rot" run rot 1 --set checkpoint.durable_dir="$TMP/rotdur" --set checkpoint.keep_last=1 \
+    --set checkpoint.async=false; rc=$?
+if [ $rc -eq 0 ] && grep -q "checkpoint step 6: rank_00000.bin read .* for the durable copy; the manifest says .* (the local file changed after it was written)" "$TMP/rot.out" &&
+   $PY - "$TMP/rot/metrics.jsonl" <<'PYEOF'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if '"event":"checkpoint"' in l]
+assert [e["step"] for e in ev if e["durable"]] == [3, 9, 10], ev
+assert [e["step"] for e in ev if not e["durable"]] == [3, 6, 9, 10], ev
+PYEOF
+then ok "a local file changed before its durable copy: that copy refused (steps 3, 9 and 10 copied, not 6)"
+else bad "ckpt_rot: rc $rc; $(grep -E 'durable|changed' "$TMP/rot.out" | head -3)"; fi
+
+# ---- a durable copy that never completed (the job died during it) is made
+# again by the next start, here one with nothing left to train ----
+rm -rf "$TMP/rotdur/step_00000010" && mkdir -p "$TMP/rotdur/step_00000010.tmp" &&
+    head -c 100 "$TMP/rot/checkpoints/step_00000010/rank_00000.bin" >"$TMP/rotdur/step_00000010.tmp/rank_00000.bin"
+run rot 1 --set checkpoint.durable_dir="$TMP/rotdur" --set checkpoint.keep_last=1; rc=$?
+if [ $rc -eq 0 ] && grep -q "^resume: $TMP/rotdur has no complete step 10; copying it there again" "$TMP/rot.out" &&
+   grep -q "nothing to train" "$TMP/rot.out" && [ "$(ls "$TMP/rotdur")" = "step_00000010" ] &&
+   cmp -s "$TMP/rotdur/step_00000010/manifest.json" "$TMP/rot/checkpoints/step_00000010/manifest.json" &&
+   cmp -s "$TMP/rotdur/step_00000010/rank_00000.bin" "$TMP/rot/checkpoints/step_00000010/rank_00000.bin"; then
+    ok "resumed from a local checkpoint whose durable copy was cut off: copied again, the same manifest and file"
+else bad "durable copy not redone: rc $rc; $(ls "$TMP/rotdur" | tr '\n' ' '); $(grep -E 'resume' "$TMP/rot.out" | tail -2)"; fi
+# the same on 2 ranks (FULL_SHARD: each copies its own file), with steps left to train
+run rc2 2 --set train.steps=6 --set parallel.strategy=FULL_SHARD --set checkpoint.durable_dir="$TMP/rc2dur"
+rm -rf "$TMP/rc2dur/step_00000006"
+run rc2 2 --set train.steps=8 --set parallel.strategy=FULL_SHARD --set checkpoint.durable_dir="$TMP/rc2dur"; rc=$?
+if [ $rc -eq 0 ] && grep -q "^resume: $TMP/rc2dur has no complete step 6; copying it there again" "$TMP/rc2.out" &&
+   cmp -s "$TMP/rc2dur/step_00000006/rank_00001.bin" "$TMP/rc2/checkpoints/step_00000006/rank_00001.bin" &&
+   cmp -s "$TMP/rc2dur/step_00000006/rank_00000.bin" "$TMP/rc2/checkpoints/step_00000006/rank_00000.bin" &&
+   [ -f "$TMP/rc2dur/step_00000008/manifest.json" ]; then
+    ok "2 ranks FULL_SHARD: the cut-off durable copy of step 6 made again beside training on to step 8"
+else bad "2-rank durable re-copy: rc $rc; $(ls "$TMP/rc2dur" | tr '\n' ' '); $(grep -E 'resume|error' "$TMP/rc2.out" | tail -2)"; fi
+
+# ---- keep_last after resuming below a damaged newer checkpoint: the one just
+# completed is never the one pruned ----
+run lin 1 --set train.steps=6 --set checkpoint.keep_last=2
+head -c 20 "$TMP/lin/checkpoints/step_00000006/manifest.json" >"$TMP/m" && mv "$TMP/m" "$TMP/lin/checkpoints/step_00000006/manifest.json"
+LLMTRAIN_FAULT="rank=0,step=6,kind=die" run lin 1 --set train.steps=8 --set checkpoint.every_steps=4 --set checkpoint.keep_last=1 \
+    --set checkpoint.async=false
+run lin 1 --set train.steps=8 --set checkpoint.every_steps=4 --set checkpoint.keep_last=1; rc=$?
+if [ $rc -eq 0 ] && grep -q "resume: $TMP/lin/checkpoints/step_00000003 at step 3" "$TMP/lin.out" &&
+   grep -q "resume: $TMP/lin/checkpoints/step_00000004 at step 4" "$TMP/lin.out"; then
+    ok "resumed from step 3 below a damaged step 6: step 4 kept by keep_last=1, the next resume takes it"
+else bad "keep_last below a damaged checkpoint: rc $rc; $(grep -E 'resume' "$TMP/lin.out" | tail -2)"; fi
+
+# ---- samples: a resumed run prints the samples the uninterrupted one printed ----
+smp="--set train.steps=8 --set checkpoint.every_steps=2 --set eval.every_steps=2 --set eval.sample_tokens=12"
+run smp-ref 1 $smp
+LLMTRAIN_FAULT="rank=0,step=5,kind=die" run smp-cut 1 $smp --set checkpoint.async=false
+run smp-cut 1 $smp
+samples() { grep -A1 -e '^--- sample ---' "$1" | grep -v -e '^--'; }
+if [ "$(samples "$TMP/smp-ref.out" | wc -l)" -eq 4 ] && [ "$(samples "$TMP/smp-ref.out" | sort -u | wc -l)" -gt 1 ] &&
+   [ "$(samples "$TMP/smp-ref.out")" = "$(samples "$TMP/smp-cut.out")" ] && grep -q "at step 4" "$TMP/smp-cut.out"; then
+    ok "killed at step 5, resumed from step 4: the samples after steps 6 and 8 are the uninterrupted run's"
+else bad "samples after a resume differ: $(samples "$TMP/smp-ref.out" | tr '\n' '/') vs $(samples "$TMP/smp-cut.out" | tr '\n' '/')"; fi
 
 # ---- SIGTERM / SIGUSR1: checkpoint at the end of the step, exit 143 ----
 for sig in TERM USR1; do
