@@ -17,11 +17,13 @@
 #include <stdbool.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PATH_BUF 4096
 #define FORMAT "llmtrain-checkpoint/2"
 #define IO_CHUNK ((size_t)16 << 20)
+#define SLOW_PIECE ((size_t)4096) /* LLMTRAIN_FAULT kind=ckpt_slow */
 
 static const char *const KIND_NAME[3] = {"param", "exp_avg", "exp_avg_sq"};
 
@@ -132,11 +134,15 @@ static bool path_exists(const char *p) {
     return stat(p, &sb) == 0;
 }
 
+static void writer_progress(CkptWriter *w, size_t n); /* (background writer, below) */
+
 /* Write (src == NULL: from buf) or copy (from file src) into dst with a
- * checksum; fsync; the partial file is removed on failure. */
-/* die_after > 0 (test hook): SIGKILL this process once that many bytes of
- * the file are written, before its fsync. */
-static int write_file(const char *dst, const float *buf, size_t floats, const char *src, size_t die_after, CkptJobResult *r) {
+ * checksum; fsync; the partial file is removed on failure. Each piece
+ * written counts in w's progress. */
+/* Test hooks: die_after > 0: SIGKILL this process once that many bytes of
+ * the file are written, before its fsync; slow: 4 KiB pieces, 20 ms apart. */
+static int write_file(CkptWriter *w, const char *dst, const float *buf, size_t floats, const char *src, size_t die_after, int slow,
+                      CkptJobResult *r) {
     char dir[PATH_BUF];
     parent_of(dir, sizeof dir, dst);
     if (mkdir_p(dir) != 0) return errf(r->error, sizeof r->error, "%s: cannot create directory (%s)", dir, strerror(errno));
@@ -161,7 +167,7 @@ static int write_file(const char *dst, const float *buf, size_t floats, const ch
         const void *p;
         size_t n;
         if (src) {
-            ssize_t got = read(in, tmp, IO_CHUNK);
+            ssize_t got = read(in, tmp, slow ? SLOW_PIECE : IO_CHUNK);
             if (got < 0) { if (errno == EINTR) continue; rc = errf(r->error, sizeof r->error, "%s: read failed (%s)", src, strerror(errno)); break; }
             if (got == 0) break;
             p = tmp;
@@ -169,13 +175,19 @@ static int write_file(const char *dst, const float *buf, size_t floats, const ch
         } else {
             if (done == total) break;
             n = total - done < IO_CHUNK ? total - done : IO_CHUNK;
+            if (slow && n > SLOW_PIECE) n = SLOW_PIECE;
             if (die_after > done && n > die_after - done) n = die_after - done;
             p = (const char *)buf + done;
         }
         ckpt_hash_update(&h, p, n);
         if (write_all(fd, p, n) != 0) { rc = errf(r->error, sizeof r->error, "%s: write failed (%s)", dst, strerror(errno)); break; }
         done += n;
+        writer_progress(w, n);
         if (die_after && done >= die_after) raise(SIGKILL); /* LLMTRAIN_FAULT kind=ckpt_die */
+        if (slow) { /* LLMTRAIN_FAULT kind=ckpt_slow */
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
     }
     if (rc == 0 && fsync(fd) != 0) rc = errf(r->error, sizeof r->error, "%s: fsync failed (%s)", dst, strerror(errno));
     if (close(fd) != 0 && rc == 0) rc = errf(r->error, sizeof r->error, "%s: close failed (%s)", dst, strerror(errno));
@@ -200,6 +212,8 @@ struct CkptWriter {
     char dst[PATH_BUF], src[PATH_BUF];
     size_t floats;
     size_t die_after;       /* test hook for the next write job (0: off) */
+    int slow, hang;         /* test hooks for the next job (kind=ckpt_slow, ckpt_hang) */
+    size_t progress;        /* bytes written by every job so far */
     float *staging;
     CkptJobResult result;
 };
@@ -210,14 +224,16 @@ static void *writer_main(void *arg) {
     for (;;) {
         while (!w->job && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
         if (w->quit) break;
-        int job = w->job;
+        int job = w->job, slow = w->slow, hang = w->hang;
         size_t die_after = job == 1 ? w->die_after : 0;
         w->die_after = 0;
+        w->slow = w->hang = 0;
         pthread_mutex_unlock(&w->mu);
+        while (hang) pause(); /* LLMTRAIN_FAULT kind=ckpt_hang: a write that never returns */
         CkptJobResult r;
         memset(&r, 0, sizeof r);
         double t0 = now_s();
-        int rc = write_file(w->dst, job == 1 ? w->staging : NULL, w->floats, job == 2 ? w->src : NULL, die_after, &r);
+        int rc = write_file(w, w->dst, job == 1 ? w->staging : NULL, w->floats, job == 2 ? w->src : NULL, die_after, slow, &r);
         r.seconds = now_s() - t0;
         r.state = rc == 0 ? CKPT_DONE : CKPT_FAILED;
         pthread_mutex_lock(&w->mu);
@@ -263,6 +279,19 @@ void ckpt_writer_die_after(CkptWriter *w, size_t bytes) {
     pthread_mutex_unlock(&w->mu);
 }
 
+void ckpt_writer_fault(CkptWriter *w, int slow, int hang) {
+    pthread_mutex_lock(&w->mu);
+    w->slow = slow;
+    w->hang = hang;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void writer_progress(CkptWriter *w, size_t n) {
+    pthread_mutex_lock(&w->mu);
+    w->progress += n;
+    pthread_mutex_unlock(&w->mu);
+}
+
 static void start_job(CkptWriter *w, int job, const char *dst, const char *src, size_t floats) {
     pthread_mutex_lock(&w->mu);
     if (w->state == CKPT_BUSY) die(EXIT_INTERNAL, "checkpoint: writer busy");
@@ -289,6 +318,21 @@ int ckpt_writer_wait(CkptWriter *w) {
     pthread_mutex_lock(&w->mu);
     while (w->state == CKPT_BUSY) pthread_cond_wait(&w->cv, &w->mu);
     int s = w->state;
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
+int ckpt_writer_wait_for(CkptWriter *w, double seconds, size_t *progress) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double t = (double)until.tv_nsec * 1e-9 + seconds;
+    until.tv_sec += (time_t)t;
+    until.tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
+    pthread_mutex_lock(&w->mu);
+    while (w->state == CKPT_BUSY)
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT) break;
+    int s = w->state;
+    *progress = w->progress;
     pthread_mutex_unlock(&w->mu);
     return s;
 }

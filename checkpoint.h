@@ -66,8 +66,14 @@ int ckpt_writer_state(CkptWriter *w);
 /* Test hook (LLMTRAIN_FAULT kind=ckpt_die): the next write job kills the
  * process with SIGKILL after `bytes` of its file are written (0: off). */
 void ckpt_writer_die_after(CkptWriter *w, size_t bytes);
+/* Test hooks (LLMTRAIN_FAULT kind=ckpt_slow, ckpt_hang) for the next job:
+ * slow: written 4 KiB at a time, 20 ms apart; hang: never returns. */
+void ckpt_writer_fault(CkptWriter *w, int slow, int hang);
 /* Block until the job ends; returns CKPT_DONE or CKPT_FAILED (or CKPT_IDLE). */
 int ckpt_writer_wait(CkptWriter *w);
+/* The same for at most `seconds` (then CKPT_BUSY); *progress: the bytes
+ * every job so far has written (growing while a job makes progress). */
+int ckpt_writer_wait_for(CkptWriter *w, double seconds, size_t *progress);
 /* After CKPT_DONE: bytes, checksum and seconds of the last job; after
  * CKPT_FAILED: the reason (one line). Resets the state to CKPT_IDLE. */
 typedef struct CkptJobResult {

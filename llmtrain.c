@@ -122,6 +122,7 @@ typedef struct Trainer {
     int ck_done_step;          /* newest step whose checkpoint is complete (-1: none) */
     int ck_durable_step;       /* newest step this run copied to (or wrote in) durable_dir (-1: none) */
     int ck_recopy;             /* the resumed checkpoint's durable copy is being made again (ck_recopy) */
+    size_t ck_progress;        /* this rank's writer's bytes written, at the last wait (ck_control) */
 } Trainer;
 
 enum { CK_IDLE, CK_LOCAL, CK_DURABLE };
@@ -676,6 +677,7 @@ static void ck_start_write(Trainer *t, const char *root) {
     ck_file(path, sizeof path, root, t->ck_state.step, 1, t->dist.rank);
     if (dist_fault_ckpt_die(&t->dist, t->ck_state.step)) /* test hook: die halfway through the file */
         ckpt_writer_die_after(t->ckw, 3 * t->ck_owned * sizeof(float) / 2);
+    ckpt_writer_fault(t->ckw, dist_fault_ckpt_slow(&t->dist, t->ck_state.step), dist_fault_ckpt_hang(&t->dist, t->ck_state.step));
     ckpt_writer_write(t->ckw, path, 3 * t->ck_owned);
 }
 
@@ -693,19 +695,27 @@ static void flip_first_byte(const char *path) {
 }
 
 /* One small all-reduce: checkpoint writers still busy / failed, a stop
- * signal on any rank, the every_minutes clock (rank 0 decides). Moves the
- * checkpoint in flight on when every writer is done. wait: block on this
- * rank's writer first. Returns the stop and time flags via *stop, *due. */
+ * signal on any rank, the every_minutes clock (rank 0 decides), writers
+ * that made progress. Moves the checkpoint in flight on when every writer
+ * is done. wait: first wait up to a second for this rank's writer; while
+ * any writer makes progress, the watchdog's clock starts again at each
+ * round (a slow disk is not a hang; a write that stops moving for
+ * parallel.timeout_s still is). Returns the stop and time flags via *stop,
+ * *due. */
 static void ck_control(Trainer *t, int wait, int *stop, int *due) {
-    double ctl[4] = {0, 0, 0, 0};
+    double ctl[5] = {0, 0, 0, 0, 0};
     if (t->ck_phase != CK_IDLE) {
-        int st = wait ? ckpt_writer_wait(t->ckw) : ckpt_writer_state(t->ckw);
+        size_t prog = t->ck_progress;
+        int st = wait ? ckpt_writer_wait_for(t->ckw, 1.0, &prog) : ckpt_writer_state(t->ckw);
         ctl[0] = st == CKPT_BUSY;
         ctl[1] = st == CKPT_FAILED;
+        ctl[4] = prog != t->ck_progress;
+        t->ck_progress = prog;
     }
     ctl[2] = g_stop_signal != 0;
     ctl[3] = is_root(t) && t->cfg.ckpt_every_minutes > 0 && now_s() - t->ck_last >= 60.0 * t->cfg.ckpt_every_minutes;
-    dist_allreduce_sum_f64(&t->dist, ctl, 4);
+    dist_allreduce_sum_f64(&t->dist, ctl, 5);
+    if (wait && ctl[4] > 0) dist_phase(&t->dist, t->dist.phase_step, t->dist.phase);
     if (stop) *stop = ctl[2] > 0;
     if (due) *due = ctl[3] > 0;
     if (t->ck_phase != CK_IDLE && ctl[0] == 0) ck_advance(t, ctl[1] > 0);

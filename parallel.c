@@ -30,7 +30,7 @@ struct DistGroups {
     int n_reqs;
 };
 
-enum { FAULT_NONE, FAULT_HANG, FAULT_DIE, FAULT_NAN, FAULT_CKPT_DIE, FAULT_CKPT_ROT, FAULT_SLOW, FAULT_LOW_PEAK };
+enum { FAULT_NONE, FAULT_HANG, FAULT_DIE, FAULT_NAN, FAULT_CKPT_DIE, FAULT_CKPT_ROT, FAULT_CKPT_SLOW, FAULT_CKPT_HANG, FAULT_SLOW, FAULT_LOW_PEAK };
 
 /* Watchdog state shared by the main thread (dist_phase, collectives) and the
  * watchdog thread; every field is read and written under mu. */
@@ -54,7 +54,7 @@ static int launched_by_mpi(void) {
            getenv("PMI_RANK") || getenv("MPI_LOCALNRANKS");
 }
 
-/* LLMTRAIN_FAULT="rank=R,step=S[-E],kind=hang|die|nan|ckpt_die|ckpt_rot|slow|low_peak[,attempt=A]"
+/* LLMTRAIN_FAULT="rank=R,step=S[-E],kind=hang|die|nan|ckpt_die|ckpt_rot|ckpt_slow|ckpt_hang|slow|low_peak[,attempt=A]"
  * (rank optional: every rank; attempt optional: every attempt, else only
  * when LLMTRAIN_ATTEMPT, which scripts/run_resilient.sh sets and which is 1
  * when unset, equals A). Malformed: one line and exit 2. */
@@ -63,7 +63,7 @@ static void fault_parse(Dist *d) {
     d->fault_kind = FAULT_NONE;
     if (!env || !*env) return;
     char buf[256];
-    if (strlen(env) >= sizeof buf) die(EXIT_USAGE, "LLMTRAIN_FAULT: value too long (expected rank=R,step=S[-E],kind=hang|die|nan|ckpt_die|ckpt_rot|slow|low_peak[,attempt=A])");
+    if (strlen(env) >= sizeof buf) die(EXIT_USAGE, "LLMTRAIN_FAULT: value too long (expected rank=R,step=S[-E],kind=hang|die|nan|ckpt_die|ckpt_rot|ckpt_slow|ckpt_hang|slow|low_peak[,attempt=A])");
     strcpy(buf, env);
     int kind = FAULT_NONE, rank = -1, lo = 0, hi = 0, have_step = 0, attempt = 0;
     char *save = NULL;
@@ -93,6 +93,8 @@ static void fault_parse(Dist *d) {
             else if (strcmp(v, "nan") == 0) kind = FAULT_NAN;
             else if (strcmp(v, "ckpt_die") == 0) kind = FAULT_CKPT_DIE;
             else if (strcmp(v, "ckpt_rot") == 0) kind = FAULT_CKPT_ROT;
+            else if (strcmp(v, "ckpt_slow") == 0) kind = FAULT_CKPT_SLOW;
+            else if (strcmp(v, "ckpt_hang") == 0) kind = FAULT_CKPT_HANG;
             else if (strcmp(v, "slow") == 0) kind = FAULT_SLOW;
             else if (strcmp(v, "low_peak") == 0) kind = FAULT_LOW_PEAK;
             else goto bad;
@@ -113,7 +115,7 @@ static void fault_parse(Dist *d) {
     d->fault_step_hi = hi;
     return;
 bad:
-    die(EXIT_USAGE, "LLMTRAIN_FAULT \"%s\": malformed (expected rank=R,step=S or step=S-E,kind=hang|die|nan|ckpt_die|ckpt_rot|slow|low_peak[,attempt=A]; "
+    die(EXIT_USAGE, "LLMTRAIN_FAULT \"%s\": malformed (expected rank=R,step=S or step=S-E,kind=hang|die|nan|ckpt_die|ckpt_rot|ckpt_slow|ckpt_hang|slow|low_peak[,attempt=A]; "
         "S is the 1-based step number, A the 1-based LLMTRAIN_ATTEMPT)", env);
 }
 
@@ -142,6 +144,8 @@ void dist_fault_point(Dist *d, int step) {
 int dist_fault_nan(Dist *d, int step) { return fault_here(d, FAULT_NAN, step); }
 int dist_fault_ckpt_die(Dist *d, int step) { return fault_here(d, FAULT_CKPT_DIE, step); }
 int dist_fault_ckpt_rot(Dist *d, int step) { return fault_here(d, FAULT_CKPT_ROT, step); }
+int dist_fault_ckpt_slow(Dist *d, int step) { return fault_here(d, FAULT_CKPT_SLOW, step); }
+int dist_fault_ckpt_hang(Dist *d, int step) { return fault_here(d, FAULT_CKPT_HANG, step); }
 int dist_fault_low_peak(Dist *d, int step) { return fault_here(d, FAULT_LOW_PEAK, step); }
 
 /* Around every blocking collective and wait: tells the watchdog which one

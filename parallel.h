@@ -164,7 +164,7 @@ void dist_watchdog_start(Dist *d, double timeout_s);
  * that outlives the call, e.g. a literal: "forward", "allreduce", ...). */
 void dist_phase(Dist *d, int step, const char *phase);
 /* Test-only fault injection, LLMTRAIN_FAULT="rank=R,step=S[-E],kind=K[,attempt=A]"
- * with K hang|die|nan|ckpt_die|ckpt_rot|slow|low_peak (parsed by dist_init; malformed: exit 2; a
+ * with K hang|die|nan|ckpt_die|ckpt_rot|ckpt_slow|ckpt_hang|slow|low_peak (parsed by dist_init; malformed: exit 2; a
  * fault for another attempt than LLMTRAIN_ATTEMPT is no fault).
  * dist_fault_point runs at the start of 1-based step `step` (hang / die /
  * slow: sleep 1 s);
@@ -178,6 +178,11 @@ int dist_fault_ckpt_die(Dist *d, int step);
  * `step` once that checkpoint is complete, before the durable copy reads
  * it (kind=ckpt_rot: the local disk changed what was written) */
 int dist_fault_ckpt_rot(Dist *d, int step);
+/* ... whether its writer writes its file of the checkpoint of step `step`
+ * slowly (kind=ckpt_slow: 4 KiB pieces 20 ms apart, progressing) or never
+ * (kind=ckpt_hang: the write blocks) */
+int dist_fault_ckpt_slow(Dist *d, int step);
+int dist_fault_ckpt_hang(Dist *d, int step);
 /* ... and whether this rank divides its MFU peak by 10^4 at `step`
  * (kind=low_peak: as a peak measured while the cores were busy reads low) */
 int dist_fault_low_peak(Dist *d, int step);

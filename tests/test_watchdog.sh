@@ -1,7 +1,8 @@
 #!/bin/bash
 # Watchdog (parallel.timeout_s, exit 5) and the test-only fault hook
 # LLMTRAIN_FAULT: a hung or killed rank ends the whole job non-zero within
-# the timeout plus a few seconds; a poisoned gradient is a skipped step, and
+# the timeout plus a few seconds, so does a checkpoint write that never
+# returns, while one that is slow but progressing is waited for; a poisoned gradient is a skipped step, and
 # enough of them in a row is exit 4; a malformed value is exit 2; a healthy
 # 2-rank run is not disturbed by the watchdog. Every case is bounded by
 # `timeout 60`, so a regression fails instead of hanging CI.
@@ -89,6 +90,25 @@ if [ $rc -eq 0 ] && grep -q '^{"step":2,.*"skipped":true' "$TMP/nanhyb/metrics.j
     ok "nan on rank 3 of HYBRID_SHARD 2 x 2 at step 2: skipped on rank 0 too (through the replicate all-reduce), run exits 0"
 else
     bad "nan on rank 3 of HYBRID_SHARD 2 x 2: rc=$rc $(head -3 "$TMP/nanhyb.err") $(grep '"step":2,' "$TMP/nanhyb/metrics.jsonl")"
+fi
+
+# (d2) checkpoint writes: one that keeps writing, slower than the timeout
+# (rank 1's file at 4 KiB a 20 ms, about 6 s, against parallel.timeout_s 2)
+# is waited for; one that never returns still ends the job (exit 5)
+ck="--set model.n_embd=64 --set model.n_layer=4 --set checkpoint.every_steps=3 --set checkpoint.async=false --set parallel.timeout_s=2"
+run ckslow 2 "rank=1,step=3,kind=ckpt_slow" $ck
+if [ $rc -eq 0 ] && ! grep -q watchdog "$TMP/ckslow.err" && [ -f "$TMP/ckslow/ckpt/step_00000003/manifest.json" ] &&
+   $PY -c "import sys; sys.exit(not $secs >= 4)"; then
+    ok "a checkpoint write slower than parallel.timeout_s but progressing: waited for, exit 0 (${secs}s)"
+else
+    bad "slow checkpoint write: rc=$rc after ${secs}s: $(grep -E 'watchdog|error' "$TMP/ckslow.err" | head -2)"
+fi
+run ckhang 2 "rank=1,step=3,kind=ckpt_hang" $ck
+if [ $rc -eq 5 ] && grep -q '^llmtrain: rank [01]: watchdog: step 3 phase checkpoint' "$TMP/ckhang.err" &&
+   $PY -c "import sys; sys.exit(not $secs <= 15)"; then
+    ok "a checkpoint write that never returns: watchdog, exit 5 after ${secs}s"
+else
+    bad "hung checkpoint write: rc=$rc after ${secs}s: $(grep -E 'watchdog|error' "$TMP/ckhang.err" | head -2)"
 fi
 
 # (e) malformed LLMTRAIN_FAULT: exit 2, one line
