@@ -475,6 +475,18 @@ static void rampup_check(const Config *cfg, const char *where) {
             cfg->rampup_increment == 0 ? "rampup_batch_increment" : "rampup_samples");
 }
 
+/* A micro-batch's tokens (micro_batch x seq_len, the activations' rows)
+ * are an int, which the LM head's 64-row rounding and sequence
+ * parallelism's padding to a multiple of parallel.tensor add to: at most
+ * 2^30 leaves them room. from: where seq_len came from, for the message. */
+#define MAX_MICRO_TOKENS (1LL << 30)
+static void micro_tokens_check(const Config *cfg, const char *where, const char *from) {
+    long long n = (long long)cfg->micro_batch * cfg->seq_len;
+    if (n > MAX_MICRO_TOKENS)
+        die(EXIT_USAGE, "%s: train.micro_batch %d x train.seq_len %d%s = %lld tokens a micro-batch exceeds %lld (2^30)", where,
+            cfg->micro_batch, cfg->seq_len, from, n, MAX_MICRO_TOKENS);
+}
+
 /* Fill values that default to other values, and check cross-key rules. */
 static void finish(Config *cfg, const char *origin, const cJSON *root) {
     rope_scaling_unused(&cfg->model, origin);
@@ -490,6 +502,7 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
     if (cfg->seq_len == 0) cfg->seq_len = cfg->model.max_seq_len;
     if (cfg->seq_len > cfg->model.max_seq_len)
         die(EXIT_USAGE, "%s: train.seq_len %d exceeds model.max_seq_len %d", origin, cfg->seq_len, cfg->model.max_seq_len);
+    micro_tokens_check(cfg, origin, "");
     if (cfg->decay_steps == 0) cfg->decay_steps = cfg->steps;
     if (cfg->stochastic_rounding && cfg->param_dtype != 1)
         die(EXIT_USAGE, "%s: optim.stochastic_rounding needs train.param_dtype \"bf16\" (it rounds the bf16 working weights)", origin);
@@ -623,9 +636,13 @@ void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir) {
     }
     cJSON_Delete(root);
     cfg->model = *hf;
-    if (!config_has_key(cfg, "train.seq_len") || cfg->seq_len == 0) cfg->seq_len = cfg->model.max_seq_len;
+    int hf_len = !config_has_key(cfg, "train.seq_len") || cfg->seq_len == 0;
+    if (hf_len) cfg->seq_len = cfg->model.max_seq_len;
     if (cfg->seq_len > cfg->model.max_seq_len)
         die(EXIT_USAGE, "%s: train.seq_len %d exceeds the model's max_seq_len %d (from %s)", cfg->path, cfg->seq_len, cfg->model.max_seq_len, hf_dir);
+    char from[64 + sizeof cfg->init_from];
+    snprintf(from, sizeof from, " (the max_seq_len of init.from %s)", hf_dir);
+    micro_tokens_check(cfg, cfg->path, hf_len ? from : "");
 }
 
 const char *config_enum_name(const char *choices, int idx, char *buf, size_t n) {

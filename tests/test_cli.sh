@@ -81,6 +81,13 @@ expect_fail "n_head not dividing n_embd" "model.n_head 3 does not divide model.n
 expect_fail "n_kv_head not dividing n_head" "model.n_kv_head 4 does not divide model.n_head 6" $BIN "$TMP/job.json" --set model.n_embd=24 --set model.n_head=6 --set model.n_kv_head=4
 expect_fail "seq_len > max_seq_len" "train.seq_len 32 exceeds model.max_seq_len 16" $BIN "$TMP/job.json" --set train.seq_len=32
 expect_fail "global batch not divisible" "train.global_batch 5 is not a multiple of train.micro_batch 2" $BIN "$TMP/job.json" --set train.global_batch=5
+# sizes that overflow an int: a micro-batch's tokens (at most 2^30) and micro_batch x ranks (the global batch)
+expect_fail "micro-batch tokens past 2^30" "train.micro_batch 257 x train.seq_len 16711935 = 4294967295 tokens a micro-batch exceeds 1073741824 (2^30)" $BIN check "$TMP/job.json" --set model.max_seq_len=16711935 --set train.seq_len=16711935 --set train.micro_batch=257 --set train.global_batch=0
+expect_fail "micro-batch tokens past 2^30 by one sequence" "train.micro_batch 65 x train.seq_len 16777216 = 1090519040 tokens a micro-batch exceeds" $BIN check "$TMP/job.json" --set model.max_seq_len=16777216 --set train.seq_len=16777216 --set train.micro_batch=65 --set train.global_batch=0
+if $BIN check "$TMP/job.json" --set model.max_seq_len=16777216 --set train.seq_len=16777216 --set train.micro_batch=64 --set train.global_batch=0 >"$TMP/out" 2>&1; then
+    ok "check: a micro-batch of 2^30 tokens is valid"; else bad "check: 64 x 2^24 tokens: $(cat "$TMP/out")"; fi
+expect_fail "micro_batch x ranks past an int (check)" "train.micro_batch 1048576 x data-parallel ranks 4096 = 4294967296 sequences a step exceeds train.global_batch's maximum 2147483647" $BIN check "$TMP/job.json" --world 4096 --set train.micro_batch=1048576 --set train.global_batch=0
+expect_fail "micro_batch x ranks above global_batch (check)" "train.global_batch 2097152 is not divisible by train.micro_batch 1048576 x data-parallel ranks 4096" $BIN check "$TMP/job.json" --world 4096 --set train.micro_batch=1048576 --set train.global_batch=2097152
 expect_fail "missing data" "data.train: no file matches" $BIN "$TMP/job.json" --set data.train="$TMP/none*.bin"
 expect_fail "bad magic" "bad magic 1234" $BIN "$TMP/job.json" --set data.train="$TMP/badmagic.bin"
 expect_fail "truncated shard" "trunc.bin" $BIN "$TMP/job.json" --set data.train="$TMP/trunc.bin"
