@@ -222,6 +222,21 @@ EOF
 expect_fail "init weights with wrong shape" "has shape" $BIN "$TMP/job.json" --set init.from="$TMP/hf_bad"
 rm -f "$TMP/hf_bad/model.safetensors"
 expect_fail "init weights missing" "hf_bad" $BIN "$TMP/job.json" --set init.from="$TMP/hf_bad"
+# config.json's values are held to the ranges of the model.* keys they fill, as a job's are
+hf_range() { # hf_range KEY VALUE MESSAGE: the good run's config.json with KEY = VALUE
+    rm -rf "$TMP/hf_r" && mkdir "$TMP/hf_r" && cp "$TMP/hf/model.safetensors" "$TMP/hf_r/"
+    $PY - "$TMP/hf/config.json" "$TMP/hf_r/config.json" "$1" "$2" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1])); c[sys.argv[3]] = json.loads(sys.argv[4]); json.dump(c, open(sys.argv[2], "w"))
+EOF
+    expect_fail "init.from config.json $1 $2" "hf_r/config.json: key $1: expected $3" $BIN "$TMP/job.json" --set init.from="$TMP/hf_r"
+}
+hf_range max_position_embeddings 2147483647 "an integer in [1, 16777216] (the range of model.max_seq_len), got 2147483647"
+hf_range num_hidden_layers 2147483647 "an integer in [1, 4096] (the range of model.n_layer), got 2147483647"
+hf_range hidden_size 1073741824 "an integer in [1, 1048576] (the range of model.n_embd), got 1073741824"
+hf_range num_key_value_heads 0 "an integer in [1, 4096] (the range of model.n_kv_head), got 0"
+hf_range rms_norm_eps 50 "a number in (0, 1] (the range of model.norm_eps, above 0), got 50"
+hf_range rope_theta 0.001 "a number in [1, 1e+12] (the range of model.rope_theta, above 0), got 0.001"
 
 # --set really overrides (the run has 3 steps, not 2)
 $BIN "$TMP/job.json" --set train.steps=3 --set log.dir="$TMP/run3" >/dev/null 2>&1
