@@ -614,7 +614,7 @@ CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
     CkptManifest *mf = calloc_check(1, sizeof *mf);
     snprintf(mf->dir, sizeof mf->dir, "%s", dir);
     cJSON *root = NULL;
-    if (!text) BAD("%s: cannot read (%s)", path, strerror(errno ? errno : ENOENT));
+    if (!text) BAD("%s: cannot read (%s)", path, read_text_why());
     root = cJSON_ParseWithLength(text, len);
     if (!cJSON_IsObject(root)) BAD("%s: not valid JSON (truncated?)", path);
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");

@@ -140,10 +140,11 @@ static void st_map(StFile *f, const char *path, const char *ctx) {
     memset(f, 0, sizeof *f);
     if (strlen(path) >= sizeof f->path) die(EXIT_USAGE, "%s%s: path too long", ctx, path);
     snprintf(f->path, sizeof f->path, "%s", path);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO's open would wait for a writer: refused below */
     if (fd < 0) die(EXIT_USAGE, "%s%s: cannot open (%s)", ctx, path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) die(EXIT_USAGE, "%s%s: cannot stat (%s)", ctx, path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) die(EXIT_USAGE, "%s%s: not a regular file (expected a safetensors file)", ctx, path);
     if (sb.st_size < 8) die(EXIT_USAGE, "%s%s: %lld bytes is too short for a safetensors file", ctx, path, (long long)sb.st_size);
     f->map_len = (size_t)sb.st_size;
     void *p = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -669,7 +670,7 @@ void hf_read_config(const char *dir, ModelConfig *out) {
     join_path(path, sizeof path, dir, "config.json");
     size_t len;
     char *text = read_text_file(path, &len);
-    if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", path, strerror(errno ? errno : ENOENT));
+    if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", path, read_text_why());
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!cJSON_IsObject(root)) die(EXIT_USAGE, HF_CTX "%s: not a JSON object (malformed JSON?)", path);
     HfCfg c = {path, root};
@@ -713,7 +714,7 @@ static void hf_add_file(HfFiles *h, const char *path) {
 static void hf_open_index(HfFiles *h, const char *dir, const char *index) {
     size_t len;
     char *text = read_text_file(index, &len);
-    if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", index, strerror(errno ? errno : ENOENT));
+    if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", index, read_text_why());
     cJSON *root = cJSON_ParseWithLength(text, len);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) die(EXIT_USAGE, HF_CTX "%s: missing key weight_map (malformed index?)", index);

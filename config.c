@@ -570,7 +570,7 @@ static void parse_position(const char *text, const char *at, int *line, int *col
 void config_load(Config *cfg, const char *path, int n_set, char **sets) {
     size_t len;
     char *text = read_text_file(path, &len);
-    if (!text) die(EXIT_USAGE, "%s: cannot read job file (%s)", path, strerror(errno ? errno : ENOENT));
+    if (!text) die(EXIT_USAGE, "%s: cannot read job file (%s)", path, read_text_why());
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!root) {
         int line, col;

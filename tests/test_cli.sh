@@ -94,6 +94,18 @@ expect_fail "truncated shard" "trunc.bin" $BIN "$TMP/job.json" --set data.train=
 expect_fail "token id out of range" "token 100 at token offset 1500 >= model.vocab_size 64" $BIN "$TMP/job.json" --set data.train="$TMP/oob.bin" --set train.steps=40
 expect_fail "missing init folder" "config.json" $BIN "$TMP/job.json" --set init.from="$TMP/nohf"
 expect_fail "unknown option" "unknown option '--bogus'" $BIN "$TMP/job.json" --bogus
+# a directory or a FIFO where a file belongs: one line, never a wait for a
+# FIFO's writer (timeout 20) or an allocation of a directory's "size"
+mkfifo "$TMP/fifo"
+mkdir -p "$TMP/hf_dir/config.json" "$TMP/ck_dir/step_00000001/manifest.json"
+expect_fail "job file is a directory" "$TMP: cannot read job file (is a directory, expected a file)" timeout 20 $BIN check "$TMP"
+expect_fail "job file is a FIFO" "fifo: cannot read job file (is a FIFO, expected a regular file)" timeout 20 $BIN check "$TMP/fifo"
+expect_fail "data.train is a FIFO" "data.train: $TMP/fifo: not a regular file (expected a token shard)" timeout 20 $BIN "$TMP/job.json" --set data.train="$TMP/fifo"
+expect_fail "data.val is a directory" "data.val: $TMP: not a regular file (expected a token shard)" timeout 20 $BIN "$TMP/job.json" --set data.val="$TMP"
+expect_fail "data.vocab is a directory" "$TMP: cannot read vocab file (is a directory, expected a file)" timeout 20 $BIN "$TMP/job.json" --set data.vocab="$TMP"
+expect_fail "data.vocab is a FIFO" "fifo: cannot read vocab file (is a FIFO, expected a regular file)" timeout 20 $BIN "$TMP/job.json" --set data.vocab="$TMP/fifo"
+expect_fail "init.from config.json is a directory" "hf_dir/config.json: cannot read (is a directory, expected a file)" timeout 20 $BIN "$TMP/job.json" --set init.from="$TMP/hf_dir"
+expect_fail "checkpoint manifest.json is a directory" "step_00000001/manifest.json: cannot read (is a directory, expected a file)" timeout 20 $BIN "$TMP/job.json" --set checkpoint.resume="$TMP/ck_dir/step_00000001"
 # no GPU here (CPU-only build, or CUDA build without a device): one line, exit 2
 # (tests/test_cuda_build.sh checks the exact wording of each case)
 nvidia-smi -L 2>/dev/null | grep -q '^GPU' || expect_fail "train.device=cuda without a usable GPU" "train.device" $BIN "$TMP/job.json" --set train.device=cuda
