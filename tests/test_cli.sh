@@ -225,6 +225,20 @@ if $BIN "$TMP/job.json" --set data.train="$TMP/u32.bin" --set log.dir="$TMP/run3
 
 # init.from: export the good run, then conflicting and mismatched weights
 if $BIN export "$TMP/ckpt" "$TMP/hf" >/dev/null 2>"$TMP/err"; then ok "export of the good run"; else bad "export failed: $(cat "$TMP/err")"; fi
+# a manifest whose layout cannot be the model's (damaged): exit 2 naming layout.tp, for export and resume
+ck_layout() { # ck_layout NAME TP SHARD WORLD: a copy of the good run's checkpoint with that layout
+    rm -rf "$TMP/$1" && mkdir "$TMP/$1" && cp -r "$TMP/ckpt/step_00000002" "$TMP/$1/"
+    $PY - "$TMP/$1/step_00000002/manifest.json" "$2" "$3" "$4" <<'EOF'
+import json, sys
+p = sys.argv[1]; m = json.load(open(p)); m["layout"] = {"world": int(sys.argv[4]), "tp": int(sys.argv[2]), "shard": int(sys.argv[3]), "replicate": 1}
+json.dump(m, open(p, "w"))
+EOF
+}
+ck_layout ck_tp3 3 1 3
+expect_fail "export: manifest layout.tp not dividing the model" "step_00000002/manifest.json: key layout.tp: 3 does not divide the model's n_head 2, n_kv_head 1" $BIN export "$TMP/ck_tp3" "$TMP/hf_tp3"
+expect_fail "resume: manifest layout.tp not dividing the model" "step_00000002/manifest.json: key layout.tp: 3 does not divide the model's n_head 2, n_kv_head 1" $BIN "$TMP/job.json" --set checkpoint.resume="$TMP/ck_tp3" --set log.dir="$TMP/run_tp3"
+ck_layout ck_tpbig 65536 65537 65536
+expect_fail "export: manifest layout tp x shard past an int" "step_00000002/manifest.json: key layout: expected world = tp x shard x replicate" $BIN export "$TMP/ck_tpbig" "$TMP/hf_tpbig"
 expect_fail "init.from conflicts with model key" "model.n_layer = 2 conflicts with init.from" $BIN "$TMP/job.json" --set init.from="$TMP/hf" --set model.n_layer=2
 cp -r "$TMP/hf" "$TMP/hf_bad"
 $PY - "$TMP/hf_bad/config.json" <<'EOF'
