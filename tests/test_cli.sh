@@ -68,6 +68,20 @@ else bad "log.param_norm=false: $(grep '^step' "$TMP/nopn.out")"; fi
 printf '{"model": {"arch": "llama",\n "n_layer": 1,, }}' >"$TMP/malformed.json"
 expect_fail "malformed JSON" "malformed.json:2:" $BIN "$TMP/malformed.json"
 expect_fail "missing job file" "nope.json" $BIN "$TMP/nope.json"
+# the job file's JSON: one top-level object, each key once, nested (a dotted name is --set's)
+printf '{"train": {"steps": 2}}\n  {"train": {"steps": 3}}' >"$TMP/trailing.json"
+expect_fail "text after the top-level object" "trailing.json:2:3: malformed JSON: text after the top-level object (expected one JSON object)" $BIN check "$TMP/trailing.json"
+$PY - "$TMP" <<'EOF'
+import sys
+d = sys.argv[1]
+job = open(f"{d}/job.json").read().rstrip()[:-1]  # without its closing brace
+open(f"{d}/dup_section.json", "w").write(job + ', "train": {"steps": -5}}')
+open(f"{d}/dup_key.json", "w").write(job.replace('"steps": 2,', '"steps": 2, "steps": 3,') + "}")
+open(f"{d}/dotted.json", "w").write(job + ', "train.steps": 5}')
+EOF
+expect_fail "duplicate section" "dup_section.json: duplicate key 'train' (expected each key once)" $BIN check "$TMP/dup_section.json"
+expect_fail "duplicate key" "dup_key.json: duplicate key 'train.steps' (expected each key once)" $BIN check "$TMP/dup_key.json"
+expect_fail "dotted key in the job file" "dotted.json: key 'train.steps': a dotted name is for --set (expected it nested: {\"train\": {\"steps\": ...}})" $BIN check "$TMP/dotted.json"
 expect_fail "unknown key" "unknown key 'model.n_layers' (did you mean 'model.n_layer'?)" $BIN "$TMP/job.json" --set model.n_layers=2
 expect_fail "unknown section" "unknown key 'trian.steps'" $BIN "$TMP/job.json" --set trian.steps=2
 expect_fail "wrong type (string for int)" "model.n_layer: expected an integer" $BIN "$TMP/job.json" --set model.n_layer=two
@@ -77,6 +91,8 @@ expect_fail "--set value with trailing text" 'train.steps: expected an integer, 
 expect_fail "out of range" "optim.beta2: expected a value in" $BIN "$TMP/job.json" --set optim.beta2=1.5
 expect_fail "negative" "model.n_layer: expected a value in [1," $BIN "$TMP/job.json" --set model.n_layer=0
 expect_fail "bad enum" "model.arch: expected one of gpt2|llama" $BIN "$TMP/job.json" --set model.arch=bert
+expect_fail "eval.sample_tokens past 2^20" "eval.sample_tokens: expected a value in [0, 1048576], got 2147483647" $BIN check "$TMP/job.json" --set eval.sample_tokens=2147483647
+expect_fail "empty checkpoint.resume" 'checkpoint.resume: expected auto, none or a checkpoint folder or root, got ""' $BIN check "$TMP/job.json" --set checkpoint.resume=
 expect_fail "n_head not dividing n_embd" "model.n_head 3 does not divide model.n_embd 16" $BIN "$TMP/job.json" --set model.n_head=3
 expect_fail "n_kv_head not dividing n_head" "model.n_kv_head 4 does not divide model.n_head 6" $BIN "$TMP/job.json" --set model.n_embd=24 --set model.n_head=6 --set model.n_kv_head=4
 expect_fail "seq_len > max_seq_len" "train.seq_len 32 exceeds model.max_seq_len 16" $BIN "$TMP/job.json" --set train.seq_len=32
@@ -164,6 +180,10 @@ expect_fail "wsd_decay_steps without wsd" 'optim.wsd_decay_steps is set but opti
 expect_fail "wsd_decay_style without wsd" 'optim.wsd_decay_style is set but optim.lr_decay_style is "cosine"' $BIN "$TMP/job.json" --set optim.wsd_decay_style=cosine
 expect_fail "wsd without wsd_decay_steps" 'optim.lr_decay_style "wsd" needs optim.wsd_decay_steps > 0' $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd
 expect_fail "wsd decay longer than decay_steps - warmup_steps" "optim.wsd_decay_steps 9 exceeds optim.decay_steps 10 - optim.warmup_steps 2 (the decay would begin before the warmup ends)" $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=9 --set optim.decay_steps=10 --set optim.warmup_steps=2
+expect_fail "cosine decay_steps below warmup_steps" "optim.decay_steps 5 is below optim.warmup_steps 10 (the cosine decay would end before the warmup does)" $BIN check "$TMP/job.json" --set optim.decay_steps=5 --set optim.warmup_steps=10
+expect_fail "linear decay_steps below warmup_steps" "optim.decay_steps 5 is below optim.warmup_steps 10 (the linear decay would end before the warmup does)" $BIN check "$TMP/job.json" --set optim.lr_decay_style=linear --set optim.decay_steps=5 --set optim.warmup_steps=10
+if $BIN check "$TMP/job.json" --set optim.warmup_steps=10 >"$TMP/out" 2>&1; then ok "check: a run shorter than its warmup (decay_steps = train.steps) is valid"
+else bad "check: warmup past train.steps: $(cat "$TMP/out")"; fi
 expect_fail "bad wsd_decay_style" 'optim.wsd_decay_style: expected one of linear|cosine|exponential|minus_sqrt, got "sqrt"' $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=1 --set optim.wsd_decay_style=sqrt
 # a batch-size ramp-up: its three keys together, every batch whole micro-batches per rank, below global_batch
 R="--set train.rampup_start_batch=2 --set train.rampup_batch_increment=2 --set train.rampup_samples=8"
