@@ -544,6 +544,17 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
             "%s: data.eod_token is set but unused (it applies with train.attention_mask \"block_causal\", train.eod_mask_loss "
             "true or train.reset_position_ids true; got \"causal\", false and false)",
             origin);
+    /* keys that cannot apply to the job as written are errors, not silently unused */
+    const cJSON *tie = root ? lookup(root, "model.tie_embeddings") : NULL;
+    if (cfg->model.arch == ARCH_GPT2 && !cfg->init_from[0] && cJSON_IsFalse(tie)) /* init.from: its config.json decides */
+        die(EXIT_USAGE, "%s: model.tie_embeddings false: GPT-2's token embedding is always the LM head (expected true or unset, "
+            "or model.arch \"llama\")", origin);
+    if (cfg->shard_degree != 0 && strncmp(cfg->strategy, "HYBRID_SHARD", 12) != 0)
+        die(EXIT_USAGE, "%s: parallel.shard_degree is set but parallel.strategy is \"%s\" (it applies only with HYBRID_SHARD or "
+            "HYBRID_SHARD_ZERO2)", origin, cfg->strategy);
+    if (cfg->min_bus_gbps > 0 && !cfg->health_check)
+        die(EXIT_USAGE, "%s: parallel.min_bus_gbps is set but parallel.health_check is false (it applies only to the health "
+            "check's measurement)", origin);
     if (cfg->global_batch != 0 && cfg->global_batch % cfg->micro_batch != 0)
         die(EXIT_USAGE, "%s: train.global_batch %d is not a multiple of train.micro_batch %d", origin, cfg->global_batch, cfg->micro_batch);
     if (!cfg->data_train[0] && !lookup(root, "data.train"))

@@ -1529,7 +1529,9 @@ static void check_layout(Trainer *t) {
 static void select_backend(Trainer *t) {
     const char *dev = t->cfg.device;
     const char *env = getenv("LLMTRAIN_DEVICE");
-    if (strcmp(dev, "auto") == 0 && env && (strcmp(env, "cpu") == 0 || strcmp(env, "cuda") == 0)) dev = env;
+    if (env && *env && strcmp(env, "cpu") != 0 && strcmp(env, "cuda") != 0) /* not silently auto */
+        die(EXIT_USAGE, "environment: LLMTRAIN_DEVICE=\"%s\": expected cpu or cuda (or unset)", env);
+    if (strcmp(dev, "auto") == 0 && env && *env) dev = env;
 #ifdef LLMTRAIN_CUDA
     Dist *d = &t->dist;
     int want = strcmp(dev, "cuda") == 0;

@@ -194,6 +194,16 @@ expect_fail "rampup start not whole micro-batches" 'train.rampup_start_batch 3 i
 expect_fail "rampup increment not dividing the ramp" 'train.rampup_batch_increment 4 does not divide train.global_batch 8 - train.rampup_start_batch 2' $BIN "$TMP/job.json" $R --set train.rampup_batch_increment=4 --set train.global_batch=8
 expect_fail "rampup start at 2 data-parallel ranks (check)" 'train.rampup_start_batch 2 is not divisible by train.micro_batch 2 x data-parallel ranks 2' $BIN check "$TMP/job.json" --world 2 $R --set train.global_batch=8
 
+# keys that cannot apply to the job as written, and a device override that is neither cpu nor cuda
+expect_fail "GPT-2 with tie_embeddings false" "model.tie_embeddings false: GPT-2's token embedding is always the LM head (expected true or unset" $BIN check "$TMP/job.json" --set model.arch=gpt2 --set model.n_kv_head=0 --set model.tie_embeddings=false
+expect_fail "shard_degree without a hybrid strategy" 'parallel.shard_degree is set but parallel.strategy is "FULL_SHARD" (it applies only with HYBRID_SHARD or HYBRID_SHARD_ZERO2)' $BIN check "$TMP/job.json" --world 2 --set parallel.strategy=FULL_SHARD --set parallel.shard_degree=2
+expect_fail "min_bus_gbps without the health check" "parallel.min_bus_gbps is set but parallel.health_check is false (it applies only to the health check's measurement)" $BIN check "$TMP/job.json" --set parallel.min_bus_gbps=10 --set parallel.health_check=false
+expect_fail "bad LLMTRAIN_DEVICE" 'environment: LLMTRAIN_DEVICE="gpu": expected cpu or cuda (or unset)' env LLMTRAIN_DEVICE=gpu $BIN "$TMP/job.json" --set log.dir="$TMP/run_dev"
+if $BIN check "$TMP/job.json" --world 2 --set parallel.strategy=HYBRID_SHARD_ZERO2 --set parallel.shard_degree=2 --set train.global_batch=4 >"$TMP/out" 2>&1 &&
+   $BIN check "$TMP/job.json" --set model.arch=gpt2 --set model.n_kv_head=0 --set model.tie_embeddings=true >>"$TMP/out" 2>&1; then
+    ok "check: shard_degree under HYBRID_SHARD_ZERO2 and GPT-2 with tie_embeddings true are valid"
+else bad "check: hybrid shard_degree / GPT-2 tied: $(cat "$TMP/out")"; fi
+
 # the CUDA backend's precision and attention are job keys; the variables
 # that once set them are refused, not silently ignored
 expect_fail "bad compute dtype" 'train.compute_dtype: expected one of bf16|tf32|fp32, got "fp16"' $BIN "$TMP/job.json" --set train.compute_dtype=fp16
