@@ -675,7 +675,7 @@ CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
     CkptManifest *mf = calloc_check(1, sizeof *mf);
     snprintf(mf->dir, sizeof mf->dir, "%s", dir);
     cJSON *root = NULL;
-    if (!text) BAD("%s: cannot read (%s)", path, strerror(errno ? errno : ENOENT));
+    if (!text) BAD("%s: cannot read (%s)", path, read_text_why());
     root = cJSON_ParseWithLength(text, len);
     if (!cJSON_IsObject(root)) BAD("%s: not valid JSON (truncated?)", path);
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
@@ -695,7 +695,7 @@ CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
     const cJSON *lay = cJSON_GetObjectItemCaseSensitive(root, "layout");
     CkptLayout *L = &mf->layout;
     if (!get_int(lay, "world", 1, &L->world) || !get_int(lay, "tp", 1, &L->tp) || !get_int(lay, "shard", 1, &L->shard) ||
-        !get_int(lay, "replicate", 1, &L->replicate) || L->world != L->tp * L->shard * L->replicate)
+        !get_int(lay, "replicate", 1, &L->replicate) || L->world != (long long)L->tp * L->shard * L->replicate)
         BAD("%s: key layout: expected world = tp x shard x replicate", path);
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
     if (!cJSON_IsArray(files)) BAD("%s: key files: expected an array", path);
@@ -867,6 +867,10 @@ void ckpt_manifest_load(const CkptManifest *mf, const Model *m, const size_t *lo
         if (fds[i] < 0) die(EXIT_IO, "%s: cannot open (%s)", path, strerror(errno));
     }
     int wtp = mf->layout.tp;
+    const ModelConfig *mc = &m->cfg;
+    if (mc->n_kv_head % wtp || mc->n_head % wtp || mc->ffn_hidden % wtp || mc->vocab_size % wtp) /* no writer's layout */
+        die(EXIT_USAGE, "%s/manifest.json: key layout.tp: %d does not divide the model's n_head %d, n_kv_head %d, ffn_hidden %d "
+            "and vocab_size %d (damaged?)", mf->dir, wtp, mc->n_head, mc->n_kv_head, mc->ffn_hidden, mc->vocab_size);
     Model wl; /* the writer's TP layout, to place its slices in the global tensor */
     model_layout(&wl, &m->cfg, 1, wtp, 0);
     for (int k = 0; k < 3; k++) {

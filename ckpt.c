@@ -140,10 +140,11 @@ static void st_map(StFile *f, const char *path, const char *ctx) {
     memset(f, 0, sizeof *f);
     if (strlen(path) >= sizeof f->path) die(EXIT_USAGE, "%s%s: path too long", ctx, path);
     snprintf(f->path, sizeof f->path, "%s", path);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO's open would wait for a writer: refused below */
     if (fd < 0) die(EXIT_USAGE, "%s%s: cannot open (%s)", ctx, path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) die(EXIT_USAGE, "%s%s: cannot stat (%s)", ctx, path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) die(EXIT_USAGE, "%s%s: not a regular file (expected a safetensors file)", ctx, path);
     if (sb.st_size < 8) die(EXIT_USAGE, "%s%s: %lld bytes is too short for a safetensors file", ctx, path, (long long)sb.st_size);
     f->map_len = (size_t)sb.st_size;
     void *p = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -468,20 +469,42 @@ static const cJSON *cfg_get(const HfCfg *c, const char *key, bool required) {
     return v;
 }
 
-static int cfg_int(const HfCfg *c, const char *key, bool required, int def) {
+/* A value as config.json wrote it, for a message (the process then ends). */
+static const char *cfg_shown(const cJSON *v) {
+    static char got[96];
+    char *shown = cJSON_PrintUnformatted(v);
+    snprintf(got, sizeof got, "%s", shown ? shown : "?");
+    free(shown);
+    return got;
+}
+
+/* A value config.json gives a model.* field (job_key) is held to that job
+ * key's range, as a job's would be (and to > 0: 0 is no size); a key no
+ * job key fills (job_key NULL) to a positive int. */
+static int cfg_int(const HfCfg *c, const char *key, const char *job_key, bool required, int def) {
     const cJSON *v = cfg_get(c, key, required);
     if (!v) return def;
+    double lo = 1, hi = 0x7fffffff;
+    if (job_key) config_key_range(job_key, &lo, &hi);
+    if (lo < 1) lo = 1;
     uint64_t u;
-    if (!json_uint(v, &u) || u == 0 || u > 0x7fffffff)
+    if (!json_uint(v, &u) || (double)u < lo || (double)u > hi) {
+        if (job_key)
+            die(EXIT_USAGE, HF_CTX "%s: key %s: expected an integer in [%.0f, %.0f] (the range of %s), got %s", c->path, key, lo,
+                hi, job_key, cfg_shown(v));
         die(EXIT_USAGE, HF_CTX "%s: key %s: expected a positive integer", c->path, key);
+    }
     return (int)u;
 }
 
-static float cfg_float(const HfCfg *c, const char *key, float def) {
+static float cfg_float(const HfCfg *c, const char *key, const char *job_key, float def) {
     const cJSON *v = cfg_get(c, key, false);
     if (!v) return def;
-    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite((float)v->valuedouble))
-        die(EXIT_USAGE, HF_CTX "%s: key %s: expected a positive number", c->path, key);
+    double lo, hi;
+    config_key_range(job_key, &lo, &hi);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !(v->valuedouble >= lo && v->valuedouble <= hi))
+        die(EXIT_USAGE, HF_CTX "%s: key %s: expected a number in %s%g, %g] (the range of %s, above 0), got %s", c->path, key,
+            lo > 0 ? "[" : "(", lo, hi, job_key, cfg_shown(v));
     return (float)v->valuedouble;
 }
 
@@ -501,14 +524,14 @@ static const char *cfg_str(const HfCfg *c, const char *key, const char *def) {
 
 static void gpt2_config(const HfCfg *c, ModelConfig *o) {
     o->arch = ARCH_GPT2;
-    o->n_layer = cfg_int(c, "n_layer", true, 0);
-    o->n_embd = cfg_int(c, "n_embd", true, 0);
-    o->n_head = cfg_int(c, "n_head", true, 0);
+    o->n_layer = cfg_int(c, "n_layer", "model.n_layer", true, 0);
+    o->n_embd = cfg_int(c, "n_embd", "model.n_embd", true, 0);
+    o->n_head = cfg_int(c, "n_head", "model.n_head", true, 0);
     o->n_kv_head = o->n_head;
-    o->vocab_size = cfg_int(c, "vocab_size", true, 0);
-    o->max_seq_len = cfg_int(c, "n_positions", true, 0);
-    o->norm_eps = cfg_float(c, "layer_norm_epsilon", 1e-5f);
-    int inner = cfg_int(c, "n_inner", false, 4 * o->n_embd);
+    o->vocab_size = cfg_int(c, "vocab_size", "model.vocab_size", true, 0);
+    o->max_seq_len = cfg_int(c, "n_positions", "model.max_seq_len", true, 0);
+    o->norm_eps = cfg_float(c, "layer_norm_epsilon", "model.norm_eps", 1e-5f);
+    int inner = cfg_int(c, "n_inner", NULL, false, 4 * o->n_embd);
     if (inner != 4 * o->n_embd)
         die(EXIT_USAGE, HF_CTX "%s: key n_inner: %d is not supported (only 4*n_embd = %d)", c->path, inner, 4 * o->n_embd);
     o->ffn_hidden = 4 * o->n_embd;
@@ -616,15 +639,15 @@ static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
 
 static void llama_config(const HfCfg *c, ModelConfig *o) {
     o->arch = ARCH_LLAMA;
-    o->n_embd = cfg_int(c, "hidden_size", true, 0);
-    o->ffn_hidden = cfg_int(c, "intermediate_size", true, 0);
-    o->n_layer = cfg_int(c, "num_hidden_layers", true, 0);
-    o->n_head = cfg_int(c, "num_attention_heads", true, 0);
-    o->n_kv_head = cfg_int(c, "num_key_value_heads", false, o->n_head);
-    o->vocab_size = cfg_int(c, "vocab_size", true, 0);
-    o->max_seq_len = cfg_int(c, "max_position_embeddings", true, 0);
-    o->norm_eps = cfg_float(c, "rms_norm_eps", 1e-6f);
-    o->rope_theta = cfg_float(c, "rope_theta", 10000.0f);
+    o->n_embd = cfg_int(c, "hidden_size", "model.n_embd", true, 0);
+    o->ffn_hidden = cfg_int(c, "intermediate_size", "model.ffn_hidden", true, 0);
+    o->n_layer = cfg_int(c, "num_hidden_layers", "model.n_layer", true, 0);
+    o->n_head = cfg_int(c, "num_attention_heads", "model.n_head", true, 0);
+    o->n_kv_head = cfg_int(c, "num_key_value_heads", "model.n_kv_head", false, o->n_head);
+    o->vocab_size = cfg_int(c, "vocab_size", "model.vocab_size", true, 0);
+    o->max_seq_len = cfg_int(c, "max_position_embeddings", "model.max_seq_len", true, 0);
+    o->norm_eps = cfg_float(c, "rms_norm_eps", "model.norm_eps", 1e-6f);
+    o->rope_theta = cfg_float(c, "rope_theta", "model.rope_theta", 10000.0f);
     o->tie_embeddings = cfg_bool(c, "tie_word_embeddings", false);
     const char *act = cfg_str(c, "hidden_act", "silu");
     if (strcmp(act, "silu") != 0)
@@ -636,7 +659,7 @@ static void llama_config(const HfCfg *c, ModelConfig *o) {
     llama_rope_scaling(c, o);
     if (o->n_embd % o->n_head != 0)
         die(EXIT_USAGE, HF_CTX "%s: key num_attention_heads: %d does not divide hidden_size %d", c->path, o->n_head, o->n_embd);
-    int hd = cfg_int(c, "head_dim", false, o->n_embd / o->n_head);
+    int hd = cfg_int(c, "head_dim", NULL, false, o->n_embd / o->n_head);
     if (hd != o->n_embd / o->n_head)
         die(EXIT_USAGE, HF_CTX "%s: key head_dim: %d is not supported (must be hidden_size/num_attention_heads = %d)", c->path,
             hd, o->n_embd / o->n_head);
@@ -647,7 +670,7 @@ void hf_read_config(const char *dir, ModelConfig *out) {
     join_path(path, sizeof path, dir, "config.json");
     size_t len;
     char *text = read_text_file(path, &len);
-    if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", path, strerror(errno ? errno : ENOENT));
+    if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", path, read_text_why());
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!cJSON_IsObject(root)) die(EXIT_USAGE, HF_CTX "%s: not a JSON object (malformed JSON?)", path);
     HfCfg c = {path, root};
@@ -691,7 +714,7 @@ static void hf_add_file(HfFiles *h, const char *path) {
 static void hf_open_index(HfFiles *h, const char *dir, const char *index) {
     size_t len;
     char *text = read_text_file(index, &len);
-    if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", index, strerror(errno ? errno : ENOENT));
+    if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", index, read_text_why());
     cJSON *root = cJSON_ParseWithLength(text, len);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) die(EXIT_USAGE, HF_CTX "%s: missing key weight_map (malformed index?)", index);

@@ -108,7 +108,7 @@ static const Key KEYS[] = {
     /* eval */
     {"eval.every_steps", K_INT, OFF(eval_every), 0, "0", 0, BIG, NULL, "validation loss and a sample every this many steps, and at the end (0 = only at the end); nothing runs when there is no validation data (or `eval.batches` 0) and `eval.sample_tokens` is 0"},
     {"eval.batches", K_INT, OFF(eval_batches), 0, "4", 0, BIG, NULL, "micro-batches of validation data per evaluation, in total (split across data-parallel ranks, so the value does not depend on the layout)"},
-    {"eval.sample_tokens", K_INT, OFF(sample_tokens), 0, "64", 0, BIG, NULL, "tokens to generate for the printed sample (0 = none)"},
+    {"eval.sample_tokens", K_INT, OFF(sample_tokens), 0, "64", 0, 1 << 20, NULL, "tokens to generate for the printed sample (0 = none)"},
     {"eval.temperature", K_FLOAT, OFF(sample_temperature), 0, "1.0", 0, 100, NULL, "sampling temperature (0 = greedy)"},
     /* log */
     {"log.dir", K_STR, STR(log_dir), "\"\"", 0, 0, NULL, "where metrics.jsonl goes (empty: runs/<job file name>)"},
@@ -193,11 +193,20 @@ static void die_unknown(const char *origin, const char *path) {
     die(EXIT_USAGE, "%s: unknown key '%s' (see `llmtrain keys`)", origin, path);
 }
 
-/* Reject keys the table does not know, and objects where a value belongs. */
+/* Reject keys the table does not know, objects where a value belongs, a
+ * key twice in one object (JSON parsers keep one of them: which is theirs
+ * to pick) and dotted names (only --set takes those; in the file a key
+ * is nested, and lookup would never find a dotted one). */
 static void check_known(const cJSON *obj, const char *prefix, const char *origin) {
     for (const cJSON *it = obj->child; it; it = it->next) {
         char path[256];
         snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] ? "." : "", it->string);
+        for (const cJSON *before = obj->child; before != it; before = before->next)
+            if (strcmp(before->string, it->string) == 0)
+                die(EXIT_USAGE, "%s: duplicate key '%s' (expected each key once)", origin, path);
+        if (strchr(it->string, '.'))
+            die(EXIT_USAGE, "%s: key '%s': a dotted name is for --set (expected it nested: {\"%.*s\": {\"%s\": ...}})", origin,
+                path, (int)(strchr(it->string, '.') - it->string), it->string, strchr(it->string, '.') + 1);
         if (cJSON_IsObject(it)) {
             const Key *k = find_key(path);
             if (k) die(EXIT_USAGE, "%s: %s: expected %s %s, got an object", origin, path, type_article(k->type), type_name(k->type));
@@ -305,8 +314,9 @@ static void store(Config *cfg, const Key *k, const cJSON *v, const char *origin)
     if (!isfinite(x)) die(EXIT_USAGE, "%s: %s: expected a finite number, got %s", origin, k->path, got);
     if ((k->type == K_INT || k->type == K_U64) && x != floor(x))
         die(EXIT_USAGE, "%s: %s: expected an integer, got %s", origin, k->path, got);
-    if (x < k->lo || x > k->hi)
-        die(EXIT_USAGE, "%s: %s: expected a value in [%g, %g], got %s", origin, k->path, k->lo, k->hi, got);
+    if (x < k->lo || x > k->hi) /* an int's bounds whole (1048576, not 1.04858e+06) */
+        die(EXIT_USAGE, k->type == K_INT ? "%s: %s: expected a value in [%.0f, %.0f], got %s" : "%s: %s: expected a value in [%g, %g], got %s",
+            origin, k->path, k->lo, k->hi, got);
     switch (k->type) {
     case K_INT: *(int *)field = (int)x; break;
     case K_U64: *(uint64_t *)field = (uint64_t)x; break;
@@ -444,13 +454,18 @@ static void set_defaults(Config *cfg) {
 
 /* The wsd keys apply only with lr_decay_style wsd, which needs a decay that
  * fits after the warmup. */
-static void lr_schedule_check(const Config *cfg, const char *where) {
+static void lr_schedule_check(const Config *cfg, const char *where, int decay_set) {
     if (cfg->lr_decay_style != LR_WSD) {
         char name[32];
         const char *set = cfg->wsd_decay_steps ? "wsd_decay_steps" : cfg->wsd_decay_style != WSD_LINEAR ? "wsd_decay_style" : NULL;
         if (set)
             die(EXIT_USAGE, "%s: optim.%s is set but optim.lr_decay_style is \"%s\" (it applies only with \"wsd\")", where, set,
                 config_enum_name(LR_STYLES, cfg->lr_decay_style, name, sizeof name));
+        /* a decay that ends before the warmup does (one set, not train.steps': a short run of a long schedule is fine) */
+        if ((cfg->lr_decay_style == LR_COSINE || cfg->lr_decay_style == LR_LINEAR) && decay_set &&
+            cfg->decay_steps < cfg->warmup_steps)
+            die(EXIT_USAGE, "%s: optim.decay_steps %d is below optim.warmup_steps %d (the %s decay would end before the warmup "
+                "does)", where, cfg->decay_steps, cfg->warmup_steps, config_enum_name(LR_STYLES, cfg->lr_decay_style, name, sizeof name));
         return;
     }
     if (cfg->wsd_decay_steps == 0)
@@ -475,6 +490,18 @@ static void rampup_check(const Config *cfg, const char *where) {
             cfg->rampup_increment == 0 ? "rampup_batch_increment" : "rampup_samples");
 }
 
+/* A micro-batch's tokens (micro_batch x seq_len, the activations' rows)
+ * are an int, which the LM head's 64-row rounding and sequence
+ * parallelism's padding to a multiple of parallel.tensor add to: at most
+ * 2^30 leaves them room. from: where seq_len came from, for the message. */
+#define MAX_MICRO_TOKENS (1LL << 30)
+static void micro_tokens_check(const Config *cfg, const char *where, const char *from) {
+    long long n = (long long)cfg->micro_batch * cfg->seq_len;
+    if (n > MAX_MICRO_TOKENS)
+        die(EXIT_USAGE, "%s: train.micro_batch %d x train.seq_len %d%s = %lld tokens a micro-batch exceeds %lld (2^30)", where,
+            cfg->micro_batch, cfg->seq_len, from, n, MAX_MICRO_TOKENS);
+}
+
 /* Fill values that default to other values, and check cross-key rules. */
 static void finish(Config *cfg, const char *origin, const cJSON *root) {
     rope_scaling_unused(&cfg->model, origin);
@@ -490,11 +517,15 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
     if (cfg->seq_len == 0) cfg->seq_len = cfg->model.max_seq_len;
     if (cfg->seq_len > cfg->model.max_seq_len)
         die(EXIT_USAGE, "%s: train.seq_len %d exceeds model.max_seq_len %d", origin, cfg->seq_len, cfg->model.max_seq_len);
+    micro_tokens_check(cfg, origin, "");
+    int decay_set = cfg->decay_steps != 0; /* not train.steps' */
     if (cfg->decay_steps == 0) cfg->decay_steps = cfg->steps;
     if (cfg->stochastic_rounding && cfg->param_dtype != 1)
         die(EXIT_USAGE, "%s: optim.stochastic_rounding needs train.param_dtype \"bf16\" (it rounds the bf16 working weights)", origin);
     if (cfg->min_lr > cfg->lr) die(EXIT_USAGE, "%s: optim.min_lr %g exceeds optim.lr %g", origin, cfg->min_lr, cfg->lr);
-    lr_schedule_check(cfg, origin);
+    lr_schedule_check(cfg, origin, decay_set);
+    if (!cfg->ckpt_resume[0])
+        die(EXIT_USAGE, "%s: checkpoint.resume: expected auto, none or a checkpoint folder or root, got \"\"", origin);
     rampup_check(cfg, origin);
     if (cfg->act_ckpt != ACT_SELECTIVE && root && lookup(root, "train.recompute_modules")) {
         char name[32];
@@ -513,6 +544,17 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
             "%s: data.eod_token is set but unused (it applies with train.attention_mask \"block_causal\", train.eod_mask_loss "
             "true or train.reset_position_ids true; got \"causal\", false and false)",
             origin);
+    /* keys that cannot apply to the job as written are errors, not silently unused */
+    const cJSON *tie = root ? lookup(root, "model.tie_embeddings") : NULL;
+    if (cfg->model.arch == ARCH_GPT2 && !cfg->init_from[0] && cJSON_IsFalse(tie)) /* init.from: its config.json decides */
+        die(EXIT_USAGE, "%s: model.tie_embeddings false: GPT-2's token embedding is always the LM head (expected true or unset, "
+            "or model.arch \"llama\")", origin);
+    if (cfg->shard_degree != 0 && strncmp(cfg->strategy, "HYBRID_SHARD", 12) != 0)
+        die(EXIT_USAGE, "%s: parallel.shard_degree is set but parallel.strategy is \"%s\" (it applies only with HYBRID_SHARD or "
+            "HYBRID_SHARD_ZERO2)", origin, cfg->strategy);
+    if (cfg->min_bus_gbps > 0 && !cfg->health_check)
+        die(EXIT_USAGE, "%s: parallel.min_bus_gbps is set but parallel.health_check is false (it applies only to the health "
+            "check's measurement)", origin);
     if (cfg->global_batch != 0 && cfg->global_batch % cfg->micro_batch != 0)
         die(EXIT_USAGE, "%s: train.global_batch %d is not a multiple of train.micro_batch %d", origin, cfg->global_batch, cfg->micro_batch);
     if (!cfg->data_train[0] && !lookup(root, "data.train"))
@@ -557,12 +599,18 @@ static void parse_position(const char *text, const char *at, int *line, int *col
 void config_load(Config *cfg, const char *path, int n_set, char **sets) {
     size_t len;
     char *text = read_text_file(path, &len);
-    if (!text) die(EXIT_USAGE, "%s: cannot read job file (%s)", path, strerror(errno ? errno : ENOENT));
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!text) die(EXIT_USAGE, "%s: cannot read job file (%s)", path, read_text_why());
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    int line, col;
     if (!root) {
-        int line, col;
         parse_position(text, cJSON_GetErrorPtr(), &line, &col);
         die(EXIT_USAGE, "%s:%d:%d: malformed JSON", path, line, col);
+    }
+    while (end < text + len && isspace((unsigned char)*end)) end++;
+    if (end < text + len) {
+        parse_position(text, end, &line, &col);
+        die(EXIT_USAGE, "%s:%d:%d: malformed JSON: text after the top-level object (expected one JSON object)", path, line, col);
     }
     if (!cJSON_IsObject(root)) die(EXIT_USAGE, "%s: expected a JSON object at the top level", path);
     for (int i = 0; i < n_set; i++) apply_set(root, sets[i]);
@@ -623,9 +671,13 @@ void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir) {
     }
     cJSON_Delete(root);
     cfg->model = *hf;
-    if (!config_has_key(cfg, "train.seq_len") || cfg->seq_len == 0) cfg->seq_len = cfg->model.max_seq_len;
+    int hf_len = !config_has_key(cfg, "train.seq_len") || cfg->seq_len == 0;
+    if (hf_len) cfg->seq_len = cfg->model.max_seq_len;
     if (cfg->seq_len > cfg->model.max_seq_len)
         die(EXIT_USAGE, "%s: train.seq_len %d exceeds the model's max_seq_len %d (from %s)", cfg->path, cfg->seq_len, cfg->model.max_seq_len, hf_dir);
+    char from[64 + sizeof cfg->init_from];
+    snprintf(from, sizeof from, " (the max_seq_len of init.from %s)", hf_dir);
+    micro_tokens_check(cfg, cfg->path, hf_len ? from : "");
 }
 
 const char *config_enum_name(const char *choices, int idx, char *buf, size_t n) {

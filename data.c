@@ -60,7 +60,7 @@ static void shard_open(Shard *s, const char *path, const char *what) {
         die(EXIT_USAGE, "%s: %s: path too long (at most %zu bytes)", what, path, sizeof s->path - 1);
     memset(s, 0, sizeof *s);
     strcpy(s->path, path);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO's open would wait for a writer: refused below */
     if (fd < 0) die(EXIT_USAGE, "%s: %s: cannot open (%s)", what, path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) die(EXIT_USAGE, "%s: %s: cannot stat (%s)", what, path, strerror(errno));
@@ -406,7 +406,7 @@ void vocab_load(Vocab *v, const char *path) {
     memset(v, 0, sizeof *v);
     size_t len;
     char *buf = read_text_file(path, &len);
-    if (!buf) die(EXIT_USAGE, "%s: cannot read vocab file (%s)", path, strerror(errno ? errno : EIO));
+    if (!buf) die(EXIT_USAGE, "%s: cannot read vocab file (%s)", path, read_text_why());
     const size_t hb = 256 * sizeof(uint32_t);
     if (len < hb)
         die(EXIT_USAGE, "%s: vocab file has %zu bytes, shorter than the %zu-byte header", path, len, hb);

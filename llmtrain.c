@@ -1611,8 +1611,12 @@ static void check_layout(Trainer *t) {
     /* parallel.reshard_after_forward: auto (0) = PyTorch's default per strategy, 1 true, 2 false */
     t->reshard = c->reshard_after_forward == 0 ? strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD") == 0
                                                : c->reshard_after_forward == 1;
-    if (c->global_batch == 0) c->global_batch = c->micro_batch * d->dp;
-    if (c->global_batch % (c->micro_batch * d->dp) != 0)
+    long long micro_all = (long long)c->micro_batch * d->dp; /* up to 2^20 x 2^24: computed wide */
+    if (c->global_batch == 0 && micro_all > INT_MAX)
+        die(EXIT_USAGE, "%s: train.micro_batch %d x data-parallel ranks %d = %lld sequences a step exceeds train.global_batch's "
+            "maximum %d", c->path, c->micro_batch, d->dp, micro_all, INT_MAX);
+    if (c->global_batch == 0) c->global_batch = (int)micro_all;
+    if (c->global_batch % micro_all != 0) /* so from here micro_batch x dp <= global_batch fits in an int */
         die(EXIT_USAGE, "%s: train.global_batch %d is not divisible by train.micro_batch %d x data-parallel ranks %d",
             c->path, c->global_batch, c->micro_batch, d->dp);
     t->accum = c->global_batch / (c->micro_batch * d->dp);
@@ -1642,7 +1646,9 @@ static void check_layout(Trainer *t) {
 static void select_backend(Trainer *t) {
     const char *dev = t->cfg.device;
     const char *env = getenv("LLMTRAIN_DEVICE");
-    if (strcmp(dev, "auto") == 0 && env && (strcmp(env, "cpu") == 0 || strcmp(env, "cuda") == 0)) dev = env;
+    if (env && *env && strcmp(env, "cpu") != 0 && strcmp(env, "cuda") != 0) /* not silently auto */
+        die(EXIT_USAGE, "environment: LLMTRAIN_DEVICE=\"%s\": expected cpu or cuda (or unset)", env);
+    if (strcmp(dev, "auto") == 0 && env && *env) dev = env;
 #ifdef LLMTRAIN_CUDA
     Dist *d = &t->dist;
     int want = strcmp(dev, "cuda") == 0;

@@ -253,10 +253,11 @@ static double env_num(const char *name, double dflt, double lo, double hi) {
  * listens on MASTER_PORT, or MASTER_PORT + 1 when the launcher's own store
  * holds MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), or
  * LLMTRAIN_RDZV_PORT. */
+#define TCP_LAUNCH "torchrun-style launch (WORLD_SIZE is set, no MPI launcher): " /* its variables' messages */
 static void tcp_init(Dist *d) {
     RdzvEnv e;
     char why[1024];
-    if (rdzv_env(&e, why, sizeof why) < 0) die(EXIT_USAGE, "torchrun-style launch (WORLD_SIZE is set, no MPI launcher): %s", why);
+    if (rdzv_env(&e, why, sizeof why) < 0) die(EXIT_USAGE, TCP_LAUNCH "%s", why);
     const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
     int port = e.master_port + (agent && strcmp(agent, "True") == 0 && e.master_port < 65535 ? 1 : 0);
     port = (int)env_num("LLMTRAIN_RDZV_PORT", port, 1, 65535);
@@ -318,8 +319,14 @@ void dist_init(Dist *d, int *argc, char ***argv) {
         }
         d->use_mpi = 1;
         snprintf(d->launch, sizeof d->launch, "MPI");
-    } else if (env_int("WORLD_SIZE", 1) > 1) {
-        tcp_init(d);
+    } else {
+        /* WORLD_SIZE set without an MPI launcher: a torchrun-style launch of
+         * that many ranks (1: this process alone); a malformed one is exit 2,
+         * not a world of one */
+        int ws = 1;
+        char why[300];
+        if (rdzv_env_world(&ws, why, sizeof why) < 0) die(EXIT_USAGE, TCP_LAUNCH "%s", why);
+        if (ws > 1) tcp_init(d);
     }
     d->dp = d->world;
     d->dp_rank = d->rank;

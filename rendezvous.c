@@ -256,6 +256,27 @@ static int fail(Rendezvous *r, int skip, char *why, size_t wn, const char *fmt, 
 
 /* ---- rdzv_env ---- */
 
+/* Reject what is plainly not an address before asking the resolver (a
+ * name of digits and dots only is meant as IPv4, and no host name is);
+ * what names it in the message ("rendezvous address ", "MASTER_ADDR="). */
+static int check_addr(const char *what, const char *addr, char *why, size_t n) {
+    if (!addr || !*addr) { say(why, n, "the rendezvous address is empty (expected MASTER_ADDR, rank 0's host)"); return -1; }
+    int dotted = 1;
+    for (const char *q = addr; *q; q++) {
+        if ((unsigned char)*q <= ' ' || *q == 0x7f) {
+            say(why, n, "%s'%.60s' contains a space or control character (expected a host name or IP address)", what, addr);
+            return -1;
+        }
+        if (!(*q == '.' || (*q >= '0' && *q <= '9'))) dotted = 0;
+    }
+    struct in_addr tmp;
+    if (dotted && inet_pton(AF_INET, addr, &tmp) != 1) {
+        say(why, n, "%s'%.60s' is not a valid IPv4 address (expected a host name or IP address)", what, addr);
+        return -1;
+    }
+    return 0;
+}
+
 /* A decimal integer in [lo, hi]: 1 read, 0 unset (only when optional), -1
  * with the reason. ctx says where the range comes from (may be ""). */
 static int env_int_in(const char *name, int optional, long lo, long hi, const char *ctx, int *out, char *why,
@@ -285,6 +306,8 @@ static int env_int_in(const char *name, int optional, long lo, long hi, const ch
     return 1;
 }
 
+int rdzv_env_world(int *world, char *why, size_t n) { return env_int_in("WORLD_SIZE", 1, 1, 1 << 20, "", world, why, n); }
+
 int rdzv_env(RdzvEnv *e, char *why, size_t n) {
     memset(e, 0, sizeof *e);
     e->local_world = -1;
@@ -307,12 +330,7 @@ int rdzv_env(RdzvEnv *e, char *why, size_t n) {
             sizeof e->master_addr - 1);
         return -1;
     }
-    for (const char *q = a; *q; q++)
-        if ((unsigned char)*q <= ' ' || *q == 0x7f) {
-            say(why, n, "MASTER_ADDR='%.60s' contains a space or control character (expected a host name or IP address)",
-                a);
-            return -1;
-        }
+    if (check_addr("MASTER_ADDR=", a, why, n) < 0) return -1; /* before the rendezvous: exit 2, not a failed rendezvous */
     strcpy(e->master_addr, a);
     if (env_int_in("MASTER_PORT", 0, 1, 65535, " (a TCP port)", &e->master_port, why, n) < 0) return -1;
     return 0;
@@ -342,26 +360,6 @@ static int missing_ranks(const int *fd, int world, char *out, size_t n) {
         i = j;
     }
     return count;
-}
-
-/* Reject what is plainly not an address before asking the resolver (a
- * name of digits and dots only is meant as IPv4, and no host name is). */
-static int check_addr(const char *addr, char *why, size_t n) {
-    if (!addr || !*addr) { say(why, n, "the rendezvous address is empty (expected MASTER_ADDR, rank 0's host)"); return -1; }
-    int dotted = 1;
-    for (const char *q = addr; *q; q++) {
-        if ((unsigned char)*q <= ' ' || *q == 0x7f) {
-            say(why, n, "rendezvous address '%.60s' contains a space or control character", addr);
-            return -1;
-        }
-        if (!(*q == '.' || (*q >= '0' && *q <= '9'))) dotted = 0;
-    }
-    struct in_addr tmp;
-    if (dotted && inet_pton(AF_INET, addr, &tmp) != 1) {
-        say(why, n, "rendezvous address '%.60s' is not a valid IPv4 address", addr);
-        return -1;
-    }
-    return 0;
 }
 
 static int resolve(const char *addr, int port, int flags, struct addrinfo **res) {
@@ -697,7 +695,7 @@ static Rendezvous *open_on(int lfd, const char *addr, int port, int rank, int wo
         say(why, n, "rendezvous timeout %g s must be positive", timeout_s);
         goto bad;
     }
-    if (world > 1 && check_addr(addr, why, n) < 0) goto bad;
+    if (world > 1 && check_addr("rendezvous address ", addr, why, n) < 0) goto bad;
     Rendezvous *r = calloc(1, sizeof *r);
     int *fd = malloc((size_t)world * sizeof *fd);
     if (!r || !fd) {

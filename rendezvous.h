@@ -35,6 +35,9 @@ typedef struct RdzvEnv {
  * MASTER_ADDR and MASTER_PORT with range checks. 0, or -1 with a reason
  * naming the variable and what was expected. */
 int rdzv_env(RdzvEnv *e, char *why, size_t n);
+/* WORLD_SIZE alone, as rdzv_env checks it: 1 read into *world, 0 unset
+ * or empty, -1 with the reason (WORLD_SIZE=abc, 0, -4, past 2^20). */
+int rdzv_env_world(int *world, char *why, size_t n);
 
 /* Form the group of `world` ranks. Rank 0 listens on addr:port and accepts
  * the other world-1 ranks; they connect, retrying until timeout_s (rank 0

@@ -5,6 +5,7 @@
 #include "util.h"
 #include <unistd.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -92,20 +93,43 @@ void fclose_check_(FILE *f, const char *path, const char *file, int line) {
     if (fclose(f) != 0) die(EXIT_IO, "%s: close failed (%s) (%s:%d)", path, strerror(errno), file, line);
 }
 
+static char g_read_why[160]; /* read_text_why */
+
+const char *read_text_why(void) { return g_read_why; }
+
+/* NULL with g_read_why (and errno) saying why */
+static char *read_text_fail(int fd, int err, const char *why) {
+    if (fd >= 0) close(fd);
+    snprintf(g_read_why, sizeof g_read_why, "%s", why ? why : strerror(err ? err : EIO));
+    errno = err;
+    return NULL;
+}
+
 char *read_text_file(const char *path, size_t *len) {
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return NULL; }
-    long n = ftell(f);
-    if (n < 0) { fclose(f); return NULL; }
-    rewind(f);
-    char *buf = malloc_check((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    if (got != (size_t)n) { free(buf); return NULL; }
+    /* O_NONBLOCK: opening a FIFO would wait for a writer; it is refused below */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return read_text_fail(-1, errno, NULL);
+    struct stat st;
+    if (fstat(fd, &st) != 0) return read_text_fail(fd, errno, NULL);
+    if (S_ISDIR(st.st_mode)) return read_text_fail(fd, EISDIR, "is a directory, expected a file");
+    if (!S_ISREG(st.st_mode))
+        return read_text_fail(fd, EINVAL, S_ISFIFO(st.st_mode) ? "is a FIFO, expected a regular file"
+                                                               : "is a socket or device, expected a regular file");
+    size_t n = (size_t)st.st_size, got = 0;
+    char *buf = malloc_check(n + 1);
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            free(buf);
+            return read_text_fail(fd, r < 0 ? errno : EIO, r < 0 ? NULL : "shorter than its size (changed while read?)");
+        }
+        got += (size_t)r;
+    }
+    close(fd);
     buf[n] = '\0';
-    *len = (size_t)n;
+    *len = n;
     return buf;
 }
 

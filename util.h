@@ -58,8 +58,12 @@ void buf_add(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)))
 void buf_json_string(Buf *b, const char *s);
 
 /* Read a whole small file (configs, json headers) into a NUL-terminated buffer.
- * Returns NULL (and sets *len = 0) when it cannot be read. */
+ * Returns NULL (and sets *len = 0) when it cannot be read, or is not a
+ * regular file (a directory, a FIFO: never waited on); read_text_why()
+ * then says why, for a message ("is a directory, expected a file", or
+ * strerror's text). */
 char *read_text_file(const char *path, size_t *len);
+const char *read_text_why(void);
 /* mkdir -p; returns 0 or -1 with errno set. */
 int mkdir_p(const char *path);
 /* Wall clock in seconds (monotonic). */

@@ -68,6 +68,20 @@ else bad "log.param_norm=false: $(grep '^step' "$TMP/nopn.out")"; fi
 printf '{"model": {"arch": "llama",\n "n_layer": 1,, }}' >"$TMP/malformed.json"
 expect_fail "malformed JSON" "malformed.json:2:" $BIN "$TMP/malformed.json"
 expect_fail "missing job file" "nope.json" $BIN "$TMP/nope.json"
+# the job file's JSON: one top-level object, each key once, nested (a dotted name is --set's)
+printf '{"train": {"steps": 2}}\n  {"train": {"steps": 3}}' >"$TMP/trailing.json"
+expect_fail "text after the top-level object" "trailing.json:2:3: malformed JSON: text after the top-level object (expected one JSON object)" $BIN check "$TMP/trailing.json"
+$PY - "$TMP" <<'EOF'
+import sys
+d = sys.argv[1]
+job = open(f"{d}/job.json").read().rstrip()[:-1]  # without its closing brace
+open(f"{d}/dup_section.json", "w").write(job + ', "train": {"steps": -5}}')
+open(f"{d}/dup_key.json", "w").write(job.replace('"steps": 2,', '"steps": 2, "steps": 3,') + "}")
+open(f"{d}/dotted.json", "w").write(job + ', "train.steps": 5}')
+EOF
+expect_fail "duplicate section" "dup_section.json: duplicate key 'train' (expected each key once)" $BIN check "$TMP/dup_section.json"
+expect_fail "duplicate key" "dup_key.json: duplicate key 'train.steps' (expected each key once)" $BIN check "$TMP/dup_key.json"
+expect_fail "dotted key in the job file" "dotted.json: key 'train.steps': a dotted name is for --set (expected it nested: {\"train\": {\"steps\": ...}})" $BIN check "$TMP/dotted.json"
 expect_fail "unknown key" "unknown key 'model.n_layers' (did you mean 'model.n_layer'?)" $BIN "$TMP/job.json" --set model.n_layers=2
 expect_fail "unknown section" "unknown key 'trian.steps'" $BIN "$TMP/job.json" --set trian.steps=2
 expect_fail "wrong type (string for int)" "model.n_layer: expected an integer" $BIN "$TMP/job.json" --set model.n_layer=two
@@ -77,16 +91,37 @@ expect_fail "--set value with trailing text" 'train.steps: expected an integer, 
 expect_fail "out of range" "optim.beta2: expected a value in" $BIN "$TMP/job.json" --set optim.beta2=1.5
 expect_fail "negative" "model.n_layer: expected a value in [1," $BIN "$TMP/job.json" --set model.n_layer=0
 expect_fail "bad enum" "model.arch: expected one of gpt2|llama" $BIN "$TMP/job.json" --set model.arch=bert
+expect_fail "eval.sample_tokens past 2^20" "eval.sample_tokens: expected a value in [0, 1048576], got 2147483647" $BIN check "$TMP/job.json" --set eval.sample_tokens=2147483647
+expect_fail "empty checkpoint.resume" 'checkpoint.resume: expected auto, none or a checkpoint folder or root, got ""' $BIN check "$TMP/job.json" --set checkpoint.resume=
 expect_fail "n_head not dividing n_embd" "model.n_head 3 does not divide model.n_embd 16" $BIN "$TMP/job.json" --set model.n_head=3
 expect_fail "n_kv_head not dividing n_head" "model.n_kv_head 4 does not divide model.n_head 6" $BIN "$TMP/job.json" --set model.n_embd=24 --set model.n_head=6 --set model.n_kv_head=4
 expect_fail "seq_len > max_seq_len" "train.seq_len 32 exceeds model.max_seq_len 16" $BIN "$TMP/job.json" --set train.seq_len=32
 expect_fail "global batch not divisible" "train.global_batch 5 is not a multiple of train.micro_batch 2" $BIN "$TMP/job.json" --set train.global_batch=5
+# sizes that overflow an int: a micro-batch's tokens (at most 2^30) and micro_batch x ranks (the global batch)
+expect_fail "micro-batch tokens past 2^30" "train.micro_batch 257 x train.seq_len 16711935 = 4294967295 tokens a micro-batch exceeds 1073741824 (2^30)" $BIN check "$TMP/job.json" --set model.max_seq_len=16711935 --set train.seq_len=16711935 --set train.micro_batch=257 --set train.global_batch=0
+expect_fail "micro-batch tokens past 2^30 by one sequence" "train.micro_batch 65 x train.seq_len 16777216 = 1090519040 tokens a micro-batch exceeds" $BIN check "$TMP/job.json" --set model.max_seq_len=16777216 --set train.seq_len=16777216 --set train.micro_batch=65 --set train.global_batch=0
+if $BIN check "$TMP/job.json" --set model.max_seq_len=16777216 --set train.seq_len=16777216 --set train.micro_batch=64 --set train.global_batch=0 >"$TMP/out" 2>&1; then
+    ok "check: a micro-batch of 2^30 tokens is valid"; else bad "check: 64 x 2^24 tokens: $(cat "$TMP/out")"; fi
+expect_fail "micro_batch x ranks past an int (check)" "train.micro_batch 1048576 x data-parallel ranks 4096 = 4294967296 sequences a step exceeds train.global_batch's maximum 2147483647" $BIN check "$TMP/job.json" --world 4096 --set train.micro_batch=1048576 --set train.global_batch=0
+expect_fail "micro_batch x ranks above global_batch (check)" "train.global_batch 2097152 is not divisible by train.micro_batch 1048576 x data-parallel ranks 4096" $BIN check "$TMP/job.json" --world 4096 --set train.micro_batch=1048576 --set train.global_batch=2097152
 expect_fail "missing data" "data.train: no file matches" $BIN "$TMP/job.json" --set data.train="$TMP/none*.bin"
 expect_fail "bad magic" "bad magic 1234" $BIN "$TMP/job.json" --set data.train="$TMP/badmagic.bin"
 expect_fail "truncated shard" "trunc.bin" $BIN "$TMP/job.json" --set data.train="$TMP/trunc.bin"
 expect_fail "token id out of range" "token 100 at token offset 1500 >= model.vocab_size 64" $BIN "$TMP/job.json" --set data.train="$TMP/oob.bin" --set train.steps=40
 expect_fail "missing init folder" "config.json" $BIN "$TMP/job.json" --set init.from="$TMP/nohf"
 expect_fail "unknown option" "unknown option '--bogus'" $BIN "$TMP/job.json" --bogus
+# a directory or a FIFO where a file belongs: one line, never a wait for a
+# FIFO's writer (timeout 20) or an allocation of a directory's "size"
+mkfifo "$TMP/fifo"
+mkdir -p "$TMP/hf_dir/config.json" "$TMP/ck_dir/step_00000001/manifest.json"
+expect_fail "job file is a directory" "$TMP: cannot read job file (is a directory, expected a file)" timeout 20 $BIN check "$TMP"
+expect_fail "job file is a FIFO" "fifo: cannot read job file (is a FIFO, expected a regular file)" timeout 20 $BIN check "$TMP/fifo"
+expect_fail "data.train is a FIFO" "data.train: $TMP/fifo: not a regular file (expected a token shard)" timeout 20 $BIN "$TMP/job.json" --set data.train="$TMP/fifo"
+expect_fail "data.val is a directory" "data.val: $TMP: not a regular file (expected a token shard)" timeout 20 $BIN "$TMP/job.json" --set data.val="$TMP"
+expect_fail "data.vocab is a directory" "$TMP: cannot read vocab file (is a directory, expected a file)" timeout 20 $BIN "$TMP/job.json" --set data.vocab="$TMP"
+expect_fail "data.vocab is a FIFO" "fifo: cannot read vocab file (is a FIFO, expected a regular file)" timeout 20 $BIN "$TMP/job.json" --set data.vocab="$TMP/fifo"
+expect_fail "init.from config.json is a directory" "hf_dir/config.json: cannot read (is a directory, expected a file)" timeout 20 $BIN "$TMP/job.json" --set init.from="$TMP/hf_dir"
+expect_fail "checkpoint manifest.json is a directory" "step_00000001/manifest.json: cannot read (is a directory, expected a file)" timeout 20 $BIN "$TMP/job.json" --set checkpoint.resume="$TMP/ck_dir/step_00000001"
 # no GPU here (CPU-only build, or CUDA build without a device): one line, exit 2
 # (tests/test_cuda_build.sh checks the exact wording of each case)
 nvidia-smi -L 2>/dev/null | grep -q '^GPU' || expect_fail "train.device=cuda without a usable GPU" "train.device" $BIN "$TMP/job.json" --set train.device=cuda
@@ -145,6 +180,10 @@ expect_fail "wsd_decay_steps without wsd" 'optim.wsd_decay_steps is set but opti
 expect_fail "wsd_decay_style without wsd" 'optim.wsd_decay_style is set but optim.lr_decay_style is "cosine"' $BIN "$TMP/job.json" --set optim.wsd_decay_style=cosine
 expect_fail "wsd without wsd_decay_steps" 'optim.lr_decay_style "wsd" needs optim.wsd_decay_steps > 0' $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd
 expect_fail "wsd decay longer than decay_steps - warmup_steps" "optim.wsd_decay_steps 9 exceeds optim.decay_steps 10 - optim.warmup_steps 2 (the decay would begin before the warmup ends)" $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=9 --set optim.decay_steps=10 --set optim.warmup_steps=2
+expect_fail "cosine decay_steps below warmup_steps" "optim.decay_steps 5 is below optim.warmup_steps 10 (the cosine decay would end before the warmup does)" $BIN check "$TMP/job.json" --set optim.decay_steps=5 --set optim.warmup_steps=10
+expect_fail "linear decay_steps below warmup_steps" "optim.decay_steps 5 is below optim.warmup_steps 10 (the linear decay would end before the warmup does)" $BIN check "$TMP/job.json" --set optim.lr_decay_style=linear --set optim.decay_steps=5 --set optim.warmup_steps=10
+if $BIN check "$TMP/job.json" --set optim.warmup_steps=10 >"$TMP/out" 2>&1; then ok "check: a run shorter than its warmup (decay_steps = train.steps) is valid"
+else bad "check: warmup past train.steps: $(cat "$TMP/out")"; fi
 expect_fail "bad wsd_decay_style" 'optim.wsd_decay_style: expected one of linear|cosine|exponential|minus_sqrt, got "sqrt"' $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=1 --set optim.wsd_decay_style=sqrt
 # a batch-size ramp-up: its three keys together, every batch whole micro-batches per rank, below global_batch
 R="--set train.rampup_start_batch=2 --set train.rampup_batch_increment=2 --set train.rampup_samples=8"
@@ -154,6 +193,16 @@ expect_fail "rampup start not below global_batch" 'train.rampup_start_batch 4 is
 expect_fail "rampup start not whole micro-batches" 'train.rampup_start_batch 3 is not divisible by train.micro_batch 2 x data-parallel ranks 1' $BIN "$TMP/job.json" $R --set train.rampup_start_batch=3 --set train.global_batch=6
 expect_fail "rampup increment not dividing the ramp" 'train.rampup_batch_increment 4 does not divide train.global_batch 8 - train.rampup_start_batch 2' $BIN "$TMP/job.json" $R --set train.rampup_batch_increment=4 --set train.global_batch=8
 expect_fail "rampup start at 2 data-parallel ranks (check)" 'train.rampup_start_batch 2 is not divisible by train.micro_batch 2 x data-parallel ranks 2' $BIN check "$TMP/job.json" --world 2 $R --set train.global_batch=8
+
+# keys that cannot apply to the job as written, and a device override that is neither cpu nor cuda
+expect_fail "GPT-2 with tie_embeddings false" "model.tie_embeddings false: GPT-2's token embedding is always the LM head (expected true or unset" $BIN check "$TMP/job.json" --set model.arch=gpt2 --set model.n_kv_head=0 --set model.tie_embeddings=false
+expect_fail "shard_degree without a hybrid strategy" 'parallel.shard_degree is set but parallel.strategy is "FULL_SHARD" (it applies only with HYBRID_SHARD or HYBRID_SHARD_ZERO2)' $BIN check "$TMP/job.json" --world 2 --set parallel.strategy=FULL_SHARD --set parallel.shard_degree=2
+expect_fail "min_bus_gbps without the health check" "parallel.min_bus_gbps is set but parallel.health_check is false (it applies only to the health check's measurement)" $BIN check "$TMP/job.json" --set parallel.min_bus_gbps=10 --set parallel.health_check=false
+expect_fail "bad LLMTRAIN_DEVICE" 'environment: LLMTRAIN_DEVICE="gpu": expected cpu or cuda (or unset)' env LLMTRAIN_DEVICE=gpu $BIN "$TMP/job.json" --set log.dir="$TMP/run_dev"
+if $BIN check "$TMP/job.json" --world 2 --set parallel.strategy=HYBRID_SHARD_ZERO2 --set parallel.shard_degree=2 --set train.global_batch=4 >"$TMP/out" 2>&1 &&
+   $BIN check "$TMP/job.json" --set model.arch=gpt2 --set model.n_kv_head=0 --set model.tie_embeddings=true >>"$TMP/out" 2>&1; then
+    ok "check: shard_degree under HYBRID_SHARD_ZERO2 and GPT-2 with tie_embeddings true are valid"
+else bad "check: hybrid shard_degree / GPT-2 tied: $(cat "$TMP/out")"; fi
 
 # the CUDA backend's precision and attention are job keys; the variables
 # that once set them are refused, not silently ignored
@@ -206,6 +255,20 @@ if $BIN "$TMP/job.json" --set data.train="$TMP/u32.bin" --set log.dir="$TMP/run3
 
 # init.from: export the good run, then conflicting and mismatched weights
 if $BIN export "$TMP/ckpt" "$TMP/hf" >/dev/null 2>"$TMP/err"; then ok "export of the good run"; else bad "export failed: $(cat "$TMP/err")"; fi
+# a manifest whose layout cannot be the model's (damaged): exit 2 naming layout.tp, for export and resume
+ck_layout() { # ck_layout NAME TP SHARD WORLD: a copy of the good run's checkpoint with that layout
+    rm -rf "$TMP/$1" && mkdir "$TMP/$1" && cp -r "$TMP/ckpt/step_00000002" "$TMP/$1/"
+    $PY - "$TMP/$1/step_00000002/manifest.json" "$2" "$3" "$4" <<'EOF'
+import json, sys
+p = sys.argv[1]; m = json.load(open(p)); m["layout"] = {"world": int(sys.argv[4]), "tp": int(sys.argv[2]), "shard": int(sys.argv[3]), "replicate": 1}
+json.dump(m, open(p, "w"))
+EOF
+}
+ck_layout ck_tp3 3 1 3
+expect_fail "export: manifest layout.tp not dividing the model" "step_00000002/manifest.json: key layout.tp: 3 does not divide the model's n_head 2, n_kv_head 1" $BIN export "$TMP/ck_tp3" "$TMP/hf_tp3"
+expect_fail "resume: manifest layout.tp not dividing the model" "step_00000002/manifest.json: key layout.tp: 3 does not divide the model's n_head 2, n_kv_head 1" $BIN "$TMP/job.json" --set checkpoint.resume="$TMP/ck_tp3" --set log.dir="$TMP/run_tp3"
+ck_layout ck_tpbig 65536 65537 65536
+expect_fail "export: manifest layout tp x shard past an int" "step_00000002/manifest.json: key layout: expected world = tp x shard x replicate" $BIN export "$TMP/ck_tpbig" "$TMP/hf_tpbig"
 expect_fail "init.from conflicts with model key" "model.n_layer = 2 conflicts with init.from" $BIN "$TMP/job.json" --set init.from="$TMP/hf" --set model.n_layer=2
 cp -r "$TMP/hf" "$TMP/hf_bad"
 $PY - "$TMP/hf_bad/config.json" <<'EOF'
@@ -215,6 +278,21 @@ EOF
 expect_fail "init weights with wrong shape" "has shape" $BIN "$TMP/job.json" --set init.from="$TMP/hf_bad"
 rm -f "$TMP/hf_bad/model.safetensors"
 expect_fail "init weights missing" "hf_bad" $BIN "$TMP/job.json" --set init.from="$TMP/hf_bad"
+# config.json's values are held to the ranges of the model.* keys they fill, as a job's are
+hf_range() { # hf_range KEY VALUE MESSAGE: the good run's config.json with KEY = VALUE
+    rm -rf "$TMP/hf_r" && mkdir "$TMP/hf_r" && cp "$TMP/hf/model.safetensors" "$TMP/hf_r/"
+    $PY - "$TMP/hf/config.json" "$TMP/hf_r/config.json" "$1" "$2" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1])); c[sys.argv[3]] = json.loads(sys.argv[4]); json.dump(c, open(sys.argv[2], "w"))
+EOF
+    expect_fail "init.from config.json $1 $2" "hf_r/config.json: key $1: expected $3" $BIN "$TMP/job.json" --set init.from="$TMP/hf_r"
+}
+hf_range max_position_embeddings 2147483647 "an integer in [1, 16777216] (the range of model.max_seq_len), got 2147483647"
+hf_range num_hidden_layers 2147483647 "an integer in [1, 4096] (the range of model.n_layer), got 2147483647"
+hf_range hidden_size 1073741824 "an integer in [1, 1048576] (the range of model.n_embd), got 1073741824"
+hf_range num_key_value_heads 0 "an integer in [1, 4096] (the range of model.n_kv_head), got 0"
+hf_range rms_norm_eps 50 "a number in (0, 1] (the range of model.norm_eps, above 0), got 50"
+hf_range rope_theta 0.001 "a number in [1, 1e+12] (the range of model.rope_theta, above 0), got 0.001"
 
 # --set really overrides (the run has 3 steps, not 2)
 $BIN "$TMP/job.json" --set train.steps=3 --set log.dir="$TMP/run3" >/dev/null 2>&1

@@ -534,10 +534,31 @@ static void test_env(void) {
     setenv("MASTER_ADDR", "node 0", 1); /* the spec splits on spaces */
     rc = rdzv_env(&e, why, sizeof why);
     check(rc == -1 && strstr(why, "MASTER_ADDR='node 0' contains a space"), "rdzv_env [MASTER_ADDR='node 0']: %s", why);
+    /* a malformed address is the variable's error (exit 2), before any rendezvous */
+    env_bad("RANK=1 WORLD_SIZE=8 LOCAL_RANK=0 MASTER_ADDR=999.1.1.1 MASTER_PORT=29500",
+            "MASTER_ADDR='999.1.1.1' is not a valid IPv4 address (expected a host name or IP address)");
+    env_bad("RANK=1 WORLD_SIZE=8 LOCAL_RANK=0 MASTER_ADDR=1.2.3 MASTER_PORT=29500", "MASTER_ADDR='1.2.3' is not a valid IPv4 address");
     env_bad("RANK=1 WORLD_SIZE=8 LOCAL_RANK=0 MASTER_ADDR=a", "MASTER_PORT is not set (expected an integer in 1..65535 (a TCP port))");
     env_bad("RANK=1 WORLD_SIZE=8 LOCAL_RANK=0 MASTER_ADDR=a MASTER_PORT=0", "MASTER_PORT=0 is out of range (expected an integer in 1..65535");
     env_bad("RANK=1 WORLD_SIZE=8 LOCAL_RANK=0 MASTER_ADDR=a MASTER_PORT=65536", "MASTER_PORT=65536 is out of range");
     env_bad("RANK=1 WORLD_SIZE=8 LOCAL_RANK=0 MASTER_ADDR=a MASTER_PORT=http", "MASTER_PORT='http' is not a number");
+    /* WORLD_SIZE alone (dist_init: a malformed one is exit 2, not a world of one) */
+    static const struct { const char *spec, *want; int rc, world; } ws[] = {
+        {"", "", 0, 1}, {"WORLD_SIZE=", "", 0, 1}, {"WORLD_SIZE=1", "", 1, 1}, {"WORLD_SIZE=4", "", 1, 4},
+        {"WORLD_SIZE=abc", "WORLD_SIZE='abc' is not a number (expected an integer in 1..1048576)", -1, 1},
+        {"WORLD_SIZE=2x", "WORLD_SIZE='2x' is not a number", -1, 1},
+        {"WORLD_SIZE=-4", "WORLD_SIZE=-4 is out of range (expected an integer in 1..1048576)", -1, 1},
+        {"WORLD_SIZE=0", "WORLD_SIZE=0 is out of range", -1, 1},
+        {"WORLD_SIZE=99999999999", "WORLD_SIZE=99999999999 is out of range", -1, 1},
+    };
+    for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) {
+        set_env(ws[i].spec);
+        int world = 1;
+        why[0] = 0;
+        rc = rdzv_env_world(&world, why, sizeof why);
+        check(rc == ws[i].rc && world == ws[i].world && strstr(why, ws[i].want), "rdzv_env_world [%s]: %d, world %d%s%s", ws[i].spec,
+              rc, world, why[0] ? ": " : "", why);
+    }
     set_env("");
 }
 

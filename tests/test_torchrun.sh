@@ -99,6 +99,12 @@ else bad "absent rank: $(cat "$TMP/absent.rc."{0,1,2} | tr '\n' ,) ${dt} s: $(ca
 # bad variables: exit 2, one line
 for spec in "RANK=4 WORLD_SIZE=4 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500|RANK=4 is out of range (expected an integer in 0..3 for WORLD_SIZE=4)" \
             "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_PORT=29500|MASTER_ADDR is not set" \
+            "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=999.1.1.1 MASTER_PORT=29500|MASTER_ADDR='999.1.1.1' is not a valid IPv4 address" \
+            "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=1.2.3 MASTER_PORT=29500|MASTER_ADDR='1.2.3' is not a valid IPv4 address" \
+            "WORLD_SIZE=abc|WORLD_SIZE='abc' is not a number (expected an integer in 1..1048576)" \
+            "WORLD_SIZE=-4|WORLD_SIZE=-4 is out of range (expected an integer in 1..1048576)" \
+            "WORLD_SIZE=0|WORLD_SIZE=0 is out of range" \
+            "WORLD_SIZE=4294967298|WORLD_SIZE=4294967298 is out of range" \
             "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 LLMTRAIN_RDZV_TIMEOUT_S=soon|LLMTRAIN_RDZV_TIMEOUT_S=\"soon\": expected a number"; do
     vars=${spec%%|*}; want=${spec#*|}
     env -u MASTER_ADDR $vars $BIN "$TMP/gpt2.json" --set log.dir="$TMP/badenv" >"$TMP/badenv.out" 2>&1
