@@ -622,7 +622,23 @@ void config_load(Config *cfg, const char *path, int n_set, char **sets) {
 void config_load_string(Config *cfg, const char *json, const char *origin) {
     cJSON *root = cJSON_Parse(json);
     if (!root || !cJSON_IsObject(root)) die(EXIT_USAGE, "%s: malformed config JSON", origin);
-    load_tree(cfg, root, origin);
+    /* the model section alone: the rest is the job as it was written, which
+     * this binary may no longer take (a key renamed or refused since) */
+    cJSON *model = cJSON_DetachItemFromObjectCaseSensitive(root, "model");
+    cJSON_Delete(root);
+    root = cJSON_CreateObject();
+    if (model) cJSON_AddItemToObject(root, "model", model);
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->path, sizeof cfg->path, "%s", origin);
+    set_defaults(cfg);
+    check_known(root, "", origin);
+    for (int i = 0; i < NKEYS; i++) {
+        const cJSON *v = strncmp(KEYS[i].path, "model.", 6) == 0 ? lookup(root, KEYS[i].path) : NULL;
+        if (v) store(cfg, &KEYS[i], v, origin);
+    }
+    rope_scaling_unused(&cfg->model, origin);
+    model_config_finish(&cfg->model, origin);
+    cfg->json_text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
 }
 

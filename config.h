@@ -122,7 +122,10 @@ typedef struct Config {
 /* Parse job file + overrides ("a.b=value"; value parsed as JSON, else a
  * string). On any error: one line on stderr and exit(EXIT_USAGE). */
 void config_load(Config *cfg, const char *path, int n_set, char **sets);
-/* Same from a JSON string (checkpoints carry their config). */
+/* A checkpoint's stored config (JSON text): its model section only, read
+ * and checked as a job's; the other keys keep their defaults (the job as it
+ * was written, which a later binary may not take, does not make the
+ * checkpoint unreadable). */
 void config_load_string(Config *cfg, const char *json, const char *origin);
 /* Fill derived model values (n_kv_head, ffn_hidden defaults) and validate
  * the model shape; `where` names the source for messages. */

@@ -1051,7 +1051,15 @@ static void test_ckpt(void) {
     Config cfg2;
     if (mf) {
         config_load_string(&cfg2, ckpt_manifest_config(mf), "manifest");
-        check(cfg2.model.vocab_size == 64 && cfg2.lr == 0.001f, "manifest: config loads with config_load_string");
+        check(cfg2.model.vocab_size == 64 && cfg2.lr == 6e-4f, "manifest: config_load_string takes the model section (the job's lr 0.001 not)");
+        config_free(&cfg2);
+        /* a stored job this binary would refuse outside its model section
+         * (a key since renamed, a duplicate) still gives its model */
+        const char *skew = "{\"train\": {\"stepz\": 3, \"steps\": 1, \"steps\": 2}, \"optimizer\": 1, "
+                           "\"model\": {\"arch\": \"llama\", \"n_layer\": 3, \"n_embd\": 32, \"n_head\": 4, \"vocab_size\": 64}}";
+        config_load_string(&cfg2, skew, "manifest");
+        check(cfg2.model.n_layer == 3 && cfg2.model.vocab_size == 64 && cfg2.model.n_kv_head == 4,
+              "manifest: a stored config with keys this binary refuses outside the model section gives its model");
         config_free(&cfg2);
         check(ckpt_manifest_verify(mf, 0, 1, why, sizeof why) == 0, "verify: all checksums hold");
         ckpt_manifest_close(mf);
