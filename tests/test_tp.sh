@@ -58,7 +58,7 @@ else
     echo "FAIL TP group lines or tp_allreduce bytes missing"; fail=$((fail + 1))
 fi
 
-# sequence parallelism's collectives per micro-batch (README, Tensor
+# sequence parallelism's collectives per micro-batch (docs/design.md, Tensor
 # parallelism): 4L + 2 reduce-scatters and 6L + 2 all-gathers of S x C
 # floats (S = N / tp rows a rank), each (tp - 1) S C 4 bus bytes; the
 # all-reduces left are the cross-entropy's 3N floats and the 2L + 1 norms'
