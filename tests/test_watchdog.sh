@@ -93,9 +93,9 @@ else
 fi
 
 # (d2) checkpoint writes: one that keeps writing, slower than the timeout
-# (rank 1's file at 4 KiB a 20 ms, about 6 s, against parallel.timeout_s 2)
+# (rank 1's file at 4 KiB a 20 ms, about 6 s, against parallel.timeout_s 3)
 # is waited for; one that never returns still ends the job (exit 5)
-ck="--set model.n_embd=64 --set model.n_layer=4 --set checkpoint.every_steps=3 --set checkpoint.async=false --set parallel.timeout_s=2"
+ck="--set model.n_embd=64 --set model.n_layer=4 --set checkpoint.every_steps=3 --set checkpoint.async=false --set parallel.timeout_s=3"
 run ckslow 2 "rank=1,step=3,kind=ckpt_slow" $ck
 if [ $rc -eq 0 ] && ! grep -q watchdog "$TMP/ckslow.err" && [ -f "$TMP/ckslow/ckpt/step_00000003/manifest.json" ] &&
    $PY -c "import sys; sys.exit(not $secs >= 4)"; then
