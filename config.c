@@ -574,15 +574,21 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
     }
 }
 
-static void load_tree(Config *cfg, cJSON *root, const char *origin) {
+/* The defaults, then root's values of the keys whose path starts with
+ * `only` (NULL: every key), each checked alone */
+static void load_values(Config *cfg, const cJSON *root, const char *origin, const char *only) {
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->path, sizeof cfg->path, "%s", origin);
     set_defaults(cfg);
     check_known(root, "", origin);
     for (int i = 0; i < NKEYS; i++) {
-        const cJSON *v = lookup(root, KEYS[i].path);
+        const cJSON *v = !only || strncmp(KEYS[i].path, only, strlen(only)) == 0 ? lookup(root, KEYS[i].path) : NULL;
         if (v) store(cfg, &KEYS[i], v, origin);
     }
+}
+
+static void load_tree(Config *cfg, cJSON *root, const char *origin) {
+    load_values(cfg, root, origin, NULL);
     finish(cfg, origin, root);
     cfg->json_text = cJSON_PrintUnformatted(root);
 }
@@ -628,14 +634,7 @@ void config_load_string(Config *cfg, const char *json, const char *origin) {
     cJSON_Delete(root);
     root = cJSON_CreateObject();
     if (model) cJSON_AddItemToObject(root, "model", model);
-    memset(cfg, 0, sizeof *cfg);
-    snprintf(cfg->path, sizeof cfg->path, "%s", origin);
-    set_defaults(cfg);
-    check_known(root, "", origin);
-    for (int i = 0; i < NKEYS; i++) {
-        const cJSON *v = strncmp(KEYS[i].path, "model.", 6) == 0 ? lookup(root, KEYS[i].path) : NULL;
-        if (v) store(cfg, &KEYS[i], v, origin);
-    }
+    load_values(cfg, root, origin, "model.");
     rope_scaling_unused(&cfg->model, origin);
     model_config_finish(&cfg->model, origin);
     cfg->json_text = cJSON_PrintUnformatted(root);

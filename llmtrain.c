@@ -694,6 +694,20 @@ static void flip_first_byte(const char *path) {
     if (fd >= 0) close(fd);
 }
 
+/* The durable phase of the checkpoint of `step`, complete in
+ * checkpoint.dir: each rank copies its file to durable_dir's step .tmp
+ * folder; ck_advance commits it with ck_manifest once every copy is done. */
+static void ck_start_copy(Trainer *t, int step) {
+    t->ck_phase = CK_DURABLE;
+    snprintf(t->ck_root, sizeof t->ck_root, "%s", t->cfg.ckpt_durable_dir);
+    if (!t->ck_owned) return;
+    char src[1200], dst[1200];
+    ck_file(src, sizeof src, t->cfg.ckpt_dir, step, 0, t->dist.rank);
+    ck_file(dst, sizeof dst, t->ck_root, step, 1, t->dist.rank);
+    if (dist_fault_ckpt_rot(&t->dist, step)) flip_first_byte(src); /* test hook */
+    ckpt_writer_copy(t->ckw, src, dst);
+}
+
 /* One small all-reduce: checkpoint writers still busy / failed, a stop
  * signal on any rank, the every_minutes clock (rank 0 decides), writers
  * that made progress. Moves the checkpoint in flight on when every writer
@@ -826,15 +840,7 @@ static void ck_advance(Trainer *t, int any_failed) {
     t->ck_done_step = step;
     if (t->ck_phase == CK_DURABLE || t->ck_direct) t->ck_durable_step = step;
     if (t->ck_phase == CK_LOCAL && durable && !t->ck_direct) {
-        t->ck_phase = CK_DURABLE;
-        snprintf(t->ck_root, sizeof t->ck_root, "%s", t->cfg.ckpt_durable_dir);
-        if (t->ck_owned) {
-            char src[1200], dst[1200];
-            ck_file(src, sizeof src, t->cfg.ckpt_dir, step, 0, d->rank);
-            ck_file(dst, sizeof dst, t->ck_root, step, 1, d->rank);
-            if (dist_fault_ckpt_rot(d, step)) flip_first_byte(src); /* test hook */
-            ckpt_writer_copy(t->ckw, src, dst);
-        }
+        ck_start_copy(t, step);
         return;
     }
     t->ck_phase = CK_IDLE;
@@ -934,18 +940,11 @@ static void ck_recopy(Trainer *t, const CkptManifest *mf, const char *path) {
     for (int r = 0; r < d->world; r++) ckpt_manifest_rank_file(mf, r, &t->ck_bytes[r], &t->ck_sums[r]);
     t->ck_state = t->st;
     t->ck_state.step = S;
-    t->ck_phase = CK_DURABLE;
     t->ck_direct = 0;
     t->ck_recopy = 1;
     t->ck_began = now_s();
-    snprintf(t->ck_root, sizeof t->ck_root, "%s", c->ckpt_durable_dir);
     if (is_root(t)) printf("resume: %s has no complete step %d; copying it there again\n", c->ckpt_durable_dir, S);
-    if (t->ck_owned) {
-        char src[1200], dst[1200];
-        ck_file(src, sizeof src, c->ckpt_dir, S, 0, d->rank);
-        ck_file(dst, sizeof dst, t->ck_root, S, 1, d->rank);
-        ckpt_writer_copy(t->ckw, src, dst);
-    }
+    ck_start_copy(t, S);
 }
 
 /* checkpoint.resume: find the newest checkpoint every rank can read and
