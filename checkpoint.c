@@ -94,15 +94,6 @@ static int errf(char *why, size_t n, const char *fmt, ...) {
     return -1;
 }
 
-static int sync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    if (rc != 0 && errno == EINVAL) rc = 0; /* some filesystems cannot sync directories */
-    close(fd);
-    return rc;
-}
-
 static void parent_of(char *out, size_t n, const char *path) {
     snprintf(out, n, "%s", path);
     char *slash = strrchr(out, '/');
@@ -145,7 +136,7 @@ static int write_file(CkptWriter *w, const char *dst, const float *buf, size_t f
                       CkptJobResult *r) {
     char dir[PATH_BUF];
     parent_of(dir, sizeof dir, dst);
-    if (mkdir_p(dir) != 0) return errf(r->error, sizeof r->error, "%s: cannot create directory (%s)", dir, strerror(errno));
+    if (mkdir_p_durable(dir) != 0) return errf(r->error, sizeof r->error, "%s: cannot create directory (%s)", dir, strerror(errno));
     int in = -1;
     unsigned char *tmp = NULL;
     if (src) {

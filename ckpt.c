@@ -35,22 +35,8 @@ static bool is_file(const char *path) {
 }
 
 /* A rename or create is only durable once its directory entry is synced. */
-static void fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) die(EXIT_IO, "%s: cannot open directory to sync (%s)", dir, strerror(errno));
-    if (fsync(fd) != 0 && errno != EINVAL) /* some filesystems cannot sync dirs */
-        die(EXIT_IO, "%s: fsync failed (%s)", dir, strerror(errno));
-    close(fd);
-}
-
 static void fsync_parent(const char *path) {
-    char dir[PATH_BUF];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
-    fsync_dir(dir);
+    if (sync_parent(path) != 0) die(EXIT_IO, "%s: cannot sync its directory (%s)", path, strerror(errno));
 }
 
 /* rm -rf for our own half-written folders. */
@@ -665,6 +651,22 @@ static void llama_config(const HfCfg *c, ModelConfig *o) {
             hd, o->n_embd / o->n_head);
 }
 
+/* Python's json, which Hugging Face reads these files with, keeps the last
+ * of a key given twice and cJSON finds the first: refuse the file rather
+ * than read another model than transformers would (nested objects too). */
+static void hf_no_duplicate_keys(const cJSON *obj, const char *path, const char *prefix) {
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        for (const cJSON *before = obj->child; before != it; before = before->next)
+            if (strcmp(before->string, it->string) == 0)
+                die(EXIT_USAGE, HF_CTX "%s: key %s%s appears twice (expected each key once)", path, prefix, it->string);
+        if (cJSON_IsObject(it)) {
+            char inner[256];
+            snprintf(inner, sizeof inner, "%s%s.", prefix, it->string);
+            hf_no_duplicate_keys(it, path, inner);
+        }
+    }
+}
+
 void hf_read_config(const char *dir, ModelConfig *out) {
     char path[PATH_BUF];
     join_path(path, sizeof path, dir, "config.json");
@@ -673,6 +675,7 @@ void hf_read_config(const char *dir, ModelConfig *out) {
     if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", path, read_text_why());
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!cJSON_IsObject(root)) die(EXIT_USAGE, HF_CTX "%s: not a JSON object (malformed JSON?)", path);
+    hf_no_duplicate_keys(root, path, "");
     HfCfg c = {path, root};
     config_model_defaults(out); /* what config.json does not say (ffn_multiple_of, the RoPE scaling's numbers) */
     const char *type = cfg_str(&c, "model_type", NULL);
@@ -718,6 +721,7 @@ static void hf_open_index(HfFiles *h, const char *dir, const char *index) {
     cJSON *root = cJSON_ParseWithLength(text, len);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) die(EXIT_USAGE, HF_CTX "%s: missing key weight_map (malformed index?)", index);
+    hf_no_duplicate_keys(root, index, "");
     for (const cJSON *e = wm->child; e; e = e->next) {
         if (!cJSON_IsString(e) || strchr(e->valuestring, '/'))
             die(EXIT_USAGE, HF_CTX "%s: weight_map.%s: expected a file name in this folder", index, e->string);
@@ -931,7 +935,7 @@ static void write_text_durable(const char *path, const char *text) {
 }
 
 void hf_export(const Model *m, const float *flat, const char *dir) {
-    if (mkdir_p(dir) != 0) die(EXIT_IO, "%s: cannot create directory (%s)", dir, strerror(errno));
+    if (mkdir_p_durable(dir) != 0) die(EXIT_IO, "%s: cannot create directory (%s)", dir, strerror(errno));
     StWriter w = {0};
     float **owned = calloc_check((size_t)m->n_specs, sizeof *owned); /* transposed copies */
     for (int i = 0; i < m->n_specs; i++) {

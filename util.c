@@ -5,6 +5,7 @@
 #include "util.h"
 #include <unistd.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -133,7 +134,39 @@ char *read_text_file(const char *path, size_t *len) {
     return buf;
 }
 
-int mkdir_p(const char *path) {
+int sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    if (rc != 0 && errno == EINVAL) rc = 0; /* some filesystems cannot sync directories */
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+int sync_parent(const char *path) {
+    char dir[4096];
+    if (strlen(path) >= sizeof dir) { errno = ENAMETOOLONG; return -1; }
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    while (slash && slash > dir && slash[1] == '\0') { /* "a/b/": the parent of b */
+        *slash = '\0';
+        slash = strrchr(dir, '/');
+    }
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    return sync_dir(dir);
+}
+
+/* One directory of mkdir -p: made (and, durable, its entry synced), or there. */
+static int mkdir_one(const char *dir, bool durable) {
+    if (mkdir(dir, 0755) == 0) return durable ? sync_parent(dir) : 0;
+    return errno == EEXIST ? 0 : -1;
+}
+
+static int mkdir_tree(const char *path, bool durable) {
     char tmp[4096];
     size_t n = strlen(path);
     if (n == 0 || n >= sizeof tmp) { errno = ENAMETOOLONG; return -1; }
@@ -141,12 +174,14 @@ int mkdir_p(const char *path) {
     for (char *p = tmp + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+        if (mkdir_one(tmp, durable) != 0) return -1;
         *p = '/';
     }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    return 0;
+    return mkdir_one(tmp, durable);
 }
+
+int mkdir_p(const char *path) { return mkdir_tree(path, false); }
+int mkdir_p_durable(const char *path) { return mkdir_tree(path, true); }
 
 static double clock_s(clockid_t id) {
     struct timespec ts;

@@ -66,6 +66,15 @@ char *read_text_file(const char *path, size_t *len);
 const char *read_text_why(void);
 /* mkdir -p; returns 0 or -1 with errno set. */
 int mkdir_p(const char *path);
+/* mkdir -p where a crash must not lose what it made (checkpoints): each
+ * directory it creates has its parent fsynced, so a power loss cannot take
+ * a new checkpoint.dir (and the checkpoints in it) with the page cache. */
+int mkdir_p_durable(const char *path);
+/* fsync a directory (a rename or create in it is durable only then), or
+ * the directory holding path; 0, or -1 with errno set (filesystems that
+ * cannot sync a directory count as done). */
+int sync_dir(const char *dir);
+int sync_parent(const char *path);
 /* Wall clock in seconds (monotonic). */
 double now_s(void);
 /* Seconds since the Unix epoch (metrics.jsonl "time"). */

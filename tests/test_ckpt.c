@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -176,6 +177,48 @@ static void expect_die(const char *what, ChildFn fn, const char *arg, int code, 
              strstr(err, want) != NULL;
     if (len) err[len - 1] = '\0';
     check(ok, "%s -> exit %d, one line: %s", what, WIFEXITED(status) ? WEXITSTATUS(status) : -1, err);
+}
+
+/* Every fsync of the code under test, by the path of its file descriptor,
+ * while logging (the test binary links with --wrap=fsync; the background
+ * writer calls it from its own thread). */
+int __real_fsync(int fd);
+int __wrap_fsync(int fd);
+static pthread_mutex_t fsync_mu = PTHREAD_MUTEX_INITIALIZER;
+static char fsync_paths[256][1100];
+static int fsync_n, fsync_on;
+
+int __wrap_fsync(int fd) {
+    pthread_mutex_lock(&fsync_mu);
+    if (fsync_on && fsync_n < 256) {
+        char link[64];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, fsync_paths[fsync_n], sizeof fsync_paths[0] - 1);
+        if (n > 0) fsync_paths[fsync_n++][n] = '\0';
+    }
+    pthread_mutex_unlock(&fsync_mu);
+    return __real_fsync(fd);
+}
+
+static void fsync_log_start(void) {
+    pthread_mutex_lock(&fsync_mu);
+    fsync_n = 0;
+    fsync_on = 1;
+    pthread_mutex_unlock(&fsync_mu);
+}
+
+static int fsync_log_stop(void) {
+    pthread_mutex_lock(&fsync_mu);
+    fsync_on = 0;
+    int n = fsync_n;
+    pthread_mutex_unlock(&fsync_mu);
+    return n;
+}
+
+static int fsync_logged(const char *path) {
+    for (int i = 0; i < fsync_n; i++)
+        if (strcmp(fsync_paths[i], path) == 0) return 1;
+    return 0;
 }
 
 /* ------------------------------------------------------- safetensors */
@@ -675,19 +718,30 @@ static void edit_extra(Raw *r, int *n) {
     memcpy(t->data, bias, sizeof bias);
 }
 
-static void set_config(const char *dir, const char *key, const char *json_value) {
+/* config.json's key set to json_value (NULL: removed); keep_old: added as a
+ * second copy of the key (cJSON keeps both) instead. */
+static void edit_config(const char *dir, const char *key, const char *json_value, int keep_old) {
     char p[1100];
     snprintf(p, sizeof p, "%s/config.json", dir);
     size_t len;
     char *text = read_text_file(p, &len);
     cJSON *j = cJSON_Parse(text);
-    cJSON_DeleteItemFromObject(j, key);
+    if (!keep_old) cJSON_DeleteItemFromObject(j, key);
     if (json_value) cJSON_AddItemToObject(j, key, cJSON_Parse(json_value));
     char *out = cJSON_Print(j);
     write_text(p, out);
     free(out);
     free(text);
     cJSON_Delete(j);
+}
+
+static void set_config(const char *dir, const char *key, const char *json_value) { edit_config(dir, key, json_value, 0); }
+
+/* child_hf_load that cannot hang the suite: a blocked open ends by SIGALRM
+ * (no exit code, so the check fails). */
+static void child_hf_load_alarm(const char *dir) {
+    alarm(20);
+    child_hf_load(dir);
 }
 
 static void test_hf_errors(void) {
@@ -812,6 +866,38 @@ static void test_hf_errors(void) {
     set_config(g, "tie_word_embeddings", "false");
     expect_die("hf config: gpt2 untied", child_hf_config, g, EXIT_USAGE, "key tie_word_embeddings");
     expect_die("hf config: missing config.json", child_hf_config, tpath("nowhere"), EXIT_USAGE, "config.json: cannot read");
+
+    /* A key twice: Python's json (so transformers) keeps the last, cJSON
+     * finds the first; the file is refused, not read as another model. */
+    d = variant("err_dup", NULL);
+    edit_config(d, "hidden_size", "64", 1);
+    expect_die("hf config: hidden_size twice", child_hf_config, d, EXIT_USAGE, "config.json: key hidden_size appears twice");
+    d = variant("err_dup_nested", NULL);
+    set_config(d, "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                                  "\"original_max_position_embeddings\":8192,\"factor\":32.0}");
+    expect_die("hf config: rope_scaling.factor twice", child_hf_config, d, EXIT_USAGE,
+               "config.json: key rope_scaling.factor appears twice");
+    set_config(d, "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                                  "\"original_max_position_embeddings\":8192}");
+    hf_read_config(d, &c);
+    check(c.rope_scaling == 1 && c.rope_scaling_factor == 32, "hf config: the same rope_scaling with factor once is read");
+
+    /* index.json: a tensor named twice in weight_map, and a FIFO named as a
+     * shard (refused, not opened for reading: that would wait for a writer) */
+    char *x = tpath("err_index");
+    mkdir_p(x);
+    copy_file(tpath("hf_llama_sharded/config.json"), tpath("err_index/config.json"));
+    copy_file(tpath("hf_llama_sharded/model-00001-of-00002.safetensors"), tpath("err_index/a.safetensors"));
+    write_text(tpath("err_index/model.safetensors.index.json"),
+               "{\"metadata\":{},\"weight_map\":{\"model.embed_tokens.weight\":\"a.safetensors\","
+               "\"model.norm.weight\":\"a.safetensors\",\"model.embed_tokens.weight\":\"a.safetensors\"}}");
+    expect_die("hf index: a tensor twice in weight_map", child_hf_load, x, EXIT_USAGE,
+               "model.safetensors.index.json: key weight_map.model.embed_tokens.weight appears twice");
+    if (mkfifo(tpath("err_index/fifo.safetensors"), 0600) != 0) die(EXIT_INTERNAL, "mkfifo failed");
+    write_text(tpath("err_index/model.safetensors.index.json"),
+               "{\"weight_map\":{\"model.embed_tokens.weight\":\"a.safetensors\",\"model.norm.weight\":\"fifo.safetensors\"}}");
+    expect_die("hf index: a FIFO as a shard", child_hf_load_alarm, x, EXIT_USAGE,
+               "fifo.safetensors: not a regular file (expected a safetensors file)");
 }
 
 /* ------------------------------------------------- training checkpoints */
@@ -1111,6 +1197,23 @@ static void test_ckpt(void) {
     unlink(man);
     mf = ckpt_manifest_open(dir7, why, sizeof why);
     check(!mf && strstr(why, "manifest.json: cannot read"), "open: a missing manifest is refused (%s)", why);
+
+    /* A checkpoint.dir the first checkpoint creates survives a power loss:
+     * each directory made (the root's missing parents, the root, the step's
+     * .tmp) has its parent fsynced, and the commit's rename its root. */
+    {
+        char droot[1024];
+        snprintf(droot, sizeof droot, "%s", tpath("fresh/a/ckpts"));
+        fsync_log_start();
+        rc = save_as(&G, &L1, droot, 4, &cfg, why, sizeof why);
+        int n_logged = fsync_log_stop();
+        const char *parents[] = {TMP, tpath("fresh"), tpath("fresh/a"), droot};
+        char missing[1200] = "";
+        for (size_t i = 0; i < sizeof parents / sizeof parents[0]; i++)
+            if (!fsync_logged(parents[i])) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %s", parents[i]);
+        check(rc == 0 && !missing[0], "save into a new checkpoint.dir: the parents of each directory it made fsynced (%d fsyncs; not:%s)",
+              n_logged, missing[0] ? missing : " none");
+    }
 
     /* commit over an existing step replaces it; keep_last prunes only complete folders */
     char proot[1024];
