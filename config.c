@@ -63,7 +63,7 @@ static const Key KEYS[] = {
     /* init */
     {"init.from", K_STR, STR(init_from), "\"\"", 0, 0, NULL, "Hugging Face folder (config.json + model.safetensors, F32, BF16 or F16) to start from; the model section then comes from it"},
     {"init.std", K_FLOAT, OFF(init_std), 0, "0.02", 0, 10, NULL, "std of the normal init; residual output projections use std/sqrt(2*n_layer)"},
-    {"init.seed", K_U64, OFF(seed), 0, "1337", 0, 1.8e19, NULL, "seed of the init and of data shuffling"},
+    {"init.seed", K_U64, OFF(seed), 0, "1337", 0, 9007199254740991.0, NULL, "seed of the init and of data shuffling (at most 2^53 - 1: a JSON number above it is not an exact integer)"},
     /* data */
     {"data.train", K_STR, STR(data_train), "\"\"", 0, 0, NULL, "training token shards: a path or a glob (llm.c format, uint16 or uint32 tokens), or a blend of them as weight-path pairs, \"0.7 web/*.bin 0.3 code/*.bin\" (see Data)"},
     {"data.val", K_STR, STR(data_val), "\"\"", 0, 0, NULL, "validation token shards, a path, glob or blend as data.train (empty: no validation loss)"},
@@ -314,9 +314,12 @@ static void store(Config *cfg, const Key *k, const cJSON *v, const char *origin)
     if (!isfinite(x)) die(EXIT_USAGE, "%s: %s: expected a finite number, got %s", origin, k->path, got);
     if ((k->type == K_INT || k->type == K_U64) && x != floor(x))
         die(EXIT_USAGE, "%s: %s: expected an integer, got %s", origin, k->path, got);
-    if (x < k->lo || x > k->hi) /* an int's bounds whole (1048576, not 1.04858e+06) */
-        die(EXIT_USAGE, k->type == K_INT ? "%s: %s: expected a value in [%.0f, %.0f], got %s" : "%s: %s: expected a value in [%g, %g], got %s",
+    if (x < k->lo || x > k->hi) { /* an integer's bounds whole (1048576, not 1.04858e+06), and its value unless huge */
+        int whole = k->type == K_INT || k->type == K_U64;
+        if (whole && fabs(x) < 1e18) snprintf(got, sizeof got, "%.0f", x);
+        die(EXIT_USAGE, whole ? "%s: %s: expected a value in [%.0f, %.0f], got %s" : "%s: %s: expected a value in [%g, %g], got %s",
             origin, k->path, k->lo, k->hi, got);
+    }
     switch (k->type) {
     case K_INT: *(int *)field = (int)x; break;
     case K_U64: *(uint64_t *)field = (uint64_t)x; break;

@@ -1691,8 +1691,10 @@ static void setup_profile(Trainer *t) {
     t->prof_first = t->prof_last = -1;
     if (c->profile_steps <= 0 || t->step_base >= c->steps) return;
     t->prof_first = t->step_base + (c->steps - t->step_base > 1);
-    t->prof_last = t->prof_first + c->profile_steps - 1;
-    if (t->prof_last >= c->steps) t->prof_last = c->steps - 1;
+    /* at most the run's last step; compared before adding, as prof_first +
+     * profile_steps overflows an int after a resume when profile_steps is
+     * near its maximum (every step) */
+    t->prof_last = c->profile_steps > c->steps - t->prof_first ? c->steps - 1 : t->prof_first + c->profile_steps - 1;
 }
 
 /* Every rank takes part (the gather of each rank's timed time a step:

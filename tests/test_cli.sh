@@ -92,6 +92,10 @@ expect_fail "out of range" "optim.beta2: expected a value in" $BIN "$TMP/job.jso
 expect_fail "negative" "model.n_layer: expected a value in [1," $BIN "$TMP/job.json" --set model.n_layer=0
 expect_fail "bad enum" "model.arch: expected one of gpt2|llama" $BIN "$TMP/job.json" --set model.arch=bert
 expect_fail "eval.sample_tokens past 2^20" "eval.sample_tokens: expected a value in [0, 1048576], got 2147483647" $BIN check "$TMP/job.json" --set eval.sample_tokens=2147483647
+# init.seed is a JSON number, exact only up to 2^53: 2^53 + 1 read as 2^53 ran the seed 2^53's job
+expect_fail "init.seed past 2^53 - 1" "init.seed: expected a value in [0, 9007199254740991], got 9007199254740992" $BIN check "$TMP/job.json" --set init.seed=9007199254740993
+if $BIN check "$TMP/job.json" --set init.seed=9007199254740991 >"$TMP/out" 2>&1; then
+    ok "check: init.seed 2^53 - 1 is valid"; else bad "check: init.seed 2^53 - 1: $(cat "$TMP/out")"; fi
 expect_fail "empty checkpoint.resume" 'checkpoint.resume: expected auto, none or a checkpoint folder or root, got ""' $BIN check "$TMP/job.json" --set checkpoint.resume=
 expect_fail "n_head not dividing n_embd" "model.n_head 3 does not divide model.n_embd 16" $BIN "$TMP/job.json" --set model.n_head=3
 expect_fail "n_kv_head not dividing n_head" "model.n_kv_head 4 does not divide model.n_head 6" $BIN "$TMP/job.json" --set model.n_embd=24 --set model.n_head=6 --set model.n_kv_head=4

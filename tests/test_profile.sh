@@ -9,7 +9,8 @@
 # the least traffic of the memory-bound entries (the final norm, AdamW over
 # every parameter, the cross-entropy's logits); the timed calls inside the
 # steps' wall time; the window (the run's second
-# step on, also after a resume; a one-step run times its step); the table on
+# step on, also after a resume, there with a window of every step
+# (log.profile_steps 2^31 - 1); a one-step run times its step); the table on
 # stdout once per job, profile.json beside metrics.jsonl, every figure the
 # table prints recomputed from profile.json (tests/check_profile_table.py:
 # the rates, the shares of log.peak_gflops and log.peak_gbs, the time at the
@@ -164,6 +165,13 @@ run r "$TMP/gpt2.json" --set train.steps=6 --set log.profile_steps=1
 if t=$(check_json "$TMP/r/profile.json" gpt2 4 none 1 5 1) && grep -q "^resume" "$TMP/r.out" && grep -q "^profile: step 5 (1 step)" "$TMP/r.out"; then
     ok "resumed at step 3: step 5 timed: $t"
 else bad "resumed window: $t $(grep '^profile: step' "$TMP/r.out")"; fi
+# a window of every step (log.profile_steps at its maximum) after a resume:
+# the resumed step plus the window's length is past INT_MAX
+run r "$TMP/gpt2.json" --set train.steps=9 --set log.profile_steps=2147483647
+if t=$(check_json "$TMP/r/profile.json" gpt2 4 none 1 8 2) && grep -q "^resume: .* at step 6" "$TMP/r.out" &&
+   grep -q "^profile: steps 8-9 (2 steps)" "$TMP/r.out"; then
+    ok "resumed at step 6 with log.profile_steps 2147483647: steps 8-9 timed: $t"
+else bad "resumed window of every step: $t $(grep -E '^(resume|profile): ' "$TMP/r.out" | head -3)"; fi
 run one "$TMP/gpt2.json" --set train.steps=1 --set log.profile_steps=4
 if t=$(check_json "$TMP/one/profile.json" gpt2 4 none 1 1 1); then ok "one-step run: step 1 timed: $t"; else bad "one-step run: $t"; fi
 
