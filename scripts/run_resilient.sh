@@ -56,10 +56,15 @@ meaning() {
 start_wall=$(date +%s.%N)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-# stdout passes through a tee that keeps a copy (llmtrain's "metrics:" line)
+# stdout passes through a filter, line by line as it comes, that keeps only
+# llmtrain's "metrics:" lines in $log: a copy of all of it would grow in
+# $TMPDIR (often a tmpfs, so memory) for as long as the run lasts, weeks of
+# step lines and samples, and stay behind if this launcher is SIGKILLed.
+# (perl-base is part of every Debian system; mawk would hold the lines back.)
 exec 3>&1
-exec > >(tee -a "$log" >&3)
-tee_pid=$!
+exec > >(perl -e '$| = 1; open(my $k, ">>", shift) or die "run_resilient: $!\n";
+                  while (<STDIN>) { print; if (/^metrics: /) { print $k $_; $k->flush } }' "$log" >&3)
+filter_pid=$!
 child=""
 stopping=0
 on_stop() {
@@ -96,8 +101,8 @@ while :; do
     sleep "$delay" & wait $!
     [ "$stopping" = 1 ] && { echo "run_resilient: stopped on request before restarting" >&2; break; }
 done
-exec >&3 3>&- # the tee sees end of file once every writer is gone
-wait "$tee_pid" 2>/dev/null
+exec >&3 3>&- # the filter sees end of file once every writer is gone
+wait "$filter_pid" 2>/dev/null
 end_wall=$(date +%s.%N)
 
 [ -n "$metrics" ] || metrics=$(sed -n 's/^metrics: //p' "$log" | tail -n 1)

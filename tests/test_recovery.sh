@@ -139,6 +139,18 @@ else
     echo "skip full-disk case: cannot mount a tmpfs here ($(head -1 "$TMP/mount.err"))"
 fi
 
+# ---- the launcher's temporary file holds the "metrics:" line, not the output ----
+# (it once held a copy of all of stdout, in $TMPDIR for the whole run: weeks
+# of step lines; the command reads it and the launcher's output before it exits)
+mkdir -p "$TMP/rtmp"
+TMPDIR="$TMP/rtmp" "$RES" --delay 0 -- bash -c '"$0" "$1" --set log.dir="$2" --set train.steps=300 --set parallel.strategy=NO_SHARD \
+    --set checkpoint.every_steps=0; rc=$?; sleep 0.5; cat "$TMPDIR"/* >"$3"; grep -c "^step" "$4" >"$3.live"; exit $rc' \
+    "$BIN" "$TMP/job.json" "$TMP/quiet" "$TMP/quiet.kept" "$TMP/quiet.out" >"$TMP/quiet.out" 2>&1; rc=$?
+if [ $rc -eq 0 ] && [ "$(cat "$TMP/quiet.kept")" = "metrics: $TMP/quiet/metrics.jsonl" ] && [ "$(cat "$TMP/quiet.kept.live")" = 300 ] &&
+   [ "$(grep -c '^step' "$TMP/quiet.out")" -eq 300 ] && [ -z "$(ls -A "$TMP/rtmp")" ]; then
+    ok "300 step lines passed through as they came; the launcher's temporary file held only the metrics: line ($(wc -c <"$TMP/quiet.out") bytes of output) and is gone at the end"
+else bad "temporary file: rc $rc, it held $(wc -c <"$TMP/quiet.kept") bytes, $(cat "$TMP/quiet.kept.live") step lines out while running, left: $(ls -A "$TMP/rtmp")"; fi
+
 # ---- no restart after bad input; SIGTERM is forwarded and ends the launcher ----
 "$RES" --delay 0 -- "$BIN" "$TMP/job.json" --set optim.lrr=1 >"$TMP/badin.out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && [ "$(grep -c 'did you mean' "$TMP/badin.out")" -eq 1 ] && grep -q "a restart would fail the same way" "$TMP/badin.out"; then

@@ -8,6 +8,8 @@
 # resume falls back to, verified against the manifest's checksums, made again
 # by the next start when it was cut off, and whose failure for the final
 # checkpoint is exit 3; keep_last never prunes the checkpoint just written;
+# 150 asynchronous checkpoints with durable copies leave the open files,
+# threads, memory maps and folders of a run where they were;
 # samples after a resume are the uninterrupted run's; metrics.jsonl is
 # appended and its gradient-spike fields match a recomputation from the
 # logged norms.
@@ -183,6 +185,36 @@ if [ $rc -eq 0 ] && grep -q "resume: $TMP/lin/checkpoints/step_00000003 at step 
    grep -q "resume: $TMP/lin/checkpoints/step_00000004 at step 4" "$TMP/lin.out"; then
     ok "resumed from step 3 below a damaged step 6: step 4 kept by keep_last=1, the next resume takes it"
 else bad "keep_last below a damaged checkpoint: rc $rc; $(grep -E 'resume' "$TMP/lin.out" | tail -2)"; fi
+
+# ---- a long run stays flat: from step 100 to step 400, 150 more asynchronous
+# checkpoints with durable copies (every 2 steps, keep_last 2) and 30 more
+# evaluations with samples add no file descriptor, thread or memory map, and
+# no folder beyond keep_last in either root. Looked at while the run is held
+# at the start of the next step (kind=hang; then SIGKILLed): the step's local
+# write is done, its commit and durable copy wait for the main thread, so
+# both points show the same state. ----
+# held NAME STEP: "fds threads maps local-folders durable-folders" of a run held at STEP
+held() {
+    local name=$1 s=$2 pid n state
+    LLMTRAIN_FAULT="step=$s,kind=hang" $BIN "$TMP/job.json" --set log.dir="$TMP/$name" --set train.steps=1000 \
+        --set checkpoint.every_steps=2 --set checkpoint.keep_last=2 --set checkpoint.durable_dir="$TMP/$name-dur" \
+        --set data.val="$TMP/train.bin" --set eval.every_steps=10 --set eval.batches=1 --set eval.sample_tokens=4 \
+        >"$TMP/$name.out" 2>&1 &
+    pid=$!
+    for _ in $(seq 1500); do n=$(grep -c '"loss"' "$TMP/$name/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge $((s - 1)) ] && break; sleep 0.02; done
+    sleep 0.5
+    state="$(ls /proc/$pid/fd | wc -l) $(awk '/^Threads:/ {print $2}' /proc/$pid/status) $(wc -l <"/proc/$pid/maps")"
+    echo "$state $(ls "$TMP/$name/checkpoints" | tr '\n' ,) $(ls "$TMP/$name-dur" | tr '\n' ,)"
+    kill -KILL $pid
+    wait $pid 2>/dev/null
+}
+read -r fd1 th1 mp1 loc1 dur1 <<<"$(held flat100 101)"
+read -r fd4 th4 mp4 loc4 dur4 <<<"$(held flat400 401)"
+if [ "$fd4" -le $((fd1 + 1)) ] && [ "$th4" -eq "$th1" ] && [ "$mp4" -le $((mp1 + 4)) ] &&
+   [ "$loc1" = "step_00000096,step_00000098,step_00000100.tmp," ] && [ "$dur1" = "step_00000096,step_00000098," ] &&
+   [ "$loc4" = "step_00000396,step_00000398,step_00000400.tmp," ] && [ "$dur4" = "step_00000396,step_00000398," ]; then
+    ok "step 100 -> 400 (150 async checkpoints with durable copies, 30 samples): fds $fd1 -> $fd4, threads $th1 -> $th4, maps $mp1 -> $mp4; keep_last 2 in both roots"
+else bad "flat long run: fds $fd1 -> $fd4, threads $th1 -> $th4, maps $mp1 -> $mp4, local $loc1 -> $loc4, durable $dur1 -> $dur4"; fi
 
 # ---- samples: a resumed run prints the samples the uninterrupted one printed ----
 smp="--set train.steps=8 --set checkpoint.every_steps=2 --set eval.every_steps=2 --set eval.sample_tokens=12"
