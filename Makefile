@@ -16,7 +16,7 @@ SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpo
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/test_model tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
-            tests/fuzz_replay
+            tests/fuzz_replay tests/llmtrain_asan
 
 # CUDA backend: built whenever nvcc is found (on PATH or in /usr/local/cuda);
 # `make NVCC=` builds the CPU-only binary. CUDA_ARCH lists the SM versions
@@ -152,6 +152,10 @@ FUZZ_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-c
              -Wl,--wrap=die,--wrap=mmap,--wrap=munmap
 tests/fuzz_replay: $(FUZZ_SRC) $(HDR)
 	$(CC) $(FUZZ_FLAGS) $(FUZZ_SRC) $(LIBS) -lpthread -o $@
+# The whole trainer, CPU-only, under the same sanitizers (tests/test_sanitize.sh).
+tests/llmtrain_asan: $(SRC) $(HDR)
+	OMPI_CC=$(CC) $(MPICC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all \
+	    $(WARN) $(OMP) $(SRC) $(LIBS) -lpthread -o $@
 tests/fuzz/build/fuzz: $(FUZZ_SRC) $(HDR)
 	@mkdir -p tests/fuzz/build
 	clang $(FUZZ_FLAGS) -Wno-pass-failed -DFUZZ_LIBFUZZER -fsanitize=fuzzer $(FUZZ_SRC) $(LIBS) -lpthread -o $@
