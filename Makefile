@@ -138,9 +138,10 @@ tests/test_dist_dev: tests/test_dist_dev.c parallel.c rendezvous.c util.c $(HDR)
 tests/test_dist_nccl: tests/test_dist_nccl.c dist_nccl.c parallel.c rendezvous.c util.c tests/fake_cuda/cuda_runtime.h tests/fake_cuda/nccl.h $(HDR)
 	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) -DLLMTRAIN_CUDA -Itests/fake_cuda -I. $< dist_nccl.c parallel.c rendezvous.c util.c -lpthread -o $@
 
-# --wrap=fsync: the test logs which directories the checkpoint code syncs.
+# --wrap=fsync: the test logs which directories the checkpoint code syncs;
+# --wrap=malloc: it makes one allocation fail.
 tests/test_ckpt: tests/test_ckpt.c tests/check.h ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
-	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -Wl,--wrap=fsync -o $@
+	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -Wl,--wrap=fsync,--wrap=malloc -o $@
 
 # The readers of files a user hands llmtrain (job file, Hugging Face config
 # and safetensors, checkpoint manifest, token shard, vocab) under the

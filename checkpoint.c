@@ -142,7 +142,11 @@ static int write_file(CkptWriter *w, const char *dst, const float *buf, size_t f
     if (src) {
         in = open(src, O_RDONLY);
         if (in < 0) return errf(r->error, sizeof r->error, "%s: cannot open (%s)", src, strerror(errno));
-        tmp = malloc_check(IO_CHUNK);
+        tmp = malloc(IO_CHUNK); /* on the writer thread: no memory fails this copy, it does not end the process */
+        if (!tmp) {
+            close(in);
+            return errf(r->error, sizeof r->error, "%s: no memory for the %zu MiB copy buffer", dst, IO_CHUNK >> 20);
+        }
     }
     int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {

@@ -215,6 +215,13 @@ static int fsync_log_stop(void) {
     return n;
 }
 
+/* malloc of exactly this many bytes fails while non-zero (--wrap=malloc). */
+void *__real_malloc(size_t size);
+void *__wrap_malloc(size_t size);
+static volatile size_t malloc_fail_size;
+
+void *__wrap_malloc(size_t size) { return malloc_fail_size && size == malloc_fail_size ? NULL : __real_malloc(size); }
+
 static int fsync_logged(const char *path) {
     for (int i = 0; i < fsync_n; i++)
         if (strcmp(fsync_paths[i], path) == 0) return 1;
@@ -1262,6 +1269,18 @@ static void test_ckpt(void) {
     ws = ckpt_writer_wait(w);
     res = ckpt_writer_take(w);
     check(ws == CKPT_FAILED && !exists(tpath("copy.bin")), "writer: a failed copy leaves no partial file (%s)", res.error);
+    /* the copy buffer not to be had: the copy fails, the process and the writer go on */
+    malloc_fail_size = (size_t)16 << 20;
+    ckpt_writer_copy(w, tpath("prune/step_00000009/manifest.json"), tpath("copy.bin"));
+    ws = ckpt_writer_wait(w);
+    res = ckpt_writer_take(w);
+    malloc_fail_size = 0;
+    check(ws == CKPT_FAILED && strstr(res.error, "no memory for the 16 MiB copy buffer") && !exists(tpath("copy.bin")),
+          "writer: a copy buffer it cannot allocate fails the copy, not the process (%s)", res.error);
+    ckpt_writer_copy(w, tpath("prune/step_00000009/manifest.json"), tpath("copy.bin"));
+    ws = ckpt_writer_wait(w);
+    res = ckpt_writer_take(w);
+    check(ws == CKPT_DONE && exists(tpath("copy.bin")), "writer: the next copy succeeds (%s)", res.error);
     ckpt_writer_free(w);
 
     free(cfg.json_text);
