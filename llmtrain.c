@@ -1906,7 +1906,8 @@ static void print_header(Trainer *t) {
         dataset_describe(&t->val, c->data_val, 0, data, sizeof data);
         printf("val: %s\n", data);
     }
-    printf("metrics: %s%s%s\n", t->metrics_path, t->tb.f ? " | tensorboard: " : "", t->tb.f ? t->tb.path : "");
+    printf("metrics: %s\n", t->metrics_path); /* the whole line is the path: scripts/run_resilient.sh reads it */
+    if (t->tb.f) printf("tensorboard: %s\n", t->tb.path);
     fflush(stdout);
 }
 

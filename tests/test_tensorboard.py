@@ -199,8 +199,10 @@ def test_resume(tmp, binary, env):
     host = os.uname().nodename
     check(all(os.path.basename(f).split(".")[4] == host and os.path.basename(f).split(".")[3].isdigit()
               for f in files), "named events.out.tfevents.<unix seconds>.<host>.<pid>")
-    check(any(l.startswith("metrics: ") and "| tensorboard: tb/events.out.tfevents." in l
-              for l in first.stdout.splitlines()), "the header's metrics line names the event file")
+    lines = first.stdout.splitlines()
+    check(any(l.startswith("tensorboard: tb/events.out.tfevents.") for l in lines) and
+          any(l == "metrics: " + os.path.join("run", "metrics.jsonl") for l in lines),
+          "the header names the event file on its own line (the metrics: line stays the bare path)")
     segs = metric_segments(os.path.join(tmp, "run", "metrics.jsonl"))
     if len(segs) != 2 or len(files) != 2:
         check(False, f"two metrics segments and two files ({len(segs)}, {len(files)})")
