@@ -112,6 +112,7 @@ static const Key KEYS[] = {
     {"eval.temperature", K_FLOAT, OFF(sample_temperature), 0, "1.0", 0, 100, NULL, "sampling temperature (0 = greedy)"},
     /* log */
     {"log.dir", K_STR, STR(log_dir), "\"\"", 0, 0, NULL, "where metrics.jsonl goes (empty: runs/<job file name>)"},
+    {"log.tensorboard_dir", K_STR, STR(tensorboard_dir), "\"\"", 0, 0, NULL, "folder for a TensorBoard event file of the step lines' scalars (train/, perf/, memory/, val/ tags; rank 0 writes events.out.tfevents.<unix seconds>.<host>.<pid>, a new file per start; view with tensorboard --logdir; empty: off; see TensorBoard)"},
     {"log.every_steps", K_INT, OFF(log_every), 0, "1", 1, BIG, NULL, "print a step line every this many steps"},
     {"log.profile_steps", K_INT, OFF(profile_steps), 0, "0", 0, BIG, NULL, "time every kernel-table call of this many training steps (from the run's second) on the backend's own clock (CUDA events on the compute stream; the host clock on the CPU), then print where the time went per entry, with the matrix products' and attention's TFLOP/s and the memory-bound entries' GB/s, and write it to <log.dir>/profile.json (0 = off; see Profiling)"},
     {"log.param_norm", K_BOOL, OFF(log_param_norm), 0, "true", 0, 0, NULL, "log the L2 norm of the fp32 master weights after every step (pnorm on the step line, param_norm in metrics.jsonl), as the Llama 2 recipe monitors it and Megatron's --log-params-norm: summed by AdamW as it writes this rank's share of the weights (a step it skips reads them again) and an all-reduce of one number a step"},

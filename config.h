@@ -91,6 +91,7 @@ typedef struct Config {
     float sample_temperature;
     /* log */
     char log_dir[1024];
+    char tensorboard_dir[1024]; /* log.tensorboard_dir: TensorBoard event files (tboard.c); "": off */
     int log_every;
     double peak_gflops;  /* 0: measure (CPU) / detect (GPU) */
     double peak_gbs;     /* log.peak_gbs: 0: the GPU's memory bandwidth (none on the CPU) */

@@ -22,6 +22,7 @@
 #include "model.h"
 #include "parallel.h"
 #include "profile.h"
+#include "tboard.h"
 #include "util.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -48,6 +49,7 @@ typedef struct Trainer {
     int *tok, *tgt;            /* host batch [B*T] */
     float *host_flat;          /* host copy of a flat array (dump, checkpoints) */
     FILE *metrics;
+    TBoard tb;                 /* log.tensorboard_dir (rank 0); tb.f NULL: off */
     char metrics_path[1200];
     double peak_gflops;
     const char *peak_source;   /* where peak_gflops comes from (header line) */
@@ -1267,6 +1269,13 @@ static void json_num(FILE *f, const char *key, double v) {
     else fprintf(f, ",\"%s\":null", key);
 }
 
+/* One number of a step line: metrics.jsonl's key, and the same value as
+ * the step's TensorBoard scalar tag (log.tensorboard_dir; non-finite: none) */
+static void step_num(Trainer *t, const char *key, const char *tag, double v) {
+    json_num(t->metrics, key, v);
+    tb_scalar(&t->tb, tag, v);
+}
+
 typedef struct StepStats {
     int step;          /* 0-based */
     int batch;         /* its global batch in sequences (train.global_batch, or the ramp's) */
@@ -1371,39 +1380,50 @@ static void log_step(Trainer *t, const StepStats *s) {
         fflush(stdout);
     }
     FILE *f = t->metrics;
-    fprintf(f, "{\"step\":%d,\"time\":%.3f", s->step + 1, unix_time_s());
-    json_num(f, "loss", s->loss);
-    json_num(f, "lr", s->lr);
-    json_num(f, "grad_norm", s->norm);
-    if (c->log_param_norm) json_num(f, "param_norm", s->pnorm);
+    double now = unix_time_s();
+    fprintf(f, "{\"step\":%d,\"time\":%.3f", s->step + 1, now);
+    tb_begin(&t->tb, s->step + 1, now);
+    step_num(t, "loss", "train/loss", s->loss);
+    step_num(t, "lr", "train/lr", s->lr);
+    step_num(t, "grad_norm", "train/grad_norm", s->norm);
+    if (c->log_param_norm) step_num(t, "param_norm", "train/param_norm", s->pnorm);
     fprintf(f, ",\"global_batch\":%d,\"consumed_samples\":%llu", s->batch, (unsigned long long)next);
-    json_num(f, "tokens_per_s", tps);
-    json_num(f, "mfu", mfu);
-    json_num(f, "mem_bytes", mem);
+    tb_scalar(&t->tb, "train/global_batch", s->batch);
+    tb_scalar(&t->tb, "train/consumed_samples", (double)next);
+    step_num(t, "tokens_per_s", "perf/tokens_per_s", tps);
+    step_num(t, "mfu", "perf/mfu", mfu);
+    step_num(t, "mem_bytes", "memory/mem_bytes", mem);
     /* sharded: the working weights at their largest so far (params_bytes,
      * plus the full-size array a debug.dump gathers) */
-    if (t->sharded) json_num(f, "params_peak_bytes", params_bytes(t, (double)t->n_shard * sizeof(float)) + t->full_peak);
+    if (t->sharded)
+        step_num(t, "params_peak_bytes", "memory/params_peak_bytes",
+                 params_bytes(t, (double)t->n_shard * sizeof(float)) + t->full_peak);
     if (gpu_mem >= 0) {
-        json_num(f, "gpu_mem_bytes", gpu_mem);
-        json_num(f, "host_mem_bytes", host_mem);
+        step_num(t, "gpu_mem_bytes", "memory/gpu_mem_bytes", gpu_mem);
+        step_num(t, "host_mem_bytes", "memory/host_mem_bytes", host_mem);
     }
-    json_num(f, "step_ms", 1000 * s->dt);
+    step_num(t, "step_ms", "perf/step_ms", 1000 * s->dt);
     fprintf(f, ",\"clipped\":%s,\"skipped\":%s,\"nonfinite_total\":%d", s->clipped ? "true" : "false",
             s->skipped ? "true" : "false", t->st.nonfinite_total);
-    if (isfinite(s->val_loss)) json_num(f, "val_loss", s->val_loss);
+    tb_scalar(&t->tb, "train/nonfinite_total", t->st.nonfinite_total);
+    if (isfinite(s->val_loss)) step_num(t, "val_loss", "val/loss", s->val_loss);
     if (isfinite(s->val_loss) && s->n_val_src) {
         fprintf(f, ",\"val_loss_sources\":[");
         for (int i = 0; i < s->n_val_src; i++) {
+            char tag[32];
+            snprintf(tag, sizeof tag, "val/loss_%d", i);
+            tb_scalar(&t->tb, tag, s->val_src[i]);
             if (isfinite(s->val_src[i])) fprintf(f, "%s%.9g", i ? "," : "", s->val_src[i]);
             else fprintf(f, "%snull", i ? "," : "");
         }
         fprintf(f, "]");
     }
-    if (isfinite(s->norm_mean)) json_num(f, "grad_norm_mean20", s->norm_mean);
+    if (isfinite(s->norm_mean)) step_num(t, "grad_norm_mean20", "train/grad_norm_mean20", s->norm_mean);
     fprintf(f, ",\"grad_spike\":%s", s->spike ? "true" : "false");
     if (s->spike_ended) fprintf(f, ",\"grad_spike_steps\":%d", s->spike_ended);
-    if (s->ck_block > 0) json_num(f, "ckpt_block_ms", 1000 * s->ck_block);
-    if (t->dist.world > 1) json_num(f, "comm_wait_ms", 1000 * s->comm_wait);
+    if (s->ck_block > 0) step_num(t, "ckpt_block_ms", "perf/ckpt_block_ms", 1000 * s->ck_block);
+    if (t->dist.world > 1) step_num(t, "comm_wait_ms", "perf/comm_wait_ms", 1000 * s->comm_wait);
+    tb_write(&t->tb);
     fprintf(f, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f,\"tp_allreduce\":%.0f,"
                "\"tp_allgather\":%.0f,\"tp_reduce_scatter\":%.0f}",
             s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp, s->comm_tp_ag, s->comm_tp_rs);
@@ -1774,6 +1794,10 @@ static void open_metrics(Trainer *t, int resumed) {
         fprintf(t->metrics, "{\"event\":\"resume\",\"step\":%d,\"world\":%d}\n", t->step_base, t->dist.world);
         fflush(t->metrics);
     }
+    /* TensorBoard: a new file each start (it merges a folder's files by step) */
+    if (t->cfg.tensorboard_dir[0] && tb_open(&t->tb, t->cfg.tensorboard_dir) != 0)
+        die(EXIT_IO, "log.tensorboard_dir: cannot create %s (%s)", t->tb.path[0] ? t->tb.path : t->cfg.tensorboard_dir,
+            strerror(errno));
 }
 
 /* The sequences a run of train.steps reads: from the resume point's cursor
@@ -1882,7 +1906,8 @@ static void print_header(Trainer *t) {
         dataset_describe(&t->val, c->data_val, 0, data, sizeof data);
         printf("val: %s\n", data);
     }
-    printf("metrics: %s\n", t->metrics_path);
+    printf("metrics: %s\n", t->metrics_path); /* the whole line is the path: scripts/run_resilient.sh reads it */
+    if (t->tb.f) printf("tensorboard: %s\n", t->tb.path);
     fflush(stdout);
 }
 
@@ -2234,6 +2259,7 @@ static int train(int argc, char **argv) {
         printf("grad-norm spikes: %d (norm above its %d-step running mean + 0.1; lengths in metrics.jsonl grad_spike_steps)\n",
                t->st.spikes + (t->st.spike_len > 0), CKPT_SPIKE_WINDOW);
     if (t->metrics) fclose_check(t->metrics, "metrics.jsonl");
+    tb_close(&t->tb);
     if (t->ck_done_step != final_step) {
         if (is_root(t)) fprintf(stderr, "llmtrain: the final checkpoint (step %d) could not be written to %s%s%s; see the lines above\n",
                                 final_step, c->ckpt_dir, c->ckpt_durable_dir[0] ? " or " : "", c->ckpt_durable_dir);

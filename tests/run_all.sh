@@ -32,6 +32,7 @@ run rendezvous tests/test_rendezvous
 run cli tests/test_cli.sh
 run torch "$PY" tests/test_torch.py --bin ./llmtrain
 run plot "$PY" tests/test_plot.py --bin ./llmtrain
+run tensorboard "$PY" tests/test_tensorboard.py --bin ./llmtrain
 for t in tests/test_*.sh; do
     case "$t" in tests/test_cli.sh) continue;; esac
     [ -x "$t" ] && run "$(basename "$t" .sh)" "$t"

@@ -17,7 +17,6 @@ loss past 50 steps. Bad input (no file, a folder, no step lines, an
 unwritable output, no matplotlib) is one error line and exit 2.
 Ends with "N passed, M failed"; exit 1 on any failure.
 """
-import argparse
 import json
 import math
 import os
@@ -25,7 +24,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
@@ -34,18 +32,10 @@ SCRIPT = os.path.join(ROOT, "scripts", "plot_metrics.py")
 PY = "/usr/bin/python3"
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import plot_metrics as P  # noqa: E402
+from pycheck import check, run_suite, write_shard  # noqa: E402
 
-passed = failed = 0
 
 
-def check(ok, msg):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"ok   {msg}")
-    else:
-        failed += 1
-        print(f"FAIL {msg}")
 
 
 def close(a, b, rtol=1e-9):
@@ -101,12 +91,6 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
-def write_shard(path, vocab, n, seed):
-    t = np.random.default_rng(seed).integers(0, vocab, n)
-    h = np.zeros(256, np.int32)
-    h[:3] = (20240520, 1, len(t))
-    with open(path, "wb") as f:
-        f.write(h.tobytes() + t.astype(np.uint16).tobytes())
 
 
 def real_run(tmp, binary):
@@ -326,25 +310,11 @@ def test_errors(tmp):
     check(not os.path.exists(os.path.join(tmp, "x.png")), "error: nothing written without matplotlib")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=os.path.join(ROOT, "llmtrain"))
-    ap.add_argument("--keep", action="store_true")
-    args = ap.parse_args()
-    binary = os.path.abspath(args.bin)
-    tmp = tempfile.mkdtemp(prefix="test_plot.")
-    try:
-        test_real(tmp, binary)
-        test_synthetic(tmp)
-        test_errors(tmp)
-    finally:
-        if args.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+def main(tmp, binary):
+    test_real(tmp, binary)
+    test_synthetic(tmp)
+    test_errors(tmp)
 
 
 if __name__ == "__main__":
-    main()
+    run_suite("test_plot", main)

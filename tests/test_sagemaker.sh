@@ -1,7 +1,7 @@
 #!/bin/bash
 # SageMaker entry point (scripts/sagemaker/train) against a fake $LLMTRAIN_SM_ROOT:
-# a tiny job end to end (exported model, metrics, checkpoints where SageMaker expects
-# them), a restart that resumes from the durable copy, one-line
+# a tiny job end to end (exported model, metrics, TensorBoard event file, checkpoints
+# where SageMaker expects them), a restart that resumes from the durable copy, one-line
 # failure files for a missing channel, a malformed and an unknown hyperparameter, the
 # EFA environment only when the (fake) EFA probe finds a device, NCCL_DEBUG on request,
 # launch.py --dry-run without the sagemaker package, and the Dockerfile's COPY sources.
@@ -60,6 +60,14 @@ if grep -q '^{"step":4,' "$R/output/data/metrics.jsonl" 2>/dev/null && grep -q '
     ok "metrics.jsonl (4 steps, val_loss) in \$ROOT/output/data"
 else
     bad "metrics.jsonl missing or short in $R/output/data"
+fi
+# TensorBoardOutputConfig's folder: one event file whose records are steps 1..4
+if $PY -c "import sys, glob; sys.path.insert(0, 'tests'); from test_tensorboard import read_events
+f = glob.glob('$R/output/tensorboard/events.out.tfevents.*'); e = read_events(f[0]) if len(f) == 1 else []
+sys.exit([x.step for x in e[1:]] != [1, 2, 3, 4] or e[0].file_version != 'brain.Event:2')" 2>"$TMP/tb.err"; then
+    ok "TensorBoard event file (steps 1..4) in \$ROOT/output/tensorboard"
+else
+    bad "no TensorBoard event file of steps 1..4 in $R/output/tensorboard: $(ls "$R/output/tensorboard" 2>&1) $(tail -2 "$TMP/tb.err")"
 fi
 if $PY -c "import matplotlib" 2>/dev/null; then
     if [ -s "$R/output/data/metrics.png" ]; then ok "metrics.png plotted"; else bad "no metrics.png with matplotlib installed"; fi

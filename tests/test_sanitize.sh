@@ -3,7 +3,7 @@
 # UndefinedBehaviorSanitizer (tests/llmtrain_asan: a CPU-only gcc build at
 # -O1, every finding fatal): a tiny Llama (GQA) trains with asynchronous
 # checkpoints, durable copies and keep_last, evaluation with samples, the
-# step profile, selective checkpointing and bf16 working weights with
+# step profile, a TensorBoard event file, selective checkpointing and bf16 working weights with
 # stochastic rounding; resumes; is exported and trained again from the
 # export (init.from); a NaN step is skipped and a NaN streak ends in exit 4;
 # GPT-2 under full checkpointing; then 2 ranks over the TCP rendezvous
@@ -44,8 +44,10 @@ tiny_job gpt2 "$TMP/gpt2.json" "$TMP/train.bin"
 L=(--set train.steps=6 --set checkpoint.every_steps=2 --set checkpoint.async=true --set checkpoint.keep_last=2
    --set checkpoint.dir="$TMP/ck" --set checkpoint.durable_dir="$TMP/dur" --set eval.every_steps=3 --set eval.batches=2
    --set eval.sample_tokens=4 --set log.profile_steps=2 --set train.activation_checkpointing=selective
-   --set train.param_dtype=bf16 --set optim.stochastic_rounding=true --set log.dir="$TMP/run")
+   --set train.param_dtype=bf16 --set optim.stochastic_rounding=true --set log.dir="$TMP/run"
+   --set log.tensorboard_dir="$TMP/tb")
 run "llama: checkpoints, durable copies, eval, samples, profile, selective, bf16" 0 "$ASAN" "$TMP/llama.json" "${L[@]}"
+ls "$TMP"/tb/events.out.tfevents.* >/dev/null 2>&1 || bad "llama: no TensorBoard event file in $TMP/tb"
 ls "$TMP/dur/step_00000006/manifest.json" >/dev/null 2>&1 || bad "llama: no durable step 6 ($(ls "$TMP/dur" 2>&1 | tr '\n' ' '))"
 run "llama: resumed from step 6 to 8" 0 "$ASAN" "$TMP/llama.json" "${L[@]}" --set train.steps=8
 grep -q "^resume: .*step_00000006 at step 6" "$TMP/llama: resumed from step 6 to 8.out" && grep -qE "^step +8/8 " "$TMP/llama: resumed from step 6 to 8.out" ||
