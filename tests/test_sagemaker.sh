@@ -216,7 +216,7 @@ mkdir -p "$TMP/fakesdk/sagemaker"
 echo 'raise ImportError("the dry run must not import sagemaker")' >"$TMP/fakesdk/sagemaker/__init__.py"
 if PYTHONPATH="$TMP/fakesdk" $PY scripts/sagemaker/launch.py --job configs/llama2_7b.json --image-uri 1.dkr.ecr/llmtrain:1 \
     --role arn:aws:iam::1:role/r --instance-count 16 --train s3://b/train --val s3://b/val --checkpoint-s3-uri s3://b/ck \
-    --set parallel.shard_degree=32 --dry-run >"$TMP/dry.json" 2>"$TMP/dry.err" &&
+    --set parallel.shard_degree=32 --tensorboard-s3-uri s3://b/tb --dry-run >"$TMP/dry.json" 2>"$TMP/dry.err" &&
    $PY - "$TMP/dry.json" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1])); e = d["estimator"]; hp = e["hyperparameters"]
@@ -227,9 +227,12 @@ assert hp["job"] == "configs/llama2_7b.json" and hp["parallel.shard_degree"] == 
 assert hp["optim.lr"] == "0.0003" and hp["model.n_layer"] == "32" and "data.train" not in hp, hp
 assert all(isinstance(v, str) for v in hp.values()), hp
 assert d["inputs"] == {"train": "s3://b/train", "val": "s3://b/val"} and d["world"] == 128, d
+# the TensorBoard sync of the folder the entry point writes its event files to
+assert e["tensorboard_output_config"] == {"s3_output_path": "s3://b/tb",
+                                          "container_local_output_path": "/opt/ml/output/tensorboard"}, e
 EOF
 then
-    ok "launch.py --dry-run: estimator arguments and inputs, sagemaker not imported"
+    ok "launch.py --dry-run: estimator arguments and inputs, the TensorBoard sync of /opt/ml/output/tensorboard, sagemaker not imported"
 else
     bad "launch.py --dry-run: $(cat "$TMP/dry.err") $(head -c 300 "$TMP/dry.json")"
 fi

@@ -83,6 +83,9 @@ def build(args):
     }
     if args.output_s3_uri:
         est["output_path"] = args.output_s3_uri
+    if args.tensorboard_s3_uri:  # the entry point's log.tensorboard_dir, synced while the job runs
+        est["tensorboard_output_config"] = {"s3_output_path": args.tensorboard_s3_uri,
+                                            "container_local_output_path": "/opt/ml/output/tensorboard"}
     ranks = args.ranks_per_host or GPUS.get(args.instance_type, 1)
     return est, inputs, args.instance_count * ranks
 
@@ -113,6 +116,8 @@ def main():
     ap.add_argument("--vocab", default="", help="S3 URI of the tokenizer table (channel vocab)")
     ap.add_argument("--checkpoint-s3-uri", required=True, help="S3 URI that /opt/ml/checkpoints is synced to")
     ap.add_argument("--output-s3-uri", default="", help="S3 URI for model.tar.gz and output.tar.gz")
+    ap.add_argument("--tensorboard-s3-uri", default="",
+                    help="S3 URI that the TensorBoard event files (/opt/ml/output/tensorboard) are synced to")
     ap.add_argument("--volume-size", type=int, default=500, help="GB of EBS per instance")
     ap.add_argument("--max-run-hours", type=float, default=120.0)
     ap.add_argument("--job-name", default="", help="base job name (default: the job file's name)")
@@ -130,6 +135,9 @@ def main():
     if not args.role:
         sys.exit("launch.py: --role (or SAGEMAKER_ROLE) is required")
     from sagemaker.estimator import Estimator  # only for a real launch
+    if "tensorboard_output_config" in est:
+        from sagemaker.debugger import TensorBoardOutputConfig
+        est["tensorboard_output_config"] = TensorBoardOutputConfig(**est["tensorboard_output_config"])
     Estimator(**est).fit(inputs=inputs, wait=args.wait)
     return 0
 
