@@ -94,14 +94,6 @@ static int errf(char *why, size_t n, const char *fmt, ...) {
     return -1;
 }
 
-static void parent_of(char *out, size_t n, const char *path) {
-    snprintf(out, n, "%s", path);
-    char *slash = strrchr(out, '/');
-    if (!slash) snprintf(out, n, ".");
-    else if (slash == out) out[1] = '\0';
-    else *slash = '\0';
-}
-
 static int write_all(int fd, const void *p, size_t n) {
     const char *b = p;
     while (n) {
@@ -135,7 +127,7 @@ static void writer_progress(CkptWriter *w, size_t n); /* (background writer, bel
 static int write_file(CkptWriter *w, const char *dst, const float *buf, size_t floats, const char *src, size_t die_after, int slow,
                       CkptJobResult *r) {
     char dir[PATH_BUF];
-    parent_of(dir, sizeof dir, dst);
+    path_parent(dir, sizeof dir, dst);
     if (mkdir_p_durable(dir) != 0) return errf(r->error, sizeof r->error, "%s: cannot create directory (%s)", dir, strerror(errno));
     int in = -1;
     unsigned char *tmp = NULL;

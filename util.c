@@ -145,18 +145,22 @@ int sync_dir(const char *dir) {
     return rc;
 }
 
+void path_parent(char *out, size_t n, const char *path) {
+    snprintf(out, n, "%s", path);
+    char *slash = strrchr(out, '/');
+    while (slash && slash > out && slash[1] == '\0') { /* "a/b/": the parent of b */
+        *slash = '\0';
+        slash = strrchr(out, '/');
+    }
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == out) out[1] = '\0';
+    else *slash = '\0';
+}
+
 int sync_parent(const char *path) {
     char dir[4096];
     if (strlen(path) >= sizeof dir) { errno = ENAMETOOLONG; return -1; }
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    while (slash && slash > dir && slash[1] == '\0') { /* "a/b/": the parent of b */
-        *slash = '\0';
-        slash = strrchr(dir, '/');
-    }
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
+    path_parent(dir, sizeof dir, path);
     return sync_dir(dir);
 }
 

@@ -75,6 +75,8 @@ int mkdir_p_durable(const char *path);
  * cannot sync a directory count as done). */
 int sync_dir(const char *dir);
 int sync_parent(const char *path);
+/* The directory holding path: "a/b" -> "a", "a/b/" -> "a", "b" -> ".", "/b" -> "/". */
+void path_parent(char *out, size_t n, const char *path);
 /* Wall clock in seconds (monotonic). */
 double now_s(void);
 /* Seconds since the Unix epoch (metrics.jsonl "time"). */
