@@ -58,6 +58,7 @@ typedef struct Trainer {
     double flops_per_token;
     int nonfinite_run;         /* consecutive skipped steps */
     int ck_deferred;           /* a periodic checkpoint fell on a skipped step */
+    int eval_stopped;          /* a stop request came during this step's evaluation */
     AdamWRange *opt_ranges;    /* what AdamW updates (opt_ranges_build) */
     uint64_t *opt_elem0;       /* per range: (tensor index << 40) + its first element in the tensor */
     int n_opt_ranges;
@@ -1121,22 +1122,41 @@ static void forward_only(Trainer *t, int on) {
         if (t->pslot[c] >= 0) die(EXIT_INTERNAL, "sharded eval: chunk %d still gathered after the forwards", c);
 }
 
+/* A stop request (SIGTERM, SIGUSR1) on any rank, agreed by all: a
+ * collective of the whole world. */
+static int stop_agreed(Trainer *t) {
+    double f = g_stop_signal != 0;
+    dist_allreduce_sum_f64(&t->dist, &f, 1);
+    return f > 0;
+}
+
+/* The mean validation loss over eval.batches micro-batches of ds; NaN, with
+ * t->eval_stopped set, when a stop request comes before the last of them:
+ * a long evaluation (a large model, many batches) must not hold up the
+ * checkpoint a preemption's grace period is for. */
 static double eval_loss(Trainer *t, const DataSet *ds) {
     double sum[2] = {0, 0};
     /* the same eval.batches micro-batches whatever the layout: dp rank r takes
-     * r, r+dp, ... Sharded, every rank runs as many forwards (the chunk
-     * gathers are collectives of the shard group): a rank whose batches ran
-     * out runs batch 0 again and does not count it. */
-    int dp = t->dist.dp, n = t->sharded ? (t->cfg.eval_batches + dp - 1) / dp : INT_MAX;
+     * r, r+dp, ... Every rank goes round as many times, for the stop check
+     * (a collective); sharded, every rank also runs as many forwards (the
+     * chunk gathers are collectives of the shard group): a rank whose
+     * batches ran out runs batch 0 again and does not count it. 64-bit: an
+     * eval.batches near 2^31 must not wrap the count to nothing. */
+    int64_t dp = t->dist.dp, n = ((int64_t)t->cfg.eval_batches + dp - 1) / dp;
     forward_only(t, 1);
-    for (int i = 0, j = t->dist.dp_rank; i < n; i++, j += dp) {
+    for (int64_t i = 0, j = t->dist.dp_rank; i < n; i++, j += dp) {
+        if (stop_agreed(t)) {
+            t->eval_stopped = 1;
+            break;
+        }
         int counted = j < t->cfg.eval_batches;
-        if (!counted && !t->sharded) break;
+        if (!counted && !t->sharded) continue;
         load_batch(t, ds, counted ? (uint64_t)j * (uint64_t)t->model.B : 0);
         model_forward(&t->model, t->tok, t->tgt);
         if (counted) { sum[0] += t->model.loss_sum; sum[1] += (double)t->model.n_targets; }
     }
     forward_only(t, 0);
+    if (t->eval_stopped) return NAN; /* every rank broke at the same batch */
     dist_allreduce_sum_f64(&t->dist, sum, 2); /* a TP group's ranks count the same targets */
     return sum[1] > 0 ? sum[0] / sum[1] : NAN;
 }
@@ -1209,18 +1229,22 @@ static void print_sample(Trainer *t, int step) {
         } else if (is_root(t)) {
             model_logits_to_host(m, last, 1, row);
         }
-        int next = is_root(t) ? pick_token(t, row, V) : 0;
-        if (t->sharded || tp > 1) { /* share the choice: only rank 0 contributes (host memory: a float64 sum) */
-            double f = (double)next;
-            if (t->sharded) dist_allreduce_sum_f64(&t->dist, &f, 1);
-            else dist_tp_allreduce_sum_f64(&t->dist, &f, 1);
-            next = (int)f;
+        /* the choice, and whether rank 0 was asked to stop (the sample then
+         * ends here; the caller agrees on the stop with every rank) */
+        double f[2] = {is_root(t) ? (double)pick_token(t, row, V) : 0, is_root(t) && g_stop_signal != 0};
+        if (t->sharded || tp > 1) { /* shared: only rank 0 contributes (host memory: float64 sums) */
+            if (t->sharded) dist_allreduce_sum_f64(&t->dist, f, 2);
+            else dist_tp_allreduce_sum_f64(&t->dist, f, 2);
         }
-        ctx[n] = next;
+        ctx[n] = (int)f[0];
+        if (f[1] > 0) {
+            total = n + 1;
+            break;
+        }
     }
     forward_only(t, 0);
     if (is_root(t)) {
-        printf("--- sample ---\n");
+        printf("--- sample%s ---\n", total < prompt + c->sample_tokens ? " (cut short: stop requested)" : "");
         for (int n = 0; n < total; n++) {
             if (n == prompt) printf("%s", t->have_vocab ? "" : "| ");
             if (t->have_vocab) vocab_print(&t->vocab, ctx[n], stdout);
@@ -2124,6 +2148,11 @@ static void load_job(Trainer *t, int argc, char **argv, int *world, const char *
 static int train(int argc, char **argv) {
     static Trainer tr;
     Trainer *t = &tr;
+    /* from the start: a stop request during start-up (a rendezvous, a long
+     * load) is answered before the first step, not by the signal's default
+     * action (SIGUSR1's, what the launchers send mpirun, kills) */
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
     dist_init(&t->dist, &argc, &argv);
     die_replicated(t->dist.rank != 0); /* the job file and the layout: one error line per job */
     load_job(t, argc, argv, NULL, "llmtrain job.json [--set key=value ...]");
@@ -2190,8 +2219,20 @@ static int train(int argc, char **argv) {
     if (t->step_base >= c->steps && is_root(t))
         printf("resume: the checkpoint is at step %d and train.steps is %d: nothing to train (raise train.steps to continue)\n",
                t->step_base, c->steps);
-    signal(SIGTERM, on_stop_signal);
-    signal(SIGUSR1, on_stop_signal);
+    if (t->step_base < c->steps && stop_agreed(t)) {
+        /* asked to stop before the first step: the newest checkpoint (or
+         * none, for a new run) is already where a restart begins */
+        if (is_root(t))
+            fprintf(stderr, "llmtrain: stopped by signal during start-up, before step %d; nothing new to checkpoint, exiting %d\n",
+                    t->step_base + 1, EXIT_STOPPED);
+        ck_drain(t); /* a durable copy the start made again */
+        ckpt_writer_free(t->ckw);
+        if (t->metrics) fclose_check(t->metrics, "metrics.jsonl");
+        tb_close(&t->tb);
+        dist_phase(&t->dist, t->step_base, "finalize");
+        dist_finalize(&t->dist);
+        return EXIT_STOPPED;
+    }
     int stopped = 0;
     for (int step = t->step_base; step < c->steps; step++) {
         dist_phase(&t->dist, step + 1, "forward");
@@ -2218,8 +2259,9 @@ static int train(int argc, char **argv) {
          * state that exit 4 is about to roll back: take it at the next good step */
         t->ck_deferred = save && !last && !stop && t->nonfinite_run > 0;
         if (t->ck_deferred) save = 0;
-        /* evaluation only when it has work: a validation loss or a sample */
-        eval = eval && ((t->have_val && c->eval_batches > 0) || c->sample_tokens > 0);
+        /* evaluation only when it has work (a validation loss or a sample)
+         * and no stop was asked for: the checkpoint comes first */
+        eval = eval && !stop && ((t->have_val && c->eval_batches > 0) || c->sample_tokens > 0);
         if (t->nonfinite_run >= c->max_nonfinite_steps) {
             log_step(t, &s);
             if (is_root(t)) fprintf(stderr, "llmtrain: %d consecutive steps with non-finite loss or gradients (step %d); exiting\n",
@@ -2239,12 +2281,25 @@ static int train(int argc, char **argv) {
         if (eval && t->have_val && c->eval_batches > 0) {
             s.val_loss = eval_loss(t, &t->val);
             /* a blend: also each source alone, on its own first eval.batches */
-            for (int i = 0; i < t->val.n_src; i++) s.val_src[i] = eval_loss(t, &t->val.src[i]);
-            s.n_val_src = t->val.n_src;
+            for (int i = 0; i < t->val.n_src && !t->eval_stopped; i++) s.val_src[i] = eval_loss(t, &t->val.src[i]);
+            s.n_val_src = t->eval_stopped ? 0 : t->val.n_src;
+            if (t->eval_stopped) { /* no partial loss, no sample */
+                s.val_loss = NAN;
+                if (is_root(t)) fprintf(stderr, "llmtrain: stop requested during the evaluation after step %d; evaluation abandoned\n", step + 1);
+            }
         }
         log_step(t, &s);
         if (step == t->prof_last) print_profile(t);
-        if (eval) print_sample(t, step + 1);
+        if (eval && !t->eval_stopped) print_sample(t, step + 1);
+        /* asked to stop while evaluating or sampling: this step's checkpoint
+         * now (if it was not taking one), not after another step */
+        if (eval && (t->eval_stopped || stop_agreed(t))) {
+            stop = 1;
+            if (!save) {
+                dist_phase(&t->dist, step + 1, "checkpoint");
+                ck_begin(t, step + 1);
+            }
+        }
         if (stop && !last) {
             stopped = 1;
             break;

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -40,8 +41,14 @@ void die_format(char *line, size_t n, const char *fmt, va_list ap) {
 void die(int code, const char *fmt, ...) {
     /* An error every rank meets alike is rank 0's to print: when it fails
      * too, mpirun ends this rank during the wait and the job says it once;
-     * an error of this rank alone (a file missing on its host) still shows. */
-    if (g_linger) sleep(3);
+     * an error of this rank alone (a file missing on its host) still shows.
+     * mpirun ends it with SIGTERM: the trainer's stop handler (which would
+     * cut the sleep short and print) gives way to the default action. */
+    if (g_linger) {
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGUSR1, SIG_DFL);
+        sleep(3);
+    }
     /* one write: the lines of ranks that fail together into one stderr do
      * not interleave */
     char line[4096];

@@ -4,7 +4,8 @@
 # (losses and exported weights), on 1 rank and sharded on 2 and 4; a chain
 # tp2 x FULL_SHARD 2 (4 ranks) -> 1 rank -> 2 ranks HYBRID_SHARD continues the
 # uninterrupted losses within reduction-order tolerance; SIGTERM writes a
-# checkpoint and exits 143; durable_dir holds a second complete copy that
+# checkpoint and exits 143, during an evaluation (abandoned) or a sample (cut
+# short) too; durable_dir holds a second complete copy that
 # resume falls back to, verified against the manifest's checksums, made again
 # by the next start when it was cut off, and whose failure for the final
 # checkpoint is exit 3; keep_last never prunes the checkpoint just written;
@@ -237,6 +238,38 @@ for sig in TERM USR1; do
     if [ $rc -eq 143 ] && [ -n "$k" ] && grep -q "stopped by signal after step" "$TMP/sig$sig.out"; then ok "SIG$sig: exit 143 after writing $k"
     else bad "SIG$sig: rc $rc, checkpoints '$k': $(tail -2 "$TMP/sig$sig.out")"; fi
 done
+
+# ---- a stop during an evaluation or a sample: checkpoint of that step, exit 143 ----
+# stop_during NAME ARGS...: 2 ranks train into $TMP/NAME (3000 steps, no
+# periodic checkpoints) and get SIGUSR1 through mpirun (which passes it on)
+# 2 s after the first step's line; sets rc (137: still running 30 s later)
+stop_during() {
+    local name=$1 pid; shift
+    $MPIRUN 2 $BIN "$TMP/job.json" --set log.dir="$TMP/$name" --set train.steps=3000 --set checkpoint.every_steps=0 "$@" \
+        >"$TMP/$name.out" 2>&1 &
+    pid=$!
+    for _ in $(seq 400); do n=$(grep -c '"loss"' "$TMP/$name/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 1 ] && break; sleep 0.05; done
+    sleep 2
+    kill -USR1 $pid
+    for _ in $(seq 300); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+    kill -0 $pid 2>/dev/null && { kill -KILL $pid; echo "(still running 30 s after SIGUSR1: killed)" >>"$TMP/$name.out"; }
+    wait $pid; rc=$?
+}
+stopped_at() { echo "rc $rc, checkpoints '$(ls "$TMP/$1/checkpoints" 2>/dev/null | tr '\n' ' ')', $(grep -c '"loss"' "$TMP/$1/metrics.jsonl") steps: $(tail -2 "$TMP/$1.out")"; }
+# FULL_SHARD; eval.batches 2^31 - 1 at step 2 keeps the evaluation running
+# until the signal (its per-rank count once wrapped to nothing: no evaluation)
+stop_during sigeval --set data.val="$TMP/train.bin" --set parallel.strategy=FULL_SHARD --set eval.every_steps=2 --set eval.batches=2147483647
+if [ $rc -eq 143 ] && [ "$(ls "$TMP/sigeval/checkpoints")" = step_00000002 ] &&
+   grep -q "stop requested during the evaluation after step 2; evaluation abandoned" "$TMP/sigeval.out" &&
+   [ "$(grep -c '"loss"' "$TMP/sigeval/metrics.jsonl")" -eq 2 ] && ! grep -q '"val_loss"' "$TMP/sigeval/metrics.jsonl"; then
+    ok "SIGUSR1 to mpirun during step 2's evaluation (2 ranks, FULL_SHARD): evaluation abandoned, no val_loss logged, step_00000002 written, exit 143"
+else bad "SIGUSR1 during an evaluation: $(stopped_at sigeval)"; fi
+# NO_SHARD: rank 0 samples alone; 2^20 tokens take a minute and more
+stop_during sigsmp --set parallel.strategy=NO_SHARD --set eval.every_steps=2 --set eval.sample_tokens=1048576
+if [ $rc -eq 143 ] && [ "$(ls "$TMP/sigsmp/checkpoints")" = step_00000002 ] && grep -q -- "--- sample (cut short: stop requested) ---" "$TMP/sigsmp.out" &&
+   [ "$(grep -c '"loss"' "$TMP/sigsmp/metrics.jsonl")" -eq 2 ]; then
+    ok "SIGUSR1 to mpirun during step 2's sample (2 ranks, NO_SHARD): sample cut short, step_00000002 written, exit 143"
+else bad "SIGUSR1 during a sample: $(stopped_at sigsmp)"; fi
 
 # ---- every_minutes: checkpoints by the clock ----
 run clock 1 --set checkpoint.every_steps=0 --set checkpoint.every_minutes=0.00001 --set train.steps=6

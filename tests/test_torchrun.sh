@@ -7,7 +7,8 @@
 # the same in any order); 4-member groups match one rank within fp32
 # reduction order and repeat bit for bit. A rank that dies or hangs, a rank
 # that never arrives and bad variables end every rank promptly with one line
-# each; a killed run restarts under scripts/run_resilient.sh and finishes
+# each; a stop request (SIGUSR1) during the rendezvous ends both ranks with 143
+# before step 1; a killed run restarts under scripts/run_resilient.sh and finishes
 # bit-identical to an uninterrupted one; MASTER_PORT held by the launcher's
 # own store (TORCHELASTIC_USE_AGENT_STORE=True) moves the rendezvous to
 # MASTER_PORT + 1; the ranks per node come from LOCAL_WORLD_SIZE, else from
@@ -95,6 +96,25 @@ if [ "$(cat "$TMP/absent.rc."{0,1,2} | tr '\n' ,)" = "6,6,6," ] && grep -q "rank
    grep -q "rank 3 never arrived" "$TMP/absent.1.out" && [ "$(wc -l <"$TMP/absent.1.out")" -eq 1 ] && (($(echo "$dt < 6" | bc))); then
     ok "rank 3 never starts: ranks 0-2 exit 6 after LLMTRAIN_RDZV_TIMEOUT_S=2 (${dt%???????} s), one line naming it"
 else bad "absent rank: $(cat "$TMP/absent.rc."{0,1,2} | tr '\n' ,) ${dt} s: $(cat "$TMP/absent.0.out" "$TMP/absent.1.out" | head -3)"; fi
+
+# a stop request during start-up: rank 0 gets SIGUSR1 while it waits in the
+# rendezvous for rank 1 (which starts a second later); both exit 143 before
+# a step, with nothing written (SIGUSR1's default action once killed rank 0)
+port=$(free_port)
+startup() { RANK=$1 WORLD_SIZE=2 LOCAL_RANK=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LLMTRAIN_RDZV_TIMEOUT_S=30 \
+    $BIN "$TMP/llama.json" --set log.dir="$TMP/early" >"$TMP/early.$1.out" 2>&1; echo $? >"$TMP/early.rc.$1"; }
+startup 0 &
+p0=$!
+sleep 1
+pkill -USR1 -f "^$BIN $TMP/llama.json --set log.dir=$TMP/early"
+sleep 0.5
+startup 1
+wait $p0
+if [ "$(cat "$TMP/early.rc.0" "$TMP/early.rc.1" | tr '\n' ,)" = "143,143," ] &&
+   grep -q "stopped by signal during start-up, before step 1; nothing new to checkpoint, exiting 143" "$TMP/early.0.out" &&
+   ! grep -q '"loss"' "$TMP/early/metrics.jsonl" 2>/dev/null && [ -z "$(ls -A "$TMP/early/checkpoints" 2>/dev/null)" ]; then
+    ok "SIGUSR1 to rank 0 in the rendezvous: both ranks exit 143 before step 1, no step, no checkpoint"
+else bad "stop during start-up: codes $(cat "$TMP/early.rc.0" "$TMP/early.rc.1" | tr '\n' ,) $(cat "$TMP/early.0.out" | grep llmtrain: | head -2)"; fi
 
 # bad variables: exit 2, one line
 for spec in "RANK=4 WORLD_SIZE=4 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500|RANK=4 is out of range (expected an integer in 0..3 for WORLD_SIZE=4)" \
