@@ -1,7 +1,7 @@
 #!/bin/bash
 # scripts/run_resilient.sh — automatic recovery for a training run.
 #
-#   scripts/run_resilient.sh [--max-restarts N] [--delay S] [--metrics FILE] [--] COMMAND [ARG...]
+#   scripts/run_resilient.sh [--max-restarts N] [--delay S] [--metrics FILE] [--stop-signal SIG] [--] COMMAND [ARG...]
 #   scripts/run_resilient.sh --max-restarts 10 -- mpirun -np 8 ./llmtrain job.json
 #
 # Runs COMMAND; when it exits non-zero, runs it again after S seconds, up to
@@ -9,8 +9,12 @@
 # (checkpoint.resume "auto"), so each attempt continues where the last
 # complete checkpoint left off. Not restarted: exit 0 (done), 2 (bad input:
 # a rerun fails the same way), 126 and 127 (the command cannot run) and 143 (stopped on request by SIGTERM or
-# SIGUSR1, or this launcher was told to stop: it forwards SIGTERM/SIGINT to
-# the command and exits with its code). Every attempt sees
+# SIGUSR1), or this launcher was told to stop by SIGTERM, SIGINT or SIGUSR1:
+# it sends the command its stop signal and exits with the command's code.
+# The stop signal is SIGUSR1 when the command is mpirun, mpiexec, orterun or
+# prterun (Open MPI passes SIGUSR1 on to every rank; it answers SIGTERM by
+# killing the ranks, SIGKILL 1 s after SIGTERM, too soon for a checkpoint,
+# and exits 1), else SIGTERM; --stop-signal TERM or USR1 chooses. Every attempt sees
 # LLMTRAIN_ATTEMPT=1, 2, ... (the fault hook's attempt= key; forward it with
 # mpirun -x across hosts).
 #
@@ -26,22 +30,28 @@ set -u
 max_restarts=${LLMTRAIN_MAX_RESTARTS:-3}
 delay=${LLMTRAIN_RESTART_DELAY_S:-1}
 metrics=""
-usage() { echo "usage: scripts/run_resilient.sh [--max-restarts N] [--delay S] [--metrics FILE] [--] COMMAND [ARG...]" >&2; exit 2; }
+stop_sig=""
+usage() { echo "usage: scripts/run_resilient.sh [--max-restarts N] [--delay S] [--metrics FILE] [--stop-signal SIG] [--] COMMAND [ARG...]" >&2; exit 2; }
 fail() { echo "run_resilient: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --max-restarts) [ $# -ge 2 ] || usage; max_restarts=$2; shift 2 ;;
         --delay) [ $# -ge 2 ] || usage; delay=$2; shift 2 ;;
         --metrics) [ $# -ge 2 ] || usage; metrics=$2; shift 2 ;;
+        --stop-signal) [ $# -ge 2 ] || usage; stop_sig=${2#SIG}; shift 2 ;;
         --) shift; break ;;
         -h|--help) usage ;;
-        -*) fail "unknown option '$1' (expected --max-restarts, --delay, --metrics or --)" ;;
+        -*) fail "unknown option '$1' (expected --max-restarts, --delay, --metrics, --stop-signal or --)" ;;
         *) break ;;
     esac
 done
 [ $# -ge 1 ] || usage
 [[ "$max_restarts" =~ ^[0-9]+$ ]] || fail "--max-restarts '$max_restarts': expected a whole number >= 0"
 [[ "$delay" =~ ^[0-9]+([.][0-9]+)?$ ]] || fail "--delay '$delay': expected seconds >= 0"
+if [ -z "$stop_sig" ]; then
+    case "${1##*/}" in mpirun|mpiexec|orterun|prterun) stop_sig=USR1 ;; *) stop_sig=TERM ;; esac
+fi
+[ "$stop_sig" = TERM ] || [ "$stop_sig" = USR1 ] || fail "--stop-signal '$stop_sig': expected TERM or USR1"
 
 meaning() {
     case "$1" in
@@ -54,8 +64,10 @@ meaning() {
 }
 
 start_wall=$(date +%s.%N)
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+log=$tmp/metrics-lines
+status=$tmp/status
 # stdout passes through a filter, line by line as it comes, that keeps only
 # llmtrain's "metrics:" lines in $log: a copy of all of it would grow in
 # $TMPDIR (often a tmpfs, so memory) for as long as the run lasts, weeks of
@@ -65,20 +77,38 @@ exec 3>&1
 exec > >(perl -e '$| = 1; open(my $k, ">>", shift) or die "run_resilient: $!\n";
                   while (<STDIN>) { print; if (/^metrics: /) { print $k $_; $k->flush } }' "$log" >&3)
 filter_pid=$!
+# Each attempt runs under a small runner that writes the command's exit code
+# to $status: bash's wait, interrupted by the stop signal's trap at the
+# moment the command exits, returns 128 + the signal, and a second wait can
+# hang. The runner sends the command its stop signal on the first SIGTERM or
+# SIGUSR1 it gets (SIGINT stays ignored, as for any background job of a
+# script) and exits with the command's code.
+runner='my $st = shift; my $sig = shift; my ($pid, $stop);
+$SIG{TERM} = $SIG{USR1} = sub { kill $sig, $pid if $pid && !$stop; $stop = 1 };
+$pid = fork;
+defined $pid or die "run_resilient: fork: $!\n";
+if (!$pid) { $SIG{TERM} = $SIG{USR1} = "DEFAULT"; exec { $ARGV[0] } @ARGV;
+             print STDERR "run_resilient: $ARGV[0]: $!\n"; exit($!{ENOENT} ? 127 : 126) }
+kill $sig, $pid if $stop;
+waitpid($pid, 0);
+my $rc = $? & 127 ? 128 + ($? & 127) : $? >> 8;
+if (open(my $f, ">", $st)) { print $f "$rc\n"; close $f }
+exit $rc;'
 child=""
 stopping=0
 on_stop() {
     stopping=1
     [ -n "$child" ] && kill -TERM "$child" 2>/dev/null
 }
-trap on_stop TERM INT
+trap on_stop TERM INT USR1
 
 attempt=0
 rc=1
 while :; do
     attempt=$((attempt + 1))
     t0=$(date +%s.%N)
-    LLMTRAIN_ATTEMPT=$attempt "$@" &
+    rm -f "$status"
+    LLMTRAIN_ATTEMPT=$attempt perl -e "$runner" "$status" "$stop_sig" "$@" &
     child=$!
     while :; do
         wait "$child"; rc=$?
@@ -86,6 +116,9 @@ while :; do
         kill -0 "$child" 2>/dev/null || break
     done
     child=""
+    # the command's own code: when a stop signal came as it exited, wait's
+    # code is the signal's, not the command's (none if the runner was killed)
+    [ -s "$status" ] && rc=$(cat "$status")
     secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     [ "$rc" -eq 0 ] && break
     if [ "$stopping" = 1 ] || [ "$rc" -eq 143 ]; then

@@ -137,6 +137,28 @@ else
 fi
 for h in 1 2; do echo '{"job": "job.json"}' >"$TMP/h$h/ml/input/config/hyperparameters.json"; done
 
+# 3c. SageMaker stops the job: SIGTERM to the entry point on both hosts (each
+# container's process 1) while it trains; each rank's checkpoint takes ~2 s
+# (kind=ckpt_slow), longer than the 1 s mpirun gives its ranks after a SIGTERM
+for h in 1 2; do echo '{"job": "job.json", "train.steps": "100000", "checkpoint.every_steps": "0"}' >"$TMP/h$h/ml/input/config/hyperparameters.json"; done
+rm -rf "$TMP/h1/ml/checkpoints" "$TMP/h1/ml/output"
+(sm_job stop LLMTRAIN_FAULT="step=1-1000000,kind=ckpt_slow"; echo "$rc $wrc" >"$TMP/stop.rc") &
+spid=$!
+for _ in $(seq 600); do n=$(grep -c '"loss"' "$TMP/h1/ml/output/data/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 5 ] && break; sleep 0.05; done
+pkill -TERM -f '^/usr/bin/python3 scripts/sagemaker/train'
+wait $spid
+read -r rc wrc <"$TMP/stop.rc"
+f=$TMP/h1/ml/output/failure
+k=$(ls "$TMP/h1/ml/checkpoints" 2>/dev/null)
+if [ "$rc" -eq 143 ] && [ "$wrc" -eq 0 ] && [ "$(echo "$k" | wc -w)" -eq 1 ] && [ -f "$TMP/h1/ml/checkpoints/$k/manifest.json" ] &&
+   [ "$(ls "$TMP/h1/ml/checkpoints/$k" | grep -c '^rank_')" -eq 2 ] && grep -q "waiting for its daemon to finish" "$TMP/stop.worker" &&
+   grep -q "stopped by signal after step $((10#${k#step_})); checkpoint written, exiting 143" "$f"; then
+    ok "SIGTERM to both hosts' entry points: SIGUSR1 through mpirun, both ranks' files of $k written and copied to the durable folder, leader exit 143, worker 0"
+else
+    bad "stopping the 2-host job: leader rc=$rc worker rc=$wrc checkpoints '$k' failure='$(cat "$f" 2>/dev/null)' $(tail -2 "$TMP/stop.worker")"
+fi
+for h in 1 2; do echo '{"job": "job.json"}' >"$TMP/h$h/ml/input/config/hyperparameters.json"; done
+
 # 4. the same kill under plain mpirun
 t0=$(date +%s)
 LLMTRAIN_FAULT="rank=1,step=3,kind=die" timeout 90 ip netns exec $NS1 $MH -x LLMTRAIN_FAULT $BIN "$TMP/job.json" \

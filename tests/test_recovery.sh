@@ -7,7 +7,8 @@
 # NaN gradients for max_nonfinite_steps steps, a corrupted shard file and a
 # truncated manifest found at the restart, and a full local disk (a small
 # tmpfs) with a durable copy. Also: goodput recomputed from metrics.jsonl,
-# no restart after bad input, SIGTERM forwarded and not restarted,
+# no restart after bad input, SIGTERM forwarded and not restarted, the
+# command's own code when a stop comes as it exits,
 # --max-restarts honoured.
 . "$(dirname "$0")/lib.sh"
 RES="$PWD/scripts/run_resilient.sh"
@@ -144,7 +145,7 @@ fi
 # of step lines; the command reads it and the launcher's output before it exits)
 mkdir -p "$TMP/rtmp"
 TMPDIR="$TMP/rtmp" "$RES" --delay 0 -- bash -c '"$0" "$1" --set log.dir="$2" --set train.steps=300 --set parallel.strategy=NO_SHARD \
-    --set checkpoint.every_steps=0; rc=$?; sleep 0.5; cat "$TMPDIR"/* >"$3"; grep -c "^step" "$4" >"$3.live"; exit $rc' \
+    --set checkpoint.every_steps=0; rc=$?; sleep 0.5; cat "$TMPDIR"/*/* >"$3"; grep -c "^step" "$4" >"$3.live"; exit $rc' \
     "$BIN" "$TMP/job.json" "$TMP/quiet" "$TMP/quiet.kept" "$TMP/quiet.out" >"$TMP/quiet.out" 2>&1; rc=$?
 if [ $rc -eq 0 ] && [ "$(cat "$TMP/quiet.kept")" = "metrics: $TMP/quiet/metrics.jsonl" ] && [ "$(cat "$TMP/quiet.kept.live")" = 300 ] &&
    [ "$(grep -c '^step' "$TMP/quiet.out")" -eq 300 ] && [ -z "$(ls -A "$TMP/rtmp")" ]; then
@@ -165,6 +166,40 @@ if [ $rc -eq 143 ] && grep -q "stopped on request (exit 143)" "$TMP/term.out" &&
    [ "$(grep -c '^metrics: ' "$TMP/term.out")" -eq 1 ]; then
     ok "SIGTERM to the launcher: forwarded, checkpoint written, exit 143, no restart"
 else bad "SIGTERM: rc $rc: $(tail -3 "$TMP/term.out")"; fi
+# over mpirun, whose answer to SIGTERM is SIGKILL for every rank 1 s later:
+# the launcher's SIGTERM (and SIGUSR1, Slurm's --signal=B:USR1) reaches the
+# ranks as SIGUSR1, and a checkpoint that takes ~2 s (kind=ckpt_slow) is
+# written; mpirun exits 143
+for sig in TERM USR1; do
+    LLMTRAIN_FAULT="step=1-100000,kind=ckpt_slow" "$RES" --delay 0 -- $MPIRUN 2 "$BIN" "$TMP/job.json" --set log.dir="$TMP/mpi$sig" \
+        --set train.steps=100000 --set checkpoint.every_steps=0 >"$TMP/mpi$sig.out" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do n=$(grep -c '"loss"' "$TMP/mpi$sig/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 5 ] && break; sleep 0.05; done
+    kill -$sig $pid; wait $pid; rc=$?
+    k=$(ls "$TMP/mpi$sig/checkpoints" 2>/dev/null)
+    if [ $rc -eq 143 ] && [ "$(echo "$k" | wc -w)" -eq 1 ] && [ -f "$TMP/mpi$sig/checkpoints/$k/manifest.json" ] &&
+       grep -q "stopped on request (exit 143)" "$TMP/mpi$sig.out" && grep -q "$k complete | .* in [1-9][.0-9]* s" "$TMP/mpi$sig.out"; then
+        ok "SIG$sig to the launcher over mpirun 2: SIGUSR1 to mpirun, $k written in $(grep -o "$k complete | .* in [.0-9]* s" "$TMP/mpi$sig.out" | grep -o '[.0-9]* s$'), exit 143"
+    else bad "SIG$sig over mpirun: rc $rc, checkpoints '$k': $(grep -E 'run_resilient|llmtrain:' "$TMP/mpi$sig.out" | head -3)"; fi
+done
+"$RES" --stop-signal HUP -- true 2>"$TMP/opt.err"; rc=$?
+if [ $rc -eq 2 ] && grep -q "expected TERM or USR1" "$TMP/opt.err"; then ok "--stop-signal HUP: exit 2, one line"
+else bad "--stop-signal HUP: rc $rc $(cat "$TMP/opt.err")"; fi
+
+# a stop that comes as the command exits: the launcher exits with the
+# command's code, not with the 143 of its own wait interrupted by the trap
+# (the command signals the launcher, then exits at once, three times over;
+# it ignores the SIGTERM passed back to it, which could otherwise end it
+# first, with 143 of its own)
+for i in 1 2 3; do
+    rm -f "$TMP/res.pid"
+    "$RES" --delay 0 -- sh -c 'trap "" TERM; while [ ! -s "$0" ]; do sleep 0.02; done; kill -TERM "$(cat "$0")"; exit 5' "$TMP/res.pid" \
+        >"$TMP/race$i.out" 2>&1 &
+    echo $! >"$TMP/res.pid"; wait $!; echo $? >"$TMP/race$i.rc"
+done
+if [ "$(cat "$TMP"/race[123].rc | tr '\n' ' ')" = "5 5 5 " ] && [ "$(grep -l 'stopped on request (exit 5)' "$TMP"/race[123].out | wc -l)" -eq 3 ]; then
+    ok "a stop as the command exits with 5: the launcher exits with 5 (three times), not the 143 of its interrupted wait"
+else bad "stop as the command exits: codes $(cat "$TMP"/race[123].rc | tr '\n' ' '): $(tail -2 "$TMP/race1.out")"; fi
 "$RES" --delay 0 -- "$TMP/no-such-binary" >"$TMP/nf.out" 2>&1; rc=$?
 if [ $rc -eq 127 ] && [ "$(grep -c '^run_resilient: attempt' "$TMP/nf.out")" -eq 1 ]; then ok "command not found: exit 127 after one attempt"
 else bad "command not found: rc $rc: $(cat "$TMP/nf.out")"; fi
