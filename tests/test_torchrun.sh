@@ -105,7 +105,9 @@ startup() { RANK=$1 WORLD_SIZE=2 LOCAL_RANK=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT
     $BIN "$TMP/llama.json" --set log.dir="$TMP/early" >"$TMP/early.$1.out" 2>&1; echo $? >"$TMP/early.rc.$1"; }
 startup 0 &
 p0=$!
-sleep 1
+# until rank 0 listens on MASTER_PORT (in the rendezvous, its handlers long installed)
+for _ in $(seq 200); do grep -q ":$(printf '%04X' "$port") 00000000:0000 0A" /proc/net/tcp && break; sleep 0.05; done
+sleep 0.2
 pkill -USR1 -f "^$BIN $TMP/llama.json --set log.dir=$TMP/early"
 sleep 0.5
 startup 1
