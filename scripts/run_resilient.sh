@@ -68,13 +68,17 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 log=$tmp/metrics-lines
 status=$tmp/status
+stopped=$tmp/stopped
 # stdout passes through a filter, line by line as it comes, that keeps only
 # llmtrain's "metrics:" lines in $log: a copy of all of it would grow in
 # $TMPDIR (often a tmpfs, so memory) for as long as the run lasts, weeks of
 # step lines and samples, and stay behind if this launcher is SIGKILLed.
 # (perl-base is part of every Debian system; mawk would hold the lines back.)
+# It ignores the stop signals: sent to the whole process group (Ctrl-C at a
+# terminal), they would end it, and the command's next line would meet a
+# closed pipe (SIGPIPE) instead of its checkpoint; it ends at end of file.
 exec 3>&1
-exec > >(perl -e '$| = 1; open(my $k, ">>", shift) or die "run_resilient: $!\n";
+exec > >(perl -e '$SIG{INT} = $SIG{TERM} = $SIG{USR1} = "IGNORE"; $| = 1; open(my $k, ">>", shift) or die "run_resilient: $!\n";
                   while (<STDIN>) { print; if (/^metrics: /) { print $k $_; $k->flush } }' "$log" >&3)
 filter_pid=$!
 # Each attempt runs under a small runner that writes the command's exit code
@@ -82,14 +86,19 @@ filter_pid=$!
 # moment the command exits, returns 128 + the signal, and a second wait can
 # hang. The runner sends the command its stop signal on the first SIGTERM or
 # SIGUSR1 it gets (SIGINT stays ignored, as for any background job of a
-# script) and exits with the command's code.
-runner='my $st = shift; my $sig = shift; my ($pid, $stop);
+# script) and exits with the command's code. A stop that came before the
+# launcher knew the runner's pid is in the file $stopped: the runner does not
+# start the command then, or stops it at once. (Signalling the runner that
+# early could reach the shell bash forked for it before it became perl,
+# which runs this script's traps, EXIT's removal of $tmp included.)
+runner='my $st = shift; my $sig = shift; my $stopped = shift; my ($pid, $stop);
 $SIG{TERM} = $SIG{USR1} = sub { kill $sig, $pid if $pid && !$stop; $stop = 1 };
+exit 143 if -e $stopped;
 $pid = fork;
 defined $pid or die "run_resilient: fork: $!\n";
 if (!$pid) { $SIG{TERM} = $SIG{USR1} = "DEFAULT"; exec { $ARGV[0] } @ARGV;
              print STDERR "run_resilient: $ARGV[0]: $!\n"; exit($!{ENOENT} ? 127 : 126) }
-kill $sig, $pid if $stop;
+kill $sig, $pid if $stop || -e $stopped;
 waitpid($pid, 0);
 my $rc = $? & 127 ? 128 + ($? & 127) : $? >> 8;
 if (open(my $f, ">", $st)) { print $f "$rc\n"; close $f }
@@ -98,6 +107,7 @@ child=""
 stopping=0
 on_stop() {
     stopping=1
+    : >"$stopped"
     [ -n "$child" ] && kill -TERM "$child" 2>/dev/null
 }
 trap on_stop TERM INT USR1
@@ -108,7 +118,7 @@ while :; do
     attempt=$((attempt + 1))
     t0=$(date +%s.%N)
     rm -f "$status"
-    LLMTRAIN_ATTEMPT=$attempt perl -e "$runner" "$status" "$stop_sig" "$@" &
+    LLMTRAIN_ATTEMPT=$attempt perl -e "$runner" "$status" "$stop_sig" "$stopped" "$@" &
     child=$!
     while :; do
         wait "$child"; rc=$?

@@ -182,6 +182,37 @@ for sig in TERM USR1; do
         ok "SIG$sig to the launcher over mpirun 2: SIGUSR1 to mpirun, $k written in $(grep -o "$k complete | .* in [.0-9]* s" "$TMP/mpi$sig.out" | grep -o '[.0-9]* s$'), exit 143"
     else bad "SIG$sig over mpirun: rc $rc, checkpoints '$k': $(grep -E 'run_resilient|llmtrain:' "$TMP/mpi$sig.out" | head -3)"; fi
 done
+# a stop sent to the launcher's whole process group: SIGINT (Ctrl-C at a
+# terminal) and SIGTERM (a supervisor that signals process groups). The
+# launcher runs in its own group here, with SIGINT's default action, as a
+# foreground command has it (a background job of this script would ignore
+# it). Its output filter once died of the SIGTERM: the run's stdout after
+# it, the checkpoint line, was lost (a command that does not ignore SIGPIPE
+# died of it: exit 141).
+for sig in INT TERM; do
+    $PY -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.setsid(); os.execv(sys.argv[1], sys.argv[1:])' \
+        "$RES" --delay 0 -- "$BIN" "$TMP/job.json" --set log.dir="$TMP/pg$sig" --set train.steps=100000 --set parallel.strategy=NO_SHARD \
+        --set checkpoint.every_steps=0 >"$TMP/pg$sig.out" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do n=$(grep -c '"loss"' "$TMP/pg$sig/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 5 ] && break; sleep 0.05; done
+    kill -$sig -- -$pid; wait $pid; rc=$?
+    if [ $rc -eq 143 ] && ls "$TMP/pg$sig/checkpoints" | grep -q step_ && grep -q "stopped on request (exit 143)" "$TMP/pg$sig.out" &&
+       grep -q "^checkpoint: .*/step_[0-9]* complete" "$TMP/pg$sig.out"; then
+        ok "SIG$sig to the launcher's process group: checkpoint written, its line passed through, exit 143"
+    else bad "SIG$sig to the process group: rc $rc, checkpoints '$(ls "$TMP/pg$sig/checkpoints" 2>/dev/null)': $(tail -2 "$TMP/pg$sig.out")"; fi
+done
+# a stop that comes while the launcher prepares an attempt, before it knows
+# the command's pid (here an rm that takes a second), is not lost: the
+# command is not started (it once ran to its end, exit 0)
+mkdir -p "$TMP/slowbin"
+printf '#!/bin/sh\nsleep 1\nexec /bin/rm "$@"\n' >"$TMP/slowbin/rm"; chmod +x "$TMP/slowbin/rm"
+PATH="$TMP/slowbin:$PATH" "$RES" --delay 0 -- sh -c 'trap "echo cmd: got TERM; exit 143" TERM; sleep 4 & wait; echo cmd: finished' \
+    >"$TMP/early.out" 2>&1 &
+pid=$!
+sleep 0.5; kill -TERM $pid; wait $pid; rc=$?
+if [ $rc -eq 143 ] && ! grep -q "cmd: finished" "$TMP/early.out" && grep -q "stopped on request (exit 143)" "$TMP/early.out"; then
+    ok "SIGTERM while the launcher prepares the attempt: the command not started, exit 143"
+else bad "stop before the command's pid was known: rc $rc: $(cat "$TMP/early.out" | head -3)"; fi
 "$RES" --stop-signal HUP -- true 2>"$TMP/opt.err"; rc=$?
 if [ $rc -eq 2 ] && grep -q "expected TERM or USR1" "$TMP/opt.err"; then ok "--stop-signal HUP: exit 2, one line"
 else bad "--stop-signal HUP: rc $rc $(cat "$TMP/opt.err")"; fi
