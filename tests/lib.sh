@@ -20,6 +20,15 @@ h = np.zeros(256, np.int32); h[:3] = (20240520, 1, len(t))
 open(path, "wb").write(h.tobytes() + t.astype(np.uint16).tobytes())
 PYEOF
 }
+# wait_steps FILE N SECONDS: until metrics.jsonl FILE has logged N steps, at
+# most SECONDS (polled every 50 ms); non-zero if it did not
+wait_steps() {
+    local i n
+    for ((i = 0; i < $3 * 20; i++)); do
+        n=$(grep -c '"loss"' "$1" 2>/dev/null); [ "${n:-0}" -ge "$2" ] && return 0; sleep 0.05
+    done
+    return 1
+}
 ok() { echo "ok   $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 

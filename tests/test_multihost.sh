@@ -144,7 +144,7 @@ for h in 1 2; do echo '{"job": "job.json", "train.steps": "100000", "checkpoint.
 rm -rf "$TMP/h1/ml/checkpoints" "$TMP/h1/ml/output"
 (sm_job stop LLMTRAIN_FAULT="step=1-1000000,kind=ckpt_slow"; echo "$rc $wrc" >"$TMP/stop.rc") &
 spid=$!
-for _ in $(seq 600); do n=$(grep -c '"loss"' "$TMP/h1/ml/output/data/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 5 ] && break; sleep 0.05; done
+wait_steps "$TMP/h1/ml/output/data/metrics.jsonl" 5 30
 pkill -TERM -f '^/usr/bin/python3 scripts/sagemaker/train'
 wait $spid
 read -r rc wrc <"$TMP/stop.rc"

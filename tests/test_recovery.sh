@@ -160,7 +160,7 @@ else bad "bad input: rc $rc: $(cat "$TMP/badin.out")"; fi
 "$RES" --delay 0 -- "$BIN" "$TMP/job.json" --set log.dir="$TMP/term" --set train.steps=100000 --set parallel.strategy=NO_SHARD \
     --set checkpoint.every_steps=0 >"$TMP/term.out" 2>&1 &
 pid=$!
-for _ in $(seq 300); do n=$(grep -c '"loss"' "$TMP/term/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 5 ] && break; sleep 0.05; done
+wait_steps "$TMP/term/metrics.jsonl" 5 15
 kill -TERM $pid; wait $pid; rc=$?
 if [ $rc -eq 143 ] && grep -q "stopped on request (exit 143)" "$TMP/term.out" && ls "$TMP/term/checkpoints" | grep -q step_ &&
    [ "$(grep -c '^metrics: ' "$TMP/term.out")" -eq 1 ]; then
@@ -174,7 +174,7 @@ for sig in TERM USR1; do
     LLMTRAIN_FAULT="step=1-100000,kind=ckpt_slow" "$RES" --delay 0 -- $MPIRUN 2 "$BIN" "$TMP/job.json" --set log.dir="$TMP/mpi$sig" \
         --set train.steps=100000 --set checkpoint.every_steps=0 >"$TMP/mpi$sig.out" 2>&1 &
     pid=$!
-    for _ in $(seq 300); do n=$(grep -c '"loss"' "$TMP/mpi$sig/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 5 ] && break; sleep 0.05; done
+    wait_steps "$TMP/mpi$sig/metrics.jsonl" 5 15
     kill -$sig $pid; wait $pid; rc=$?
     k=$(ls "$TMP/mpi$sig/checkpoints" 2>/dev/null)
     if [ $rc -eq 143 ] && [ "$(echo "$k" | wc -w)" -eq 1 ] && [ -f "$TMP/mpi$sig/checkpoints/$k/manifest.json" ] &&
@@ -194,7 +194,7 @@ for sig in INT TERM; do
         "$RES" --delay 0 -- "$BIN" "$TMP/job.json" --set log.dir="$TMP/pg$sig" --set train.steps=100000 --set parallel.strategy=NO_SHARD \
         --set checkpoint.every_steps=0 >"$TMP/pg$sig.out" 2>&1 &
     pid=$!
-    for _ in $(seq 300); do n=$(grep -c '"loss"' "$TMP/pg$sig/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 5 ] && break; sleep 0.05; done
+    wait_steps "$TMP/pg$sig/metrics.jsonl" 5 15
     kill -$sig -- -$pid; wait $pid; rc=$?
     if [ $rc -eq 143 ] && ls "$TMP/pg$sig/checkpoints" | grep -q step_ && grep -q "stopped on request (exit 143)" "$TMP/pg$sig.out" &&
        grep -q "^checkpoint: .*/step_[0-9]* complete" "$TMP/pg$sig.out"; then

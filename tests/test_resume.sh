@@ -232,7 +232,7 @@ else bad "samples after a resume differ: $(samples "$TMP/smp-ref.out" | tr '\n' 
 for sig in TERM USR1; do
     $BIN "$TMP/job.json" --set log.dir="$TMP/sig$sig" --set train.steps=3000 --set checkpoint.every_steps=0 >"$TMP/sig$sig.out" 2>&1 &
     pid=$!
-    for _ in $(seq 200); do n=$(grep -c '"loss"' "$TMP/sig$sig/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 20 ] && break; sleep 0.05; done
+    wait_steps "$TMP/sig$sig/metrics.jsonl" 20 10
     kill -$sig $pid; wait $pid; rc=$?
     k=$(ls "$TMP/sig$sig/checkpoints" 2>/dev/null | head -1)
     if [ $rc -eq 143 ] && [ -n "$k" ] && grep -q "stopped by signal after step" "$TMP/sig$sig.out"; then ok "SIG$sig: exit 143 after writing $k"
@@ -248,7 +248,7 @@ stop_during() {
     $MPIRUN 2 $BIN "$TMP/job.json" --set log.dir="$TMP/$name" --set train.steps=3000 --set checkpoint.every_steps=0 "$@" \
         >"$TMP/$name.out" 2>&1 &
     pid=$!
-    for _ in $(seq 400); do n=$(grep -c '"loss"' "$TMP/$name/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 1 ] && break; sleep 0.05; done
+    wait_steps "$TMP/$name/metrics.jsonl" 1 20
     sleep 2
     kill -USR1 $pid
     for _ in $(seq 300); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
