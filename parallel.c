@@ -254,12 +254,13 @@ static double env_num(const char *name, double dflt, double lo, double hi) {
  * holds MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), or
  * LLMTRAIN_RDZV_PORT. */
 #define TCP_LAUNCH "torchrun-style launch (WORLD_SIZE is set, no MPI launcher): " /* its variables' messages */
-static void tcp_init(Dist *d) {
-    RdzvEnv e;
+#define SLURM_LAUNCH "Slurm srun launch (SLURM_STEP_NUM_TASKS is set, no MPI launcher, no WORLD_SIZE): "
+/* e: the torchrun variables (rdzv_env) or an srun step's (rdzv_env_slurm,
+ * slurm 1), read and checked */
+static void tcp_init(Dist *d, RdzvEnv e, int slurm) {
     char why[1024];
-    if (rdzv_env(&e, why, sizeof why) < 0) die(EXIT_USAGE, TCP_LAUNCH "%s", why);
     const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
-    int port = e.master_port + (agent && strcmp(agent, "True") == 0 && e.master_port < 65535 ? 1 : 0);
+    int port = e.master_port + (!slurm && agent && strcmp(agent, "True") == 0 && e.master_port < 65535 ? 1 : 0);
     port = (int)env_num("LLMTRAIN_RDZV_PORT", port, 1, 65535);
     double timeout = rdzv_timeout_s = env_num("LLMTRAIN_RDZV_TIMEOUT_S", RDZV_TIMEOUT_DEFAULT_S, 1e-3, 1e7);
     /* Rank 0 holds a connection to every rank, and a group's first member
@@ -283,7 +284,8 @@ static void tcp_init(Dist *d) {
     d->rdzv = rdzv_open(e.master_addr, port, e.rank, e.world, timeout, why, sizeof why);
     if (!d->rdzv) die(EXIT_PEER, "rank %d: rendezvous failed: %s", e.rank, why);
     rdzv_set_timeout(d->rdzv, TCP_COLLECTIVE_TIMEOUT_S);
-    snprintf(d->launch, sizeof d->launch, "torchrun-style, host collectives over TCP (rendezvous %.80s:%d)", e.master_addr, port);
+    snprintf(d->launch, sizeof d->launch, "%s, host collectives over TCP (rendezvous %.80s:%d)",
+             slurm ? "Slurm srun" : "torchrun-style", e.master_addr, port);
     d->local_rank = e.local_rank;
     d->local_size = e.local_world;
     if (d->local_size < 1) { /* count the ranks that share this host name */
@@ -323,10 +325,18 @@ void dist_init(Dist *d, int *argc, char ***argv) {
         /* WORLD_SIZE set without an MPI launcher: a torchrun-style launch of
          * that many ranks (1: this process alone); a malformed one is exit 2,
          * not a world of one */
-        int ws = 1;
-        char why[300];
-        if (rdzv_env_world(&ws, why, sizeof why) < 0) die(EXIT_USAGE, TCP_LAUNCH "%s", why);
-        if (ws > 1) tcp_init(d);
+        int ws = 1, set;
+        char why[1024];
+        RdzvEnv e;
+        if ((set = rdzv_env_world(&ws, why, sizeof why)) < 0) die(EXIT_USAGE, TCP_LAUNCH "%s", why);
+        if (ws > 1) {
+            if (rdzv_env(&e, why, sizeof why) < 0) die(EXIT_USAGE, TCP_LAUNCH "%s", why);
+            tcp_init(d, e, 0);
+        } else if (!set) { /* no WORLD_SIZE: a task of an srun step forms the step's world the same way */
+            int rc = rdzv_env_slurm(&e, why, sizeof why);
+            if (rc < 0) die(EXIT_USAGE, SLURM_LAUNCH "%s", why);
+            if (rc > 0 && e.world > 1) tcp_init(d, e, 1);
+        }
     }
     d->dp = d->world;
     d->dp_rank = d->rank;

@@ -336,6 +336,93 @@ int rdzv_env(RdzvEnv *e, char *why, size_t n) {
     return 0;
 }
 
+/* ---- Slurm ---- */
+
+int rdzv_hostlist_first(const char *list, char *out, size_t outn, char *why, size_t n) {
+    size_t o = 0;
+    if (!list || !*list) {
+        say(why, n, "the node list is empty (expected Slurm's node list, e.g. node[01-04])");
+        return -1;
+    }
+    for (const char *p = list; *p && *p != ','; ) {
+        const char *from = p, *to = p + 1; /* the bytes to copy */
+        if (*p == '[') { /* a bracket's first number, its zero padding kept */
+            const char *q = p + 1;
+            while (*q >= '0' && *q <= '9') q++;
+            const char *r = q;
+            while ((*r >= '0' && *r <= '9') || *r == '-' || *r == ',') r++;
+            if (q == p + 1 || *r != ']') {
+                say(why, n, "node list '%.80s' is malformed at '%.20s' (expected [N], [N-M] or [N-M,K,...] after a name)", list, p);
+                return -1;
+            }
+            from = p + 1;
+            to = q;
+            p = r + 1;
+        } else if (*p == ']') {
+            say(why, n, "node list '%.80s' has a ']' without its '['", list);
+            return -1;
+        } else {
+            p++;
+        }
+        if (o + (size_t)(to - from) >= outn) {
+            say(why, n, "node list '%.80s': its first host name is longer than %zu characters", list, outn - 1);
+            return -1;
+        }
+        memcpy(out + o, from, (size_t)(to - from));
+        o += (size_t)(to - from);
+    }
+    out[o] = 0;
+    if (!o) {
+        say(why, n, "node list '%.80s' starts with an empty name (expected Slurm's node list, e.g. node[01-04])", list);
+        return -1;
+    }
+    return 0;
+}
+
+int rdzv_env_slurm(RdzvEnv *e, char *why, size_t n) {
+    memset(e, 0, sizeof *e);
+    e->world = 1;
+    e->local_world = -1; /* from the host names: SLURM_NODEID counts the job's nodes, not the step's */
+    int rc = env_int_in("SLURM_STEP_NUM_TASKS", 1, 1, 1 << 20, "", &e->world, why, n);
+    if (rc <= 0) return rc; /* not a task of an srun step */
+    char ctx[64];
+    snprintf(ctx, sizeof ctx, " for SLURM_STEP_NUM_TASKS=%d", e->world);
+    if (env_int_in("SLURM_PROCID", 0, 0, e->world - 1, ctx, &e->rank, why, n) < 0) return -1;
+    if (env_int_in("SLURM_LOCALID", 0, 0, e->world - 1, ctx, &e->local_rank, why, n) < 0) return -1;
+    const char *a = getenv("MASTER_ADDR");
+    if (a && *a) { /* the user's choice of rank 0's address (e.g. another network's name) */
+        if (strlen(a) >= sizeof e->master_addr) {
+            say(why, n, "MASTER_ADDR is %zu characters long (expected a host name or IP address, at most %zu)", strlen(a),
+                sizeof e->master_addr - 1);
+            return -1;
+        }
+        if (check_addr("MASTER_ADDR=", a, why, n) < 0) return -1;
+        strcpy(e->master_addr, a);
+    } else { /* rank 0 runs on the step's first node */
+        const char *var = getenv("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
+        const char *list = getenv(var);
+        char sub[300];
+        if (!list || !*list) {
+            say(why, n, "neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set (expected the step's nodes; or set MASTER_ADDR)");
+            return -1;
+        }
+        if (rdzv_hostlist_first(list, e->master_addr, sizeof e->master_addr, sub, sizeof sub) < 0) {
+            say(why, n, "%s: %s", var, sub);
+            return -1;
+        }
+        snprintf(ctx, sizeof ctx, "%s's first host ", var);
+        if (check_addr(ctx, e->master_addr, why, n) < 0) return -1;
+    }
+    if (env_int_in("MASTER_PORT", 1, 1, 65535, " (a TCP port)", &e->master_port, why, n) < 0) return -1;
+    if (!e->master_port) { /* one port per job and step, below Linux's ephemeral range (32768-60999) */
+        int job = 0, step = 0;
+        if (env_int_in("SLURM_JOB_ID", 0, 0, INT_MAX, " (or set MASTER_PORT)", &job, why, n) < 0) return -1;
+        if (env_int_in("SLURM_STEP_ID", 1, 0, INT_MAX, "", &step, why, n) < 0) return -1;
+        e->master_port = RDZV_SLURM_PORT(job, step);
+    }
+    return 1;
+}
+
 /* ---- rdzv_open ---- */
 
 /* "2" or "2, 5-7": the ranks 1..world-1 whose fd is -1 (the list is cut
@@ -415,7 +502,7 @@ static int listen_on(const char *addr, int port, int backlog, char *why, size_t 
         close(fd);
         if (err == EADDRNOTAVAIL && !wildcard) continue; /* not this host's address: the wildcard */
         say(why, n, "rank 0 cannot listen on %s%.60s:%d: %s%s", wildcard ? "all addresses for " : "", addr, port,
-            strerror(err), err == EADDRINUSE ? " (another job or service on MASTER_PORT?)" : "");
+            strerror(err), err == EADDRINUSE ? " (another job or service on that port? MASTER_PORT or LLMTRAIN_RDZV_PORT chooses another)" : "");
         return -1;
     }
     return -1; /* not reached */

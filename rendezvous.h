@@ -39,6 +39,24 @@ int rdzv_env(RdzvEnv *e, char *why, size_t n);
  * or empty, -1 with the reason (WORLD_SIZE=abc, 0, -4, past 2^20). */
 int rdzv_env_world(int *world, char *why, size_t n);
 
+/* A task of an srun step (Slurm) launched without MPI: world from
+ * SLURM_STEP_NUM_TASKS, rank from SLURM_PROCID, local rank from
+ * SLURM_LOCALID (local_world -1: derive it), rank 0's address from
+ * MASTER_ADDR, else the first host of SLURM_STEP_NODELIST (else
+ * SLURM_JOB_NODELIST), and the port from MASTER_PORT, else
+ * RDZV_SLURM_PORT(SLURM_JOB_ID, SLURM_STEP_ID). 1 read (world may be 1),
+ * 0 not in an srun step (SLURM_STEP_NUM_TASKS unset or empty), -1 with the
+ * reason naming the variable. */
+int rdzv_env_slurm(RdzvEnv *e, char *why, size_t n);
+/* The port of a Slurm step's rendezvous: 15000..31999, below Linux's
+ * ephemeral ports, different for the 8 steps of a job that may run at once
+ * and for jobs whose ids differ by less than 2125. */
+#define RDZV_SLURM_PORT(job, step) (15000 + (int)(((unsigned long long)(job) * 8 + (unsigned)(step) % 8) % 17000))
+/* The first host name of a Slurm node list ("node[07-09,12],gpu1" ->
+ * "node07"; a bracket's first number keeps its zero padding; several
+ * brackets in a name each give their first). 0, or -1 with the reason. */
+int rdzv_hostlist_first(const char *list, char *out, size_t outn, char *why, size_t n);
+
 /* Form the group of `world` ranks. Rank 0 listens on addr:port and accepts
  * the other world-1 ranks; they connect, retrying until timeout_s (rank 0
  * may start later). Bind address: when addr is a numeric address of this

@@ -11,10 +11,12 @@
 # a rerun fails the same way), 126 and 127 (the command cannot run) and 143 (stopped on request by SIGTERM or
 # SIGUSR1), or this launcher was told to stop by SIGTERM, SIGINT or SIGUSR1:
 # it sends the command its stop signal and exits with the command's code.
-# The stop signal is SIGUSR1 when the command is mpirun, mpiexec, orterun or
-# prterun (Open MPI passes SIGUSR1 on to every rank; it answers SIGTERM by
-# killing the ranks, SIGKILL 1 s after SIGTERM, too soon for a checkpoint,
-# and exits 1), else SIGTERM; --stop-signal TERM or USR1 chooses. Every attempt sees
+# The stop signal is SIGUSR1 when the command is mpirun, mpiexec, orterun,
+# prterun or srun, also behind env, nice, nohup, stdbuf, taskset, numactl,
+# chrt or ionice (Open MPI and srun pass SIGUSR1 on to every rank; mpirun
+# answers SIGTERM by killing the ranks, SIGKILL 1 s after SIGTERM, too soon
+# for a checkpoint, and exits 1; srun SIGKILLs them at once), else SIGTERM;
+# --stop-signal TERM or USR1 chooses. Every attempt sees
 # LLMTRAIN_ATTEMPT=1, 2, ... (the fault hook's attempt= key; forward it with
 # mpirun -x across hosts).
 #
@@ -48,8 +50,15 @@ done
 [ $# -ge 1 ] || usage
 [[ "$max_restarts" =~ ^[0-9]+$ ]] || fail "--max-restarts '$max_restarts': expected a whole number >= 0"
 [[ "$delay" =~ ^[0-9]+([.][0-9]+)?$ ]] || fail "--delay '$delay': expected seconds >= 0"
-if [ -z "$stop_sig" ]; then
-    case "${1##*/}" in mpirun|mpiexec|orterun|prterun) stop_sig=USR1 ;; *) stop_sig=TERM ;; esac
+if [ -z "$stop_sig" ]; then # the launcher's name, past env, nice, ... (which exec it) and their options
+    stop_sig=TERM
+    for w in "$@"; do
+        case "${w##*/}" in
+            mpirun|mpiexec|orterun|prterun|srun) stop_sig=USR1; break ;;
+            env|nice|nohup|stdbuf|taskset|numactl|chrt|ionice|-*|*=*|[0-9]*) ;;
+            *) break ;;
+        esac
+    done
 fi
 [ "$stop_sig" = TERM ] || [ "$stop_sig" = USR1 ] || fail "--stop-signal '$stop_sig': expected TERM or USR1"
 

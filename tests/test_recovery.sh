@@ -182,6 +182,31 @@ for sig in TERM USR1; do
         ok "SIG$sig to the launcher over mpirun 2: SIGUSR1 to mpirun, $k written in $(grep -o "$k complete | .* in [.0-9]* s" "$TMP/mpi$sig.out" | grep -o '[.0-9]* s$'), exit 143"
     else bad "SIG$sig over mpirun: rc $rc, checkpoints '$k': $(grep -E 'run_resilient|llmtrain:' "$TMP/mpi$sig.out" | head -3)"; fi
 done
+# which stop signal the command gets: SIGUSR1 for an MPI launcher or srun
+# (srun SIGKILLs its tasks at once on SIGTERM), also behind exec-style
+# wrappers and their options; SIGTERM for anything else, and for timeout,
+# which forks (its child would not get SIGUSR1)
+mkdir -p "$TMP/fakebin"
+for l in mpirun mpiexec srun other; do
+    printf '#!/bin/bash\nfor s in USR1 TERM; do trap "echo got $s >>\\"$TMP/sigs\\"; kill \\$!; exit 143" $s; done\n'"echo started >>\"\$TMP/sigs\"\n"'sleep 30 & wait\n' >"$TMP/fakebin/$l"
+    chmod +x "$TMP/fakebin/$l"
+done
+export TMP
+sigs_ok=1 sigs_report=""
+for spec in "USR1|$TMP/fakebin/mpirun -np 2 x" "USR1|$TMP/fakebin/srun -n 2 x" "USR1|env A=1 nice -n 5 $TMP/fakebin/mpiexec x" \
+            "USR1|stdbuf -oL taskset -c 0 $TMP/fakebin/srun x" "TERM|$TMP/fakebin/other x" "TERM|timeout 60 $TMP/fakebin/other x"; do
+    want=${spec%%|*}; cmd=${spec#*|}
+    rm -f "$TMP/sigs"
+    "$RES" --delay 0 -- $cmd >/dev/null 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do [ -s "$TMP/sigs" ] && break; sleep 0.05; done
+    kill -TERM $pid; wait $pid; rc=$?
+    got=$(grep -o 'got [A-Z0-9]*' "$TMP/sigs" 2>/dev/null | head -1)
+    sigs_report="$sigs_report [${cmd//$TMP\/fakebin\//}: $got, $rc]"
+    [ "$got" = "got $want" ] && [ $rc -eq 143 ] || sigs_ok=0
+done
+if [ $sigs_ok = 1 ]; then ok "the stop signal follows the launcher's name:$sigs_report"
+else bad "stop signal by launcher name:$sigs_report"; fi
 # a stop sent to the launcher's whole process group: SIGINT (Ctrl-C at a
 # terminal) and SIGTERM (a supervisor that signals process groups). The
 # launcher runs in its own group here, with SIGINT's default action, as a

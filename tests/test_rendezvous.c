@@ -26,6 +26,7 @@
 #include <arpa/inet.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -477,7 +478,9 @@ static void test_args(void) {
 
 /* ---- rdzv_env ---- */
 
-static const char *VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+static const char *VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                             "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NODELIST",
+                             "SLURM_JOB_NODELIST", "SLURM_JOB_ID", "SLURM_STEP_ID"};
 
 /* Set the six variables from a spec "RANK=1 WORLD_SIZE=4 ..." (a variable
  * not named is unset; "X=" sets it empty). */
@@ -495,13 +498,16 @@ static void set_env(const char *spec) {
 
 #define GOOD "RANK=3 WORLD_SIZE=8 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=node-0.cluster MASTER_PORT=29500"
 
-static void env_bad(const char *spec, const char *want) {
+/* reader (rdzv_env or rdzv_env_slurm) refuses spec's variables with want */
+static void refused(int (*reader)(RdzvEnv *, char *, size_t), const char *name, const char *spec, const char *want) {
     set_env(spec);
     RdzvEnv e;
     char why[300] = "";
-    int rc = rdzv_env(&e, why, sizeof why);
-    check(rc == -1 && strstr(why, want), "rdzv_env [%s]: %s", spec, why);
+    int rc = reader(&e, why, sizeof why);
+    check(rc == -1 && strstr(why, want), "%s [%s]: %s", name, spec, why);
 }
+#define env_bad(spec, want) refused(rdzv_env, "rdzv_env", spec, want)
+#define slurm_bad(spec, want) refused(rdzv_env_slurm, "rdzv_env_slurm", spec, want)
 
 static void test_env(void) {
     RdzvEnv e;
@@ -666,6 +672,88 @@ static void test_split(void) {
     }
 }
 
+/* ---- Slurm ---- */
+
+static void test_slurm(void) {
+    static const struct { const char *list, *first; } good[] = {
+        {"node07", "node07"}, {"node[07-09,12]", "node07"}, {"node[007-010]", "node007"}, {"gpu1,gpu2", "gpu1"},
+        {"a[3],b[1-2]", "a3"}, {"rack[2-3]-n[05-06]", "rack2-n05"}, {"n[1-2]-ib", "n1-ib"}, {"x[10,2-4]", "x10"},
+        {"10.0.0.5", "10.0.0.5"}, {"h[0-1],i[4]", "h0"},
+    };
+    char out[256], why[300];
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        int rc = rdzv_hostlist_first(good[i].list, out, sizeof out, why, sizeof why);
+        check(rc == 0 && !strcmp(out, good[i].first), "hostlist '%s' -> '%s' (%s)", good[i].list, rc ? "-" : out,
+              rc ? why : good[i].first);
+    }
+    static const struct { const char *list, *want; } bad[] = {
+        {"", "the node list is empty"}, {"node[", "is malformed at '['"}, {"node[a-b]", "is malformed at '[a-b]'"},
+        {"node[1-2", "is malformed at '[1-2'"}, {"node]1", "has a ']' without its '['"}, {",node1", "starts with an empty name"},
+        {"n[1;2]", "is malformed"}, {"[]", "is malformed"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        why[0] = 0;
+        int rc = rdzv_hostlist_first(bad[i].list, out, sizeof out, why, sizeof why);
+        check(rc == -1 && strstr(why, bad[i].want), "hostlist '%s' is refused: %s", bad[i].list, why);
+    }
+    char longname[300];
+    memset(longname, 'h', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    int rc = rdzv_hostlist_first(longname, out, 16, why, sizeof why);
+    check(rc == -1 && strstr(why, "longer than 15 characters"), "a first host longer than the buffer is refused: %s", why);
+
+    RdzvEnv e;
+    set_env("SLURM_PROCID=0 SLURM_JOB_ID=77"); /* a batch script: not a task of an srun step */
+    rc = rdzv_env_slurm(&e, why, sizeof why);
+    check(rc == 0 && e.world == 1, "rdzv_env_slurm without SLURM_STEP_NUM_TASKS: not an srun step (%d)", rc);
+    set_env("SLURM_STEP_NUM_TASKS=1 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1 SLURM_JOB_ID=5");
+    rc = rdzv_env_slurm(&e, why, sizeof why);
+    check(rc == 1 && e.world == 1, "rdzv_env_slurm: a step of one task is a world of one (%d, %d)", rc, e.world);
+    set_env("SLURM_STEP_NUM_TASKS=16 SLURM_PROCID=9 SLURM_LOCALID=1 SLURM_STEP_NODELIST=gpu-[003-010],cpu1 "
+            "SLURM_JOB_NODELIST=gpu-[001-010] SLURM_JOB_ID=123456 SLURM_STEP_ID=2");
+    rc = rdzv_env_slurm(&e, why, sizeof why);
+    int port = 15000 + (int)((123456ull * 8 + 2) % 17000);
+    check(rc == 1 && e.world == 16 && e.rank == 9 && e.local_rank == 1 && e.local_world == -1 &&
+          !strcmp(e.master_addr, "gpu-003") && e.master_port == port && port == 16650,
+          "rdzv_env_slurm reads an srun task: rank 9 of 16, local 1, the step's first node gpu-003, port %d from job 123456 step 2 (%s)",
+          e.master_port, rc == 1 ? e.master_addr : why);
+    set_env("SLURM_STEP_NUM_TASKS=16 SLURM_PROCID=9 SLURM_LOCALID=1 SLURM_JOB_NODELIST=gpu-[001-010] SLURM_JOB_ID=123456");
+    rc = rdzv_env_slurm(&e, why, sizeof why);
+    check(rc == 1 && !strcmp(e.master_addr, "gpu-001") && e.master_port == 15000 + (int)(123456ull * 8 % 17000),
+          "rdzv_env_slurm: no step node list, the job's first node; no SLURM_STEP_ID, step 0 (%s:%d)", e.master_addr, e.master_port);
+    set_env("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=3 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n[1-2] SLURM_JOB_ID=9 "
+            "MASTER_ADDR=10.1.2.3 MASTER_PORT=29400");
+    rc = rdzv_env_slurm(&e, why, sizeof why);
+    check(rc == 1 && !strcmp(e.master_addr, "10.1.2.3") && e.master_port == 29400,
+          "rdzv_env_slurm: MASTER_ADDR and MASTER_PORT win over the node list and the job id (%s:%d)", e.master_addr, e.master_port);
+    /* the ports of neighbouring jobs and of a job's steps differ */
+    int clash = 0;
+    for (int j = 0; j < 2125 && !clash; j++)
+        for (int s2 = 0; s2 < 8; s2++)
+            if ((j || s2) && RDZV_SLURM_PORT(1000000 + j, s2) == RDZV_SLURM_PORT(1000000, 0)) clash = 1;
+    check(!clash && RDZV_SLURM_PORT(0, 0) == 15000 && RDZV_SLURM_PORT(2124, 7) == 31999 && RDZV_SLURM_PORT(INT_MAX, 7) >= 15000,
+          "RDZV_SLURM_PORT: 15000..31999, no two of 2125 neighbouring jobs x 8 steps alike");
+    slurm_bad("SLURM_STEP_NUM_TASKS=0 SLURM_PROCID=0", "SLURM_STEP_NUM_TASKS=0 is out of range (expected an integer in 1..1048576)");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4x", "SLURM_STEP_NUM_TASKS='4x' is not a number");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1 SLURM_JOB_ID=1",
+              "SLURM_PROCID is not set (expected an integer in 0..3 for SLURM_STEP_NUM_TASKS=4)");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=4 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1 SLURM_JOB_ID=1", "SLURM_PROCID=4 is out of range");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_STEP_NODELIST=n1 SLURM_JOB_ID=1", "SLURM_LOCALID is not set");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_JOB_ID=1",
+              "neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set (expected the step's nodes; or set MASTER_ADDR)");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n[1-2 SLURM_JOB_ID=1",
+              "SLURM_STEP_NODELIST: node list 'n[1-2' is malformed");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_STEP_NODELIST=999.0.0[1-2] SLURM_JOB_ID=1",
+              "SLURM_STEP_NODELIST's first host '999.0.01' is not a valid IPv4 address");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1",
+              "SLURM_JOB_ID is not set (expected an integer in 0..2147483647 (or set MASTER_PORT))");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1 SLURM_JOB_ID=1 SLURM_STEP_ID=batch",
+              "SLURM_STEP_ID='batch' is not a number");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1 MASTER_PORT=0", "MASTER_PORT=0 is out of range");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 MASTER_ADDR=1.2.3 SLURM_JOB_ID=1", "MASTER_ADDR='1.2.3' is not a valid IPv4 address");
+    set_env("");
+}
+
 int main(void) {
     double t0 = now_s();
     /* SIGPIPE stays fatal: the library must never raise it */
@@ -679,6 +767,7 @@ int main(void) {
     shared_flags = mmap(NULL, MAXP * sizeof *shared_flags, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared_flags == MAP_FAILED) { perror("mmap"); return 99; }
     test_env();
+    test_slurm();
     test_args();
     test_happy();
     test_strays();

@@ -169,6 +169,94 @@ if [ $rc -eq 0 ] && grep -q "rendezvous 127.0.0.1:$((port + 1)))" "$TMP/agent.ou
 else bad "agent store: rc $rc: $(grep -E 'launch|llmtrain:' "$TMP/agent.out" | head -2)"; fi
 kill $holder 2>/dev/null; wait $holder 2>/dev/null
 
+# ---- Slurm: srun's variables, no MPI ----
+# srun_emu NAME NP [VAR=VALUE...] -- CMD...: NP tasks with the variables srun
+# gives a step's tasks (SLURM_JOB_ID from $JOB, the step's nodes from
+# $NODES); what a task leaves unset is llmtrain's to derive (rank 0's host
+# from the node list, the port from the job and step ids)
+srun_emu() {
+    local name=$1 np=$2 pids=() r rc=0 c extra=(); shift 2
+    while [ "$1" != -- ]; do extra+=("$1"); shift; done; shift
+    for ((r = 0; r < np; r++)); do
+        (env SLURM_JOB_ID=$JOB SLURM_JOBID=$JOB SLURM_STEP_ID=0 SLURM_STEPID=0 SLURM_NTASKS=$np SLURM_NPROCS=$np \
+             SLURM_STEP_NUM_TASKS=$np SLURM_PROCID=$r SLURM_LOCALID=$r SLURM_NODEID=0 SLURM_STEP_NUM_NODES=1 \
+             SLURM_STEP_NODELIST="$NODES" SLURM_JOB_NODELIST="$NODES" SLURM_NODELIST="$NODES" \
+             SLURM_STEP_TASKS_PER_NODE=$np SLURM_TASKS_PER_NODE=$np LLMTRAIN_RDZV_TIMEOUT_S=60 "${extra[@]}" "$@"
+         echo $? >"$TMP/$name.rc.$r") &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r"; done
+    for ((r = 0; r < np; r++)); do c=$(cat "$TMP/$name.rc.$r"); [ "$c" -gt $rc ] && rc=$c; done
+    return $rc
+}
+# a job id whose port (15000 + (8 x job + step) mod 17000, README) is free here
+JOB=$($PY - <<'PYEOF'
+import random, socket
+while True:
+    job = random.randrange(1000, 10**7)
+    port = 15000 + (job * 8) % 17000
+    try:
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", port))
+        print(job)
+        break
+    except OSError:
+        pass
+PYEOF
+)
+sport=$((15000 + (JOB * 8) % 17000))
+NODES="$(hostname),ghost[02-04]"
+for run in llama-4-HYBRID_SHARD-2 gpt2-2-FULL_SHARD; do
+    IFS=- read -r arch np strategy degree <<<"$run"
+    args=(--set parallel.strategy=$strategy)
+    [ -n "$degree" ] && args+=(--set parallel.shard_degree=$degree)
+    srun_emu srun-$run $np -- $BIN "$TMP/$arch.json" "${args[@]}" --set log.dir="$TMP/srun-$run" >"$TMP/srun-$run.out" 2>&1
+    rc=$?
+    $BIN export "$TMP/srun-$run/checkpoints" "$TMP/srun-$run/hf" >/dev/null 2>&1
+    if [ $rc -eq 0 ] && grep -q "^launch: Slurm srun, host collectives over TCP (rendezvous $(hostname):$sport) | $np ranks, $np on this node" "$TMP/srun-$run.out" &&
+       $PY tests/compare_runs.py "$TMP/$arch-${run#*-}-mpi" "$TMP/srun-$run" --steps 10 --exact >/dev/null; then
+        ok "srun's variables alone ($run, job $JOB): rank 0 on the node list's first host, port $sport from the job id; bit-identical to mpirun's"
+    else
+        bad "srun $run: rc $rc: $(grep -E '^launch|llmtrain:' "$TMP/srun-$run.out" | head -2) $($PY tests/compare_runs.py "$TMP/$arch-${run#*-}-mpi" "$TMP/srun-$run" --steps 10 --exact 2>&1 | tail -1)"
+    fi
+done
+# MASTER_ADDR / MASTER_PORT given: they win; torchrun's variables (srun
+# torchrun ...) and an MPI launcher (srun --mpi=pmix, or mpirun in the
+# allocation) win over srun's
+port=$(free_port)
+srun_emu srun-ma 2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port -- $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/srun-ma" >"$TMP/srun-ma.out" 2>&1
+rc1=$?
+export SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_STEP_NODELIST=ghost05
+trun srun-tr 2 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/srun-tr" >"$TMP/srun-tr.out" 2>&1
+rc2=$?
+$MPIRUN 2 -x SLURM_STEP_NUM_TASKS -x SLURM_PROCID -x SLURM_LOCALID -x SLURM_STEP_NODELIST $BIN "$TMP/gpt2.json" --set train.steps=2 \
+    --set log.dir="$TMP/srun-mpi" >"$TMP/srun-mpi.out" 2>&1
+rc3=$?
+unset SLURM_STEP_NUM_TASKS SLURM_PROCID SLURM_LOCALID SLURM_STEP_NODELIST
+if [ $rc1 -eq 0 ] && grep -q "^launch: Slurm srun, host collectives over TCP (rendezvous 127.0.0.1:$port) | 2 ranks" "$TMP/srun-ma.out" &&
+   [ $rc2 -eq 0 ] && grep -q "^launch: torchrun-style, host collectives over TCP" "$TMP/srun-tr.out" &&
+   [ $rc3 -eq 0 ] && grep -q "^launch: MPI | 2 ranks" "$TMP/srun-mpi.out"; then
+    ok "srun with MASTER_ADDR/MASTER_PORT uses them; torchrun's variables and mpirun each win over srun's (every rank saying rank 0 of the Slurm step)"
+else bad "srun precedence: rc $rc1/$rc2/$rc3: $(grep -hE '^launch|llmtrain:' "$TMP/srun-ma.out" "$TMP/srun-tr.out" "$TMP/srun-mpi.out" | head -3)"; fi
+# a batch script's own shell (SLURM_PROCID and SLURM_NTASKS, no step): one process, alone
+env SLURM_JOB_ID=$JOB SLURM_NTASKS=4 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_JOB_NODELIST="$NODES" \
+    $BIN "$TMP/gpt2.json" --set log.dir="$TMP/srun-batch" >"$TMP/srun-batch.out" 2>&1
+rc=$?
+$BIN export "$TMP/srun-batch/checkpoints" "$TMP/srun-batch/hf" >/dev/null 2>&1
+if [ $rc -eq 0 ] && ! grep -q "^launch:" "$TMP/srun-batch.out" && $PY tests/compare_runs.py "$TMP/gpt2-1" "$TMP/srun-batch" --steps 10 --exact >/dev/null; then
+    ok "in a batch script, outside srun (no SLURM_STEP_NUM_TASKS): a world of one, the same run as 1 rank"
+else bad "batch script: rc $rc: $(grep -E '^launch|llmtrain:' "$TMP/srun-batch.out" | head -2)"; fi
+# bad variables: exit 2 and one line on every task
+for spec in "SLURM_STEP_NODELIST=ghost[01-|SLURM_STEP_NODELIST: node list 'ghost[01-' is malformed at '[01-'" \
+            "SLURM_PROCID=7|SLURM_PROCID=7 is out of range (expected an integer in 0..1 for SLURM_STEP_NUM_TASKS=2)" \
+            "SLURM_JOB_ID=|SLURM_JOB_ID is not set (expected an integer in 0..2147483647 (or set MASTER_PORT))"; do
+    srun_emu srun-bad 2 "${spec%%|*}" -- $BIN "$TMP/gpt2.json" --set log.dir="$TMP/srun-bad" >"$TMP/srun-bad.out" 2>&1
+    if [ "$(rcs srun-bad 2)" = 2,2 ] && [ "$(wc -l <"$TMP/srun-bad.out")" -eq 2 ] &&
+       [ "$(grep -cF "llmtrain: Slurm srun launch (SLURM_STEP_NUM_TASKS is set, no MPI launcher, no WORLD_SIZE): ${spec#*|}" "$TMP/srun-bad.out")" -eq 2 ]; then
+        ok "srun with ${spec%%|*}: both tasks exit 2, one line each"
+    else bad "srun with ${spec%%|*}: exit codes $(rcs srun-bad 2): $(head -2 "$TMP/srun-bad.out")"; fi
+done
+
 # ---- recovery under scripts/run_resilient.sh ----
 trun ref 2 $BIN "$TMP/llama.json" --set parallel.strategy=FULL_SHARD --set log.dir="$TMP/ref" >"$TMP/ref.out" 2>&1
 $BIN export "$TMP/ref/checkpoints" "$TMP/ref/hf" >/dev/null 2>&1
