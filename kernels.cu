@@ -5235,6 +5235,18 @@ extern "C" void kernels_cuda_set_device(int dev) {
     G.dev = dev;
 }
 
+extern "C" int kernels_cuda_device_uuid(char *out, size_t n) {
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, G.dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    const unsigned char *u = (const unsigned char *)p.uuid.bytes;
+    snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4],
+             u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    return 0;
+}
+
 extern "C" int kernels_cuda_available(char *why, size_t n) {
     int count = kernels_cuda_device_count(why, n);
     if (count < 1) return 0;

@@ -485,6 +485,11 @@ int kernels_cuda_device_count(char *why, size_t n);
 void kernels_cuda_set_device(int dev);
 /* 1 when the chosen device is usable; else 0 and the reason in why. */
 int kernels_cuda_available(char *why, size_t n);
+/* The chosen device's UUID as nvidia-smi prints it ("GPU-8c1f...-..."),
+ * the same in every process whatever CUDA_VISIBLE_DEVICES maps it to (a
+ * device query, asked before kernels_cuda_available): 0, or -1 when it
+ * cannot be read. */
+int kernels_cuda_device_uuid(char *out, size_t n);
 /* The matrix products' arithmetic and the [a] buffers' width
  * (train.compute_dtype): "bf16" (the default: bf16 operands, fp32
  * accumulation, [a] buffers bf16, act_bytes 2), "tf32" (fp32 storage, TF32

@@ -1678,12 +1678,58 @@ static void check_layout(Trainer *t) {
     }
 }
 
+#ifdef LLMTRAIN_CUDA
+/* One rank's claim in gpu_shared: its host and the UUID of its device. */
+enum { CLAIM_HOST = 128, CLAIM_ID = 64 };
+typedef struct GpuClaim {
+    char host[CLAIM_HOST], id[CLAIM_ID];
+    int rank;
+} GpuClaim;
+
+static int claim_cmp(const void *a, const void *b) {
+    const GpuClaim *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    if (!c) c = strcmp(x->host, y->host);
+    return c ? c : x->rank - y->rank;
+}
+
+/* Several ranks: do two ranks of one host use the same GPU (NCCL cannot put
+ * two ranks of a communicator on one)? Compared by the devices' UUIDs, so
+ * ranks that each see all of the node's GPUs and ranks bound to one each
+ * (CUDA_VISIBLE_DEVICES per rank, srun --gpus-per-task 1) are judged alike;
+ * a UUID that cannot be read counts as the device's index on the host (the
+ * old rule: more ranks than visible devices clash). Called before any rank
+ * creates a context; every rank takes part and gets the same answer: 1 with
+ * what clashed in msg, else 0. dev < 0: this rank uses no GPU. */
+static int gpu_shared(Trainer *t, int dev, int count, char *msg, size_t n) {
+    Dist *d = &t->dist;
+    GpuClaim mine, *all = calloc_check((size_t)d->world, sizeof *all);
+    memset(&mine, 0, sizeof mine);
+    mine.rank = d->rank;
+    if (gethostname(mine.host, sizeof mine.host - 1) < 0) snprintf(mine.host, sizeof mine.host, "?");
+    if (dev >= 0 && kernels_cuda_device_uuid(mine.id, sizeof mine.id) < 0)
+        snprintf(mine.id, sizeof mine.id, "device %d of %d visible (UUID unreadable)", dev, count);
+    dist_allgather_bytes(d, &mine, all, sizeof mine);
+    qsort(all, (size_t)d->world, sizeof *all, claim_cmp); /* the same GPU of a host: neighbours */
+    int clash = 0;
+    for (int i = 0; i + 1 < d->world && !clash; i++)
+        if (all[i].id[0] && !strcmp(all[i].id, all[i + 1].id) && !strcmp(all[i].host, all[i + 1].host)) {
+            snprintf(msg, n, "ranks %d and %d on host %.60s would share GPU %.60s", all[i].rank, all[i + 1].rank, all[i].host,
+                     all[i].id);
+            clash = 1;
+        }
+    free(all);
+    return clash;
+}
+#endif
+
 /* train.device: "cpu"; "cuda" (exit 2 with one line when unusable); "auto":
  * CUDA when this is a CUDA build and every rank has a usable GPU of its own,
  * else the CPU on every rank. A rank takes device local_rank % count of the
- * devices it sees (CUDA_VISIBLE_DEVICES applies), and a node needs at least
- * as many devices as ranks: NCCL cannot put two ranks of a communicator on
- * one GPU. LLMTRAIN_DEVICE (cpu|cuda) overrides "auto" only, so the CPU test
+ * devices it sees (CUDA_VISIBLE_DEVICES applies: all of the node's, or one
+ * bound to it), and no two ranks of a host may use the same GPU (compared by
+ * UUID): NCCL cannot put two ranks of a communicator on one GPU.
+ * LLMTRAIN_DEVICE (cpu|cuda) overrides "auto" only, so the CPU test
  * suite can pin the CPU on a machine with a GPU. Several CUDA ranks talk
  * through NCCL (dist_nccl.c, attached after dist_setup_groups). */
 static void select_backend(Trainer *t) {
@@ -1696,17 +1742,17 @@ static void select_backend(Trainer *t) {
     Dist *d = &t->dist;
     int want = strcmp(dev, "cuda") == 0;
     if (want || strcmp(dev, "auto") == 0) {
-        char why[320];
-        int count = kernels_cuda_device_count(why, sizeof why), use = 0;
-        if (count >= 1 && d->local_size > count) {
+        char why[320], clash[320];
+        int count = kernels_cuda_device_count(why, sizeof why), use = 0, dev = count >= 1 ? d->local_rank % count : -1;
+        if (dev >= 0) kernels_cuda_set_device(dev);
+        if (d->world > 1 && gpu_shared(t, dev, count, clash, sizeof clash)) {
             if (want)
-                die(EXIT_USAGE, "%s: train.device \"cuda\": %d ranks on this node but %d CUDA device%s (expected at most one rank per GPU: "
-                    "NCCL cannot share a GPU between ranks; start at most %d rank%s per node, or use train.device \"cpu\")",
-                    t->cfg.path, d->local_size, count, count == 1 ? "" : "s", count, count == 1 ? "" : "s");
-        } else if (count >= 1) {
-            kernels_cuda_set_device(d->local_rank % count);
-            use = kernels_cuda_available(why, sizeof why);
+                die(EXIT_USAGE, "%s: train.device \"cuda\": %s (%d ranks on this node, %d CUDA device%s visible to this rank; expected "
+                    "one GPU per rank: NCCL cannot share a GPU between ranks; start at most one rank per GPU, or use train.device \"cpu\")",
+                    t->cfg.path, clash, d->local_size, count, count == 1 ? "" : "s");
+            dev = -1; /* auto: every rank saw the clash, every rank takes the CPU (before any makes a context) */
         }
+        if (dev >= 0) use = kernels_cuda_available(why, sizeof why);
         if (want && !use) die(EXIT_USAGE, "%s: train.device \"cuda\": no usable CUDA device (%s)", t->cfg.path, why);
         if (!want && d->world > 1) { /* auto: CUDA only when every rank can */
             double n = use;

@@ -513,10 +513,10 @@ static void x_allreduce(Dist *d, Xc c, void *x, size_t n, int type, int op) {
     free(tmp);
 }
 
-/* MPI's type for elements of es bytes: float32, or (2) bf16 words */
-static MPI_Datatype mpi_elem(size_t es) { return es == 2 ? MPI_UINT16_T : MPI_FLOAT; }
+/* MPI's type for elements of es bytes: float32, (2) bf16 words or (1) bytes */
+static MPI_Datatype mpi_elem(size_t es) { return es == 1 ? MPI_BYTE : es == 2 ? MPI_UINT16_T : MPI_FLOAT; }
 
-/* Every member's n elements of es bytes (4: float32, 2: bf16 words) to
+/* Every member's n elements of es bytes (4: float32, 2: bf16 words, 1: bytes) to
  * every member's recv[size * n]. */
 static void x_allgather(Dist *d, Xc c, const void *send, void *recv, size_t n, size_t es) {
     if (d->use_mpi) {
@@ -1038,6 +1038,14 @@ void dist_gather_f64(Dist *d, const double *send, double *recv, size_t n) {
         return;
     }
     x_gather(d, xc_world(d), send, recv, n, X_F64);
+}
+
+void dist_allgather_bytes(Dist *d, const void *send, void *recv, size_t n) {
+    if (d->world == 1) {
+        memcpy(recv, send, n);
+        return;
+    }
+    x_allgather(d, xc_world(d), send, recv, n, 1);
 }
 
 void dist_bcast_bytes(Dist *d, void *buf, size_t n) {

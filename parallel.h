@@ -193,6 +193,8 @@ int dist_fault_low_peak(Dist *d, int step);
 int dist_health_check(Dist *d, size_t bytes, double min_gbps);
 /* World: broadcast n bytes from rank 0. */
 void dist_bcast_bytes(Dist *d, void *buf, size_t n);
+/* World: every rank's n bytes to every rank's recv[world * n], rank i's at recv + i * n. */
+void dist_allgather_bytes(Dist *d, const void *send, void *recv, size_t n);
 /* This rank's index in group g (DIST_GROUP_*) and the group's size. */
 void dist_group_rank(const Dist *d, int g, int *rank, int *size);
 /* Group g: broadcast n bytes from its first member (bootstraps a device

@@ -385,6 +385,7 @@ int rdzv_env_slurm(RdzvEnv *e, char *why, size_t n) {
     e->local_world = -1; /* from the host names: SLURM_NODEID counts the job's nodes, not the step's */
     int rc = env_int_in("SLURM_STEP_NUM_TASKS", 1, 1, 1 << 20, "", &e->world, why, n);
     if (rc <= 0) return rc; /* not a task of an srun step */
+    if (e->world == 1) return 1; /* alone (also salloc's interactive step): nothing else is read */
     char ctx[64];
     snprintf(ctx, sizeof ctx, " for SLURM_STEP_NUM_TASKS=%d", e->world);
     if (env_int_in("SLURM_PROCID", 0, 0, e->world - 1, ctx, &e->rank, why, n) < 0) return -1;
@@ -415,9 +416,20 @@ int rdzv_env_slurm(RdzvEnv *e, char *why, size_t n) {
     }
     if (env_int_in("MASTER_PORT", 1, 1, 65535, " (a TCP port)", &e->master_port, why, n) < 0) return -1;
     if (!e->master_port) { /* one port per job and step, below Linux's ephemeral range (32768-60999) */
-        int job = 0, step = 0;
+        int job = 0;
         if (env_int_in("SLURM_JOB_ID", 0, 0, INT_MAX, " (or set MASTER_PORT)", &job, why, n) < 0) return -1;
-        if (env_int_in("SLURM_STEP_ID", 1, 0, INT_MAX, "", &step, why, n) < 0) return -1;
+        /* a step id is 32 bits unsigned (Slurm's special steps are near 2^32); only its value mod 8 is used */
+        const char *st = getenv("SLURM_STEP_ID");
+        unsigned long step = 0;
+        if (st && *st) {
+            char *end;
+            errno = 0;
+            step = strtoul(st, &end, 10);
+            if (*st < '0' || *st > '9' || *end || errno == ERANGE || step > 0xffffffffUL) {
+                say(why, n, "SLURM_STEP_ID='%.40s' is not a step id (expected an integer in 0..4294967295)", st);
+                return -1;
+            }
+        }
         e->master_port = RDZV_SLURM_PORT(job, step);
     }
     return 1;

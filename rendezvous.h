@@ -44,9 +44,10 @@ int rdzv_env_world(int *world, char *why, size_t n);
  * SLURM_LOCALID (local_world -1: derive it), rank 0's address from
  * MASTER_ADDR, else the first host of SLURM_STEP_NODELIST (else
  * SLURM_JOB_NODELIST), and the port from MASTER_PORT, else
- * RDZV_SLURM_PORT(SLURM_JOB_ID, SLURM_STEP_ID). 1 read (world may be 1),
- * 0 not in an srun step (SLURM_STEP_NUM_TASKS unset or empty), -1 with the
- * reason naming the variable. */
+ * RDZV_SLURM_PORT(SLURM_JOB_ID, SLURM_STEP_ID). 1 read (world 1: a step
+ * of one task, nothing past the count read), 0 not in an srun step
+ * (SLURM_STEP_NUM_TASKS unset or empty), -1 with the reason naming the
+ * variable. */
 int rdzv_env_slurm(RdzvEnv *e, char *why, size_t n);
 /* The port of a Slurm step's rendezvous: 15000..31999, below Linux's
  * ephemeral ports, different for the 8 steps of a job that may run at once

@@ -712,10 +712,10 @@ elif [ "${ngpu:-0}" -eq 1 ]; then
     else lines=2; launch2() { trun "$1" 2 "${@:2}"; }; fi
     launch2 mr $BIN "$TMP/llama.json" --set train.device=cuda --set log.dir="$TMP/mr" >"$TMP/mr.out" 2>"$TMP/mr.err"; rc=$?
     if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/mr.err")" -eq $lines ] && [ "$(grep '^llmtrain:' "$TMP/mr.err" | sort -u | wc -l)" -eq 1 ] &&
-       grep -q '^llmtrain: .*train.device "cuda": 2 ranks on this node but 1 CUDA device (expected at most one rank per GPU' "$TMP/mr.err"; then
+       grep -q '^llmtrain: .*train.device "cuda": ranks 0 and 1 on host .* would share GPU GPU-[0-9a-f-]* (2 ranks on this node, 1 CUDA device visible to this rank; expected one GPU per rank' "$TMP/mr.err"; then
         echo "ok   2 ranks on 1 GPU refused: exit 2, $lines line(s): $(grep -m1 '^llmtrain:' "$TMP/mr.err")"; pass=$((pass + 1))
     else
-        echo "FAIL 2 ranks on 1 GPU: exit $rc, expected 2 and one line naming the GPU count: $(head -c 300 "$TMP/mr.err")"; fail=$((fail + 1))
+        echo "FAIL 2 ranks on 1 GPU: exit $rc, expected 2 and one line naming the ranks and the GPU: $(head -c 300 "$TMP/mr.err")"; fail=$((fail + 1))
     fi
     launch2 mr-auto $BIN "$TMP/llama.json" --set train.steps=2 --set log.dir="$TMP/mr-auto" --set checkpoint.dir="$TMP/mr-auto/ckpt" \
         >"$TMP/mr-auto.out" 2>&1; rc=$?

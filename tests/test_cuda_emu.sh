@@ -50,9 +50,24 @@ if [ $rc -eq 3 ] && [ "$(wc -l <"$TMP/oom.err")" -eq 1 ] &&
 else echo "FAIL out of device memory: exit $rc, expected 3 and one line: $(head -c 400 "$TMP/oom.err")"; fail=$((fail + 1)); fi
 LLMTRAIN_CUDA_EMU_DEVICES=1 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" >"$TMP/one.out" 2>"$TMP/one.err"; rc=$?
 if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/one.err")" -eq 1 ] &&
-   grep -q '^llmtrain: .*train.device "cuda": 2 ranks on this node but 1 CUDA device' "$TMP/one.err"; then
-    echo "ok   2 ranks on 1 emulated device: exit 2, one line naming the device count"; pass=$((pass + 1))
+   grep -q "^llmtrain: .*train.device \"cuda\": ranks 0 and 1 on host $(hostname) would share GPU GPU-656d752d-6375-6461-2d64-657669636500 (2 ranks on this node, 1 CUDA device visible to this rank" "$TMP/one.err"; then
+    echo "ok   2 ranks on 1 emulated device: exit 2, one line naming the ranks and the GPU's UUID"; pass=$((pass + 1))
 else echo "FAIL 2 ranks on 1 device: exit $rc: $(grep llmtrain: "$TMP/one.err" | head -2)"; fail=$((fail + 1)); fi
+# one GPU bound to each rank (CUDA_VISIBLE_DEVICES per rank, as srun
+# --gpus-per-task 1 sets it): each rank sees 1 device of the node's 2 and
+# trains as the ranks that see both do; two ranks bound to the same GPU are
+# refused under "cuda" and take the CPU under "auto"
+bind() { LLMTRAIN_CUDA_EMU_DEVICES=2 $MPIRUN 2 sh -c "CUDA_VISIBLE_DEVICES=$1 exec tests/llmtrain_emu $TMP/job.json --set log.dir=$TMP/$2 --set checkpoint.dir=$TMP/$2/ckpt $3"; }
+LLMTRAIN_CUDA_EMU_DEVICES=2 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" --set log.dir="$TMP/both" --set checkpoint.dir="$TMP/both/ckpt" >"$TMP/both.out" 2>&1; rc1=$?
+bind '$OMPI_COMM_WORLD_LOCAL_RANK' own >"$TMP/own.out" 2>&1; rc2=$?
+bind 1 same >"$TMP/same.out" 2>"$TMP/same.err"; rc3=$?
+bind 1 same-auto "--set train.device=auto" >"$TMP/same-auto.out" 2>&1; rc4=$?
+losses() { $PY -c 'import json, sys; print([json.loads(l)["loss"] for l in open(sys.argv[1]) if "\"loss\"" in l])' "$1"; }
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "| backend cuda" "$TMP/own.out" && [ "$(losses "$TMP/both/metrics.jsonl")" = "$(losses "$TMP/own/metrics.jsonl")" ] &&
+   [ $rc3 -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/same.err")" -eq 1 ] && grep -q "ranks 0 and 1 on host $(hostname) would share GPU GPU-656d752d-6375-6461-2d64-657669636501 (2 ranks on this node, 1 CUDA device visible" "$TMP/same.err" &&
+   [ $rc4 -eq 0 ] && grep -q "| backend cpu" "$TMP/same-auto.out"; then
+    echo "ok   one emulated GPU bound to each rank: trains as with both visible (losses $(losses "$TMP/own/metrics.jsonl")); both bound to GPU 1: \"cuda\" exit 2 naming it, \"auto\" the CPU"; pass=$((pass + 1))
+else echo "FAIL per-rank GPU binding: exit codes $rc1 $rc2 $rc3 $rc4: $(grep -hE "backend|llmtrain:" "$TMP/own.out" "$TMP/same.err" "$TMP/same-auto.out" | head -4)"; fail=$((fail + 1)); fi
 
 # make bench-gpu's script on the emulation (BENCH_SMOKE=1: tiny models, every
 # case): a GPU session's bench must not fail on the script (the config keys it

@@ -748,7 +748,20 @@ static void test_slurm(void) {
     slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1",
               "SLURM_JOB_ID is not set (expected an integer in 0..2147483647 (or set MASTER_PORT))");
     slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1 SLURM_JOB_ID=1 SLURM_STEP_ID=batch",
-              "SLURM_STEP_ID='batch' is not a number");
+              "SLURM_STEP_ID='batch' is not a step id (expected an integer in 0..4294967295)");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1 SLURM_JOB_ID=1 SLURM_STEP_ID=4294967296",
+              "SLURM_STEP_ID='4294967296' is not a step id");
+    slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1 SLURM_JOB_ID=1 SLURM_STEP_ID=-1",
+              "SLURM_STEP_ID='-1' is not a step id");
+    set_env("SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_STEP_NODELIST=n1 SLURM_JOB_ID=10 SLURM_STEP_ID=4294967290");
+    rc = rdzv_env_slurm(&e, why, sizeof why);
+    check(rc == 1 && e.master_port == 15000 + (int)((10ull * 8 + 4294967290ull % 8) % 17000),
+          "rdzv_env_slurm: a step id near 2^32 (Slurm's special steps) counts mod 8 (port %d)", e.master_port);
+    /* salloc's interactive step (LaunchParameters=use_interactive_step): one task, a special step id;
+     * a step of one reads nothing past the task count, so nothing there can fail it */
+    set_env("SLURM_STEP_NUM_TASKS=1 SLURM_STEP_ID=interactive SLURM_PROCID=x SLURM_STEP_NODELIST=n[ MASTER_PORT=0");
+    rc = rdzv_env_slurm(&e, why, sizeof why);
+    check(rc == 1 && e.world == 1, "rdzv_env_slurm: a step of one task reads nothing else (%d: %s)", rc, rc < 0 ? why : "world 1");
     slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_STEP_NODELIST=n1 MASTER_PORT=0", "MASTER_PORT=0 is out of range");
     slurm_bad("SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=1 SLURM_LOCALID=0 MASTER_ADDR=1.2.3 SLURM_JOB_ID=1", "MASTER_ADDR='1.2.3' is not a valid IPv4 address");
     set_env("");

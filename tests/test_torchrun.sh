@@ -243,9 +243,16 @@ env SLURM_JOB_ID=$JOB SLURM_NTASKS=4 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_JOB_NO
     $BIN "$TMP/gpt2.json" --set log.dir="$TMP/srun-batch" >"$TMP/srun-batch.out" 2>&1
 rc=$?
 $BIN export "$TMP/srun-batch/checkpoints" "$TMP/srun-batch/hf" >/dev/null 2>&1
-if [ $rc -eq 0 ] && ! grep -q "^launch:" "$TMP/srun-batch.out" && $PY tests/compare_runs.py "$TMP/gpt2-1" "$TMP/srun-batch" --steps 10 --exact >/dev/null; then
-    ok "in a batch script, outside srun (no SLURM_STEP_NUM_TASKS): a world of one, the same run as 1 rank"
-else bad "batch script: rc $rc: $(grep -E '^launch|llmtrain:' "$TMP/srun-batch.out" | head -2)"; fi
+# salloc's interactive step (LaunchParameters=use_interactive_step): a step of
+# one task with a special step id near 2^32, alone as well
+env SLURM_JOB_ID=$JOB SLURM_NTASKS=4 SLURM_STEP_NUM_TASKS=1 SLURM_STEP_ID=4294967290 SLURM_PROCID=0 SLURM_LOCALID=0 \
+    SLURM_STEP_NODELIST="$NODES" $BIN "$TMP/gpt2.json" --set log.dir="$TMP/srun-int" >"$TMP/srun-int.out" 2>&1
+rc2=$?
+$BIN export "$TMP/srun-int/checkpoints" "$TMP/srun-int/hf" >/dev/null 2>&1
+if [ $rc -eq 0 ] && ! grep -q "^launch:" "$TMP/srun-batch.out" && $PY tests/compare_runs.py "$TMP/gpt2-1" "$TMP/srun-batch" --steps 10 --exact >/dev/null &&
+   [ $rc2 -eq 0 ] && ! grep -q "^launch:" "$TMP/srun-int.out" && $PY tests/compare_runs.py "$TMP/gpt2-1" "$TMP/srun-int" --steps 10 --exact >/dev/null; then
+    ok "in a batch script outside srun (no SLURM_STEP_NUM_TASKS), and in salloc's interactive step (1 task, step 4294967290): a world of one, the same run as 1 rank"
+else bad "batch script / interactive step: rc $rc/$rc2: $(grep -hE '^launch|llmtrain:' "$TMP/srun-batch.out" "$TMP/srun-int.out" | head -2)"; fi
 # bad variables: exit 2 and one line on every task
 for spec in "SLURM_STEP_NODELIST=ghost[01-|SLURM_STEP_NODELIST: node list 'ghost[01-' is malformed at '[01-'" \
             "SLURM_PROCID=7|SLURM_PROCID=7 is out of range (expected an integer in 0..1 for SLURM_STEP_NUM_TASKS=2)" \

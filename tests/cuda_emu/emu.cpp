@@ -2,7 +2,11 @@
  * the fiber scheduler that runs a block's threads, cuBLASLt.
  *
  * Environment:
- *   LLMTRAIN_CUDA_EMU_DEVICES  devices reported (default 1; 0: none)
+ *   LLMTRAIN_CUDA_EMU_DEVICES  devices the emulated node has (default 1; 0: none)
+ *   CUDA_VISIBLE_DEVICES       as CUDA reads it: the node's devices this process
+ *                              sees, by index, in that order, up to the first
+ *                              one that does not exist; each device's UUID
+ *                              (cudaDeviceProp.uuid) names its index on the node
  *   LLMTRAIN_CUDA_EMU_MEM_MIB  device memory (default 81920 MiB): cudaMalloc
  *                              past it is cudaErrorMemoryAllocation */
 #include "include/cublasLt.h"
@@ -446,12 +450,29 @@ void execute(const char *name, const void *kernel, dim3 grid, dim3 block, size_t
 // ----------------------------------------------------------------------------
 // runtime
 
+static int node_dev[64]; /* visible device i is the node's device node_dev[i] */
+
 static int n_devices(void) {
     static int n = -1;
     if (n < 0) {
         const char *e = getenv("LLMTRAIN_CUDA_EMU_DEVICES");
-        n = e && *e ? atoi(e) : 1;
-        if (n < 0) n = 0;
+        int node = e && *e ? atoi(e) : 1;
+        if (node < 0) node = 0;
+        if (node > 64) node = 64;
+        const char *v = getenv("CUDA_VISIBLE_DEVICES");
+        n = 0;
+        if (!v) {
+            for (; n < node; n++) node_dev[n] = n;
+        } else {
+            for (const char *p = v; n < 64;) {
+                char *end;
+                long i = strtol(p, &end, 10);
+                if (end == p || i < 0 || i >= node) break;
+                node_dev[n++] = (int)i;
+                if (*end != ',') break;
+                p = end + 1;
+            }
+        }
     }
     return n;
 }
@@ -529,6 +550,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
     p->minor = 0;
     p->maxThreadsPerBlock = 1024;
     p->warpSize = 32;
+    memcpy(p->uuid.bytes, "emu-cuda-device", 15);
+    p->uuid.bytes[15] = (char)node_dev[dev];
     return cudaSuccess;
 }
 

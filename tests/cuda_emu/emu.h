@@ -95,8 +95,13 @@ enum cudaMemcpyKind {
 enum cudaDeviceAttr { cudaDevAttrClockRate = 13, cudaDevAttrMemoryClockRate = 36, cudaDevAttrGlobalMemoryBusWidth = 37 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
+typedef struct cudaUUID_t {
+    char bytes[16];
+} cudaUUID_t;
+
 typedef struct cudaDeviceProp {
     char name[256];
+    cudaUUID_t uuid;
     size_t totalGlobalMem;
     size_t sharedMemPerBlock;
     size_t sharedMemPerBlockOptin;
