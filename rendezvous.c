@@ -306,6 +306,19 @@ static int env_int_in(const char *name, int optional, long lo, long hi, const ch
     return 1;
 }
 
+/* MASTER_ADDR's value a into e, checked before any rendezvous (a bad one is
+ * exit 2, not a failed rendezvous) */
+static int set_master_addr(RdzvEnv *e, const char *a, char *why, size_t n) {
+    if (strlen(a) >= sizeof e->master_addr) {
+        say(why, n, "MASTER_ADDR is %zu characters long (expected a host name or IP address, at most %zu)", strlen(a),
+            sizeof e->master_addr - 1);
+        return -1;
+    }
+    if (check_addr("MASTER_ADDR=", a, why, n) < 0) return -1;
+    strcpy(e->master_addr, a);
+    return 0;
+}
+
 int rdzv_env_world(int *world, char *why, size_t n) { return env_int_in("WORLD_SIZE", 1, 1, 1 << 20, "", world, why, n); }
 
 int rdzv_env(RdzvEnv *e, char *why, size_t n) {
@@ -325,13 +338,7 @@ int rdzv_env(RdzvEnv *e, char *why, size_t n) {
         say(why, n, "MASTER_ADDR is not set (expected the host name or IP address of rank 0)");
         return -1;
     }
-    if (strlen(a) >= sizeof e->master_addr) {
-        say(why, n, "MASTER_ADDR is %zu characters long (expected a host name or IP address, at most %zu)", strlen(a),
-            sizeof e->master_addr - 1);
-        return -1;
-    }
-    if (check_addr("MASTER_ADDR=", a, why, n) < 0) return -1; /* before the rendezvous: exit 2, not a failed rendezvous */
-    strcpy(e->master_addr, a);
+    if (set_master_addr(e, a, why, n) < 0) return -1;
     if (env_int_in("MASTER_PORT", 0, 1, 65535, " (a TCP port)", &e->master_port, why, n) < 0) return -1;
     return 0;
 }
@@ -392,13 +399,7 @@ int rdzv_env_slurm(RdzvEnv *e, char *why, size_t n) {
     if (env_int_in("SLURM_LOCALID", 0, 0, e->world - 1, ctx, &e->local_rank, why, n) < 0) return -1;
     const char *a = getenv("MASTER_ADDR");
     if (a && *a) { /* the user's choice of rank 0's address (e.g. another network's name) */
-        if (strlen(a) >= sizeof e->master_addr) {
-            say(why, n, "MASTER_ADDR is %zu characters long (expected a host name or IP address, at most %zu)", strlen(a),
-                sizeof e->master_addr - 1);
-            return -1;
-        }
-        if (check_addr("MASTER_ADDR=", a, why, n) < 0) return -1;
-        strcpy(e->master_addr, a);
+        if (set_master_addr(e, a, why, n) < 0) return -1;
     } else { /* rank 0 runs on the step's first node */
         const char *var = getenv("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
         const char *list = getenv(var);
