@@ -111,8 +111,8 @@ rc=$?
 out2=$($BIN check configs/llama3.2_1b.json --world 8 --set init.from="$TMP/l32" 2>&1)
 rc2=$?
 if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && echo "$out" | grep -qxF "$line" && echo "$out2" | grep -qxF "$line" &&
-   echo "$out" | grep -q "^batch: 512 seqs x 8192 tokens = 4194304 tokens/step; micro 2 x accum 32 x dp 8 | world 8"; then
-    ok "llama3.2_1b.json on 8 ranks: Llama 3.2 1B's shape and RoPE scaling, alone and with init.from Meta's config.json"
+   echo "$out" | grep -q "^batch: 512 seqs x 8192 tokens = 4194304 tokens/step; micro 2 x accum 32 x dp 8 | world 8 | selective activation checkpointing (norm, mlp_act) |"; then
+    ok "llama3.2_1b.json on 8 ranks: Llama 3.2 1B's shape and RoPE scaling, selective checkpointing of norm and mlp_act, alone and with init.from Meta's config.json"
 else
     bad "llama3.2_1b.json: rc=$rc/$rc2 $out $out2"
 fi
