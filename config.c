@@ -664,6 +664,71 @@ void config_print_keys(void) {
     }
 }
 
+char *config_canonical(const Config *cfg) {
+    Buf b = {0};
+    for (int i = 0; i < NKEYS; i++) {
+        const Key *k = &KEYS[i];
+        if (strcmp(k->path, "description") == 0) continue; /* training ignores it */
+        const char *field = (const char *)cfg + k->off;
+        char name[64];
+        buf_add(&b, "%s=", k->path);
+        switch (k->type) {
+        case K_INT: buf_add(&b, "%d", *(const int *)field); break;
+        case K_BOOL: buf_add(&b, "%s", *(const int *)field ? "true" : "false"); break;
+        case K_U64: buf_add(&b, "%llu", (unsigned long long)*(const uint64_t *)field); break;
+        case K_FLOAT: buf_add(&b, "%.9g", (double)*(const float *)field); break;
+        case K_DOUBLE: buf_add(&b, "%.17g", *(const double *)field); break;
+        case K_STR: buf_json_string(&b, field); break;
+        case K_ENUM: buf_json_string(&b, config_enum_name(k->choices, *(const int *)field, name, sizeof name)); break;
+        case K_SET: {
+            int bits = *(const int *)field, first = 1;
+            buf_add(&b, "[");
+            for (int j = 0; j < 31; j++) {
+                if (!(bits >> j & 1)) continue;
+                buf_add(&b, "%s", first ? "" : ",");
+                buf_json_string(&b, config_enum_name(k->choices, j, name, sizeof name));
+                first = 0;
+            }
+            buf_add(&b, "]");
+            break;
+        }
+        }
+        buf_add(&b, "\n");
+    }
+    return b.s;
+}
+
+/* a canonical line's key and value ("path=value"; a line without '=' is
+ * all key, a text that ended is the key "(none)") */
+static void canon_split(const char *line, size_t len, const char **key, int *klen, const char **val, int *vlen) {
+    size_t k = strcspn(line, "=\n");
+    if (k > len) k = len;
+    *key = len ? line : "(none)";
+    *klen = len ? (int)(k > 80 ? 80 : k) : 6;
+    *val = k < len ? line + k + 1 : "";
+    *vlen = k < len ? (int)(len - k - 1 > 200 ? 200 : len - k - 1) : 0;
+}
+
+int config_canonical_diff(const char *a, const char *b, const char *a_name, const char *b_name, char *out, size_t n) {
+    while (*a || *b) {
+        size_t la = strcspn(a, "\n"), lb = strcspn(b, "\n");
+        if (la != lb || memcmp(a, b, la) != 0) {
+            const char *ka, *va, *kb, *vb;
+            int kla, vla, klb, vlb;
+            canon_split(a, la, &ka, &kla, &va, &vla);
+            canon_split(b, lb, &kb, &klb, &vb, &vlb);
+            if (kla != klb || memcmp(ka, kb, (size_t)kla) != 0)
+                snprintf(out, n, "the key table differs: %.*s %s where %.*s %s", kla, ka, a_name, klb, kb, b_name);
+            else
+                snprintf(out, n, "%.*s is %.*s %s, %.*s %s", kla, ka, vla, va, a_name, vlb, vb, b_name);
+            return 1;
+        }
+        a += la + (a[la] == '\n');
+        b += lb + (b[lb] == '\n');
+    }
+    return 0;
+}
+
 void config_free(Config *cfg) {
     free(cfg->json_text);
     cfg->json_text = NULL;

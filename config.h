@@ -149,6 +149,17 @@ void config_freeze_model(Config *cfg);
 /* The first model key on which a and b differ ("model.n_layer 4 vs 2" into
  * out); returns 0 when they describe the same model. */
 int config_model_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n);
+/* Every key's resolved value (defaults, --set, init.from's model section)
+ * but `description`, one "path=value" line each in the key table's order,
+ * values as JSON text: two ranks whose texts are equal train the same job.
+ * The caller frees. */
+char *config_canonical(const Config *cfg);
+/* The first line on which two config_canonical texts differ, into out:
+ * "path is A <a_name>, B <b_name>" ("train.steps is 1000 on rank 3, 500
+ * on rank 0"), or, where the texts name different keys (builds of another
+ * key table), "the key table differs: path_a <a_name> where path_b
+ * <b_name>"; returns 0 when the texts are equal. */
+int config_canonical_diff(const char *a, const char *b, const char *a_name, const char *b_name, char *out, size_t n);
 void config_free(Config *cfg);
 /* The name of choice idx of an enum's "a|b|c" choices, into buf. */
 const char *config_enum_name(const char *choices, int idx, char *buf, size_t n);

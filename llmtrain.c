@@ -1614,6 +1614,57 @@ static StepStats train_step(Trainer *t, int step) {
 /* ------------------------------------------------------------------ */
 /* setup                                                               */
 
+/* Every rank must train the same job: a host whose copy of the job file
+ * (or whose --set overrides, init.from config or llmtrain build) differs
+ * would otherwise train other steps, another schedule or another model
+ * than its peers, and the job would hang in a collective of another size
+ * or its replicas drift apart without a word. The ranks compare a hash of
+ * config_canonical's text (one all-gather); where one differs, rank 0's
+ * text goes to every rank, each finds its first differing key, and every
+ * rank ends with exit 2 and the same line naming the first rank that
+ * differs, its host, the key and both values. */
+typedef struct JobDiff {
+    char host[64];
+    char diff[448];
+} JobDiff;
+
+static void check_same_job(Trainer *t) {
+    Dist *d = &t->dist;
+    if (d->world == 1) return;
+    char *text = config_canonical(&t->cfg);
+    size_t len = strlen(text) + 1;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)text[i]) * 1099511628211ull;
+    uint64_t *hashes = malloc_check((size_t)d->world * sizeof *hashes);
+    dist_allgather_bytes(d, &h, hashes, sizeof h);
+    int differ = 0;
+    for (int r = 1; r < d->world; r++) differ += hashes[r] != hashes[0];
+    free(hashes);
+    if (!differ) {
+        free(text);
+        return;
+    }
+    uint64_t root_len = len;
+    dist_bcast_bytes(d, &root_len, sizeof root_len);
+    char *root = malloc_check((size_t)root_len);
+    if (d->rank == 0) memcpy(root, text, len);
+    dist_bcast_bytes(d, root, (size_t)root_len);
+    root[root_len - 1] = '\0';
+    JobDiff mine, *all = malloc_check((size_t)d->world * sizeof *all);
+    memset(&mine, 0, sizeof mine);
+    if (gethostname(mine.host, sizeof mine.host - 1) < 0) snprintf(mine.host, sizeof mine.host, "?");
+    char me[32];
+    snprintf(me, sizeof me, "on rank %d", d->rank);
+    config_canonical_diff(text, root, me, "on rank 0", mine.diff, sizeof mine.diff);
+    dist_allgather_bytes(d, &mine, all, sizeof mine);
+    int r = 1;
+    while (r < d->world && !all[r].diff[0]) r++;
+    if (r == d->world) die(EXIT_INTERNAL, "check_same_job: the config hashes differ but no rank's text does");
+    die(EXIT_USAGE, "%s: rank %d (host %.60s) reads another job than rank 0 (host %.60s): %s (%d of %d ranks differ from rank 0; "
+        "expected every rank to read the same job file with the same --set overrides and run the same llmtrain build)",
+        t->cfg.path, r, all[r].host, all[0].host, all[r].diff, differ, d->world);
+}
+
 /* Validate the parallel layout for t->dist.world ranks and derive S and the
  * accumulation. Arithmetic only (no MPI), so `llmtrain check` runs it for
  * any world size with the same messages as a training start. */
@@ -2203,6 +2254,7 @@ static int train(int argc, char **argv) {
     die_replicated(t->dist.rank != 0); /* the job file and the layout: one error line per job */
     load_job(t, argc, argv, NULL, "llmtrain job.json [--set key=value ...]");
     Config *c = &t->cfg;
+    check_same_job(t);
     dist_watchdog_start(&t->dist, c->timeout_s);
     check_layout(t);
     select_backend(t); /* a missing GPU is usually every rank's error too */

@@ -283,5 +283,59 @@ else
     echo "FAIL parallel.health_check=false: rc=$rc $(grep health "$TMP/hcoff.out" | head -2)"; fail=$((fail + 1))
 fi
 
+# ---- every rank must train the same job ----
+# rank 1 reads a copy of the job file written otherwise (keys in reverse
+# order, indented, 0.01 for 1e-2, 10.0 for 10, its own description): the same
+# job, so the same run as the 2-rank run above, bit for bit
+$PY - "$TMP/gpt2.json" "$TMP/gpt2-copy.json" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+rev = lambda d: {k: rev(v) if isinstance(v, dict) else v for k, v in reversed(list(d.items()))}
+j = rev(j)
+j["description"] = "rank 1's copy"
+j["optim"]["lr"] = 0.01
+j["train"]["steps"] = 10.0
+open(sys.argv[2], "w").write(json.dumps(j, indent=4).replace('"lr": 0.01', '"lr": 0.010'))
+PYEOF
+sj="--set log.dir=$TMP/same-copy --set checkpoint.dir=$TMP/same-copy/ckpt"
+$MPIRUN 1 $BIN "$TMP/gpt2.json" $sj : -np 1 $BIN "$TMP/gpt2-copy.json" $sj >"$TMP/same-copy.out" 2>&1
+rc=$?
+$BIN export "$TMP/same-copy/ckpt" "$TMP/same-copy/hf" >/dev/null 2>&1
+if [ $rc -eq 0 ] && $PY tests/compare_runs.py "$TMP/gpt2-2" "$TMP/same-copy" --steps 10 --exact >/dev/null; then
+    ok "same job from two differently written files (key order, number forms, description): trains, bit-identical to the 2-rank run"
+else
+    bad "same job, two files: rc=$rc $(grep llmtrain: "$TMP/same-copy.out" | head -2) $($PY tests/compare_runs.py "$TMP/gpt2-2" "$TMP/same-copy" --steps 10 --exact 2>&1 | tail -1)"
+fi
+# rank 1 (or ranks 1 and 2) with one key set otherwise: exit 2 before a step,
+# one line naming the first rank that differs, the key and both values
+printf 'x' >"$TMP/notdata.bin"
+for spec in "train.steps=7|train.steps is 7 on rank 1, 10 on rank 0" \
+            "optim.lr=0.02|optim.lr is 0.0199999996 on rank 1, 0.00999999978 on rank 0" \
+            "model.n_layer=3|model.n_layer is 3 on rank 1, 2 on rank 0" \
+            "model.arch=llama|model.arch is \"llama\" on rank 1, \"gpt2\" on rank 0" \
+            "data.train=$TMP/notdata.bin|data.train is \"$TMP/notdata.bin\" on rank 1, \"$TMP/train.bin\" on rank 0" \
+            "data.shuffle=true|data.shuffle is true on rank 1, false on rank 0" \
+            "parallel.strategy=FULL_SHARD|parallel.strategy is \"FULL_SHARD\" on rank 1, \"NO_SHARD\" on rank 0" \
+            "train.recompute_modules=norm,mlp_act|train.recompute_modules is [\"norm\",\"mlp_act\"] on rank 1, [\"attention\"] on rank 0|train.activation_checkpointing=selective" \
+            "init.seed=9007199254740991|init.seed is 9007199254740991 on rank 1, 1337 on rank 0" \
+            "checkpoint.every_minutes=1.5|checkpoint.every_minutes is 1.5 on rank 1, 0 on rank 0" \
+            "3:optim.beta2=0.9|optim.beta2 is 0.899999976 on rank 1, 0.949999988 on rank 0 (2 of 3 ranks differ from rank 0;"; do
+    IFS='|' read -r set_kv want common <<<"$spec"
+    common=${common:-log.every_steps=1}
+    n=1; case $set_kv in 3:*) n=2; set_kv=${set_kv#3:};; esac
+    name=diff-${set_kv%%=*}
+    $MPIRUN 1 $BIN "$TMP/gpt2.json" --set log.dir="$TMP/$name" --set "$common" : \
+        -np $n $BIN "$TMP/gpt2.json" --set log.dir="$TMP/$name" --set "$common" --set "$set_kv" \
+        >"$TMP/$name.out" 2>"$TMP/$name.err"
+    rc=$?
+    if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/$name.err")" -eq 1 ] &&
+       grep -qF "llmtrain: $TMP/gpt2.json: rank 1 (host $(hostname)) reads another job than rank 0 (host $(hostname)): $want" "$TMP/$name.err" &&
+       ! grep -qs '"loss"' "$TMP/$name/metrics.jsonl"; then
+        ok "$((n + 1)) ranks, $set_kv on rank$([ $n = 2 ] && echo "s 1 and 2" || echo " 1"): exit 2 before a step: $(grep '^llmtrain:' "$TMP/$name.err" | cut -c1-60)...$want"
+    else
+        bad "$set_kv on rank 1: rc=$rc $(grep -v '^ *$' "$TMP/$name.err" | head -3)"
+    fi
+done
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -84,6 +84,17 @@ if [[ "$(rcs hang 2)" =~ ^[56],5$ ]] && grep -q "rank 1: watchdog: step 4 phase 
     ok "rank 1 hangs at step 4: its watchdog ends it (exit 5), rank 0 follows (exit $(cat "$TMP/hang.rc.0")) in ${dt%???????} s"
 else bad "hang: exit codes $(rcs hang 2), ${dt} s: $(grep llmtrain: "$TMP/hang.out" | head -2)"; fi
 
+# rank 1 reads another job (its optim.warmup_steps): both ranks exit 2 before
+# a step with the same line, naming rank 1, the key and both values
+printf '#!/bin/sh\n[ "$RANK" = 1 ] && exec "$@" --set optim.warmup_steps=3\nexec "$@"\n' >"$TMP/rank1_other.sh"
+chmod +x "$TMP/rank1_other.sh"
+trun other 2 "$TMP/rank1_other.sh" $BIN "$TMP/gpt2.json" --set log.dir="$TMP/other" >"$TMP/other.out" 2>&1
+want="llmtrain: $TMP/gpt2.json: rank 1 (host $(hostname)) reads another job than rank 0 (host $(hostname)): optim.warmup_steps is 3 on rank 1, $(grep -o '"warmup_steps": [0-9]*' "$TMP/gpt2.json" | grep -o '[0-9]*$') on rank 0 (1 of 2 ranks differ from rank 0;"
+if [ "$(rcs other 2)" = "2,2" ] && [ "$(grep -c '^llmtrain:' "$TMP/other.out")" -eq 2 ] && [ "$(grep -cF "$want" "$TMP/other.out")" -eq 2 ] &&
+   ! grep -qs '"loss"' "$TMP/other/metrics.jsonl"; then
+    ok "rank 1 with another optim.warmup_steps over TCP: both ranks exit 2 before a step, each with the line naming rank 1 and the key"
+else bad "rank 1 reads another job over TCP: codes $(rcs other 2): $(grep -v '^ *$' "$TMP/other.out" | head -3) (wanted $want)"; fi
+
 # a rank that never arrives: the others give up after LLMTRAIN_RDZV_TIMEOUT_S, rank 0 naming it
 port=$(free_port); t0=$(date +%s.%N)
 for r in 0 1 2; do
