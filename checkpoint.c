@@ -119,6 +119,19 @@ static bool path_exists(const char *p) {
 
 static void writer_progress(CkptWriter *w, size_t n); /* (background writer, below) */
 
+/* A write job's failure: errno as the failing call left it (the arguments,
+ * strerror(errno) among them, are evaluated before this body runs), then
+ * the message. */
+static int job_err(CkptJobResult *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int job_err(CkptJobResult *r, const char *fmt, ...) {
+    r->err = errno;
+    va_list ap;
+    va_start(ap, fmt);
+    vformat_line(r->error, sizeof r->error, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
 /* Write (src == NULL: from buf) or copy (from file src) into dst with a
  * checksum; fsync; the partial file is removed on failure. Each piece
  * written counts in w's progress. */
@@ -128,23 +141,23 @@ static int write_file(CkptWriter *w, const char *dst, const float *buf, size_t f
                       CkptJobResult *r) {
     char dir[PATH_BUF];
     path_parent(dir, sizeof dir, dst);
-    if (mkdir_p_durable(dir) != 0) return errf(r->error, sizeof r->error, "%s: cannot create directory (%s)", dir, strerror(errno));
+    if (mkdir_p_durable(dir) != 0) return job_err(r, "%s: cannot create directory (%s)", dir, strerror(errno));
     int in = -1;
     unsigned char *tmp = NULL;
     if (src) {
         in = open(src, O_RDONLY);
-        if (in < 0) return errf(r->error, sizeof r->error, "%s: cannot open (%s)", src, strerror(errno));
+        if (in < 0) return job_err(r, "%s: cannot open (%s)", src, strerror(errno));
         tmp = malloc(IO_CHUNK); /* on the writer thread: no memory fails this copy, it does not end the process */
         if (!tmp) {
             close(in);
-            return errf(r->error, sizeof r->error, "%s: no memory for the %zu MiB copy buffer", dst, IO_CHUNK >> 20);
+            return job_err(r, "%s: no memory for the %zu MiB copy buffer", dst, IO_CHUNK >> 20);
         }
     }
     int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
         if (in >= 0) close(in);
         free(tmp);
-        return errf(r->error, sizeof r->error, "%s: cannot create (%s)", dst, strerror(errno));
+        return job_err(r, "%s: cannot create (%s)", dst, strerror(errno));
     }
     CkptHash h;
     ckpt_hash_init(&h);
@@ -155,7 +168,7 @@ static int write_file(CkptWriter *w, const char *dst, const float *buf, size_t f
         size_t n;
         if (src) {
             ssize_t got = read(in, tmp, slow ? SLOW_PIECE : IO_CHUNK);
-            if (got < 0) { if (errno == EINTR) continue; rc = errf(r->error, sizeof r->error, "%s: read failed (%s)", src, strerror(errno)); break; }
+            if (got < 0) { if (errno == EINTR) continue; rc = job_err(r, "%s: read failed (%s)", src, strerror(errno)); break; }
             if (got == 0) break;
             p = tmp;
             n = (size_t)got;
@@ -167,7 +180,7 @@ static int write_file(CkptWriter *w, const char *dst, const float *buf, size_t f
             p = (const char *)buf + done;
         }
         ckpt_hash_update(&h, p, n);
-        if (write_all(fd, p, n) != 0) { rc = errf(r->error, sizeof r->error, "%s: write failed (%s)", dst, strerror(errno)); break; }
+        if (write_all(fd, p, n) != 0) { rc = job_err(r, "%s: write failed (%s)", dst, strerror(errno)); break; }
         done += n;
         writer_progress(w, n);
         if (die_after && done >= die_after) raise(SIGKILL); /* LLMTRAIN_FAULT kind=ckpt_die */
@@ -176,8 +189,8 @@ static int write_file(CkptWriter *w, const char *dst, const float *buf, size_t f
             nanosleep(&ts, NULL);
         }
     }
-    if (rc == 0 && fsync(fd) != 0) rc = errf(r->error, sizeof r->error, "%s: fsync failed (%s)", dst, strerror(errno));
-    if (close(fd) != 0 && rc == 0) rc = errf(r->error, sizeof r->error, "%s: close failed (%s)", dst, strerror(errno));
+    if (rc == 0 && fsync(fd) != 0) rc = job_err(r, "%s: fsync failed (%s)", dst, strerror(errno));
+    if (close(fd) != 0 && rc == 0) rc = job_err(r, "%s: close failed (%s)", dst, strerror(errno));
     if (in >= 0) close(in);
     free(tmp);
     if (rc != 0) { unlink(dst); return rc; }

@@ -78,6 +78,7 @@ int ckpt_writer_wait_for(CkptWriter *w, double seconds, size_t *progress);
  * CKPT_FAILED: the reason (one line). Resets the state to CKPT_IDLE. */
 typedef struct CkptJobResult {
     int state;
+    int err; /* CKPT_FAILED: errno of the call that failed (ENOSPC, EDQUOT: the disk is full) */
     uint64_t bytes, checksum;
     double seconds;
     char error[512];

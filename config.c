@@ -121,7 +121,7 @@ static const Key KEYS[] = {
     /* checkpoint */
     {"checkpoint.dir", K_STR, STR(ckpt_dir), "\"\"", 0, 0, NULL, "checkpoint root, one folder per step (empty: <log.dir>/checkpoints)"},
     {"checkpoint.every_steps", K_INT, OFF(ckpt_every), 0, "0", 0, BIG, NULL, "write a checkpoint every this many steps (0 = only at the end)"},
-    {"checkpoint.keep_last", K_INT, OFF(ckpt_keep_last), 0, "0", 0, BIG, NULL, "keep only the newest this many checkpoints (0 = keep all); the oldest goes only after a newer one is complete"},
+    {"checkpoint.keep_last", K_INT, OFF(ckpt_keep_last), 0, "0", 0, BIG, NULL, "keep only the newest this many checkpoints (0 = keep all); the oldest goes only after a newer one is complete, or, on a full disk, to make room for it"},
     {"checkpoint.every_minutes", K_DOUBLE, OFF(ckpt_every_minutes), 0, "0", 0, 1e9, NULL, "also write a checkpoint when this many minutes have passed since the last one (0 = off)"},
     {"checkpoint.async", K_BOOL, OFF(ckpt_async), 0, "true", 0, 0, NULL, "write in a background thread; training blocks only while the state is copied to host memory"},
     {"checkpoint.durable_dir", K_STR, STR(ckpt_durable_dir), "\"\"", 0, 0, NULL, "second copy of every checkpoint, made in the background after the local one is complete (SageMaker: /opt/ml/checkpoints; empty = none)"},

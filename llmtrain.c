@@ -117,6 +117,7 @@ typedef struct Trainer {
     size_t ck_owned;           /* floats per state kind this rank writes */
     int ck_phase;              /* CK_IDLE, CK_LOCAL, CK_DURABLE */
     int ck_direct;             /* the local write failed: writing straight to durable_dir */
+    int ck_room_tried;         /* this phase of the checkpoint found its disk full once (ck_make_room) */
     TrainState ck_state;       /* state of the checkpoint in flight */
     char ck_root[1024];        /* where the phase in flight writes */
     char *ck_manifest;         /* kept for the durable copy's commit */
@@ -743,6 +744,30 @@ static void ck_drain(Trainer *t) {
     while (t->ck_phase != CK_IDLE) ck_control(t, 1, NULL, NULL);
 }
 
+/* The write or durable copy of `step` failed on some rank because its disk
+ * (or quota) is full. Under checkpoint.keep_last K >= 2 the checkpoints
+ * that keep_last would remove from that root once this one is complete go
+ * now instead (the newest K - 1 complete ones stay), and the write or copy
+ * starts again (from the staging buffer, or the local file), once a phase:
+ * a disk that holds K checkpoints but not K + 1 keeps checkpointing.
+ * Returns 1 when it started again. */
+static int ck_make_room(Trainer *t, int step) {
+    if (t->ck_room_tried || t->cfg.ckpt_keep_last < 2) return 0;
+    t->ck_room_tried = 1;
+    char root[sizeof t->ck_root];
+    snprintf(root, sizeof root, "%s", t->ck_root);
+    double removed = node_leader(t) ? ckpt_prune(root, t->cfg.ckpt_keep_last - 1, step) : 0;
+    dist_allreduce_sum_f64(&t->dist, &removed, 1);
+    if (removed == 0) return 0;
+    if (is_root(t))
+        fprintf(stderr, "llmtrain: checkpoint step %d: no space left in %s; removed the oldest complete checkpoint there now rather "
+                        "than once this one is complete (checkpoint.keep_last %d), and %s step %d again\n",
+                step, root, t->cfg.ckpt_keep_last, t->ck_phase == CK_DURABLE ? "copying" : "writing", step);
+    if (t->ck_phase == CK_DURABLE) ck_start_copy(t, step);
+    else ck_start_write(t, root);
+    return 1;
+}
+
 /* Every writer is done with the phase in flight. */
 static void ck_advance(Trainer *t, int any_failed) {
     Dist *d = &t->dist;
@@ -809,10 +834,14 @@ static void ck_advance(Trainer *t, int any_failed) {
     int durable = t->cfg.ckpt_durable_dir[0] != 0;
     if (failed) {
         if (node_leader(t)) ckpt_remove(tmp);
+        double full = r.state == CKPT_FAILED && (r.err == ENOSPC || r.err == EDQUOT);
+        dist_allreduce_sum_f64(d, &full, 1);
+        if (full > 0 && ck_make_room(t, step)) return;
         dist_barrier(d);
         if (t->ck_phase == CK_LOCAL && durable && !t->ck_direct) {
             if (is_root(t)) fprintf(stderr, "llmtrain: checkpoint step %d: local write failed; writing it to %s instead\n", step, t->cfg.ckpt_durable_dir);
             t->ck_direct = 1;
+            t->ck_room_tried = 0;
             ck_start_write(t, t->cfg.ckpt_durable_dir); /* the staging buffer still holds the state */
             return;
         }
@@ -820,8 +849,19 @@ static void ck_advance(Trainer *t, int any_failed) {
             fprintf(stderr, "llmtrain: warning: checkpoint step %d: the copy to %s failed; the checkpoint is complete in %s only "
                             "(the next checkpoint is copied again)\n", step, t->cfg.ckpt_durable_dir, t->cfg.ckpt_dir);
         else if (is_root(t))
-            fprintf(stderr, "llmtrain: warning: checkpoint step %d dropped; the newest complete checkpoint is %s\n", step,
-                    t->ck_done_step >= 0 ? "still the previous one" : "none yet");
+            fprintf(stderr, "llmtrain: warning: checkpoint step %d dropped; the newest complete checkpoint is %s%s\n", step,
+                    t->ck_done_step >= 0 ? "still the previous one" : "none yet",
+                    full > 0 ? " (a disk is full: free space in checkpoint.dir, or set checkpoint.keep_last to at most the checkpoints it"
+                               " holds, 2 or more, so that the oldest makes room)" : "");
+        if (is_root(t) && t->metrics) { /* for whatever watches the run: a checkpoint it does not have */
+            Buf line = {0};
+            buf_add(&line, "{\"event\":\"checkpoint_failed\",\"step\":%d,\"durable\":%s,\"disk_full\":%s,\"error\":", step,
+                    t->ck_phase == CK_DURABLE || t->ck_direct ? "true" : "false", full > 0 ? "true" : "false");
+            buf_json_string(&line, r.state == CKPT_FAILED ? r.error : why[0] ? why : "failed on another rank (its stderr line says why)");
+            fprintf(t->metrics, "%s}\n", line.s);
+            free(line.s);
+            fflush(t->metrics);
+        }
         t->ck_phase = CK_IDLE;
         t->ck_direct = 0;
         return;
@@ -843,6 +883,7 @@ static void ck_advance(Trainer *t, int any_failed) {
     t->ck_done_step = step;
     if (t->ck_phase == CK_DURABLE || t->ck_direct) t->ck_durable_step = step;
     if (t->ck_phase == CK_LOCAL && durable && !t->ck_direct) {
+        t->ck_room_tried = 0;
         ck_start_copy(t, step);
         return;
     }
@@ -873,6 +914,7 @@ static double ck_begin(Trainer *t, int step) {
     t->ck_state.rng = sample_key((uint64_t)t->cfg.seed, step); /* the format's field; resume needs nothing from it */
     t->ck_phase = CK_LOCAL;
     t->ck_direct = 0;
+    t->ck_room_tried = 0;
     t->ck_began = t->ck_last = t0;
     ck_start_write(t, t->cfg.ckpt_dir);
     if (!t->cfg.ckpt_async) ck_drain(t);

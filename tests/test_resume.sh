@@ -175,6 +175,60 @@ if [ $rc -eq 0 ] && grep -q "^resume: $TMP/rc2dur has no complete step 6; copyin
     ok "2 ranks FULL_SHARD: the cut-off durable copy of step 6 made again beside training on to step 8"
 else bad "2-rank durable re-copy: rc $rc; $(ls "$TMP/rc2dur" | tr '\n' ' '); $(grep -E 'resume|error' "$TMP/rc2.out" | tail -2)"; fi
 
+# ---- a full disk (a tmpfs that holds two checkpoints, not three). Under
+# keep_last 2 the oldest checkpoint goes before the new one is written again
+# (1 rank, 2 ranks FULL_SHARD, and a full durable_dir whose copy is made
+# again), the run checkpoints every time and ends as the reference run; under
+# keep_last 0 (keep all) each checkpoint after the second is dropped with one
+# line saying the disk is full and a checkpoint_failed event, the final one
+# exit 3 ----
+disks=()
+full_disk() { # full_disk NAME: a 1900 KiB tmpfs at $TMP/NAME (a checkpoint here is 0.74 MB)
+    mkdir -p "$TMP/$1" && mount -t tmpfs -o size=1900k tmpfs "$TMP/$1" && disks+=("$TMP/$1")
+}
+trap 'for d in "${disks[@]}"; do umount "$d"; done; rm -rf "$TMP"' EXIT
+# events NAME: "checkpoint events | failed events" of $TMP/NAME/metrics.jsonl
+events() {
+    $PY - "$TMP/$1/metrics.jsonl" <<'PYEOF'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if '"event":"checkpoint' in l]
+ok = " ".join(f"{e['step']}{'d' if e['durable'] else ''}" for e in ev if e["event"] == "checkpoint")
+bad = " ".join(f"{e['step']}:{e['disk_full']}:{'No space left on device' in e['error']}" for e in ev if e["event"] == "checkpoint_failed")
+print(f"{ok} | {bad}")
+PYEOF
+}
+for spec in "full1 1" "full2 2 --set parallel.strategy=FULL_SHARD"; do
+    read -r name np rest <<<"$spec"
+    if ! full_disk "$name-disk"; then bad "$name: cannot mount a tmpfs at $TMP/$name-disk (this test runs as root)"; continue; fi
+    run "$name" "$np" $rest --set checkpoint.dir="$TMP/$name-disk" --set checkpoint.every_steps=2 --set checkpoint.keep_last=2; rc=$?
+    $BIN export "$TMP/$name-disk" "$TMP/$name/hf" >/dev/null 2>&1
+    ref=ref-np1; [ "$np" = 2 ] && { run "$name-ref" 2 $rest; export_run "$name-ref"; ref=$name-ref; }
+    n=$(grep -c "no space left in $TMP/$name-disk; removed the oldest complete checkpoint there now rather than once this one is complete (checkpoint.keep_last 2), and writing step [0-9]* again" "$TMP/$name.out")
+    if [ $rc -eq 0 ] && [ "$n" = 3 ] && [ "$(events "$name")" = "2 4 6 8 10 | " ] &&
+       [ "$(ls "$TMP/$name-disk" | tr '\n' ' ')" = "step_00000008 step_00000010 " ] &&
+       $PY tests/compare_runs.py "$TMP/$ref" "$TMP/$name" --steps 10 --exact >/dev/null; then
+        ok "$np rank(s) ${rest:+($rest) }on a disk holding 2 checkpoints, keep_last 2: steps 6, 8 and 10 made room and were written again, every checkpoint complete, the run bit-identical to the reference"
+    else bad "$name: rc $rc, $n make-room lines, events '$(events "$name")', $(ls "$TMP/$name-disk" | tr '\n' ' '); $(grep -E 'llmtrain' "$TMP/$name.out" | head -3)"; fi
+done
+if full_disk fulldur-disk; then
+    run fulldur 1 --set checkpoint.every_steps=2 --set checkpoint.keep_last=2 --set checkpoint.durable_dir="$TMP/fulldur-disk"; rc=$?
+    n=$(grep -c "no space left in $TMP/fulldur-disk; removed the oldest complete checkpoint there now .*, and copying step [0-9]* again" "$TMP/fulldur.out")
+    if [ $rc -eq 0 ] && [ "$n" = 3 ] && [ "$(events fulldur)" = "2 2d 4 4d 6 6d 8 8d 10 10d | " ] &&
+       [ "$(ls "$TMP/fulldur-disk" | tr '\n' ' ')" = "step_00000008 step_00000010 " ] &&
+       cmp -s "$TMP/fulldur-disk/step_00000010/rank_00000.bin" "$TMP/fulldur/checkpoints/step_00000010/rank_00000.bin"; then
+        ok "a durable_dir holding 2 checkpoints, keep_last 2: the copies of steps 6, 8 and 10 made room and were made again"
+    else bad "fulldur: rc $rc, $n make-room lines, events '$(events fulldur)', $(ls "$TMP/fulldur-disk" | tr '\n' ' '); $(grep -E 'llmtrain' "$TMP/fulldur.out" | head -3)"; fi
+else bad "fulldur: cannot mount a tmpfs"; fi
+if full_disk full0-disk; then
+    run full0 1 --set checkpoint.dir="$TMP/full0-disk" --set checkpoint.every_steps=2; rc=$?
+    n=$(grep -c "^llmtrain: warning: checkpoint step [0-9]* dropped; the newest complete checkpoint is still the previous one (a disk is full: free space in checkpoint.dir, or set checkpoint.keep_last to at most the checkpoints it holds, 2 or more, so that the oldest makes room)" "$TMP/full0.out")
+    if [ $rc -eq 3 ] && [ "$n" = 3 ] && [ "$(events full0)" = "2 4 | 6:True:True 8:True:True 10:True:True" ] &&
+       grep -q "the final checkpoint (step 10) could not be written to $TMP/full0-disk" "$TMP/full0.out" &&
+       [ "$(ls "$TMP/full0-disk" | tr '\n' ' ')" = "step_00000002 step_00000004 " ]; then
+        ok "keep_last 0 (keep all) on a disk holding 2 checkpoints: steps 6, 8 and 10 dropped, each one line and a checkpoint_failed event, the final one exit 3"
+    else bad "full0: rc $rc, $n drop lines, events '$(events full0)', $(ls "$TMP/full0-disk" | tr '\n' ' '); $(grep -E 'llmtrain' "$TMP/full0.out" | head -3)"; fi
+else bad "full0: cannot mount a tmpfs"; fi
+
 # ---- keep_last after resuming below a damaged newer checkpoint: the one just
 # completed is never the one pruned ----
 run lin 1 --set train.steps=6 --set checkpoint.keep_last=2
