@@ -700,13 +700,20 @@ char *config_canonical(const Config *cfg) {
 
 /* a canonical line's key and value ("path=value"; a line without '=' is
  * all key, a text that ended is the key "(none)") */
-static void canon_split(const char *line, size_t len, const char **key, int *klen, const char **val, int *vlen) {
+static void canon_split(const char *line, size_t len, const char **key, int *klen, const char **val, size_t *vlen) {
     size_t k = strcspn(line, "=\n");
     if (k > len) k = len;
     *key = len ? line : "(none)";
     *klen = len ? (int)(k > 80 ? 80 : k) : 6;
     *val = k < len ? line + k + 1 : "";
-    *vlen = k < len ? (int)(len - k - 1 > 200 ? 200 : len - k - 1) : 0;
+    *vlen = k < len ? len - k - 1 : 0;
+}
+
+/* v's excerpt [from, from + 160) with "..." where it is cut */
+static void excerpt(char *out, size_t n, const char *v, size_t vlen, size_t from) {
+    size_t take = vlen > from ? vlen - from : 0;
+    if (take > 160) take = 160;
+    snprintf(out, n, "%s%.*s%s", from ? "..." : "", (int)take, v + from, from + take < vlen ? "..." : "");
 }
 
 int config_canonical_diff(const char *a, const char *b, const char *a_name, const char *b_name, char *out, size_t n) {
@@ -714,13 +721,21 @@ int config_canonical_diff(const char *a, const char *b, const char *a_name, cons
         size_t la = strcspn(a, "\n"), lb = strcspn(b, "\n");
         if (la != lb || memcmp(a, b, la) != 0) {
             const char *ka, *va, *kb, *vb;
-            int kla, vla, klb, vlb;
+            int kla, klb;
+            size_t vla, vlb;
             canon_split(a, la, &ka, &kla, &va, &vla);
             canon_split(b, lb, &kb, &klb, &vb, &vlb);
-            if (kla != klb || memcmp(ka, kb, (size_t)kla) != 0)
+            if (kla != klb || memcmp(ka, kb, (size_t)kla) != 0) {
                 snprintf(out, n, "the key table differs: %.*s %s where %.*s %s", kla, ka, a_name, klb, kb, b_name);
-            else
-                snprintf(out, n, "%.*s is %.*s %s, %.*s %s", kla, ka, vla, va, a_name, vlb, vb, b_name);
+            } else { /* long values: both from 60 bytes before the first that differs */
+                size_t d = 0;
+                while (d < vla && d < vlb && va[d] == vb[d]) d++;
+                size_t from = vla > 160 || vlb > 160 ? (d > 60 ? d - 60 : 0) : 0;
+                char xa[176], xb[176];
+                excerpt(xa, sizeof xa, va, vla, from);
+                excerpt(xb, sizeof xb, vb, vlb, from);
+                snprintf(out, n, "%.*s is %s %s, %s %s", kla, ka, xa, a_name, xb, b_name);
+            }
             return 1;
         }
         a += la + (a[la] == '\n');

@@ -31,6 +31,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define LLMTRAIN_VERSION "0.1.0"
@@ -745,22 +746,36 @@ static void ck_drain(Trainer *t) {
 }
 
 /* The write or durable copy of `step` failed on some rank because its disk
- * (or quota) is full. Under checkpoint.keep_last K >= 2 the checkpoints
- * that keep_last would remove from that root once this one is complete go
- * now instead (the newest K - 1 complete ones stay), and the write or copy
- * starts again (from the staging buffer, or the local file), once a phase:
- * a disk that holds K checkpoints but not K + 1 keeps checkpointing.
- * Returns 1 when it started again. */
+ * (or quota) is full. Under checkpoint.keep_last K >= 2, what would go once
+ * this one is complete goes now instead, and the write or copy starts again
+ * (from the staging buffer, or the local file), once a phase, so a disk that
+ * holds K checkpoints but not K + 1 keeps checkpointing: a folder of this
+ * step already there (another lineage's, a damaged one resume passed over,
+ * which the commit would replace), and all but the newest K - 1 complete
+ * folders up to this run's newest good checkpoint in that root (the one it
+ * completed or resumed from, which so always stays; folders between it and
+ * this step, other lineages', neither count nor go; without one, up to
+ * step - 1). Returns 1 when it started again. */
 static int ck_make_room(Trainer *t, int step) {
     if (t->ck_room_tried || t->cfg.ckpt_keep_last < 2) return 0;
     t->ck_room_tried = 1;
-    char root[sizeof t->ck_root];
+    char root[sizeof t->ck_root], same[sizeof t->ck_root + 32];
     snprintf(root, sizeof root, "%s", t->ck_root);
-    double removed = node_leader(t) ? ckpt_prune(root, t->cfg.ckpt_keep_last - 1, step) : 0;
+    int good = t->ck_phase == CK_DURABLE || t->ck_direct ? t->ck_durable_step : t->ck_done_step;
+    double removed = 0;
+    if (node_leader(t)) {
+        ckpt_step_dir(same, sizeof same, root, step, 0);
+        struct stat sb;
+        if (stat(same, &sb) == 0) {
+            ckpt_remove(same);
+            removed++;
+        }
+        removed += ckpt_prune(root, t->cfg.ckpt_keep_last - 1, good >= 0 ? good : step - 1);
+    }
     dist_allreduce_sum_f64(&t->dist, &removed, 1);
     if (removed == 0) return 0;
     if (is_root(t))
-        fprintf(stderr, "llmtrain: checkpoint step %d: no space left in %s; removed the oldest complete checkpoint there now rather "
+        fprintf(stderr, "llmtrain: checkpoint step %d: no space left in %s; removed its oldest complete checkpoint(s) now rather "
                         "than once this one is complete (checkpoint.keep_last %d), and %s step %d again\n",
                 step, root, t->cfg.ckpt_keep_last, t->ck_phase == CK_DURABLE ? "copying" : "writing", step);
     if (t->ck_phase == CK_DURABLE) ck_start_copy(t, step);
@@ -808,6 +823,7 @@ static void ck_advance(Trainer *t, int any_failed) {
                                 "the manifest says %llu bytes, %016llx (the local file changed after it was written)\n",
                         step, i, (unsigned long long)bytes[i], (unsigned long long)sums[i], (unsigned long long)t->ck_bytes[i],
                         (unsigned long long)t->ck_sums[i]);
+            snprintf(why, sizeof why, "rank_%05d.bin changed after it was written; its durable copy is not committed", i);
             failed = 1;
         }
     }
@@ -845,14 +861,19 @@ static void ck_advance(Trainer *t, int any_failed) {
             ck_start_write(t, t->cfg.ckpt_durable_dir); /* the staging buffer still holds the state */
             return;
         }
+        char hint[1200] = "";
+        if (full > 0 && t->cfg.ckpt_keep_last >= 2)
+            snprintf(hint, sizeof hint, "; the disk of %s is full with the newest %d checkpoint%s kept: free space there, or lower "
+                     "checkpoint.keep_last", t->ck_root, t->cfg.ckpt_keep_last - 1, t->cfg.ckpt_keep_last > 2 ? "s" : "");
+        else if (full > 0)
+            snprintf(hint, sizeof hint, "; the disk of %s is full: free space there, or set checkpoint.keep_last to 2 or more (at "
+                     "most the checkpoints it holds) so that the oldest makes room", t->ck_root);
         if (is_root(t) && t->ck_phase == CK_DURABLE)
             fprintf(stderr, "llmtrain: warning: checkpoint step %d: the copy to %s failed; the checkpoint is complete in %s only "
-                            "(the next checkpoint is copied again)\n", step, t->cfg.ckpt_durable_dir, t->cfg.ckpt_dir);
+                            "(the next checkpoint is copied again)%s\n", step, t->cfg.ckpt_durable_dir, t->cfg.ckpt_dir, hint);
         else if (is_root(t))
             fprintf(stderr, "llmtrain: warning: checkpoint step %d dropped; the newest complete checkpoint is %s%s\n", step,
-                    t->ck_done_step >= 0 ? "still the previous one" : "none yet",
-                    full > 0 ? " (a disk is full: free space in checkpoint.dir, or set checkpoint.keep_last to at most the checkpoints it"
-                               " holds, 2 or more, so that the oldest makes room)" : "");
+                    t->ck_done_step >= 0 ? "still the previous one" : "none yet", hint);
         if (is_root(t) && t->metrics) { /* for whatever watches the run: a checkpoint it does not have */
             Buf line = {0};
             buf_add(&line, "{\"event\":\"checkpoint_failed\",\"step\":%d,\"durable\":%s,\"disk_full\":%s,\"error\":", step,
@@ -1661,15 +1682,12 @@ static StepStats train_step(Trainer *t, int step) {
  * would otherwise train other steps, another schedule or another model
  * than its peers, and the job would hang in a collective of another size
  * or its replicas drift apart without a word. The ranks compare a hash of
- * config_canonical's text (one all-gather); where one differs, rank 0's
- * text goes to every rank, each finds its first differing key, and every
- * rank ends with exit 2 and the same line naming the first rank that
- * differs, its host, the key and both values. */
-typedef struct JobDiff {
-    char host[64];
-    char diff[448];
-} JobDiff;
-
+ * config_canonical's text (one all-gather of 8 bytes a rank); where one
+ * differs, rank 0's text and host go to every rank, the first rank that
+ * differs finds its first differing key and host into a line that reaches
+ * every rank through one all-reduce (its bytes, the others' zeros), and
+ * every rank ends with exit 2 and that line. */
+#define JOB_DIFF_BYTES 768
 static void check_same_job(Trainer *t) {
     Dist *d = &t->dist;
     if (d->world == 1) return;
@@ -1679,8 +1697,9 @@ static void check_same_job(Trainer *t) {
     for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)text[i]) * 1099511628211ull;
     uint64_t *hashes = malloc_check((size_t)d->world * sizeof *hashes);
     dist_allgather_bytes(d, &h, hashes, sizeof h);
-    int differ = 0;
-    for (int r = 1; r < d->world; r++) differ += hashes[r] != hashes[0];
+    int differ = 0, first = 0;
+    for (int r = d->world - 1; r >= 1; r--)
+        if (hashes[r] != hashes[0]) differ++, first = r;
     free(hashes);
     if (!differ) {
         free(text);
@@ -1688,23 +1707,29 @@ static void check_same_job(Trainer *t) {
     }
     uint64_t root_len = len;
     dist_bcast_bytes(d, &root_len, sizeof root_len);
-    char *root = malloc_check((size_t)root_len);
-    if (d->rank == 0) memcpy(root, text, len);
+    char *root = malloc_check((size_t)root_len), host0[64] = "", diff[JOB_DIFF_BYTES] = "";
+    if (d->rank == 0) {
+        memcpy(root, text, len);
+        if (gethostname(host0, sizeof host0 - 1) < 0) snprintf(host0, sizeof host0, "?");
+    }
     dist_bcast_bytes(d, root, (size_t)root_len);
+    dist_bcast_bytes(d, host0, sizeof host0);
     root[root_len - 1] = '\0';
-    JobDiff mine, *all = malloc_check((size_t)d->world * sizeof *all);
-    memset(&mine, 0, sizeof mine);
-    if (gethostname(mine.host, sizeof mine.host - 1) < 0) snprintf(mine.host, sizeof mine.host, "?");
-    char me[32];
-    snprintf(me, sizeof me, "on rank %d", d->rank);
-    config_canonical_diff(text, root, me, "on rank 0", mine.diff, sizeof mine.diff);
-    dist_allgather_bytes(d, &mine, all, sizeof mine);
-    int r = 1;
-    while (r < d->world && !all[r].diff[0]) r++;
-    if (r == d->world) die(EXIT_INTERNAL, "check_same_job: the config hashes differ but no rank's text does");
-    die(EXIT_USAGE, "%s: rank %d (host %.60s) reads another job than rank 0 (host %.60s): %s (%d of %d ranks differ from rank 0; "
-        "expected every rank to read the same job file with the same --set overrides and run the same llmtrain build)",
-        t->cfg.path, r, all[r].host, all[0].host, all[r].diff, differ, d->world);
+    host0[sizeof host0 - 1] = '\0';
+    if (d->rank == first) {
+        char me[32], host[64] = "", what[JOB_DIFF_BYTES - 256];
+        snprintf(me, sizeof me, "on rank %d", d->rank);
+        if (gethostname(host, sizeof host - 1) < 0) snprintf(host, sizeof host, "?");
+        if (!config_canonical_diff(text, root, me, "on rank 0", what, sizeof what)) snprintf(what, sizeof what, "(no key differs?)");
+        snprintf(diff, sizeof diff, "rank %d (host %.60s) reads another job than rank 0 (host %.60s): %s", d->rank, host, host0, what);
+    }
+    double *bytes = calloc_check(JOB_DIFF_BYTES, sizeof *bytes);
+    for (int i = 0; i < JOB_DIFF_BYTES; i++) bytes[i] = (unsigned char)diff[i];
+    dist_allreduce_sum_f64(d, bytes, JOB_DIFF_BYTES);
+    for (int i = 0; i < JOB_DIFF_BYTES; i++) diff[i] = (char)(unsigned char)bytes[i];
+    diff[JOB_DIFF_BYTES - 1] = '\0';
+    die(EXIT_USAGE, "%s: %s (%d of %d ranks differ from rank 0; expected every rank to read the same job file with the same --set "
+        "overrides and run the same llmtrain build)", t->cfg.path, diff, differ, d->world);
 }
 
 /* Validate the parallel layout for t->dist.world ranks and derive S and the
@@ -2296,8 +2321,8 @@ static int train(int argc, char **argv) {
     die_replicated(t->dist.rank != 0); /* the job file and the layout: one error line per job */
     load_job(t, argc, argv, NULL, "llmtrain job.json [--set key=value ...]");
     Config *c = &t->cfg;
-    check_same_job(t);
     dist_watchdog_start(&t->dist, c->timeout_s);
+    check_same_job(t); /* the first collective, under the watchdog: a rank stuck reading its job ends the job */
     check_layout(t);
     select_backend(t); /* a missing GPU is usually every rank's error too */
     if (c->profile_steps > 0) t->k = profile_wrap(t->k); /* timing off until its window */

@@ -281,7 +281,7 @@ static void tcp_init(Dist *d, RdzvEnv e, int slurm) {
     }
     d->rank = e.rank;
     d->world = e.world;
-    d->rdzv = rdzv_open(e.master_addr, port, e.rank, e.world, timeout, why, sizeof why);
+    d->rdzv = rdzv_open_job(e.master_addr, port, e.rank, e.world, e.job, timeout, why, sizeof why);
     if (!d->rdzv) die(EXIT_PEER, "rank %d: rendezvous failed: %s", e.rank, why);
     rdzv_set_timeout(d->rdzv, TCP_COLLECTIVE_TIMEOUT_S);
     snprintf(d->launch, sizeof d->launch, "%s, host collectives over TCP (rendezvous %.80s:%d)",

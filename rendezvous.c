@@ -4,11 +4,14 @@
  * its wire format; no MPI, no CUDA. Interface and guarantees: rendezvous.h.
  *
  * Wire format (integers big-endian):
- *   hello, a connecting rank's first 16 bytes: magic, version, world, rank
- *     (u32 each);
+ *   hello, a connecting rank's first 24 bytes: magic, version, world, rank
+ *     (u32 each) and the job key (u64: FNV-1a of the job id, see
+ *     rdzv_open_job; version 1's hello had no key and 16 bytes);
  *   then frames, a 16-byte header (op u32, seq u32, len u64) and len bytes.
  *     Rank 0 answers a hello with WELCOME (seq 0, len 0) once every rank has
- *     arrived, or ABORT (the payload is the reason, text). Collective k
+ *     arrived, or ABORT (the payload is the reason, text); a hello with
+ *     another job key gets REFUSE (the payload is rank 0's job id) and the
+ *     connection closed, and rank 0 goes on waiting for its own ranks. Collective k
  *     (counted from 1 on every rank) is BCAST (rank 0 -> each rank: n bytes),
  *     ALLGATHER (each rank -> rank 0: n bytes; rank 0 -> each rank:
  *     world * n bytes), BARRIER (ALLGATHER of 0 bytes), GATHER (each rank ->
@@ -44,8 +47,9 @@
 #include <unistd.h>
 
 #define RDZV_MAGIC 0x4c545256u /* "LTRV" */
-#define RDZV_VERSION 1u
-#define HELLO_BYTES 16
+#define RDZV_VERSION 2u
+#define HELLO_BYTES 24
+#define HELLO_V1_BYTES 16 /* magic, version, world, rank: enough to tell the version */
 #define HDR_BYTES 16
 #define REASON_MAX 1024
 /* Ranks other than 0 wait this much longer than their timeout for rank 0's
@@ -57,7 +61,7 @@
 /* Connections accepted but not yet identified (strays included). */
 #define PENDING_EXTRA 16
 
-enum { OP_WELCOME = 1, OP_ABORT, OP_BCAST, OP_ALLGATHER, OP_BARRIER, OP_GATHER, OP_SCATTER };
+enum { OP_WELCOME = 1, OP_ABORT, OP_BCAST, OP_ALLGATHER, OP_BARRIER, OP_GATHER, OP_SCATTER, OP_REFUSE };
 
 struct Rendezvous {
     int rank, world;
@@ -67,7 +71,22 @@ struct Rendezvous {
     int broken;
     char reason[REASON_MAX];
     char where[128]; /* "addr:port", for messages */
+    char job[RDZV_JOB_MAX]; /* the job id (rdzv_open_job), "" none */
+    uint64_t job_key;       /* its FNV-1a hash, in the hello */
 };
+
+/* a job id for messages: "id" (cut at 60 bytes), or none */
+static const char *quoted_id(const char *id, char *out, size_t n) {
+    if (*id) snprintf(out, n, "\"%.60s\"", id);
+    else snprintf(out, n, "none");
+    return out;
+}
+
+static uint64_t job_key(const char *job) {
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *c = (const unsigned char *)job; *c; c++) h = (h ^ *c) * 1099511628211ull;
+    return h;
+}
 
 static void say(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void say(char *why, size_t n, const char *fmt, ...) {
@@ -105,6 +124,7 @@ static const char *op_name(uint32_t op) {
     case OP_BARRIER: return "barrier";
     case OP_GATHER: return "gather";
     case OP_SCATTER: return "scatter";
+    case OP_REFUSE: return "refuse";
     default: return "unknown frame";
     }
 }
@@ -319,6 +339,19 @@ static int set_master_addr(RdzvEnv *e, const char *a, char *why, size_t n) {
     return 0;
 }
 
+/* RdzvEnv.job: LLMTRAIN_RDZV_ID, else the launcher's: an srun step's
+ * SLURM_JOB_ID.SLURM_STEP_ID, torchrun's TORCHELASTIC_RUN_ID (its --rdzv-id;
+ * "none", its default, counts as unset), else SLURM_JOB_ID (torchrun
+ * started inside a Slurm job) */
+static void set_job(RdzvEnv *e, int srun_step) {
+    const char *id = getenv("LLMTRAIN_RDZV_ID"), *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+    if (id && *id) snprintf(e->job, sizeof e->job, "%s", id);
+    else if (srun_step) snprintf(e->job, sizeof e->job, "%s.%s", job ? job : "", step ? step : "");
+    else if ((id = getenv("TORCHELASTIC_RUN_ID")) && *id && strcmp(id, "none") != 0) /* torchrun's default: none given */
+        snprintf(e->job, sizeof e->job, "%s", id);
+    else snprintf(e->job, sizeof e->job, "%s", job ? job : "");
+}
+
 int rdzv_env_world(int *world, char *why, size_t n) { return env_int_in("WORLD_SIZE", 1, 1, 1 << 20, "", world, why, n); }
 
 int rdzv_env(RdzvEnv *e, char *why, size_t n) {
@@ -340,6 +373,7 @@ int rdzv_env(RdzvEnv *e, char *why, size_t n) {
     }
     if (set_master_addr(e, a, why, n) < 0) return -1;
     if (env_int_in("MASTER_PORT", 0, 1, 65535, " (a TCP port)", &e->master_port, why, n) < 0) return -1;
+    set_job(e, 0);
     return 0;
 }
 
@@ -433,6 +467,7 @@ int rdzv_env_slurm(RdzvEnv *e, char *why, size_t n) {
         }
         e->master_port = RDZV_SLURM_PORT(job, step);
     }
+    set_job(e, 1);
     return 1;
 }
 
@@ -549,7 +584,7 @@ static int accept_ranks(Rendezvous *r, int lfd, const char *addr, int port, doub
         say(why, wn, "%s", r->reason);
         return -1;
     }
-    int np_max = W + PENDING_EXTRA, np = 0, arrived = 0, dropped = 0, rc = -1;
+    int np_max = W + PENDING_EXTRA, np = 0, arrived = 0, dropped = 0, refused = 0, rc = -1;
     int bad_fd = -1; /* a connection to tell why before closing */
     Pending *pend = calloc((size_t)np_max, sizeof *pend);
     struct pollfd *pfd = calloc((size_t)(1 + np_max + W), sizeof *pfd);
@@ -563,10 +598,14 @@ static int accept_ranks(Rendezvous *r, int lfd, const char *addr, int port, doub
         if (left <= 0) {
             char miss[256];
             int m = missing_ranks(r->fd, W, miss, sizeof miss);
+            char other[200] = "", id[80];
+            if (refused)
+                snprintf(other, sizeof other, "; %d connection%s of another job (not job id %s) turned away", refused,
+                         refused > 1 ? "s" : "", quoted_id(r->job, id, sizeof id));
             snprintf(r->reason, sizeof r->reason,
-                     "rendezvous at %s timed out after %g s: rank%s %.220s never arrived (%d of %d ranks present)%s",
+                     "rendezvous at %s timed out after %g s: rank%s %.220s never arrived (%d of %d ranks present)%s%s",
                      r->where, r->timeout_s, m > 1 ? "s" : "", miss, W - m, W,
-                     dropped ? "; connections that did not speak this protocol were dropped" : "");
+                     dropped ? "; connections that did not speak this protocol were dropped" : "", other);
             goto out;
         }
         int k = 0;
@@ -602,7 +641,7 @@ static int accept_ranks(Rendezvous *r, int lfd, const char *addr, int port, doub
             if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
             int drop = got <= 0;
             if (got > 0) p->got += (size_t)got;
-            if (!drop && p->got < HELLO_BYTES) continue;
+            if (!drop && p->got < HELLO_V1_BYTES) continue;
             if (!drop && get32(p->hello) != RDZV_MAGIC) drop = 1; /* not ours: a stray, keep waiting */
             if (drop) {
                 close_fd(&p->fd);
@@ -611,6 +650,18 @@ static int accept_ranks(Rendezvous *r, int lfd, const char *addr, int port, doub
                 continue;
             }
             uint32_t ver = get32(p->hello + 4), world = get32(p->hello + 8), rank = get32(p->hello + 12);
+            if (ver == RDZV_VERSION && p->got < HELLO_BYTES) continue; /* the job key is still to come */
+            uint64_t key = (uint64_t)get32(p->hello + 16) << 32 | get32(p->hello + 20);
+            if (ver == RDZV_VERSION && key != r->job_key) {
+                /* a rank of another job that found this port (two jobs on one
+                 * MASTER_PORT): tell it, and go on waiting for this job's */
+                double until = now_s() + ABORT_S;
+                send_frame(p->fd, OP_REFUSE, 0, r->job, strlen(r->job), until);
+                linger_close(&p->fd, 1, until);
+                refused++;
+                pend[i] = pend[--np];
+                continue;
+            }
             if (ver != RDZV_VERSION)
                 snprintf(r->reason, sizeof r->reason, "a peer from %s speaks rendezvous version %u, rank 0 version %u",
                          p->from, ver, RDZV_VERSION);
@@ -748,6 +799,8 @@ static int join_rank0(Rendezvous *r, const char *addr, int port, double deadline
     put32(h + 4, RDZV_VERSION);
     put32(h + 8, (uint32_t)r->world);
     put32(h + 12, (uint32_t)r->rank);
+    put32(h + 16, (uint32_t)(r->job_key >> 32));
+    put32(h + 20, (uint32_t)r->job_key);
     int io = io_full(fd, h, HELLO_BYTES, 1, deadline);
     if (io == IO_OK) io = io_full(fd, h, HDR_BYTES, 0, deadline + GRACE_S);
     if (io != IO_OK) {
@@ -770,6 +823,16 @@ static int join_rank0(Rendezvous *r, const char *addr, int port, double deadline
         close_fd(&r->fd[0]);
         return -1;
     }
+    if (op == OP_REFUSE) {
+        char theirs[RDZV_JOB_MAX] = "";
+        if (len) read_abort_text(fd, len, theirs, sizeof theirs, now_s() + ABORT_S);
+        char a[80], b[80];
+        say(why, wn, "%s is the rendezvous of another job (its job id %s, this rank's %s; the id comes from "
+            "LLMTRAIN_RDZV_ID, else TORCHELASTIC_RUN_ID, else SLURM_JOB_ID): give this job a MASTER_PORT of its own", r->where,
+            quoted_id(theirs, a, sizeof a), quoted_id(r->job, b, sizeof b));
+        close_fd(&r->fd[0]);
+        return -1;
+    }
     if (op != OP_WELCOME || seq != 0 || len != 0) {
         say(why, wn, "%s answered with something that is not this rendezvous protocol (another service on MASTER_PORT?)",
             r->where);
@@ -781,8 +844,8 @@ static int join_rank0(Rendezvous *r, const char *addr, int port, double deadline
 
 /* rdzv_open, or for rank 0 with lfd >= 0 (a listening socket it takes
  * over) accepting there instead of listening on addr:port. */
-static Rendezvous *open_on(int lfd, const char *addr, int port, int rank, int world, double timeout_s, char *why,
-                           size_t n) {
+static Rendezvous *open_on(int lfd, const char *addr, int port, int rank, int world, const char *job, double timeout_s,
+                           char *why, size_t n) {
     if (world < 1 || rank < 0 || rank >= world) {
         say(why, n, "rendezvous: rank %d is not in 0..%d for world size %d", rank, world - 1, world);
         goto bad;
@@ -809,6 +872,8 @@ static Rendezvous *open_on(int lfd, const char *addr, int port, int rank, int wo
     r->rank = rank;
     r->world = world;
     r->timeout_s = timeout_s;
+    snprintf(r->job, sizeof r->job, "%s", job ? job : "");
+    r->job_key = job_key(r->job);
     snprintf(r->where, sizeof r->where, "%s%.100s%s:%d", addr && strchr(addr, ':') ? "[" : "", addr ? addr : "",
              addr && strchr(addr, ':') ? "]" : "", port);
     if (world == 1) return r;
@@ -824,8 +889,13 @@ bad:
     return NULL;
 }
 
+Rendezvous *rdzv_open_job(const char *addr, int port, int rank, int world, const char *job, double timeout_s, char *why,
+                          size_t n) {
+    return open_on(-1, addr, port, rank, world, job, timeout_s, why, n);
+}
+
 Rendezvous *rdzv_open(const char *addr, int port, int rank, int world, double timeout_s, char *why, size_t n) {
-    return open_on(-1, addr, port, rank, world, timeout_s, why, n);
+    return open_on(-1, addr, port, rank, world, "", timeout_s, why, n);
 }
 
 /* ---- collectives ---- */
@@ -1099,7 +1169,7 @@ Rendezvous *rdzv_split(Rendezvous *parent, int color, int key, double timeout_s,
         say(why, wn, "rendezvous split: the leader of this rank's group (parent rank %d) could not listen", leader);
         goto out;
     }
-    sub = open_on(sub_rank == 0 ? lfd : -1, all[leader].addr, (int)get32(all[leader].port), sub_rank, sub_world,
+    sub = open_on(sub_rank == 0 ? lfd : -1, all[leader].addr, (int)get32(all[leader].port), sub_rank, sub_world, parent->job,
                   timeout_s, why, wn);
     lfd = -1; /* open_on took it */
     if (!sub && why && wn) { /* its "rank 0" is the group's first member: name it */

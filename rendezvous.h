@@ -25,10 +25,16 @@ typedef struct Rendezvous Rendezvous;
 
 /* The torchrun variables. LOCAL_WORLD_SIZE is optional (local_world = -1
  * when unset: derive it, e.g. from an allgather of host names). */
+#define RDZV_JOB_MAX 161
 typedef struct RdzvEnv {
     int rank, world, local_rank, local_world;
     char master_addr[256];
     int master_port;
+    /* what tells this job's rendezvous from another's on the same port
+     * (rdzv_open_job): LLMTRAIN_RDZV_ID, else TORCHELASTIC_RUN_ID (torchrun's
+     * --rdzv-id; its default "none" counts as unset), else SLURM_JOB_ID,
+     * else ""; an srun step's: SLURM_JOB_ID.SLURM_STEP_ID */
+    char job[RDZV_JOB_MAX];
 } RdzvEnv;
 
 /* Parse RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (optional),
@@ -72,6 +78,14 @@ int rdzv_hostlist_first(const char *list, char *out, size_t outn, char *why, siz
  * Returns after every rank has arrived, or NULL with the reason (a timeout
  * names the ranks that never arrived). world = 1 opens no socket. */
 Rendezvous *rdzv_open(const char *addr, int port, int rank, int world, double timeout_s, char *why, size_t n);
+/* rdzv_open for the ranks of one job: each hello carries a key of `job`
+ * (at most RDZV_JOB_MAX - 1 bytes are used; rdzv_open's is ""), and rank 0
+ * turns away a connection whose key differs (another job's rank on the
+ * same port) without failing: that rank fails at once, saying both ids,
+ * and rank 0 waits on for its own ranks (a timeout counts those turned
+ * away). The groups rdzv_split forms carry the parent's id. */
+Rendezvous *rdzv_open_job(const char *addr, int port, int rank, int world, const char *job, double timeout_s, char *why,
+                          size_t n);
 
 /* Rank 0's n bytes of buf to every rank's buf. */
 int rdzv_bcast(Rendezvous *r, void *buf, size_t n, char *why, size_t wn);

@@ -148,7 +148,34 @@ static void test_head_rows_auto(void) {
     }
 }
 
+/* config_canonical_diff: the first differing line, both values, excerpts
+ * of long values around their first difference, another key table */
+static void test_canonical_diff(void) {
+    char out[600], a[900], b[900], longa[500], longb[500];
+    int rc = config_canonical_diff("x=1\ny=2\n", "x=1\ny=2\n", "here", "there", out, sizeof out);
+    check(rc == 0, "equal canonical texts: no difference (%d)", rc);
+    rc = config_canonical_diff("x=1\ny=2\nz=\"a\"\n", "x=1\ny=3\nz=\"b\"\n", "on rank 3", "on rank 0", out, sizeof out);
+    check(rc == 1 && !strcmp(out, "y is 2 on rank 3, 3 on rank 0"), "the first differing key and both values: %s", out);
+    memset(longa, 'p', 450);
+    memcpy(longb, longa, 450);
+    longa[450] = longb[450] = 0;
+    longa[250] = 'A';
+    longb[250] = 'B';
+    snprintf(a, sizeof a, "data.train=\"%s\"\n", longa);
+    snprintf(b, sizeof b, "data.train=\"%s\"\n", longb);
+    rc = config_canonical_diff(a, b, "on rank 1", "on rank 0", out, sizeof out);
+    char want[400];
+    snprintf(want, sizeof want, "data.train is ...%.60sA%.99s... on rank 1, ...%.60sB%.99s... on rank 0", longa, longa, longb, longb);
+    check(rc == 1 && !strcmp(out, want), "452-byte values differing at byte 252: 160-byte excerpts from 60 bytes before it, "
+          "cut with ... (%zu bytes)", strlen(out));
+    rc = config_canonical_diff("x=1\nnew.key=2\n", "x=1\nold.key=2\n", "on rank 1", "on rank 0", out, sizeof out);
+    check(rc == 1 && !strcmp(out, "the key table differs: new.key on rank 1 where old.key on rank 0"), "another key table: %s", out);
+    rc = config_canonical_diff("x=1\n", "x=1\ny=2\n", "on rank 1", "on rank 0", out, sizeof out);
+    check(rc == 1 && !strcmp(out, "the key table differs: (none) on rank 1 where y on rank 0"), "a shorter key table: %s", out);
+}
+
 int main(void) {
+    test_canonical_diff();
     test_head_rows_auto();
     test_sp_acts();
     cpu = kernels_cpu();

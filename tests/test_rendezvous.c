@@ -391,6 +391,81 @@ static void test_strays(void) {
           "still forms (%.2f s)%s%s", t, ok ? "" : ": ", ok ? "" : first);
 }
 
+/* ---- another job on the same port ---- */
+
+/* Processes 0 and 1: job "jobA", a world of 2; process 2: rank 1 of job
+ * "jobB" (a world of 3), there first (process 1 starts once process 2's
+ * rdzv_open_job has returned: shared flag 2). With arg "timeout": process 1
+ * never comes and rank 0 times out after 1 s. A job B of no id ("" as
+ * arg) is named none. */
+static int body_other_job(int idx, int nproc, int port, const void *arg, char *msg, size_t n) {
+    (void)nproc;
+    int timeout = arg && !strcmp(arg, "timeout");
+    const char *b_id = arg && !timeout ? arg : "jobB";
+    if (idx == 1 && timeout) return snprintf(msg, n, "absent"), 0;
+    if (idx == 1)
+        for (double t0 = now_s(); !shared_flags[2] && now_s() - t0 < 5;) sleep_s(0.01);
+    if (idx == 2) sleep_s(0.1); /* after rank 0 listens */
+    char why[600];
+    Rendezvous *r = rdzv_open_job("127.0.0.1", port, idx == 2 ? 1 : idx, idx == 2 ? 3 : 2, idx == 2 ? b_id : "jobA",
+                                  timeout ? 1.0 : 5.0, why, sizeof why);
+    if (idx == 2) shared_flags[2] = 1;
+    if (!r) return snprintf(msg, n, "%s", why), 1;
+    int rc = rdzv_barrier(r, why, sizeof why);
+    rdzv_close(r);
+    if (rc < 0) return FAILS("barrier: %s", why);
+    return snprintf(msg, n, "formed"), 0;
+}
+
+/* A version-1 hello (16 bytes, no job key): rank 0 ends the rendezvous
+ * with the version, at once, not after its timeout. */
+static int body_v1(int idx, int nproc, int port, const void *arg, char *msg, size_t n) {
+    (void)nproc;
+    (void)arg;
+    char why[600];
+    if (idx == 0) {
+        Rendezvous *r = rdzv_open_job("127.0.0.1", port, 0, 2, "jobA", 5.0, why, sizeof why);
+        if (r) { rdzv_close(r); return FAILS("rdzv_open succeeded"); }
+        return snprintf(msg, n, "%s", why), 1;
+    }
+    int fd = -1;
+    for (double t0 = now_s(); now_s() - t0 < 3 && fd < 0; sleep_s(0.02)) {
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) { close(fd); fd = -1; }
+    }
+    if (fd < 0) return FAILS("could not connect");
+    unsigned char h[16] = {0x4c, 0x54, 0x52, 0x56, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 1}; /* "LTRV", version 1, world 2, rank 1 */
+    if (send(fd, h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) return FAILS("send failed");
+    char c[64];
+    ssize_t k = read(fd, c, sizeof c); /* rank 0's ABORT, then the close */
+    close(fd);
+    return snprintf(msg, n, "read %zd", k), 0;
+}
+
+static void test_other_job(void) {
+    Result res[MAXP];
+    double t = run_group(3, body_other_job, NULL, NULL, 10, res);
+    int ok = res[0].code == 0 && res[1].code == 0 && res[2].code == 1 && res[2].secs < 1.5 &&
+             strstr(res[2].msg, "is the rendezvous of another job (its job id \"jobA\", this rank's \"jobB\"; the id comes from "
+                                "LLMTRAIN_RDZV_ID, else TORCHELASTIC_RUN_ID, else SLURM_JOB_ID): give this job a MASTER_PORT of its own");
+    check(ok, "a rank of job B (another world size) reaches job A's rank 0 first: turned away at once with both ids (%.2f s), "
+          "job A forms (%.2f s): %s | rank 0: %s | rank 1: %s", res[2].secs, t, res[2].msg, res[0].msg, res[1].msg);
+    t = run_group(3, body_other_job, "", NULL, 10, res);
+    ok = res[0].code == 0 && res[1].code == 0 && res[2].code == 1 &&
+         strstr(res[2].msg, "is the rendezvous of another job (its job id \"jobA\", this rank's none;");
+    check(ok, "the same with job B of no id: named none (%.2f s): %s", t, res[2].msg);
+    t = run_group(3, body_other_job, "timeout", NULL, 10, res);
+    ok = res[0].code == 1 && res[0].secs < 2.5 && strstr(res[0].msg, "rank 1 never arrived (1 of 2 ranks present); 1 connection of "
+                                                        "another job (not job id \"jobA\") turned away");
+    check(ok, "job A's rank 1 never comes, job B's came: rank 0's timeout counts the connection it turned away (%.2f s): %s", t,
+          res[0].msg);
+    t = run_group(2, body_v1, NULL, NULL, 10, res);
+    ok = res[0].code == 1 && res[0].secs < 1.5 && strstr(res[0].msg, "speaks rendezvous version 1, rank 0 version 2");
+    check(ok, "a version-1 hello (16 bytes, no job key) ends the rendezvous at once with the versions (%.2f s): %s", t, res[0].msg);
+}
+
 /* ---- failures during collectives ---- */
 
 typedef struct Mid {
@@ -480,7 +555,7 @@ static void test_args(void) {
 
 static const char *VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                              "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NODELIST",
-                             "SLURM_JOB_NODELIST", "SLURM_JOB_ID", "SLURM_STEP_ID"};
+                             "SLURM_JOB_NODELIST", "SLURM_JOB_ID", "SLURM_STEP_ID", "LLMTRAIN_RDZV_ID", "TORCHELASTIC_RUN_ID"};
 
 /* Set the six variables from a spec "RANK=1 WORLD_SIZE=4 ..." (a variable
  * not named is unset; "X=" sets it empty). */
@@ -517,6 +592,19 @@ static void test_env(void) {
     check(rc == 0 && e.rank == 3 && e.world == 8 && e.local_rank == 1 && e.local_world == 2 &&
           !strcmp(e.master_addr, "node-0.cluster") && e.master_port == 29500,
           "rdzv_env reads a full torchrun set (%s)", rc ? why : "rank 3 of 8, local 1 of 2, node-0.cluster:29500");
+    /* the job id: LLMTRAIN_RDZV_ID, else TORCHELASTIC_RUN_ID, else SLURM_JOB_ID, else "" */
+    static const struct { const char *extra, *job; } ids[] = {
+        {"", ""}, {" SLURM_JOB_ID=77 SLURM_STEP_ID=3", "77"}, {" TORCHELASTIC_RUN_ID=run-9 SLURM_JOB_ID=77", "run-9"},
+        {" LLMTRAIN_RDZV_ID=mine TORCHELASTIC_RUN_ID=run-9 SLURM_JOB_ID=77", "mine"}, {" LLMTRAIN_RDZV_ID= SLURM_JOB_ID=77", "77"},
+        {" TORCHELASTIC_RUN_ID=none SLURM_JOB_ID=77", "77"}, {" TORCHELASTIC_RUN_ID=none", ""},
+    };
+    for (size_t i = 0; i < sizeof ids / sizeof *ids; i++) {
+        char spec[300];
+        snprintf(spec, sizeof spec, "%s%s", GOOD, ids[i].extra);
+        set_env(spec);
+        rc = rdzv_env(&e, why, sizeof why);
+        check(rc == 0 && !strcmp(e.job, ids[i].job), "rdzv_env's job id [%s]: \"%s\"", ids[i].extra, rc ? why : e.job);
+    }
     set_env("RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1");
     rc = rdzv_env(&e, why, sizeof why);
     check(rc == 0 && e.local_world == -1 && e.world == 1 && e.master_port == 1,
@@ -717,6 +805,11 @@ static void test_slurm(void) {
           !strcmp(e.master_addr, "gpu-003") && e.master_port == port && port == 16650,
           "rdzv_env_slurm reads an srun task: rank 9 of 16, local 1, the step's first node gpu-003, port %d from job 123456 step 2 (%s)",
           e.master_port, rc == 1 ? e.master_addr : why);
+    check(rc == 1 && !strcmp(e.job, "123456.2"), "rdzv_env_slurm's job id: SLURM_JOB_ID.SLURM_STEP_ID (\"%s\")", e.job);
+    setenv("LLMTRAIN_RDZV_ID", "mine", 1);
+    setenv("TORCHELASTIC_RUN_ID", "run-9", 1);
+    rc = rdzv_env_slurm(&e, why, sizeof why);
+    check(rc == 1 && !strcmp(e.job, "mine"), "rdzv_env_slurm: LLMTRAIN_RDZV_ID wins (\"%s\")", e.job);
     set_env("SLURM_STEP_NUM_TASKS=16 SLURM_PROCID=9 SLURM_LOCALID=1 SLURM_JOB_NODELIST=gpu-[001-010] SLURM_JOB_ID=123456");
     rc = rdzv_env_slurm(&e, why, sizeof why);
     check(rc == 1 && !strcmp(e.master_addr, "gpu-001") && e.master_port == 15000 + (int)(123456ull * 8 % 17000),
@@ -784,6 +877,7 @@ int main(void) {
     test_args();
     test_happy();
     test_strays();
+    test_other_job();
     test_open_faults();
     test_mid();
     test_split();

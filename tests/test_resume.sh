@@ -203,16 +203,32 @@ for spec in "full1 1" "full2 2 --set parallel.strategy=FULL_SHARD"; do
     run "$name" "$np" $rest --set checkpoint.dir="$TMP/$name-disk" --set checkpoint.every_steps=2 --set checkpoint.keep_last=2; rc=$?
     $BIN export "$TMP/$name-disk" "$TMP/$name/hf" >/dev/null 2>&1
     ref=ref-np1; [ "$np" = 2 ] && { run "$name-ref" 2 $rest; export_run "$name-ref"; ref=$name-ref; }
-    n=$(grep -c "no space left in $TMP/$name-disk; removed the oldest complete checkpoint there now rather than once this one is complete (checkpoint.keep_last 2), and writing step [0-9]* again" "$TMP/$name.out")
+    n=$(grep -c "no space left in $TMP/$name-disk; removed its oldest complete checkpoint(s) now rather than once this one is complete (checkpoint.keep_last 2), and writing step [0-9]* again" "$TMP/$name.out")
     if [ $rc -eq 0 ] && [ "$n" = 3 ] && [ "$(events "$name")" = "2 4 6 8 10 | " ] &&
        [ "$(ls "$TMP/$name-disk" | tr '\n' ' ')" = "step_00000008 step_00000010 " ] &&
        $PY tests/compare_runs.py "$TMP/$ref" "$TMP/$name" --steps 10 --exact >/dev/null; then
         ok "$np rank(s) ${rest:+($rest) }on a disk holding 2 checkpoints, keep_last 2: steps 6, 8 and 10 made room and were written again, every checkpoint complete, the run bit-identical to the reference"
     else bad "$name: rc $rc, $n make-room lines, events '$(events "$name")', $(ls "$TMP/$name-disk" | tr '\n' ' '); $(grep -E 'llmtrain' "$TMP/$name.out" | head -3)"; fi
 done
+# a damaged step 4 on the full disk (its manifest cut short): the restart
+# resumes from step 2 and its step 4 makes room by removing the damaged
+# folder it replaces, never step 2 (this run's newest good checkpoint until
+# the new step 4 is complete), which keep_last 2 then keeps beside it
+if full_disk fulldmg-disk; then
+    dargs=(--set checkpoint.dir="$TMP/fulldmg-disk" --set checkpoint.every_steps=2 --set checkpoint.keep_last=2 --set train.steps=4)
+    run fulldmg 1 "${dargs[@]}"
+    head -c 20 "$TMP/fulldmg-disk/step_00000004/manifest.json" >"$TMP/m" && cp "$TMP/m" "$TMP/fulldmg-disk/step_00000004/manifest.json"
+    run fulldmg 1 "${dargs[@]}"; rc=$?
+    if [ $rc -eq 0 ] && grep -q "resume: $TMP/fulldmg-disk/step_00000002 at step 2" "$TMP/fulldmg.out" &&
+       grep -q "checkpoint step 4: no space left in $TMP/fulldmg-disk; removed its oldest complete checkpoint(s) now" "$TMP/fulldmg.out" &&
+       [ "$(ls "$TMP/fulldmg-disk" | tr '\n' ' ')" = "step_00000002 step_00000004 " ] &&
+       $PY -c 'import json, sys; json.load(open(sys.argv[1]))' "$TMP/fulldmg-disk/step_00000004/manifest.json" 2>/dev/null; then
+        ok "a damaged step 4 filling the disk: resumed from step 2, step 4 written again in the damaged one's room, step 2 kept"
+    else bad "fulldmg: rc $rc, $(ls "$TMP/fulldmg-disk" | tr '\n' ' '); $(grep -E 'resume|llmtrain' "$TMP/fulldmg.out" | tail -4)"; fi
+else bad "fulldmg: cannot mount a tmpfs"; fi
 if full_disk fulldur-disk; then
     run fulldur 1 --set checkpoint.every_steps=2 --set checkpoint.keep_last=2 --set checkpoint.durable_dir="$TMP/fulldur-disk"; rc=$?
-    n=$(grep -c "no space left in $TMP/fulldur-disk; removed the oldest complete checkpoint there now .*, and copying step [0-9]* again" "$TMP/fulldur.out")
+    n=$(grep -c "no space left in $TMP/fulldur-disk; removed its oldest complete checkpoint(s) now .*, and copying step [0-9]* again" "$TMP/fulldur.out")
     if [ $rc -eq 0 ] && [ "$n" = 3 ] && [ "$(events fulldur)" = "2 2d 4 4d 6 6d 8 8d 10 10d | " ] &&
        [ "$(ls "$TMP/fulldur-disk" | tr '\n' ' ')" = "step_00000008 step_00000010 " ] &&
        cmp -s "$TMP/fulldur-disk/step_00000010/rank_00000.bin" "$TMP/fulldur/checkpoints/step_00000010/rank_00000.bin"; then
@@ -221,7 +237,7 @@ if full_disk fulldur-disk; then
 else bad "fulldur: cannot mount a tmpfs"; fi
 if full_disk full0-disk; then
     run full0 1 --set checkpoint.dir="$TMP/full0-disk" --set checkpoint.every_steps=2; rc=$?
-    n=$(grep -c "^llmtrain: warning: checkpoint step [0-9]* dropped; the newest complete checkpoint is still the previous one (a disk is full: free space in checkpoint.dir, or set checkpoint.keep_last to at most the checkpoints it holds, 2 or more, so that the oldest makes room)" "$TMP/full0.out")
+    n=$(grep -c "^llmtrain: warning: checkpoint step [0-9]* dropped; the newest complete checkpoint is still the previous one; the disk of $TMP/full0-disk is full: free space there, or set checkpoint.keep_last to 2 or more (at most the checkpoints it holds) so that the oldest makes room$" "$TMP/full0.out")
     if [ $rc -eq 3 ] && [ "$n" = 3 ] && [ "$(events full0)" = "2 4 | 6:True:True 8:True:True 10:True:True" ] &&
        grep -q "the final checkpoint (step 10) could not be written to $TMP/full0-disk" "$TMP/full0.out" &&
        [ "$(ls "$TMP/full0-disk" | tr '\n' ' ')" = "step_00000002 step_00000004 " ]; then

@@ -95,6 +95,27 @@ if [ "$(rcs other 2)" = "2,2" ] && [ "$(grep -c '^llmtrain:' "$TMP/other.out")" 
     ok "rank 1 with another optim.warmup_steps over TCP: both ranks exit 2 before a step, each with the line naming rank 1 and the key"
 else bad "rank 1 reads another job over TCP: codes $(rcs other 2): $(grep -v '^ *$' "$TMP/other.out" | head -3) (wanted $want)"; fi
 
+# two jobs on one MASTER_PORT: job B's rank 1 (TORCHELASTIC_RUN_ID jobB)
+# reaches job A's rank 0 first and is turned away at once (exit 6, one line
+# with both ids); job A's own rank 1 then joins and A trains to the end
+port=$(free_port)
+ajob() { RANK=$1 WORLD_SIZE=2 LOCAL_RANK=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port TORCHELASTIC_RUN_ID=$2 LLMTRAIN_RDZV_TIMEOUT_S=30 \
+    $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/jobs-$2" >"$TMP/jobs-$2.$1.out" 2>&1; echo $? >"$TMP/jobs-$2.rc.$1"; }
+ajob 0 jobA &
+pa=$!
+for _ in $(seq 200); do grep -q ":$(printf '%04X' "$port") 00000000:0000 0A" /proc/net/tcp && break; sleep 0.05; done
+t0=$(date +%s.%N)
+ajob 1 jobB
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+ajob 1 jobA
+wait $pa
+if [ "$(cat "$TMP/jobs-jobB.rc.1")" = 6 ] && [ "$(grep -c . "$TMP/jobs-jobB.1.out")" -eq 1 ] &&
+   grep -q "^llmtrain: rank 1: rendezvous failed: 127.0.0.1:$port is the rendezvous of another job (its job id \"jobA\", this rank's \"jobB\"; the id comes from LLMTRAIN_RDZV_ID, else TORCHELASTIC_RUN_ID, else SLURM_JOB_ID): give this job a MASTER_PORT of its own" "$TMP/jobs-jobB.1.out" &&
+   (($(echo "$dt < 3" | bc))) && [ "$(cat "$TMP/jobs-jobA.rc.0" "$TMP/jobs-jobA.rc.1" | tr '\n' ,)" = "0,0," ] &&
+   [ "$(grep -c '"loss"' "$TMP/jobs-jobA/metrics.jsonl")" = 2 ]; then
+    ok "another job's rank on this job's MASTER_PORT: turned away in ${dt%???????} s (exit 6, one line with both ids); this job forms and trains"
+else bad "two jobs on one port: B's rank 1 exit $(cat "$TMP/jobs-jobB.rc.1") in $dt s: $(head -2 "$TMP/jobs-jobB.1.out"); A: $(cat "$TMP/jobs-jobA.rc."{0,1} | tr '\n' ,) $(grep llmtrain: "$TMP/jobs-jobA".*.out | head -2)"; fi
+
 # a rank that never arrives: the others give up after LLMTRAIN_RDZV_TIMEOUT_S, rank 0 naming it
 port=$(free_port); t0=$(date +%s.%N)
 for r in 0 1 2; do
