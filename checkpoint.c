@@ -440,34 +440,50 @@ char *ckpt_manifest_text(const Model *m, const CkptLayout *L, const uint64_t *by
     return b.s;
 }
 
+/* ckpt_commit's failure: "<what> (<strerror(e)>)" into why, -e returned */
+static int commit_err(char *why, size_t n, int e, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int commit_err(char *why, size_t n, int e, const char *fmt, ...) {
+    char what[PATH_BUF * 2 + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    errf(why, n, "%s (%s)", what, strerror(e));
+    return e > 0 ? -e : -EIO;
+}
+
 int ckpt_commit(const char *tmp_dir, const char *final_dir, const char *root, const char *manifest, char *why, size_t n) {
     char path[PATH_BUF], tmp[PATH_BUF + 16];
     snprintf(path, sizeof path, "%s/manifest.json", tmp_dir);
     snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
     if (!path_exists(tmp_dir) && path_exists(final_dir)) return 0; /* another node committed it */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return errf(why, n, "%s: cannot create (%s)", tmp, strerror(errno));
+    if (fd < 0) return commit_err(why, n, errno, "%s: cannot create", tmp);
     if (write_all(fd, manifest, strlen(manifest)) != 0 || fsync(fd) != 0) {
         int e = errno;
         close(fd);
         unlink(tmp);
-        return errf(why, n, "%s: write failed (%s)", tmp, strerror(e));
+        return commit_err(why, n, e, "%s: write failed", tmp);
     }
     close(fd);
-    if (rename(tmp, path) != 0) { unlink(tmp); return errf(why, n, "%s: cannot rename (%s)", tmp, strerror(errno)); }
-    if (sync_dir(tmp_dir) != 0) return errf(why, n, "%s: fsync failed (%s)", tmp_dir, strerror(errno));
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return commit_err(why, n, e, "%s: cannot rename", tmp);
+    }
+    if (sync_dir(tmp_dir) != 0) return commit_err(why, n, errno, "%s: fsync failed", tmp_dir);
     char old[PATH_BUF + 8];
     snprintf(old, sizeof old, "%s.old", final_dir);
     bool replace = path_exists(final_dir);
     if (replace) { /* the same step again (a re-run after resume): move the old one aside first */
         ckpt_remove(old);
-        if (rename(final_dir, old) != 0) return errf(why, n, "%s: cannot move aside (%s)", final_dir, strerror(errno));
+        if (rename(final_dir, old) != 0) return commit_err(why, n, errno, "%s: cannot move aside", final_dir);
     }
     if (rename(tmp_dir, final_dir) != 0) {
         if (errno == ENOENT && path_exists(final_dir)) return 0;
-        return errf(why, n, "%s: cannot rename to %s (%s)", tmp_dir, final_dir, strerror(errno));
+        return commit_err(why, n, errno, "%s: cannot rename to %s", tmp_dir, final_dir);
     }
-    if (sync_dir(root) != 0) return errf(why, n, "%s: fsync failed (%s)", root, strerror(errno));
+    if (sync_dir(root) != 0) return commit_err(why, n, errno, "%s: fsync failed", root);
     if (replace) ckpt_remove(old);
     return 0;
 }

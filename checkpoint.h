@@ -99,7 +99,8 @@ char *ckpt_manifest_text(const Model *m, const CkptLayout *L, const uint64_t *by
                          const Config *cfg, const TrainState *st);
 /* Write manifest.json into tmp_dir durably, then rename tmp_dir to
  * final_dir and sync root. Tolerates another node having committed the same
- * folder already. Returns 0, or -1 with a reason in why. */
+ * folder already. Returns 0, or -errno of the call that failed (-ENOSPC,
+ * -EDQUOT: the disk is full) with a reason in why. */
 int ckpt_commit(const char *tmp_dir, const char *final_dir, const char *root, const char *manifest, char *why, size_t n);
 /* <root>/step_%08d (.tmp when tmp). */
 void ckpt_step_dir(char *out, size_t n, const char *root, int step, int tmp);

@@ -811,7 +811,7 @@ static void ck_advance(Trainer *t, int any_failed) {
         if (info[4 * i + 3] > secs) secs = info[4 * i + 3];
     }
     free(info);
-    int failed = any_failed;
+    int failed = any_failed, commit_full = 0;
     if (!failed && t->ck_phase == CK_DURABLE) {
         /* the copy read what the manifest says was written, or the local
          * file changed since (the durable folder would hold what resume
@@ -838,9 +838,11 @@ static void ck_advance(Trainer *t, int any_failed) {
         /* rank 0 commits first; then the first rank of every other node
          * commits its own copy where the folder is node-local (on a shared
          * filesystem rank 0's rename already took the folder away) */
-        double bad = is_root(t) && ckpt_commit(tmp, fin, t->ck_root, t->ck_manifest, why, sizeof why) != 0;
+        int cr = is_root(t) ? ckpt_commit(tmp, fin, t->ck_root, t->ck_manifest, why, sizeof why) : 0;
         dist_barrier(d);
-        if (!is_root(t) && node_leader(t)) bad = ckpt_commit(tmp, fin, t->ck_root, t->ck_manifest, why, sizeof why) != 0;
+        if (!is_root(t) && node_leader(t)) cr = ckpt_commit(tmp, fin, t->ck_root, t->ck_manifest, why, sizeof why);
+        double bad = cr != 0;
+        commit_full = cr == -ENOSPC || cr == -EDQUOT; /* the manifest found the disk (or its inodes, or quota) full */
         if (bad) fprintf(stderr, "llmtrain: rank %d: checkpoint step %d: %s\n", d->rank, step, why);
         dist_allreduce_sum_f64(d, &bad, 1);
         failed = bad > 0;
@@ -850,7 +852,7 @@ static void ck_advance(Trainer *t, int any_failed) {
     int durable = t->cfg.ckpt_durable_dir[0] != 0;
     if (failed) {
         if (node_leader(t)) ckpt_remove(tmp);
-        double full = r.state == CKPT_FAILED && (r.err == ENOSPC || r.err == EDQUOT);
+        double full = commit_full || (r.state == CKPT_FAILED && (r.err == ENOSPC || r.err == EDQUOT));
         dist_allreduce_sum_f64(d, &full, 1);
         if (full > 0 && ck_make_room(t, step)) return;
         dist_barrier(d);

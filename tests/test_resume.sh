@@ -183,8 +183,8 @@ else bad "2-rank durable re-copy: rc $rc; $(ls "$TMP/rc2dur" | tr '\n' ' '); $(g
 # line saying the disk is full and a checkpoint_failed event, the final one
 # exit 3 ----
 disks=()
-full_disk() { # full_disk NAME: a 1900 KiB tmpfs at $TMP/NAME (a checkpoint here is 0.74 MB)
-    mkdir -p "$TMP/$1" && mount -t tmpfs -o size=1900k tmpfs "$TMP/$1" && disks+=("$TMP/$1")
+full_disk() { # full_disk NAME [OPTIONS]: a 1900 KiB tmpfs at $TMP/NAME (a checkpoint here is 0.74 MB)
+    mkdir -p "$TMP/$1" && mount -t tmpfs -o "${2:-size=1900k}" tmpfs "$TMP/$1" && disks+=("$TMP/$1")
 }
 trap 'for d in "${disks[@]}"; do umount "$d"; done; rm -rf "$TMP"' EXIT
 # events NAME: "checkpoint events | failed events" of $TMP/NAME/metrics.jsonl
@@ -210,6 +210,18 @@ for spec in "full1 1" "full2 2 --set parallel.strategy=FULL_SHARD"; do
         ok "$np rank(s) ${rest:+($rest) }on a disk holding 2 checkpoints, keep_last 2: steps 6, 8 and 10 made room and were written again, every checkpoint complete, the run bit-identical to the reference"
     else bad "$name: rc $rc, $n make-room lines, events '$(events "$name")', $(ls "$TMP/$name-disk" | tr '\n' ' '); $(grep -E 'llmtrain' "$TMP/$name.out" | head -3)"; fi
 done
+# out of inodes instead (9: the root, 2 checkpoints of a folder, its file
+# and manifest, and a third's folder and file): the manifest cannot be
+# created, and the commit's ENOSPC makes room as the writer's does
+if full_disk fullino-disk size=8m,nr_inodes=9; then
+    run fullino 1 --set checkpoint.dir="$TMP/fullino-disk" --set checkpoint.every_steps=2 --set checkpoint.keep_last=2; rc=$?
+    n=$(grep -c "^llmtrain: checkpoint step [0-9]*: no space left in $TMP/fullino-disk; removed its oldest" "$TMP/fullino.out")
+    m=$(grep -c "^llmtrain: rank 0: checkpoint step [0-9]*: $TMP/fullino-disk/step_000000[0-9]*.tmp/manifest.json.[0-9]*.tmp: cannot create (No space left on device)" "$TMP/fullino.out")
+    if [ $rc -eq 0 ] && [ "$n" = 3 ] && [ "$m" = 3 ] && [ "$(events fullino)" = "2 4 6 8 10 | " ] &&
+       [ "$(ls "$TMP/fullino-disk" | tr '\n' ' ')" = "step_00000008 step_00000010 " ]; then
+        ok "a disk out of inodes, keep_last 2: the manifests of steps 6, 8 and 10 could not be created, each made room and was written again"
+    else bad "fullino: rc $rc, $n make-room and $m manifest lines, events '$(events fullino)', $(ls "$TMP/fullino-disk" | tr '\n' ' '); $(grep -E 'llmtrain' "$TMP/fullino.out" | head -3)"; fi
+else bad "fullino: cannot mount a tmpfs"; fi
 # a damaged step 4 on the full disk (its manifest cut short): the restart
 # resumes from step 2 and its step 4 makes room by removing the damaged
 # folder it replaces, never step 2 (this run's newest good checkpoint until
