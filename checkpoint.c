@@ -590,6 +590,14 @@ int ckpt_prune(const char *root, int keep_last, long newest) {
     return removed;
 }
 
+int ckpt_remove_step(const char *root, long step) {
+    char p[PATH_BUF];
+    snprintf(p, sizeof p, "%s/step_%08ld", root, step);
+    if (!path_exists(p)) return 0;
+    ckpt_remove(p);
+    return 1;
+}
+
 int ckpt_resolve(const char *path, char *out_dir, size_t out_len) {
     if (has_manifest(path)) {
         if (strlen(path) >= out_len) return -1;

@@ -117,6 +117,8 @@ void ckpt_remove_partial(const char *root);
  * checkpoint of their step replaces them. Only called after `newest` is
  * complete. Returns how many were removed. */
 int ckpt_prune(const char *root, int keep_last, long newest);
+/* Remove root's folder of `step` (complete or not); 1 when there was one. */
+int ckpt_remove_step(const char *root, long step);
 /* Remove a folder tree (a failed .tmp). */
 void ckpt_remove(const char *dir);
 

@@ -31,7 +31,6 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define LLMTRAIN_VERSION "0.1.0"
@@ -759,19 +758,12 @@ static void ck_drain(Trainer *t) {
 static int ck_make_room(Trainer *t, int step) {
     if (t->ck_room_tried || t->cfg.ckpt_keep_last < 2) return 0;
     t->ck_room_tried = 1;
-    char root[sizeof t->ck_root], same[sizeof t->ck_root + 32];
+    char root[sizeof t->ck_root];
     snprintf(root, sizeof root, "%s", t->ck_root);
     int good = t->ck_phase == CK_DURABLE || t->ck_direct ? t->ck_durable_step : t->ck_done_step;
     double removed = 0;
-    if (node_leader(t)) {
-        ckpt_step_dir(same, sizeof same, root, step, 0);
-        struct stat sb;
-        if (stat(same, &sb) == 0) {
-            ckpt_remove(same);
-            removed++;
-        }
-        removed += ckpt_prune(root, t->cfg.ckpt_keep_last - 1, good >= 0 ? good : step - 1);
-    }
+    if (node_leader(t))
+        removed = ckpt_remove_step(root, step) + ckpt_prune(root, t->cfg.ckpt_keep_last - 1, good >= 0 ? good : step - 1);
     dist_allreduce_sum_f64(&t->dist, &removed, 1);
     if (removed == 0) return 0;
     if (is_root(t))
@@ -1695,8 +1687,7 @@ static void check_same_job(Trainer *t) {
     if (d->world == 1) return;
     char *text = config_canonical(&t->cfg);
     size_t len = strlen(text) + 1;
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)text[i]) * 1099511628211ull;
+    uint64_t h = fnv1a64(text);
     uint64_t *hashes = malloc_check((size_t)d->world * sizeof *hashes);
     dist_allgather_bytes(d, &h, hashes, sizeof h);
     int differ = 0, first = 0;
@@ -1712,16 +1703,16 @@ static void check_same_job(Trainer *t) {
     char *root = malloc_check((size_t)root_len), host0[64] = "", diff[JOB_DIFF_BYTES] = "";
     if (d->rank == 0) {
         memcpy(root, text, len);
-        if (gethostname(host0, sizeof host0 - 1) < 0) snprintf(host0, sizeof host0, "?");
+        host_name(host0, sizeof host0);
     }
     dist_bcast_bytes(d, root, (size_t)root_len);
     dist_bcast_bytes(d, host0, sizeof host0);
     root[root_len - 1] = '\0';
     host0[sizeof host0 - 1] = '\0';
     if (d->rank == first) {
-        char me[32], host[64] = "", what[JOB_DIFF_BYTES - 256];
+        char me[32], host[64], what[JOB_DIFF_BYTES - 256];
         snprintf(me, sizeof me, "on rank %d", d->rank);
-        if (gethostname(host, sizeof host - 1) < 0) snprintf(host, sizeof host, "?");
+        host_name(host, sizeof host);
         if (!config_canonical_diff(text, root, me, "on rank 0", what, sizeof what)) snprintf(what, sizeof what, "(no key differs?)");
         snprintf(diff, sizeof diff, "rank %d (host %.60s) reads another job than rank 0 (host %.60s): %s", d->rank, host, host0, what);
     }
@@ -1826,7 +1817,7 @@ static int gpu_shared(Trainer *t, int dev, int count, char *msg, size_t n) {
     GpuClaim mine, *all = calloc_check((size_t)d->world, sizeof *all);
     memset(&mine, 0, sizeof mine);
     mine.rank = d->rank;
-    if (gethostname(mine.host, sizeof mine.host - 1) < 0) snprintf(mine.host, sizeof mine.host, "?");
+    host_name(mine.host, sizeof mine.host);
     if (dev >= 0 && kernels_cuda_device_uuid(mine.id, sizeof mine.id) < 0)
         snprintf(mine.id, sizeof mine.id, "device %d of %d visible (UUID unreadable)", dev, count);
     dist_allgather_bytes(d, &mine, all, sizeof mine);

@@ -520,12 +520,6 @@ static uint64_t splitmix64_next(uint64_t *s) {
     return splitmix64(z);
 }
 
-static uint64_t hash_name(const char *s) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 /* Each tensor draws from its own stream keyed by (seed, name), so a
  * tensor's initial values do not depend on the layout or parallelism. */
 void model_init_random(Model *m, float std, uint64_t seed) {
@@ -546,7 +540,7 @@ void model_init_random(Model *m, float std, uint64_t seed) {
             break; /* zero */
         default: {
             float sd = (s->kind == P_ATTN_OUT_W || s->kind == P_PROJ_W) ? resid_std : std;
-            uint64_t st = seed ^ hash_name(s->name);
+            uint64_t st = seed ^ fnv1a64(s->name);
             for (size_t j = 0; j < numel; j += 2) { /* Box-Muller pairs */
                 double u1 = ((splitmix64_next(&st) >> 11) + 1.0) * 0x1.0p-53;
                 double u2 = (splitmix64_next(&st) >> 11) * 0x1.0p-53;

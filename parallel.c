@@ -289,8 +289,8 @@ static void tcp_init(Dist *d, RdzvEnv e, int slurm) {
     d->local_rank = e.local_rank;
     d->local_size = e.local_world;
     if (d->local_size < 1) { /* count the ranks that share this host name */
-        char (*names)[256] = calloc_check((size_t)d->world, sizeof *names), me[256] = {0};
-        if (gethostname(me, sizeof me - 1) < 0) snprintf(me, sizeof me, "?");
+        char (*names)[256] = calloc_check((size_t)d->world, sizeof *names), me[256];
+        host_name(me, sizeof me);
         if (rdzv_allgather(d->rdzv, me, names, sizeof me, why, sizeof why) < 0)
             die(EXIT_PEER, "rank %d: rendezvous: host names: %s", d->rank, why);
         d->local_size = 0;

@@ -82,11 +82,6 @@ static const char *quoted_id(const char *id, char *out, size_t n) {
     return out;
 }
 
-static uint64_t job_key(const char *job) {
-    uint64_t h = 1469598103934665603ull;
-    for (const unsigned char *c = (const unsigned char *)job; *c; c++) h = (h ^ *c) * 1099511628211ull;
-    return h;
-}
 
 static void say(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void say(char *why, size_t n, const char *fmt, ...) {
@@ -873,7 +868,7 @@ static Rendezvous *open_on(int lfd, const char *addr, int port, int rank, int wo
     r->world = world;
     r->timeout_s = timeout_s;
     snprintf(r->job, sizeof r->job, "%s", job ? job : "");
-    r->job_key = job_key(r->job);
+    r->job_key = fnv1a64(r->job);
     snprintf(r->where, sizeof r->where, "%s%.100s%s:%d", addr && strchr(addr, ':') ? "[" : "", addr ? addr : "",
              addr && strchr(addr, ':') ? "]" : "", port);
     if (world == 1) return r;

@@ -219,6 +219,18 @@ void buf_add(Buf *b, const char *fmt, ...) {
     }
 }
 
+uint64_t fnv1a64(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) h = (h ^ *c) * 1099511628211ull;
+    return h;
+}
+
+void host_name(char *out, size_t n) {
+    if (!n) return;
+    memset(out, 0, n);
+    if (gethostname(out, n - 1) < 0) snprintf(out, n, "?");
+}
+
 void buf_json_string(Buf *b, const char *s) {
     buf_add(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {

@@ -57,6 +57,12 @@ void buf_add(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)))
  * escaped, control bytes as \u00XX (safetensors names, metrics.jsonl's paths) */
 void buf_json_string(Buf *b, const char *s);
 
+/* 64-bit FNV-1a of a string's bytes (tensor names' init streams, the ranks'
+ * job texts, the rendezvous job id) */
+uint64_t fnv1a64(const char *s);
+/* This host's name into out (NUL-terminated; "?" when it cannot be read). */
+void host_name(char *out, size_t n);
+
 /* Read a whole small file (configs, json headers) into a NUL-terminated buffer.
  * Returns NULL (and sets *len = 0) when it cannot be read, or is not a
  * regular file (a directory, a FIFO: never waited on); read_text_why()
