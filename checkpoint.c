@@ -21,7 +21,13 @@
 #include <unistd.h>
 
 #define PATH_BUF 4096
-#define FORMAT "llmtrain-checkpoint/2"
+/* /3 seals the manifest with a checksum of its own text (its last key,
+ * "manifest_checksum": mix64 of every byte before that key); /2, written
+ * before, has none and is still read (resume says it is unverified). */
+#define FORMAT "llmtrain-checkpoint/3"
+#define FORMAT_UNSEALED "llmtrain-checkpoint/2"
+#define SEAL_KEY "\"manifest_checksum\": \""
+#define SEAL_LEN (sizeof SEAL_KEY - 1 + 16 + 4) /* key, 16 hex digits, "\"\n}\n" */
 #define IO_CHUNK ((size_t)16 << 20)
 #define SLOW_PIECE ((size_t)4096) /* LLMTRAIN_FAULT kind=ckpt_slow */
 
@@ -433,7 +439,11 @@ char *ckpt_manifest_text(const Model *m, const CkptLayout *L, const uint64_t *by
             buf_add(&b, "]}");
         }
     }
-    buf_add(&b, "\n],\n\"config\": %s\n}\n", cfg->json_text ? cfg->json_text : "{}");
+    buf_add(&b, "\n],\n\"config\": %s,\n", cfg->json_text ? cfg->json_text : "{}");
+    CkptHash h;
+    ckpt_hash_init(&h);
+    ckpt_hash_update(&h, b.s, b.len);
+    buf_add(&b, SEAL_KEY "%016llx\"\n}\n", (unsigned long long)ckpt_hash_final(&h));
     free(pos);
     free(owned);
     free(file_of);
@@ -623,6 +633,7 @@ typedef struct MFile { char name[64]; uint64_t bytes, checksum; } MFile;
 
 struct CkptManifest {
     char dir[PATH_BUF];
+    int sealed; /* format /3: the text's own checksum held */
     TrainState st;
     CkptLayout layout;
     char *config;
@@ -689,6 +700,25 @@ static bool get_shape(const cJSON *o, const char *key, int *ndim, int64_t *shape
     return true;
 }
 
+/* A sealed manifest ends with SEAL_KEY, the mix64 of every byte before
+ * it as 16 lower-case hex digits, and "\"\n}\n": any other ending, or
+ * another sum, is an edit or damage. */
+static int seal_check(const char *text, size_t len, const char *path, char *why, size_t n) {
+    if (len < SEAL_LEN) return errf(why, n, "%s: does not end with its manifest_checksum line (cut short or edited?)", path);
+    const char *seal = text + len - SEAL_LEN, *hex = seal + sizeof SEAL_KEY - 1;
+    if (memcmp(seal, SEAL_KEY, sizeof SEAL_KEY - 1) != 0 || strspn(hex, "0123456789abcdef") != 16 ||
+        memcmp(hex + 16, "\"\n}\n", 4) != 0)
+        return errf(why, n, "%s: does not end with its manifest_checksum line (cut short or edited?)", path);
+    CkptHash h;
+    ckpt_hash_init(&h);
+    ckpt_hash_update(&h, text, len - SEAL_LEN);
+    char sum[17];
+    snprintf(sum, sizeof sum, "%016llx", (unsigned long long)ckpt_hash_final(&h));
+    if (memcmp(sum, hex, 16) != 0)
+        return errf(why, n, "%s: the manifest's own checksum is %s, its manifest_checksum says %.16s (edited or damaged)", path, sum, hex);
+    return 0;
+}
+
 #define BAD(...) do { errf(why, n, __VA_ARGS__); goto fail; } while (0)
 
 CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
@@ -703,7 +733,14 @@ CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
     root = cJSON_ParseWithLength(text, len);
     if (!cJSON_IsObject(root)) BAD("%s: not valid JSON (truncated?)", path);
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
-    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, FORMAT) != 0) BAD("%s: key format: expected \"" FORMAT "\"", path);
+    if (!cJSON_IsString(fmt)) BAD("%s: key format: expected \"" FORMAT "\"", path);
+    mf->sealed = strcmp(fmt->valuestring, FORMAT) == 0;
+    if (!mf->sealed && strcmp(fmt->valuestring, FORMAT_UNSEALED) != 0)
+        BAD("%s: key format: \"%.80s\" is not a format this build reads (expected \"" FORMAT "\", or \"" FORMAT_UNSEALED
+            "\" from before manifests carried their own checksum)", path, fmt->valuestring);
+    if (!mf->sealed && cJSON_HasObjectItem(root, "manifest_checksum"))
+        BAD("%s: key format says \"" FORMAT_UNSEALED "\", which has no manifest_checksum, but this manifest has one (edited or damaged)", path);
+    if (mf->sealed && seal_check(text, len, path, why, n) != 0) goto fail;
     uint64_t u;
     if (!get_int(root, "step", 0, &mf->st.step)) BAD("%s: key step: expected a non-negative integer", path);
     if (!get_u64(root, "seq_cursor", &mf->st.seq_cursor)) BAD("%s: key seq_cursor: expected a decimal string", path);
@@ -825,6 +862,7 @@ int ckpt_manifest_verify(const CkptManifest *mf, int rank, int world, char *why,
 }
 
 const char *ckpt_manifest_config(const CkptManifest *mf) { return mf->config; }
+int ckpt_manifest_sealed(const CkptManifest *mf) { return mf->sealed; }
 const TrainState *ckpt_manifest_state(const CkptManifest *mf) { return &mf->st; }
 CkptLayout ckpt_manifest_layout(const CkptManifest *mf) { return mf->layout; }
 
@@ -843,6 +881,59 @@ static const MTensor *find_tensor(const CkptManifest *mf, const char *name, int 
     for (int i = 0; i < mf->n_tensors; i++)
         if (mf->tensors[i].kind == kind && strcmp(mf->tensors[i].name, name) == 0) return &mf->tensors[i];
     return NULL;
+}
+
+static int cmp_slice_start(const void *a, const void *b) {
+    const Slice *x = *(const Slice *const *)a, *y = *(const Slice *const *)b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+int ckpt_manifest_check(const CkptManifest *mf, const Model *m, char *why, size_t n) {
+    int wtp = mf->layout.tp, rc = 0;
+    const ModelConfig *mc = &m->cfg;
+    if (mc->n_kv_head % wtp || mc->n_head % wtp || mc->ffn_hidden % wtp || mc->vocab_size % wtp)
+        return errf(why, n, "%s/manifest.json: key layout.tp: %d does not divide the model's n_head %d, n_kv_head %d, ffn_hidden %d "
+                    "and vocab_size %d (damaged?)", mf->dir, wtp, mc->n_head, mc->n_kv_head, mc->ffn_hidden, mc->vocab_size);
+    Model wl; /* the writer's TP layout: the local shape of each of its slices */
+    model_layout(&wl, mc, 1, wtp, 0);
+    int most = 1;
+    for (int i = 0; i < mf->n_tensors; i++) most = mf->tensors[i].n_slices > most ? mf->tensors[i].n_slices : most;
+    const Slice **order = malloc_check((size_t)most * sizeof *order);
+    for (int k = 0; k < 3 && !rc; k++)
+        for (int i = 0; i < m->n_specs && !rc; i++) {
+            const ParamSpec *s = &m->specs[i], *ws = model_find(&wl, s->name);
+            const MTensor *T = find_tensor(mf, s->name, k);
+            if (!T || !ws) {
+                rc = errf(why, n, "%s/manifest.json: no tensor %s (%s)", mf->dir, s->name, KIND_NAME[k]);
+                break;
+            }
+            int64_t gsz = T->shape[0] * (T->ndim == 2 ? T->shape[1] : 1), lsz = T->local_shape[0] * (T->ndim == 2 ? T->local_shape[1] : 1);
+            if (T->ndim != s->ndim || (size_t)gsz != model_global_numel(m, s) || (size_t)lsz != ws->numel || T->tp_axis != ws->tp_axis) {
+                rc = errf(why, n, "%s/manifest.json: tensor %s (%s): shape, local shape or tp_axis are not this model's with tp %d", mf->dir,
+                          s->name, KIND_NAME[k], wtp);
+                break;
+            }
+            /* each writer TP rank's slices tile its local tensor exactly */
+            for (int r = 0; r < (ws->tp_axis < 0 ? 1 : wtp) && !rc; r++) {
+                int cnt = 0;
+                for (int j = 0; j < T->n_slices; j++)
+                    if (T->slices[j].tp_rank == r) order[cnt++] = &T->slices[j];
+                qsort(order, (size_t)cnt, sizeof *order, cmp_slice_start);
+                size_t at = 0;
+                for (int j = 0; j < cnt && !rc; j++) {
+                    if (order[j]->start != at || order[j]->count == 0 || order[j]->count > ws->numel - at)
+                        rc = errf(why, n, "%s/manifest.json: tensor %s (%s): the slices of TP rank %d leave a gap, overlap or run past its %zu elements "
+                                  "at element %zu", mf->dir, s->name, KIND_NAME[k], r, ws->numel, at);
+                    else at += order[j]->count;
+                }
+                if (!rc && at != ws->numel)
+                    rc = errf(why, n, "%s/manifest.json: tensor %s (%s): the slices of TP rank %d cover %zu of its %zu elements", mf->dir, s->name,
+                              KIND_NAME[k], r, at, ws->numel);
+            }
+        }
+    free(order);
+    model_free(&wl);
+    return rc;
 }
 
 /* Read elements [a, b) of TP rank tr's local tensor T (numel elements) into

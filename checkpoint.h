@@ -7,7 +7,8 @@
  *   <root>/step_%08d/manifest.json   every tensor, its global shape and which
  *                                    file / byte range holds which slice; a
  *                                    checksum per file; step, data cursor, RNG,
- *                                    config and the layout it was written with
+ *                                    config and the layout it was written with;
+ *                                    last, a checksum of its own text
  *
  * A folder is written as step_%08d.tmp and renamed only after the manifest
  * (written last, after every rank reported success) is durable. Nothing here
@@ -134,6 +135,15 @@ void ckpt_manifest_close(CkptManifest *mf);
 /* Every file present with its recorded size; the checksum of the files
  * i with i % world == rank recomputed (ranks split the reading). 0 or -1. */
 int ckpt_manifest_verify(const CkptManifest *mf, int rank, int world, char *why, size_t n);
+/* Everything ckpt_manifest_load will read, checked without reading it:
+ * every tensor of m (any TP rank's local model) present in each of the
+ * three kinds with this model's shapes under the writer's tp, and each of
+ * the writer's TP ranks' slices tiling its local tensor exactly (no gap,
+ * no overlap, nothing past its end). 0, or -1 with a reason in why. */
+int ckpt_manifest_check(const CkptManifest *mf, const Model *m, char *why, size_t n);
+/* 1 when the manifest is format /3 and its own checksum held; 0 for a
+ * format /2 manifest, read unverified (its files' checksums still hold). */
+int ckpt_manifest_sealed(const CkptManifest *mf);
 const char *ckpt_manifest_config(const CkptManifest *mf); /* config JSON text */
 const TrainState *ckpt_manifest_state(const CkptManifest *mf);
 CkptLayout ckpt_manifest_layout(const CkptManifest *mf);

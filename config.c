@@ -125,7 +125,7 @@ static const Key KEYS[] = {
     {"checkpoint.every_minutes", K_DOUBLE, OFF(ckpt_every_minutes), 0, "0", 0, 1e9, NULL, "also write a checkpoint when this many minutes have passed since the last one (0 = off)"},
     {"checkpoint.async", K_BOOL, OFF(ckpt_async), 0, "true", 0, 0, NULL, "write in a background thread; training blocks only while the state is copied to host memory"},
     {"checkpoint.durable_dir", K_STR, STR(ckpt_durable_dir), "\"\"", 0, 0, NULL, "second copy of every checkpoint, made in the background after the local one is complete (SageMaker: /opt/ml/checkpoints; empty = none)"},
-    {"checkpoint.resume", K_STR, STR(ckpt_resume), "\"auto\"", 0, 0, NULL, "auto: newest complete checkpoint in checkpoint.dir, else in durable_dir; none; or a checkpoint folder / root to resume from"},
+    {"checkpoint.resume", K_STR, STR(ckpt_resume), "\"auto\"", 0, 0, NULL, "auto: newest complete checkpoint in checkpoint.dir, else in durable_dir (exit 2 when every one there fails verification); none: start at step 0; or a checkpoint folder / root to resume from"},
     /* parallel */
     {"parallel.tensor", K_INT, OFF(tp), 0, "1", 1, 1024, NULL, "tensor-parallel degree (Megatron-style, tp innermost; must divide the ranks, n_kv_head, ffn_hidden and vocab_size)"},
     {"parallel.sequence_parallel", K_BOOL, OFF(seq_parallel), 0, "false", 0, 0, NULL, "Megatron's sequence parallelism (needs parallel.tensor > 1): the residual stream, the norms and their outputs are split over the TP group by rows instead of replicated, the tensor-parallel all-reduces become all-gathers and reduce-scatters; activation memory of those tensors / tp, the same results up to the order of the norms' weight-gradient sums"},

@@ -1040,13 +1040,14 @@ static int resume(Trainer *t) {
         }
     }
     CkptManifest *mf = NULL;
-    char path[1100];
+    char path[1100], why[1400] = "", skipped[2600] = "";
+    int n_skipped = 0;
     for (int i = 0;; i++) {
         memset(path, 0, sizeof path);
+        why[0] = '\0';
         if (is_root(t) && i < nc) snprintf(path, sizeof path, "%s", cand + (size_t)i * PN);
         dist_bcast_bytes(d, path, sizeof path);
         if (!path[0]) break;
-        char why[1400] = "";
         mf = ckpt_manifest_open(path, why, sizeof why);
         if (mf && ckpt_manifest_verify(mf, d->rank, d->world, why, sizeof why) != 0) { ckpt_manifest_close(mf); mf = NULL; }
         if (mf) {
@@ -1058,6 +1059,8 @@ static int resume(Trainer *t) {
                     path, diff);
             config_free(&old);
         }
+        /* the same model: what the load will read must all be there */
+        if (mf && ckpt_manifest_check(mf, &t->model, why, sizeof why) != 0) { ckpt_manifest_close(mf); mf = NULL; }
         double bad = mf == NULL;
         if (bad) {
             if (explicit) die(EXIT_USAGE, "checkpoint.resume: %s", why);
@@ -1067,13 +1070,27 @@ static int resume(Trainer *t) {
         if (bad == 0) break;
         ckpt_manifest_close(mf);
         mf = NULL;
+        if (is_root(t) && !skipped[0]) snprintf(skipped, sizeof skipped, "%s: %s", path, why[0] ? why : "another rank could not verify it");
+        n_skipped++;
     }
     free(cand);
+    if (!mf && n_skipped > 0) {
+        /* every checkpoint there is damaged: starting over would train past
+         * them silently; that is the user's call, not the launcher's */
+        dist_bcast_bytes(d, skipped, sizeof skipped);
+        die_replicated(!is_root(t));
+        die(EXIT_USAGE, "checkpoint.resume: every checkpoint in %s%s%s failed verification (%d; newest %s); to train from step 0 anyway "
+            "set checkpoint.resume=none (or move the folders away)", c->ckpt_dir, c->ckpt_durable_dir[0] ? " and " : "",
+            c->ckpt_durable_dir, n_skipped, skipped);
+    }
     if (!mf) {
         if (is_root(t)) printf("resume: no complete checkpoint in %s%s%s; starting at step 0\n", c->ckpt_dir,
                                c->ckpt_durable_dir[0] ? " or " : "", c->ckpt_durable_dir);
         return 0;
     }
+    if (is_root(t) && !ckpt_manifest_sealed(mf))
+        fprintf(stderr, "llmtrain: warning: %s/manifest.json is format llmtrain-checkpoint/2, written before manifests carried "
+                        "their own checksum: its text is read unverified (the next checkpoint is format /3)\n", path);
     /* read only what this rank owns: its shard of every chunk, or all of it */
     Model *m = &t->model;
     size_t *lo = malloc_check((size_t)m->n_chunks * sizeof(size_t)), *hi = malloc_check((size_t)m->n_chunks * sizeof(size_t));
@@ -2497,7 +2514,7 @@ static int train(int argc, char **argv) {
 
 static int cmd_export(int argc, char **argv) {
     if (argc != 2) die(EXIT_USAGE, "usage: llmtrain export CHECKPOINT_DIR OUT_DIR");
-    char step_dir[2048], why[800];
+    char step_dir[2048], why[1400];
     if (ckpt_resolve(argv[0], step_dir, sizeof step_dir) != 0)
         die(EXIT_USAGE, "export: %s: no complete checkpoint found (expected a step folder with manifest.json, or a root holding step_* folders)", argv[0]);
     CkptManifest *mf = ckpt_manifest_open(step_dir, why, sizeof why);
@@ -2506,6 +2523,10 @@ static int cmd_export(int argc, char **argv) {
     config_load_string(&c, ckpt_manifest_config(mf), step_dir);
     Model m; /* the global (tp = 1) layout: any written layout is reassembled into it */
     model_layout(&m, &c.model, 1, 1, 0);
+    if (ckpt_manifest_check(mf, &m, why, sizeof why) != 0) die(EXIT_USAGE, "export: %s", why);
+    if (!ckpt_manifest_sealed(mf))
+        fprintf(stderr, "llmtrain: warning: %s/manifest.json is format llmtrain-checkpoint/2 (before manifests carried their own checksum): "
+                        "its text is read unverified\n", step_dir);
     float *host = calloc_check(m.n_params, sizeof(float));
     size_t *lo = malloc_check((size_t)m.n_chunks * sizeof(size_t)), *hi = malloc_check((size_t)m.n_chunks * sizeof(size_t));
     ckpt_full_ranges(&m, lo, hi);

@@ -1054,6 +1054,148 @@ static int load_matches(const GState *G, const char *dir, int tp, int tr, int pa
     return ok;
 }
 
+/* The manifest's own checksum (format /3): text with its seal made again
+ * over the edited body, as a writer of that text would have. */
+static void reseal(char *text) {
+    const char *key = "\"manifest_checksum\": \"";
+    char *at = NULL;
+    for (char *q = strstr(text, key); q; q = strstr(q + 1, key)) at = q;
+    if (!at) return;
+    CkptHash h;
+    ckpt_hash_init(&h);
+    ckpt_hash_update(&h, text, (size_t)(at - text));
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)ckpt_hash_final(&h));
+    memcpy(at + strlen(key), hex, 16);
+}
+
+/* text with the first `from` after `after` replaced by `to` (malloc'd;
+ * NULL when not found) */
+static char *edit(const char *text, const char *after, const char *from, const char *to) {
+    const char *a = strstr(text, after);
+    const char *f = a ? strstr(a, from) : NULL;
+    if (!f) return NULL;
+    size_t n = strlen(text), nf = strlen(from), nt = strlen(to);
+    char *out = malloc_check(n - nf + nt + 1);
+    memcpy(out, text, (size_t)(f - text));
+    memcpy(out + (f - text), to, nt);
+    memcpy(out + (f - text) + nt, f + nf, n - (size_t)(f - text) - nf + 1);
+    return out;
+}
+
+/* Open (and check against the model) a manifest text placed in dir; 0 when
+ * it is refused, with the reason in why. */
+static int manifest_accepted(const char *dir, const char *text, const Model *lm, char *why, size_t wn) {
+    char man[1200];
+    snprintf(man, sizeof man, "%s/manifest.json", dir);
+    write_text(man, text);
+    CkptManifest *mf = ckpt_manifest_open(dir, why, wn);
+    int ok = mf && ckpt_manifest_check(mf, lm, why, wn) == 0;
+    ckpt_manifest_close(mf);
+    return ok;
+}
+
+/* A manifest of format /3 carries a checksum of its own text: every bit of
+ * it is covered, and a manifest whose text holds but whose slices cannot
+ * be loaded (a tensor missing, a gap, an overlap, a slice past its tensor)
+ * is refused by ckpt_manifest_check before anything is read. */
+static void test_manifest_seal(const char *dir12) {
+    char man[1200], why[1400], dir[1024];
+    snprintf(man, sizeof man, "%s/manifest.json", dir12);
+    size_t len;
+    char *text = read_text_file(man, &len);
+    snprintf(dir, sizeof dir, "%s", tpath("seal"));
+    mkdir(dir, 0755);
+    ModelConfig c = ck_cfg();
+    Model lm;
+    model_layout(&lm, &c, 1, 1, 0);
+    check(text && strstr(text, "\"format\": \"llmtrain-checkpoint/3\"") && manifest_accepted(dir, text, &lm, why, sizeof why),
+          "seal: the written manifest is format /3 and passes open and check (%s)", why);
+    /* every byte, one bit of it flipped (bit i % 8 of byte i) */
+    char *t = malloc_check(len + 1);
+    size_t accepted = 0, first = (size_t)-1;
+    for (size_t i = 0; i < len; i++) {
+        memcpy(t, text, len + 1);
+        t[i] ^= (char)(1u << (i % 8));
+        if (manifest_accepted(dir, t, &lm, why, sizeof why)) {
+            accepted++;
+            if (first == (size_t)-1) first = i;
+        }
+    }
+    check(accepted == 0, "seal: each of the %zu bytes with one bit flipped is refused (%zu accepted, first at byte %zu)", len, accepted, first);
+    /* one-character edits of each kind of field: refused, the seal named */
+    static const char *const edits[][4] = {
+        {"slice offset", "\"slices\": [[", ", 0, ", ", 4, "},
+        {"slice length", "\"slices\": [[", "]", "1]"},
+        {"step", "\"step\": ", "12", "13"},
+        {"seq_cursor", "\"seq_cursor\": \"", "3\"", "2\""},
+        {"tensor name", "\"tensors\": [", "\"name\": \"", "\"name\": \"x"},
+        {"kind", "\"kind\": \"exp_avg", "\"exp_avg\"", "\"exp_avG\""},
+        {"file checksum", "\"files\": [", "\"checksum\": \"", "\"checksum\": \"0"},
+        {"file bytes", "\"files\": [", "\"bytes\": ", "\"bytes\": 1"},
+        {"layout", "\"layout\": ", "\"replicate\": 2", "\"replicate\": 1"},
+        {"config", "\"config\": ", "{", "{ "},
+    };
+    for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
+        char *x = edit(text, edits[e][1], edits[e][2], edits[e][3]);
+        int acc = x ? manifest_accepted(dir, x, &lm, why, sizeof why) : 1;
+        check(x && !acc && (strstr(why, "its manifest_checksum says") || strstr(why, "does not end with its manifest_checksum")),
+              "seal: a one-character edit of the %s is refused (%s)", edits[e][0], why);
+        free(x);
+    }
+    /* the seal's own digits: one changed, one upper-cased */
+    for (int up = 0; up < 2; up++) {
+        char *y = strdup(text), *hex = strstr(y, "\"manifest_checksum\": \"") + 22;
+        int i = 0;
+        while (up && i < 15 && !(hex[i] >= 'a' && hex[i] <= 'f')) i++;
+        hex[i] = up ? (char)(hex[i] - 32) : (hex[i] == '0' ? '1' : '0');
+        check(!manifest_accepted(dir, y, &lm, why, sizeof why) && (strstr(why, "its manifest_checksum says") || strstr(why, "does not end with")),
+              "seal: a digit of the manifest_checksum %s is refused (%s)", up ? "upper-cased" : "changed", why);
+        free(y);
+    }
+    /* format /3 -> /2 keeping the seal: not an old manifest, an edited one */
+    char *x = edit(text, "\"format\"", "/3", "/2");
+    check(x && !manifest_accepted(dir, x, &lm, why, sizeof why) && strstr(why, "has no manifest_checksum, but this manifest has one"),
+          "seal: format /3 edited to /2 (seal kept) is refused (%s)", why);
+    free(x);
+    /* an old (/2) manifest, without a seal, is still read, unverified */
+    x = edit(text, "\"format\"", "/3", "/2");
+    char *cut = x ? strstr(x, ",\n\"manifest_checksum\"") : NULL;
+    if (cut) strcpy(cut, "\n}\n");
+    snprintf(man, sizeof man, "%s/manifest.json", dir);
+    if (x) write_text(man, x);
+    CkptManifest *mf = ckpt_manifest_open(dir, why, sizeof why);
+    check(cut && mf && !ckpt_manifest_sealed(mf) && ckpt_manifest_check(mf, &lm, why, sizeof why) == 0,
+          "seal: a format /2 manifest (no seal) still opens and checks, marked unsealed%s%s", mf ? "" : ": ", mf ? "" : why);
+    ckpt_manifest_close(mf);
+    free(x);
+    /* sealed again after the edit (a writer bug, not damage on disk): the
+     * check finds what loading would have died on */
+    static const char *const bad[][5] = {
+        {"a tensor missing (one kind renamed)", "\"kind\": \"exp_avg_sq\"", "\"name\": \"", "\"name\": \"zz", "no tensor"},
+        {"a gap (first element 1 instead of 0)", "\"slices\": [[", "0, 0, 0, 0, ", "0, 0, 0, 1, ", "gap, overlap or run past"},
+        {"a slice past its tensor (one element longer)", "\"slices\": [[", "]", "1]", "gap, overlap or run past"},
+        {"a shape of another model", "\"shape\": [", "[", "[1", "shape, local shape or tp_axis"},
+        {"a tp_axis of another layout", "\"tp_axis\": ", "0", "1", "shape, local shape or tp_axis"},
+    };
+    for (size_t e = 0; e < sizeof bad / sizeof bad[0]; e++) {
+        x = edit(text, bad[e][1], bad[e][2], bad[e][3]);
+        why[0] = '\0';
+        if (x) reseal(x);
+        snprintf(man, sizeof man, "%s/manifest.json", dir);
+        if (x) write_text(man, x);
+        mf = x ? ckpt_manifest_open(dir, why, sizeof why) : NULL;
+        int rc = mf ? ckpt_manifest_check(mf, &lm, why, sizeof why) : 0;
+        check(mf && rc == -1 && strstr(why, bad[e][4]), "check: resealed manifest with %s: opens, then refused before loading (%s)", bad[e][0],
+              mf ? why : "did not open");
+        ckpt_manifest_close(mf);
+        free(x);
+    }
+    free(t);
+    free(text);
+    model_free(&lm);
+}
+
 static void child_load_other_model(const char *dir) {
     char why[600];
     CkptManifest *mf = ckpt_manifest_open(dir, why, sizeof why);
@@ -1127,6 +1269,7 @@ static void test_ckpt(void) {
     char dir12[1024];
     snprintf(dir12, sizeof dir12, "%s", tpath("ckpts/step_00000012"));
     check(load_matches(&G, dir12, 1, 0, 1), "load: tp2 x shard2 x replicate2 -> one rank (tp 1): params, exp_avg, exp_avg_sq bit-identical");
+    test_manifest_seal(dir12);
     check(load_matches(&G, dir12, 2, 1, 3) && load_matches(&G, dir12, 2, 0, 1), "load: -> tp 2 (other padding): each TP rank's slices bit-identical, and shard 1 of 3 alone");
     CkptLayout L1 = {1, 1, 1, 1};
     rc = save_as(&G, &L1, root, 7, &cfg, why, sizeof why);
