@@ -16,7 +16,7 @@ SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpo
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/test_model tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
-            tests/fuzz_replay tests/llmtrain_asan
+            tests/fuzz_replay tests/llmtrain_asan tests/nolock.so
 
 # CUDA backend: built whenever nvcc is found (on PATH or in /usr/local/cuda);
 # `make NVCC=` builds the CPU-only binary. CUDA_ARCH lists the SM versions
@@ -142,6 +142,10 @@ tests/test_dist_nccl: tests/test_dist_nccl.c dist_nccl.c parallel.c rendezvous.c
 # --wrap=malloc: it makes one allocation fail.
 tests/test_ckpt: tests/test_ckpt.c tests/check.h ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -Wl,--wrap=fsync,--wrap=malloc -o $@
+
+# A file system without locks, for tests/test_ckdir.sh (LD_PRELOAD).
+tests/nolock.so: tests/nolock.c
+	$(CC) -O2 $(WARN) -fPIC -shared $< -ldl -o $@
 
 # The readers of files a user hands llmtrain (job file, Hugging Face config
 # and safetensors, checkpoint manifest, token shard, vocab) under the

@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -606,6 +607,82 @@ int ckpt_remove_step(const char *root, long step) {
     if (!path_exists(p)) return 0;
     ckpt_remove(p);
     return 1;
+}
+
+/* ======================================================================
+ * the folder: writable, and one job's
+ * ====================================================================== */
+
+int ckpt_dir_probe(const char *root, char *why, size_t n) {
+    if (mkdir_p_durable(root) != 0) {
+        int e = errno;
+        errf(why, n, "%s: cannot create the folder (%s)", root, strerror(e));
+        return -e;
+    }
+    char host[64], probe[PATH_BUF + 128];
+    host_name(host, sizeof host);
+    snprintf(probe, sizeof probe, "%s/.llmtrain-probe.%.60s.%d", root, host, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        errf(why, n, "%s: cannot create a file in it (%s)", root, strerror(e));
+        return -e;
+    }
+    close(fd);
+    if (unlink(probe) != 0) {
+        int e = errno;
+        errf(why, n, "%s: cannot remove a file from it (%s)", root, strerror(e));
+        return -e;
+    }
+    return 0;
+}
+
+/* a lock the file system does not implement (network and FUSE file
+ * systems), as opposed to one another process holds */
+static bool lock_unsupported(int e) { return e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS || e == EINVAL; }
+
+int ckpt_dir_lock(const char *root, const char *owner, int *fd_out, char *why, size_t n) {
+    char path[PATH_BUF + 32];
+    snprintf(path, sizeof path, "%s/" CKPT_LOCK_NAME, root);
+    *fd_out = -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        errf(why, n, "%s: cannot open (%s)", path, strerror(errno));
+        return CKPT_LOCK_FAILED;
+    }
+    /* flock, else a POSIX record lock (what some network file systems
+     * implement instead); both end with the process, so a dead job's lock
+     * file holds nothing */
+    int rc = flock(fd, LOCK_EX | LOCK_NB), e = rc ? errno : 0, e2 = 0;
+    if (rc != 0 && lock_unsupported(e)) {
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        rc = fcntl(fd, F_SETLK, &fl);
+        e2 = rc ? errno : 0;
+        if (rc != 0 && lock_unsupported(e2)) {
+            close(fd);
+            errf(why, n, "%s: the file system takes no lock (flock: %s; fcntl: %s)", path, strerror(e), strerror(e2));
+            return CKPT_LOCK_UNSUPPORTED;
+        }
+        e = e2;
+    }
+    if (rc != 0) {
+        char holder[256] = "";
+        ssize_t got = pread(fd, holder, sizeof holder - 1, 0);
+        holder[got > 0 ? got : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        close(fd);
+        if (e == EWOULDBLOCK || e == EAGAIN || e == EACCES) {
+            errf(why, n, "%s is in use by another job: %s", root, holder[0] ? holder : "(a process that has not yet written its name)");
+            return CKPT_LOCK_HELD;
+        }
+        errf(why, n, "%s: cannot lock (%s)", path, strerror(e));
+        return CKPT_LOCK_FAILED;
+    }
+    size_t len = strlen(owner);
+    bool named = ftruncate(fd, 0) == 0 && pwrite(fd, owner, len, 0) == (ssize_t)len && pwrite(fd, "\n", 1, (off_t)len) == 1;
+    (void)named; /* locked all the same: only the name a second job would print is lost */
+    *fd_out = fd;
+    return CKPT_LOCKED;
 }
 
 int ckpt_resolve(const char *path, char *out_dir, size_t out_len) {

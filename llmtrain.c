@@ -31,6 +31,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #define LLMTRAIN_VERSION "0.1.0"
@@ -1005,6 +1006,58 @@ static void ck_recopy(Trainer *t, const CkptManifest *mf, const char *path) {
     t->ck_began = now_s();
     if (is_root(t)) printf("resume: %s has no complete step %d; copying it there again\n", c->ckpt_durable_dir, S);
     ck_start_copy(t, S);
+}
+
+/* The checkpoint folders, before anything is loaded, trained or removed
+ * there: each node's first rank makes each folder and creates and removes
+ * a file in it (an unwritable one is exit 3 now, not a run whose every
+ * checkpoint is dropped), and rank 0 locks each for the job's life (a
+ * second job on the same folder would resume the first's checkpoints,
+ * overwrite its steps and remove its checkpoint in flight: exit 2 naming
+ * the holder). Every rank ends with the first failing rank's line. */
+typedef struct DirClaim { int code; char line[2044]; } DirClaim;
+
+static void claim_ckpt_dirs(Trainer *t) {
+    const Config *c = &t->cfg;
+    Dist *d = &t->dist;
+    const char *dirs[2] = {c->ckpt_dir, c->ckpt_durable_dir}, *keys[2] = {"checkpoint.dir", "checkpoint.durable_dir"};
+    DirClaim me = {0};
+    char why[900], host[64], owner[600], when[32];
+    host_name(host, sizeof host);
+    time_t now = time(NULL);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    snprintf(owner, sizeof owner, "llmtrain pid %d on host %.60s, job %.400s, since %s", (int)getpid(), host, c->path, when);
+    for (int i = 0; i < 2 && !me.code; i++) {
+        if (!dirs[i][0]) continue;
+        int e = node_leader(t) ? ckpt_dir_probe(dirs[i], why, sizeof why) : 0;
+        if (e == -ENOSPC || e == -EDQUOT) /* writable; a full disk makes room as it checkpoints */
+            fprintf(stderr, "llmtrain: warning: %s: %s (host %s); checkpoints will make room or be dropped\n", keys[i], why, host);
+        else if (e) {
+            me.code = EXIT_IO;
+            snprintf(me.line, sizeof me.line, "%s: %s (host %.60s); expected a folder this job can write, checked before step 1", keys[i], why, host);
+        }
+        if (me.code || !is_root(t)) continue;
+        int fd, rc = ckpt_dir_lock(dirs[i], owner, &fd, why, sizeof why);
+        if (rc == CKPT_LOCK_HELD) {
+            me.code = EXIT_USAGE;
+            snprintf(me.line, sizeof me.line, "%s: %s; two jobs on one folder overwrite each other's checkpoints (stop that job, or give this one "
+                     "another %s)", keys[i], why, keys[i]);
+        } else if (rc == CKPT_LOCK_UNSUPPORTED) {
+            fprintf(stderr, "llmtrain: warning: %s: %s; this job cannot tell whether another uses the folder: make sure none does\n", keys[i], why);
+        } else if (rc == CKPT_LOCK_FAILED) {
+            me.code = EXIT_IO;
+            snprintf(me.line, sizeof me.line, "%s: %s", keys[i], why);
+        }
+    }
+    DirClaim *all = malloc_check((size_t)d->world * sizeof *all);
+    dist_allgather_bytes(d, &me, all, sizeof me);
+    for (int r = 0; r < d->world; r++)
+        if (all[r].code) {
+            all[r].line[sizeof all[r].line - 1] = '\0';
+            die_replicated(d->rank != r);
+            die(all[r].code, "%s", all[r].line);
+        }
+    free(all);
 }
 
 /* checkpoint.resume: find the newest checkpoint every rank can read and
@@ -2338,6 +2391,7 @@ static int train(int argc, char **argv) {
     if (c->profile_steps > 0) t->k = profile_wrap(t->k); /* timing off until its window */
     die_replicated(0); /* from here errors may differ per rank or host (data paths, memory) */
     t->threads = kernels_cpu_set_threads(0, t->dist.local_size);
+    claim_ckpt_dirs(t);
 
     /* data first: a bad path should fail before minutes of setup */
     dataset_open(&t->train, c->data_train, "data.train", c->model.vocab_size, c->seq_len, c->data_shuffle, c->seed);

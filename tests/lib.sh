@@ -48,6 +48,20 @@ tiny_job() {
 EOF
 }
 
+# ckpt_job PATH DATA STEPS EVERY: the small Llama of tiny_job, STEPS steps
+# on DATA with a checkpoint every EVERY steps, no evaluation, no sample
+ckpt_job() {
+    cat >"$1" <<EOF
+{"model": {"arch": "llama", "n_layer": 2, "n_embd": 32, "n_head": 4, "n_kv_head": 2,
+           "vocab_size": 96, "max_seq_len": 16},
+ "data": {"train": "$2"},
+ "train": {"steps": $3, "seq_len": 16, "micro_batch": 2, "global_batch": 8},
+ "optim": {"lr": 1e-2, "warmup_steps": 2},
+ "checkpoint": {"every_steps": $4},
+ "eval": {"sample_tokens": 0}}
+EOF
+}
+
 # A port nothing listens on, with the next one free too (the agent-store
 # test moves the rendezvous to MASTER_PORT + 1), per launch. Drawn below the
 # kernel's ephemeral range, so no connection a rank or an earlier test opens

@@ -12,15 +12,7 @@
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
-cat >"$TMP/job.json" <<EOF2
-{"model": {"arch": "llama", "n_layer": 2, "n_embd": 32, "n_head": 4, "n_kv_head": 2,
-           "vocab_size": 96, "max_seq_len": 16},
- "data": {"train": "$TMP/train.bin"},
- "train": {"steps": 6, "seq_len": 16, "micro_batch": 2, "global_batch": 8},
- "optim": {"lr": 1e-2, "warmup_steps": 2},
- "checkpoint": {"every_steps": 3},
- "eval": {"sample_tokens": 0}}
-EOF2
+ckpt_job "$TMP/job.json" "$TMP/train.bin" 6 3
 # the reference checkpoints (steps 3 and 6) of 1 rank and of 2 ranks FULL_SHARD
 $BIN "$TMP/job.json" --set log.dir="$TMP/ref1" >"$TMP/ref1.out" 2>&1 || bad "1-rank reference run failed: $(tail -2 "$TMP/ref1.out")"
 $MPIRUN 2 $BIN "$TMP/job.json" --set log.dir="$TMP/ref2" --set parallel.strategy=FULL_SHARD >"$TMP/ref2.out" 2>&1 ||

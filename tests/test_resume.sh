@@ -130,14 +130,20 @@ if grep -q "resume: $TMP/durable/step_00000006 at step 6" "$TMP/dur.out" && $PY 
     ok "local checkpoints gone: resumed from durable_dir, bit-identical; the final one copied there"
 else bad "resume from durable_dir: $(grep resume "$TMP/dur.out")"; fi
 
-# ---- durable copies that fail. The copy of the final checkpoint failing is
-# exit 3 (the local disk may not outlive the job); a local file that changed
-# after it was written (LLMTRAIN_FAULT kind=ckpt_rot) is not copied as if
-# the manifest described it ----
-: >"$TMP/afile"
-run durfail 1 --set train.steps=4 --set checkpoint.durable_dir="$TMP/afile/durable"; rc=$?
-if [ $rc -eq 3 ] && grep -q "checkpoint step 3: the copy to $TMP/afile/durable failed; the checkpoint is complete in $TMP/durfail/checkpoints only" "$TMP/durfail.out" &&
-   grep -q "the final checkpoint (step 4) is complete in $TMP/durfail/checkpoints but could not be copied to $TMP/afile/durable" "$TMP/durfail.out" &&
+disks=()
+full_disk() { # full_disk NAME [OPTIONS]: a 1900 KiB tmpfs at $TMP/NAME (a checkpoint here is 0.74 MB)
+    mkdir -p "$TMP/$1" && mount -t tmpfs -o "${2:-size=1900k}" tmpfs "$TMP/$1" && disks+=("$TMP/$1")
+}
+trap 'for d in "${disks[@]}"; do umount "$d"; done; rm -rf "$TMP"' EXIT
+# ---- durable copies that fail (a durable_dir on a 64 KiB tmpfs: writable
+# at start, too small for a copy). The copy of the final checkpoint failing
+# is exit 3 (the local disk may not outlive the job); a local file that
+# changed after it was written (LLMTRAIN_FAULT kind=ckpt_rot) is not copied
+# as if the manifest described it ----
+full_disk durfail-disk size=64k || bad "durfail: cannot mount a tmpfs"
+run durfail 1 --set train.steps=4 --set checkpoint.durable_dir="$TMP/durfail-disk/durable"; rc=$?
+if [ $rc -eq 3 ] && grep -q "checkpoint step 3: the copy to $TMP/durfail-disk/durable failed; the checkpoint is complete in $TMP/durfail/checkpoints only" "$TMP/durfail.out" &&
+   grep -q "the final checkpoint (step 4) is complete in $TMP/durfail/checkpoints but could not be copied to $TMP/durfail-disk/durable" "$TMP/durfail.out" &&
    [ -f "$TMP/durfail/checkpoints/step_00000004/manifest.json" ]; then
     ok "durable copies failing: each one line, the local checkpoint complete; the final one's: exit 3"
 else bad "durable copy failing: rc $rc; $(grep -E 'copy|final' "$TMP/durfail.out" | head -3)"; fi
@@ -182,11 +188,6 @@ else bad "2-rank durable re-copy: rc $rc; $(ls "$TMP/rc2dur" | tr '\n' ' '); $(g
 # keep_last 0 (keep all) each checkpoint after the second is dropped with one
 # line saying the disk is full and a checkpoint_failed event, the final one
 # exit 3 ----
-disks=()
-full_disk() { # full_disk NAME [OPTIONS]: a 1900 KiB tmpfs at $TMP/NAME (a checkpoint here is 0.74 MB)
-    mkdir -p "$TMP/$1" && mount -t tmpfs -o "${2:-size=1900k}" tmpfs "$TMP/$1" && disks+=("$TMP/$1")
-}
-trap 'for d in "${disks[@]}"; do umount "$d"; done; rm -rf "$TMP"' EXIT
 # events NAME: "checkpoint events | failed events" of $TMP/NAME/metrics.jsonl
 events() {
     $PY - "$TMP/$1/metrics.jsonl" <<'PYEOF'
@@ -210,10 +211,11 @@ for spec in "full1 1" "full2 2 --set parallel.strategy=FULL_SHARD"; do
         ok "$np rank(s) ${rest:+($rest) }on a disk holding 2 checkpoints, keep_last 2: steps 6, 8 and 10 made room and were written again, every checkpoint complete, the run bit-identical to the reference"
     else bad "$name: rc $rc, $n make-room lines, events '$(events "$name")', $(ls "$TMP/$name-disk" | tr '\n' ' '); $(grep -E 'llmtrain' "$TMP/$name.out" | head -3)"; fi
 done
-# out of inodes instead (9: the root, 2 checkpoints of a folder, its file
-# and manifest, and a third's folder and file): the manifest cannot be
-# created, and the commit's ENOSPC makes room as the writer's does
-if full_disk fullino-disk size=8m,nr_inodes=9; then
+# out of inodes instead (10: the root, the job's lock file, 2 checkpoints
+# of a folder, its file and manifest, and a third's folder and file): the
+# manifest cannot be created, and the commit's ENOSPC makes room as the
+# writer's does
+if full_disk fullino-disk size=8m,nr_inodes=10; then
     run fullino 1 --set checkpoint.dir="$TMP/fullino-disk" --set checkpoint.every_steps=2 --set checkpoint.keep_last=2; rc=$?
     n=$(grep -c "^llmtrain: checkpoint step [0-9]*: no space left in $TMP/fullino-disk; removed its oldest" "$TMP/fullino.out")
     m=$(grep -c "^llmtrain: rank 0: checkpoint step [0-9]*: $TMP/fullino-disk/step_000000[0-9]*.tmp/manifest.json.[0-9]*.tmp: cannot create (No space left on device)" "$TMP/fullino.out")
