@@ -131,8 +131,27 @@ typedef struct Trainer {
 } Trainer;
 
 enum { CK_IDLE, CK_LOCAL, CK_DURABLE };
-static volatile sig_atomic_t g_stop_signal; /* SIGTERM / SIGUSR1: checkpoint and stop */
-static void on_stop_signal(int sig) { g_stop_signal = sig; }
+static volatile sig_atomic_t g_stop_signal; /* SIGTERM / SIGUSR1 / SIGINT / SIGHUP: checkpoint and stop */
+static void on_stop_signal(int sig) {
+    if (sig == SIGINT && g_stop_signal == SIGINT) { /* Ctrl-C twice: end now, as without the handler */
+        signal(SIGINT, SIG_DFL);
+        raise(SIGINT);
+    }
+    g_stop_signal = sig;
+}
+
+/* The stop signals answered with a checkpoint. SIGINT and SIGHUP keep a
+ * disposition the job was started with ignored (nohup; a script's
+ * background job), as a program that ends on them would. */
+static void catch_stop_signals(void) {
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
+    const int ask[2] = {SIGINT, SIGHUP};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old;
+        if (sigaction(ask[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) signal(ask[i], on_stop_signal);
+    }
+}
 
 static int is_root(const Trainer *t) { return t->dist.rank == 0; }
 
@@ -2378,8 +2397,7 @@ static int train(int argc, char **argv) {
     /* from the start: a stop request during start-up (a rendezvous, a long
      * load) is answered before the first step, not by the signal's default
      * action (SIGUSR1's, what the launchers send mpirun, kills) */
-    signal(SIGTERM, on_stop_signal);
-    signal(SIGUSR1, on_stop_signal);
+    catch_stop_signals();
     dist_init(&t->dist, &argc, &argv);
     die_replicated(t->dist.rank != 0); /* the job file and the layout: one error line per job */
     load_job(t, argc, argv, NULL, "llmtrain job.json [--set key=value ...]");

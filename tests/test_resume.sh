@@ -3,7 +3,8 @@
 # continues bit-identically to an uninterrupted run of the same layout
 # (losses and exported weights), on 1 rank and sharded on 2 and 4; a chain
 # tp2 x FULL_SHARD 2 (4 ranks) -> 1 rank -> 2 ranks HYBRID_SHARD continues the
-# uninterrupted losses within reduction-order tolerance; SIGTERM writes a
+# uninterrupted losses within reduction-order tolerance; SIGTERM (and
+# SIGUSR1, SIGINT, SIGHUP; a SIGHUP ignored under nohup stays so) writes a
 # checkpoint and exits 143, during an evaluation (abandoned) or a sample (cut
 # short) too; durable_dir holds a second complete copy that
 # resume falls back to, verified against the manifest's checksums, made again
@@ -312,9 +313,12 @@ if [ "$(samples "$TMP/smp-ref.out" | wc -l)" -eq 4 ] && [ "$(samples "$TMP/smp-r
     ok "killed at step 5, resumed from step 4: the samples after steps 6 and 8 are the uninterrupted run's"
 else bad "samples after a resume differ: $(samples "$TMP/smp-ref.out" | tr '\n' '/') vs $(samples "$TMP/smp-cut.out" | tr '\n' '/')"; fi
 
-# ---- SIGTERM / SIGUSR1: checkpoint at the end of the step, exit 143 ----
-for sig in TERM USR1; do
-    $BIN "$TMP/job.json" --set log.dir="$TMP/sig$sig" --set train.steps=3000 --set checkpoint.every_steps=0 >"$TMP/sig$sig.out" 2>&1 &
+# ---- SIGTERM / SIGUSR1 / SIGINT / SIGHUP: checkpoint at the end of the step, exit 143 ----
+# (started with SIGINT at its default action: a script's background job
+# would inherit it ignored, as the trainer then leaves it)
+for sig in TERM USR1 INT HUP; do
+    $PY -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+        $BIN "$TMP/job.json" --set log.dir="$TMP/sig$sig" --set train.steps=3000 --set checkpoint.every_steps=0 >"$TMP/sig$sig.out" 2>&1 &
     pid=$!
     wait_steps "$TMP/sig$sig/metrics.jsonl" 20 10
     kill -$sig $pid; wait $pid; rc=$?
@@ -322,6 +326,16 @@ for sig in TERM USR1; do
     if [ $rc -eq 143 ] && [ -n "$k" ] && grep -q "stopped by signal after step" "$TMP/sig$sig.out"; then ok "SIG$sig: exit 143 after writing $k"
     else bad "SIG$sig: rc $rc, checkpoints '$k': $(tail -2 "$TMP/sig$sig.out")"; fi
 done
+# a hangup the job was started to ignore (nohup) stays ignored
+nohup $BIN "$TMP/job.json" --set log.dir="$TMP/nohup" --set train.steps=3000 --set checkpoint.every_steps=0 >"$TMP/nohup.out" 2>&1 &
+pid=$!
+wait_steps "$TMP/nohup/metrics.jsonl" 20 10
+kill -HUP $pid
+n=$(grep -c '"loss"' "$TMP/nohup/metrics.jsonl")
+wait_steps "$TMP/nohup/metrics.jsonl" $((n + 20)) 10; alive=$?
+kill -TERM $pid; wait $pid; rc=$?
+if [ $alive -eq 0 ] && [ $rc -eq 143 ]; then ok "under nohup SIGHUP stays ignored: 20 more steps trained, then SIGTERM stops it (143)"
+else bad "nohup: trained on after SIGHUP: $([ $alive -eq 0 ] && echo yes || echo no), rc $rc"; fi
 
 # ---- a stop during an evaluation or a sample: checkpoint of that step, exit 143 ----
 # stop_during NAME ARGS...: 2 ranks train into $TMP/NAME (3000 steps, no
