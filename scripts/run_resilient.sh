@@ -26,6 +26,10 @@
 # launcher's wall time. metrics.jsonl is the one llmtrain names on its
 # "metrics:" start-up line, or --metrics FILE.
 #
+# If this launcher is killed (even by SIGKILL), the running command gets its
+# stop signal within a fraction of a second: it writes its checkpoint and
+# ends instead of training on orphaned.
+#
 # Exit code: 0, or the last attempt's code (see the README's exit codes).
 # Options may also come from LLMTRAIN_MAX_RESTARTS and LLMTRAIN_RESTART_DELAY_S.
 set -u
@@ -99,8 +103,13 @@ filter_pid=$!
 # launcher knew the runner's pid is in the file $stopped: the runner does not
 # start the command then, or stops it at once. (Signalling the runner that
 # early could reach the shell bash forked for it before it became perl,
-# which runs this script's traps, EXIT's removal of $tmp included.)
+# which runs this script's traps, EXIT's removal of $tmp included.) When the
+# launcher itself dies (SIGKILL runs no trap; a supervisor restarting it
+# would meet a job still holding the checkpoint folder), the runner sees
+# its parent change, sends the command its stop signal, removes $tmp and
+# exits with the command's code: the command checkpoints and ends with it.
 runner='my $st = shift; my $sig = shift; my $stopped = shift; my ($pid, $stop);
+my $launcher = getppid();
 $SIG{TERM} = $SIG{USR1} = sub { kill $sig, $pid if $pid && !$stop; $stop = 1 };
 exit 143 if -e $stopped;
 $pid = fork;
@@ -108,8 +117,18 @@ defined $pid or die "run_resilient: fork: $!\n";
 if (!$pid) { $SIG{TERM} = $SIG{USR1} = "DEFAULT"; exec { $ARGV[0] } @ARGV;
              print STDERR "run_resilient: $ARGV[0]: $!\n"; exit($!{ENOENT} ? 127 : 126) }
 kill $sig, $pid if $stop || -e $stopped;
-waitpid($pid, 0);
+my $orphan = 0;
+while (waitpid($pid, 1) == 0) { # WNOHANG: the launcher gone (SIGKILL runs no trap) is a stop request
+    if (!$orphan && getppid() != $launcher) {
+        $orphan = 1;
+        print STDERR "run_resilient: the launcher (pid $launcher) is gone; stopping the command (SIG$sig) so it checkpoints and ends with it\n";
+        kill $sig, $pid unless $stop;
+        $stop = 1;
+    }
+    select(undef, undef, undef, 0.2);
+}
 my $rc = $? & 127 ? 128 + ($? & 127) : $? >> 8;
+if ($orphan) { (my $dir = $st) =~ s{/[^/]*$}{}; unlink glob("$dir/*"); rmdir $dir; exit $rc } # no launcher to read it
 if (open(my $f, ">", $st)) { print $f "$rc\n"; close $f }
 exit $rc;'
 child=""

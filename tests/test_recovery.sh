@@ -8,6 +8,7 @@
 # truncated manifest found at the restart, and a full local disk (a small
 # tmpfs) with a durable copy. Also: goodput recomputed from metrics.jsonl,
 # no restart after bad input, SIGTERM forwarded and not restarted, the
+# launcher SIGKILLed (the command checkpoints and ends with it), the
 # command's own code when a stop comes as it exits,
 # --max-restarts honoured.
 . "$(dirname "$0")/lib.sh"
@@ -106,6 +107,26 @@ if [ $rc -eq 0 ] && grep -q "run_resilient: attempt 1 exited with code 4 (non-fi
    grep -q "^resume: .*step_00000008 at step 8" "$TMP/nan.out" && same_as_ref nan; then
     ok "3 non-finite steps: exit 4, no checkpoint taken inside the streak, rolled back to step 8, bit-identical"
 else bad "non-finite steps: rc $rc: $(why nan)"; fi
+
+# ---- the launcher SIGKILLed: the command (mpirun, 2 ranks) checkpoints and ends with it ----
+"$RES" --delay 0 -- $MPIRUN 2 "$BIN" "$TMP/job.json" --set log.dir="$TMP/orphan" --set train.steps=3000 --set checkpoint.every_steps=0 \
+    >>"$TMP/orphan.out" 2>&1 &
+lp=$!
+wait_steps "$TMP/orphan/metrics.jsonl" 20 30 || bad "orphan: no step 20 within 30 s"
+kill -KILL $lp
+for _ in $(seq 300); do pgrep -f "log.dir=$TMP/orphan" >/dev/null || break; sleep 0.1; done
+left=$(pgrep -f "log.dir=$TMP/orphan" | wc -l)
+pkill -KILL -f "log.dir=$TMP/orphan" # (the old launcher left them training)
+wait $lp 2>/dev/null
+k=$(ls "$TMP/orphan/checkpoints" 2>/dev/null | tr '\n' ' '); n=${k#step_}; n=$((10#${n%% *}))
+last=$(grep '"loss"' "$TMP/orphan/metrics.jsonl" | tail -1 | grep -o '"step":[0-9]*' | cut -d: -f2)
+launch orphan -- --set train.steps=$((n + 2)); rc=$?
+if [ "$left" -eq 0 ] && [ "$(echo $k | wc -w)" -eq 1 ] && [ -f "$TMP/orphan/checkpoints/${k% }/manifest.json" ] && [ "$n" = "$last" ] &&
+   grep -q "run_resilient: the launcher (pid $lp) is gone; stopping the command (SIGUSR1)" "$TMP/orphan.out" &&
+   grep -q "stopped by signal after step $n; checkpoint written, exiting 143" "$TMP/orphan.out" &&
+   [ $rc -eq 0 ] && grep -q "^resume: .*step_$(printf %08d $n) at step $n" "$TMP/orphan.out"; then
+    ok "the launcher SIGKILLed at step $n: mpirun's ranks got SIGUSR1, wrote step $n's checkpoint and ended, no process left; a new launch resumed from it"
+else bad "launcher SIGKILLed: $left processes left, checkpoints '$k', last step $last, rc $rc: $(why orphan)"; fi
 
 # ---- damage found at the restart: a corrupted shard file, a truncated manifest ----
 for damage in corrupt truncate; do
