@@ -47,7 +47,7 @@ CUDA_INC = -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
 NCCL_LIBS = -L$(NCCL_LIBDIR) -Wl,-rpath,$(NCCL_LIBDIR) -lnccl
 endif
 
-.PHONY: all check-deps deps test demo bench clean test-gpu bench-gpu fuzz
+.PHONY: all check-deps deps deps-demo test demo bench clean test-gpu bench-gpu fuzz
 all: check-deps llmtrain
 
 # Name the missing package instead of failing inside a compiler error.
@@ -170,13 +170,15 @@ fuzz: deps
 	tests/fuzz/run.sh
 
 deps:
-	scripts/install_deps.sh
+	scripts/install_deps.sh test
+deps-demo:
+	scripts/install_deps.sh demo
 
 test: deps
 	$(MAKE) llmtrain $(TEST_BINS)
 	tests/run_all.sh
 
-demo: deps
+demo: deps-demo
 	$(MAKE) llmtrain
 	scripts/demo.sh
 

@@ -1,8 +1,18 @@
 #!/bin/sh
-# Install the Debian packages llmtrain builds and tests with (idempotent:
-# does nothing when they are present). Needs root or sudo.
+# Install the Debian packages llmtrain needs (idempotent: does nothing when
+# they are present). Needs root or sudo.
+#   scripts/install_deps.sh demo   what make demo needs: the build, and
+#                                  numpy and matplotlib for the data and plot
+#   scripts/install_deps.sh        what make test needs: the demo's, and the
+#                                  tests' references, readers and clusters
 set -e
-PKGS="build-essential libcjson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3-numpy python3-torch python3-matplotlib python3-protobuf python3-crcmod iproute2 slurmctld slurmd slurm-client munge"
+DEMO="build-essential libcjson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3-numpy python3-matplotlib"
+TESTS="python3-torch python3-protobuf python3-crcmod iproute2 slurmctld slurmd slurm-client munge"
+case "${1:-test}" in
+    demo) PKGS="$DEMO" ;;
+    test) PKGS="$DEMO $TESTS" ;;
+    *) echo "usage: scripts/install_deps.sh [demo|test]" >&2; exit 2 ;;
+esac
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

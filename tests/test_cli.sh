@@ -342,6 +342,25 @@ PYEOF
 ); then ok "MFU peak: $pkline; none measured again without the fault or under log.peak_gflops"
 else bad "MFU peak measured again: $pkline $(grep -h 'peak for MFU' "$TMP/pk0.out" "$TMP/pk1.out" "$TMP/pk2.out")"; fi
 
+# make demo installs what the demo needs and no more (a fresh machine's
+# demo once spent minutes installing PyTorch, Slurm and munge, which only
+# the tests use): install_deps.sh against stubs of dpkg-query (nothing
+# installed) and apt-get (records what it is asked for)
+mkdir -p "$TMP/stubs"
+printf '#!/bin/sh\nexit 1\n' >"$TMP/stubs/dpkg-query"
+printf '#!/bin/sh\n[ "$1" = update ] || echo "$@" >>"%s"\n' "$TMP/apt.log" >"$TMP/stubs/apt-get"
+chmod +x "$TMP/stubs/dpkg-query" "$TMP/stubs/apt-get"
+for what in demo test; do
+    rm -f "$TMP/apt.log"; PATH="$TMP/stubs:$PATH" scripts/install_deps.sh $what >/dev/null 2>&1 || bad "install_deps.sh $what failed"
+    cp "$TMP/apt.log" "$TMP/apt-$what.log" 2>/dev/null
+done
+demo_pkgs=$(tr ' ' '\n' <"$TMP/apt-demo.log" | grep -v -e '^-' -e '^install$' | sort | tr '\n' ' ')
+if [ "$demo_pkgs" = "build-essential libcjson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3-matplotlib python3-numpy " ] &&
+   grep -q "python3-torch" "$TMP/apt-test.log" && grep -q "slurmctld" "$TMP/apt-test.log" && grep -q "python3-numpy" "$TMP/apt-test.log" &&
+   make -n demo 2>/dev/null | grep -q "scripts/install_deps.sh demo" && make -n test 2>/dev/null | grep -q "scripts/install_deps.sh test"; then
+    ok "make demo installs the build, numpy and matplotlib only; make test installs torch and Slurm too"
+else bad "demo packages '$demo_pkgs', test: $(cat "$TMP/apt-test.log" 2>/dev/null)"; fi
+
 # every key of `llmtrain keys` is documented in the README, with the same row
 # (the README's table is that output: a doc changed on one side only fails)
 missing=""
