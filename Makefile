@@ -63,7 +63,8 @@ check-deps:
 llmtrain: $(SRC) $(CUDA_SRC) $(HDR) $(CUDA_OBJ)
 	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(CUDA_DEFS) $(CUDA_INC) $(SRC) $(CUDA_SRC) $(CUDA_LIBS) $(NCCL_LIBS) $(LIBS) -o $@
 
-kernels_cuda.o: kernels.cu kernels.h util.h
+KERNEL_PARTS = $(wildcard kernels/*.cuh)
+kernels_cuda.o: kernels.cu $(KERNEL_PARTS) kernels.h util.h
 	$(NVCC) $(NVCCFLAGS) -std=c++17 $(CUDA_GENCODE) $(NVCC_WARN) $(CUDA_DEFS) -I. -c $< -o $@
 
 # CUDA kernels against the CPU backend, then whole training runs cuda vs cpu:
@@ -90,7 +91,7 @@ EMU_HDR = $(EMU)/emu.h $(wildcard $(EMU)/include/*.h) $(EMU)/include/cub/device/
 EMU_OBJ = $(EMU)/build/kernels_emu.o $(EMU)/build/emu.o $(EMU)/build/cudnn_emu.o
 EMU_CXX = $(CXX) -O2 -march=native -std=c++17 -pthread -Wall -Wextra -Werror -Wno-unknown-pragmas
 
-$(EMU)/build/kernels_emu.cpp: kernels.cu $(EMU)/cu2cpp.py
+$(EMU)/build/kernels_emu.cpp: kernels.cu $(KERNEL_PARTS) $(EMU)/cu2cpp.py
 	@mkdir -p $(EMU)/build
 	$(PY) $(EMU)/cu2cpp.py kernels.cu $@
 

@@ -45,7 +45,7 @@ cat >"$TMP/job.json" <<JSON
 JSON
 LLMTRAIN_CUDA_EMU_MEM_MIB=34 tests/llmtrain_emu "$TMP/job.json" >"$TMP/oom.out" 2>"$TMP/oom.err"; rc=$?
 if [ $rc -eq 3 ] && [ "$(wc -l <"$TMP/oom.err")" -eq 1 ] &&
-   grep -q '^llmtrain: CUDA out of memory at kernels.cu:[0-9]* allocating [0-9.]* GiB ([0-9.]* of 0.03 GiB free on the device, [0-9.]* GiB held by llmtrain)$' "$TMP/oom.err"; then
+   grep -q '^llmtrain: CUDA out of memory at kernels[^ ]*\.cuh*:[0-9]* allocating [0-9.]* GiB ([0-9.]* of 0.03 GiB free on the device, [0-9.]* GiB held by llmtrain)$' "$TMP/oom.err"; then
     echo "ok   device memory runs out (34 MiB emulated): exit 3, $(cat "$TMP/oom.err")"; pass=$((pass + 1))
 else echo "FAIL out of device memory: exit $rc, expected 3 and one line: $(head -c 400 "$TMP/oom.err")"; fail=$((fail + 1)); fi
 LLMTRAIN_CUDA_EMU_DEVICES=1 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" >"$TMP/one.out" 2>"$TMP/one.err"; rc=$?

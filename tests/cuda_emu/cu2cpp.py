@@ -7,10 +7,30 @@ host emulation of CUDA (tests/cuda_emu/emu.h). Two rewrites, nothing else:
   extern __shared__ [__align__(n)] T name[];
       -> T *name = (T *)::emu::dyn_smem();
 
-A #line directive keeps compiler messages pointing at kernels.cu. Fails
-(exit 1, one line) on a launch it cannot parse."""
+kernels.cu's parts (#include "kernels/NAME.cuh") are read into the output
+in their place; #line directives keep compiler messages pointing at the
+file and line each piece came from. Fails (exit 1, one line) on a launch
+it cannot parse."""
+import os
 import re
 import sys
+
+PART = re.compile(r'^#include "(kernels/\w+\.cuh)"\s*$')
+
+
+def expand(path):
+    """the source of path with each part it includes put in its place"""
+    out = []
+    for n, line in enumerate(open(path).read().split("\n"), 1):
+        m = PART.match(line)
+        if not m:
+            out.append(line)
+            continue
+        part = os.path.join(os.path.dirname(path), m.group(1))
+        out.append(f'#line 1 "{part}"')
+        out.append(open(part).read().rstrip("\n"))
+        out.append(f'#line {n + 1} "{path}"')
+    return "\n".join(out)
 
 
 def match(s, i, open_c, close_c, step):
@@ -83,7 +103,7 @@ def main():
     if len(sys.argv) != 3:
         sys.stderr.write("usage: cu2cpp.py IN.cu OUT.cpp\n")
         sys.exit(2)
-    src = open(sys.argv[1]).read()
+    src = expand(sys.argv[1])
     src = re.sub(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?(\w+)\s+(\w+)\s*\[\s*\]\s*;",
                  r"\1 *\2 = (\1 *)::emu::dyn_smem();", src)
     if "extern __shared__" in src:
