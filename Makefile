@@ -12,7 +12,7 @@ BLAS_LIBS = -lopenblas
 LIBS = -lcjson $(BLAS_LIBS) -lm
 PY = /usr/bin/python3
 
-SRC = llmtrain.c config.c model.c kernels_cpu.c parallel.c data.c ckpt.c checkpoint.c rendezvous.c profile.c tboard.c util.c
+SRC = llmtrain.c config.c model.c kernels_cpu.c kernels_cuda_sizes.c parallel.c data.c ckpt.c checkpoint.c rendezvous.c profile.c tboard.c util.c
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/test_model tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
@@ -64,7 +64,7 @@ llmtrain: $(SRC) $(CUDA_SRC) $(HDR) $(CUDA_OBJ)
 	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(CUDA_DEFS) $(CUDA_INC) $(SRC) $(CUDA_SRC) $(CUDA_LIBS) $(NCCL_LIBS) $(LIBS) -o $@
 
 KERNEL_PARTS = $(wildcard kernels/*.cuh)
-kernels_cuda.o: kernels.cu $(KERNEL_PARTS) kernels.h util.h
+kernels_cuda.o: kernels.cu $(KERNEL_PARTS) kernels.h kernels_cuda_sizes.h util.h
 	$(NVCC) $(NVCCFLAGS) -std=c++17 $(CUDA_GENCODE) $(NVCC_WARN) $(CUDA_DEFS) -I. -c $< -o $@
 
 # CUDA kernels against the CPU backend, then whole training runs cuda vs cpu:
@@ -95,7 +95,7 @@ $(EMU)/build/kernels_emu.cpp: kernels.cu $(KERNEL_PARTS) $(EMU)/cu2cpp.py
 	@mkdir -p $(EMU)/build
 	$(PY) $(EMU)/cu2cpp.py kernels.cu $@
 
-$(EMU)/build/kernels_emu.o: $(EMU)/build/kernels_emu.cpp $(EMU_HDR) kernels.h util.h
+$(EMU)/build/kernels_emu.o: $(EMU)/build/kernels_emu.cpp $(EMU_HDR) kernels.h kernels_cuda_sizes.h util.h
 	$(EMU_CXX) $(EMU_DEFS) -I. -c $< -o $@
 
 $(EMU)/build/emu.o: $(EMU)/emu.cpp $(EMU_HDR)

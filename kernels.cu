@@ -52,6 +52,7 @@
 
 extern "C" {
 #include "kernels.h"
+#include "kernels_cuda_sizes.h"
 #include "util.h"
 }
 

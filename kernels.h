@@ -473,6 +473,21 @@ void kernels_cpu_select_blas_core(char **argv);
  * measures; later ones return it, or with again != 0 measure anew. */
 double kernels_cpu_sgemm_peak_gflops(int again);
 
+/* The CUDA backend's scratch memory beside the layout's buffers for one
+ * rank's shape (kernels_cuda_sizes.c, from the sizes kernels.cu allocates
+ * by): in every build, so `llmtrain check` sizes a CUDA run anywhere. The
+ * widths are the rank's local (TP) ones. */
+typedef struct CudaScratchShape {
+    int B, T, C;                        /* micro-batch, sequence length, width */
+    int nh, hd, qkv_dim, fc_dim, F, V;  /* heads, head dim, qkv and up-projection widths, SwiGLU hidden, vocab */
+    size_t n_params;                    /* the local flat array */
+    int gpt2, bf16;                     /* GPT-2 (else Llama); compute dtype bf16 */
+    const char *attention;              /* train.attention_kernel */
+    int weight_copies;                  /* layers whose weights' bf16 copies are kept (sharded: the pool's slots - 2) */
+    int sharded, off_grid;              /* sharded weights; a 2-D weight off the 8-float grid */
+} CudaScratchShape;
+double kernels_cuda_scratch_bytes(const CudaScratchShape *s);
+
 /* The CUDA backend (kernels.cu), defined only in CUDA builds (the build
  * defines LLMTRAIN_CUDA). Nothing touches the CUDA driver before
  * kernels_cuda_available() or kernels_cuda() is called, so CPU runs of a

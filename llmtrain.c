@@ -2185,78 +2185,18 @@ static void print_header(Trainer *t) {
  * (kernels.h) in bf16 */
 static int cuda_bf16(const Config *c) { return strcmp(c->compute_dtype, "bf16") == 0; }
 
-/* The CUDA backend's scratch beside the layout's buffers (kernels.cu: the
- * cuBLASLt workspace of 32 MiB and the reduction partials, then buffers
- * that grow to the largest request plus an eighth): attention's P and dS
- * blocks of [B, T, T] floats (the GEMM path; the fused one keeps D rows of
- * [B, heads, T] instead), the column-sum partials of the bias and norm
- * gradients, the embedding backward's sort keys and CUB's temporary storage
- * (taken as N x 8 bytes + 1 MiB), and under compute dtype bf16 the
- * bf16 copies of GEMM operands: scratch for the output gradients, and the
- * weights' kept copies. An upper bound, which
- * tests/gpu_tests.sh holds against the device's measured peak. */
+/* The CUDA backend's scratch beside the layout's buffers, as the backend
+ * sizes it (kernels_cuda_sizes.c) for this rank's local model. */
 static double cuda_scratch_bytes(const Trainer *t) {
     const Model *m = &t->model;
-    const double B = t->cfg.micro_batch, T = t->cfg.seq_len, N = B * T, C = t->cfg.model.n_embd, grow = 1.125;
-    double s = 32.0 * 1048576 + 2 * 8192 * 8 + 8; /* kernels.cu RED_MAX_BLOCKS: the reductions and sumsq_queue */
-    const char *att = t->cfg.attention_kernel;
-    const int bf16 = cuda_bf16(&t->cfg);
-    int flash = strcmp(att, "gemm") != 0 && (m->hd == 32 || m->hd == 64 || m->hd == 128);
-    s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
-    /* attention's fp32 output and output gradient beside the bf16 ones, and
-     * its fp32 qkv and d(qkv) beside the bf16 [a] ones */
-    if (bf16 && !flash) s += grow * (2.0 * N * m->nh * m->hd * 4.0 + 2.0 * N * m->qkv_dim * 4.0);
-    /* cuDNN's attention (train.attention_kernel cudnn, the default under
-     * bf16): unless they are bf16 [a], bf16 copies of qkv, dqkv, out and dO;
-     * the rows' dO.O sums, the fp32 dQ accumulator, the plan's workspace (at
-     * most 64 MiB: kernels.cu's DN_WS_CAP) */
-    int cudnn = strcmp(att, "auto") != 0 ? strcmp(att, "cudnn") == 0 : bf16;
-    if (cudnn && m->hd % 8 == 0 && m->hd <= 128) {
-        double S = m->qkv_dim, OS = (double)m->nh * m->hd;
-        s += grow * ((bf16 ? 0.0 : 2.0 * N * (S + OS) * 2.0) + N * m->nh * 4.0 + N * OS * 4.0 + 64.0 * 1048576);
-    }
-    /* the column sums' partials (bias gradients; the norms' weight
-     * gradients where C is too wide for their one-pass backward), or those
-     * of the one-pass norm backward (kernels.cu norm_backward_fused) */
-    const int gpt2 = t->cfg.model.arch == ARCH_GPT2;
-    double rb = fmin(128.0, ceil(N / 256.0)), widest = 2 * C;
-    if (gpt2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
-    double rbn = fmin(1024.0, ceil(N / 8.0)); /* kernels.cu NBW_MAX_BLOCKS */
-    rbn = ceil(N / ceil(N / rbn));
-    s += grow * fmax(rb * widest, rbn * (gpt2 ? 2.0 : 1.0) * C) * 4.0;
-    s += grow * (2.0 * ceil(N * 8.0 / 256.0) * 256.0 + N * 8.0 + 1048576.0);
-    if (bf16) {
-        /* bf16 scratch copies of a product's operands: a backward's output
-         * gradient (N rows of a linear layer's outputs, C wide: the LM
-         * head's, the qkv projection's and the MLP up-projection's are bf16
-         * already, SwiGLU's made from a bf16 scratch of N x F), GPT-2's
-         * up-projection bias for the GELU epilogue, and without the
-         * weights' copies (kernels.h weights_stable; or past kernels.cu's
-         * 4096 of them) a weight matrix, at most the largest */
-        double wmax = fmax((double)m->V * C, fmax(fmax(m->qkv_dim, m->fc_dim) * C, (double)C * fmax(m->F, (double)m->nh * m->hd)));
-        s += grow * 2.0 * N * C;
-        if (gpt2) s += grow * 2.0 * m->fc_dim;
-        else s += grow * 2.0 * N * m->F;
-        /* the weights' copies, exactly their size: every layer's four and
-         * the LM head, or sharded, those of the layers' pool slots; not
-         * sharded, from the first AdamW on one flat copy of all the weights
-         * (kernels.cu wc_flat; the copies of weights off its 8-float grid
-         * stay beside it) */
-        const char *wc = getenv("LLMTRAIN_CUDA_WEIGHT_CACHE");
-        int np, ng, L = t->cfg.model.n_layer;
-        pool_slots(t, &np, &ng);
-        int copies = t->sharded ? np - 2 : L;
-        if (!(wc && strcmp(wc, "0") == 0) && 4 * copies + 1 <= 4096) {
-            double layer = (double)m->qkv_dim * C + (double)C * m->nh * m->hd + (double)m->fc_dim * C + (double)C * m->F;
-            double own = 2.0 * (copies * layer + (double)m->V * C);
-            int off_grid = 0;
-            for (int i = 0; i < m->n_specs; i++) off_grid |= m->specs[i].ndim == 2 && m->specs[i].offset % 8 != 0;
-            s += t->sharded ? own : fmax(own, 2.0 * m->n_params + (off_grid ? own : 0.0));
-        } else {
-            s += grow * 2.0 * wmax;
-        }
-    }
-    return s;
+    int np, ng, off_grid = 0;
+    pool_slots(t, &np, &ng);
+    for (int i = 0; i < m->n_specs; i++) off_grid |= m->specs[i].ndim == 2 && m->specs[i].offset % 8 != 0;
+    CudaScratchShape sh = {.B = t->cfg.micro_batch, .T = t->cfg.seq_len, .C = t->cfg.model.n_embd, .nh = m->nh, .hd = m->hd,
+                           .qkv_dim = m->qkv_dim, .fc_dim = m->fc_dim, .F = m->F, .V = m->V, .n_params = m->n_params,
+                           .gpt2 = t->cfg.model.arch == ARCH_GPT2, .bf16 = cuda_bf16(&t->cfg), .attention = t->cfg.attention_kernel,
+                           .weight_copies = t->sharded ? np - 2 : t->cfg.model.n_layer, .sharded = t->sharded, .off_grid = off_grid};
+    return kernels_cuda_scratch_bytes(&sh);
 }
 
 /* This rank's bytes of working parameters, fp32 master weights, gradients,

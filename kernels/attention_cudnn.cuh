@@ -29,7 +29,7 @@
 // stderr; so does every shape when the library cannot start.
 
 #define DN_PLANS 32
-#define DN_WS_CAP ((int64_t)64 << 20)
+#define DN_WS_CAP ((int64_t)CUDA_DN_WS_CAP)
 
 /* the tensors the caller binds at execution, by unique id */
 enum {
@@ -392,7 +392,7 @@ static cudnnHandle_t dn_handle(void) {
  * (then or before). Head dims cuDNN's fused attention takes: multiples of 8
  * up to 128. */
 static DnPlan *dn_get(int bwd, int B, int T, int nh, int nkv, int hd) {
-    if (hd % 8 != 0 || hd > 128 || !dn_handle()) return NULL;
+    if (!cuda_cudnn_head_dim(hd) || !dn_handle()) return NULL;
     for (int i = 0; i < DN.n; i++) {
         DnPlan *p = &DN.plans[i];
         if (p->bwd == bwd && p->B == B && p->T == T && p->nh == nh && p->nkv == nkv && p->hd == hd)

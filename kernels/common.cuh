@@ -101,7 +101,7 @@ static void *scratch_get(Scratch *s, size_t bytes) {
         dev_free(s->p, s->cap);
         s->p = NULL;
         s->cap = 0;
-        size_t cap = bytes + bytes / 8;
+        size_t cap = cuda_scratch_grow(bytes);
         DEV_MALLOC(&s->p, cap);
         s->cap = cap;
     }
@@ -118,7 +118,7 @@ static Scratch sc_att, sc_attp, sc_col, sc_adam;
  * an SM for microseconds, not for the whole pass as a grid of the blocks the
  * device holds at once, each striding over all of x, would. */
 #define RED_SPAN 16384
-#define RED_MAX_BLOCKS 8192
+#define RED_MAX_BLOCKS CUDA_RED_MAX_BLOCKS
 #define RED_THREADS 256
 
 #define GRID_STRIDE(i, n) \
@@ -642,9 +642,9 @@ extern "C" long kernels_cuda_colsum_copy_calls(void) { return colsum_copy_calls;
 static void colsum_add_copy(int mode, float *dst0, float *dst1, const float *d, const float *x, const float *mean,
                             const float *rstd, int N, int C, int d_bf16, __nv_bfloat16 *copy) {
     if (N <= 0 || C <= 0) return;
-    int rows_per = 256;
+    int rows_per = CUDA_COLSUM_ROWS;
     int RB = (N + rows_per - 1) / rows_per;
-    if (RB > 128) { RB = 128; rows_per = (N + RB - 1) / RB; }
+    if (RB > CUDA_COLSUM_MAX_BLOCKS) { RB = CUDA_COLSUM_MAX_BLOCKS; rows_per = (N + RB - 1) / RB; }
     int two = mode == COL_LN;
     float *part = (float *)scratch_get(&sc_col, (size_t)(two ? 2 : 1) * RB * C * sizeof(float));
     float *p0 = part, *p1 = two ? part + (size_t)RB * C : NULL;

@@ -5,7 +5,7 @@
 // ----------------------------------------------------------------------------
 // matrix products through cuBLASLt (TF32 tensor cores, fp32 accumulate)
 
-#define WORKSPACE_BYTES ((size_t)32 << 20)
+#define WORKSPACE_BYTES CUDA_WORKSPACE_BYTES
 #define MAX_PLANS 256
 
 /* A cached plan: descriptors and the heuristic's algorithm for one shape,
@@ -226,7 +226,7 @@ static const float *f32_copy(Scratch *s, const void *x, size_t n) {
  * converts nothing (adamw_multi returns 1 and the trainer keeps the
  * declaration). At most one flat copy; it goes with its weights' memory. */
 #define WC_RANGES 256
-#define WC_ENTRIES 4096
+#define WC_ENTRIES CUDA_WEIGHT_COPIES
 typedef struct {
     const float *w;
     size_t n;

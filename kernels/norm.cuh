@@ -226,7 +226,7 @@ __global__ void rmsnorm_bwd_k(float *dinp, const float *dout, const float *inp, 
  * to 3.20 ms a step (1455 to 1573 GB/s), the Llama 1B shape's
  * rmsnorm_backward stayed at 3.5-3.6 ms: one row per warp, two passes, is
  * latency-bound either way */
-#define NBW_MAX_BLOCKS 1024
+#define NBW_MAX_BLOCKS CUDA_NORM_BWD_MAX_BLOCKS
 template <int MODE>
 __global__ void __launch_bounds__(NBW_WARPS * 32)
     norm_bwd_fused_k(float *dinp, float *part0, float *part1, const float *dout, const float *inp, const float *w,
