@@ -1,5 +1,6 @@
 # llmtrain — `make` builds ./llmtrain (installs nothing; says what is missing),
 # `make test` installs what the tests need and runs every test,
+# `make test-quick` runs the inner loop's tier (units and a training smoke),
 # `make demo` trains the shipped small model on tinyshakespeare,
 # `make bench` prints the CPU benchmark,
 # `make test-gpu` / `make bench-gpu` check and time the CUDA backend (need a GPU).
@@ -47,7 +48,7 @@ CUDA_INC = -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
 NCCL_LIBS = -L$(NCCL_LIBDIR) -Wl,-rpath,$(NCCL_LIBDIR) -lnccl
 endif
 
-.PHONY: all check-deps deps deps-demo test demo bench clean test-gpu bench-gpu fuzz
+.PHONY: all check-deps deps deps-demo test test-quick demo bench clean test-gpu bench-gpu fuzz
 all: check-deps llmtrain
 
 # Name the missing package instead of failing inside a compiler error.
@@ -178,6 +179,11 @@ deps-demo:
 test: deps
 	$(MAKE) llmtrain $(TEST_BINS)
 	tests/run_all.sh
+
+# the inner loop's tier, a few minutes: units and a training smoke
+test-quick: deps
+	$(MAKE) llmtrain tests/test_kernels tests/test_model tests/test_data tests/test_ckpt
+	tests/run_all.sh quick
 
 demo: deps-demo
 	$(MAKE) llmtrain

@@ -1,7 +1,12 @@
 #!/bin/bash
 # Run every test suite; each prints "N passed, M failed" as its last line.
 # Prints the totals the same way and exits non-zero if anything failed.
+#   tests/run_all.sh         every suite (make test, CI)
+#   tests/run_all.sh quick   the inner loop's tier (make test-quick): the
+#                            kernel, model, data, config and checkpoint units
+#                            and a 1-rank and 2-rank training smoke
 cd "$(dirname "$0")/.." || exit 2
+case "${1:-all}" in all|quick) ;; *) echo "usage: tests/run_all.sh [quick]" >&2; exit 2;; esac
 PY=/usr/bin/python3
 total_pass=0; total_fail=0; broken=""
 run() {
@@ -28,6 +33,15 @@ run kernels tests/test_kernels
 run model tests/test_model
 run data tests/test_data
 run ckpt tests/test_ckpt
+if [ "${1:-all}" = quick ]; then
+    run cli tests/test_cli.sh
+    run smoke tests/test_smoke.sh
+    echo "==="
+    [ -n "$broken" ] && echo "suites that crashed or exited non-zero:$broken"
+    echo "$total_pass passed, $total_fail failed"
+    [ "$total_fail" -eq 0 ]
+    exit
+fi
 run rendezvous tests/test_rendezvous
 run cli tests/test_cli.sh
 run torch "$PY" tests/test_torch.py --bin ./llmtrain
