@@ -22,6 +22,7 @@
 #include "model.h"
 #include "parallel.h"
 #include "profile.h"
+#include "shard.h"
 #include "tboard.h"
 #include "util.h"
 #include <errno.h>
@@ -60,11 +61,7 @@ typedef struct Trainer {
     int nonfinite_run;         /* consecutive skipped steps */
     int ck_deferred;           /* a periodic checkpoint fell on a skipped step */
     int eval_stopped;          /* a stop request came during this step's evaluation */
-    AdamWRange *opt_ranges;    /* what AdamW updates (opt_ranges_build) */
-    uint64_t *opt_elem0;       /* per range: (tensor index << 40) + its first element in the tensor */
-    int n_opt_ranges;
-    int weights_kept;          /* the last AdamW kept the backend's copies of the weights (Kernels.adamw_multi) */
-    uint16_t *wshard;          /* train.param_dtype bf16, sharded: the working-weight shard as bf16 words, what the gathers send */
+    Sharding sh;                  /* the sharding runtime (shard.c): optimizer state, chunk pools, collectives in flight */
     double train_time;         /* seconds spent in steps, for the ETA */
     double timed_seqs;         /* the sequences of those steps */
     /* log.profile_steps: the kernel table is profile.c's; steps
@@ -73,39 +70,6 @@ typedef struct Trainer {
     int prof_first, prof_last, prof_n, prof_printed;
     double prof_wall;
     uint64_t sample_rng;
-    /* sharded data parallel (parallel.strategy other than NO_SHARD with a
-     * shard group of S > 1 ranks): the optimizer owns, per chunk, the slice
-     * [chunk_offset + shard_index*len, +len) with len = chunk_size / S. */
-    int S;                     /* shard group size (1: replicated) */
-    int sharded;               /* S > 1 */
-    int reshard;               /* parallel.reshard_after_forward: free a chunk's weights after its forward, re-gather for backward */
-    size_t *shard_off;         /* [n_chunks] offset of chunk c's shard in the arrays below */
-    size_t n_shard;            /* floats in the local shard (sum over chunks) */
-    float *master, *gshard, *mshard, *vshard; /* [n_shard] fp32 master weights, grads, AdamW m, v */
-    /* Sharded: the model holds no full-size params or grads. A chunk's
-     * working weights / gradients live in a pooled buffer while the chunk
-     * hook (chunk_hook) has it gathered / accumulating; slots of class
-     * 0 (embeddings), 1 (final chunk) and 2 (layers) serve only that class. */
-    float **pbuf, **gbuf;      /* [n_pslots], [n_gslots] pooled working params / grads */
-    int *powner, *gowner;      /* chunk holding each slot, -1: free */
-    int n_pslots, n_gslots;
-    int *pslot, *gslot;        /* [n_chunks] slot a chunk holds, -1: none */
-    int *ag_req, *rs_req;      /* [n_chunks] non-blocking all-gather / reduce-scatter handle, -1: none */
-    int *ag_unpack;            /* [n_chunks] 1: its bf16 gather (upper half of its slot) is to be widened when it is ready */
-    int *rs_state;             /* [n_chunks] 0: no reduce-scatter; 1: one in flight into gshard, 2: in place (added at the wait) */
-    int in_step, micro, head_fwd; /* inside a step's forward/backward; micro-batch; inside the final chunk's forward */
-    int step_accum, poison;    /* this step's micro-batches; LLMTRAIN_FAULT kind=nan poisons its gradients */
-    int chunks_done;           /* chunks whose gradients are final this step (ar_start) */
-    int *ar_req;               /* [n_chunks] the all-reduce of chunk c's final gradients in flight (ar_start), -1: none */
-    /* the gradient norm's sums of squares, queued beside the backward as
-     * each chunk's gradients (sharded: its shard) become final
-     * (gnorm_queue): a slot a chunk, or under TP a slot a tensor (backend
-     * memory, zero-filled) */
-    double *gsq_dev, *gsq_host;
-    int n_gsq;
-    int fwd_only;              /* eval / sample forwards: the hook gathers each chunk for its forward only */
-    float *full;               /* outside a step: all weights gathered (debug.dump), else NULL */
-    double full_peak;          /* bytes of t->full at its largest (0: never gathered; metrics params_peak_bytes) */
     /* resume: step `step_base` reads global sequences from `seq_base` on */
     int step_base;
     uint64_t seq_base;
@@ -156,492 +120,6 @@ static void catch_stop_signals(void) {
 static int is_root(const Trainer *t) { return t->dist.rank == 0; }
 
 /* ------------------------------------------------------------------ */
-/* optimizer                                                          */
-
-static size_t shard_len(const Trainer *t, int c) { return t->model.chunk_size[c] / (size_t)t->S; }
-
-/* The part of tensor s in this rank's shard of its chunk: sets *off (into
- * the shard arrays) and returns its length, 0 when s lies outside. */
-static size_t spec_in_shard(const Trainer *t, const ParamSpec *s, size_t *off) {
-    const Model *m = &t->model;
-    size_t len = shard_len(t, s->chunk);
-    size_t lo = m->chunk_offset[s->chunk] + (size_t)t->dist.shard_index * len, hi = lo + len;
-    size_t a = s->offset > lo ? s->offset : lo, b = s->offset + s->numel < hi ? s->offset + s->numel : hi;
-    if (a >= b) return 0;
-    *off = t->shard_off[s->chunk] + (a - lo);
-    return b - a;
-}
-
-/* The optimizer's ranges, built once: every tensor's part of what this rank
- * updates (its shard when sharded, padding skipped; else the whole tensor)
- * with the tensor's weight decay, so each step is one adamw_multi call (one
- * launch on CUDA). norm: the tensor counts in log.param_norm on this rank
- * (under TP a replicated tensor counts on TP rank 0 only, as sumsq_chunk_queue). */
-static void opt_ranges_build(Trainer *t) {
-    const Config *c = &t->cfg;
-    const Model *m = &t->model;
-    t->opt_ranges = malloc_check((size_t)(m->n_specs > 0 ? m->n_specs : 1) * sizeof(AdamWRange));
-    t->opt_elem0 = malloc_check((size_t)(m->n_specs > 0 ? m->n_specs : 1) * sizeof(uint64_t));
-    t->n_opt_ranges = 0;
-    for (int i = 0; i < m->n_specs; i++) {
-        const ParamSpec *s = &m->specs[i];
-        size_t o = s->offset, n = s->numel, first = 0;
-        if (t->sharded) {
-            n = spec_in_shard(t, s, &o);
-            size_t lo = m->chunk_offset[s->chunk] + (size_t)t->dist.shard_index * shard_len(t, s->chunk);
-            first = lo > s->offset ? lo - s->offset : 0;
-        }
-        if (n == 0) continue;
-        t->opt_elem0[t->n_opt_ranges] = ((uint64_t)i << 40) + first;
-        t->opt_ranges[t->n_opt_ranges++] =
-            (AdamWRange){o, n, (c->decay_all || s->decay) ? c->weight_decay : 0.0f, s->tp_axis >= 0 || t->dist.tp_rank == 0};
-    }
-}
-
-/* Round the master weights into the working copy after `steps_done` steps
- * (also after a skipped step and at a resume, so the stochastic draws, keyed
- * by (init.seed, steps_done, tensor, element), are the same for a resumed
- * run and for any data-parallel layout). */
-static void refresh_working(Trainer *t, int steps_done) {
-    const Config *c = &t->cfg;
-    if (c->param_dtype != 1) return;
-    t->weights_kept = 0; /* the working weights are written here */
-    uint64_t seed = 0;
-    if (c->stochastic_rounding) seed = splitmix64(c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)steps_done) | 1; /* never 0 (nearest) */
-    for (int i = 0; i < t->n_opt_ranges; i++) {
-        const AdamWRange *r = &t->opt_ranges[i];
-        if (t->sharded) t->k->pack_bf16(t->wshard + r->offset, t->master + r->offset, r->n, seed, t->opt_elem0[i]);
-        else t->k->round_bf16(t->model.params + r->offset, t->master + r->offset, r->n, seed, t->opt_elem0[i]);
-    }
-}
-
-/* sumsq (not NULL): this rank's part of the updated master weights' sum of
- * squares (the ranges with norm set); sets t->weights_kept */
-static void adamw_step(Trainer *t, float lr, float grad_scale, int step, double *sumsq) {
-    const Config *c = &t->cfg;
-    Model *m = &t->model;
-    if (t->sharded)
-        t->weights_kept = t->k->adamw_multi(t->master, t->gshard, t->mshard, t->vshard, t->opt_ranges, t->n_opt_ranges, lr,
-                                            c->beta1, c->beta2, c->eps, step + 1, grad_scale, sumsq);
-    else /* master: its own fp32 copy under bf16 working weights */
-        t->weights_kept = t->k->adamw_multi(t->master ? t->master : m->params, m->grads, m->m, m->v, t->opt_ranges,
-                                            t->n_opt_ranges, lr, c->beta1, c->beta2, c->eps, step + 1, grad_scale, sumsq);
-}
-
-/* Where n bf16 words land in a buffer of n floats to be widened in place
- * (Kernels.unpack_bf16): its upper half. */
-static uint16_t *upper_half(float *p, size_t n) { return (uint16_t *)(void *)p + n; }
-
-/* Outside a step (debug.dump): all-gather every chunk
- * into a temporary full-size array that the model reads with the chunk
- * hooks idle; free_full_params gives it back. */
-static void gather_params(Trainer *t) {
-    Model *m = &t->model;
-    if (!t->full) t->full = t->k->alloc(m->n_params * sizeof(float));
-    t->full_peak = fmax(t->full_peak, (double)m->n_params * sizeof(float));
-    for (int c = 0; c < m->n_chunks; c++) {
-        size_t o = t->shard_off[c], n = m->chunk_size[c];
-        float *p = t->full + m->chunk_offset[c];
-        if (t->wshard) { /* bf16 working weights: bf16 words into the chunk's upper half, widened in place */
-            dist_shard_allgather_bf16(&t->dist, t->wshard + o, upper_half(p, n), shard_len(t, c));
-            t->k->unpack_bf16(p, upper_half(p, n), n);
-        } else {
-            dist_shard_allgather_f32(&t->dist, t->master + o, p, shard_len(t, c));
-        }
-        m->chunk_params[c] = p;
-    }
-    m->params = t->full;
-}
-
-static void free_full_params(Trainer *t) {
-    Model *m = &t->model;
-    if (!t->full) return;
-    t->k->free(t->full);
-    t->full = m->params = NULL;
-    for (int c = 0; c < m->n_chunks; c++) m->chunk_params[c] = NULL;
-}
-
-/* Pool slot class of chunk c: [*lo, *hi) of the slot arrays (0 embeddings,
- * 1 final chunk, 2.. layers). */
-static void slot_range(const Trainer *t, int c, int n_slots, int *lo, int *hi) {
-    int last = t->model.n_chunks - 1;
-    *lo = c == 0 ? 0 : c == last ? 1 : 2;
-    *hi = c == 0 ? 1 : c == last ? 2 : n_slots;
-}
-
-/* Floats of pool slot i: the size of the chunk class it serves. */
-static size_t slot_floats(const Trainer *t, int i) {
-    const Model *m = &t->model;
-    return m->chunk_size[i == 0 ? 0 : i == 1 ? m->n_chunks - 1 : 1];
-}
-
-/* Pool slots: weights for the embeddings, the final chunk and 2 layers (all
- * layers without resharding, which keeps every chunk from its forward to its
- * backward), gradients for the embeddings, the final chunk and 2 layers. */
-static void pool_slots(const Trainer *t, int *n_pslots, int *n_gslots) {
-    int L = t->model.cfg.n_layer;
-    *n_pslots = 2 + (t->reshard && L > 2 ? 2 : L);
-    *n_gslots = 2 + (L > 2 ? 2 : L);
-}
-
-/* Bytes of the pooled working weights (grads = 0) or gradient buffers. */
-static double pool_bytes(const Trainer *t, int grads) {
-    int np, ng;
-    pool_slots(t, &np, &ng);
-    double b = 0;
-    for (int i = 0; i < (grads ? ng : np); i++) b += (double)slot_floats(t, i) * sizeof(float);
-    return b;
-}
-
-/* Bytes of the working weights the model reads: sharded, the pooled chunk
- * buffers (+ wshard under bf16 params: bf16 words, half of `shard`, the
- * fp32 shard's bytes); else the full params. */
-static double params_bytes(const Trainer *t, double shard) {
-    if (!t->sharded) return (double)t->model.n_params * sizeof(float);
-    return pool_bytes(t, 0) + (t->cfg.param_dtype == 1 ? shard / 2 : 0);
-}
-
-static int slot_take(const Trainer *t, int *owner, int n_slots, int c) {
-    int lo, hi;
-    slot_range(t, c, n_slots, &lo, &hi);
-    for (int i = lo; i < hi; i++)
-        if (owner[i] < 0) { owner[i] = c; return i; }
-    return -1;
-}
-
-/* Start gathering chunk c's weights into a pooled buffer (nothing when it
- * is gathered or on its way, or c is out of range). */
-static void chunk_fetch(Trainer *t, int c) {
-    Model *m = &t->model;
-    if (c < 0 || c >= m->n_chunks || t->pslot[c] >= 0) return;
-    int i = slot_take(t, t->powner, t->n_pslots, c);
-    if (i < 0) die(EXIT_INTERNAL, "sharded step: no free working-weight buffer for chunk %d", c);
-    t->pslot[c] = i;
-    m->chunk_params[c] = t->pbuf[i];
-    size_t o = t->shard_off[c];
-    if (t->wshard) { /* bf16 words into the slot's upper half, widened in place at chunk_ready */
-        t->ag_req[c] = dist_shard_iallgather_bf16(&t->dist, t->wshard + o, upper_half(t->pbuf[i], m->chunk_size[c]), shard_len(t, c));
-        t->ag_unpack[c] = 1;
-    } else {
-        t->ag_req[c] = dist_shard_iallgather_f32(&t->dist, t->master + o, t->pbuf[i], shard_len(t, c));
-    }
-}
-
-static void chunk_ready(Trainer *t, int c) {
-    chunk_fetch(t, c);
-    dist_wait(&t->dist, t->ag_req[c]);
-    t->ag_req[c] = -1;
-    if (t->ag_unpack[c]) {
-        float *p = t->pbuf[t->pslot[c]];
-        size_t n = t->model.chunk_size[c];
-        t->k->unpack_bf16(p, upper_half(p, n), n);
-        t->ag_unpack[c] = 0;
-    }
-}
-
-static void chunk_release(Trainer *t, int c) {
-    if (t->pslot[c] < 0) return;
-    dist_wait(&t->dist, t->ag_req[c]);
-    t->ag_req[c] = -1;
-    t->ag_unpack[c] = 0;
-    t->powner[t->pslot[c]] = -1;
-    t->pslot[c] = -1;
-    t->model.chunk_params[c] = NULL;
-}
-
-/* The step's last micro-batch is under way (or done): chunk gradients
- * final after their backward are the step's. */
-static int last_micro(const Trainer *t) { return t->micro + 1 == t->step_accum; }
-
-static void gnorm_queue(Trainer *t, int c);
-
-/* Start the data-parallel reduction of chunk c's final gradients: NO_SHARD
- * all-reduces the chunk over the data-parallel group (x: the chunk's
- * gradients), the sharded strategies its shard over the replicate group
- * (x: the shard; none under FULL_SHARD's one replica). Poisons them first
- * for LLMTRAIN_FAULT kind=nan at chunk 0, whose backward is the last: the
- * NaN reaches every replica through the all-reduce. */
-static void ar_start(Trainer *t, int c, float *x, size_t n) {
-    if (c == 0 && t->poison) { float nan = NAN; t->k->from_host(x, &nan, sizeof nan); }
-    if (t->ar_req[c] >= 0) die(EXIT_INTERNAL, "step: chunk %d's gradient all-reduce started twice", c);
-    t->chunks_done++;
-    t->ar_req[c] = t->sharded ? dist_replicate_iallreduce_sum_f32(&t->dist, x, n) : dist_iallreduce_sum_f32(&t->dist, x, n);
-    if (t->ar_req[c] < 0) gnorm_queue(t, c); /* no replicas to all-reduce over: final now */
-}
-
-/* Wait for chunk c's gradient reduce-scatter (if any), fold a staged one
- * into the shard and give its gradient buffer back; in the last
- * micro-batch the shard is then final here: start its all-reduce over the
- * replicas (HYBRID_SHARD), which train_step waits for. */
-static void rs_finish(Trainer *t, int c) {
-    if (!t->rs_state[c]) return;
-    dist_wait(&t->dist, t->rs_req[c]);
-    t->rs_req[c] = -1;
-    size_t o = t->shard_off[c];
-    if (t->rs_state[c] == 2) t->k->add(t->gshard + o, t->gshard + o, t->gbuf[t->gslot[c]], shard_len(t, c));
-    t->rs_state[c] = 0;
-    t->gowner[t->gslot[c]] = -1;
-    t->gslot[c] = -1;
-    if (last_micro(t)) ar_start(t, c, t->gshard + o, shard_len(t, c));
-}
-
-static void rs_finish_all(Trainer *t) {
-    for (int c = t->model.n_chunks - 1; c >= 0; c--) rs_finish(t, c);
-}
-
-/* A gradient buffer for chunk c that starts at zero (grads_fresh: the
- * backward's first product into each tensor stores; rs_start settles it);
- * when its class is all taken by
- * reduce-scatters in flight, wait for them (highest chunk first: the oldest
- * of a backward). */
-static void grads_take(Trainer *t, int c) {
-    Model *m = &t->model;
-    if (t->gslot[c] >= 0) return;
-    int i;
-    while ((i = slot_take(t, t->gowner, t->n_gslots, c)) < 0) {
-        int lo, hi, o = -1;
-        slot_range(t, c, t->n_gslots, &lo, &hi);
-        for (int j = lo; j < hi; j++)
-            if (t->gowner[j] >= 0 && t->rs_state[t->gowner[j]] && t->gowner[j] > o) o = t->gowner[j];
-        if (o < 0) die(EXIT_INTERNAL, "sharded step: no free gradient buffer for chunk %d", c);
-        rs_finish(t, o);
-    }
-    t->gslot[c] = i;
-    m->chunk_grads[c] = t->gbuf[i];
-    t->k->grads_fresh(t->gbuf[i], m->chunk_size[c]);
-}
-
-/* Chunk c's backward is done: reduce-scatter its gradient (sum over the
- * shard group) into the local shard: the first micro-batch straight into
- * gshard, later ones in place (the result lands at the start of the
- * gradient buffer) and added to gshard at the wait. */
-static void rs_start(Trainer *t, int c) {
-    float *g = t->gbuf[t->gslot[c]];
-    t->k->grads_settle(g, t->model.chunk_size[c]);
-    t->rs_state[c] = t->micro > 0 ? 2 : 1;
-    t->rs_req[c] = dist_shard_ireduce_scatter_f32(&t->dist, g, t->micro > 0 ? g : t->gshard + t->shard_off[c], shard_len(t, c));
-    t->model.chunk_grads[c] = NULL;
-}
-
-/* Let the collectives in flight progress (MPI moves non-blocking
- * collectives only inside MPI calls). */
-static void comm_progress(Trainer *t) {
-    for (int c = 0; c < t->model.n_chunks; c++) {
-        if (t->ag_req[c] >= 0) dist_test(&t->dist, t->ag_req[c]);
-        if (t->rs_req[c] >= 0) dist_test(&t->dist, t->rs_req[c]);
-        if (t->ar_req[c] >= 0) dist_test(&t->dist, t->ar_req[c]);
-    }
-}
-
-/* The model's chunk hook under sharding (FSDP): gather a chunk before its
- * forward and backward, prefetching the next one in order (forward c+1,
- * backward c-1); free it after its forward when resharding (the final
- * chunk, and tied chunk 0 inside it, stay for the backward that follows at
- * once) and after its backward always; reduce-scatter its gradients as soon
- * as its backward is done. Forward only (t->fwd_only: eval, sample): free
- * every chunk after its forward, whatever reshard_after_forward says (tied
- * chunk 0 is gathered again for the LM head, prefetched with the final
- * chunk, and freed after it), so at most the embeddings, the final chunk and
- * 2 layers are gathered and none after the forward. Idle otherwise. */
-static void chunk_hook(void *ctx, int c, int ev) {
-    Trainer *t = ctx;
-    if (!t->in_step && !t->fwd_only) return;
-    int last = t->model.n_chunks - 1, tied = t->model.cfg.tie_embeddings;
-    switch (ev) {
-    case CHUNK_PRE_FORWARD:
-        chunk_ready(t, c);
-        if (c == last) t->head_fwd = 1;
-        if (!t->head_fwd) {
-            chunk_fetch(t, c + 1);
-            if (c + 1 == last && tied) chunk_fetch(t, 0);
-        }
-        break;
-    case CHUNK_POST_FORWARD:
-        if (t->fwd_only) {
-            chunk_release(t, c);
-            if (c == last) t->head_fwd = 0;
-        } else if (t->reshard && !t->head_fwd) {
-            chunk_release(t, c);
-        }
-        break;
-    case CHUNK_PRE_BACKWARD:
-        t->head_fwd = 0;
-        chunk_ready(t, c);
-        /* a chunk's reduce-scatter has the backward of the chunk below it
-         * to run behind and is waited for here, at the start of the next
-         * one's (where the layers' two gradient buffers would need it
-         * anyway): at one point of the backward on every rank, so that every
-         * rank starts the replicate all-reduces that follow in one order (MPI
-         * requires one order of collectives on a communicator; NCCL runs
-         * every group's on one stream, where two ranks with different orders
-         * wait for each other forever) */
-        for (int o = last; o > c + 1; o--) rs_finish(t, o);
-        grads_take(t, c);
-        if (c > 0) chunk_fetch(t, c - 1);
-        break;
-    case CHUNK_POST_BACKWARD:
-        chunk_release(t, c);
-        rs_start(t, c);
-        break;
-    default: die(EXIT_INTERNAL, "chunk hook: unknown event %d", ev);
-    }
-    comm_progress(t);
-}
-
-/* Sums of squares over a model-sized array (gradients, weights), each
- * parameter once: a is this rank's shard of it when sharded (replicas hold
- * the same), else all of it; under TP split tensors count on every TP rank,
- * replicated ones on tp_rank 0 only. sumsq_chunk_queue queues chunk c's part
- * (Kernels.sumsq_queue: beside the compute on CUDA) into slot c, or under TP
- * each counted tensor's part into its own slot; sumsq_slots_take adds the
- * slots in order (the same bits every run) and sums over the ranks. */
-static void sumsq_chunk_queue(Trainer *t, const float *a, int c) {
-    const Model *m = &t->model;
-    if (t->dist.tp == 1) {
-        if (t->sharded) t->k->sumsq_queue(a + t->shard_off[c], shard_len(t, c), t->gsq_dev + c);
-        else t->k->sumsq_queue(a + m->chunk_offset[c], m->chunk_size[c], t->gsq_dev + c);
-        return;
-    }
-    for (int i = m->chunk_spec0[c]; i < m->chunk_spec0[c + 1]; i++) {
-        const ParamSpec *s = &m->specs[i];
-        if (s->tp_axis < 0 && t->dist.tp_rank != 0) continue;
-        size_t o, n = t->sharded ? spec_in_shard(t, s, &o) : (o = s->offset, s->numel);
-        if (n) t->k->sumsq_queue(a + o, n, t->gsq_dev + i);
-    }
-}
-
-/* this rank's part of a model-wide sum of squares, summed over the shard
- * group when sharded and over the TP group */
-static double model_sumsq_ranks(Trainer *t, double sq) {
-    if (t->sharded) dist_shard_allreduce_sum_f64(&t->dist, &sq, 1);
-    dist_tp_allreduce_sum_f64(&t->dist, &sq, 1);
-    return sq;
-}
-
-static double sumsq_slots_take(Trainer *t) {
-    t->k->sumsq_take(t->gsq_host, t->gsq_dev, t->n_gsq);
-    double sq = 0.0;
-    for (int i = 0; i < t->n_gsq; i++) sq += t->gsq_host[i];
-    return model_sumsq_ranks(t, sq);
-}
-
-/* Chunk c's gradients are final (the last micro-batch's backward done, its
- * reduce-scatter waited for when sharded, its all-reduce over the
- * data-parallel replicas waited for when there is one: ar_start,
- * ar_wait_all): queue their sums of squares for the gradient norm, so that
- * on CUDA they overlap the backward of the chunks below instead of a pass
- * over every gradient after it; the step takes them (sumsq_slots_take). */
-static void gnorm_queue(Trainer *t, int c) { sumsq_chunk_queue(t, t->sharded ? t->gshard : t->model.grads, c); }
-
-/* The sum of squares of a model-sized array, all at once (the parameter
- * norm of a step AdamW did not sum). */
-static double model_sumsq(Trainer *t, const float *a) {
-    for (int c = 0; c < t->model.n_chunks; c++) sumsq_chunk_queue(t, a, c);
-    return sumsq_slots_take(t);
-}
-
-/* After the last micro-batch's backward: every chunk's all-reduce has
- * started (ar_start: unsharded, grads_done_hook; sharded, rs_finish); wait
- * for them, in phase allreduce. A chunk whose all-reduce this waited for
- * has its gradient norm queued then. */
-static void ar_wait_all(Trainer *t, int step) {
-    dist_phase(&t->dist, step + 1, "allreduce");
-    if (t->chunks_done != t->model.n_chunks)
-        die(EXIT_INTERNAL, "step: %d of %d chunks finished their backward", t->chunks_done, t->model.n_chunks);
-    for (int c = t->model.n_chunks - 1; c >= 0; c--) {
-        int started = t->ar_req[c] >= 0;
-        dist_wait(&t->dist, t->ar_req[c]);
-        t->ar_req[c] = -1;
-        if (started) gnorm_queue(t, c);
-    }
-}
-
-/* Unsharded (NO_SHARD, or a single rank), after chunk c's backward of the
- * step's last micro-batch: its gradients are final here. Settle them (what
- * no kernel wrote is zero) and start their all-reduce over the
- * data-parallel group, so that it overlaps the backward of the chunks below
- * (PyTorch DDP's gradient buckets, one a chunk; chunk 0, the embeddings,
- * comes last and cannot). */
-static void grads_done_hook(void *ctx, int c) {
-    Trainer *t = ctx;
-    Model *m = &t->model;
-    if (!t->in_step || !last_micro(t)) return;
-    float *g = m->grads + m->chunk_offset[c];
-    t->k->grads_settle(g, m->chunk_size[c]);
-    ar_start(t, c, g, m->chunk_size[c]);
-    for (int i = 0; i < m->n_chunks; i++) /* progress for MPI's (it moves them inside MPI calls) */
-        if (t->ar_req[i] >= 0 && i != c) dist_test(&t->dist, t->ar_req[i]);
-}
-
-/* Sharded: copy this rank's shard of the initial weights into the master
- * shards, free the model's full params and grads and set up the chunk
- * pools: params for the embeddings, the final chunk and 2 layers (all
- * layers without resharding, which keeps every chunk from its forward to its
- * backward), grads for the embeddings, the final chunk and 2 layers. */
-static void setup_shards(Trainer *t) {
-    Model *m = &t->model;
-    const Kernels *k = t->k;
-    t->shard_off = calloc_check((size_t)m->n_chunks, sizeof(size_t));
-    t->n_shard = 0;
-    for (int c = 0; c < m->n_chunks; c++) { t->shard_off[c] = t->n_shard; t->n_shard += shard_len(t, c); }
-    t->ar_req = malloc_check((size_t)m->n_chunks * sizeof(int));
-    for (int c = 0; c < m->n_chunks; c++) t->ar_req[c] = -1;
-    t->n_gsq = t->dist.tp > 1 ? m->n_specs : m->n_chunks;
-    t->gsq_dev = k->alloc((size_t)t->n_gsq * sizeof(double));
-    t->gsq_host = calloc_check((size_t)t->n_gsq, sizeof(double));
-    if (!t->sharded) {
-        m->comm.hook_ctx = t;
-        m->comm.grads_done = grads_done_hook;
-        return;
-    }
-    size_t bytes = t->n_shard * sizeof(float);
-    t->master = k->alloc(bytes);
-    t->gshard = k->alloc(bytes);
-    t->mshard = k->alloc(bytes);
-    t->vshard = k->alloc(bytes);
-    for (int c = 0; c < m->n_chunks; c++)
-        k->copy(t->master + t->shard_off[c], m->params + m->chunk_offset[c] + (size_t)t->dist.shard_index * shard_len(t, c),
-                shard_len(t, c) * sizeof(float));
-    k->free(m->params);
-    k->free(m->grads);
-    m->params = m->grads = NULL;
-    int n = m->n_chunks;
-    for (int c = 0; c < n; c++) m->chunk_params[c] = m->chunk_grads[c] = NULL;
-    pool_slots(t, &t->n_pslots, &t->n_gslots);
-    t->pbuf = calloc_check((size_t)t->n_pslots, sizeof(float *));
-    t->gbuf = calloc_check((size_t)t->n_gslots, sizeof(float *));
-    t->powner = malloc_check((size_t)t->n_pslots * sizeof(int));
-    t->gowner = malloc_check((size_t)t->n_gslots * sizeof(int));
-    for (int i = 0; i < t->n_pslots; i++) { t->pbuf[i] = k->alloc(slot_floats(t, i) * sizeof(float)); t->powner[i] = -1; }
-    for (int i = 0; i < t->n_gslots; i++) { t->gbuf[i] = k->alloc(slot_floats(t, i) * sizeof(float)); t->gowner[i] = -1; }
-    int *st = malloc_check(6 * (size_t)n * sizeof(int));
-    t->pslot = st; t->gslot = st + n; t->ag_req = st + 2 * n; t->rs_req = st + 3 * n; t->rs_state = st + 4 * n;
-    t->ag_unpack = st + 5 * n;
-    for (int i = 0; i < 4 * n; i++) st[i] = -1;
-    for (int i = 4 * n; i < 6 * n; i++) st[i] = 0;
-    m->comm.hook_ctx = t;
-    m->comm.chunk = chunk_hook;
-}
-
-/* train.param_dtype bf16: the fp32 master weights (sharded: the master
- * shards; else a full copy of its own) are what AdamW updates and what
- * checkpoints hold; the working weights the model reads are their rounding
- * to bf16 precision. Sharded, the rounding is kept as bf16 words (wshard),
- * so the all-gathers move 2 bytes a weight, as FSDP's param_dtype bf16 does;
- * a gathered chunk lands in the upper half of its pool slot and is widened
- * there to fp32 words (exactly, in place) when the chunk is ready. */
-static void setup_bf16(Trainer *t) {
-    if (t->cfg.param_dtype != 1) return;
-    Model *m = &t->model;
-    if (t->sharded) {
-        t->wshard = t->k->alloc(t->n_shard * sizeof(uint16_t));
-    } else {
-        t->master = t->k->alloc(m->n_params * sizeof(float));
-        t->k->copy(t->master, m->params, m->n_params * sizeof(float));
-    }
-}
-
-/* ------------------------------------------------------------------ */
 /* checkpoints: the protocol across ranks (format and writer: checkpoint.c)
  *
  *   begin   (every rank, blocking) wait for the previous checkpoint, copy
@@ -667,13 +145,13 @@ static void ck_range(const Trainer *t, int c, size_t *lo, size_t *hi) {
  * index lo of chunk c lives on this rank (lo lies in this rank's shard). */
 static float *state_ptr(Trainer *t, int k, int c, size_t lo) {
     Model *m = &t->model;
-    if (!t->sharded) {
-        float *a[3] = {t->master ? t->master : m->params, m->m, m->v};
+    if (!t->sh.sharded) {
+        float *a[3] = {t->sh.master ? t->sh.master : m->params, m->m, m->v};
         return a[k] + lo;
     }
-    float *a[3] = {t->master, t->mshard, t->vshard};
-    size_t base = m->chunk_offset[c] + (size_t)t->dist.shard_index * shard_len(t, c);
-    return a[k] + t->shard_off[c] + (lo - base);
+    float *a[3] = {t->sh.master, t->sh.mshard, t->sh.vshard};
+    size_t base = m->chunk_offset[c] + (size_t)t->dist.shard_index * shard_len(&t->sh, c);
+    return a[k] + t->sh.shard_off[c] + (lo - base);
 }
 
 static void ck_setup(Trainer *t) {
@@ -963,16 +441,16 @@ static double ck_begin(Trainer *t, int step) {
 static void install_state(Trainer *t, const float *p, const float *mm, const float *vv) {
     Model *m = &t->model;
     const Kernels *k = t->k;
-    t->weights_kept = 0;
-    if (!t->sharded) {
-        k->from_host(t->master ? t->master : m->params, p, m->n_params * sizeof(float));
+    t->sh.weights_kept = 0;
+    if (!t->sh.sharded) {
+        k->from_host(t->sh.master ? t->sh.master : m->params, p, m->n_params * sizeof(float));
         k->from_host(m->m, mm, m->n_params * sizeof(float));
         k->from_host(m->v, vv, m->n_params * sizeof(float));
         return;
     }
-    k->from_host(t->master, p, t->n_shard * sizeof(float));
-    k->from_host(t->mshard, mm, t->n_shard * sizeof(float));
-    k->from_host(t->vshard, vv, t->n_shard * sizeof(float)); /* steps gather the working weights from these */
+    k->from_host(t->sh.master, p, t->sh.n_shard * sizeof(float));
+    k->from_host(t->sh.mshard, mm, t->sh.n_shard * sizeof(float));
+    k->from_host(t->sh.vshard, vv, t->sh.n_shard * sizeof(float)); /* steps gather the working weights from these */
 }
 
 #define MAX_CANDIDATES 256
@@ -1167,12 +645,12 @@ static int resume(Trainer *t) {
     Model *m = &t->model;
     size_t *lo = malloc_check((size_t)m->n_chunks * sizeof(size_t)), *hi = malloc_check((size_t)m->n_chunks * sizeof(size_t));
     ckpt_full_ranges(m, lo, hi);
-    if (t->sharded)
+    if (t->sh.sharded)
         for (int ch = 0; ch < m->n_chunks; ch++) {
-            lo[ch] += (size_t)d->shard_index * shard_len(t, ch);
-            hi[ch] = lo[ch] + shard_len(t, ch);
+            lo[ch] += (size_t)d->shard_index * shard_len(&t->sh, ch);
+            hi[ch] = lo[ch] + shard_len(&t->sh, ch);
         }
-    size_t n = t->sharded ? t->n_shard : m->n_params;
+    size_t n = t->sh.sharded ? t->sh.n_shard : m->n_params;
     float *p = calloc_check(n, sizeof(float)), *mm = calloc_check(n, sizeof(float)), *vv = calloc_check(n, sizeof(float));
     ckpt_manifest_load(mf, m, lo, hi, p, mm, vv);
     install_state(t, p, mm, vv);
@@ -1263,9 +741,9 @@ static double step_targets(Trainer *t, int step, int batch, int accum) {
  * gathers each chunk for its forward only (on = 0: every chunk is freed). */
 static void forward_only(Trainer *t, int on) {
     t->model.forward_only = on;
-    t->fwd_only = t->sharded && on;
-    for (int c = 0; t->sharded && !on && c < t->model.n_chunks; c++)
-        if (t->pslot[c] >= 0) die(EXIT_INTERNAL, "sharded eval: chunk %d still gathered after the forwards", c);
+    t->sh.fwd_only = t->sh.sharded && on;
+    for (int c = 0; t->sh.sharded && !on && c < t->model.n_chunks; c++)
+        if (t->sh.pslot[c] >= 0) die(EXIT_INTERNAL, "sharded eval: chunk %d still gathered after the forwards", c);
 }
 
 /* A stop request (SIGTERM, SIGUSR1) on any rank, agreed by all: a
@@ -1296,7 +774,7 @@ static double eval_loss(Trainer *t, const DataSet *ds) {
             break;
         }
         int counted = j < t->cfg.eval_batches;
-        if (!counted && !t->sharded) continue;
+        if (!counted && !t->sh.sharded) continue;
         load_batch(t, ds, counted ? (uint64_t)j * (uint64_t)t->model.B : 0);
         model_forward(&t->model, t->tok, t->tgt);
         if (counted) { sum[0] += t->model.loss_sum; sum[1] += (double)t->model.n_targets; }
@@ -1355,7 +833,7 @@ static void print_sample(Trainer *t, int step) {
     t->sample_rng = sample_key((uint64_t)c->seed, step);
     Model *m = &t->model;
     int T = m->T, V = m->cfg.vocab_size, tp = t->dist.tp, dp0 = t->dist.dp_rank == 0;
-    if (c->sample_tokens <= 0 || (!dp0 && !t->sharded)) return;
+    if (c->sample_tokens <= 0 || (!dp0 && !t->sh.sharded)) return;
     const DataSet *ds = t->have_val ? &t->val : &t->train;
     int prompt = T < 16 ? (T > 1 ? T / 2 : 1) : 8;
     int total = prompt + c->sample_tokens;
@@ -1378,8 +856,8 @@ static void print_sample(Trainer *t, int step) {
         /* the choice, and whether rank 0 was asked to stop (the sample then
          * ends here; the caller agrees on the stop with every rank) */
         double f[2] = {is_root(t) ? (double)pick_token(t, row, V) : 0, is_root(t) && g_stop_signal != 0};
-        if (t->sharded || tp > 1) { /* shared: only rank 0 contributes (host memory: float64 sums) */
-            if (t->sharded) dist_allreduce_sum_f64(&t->dist, f, 2);
+        if (t->sh.sharded || tp > 1) { /* shared: only rank 0 contributes (host memory: float64 sums) */
+            if (t->sh.sharded) dist_allreduce_sum_f64(&t->dist, f, 2);
             else dist_tp_allreduce_sum_f64(&t->dist, f, 2);
         }
         ctx[n] = (int)f[0];
@@ -1563,11 +1041,11 @@ static void log_step(Trainer *t, const StepStats *s) {
     step_num(t, "tokens_per_s", "perf/tokens_per_s", tps);
     step_num(t, "mfu", "perf/mfu", mfu);
     step_num(t, "mem_bytes", "memory/mem_bytes", mem);
-    /* sharded: the working weights at their largest so far (params_bytes,
+    /* sharded: the working weights at their largest so far (shard_params_bytes,
      * plus the full-size array a debug.dump gathers) */
-    if (t->sharded)
+    if (t->sh.sharded)
         step_num(t, "params_peak_bytes", "memory/params_peak_bytes",
-                 params_bytes(t, (double)t->n_shard * sizeof(float)) + t->full_peak);
+                 shard_params_bytes(&t->sh, (double)t->sh.n_shard * sizeof(float)) + t->sh.full_peak);
     if (gpu_mem >= 0) {
         step_num(t, "gpu_mem_bytes", "memory/gpu_mem_bytes", gpu_mem);
         step_num(t, "host_mem_bytes", "memory/host_mem_bytes", host_mem);
@@ -1639,33 +1117,33 @@ static StepStats train_step(Trainer *t, int step) {
     const Kernels *k = t->k;
     StepStats s = {.step = step, .batch = step_batch(t, step), .val_loss = NAN};
     int accum = s.batch / (c->micro_batch * t->dist.dp); /* check_layout: a whole number at every batch */
-    t->step_accum = accum;
-    t->chunks_done = 0;
-    t->poison = dist_fault_nan(&t->dist, step + 1); /* test hook */
+    t->sh.step_accum = accum;
+    t->sh.chunks_done = 0;
+    t->sh.poison = dist_fault_nan(&t->dist, step + 1); /* test hook */
     double t0 = now_s();
     dist_comm_reset(&t->dist);
     /* debug dump: sharded, every rank takes part in gathering the weights */
-    int dump = c->debug_dump[0] && step == 0 && (is_root(t) || t->sharded);
-    if (dump && t->sharded) gather_params(t);
+    int dump = c->debug_dump[0] && step == 0 && (is_root(t) || t->sh.sharded);
+    if (dump && t->sh.sharded) shard_gather_params(&t->sh);
     if (dump && is_root(t)) dump_flat(t, m->params, "params0");
-    if (dump) free_full_params(t);
+    if (dump) shard_free_full_params(&t->sh);
 
     /* the gradients start at zero: on CUDA the first product into each
      * weight's stores it (no zeroing pass, no read of zeros) */
-    if (!t->sharded) k->grads_fresh(m->grads, m->n_params);
+    if (!t->sh.sharded) k->grads_fresh(m->grads, m->n_params);
     double loss_sum = 0, n_targets = step_targets(t, step, s.batch, accum);
     /* (no target in the batch: no loss, zero gradients, a NaN loss: skipped) */
     float loss_scale = n_targets > 0 ? 1.0f / (float)n_targets : 1.0f;
     m->loss_scale = loss_scale; /* the forwards leave the head's gradients for the backward (crossentropy_fused) */
     /* sharded: the chunk hooks gather each chunk before its forward and
      * backward and reduce-scatter its gradients right after its backward */
-    t->in_step = 1;
+    t->sh.in_step = 1;
     /* the last AdamW updated the backend's weight copies too: the first
      * forward need not declare the weights again */
-    const int kept = t->weights_kept;
-    t->weights_kept = 0;
+    const int kept = t->sh.weights_kept;
+    t->sh.weights_kept = 0;
     for (int j = 0; j < accum; j++) {
-        t->micro = j;
+        t->sh.micro = j;
         dist_phase(&t->dist, step + 1, "forward");
         load_batch(t, &t->train, micro_first_seq(t, step, j));
         m->same_weights = j > 0 || kept; /* the optimizer runs after the last micro-batch */
@@ -1673,32 +1151,32 @@ static StepStats train_step(Trainer *t, int step) {
         loss_sum += m->loss_sum;
         dist_phase(&t->dist, step + 1, "backward");
         model_backward(m, loss_scale);
-        if (t->sharded && j + 1 < accum) rs_finish_all(t); /* the next micro-batch adds into gshard again */
+        if (t->sh.sharded && j + 1 < accum) shard_rs_finish_all(&t->sh); /* the next micro-batch adds into gshard again */
     }
-    t->in_step = 0;
-    for (int ch = 0; t->sharded && ch < m->n_chunks; ch++)
-        if (t->pslot[ch] >= 0 || (t->gslot[ch] >= 0 && !t->rs_state[ch]))
+    t->sh.in_step = 0;
+    for (int ch = 0; t->sh.sharded && ch < m->n_chunks; ch++)
+        if (t->sh.pslot[ch] >= 0 || (t->sh.gslot[ch] >= 0 && !t->sh.rs_state[ch]))
             die(EXIT_INTERNAL, "sharded step: chunk %d still gathered after the backward", ch);
     /* gradients of the mean loss: each rank holds its share, the sum is the mean */
     double red[2] = {loss_sum, 0};
-    if (t->sharded) {
+    if (t->sh.sharded) {
         /* the reduce-scatters still in flight (the lowest two chunks', three
          * with tied embeddings, whose chunk 0 backward hook runs with the
          * final chunk's), whose replicate all-reduces start as each is
          * waited for */
         dist_phase(&t->dist, step + 1, "reduce_scatter");
-        rs_finish_all(t);
-        ar_wait_all(t, step);
+        shard_rs_finish_all(&t->sh);
+        shard_ar_wait_all(&t->sh, step);
         /* each chunk's norm sum was queued when its shard was final;
          * replicas hold identical shards: summed over the shard group only */
-        double sq = sumsq_slots_take(t);
+        double sq = shard_sumsq_slots_take(&t->sh);
         dist_allreduce_sum_f64(&t->dist, red, 1);
         red[1] = sq;
     } else {
-        /* every chunk's all-reduce began after its backward (grads_done_hook),
+        /* every chunk's all-reduce began after its backward (shard.c's gradient hook),
          * and its gradient norm's sum was queued when its gradients were final */
-        ar_wait_all(t, step);
-        red[1] = sumsq_slots_take(t);
+        shard_ar_wait_all(&t->sh, step);
+        red[1] = shard_sumsq_slots_take(&t->sh);
         dist_allreduce_sum_f64(&t->dist, red, 1);
     }
     /* every TP rank of a data-parallel slot holds the same loss */
@@ -1706,13 +1184,13 @@ static StepStats train_step(Trainer *t, int step) {
     s.norm = sqrt(red[1]);
     s.lr = (float)config_lr_at(c, step);
     if (dump) {
-        if (t->sharded) gather_params(t);
+        if (t->sh.sharded) shard_gather_params(&t->sh);
         if (is_root(t)) dump_logits(t, s.loss);
-        free_full_params(t);
-        if (t->sharded) { /* the summed gradient, gathered from the shards */
+        shard_free_full_params(&t->sh);
+        if (t->sh.sharded) { /* the summed gradient, gathered from the shards */
             float *g = k->alloc(m->n_params * sizeof(float));
             for (int ch = 0; ch < m->n_chunks; ch++)
-                dist_shard_allgather_f32(&t->dist, t->gshard + t->shard_off[ch], g + m->chunk_offset[ch], shard_len(t, ch));
+                dist_shard_allgather_f32(&t->dist, t->sh.gshard + t->sh.shard_off[ch], g + m->chunk_offset[ch], shard_len(&t->sh, ch));
             if (is_root(t)) dump_flat(t, g, "grads");
             k->free(g);
         } else {
@@ -1734,17 +1212,17 @@ static StepStats train_step(Trainer *t, int step) {
             s.clipped = 1;
         }
         dist_phase(&t->dist, step + 1, "optimizer");
-        adamw_step(t, (float)s.lr, scale, step, c->log_param_norm ? &psq : NULL);
+        shard_adamw_step(&t->sh, (float)s.lr, scale, step, c->log_param_norm ? &psq : NULL);
         have_psq = c->log_param_norm;
     }
-    refresh_working(t, step + 1);
+    shard_refresh_working(&t->sh, step + 1);
     /* the master weights after the update (sharded: the master shard; the
      * fp32 params without a master copy): summed by AdamW as it wrote them,
      * or (a skipped step) read again */
     s.pnorm = NAN;
     if (c->log_param_norm) {
         dist_phase(&t->dist, step + 1, "param_norm");
-        s.pnorm = sqrt(have_psq ? model_sumsq_ranks(t, psq) : model_sumsq(t, t->master ? t->master : m->params));
+        s.pnorm = sqrt(have_psq ? shard_model_sumsq_ranks(&t->sh, psq) : shard_model_sumsq(&t->sh, t->sh.master ? t->sh.master : m->params));
     }
     s.comm_ag = t->dist.bytes_allgather;
     s.comm_rs = t->dist.bytes_reduce_scatter;
@@ -1820,6 +1298,9 @@ static void check_same_job(Trainer *t) {
 static void check_layout(Trainer *t) {
     Config *c = &t->cfg;
     Dist *d = &t->dist;
+    t->sh.cfg = c; /* the sharding runtime works on the trainer's job, groups and model */
+    t->sh.dist = d;
+    t->sh.model = &t->model;
     const ModelConfig *mc = &c->model;
     if (d->world % c->tp != 0)
         die(EXIT_USAGE, "%s: parallel.tensor %d does not divide the %d ranks", c->path, c->tp, d->world);
@@ -1838,21 +1319,21 @@ static void check_layout(Trainer *t) {
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
     dist_set_tp(d, c->tp);
     if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
-        t->S = d->dp;
+        t->sh.S = d->dp;
     } else if (strcmp(c->strategy, "NO_SHARD") == 0) {
-        t->S = 1;
+        t->sh.S = 1;
     } else if (strcmp(c->strategy, "HYBRID_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD_ZERO2") == 0) {
-        t->S = c->shard_degree > 0 ? c->shard_degree : d->dp;
-        if (d->dp % t->S != 0)
+        t->sh.S = c->shard_degree > 0 ? c->shard_degree : d->dp;
+        if (d->dp % t->sh.S != 0)
             die(EXIT_USAGE, "%s: parallel.shard_degree %d does not divide the %d data-parallel ranks (parallel.strategy %s)",
                 c->path, c->shard_degree, d->dp, c->strategy);
     } else {
         die(EXIT_USAGE, "%s: parallel.strategy \"%s\": expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2",
             c->path, c->strategy);
     }
-    t->sharded = t->S > 1;
+    t->sh.sharded = t->sh.S > 1;
     /* parallel.reshard_after_forward: auto (0) = PyTorch's default per strategy, 1 true, 2 false */
-    t->reshard = c->reshard_after_forward == 0 ? strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD") == 0
+    t->sh.reshard = c->reshard_after_forward == 0 ? strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD") == 0
                                                : c->reshard_after_forward == 1;
     long long micro_all = (long long)c->micro_batch * d->dp; /* up to 2^20 x 2^24: computed wide */
     if (c->global_batch == 0 && micro_all > INT_MAX)
@@ -2190,12 +1671,12 @@ static int cuda_bf16(const Config *c) { return strcmp(c->compute_dtype, "bf16") 
 static double cuda_scratch_bytes(const Trainer *t) {
     const Model *m = &t->model;
     int np, ng, off_grid = 0;
-    pool_slots(t, &np, &ng);
+    shard_pool_slots(&t->sh, &np, &ng);
     for (int i = 0; i < m->n_specs; i++) off_grid |= m->specs[i].ndim == 2 && m->specs[i].offset % 8 != 0;
     CudaScratchShape sh = {.B = t->cfg.micro_batch, .T = t->cfg.seq_len, .C = t->cfg.model.n_embd, .nh = m->nh, .hd = m->hd,
                            .qkv_dim = m->qkv_dim, .fc_dim = m->fc_dim, .F = m->F, .V = m->V, .n_params = m->n_params,
                            .gpt2 = t->cfg.model.arch == ARCH_GPT2, .bf16 = cuda_bf16(&t->cfg), .attention = t->cfg.attention_kernel,
-                           .weight_copies = t->sharded ? np - 2 : t->cfg.model.n_layer, .sharded = t->sharded, .off_grid = off_grid};
+                           .weight_copies = t->sh.sharded ? np - 2 : t->cfg.model.n_layer, .sharded = t->sh.sharded, .off_grid = off_grid};
     return kernels_cuda_scratch_bytes(&sh);
 }
 
@@ -2207,13 +1688,13 @@ static double cuda_scratch_bytes(const Trainer *t) {
 static void rank_bytes(const Trainer *t, double out[RANK_BYTES]) {
     const Model *m = &t->model;
     size_t n_shard = 0;
-    for (int c = 0; c < m->n_chunks; c++) n_shard += shard_len(t, c);
+    for (int c = 0; c < m->n_chunks; c++) n_shard += shard_len(&t->sh, c);
     double full = (double)m->n_params * sizeof(float), shard = (double)n_shard * sizeof(float);
-    /* sharded: working weights and gradients are the chunk pools (setup_shards) */
-    out[0] = params_bytes(t, shard);
-    out[1] = t->sharded ? shard : t->cfg.param_dtype == 1 ? full : 0; /* NO_SHARD fp32: the params are the master */
-    out[2] = t->sharded ? pool_bytes(t, 1) + shard : full;
-    out[3] = 2 * (t->sharded ? shard : full);
+    /* sharded: working weights and gradients are the chunk pools (shard_setup) */
+    out[0] = shard_params_bytes(&t->sh, shard);
+    out[1] = t->sh.sharded ? shard : t->cfg.param_dtype == 1 ? full : 0; /* NO_SHARD fp32: the params are the master */
+    out[2] = t->sh.sharded ? shard_pool_bytes(&t->sh, 1) + shard : full;
+    out[3] = 2 * (t->sh.sharded ? shard : full);
     out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * t->cfg.micro_batch * t->cfg.seq_len * sizeof(int);
     out[5] = (double)m->offload_floats * sizeof(float);
     out[6] = t->k && backend_is_cuda(t) ? cuda_scratch_bytes(t) : 0; /* training on cuda only (check prints its own) */
@@ -2237,7 +1718,7 @@ static void print_layout(Trainer *t) {
     if (!is_root(t)) return;
     int S = d->shard_size, R = d->replicate_size;
     printf("parallel: strategy %s | shard groups of %d x %d replicas | %s\n", t->cfg.strategy, S, R,
-           t->sharded ? (t->reshard ? "sharded per layer chunk; gathered before forward and again before backward (reshard_after_forward)"
+           t->sh.sharded ? (t->sh.reshard ? "sharded per layer chunk; gathered before forward and again before backward (reshard_after_forward)"
                                     : "sharded per layer chunk; gathered before forward, kept until backward (no reshard_after_forward)")
                       : "replicated");
     int P = d->tp;
@@ -2359,11 +1840,11 @@ static int train(int argc, char **argv) {
     }
     if (c->data_vocab[0]) { vocab_load(&t->vocab, c->data_vocab); t->have_vocab = 1; }
 
-    dist_setup_groups(&t->dist, t->S);
+    dist_setup_groups(&t->dist, t->sh.S);
 #ifdef LLMTRAIN_CUDA
     if (backend_is_cuda(t) && t->dist.world > 1) dist_nccl_attach(&t->dist); /* device collectives through NCCL */
 #endif
-    model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->S, !t->sharded, t->dist.tp, t->dist.tp_rank,
+    model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->sh.S, !t->sh.sharded, t->dist.tp, t->dist.tp_rank,
                    (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules});
     t->model.block_causal = c->attention_mask == ATT_MASK_BLOCK_CAUSAL;
     t->model.reset_pos = c->reset_position_ids;
@@ -2376,9 +1857,10 @@ static int train(int argc, char **argv) {
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
-    setup_shards(t);
-    opt_ranges_build(t);
-    setup_bf16(t);
+    t->sh.k = t->k;
+    shard_setup(&t->sh);
+    shard_opt_ranges_build(&t->sh);
+    shard_setup_bf16(&t->sh);
     t->tok = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->tgt = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->host_flat = malloc_check(t->model.n_params * sizeof(float));
@@ -2394,7 +1876,7 @@ static int train(int argc, char **argv) {
     int resumed = resume(t);
     t->end_cursor = run_sequences(t);
     setup_profile(t);
-    refresh_working(t, t->step_base);
+    shard_refresh_working(&t->sh, t->step_base);
     open_metrics(t, resumed);
     print_header(t);
     print_layout(t);
@@ -2574,14 +2056,14 @@ static int cmd_check(int argc, char **argv) {
     /* no backend: the job is checked for the cluster it names, not for this
      * machine's devices (a GPU job checks on a laptop), and nothing is allocated */
     int act_bytes = strcmp(c->device, "cpu") != 0 && cuda_bf16(c) ? 2 : 4; /* the [a] activations on CUDA */
-    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->S, t->dist.tp, 0,
+    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->sh.S, t->dist.tp, 0,
                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes, c->seq_parallel, c->recompute_modules});
     printf("check: %s: valid for %d ranks\n", c->path, world);
     if (c->description[0]) printf("description: %s\n", c->description);
     print_model_batch(t);
     int tp = t->dist.tp, dp = t->dist.dp;
     printf("parallel: tensor %d%s x data-parallel %d | strategy %s: shard groups of %d x %d replicas\n", tp,
-           c->seq_parallel ? " (sequence parallel)" : "", dp, c->strategy, t->S, dp / t->S);
+           c->seq_parallel ? " (sequence parallel)" : "", dp, c->strategy, t->sh.S, dp / t->sh.S);
     double b[RANK_BYTES];
     char off[64];
     rank_bytes(t, b);
