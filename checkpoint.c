@@ -613,7 +613,7 @@ int ckpt_remove_step(const char *root, long step) {
  * the folder: writable, and one job's
  * ====================================================================== */
 
-int ckpt_dir_probe(const char *root, char *why, size_t n) {
+int ckpt_dir_probe(const char *root, int rank, char *why, size_t n) {
     if (mkdir_p_durable(root) != 0) {
         int e = errno;
         errf(why, n, "%s: cannot create the folder (%s)", root, strerror(e));
@@ -621,15 +621,18 @@ int ckpt_dir_probe(const char *root, char *why, size_t n) {
     }
     char host[64], probe[PATH_BUF + 128];
     host_name(host, sizeof host);
-    snprintf(probe, sizeof probe, "%s/.llmtrain-probe.%.60s.%d", root, host, (int)getpid());
-    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* rank and pid: node leaders on one shared folder (containers often
+     * share a host name and a small pid) never meet on one name */
+    snprintf(probe, sizeof probe, "%s/.llmtrain-probe.%.60s.%d.%d", root, host, rank, (int)getpid());
+    unlink(probe); /* one a run that died left */
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
         errf(why, n, "%s: cannot create a file in it (%s)", root, strerror(e));
         return -e;
     }
     close(fd);
-    if (unlink(probe) != 0) {
+    if (unlink(probe) != 0 && errno != ENOENT) {
         int e = errno;
         errf(why, n, "%s: cannot remove a file from it (%s)", root, strerror(e));
         return -e;
@@ -645,10 +648,18 @@ int ckpt_dir_lock(const char *root, const char *owner, int *fd_out, char *why, s
     char path[PATH_BUF + 32];
     snprintf(path, sizeof path, "%s/" CKPT_LOCK_NAME, root);
     *fd_out = -1;
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    /* 0666 less the umask: a teammate's job in a group-shared folder can
+     * take it next; a lock file of another user's we may only read still
+     * takes a lock (flock needs no write access), without our name in it */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666), named = 1;
+    if (fd < 0 && errno == EACCES) {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        named = 0;
+    }
     if (fd < 0) {
-        errf(why, n, "%s: cannot open (%s)", path, strerror(errno));
-        return CKPT_LOCK_FAILED;
+        int e = errno;
+        errf(why, n, "%s: cannot open (%s)", path, strerror(e));
+        return e == ENOSPC || e == EDQUOT ? CKPT_LOCK_UNSUPPORTED : CKPT_LOCK_FAILED; /* a full disk: no lock file, as no lock */
     }
     /* flock, else a POSIX record lock (what some network file systems
      * implement instead); both end with the process, so a dead job's lock
@@ -658,6 +669,7 @@ int ckpt_dir_lock(const char *root, const char *owner, int *fd_out, char *why, s
         struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
         rc = fcntl(fd, F_SETLK, &fl);
         e2 = rc ? errno : 0;
+        if (rc != 0 && e2 == EBADF && !named) e2 = ENOLCK; /* a write lock on a read-only descriptor: none to be had */
         if (rc != 0 && lock_unsupported(e2)) {
             close(fd);
             errf(why, n, "%s: the file system takes no lock (flock: %s; fcntl: %s)", path, strerror(e), strerror(e2));
@@ -679,8 +691,10 @@ int ckpt_dir_lock(const char *root, const char *owner, int *fd_out, char *why, s
         return CKPT_LOCK_FAILED;
     }
     size_t len = strlen(owner);
-    bool named = ftruncate(fd, 0) == 0 && pwrite(fd, owner, len, 0) == (ssize_t)len && pwrite(fd, "\n", 1, (off_t)len) == 1;
-    (void)named; /* locked all the same: only the name a second job would print is lost */
+    if (named) { /* a failure loses only the name a second job would print: locked all the same */
+        bool ok = ftruncate(fd, 0) == 0 && pwrite(fd, owner, len, 0) == (ssize_t)len && pwrite(fd, "\n", 1, (off_t)len) == 1;
+        (void)ok;
+    }
     *fd_out = fd;
     return CKPT_LOCKED;
 }
@@ -984,8 +998,11 @@ int ckpt_manifest_check(const CkptManifest *mf, const Model *m, char *why, size_
                 rc = errf(why, n, "%s/manifest.json: no tensor %s (%s)", mf->dir, s->name, KIND_NAME[k]);
                 break;
             }
-            int64_t gsz = T->shape[0] * (T->ndim == 2 ? T->shape[1] : 1), lsz = T->local_shape[0] * (T->ndim == 2 ? T->local_shape[1] : 1);
-            if (T->ndim != s->ndim || (size_t)gsz != model_global_numel(m, s) || (size_t)lsz != ws->numel || T->tp_axis != ws->tp_axis) {
+            /* dims are at most 2^53 each (json_whole): a product past 2^64 is no model's */
+            uint64_t g1 = T->ndim == 2 ? (uint64_t)T->shape[1] : 1, l1 = T->ndim == 2 ? (uint64_t)T->local_shape[1] : 1;
+            bool big = (uint64_t)T->shape[0] > UINT64_MAX / g1 || (uint64_t)T->local_shape[0] > UINT64_MAX / l1;
+            uint64_t gsz = big ? 0 : (uint64_t)T->shape[0] * g1, lsz = big ? 0 : (uint64_t)T->local_shape[0] * l1;
+            if (big || T->ndim != s->ndim || gsz != model_global_numel(m, s) || lsz != ws->numel || T->tp_axis != ws->tp_axis) {
                 rc = errf(why, n, "%s/manifest.json: tensor %s (%s): shape, local shape or tp_axis are not this model's with tp %d", mf->dir,
                           s->name, KIND_NAME[k], wtp);
                 break;

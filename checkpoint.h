@@ -124,13 +124,15 @@ int ckpt_remove_step(const char *root, long step);
 void ckpt_remove(const char *dir);
 
 /* ---- the folder: writable, and one job's ---- */
-/* Make root (and its parents) and create and remove a probe file in it:
+/* Make root (and its parents) and create and remove a probe file in it
+ * (named by host, rank and pid):
  * 0, or -errno with a reason in why (EROFS, EACCES, ENOTDIR, ENOSPC...). */
-int ckpt_dir_probe(const char *root, char *why, size_t n);
+int ckpt_dir_probe(const char *root, int rank, char *why, size_t n);
 /* Lock root/.llmtrain.lock for the rest of this process's life (flock,
  * else a POSIX record lock; the descriptor stays open) and write owner into
  * it. Another job holding it: CKPT_LOCK_HELD, why naming the holder as its
- * owner text says. A lock of a process that died holds nothing (the kernel
+ * owner text says. No lock to be had on this file system (or no room for
+ * the lock file on a full disk): CKPT_LOCK_UNSUPPORTED. A lock of a process that died holds nothing (the kernel
  * drops it), so a stale lock file never blocks a restart. */
 #define CKPT_LOCK_NAME ".llmtrain.lock"
 enum { CKPT_LOCKED = 0, CKPT_LOCK_HELD = 1, CKPT_LOCK_UNSUPPORTED = 2, CKPT_LOCK_FAILED = 3 };

@@ -123,6 +123,7 @@ static const Key KEYS[] = {
     {"checkpoint.every_steps", K_INT, OFF(ckpt_every), 0, "0", 0, BIG, NULL, "write a checkpoint every this many steps (0 = only at the end)"},
     {"checkpoint.keep_last", K_INT, OFF(ckpt_keep_last), 0, "0", 0, BIG, NULL, "keep only the newest this many checkpoints (0 = keep all); the oldest goes only after a newer one is complete, or, on a full disk, to make room for it"},
     {"checkpoint.every_minutes", K_DOUBLE, OFF(ckpt_every_minutes), 0, "0", 0, 1e9, NULL, "also write a checkpoint when this many minutes have passed since the last one (0 = off)"},
+    {"checkpoint.lock_wait_s", K_DOUBLE, OFF(ckpt_lock_wait_s), 0, "60", 0, 86400, NULL, "how long a job waits for another job that holds checkpoint.dir or durable_dir (a stopping job writing its last checkpoint) before it exits 2 naming the holder"},
     {"checkpoint.async", K_BOOL, OFF(ckpt_async), 0, "true", 0, 0, NULL, "write in a background thread; training blocks only while the state is copied to host memory"},
     {"checkpoint.durable_dir", K_STR, STR(ckpt_durable_dir), "\"\"", 0, 0, NULL, "second copy of every checkpoint, made in the background after the local one is complete (SageMaker: /opt/ml/checkpoints; empty = none)"},
     {"checkpoint.resume", K_STR, STR(ckpt_resume), "\"auto\"", 0, 0, NULL, "auto: newest complete checkpoint in checkpoint.dir, else in durable_dir (exit 2 when every one there fails verification); none: start at step 0; or a checkpoint folder / root to resume from"},

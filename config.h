@@ -102,6 +102,7 @@ typedef struct Config {
     int ckpt_every;
     int ckpt_keep_last;
     double ckpt_every_minutes;
+    double ckpt_lock_wait_s;
     int ckpt_async;
     char ckpt_durable_dir[1024];
     char ckpt_resume[1024];

@@ -32,6 +32,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -96,8 +97,9 @@ typedef struct Trainer {
 
 enum { CK_IDLE, CK_LOCAL, CK_DURABLE };
 static volatile sig_atomic_t g_stop_signal; /* SIGTERM / SIGUSR1 / SIGINT / SIGHUP: checkpoint and stop */
+static volatile sig_atomic_t g_sigints;     /* Ctrl-Cs so far */
 static void on_stop_signal(int sig) {
-    if (sig == SIGINT && g_stop_signal == SIGINT) { /* Ctrl-C twice: end now, as without the handler */
+    if (sig == SIGINT && g_sigints++ > 0) { /* Ctrl-C twice: end now, as without the handler */
         signal(SIGINT, SIG_DFL);
         raise(SIGINT);
     }
@@ -510,51 +512,88 @@ static void ck_recopy(Trainer *t, const CkptManifest *mf, const char *path) {
  * a file in it (an unwritable one is exit 3 now, not a run whose every
  * checkpoint is dropped), and rank 0 locks each for the job's life (a
  * second job on the same folder would resume the first's checkpoints,
- * overwrite its steps and remove its checkpoint in flight: exit 2 naming
- * the holder). Every rank ends with the first failing rank's line. */
-typedef struct DirClaim { int code; char line[2044]; } DirClaim;
+ * overwrite its steps and remove its checkpoint in flight). A folder
+ * another job holds is waited for up to checkpoint.lock_wait_s (a stopping
+ * job writing its last checkpoint lets go within it), then exit 2 naming
+ * the holder. Every rank ends with the first failing rank's line. */
+#define CLAIM_HELD (-1) /* rank 0's code while the folder it waits for is held */
+#define CLAIM_LINE 2048
 
 static void claim_ckpt_dirs(Trainer *t) {
     const Config *c = &t->cfg;
     Dist *d = &t->dist;
     const char *dirs[2] = {c->ckpt_dir, c->ckpt_durable_dir}, *keys[2] = {"checkpoint.dir", "checkpoint.durable_dir"};
-    DirClaim me = {0};
-    char why[900], host[64], owner[600], when[32];
+    char line[CLAIM_LINE] = "", why[900], host[64], owner[600], when[32];
+    int code = 0, locked[2] = {!dirs[0][0] || !is_root(t), !dirs[1][0] || !is_root(t)};
     host_name(host, sizeof host);
     time_t now = time(NULL);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     snprintf(owner, sizeof owner, "llmtrain pid %d on host %.60s, job %.400s, since %s", (int)getpid(), host, c->path, when);
-    for (int i = 0; i < 2 && !me.code; i++) {
-        if (!dirs[i][0]) continue;
-        int e = node_leader(t) ? ckpt_dir_probe(dirs[i], why, sizeof why) : 0;
+    for (int i = 0; i < 2 && !code; i++) {
+        int e = dirs[i][0] && node_leader(t) ? ckpt_dir_probe(dirs[i], d->rank, why, sizeof why) : 0;
         if (e == -ENOSPC || e == -EDQUOT) /* writable; a full disk makes room as it checkpoints */
             fprintf(stderr, "llmtrain: warning: %s: %s (host %s); checkpoints will make room or be dropped\n", keys[i], why, host);
         else if (e) {
-            me.code = EXIT_IO;
-            snprintf(me.line, sizeof me.line, "%s: %s (host %.60s); expected a folder this job can write, checked before step 1", keys[i], why, host);
-        }
-        if (me.code || !is_root(t)) continue;
-        int fd, rc = ckpt_dir_lock(dirs[i], owner, &fd, why, sizeof why);
-        if (rc == CKPT_LOCK_HELD) {
-            me.code = EXIT_USAGE;
-            snprintf(me.line, sizeof me.line, "%s: %s; two jobs on one folder overwrite each other's checkpoints (stop that job, or give this one "
-                     "another %s)", keys[i], why, keys[i]);
-        } else if (rc == CKPT_LOCK_UNSUPPORTED) {
-            fprintf(stderr, "llmtrain: warning: %s: %s; this job cannot tell whether another uses the folder: make sure none does\n", keys[i], why);
-        } else if (rc == CKPT_LOCK_FAILED) {
-            me.code = EXIT_IO;
-            snprintf(me.line, sizeof me.line, "%s: %s", keys[i], why);
+            code = EXIT_IO;
+            snprintf(line, sizeof line, "%s: %s (host %.60s); expected a folder this job can write, checked before step 1", keys[i], why, host);
         }
     }
-    DirClaim *all = malloc_check((size_t)d->world * sizeof *all);
-    dist_allgather_bytes(d, &me, all, sizeof me);
-    for (int r = 0; r < d->world; r++)
-        if (all[r].code) {
-            all[r].line[sizeof all[r].line - 1] = '\0';
-            die_replicated(d->rank != r);
-            die(all[r].code, "%s", all[r].line);
+    struct stat s0, s1;
+    if (!code && is_root(t) && dirs[1][0] && stat(dirs[0], &s0) == 0 && stat(dirs[1], &s1) == 0 && s0.st_dev == s1.st_dev &&
+        s0.st_ino == s1.st_ino) {
+        code = EXIT_USAGE;
+        snprintf(line, sizeof line, "checkpoint.durable_dir %.900s is the folder checkpoint.dir %.900s names; expected another folder "
+                 "(the durable copy goes elsewhere), or none", dirs[1], dirs[0]);
+    }
+    int *codes = malloc_check((size_t)d->world * sizeof *codes);
+    double began = now_s(), said = 0;
+    for (;;) {
+        for (int i = 0; i < 2 && code <= 0; i++) {
+            if (locked[i]) continue;
+            int fd, rc = ckpt_dir_lock(dirs[i], owner, &fd, why, sizeof why);
+            code = 0;
+            if (rc == CKPT_LOCKED) {
+                locked[i] = 1;
+            } else if (rc == CKPT_LOCK_HELD) {
+                code = CLAIM_HELD;
+                snprintf(line, sizeof line, "%s: %s; two jobs on one folder overwrite each other's checkpoints (stop that job, or give this "
+                         "one another %s)", keys[i], why, keys[i]);
+            } else if (rc == CKPT_LOCK_UNSUPPORTED) {
+                locked[i] = 1;
+                fprintf(stderr, "llmtrain: warning: %s: %s; this job cannot tell whether another uses the folder: make sure none does\n",
+                        keys[i], why);
+            } else {
+                code = EXIT_IO;
+                snprintf(line, sizeof line, "%s: %s", keys[i], why);
+            }
         }
-    free(all);
+        double waited = now_s() - began;
+        if (code == CLAIM_HELD && waited >= c->ckpt_lock_wait_s) code = EXIT_USAGE;
+        dist_allgather_bytes(d, &code, codes, sizeof code);
+        int first = -1, held = 0;
+        for (int r = 0; r < d->world; r++) {
+            if (codes[r] == CLAIM_HELD) held = 1;
+            else if (codes[r] && first < 0) first = r;
+        }
+        if (first >= 0) { /* that rank's line, to every rank (an all-reduce of its bytes) */
+            double *bytes = calloc_check(CLAIM_LINE, sizeof *bytes);
+            for (int i = 0; d->rank == first && i < CLAIM_LINE; i++) bytes[i] = (unsigned char)line[i];
+            dist_allreduce_sum_f64(d, bytes, CLAIM_LINE);
+            for (int i = 0; i < CLAIM_LINE; i++) line[i] = (char)(unsigned char)bytes[i];
+            line[CLAIM_LINE - 1] = '\0';
+            free(bytes);
+            die_replicated(d->rank != first);
+            die(codes[first], "%s", line);
+        }
+        if (!held) break;
+        if (is_root(t) && !said) {
+            fprintf(stderr, "llmtrain: %s; waiting up to %.0f s (checkpoint.lock_wait_s) for it to end\n", line, c->ckpt_lock_wait_s);
+            said = 1;
+        }
+        struct timespec ts = {0, 250 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    free(codes);
 }
 
 /* checkpoint.resume: find the newest checkpoint every rank can read and

@@ -45,8 +45,11 @@ void die(int code, const char *fmt, ...) {
      * mpirun ends it with SIGTERM: the trainer's stop handler (which would
      * cut the sleep short and print) gives way to the default action. */
     if (g_linger) {
-        signal(SIGTERM, SIG_DFL);
-        signal(SIGUSR1, SIG_DFL);
+        const int stop[4] = {SIGTERM, SIGUSR1, SIGINT, SIGHUP};
+        for (int i = 0; i < 4; i++) { /* the trainer's stop handler gives way (an ignored one stays ignored) */
+            struct sigaction old;
+            if (sigaction(stop[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) signal(stop[i], SIG_DFL);
+        }
         sleep(3);
     }
     /* one write: the lines of ranks that fail together into one stderr do

@@ -108,8 +108,7 @@ filter_pid=$!
 # would meet a job still holding the checkpoint folder), the runner sees
 # its parent change, sends the command its stop signal, removes $tmp and
 # exits with the command's code: the command checkpoints and ends with it.
-runner='my $st = shift; my $sig = shift; my $stopped = shift; my ($pid, $stop);
-my $launcher = getppid();
+runner='my $st = shift; my $sig = shift; my $stopped = shift; my $launcher = shift; my ($pid, $stop);
 $SIG{TERM} = $SIG{USR1} = sub { kill $sig, $pid if $pid && !$stop; $stop = 1 };
 exit 143 if -e $stopped;
 $pid = fork;
@@ -128,7 +127,8 @@ while (waitpid($pid, 1) == 0) { # WNOHANG: the launcher gone (SIGKILL runs no tr
     select(undef, undef, undef, 0.2);
 }
 my $rc = $? & 127 ? 128 + ($? & 127) : $? >> 8;
-if ($orphan) { (my $dir = $st) =~ s{/[^/]*$}{}; unlink glob("$dir/*"); rmdir $dir; exit $rc } # no launcher to read it
+if ($orphan) { (my $dir = $st) =~ s{/[^/]*$}{}; if (opendir(my $dh, $dir)) { unlink map { "$dir/$_" } grep { !/^\.\.?$/ } readdir $dh }
+               rmdir $dir; exit $rc } # no launcher to read it
 if (open(my $f, ">", $st)) { print $f "$rc\n"; close $f }
 exit $rc;'
 child=""
@@ -146,7 +146,7 @@ while :; do
     attempt=$((attempt + 1))
     t0=$(date +%s.%N)
     rm -f "$status"
-    LLMTRAIN_ATTEMPT=$attempt perl -e "$runner" "$status" "$stop_sig" "$stopped" "$@" &
+    LLMTRAIN_ATTEMPT=$attempt perl -e "$runner" "$status" "$stop_sig" "$stopped" "$$" "$@" &
     child=$!
     while :; do
         wait "$child"; rc=$?

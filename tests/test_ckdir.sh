@@ -1,8 +1,11 @@
 #!/bin/bash
 # The checkpoint folders are checked and claimed before step 1: a second
 # job on a folder a running job holds (checkpoint.dir or durable_dir; 1 or
-# 2 ranks) is exit 2 and one line naming the holder's pid and host, and
-# leaves the first job's checkpoints alone; a lock file left by a job that
+# 2 ranks) is exit 2 and one line naming the holder's pid and host once
+# checkpoint.lock_wait_s has passed (saying once that it waits), and
+# leaves the first job's checkpoints alone; a job whose folder's job ends
+# within the wait goes on and resumes its checkpoint; durable_dir naming
+# checkpoint.dir's folder is exit 2; a lock file left by a job that
 # was SIGKILLed blocks nothing; a file system without locks (tests/nolock.so)
 # is one warning and the run goes on; a checkpoint.dir or durable_dir that
 # cannot be written (under a regular file, on a read-only mount) is exit 3
@@ -20,9 +23,12 @@ LLMTRAIN_FAULT="step=2-8,kind=slow" $BIN "$TMP/job.json" --set log.dir="$TMP/a" 
 apid=$!
 wait_steps "$TMP/a/metrics.jsonl" 2 60 || bad "job A did not reach step 2"
 # B on A's checkpoint.dir; C on its own checkpoint.dir but A's durable_dir; D the same as B over 2 ranks
-$BIN "$TMP/job.json" --set log.dir="$TMP/b" --set checkpoint.dir="$TMP/a/checkpoints" >"$TMP/b.out" 2>&1; rcb=$?
-$BIN "$TMP/job.json" --set log.dir="$TMP/c" --set checkpoint.durable_dir="$TMP/a-dur" >"$TMP/c.out" 2>&1; rcc=$?
-$MPIRUN 2 $BIN "$TMP/job.json" --set log.dir="$TMP/d" --set checkpoint.dir="$TMP/a/checkpoints" >"$TMP/d.out" 2>&1; rcd=$?
+# (checkpoint.lock_wait_s 0: no wait for A to end)
+$BIN "$TMP/job.json" --set log.dir="$TMP/b" --set checkpoint.dir="$TMP/a/checkpoints" --set checkpoint.lock_wait_s=0 >"$TMP/b.out" 2>&1; rcb=$?
+$BIN "$TMP/job.json" --set log.dir="$TMP/c" --set checkpoint.durable_dir="$TMP/a-dur" --set checkpoint.lock_wait_s=0 >"$TMP/c.out" 2>&1; rcc=$?
+t0=$(date +%s.%N)
+$MPIRUN 2 $BIN "$TMP/job.json" --set log.dir="$TMP/d" --set checkpoint.dir="$TMP/a/checkpoints" --set checkpoint.lock_wait_s=1.5 >"$TMP/d.out" 2>&1; rcd=$?
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 held="is in use by another job: llmtrain pid $apid on host $(hostname), job $TMP/job.json, since "
 if [ $rcb -eq 2 ] && one_line "$TMP/b.out" && grep -q "^llmtrain: checkpoint.dir: $TMP/a/checkpoints $held.*; two jobs on one folder" "$TMP/b.out" &&
    [ "$(steps_in "$TMP/b")" -eq 0 ]; then ok "a second job on a running job's checkpoint.dir: exit 2, one line naming pid $apid and the host, no step"
@@ -30,14 +36,33 @@ else bad "second job on checkpoint.dir: rc $rcb: $(head -3 "$TMP/b.out")"; fi
 if [ $rcc -eq 2 ] && one_line "$TMP/c.out" && grep -q "^llmtrain: checkpoint.durable_dir: $TMP/a-dur $held" "$TMP/c.out"; then
     ok "a second job on a running job's durable_dir: exit 2, one line naming the holder"
 else bad "second job on durable_dir: rc $rcc: $(head -3 "$TMP/c.out")"; fi
-if [ $rcd -eq 2 ] && [ "$(grep -c "$held" "$TMP/d.out")" -eq 1 ] && [ "$(steps_in "$TMP/d")" -eq 0 ]; then
-    ok "the same over 2 ranks: exit 2, the line once"
+if [ $rcd -eq 2 ] && [ "$(grep -c "^llmtrain: checkpoint.dir: .*$held" "$TMP/d.out")" -eq 2 ] && [ "$(steps_in "$TMP/d")" -eq 0 ] &&
+   grep -q "waiting up to 2 s (checkpoint.lock_wait_s) for it to end" "$TMP/d.out" && awk -v s="$secs" 'BEGIN { exit !(s >= 1.5) }'; then
+    ok "the same over 2 ranks with checkpoint.lock_wait_s 1.5: one line that it waits, then after ${secs} s exit 2 and the line once"
 else bad "2-rank second job: rc $rcd: $(grep llmtrain "$TMP/d.out" | head -3)"; fi
 wait $apid; rca=$?
 if [ $rca -eq 0 ] && [ -f "$TMP/a/checkpoints/step_00000008/manifest.json" ] && [ -f "$TMP/a-dur/step_00000008/manifest.json" ] &&
    [ "$(ls "$TMP/a/checkpoints" | grep -c '^step_0*[2468]$')" -eq 4 ] && ! ls -d "$TMP"/a/checkpoints/*.tmp >/dev/null 2>&1; then
     ok "the first job trained on undisturbed: its 4 checkpoints and their durable copies complete"
 else bad "job A after the others: rc $rca, $(ls "$TMP/a/checkpoints" | tr '\n' ' ')"; fi
+
+# ---- a job that ends while the next waits for its folder: the next goes on ----
+LLMTRAIN_FAULT="step=2-4,kind=slow" $BIN "$TMP/job.json" --set log.dir="$TMP/w" --set train.steps=4 >"$TMP/w.out" 2>&1 &
+wpid=$!
+wait_steps "$TMP/w/metrics.jsonl" 1 60 || bad "job W did not reach step 1"
+$BIN "$TMP/job.json" --set log.dir="$TMP/w2" --set checkpoint.dir="$TMP/w/checkpoints" --set train.steps=6 >"$TMP/w2.out" 2>&1; rc=$?
+wait $wpid; rcw=$?
+if [ $rc -eq 0 ] && [ $rcw -eq 0 ] && grep -q "is in use by another job: llmtrain pid $wpid .*; waiting up to 60 s" "$TMP/w2.out" &&
+   grep -q "^resume: $TMP/w/checkpoints/step_00000004 at step 4" "$TMP/w2.out" && [ "$(steps_in "$TMP/w2")" -eq 2 ]; then
+    ok "a job started on a folder whose job is ending waits (one line), then resumes its final checkpoint (step 4) and trains on"
+else bad "waiting for a lock: rc $rc/$rcw: $(grep -E 'llmtrain|resume' "$TMP/w2.out" | head -3)"; fi
+
+# ---- durable_dir naming checkpoint.dir's folder: exit 2 ----
+$BIN "$TMP/job.json" --set log.dir="$TMP/same" --set checkpoint.durable_dir="$TMP/same/./checkpoints" >"$TMP/same.out" 2>&1; rc=$?
+if [ $rc -eq 2 ] && one_line "$TMP/same.out" &&
+   grep -q "^llmtrain: checkpoint.durable_dir $TMP/same/./checkpoints is the folder checkpoint.dir $TMP/same/checkpoints names; expected another folder" "$TMP/same.out"; then
+    ok "durable_dir naming checkpoint.dir's folder (another spelling): exit 2, one line"
+else bad "durable_dir = checkpoint.dir: rc $rc: $(head -3 "$TMP/same.out")"; fi
 
 # ---- a SIGKILLed job's lock file blocks nothing ----
 LLMTRAIN_FAULT="step=2-8,kind=slow" $BIN "$TMP/job.json" --set log.dir="$TMP/k" >"$TMP/k.out" 2>&1 &

@@ -349,7 +349,8 @@ else bad "MFU peak measured again: $pkline $(grep -h 'peak for MFU' "$TMP/pk0.ou
 mkdir -p "$TMP/stubs"
 printf '#!/bin/sh\nexit 1\n' >"$TMP/stubs/dpkg-query"
 printf '#!/bin/sh\n[ "$1" = update ] || echo "$@" >>"%s"\n' "$TMP/apt.log" >"$TMP/stubs/apt-get"
-chmod +x "$TMP/stubs/dpkg-query" "$TMP/stubs/apt-get"
+printf '#!/bin/sh\nexec "$@"\n' >"$TMP/stubs/sudo" # (not root: sudo's secure_path would skip the apt-get stub)
+chmod +x "$TMP/stubs/dpkg-query" "$TMP/stubs/apt-get" "$TMP/stubs/sudo"
 for what in demo test; do
     rm -f "$TMP/apt.log"; PATH="$TMP/stubs:$PATH" scripts/install_deps.sh $what >/dev/null 2>&1 || bad "install_deps.sh $what failed"
     cp "$TMP/apt.log" "$TMP/apt-$what.log" 2>/dev/null

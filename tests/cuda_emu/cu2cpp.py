@@ -49,8 +49,12 @@ def match(s, i, open_c, close_c, step):
 
 
 def fail(src, pos, why):
-    line = src.count("\n", 0, pos) + 1
-    sys.stderr.write(f"cu2cpp: {sys.argv[1]}:{line}: {why}\n")
+    """one line naming the file and line of src[pos], by the last #line
+    directive before it (the parts expand() read in)"""
+    path, line = sys.argv[1], src.count("\n", 0, pos) + 1
+    for m in re.finditer(r'^#line (\d+) "([^"]+)"$', src[:pos], re.M):
+        path, line = m.group(2), int(m.group(1)) + src.count("\n", m.end() + 1, pos)
+    sys.stderr.write(f"cu2cpp: {path}:{line}: {why}\n")
     sys.exit(1)
 
 
