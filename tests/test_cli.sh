@@ -1,7 +1,7 @@
 #!/bin/bash
 # Bad input: every case must end with exit code 2 and exactly one line on
 # stderr that names the culprit. Also: --set overrides, `keys` covers the
-# README, and a good job exits 0.
+# key table of docs/config.md, and a good job exits 0.
 cd "$(dirname "$0")/.." || exit 2
 BIN=./llmtrain
 PY=/usr/bin/python3
@@ -362,15 +362,15 @@ if [ "$demo_pkgs" = "build-essential libcjson-dev libopenblas-dev libopenmpi-dev
     ok "make demo installs the build, numpy and matplotlib only; make test installs torch and Slurm too"
 else bad "demo packages '$demo_pkgs', test: $(cat "$TMP/apt-test.log" 2>/dev/null)"; fi
 
-# every key of `llmtrain keys` is documented in the README, with the same row
-# (the README's table is that output: a doc changed on one side only fails)
+# every key of `llmtrain keys` is documented in docs/config.md, with the same row
+# (that table is that output: a doc changed on one side only fails)
 missing=""
-for k in $($BIN keys | sed -n 's/^| `\([^`]*\)`.*/\1/p'); do grep -qF "\`$k\`" README.md || missing="$missing $k"; done
-if [ -z "$missing" ]; then ok "README documents every config key"; else bad "README lacks keys:$missing"; fi
+for k in $($BIN keys | sed -n 's/^| `\([^`]*\)`.*/\1/p'); do grep -qF "\`$k\`" docs/config.md || missing="$missing $k"; done
+if [ -z "$missing" ]; then ok "docs/config.md documents every config key"; else bad "docs/config.md lacks keys:$missing"; fi
 stale=""
-while IFS= read -r row; do grep -qxF -- "$row" README.md || stale="$stale $(cut -d'`' -f2 <<<"$row")"; done < <($BIN keys)
-if [ -z "$stale" ]; then ok "README's key table rows are the rows of llmtrain keys, word for word"
-else bad "README's key table differs from llmtrain keys (regenerate it) at:$stale"; fi
+while IFS= read -r row; do grep -qxF -- "$row" docs/config.md || stale="$stale $(cut -d'`' -f2 <<<"$row")"; done < <($BIN keys)
+if [ -z "$stale" ]; then ok "docs/config.md's key table rows are the rows of llmtrain keys, word for word"
+else bad "docs/config.md's key table differs from llmtrain keys (regenerate it) at:$stale"; fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

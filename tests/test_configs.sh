@@ -1,6 +1,6 @@
 #!/bin/bash
 # The Llama 2 configs: each parses and its layout is valid for every cluster of the
-# SMP v2 scaling table (README, "Llama 2 configs"), checked with `llmtrain check --world N`
+# SMP v2 scaling table (docs/config.md, "Llama 2 configs"), checked with `llmtrain check --world N`
 # without allocating the model; the shapes are Llama 2's; `check` fails an impossible
 # layout with the same line as training.
 cd "$(dirname "$0")/.." || exit 2
