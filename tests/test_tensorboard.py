@@ -29,7 +29,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from pycheck import check, run_suite, write_shard
 
 
-# metrics.jsonl key -> TensorBoard tag (README, What it prints: TensorBoard)
+# metrics.jsonl key -> TensorBoard tag (docs/observability.md, TensorBoard)
 TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "param_norm": "train/param_norm",
         "global_batch": "train/global_batch", "consumed_samples": "train/consumed_samples",
         "nonfinite_total": "train/nonfinite_total", "grad_norm_mean20": "train/grad_norm_mean20",

@@ -909,7 +909,7 @@ def run_eodloss(binary, root, cname, block_causal):
 
 def run_blend(binary, root):
     """A data blend (data.train "0.6 A 0.4 B"): 10 steps' loss and grad_norm
-    against torch on the sequences the README's blend rule picks
+    against torch on the sequences docs/data.md's blend rule picks
     (torch_ref.blend_batch); the same torch run on A's and B's shards as one
     glob must not match, so the check sees which sequences were used."""
     c = CASES["gpt2"]
@@ -1064,7 +1064,7 @@ SCHEDULES = [
 def run_schedules(binary, root):
     """Every optim.lr_decay_style (and wsd_decay_style): the lr of each of 30
     steps in metrics.jsonl against PyTorch's schedulers (torch_ref.
-    torch_lr_schedule) and the README's formulas (torch_ref.lr_at); the
+    torch_lr_schedule) and docs/layouts.md's formulas (torch_ref.lr_at); the
     check command's optim line; and WSD's cooldown from a checkpoint of the
     stable phase (a run planned with a far decay_steps, resumed with the
     decay moved to now) reproducing a run planned with that decay."""
@@ -1100,7 +1100,7 @@ def run_schedules(binary, root):
         e_f = max(abs(a - b) / b for a, b in zip(formula, ref))
         CK.check(e_t <= TOL_LR and e_f <= 1e-12,
                  f"{tag} {label}: lr of {SCHED_STEPS} steps vs torch.optim.lr_scheduler worst rel={e_t:.2g} "
-                 f"(README formula vs torch {e_f:.2g}; {ref[warmup]:.3g} after the warmup, {ref[-1]:.3g} at the end)")
+                 f"(docs formula vs torch {e_f:.2g}; {ref[warmup]:.3g} after the warmup, {ref[-1]:.3g} at the end)")
 
     # the check command says what the schedule is
     with open(os.path.join(work, "chk.json"), "w") as f:

@@ -221,7 +221,7 @@ srun_emu() {
     for ((r = 0; r < np; r++)); do c=$(cat "$TMP/$name.rc.$r"); [ "$c" -gt $rc ] && rc=$c; done
     return $rc
 }
-# a job id whose port (15000 + (8 x job + step) mod 17000, README) is free here
+# a job id whose port (15000 + (8 x job + step) mod 17000, docs/launching.md) is free here
 JOB=$($PY - <<'PYEOF'
 import random, socket
 while True:

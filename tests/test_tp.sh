@@ -9,7 +9,7 @@
 # split evenly (15 a micro-batch: the last rank's padding), under both
 # activation checkpointing modes and offload, and in sampling (B = 1, a
 # growing T): the same losses, validation losses and sampled tokens as one
-# rank; its all-gather and reduce-scatter bytes are the counts the README
+# rank; its all-gather and reduce-scatter bytes are the counts docs/layouts.md
 # gives. Impossible layouts: one line, exit 2.
 . "$(dirname "$0")/lib.sh"
 
@@ -75,8 +75,8 @@ got = [json.loads(l)["comm_bytes"] for l in open(sys.argv[1]) if '"comm_bytes"' 
 bad = [g for g in got if any(g[k] != v for k, v in want.items())]
 if bad or len(got) != 10: sys.exit(f"want {want}, got {bad[:1] or got[:1]}")
 PYEOF
-    then echo "ok   $arch sequence parallel: tp all-gather, reduce-scatter and all-reduce bytes are the README's counts"; pass=$((pass + 1))
-    else echo "FAIL $arch sequence parallel: comm_bytes differ from the README's counts"; fail=$((fail + 1)); fi
+    then echo "ok   $arch sequence parallel: tp all-gather, reduce-scatter and all-reduce bytes are docs/layouts.md's counts"; pass=$((pass + 1))
+    else echo "FAIL $arch sequence parallel: comm_bytes differ from docs/layouts.md's counts"; fail=$((fail + 1)); fi
 done
 
 # sequence parallelism where the rows do not split evenly (micro-batches of

@@ -390,7 +390,7 @@ class RefModel:
 # --------------------------------------------------------------------------
 
 def lr_at(s, lr, min_lr, warmup, decay_steps, schedule=None):
-    """LR used by the update of 0-based step s, from the README's formulas.
+    """LR used by the update of 0-based step s, from docs/layouts.md's formulas.
     schedule: None (cosine) or {"lr_decay_style": ..., "wsd_decay_steps": K,
     "wsd_decay_style": ...} as the job's optim keys."""
     sc = schedule or {}
@@ -477,7 +477,7 @@ BLEND_PERIOD = 65536
 
 
 def blend_pattern(weights):
-    """One period of a data blend's pattern, by the README's rule: position p
+    """One period of a data blend's pattern, by docs/data.md's rule: position p
     goes to the source with the largest w_i * (p + 1) - c_i (w normalised,
     c_i its positions so far; ties to the lowest i). Returns (src, idx, cnt):
     the source of each position, its number among that source's positions,
