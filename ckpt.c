@@ -536,40 +536,43 @@ static void gpt2_config(const HfCfg *c, ModelConfig *o) {
     o->tie_embeddings = 1;
 }
 
-/* A number of the rope_scaling object in the range of the job key it fills
- * (a whole one if whole); kind: its rope_type, for the message. */
-static double rope_scaling_num(const HfCfg *c, const cJSON *rs, const char *kind, const char *key, const char *job_key,
-                               int whole) {
+/* A number of a RoPE object (name: rope_scaling or rope_parameters) in
+ * the range of the job key it fills (a whole one if whole); kind: its
+ * rope_type, for the message. */
+static double rope_num(const HfCfg *c, const cJSON *rs, const char *name, const char *kind, const char *key, const char *job_key,
+                       int whole) {
     double lo, hi;
     config_key_range(job_key, &lo, &hi);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, key);
-    if (!v) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: missing key %s (rope_type %s)", c->path, key, kind);
+    if (!v) die(EXIT_USAGE, HF_CTX "%s: key %s: missing key %s (rope_type %s)", c->path, name, key, kind);
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) || (whole && v->valuedouble != floor(v->valuedouble)))
-        die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.%s: expected %s in [%g, %g]", c->path, key,
-            whole ? "an integer" : "a number", lo, hi);
+        die(EXIT_USAGE, HF_CTX "%s: key %s.%s: expected %s in [%g, %g]", c->path, name, key, whole ? "an integer" : "a number", lo, hi);
     return v->valuedouble;
 }
 
-/* rope_scaling: null (or rope_type "default"), Llama 3.1's rescaled
+/* A RoPE scaling object, rs (NULL: none), named name in config.json:
+ * transformers 4's rope_scaling, or transformers 5's rope_parameters,
+ * which also carries rope_theta (theta_too). rope_type "default" (or,
+ * in rope_parameters, none) is no scaling; Llama 3.1's rescaled
  * frequencies, {"rope_type": "llama3", "factor", "low_freq_factor",
- * "high_freq_factor", "original_max_position_embeddings"}, position
- * interpolation, {"rope_type": "linear", "factor"} ("type" in older files),
- * or YaRN, {"rope_type": "yarn", "factor"} with, as Hugging Face reads them,
- * optional "original_max_position_embeddings" (the file's
+ * "high_freq_factor", "original_max_position_embeddings"}; position
+ * interpolation, {"rope_type": "linear", "factor"} ("type" in older
+ * files); or YaRN, {"rope_type": "yarn", "factor"} with, as Hugging Face
+ * reads them, optional "original_max_position_embeddings" (the file's
  * max_position_embeddings), "beta_fast" (32), "beta_slow" (1),
  * "attention_factor" (0.1 ln(factor) + 1) and "truncate" (true). The other
  * kinds (dynamic, longrope, ...) are other math and are refused, as is a key
  * the kind does not have (YaRN's mscale and mscale_all_dim among them). */
-static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
-    const cJSON *rs = cfg_get(c, "rope_scaling", false);
+static void rope_scaling_read(const HfCfg *c, const cJSON *rs, const char *name, int theta_too, ModelConfig *o) {
     if (!rs) return;
-    if (!cJSON_IsObject(rs)) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: expected an object or null", c->path);
+    if (!cJSON_IsObject(rs)) die(EXIT_USAGE, HF_CTX "%s: key %s: expected an object or null", c->path, name);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
-    if (!cJSON_IsString(t)) die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: expected a string rope_type", c->path);
-    if (strcmp(t->valuestring, "default") == 0) return;
+    const char *type = cJSON_IsString(t) ? t->valuestring : !t && theta_too ? "default" : NULL;
+    if (!type) die(EXIT_USAGE, HF_CTX "%s: key %s: expected a string rope_type", c->path, name);
     enum { MAX_KEYS = 6 };
     static const struct { const char *type, *keys[MAX_KEYS]; int kind; } kinds[] = {
+        {"default", {NULL}, ROPE_NONE},
         {"llama3", {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}, ROPE_LLAMA3},
         {"linear", {"factor"}, ROPE_LINEAR},
         {"yarn",
@@ -577,50 +580,94 @@ static void llama_rope_scaling(const HfCfg *c, ModelConfig *o) {
          ROPE_YARN},
     };
     int k = 0, n_kinds = (int)(sizeof kinds / sizeof kinds[0]);
-    while (k < n_kinds && strcmp(t->valuestring, kinds[k].type) != 0) k++;
+    while (k < n_kinds && strcmp(type, kinds[k].type) != 0) k++;
     if (k == n_kinds)
-        die(EXIT_USAGE, HF_CTX "%s: key rope_scaling: rope_type \"%s\" is not supported (llama3, linear, yarn or default)",
-            c->path, t->valuestring);
+        die(EXIT_USAGE, HF_CTX "%s: key %s: rope_type \"%s\" is not supported (llama3, linear, yarn or default)", c->path, name, type);
     for (const cJSON *e = rs->child; e; e = e->next) {
-        int known = strcmp(e->string, "rope_type") == 0 || strcmp(e->string, "type") == 0;
+        int known = strcmp(e->string, "rope_type") == 0 || strcmp(e->string, "type") == 0 ||
+                    (theta_too && strcmp(e->string, "rope_theta") == 0);
         for (int i = 0; i < MAX_KEYS && kinds[k].keys[i] && !known; i++) known = strcmp(e->string, kinds[k].keys[i]) == 0;
         if (!known) {
             char has[160] = "";
             for (int i = 0; i < MAX_KEYS && kinds[k].keys[i]; i++)
                 snprintf(has + strlen(has), sizeof has - strlen(has), "%s%s", i ? ", " : "", kinds[k].keys[i]);
-            die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.%s: not supported (rope_type %s has %s)", c->path, e->string,
-                kinds[k].type, has);
+            die(EXIT_USAGE, HF_CTX "%s: key %s.%s: not supported (rope_type %s has %s)", c->path, name, e->string, kinds[k].type,
+                has[0] ? has : "no other key");
         }
     }
+    if (theta_too && cJSON_GetObjectItemCaseSensitive(rs, "rope_theta"))
+        o->rope_theta = (float)rope_num(c, rs, name, type, "rope_theta", "model.rope_theta", 0);
+    if (kinds[k].kind == ROPE_NONE) return;
     o->rope_scaling = kinds[k].kind;
-    o->rope_scaling_factor = (float)rope_scaling_num(c, rs, t->valuestring, "factor", "model.rope_scaling_factor", 0);
+    o->rope_scaling_factor = (float)rope_num(c, rs, name, type, "factor", "model.rope_scaling_factor", 0);
     if (o->rope_scaling == ROPE_LINEAR) return;
     if (o->rope_scaling == ROPE_YARN) {
         if (!cJSON_GetObjectItemCaseSensitive(rs, "original_max_position_embeddings"))
             o->rope_original_max_seq_len = o->max_seq_len;
         else
-            o->rope_original_max_seq_len = (int)rope_scaling_num(c, rs, t->valuestring, "original_max_position_embeddings",
-                                                                 "model.rope_original_max_seq_len", 1);
+            o->rope_original_max_seq_len =
+                (int)rope_num(c, rs, name, type, "original_max_position_embeddings", "model.rope_original_max_seq_len", 1);
         if (cJSON_GetObjectItemCaseSensitive(rs, "beta_fast"))
-            o->rope_beta_fast = (float)rope_scaling_num(c, rs, t->valuestring, "beta_fast", "model.rope_beta_fast", 0);
+            o->rope_beta_fast = (float)rope_num(c, rs, name, type, "beta_fast", "model.rope_beta_fast", 0);
         if (cJSON_GetObjectItemCaseSensitive(rs, "beta_slow"))
-            o->rope_beta_slow = (float)rope_scaling_num(c, rs, t->valuestring, "beta_slow", "model.rope_beta_slow", 0);
+            o->rope_beta_slow = (float)rope_num(c, rs, name, type, "beta_slow", "model.rope_beta_slow", 0);
         if (cJSON_GetObjectItemCaseSensitive(rs, "attention_factor")) {
-            o->rope_attention_factor =
-                (float)rope_scaling_num(c, rs, t->valuestring, "attention_factor", "model.rope_attention_factor", 0);
+            o->rope_attention_factor = (float)rope_num(c, rs, name, type, "attention_factor", "model.rope_attention_factor", 0);
             if (!(o->rope_attention_factor > 0)) /* 0 is the job key's "default", not a factor */
-                die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.attention_factor: expected a number > 0", c->path);
+                die(EXIT_USAGE, HF_CTX "%s: key %s.attention_factor: expected a number > 0", c->path, name);
         }
         const cJSON *tr = cJSON_GetObjectItemCaseSensitive(rs, "truncate");
-        if (tr && !cJSON_IsBool(tr))
-            die(EXIT_USAGE, HF_CTX "%s: key rope_scaling.truncate: expected true or false", c->path);
+        if (tr && !cJSON_IsBool(tr)) die(EXIT_USAGE, HF_CTX "%s: key %s.truncate: expected true or false", c->path, name);
         if (tr) o->rope_truncate = cJSON_IsTrue(tr);
         return;
     }
-    o->rope_low_freq_factor = (float)rope_scaling_num(c, rs, t->valuestring, "low_freq_factor", "model.rope_low_freq_factor", 0);
-    o->rope_high_freq_factor = (float)rope_scaling_num(c, rs, t->valuestring, "high_freq_factor", "model.rope_high_freq_factor", 0);
+    o->rope_low_freq_factor = (float)rope_num(c, rs, name, type, "low_freq_factor", "model.rope_low_freq_factor", 0);
+    o->rope_high_freq_factor = (float)rope_num(c, rs, name, type, "high_freq_factor", "model.rope_high_freq_factor", 0);
     o->rope_original_max_seq_len =
-        (int)rope_scaling_num(c, rs, t->valuestring, "original_max_position_embeddings", "model.rope_original_max_seq_len", 1);
+        (int)rope_num(c, rs, name, type, "original_max_position_embeddings", "model.rope_original_max_seq_len", 1);
+}
+
+static int same_rope(const ModelConfig *a, const ModelConfig *b) {
+    return a->rope_theta == b->rope_theta && a->rope_scaling == b->rope_scaling && a->rope_scaling_factor == b->rope_scaling_factor &&
+           a->rope_low_freq_factor == b->rope_low_freq_factor && a->rope_high_freq_factor == b->rope_high_freq_factor &&
+           a->rope_original_max_seq_len == b->rope_original_max_seq_len && a->rope_beta_fast == b->rope_beta_fast &&
+           a->rope_beta_slow == b->rope_beta_slow && a->rope_attention_factor == b->rope_attention_factor &&
+           a->rope_truncate == b->rope_truncate;
+}
+
+/* A Llama's RoPE from either layout: transformers 4's top-level rope_theta
+ * and rope_scaling, or transformers 5's rope_parameters (rope_theta,
+ * rope_type and that type's keys, and no top-level ones). A file with both
+ * is read both ways, which must agree. */
+static void llama_rope(const HfCfg *c, ModelConfig *o) {
+    const cJSON *rp = cfg_get(c, "rope_parameters", false);
+    int v4 = cfg_get(c, "rope_theta", false) || cfg_get(c, "rope_scaling", false);
+    ModelConfig old = *o;
+    if (v4 || !rp) {
+        old.rope_theta = cfg_float(c, "rope_theta", "model.rope_theta", 10000.0f);
+        rope_scaling_read(c, cfg_get(c, "rope_scaling", false), "rope_scaling", 0, &old);
+    }
+    if (!rp) {
+        *o = old;
+        return;
+    }
+    o->rope_theta = 10000.0f;
+    rope_scaling_read(c, rp, "rope_parameters", 1, o);
+    if (v4 && !same_rope(o, &old))
+        die(EXIT_USAGE, HF_CTX "%s: keys rope_parameters and rope_theta / rope_scaling: they give another RoPE (theta %g and %g); "
+            "expected one of the two layouts, or both alike", c->path, o->rope_theta, old.rope_theta);
+}
+
+/* Keys that change the computation and that llmtrain does not implement,
+ * where the file sets them: one line for the caller to print. */
+static void hf_ignored(const HfCfg *c, char *note, size_t n) {
+    static const char *const drop[] = {"attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"};
+    size_t o = 0;
+    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++) {
+        const cJSON *v = cfg_get(c, drop[i], false);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || o >= n) continue;
+        o += (size_t)snprintf(note + o, n - o, "%s%s %g", o ? ", " : "", drop[i], v->valuedouble);
+    }
 }
 
 static void llama_config(const HfCfg *c, ModelConfig *o) {
@@ -633,7 +680,6 @@ static void llama_config(const HfCfg *c, ModelConfig *o) {
     o->vocab_size = cfg_int(c, "vocab_size", "model.vocab_size", true, 0);
     o->max_seq_len = cfg_int(c, "max_position_embeddings", "model.max_seq_len", true, 0);
     o->norm_eps = cfg_float(c, "rms_norm_eps", "model.norm_eps", 1e-6f);
-    o->rope_theta = cfg_float(c, "rope_theta", "model.rope_theta", 10000.0f);
     o->tie_embeddings = cfg_bool(c, "tie_word_embeddings", false);
     const char *act = cfg_str(c, "hidden_act", "silu");
     if (strcmp(act, "silu") != 0)
@@ -642,7 +688,7 @@ static void llama_config(const HfCfg *c, ModelConfig *o) {
         die(EXIT_USAGE, HF_CTX "%s: key attention_bias: true is not supported (no biases in Llama)", c->path);
     if (cfg_bool(c, "mlp_bias", false))
         die(EXIT_USAGE, HF_CTX "%s: key mlp_bias: true is not supported (no biases in Llama)", c->path);
-    llama_rope_scaling(c, o);
+    llama_rope(c, o);
     if (o->n_embd % o->n_head != 0)
         die(EXIT_USAGE, HF_CTX "%s: key num_attention_heads: %d does not divide hidden_size %d", c->path, o->n_head, o->n_embd);
     int hd = cfg_int(c, "head_dim", NULL, false, o->n_embd / o->n_head);
@@ -667,7 +713,9 @@ static void hf_no_duplicate_keys(const cJSON *obj, const char *path, const char 
     }
 }
 
-void hf_read_config(const char *dir, ModelConfig *out) {
+void hf_read_config(const char *dir, ModelConfig *out) { hf_read_config_note(dir, out, NULL, 0); }
+
+void hf_read_config_note(const char *dir, ModelConfig *out, char *note, size_t note_n) {
     char path[PATH_BUF];
     join_path(path, sizeof path, dir, "config.json");
     size_t len;
@@ -683,6 +731,13 @@ void hf_read_config(const char *dir, ModelConfig *out) {
     if (strcmp(type, "gpt2") == 0) gpt2_config(&c, out);
     else if (strcmp(type, "llama") == 0) llama_config(&c, out);
     else die(EXIT_USAGE, HF_CTX "%s: key model_type: \"%s\" is not supported (gpt2 or llama)", path, type);
+    if (note && note_n) {
+        note[0] = '\0';
+        char ign[400] = "";
+        hf_ignored(&c, ign, sizeof ign);
+        if (ign[0])
+            snprintf(note, note_n, "%s: ignored, llmtrain trains without dropout: %s", path, ign);
+    }
     char where[PATH_BUF + 16];
     snprintf(where, sizeof where, HF_CTX "%s", path);
     model_config_finish(out, where); /* the same shape rules as a job file */
@@ -920,6 +975,16 @@ static cJSON *hf_config_json(const Model *m) {
         cJSON_AddStringToObject(o, "hidden_act", "silu");
         cJSON_AddFalseToObject(o, "attention_bias");
         cJSON_AddFalseToObject(o, "mlp_bias");
+    }
+    /* the ids transformers would otherwise assume (GPT-2's 50256, Llama's
+     * 1 and 2) lie outside a small vocabulary: GPT-2's <|endoftext|> where
+     * the vocabulary has it, else none (llmtrain knows no tokenizer) */
+    if (c->arch == ARCH_GPT2 && c->vocab_size > 50256) {
+        cJSON_AddNumberToObject(o, "bos_token_id", 50256);
+        cJSON_AddNumberToObject(o, "eos_token_id", 50256);
+    } else {
+        cJSON_AddNullToObject(o, "bos_token_id");
+        cJSON_AddNullToObject(o, "eos_token_id");
     }
     cJSON_AddStringToObject(o, "torch_dtype", "float32");
     return o;

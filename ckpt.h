@@ -45,6 +45,10 @@ void st_writer_free(StWriter *w);
 /* Read <dir>/config.json into a ModelConfig (model_type gpt2 or llama).
  * On error: one line, exit(EXIT_USAGE). */
 void hf_read_config(const char *dir, ModelConfig *out);
+/* The same, and in note (empty when none) one line naming the keys that
+ * change the computation and that llmtrain does not implement (dropout
+ * probabilities above zero), for the caller to print once. */
+void hf_read_config_note(const char *dir, ModelConfig *out, char *note, size_t note_n);
 /* Load <dir>/model.safetensors (F32 or BF16) into m->params (host copy).
  * Missing tensor or wrong shape: one line naming it, exit(EXIT_USAGE). */
 void hf_load_weights(Model *m, const char *dir);

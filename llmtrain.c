@@ -1842,7 +1842,9 @@ static void load_job(Trainer *t, int argc, char **argv, int *world, const char *
     free(sets);
     if (c->init_from[0]) {
         ModelConfig hf;
-        hf_read_config(c->init_from, &hf);
+        char note[1200];
+        hf_read_config_note(c->init_from, &hf, note, sizeof note);
+        if (note[0] && t->dist.rank == 0) fprintf(stderr, "llmtrain: warning: %s\n", note);
         config_take_model(c, &hf, c->init_from);
     }
     config_freeze_model(c);

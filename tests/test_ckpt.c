@@ -751,6 +751,78 @@ static void child_hf_load_alarm(const char *dir) {
     child_hf_load(dir);
 }
 
+static int rope_equal(const ModelConfig *a, const ModelConfig *b) {
+    return a->rope_theta == b->rope_theta && a->rope_scaling == b->rope_scaling && a->rope_scaling_factor == b->rope_scaling_factor &&
+           a->rope_low_freq_factor == b->rope_low_freq_factor && a->rope_high_freq_factor == b->rope_high_freq_factor &&
+           a->rope_original_max_seq_len == b->rope_original_max_seq_len && a->rope_beta_fast == b->rope_beta_fast &&
+           a->rope_beta_slow == b->rope_beta_slow && a->rope_attention_factor == b->rope_attention_factor &&
+           a->rope_truncate == b->rope_truncate;
+}
+
+/* transformers 5 writes a Llama's RoPE as rope_parameters {rope_theta,
+ * rope_type, that type's keys} and no top-level rope_theta / rope_scaling:
+ * read as the same RoPE as transformers 4's layout of it, for theta alone
+ * and for each rope_type llmtrain has; what it cannot do is one line. */
+static void test_hf_rope_parameters(void) {
+    char *d = variant("rope5", NULL);
+    static const struct { const char *what, *theta, *scaling, *params; } cases[] = {
+        {"theta only", "500000", "null", "{\"rope_theta\":500000,\"rope_type\":\"default\"}"},
+        {"theta without a rope_type", "250000", "null", "{\"rope_theta\":250000}"},
+        {"llama3", "500000", "{\"rope_type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                             "\"original_max_position_embeddings\":16}",
+         "{\"rope_theta\":500000,\"rope_type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+         "\"original_max_position_embeddings\":16}"},
+        {"linear", "10000", "{\"rope_type\":\"linear\",\"factor\":4.0}", "{\"rope_theta\":10000,\"rope_type\":\"linear\",\"factor\":4.0}"},
+        {"yarn", "1000000", "{\"rope_type\":\"yarn\",\"factor\":8.0,\"original_max_position_embeddings\":16,\"beta_fast\":16}",
+         "{\"rope_theta\":1000000,\"rope_type\":\"yarn\",\"factor\":8.0,\"original_max_position_embeddings\":16,\"beta_fast\":16}"},
+    };
+    ModelConfig none;
+    set_config(d, "rope_theta", NULL);
+    set_config(d, "rope_scaling", NULL);
+    hf_read_config(d, &none);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ModelConfig v4, v5, both;
+        set_config(d, "rope_parameters", NULL);
+        set_config(d, "rope_theta", cases[i].theta);
+        set_config(d, "rope_scaling", cases[i].scaling);
+        hf_read_config(d, &v4);
+        set_config(d, "rope_parameters", cases[i].params);
+        hf_read_config(d, &both);
+        set_config(d, "rope_theta", NULL);
+        set_config(d, "rope_scaling", NULL);
+        hf_read_config(d, &v5);
+        check(rope_equal(&v4, &v5) && rope_equal(&v4, &both) && !rope_equal(&v5, &none),
+              "hf config: transformers 5's rope_parameters, %s: the RoPE of transformers 4's layout (theta %g, scaling %d), also with both "
+              "layouts given; not the theta-10000 default", cases[i].what, v5.rope_theta, v5.rope_scaling);
+    }
+    set_config(d, "rope_parameters", "{\"rope_theta\":500000,\"rope_type\":\"dynamic\",\"factor\":2.0}");
+    expect_die("hf config: rope_parameters rope_type dynamic", child_hf_config, d, EXIT_USAGE,
+               "key rope_parameters: rope_type \"dynamic\" is not supported (llama3, linear, yarn or default)");
+    set_config(d, "rope_parameters", "{\"rope_theta\":500000,\"rope_type\":\"linear\",\"factor\":2.0,\"mscale\":1}");
+    expect_die("hf config: rope_parameters key the kind lacks", child_hf_config, d, EXIT_USAGE, "key rope_parameters.mscale: not supported");
+    set_config(d, "rope_parameters", "{\"rope_theta\":-5,\"rope_type\":\"default\"}");
+    expect_die("hf config: rope_parameters.rope_theta negative", child_hf_config, d, EXIT_USAGE, "key rope_parameters.rope_theta: expected a number");
+    set_config(d, "rope_parameters", "{\"rope_theta\":500000,\"rope_type\":\"default\"}");
+    set_config(d, "rope_theta", "10000");
+    expect_die("hf config: rope_parameters and rope_theta disagree", child_hf_config, d, EXIT_USAGE,
+               "keys rope_parameters and rope_theta / rope_scaling: they give another RoPE");
+    set_config(d, "rope_theta", NULL);
+    set_config(d, "rope_parameters", "[1]");
+    expect_die("hf config: rope_parameters not an object", child_hf_config, d, EXIT_USAGE, "key rope_parameters: expected an object or null");
+    set_config(d, "rope_parameters", NULL);
+    set_config(d, "rope_theta", "10000");
+    /* dropout: trained without, said once */
+    ModelConfig c;
+    char note[1200];
+    set_config(d, "attention_dropout", "0.1");
+    hf_read_config_note(d, &c, note, sizeof note);
+    check(strstr(note, "config.json: ignored, llmtrain trains without dropout: attention_dropout 0.1") != NULL, "hf config: dropout above 0 noted (%s)", note);
+    set_config(d, "attention_dropout", "0.0");
+    hf_read_config_note(d, &c, note, sizeof note);
+    check(note[0] == '\0', "hf config: dropout 0 not noted");
+    set_config(d, "attention_dropout", NULL);
+}
+
 static void test_hf_errors(void) {
     char *d = variant("err_missing", edit_missing);
     expect_die("hf load: missing tensor", child_hf_load, d, EXIT_USAGE,
@@ -1444,6 +1516,7 @@ int main(void) {
     test_bf16_load();
     test_sharded();
     test_hf_errors();
+    test_hf_rope_parameters();
     test_ckpt();
     if (n_fail == 0 && !getenv("TEST_CKPT_KEEP")) rm_rf(TMP);
     else printf("(files kept in %s)\n", TMP);

@@ -259,6 +259,44 @@ if $BIN "$TMP/job.json" --set data.train="$TMP/u32.bin" --set log.dir="$TMP/run3
 
 # init.from: export the good run, then conflicting and mismatched weights
 if $BIN export "$TMP/ckpt" "$TMP/hf" >/dev/null 2>"$TMP/err"; then ok "export of the good run"; else bad "export failed: $(cat "$TMP/err")"; fi
+# transformers 5's config.json layout (rope_parameters, no top-level rope_theta / rope_scaling) gives the
+# step-0 logits of transformers 4's layout of the same RoPE, bit for bit, for theta alone and each rope_type;
+# theta 10000 without scaling (what the layout once read as) gives others. The export's bos/eos ids: none for vocab 64.
+rope_folder() { # rope_folder NAME PYTHON-EDIT-OF-c
+    rm -rf "$TMP/$1" && cp -r "$TMP/hf" "$TMP/$1" && $PY - "$TMP/$1/config.json" "$2" <<'EOF'
+import json, sys
+p = sys.argv[1]; c = json.load(open(p)); exec(sys.argv[2]); json.dump(c, open(p, "w"))
+EOF
+}
+logits_of() { $BIN "$TMP/job.json" --set init.from="$TMP/$1" --set train.steps=1 --set log.dir="$TMP/run_$1" --set checkpoint.dir="$TMP/run_$1/ck" --set debug.dump="$TMP/dump_$1" >"$TMP/run_$1.out" 2>&1 && cat "$TMP/dump_$1"/logits* | md5sum; }
+for kind in theta llama3 linear yarn; do
+    case $kind in
+    theta) rs='None'; rp='{"rope_theta": 500000.0, "rope_type": "default"}' ;;
+    llama3) rs='{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 4}'
+            rp='{"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 4}' ;;
+    linear) rs='{"rope_type": "linear", "factor": 4.0}'; rp='{"rope_theta": 500000.0, "rope_type": "linear", "factor": 4.0}' ;;
+    yarn) rs='{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}'
+          rp='{"rope_theta": 500000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}' ;;
+    esac
+    rope_folder hf4_$kind "c['rope_theta'] = 500000.0; c['rope_scaling'] = $rs"
+    rope_folder hf5_$kind "c.pop('rope_theta'); c.pop('rope_scaling'); c['rope_parameters'] = $rp"
+    l4=$(logits_of hf4_$kind); l5=$(logits_of hf5_$kind)
+    [ -z "${l0:-}" ] && { rope_folder hf_t10k "c['rope_theta'] = 10000.0; c['rope_scaling'] = None"; l0=$(logits_of hf_t10k); }
+    if [ -n "$l4" ] && [ "$l4" = "$l5" ] && [ "$l5" != "$l0" ]; then ok "init.from transformers 5's rope_parameters ($kind): the logits of the 4.x layout, bit for bit, not theta 10000's"
+    else bad "rope_parameters $kind: logits $l4 (4.x) vs $l5 (5.x), theta 10000 $l0: $(tail -1 "$TMP/run_hf5_$kind.out")"; fi
+done
+rope_folder hf5_dyn "c.pop('rope_theta'); c.pop('rope_scaling'); c['rope_parameters'] = {'rope_theta': 500000.0, 'rope_type': 'dynamic', 'factor': 2.0}"
+expect_fail "init.from rope_parameters rope_type dynamic" 'config.json: key rope_parameters: rope_type "dynamic" is not supported' \
+    $BIN "$TMP/job.json" --set init.from="$TMP/hf5_dyn"
+rope_folder hf_drop "c['attention_dropout'] = 0.1"
+$BIN "$TMP/job.json" --set init.from="$TMP/hf_drop" --set train.steps=1 --set log.dir="$TMP/run_drop" --set checkpoint.dir="$TMP/run_drop/ck" >/dev/null 2>"$TMP/drop.err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c 'ignored, llmtrain trains without dropout: attention_dropout 0.1' "$TMP/drop.err")" -eq 1 ]; then
+    ok "init.from with attention_dropout 0.1: trains, one line says it is ignored"
+else bad "dropout note: rc $rc: $(head -3 "$TMP/drop.err")"; fi
+if $PY -c 'import json, sys; c = json.load(open(sys.argv[1])); sys.exit(0 if c["bos_token_id"] is None and c["eos_token_id"] is None and c["vocab_size"] == 64 else 1)' "$TMP/hf/config.json"; then
+    ok "export: bos_token_id and eos_token_id null for a vocabulary of 64 (not transformers' defaults outside it)"
+else bad "export bos/eos: $(grep -o '"[be]os_token_id": [a-z0-9]*' "$TMP/hf/config.json")"; fi
+
 # a manifest whose layout cannot be the model's (damaged): exit 2 naming layout.tp, for export and resume
 ck_layout() { # ck_layout NAME TP SHARD WORLD: a copy of the good run's checkpoint with that layout
     rm -rf "$TMP/$1" && mkdir "$TMP/$1" && cp -r "$TMP/ckpt/step_00000002" "$TMP/$1/"
