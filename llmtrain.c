@@ -54,6 +54,12 @@ typedef struct Trainer {
     FILE *metrics;
     TBoard tb;                 /* log.tensorboard_dir (rank 0); tb.f NULL: off */
     char metrics_path[1200];
+    long long metrics_good;    /* metrics.jsonl's end after its last whole line */
+    /* rank 0: the first log file (metrics.jsonl, TensorBoard, profile.json)
+     * a write failed for, and its errno (0: none): the loop stops after this
+     * step's checkpoint and the run exits 3 (log_failed) */
+    char log_path[1400];
+    int log_errno;
     double peak_gflops;
     const char *peak_source;   /* where peak_gflops comes from (header line) */
     int peak_recheck;          /* a measured CPU peak, not yet measured again (check_peak) */
@@ -137,6 +143,39 @@ static int is_root(const Trainer *t) { return t->dist.rank == 0; }
 
 static CkptLayout ck_layout(const Trainer *t) {
     return (CkptLayout){t->dist.world, t->dist.tp, t->dist.shard_size, t->dist.replicate_size};
+}
+
+/* Rank 0: a log file could not be written (a full log.dir): the first
+ * failure is kept, no step dies of it: the loop stops after this step's
+ * checkpoint, and the run ends with one line naming it and exit 3
+ * (logs_failed_agreed) */
+static void log_failed(Trainer *t, const char *path, int err) {
+    if (t->log_errno) return;
+    size_t n = strlen(path) < sizeof t->log_path ? strlen(path) : sizeof t->log_path - 1;
+    memcpy(t->log_path, path, n);
+    t->log_path[n] = '\0';
+    t->log_errno = err ? err : EIO;
+}
+
+/* One whole line of metrics.jsonl, flushed; when it fails, the file is cut
+ * back to its last whole line and closed (nothing more is written to it). */
+static void metrics_line(Trainer *t, const char *line) {
+    if (!t->metrics) return;
+    size_t n = strlen(line);
+    errno = 0;
+    int err = log_record_end(t->metrics, fwrite(line, 1, n, t->metrics) == n, &t->metrics_good);
+    if (!err) return;
+    fclose(t->metrics);
+    t->metrics = NULL;
+    log_failed(t, t->metrics_path, err);
+}
+
+/* A log write failed on rank 0, agreed by all (a collective of the whole
+ * world, once a step): every rank stops at the same step. */
+static int logs_failed_agreed(Trainer *t) {
+    double f = t->log_errno != 0;
+    dist_allreduce_sum_f64(&t->dist, &f, 1);
+    return f > 0;
 }
 
 static void ck_range(const Trainer *t, int c, size_t *lo, size_t *hi) {
@@ -373,9 +412,9 @@ static void ck_advance(Trainer *t, int any_failed) {
             buf_add(&line, "{\"event\":\"checkpoint_failed\",\"step\":%d,\"durable\":%s,\"disk_full\":%s,\"error\":", step,
                     t->ck_phase == CK_DURABLE || t->ck_direct ? "true" : "false", full > 0 ? "true" : "false");
             buf_json_string(&line, r.state == CKPT_FAILED ? r.error : why[0] ? why : "failed on another rank (its stderr line says why)");
-            fprintf(t->metrics, "%s}\n", line.s);
+            buf_add(&line, "}\n");
+            metrics_line(t, line.s);
             free(line.s);
-            fflush(t->metrics);
         }
         t->ck_phase = CK_IDLE;
         t->ck_direct = 0;
@@ -387,12 +426,13 @@ static void ck_advance(Trainer *t, int any_failed) {
                secs > 0 ? total / 1e6 / secs : 0.0, t->ck_phase == CK_DURABLE ? " [durable copy]" : "");
         fflush(stdout);
         if (t->metrics) {
-            Buf path = {0};
-            buf_json_string(&path, fin);
-            fprintf(t->metrics, "{\"event\":\"checkpoint\",\"step\":%d,\"path\":%s,\"bytes\":%.0f,\"write_s\":%.6f,\"durable\":%s}\n",
-                    step, path.s, total, secs, t->ck_phase == CK_DURABLE || t->ck_direct ? "true" : "false");
-            free(path.s);
-            fflush(t->metrics);
+            Buf line = {0};
+            buf_add(&line, "{\"event\":\"checkpoint\",\"step\":%d,\"path\":", step);
+            buf_json_string(&line, fin);
+            buf_add(&line, ",\"bytes\":%.0f,\"write_s\":%.6f,\"durable\":%s}\n", total, secs,
+                    t->ck_phase == CK_DURABLE || t->ck_direct ? "true" : "false");
+            metrics_line(t, line.s);
+            free(line.s);
         }
     }
     t->ck_done_step = step;
@@ -951,15 +991,16 @@ static void fmt_duration(char *buf, size_t n, double s) {
     snprintf(buf, n, "%ld:%02ld:%02ld", x / 3600, (x / 60) % 60, x % 60);
 }
 
-static void json_num(FILE *f, const char *key, double v) {
-    if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
-    else fprintf(f, ",\"%s\":null", key);
+static void json_num(Buf *b, const char *key, double v) {
+    if (isfinite(v)) buf_add(b, ",\"%s\":%.9g", key, v);
+    else buf_add(b, ",\"%s\":null", key);
 }
 
-/* One number of a step line: metrics.jsonl's key, and the same value as
- * the step's TensorBoard scalar tag (log.tensorboard_dir; non-finite: none) */
-static void step_num(Trainer *t, const char *key, const char *tag, double v) {
-    json_num(t->metrics, key, v);
+/* One number of a step line (built in b): metrics.jsonl's key, and the same
+ * value as the step's TensorBoard scalar tag (log.tensorboard_dir;
+ * non-finite: none) */
+static void step_num(Trainer *t, Buf *b, const char *key, const char *tag, double v) {
+    json_num(b, key, v);
     tb_scalar(&t->tb, tag, v);
 }
 
@@ -1066,56 +1107,57 @@ static void log_step(Trainer *t, const StepStats *s) {
         }
         fflush(stdout);
     }
-    FILE *f = t->metrics;
+    Buf line = {0}; /* the line, written whole (metrics_line) */
     double now = unix_time_s();
-    fprintf(f, "{\"step\":%d,\"time\":%.3f", s->step + 1, now);
+    buf_add(&line, "{\"step\":%d,\"time\":%.3f", s->step + 1, now);
     tb_begin(&t->tb, s->step + 1, now);
-    step_num(t, "loss", "train/loss", s->loss);
-    step_num(t, "lr", "train/lr", s->lr);
-    step_num(t, "grad_norm", "train/grad_norm", s->norm);
-    if (c->log_param_norm) step_num(t, "param_norm", "train/param_norm", s->pnorm);
-    fprintf(f, ",\"global_batch\":%d,\"consumed_samples\":%llu", s->batch, (unsigned long long)next);
+    step_num(t, &line, "loss", "train/loss", s->loss);
+    step_num(t, &line, "lr", "train/lr", s->lr);
+    step_num(t, &line, "grad_norm", "train/grad_norm", s->norm);
+    if (c->log_param_norm) step_num(t, &line, "param_norm", "train/param_norm", s->pnorm);
+    buf_add(&line, ",\"global_batch\":%d,\"consumed_samples\":%llu", s->batch, (unsigned long long)next);
     tb_scalar(&t->tb, "train/global_batch", s->batch);
     tb_scalar(&t->tb, "train/consumed_samples", (double)next);
-    step_num(t, "tokens_per_s", "perf/tokens_per_s", tps);
-    step_num(t, "mfu", "perf/mfu", mfu);
-    step_num(t, "mem_bytes", "memory/mem_bytes", mem);
+    step_num(t, &line, "tokens_per_s", "perf/tokens_per_s", tps);
+    step_num(t, &line, "mfu", "perf/mfu", mfu);
+    step_num(t, &line, "mem_bytes", "memory/mem_bytes", mem);
     /* sharded: the working weights at their largest so far (shard_params_bytes,
      * plus the full-size array a debug.dump gathers) */
     if (t->sh.sharded)
-        step_num(t, "params_peak_bytes", "memory/params_peak_bytes",
+        step_num(t, &line, "params_peak_bytes", "memory/params_peak_bytes",
                  shard_params_bytes(&t->sh, (double)t->sh.n_shard * sizeof(float)) + t->sh.full_peak);
     if (gpu_mem >= 0) {
-        step_num(t, "gpu_mem_bytes", "memory/gpu_mem_bytes", gpu_mem);
-        step_num(t, "host_mem_bytes", "memory/host_mem_bytes", host_mem);
+        step_num(t, &line, "gpu_mem_bytes", "memory/gpu_mem_bytes", gpu_mem);
+        step_num(t, &line, "host_mem_bytes", "memory/host_mem_bytes", host_mem);
     }
-    step_num(t, "step_ms", "perf/step_ms", 1000 * s->dt);
-    fprintf(f, ",\"clipped\":%s,\"skipped\":%s,\"nonfinite_total\":%d", s->clipped ? "true" : "false",
+    step_num(t, &line, "step_ms", "perf/step_ms", 1000 * s->dt);
+    buf_add(&line, ",\"clipped\":%s,\"skipped\":%s,\"nonfinite_total\":%d", s->clipped ? "true" : "false",
             s->skipped ? "true" : "false", t->st.nonfinite_total);
     tb_scalar(&t->tb, "train/nonfinite_total", t->st.nonfinite_total);
-    if (isfinite(s->val_loss)) step_num(t, "val_loss", "val/loss", s->val_loss);
+    if (isfinite(s->val_loss)) step_num(t, &line, "val_loss", "val/loss", s->val_loss);
     if (isfinite(s->val_loss) && s->n_val_src) {
-        fprintf(f, ",\"val_loss_sources\":[");
+        buf_add(&line, ",\"val_loss_sources\":[");
         for (int i = 0; i < s->n_val_src; i++) {
             char tag[32];
             snprintf(tag, sizeof tag, "val/loss_%d", i);
             tb_scalar(&t->tb, tag, s->val_src[i]);
-            if (isfinite(s->val_src[i])) fprintf(f, "%s%.9g", i ? "," : "", s->val_src[i]);
-            else fprintf(f, "%snull", i ? "," : "");
+            if (isfinite(s->val_src[i])) buf_add(&line, "%s%.9g", i ? "," : "", s->val_src[i]);
+            else buf_add(&line, "%snull", i ? "," : "");
         }
-        fprintf(f, "]");
+        buf_add(&line, "]");
     }
-    if (isfinite(s->norm_mean)) step_num(t, "grad_norm_mean20", "train/grad_norm_mean20", s->norm_mean);
-    fprintf(f, ",\"grad_spike\":%s", s->spike ? "true" : "false");
-    if (s->spike_ended) fprintf(f, ",\"grad_spike_steps\":%d", s->spike_ended);
-    if (s->ck_block > 0) step_num(t, "ckpt_block_ms", "perf/ckpt_block_ms", 1000 * s->ck_block);
-    if (t->dist.world > 1) step_num(t, "comm_wait_ms", "perf/comm_wait_ms", 1000 * s->comm_wait);
-    tb_write(&t->tb);
-    fprintf(f, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f,\"tp_allreduce\":%.0f,"
+    if (isfinite(s->norm_mean)) step_num(t, &line, "grad_norm_mean20", "train/grad_norm_mean20", s->norm_mean);
+    buf_add(&line, ",\"grad_spike\":%s", s->spike ? "true" : "false");
+    if (s->spike_ended) buf_add(&line, ",\"grad_spike_steps\":%d", s->spike_ended);
+    if (s->ck_block > 0) step_num(t, &line, "ckpt_block_ms", "perf/ckpt_block_ms", 1000 * s->ck_block);
+    if (t->dist.world > 1) step_num(t, &line, "comm_wait_ms", "perf/comm_wait_ms", 1000 * s->comm_wait);
+    if (tb_write(&t->tb)) log_failed(t, t->tb.path, t->tb.err);
+    buf_add(&line, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f,\"tp_allreduce\":%.0f,"
                "\"tp_allgather\":%.0f,\"tp_reduce_scatter\":%.0f}",
             s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp, s->comm_tp_ag, s->comm_tp_rs);
-    fprintf(f, "}\n");
-    fflush(f);
+    buf_add(&line, "}\n");
+    metrics_line(t, line.s);
+    free(line.s);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1541,7 +1583,7 @@ static void print_profile(Trainer *t) {
     snprintf(path, sizeof path, "%s/profile.json", t->cfg.log_dir);
     if (profile_write_json(path, t->prof_first + 1, t->prof_n, 1000 * t->prof_wall, t->peak_gflops, t->peak_gbs,
                            rank_ms, W) != 0)
-        warnf("could not write %s: %s (the table above has the same figures)", path, strerror(errno));
+        log_failed(t, path, errno); /* a log file as the others: exit 3 after this step's checkpoint */
     else printf("profile: %s\n", path);
     fflush(stdout);
     free(rank_ms);
@@ -1580,14 +1622,18 @@ static void open_metrics(Trainer *t, int resumed) {
     snprintf(path, sizeof t->metrics_path, "%s/metrics.jsonl", t->cfg.log_dir);
     t->metrics = fopen(path, resumed ? "a" : "w");
     if (!t->metrics) die(EXIT_IO, "%s: cannot open for writing (%s)", path, strerror(errno));
+    t->metrics_good = log_end(t->metrics);
     if (resumed) {
-        fprintf(t->metrics, "{\"event\":\"resume\",\"step\":%d,\"world\":%d}\n", t->step_base, t->dist.world);
-        fflush(t->metrics);
+        char line[96];
+        snprintf(line, sizeof line, "{\"event\":\"resume\",\"step\":%d,\"world\":%d}\n", t->step_base, t->dist.world);
+        metrics_line(t, line);
     }
     /* TensorBoard: a new file each start (it merges a folder's files by step) */
-    if (t->cfg.tensorboard_dir[0] && tb_open(&t->tb, t->cfg.tensorboard_dir) != 0)
+    if (t->cfg.tensorboard_dir[0] && tb_open(&t->tb, t->cfg.tensorboard_dir) != 0) {
+        if (t->tb.err) die(EXIT_IO, "log.tensorboard_dir: %s: write failed (%s)", t->tb.path, strerror(t->tb.err));
         die(EXIT_IO, "log.tensorboard_dir: cannot create %s (%s)", t->tb.path[0] ? t->tb.path : t->cfg.tensorboard_dir,
             strerror(errno));
+    }
 }
 
 /* The sequences a run of train.steps reads: from the resume point's cursor
@@ -2001,9 +2047,11 @@ static int train(int argc, char **argv) {
         log_step(t, &s);
         if (step == t->prof_last) print_profile(t);
         if (eval && !t->eval_stopped) print_sample(t, step + 1);
-        /* asked to stop while evaluating or sampling: this step's checkpoint
-         * now (if it was not taking one), not after another step */
-        if (eval && (t->eval_stopped || stop_agreed(t))) {
+        /* asked to stop while evaluating or sampling, or a log write failed
+         * (a full log.dir: exit 3): this step's checkpoint now (if it was
+         * not taking one), not after another step */
+        int logs_failed = logs_failed_agreed(t);
+        if (logs_failed || (eval && (t->eval_stopped || stop_agreed(t)))) {
             stop = 1;
             if (!save) {
                 dist_phase(&t->dist, step + 1, "checkpoint");
@@ -2023,8 +2071,16 @@ static int train(int argc, char **argv) {
     if (is_root(t) && t->st.norm_n > 0)
         printf("grad-norm spikes: %d (norm above its %d-step running mean + 0.1; lengths in metrics.jsonl grad_spike_steps)\n",
                t->st.spikes + (t->st.spike_len > 0), CKPT_SPIKE_WINDOW);
-    if (t->metrics) fclose_check(t->metrics, "metrics.jsonl");
-    tb_close(&t->tb);
+    if (t->metrics && fclose(t->metrics) != 0) log_failed(t, t->metrics_path, errno);
+    t->metrics = NULL;
+    if (tb_close(&t->tb)) log_failed(t, t->tb.path, t->tb.err);
+    int logs_failed = logs_failed_agreed(t);
+    if (logs_failed) { /* every rank: exit 3 below, rather than 143 for a stop */
+        stopped = 0;
+        if (is_root(t))
+            fprintf(stderr, "llmtrain: %s: cannot write (%s); stopped after step %d%s, exiting %d\n", t->log_path,
+                    strerror(t->log_errno), final_step, t->ck_done_step == final_step ? ", its checkpoint written" : "", EXIT_IO);
+    }
     if (t->ck_done_step != final_step) {
         if (is_root(t)) fprintf(stderr, "llmtrain: the final checkpoint (step %d) could not be written to %s%s%s; see the lines above\n",
                                 final_step, c->ckpt_dir, c->ckpt_durable_dir[0] ? " or " : "", c->ckpt_durable_dir);
@@ -2041,7 +2097,7 @@ static int train(int argc, char **argv) {
         fprintf(stderr, "llmtrain: stopped by signal after step %d; checkpoint written, exiting %d\n", final_step, EXIT_STOPPED);
     dist_phase(&t->dist, c->steps, "finalize");
     dist_finalize(&t->dist);
-    return stopped ? EXIT_STOPPED : EXIT_OK;
+    return logs_failed ? EXIT_IO : stopped ? EXIT_STOPPED : EXIT_OK;
 }
 
 /* ------------------------------------------------------------------ */

@@ -80,20 +80,30 @@ static size_t put_event_head(unsigned char *o, double wall, int64_t step) {
 
 /* ---- TFRecord: u64 length, masked crc(length), data, masked crc(data) ---- */
 
-static void write_record(TBoard *tb, const unsigned char *data, size_t n) {
+/* 0, or the errno of a failed write: the record is cut off (log_record_end),
+ * the file closed and the writer off (tb->err says why) */
+static int write_record(TBoard *tb, const unsigned char *data, size_t n) {
     unsigned char head[12], tail[4];
     put_le(head, n, 8);
     put_le(head + 8, tb_mask_crc(tb_crc32c(head, 8)), 4);
     put_le(tail, tb_mask_crc(tb_crc32c(data, n)), 4);
-    fwrite_check(head, 1, sizeof head, tb->f, tb->path);
-    fwrite_check(data, 1, n, tb->f, tb->path);
-    fwrite_check(tail, 1, sizeof tail, tb->f, tb->path);
-    if (fflush(tb->f) != 0) die(EXIT_IO, "%s: write failed (%s)", tb->path, strerror(errno));
+    errno = 0;
+    int wrote = fwrite(head, 1, sizeof head, tb->f) == sizeof head && fwrite(data, 1, n, tb->f) == n &&
+                fwrite(tail, 1, sizeof tail, tb->f) == sizeof tail;
+    int err = log_record_end(tb->f, wrote, &tb->good);
+    if (err) {
+        fclose(tb->f); /* its buffer dropped: nothing is left to fail */
+        tb->f = NULL;
+        tb->err = err;
+    }
+    return err;
 }
 
 int tb_open(TBoard *tb, const char *dir) {
     tb->f = NULL;
     tb->path[0] = 0;
+    tb->err = 0;
+    tb->good = 0;
     if (mkdir_p(dir) != 0) return -1;
     char host[256] = "localhost";
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "localhost");
@@ -106,8 +116,9 @@ int tb_open(TBoard *tb, const char *dir) {
     static const char version[] = "brain.Event:2";
     size_t n = put_event_head(tb->rec, unix_time_s(), 0);
     n += put_bytes(tb->rec + n, EV_FILE_VERSION, version, sizeof version - 1);
-    write_record(tb, tb->rec, n);
-    return 0;
+    int err = write_record(tb, tb->rec, n);
+    errno = err;
+    return err ? -1 : 0;
 }
 
 void tb_begin(TBoard *tb, int64_t step, double wall_time) {
@@ -133,15 +144,17 @@ void tb_scalar(TBoard *tb, const char *tag, double v) {
     tb->nval += put_bytes(tb->val + tb->nval, SUM_VALUE, item, k);
 }
 
-void tb_write(TBoard *tb) {
-    if (!tb->f) return;
+int tb_write(TBoard *tb) {
+    if (!tb->f) return 0;
     size_t n = put_event_head(tb->rec, tb->wall, tb->step);
     n += put_bytes(tb->rec + n, EV_SUMMARY, tb->val, tb->nval);
-    write_record(tb, tb->rec, n);
+    return write_record(tb, tb->rec, n);
 }
 
-void tb_close(TBoard *tb) {
-    if (!tb->f) return;
-    fclose_check(tb->f, tb->path);
+int tb_close(TBoard *tb) {
+    if (!tb->f) return 0;
+    int err = fclose(tb->f) != 0 ? errno : 0;
     tb->f = NULL;
+    if (err) tb->err = err;
+    return err;
 }

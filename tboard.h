@@ -13,8 +13,10 @@
 #define TB_VALUES_MAX 8192 /* a step's encoded Summary.Value entries (about 30 bytes each) */
 
 typedef struct TBoard {
-    FILE *f;                   /* NULL: off */
+    FILE *f;                   /* NULL: off, or closed after a failed write */
     char path[1400];
+    int err;                   /* the errno of a failed write or close (0: none) */
+    long long good;            /* the end of the last whole record (log_record_end) */
     int64_t step;
     double wall;
     size_t nval;
@@ -32,9 +34,12 @@ void tb_begin(TBoard *tb, int64_t step, double wall_time);
  * float32, TensorBoard's simple_value. A non-finite v (null in
  * metrics.jsonl) is left out. */
 void tb_scalar(TBoard *tb, const char *tag, double v);
-/* Frame the Event, write it and fflush (a crash keeps every step so far). */
-void tb_write(TBoard *tb);
-void tb_close(TBoard *tb);
+/* Frame the Event, write it and fflush (a crash keeps every step so far).
+ * 0, or the errno of a failed write (a full disk): the file is cut back to
+ * its last whole event and closed, and later calls do nothing (tb->err). */
+int tb_write(TBoard *tb);
+/* 0, or fclose's errno (also kept in tb->err). */
+int tb_close(TBoard *tb);
 
 /* CRC-32C (Castagnoli) of n bytes, and TFRecord's masked form of a CRC. */
 uint32_t tb_crc32c(const void *p, size_t n);

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdio_ext.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -102,6 +103,25 @@ void fwrite_check_(const void *p, size_t size, size_t n, FILE *f, const char *pa
 
 void fclose_check_(FILE *f, const char *path, const char *file, int line) {
     if (fclose(f) != 0) die(EXIT_IO, "%s: close failed (%s) (%s:%d)", path, strerror(errno), file, line);
+}
+
+long long log_end(FILE *f) {
+    struct stat st;
+    return fstat(fileno(f), &st) == 0 ? (long long)st.st_size : 0;
+}
+
+int log_record_end(FILE *f, int wrote, long long *good) {
+    int err = wrote ? 0 : errno ? errno : EIO;
+    if (!err && fflush(f) != 0) err = errno ? errno : EIO;
+    if (!err && ferror(f)) err = EIO;
+    if (!err) {
+        *good = log_end(f);
+        return 0;
+    }
+    __fpurge(f); /* what is left of the record must not reach the file at fclose */
+    clearerr(f);
+    if (ftruncate(fileno(f), (off_t)*good) != 0) { /* the half record stays: a reader skips a line that is not JSON */ }
+    return err;
 }
 
 static char g_read_why[160]; /* read_text_why */

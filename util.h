@@ -49,6 +49,17 @@ void fclose_check_(FILE *f, const char *path, const char *file, int line);
 #define fwrite_check(ptr, sz, n, f, path) fwrite_check_((ptr), (sz), (n), (f), (path), __FILE__, __LINE__)
 #define fclose_check(f, path) fclose_check_((f), (path), __FILE__, __LINE__)
 
+/* Log files (metrics.jsonl, TensorBoard events) are written a record at a
+ * time and never die mid-step: log_end is the end of f's file now (where
+ * its next record starts); log_record_end ends a record: wrote = every
+ * fwrite of it returned its count (errno then holds the failing call's);
+ * it flushes f and returns 0 with *good moved to the new end, or, when a
+ * write or the flush failed (a full disk), drops f's buffer, cuts the file
+ * back to *good (its last whole record: no half line for a reader, or for
+ * a resumed run to append after) and returns the failing call's errno. */
+long long log_end(FILE *f);
+int log_record_end(FILE *f, int wrote, long long *good);
+
 /* Growable string for JSON written by hand (cJSON would print large
  * offsets as doubles): buf_add appends printf-style; b->s is malloc'd. */
 typedef struct Buf { char *s; size_t len, cap; } Buf;
