@@ -146,7 +146,7 @@ startup 1
 wait $p0
 if [ "$(cat "$TMP/early.rc.0" "$TMP/early.rc.1" | tr '\n' ,)" = "143,143," ] &&
    grep -q "stopped by signal during start-up, before step 1; nothing new to checkpoint, exiting 143" "$TMP/early.0.out" &&
-   ! grep -q '"loss"' "$TMP/early/metrics.jsonl" 2>/dev/null && [ -z "$(ls -A "$TMP/early/checkpoints" 2>/dev/null)" ]; then
+   ! grep -q '"loss"' "$TMP/early/metrics.jsonl" 2>/dev/null && [ -z "$(ls -A "$TMP/early/checkpoints" 2>/dev/null | grep -vx "\.llmtrain\.lock")" ]; then
     ok "SIGUSR1 to rank 0 in the rendezvous: both ranks exit 143 before step 1, no step, no checkpoint"
 else bad "stop during start-up: codes $(cat "$TMP/early.rc.0" "$TMP/early.rc.1" | tr '\n' ,) $(cat "$TMP/early.0.out" | grep llmtrain: | head -2)"; fi
 
