@@ -195,7 +195,32 @@ static float *state_ptr(Trainer *t, int k, int c, size_t lo) {
     return a[k] + t->sh.shard_off[c] + (lo - base);
 }
 
+/* die()'s clean-up: a rank that fails mid-run (a bad token in a shard,
+ * say) removes the step folder its checkpoint in flight was writing, so
+ * that nothing half-written outlives the run (the next start would remove
+ * it too). The writer thread may still hold a file there: unlinked, its
+ * writes go nowhere. */
+static Trainer *g_ck_trainer;
+static void ck_remove_inflight(void) {
+    Trainer *t = g_ck_trainer;
+    if (!t || t->ck_phase == CK_IDLE || !t->ck_root[0]) return;
+    char dir[1100];
+    int w = snprintf(dir, sizeof dir, "%s/step_%08d.tmp", t->ck_root, t->ck_state.step);
+    if (w <= 0 || (size_t)w >= sizeof dir) return;
+    /* the writer makes the folder and its file when its job starts, maybe
+     * after this: wait (at most 2 s) until it has written more, or ended */
+    size_t p0 = 0, p = 0;
+    int st = ckpt_writer_wait_for(t->ckw, 0, &p0);
+    for (int i = 0; i < 200 && st == CKPT_BUSY; i++) {
+        st = ckpt_writer_wait_for(t->ckw, 0.01, &p);
+        if (p > p0) break;
+    }
+    ckpt_remove(dir);
+}
+
 static void ck_setup(Trainer *t) {
+    g_ck_trainer = t;
+    die_set_cleanup(ck_remove_inflight);
     t->ck_owned = ckpt_owned_floats(&t->model, t->dist.shard_size, t->dist.shard_index, t->dist.replicate_size, t->dist.shard_group);
     t->ckw = ckpt_writer_new(3 * t->ck_owned);
     t->ck_bytes = calloc_check((size_t)t->dist.world, sizeof(uint64_t));

@@ -17,6 +17,9 @@ static int g_linger; /* see die_replicated */
 
 void die_replicated(int linger) { g_linger = linger; }
 
+static void (*g_cleanup)(void);
+void die_set_cleanup(void (*fn)(void)) { g_cleanup = fn; }
+
 void vformat_line(char *out, size_t n, const char *fmt, va_list ap) {
     if (!n) return;
     char msg[4096];
@@ -53,6 +56,9 @@ void die(int code, const char *fmt, ...) {
         }
         sleep(3);
     }
+    void (*cleanup)(void) = g_cleanup;
+    g_cleanup = NULL; /* once: a die inside it ends the process as usual */
+    if (cleanup) cleanup();
     /* one write: the lines of ranks that fail together into one stderr do
      * not interleave */
     char line[4096];

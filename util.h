@@ -37,6 +37,10 @@ void die_format(char *line, size_t n, const char *fmt, va_list ap);
  * mpirun, seeing rank 0 exit, ends this rank, so a job of N ranks prints
  * one line; an error of this rank alone is still printed after the wait. */
 void die_replicated(int linger);
+/* A function die() calls once, before its line, to take back what the
+ * process leaves half-done (the trainer: the checkpoint folder in flight);
+ * NULL: none. */
+void die_set_cleanup(void (*fn)(void));
 
 void *malloc_check_(size_t size, const char *file, int line);
 void *calloc_check_(size_t n, size_t size, const char *file, int line);

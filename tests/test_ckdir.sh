@@ -5,7 +5,8 @@
 # checkpoint.lock_wait_s has passed (saying once that it waits), and
 # leaves the first job's checkpoints alone; a job whose folder's job ends
 # within the wait goes on and resumes its checkpoint; durable_dir naming
-# checkpoint.dir's folder is exit 2; a lock file left by a job that
+# checkpoint.dir's folder is exit 2; a run that dies on a bad token while
+# a checkpoint is in flight leaves no .tmp folder; a lock file left by a job that
 # was SIGKILLed blocks nothing; a file system without locks (tests/nolock.so)
 # is one warning and the run goes on; a checkpoint.dir or durable_dir that
 # cannot be written (under a regular file, on a read-only mount) is exit 3
@@ -82,6 +83,26 @@ n=$(grep -c "warning: checkpoint.dir: $TMP/nl/checkpoints/.llmtrain.lock: the fi
 if [ $rc -eq 0 ] && [ "$n" -eq 1 ] && [ -f "$TMP/nl/checkpoints/step_00000002/manifest.json" ]; then
     ok "a file system without flock or fcntl locks: one warning line, the run trains and checkpoints"
 else bad "no-lock file system: rc $rc, $n warnings: $(grep llmtrain "$TMP/nl.out" | head -3)"; fi
+
+# ---- a run that fails mid-run (a token past the vocabulary, read at step
+# 5) while its step-4 checkpoint is being written (kind=ckpt_slow): one
+# line, exit 2, and no half-written .tmp folder left behind ----
+$PY - "$TMP/bad.bin" <<'PYEOF'
+import sys, numpy as np
+t = np.random.default_rng(1).integers(0, 96, 20000); t[16 * 8 * 4 + 5] = 200  # in step 5's sequences
+h = np.zeros(256, np.int32); h[:3] = (20240520, 1, len(t))
+open(sys.argv[1], "wb").write(h.tobytes() + t.astype(np.uint16).tobytes())
+PYEOF
+for np in 1 2; do
+    cmd=$BIN; [ $np -gt 1 ] && cmd="$MPIRUN $np $BIN"
+    LLMTRAIN_FAULT="step=1-10,kind=ckpt_slow" $cmd "$TMP/job.json" --set data.train="$TMP/bad.bin" --set log.dir="$TMP/tok$np" \
+        --set checkpoint.every_steps=1 --set parallel.strategy=FULL_SHARD >"$TMP/tok$np.out" 2>&1; rc=$?
+    left=$(ls "$TMP/tok$np/checkpoints" | tr '\n' ' ')
+    if [ $rc -ne 0 ] && [ "$(grep -c "^llmtrain: data.train: $TMP/bad.bin: token 200 at token offset 517 >= model.vocab_size 96" "$TMP/tok$np.out")" -eq 1 ] &&
+       [ "$left" = "step_00000001 step_00000002 step_00000003 " ]; then
+        ok "$np rank(s): a bad token at step 5 with step 4's checkpoint in flight: one line, and no .tmp folder left ($left)"
+    else bad "$np rank(s) bad token: rc $rc, left '$left': $(grep llmtrain: "$TMP/tok$np.out" | head -2)"; fi
+done
 
 # ---- folders that cannot be written: exit 3, one line, before step 1 ----
 touch "$TMP/afile"
