@@ -13,7 +13,7 @@ BLAS_LIBS = -lopenblas
 LIBS = -lcjson $(BLAS_LIBS) -lm
 PY = /usr/bin/python3
 
-SRC = llmtrain.c config.c model.c kernels_cpu.c kernels_cuda_sizes.c parallel.c shard.c data.c ckpt.c checkpoint.c rendezvous.c profile.c tboard.c util.c
+SRC = llmtrain.c config.c model.c kernels_cpu.c kernels_cuda_sizes.c parallel.c shard.c data.c hf.c ckpt.c rendezvous.c profile.c tboard.c util.c
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/test_model tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
@@ -142,8 +142,8 @@ tests/test_dist_nccl: tests/test_dist_nccl.c dist_nccl.c parallel.c rendezvous.c
 
 # --wrap=fsync: the test logs which directories the checkpoint code syncs;
 # --wrap=malloc: it makes one allocation fail.
-tests/test_ckpt: tests/test_ckpt.c tests/check.h ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(HDR)
-	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< ckpt.c checkpoint.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -Wl,--wrap=fsync,--wrap=malloc -o $@
+tests/test_ckpt: tests/test_ckpt.c tests/check.h hf.c ckpt.c model.c config.c kernels_cpu.c util.c $(HDR)
+	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< hf.c ckpt.c model.c config.c kernels_cpu.c util.c $(LIBS) -lpthread -Wl,--wrap=fsync,--wrap=malloc -o $@
 
 # A file system without locks, for tests/test_ckdir.sh (LD_PRELOAD).
 tests/nolock.so: tests/nolock.c
@@ -154,7 +154,7 @@ tests/nolock.so: tests/nolock.c
 # sanitizers (tests/fuzz/fuzz.c). tests/fuzz_replay (gcc) replays the
 # committed corpus in make test; make fuzz runs clang's libFuzzer on each
 # target for FUZZ_SECONDS (tests/fuzz/run.sh).
-FUZZ_SRC = tests/fuzz/fuzz.c config.c ckpt.c checkpoint.c model.c data.c kernels_cpu.c util.c
+FUZZ_SRC = tests/fuzz/fuzz.c config.c hf.c ckpt.c model.c data.c kernels_cpu.c util.c
 FUZZ_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all $(WARN) -fopenmp -I. \
              -Wl,--wrap=die,--wrap=mmap,--wrap=munmap
 tests/fuzz_replay: $(FUZZ_SRC) $(HDR)

@@ -1,7 +1,7 @@
-/* ckpt.c — owns every weight file llmtrain reads or writes: safetensors
- * (reader and writer), the Hugging Face GPT-2 / Llama folder mapping in both
- * directions. Training checkpoints live in checkpoint.c. */
-#ifndef _GNU_SOURCE /* mmap, nftw, fsync under -std=c11; guarded so -D_GNU_SOURCE also works */
+/* ckpt.c — sharded training checkpoints (see ckpt.h): who
+ * writes which slice, the background writer thread, the manifest, the
+ * atomic commit, and loading into any layout of the same model. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "ckpt.h"
@@ -10,1024 +10,1124 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PATH_BUF 4096
-#define HF_CTX "init.from: " /* HF folders are only ever read for init.from */
+/* /3 seals the manifest with a checksum of its own text (its last key,
+ * "manifest_checksum": mix64 of every byte before that key); /2, written
+ * before, has none and is still read (resume says it is unverified). */
+#define FORMAT "llmtrain-checkpoint/3"
+#define FORMAT_UNSEALED "llmtrain-checkpoint/2"
+#define SEAL_KEY "\"manifest_checksum\": \""
+#define SEAL_LEN (sizeof SEAL_KEY - 1 + 16 + 4) /* key, 16 hex digits, "\"\n}\n" */
+#define IO_CHUNK ((size_t)16 << 20)
+#define SLOW_PIECE ((size_t)4096) /* LLMTRAIN_FAULT kind=ckpt_slow */
+
+static const char *const KIND_NAME[3] = {"param", "exp_avg", "exp_avg_sq"};
 
 /* ======================================================================
- * small helpers
+ * ownership
  * ====================================================================== */
 
-static void join_path(char *out, size_t n, const char *dir, const char *name) {
-    int w = snprintf(out, n, "%s/%s", dir, name);
-    if (w < 0 || (size_t)w >= n) die(EXIT_USAGE, "%s/%s: path too long", dir, name);
+void ckpt_owned_range(const Model *m, int c, int S, int si, int R, int ri, size_t *lo, size_t *hi) {
+    size_t len = m->chunk_size[c] / (size_t)S;
+    size_t base = m->chunk_offset[c] + (size_t)si * len;
+    *lo = base + len * (size_t)ri / (size_t)R;
+    *hi = base + len * (size_t)(ri + 1) / (size_t)R;
 }
 
-static bool is_file(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-/* A rename or create is only durable once its directory entry is synced. */
-static void fsync_parent(const char *path) {
-    if (sync_parent(path) != 0) die(EXIT_IO, "%s: cannot sync its directory (%s)", path, strerror(errno));
-}
-
-/* rm -rf for our own half-written folders. */
-static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
-    size_t used = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < ndim && used < n; i++)
-        used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (used < n) snprintf(buf + used, n - used, "]");
-}
-
-static bool same_shape(const StTensor *t, int ndim, const int64_t *shape) {
-    if (t->ndim != ndim) return false;
-    for (int i = 0; i < ndim; i++)
-        if (t->shape[i] != shape[i]) return false;
-    return true;
-}
-
-/* A JSON number that is an exact non-negative integer below 2^53. */
-static bool json_uint(const cJSON *v, uint64_t *out) {
-    if (!cJSON_IsNumber(v)) return false;
-    double d = v->valuedouble;
-    if (!(d >= 0 && d < 9007199254740992.0) || d != floor(d)) return false;
-    *out = (uint64_t)d;
-    return true;
-}
-
-/* ======================================================================
- * safetensors reader
- * ====================================================================== */
-
-static const struct { const char *name; size_t size; } ST_DTYPES[] = {
-    [ST_F32] = {"F32", 4}, [ST_BF16] = {"BF16", 2}, [ST_F16] = {"F16", 2},
-    [ST_I64] = {"I64", 8}, [ST_I32] = {"I32", 4},
-};
-#define ST_NDTYPES ((int)(sizeof ST_DTYPES / sizeof ST_DTYPES[0]))
-
-static int st_dtype_of(const char *s) {
-    for (int i = 0; i < ST_NDTYPES; i++)
-        if (strcmp(ST_DTYPES[i].name, s) == 0) return i;
-    return -1;
-}
-
-/* Validate one header entry against the data section of data_len bytes. */
-static void st_parse_entry(const StFile *f, const cJSON *e, StTensor *t, size_t data_len, const char *ctx) {
-    const char *name = e->string;
-    if (strlen(name) >= sizeof t->name)
-        die(EXIT_USAGE, "%s%s: tensor name too long (%zu chars): %.60s...", ctx, f->path, strlen(name), name);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    if (!cJSON_IsObject(e)) die(EXIT_USAGE, "%s%s: tensor %s: header entry is not an object", ctx, f->path, name);
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
-    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
-    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-    if (!cJSON_IsString(dt)) die(EXIT_USAGE, "%s%s: tensor %s: missing dtype", ctx, f->path, name);
-    t->dtype = st_dtype_of(dt->valuestring);
-    if (t->dtype < 0)
-        die(EXIT_USAGE, "%s%s: tensor %s: unsupported dtype %s (F32, BF16, F16, I64, I32)", ctx, f->path, name, dt->valuestring);
-    if (!cJSON_IsArray(sh)) die(EXIT_USAGE, "%s%s: tensor %s: missing shape", ctx, f->path, name);
-    t->ndim = cJSON_GetArraySize(sh);
-    if (t->ndim > 4) die(EXIT_USAGE, "%s%s: tensor %s: %d dimensions (at most 4 supported)", ctx, f->path, name, t->ndim);
-    uint64_t numel = 1;
-    for (int i = 0; i < t->ndim; i++) {
-        uint64_t d;
-        if (!json_uint(cJSON_GetArrayItem(sh, i), &d))
-            die(EXIT_USAGE, "%s%s: tensor %s: shape entry %d is not a non-negative integer", ctx, f->path, name, i);
-        if (d && numel > UINT64_MAX / 16 / d) die(EXIT_USAGE, "%s%s: tensor %s: shape too large", ctx, f->path, name);
-        numel *= d;
-        t->shape[i] = (int64_t)d;
+size_t ckpt_owned_floats(const Model *m, int S, int si, int R, int ri) {
+    size_t n = 0;
+    for (int c = 0; c < m->n_chunks; c++) {
+        size_t lo, hi;
+        ckpt_owned_range(m, c, S, si, R, ri, &lo, &hi);
+        n += hi - lo;
     }
-    uint64_t b, en;
-    if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 || !json_uint(cJSON_GetArrayItem(off, 0), &b) ||
-        !json_uint(cJSON_GetArrayItem(off, 1), &en))
-        die(EXIT_USAGE, "%s%s: tensor %s: data_offsets must be [begin, end]", ctx, f->path, name);
-    if (b > en || en > data_len)
-        die(EXIT_USAGE, "%s%s: tensor %s: data_offsets [%llu, %llu] outside the data section (%zu bytes; file truncated?)",
-            ctx, f->path, name, (unsigned long long)b, (unsigned long long)en, data_len);
-    if (en - b != numel * ST_DTYPES[t->dtype].size) {
-        char s[128];
-        shape_str(s, sizeof s, t->ndim, t->shape);
-        die(EXIT_USAGE, "%s%s: tensor %s: %llu bytes for shape %s of %s (expected %llu)", ctx, f->path, name,
-            (unsigned long long)(en - b), s, ST_DTYPES[t->dtype].name, (unsigned long long)(numel * ST_DTYPES[t->dtype].size));
-    }
-    t->begin = (size_t)b;
-    t->end = (size_t)en;
-}
-
-static void st_map(StFile *f, const char *path, const char *ctx) {
-    memset(f, 0, sizeof *f);
-    if (strlen(path) >= sizeof f->path) die(EXIT_USAGE, "%s%s: path too long", ctx, path);
-    snprintf(f->path, sizeof f->path, "%s", path);
-    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO's open would wait for a writer: refused below */
-    if (fd < 0) die(EXIT_USAGE, "%s%s: cannot open (%s)", ctx, path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) die(EXIT_USAGE, "%s%s: cannot stat (%s)", ctx, path, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) die(EXIT_USAGE, "%s%s: not a regular file (expected a safetensors file)", ctx, path);
-    if (sb.st_size < 8) die(EXIT_USAGE, "%s%s: %lld bytes is too short for a safetensors file", ctx, path, (long long)sb.st_size);
-    f->map_len = (size_t)sb.st_size;
-    void *p = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) die(EXIT_USAGE, "%s%s: cannot mmap (%s)", ctx, path, strerror(errno));
-    f->map = p;
-}
-
-static void st_open_ctx(StFile *f, const char *path, const char *ctx) {
-    st_map(f, path, ctx);
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->map[i]; /* little-endian u64 */
-    if (hlen > f->map_len - 8)
-        die(EXIT_USAGE, "%s%s: header length %llu runs past the end of the file (%zu bytes; truncated or not safetensors)",
-            ctx, path, (unsigned long long)hlen, f->map_len);
-    cJSON *root = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)hlen);
-    if (!cJSON_IsObject(root)) die(EXIT_USAGE, "%s%s: header is not a JSON object (not a safetensors file?)", ctx, path);
-    f->data = f->map + 8 + hlen;
-    size_t data_len = f->map_len - 8 - (size_t)hlen;
-    f->t = calloc_check((size_t)cJSON_GetArraySize(root), sizeof *f->t);
-    for (const cJSON *e = root->child; e; e = e->next) {
-        if (strcmp(e->string, "__metadata__") == 0) continue;
-        if (st_find(f, e->string)) die(EXIT_USAGE, "%s%s: tensor %s appears twice in the header", ctx, path, e->string);
-        st_parse_entry(f, e, &f->t[f->n], data_len, ctx);
-        f->n++;
-    }
-    cJSON_Delete(root);
-}
-
-void st_open(StFile *f, const char *path) { st_open_ctx(f, path, ""); }
-
-const StTensor *st_find(const StFile *f, const char *name) {
-    for (int i = 0; i < f->n; i++)
-        if (strcmp(f->t[i].name, name) == 0) return &f->t[i];
-    return NULL;
-}
-
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    if (exp == 0) { /* zero or subnormal: exactly mant * 2^-24 */
-        float v = ldexpf((float)mant, -24);
-        return sign ? -v : v;
-    }
-    uint32_t bits = sign | (exp == 0x1f ? 0x7f800000u | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
-    float v;
-    memcpy(&v, &bits, 4);
-    return v;
-}
-
-void st_read_f32(const StFile *f, const StTensor *t, float *out) {
-    const unsigned char *src = f->data + t->begin;
-    size_t n = (t->end - t->begin) / ST_DTYPES[t->dtype].size;
-    switch (t->dtype) {
-    case ST_F32:
-        memcpy(out, src, n * 4); /* the format and every host we target are little-endian */
-        break;
-    case ST_BF16:
-        for (size_t i = 0; i < n; i++) {
-            uint32_t bits = ((uint32_t)src[2 * i] | (uint32_t)src[2 * i + 1] << 8) << 16; /* bf16 = top half of fp32 */
-            memcpy(&out[i], &bits, 4);
-        }
-        break;
-    case ST_F16:
-        for (size_t i = 0; i < n; i++) out[i] = half_to_float((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
-        break;
-    default:
-        die(EXIT_USAGE, "%s: tensor %s has dtype %s, expected a floating-point type (F32, BF16, F16)", f->path, t->name,
-            ST_DTYPES[t->dtype].name);
-    }
-}
-
-void st_close(StFile *f) {
-    if (f->map) munmap((void *)f->map, f->map_len);
-    free(f->t);
-    memset(f, 0, sizeof *f);
-}
-
-/* ======================================================================
- * safetensors writer
- * ====================================================================== */
-
-void st_writer_add(StWriter *w, const char *name, int ndim, const int64_t *shape, const float *data) {
-    if (strlen(name) >= sizeof w->t[0].name) die(EXIT_INTERNAL, "st_writer_add: tensor name too long: %s", name);
-    if (ndim < 0 || ndim > 4) die(EXIT_INTERNAL, "st_writer_add: %s has %d dimensions", name, ndim);
-    if (w->n == w->cap) {
-        int cap = w->cap ? 2 * w->cap : 64;
-        void *t = realloc(w->t, (size_t)cap * sizeof *w->t);
-        if (!t) die(EXIT_IO, "out of memory in st_writer_add");
-        w->t = t;
-        w->cap = cap;
-    }
-    snprintf(w->t[w->n].name, sizeof w->t[w->n].name, "%s", name);
-    w->t[w->n].ndim = ndim;
-    for (int i = 0; i < ndim; i++) w->t[w->n].shape[i] = shape[i];
-    w->t[w->n].data = data;
-    w->n++;
-}
-
-static size_t st_writer_numel(const StWriter *w, int i) {
-    size_t n = 1;
-    for (int d = 0; d < w->t[i].ndim; d++) n *= (size_t)w->t[i].shape[d];
     return n;
 }
 
-/* Header JSON, padded with spaces so the data section starts 8-aligned. */
-static void st_header(const StWriter *w, const char *metadata_json, Buf *b) {
-    buf_add(b, "{");
-    if (metadata_json) {
-        cJSON *meta = cJSON_Parse(metadata_json);
-        if (!cJSON_IsObject(meta)) die(EXIT_INTERNAL, "safetensors metadata is not a JSON object: %s", metadata_json);
-        for (const cJSON *e = meta->child; e; e = e->next)
-            if (!cJSON_IsString(e)) die(EXIT_INTERNAL, "safetensors metadata value %s is not a string", e->string);
-        char *s = cJSON_PrintUnformatted(meta);
-        buf_add(b, "\"__metadata__\":%s", s);
-        cJSON_free(s);
-        cJSON_Delete(meta);
-    }
-    size_t off = 0;
-    for (int i = 0; i < w->n; i++) {
-        buf_add(b, "%s", (i || metadata_json) ? "," : "");
-        buf_json_string(b, w->t[i].name);
-        buf_add(b, ":{\"dtype\":\"F32\",\"shape\":[");
-        for (int d = 0; d < w->t[i].ndim; d++) buf_add(b, "%s%lld", d ? "," : "", (long long)w->t[i].shape[d]);
-        size_t bytes = st_writer_numel(w, i) * sizeof(float);
-        buf_add(b, "],\"data_offsets\":[%zu,%zu]}", off, off + bytes);
-        off += bytes;
-    }
-    buf_add(b, "}");
-    while (b->len % 8) buf_add(b, " ");
+/* ======================================================================
+ * checksum: 64-bit multiply-xorshift over little-endian words
+ * ====================================================================== */
+
+static uint64_t mix_word(uint64_t h, uint64_t w) {
+    h ^= w;
+    h *= 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 29);
 }
 
-/* Any failure mid-write (disk full) leaves no partial file behind. */
-static void write_or_die(FILE *fp, const void *p, size_t n, const char *tmp) {
-    if (n && fwrite(p, 1, n, fp) != n) {
-        int e = errno;
-        fclose(fp);
-        unlink(tmp);
-        die(EXIT_IO, "%s: write failed (%s)", tmp, strerror(e));
+void ckpt_hash_init(CkptHash *h) { memset(h, 0, sizeof *h); h->h = 0x6a09e667f3bcc909ull; }
+
+void ckpt_hash_update(CkptHash *h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    h->len += n;
+    while (h->ntail && n) { h->tail[h->ntail++] = *b++; n--; if (h->ntail == 8) { uint64_t w; memcpy(&w, h->tail, 8); h->h = mix_word(h->h, w); h->ntail = 0; } }
+    uint64_t x = h->h;
+    for (; n >= 8; n -= 8, b += 8) {
+        uint64_t w;
+        memcpy(&w, b, 8);
+        x = mix_word(x, w);
     }
+    h->h = x;
+    while (n--) h->tail[h->ntail++] = *b++;
 }
 
-/* fflush + fsync + fclose + rename + directory fsync, tmp removed on error. */
-static void commit_file(FILE *fp, const char *tmp, const char *path) {
-    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
-        int e = errno;
-        fclose(fp);
-        unlink(tmp);
-        die(EXIT_IO, "%s: write failed (%s)", tmp, strerror(e));
-    }
-    if (fclose(fp) != 0) {
-        int e = errno;
-        unlink(tmp);
-        die(EXIT_IO, "%s: close failed (%s)", tmp, strerror(e));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        die(EXIT_IO, "%s: cannot rename to %s (%s)", tmp, path, strerror(e));
-    }
-    fsync_parent(path);
-}
-
-static FILE *open_tmp(const char *path, char *tmp, size_t tmp_len) {
-    int w = snprintf(tmp, tmp_len, "%s.tmp", path);
-    if (w < 0 || (size_t)w >= tmp_len) die(EXIT_USAGE, "%s: path too long", path);
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) die(EXIT_IO, "%s: cannot create (%s)", tmp, strerror(errno));
-    return fp;
-}
-
-void st_writer_write(StWriter *w, const char *path, const char *metadata_json) {
-    Buf hdr = {0};
-    st_header(w, metadata_json, &hdr);
-    char tmp[PATH_BUF];
-    FILE *fp = open_tmp(path, tmp, sizeof tmp);
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hdr.len >> (8 * i));
-    write_or_die(fp, len8, 8, tmp);
-    write_or_die(fp, hdr.s, hdr.len, tmp);
-    for (int i = 0; i < w->n; i++) write_or_die(fp, w->t[i].data, st_writer_numel(w, i) * sizeof(float), tmp);
-    free(hdr.s);
-    commit_file(fp, tmp, path);
-}
-
-void st_writer_free(StWriter *w) {
-    free(w->t);
-    memset(w, 0, sizeof *w);
+uint64_t ckpt_hash_final(CkptHash *h) {
+    uint64_t w = 0;
+    memcpy(&w, h->tail, (size_t)h->ntail);
+    uint64_t x = mix_word(mix_word(h->h, w), h->len);
+    return mix_word(x, 0x2545f4914f6cdd1dull);
 }
 
 /* ======================================================================
- * Hugging Face name / layout mapping
+ * file helpers (report errors; the writer thread must not exit)
  * ====================================================================== */
 
-/* One HF tensor = a block of rows of one of our tensors, or (GPT-2 Conv1D)
- * the whole tensor transposed. */
-typedef struct HfPart {
-    char name[128];
-    int ndim;
-    int64_t shape[2]; /* HF shape */
-    size_t row0, rows, cols; /* rows [row0, row0+rows) of our [rows_total, cols] tensor */
-    int transpose;
-} HfPart;
-
-static void spec_rows_cols(const ParamSpec *s, size_t *rows, size_t *cols) {
-    *rows = (size_t)s->shape[0];
-    *cols = s->ndim == 2 ? (size_t)s->shape[1] : 1;
-    if (*rows * *cols != s->numel) die(EXIT_INTERNAL, "%s: shape does not match numel %zu", s->name, s->numel);
-}
-
-static void hf_part(HfPart *p, const ParamSpec *s, size_t row0, size_t rows, int transpose, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-static void hf_part(HfPart *p, const ParamSpec *s, size_t row0, size_t rows, int transpose, const char *fmt, ...) {
+static int errf(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int errf(char *why, size_t n, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(p->name, sizeof p->name, fmt, ap);
+    vformat_line(why, n, fmt, ap);
     va_end(ap);
-    size_t all_rows, cols;
-    spec_rows_cols(s, &all_rows, &cols);
-    p->row0 = row0;
-    p->rows = rows;
-    p->cols = cols;
-    p->transpose = transpose;
-    p->ndim = s->ndim;
-    p->shape[0] = (int64_t)(transpose ? cols : rows);
-    p->shape[1] = (int64_t)(transpose ? rows : cols);
+    return -1;
 }
 
-/* GPT2LMHeadModel names; `pre` is "transformer." or "" (GPT2Model files).
- * Conv1D weights are stored [in, out], the transpose of ours. */
-static int hf_parts_gpt2(const ParamSpec *s, const char *pre, HfPart *p) {
-    size_t rows = (size_t)s->shape[0];
-    int L = s->layer, T = s->ndim == 2;
-    switch (s->kind) {
-    case P_WTE: hf_part(p, s, 0, rows, 0, "%swte.weight", pre); return 1;
-    case P_WPE: hf_part(p, s, 0, rows, 0, "%swpe.weight", pre); return 1;
-    case P_LN1_W: hf_part(p, s, 0, rows, 0, "%sh.%d.ln_1.weight", pre, L); return 1;
-    case P_LN1_B: hf_part(p, s, 0, rows, 0, "%sh.%d.ln_1.bias", pre, L); return 1;
-    case P_QKV_W: hf_part(p, s, 0, rows, T, "%sh.%d.attn.c_attn.weight", pre, L); return 1;
-    case P_QKV_B: hf_part(p, s, 0, rows, 0, "%sh.%d.attn.c_attn.bias", pre, L); return 1;
-    case P_ATTN_OUT_W: hf_part(p, s, 0, rows, T, "%sh.%d.attn.c_proj.weight", pre, L); return 1;
-    case P_ATTN_OUT_B: hf_part(p, s, 0, rows, 0, "%sh.%d.attn.c_proj.bias", pre, L); return 1;
-    case P_LN2_W: hf_part(p, s, 0, rows, 0, "%sh.%d.ln_2.weight", pre, L); return 1;
-    case P_LN2_B: hf_part(p, s, 0, rows, 0, "%sh.%d.ln_2.bias", pre, L); return 1;
-    case P_FC_W: hf_part(p, s, 0, rows, T, "%sh.%d.mlp.c_fc.weight", pre, L); return 1;
-    case P_FC_B: hf_part(p, s, 0, rows, 0, "%sh.%d.mlp.c_fc.bias", pre, L); return 1;
-    case P_PROJ_W: hf_part(p, s, 0, rows, T, "%sh.%d.mlp.c_proj.weight", pre, L); return 1;
-    case P_PROJ_B: hf_part(p, s, 0, rows, 0, "%sh.%d.mlp.c_proj.bias", pre, L); return 1;
-    case P_LNF_W: hf_part(p, s, 0, rows, 0, "%sln_f.weight", pre); return 1;
-    case P_LNF_B: hf_part(p, s, 0, rows, 0, "%sln_f.bias", pre); return 1;
-    case P_LM_HEAD: hf_part(p, s, 0, rows, 0, "lm_head.weight"); return 1;
-    default: break;
+static int write_all(int fd, const void *p, size_t n) {
+    const char *b = p;
+    while (n) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0) { if (errno == EINTR) continue; return -1; }
+        b += w;
+        n -= (size_t)w;
     }
-    die(EXIT_INTERNAL, "%s: no GPT-2 Hugging Face name for this tensor", s->name);
+    return 0;
 }
 
-/* LlamaForCausalLM names; our fused qkv and gate|up split into row blocks. */
-static int hf_parts_llama(const Model *m, const ParamSpec *s, HfPart *p) {
-    size_t rows = (size_t)s->shape[0];
-    int L = s->layer;
-    size_t q = (size_t)m->cfg.n_head * (size_t)m->hd, kv = (size_t)m->cfg.n_kv_head * (size_t)m->hd;
-    size_t F = (size_t)m->cfg.ffn_hidden;
-    switch (s->kind) {
-    case P_WTE: hf_part(p, s, 0, rows, 0, "model.embed_tokens.weight"); return 1;
-    case P_LN1_W: hf_part(p, s, 0, rows, 0, "model.layers.%d.input_layernorm.weight", L); return 1;
-    case P_QKV_W:
-        if (rows != q + 2 * kv) die(EXIT_INTERNAL, "%s: %zu rows, expected %zu", s->name, rows, q + 2 * kv);
-        hf_part(&p[0], s, 0, q, 0, "model.layers.%d.self_attn.q_proj.weight", L);
-        hf_part(&p[1], s, q, kv, 0, "model.layers.%d.self_attn.k_proj.weight", L);
-        hf_part(&p[2], s, q + kv, kv, 0, "model.layers.%d.self_attn.v_proj.weight", L);
-        return 3;
-    case P_ATTN_OUT_W: hf_part(p, s, 0, rows, 0, "model.layers.%d.self_attn.o_proj.weight", L); return 1;
-    case P_LN2_W: hf_part(p, s, 0, rows, 0, "model.layers.%d.post_attention_layernorm.weight", L); return 1;
-    case P_FC_W:
-        if (rows != 2 * F) die(EXIT_INTERNAL, "%s: %zu rows, expected %zu", s->name, rows, 2 * F);
-        hf_part(&p[0], s, 0, F, 0, "model.layers.%d.mlp.gate_proj.weight", L);
-        hf_part(&p[1], s, F, F, 0, "model.layers.%d.mlp.up_proj.weight", L);
-        return 2;
-    case P_PROJ_W: hf_part(p, s, 0, rows, 0, "model.layers.%d.mlp.down_proj.weight", L); return 1;
-    case P_LNF_W: hf_part(p, s, 0, rows, 0, "model.norm.weight"); return 1;
-    case P_LM_HEAD: hf_part(p, s, 0, rows, 0, "lm_head.weight"); return 1;
-    default: break;
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+
+void ckpt_remove(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static bool path_exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+static void writer_progress(CkptWriter *w, size_t n); /* (background writer, below) */
+
+/* A write job's failure: errno as the failing call left it (the arguments,
+ * strerror(errno) among them, are evaluated before this body runs), then
+ * the message. */
+static int job_err(CkptJobResult *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int job_err(CkptJobResult *r, const char *fmt, ...) {
+    r->err = errno;
+    va_list ap;
+    va_start(ap, fmt);
+    vformat_line(r->error, sizeof r->error, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Write (src == NULL: from buf) or copy (from file src) into dst with a
+ * checksum; fsync; the partial file is removed on failure. Each piece
+ * written counts in w's progress. */
+/* Test hooks: die_after > 0: SIGKILL this process once that many bytes of
+ * the file are written, before its fsync; slow: 4 KiB pieces, 20 ms apart. */
+static int write_file(CkptWriter *w, const char *dst, const float *buf, size_t floats, const char *src, size_t die_after, int slow,
+                      CkptJobResult *r) {
+    char dir[PATH_BUF];
+    path_parent(dir, sizeof dir, dst);
+    if (mkdir_p_durable(dir) != 0) return job_err(r, "%s: cannot create directory (%s)", dir, strerror(errno));
+    int in = -1;
+    unsigned char *tmp = NULL;
+    if (src) {
+        in = open(src, O_RDONLY);
+        if (in < 0) return job_err(r, "%s: cannot open (%s)", src, strerror(errno));
+        tmp = malloc(IO_CHUNK); /* on the writer thread: no memory fails this copy, it does not end the process */
+        if (!tmp) {
+            close(in);
+            return job_err(r, "%s: no memory for the %zu MiB copy buffer", dst, IO_CHUNK >> 20);
+        }
     }
-    die(EXIT_INTERNAL, "%s: no Llama Hugging Face name for this tensor", s->name);
-}
-
-static int hf_parts(const Model *m, const ParamSpec *s, const char *gpt2_prefix, HfPart p[3]) {
-    return m->cfg.arch == ARCH_GPT2 ? hf_parts_gpt2(s, gpt2_prefix, p) : hf_parts_llama(m, s, p);
-}
-
-/* Tensors a real checkpoint may carry that the model does not need. */
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
-static bool hf_ignorable(const Model *m, const char *name) {
-    if (strcmp(name, "lm_head.weight") == 0) return m->cfg.tie_embeddings; /* tied: wte is the head */
-    if (m->cfg.arch == ARCH_GPT2) /* causal-mask buffers saved by old transformers */
-        return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias");
-    return ends_with(name, ".rotary_emb.inv_freq"); /* RoPE buffer in old Llama files */
-}
-
-/* Cache-friendly transpose: dst[c*rows + r] = src[r*cols + c]. */
-static void transpose(float *dst, const float *src, size_t rows, size_t cols) {
-    const size_t B = 32;
-    for (size_t r0 = 0; r0 < rows; r0 += B)
-        for (size_t c0 = 0; c0 < cols; c0 += B)
-            for (size_t r = r0; r < r0 + B && r < rows; r++)
-                for (size_t c = c0; c < c0 + B && c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+    int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        if (in >= 0) close(in);
+        free(tmp);
+        return job_err(r, "%s: cannot create (%s)", dst, strerror(errno));
+    }
+    CkptHash h;
+    ckpt_hash_init(&h);
+    size_t total = src ? 0 : floats * sizeof(float), done = 0;
+    int rc = 0;
+    for (;;) {
+        const void *p;
+        size_t n;
+        if (src) {
+            ssize_t got = read(in, tmp, slow ? SLOW_PIECE : IO_CHUNK);
+            if (got < 0) { if (errno == EINTR) continue; rc = job_err(r, "%s: read failed (%s)", src, strerror(errno)); break; }
+            if (got == 0) break;
+            p = tmp;
+            n = (size_t)got;
+        } else {
+            if (done == total) break;
+            n = total - done < IO_CHUNK ? total - done : IO_CHUNK;
+            if (slow && n > SLOW_PIECE) n = SLOW_PIECE;
+            if (die_after > done && n > die_after - done) n = die_after - done;
+            p = (const char *)buf + done;
+        }
+        ckpt_hash_update(&h, p, n);
+        if (write_all(fd, p, n) != 0) { rc = job_err(r, "%s: write failed (%s)", dst, strerror(errno)); break; }
+        done += n;
+        writer_progress(w, n);
+        if (die_after && done >= die_after) raise(SIGKILL); /* LLMTRAIN_FAULT kind=ckpt_die */
+        if (slow) { /* LLMTRAIN_FAULT kind=ckpt_slow */
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (rc == 0 && fsync(fd) != 0) rc = job_err(r, "%s: fsync failed (%s)", dst, strerror(errno));
+    if (close(fd) != 0 && rc == 0) rc = job_err(r, "%s: close failed (%s)", dst, strerror(errno));
+    if (in >= 0) close(in);
+    free(tmp);
+    if (rc != 0) { unlink(dst); return rc; }
+    r->bytes = done;
+    r->checksum = ckpt_hash_final(&h);
+    return 0;
 }
 
 /* ======================================================================
- * Hugging Face config.json
+ * background writer
  * ====================================================================== */
 
-typedef struct { const char *path; const cJSON *root; } HfCfg;
+struct CkptWriter {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int quit, job;          /* job: 0 none, 1 write, 2 copy */
+    int state;
+    char dst[PATH_BUF], src[PATH_BUF];
+    size_t floats;
+    size_t die_after;       /* test hook for the next write job (0: off) */
+    int slow, hang;         /* test hooks for the next job (kind=ckpt_slow, ckpt_hang) */
+    size_t progress;        /* bytes written by every job so far */
+    float *staging;
+    CkptJobResult result;
+};
 
-static const cJSON *cfg_get(const HfCfg *c, const char *key, bool required) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c->root, key);
-    if (cJSON_IsNull(v)) v = NULL;
-    if (!v && required) die(EXIT_USAGE, HF_CTX "%s: missing key %s", c->path, key);
-    return v;
-}
-
-/* A value as config.json wrote it, for a message (the process then ends). */
-static const char *cfg_shown(const cJSON *v) {
-    static char got[96];
-    char *shown = cJSON_PrintUnformatted(v);
-    snprintf(got, sizeof got, "%s", shown ? shown : "?");
-    free(shown);
-    return got;
-}
-
-/* A value config.json gives a model.* field (job_key) is held to that job
- * key's range, as a job's would be (and to > 0: 0 is no size); a key no
- * job key fills (job_key NULL) to a positive int. */
-static int cfg_int(const HfCfg *c, const char *key, const char *job_key, bool required, int def) {
-    const cJSON *v = cfg_get(c, key, required);
-    if (!v) return def;
-    double lo = 1, hi = 0x7fffffff;
-    if (job_key) config_key_range(job_key, &lo, &hi);
-    if (lo < 1) lo = 1;
-    uint64_t u;
-    if (!json_uint(v, &u) || (double)u < lo || (double)u > hi) {
-        if (job_key)
-            die(EXIT_USAGE, HF_CTX "%s: key %s: expected an integer in [%.0f, %.0f] (the range of %s), got %s", c->path, key, lo,
-                hi, job_key, cfg_shown(v));
-        die(EXIT_USAGE, HF_CTX "%s: key %s: expected a positive integer", c->path, key);
+static void *writer_main(void *arg) {
+    CkptWriter *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->job && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->quit) break;
+        int job = w->job, slow = w->slow, hang = w->hang;
+        size_t die_after = job == 1 ? w->die_after : 0;
+        w->die_after = 0;
+        w->slow = w->hang = 0;
+        pthread_mutex_unlock(&w->mu);
+        while (hang) pause(); /* LLMTRAIN_FAULT kind=ckpt_hang: a write that never returns */
+        CkptJobResult r;
+        memset(&r, 0, sizeof r);
+        double t0 = now_s();
+        int rc = write_file(w, w->dst, job == 1 ? w->staging : NULL, w->floats, job == 2 ? w->src : NULL, die_after, slow, &r);
+        r.seconds = now_s() - t0;
+        r.state = rc == 0 ? CKPT_DONE : CKPT_FAILED;
+        pthread_mutex_lock(&w->mu);
+        w->result = r;
+        w->state = r.state;
+        w->job = 0;
+        pthread_cond_broadcast(&w->cv);
     }
-    return (int)u;
-}
-
-static float cfg_float(const HfCfg *c, const char *key, const char *job_key, float def) {
-    const cJSON *v = cfg_get(c, key, false);
-    if (!v) return def;
-    double lo, hi;
-    config_key_range(job_key, &lo, &hi);
-    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !(v->valuedouble >= lo && v->valuedouble <= hi))
-        die(EXIT_USAGE, HF_CTX "%s: key %s: expected a number in %s%g, %g] (the range of %s, above 0), got %s", c->path, key,
-            lo > 0 ? "[" : "(", lo, hi, job_key, cfg_shown(v));
-    return (float)v->valuedouble;
-}
-
-static bool cfg_bool(const HfCfg *c, const char *key, bool def) {
-    const cJSON *v = cfg_get(c, key, false);
-    if (!v) return def;
-    if (!cJSON_IsBool(v)) die(EXIT_USAGE, HF_CTX "%s: key %s: expected true or false", c->path, key);
-    return cJSON_IsTrue(v);
-}
-
-static const char *cfg_str(const HfCfg *c, const char *key, const char *def) {
-    const cJSON *v = cfg_get(c, key, false);
-    if (!v) return def;
-    if (!cJSON_IsString(v)) die(EXIT_USAGE, HF_CTX "%s: key %s: expected a string", c->path, key);
-    return v->valuestring;
-}
-
-static void gpt2_config(const HfCfg *c, ModelConfig *o) {
-    o->arch = ARCH_GPT2;
-    o->n_layer = cfg_int(c, "n_layer", "model.n_layer", true, 0);
-    o->n_embd = cfg_int(c, "n_embd", "model.n_embd", true, 0);
-    o->n_head = cfg_int(c, "n_head", "model.n_head", true, 0);
-    o->n_kv_head = o->n_head;
-    o->vocab_size = cfg_int(c, "vocab_size", "model.vocab_size", true, 0);
-    o->max_seq_len = cfg_int(c, "n_positions", "model.max_seq_len", true, 0);
-    o->norm_eps = cfg_float(c, "layer_norm_epsilon", "model.norm_eps", 1e-5f);
-    int inner = cfg_int(c, "n_inner", NULL, false, 4 * o->n_embd);
-    if (inner != 4 * o->n_embd)
-        die(EXIT_USAGE, HF_CTX "%s: key n_inner: %d is not supported (only 4*n_embd = %d)", c->path, inner, 4 * o->n_embd);
-    o->ffn_hidden = 4 * o->n_embd;
-    const char *act = cfg_str(c, "activation_function", "gelu_new");
-    if (strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)
-        die(EXIT_USAGE, HF_CTX "%s: key activation_function: \"%s\" is not supported (gelu_new or gelu_pytorch_tanh)", c->path, act);
-    /* these change the attention math; our kernel is the default one */
-    if (!cfg_bool(c, "scale_attn_weights", true))
-        die(EXIT_USAGE, HF_CTX "%s: key scale_attn_weights: false is not supported", c->path);
-    if (cfg_bool(c, "scale_attn_by_inverse_layer_idx", false))
-        die(EXIT_USAGE, HF_CTX "%s: key scale_attn_by_inverse_layer_idx: true is not supported", c->path);
-    /* GPT2LMHeadModel unties only when told to; we would drop its lm_head */
-    if (!cfg_bool(c, "tie_word_embeddings", true))
-        die(EXIT_USAGE, HF_CTX "%s: key tie_word_embeddings: false is not supported for GPT-2", c->path);
-    o->rope_theta = 10000.0f;
-    o->tie_embeddings = 1;
-}
-
-/* A number of a RoPE object (name: rope_scaling or rope_parameters) in
- * the range of the job key it fills (a whole one if whole); kind: its
- * rope_type, for the message. */
-static double rope_num(const HfCfg *c, const cJSON *rs, const char *name, const char *kind, const char *key, const char *job_key,
-                       int whole) {
-    double lo, hi;
-    config_key_range(job_key, &lo, &hi);
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, key);
-    if (!v) die(EXIT_USAGE, HF_CTX "%s: key %s: missing key %s (rope_type %s)", c->path, name, key, kind);
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) || (whole && v->valuedouble != floor(v->valuedouble)))
-        die(EXIT_USAGE, HF_CTX "%s: key %s.%s: expected %s in [%g, %g]", c->path, name, key, whole ? "an integer" : "a number", lo, hi);
-    return v->valuedouble;
-}
-
-/* A RoPE scaling object, rs (NULL: none), named name in config.json:
- * transformers 4's rope_scaling, or transformers 5's rope_parameters,
- * which also carries rope_theta (theta_too). rope_type "default" (or,
- * in rope_parameters, none) is no scaling; Llama 3.1's rescaled
- * frequencies, {"rope_type": "llama3", "factor", "low_freq_factor",
- * "high_freq_factor", "original_max_position_embeddings"}; position
- * interpolation, {"rope_type": "linear", "factor"} ("type" in older
- * files); or YaRN, {"rope_type": "yarn", "factor"} with, as Hugging Face
- * reads them, optional "original_max_position_embeddings" (the file's
- * max_position_embeddings), "beta_fast" (32), "beta_slow" (1),
- * "attention_factor" (0.1 ln(factor) + 1) and "truncate" (true). The other
- * kinds (dynamic, longrope, ...) are other math and are refused, as is a key
- * the kind does not have (YaRN's mscale and mscale_all_dim among them). */
-static void rope_scaling_read(const HfCfg *c, const cJSON *rs, const char *name, int theta_too, ModelConfig *o) {
-    if (!rs) return;
-    if (!cJSON_IsObject(rs)) die(EXIT_USAGE, HF_CTX "%s: key %s: expected an object or null", c->path, name);
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
-    const char *type = cJSON_IsString(t) ? t->valuestring : !t && theta_too ? "default" : NULL;
-    if (!type) die(EXIT_USAGE, HF_CTX "%s: key %s: expected a string rope_type", c->path, name);
-    enum { MAX_KEYS = 6 };
-    static const struct { const char *type, *keys[MAX_KEYS]; int kind; } kinds[] = {
-        {"default", {NULL}, ROPE_NONE},
-        {"llama3", {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}, ROPE_LLAMA3},
-        {"linear", {"factor"}, ROPE_LINEAR},
-        {"yarn",
-         {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate"},
-         ROPE_YARN},
-    };
-    int k = 0, n_kinds = (int)(sizeof kinds / sizeof kinds[0]);
-    while (k < n_kinds && strcmp(type, kinds[k].type) != 0) k++;
-    if (k == n_kinds)
-        die(EXIT_USAGE, HF_CTX "%s: key %s: rope_type \"%s\" is not supported (llama3, linear, yarn or default)", c->path, name, type);
-    for (const cJSON *e = rs->child; e; e = e->next) {
-        int known = strcmp(e->string, "rope_type") == 0 || strcmp(e->string, "type") == 0 ||
-                    (theta_too && strcmp(e->string, "rope_theta") == 0);
-        for (int i = 0; i < MAX_KEYS && kinds[k].keys[i] && !known; i++) known = strcmp(e->string, kinds[k].keys[i]) == 0;
-        if (!known) {
-            char has[160] = "";
-            for (int i = 0; i < MAX_KEYS && kinds[k].keys[i]; i++)
-                snprintf(has + strlen(has), sizeof has - strlen(has), "%s%s", i ? ", " : "", kinds[k].keys[i]);
-            die(EXIT_USAGE, HF_CTX "%s: key %s.%s: not supported (rope_type %s has %s)", c->path, name, e->string, kinds[k].type,
-                has[0] ? has : "no other key");
-        }
-    }
-    if (theta_too && cJSON_GetObjectItemCaseSensitive(rs, "rope_theta"))
-        o->rope_theta = (float)rope_num(c, rs, name, type, "rope_theta", "model.rope_theta", 0);
-    if (kinds[k].kind == ROPE_NONE) return;
-    o->rope_scaling = kinds[k].kind;
-    o->rope_scaling_factor = (float)rope_num(c, rs, name, type, "factor", "model.rope_scaling_factor", 0);
-    if (o->rope_scaling == ROPE_LINEAR) return;
-    if (o->rope_scaling == ROPE_YARN) {
-        if (!cJSON_GetObjectItemCaseSensitive(rs, "original_max_position_embeddings"))
-            o->rope_original_max_seq_len = o->max_seq_len;
-        else
-            o->rope_original_max_seq_len =
-                (int)rope_num(c, rs, name, type, "original_max_position_embeddings", "model.rope_original_max_seq_len", 1);
-        if (cJSON_GetObjectItemCaseSensitive(rs, "beta_fast"))
-            o->rope_beta_fast = (float)rope_num(c, rs, name, type, "beta_fast", "model.rope_beta_fast", 0);
-        if (cJSON_GetObjectItemCaseSensitive(rs, "beta_slow"))
-            o->rope_beta_slow = (float)rope_num(c, rs, name, type, "beta_slow", "model.rope_beta_slow", 0);
-        if (cJSON_GetObjectItemCaseSensitive(rs, "attention_factor")) {
-            o->rope_attention_factor = (float)rope_num(c, rs, name, type, "attention_factor", "model.rope_attention_factor", 0);
-            if (!(o->rope_attention_factor > 0)) /* 0 is the job key's "default", not a factor */
-                die(EXIT_USAGE, HF_CTX "%s: key %s.attention_factor: expected a number > 0", c->path, name);
-        }
-        const cJSON *tr = cJSON_GetObjectItemCaseSensitive(rs, "truncate");
-        if (tr && !cJSON_IsBool(tr)) die(EXIT_USAGE, HF_CTX "%s: key %s.truncate: expected true or false", c->path, name);
-        if (tr) o->rope_truncate = cJSON_IsTrue(tr);
-        return;
-    }
-    o->rope_low_freq_factor = (float)rope_num(c, rs, name, type, "low_freq_factor", "model.rope_low_freq_factor", 0);
-    o->rope_high_freq_factor = (float)rope_num(c, rs, name, type, "high_freq_factor", "model.rope_high_freq_factor", 0);
-    o->rope_original_max_seq_len =
-        (int)rope_num(c, rs, name, type, "original_max_position_embeddings", "model.rope_original_max_seq_len", 1);
-}
-
-static int same_rope(const ModelConfig *a, const ModelConfig *b) {
-    return a->rope_theta == b->rope_theta && a->rope_scaling == b->rope_scaling && a->rope_scaling_factor == b->rope_scaling_factor &&
-           a->rope_low_freq_factor == b->rope_low_freq_factor && a->rope_high_freq_factor == b->rope_high_freq_factor &&
-           a->rope_original_max_seq_len == b->rope_original_max_seq_len && a->rope_beta_fast == b->rope_beta_fast &&
-           a->rope_beta_slow == b->rope_beta_slow && a->rope_attention_factor == b->rope_attention_factor &&
-           a->rope_truncate == b->rope_truncate;
-}
-
-/* A Llama's RoPE from either layout: transformers 4's top-level rope_theta
- * and rope_scaling, or transformers 5's rope_parameters (rope_theta,
- * rope_type and that type's keys, and no top-level ones). A file with both
- * is read both ways, which must agree. */
-static void llama_rope(const HfCfg *c, ModelConfig *o) {
-    const cJSON *rp = cfg_get(c, "rope_parameters", false);
-    int v4 = cfg_get(c, "rope_theta", false) || cfg_get(c, "rope_scaling", false);
-    ModelConfig old = *o;
-    if (v4 || !rp) {
-        old.rope_theta = cfg_float(c, "rope_theta", "model.rope_theta", 10000.0f);
-        rope_scaling_read(c, cfg_get(c, "rope_scaling", false), "rope_scaling", 0, &old);
-    }
-    if (!rp) {
-        *o = old;
-        return;
-    }
-    o->rope_theta = 10000.0f;
-    rope_scaling_read(c, rp, "rope_parameters", 1, o);
-    if (v4 && !same_rope(o, &old))
-        die(EXIT_USAGE, HF_CTX "%s: keys rope_parameters and rope_theta / rope_scaling: they give another RoPE (theta %g and %g); "
-            "expected one of the two layouts, or both alike", c->path, o->rope_theta, old.rope_theta);
-}
-
-/* Keys that change the computation and that llmtrain does not implement,
- * where the file sets them: one line for the caller to print. */
-static void hf_ignored(const HfCfg *c, char *note, size_t n) {
-    static const char *const drop[] = {"attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"};
-    size_t o = 0;
-    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++) {
-        const cJSON *v = cfg_get(c, drop[i], false);
-        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || o >= n) continue;
-        o += (size_t)snprintf(note + o, n - o, "%s%s %g", o ? ", " : "", drop[i], v->valuedouble);
-    }
-}
-
-static void llama_config(const HfCfg *c, ModelConfig *o) {
-    o->arch = ARCH_LLAMA;
-    o->n_embd = cfg_int(c, "hidden_size", "model.n_embd", true, 0);
-    o->ffn_hidden = cfg_int(c, "intermediate_size", "model.ffn_hidden", true, 0);
-    o->n_layer = cfg_int(c, "num_hidden_layers", "model.n_layer", true, 0);
-    o->n_head = cfg_int(c, "num_attention_heads", "model.n_head", true, 0);
-    o->n_kv_head = cfg_int(c, "num_key_value_heads", "model.n_kv_head", false, o->n_head);
-    o->vocab_size = cfg_int(c, "vocab_size", "model.vocab_size", true, 0);
-    o->max_seq_len = cfg_int(c, "max_position_embeddings", "model.max_seq_len", true, 0);
-    o->norm_eps = cfg_float(c, "rms_norm_eps", "model.norm_eps", 1e-6f);
-    o->tie_embeddings = cfg_bool(c, "tie_word_embeddings", false);
-    const char *act = cfg_str(c, "hidden_act", "silu");
-    if (strcmp(act, "silu") != 0)
-        die(EXIT_USAGE, HF_CTX "%s: key hidden_act: \"%s\" is not supported (only silu)", c->path, act);
-    if (cfg_bool(c, "attention_bias", false))
-        die(EXIT_USAGE, HF_CTX "%s: key attention_bias: true is not supported (no biases in Llama)", c->path);
-    if (cfg_bool(c, "mlp_bias", false))
-        die(EXIT_USAGE, HF_CTX "%s: key mlp_bias: true is not supported (no biases in Llama)", c->path);
-    llama_rope(c, o);
-    if (o->n_embd % o->n_head != 0)
-        die(EXIT_USAGE, HF_CTX "%s: key num_attention_heads: %d does not divide hidden_size %d", c->path, o->n_head, o->n_embd);
-    int hd = cfg_int(c, "head_dim", NULL, false, o->n_embd / o->n_head);
-    if (hd != o->n_embd / o->n_head)
-        die(EXIT_USAGE, HF_CTX "%s: key head_dim: %d is not supported (must be hidden_size/num_attention_heads = %d)", c->path,
-            hd, o->n_embd / o->n_head);
-}
-
-/* Python's json, which Hugging Face reads these files with, keeps the last
- * of a key given twice and cJSON finds the first: refuse the file rather
- * than read another model than transformers would (nested objects too). */
-static void hf_no_duplicate_keys(const cJSON *obj, const char *path, const char *prefix) {
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        for (const cJSON *before = obj->child; before != it; before = before->next)
-            if (strcmp(before->string, it->string) == 0)
-                die(EXIT_USAGE, HF_CTX "%s: key %s%s appears twice (expected each key once)", path, prefix, it->string);
-        if (cJSON_IsObject(it)) {
-            char inner[256];
-            snprintf(inner, sizeof inner, "%s%s.", prefix, it->string);
-            hf_no_duplicate_keys(it, path, inner);
-        }
-    }
-}
-
-void hf_read_config(const char *dir, ModelConfig *out) { hf_read_config_note(dir, out, NULL, 0); }
-
-void hf_read_config_note(const char *dir, ModelConfig *out, char *note, size_t note_n) {
-    char path[PATH_BUF];
-    join_path(path, sizeof path, dir, "config.json");
-    size_t len;
-    char *text = read_text_file(path, &len);
-    if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", path, read_text_why());
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    if (!cJSON_IsObject(root)) die(EXIT_USAGE, HF_CTX "%s: not a JSON object (malformed JSON?)", path);
-    hf_no_duplicate_keys(root, path, "");
-    HfCfg c = {path, root};
-    config_model_defaults(out); /* what config.json does not say (ffn_multiple_of, the RoPE scaling's numbers) */
-    const char *type = cfg_str(&c, "model_type", NULL);
-    if (!type) die(EXIT_USAGE, HF_CTX "%s: missing key model_type", path);
-    if (strcmp(type, "gpt2") == 0) gpt2_config(&c, out);
-    else if (strcmp(type, "llama") == 0) llama_config(&c, out);
-    else die(EXIT_USAGE, HF_CTX "%s: key model_type: \"%s\" is not supported (gpt2 or llama)", path, type);
-    if (note && note_n) {
-        note[0] = '\0';
-        char ign[400] = "";
-        hf_ignored(&c, ign, sizeof ign);
-        if (ign[0])
-            snprintf(note, note_n, "%s: ignored, llmtrain trains without dropout: %s", path, ign);
-    }
-    char where[PATH_BUF + 16];
-    snprintf(where, sizeof where, HF_CTX "%s", path);
-    model_config_finish(out, where); /* the same shape rules as a job file */
-    cJSON_Delete(root);
-    free(text);
-}
-
-/* ======================================================================
- * Hugging Face weights: load
- * ====================================================================== */
-
-/* One or more safetensors files seen as a single name space. */
-typedef struct HfFiles {
-    char where[PATH_BUF]; /* file or index named in "missing tensor" errors */
-    StFile *f;
-    unsigned char **used; /* [nf][f->n] */
-    int nf;
-} HfFiles;
-
-static void hf_add_file(HfFiles *h, const char *path) {
-    for (int i = 0; i < h->nf; i++)
-        if (strcmp(h->f[i].path, path) == 0) return;
-    h->f = realloc(h->f, (size_t)(h->nf + 1) * sizeof *h->f);
-    h->used = realloc(h->used, (size_t)(h->nf + 1) * sizeof *h->used);
-    if (!h->f || !h->used) die(EXIT_IO, "out of memory opening %s", path);
-    st_open_ctx(&h->f[h->nf], path, HF_CTX);
-    h->used[h->nf] = calloc_check((size_t)h->f[h->nf].n + 1, 1);
-    h->nf++;
-}
-
-/* Sharded checkpoints list their files in index.json's weight_map. */
-static void hf_open_index(HfFiles *h, const char *dir, const char *index) {
-    size_t len;
-    char *text = read_text_file(index, &len);
-    if (!text) die(EXIT_USAGE, HF_CTX "%s: cannot read (%s)", index, read_text_why());
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
-    if (!cJSON_IsObject(wm)) die(EXIT_USAGE, HF_CTX "%s: missing key weight_map (malformed index?)", index);
-    hf_no_duplicate_keys(root, index, "");
-    for (const cJSON *e = wm->child; e; e = e->next) {
-        if (!cJSON_IsString(e) || strchr(e->valuestring, '/'))
-            die(EXIT_USAGE, HF_CTX "%s: weight_map.%s: expected a file name in this folder", index, e->string);
-        char path[PATH_BUF];
-        join_path(path, sizeof path, dir, e->valuestring);
-        hf_add_file(h, path);
-    }
-    cJSON_Delete(root);
-    free(text);
-}
-
-static void hf_open(HfFiles *h, const char *dir) {
-    memset(h, 0, sizeof *h);
-    char single[PATH_BUF], index[PATH_BUF];
-    join_path(single, sizeof single, dir, "model.safetensors");
-    join_path(index, sizeof index, dir, "model.safetensors.index.json");
-    if (is_file(single)) {
-        snprintf(h->where, sizeof h->where, "%s", single);
-        hf_add_file(h, single);
-    } else if (is_file(index)) {
-        snprintf(h->where, sizeof h->where, "%s", index);
-        hf_open_index(h, dir, index);
-    } else {
-        die(EXIT_USAGE, HF_CTX "%s: no model.safetensors or model.safetensors.index.json (only safetensors weights are supported)", dir);
-    }
-}
-
-static void hf_close(HfFiles *h) {
-    for (int i = 0; i < h->nf; i++) {
-        st_close(&h->f[i]);
-        free(h->used[i]);
-    }
-    free(h->f);
-    free(h->used);
-}
-
-static const StTensor *hf_lookup(const HfFiles *h, const char *name, int *fi) {
-    for (int i = 0; i < h->nf; i++) {
-        const StTensor *t = st_find(&h->f[i], name);
-        if (t) { *fi = i; return t; }
-    }
+    pthread_mutex_unlock(&w->mu);
     return NULL;
 }
 
-static bool hf_has(const HfFiles *h, const char *name) {
-    int fi;
-    return hf_lookup(h, name, &fi) != NULL;
+CkptWriter *ckpt_writer_new(size_t staging_floats) {
+    CkptWriter *w = calloc_check(1, sizeof *w);
+    /* touch every page now, so the first checkpoint's blocking copy does not
+     * pay for page faults */
+    w->staging = calloc_check(staging_floats ? staging_floats : 1, sizeof(float));
+    memset(w->staging, 0, staging_floats * sizeof(float));
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (pthread_create(&w->thread, NULL, writer_main, w) != 0) die(EXIT_INTERNAL, "checkpoint: cannot start the writer thread");
+    return w;
 }
 
-/* Check one HF tensor's shape and dtype, and copy it into our layout. */
-static void hf_load_part(HfFiles *h, const ParamSpec *s, const HfPart *p, float *flat) {
-    int fi;
-    const StTensor *t = hf_lookup(h, p->name, &fi);
-    if (!t) die(EXIT_USAGE, HF_CTX "%s: missing tensor %s", h->where, p->name);
-    const StFile *f = &h->f[fi];
-    h->used[fi][t - f->t] = 1;
-    if (!same_shape(t, p->ndim, p->shape)) {
-        char got[128], want[128];
-        shape_str(got, sizeof got, t->ndim, t->shape);
-        shape_str(want, sizeof want, p->ndim, p->shape);
-        die(EXIT_USAGE, HF_CTX "%s: tensor %s has shape %s, expected %s", f->path, p->name, got, want);
-    }
-    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
-        die(EXIT_USAGE, HF_CTX "%s: tensor %s has dtype %s, expected F32, BF16 or F16", f->path, p->name, ST_DTYPES[t->dtype].name);
-    float *dst = flat + s->offset + p->row0 * p->cols;
-    if (!p->transpose) {
-        st_read_f32(f, t, dst);
-        return;
-    }
-    float *tmp = malloc_check(p->rows * p->cols * sizeof(float));
-    st_read_f32(f, t, tmp);
-    transpose(dst, tmp, p->cols, p->rows); /* HF [cols, rows] -> ours [rows, cols] */
-    free(tmp);
+void ckpt_writer_free(CkptWriter *w) {
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->quit = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w->staging);
+    free(w);
 }
 
-/* A tensor we did not consume means the file is not the model the config
- * describes (e.g. a Llama with biases), which would silently train wrong. */
-static void hf_check_unused(const Model *m, const HfFiles *h) {
-    for (int i = 0; i < h->nf; i++)
-        for (int j = 0; j < h->f[i].n; j++)
-            if (!h->used[i][j] && !hf_ignorable(m, h->f[i].t[j].name))
-                die(EXIT_USAGE, HF_CTX "%s: unexpected tensor %s (not part of a %s model with this config.json)", h->f[i].path,
-                    h->f[i].t[j].name, m->cfg.arch == ARCH_GPT2 ? "GPT-2" : "Llama");
+float *ckpt_writer_staging(CkptWriter *w) { return w->staging; }
+
+void ckpt_writer_die_after(CkptWriter *w, size_t bytes) {
+    pthread_mutex_lock(&w->mu);
+    w->die_after = bytes;
+    pthread_mutex_unlock(&w->mu);
 }
 
-void hf_load_weights(Model *m, const char *dir) {
-    HfFiles h;
-    hf_open(&h, dir);
-    /* Hugging Face tensors are global: read them into the tp = 1 layout and,
-     * under tensor parallelism, keep this rank's slices */
-    Model global;
-    const Model *g = m;
-    if (m->tp > 1) {
-        model_layout(&global, &m->cfg, 1, 1, 0);
-        g = &global;
-    }
-    /* GPT2Model checkpoints (e.g. the original gpt2) have no "transformer." prefix */
-    const char *pre = (m->cfg.arch == ARCH_GPT2 && !hf_has(&h, "transformer.wte.weight") && hf_has(&h, "wte.weight"))
-                          ? "" : "transformer.";
-    float *flat = calloc_check(g->n_params, sizeof(float));
-    for (int i = 0; i < g->n_specs; i++) {
-        HfPart parts[3];
-        int np = hf_parts(g, &g->specs[i], pre, parts);
-        for (int j = 0; j < np; j++) hf_load_part(&h, &g->specs[i], &parts[j], flat);
-    }
-    hf_check_unused(g, &h);
-    if (m->tp > 1) {
-        float *local = calloc_check(m->n_params, sizeof(float));
-        for (int i = 0; i < m->n_specs; i++) {
-            const ParamSpec *s = &m->specs[i];
-            model_tp_copy(m, s, flat + model_find(g, s->name)->offset, local + s->offset, 0);
-        }
-        free(flat);
-        flat = local;
-        model_free(&global);
-    }
-    m->k->from_host(m->params, flat, m->n_params * sizeof(float));
-    free(flat);
-    hf_close(&h);
+void ckpt_writer_fault(CkptWriter *w, int slow, int hang) {
+    pthread_mutex_lock(&w->mu);
+    w->slow = slow;
+    w->hang = hang;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void writer_progress(CkptWriter *w, size_t n) {
+    pthread_mutex_lock(&w->mu);
+    w->progress += n;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void start_job(CkptWriter *w, int job, const char *dst, const char *src, size_t floats) {
+    pthread_mutex_lock(&w->mu);
+    if (w->state == CKPT_BUSY) die(EXIT_INTERNAL, "checkpoint: writer busy");
+    snprintf(w->dst, sizeof w->dst, "%s", dst);
+    snprintf(w->src, sizeof w->src, "%s", src ? src : "");
+    w->floats = floats;
+    w->job = job;
+    w->state = CKPT_BUSY;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void ckpt_writer_write(CkptWriter *w, const char *path, size_t floats) { start_job(w, 1, path, NULL, floats); }
+void ckpt_writer_copy(CkptWriter *w, const char *src, const char *dst) { start_job(w, 2, dst, src, 0); }
+
+int ckpt_writer_state(CkptWriter *w) {
+    pthread_mutex_lock(&w->mu);
+    int s = w->state;
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
+int ckpt_writer_wait(CkptWriter *w) {
+    pthread_mutex_lock(&w->mu);
+    while (w->state == CKPT_BUSY) pthread_cond_wait(&w->cv, &w->mu);
+    int s = w->state;
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
+int ckpt_writer_wait_for(CkptWriter *w, double seconds, size_t *progress) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double t = (double)until.tv_nsec * 1e-9 + seconds;
+    until.tv_sec += (time_t)t;
+    until.tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
+    pthread_mutex_lock(&w->mu);
+    while (w->state == CKPT_BUSY)
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT) break;
+    int s = w->state;
+    *progress = w->progress;
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
+CkptJobResult ckpt_writer_take(CkptWriter *w) {
+    pthread_mutex_lock(&w->mu);
+    CkptJobResult r = w->result;
+    r.state = w->state;
+    if (w->state != CKPT_BUSY) w->state = CKPT_IDLE;
+    pthread_mutex_unlock(&w->mu);
+    return r;
 }
 
 /* ======================================================================
- * Hugging Face weights: export
+ * manifest
  * ====================================================================== */
 
-/* Shortest decimal that reads back as the same float, so config.json says
- * 1e-05 rather than 9.99999974737875e-06. */
-static cJSON *json_float(float x) {
-    char s[32];
-    for (int prec = 6; prec <= 9; prec++) {
-        snprintf(s, sizeof s, "%.*g", prec, (double)x);
-        if (strtof(s, NULL) == x) break;
-    }
-    return cJSON_CreateNumber(strtod(s, NULL));
+void ckpt_step_dir(char *out, size_t n, const char *root, int step, int tmp) {
+    int w = snprintf(out, n, "%s/step_%08d%s", root, step, tmp ? ".tmp" : "");
+    if (w < 0 || (size_t)w >= n) die(EXIT_USAGE, "%s: checkpoint path too long", root);
 }
 
-static cJSON *hf_config_json(const Model *m) {
-    const ModelConfig *c = &m->cfg;
-    cJSON *o = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    if (c->arch == ARCH_GPT2) {
-        cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
-        cJSON_AddStringToObject(o, "model_type", "gpt2");
-        cJSON_AddNumberToObject(o, "n_layer", c->n_layer);
-        cJSON_AddNumberToObject(o, "n_embd", c->n_embd);
-        cJSON_AddNumberToObject(o, "n_head", c->n_head);
-        cJSON_AddNullToObject(o, "n_inner");
-        cJSON_AddNumberToObject(o, "n_positions", c->max_seq_len);
-        cJSON_AddNumberToObject(o, "n_ctx", c->max_seq_len);
-        cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
-        cJSON_AddItemToObject(o, "layer_norm_epsilon", json_float(c->norm_eps));
-        cJSON_AddStringToObject(o, "activation_function", "gelu_new");
-        cJSON_AddTrueToObject(o, "tie_word_embeddings");
-    } else {
-        cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
-        cJSON_AddStringToObject(o, "model_type", "llama");
-        cJSON_AddNumberToObject(o, "hidden_size", c->n_embd);
-        cJSON_AddNumberToObject(o, "intermediate_size", c->ffn_hidden);
-        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layer);
-        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_head);
-        cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_head);
-        cJSON_AddNumberToObject(o, "head_dim", m->hd);
-        cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
-        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq_len);
-        cJSON_AddItemToObject(o, "rms_norm_eps", json_float(c->norm_eps));
-        cJSON_AddItemToObject(o, "rope_theta", json_float(c->rope_theta));
-        if (c->rope_scaling == ROPE_LINEAR) {
-            cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
-            cJSON_AddStringToObject(rs, "rope_type", "linear");
-            cJSON_AddItemToObject(rs, "factor", json_float(c->rope_scaling_factor));
-        } else if (c->rope_scaling == ROPE_YARN) {
-            cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
-            cJSON_AddStringToObject(rs, "rope_type", "yarn");
-            cJSON_AddItemToObject(rs, "factor", json_float(c->rope_scaling_factor));
-            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_seq_len);
-            /* the rest only where not Hugging Face's defaults (ours too), so a
-             * folder read in writes back its own rope_scaling */
-            ModelConfig d;
-            config_model_defaults(&d);
-            if (c->rope_beta_fast != d.rope_beta_fast) cJSON_AddItemToObject(rs, "beta_fast", json_float(c->rope_beta_fast));
-            if (c->rope_beta_slow != d.rope_beta_slow) cJSON_AddItemToObject(rs, "beta_slow", json_float(c->rope_beta_slow));
-            if (c->rope_attention_factor > 0)
-                cJSON_AddItemToObject(rs, "attention_factor", json_float(c->rope_attention_factor));
-            if (!c->rope_truncate) cJSON_AddFalseToObject(rs, "truncate");
-        } else if (c->rope_scaling == ROPE_LLAMA3) {
-            cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
-            cJSON_AddStringToObject(rs, "rope_type", "llama3");
-            cJSON_AddItemToObject(rs, "factor", json_float(c->rope_scaling_factor));
-            cJSON_AddItemToObject(rs, "low_freq_factor", json_float(c->rope_low_freq_factor));
-            cJSON_AddItemToObject(rs, "high_freq_factor", json_float(c->rope_high_freq_factor));
-            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_seq_len);
-        } else {
-            cJSON_AddNullToObject(o, "rope_scaling");
+/* Rank r of layout L: its TP rank, shard index and replica index. */
+static void rank_coords(const CkptLayout *L, int r, int *tr, int *si, int *ri) {
+    *tr = r % L->tp;
+    *si = (r / L->tp) % L->shard;
+    *ri = r / (L->tp * L->shard);
+}
+
+char *ckpt_manifest_text(const Model *m, const CkptLayout *L, const uint64_t *bytes, const uint64_t *checksums,
+                         const Config *cfg, const TrainState *st) {
+    Buf b = {0};
+    buf_add(&b, "{\n\"format\": \"" FORMAT "\",\n\"step\": %d,\n\"seq_cursor\": \"%llu\",\n\"rng\": \"%llu\",\n", st->step,
+            (unsigned long long)st->seq_cursor, (unsigned long long)st->rng);
+    buf_add(&b, "\"state\": {\"nonfinite_total\": %d, \"norm_n\": %d, \"spike_len\": %d, \"spikes\": %d, \"norm_hist\": [",
+            st->nonfinite_total, st->norm_n, st->spike_len, st->spikes);
+    for (int i = 0; i < CKPT_SPIKE_WINDOW; i++) buf_add(&b, "%s%.17g", i ? ", " : "", st->norm_hist[i]);
+    buf_add(&b, "]},\n\"layout\": {\"world\": %d, \"tp\": %d, \"shard\": %d, \"replicate\": %d},\n", L->world, L->tp, L->shard,
+            L->replicate);
+    /* file index of each rank that wrote something */
+    int *file_of = malloc_check((size_t)L->world * sizeof(int));
+    int nf = 0;
+    buf_add(&b, "\"checksum\": \"mix64\",\n\"files\": [");
+    for (int r = 0; r < L->world; r++) {
+        file_of[r] = -1;
+        if (!bytes[r]) continue;
+        file_of[r] = nf;
+        buf_add(&b, "%s\n  {\"name\": \"rank_%05d.bin\", \"rank\": %d, \"bytes\": %llu, \"checksum\": \"%016llx\"}", nf ? "," : "", r, r,
+                (unsigned long long)bytes[r], (unsigned long long)checksums[r]);
+        nf++;
+    }
+    buf_add(&b, "\n],\n\"tensors\": [");
+    /* per rank: where each chunk's owned range starts in its file (floats) */
+    size_t *pos = malloc_check((size_t)L->world * (size_t)m->n_chunks * sizeof(size_t));
+    size_t *owned = malloc_check((size_t)L->world * sizeof(size_t));
+    for (int r = 0; r < L->world; r++) {
+        int tr, si, ri;
+        rank_coords(L, r, &tr, &si, &ri);
+        size_t p = 0;
+        for (int c = 0; c < m->n_chunks; c++) {
+            size_t lo, hi;
+            ckpt_owned_range(m, c, L->shard, si, L->replicate, ri, &lo, &hi);
+            pos[(size_t)r * m->n_chunks + c] = p;
+            p += hi - lo;
         }
-        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_embeddings);
-        cJSON_AddStringToObject(o, "hidden_act", "silu");
-        cJSON_AddFalseToObject(o, "attention_bias");
-        cJSON_AddFalseToObject(o, "mlp_bias");
+        owned[r] = p;
     }
-    /* the ids transformers would otherwise assume (GPT-2's 50256, Llama's
-     * 1 and 2) lie outside a small vocabulary: GPT-2's <|endoftext|> where
-     * the vocabulary has it, else none (llmtrain knows no tokenizer) */
-    if (c->arch == ARCH_GPT2 && c->vocab_size > 50256) {
-        cJSON_AddNumberToObject(o, "bos_token_id", 50256);
-        cJSON_AddNumberToObject(o, "eos_token_id", 50256);
-    } else {
-        cJSON_AddNullToObject(o, "bos_token_id");
-        cJSON_AddNullToObject(o, "eos_token_id");
-    }
-    cJSON_AddStringToObject(o, "torch_dtype", "float32");
-    return o;
-}
-
-/* Write a small text file durably (tmp + fsync + rename). */
-static void write_text_durable(const char *path, const char *text) {
-    char tmp[PATH_BUF];
-    FILE *fp = open_tmp(path, tmp, sizeof tmp);
-    write_or_die(fp, text, strlen(text), tmp);
-    write_or_die(fp, "\n", 1, tmp);
-    commit_file(fp, tmp, path);
-}
-
-void hf_export(const Model *m, const float *flat, const char *dir) {
-    if (mkdir_p_durable(dir) != 0) die(EXIT_IO, "%s: cannot create directory (%s)", dir, strerror(errno));
-    StWriter w = {0};
-    float **owned = calloc_check((size_t)m->n_specs, sizeof *owned); /* transposed copies */
-    for (int i = 0; i < m->n_specs; i++) {
-        const ParamSpec *s = &m->specs[i];
-        HfPart parts[3];
-        int np = hf_parts(m, s, "transformer.", parts);
-        for (int j = 0; j < np; j++) {
-            const HfPart *p = &parts[j];
-            const float *src = flat + s->offset + p->row0 * p->cols;
-            if (p->transpose) {
-                owned[i] = malloc_check(s->numel * sizeof(float));
-                transpose(owned[i], src, p->rows, p->cols);
-                src = owned[i];
+    int first = 1;
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < m->n_specs; i++) {
+            const ParamSpec *s = &m->specs[i];
+            buf_add(&b, "%s\n  {\"name\": \"%s\", \"kind\": \"%s\", \"shape\": [", first ? "" : ",", s->name, KIND_NAME[k]);
+            first = 0;
+            if (s->ndim == 2) {
+                int64_t r0 = s->shape[0], c0 = s->shape[1];
+                if (s->tp_axis == 0) r0 *= L->tp;
+                if (s->tp_axis == 1) c0 *= L->tp;
+                buf_add(&b, "%lld, %lld]", (long long)r0, (long long)c0);
+            } else {
+                buf_add(&b, "%lld]", (long long)s->shape[0] * (s->tp_axis == 0 ? L->tp : 1));
             }
-            st_writer_add(&w, p->name, p->ndim, p->shape, src);
+            buf_add(&b, ", \"local_shape\": [%d", s->shape[0]);
+            if (s->ndim == 2) buf_add(&b, ", %d", s->shape[1]);
+            buf_add(&b, "], \"tp_axis\": %d, \"slices\": [", s->tp_axis);
+            int ns = 0;
+            for (int r = 0; r < L->world; r++) {
+                int tr, si, ri;
+                rank_coords(L, r, &tr, &si, &ri);
+                if (s->tp_axis < 0 && tr != 0) continue; /* replicated: TP rank 0's copy */
+                size_t lo, hi;
+                ckpt_owned_range(m, s->chunk, L->shard, si, L->replicate, ri, &lo, &hi);
+                size_t a = s->offset > lo ? s->offset : lo, e = s->offset + s->numel < hi ? s->offset + s->numel : hi;
+                if (a >= e) continue;
+                size_t fpos = (size_t)k * owned[r] + pos[(size_t)r * m->n_chunks + s->chunk] + (a - lo);
+                /* [tp_rank, file, byte offset, first element, elements] */
+                buf_add(&b, "%s[%d, %d, %zu, %zu, %zu]", ns++ ? ", " : "", tr, file_of[r], fpos * sizeof(float), a - s->offset, e - a);
+            }
+            buf_add(&b, "]}");
         }
     }
-    char path[PATH_BUF];
-    join_path(path, sizeof path, dir, "model.safetensors");
-    st_writer_write(&w, path, "{\"format\":\"pt\"}");
-    cJSON *cfg = hf_config_json(m);
-    char *text = cJSON_Print(cfg);
-    join_path(path, sizeof path, dir, "config.json");
-    write_text_durable(path, text);
-    cJSON_free(text);
-    cJSON_Delete(cfg);
-    for (int i = 0; i < m->n_specs; i++) free(owned[i]);
+    buf_add(&b, "\n],\n\"config\": %s,\n", cfg->json_text ? cfg->json_text : "{}");
+    CkptHash h;
+    ckpt_hash_init(&h);
+    ckpt_hash_update(&h, b.s, b.len);
+    buf_add(&b, SEAL_KEY "%016llx\"\n}\n", (unsigned long long)ckpt_hash_final(&h));
+    free(pos);
     free(owned);
-    st_writer_free(&w);
+    free(file_of);
+    return b.s;
+}
+
+/* ckpt_commit's failure: "<what> (<strerror(e)>)" into why, -e returned */
+static int commit_err(char *why, size_t n, int e, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int commit_err(char *why, size_t n, int e, const char *fmt, ...) {
+    char what[PATH_BUF * 2 + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    errf(why, n, "%s (%s)", what, strerror(e));
+    return e > 0 ? -e : -EIO;
+}
+
+int ckpt_commit(const char *tmp_dir, const char *final_dir, const char *root, const char *manifest, char *why, size_t n) {
+    char path[PATH_BUF], tmp[PATH_BUF + 16];
+    snprintf(path, sizeof path, "%s/manifest.json", tmp_dir);
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    if (!path_exists(tmp_dir) && path_exists(final_dir)) return 0; /* another node committed it */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return commit_err(why, n, errno, "%s: cannot create", tmp);
+    if (write_all(fd, manifest, strlen(manifest)) != 0 || fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return commit_err(why, n, e, "%s: write failed", tmp);
+    }
+    close(fd);
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return commit_err(why, n, e, "%s: cannot rename", tmp);
+    }
+    if (sync_dir(tmp_dir) != 0) return commit_err(why, n, errno, "%s: fsync failed", tmp_dir);
+    char old[PATH_BUF + 8];
+    snprintf(old, sizeof old, "%s.old", final_dir);
+    bool replace = path_exists(final_dir);
+    if (replace) { /* the same step again (a re-run after resume): move the old one aside first */
+        ckpt_remove(old);
+        if (rename(final_dir, old) != 0) return commit_err(why, n, errno, "%s: cannot move aside", final_dir);
+    }
+    if (rename(tmp_dir, final_dir) != 0) {
+        if (errno == ENOENT && path_exists(final_dir)) return 0;
+        return commit_err(why, n, errno, "%s: cannot rename to %s", tmp_dir, final_dir);
+    }
+    if (sync_dir(root) != 0) return commit_err(why, n, errno, "%s: fsync failed", root);
+    if (replace) ckpt_remove(old);
+    return 0;
+}
+
+/* "step_" followed by 8-10 digits and nothing else (no .tmp / .old). */
+static long step_of(const char *name, const char *suffix) {
+    if (strncmp(name, "step_", 5) != 0) return -1;
+    const char *d = name + 5;
+    size_t n = strspn(d, "0123456789");
+    if (n < 8 || n > 10 || strcmp(d + n, suffix) != 0) return -1;
+    return strtol(d, NULL, 10);
+}
+
+static bool has_manifest(const char *dir) {
+    char p[PATH_BUF];
+    int w = snprintf(p, sizeof p, "%s/manifest.json", dir);
+    struct stat sb;
+    return w > 0 && (size_t)w < sizeof p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x < y) - (x > y);
+}
+
+/* Steps of complete folders under root, newest first (malloc'd). */
+static long *complete_steps(const char *root, size_t *count) {
+    *count = 0;
+    DIR *d = opendir(root);
+    if (!d) return NULL;
+    long *steps = NULL;
+    size_t n = 0, cap = 0;
+    char p[PATH_BUF];
+    for (struct dirent *e; (e = readdir(d));) {
+        long step = step_of(e->d_name, "");
+        if (step < 0) continue;
+        int len = snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        if (len < 0 || (size_t)len >= sizeof p || !has_manifest(p)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            long *ns = malloc_check(cap * sizeof *ns);
+            if (steps) memcpy(ns, steps, n * sizeof *ns);
+            free(steps);
+            steps = ns;
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    if (n) qsort(steps, n, sizeof *steps, cmp_desc);
+    *count = n;
+    return steps;
+}
+
+int ckpt_list(const char *root, char *paths, size_t n, int max) {
+    size_t count;
+    long *steps = complete_steps(root, &count);
+    int k = 0;
+    for (size_t i = 0; i < count && k < max; i++, k++) snprintf(paths + (size_t)k * n, n, "%s/step_%08ld", root, steps[i]);
+    free(steps);
+    return k;
+}
+
+void ckpt_remove_partial(const char *root) {
+    DIR *d = opendir(root);
+    if (!d) return;
+    char p[PATH_BUF], fin[PATH_BUF];
+    int restored = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        long old = step_of(e->d_name, ".old");
+        if (step_of(e->d_name, ".tmp") < 0 && old < 0) continue;
+        int len = snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        if (len <= 0 || (size_t)len >= sizeof p) continue;
+        /* a complete folder that ckpt_commit moved aside to replace it, and
+         * the run died before the replacement took its name: put it back
+         * (resume verifies it as any other) */
+        snprintf(fin, sizeof fin, "%s/step_%08ld", root, old);
+        if (old >= 0 && !path_exists(fin) && has_manifest(p) && rename(p, fin) == 0) {
+            restored = 1;
+            continue;
+        }
+        ckpt_remove(p);
+    }
+    closedir(d);
+    if (restored) (void)sync_dir(root);
+}
+
+int ckpt_prune(const char *root, int keep_last, long newest) {
+    if (keep_last <= 0) return 0;
+    size_t count;
+    long *steps = complete_steps(root, &count);
+    int removed = 0, kept = 0;
+    char p[PATH_BUF];
+    for (size_t i = 0; i < count; i++) {
+        if (steps[i] > newest) continue; /* not this run's: neither counted nor removed */
+        if (kept < keep_last) {
+            kept++;
+            continue;
+        }
+        snprintf(p, sizeof p, "%s/step_%08ld", root, steps[i]);
+        ckpt_remove(p);
+        removed++;
+    }
+    free(steps);
+    return removed;
+}
+
+int ckpt_remove_step(const char *root, long step) {
+    char p[PATH_BUF];
+    snprintf(p, sizeof p, "%s/step_%08ld", root, step);
+    if (!path_exists(p)) return 0;
+    ckpt_remove(p);
+    return 1;
+}
+
+/* ======================================================================
+ * the folder: writable, and one job's
+ * ====================================================================== */
+
+int ckpt_dir_probe(const char *root, int rank, char *why, size_t n) {
+    if (mkdir_p_durable(root) != 0) {
+        int e = errno;
+        errf(why, n, "%s: cannot create the folder (%s)", root, strerror(e));
+        return -e;
+    }
+    char host[64], probe[PATH_BUF + 128];
+    host_name(host, sizeof host);
+    /* rank and pid: node leaders on one shared folder (containers often
+     * share a host name and a small pid) never meet on one name */
+    snprintf(probe, sizeof probe, "%s/.llmtrain-probe.%.60s.%d.%d", root, host, rank, (int)getpid());
+    unlink(probe); /* one a run that died left */
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        errf(why, n, "%s: cannot create a file in it (%s)", root, strerror(e));
+        return -e;
+    }
+    close(fd);
+    if (unlink(probe) != 0 && errno != ENOENT) {
+        int e = errno;
+        errf(why, n, "%s: cannot remove a file from it (%s)", root, strerror(e));
+        return -e;
+    }
+    return 0;
+}
+
+/* a lock the file system does not implement (network and FUSE file
+ * systems), as opposed to one another process holds */
+static bool lock_unsupported(int e) { return e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS || e == EINVAL; }
+
+int ckpt_dir_lock(const char *root, const char *owner, int *fd_out, char *why, size_t n) {
+    char path[PATH_BUF + 32];
+    snprintf(path, sizeof path, "%s/" CKPT_LOCK_NAME, root);
+    *fd_out = -1;
+    /* 0666 less the umask: a teammate's job in a group-shared folder can
+     * take it next; a lock file of another user's we may only read still
+     * takes a lock (flock needs no write access), without our name in it */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666), named = 1;
+    if (fd < 0 && errno == EACCES) {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        named = 0;
+    }
+    if (fd < 0) {
+        int e = errno;
+        errf(why, n, "%s: cannot open (%s)", path, strerror(e));
+        return e == ENOSPC || e == EDQUOT ? CKPT_LOCK_UNSUPPORTED : CKPT_LOCK_FAILED; /* a full disk: no lock file, as no lock */
+    }
+    /* flock, else a POSIX record lock (what some network file systems
+     * implement instead); both end with the process, so a dead job's lock
+     * file holds nothing */
+    int rc = flock(fd, LOCK_EX | LOCK_NB), e = rc ? errno : 0, e2 = 0;
+    if (rc != 0 && lock_unsupported(e)) {
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        rc = fcntl(fd, F_SETLK, &fl);
+        e2 = rc ? errno : 0;
+        if (rc != 0 && e2 == EBADF && !named) e2 = ENOLCK; /* a write lock on a read-only descriptor: none to be had */
+        if (rc != 0 && lock_unsupported(e2)) {
+            close(fd);
+            errf(why, n, "%s: the file system takes no lock (flock: %s; fcntl: %s)", path, strerror(e), strerror(e2));
+            return CKPT_LOCK_UNSUPPORTED;
+        }
+        e = e2;
+    }
+    if (rc != 0) {
+        char holder[256] = "";
+        ssize_t got = pread(fd, holder, sizeof holder - 1, 0);
+        holder[got > 0 ? got : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        close(fd);
+        if (e == EWOULDBLOCK || e == EAGAIN || e == EACCES) {
+            errf(why, n, "%s is in use by another job: %s", root, holder[0] ? holder : "(a process that has not yet written its name)");
+            return CKPT_LOCK_HELD;
+        }
+        errf(why, n, "%s: cannot lock (%s)", path, strerror(e));
+        return CKPT_LOCK_FAILED;
+    }
+    size_t len = strlen(owner);
+    if (named) { /* a failure loses only the name a second job would print: locked all the same */
+        bool ok = ftruncate(fd, 0) == 0 && pwrite(fd, owner, len, 0) == (ssize_t)len && pwrite(fd, "\n", 1, (off_t)len) == 1;
+        (void)ok;
+    }
+    *fd_out = fd;
+    return CKPT_LOCKED;
+}
+
+int ckpt_resolve(const char *path, char *out_dir, size_t out_len) {
+    if (has_manifest(path)) {
+        if (strlen(path) >= out_len) return -1;
+        snprintf(out_dir, out_len, "%s", path);
+        return 0;
+    }
+    return ckpt_list(path, out_dir, out_len, 1) == 1 ? 0 : -1;
+}
+
+/* ======================================================================
+ * reading
+ * ====================================================================== */
+
+typedef struct Slice { int tp_rank, file; size_t byte_off, start, count; } Slice;
+typedef struct MTensor {
+    char name[64];
+    int kind, ndim, tp_axis;
+    int64_t shape[2], local_shape[2];
+    Slice *slices;
+    int n_slices;
+} MTensor;
+typedef struct MFile { char name[64]; uint64_t bytes, checksum; } MFile;
+
+struct CkptManifest {
+    char dir[PATH_BUF];
+    int sealed; /* format /3: the text's own checksum held */
+    TrainState st;
+    CkptLayout layout;
+    char *config;
+    MFile *files;
+    int n_files;
+    MTensor *tensors;
+    int n_tensors;
+};
+
+void ckpt_manifest_close(CkptManifest *mf) {
+    if (!mf) return;
+    for (int i = 0; i < mf->n_tensors; i++) free(mf->tensors[i].slices);
+    free(mf->tensors);
+    free(mf->files);
+    free(mf->config);
+    free(mf);
+}
+
+/* a JSON number that is whole, at least lo and at most 2^53 (exact in a
+ * double, so casting it and summing a few cannot overflow) */
+static bool json_whole(const cJSON *v, double lo, uint64_t *out) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= 9007199254740992.0) ||
+        v->valuedouble != floor(v->valuedouble))
+        return false;
+    *out = (uint64_t)v->valuedouble;
+    return true;
+}
+
+static bool get_u64(const cJSON *o, const char *key, uint64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsString(v)) {
+        char *end;
+        errno = 0;
+        unsigned long long x = strtoull(v->valuestring, &end, 0);
+        if (!(v->valuestring[0] >= '0' && v->valuestring[0] <= '9') || *end || errno) return false; /* no sign, no space */
+        *out = x;
+        return true;
+    }
+    return json_whole(v, 0, out);
+}
+
+static bool get_int(const cJSON *o, const char *key, int lo, int *out) {
+    uint64_t u;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v) && v->valuedouble < 0 && lo < 0 && v->valuedouble >= lo && v->valuedouble == (int)v->valuedouble) {
+        *out = (int)v->valuedouble;
+        return true;
+    }
+    if (!get_u64(o, key, &u) || u > 0x7fffffff || (int)u < lo) return false;
+    *out = (int)u;
+    return true;
+}
+
+static bool get_shape(const cJSON *o, const char *key, int *ndim, int64_t *shape) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+    int n = cJSON_GetArraySize(a);
+    if (!cJSON_IsArray(a) || n < 1 || n > 2) return false;
+    for (int i = 0; i < n; i++) {
+        uint64_t d;
+        if (!json_whole(cJSON_GetArrayItem(a, i), 1, &d)) return false;
+        shape[i] = (int64_t)d;
+    }
+    *ndim = n;
+    return true;
+}
+
+/* A sealed manifest ends with SEAL_KEY, the mix64 of every byte before
+ * it as 16 lower-case hex digits, and "\"\n}\n": any other ending, or
+ * another sum, is an edit or damage. */
+static int seal_check(const char *text, size_t len, const char *path, char *why, size_t n) {
+    if (len < SEAL_LEN) return errf(why, n, "%s: does not end with its manifest_checksum line (cut short or edited?)", path);
+    const char *seal = text + len - SEAL_LEN, *hex = seal + sizeof SEAL_KEY - 1;
+    if (memcmp(seal, SEAL_KEY, sizeof SEAL_KEY - 1) != 0 || strspn(hex, "0123456789abcdef") != 16 ||
+        memcmp(hex + 16, "\"\n}\n", 4) != 0)
+        return errf(why, n, "%s: does not end with its manifest_checksum line (cut short or edited?)", path);
+    CkptHash h;
+    ckpt_hash_init(&h);
+    ckpt_hash_update(&h, text, len - SEAL_LEN);
+    char sum[17];
+    snprintf(sum, sizeof sum, "%016llx", (unsigned long long)ckpt_hash_final(&h));
+    if (memcmp(sum, hex, 16) != 0)
+        return errf(why, n, "%s: the manifest's own checksum is %s, its manifest_checksum says %.16s (edited or damaged)", path, sum, hex);
+    return 0;
+}
+
+#define BAD(...) do { errf(why, n, __VA_ARGS__); goto fail; } while (0)
+
+CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
+    char path[PATH_BUF];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    size_t len;
+    char *text = read_text_file(path, &len);
+    CkptManifest *mf = calloc_check(1, sizeof *mf);
+    snprintf(mf->dir, sizeof mf->dir, "%s", dir);
+    cJSON *root = NULL;
+    if (!text) BAD("%s: cannot read (%s)", path, read_text_why());
+    root = cJSON_ParseWithLength(text, len);
+    if (!cJSON_IsObject(root)) BAD("%s: not valid JSON (truncated?)", path);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    if (!cJSON_IsString(fmt)) BAD("%s: key format: expected \"" FORMAT "\"", path);
+    mf->sealed = strcmp(fmt->valuestring, FORMAT) == 0;
+    if (!mf->sealed && strcmp(fmt->valuestring, FORMAT_UNSEALED) != 0)
+        BAD("%s: key format: \"%.80s\" is not a format this build reads (expected \"" FORMAT "\", or \"" FORMAT_UNSEALED
+            "\" from before manifests carried their own checksum)", path, fmt->valuestring);
+    if (!mf->sealed && cJSON_HasObjectItem(root, "manifest_checksum"))
+        BAD("%s: key format says \"" FORMAT_UNSEALED "\", which has no manifest_checksum, but this manifest has one (edited or damaged)", path);
+    if (mf->sealed && seal_check(text, len, path, why, n) != 0) goto fail;
+    uint64_t u;
+    if (!get_int(root, "step", 0, &mf->st.step)) BAD("%s: key step: expected a non-negative integer", path);
+    if (!get_u64(root, "seq_cursor", &mf->st.seq_cursor)) BAD("%s: key seq_cursor: expected a decimal string", path);
+    if (!get_u64(root, "rng", &u)) BAD("%s: key rng: expected a decimal string", path);
+    mf->st.rng = u;
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "state");
+    const cJSON *hist = cJSON_GetObjectItemCaseSensitive(st, "norm_hist");
+    if (!cJSON_IsObject(st) || !get_int(st, "nonfinite_total", 0, &mf->st.nonfinite_total) || !get_int(st, "norm_n", 0, &mf->st.norm_n) ||
+        !get_int(st, "spike_len", 0, &mf->st.spike_len) || !get_int(st, "spikes", 0, &mf->st.spikes) || !cJSON_IsArray(hist) ||
+        cJSON_GetArraySize(hist) != CKPT_SPIKE_WINDOW)
+        BAD("%s: key state: expected nonfinite_total, norm_n, spike_len, spikes and %d norm_hist values", path, CKPT_SPIKE_WINDOW);
+    for (int i = 0; i < CKPT_SPIKE_WINDOW; i++) mf->st.norm_hist[i] = cJSON_GetArrayItem(hist, i)->valuedouble;
+    const cJSON *lay = cJSON_GetObjectItemCaseSensitive(root, "layout");
+    CkptLayout *L = &mf->layout;
+    if (!get_int(lay, "world", 1, &L->world) || !get_int(lay, "tp", 1, &L->tp) || !get_int(lay, "shard", 1, &L->shard) ||
+        !get_int(lay, "replicate", 1, &L->replicate) || L->world != (long long)L->tp * L->shard * L->replicate)
+        BAD("%s: key layout: expected world = tp x shard x replicate", path);
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
+    if (!cJSON_IsArray(files)) BAD("%s: key files: expected an array", path);
+    mf->n_files = cJSON_GetArraySize(files);
+    mf->files = calloc_check((size_t)mf->n_files + 1, sizeof(MFile));
+    for (int i = 0; i < mf->n_files; i++) {
+        const cJSON *f = cJSON_GetArrayItem(files, i), *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+        MFile *F = &mf->files[i];
+        if (!cJSON_IsString(nm) || strlen(nm->valuestring) >= sizeof F->name || strchr(nm->valuestring, '/') ||
+            !get_u64(f, "bytes", &F->bytes))
+            BAD("%s: files[%d]: expected name and bytes", path, i);
+        snprintf(F->name, sizeof F->name, "%s", nm->valuestring);
+        const cJSON *cs = cJSON_GetObjectItemCaseSensitive(f, "checksum");
+        char *end;
+        if (!cJSON_IsString(cs) || !cs->valuestring[0]) BAD("%s: files[%d]: expected a hex checksum", path, i);
+        F->checksum = strtoull(cs->valuestring, &end, 16);
+        if (*end) BAD("%s: files[%d]: expected a hex checksum", path, i);
+    }
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(root, "tensors");
+    if (!cJSON_IsArray(tensors)) BAD("%s: key tensors: expected an array", path);
+    mf->n_tensors = cJSON_GetArraySize(tensors);
+    mf->tensors = calloc_check((size_t)mf->n_tensors + 1, sizeof(MTensor));
+    for (int i = 0; i < mf->n_tensors; i++) {
+        const cJSON *t = cJSON_GetArrayItem(tensors, i), *nm = cJSON_GetObjectItemCaseSensitive(t, "name"),
+                    *kind = cJSON_GetObjectItemCaseSensitive(t, "kind"), *sl = cJSON_GetObjectItemCaseSensitive(t, "slices");
+        MTensor *T = &mf->tensors[i];
+        int lnd;
+        if (!cJSON_IsString(nm) || strlen(nm->valuestring) >= sizeof T->name || !cJSON_IsString(kind) ||
+            !get_shape(t, "shape", &T->ndim, T->shape) || !get_shape(t, "local_shape", &lnd, T->local_shape) || lnd != T->ndim ||
+            !get_int(t, "tp_axis", -1, &T->tp_axis) || !cJSON_IsArray(sl))
+            BAD("%s: tensors[%d]: expected name, kind, shape, local_shape, tp_axis and slices", path, i);
+        snprintf(T->name, sizeof T->name, "%s", nm->valuestring);
+        T->kind = -1;
+        for (int k = 0; k < 3; k++) if (strcmp(kind->valuestring, KIND_NAME[k]) == 0) T->kind = k;
+        if (T->kind < 0) BAD("%s: tensors[%d] (%s): kind \"%s\": expected param, exp_avg or exp_avg_sq", path, i, T->name, kind->valuestring);
+        T->n_slices = cJSON_GetArraySize(sl);
+        T->slices = calloc_check((size_t)T->n_slices + 1, sizeof(Slice));
+        for (int j = 0; j < T->n_slices; j++) {
+            const cJSON *a = cJSON_GetArrayItem(sl, j);
+            uint64_t v[5];
+            if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 5) BAD("%s: tensors[%d] (%s): slice %d: expected 5 numbers", path, i, T->name, j);
+            for (int q = 0; q < 5; q++)
+                if (!json_whole(cJSON_GetArrayItem(a, q), 0, &v[q]))
+                    BAD("%s: tensors[%d] (%s): slice %d: expected 5 non-negative integers", path, i, T->name, j);
+            if (v[0] >= (uint64_t)L->tp || v[1] >= (uint64_t)mf->n_files || v[2] + v[4] * sizeof(float) > mf->files[v[1]].bytes)
+                BAD("%s: tensors[%d] (%s): slice %d lies outside the files or the layout", path, i, T->name, j);
+            Slice *S = &T->slices[j];
+            S->tp_rank = (int)v[0];
+            S->file = (int)v[1];
+            S->byte_off = (size_t)v[2];
+            S->start = (size_t)v[3];
+            S->count = (size_t)v[4];
+        }
+    }
+    const cJSON *config = cJSON_GetObjectItemCaseSensitive(root, "config");
+    if (!cJSON_IsObject(config)) BAD("%s: key config: expected an object", path);
+    mf->config = cJSON_PrintUnformatted(config);
+    cJSON_Delete(root);
+    free(text);
+    return mf;
+fail:
+    cJSON_Delete(root);
+    free(text);
+    ckpt_manifest_close(mf);
+    return NULL;
+}
+
+int ckpt_manifest_verify(const CkptManifest *mf, int rank, int world, char *why, size_t n) {
+    unsigned char *buf = NULL;
+    for (int i = 0; i < mf->n_files; i++) {
+        const MFile *F = &mf->files[i];
+        char path[PATH_BUF + 80];
+        snprintf(path, sizeof path, "%s/%s", mf->dir, F->name);
+        struct stat sb;
+        if (stat(path, &sb) != 0) { free(buf); return errf(why, n, "%s: missing (%s)", path, strerror(errno)); }
+        if ((uint64_t)sb.st_size != F->bytes) {
+            free(buf);
+            return errf(why, n, "%s: %lld bytes, the manifest says %llu (truncated?)", path, (long long)sb.st_size, (unsigned long long)F->bytes);
+        }
+        if (i % world != rank) continue;
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) { free(buf); return errf(why, n, "%s: cannot open (%s)", path, strerror(errno)); }
+        if (!buf) buf = malloc_check(IO_CHUNK);
+        CkptHash h;
+        ckpt_hash_init(&h);
+        for (;;) {
+            ssize_t got = read(fd, buf, IO_CHUNK);
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0) { close(fd); free(buf); return errf(why, n, "%s: read failed (%s)", path, strerror(errno)); }
+            if (got == 0) break;
+            ckpt_hash_update(&h, buf, (size_t)got);
+        }
+        close(fd);
+        uint64_t sum = ckpt_hash_final(&h);
+        if (sum != F->checksum) {
+            free(buf);
+            return errf(why, n, "%s: checksum %016llx, the manifest says %016llx (corrupted)", path, (unsigned long long)sum,
+                        (unsigned long long)F->checksum);
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+const char *ckpt_manifest_config(const CkptManifest *mf) { return mf->config; }
+int ckpt_manifest_sealed(const CkptManifest *mf) { return mf->sealed; }
+const TrainState *ckpt_manifest_state(const CkptManifest *mf) { return &mf->st; }
+CkptLayout ckpt_manifest_layout(const CkptManifest *mf) { return mf->layout; }
+
+void ckpt_manifest_rank_file(const CkptManifest *mf, int r, uint64_t *bytes, uint64_t *checksum) {
+    char name[64];
+    snprintf(name, sizeof name, "rank_%05d.bin", r);
+    *bytes = *checksum = 0;
+    for (int i = 0; i < mf->n_files; i++)
+        if (strcmp(mf->files[i].name, name) == 0) {
+            *bytes = mf->files[i].bytes;
+            *checksum = mf->files[i].checksum;
+        }
+}
+
+static const MTensor *find_tensor(const CkptManifest *mf, const char *name, int kind) {
+    for (int i = 0; i < mf->n_tensors; i++)
+        if (mf->tensors[i].kind == kind && strcmp(mf->tensors[i].name, name) == 0) return &mf->tensors[i];
+    return NULL;
+}
+
+static int cmp_slice_start(const void *a, const void *b) {
+    const Slice *x = *(const Slice *const *)a, *y = *(const Slice *const *)b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+int ckpt_manifest_check(const CkptManifest *mf, const Model *m, char *why, size_t n) {
+    int wtp = mf->layout.tp, rc = 0;
+    const ModelConfig *mc = &m->cfg;
+    if (mc->n_kv_head % wtp || mc->n_head % wtp || mc->ffn_hidden % wtp || mc->vocab_size % wtp)
+        return errf(why, n, "%s/manifest.json: key layout.tp: %d does not divide the model's n_head %d, n_kv_head %d, ffn_hidden %d "
+                    "and vocab_size %d (damaged?)", mf->dir, wtp, mc->n_head, mc->n_kv_head, mc->ffn_hidden, mc->vocab_size);
+    Model wl; /* the writer's TP layout: the local shape of each of its slices */
+    model_layout(&wl, mc, 1, wtp, 0);
+    int most = 1;
+    for (int i = 0; i < mf->n_tensors; i++) most = mf->tensors[i].n_slices > most ? mf->tensors[i].n_slices : most;
+    const Slice **order = malloc_check((size_t)most * sizeof *order);
+    for (int k = 0; k < 3 && !rc; k++)
+        for (int i = 0; i < m->n_specs && !rc; i++) {
+            const ParamSpec *s = &m->specs[i], *ws = model_find(&wl, s->name);
+            const MTensor *T = find_tensor(mf, s->name, k);
+            if (!T || !ws) {
+                rc = errf(why, n, "%s/manifest.json: no tensor %s (%s)", mf->dir, s->name, KIND_NAME[k]);
+                break;
+            }
+            /* dims are at most 2^53 each (json_whole): a product past 2^64 is no model's */
+            uint64_t g1 = T->ndim == 2 ? (uint64_t)T->shape[1] : 1, l1 = T->ndim == 2 ? (uint64_t)T->local_shape[1] : 1;
+            bool big = (uint64_t)T->shape[0] > UINT64_MAX / g1 || (uint64_t)T->local_shape[0] > UINT64_MAX / l1;
+            uint64_t gsz = big ? 0 : (uint64_t)T->shape[0] * g1, lsz = big ? 0 : (uint64_t)T->local_shape[0] * l1;
+            if (big || T->ndim != s->ndim || gsz != model_global_numel(m, s) || lsz != ws->numel || T->tp_axis != ws->tp_axis) {
+                rc = errf(why, n, "%s/manifest.json: tensor %s (%s): shape, local shape or tp_axis are not this model's with tp %d", mf->dir,
+                          s->name, KIND_NAME[k], wtp);
+                break;
+            }
+            /* each writer TP rank's slices tile its local tensor exactly */
+            for (int r = 0; r < (ws->tp_axis < 0 ? 1 : wtp) && !rc; r++) {
+                int cnt = 0;
+                for (int j = 0; j < T->n_slices; j++)
+                    if (T->slices[j].tp_rank == r) order[cnt++] = &T->slices[j];
+                qsort(order, (size_t)cnt, sizeof *order, cmp_slice_start);
+                size_t at = 0;
+                for (int j = 0; j < cnt && !rc; j++) {
+                    if (order[j]->start != at || order[j]->count == 0 || order[j]->count > ws->numel - at)
+                        rc = errf(why, n, "%s/manifest.json: tensor %s (%s): the slices of TP rank %d leave a gap, overlap or run past its %zu elements "
+                                  "at element %zu", mf->dir, s->name, KIND_NAME[k], r, ws->numel, at);
+                    else at += order[j]->count;
+                }
+                if (!rc && at != ws->numel)
+                    rc = errf(why, n, "%s/manifest.json: tensor %s (%s): the slices of TP rank %d cover %zu of its %zu elements", mf->dir, s->name,
+                              KIND_NAME[k], r, at, ws->numel);
+            }
+        }
+    free(order);
+    model_free(&wl);
+    return rc;
+}
+
+/* Read elements [a, b) of TP rank tr's local tensor T (numel elements) into
+ * out[0, b - a); dies unless every element is covered. */
+static void read_local(const CkptManifest *mf, const int *fds, const MTensor *T, int tr, size_t numel, size_t a, size_t b, float *out) {
+    size_t covered = 0;
+    for (int j = 0; j < T->n_slices; j++) {
+        const Slice *S = &T->slices[j];
+        if (S->tp_rank != tr) continue;
+        if (S->start + S->count > numel)
+            die(EXIT_USAGE, "%s/manifest.json: tensor %s (%s): slice beyond its %zu elements", mf->dir, T->name, KIND_NAME[T->kind], numel);
+        size_t lo = S->start > a ? S->start : a, hi = S->start + S->count < b ? S->start + S->count : b;
+        if (lo >= hi) continue;
+        size_t want = (hi - lo) * sizeof(float), got = 0, off = S->byte_off + (lo - S->start) * sizeof(float);
+        char *dst = (char *)(out + (lo - a));
+        while (got < want) {
+            ssize_t r = pread(fds[S->file], dst + got, want - got, (off_t)(off + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) die(EXIT_IO, "%s/%s: read failed at byte %zu (%s)", mf->dir, mf->files[S->file].name, off + got,
+                            r < 0 ? strerror(errno) : "unexpected end of file");
+            got += (size_t)r;
+        }
+        covered += hi - lo;
+    }
+    if (covered != b - a)
+        die(EXIT_USAGE, "%s/manifest.json: tensor %s (%s): slices of TP rank %d cover %zu of elements [%zu, %zu)", mf->dir, T->name,
+            KIND_NAME[T->kind], tr, covered, a, b);
+}
+
+void ckpt_manifest_load(const CkptManifest *mf, const Model *m, const size_t *lo, const size_t *hi, float *params, float *exp_avg,
+                        float *exp_avg_sq) {
+    float *dst[3] = {params, exp_avg, exp_avg_sq};
+    size_t *base = malloc_check(((size_t)m->n_chunks + 1) * sizeof(size_t)); /* packed offset of each chunk's range */
+    size_t pos = 0;
+    for (int c = 0; c < m->n_chunks; c++) {
+        if (lo[c] > hi[c] || lo[c] < m->chunk_offset[c] || hi[c] > m->chunk_offset[c] + m->chunk_size[c])
+            die(EXIT_INTERNAL, "ckpt_manifest_load: range of chunk %d outside the chunk", c);
+        base[c] = pos;
+        pos += hi[c] - lo[c];
+    }
+    int *fds = malloc_check(((size_t)mf->n_files + 1) * sizeof(int));
+    for (int i = 0; i < mf->n_files; i++) {
+        char path[PATH_BUF + 80];
+        snprintf(path, sizeof path, "%s/%s", mf->dir, mf->files[i].name);
+        fds[i] = open(path, O_RDONLY);
+        if (fds[i] < 0) die(EXIT_IO, "%s: cannot open (%s)", path, strerror(errno));
+    }
+    int wtp = mf->layout.tp;
+    const ModelConfig *mc = &m->cfg;
+    if (mc->n_kv_head % wtp || mc->n_head % wtp || mc->ffn_hidden % wtp || mc->vocab_size % wtp) /* no writer's layout */
+        die(EXIT_USAGE, "%s/manifest.json: key layout.tp: %d does not divide the model's n_head %d, n_kv_head %d, ffn_hidden %d "
+            "and vocab_size %d (damaged?)", mf->dir, wtp, mc->n_head, mc->n_kv_head, mc->ffn_hidden, mc->vocab_size);
+    Model wl; /* the writer's TP layout, to place its slices in the global tensor */
+    model_layout(&wl, &m->cfg, 1, wtp, 0);
+    for (int k = 0; k < 3; k++) {
+        if (!dst[k]) continue;
+        for (int i = 0; i < m->n_specs; i++) {
+            const ParamSpec *s = &m->specs[i];
+            const MTensor *T = find_tensor(mf, s->name, k);
+            if (!T) die(EXIT_USAGE, "%s/manifest.json: no tensor %s (%s) (a checkpoint of a different model?)", mf->dir, s->name, KIND_NAME[k]);
+            const ParamSpec *ws = model_find(&wl, s->name);
+            size_t gnum = model_global_numel(m, s);
+            int64_t gsz = T->shape[0] * (T->ndim == 2 ? T->shape[1] : 1);
+            if (!ws || T->ndim != s->ndim || (size_t)gsz != gnum || (size_t)(T->local_shape[0] * (T->ndim == 2 ? T->local_shape[1] : 1)) != ws->numel)
+                die(EXIT_USAGE, "%s/manifest.json: tensor %s has %lld elements, this model expects %zu (a checkpoint of a different model?)",
+                    mf->dir, s->name, (long long)gsz, gnum);
+            /* the part of this tensor inside the wanted range of its chunk */
+            size_t a = s->offset > lo[s->chunk] ? s->offset : lo[s->chunk];
+            size_t b = s->offset + s->numel < hi[s->chunk] ? s->offset + s->numel : hi[s->chunk];
+            if (a >= b) continue;
+            float *out = dst[k] + base[s->chunk] + (a - lo[s->chunk]);
+            if (wtp == m->tp) { /* same TP split: read just the wanted elements of this rank's slices */
+                read_local(mf, fds, T, s->tp_axis < 0 ? 0 : m->tp_rank, s->numel, a - s->offset, b - s->offset, out);
+                continue;
+            }
+            /* another TP split: assemble the global tensor from the writer's TP
+             * ranks, cut this rank's slice, keep the wanted part */
+            float *global = malloc_check(gnum * sizeof(float)), *local = malloc_check(ws->numel * sizeof(float));
+            float *mine = malloc_check(s->numel * sizeof(float));
+            for (int r = 0; r < (ws->tp_axis < 0 ? 1 : wtp); r++) {
+                read_local(mf, fds, T, r, ws->numel, 0, ws->numel, local);
+                wl.tp_rank = r;
+                model_tp_copy(&wl, ws, global, local, 1);
+            }
+            model_tp_copy(m, s, global, mine, 0);
+            memcpy(out, mine + (a - s->offset), (b - a) * sizeof(float));
+            free(global);
+            free(local);
+            free(mine);
+        }
+    }
+    model_free(&wl);
+    for (int i = 0; i < mf->n_files; i++) close(fds[i]);
+    free(fds);
+    free(base);
+}
+
+void ckpt_full_ranges(const Model *m, size_t *lo, size_t *hi) {
+    for (int c = 0; c < m->n_chunks; c++) {
+        lo[c] = m->chunk_offset[c];
+        hi[c] = m->chunk_offset[c] + m->chunk_size[c];
+    }
 }

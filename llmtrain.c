@@ -11,8 +11,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "checkpoint.h"
 #include "ckpt.h"
+#include "hf.h"
 #include "config.h"
 #include "data.h"
 #ifdef LLMTRAIN_CUDA
@@ -84,7 +84,7 @@ typedef struct Trainer {
     uint64_t plan_cursor;
     uint64_t end_cursor;       /* the cursor after the last step (run_sequences, once), for the ETA */
     TrainState st;             /* counters and the spike tracker, saved with every checkpoint */
-    /* checkpoint in flight (checkpoint.c writes; the protocol is below) */
+    /* checkpoint in flight (ckpt.c writes; the protocol is below) */
     CkptWriter *ckw;
     size_t ck_owned;           /* floats per state kind this rank writes */
     int ck_phase;              /* CK_IDLE, CK_LOCAL, CK_DURABLE */
@@ -128,7 +128,7 @@ static void catch_stop_signals(void) {
 static int is_root(const Trainer *t) { return t->dist.rank == 0; }
 
 /* ------------------------------------------------------------------ */
-/* checkpoints: the protocol across ranks (format and writer: checkpoint.c)
+/* checkpoints: the protocol across ranks (format and writer: ckpt.c)
  *
  *   begin   (every rank, blocking) wait for the previous checkpoint, copy
  *           the slices this rank owns into the host staging buffer, hand

@@ -1,14 +1,14 @@
-/* test_ckpt.c — tests of ckpt.c: safetensors read/write (F32, BF16, F16),
+/* test_ckpt.c — tests of hf.c: safetensors read/write (F32, BF16, F16),
  * Hugging Face GPT-2 / Llama export and import (bit-exact round trips,
- * sharded folders, config.json), training checkpoints of checkpoint.c
+ * sharded folders, config.json), training checkpoints of ckpt.c
  * (write in any layout, load into any other bit-exactly, manifest, checksums,
  * commit, resolve, prune, damage detection) and the one-line errors on bad
  * files (each in a forked child). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "checkpoint.h"
 #include "ckpt.h"
+#include "hf.h"
 #include "config.h"
 #include "kernels.h"
 #include "model.h"

@@ -36,8 +36,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "checkpoint.h"
 #include "ckpt.h"
+#include "hf.h"
 #include "config.h"
 #include "data.h"
 #include "util.h"
