@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #endif
 #include "ckpt.h"
+#include "ckpt_run.h"
 #include "hf.h"
 #include "config.h"
 #include "data.h"
@@ -84,24 +85,9 @@ typedef struct Trainer {
     uint64_t plan_cursor;
     uint64_t end_cursor;       /* the cursor after the last step (run_sequences, once), for the ETA */
     TrainState st;             /* counters and the spike tracker, saved with every checkpoint */
-    /* checkpoint in flight (ckpt.c writes; the protocol is below) */
-    CkptWriter *ckw;
-    size_t ck_owned;           /* floats per state kind this rank writes */
-    int ck_phase;              /* CK_IDLE, CK_LOCAL, CK_DURABLE */
-    int ck_direct;             /* the local write failed: writing straight to durable_dir */
-    int ck_room_tried;         /* this phase of the checkpoint found its disk full once (ck_make_room) */
-    TrainState ck_state;       /* state of the checkpoint in flight */
-    char ck_root[1024];        /* where the phase in flight writes */
-    char *ck_manifest;         /* kept for the durable copy's commit */
-    uint64_t *ck_bytes, *ck_sums; /* [world]: each rank file's size and checksum in ck_manifest */
-    double ck_began, ck_last;  /* now_s() when it began / when the last one began */
-    int ck_done_step;          /* newest step whose checkpoint is complete (-1: none) */
-    int ck_durable_step;       /* newest step this run copied to (or wrote in) durable_dir (-1: none) */
-    int ck_recopy;             /* the resumed checkpoint's durable copy is being made again (ck_recopy) */
-    size_t ck_progress;        /* this rank's writer's bytes written, at the last wait (ck_control) */
+    CkptRun ck;                /* the checkpoint protocol (ckpt_run.c): the checkpoint in flight */
 } Trainer;
 
-enum { CK_IDLE, CK_LOCAL, CK_DURABLE };
 static volatile sig_atomic_t g_stop_signal; /* SIGTERM / SIGUSR1 / SIGINT / SIGHUP: checkpoint and stop */
 static volatile sig_atomic_t g_sigints;     /* Ctrl-Cs so far */
 static void on_stop_signal(int sig) {
@@ -126,24 +112,6 @@ static void catch_stop_signals(void) {
 }
 
 static int is_root(const Trainer *t) { return t->dist.rank == 0; }
-
-/* ------------------------------------------------------------------ */
-/* checkpoints: the protocol across ranks (format and writer: ckpt.c)
- *
- *   begin   (every rank, blocking) wait for the previous checkpoint, copy
- *           the slices this rank owns into the host staging buffer, hand
- *           them to the writer thread -> <dir>/step_N.tmp/rank_R.bin
- *   advance (every step, one small all-reduce) once every writer is done:
- *           exchange sizes and checksums; each node's first rank writes the
- *           manifest and renames step_N.tmp -> step_N; then the same files
- *           are copied to durable_dir and committed there the same way.
- * A failed local write (disk full) is retried straight into durable_dir;
- * a checkpoint that fails everywhere is dropped with a warning, and the
- * previous complete one stays the newest. */
-
-static CkptLayout ck_layout(const Trainer *t) {
-    return (CkptLayout){t->dist.world, t->dist.tp, t->dist.shard_size, t->dist.replicate_size};
-}
 
 /* Rank 0: a log file could not be written (a full log.dir): the first
  * failure is kept, no step dies of it: the loop stops after this step's
@@ -170,615 +138,14 @@ static void metrics_line(Trainer *t, const char *line) {
     log_failed(t, t->metrics_path, err);
 }
 
+static void ck_event(void *ctx, const char *line) { metrics_line(ctx, line); }
+
 /* A log write failed on rank 0, agreed by all (a collective of the whole
  * world, once a step): every rank stops at the same step. */
 static int logs_failed_agreed(Trainer *t) {
     double f = t->log_errno != 0;
     dist_allreduce_sum_f64(&t->dist, &f, 1);
     return f > 0;
-}
-
-static void ck_range(const Trainer *t, int c, size_t *lo, size_t *hi) {
-    ckpt_owned_range(&t->model, c, t->dist.shard_size, t->dist.shard_index, t->dist.replicate_size, t->dist.shard_group, lo, hi);
-}
-
-/* Where state kind k (0 weights, 1 exp_avg, 2 exp_avg_sq) of local flat
- * index lo of chunk c lives on this rank (lo lies in this rank's shard). */
-static float *state_ptr(Trainer *t, int k, int c, size_t lo) {
-    Model *m = &t->model;
-    if (!t->sh.sharded) {
-        float *a[3] = {t->sh.master ? t->sh.master : m->params, m->m, m->v};
-        return a[k] + lo;
-    }
-    float *a[3] = {t->sh.master, t->sh.mshard, t->sh.vshard};
-    size_t base = m->chunk_offset[c] + (size_t)t->dist.shard_index * shard_len(&t->sh, c);
-    return a[k] + t->sh.shard_off[c] + (lo - base);
-}
-
-/* die()'s clean-up: a rank that fails mid-run (a bad token in a shard,
- * say) removes the step folder its checkpoint in flight was writing, so
- * that nothing half-written outlives the run (the next start would remove
- * it too). The writer thread may still hold a file there: unlinked, its
- * writes go nowhere. */
-static Trainer *g_ck_trainer;
-static void ck_remove_inflight(void) {
-    Trainer *t = g_ck_trainer;
-    if (!t || t->ck_phase == CK_IDLE || !t->ck_root[0]) return;
-    char dir[1100];
-    int w = snprintf(dir, sizeof dir, "%s/step_%08d.tmp", t->ck_root, t->ck_state.step);
-    if (w <= 0 || (size_t)w >= sizeof dir) return;
-    /* the writer makes the folder and its file when its job starts, maybe
-     * after this: wait (at most 2 s) until it has written more, or ended */
-    size_t p0 = 0, p = 0;
-    int st = ckpt_writer_wait_for(t->ckw, 0, &p0);
-    for (int i = 0; i < 200 && st == CKPT_BUSY; i++) {
-        st = ckpt_writer_wait_for(t->ckw, 0.01, &p);
-        if (p > p0) break;
-    }
-    ckpt_remove(dir);
-}
-
-static void ck_setup(Trainer *t) {
-    g_ck_trainer = t;
-    die_set_cleanup(ck_remove_inflight);
-    t->ck_owned = ckpt_owned_floats(&t->model, t->dist.shard_size, t->dist.shard_index, t->dist.replicate_size, t->dist.shard_group);
-    t->ckw = ckpt_writer_new(3 * t->ck_owned);
-    t->ck_bytes = calloc_check((size_t)t->dist.world, sizeof(uint64_t));
-    t->ck_sums = calloc_check((size_t)t->dist.world, sizeof(uint64_t));
-    t->ck_done_step = t->ck_durable_step = -1;
-    t->ck_last = now_s();
-}
-
-static int node_leader(const Trainer *t) { return t->dist.local_rank == 0; }
-
-static void ck_file(char *out, size_t n, const char *root, int step, int tmp, int rank) {
-    char dir[1100];
-    ckpt_step_dir(dir, sizeof dir, root, step, tmp);
-    snprintf(out, n, "%s/rank_%05d.bin", dir, rank);
-}
-
-/* Start writing the staged state into root. */
-static void ck_start_write(Trainer *t, const char *root) {
-    snprintf(t->ck_root, sizeof t->ck_root, "%s", root);
-    if (!t->ck_owned) return;
-    char path[1200];
-    ck_file(path, sizeof path, root, t->ck_state.step, 1, t->dist.rank);
-    if (dist_fault_ckpt_die(&t->dist, t->ck_state.step)) /* test hook: die halfway through the file */
-        ckpt_writer_die_after(t->ckw, 3 * t->ck_owned * sizeof(float) / 2);
-    ckpt_writer_fault(t->ckw, dist_fault_ckpt_slow(&t->dist, t->ck_state.step), dist_fault_ckpt_hang(&t->dist, t->ck_state.step));
-    ckpt_writer_write(t->ckw, path, 3 * t->ck_owned);
-}
-
-static void ck_advance(Trainer *t, int any_failed);
-
-/* LLMTRAIN_FAULT kind=ckpt_rot: the local disk changes a written file */
-static void flip_first_byte(const char *path) {
-    int fd = open(path, O_RDWR);
-    unsigned char b;
-    if (fd >= 0 && pread(fd, &b, 1, 0) == 1) {
-        b ^= 0xff;
-        if (pwrite(fd, &b, 1, 0) != 1) warnf("ckpt_rot: cannot write %s", path);
-    }
-    if (fd >= 0) close(fd);
-}
-
-/* The durable phase of the checkpoint of `step`, complete in
- * checkpoint.dir: each rank copies its file to durable_dir's step .tmp
- * folder; ck_advance commits it with ck_manifest once every copy is done. */
-static void ck_start_copy(Trainer *t, int step) {
-    t->ck_phase = CK_DURABLE;
-    snprintf(t->ck_root, sizeof t->ck_root, "%s", t->cfg.ckpt_durable_dir);
-    if (!t->ck_owned) return;
-    char src[1200], dst[1200];
-    ck_file(src, sizeof src, t->cfg.ckpt_dir, step, 0, t->dist.rank);
-    ck_file(dst, sizeof dst, t->ck_root, step, 1, t->dist.rank);
-    if (dist_fault_ckpt_rot(&t->dist, step)) flip_first_byte(src); /* test hook */
-    ckpt_writer_copy(t->ckw, src, dst);
-}
-
-/* One small all-reduce: checkpoint writers still busy / failed, a stop
- * signal on any rank, the every_minutes clock (rank 0 decides), writers
- * that made progress. Moves the checkpoint in flight on when every writer
- * is done. wait: first wait up to a second for this rank's writer; while
- * any writer makes progress, the watchdog's clock starts again at each
- * round (a slow disk is not a hang; a write that stops moving for
- * parallel.timeout_s still is). Returns the stop and time flags via *stop,
- * *due. */
-static void ck_control(Trainer *t, int wait, int *stop, int *due) {
-    double ctl[5] = {0, 0, 0, 0, 0};
-    if (t->ck_phase != CK_IDLE) {
-        size_t prog = t->ck_progress;
-        int st = wait ? ckpt_writer_wait_for(t->ckw, 1.0, &prog) : ckpt_writer_state(t->ckw);
-        ctl[0] = st == CKPT_BUSY;
-        ctl[1] = st == CKPT_FAILED;
-        ctl[4] = prog != t->ck_progress;
-        t->ck_progress = prog;
-    }
-    ctl[2] = g_stop_signal != 0;
-    ctl[3] = is_root(t) && t->cfg.ckpt_every_minutes > 0 && now_s() - t->ck_last >= 60.0 * t->cfg.ckpt_every_minutes;
-    dist_allreduce_sum_f64(&t->dist, ctl, 5);
-    if (wait && ctl[4] > 0) dist_phase(&t->dist, t->dist.phase_step, t->dist.phase);
-    if (stop) *stop = ctl[2] > 0;
-    if (due) *due = ctl[3] > 0;
-    if (t->ck_phase != CK_IDLE && ctl[0] == 0) ck_advance(t, ctl[1] > 0);
-}
-
-/* Block until the checkpoint in flight is complete everywhere (or dropped). */
-static void ck_drain(Trainer *t) {
-    while (t->ck_phase != CK_IDLE) ck_control(t, 1, NULL, NULL);
-}
-
-/* The write or durable copy of `step` failed on some rank because its disk
- * (or quota) is full. Under checkpoint.keep_last K >= 2, what would go once
- * this one is complete goes now instead, and the write or copy starts again
- * (from the staging buffer, or the local file), once a phase, so a disk that
- * holds K checkpoints but not K + 1 keeps checkpointing: a folder of this
- * step already there (another lineage's, a damaged one resume passed over,
- * which the commit would replace), and all but the newest K - 1 complete
- * folders up to this run's newest good checkpoint in that root (the one it
- * completed or resumed from, which so always stays; folders between it and
- * this step, other lineages', neither count nor go; without one, up to
- * step - 1). Returns 1 when it started again. */
-static int ck_make_room(Trainer *t, int step) {
-    if (t->ck_room_tried || t->cfg.ckpt_keep_last < 2) return 0;
-    t->ck_room_tried = 1;
-    char root[sizeof t->ck_root];
-    snprintf(root, sizeof root, "%s", t->ck_root);
-    int good = t->ck_phase == CK_DURABLE || t->ck_direct ? t->ck_durable_step : t->ck_done_step;
-    double removed = 0;
-    if (node_leader(t))
-        removed = ckpt_remove_step(root, step) + ckpt_prune(root, t->cfg.ckpt_keep_last - 1, good >= 0 ? good : step - 1);
-    dist_allreduce_sum_f64(&t->dist, &removed, 1);
-    if (removed == 0) return 0;
-    if (is_root(t))
-        fprintf(stderr, "llmtrain: checkpoint step %d: no space left in %s; removed its oldest complete checkpoint(s) now rather "
-                        "than once this one is complete (checkpoint.keep_last %d), and %s step %d again\n",
-                step, root, t->cfg.ckpt_keep_last, t->ck_phase == CK_DURABLE ? "copying" : "writing", step);
-    if (t->ck_phase == CK_DURABLE) ck_start_copy(t, step);
-    else ck_start_write(t, root);
-    return 1;
-}
-
-/* Every writer is done with the phase in flight. */
-static void ck_advance(Trainer *t, int any_failed) {
-    Dist *d = &t->dist;
-    int W = d->world, step = t->ck_state.step;
-    CkptJobResult r = ckpt_writer_take(t->ckw);
-    if (r.state == CKPT_FAILED) fprintf(stderr, "llmtrain: rank %d: checkpoint step %d: %s\n", d->rank, step, r.error);
-    /* sizes, checksums (as two exact 32-bit halves) and times of every rank */
-    double *info = calloc_check((size_t)W * 4, sizeof(double));
-    if (r.state == CKPT_DONE) {
-        double *x = info + 4 * (size_t)d->rank;
-        x[0] = (double)r.bytes;
-        x[1] = (double)(r.checksum >> 32);
-        x[2] = (double)(r.checksum & 0xffffffffu);
-        x[3] = r.seconds;
-    }
-    dist_allreduce_sum_f64(d, info, (size_t)W * 4);
-    char tmp[1100], fin[1100], why[600] = "";
-    ckpt_step_dir(tmp, sizeof tmp, t->ck_root, step, 1);
-    ckpt_step_dir(fin, sizeof fin, t->ck_root, step, 0);
-    uint64_t *bytes = calloc_check((size_t)W, sizeof(uint64_t)), *sums = calloc_check((size_t)W, sizeof(uint64_t));
-    double total = 0, secs = 0;
-    for (int i = 0; i < W; i++) {
-        bytes[i] = (uint64_t)info[4 * i];
-        sums[i] = ((uint64_t)info[4 * i + 1] << 32) | (uint64_t)info[4 * i + 2];
-        total += info[4 * i];
-        if (info[4 * i + 3] > secs) secs = info[4 * i + 3];
-    }
-    free(info);
-    int failed = any_failed, commit_full = 0;
-    if (!failed && t->ck_phase == CK_DURABLE) {
-        /* the copy read what the manifest says was written, or the local
-         * file changed since (the durable folder would hold what resume
-         * refuses, and keep_last would prune the good ones behind it) */
-        for (int i = 0; i < W && !failed; i++) {
-            if (bytes[i] == t->ck_bytes[i] && sums[i] == t->ck_sums[i]) continue;
-            if (is_root(t))
-                fprintf(stderr, "llmtrain: checkpoint step %d: rank_%05d.bin read %llu bytes with checksum %016llx for the durable copy; "
-                                "the manifest says %llu bytes, %016llx (the local file changed after it was written)\n",
-                        step, i, (unsigned long long)bytes[i], (unsigned long long)sums[i], (unsigned long long)t->ck_bytes[i],
-                        (unsigned long long)t->ck_sums[i]);
-            snprintf(why, sizeof why, "rank_%05d.bin changed after it was written; its durable copy is not committed", i);
-            failed = 1;
-        }
-    }
-    if (!failed) {
-        if (t->ck_phase == CK_LOCAL) {
-            free(t->ck_manifest);
-            CkptLayout L = ck_layout(t);
-            t->ck_manifest = ckpt_manifest_text(&t->model, &L, bytes, sums, &t->cfg, &t->ck_state);
-            memcpy(t->ck_bytes, bytes, (size_t)W * sizeof *bytes);
-            memcpy(t->ck_sums, sums, (size_t)W * sizeof *sums);
-        }
-        /* rank 0 commits first; then the first rank of every other node
-         * commits its own copy where the folder is node-local (on a shared
-         * filesystem rank 0's rename already took the folder away) */
-        int cr = is_root(t) ? ckpt_commit(tmp, fin, t->ck_root, t->ck_manifest, why, sizeof why) : 0;
-        dist_barrier(d);
-        if (!is_root(t) && node_leader(t)) cr = ckpt_commit(tmp, fin, t->ck_root, t->ck_manifest, why, sizeof why);
-        double bad = cr != 0;
-        commit_full = cr == -ENOSPC || cr == -EDQUOT; /* the manifest found the disk (or its inodes, or quota) full */
-        if (bad) fprintf(stderr, "llmtrain: rank %d: checkpoint step %d: %s\n", d->rank, step, why);
-        dist_allreduce_sum_f64(d, &bad, 1);
-        failed = bad > 0;
-    }
-    free(bytes);
-    free(sums);
-    int durable = t->cfg.ckpt_durable_dir[0] != 0;
-    if (failed) {
-        if (node_leader(t)) ckpt_remove(tmp);
-        double full = commit_full || (r.state == CKPT_FAILED && (r.err == ENOSPC || r.err == EDQUOT));
-        dist_allreduce_sum_f64(d, &full, 1);
-        if (full > 0 && ck_make_room(t, step)) return;
-        dist_barrier(d);
-        if (t->ck_phase == CK_LOCAL && durable && !t->ck_direct) {
-            if (is_root(t)) fprintf(stderr, "llmtrain: checkpoint step %d: local write failed; writing it to %s instead\n", step, t->cfg.ckpt_durable_dir);
-            t->ck_direct = 1;
-            t->ck_room_tried = 0;
-            ck_start_write(t, t->cfg.ckpt_durable_dir); /* the staging buffer still holds the state */
-            return;
-        }
-        char hint[1200] = "";
-        if (full > 0 && t->cfg.ckpt_keep_last >= 2)
-            snprintf(hint, sizeof hint, "; the disk of %s is full with the newest %d checkpoint%s kept: free space there, or lower "
-                     "checkpoint.keep_last", t->ck_root, t->cfg.ckpt_keep_last - 1, t->cfg.ckpt_keep_last > 2 ? "s" : "");
-        else if (full > 0)
-            snprintf(hint, sizeof hint, "; the disk of %s is full: free space there, or set checkpoint.keep_last to 2 or more (at "
-                     "most the checkpoints it holds) so that the oldest makes room", t->ck_root);
-        if (is_root(t) && t->ck_phase == CK_DURABLE)
-            fprintf(stderr, "llmtrain: warning: checkpoint step %d: the copy to %s failed; the checkpoint is complete in %s only "
-                            "(the next checkpoint is copied again)%s\n", step, t->cfg.ckpt_durable_dir, t->cfg.ckpt_dir, hint);
-        else if (is_root(t))
-            fprintf(stderr, "llmtrain: warning: checkpoint step %d dropped; the newest complete checkpoint is %s%s\n", step,
-                    t->ck_done_step >= 0 ? "still the previous one" : "none yet", hint);
-        if (is_root(t) && t->metrics) { /* for whatever watches the run: a checkpoint it does not have */
-            Buf line = {0};
-            buf_add(&line, "{\"event\":\"checkpoint_failed\",\"step\":%d,\"durable\":%s,\"disk_full\":%s,\"error\":", step,
-                    t->ck_phase == CK_DURABLE || t->ck_direct ? "true" : "false", full > 0 ? "true" : "false");
-            buf_json_string(&line, r.state == CKPT_FAILED ? r.error : why[0] ? why : "failed on another rank (its stderr line says why)");
-            buf_add(&line, "}\n");
-            metrics_line(t, line.s);
-            free(line.s);
-        }
-        t->ck_phase = CK_IDLE;
-        t->ck_direct = 0;
-        return;
-    }
-    if (node_leader(t)) ckpt_prune(t->ck_root, t->cfg.ckpt_keep_last, step); /* only now that a newer one is complete */
-    if (is_root(t)) {
-        printf("checkpoint: %s complete | %.1f MB in %.2f s background (%.0f MB/s)%s\n", fin, total / 1e6, secs,
-               secs > 0 ? total / 1e6 / secs : 0.0, t->ck_phase == CK_DURABLE ? " [durable copy]" : "");
-        fflush(stdout);
-        if (t->metrics) {
-            Buf line = {0};
-            buf_add(&line, "{\"event\":\"checkpoint\",\"step\":%d,\"path\":", step);
-            buf_json_string(&line, fin);
-            buf_add(&line, ",\"bytes\":%.0f,\"write_s\":%.6f,\"durable\":%s}\n", total, secs,
-                    t->ck_phase == CK_DURABLE || t->ck_direct ? "true" : "false");
-            metrics_line(t, line.s);
-            free(line.s);
-        }
-    }
-    t->ck_done_step = step;
-    if (t->ck_phase == CK_DURABLE || t->ck_direct) t->ck_durable_step = step;
-    if (t->ck_phase == CK_LOCAL && durable && !t->ck_direct) {
-        t->ck_room_tried = 0;
-        ck_start_copy(t, step);
-        return;
-    }
-    t->ck_phase = CK_IDLE;
-    t->ck_direct = 0;
-}
-
-static uint64_t step_cursor(Trainer *t, int step); /* the data cursor before a step (data, below) */
-static uint64_t sample_key(uint64_t seed, int step);   /* the sampling RNG of the sample after a step (sampling, below) */
-
-/* Begin a checkpoint of the state after `step` steps. Returns the time
- * training was blocked (seconds). */
-static double ck_begin(Trainer *t, int step) {
-    double t0 = now_s();
-    ck_drain(t);
-    float *stage = ckpt_writer_staging(t->ckw);
-    size_t pos = 0;
-    for (int k = 0; k < 3; k++)
-        for (int c = 0; c < t->model.n_chunks; c++) {
-            size_t lo, hi;
-            ck_range(t, c, &lo, &hi);
-            t->k->to_host(stage + pos, state_ptr(t, k, c, lo), (hi - lo) * sizeof(float));
-            pos += hi - lo;
-        }
-    t->ck_state = t->st;
-    t->ck_state.step = step;
-    t->ck_state.seq_cursor = step_cursor(t, step);
-    t->ck_state.rng = sample_key((uint64_t)t->cfg.seed, step); /* the format's field; resume needs nothing from it */
-    t->ck_phase = CK_LOCAL;
-    t->ck_direct = 0;
-    t->ck_room_tried = 0;
-    t->ck_began = t->ck_last = t0;
-    ck_start_write(t, t->cfg.ckpt_dir);
-    if (!t->cfg.ckpt_async) ck_drain(t);
-    return now_s() - t0;
-}
-
-/* Install loaded state as this rank's weights and optimizer state: the
- * host arrays hold what the rank owns, packed in chunk order (the whole
- * local model when replicated, its shard when sharded: n_shard floats,
- * exactly the layout of master / mshard / vshard). */
-static void install_state(Trainer *t, const float *p, const float *mm, const float *vv) {
-    Model *m = &t->model;
-    const Kernels *k = t->k;
-    t->sh.weights_kept = 0;
-    if (!t->sh.sharded) {
-        k->from_host(t->sh.master ? t->sh.master : m->params, p, m->n_params * sizeof(float));
-        k->from_host(m->m, mm, m->n_params * sizeof(float));
-        k->from_host(m->v, vv, m->n_params * sizeof(float));
-        return;
-    }
-    k->from_host(t->sh.master, p, t->sh.n_shard * sizeof(float));
-    k->from_host(t->sh.mshard, mm, t->sh.n_shard * sizeof(float));
-    k->from_host(t->sh.vshard, vv, t->sh.n_shard * sizeof(float)); /* steps gather the working weights from these */
-}
-
-#define MAX_CANDIDATES 256
-
-/* Resumed from the local checkpoint of step S (path) while durable_dir has
- * no complete step S: the run that wrote it died during its durable copy,
- * or the copy failed. Make that copy again, in the background as any
- * durable phase (ck_control advances it; the step's final check waits for
- * it when S is the last step), when the layout is the one that wrote it
- * (rank r copies rank r's file); another layout's ranks own other files,
- * and the next checkpoint is the first copied. */
-static void ck_recopy(Trainer *t, const CkptManifest *mf, const char *path) {
-    const Config *c = &t->cfg;
-    Dist *d = &t->dist;
-    const int S = ckpt_manifest_state(mf)->step;
-    char local[1100], dur[1100], found[1100];
-    if (!c->ckpt_durable_dir[0]) return;
-    ckpt_step_dir(local, sizeof local, c->ckpt_dir, S, 0);
-    ckpt_step_dir(dur, sizeof dur, c->ckpt_durable_dir, S, 0);
-    /* rank 0 decides for all (ranks see the same folders) */
-    double need = is_root(t) && strcmp(path, local) == 0 && ckpt_resolve(dur, found, sizeof found) != 0;
-    dist_allreduce_sum_f64(d, &need, 1);
-    if (need == 0) return;
-    CkptLayout L = ckpt_manifest_layout(mf), now = ck_layout(t);
-    if (L.world != now.world || L.tp != now.tp || L.shard != now.shard || L.replicate != now.replicate) {
-        if (is_root(t))
-            fprintf(stderr, "llmtrain: warning: %s has no complete copy of step %d and this layout cannot make it "
-                            "(written by %d ranks, now %d); the next checkpoint is copied there\n", c->ckpt_durable_dir, S, L.world,
-                    d->world);
-        return;
-    }
-    char man[1200];
-    snprintf(man, sizeof man, "%s/manifest.json", local);
-    size_t len;
-    char *text = read_text_file(man, &len);
-    double bad = text == NULL;
-    dist_allreduce_sum_f64(d, &bad, 1);
-    if (bad > 0) { /* verified a moment ago: gone since */
-        free(text);
-        if (is_root(t)) fprintf(stderr, "llmtrain: warning: %s: cannot read again; step %d is not copied to %s\n", man, S, c->ckpt_durable_dir);
-        return;
-    }
-    free(t->ck_manifest);
-    t->ck_manifest = text;
-    for (int r = 0; r < d->world; r++) ckpt_manifest_rank_file(mf, r, &t->ck_bytes[r], &t->ck_sums[r]);
-    t->ck_state = t->st;
-    t->ck_state.step = S;
-    t->ck_direct = 0;
-    t->ck_recopy = 1;
-    t->ck_began = now_s();
-    if (is_root(t)) printf("resume: %s has no complete step %d; copying it there again\n", c->ckpt_durable_dir, S);
-    ck_start_copy(t, S);
-}
-
-/* The checkpoint folders, before anything is loaded, trained or removed
- * there: each node's first rank makes each folder and creates and removes
- * a file in it (an unwritable one is exit 3 now, not a run whose every
- * checkpoint is dropped), and rank 0 locks each for the job's life (a
- * second job on the same folder would resume the first's checkpoints,
- * overwrite its steps and remove its checkpoint in flight). A folder
- * another job holds is waited for up to checkpoint.lock_wait_s (a stopping
- * job writing its last checkpoint lets go within it), then exit 2 naming
- * the holder. Every rank ends with the first failing rank's line. */
-#define CLAIM_HELD (-1) /* rank 0's code while the folder it waits for is held */
-#define CLAIM_LINE 2048
-
-static void claim_ckpt_dirs(Trainer *t) {
-    const Config *c = &t->cfg;
-    Dist *d = &t->dist;
-    const char *dirs[2] = {c->ckpt_dir, c->ckpt_durable_dir}, *keys[2] = {"checkpoint.dir", "checkpoint.durable_dir"};
-    char line[CLAIM_LINE] = "", why[900], host[64], owner[600], when[32];
-    int code = 0, locked[2] = {!dirs[0][0] || !is_root(t), !dirs[1][0] || !is_root(t)};
-    host_name(host, sizeof host);
-    time_t now = time(NULL);
-    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    snprintf(owner, sizeof owner, "llmtrain pid %d on host %.60s, job %.400s, since %s", (int)getpid(), host, c->path, when);
-    for (int i = 0; i < 2 && !code; i++) {
-        int e = dirs[i][0] && node_leader(t) ? ckpt_dir_probe(dirs[i], d->rank, why, sizeof why) : 0;
-        if (e == -ENOSPC || e == -EDQUOT) /* writable; a full disk makes room as it checkpoints */
-            fprintf(stderr, "llmtrain: warning: %s: %s (host %s); checkpoints will make room or be dropped\n", keys[i], why, host);
-        else if (e) {
-            code = EXIT_IO;
-            snprintf(line, sizeof line, "%s: %s (host %.60s); expected a folder this job can write, checked before step 1", keys[i], why, host);
-        }
-    }
-    struct stat s0, s1;
-    if (!code && is_root(t) && dirs[1][0] && stat(dirs[0], &s0) == 0 && stat(dirs[1], &s1) == 0 && s0.st_dev == s1.st_dev &&
-        s0.st_ino == s1.st_ino) {
-        code = EXIT_USAGE;
-        snprintf(line, sizeof line, "checkpoint.durable_dir %.900s is the folder checkpoint.dir %.900s names; expected another folder "
-                 "(the durable copy goes elsewhere), or none", dirs[1], dirs[0]);
-    }
-    int *codes = malloc_check((size_t)d->world * sizeof *codes);
-    double began = now_s(), said = 0;
-    for (;;) {
-        for (int i = 0; i < 2 && code <= 0; i++) {
-            if (locked[i]) continue;
-            int fd, rc = ckpt_dir_lock(dirs[i], owner, &fd, why, sizeof why);
-            code = 0;
-            if (rc == CKPT_LOCKED) {
-                locked[i] = 1;
-            } else if (rc == CKPT_LOCK_HELD) {
-                code = CLAIM_HELD;
-                snprintf(line, sizeof line, "%s: %s; two jobs on one folder overwrite each other's checkpoints (stop that job, or give this "
-                         "one another %s)", keys[i], why, keys[i]);
-            } else if (rc == CKPT_LOCK_UNSUPPORTED) {
-                locked[i] = 1;
-                fprintf(stderr, "llmtrain: warning: %s: %s; this job cannot tell whether another uses the folder: make sure none does\n",
-                        keys[i], why);
-            } else {
-                code = EXIT_IO;
-                snprintf(line, sizeof line, "%s: %s", keys[i], why);
-            }
-        }
-        double waited = now_s() - began;
-        if (code == CLAIM_HELD && waited >= c->ckpt_lock_wait_s) code = EXIT_USAGE;
-        dist_allgather_bytes(d, &code, codes, sizeof code);
-        int first = -1, held = 0;
-        for (int r = 0; r < d->world; r++) {
-            if (codes[r] == CLAIM_HELD) held = 1;
-            else if (codes[r] && first < 0) first = r;
-        }
-        if (first >= 0) { /* that rank's line, to every rank (an all-reduce of its bytes) */
-            double *bytes = calloc_check(CLAIM_LINE, sizeof *bytes);
-            for (int i = 0; d->rank == first && i < CLAIM_LINE; i++) bytes[i] = (unsigned char)line[i];
-            dist_allreduce_sum_f64(d, bytes, CLAIM_LINE);
-            for (int i = 0; i < CLAIM_LINE; i++) line[i] = (char)(unsigned char)bytes[i];
-            line[CLAIM_LINE - 1] = '\0';
-            free(bytes);
-            die_replicated(d->rank != first);
-            die(codes[first], "%s", line);
-        }
-        if (!held) break;
-        if (is_root(t) && !said) {
-            fprintf(stderr, "llmtrain: %s; waiting up to %.0f s (checkpoint.lock_wait_s) for it to end\n", line, c->ckpt_lock_wait_s);
-            said = 1;
-        }
-        struct timespec ts = {0, 250 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    free(codes);
-}
-
-/* checkpoint.resume: find the newest checkpoint every rank can read and
- * whose checksums hold (skipping the others with a warning), load it into
- * this layout and continue from its step. Returns 1 when resumed. */
-static int resume(Trainer *t) {
-    Config *c = &t->cfg;
-    Dist *d = &t->dist;
-    if (strcmp(c->ckpt_resume, "none") == 0) return 0;
-    int explicit = strcmp(c->ckpt_resume, "auto") != 0;
-    size_t PN = 1100;
-    char *cand = calloc_check((size_t)MAX_CANDIDATES * 2, PN);
-    int nc = 0;
-    if (is_root(t)) {
-        if (explicit) {
-            char one[1100];
-            if (ckpt_resolve(c->ckpt_resume, one, sizeof one) == 0) snprintf(cand, PN, "%s", one);
-            else snprintf(cand, PN, "%s", c->ckpt_resume); /* let the checks below name what is wrong */
-            nc = 1;
-        } else { /* newest first; at equal steps the local copy first */
-            int nl = ckpt_list(c->ckpt_dir, cand, PN, MAX_CANDIDATES);
-            int nd = c->ckpt_durable_dir[0] ? ckpt_list(c->ckpt_durable_dir, cand + (size_t)nl * PN, PN, MAX_CANDIDATES) : 0;
-            nc = nl + nd;
-            for (int i = 1; i < nc; i++) /* stable insertion sort by step, descending */
-                for (int j = i; j > 0; j--) {
-                    const char *a = strrchr(cand + (size_t)(j - 1) * PN, '_'), *b = strrchr(cand + (size_t)j * PN, '_');
-                    if (atol(a + 1) >= atol(b + 1)) break;
-                    char tmp[1100];
-                    memcpy(tmp, cand + (size_t)(j - 1) * PN, PN);
-                    memcpy(cand + (size_t)(j - 1) * PN, cand + (size_t)j * PN, PN);
-                    memcpy(cand + (size_t)j * PN, tmp, PN);
-                }
-        }
-    }
-    CkptManifest *mf = NULL;
-    char path[1100], why[1400] = "", skipped[2600] = "";
-    int n_skipped = 0;
-    for (int i = 0;; i++) {
-        memset(path, 0, sizeof path);
-        why[0] = '\0';
-        if (is_root(t) && i < nc) snprintf(path, sizeof path, "%s", cand + (size_t)i * PN);
-        dist_bcast_bytes(d, path, sizeof path);
-        if (!path[0]) break;
-        mf = ckpt_manifest_open(path, why, sizeof why);
-        if (mf && ckpt_manifest_verify(mf, d->rank, d->world, why, sizeof why) != 0) { ckpt_manifest_close(mf); mf = NULL; }
-        if (mf) {
-            Config old;
-            config_load_string(&old, ckpt_manifest_config(mf), path);
-            char diff[200];
-            if (config_model_diff(&old.model, &c->model, diff, sizeof diff)) /* a user error, not damage: never skipped */
-                die(EXIT_USAGE, "checkpoint.resume: %s was written for another model (checkpoint vs job: %s); use checkpoint.resume=none or another checkpoint.dir",
-                    path, diff);
-            config_free(&old);
-        }
-        /* the same model: what the load will read must all be there */
-        if (mf && ckpt_manifest_check(mf, &t->model, why, sizeof why) != 0) { ckpt_manifest_close(mf); mf = NULL; }
-        double bad = mf == NULL;
-        if (bad) {
-            if (explicit) die(EXIT_USAGE, "checkpoint.resume: %s", why);
-            fprintf(stderr, "llmtrain: rank %d: warning: skipping checkpoint %s: %s\n", d->rank, path, why);
-        }
-        dist_allreduce_sum_f64(d, &bad, 1);
-        if (bad == 0) break;
-        ckpt_manifest_close(mf);
-        mf = NULL;
-        if (is_root(t) && !skipped[0]) snprintf(skipped, sizeof skipped, "%s: %s", path, why[0] ? why : "another rank could not verify it");
-        n_skipped++;
-    }
-    free(cand);
-    if (!mf && n_skipped > 0) {
-        /* every checkpoint there is damaged: starting over would train past
-         * them silently; that is the user's call, not the launcher's */
-        dist_bcast_bytes(d, skipped, sizeof skipped);
-        die_replicated(!is_root(t));
-        die(EXIT_USAGE, "checkpoint.resume: every checkpoint in %s%s%s failed verification (%d; newest %s); to train from step 0 anyway "
-            "set checkpoint.resume=none (or move the folders away)", c->ckpt_dir, c->ckpt_durable_dir[0] ? " and " : "",
-            c->ckpt_durable_dir, n_skipped, skipped);
-    }
-    if (!mf) {
-        if (is_root(t)) printf("resume: no complete checkpoint in %s%s%s; starting at step 0\n", c->ckpt_dir,
-                               c->ckpt_durable_dir[0] ? " or " : "", c->ckpt_durable_dir);
-        return 0;
-    }
-    if (is_root(t) && !ckpt_manifest_sealed(mf))
-        fprintf(stderr, "llmtrain: warning: %s/manifest.json is format llmtrain-checkpoint/2, written before manifests carried "
-                        "their own checksum: its text is read unverified (the next checkpoint is format /3)\n", path);
-    /* read only what this rank owns: its shard of every chunk, or all of it */
-    Model *m = &t->model;
-    size_t *lo = malloc_check((size_t)m->n_chunks * sizeof(size_t)), *hi = malloc_check((size_t)m->n_chunks * sizeof(size_t));
-    ckpt_full_ranges(m, lo, hi);
-    if (t->sh.sharded)
-        for (int ch = 0; ch < m->n_chunks; ch++) {
-            lo[ch] += (size_t)d->shard_index * shard_len(&t->sh, ch);
-            hi[ch] = lo[ch] + shard_len(&t->sh, ch);
-        }
-    size_t n = t->sh.sharded ? t->sh.n_shard : m->n_params;
-    float *p = calloc_check(n, sizeof(float)), *mm = calloc_check(n, sizeof(float)), *vv = calloc_check(n, sizeof(float));
-    ckpt_manifest_load(mf, m, lo, hi, p, mm, vv);
-    install_state(t, p, mm, vv);
-    free(lo);
-    free(hi);
-    free(p);
-    free(mm);
-    free(vv);
-    const TrainState *st = ckpt_manifest_state(mf);
-    CkptLayout L = ckpt_manifest_layout(mf);
-    t->st = *st;
-    t->step_base = st->step;
-    t->seq_base = st->seq_cursor;
-    t->plan_step = st->step;
-    t->plan_cursor = st->seq_cursor;
-    t->ck_done_step = st->step;
-    if (is_root(t)) {
-        printf("resume: %s at step %d (written by %d ranks: tp %d x shard %d x replicate %d; now %d: tp %d x shard %d x replicate %d)\n",
-               path, st->step, L.world, L.tp, L.shard, L.replicate, d->world, d->tp, d->shard_size, d->replicate_size);
-        fflush(stdout);
-    }
-    if (!explicit) ck_recopy(t, mf, path);
-    ckpt_manifest_close(mf);
-    return 1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1225,7 +592,6 @@ static StepStats train_step(Trainer *t, int step) {
     int accum = s.batch / (c->micro_batch * t->dist.dp); /* check_layout: a whole number at every batch */
     t->sh.step_accum = accum;
     t->sh.chunks_done = 0;
-    t->sh.poison = dist_fault_nan(&t->dist, step + 1); /* test hook */
     double t0 = now_s();
     dist_comm_reset(&t->dist);
     /* debug dump: sharded, every rank takes part in gathering the weights */
@@ -1924,16 +1290,12 @@ static void load_job(Trainer *t, int argc, char **argv, int *world, const char *
             c->eod_token, c->model.vocab_size);
 }
 
-static int train(int argc, char **argv) {
-    static Trainer tr;
-    Trainer *t = &tr;
-    /* from the start: a stop request during start-up (a rendezvous, a long
-     * load) is answered before the first step, not by the signal's default
-     * action (SIGUSR1's, what the launchers send mpirun, kills) */
-    catch_stop_signals();
-    dist_init(&t->dist, &argc, &argv);
+/* Everything before the first step: the job and its layout, the backend,
+ * the checkpoint folders, data, model and sharding, resume, the header. */
+static void setup(Trainer *t, int *argc, char ***argv) {
+    dist_init(&t->dist, argc, argv);
     die_replicated(t->dist.rank != 0); /* the job file and the layout: one error line per job */
-    load_job(t, argc, argv, NULL, "llmtrain job.json [--set key=value ...]");
+    load_job(t, *argc, *argv, NULL, "llmtrain job.json [--set key=value ...]");
     Config *c = &t->cfg;
     dist_watchdog_start(&t->dist, c->timeout_s);
     check_same_job(t); /* the first collective, under the watchdog: a rank stuck reading its job ends the job */
@@ -1942,7 +1304,7 @@ static int train(int argc, char **argv) {
     if (c->profile_steps > 0) t->k = profile_wrap(t->k); /* timing off until its window */
     die_replicated(0); /* from here errors may differ per rank or host (data paths, memory) */
     t->threads = kernels_cpu_set_threads(0, t->dist.local_size);
-    claim_ckpt_dirs(t);
+    ckpt_claim_dirs(c, &t->dist);
 
     /* data first: a bad path should fail before minutes of setup */
     dataset_open(&t->train, c->data_train, "data.train", c->model.vocab_size, c->seq_len, c->data_shuffle, c->seed);
@@ -1979,13 +1341,12 @@ static int train(int argc, char **argv) {
     t->flops_per_token = model_flops_per_token(&c->model, c->seq_len);
     t->peak_gflops = select_peak(t, &t->peak_source);
     if (c->profile_steps > 0) t->peak_gbs = select_peak_gbs(t);
-    if (node_leader(t)) { /* folders a run that died left half-written (or moved aside: put back) */
-        ckpt_remove_partial(c->ckpt_dir);
-        if (c->ckpt_durable_dir[0]) ckpt_remove_partial(c->ckpt_durable_dir);
+    ckpt_run_setup(&t->ck, &t->sh, ck_event, t);
+    int resumed = ckpt_resume(&t->ck, &t->st);
+    if (resumed) {
+        t->step_base = t->plan_step = t->st.step;
+        t->seq_base = t->plan_cursor = t->st.seq_cursor;
     }
-    dist_barrier(&t->dist);
-    ck_setup(t);
-    int resumed = resume(t);
     t->end_cursor = run_sequences(t);
     setup_profile(t);
     shard_refresh_working(&t->sh, t->step_base);
@@ -1996,103 +1357,137 @@ static int train(int argc, char **argv) {
         dist_finalize(&t->dist);
         exit(EXIT_SLOW_FABRIC);
     }
-
     if (t->step_base >= c->steps && is_root(t))
         printf("resume: the checkpoint is at step %d and train.steps is %d: nothing to train (raise train.steps to continue)\n",
                t->step_base, c->steps);
-    if (t->step_base < c->steps && stop_agreed(t)) {
-        /* asked to stop before the first step: the newest checkpoint (or
-         * none, for a new run) is already where a restart begins */
-        if (is_root(t))
-            fprintf(stderr, "llmtrain: stopped by signal during start-up, before step %d; nothing new to checkpoint, exiting %d\n",
-                    t->step_base + 1, EXIT_STOPPED);
-        ck_drain(t); /* a durable copy the start made again */
-        ckpt_writer_free(t->ckw);
-        if (t->metrics) fclose_check(t->metrics, "metrics.jsonl");
-        tb_close(&t->tb);
-        dist_phase(&t->dist, t->step_base, "finalize");
-        dist_finalize(&t->dist);
-        return EXIT_STOPPED;
+}
+
+/* Asked to stop before the first step: the newest checkpoint (or none, for
+ * a new run) is already where a restart begins. */
+static int stop_at_start(Trainer *t) {
+    if (is_root(t))
+        fprintf(stderr, "llmtrain: stopped by signal during start-up, before step %d; nothing new to checkpoint, exiting %d\n",
+                t->step_base + 1, EXIT_STOPPED);
+    ckpt_drain(&t->ck); /* a durable copy the start made again */
+    ckpt_run_free(&t->ck);
+    if (t->metrics) fclose_check(t->metrics, "metrics.jsonl");
+    tb_close(&t->tb);
+    dist_phase(&t->dist, t->step_base, "finalize");
+    dist_finalize(&t->dist);
+    return EXIT_STOPPED;
+}
+
+/* Begin the checkpoint of the state after `step` steps (the data cursor
+ * before the next, the sampling key: the format's field, resume needs
+ * nothing from it). Returns the seconds training was blocked. */
+static double save_checkpoint(Trainer *t, int step) {
+    dist_phase(&t->dist, step, "checkpoint");
+    TrainState st = t->st;
+    st.step = step;
+    st.seq_cursor = step_cursor(t, step);
+    st.rng = sample_key((uint64_t)t->cfg.seed, step);
+    return ckpt_begin(&t->ck, &st);
+}
+
+/* Non-finite policy: after optim.max_nonfinite_steps skipped steps in a
+ * row, exit 4; the checkpoint in flight predates the streak, so a restart
+ * rolls back to it. */
+static void check_nonfinite_run(Trainer *t, const StepStats *s) {
+    if (t->nonfinite_run < t->cfg.max_nonfinite_steps) return;
+    log_step(t, s);
+    if (is_root(t)) fprintf(stderr, "llmtrain: %d consecutive steps with non-finite loss or gradients (step %d); exiting\n",
+                            t->nonfinite_run, s->step + 1);
+    ckpt_drain(&t->ck);
+    dist_abort(&t->dist, EXIT_NONFINITE);
+}
+
+/* The validation loss after `step` steps (a blend: also each source alone,
+ * on its own first eval.batches); a stop request during it abandons it. */
+static void evaluate(Trainer *t, StepStats *s, int step) {
+    s->val_loss = eval_loss(t, &t->val);
+    for (int i = 0; i < t->val.n_src && !t->eval_stopped; i++) s->val_src[i] = eval_loss(t, &t->val.src[i]);
+    s->n_val_src = t->eval_stopped ? 0 : t->val.n_src;
+    if (t->eval_stopped) { /* no partial loss, no sample */
+        s->val_loss = NAN;
+        if (is_root(t)) fprintf(stderr, "llmtrain: stop requested during the evaluation after step %d; evaluation abandoned\n", step);
     }
-    int stopped = 0;
-    for (int step = t->step_base; step < c->steps; step++) {
-        dist_phase(&t->dist, step + 1, "forward");
-        dist_fault_point(&t->dist, step + 1);
-        if (dist_fault_low_peak(&t->dist, step + 1)) t->peak_gflops /= 1e4; /* test hook: check_peak */
-        /* a timed step's wall time: from an idle stream to the end of its last kernel */
-        int profiled = step >= t->prof_first && step <= t->prof_last && t->prof_first >= 0;
-        double w0 = 0;
-        if (profiled) { profile_set(1); w0 = now_s(); }
-        StepStats s = train_step(t, step);
-        if (profiled) {
-            profile_set(0);
-            t->prof_n++;
-            t->prof_wall += now_s() - w0;
-        }
-        track_spikes(t, &s);
-        int last = step + 1 == c->steps;
-        int stop = 0, due = 0;
-        dist_phase(&t->dist, step + 1, "checkpoint");
-        ck_control(t, 0, &stop, &due);
-        int eval = (c->eval_every > 0 && (step + 1) % c->eval_every == 0) || last;
-        int save = (c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop || due || t->ck_deferred;
-        /* a periodic checkpoint during a run of non-finite steps would keep a
-         * state that exit 4 is about to roll back: take it at the next good step */
-        t->ck_deferred = save && !last && !stop && t->nonfinite_run > 0;
-        if (t->ck_deferred) save = 0;
-        /* evaluation only when it has work (a validation loss or a sample)
-         * and no stop was asked for: the checkpoint comes first */
-        eval = eval && !stop && ((t->have_val && c->eval_batches > 0) || c->sample_tokens > 0);
-        if (t->nonfinite_run >= c->max_nonfinite_steps) {
-            log_step(t, &s);
-            if (is_root(t)) fprintf(stderr, "llmtrain: %d consecutive steps with non-finite loss or gradients (step %d); exiting\n",
-                                    t->nonfinite_run, step + 1);
-            ck_drain(t); /* the checkpoint in flight predates the streak: a restart rolls back to it */
-            dist_abort(&t->dist, EXIT_NONFINITE);
-        }
-        /* the checkpoint first: it reads only the shards, and an evaluation
-         * that fails must not cost it */
-        if (save) {
-            dist_phase(&t->dist, step + 1, "checkpoint");
-            s.ck_block = ck_begin(t, step + 1);
-        }
-        /* sharded: eval and sample forwards gather chunk by chunk through the
-         * chunk hook, as the step does (never the full weights) */
-        if (eval) dist_phase(&t->dist, step + 1, "eval");
-        if (eval && t->have_val && c->eval_batches > 0) {
-            s.val_loss = eval_loss(t, &t->val);
-            /* a blend: also each source alone, on its own first eval.batches */
-            for (int i = 0; i < t->val.n_src && !t->eval_stopped; i++) s.val_src[i] = eval_loss(t, &t->val.src[i]);
-            s.n_val_src = t->eval_stopped ? 0 : t->val.n_src;
-            if (t->eval_stopped) { /* no partial loss, no sample */
-                s.val_loss = NAN;
-                if (is_root(t)) fprintf(stderr, "llmtrain: stop requested during the evaluation after step %d; evaluation abandoned\n", step + 1);
-            }
-        }
-        log_step(t, &s);
-        if (step == t->prof_last) print_profile(t);
-        if (eval && !t->eval_stopped) print_sample(t, step + 1);
-        /* asked to stop while evaluating or sampling, or a log write failed
-         * (a full log.dir: exit 3): this step's checkpoint now (if it was
-         * not taking one), not after another step */
-        int logs_failed = logs_failed_agreed(t);
-        if (logs_failed || (eval && (t->eval_stopped || stop_agreed(t)))) {
-            stop = 1;
-            if (!save) {
-                dist_phase(&t->dist, step + 1, "checkpoint");
-                ck_begin(t, step + 1);
-            }
-        }
-        if (stop && !last) {
-            stopped = 1;
-            break;
-        }
+}
+
+/* The step's fault-injection hooks (LLMTRAIN_FAULT; tests only): die or
+ * hang here, a lowered peak (check_peak), NaN gradients (shard.c's poison).
+ * The checkpoint writer's hooks are ckpt_run.c's. */
+static void step_test_hooks(Trainer *t, int step) {
+    dist_fault_point(&t->dist, step);
+    if (dist_fault_low_peak(&t->dist, step)) t->peak_gflops /= 1e4;
+    t->sh.poison = dist_fault_nan(&t->dist, step);
+}
+
+/* train_step, timed for log.profile_steps inside its window (from an idle
+ * stream to the end of its last kernel). */
+static StepStats timed_step(Trainer *t, int step) {
+    int profiled = step >= t->prof_first && step <= t->prof_last && t->prof_first >= 0;
+    double w0 = 0;
+    if (profiled) { profile_set(1); w0 = now_s(); }
+    StepStats s = train_step(t, step);
+    if (profiled) {
+        profile_set(0);
+        t->prof_n++;
+        t->prof_wall += now_s() - w0;
     }
+    return s;
+}
+
+/* One iteration of the loop, each policy a call: the step, the checkpoint
+ * and stop agreement, non-finite steps, checkpoint, evaluation, logging,
+ * a late stop. Returns 1 when the run stops after this step. */
+static int loop_step(Trainer *t, int step) {
+    const Config *c = &t->cfg;
+    dist_phase(&t->dist, step + 1, "forward");
+    step_test_hooks(t, step + 1);
+    StepStats s = timed_step(t, step);
+    track_spikes(t, &s);
+    int last = step + 1 == c->steps, stop = 0, due = 0;
+    dist_phase(&t->dist, step + 1, "checkpoint");
+    ckpt_control(&t->ck, 0, g_stop_signal != 0, &stop, &due);
+    int eval = (c->eval_every > 0 && (step + 1) % c->eval_every == 0) || last;
+    int save = (c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop || due || t->ck_deferred;
+    /* a periodic checkpoint during a run of non-finite steps would keep a
+     * state that exit 4 is about to roll back: take it at the next good step */
+    t->ck_deferred = save && !last && !stop && t->nonfinite_run > 0;
+    if (t->ck_deferred) save = 0;
+    /* evaluation only when it has work (a validation loss or a sample)
+     * and no stop was asked for: the checkpoint comes first */
+    eval = eval && !stop && ((t->have_val && c->eval_batches > 0) || c->sample_tokens > 0);
+    check_nonfinite_run(t, &s);
+    /* the checkpoint first: it reads only the shards, and an evaluation
+     * that fails must not cost it */
+    if (save) s.ck_block = save_checkpoint(t, step + 1);
+    /* sharded: eval and sample forwards gather chunk by chunk through the
+     * chunk hook, as the step does (never the full weights) */
+    if (eval) dist_phase(&t->dist, step + 1, "eval");
+    if (eval && t->have_val && c->eval_batches > 0) evaluate(t, &s, step + 1);
+    log_step(t, &s);
+    if (step == t->prof_last) print_profile(t);
+    if (eval && !t->eval_stopped) print_sample(t, step + 1);
+    /* asked to stop while evaluating or sampling, or a log write failed
+     * (a full log.dir: exit 3): this step's checkpoint now (if it was not
+     * taking one), not after another step */
+    if (logs_failed_agreed(t) || (eval && (t->eval_stopped || stop_agreed(t)))) {
+        stop = 1;
+        if (!save) save_checkpoint(t, step + 1);
+    }
+    return stop && !last;
+}
+
+/* After the last step (or a stop): the final checkpoint complete (and its
+ * durable copy), the logs closed; the exit code. */
+static int finish(Trainer *t, int stopped) {
+    const Config *c = &t->cfg;
+    CkptRun *ck = &t->ck;
     print_profile(t); /* stopped inside the window */
     dist_phase(&t->dist, c->steps, "checkpoint");
-    ck_drain(t);
-    ckpt_writer_free(t->ckw);
-    int final_step = t->step_base < c->steps ? t->ck_state.step : t->ck_done_step;
+    ckpt_drain(ck);
+    int final_step = t->step_base < c->steps ? ck->state.step : ck->done_step;
     if (is_root(t) && t->st.norm_n > 0)
         printf("grad-norm spikes: %d (norm above its %d-step running mean + 0.1; lengths in metrics.jsonl grad_spike_steps)\n",
                t->st.spikes + (t->st.spike_len > 0), CKPT_SPIKE_WINDOW);
@@ -2104,25 +1499,41 @@ static int train(int argc, char **argv) {
         stopped = 0;
         if (is_root(t))
             fprintf(stderr, "llmtrain: %s: cannot write (%s); stopped after step %d%s, exiting %d\n", t->log_path,
-                    strerror(t->log_errno), final_step, t->ck_done_step == final_step ? ", its checkpoint written" : "", EXIT_IO);
+                    strerror(t->log_errno), final_step, ck->done_step == final_step ? ", its checkpoint written" : "", EXIT_IO);
     }
-    if (t->ck_done_step != final_step) {
+    if (ck->done_step != final_step) {
         if (is_root(t)) fprintf(stderr, "llmtrain: the final checkpoint (step %d) could not be written to %s%s%s; see the lines above\n",
                                 final_step, c->ckpt_dir, c->ckpt_durable_dir[0] ? " or " : "", c->ckpt_durable_dir);
         dist_abort(&t->dist, EXIT_IO);
     }
     /* the local disk may not outlive the job (SageMaker's does not): a final
      * checkpoint this run wrote is complete only with its durable copy */
-    if (c->ckpt_durable_dir[0] && (t->step_base < c->steps || t->ck_recopy) && t->ck_durable_step != final_step) {
+    if (c->ckpt_durable_dir[0] && (t->step_base < c->steps || ck->recopy) && ck->durable_step != final_step) {
         if (is_root(t)) fprintf(stderr, "llmtrain: the final checkpoint (step %d) is complete in %s but could not be copied to %s; see the lines above\n",
                                 final_step, c->ckpt_dir, c->ckpt_durable_dir);
         dist_abort(&t->dist, EXIT_IO);
     }
+    ckpt_run_free(ck);
     if (stopped && is_root(t))
         fprintf(stderr, "llmtrain: stopped by signal after step %d; checkpoint written, exiting %d\n", final_step, EXIT_STOPPED);
     dist_phase(&t->dist, c->steps, "finalize");
     dist_finalize(&t->dist);
     return logs_failed ? EXIT_IO : stopped ? EXIT_STOPPED : EXIT_OK;
+}
+
+/* `llmtrain job.json`: one line a policy. A stop signal from the start: a
+ * stop request during start-up (a rendezvous, a long load) is answered
+ * before the first step, not by the signal's default action (SIGUSR1's,
+ * what the launchers send mpirun, kills). */
+static int train(int argc, char **argv) {
+    static Trainer tr;
+    Trainer *t = &tr;
+    catch_stop_signals();
+    setup(t, &argc, &argv);
+    if (t->step_base < t->cfg.steps && stop_agreed(t)) return stop_at_start(t);
+    int stopped = 0;
+    for (int step = t->step_base; step < t->cfg.steps && !stopped; step++) stopped = loop_step(t, step);
+    return finish(t, stopped);
 }
 
 /* ------------------------------------------------------------------ */

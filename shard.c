@@ -491,3 +491,29 @@ void shard_setup_bf16(Sharding *sh) {
         sh->k->copy(sh->master, m->params, m->n_params * sizeof(float));
     }
 }
+
+float *shard_state_ptr(Sharding *sh, int k, int c, size_t lo) {
+    Model *m = sh->model;
+    if (!sh->sharded) {
+        float *a[3] = {sh->master ? sh->master : m->params, m->m, m->v};
+        return a[k] + lo;
+    }
+    float *a[3] = {sh->master, sh->mshard, sh->vshard};
+    size_t base = m->chunk_offset[c] + (size_t)sh->dist->shard_index * shard_len(sh, c);
+    return a[k] + sh->shard_off[c] + (lo - base);
+}
+
+void shard_install_state(Sharding *sh, const float *p, const float *mm, const float *vv) {
+    Model *m = sh->model;
+    const Kernels *k = sh->k;
+    sh->weights_kept = 0;
+    if (!sh->sharded) {
+        k->from_host(sh->master ? sh->master : m->params, p, m->n_params * sizeof(float));
+        k->from_host(m->m, mm, m->n_params * sizeof(float));
+        k->from_host(m->v, vv, m->n_params * sizeof(float));
+        return;
+    }
+    k->from_host(sh->master, p, sh->n_shard * sizeof(float));
+    k->from_host(sh->mshard, mm, sh->n_shard * sizeof(float));
+    k->from_host(sh->vshard, vv, sh->n_shard * sizeof(float)); /* steps gather the working weights from these */
+}

@@ -88,6 +88,14 @@ void shard_free_full_params(Sharding *sh);
 void shard_pool_slots(const Sharding *sh, int *n_pslots, int *n_gslots);
 double shard_pool_bytes(const Sharding *sh, int grads);
 double shard_params_bytes(const Sharding *sh, double shard);
+/* Where state kind k (0 weights, 1 exp_avg, 2 exp_avg_sq) of local flat
+ * index lo of chunk c lives on this rank (lo lies in this rank's shard). */
+float *shard_state_ptr(Sharding *sh, int k, int c, size_t lo);
+/* Install loaded state as this rank's weights and optimizer state: the
+ * host arrays hold what the rank owns, packed in chunk order (the whole
+ * local model when replicated, its shard when sharded: n_shard floats,
+ * exactly the layout of master / mshard / vshard). */
+void shard_install_state(Sharding *sh, const float *p, const float *mm, const float *vv);
 /* Wait for every chunk's reduce-scatter (between micro-batches). */
 void shard_rs_finish_all(Sharding *sh);
 /* After the last micro-batch's backward: wait for every chunk's gradient
