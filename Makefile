@@ -13,7 +13,7 @@ BLAS_LIBS = -lopenblas
 LIBS = -lcjson $(BLAS_LIBS) -lm
 PY = /usr/bin/python3
 
-SRC = llmtrain.c config.c model.c kernels_cpu.c kernels_cuda_sizes.c parallel.c shard.c data.c hf.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
+SRC = llmtrain.c config.c model.c kernels_cpu.c kernels_cuda_sizes.c parallel.c shard.c layout.c data.c hf.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/test_model tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \

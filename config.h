@@ -172,7 +172,7 @@ void config_lr_text(const Config *c, char *buf, size_t n);
  * the run: train.global_batch, or under a ramp rampup_start_batch + k x
  * rampup_batch_increment, k = floor(consumed x stages / rampup_samples)
  * (Megatron's rule, in integers), global_batch once consumed reaches
- * rampup_samples. Needs global_batch resolved (check_layout). */
+ * rampup_samples. Needs global_batch resolved (layout_check). */
 int config_batch_at(const Config *c, uint64_t consumed);
 /* The data cursor (sequences consumed) before step `step` of a run whose
  * step step0 began at cursor0: each step takes config_batch_at(cursor). */

@@ -20,6 +20,7 @@
 #include "dist_nccl.h"
 #endif
 #include "kernels.h"
+#include "layout.h"
 #include "model.h"
 #include "parallel.h"
 #include "profile.h"
@@ -589,7 +590,7 @@ static StepStats train_step(Trainer *t, int step) {
     Model *m = &t->model;
     const Kernels *k = t->k;
     StepStats s = {.step = step, .batch = step_batch(t, step), .val_loss = NAN};
-    int accum = s.batch / (c->micro_batch * t->dist.dp); /* check_layout: a whole number at every batch */
+    int accum = s.batch / (c->micro_batch * t->dist.dp); /* layout_check: a whole number at every batch */
     t->sh.step_accum = accum;
     t->sh.chunks_done = 0;
     double t0 = now_s();
@@ -709,222 +710,6 @@ static StepStats train_step(Trainer *t, int step) {
 
 /* ------------------------------------------------------------------ */
 /* setup                                                               */
-
-/* Every rank must train the same job: a host whose copy of the job file
- * (or whose --set overrides, init.from config or llmtrain build) differs
- * would otherwise train other steps, another schedule or another model
- * than its peers, and the job would hang in a collective of another size
- * or its replicas drift apart without a word. The ranks compare a hash of
- * config_canonical's text (one all-gather of 8 bytes a rank); where one
- * differs, rank 0's text and host go to every rank, the first rank that
- * differs finds its first differing key and host into a line that reaches
- * every rank through one all-reduce (its bytes, the others' zeros), and
- * every rank ends with exit 2 and that line. */
-#define JOB_DIFF_BYTES 768
-static void check_same_job(Trainer *t) {
-    Dist *d = &t->dist;
-    if (d->world == 1) return;
-    char *text = config_canonical(&t->cfg);
-    size_t len = strlen(text) + 1;
-    uint64_t h = fnv1a64(text);
-    uint64_t *hashes = malloc_check((size_t)d->world * sizeof *hashes);
-    dist_allgather_bytes(d, &h, hashes, sizeof h);
-    int differ = 0, first = 0;
-    for (int r = d->world - 1; r >= 1; r--)
-        if (hashes[r] != hashes[0]) differ++, first = r;
-    free(hashes);
-    if (!differ) {
-        free(text);
-        return;
-    }
-    uint64_t root_len = len;
-    dist_bcast_bytes(d, &root_len, sizeof root_len);
-    char *root = malloc_check((size_t)root_len), host0[64] = "", diff[JOB_DIFF_BYTES] = "";
-    if (d->rank == 0) {
-        memcpy(root, text, len);
-        host_name(host0, sizeof host0);
-    }
-    dist_bcast_bytes(d, root, (size_t)root_len);
-    dist_bcast_bytes(d, host0, sizeof host0);
-    root[root_len - 1] = '\0';
-    host0[sizeof host0 - 1] = '\0';
-    if (d->rank == first) {
-        char me[32], host[64], what[JOB_DIFF_BYTES - 256];
-        snprintf(me, sizeof me, "on rank %d", d->rank);
-        host_name(host, sizeof host);
-        if (!config_canonical_diff(text, root, me, "on rank 0", what, sizeof what)) snprintf(what, sizeof what, "(no key differs?)");
-        snprintf(diff, sizeof diff, "rank %d (host %.60s) reads another job than rank 0 (host %.60s): %s", d->rank, host, host0, what);
-    }
-    double *bytes = calloc_check(JOB_DIFF_BYTES, sizeof *bytes);
-    for (int i = 0; i < JOB_DIFF_BYTES; i++) bytes[i] = (unsigned char)diff[i];
-    dist_allreduce_sum_f64(d, bytes, JOB_DIFF_BYTES);
-    for (int i = 0; i < JOB_DIFF_BYTES; i++) diff[i] = (char)(unsigned char)bytes[i];
-    diff[JOB_DIFF_BYTES - 1] = '\0';
-    die(EXIT_USAGE, "%s: %s (%d of %d ranks differ from rank 0; expected every rank to read the same job file with the same --set "
-        "overrides and run the same llmtrain build)", t->cfg.path, diff, differ, d->world);
-}
-
-/* Validate the parallel layout for t->dist.world ranks and derive S and the
- * accumulation. Arithmetic only (no MPI), so `llmtrain check` runs it for
- * any world size with the same messages as a training start. */
-static void check_layout(Trainer *t) {
-    Config *c = &t->cfg;
-    Dist *d = &t->dist;
-    t->sh.cfg = c; /* the sharding runtime works on the trainer's job, groups and model */
-    t->sh.dist = d;
-    t->sh.model = &t->model;
-    const ModelConfig *mc = &c->model;
-    if (d->world % c->tp != 0)
-        die(EXIT_USAGE, "%s: parallel.tensor %d does not divide the %d ranks", c->path, c->tp, d->world);
-    if (mc->n_kv_head % c->tp != 0 || mc->n_head % c->tp != 0)
-        die(EXIT_USAGE, "%s: model.n_kv_head %d (n_head %d) is not divisible by parallel.tensor %d", c->path, mc->n_kv_head,
-            mc->n_head, c->tp);
-    if (mc->ffn_hidden % c->tp != 0)
-        die(EXIT_USAGE, "%s: model.ffn_hidden %d is not divisible by parallel.tensor %d", c->path, mc->ffn_hidden, c->tp);
-    if (mc->vocab_size % c->tp != 0)
-        die(EXIT_USAGE, "%s: model.vocab_size %d is not divisible by parallel.tensor %d; pad the vocabulary", c->path,
-            mc->vocab_size, c->tp);
-    if (c->seq_parallel && c->tp == 1)
-        die(EXIT_USAGE, "%s: parallel.sequence_parallel needs parallel.tensor > 1 (it splits the TP group's rows; got tensor 1)",
-            c->path);
-    if (c->tp > 1 && c->debug_dump[0])
-        die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
-    dist_set_tp(d, c->tp);
-    if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
-        t->sh.S = d->dp;
-    } else if (strcmp(c->strategy, "NO_SHARD") == 0) {
-        t->sh.S = 1;
-    } else if (strcmp(c->strategy, "HYBRID_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD_ZERO2") == 0) {
-        t->sh.S = c->shard_degree > 0 ? c->shard_degree : d->dp;
-        if (d->dp % t->sh.S != 0)
-            die(EXIT_USAGE, "%s: parallel.shard_degree %d does not divide the %d data-parallel ranks (parallel.strategy %s)",
-                c->path, c->shard_degree, d->dp, c->strategy);
-    } else {
-        die(EXIT_USAGE, "%s: parallel.strategy \"%s\": expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2",
-            c->path, c->strategy);
-    }
-    t->sh.sharded = t->sh.S > 1;
-    /* parallel.reshard_after_forward: auto (0) = PyTorch's default per strategy, 1 true, 2 false */
-    t->sh.reshard = c->reshard_after_forward == 0 ? strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD") == 0
-                                               : c->reshard_after_forward == 1;
-    long long micro_all = (long long)c->micro_batch * d->dp; /* up to 2^20 x 2^24: computed wide */
-    if (c->global_batch == 0 && micro_all > INT_MAX)
-        die(EXIT_USAGE, "%s: train.micro_batch %d x data-parallel ranks %d = %lld sequences a step exceeds train.global_batch's "
-            "maximum %d", c->path, c->micro_batch, d->dp, micro_all, INT_MAX);
-    if (c->global_batch == 0) c->global_batch = (int)micro_all;
-    if (c->global_batch % micro_all != 0) /* so from here micro_batch x dp <= global_batch fits in an int */
-        die(EXIT_USAGE, "%s: train.global_batch %d is not divisible by train.micro_batch %d x data-parallel ranks %d",
-            c->path, c->global_batch, c->micro_batch, d->dp);
-    t->accum = c->global_batch / (c->micro_batch * d->dp);
-    if (c->rampup_start) { /* every batch of the ramp must split into whole micro-batches per rank */
-        int unit = c->micro_batch * d->dp;
-        if (c->rampup_start >= c->global_batch)
-            die(EXIT_USAGE, "%s: train.rampup_start_batch %d is not below train.global_batch %d (a ramp-up grows to it)", c->path,
-                c->rampup_start, c->global_batch);
-        if (c->rampup_start % unit != 0 || c->rampup_increment % unit != 0)
-            die(EXIT_USAGE, "%s: train.%s %d is not divisible by train.micro_batch %d x data-parallel ranks %d", c->path,
-                c->rampup_start % unit ? "rampup_start_batch" : "rampup_batch_increment",
-                c->rampup_start % unit ? c->rampup_start : c->rampup_increment, c->micro_batch, d->dp);
-        if ((c->global_batch - c->rampup_start) % c->rampup_increment != 0)
-            die(EXIT_USAGE, "%s: train.rampup_batch_increment %d does not divide train.global_batch %d - train.rampup_start_batch %d",
-                c->path, c->rampup_increment, c->global_batch, c->rampup_start);
-    }
-}
-
-#ifdef LLMTRAIN_CUDA
-/* One rank's claim in gpu_shared: its host and the UUID of its device. */
-enum { CLAIM_HOST = 128, CLAIM_ID = 64 };
-typedef struct GpuClaim {
-    char host[CLAIM_HOST], id[CLAIM_ID];
-    int rank;
-} GpuClaim;
-
-static int claim_cmp(const void *a, const void *b) {
-    const GpuClaim *x = a, *y = b;
-    int c = strcmp(x->id, y->id);
-    if (!c) c = strcmp(x->host, y->host);
-    return c ? c : x->rank - y->rank;
-}
-
-/* Several ranks: do two ranks of one host use the same GPU (NCCL cannot put
- * two ranks of a communicator on one)? Compared by the devices' UUIDs, so
- * ranks that each see all of the node's GPUs and ranks bound to one each
- * (CUDA_VISIBLE_DEVICES per rank, srun --gpus-per-task 1) are judged alike;
- * a UUID that cannot be read counts as the device's index on the host (the
- * old rule: more ranks than visible devices clash). Called before any rank
- * creates a context; every rank takes part and gets the same answer: 1 with
- * what clashed in msg, else 0. dev < 0: this rank uses no GPU. */
-static int gpu_shared(Trainer *t, int dev, int count, char *msg, size_t n) {
-    Dist *d = &t->dist;
-    GpuClaim mine, *all = calloc_check((size_t)d->world, sizeof *all);
-    memset(&mine, 0, sizeof mine);
-    mine.rank = d->rank;
-    host_name(mine.host, sizeof mine.host);
-    if (dev >= 0 && kernels_cuda_device_uuid(mine.id, sizeof mine.id) < 0)
-        snprintf(mine.id, sizeof mine.id, "device %d of %d visible (UUID unreadable)", dev, count);
-    dist_allgather_bytes(d, &mine, all, sizeof mine);
-    qsort(all, (size_t)d->world, sizeof *all, claim_cmp); /* the same GPU of a host: neighbours */
-    int clash = 0;
-    for (int i = 0; i + 1 < d->world && !clash; i++)
-        if (all[i].id[0] && !strcmp(all[i].id, all[i + 1].id) && !strcmp(all[i].host, all[i + 1].host)) {
-            snprintf(msg, n, "ranks %d and %d on host %.60s would share GPU %.60s", all[i].rank, all[i + 1].rank, all[i].host,
-                     all[i].id);
-            clash = 1;
-        }
-    free(all);
-    return clash;
-}
-#endif
-
-/* train.device: "cpu"; "cuda" (exit 2 with one line when unusable); "auto":
- * CUDA when this is a CUDA build and every rank has a usable GPU of its own,
- * else the CPU on every rank. A rank takes device local_rank % count of the
- * devices it sees (CUDA_VISIBLE_DEVICES applies: all of the node's, or one
- * bound to it), and no two ranks of a host may use the same GPU (compared by
- * UUID): NCCL cannot put two ranks of a communicator on one GPU.
- * LLMTRAIN_DEVICE (cpu|cuda) overrides "auto" only, so the CPU test
- * suite can pin the CPU on a machine with a GPU. Several CUDA ranks talk
- * through NCCL (dist_nccl.c, attached after dist_setup_groups). */
-static void select_backend(Trainer *t) {
-    const char *dev = t->cfg.device;
-    const char *env = getenv("LLMTRAIN_DEVICE");
-    if (env && *env && strcmp(env, "cpu") != 0 && strcmp(env, "cuda") != 0) /* not silently auto */
-        die(EXIT_USAGE, "environment: LLMTRAIN_DEVICE=\"%s\": expected cpu or cuda (or unset)", env);
-    if (strcmp(dev, "auto") == 0 && env && *env) dev = env;
-#ifdef LLMTRAIN_CUDA
-    Dist *d = &t->dist;
-    int want = strcmp(dev, "cuda") == 0;
-    if (want || strcmp(dev, "auto") == 0) {
-        char why[320], clash[320];
-        int count = kernels_cuda_device_count(why, sizeof why), use = 0, dev = count >= 1 ? d->local_rank % count : -1;
-        if (dev >= 0) kernels_cuda_set_device(dev);
-        if (d->world > 1 && gpu_shared(t, dev, count, clash, sizeof clash)) {
-            if (want)
-                die(EXIT_USAGE, "%s: train.device \"cuda\": %s (%d ranks on this node, %d CUDA device%s visible to this rank; expected "
-                    "one GPU per rank: NCCL cannot share a GPU between ranks; start at most one rank per GPU, or use train.device \"cpu\")",
-                    t->cfg.path, clash, d->local_size, count, count == 1 ? "" : "s");
-            dev = -1; /* auto: every rank saw the clash, every rank takes the CPU (before any makes a context) */
-        }
-        if (dev >= 0) use = kernels_cuda_available(why, sizeof why);
-        if (want && !use) die(EXIT_USAGE, "%s: train.device \"cuda\": no usable CUDA device (%s)", t->cfg.path, why);
-        if (!want && d->world > 1) { /* auto: CUDA only when every rank can */
-            double n = use;
-            dist_allreduce_sum_f64(d, &n, 1);
-            use = n == d->world;
-        }
-        if (use) {
-            kernels_cuda_set_compute_dtype(t->cfg.compute_dtype);
-            kernels_cuda_set_attention(t->cfg.attention_kernel);
-            t->k = kernels_cuda();
-            return;
-        }
-    }
-#else
-    if (strcmp(dev, "cuda") == 0)
-        die(EXIT_USAGE, "%s: train.device \"cuda\": this binary was built without the CUDA backend (use \"cpu\" or \"auto\")", t->cfg.path);
-#endif
-    t->k = kernels_cpu();
-}
 
 /* log.profile_steps: the window of steps to time, from the run's second (the
  * first builds plans, grows scratch and warms caches) unless the run has
@@ -1138,101 +923,6 @@ static void print_header(Trainer *t) {
     fflush(stdout);
 }
 
-/* train.compute_dtype bf16 on CUDA: bf16 GEMMs and [a] activations
- * (kernels.h) in bf16 */
-static int cuda_bf16(const Config *c) { return strcmp(c->compute_dtype, "bf16") == 0; }
-
-/* The CUDA backend's scratch beside the layout's buffers, as the backend
- * sizes it (kernels_cuda_sizes.c) for this rank's local model. */
-static double cuda_scratch_bytes(const Trainer *t) {
-    const Model *m = &t->model;
-    int np, ng, off_grid = 0;
-    shard_pool_slots(&t->sh, &np, &ng);
-    for (int i = 0; i < m->n_specs; i++) off_grid |= m->specs[i].ndim == 2 && m->specs[i].offset % 8 != 0;
-    CudaScratchShape sh = {.B = t->cfg.micro_batch, .T = t->cfg.seq_len, .C = t->cfg.model.n_embd, .nh = m->nh, .hd = m->hd,
-                           .qkv_dim = m->qkv_dim, .fc_dim = m->fc_dim, .F = m->F, .V = m->V, .n_params = m->n_params,
-                           .gpt2 = t->cfg.model.arch == ARCH_GPT2, .bf16 = cuda_bf16(&t->cfg), .attention = t->cfg.attention_kernel,
-                           .weight_copies = t->sh.sharded ? np - 2 : t->cfg.model.n_layer, .sharded = t->sh.sharded, .off_grid = off_grid};
-    return kernels_cuda_scratch_bytes(&sh);
-}
-
-/* This rank's bytes of working parameters, fp32 master weights, gradients,
- * optimizer state and activations (on the device), and of activations
- * offloaded to host memory, from the layout table alone (so `llmtrain check`
- * can size a model it never allocates), and on a CUDA backend its scratch. */
-#define RANK_BYTES 7
-static void rank_bytes(const Trainer *t, double out[RANK_BYTES]) {
-    const Model *m = &t->model;
-    size_t n_shard = 0;
-    for (int c = 0; c < m->n_chunks; c++) n_shard += shard_len(&t->sh, c);
-    double full = (double)m->n_params * sizeof(float), shard = (double)n_shard * sizeof(float);
-    /* sharded: working weights and gradients are the chunk pools (shard_setup) */
-    out[0] = shard_params_bytes(&t->sh, shard);
-    out[1] = t->sh.sharded ? shard : t->cfg.param_dtype == 1 ? full : 0; /* NO_SHARD fp32: the params are the master */
-    out[2] = t->sh.sharded ? shard_pool_bytes(&t->sh, 1) + shard : full;
-    out[3] = 2 * (t->sh.sharded ? shard : full);
-    out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * t->cfg.micro_batch * t->cfg.seq_len * sizeof(int);
-    out[5] = (double)m->offload_floats * sizeof(float);
-    out[6] = t->k && backend_is_cuda(t) ? cuda_scratch_bytes(t) : 0; /* training on cuda only (check prints its own) */
-}
-
-/* " offload_host_bytes N" when activations are offloaded, else "" */
-static const char *offload_field(double bytes, char *buf, size_t n) {
-    if (bytes > 0) snprintf(buf, n, " offload_host_bytes %.0f", bytes);
-    else buf[0] = 0;
-    return buf;
-}
-
-/* Rank 0 prints the data-parallel layout and every rank's memory for
- * working parameters, fp32 master weights, gradients and optimizer state. */
-static void print_layout(Trainer *t) {
-    Dist *d = &t->dist;
-    double mine[RANK_BYTES];
-    rank_bytes(t, mine);
-    double *all = is_root(t) ? malloc_check((size_t)d->world * RANK_BYTES * sizeof(double)) : NULL;
-    dist_gather_f64(d, mine, all, RANK_BYTES);
-    if (!is_root(t)) return;
-    int S = d->shard_size, R = d->replicate_size;
-    printf("parallel: strategy %s | shard groups of %d x %d replicas | %s\n", t->cfg.strategy, S, R,
-           t->sh.sharded ? (t->sh.reshard ? "sharded per layer chunk; gathered before forward and again before backward (reshard_after_forward)"
-                                    : "sharded per layer chunk; gathered before forward, kept until backward (no reshard_after_forward)")
-                      : "replicated");
-    int P = d->tp;
-    if (P > 1) {
-        printf("tensor parallel: %d ranks per TP group (tp innermost); heads, ffn and vocabulary split %d ways%s\n", P, P,
-               t->cfg.seq_parallel ? "; sequence parallel: the residual stream and norms split by rows" : "");
-        for (int g = 0; g < d->dp; g++) {
-            printf("  TP group %d: ranks", g);
-            for (int i = 0; i < P; i++) printf(" %d", g * P + i);
-            printf("\n");
-        }
-    }
-    for (int tr = 0; tr < P; tr++) {
-        for (int g = 0; g < R; g++) {
-            if (P > 1) printf("  tp_rank %d", tr);
-            printf("  shard group %d: ranks", g);
-            for (int i = 0; i < S; i++) printf(" %d", (g * S + i) * P + tr);
-            printf("\n");
-        }
-        for (int i = 0; i < S; i++) {
-            if (P > 1) printf("  tp_rank %d", tr);
-            printf("  replicate group %d: ranks", i);
-            for (int g = 0; g < R; g++) printf(" %d", (g * S + i) * P + tr);
-            printf("\n");
-        }
-    }
-    for (int r = 0; r < d->world; r++) {
-        const double *x = all + RANK_BYTES * r;
-        char off[64];
-        char scr[64] = "";
-        if (x[6] > 0) snprintf(scr, sizeof scr, " cuda_scratch_bytes %.0f", x[6]);
-        printf("  rank %d: params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f activations_bytes %.0f%s%s\n", r,
-               x[0], x[1], x[2], x[3], x[4], offload_field(x[5], off, sizeof off), scr);
-    }
-    fflush(stdout);
-    free(all);
-}
-
 static void tp_allreduce_cb(void *ctx, float *x, size_t n, int max) { dist_tp_allreduce_f32(ctx, x, n, max); }
 static void tp_allgather_cb(void *ctx, const void *send, void *recv, size_t n, int es) { dist_tp_allgather(ctx, send, recv, n, es); }
 static void tp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size_t n) {
@@ -1298,9 +988,9 @@ static void setup(Trainer *t, int *argc, char ***argv) {
     load_job(t, *argc, *argv, NULL, "llmtrain job.json [--set key=value ...]");
     Config *c = &t->cfg;
     dist_watchdog_start(&t->dist, c->timeout_s);
-    check_same_job(t); /* the first collective, under the watchdog: a rank stuck reading its job ends the job */
-    check_layout(t);
-    select_backend(t); /* a missing GPU is usually every rank's error too */
+    layout_check_same_job(c, &t->dist); /* the first collective, under the watchdog: a rank stuck reading its job ends the job */
+    t->accum = layout_check(&t->sh, c, &t->dist, &t->model);
+    t->k = layout_select_backend(c, &t->dist); /* a missing GPU is usually every rank's error too */
     if (c->profile_steps > 0) t->k = profile_wrap(t->k); /* timing off until its window */
     die_replicated(0); /* from here errors may differ per rank or host (data paths, memory) */
     t->threads = kernels_cpu_set_threads(0, t->dist.local_size);
@@ -1352,7 +1042,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
     shard_refresh_working(&t->sh, t->step_base);
     open_metrics(t, resumed);
     print_header(t);
-    print_layout(t);
+    layout_print(&t->sh, t->k);
     if (c->health_check && !dist_health_check(&t->dist, (size_t)1 << 20, c->min_bus_gbps)) {
         dist_finalize(&t->dist);
         exit(EXIT_SLOW_FABRIC);
@@ -1585,10 +1275,10 @@ static int cmd_check(int argc, char **argv) {
     const Config *c = &t->cfg;
     t->dist.world = world;
     t->dist.local_size = 1;
-    check_layout(t);
+    t->accum = layout_check(&t->sh, &t->cfg, &t->dist, &t->model);
     /* no backend: the job is checked for the cluster it names, not for this
      * machine's devices (a GPU job checks on a laptop), and nothing is allocated */
-    int act_bytes = strcmp(c->device, "cpu") != 0 && cuda_bf16(c) ? 2 : 4; /* the [a] activations on CUDA */
+    int act_bytes = strcmp(c->device, "cpu") != 0 && layout_cuda_bf16(c) ? 2 : 4; /* the [a] activations on CUDA */
     model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->sh.S, t->dist.tp, 0,
                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes, c->seq_parallel, c->recompute_modules});
     printf("check: %s: valid for %d ranks\n", c->path, world);
@@ -1597,14 +1287,14 @@ static int cmd_check(int argc, char **argv) {
     int tp = t->dist.tp, dp = t->dist.dp;
     printf("parallel: tensor %d%s x data-parallel %d | strategy %s: shard groups of %d x %d replicas\n", tp,
            c->seq_parallel ? " (sequence parallel)" : "", dp, c->strategy, t->sh.S, dp / t->sh.S);
-    double b[RANK_BYTES];
+    double b[LAYOUT_RANK_BYTES];
     char off[64];
-    rank_bytes(t, b);
+    layout_rank_bytes(&t->sh, NULL, b);
     printf("per rank (estimate): params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f "
-           "activations_bytes %.0f%s | total %.1f GiB\n", b[0], b[1], b[2], b[3], b[4], offload_field(b[5], off, sizeof off),
+           "activations_bytes %.0f%s | total %.1f GiB\n", b[0], b[1], b[2], b[3], b[4], layout_offload_field(b[5], off, sizeof off),
            (b[0] + b[1] + b[2] + b[3] + b[4]) / (1 << 30));
     if (strcmp(c->device, "cpu") != 0) {
-        double sc = cuda_scratch_bytes(t);
+        double sc = layout_cuda_scratch_bytes(&t->sh);
         printf("on CUDA also (estimate): cuda_scratch_bytes %.0f (cuBLASLt workspace, attention, gradient and sort "
                "scratch) | total %.1f GiB\n", sc, (b[0] + b[1] + b[2] + b[3] + b[4] + sc) / (1 << 30));
     }

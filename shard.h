@@ -4,8 +4,8 @@
  * the optimizer's state (the master weights or their shard, AdamW's
  * moments of the shard), the pooled working-weight and gradient buffers a
  * sharded step gathers into, the collectives in flight, and the gradient
- * norm's sums of squares. The trainer (llmtrain.c) sets cfg, dist and
- * model and the layout's S, sharded and reshard (check_layout), k before
+ * norm's sums of squares. layout_check (layout.c) sets cfg, dist and
+ * model and the layout's S, sharded and reshard, the trainer k before
  * shard_setup; train_step drives in_step, micro, step_accum, poison and
  * chunks_done. */
 #ifndef LLMTRAIN_SHARD_H
