@@ -73,11 +73,7 @@ typedef struct Trainer {
     Sharding sh;                  /* the sharding runtime (shard.c): optimizer state, chunk pools, collectives in flight */
     double train_time;         /* seconds spent in steps, for the ETA */
     double timed_seqs;         /* the sequences of those steps */
-    /* log.profile_steps: the kernel table is profile.c's; steps
-     * [prof_first, prof_last] (0-based) are timed, prof_n of them so far in
-     * prof_wall seconds; prof_printed once the table is out */
-    int prof_first, prof_last, prof_n, prof_printed;
-    double prof_wall;
+    ProfileWindow prof;        /* log.profile_steps: the steps timed (profile.c) */
     uint64_t sample_rng;
     /* resume: step `step_base` reads global sequences from `seq_base` on */
     int step_base;
@@ -711,60 +707,14 @@ static StepStats train_step(Trainer *t, int step) {
 /* ------------------------------------------------------------------ */
 /* setup                                                               */
 
-/* log.profile_steps: the window of steps to time, from the run's second (the
- * first builds plans, grows scratch and warms caches) unless the run has
- * only one; the kernel table becomes profile.c's timing wrapper. */
-static void setup_profile(Trainer *t) {
-    const Config *c = &t->cfg;
-    t->prof_first = t->prof_last = -1;
-    if (c->profile_steps <= 0 || t->step_base >= c->steps) return;
-    t->prof_first = t->step_base + (c->steps - t->step_base > 1);
-    /* at most the run's last step; compared before adding, as prof_first +
-     * profile_steps overflows an int after a resume when profile_steps is
-     * near its maximum (every step) */
-    t->prof_last = c->profile_steps > c->steps - t->prof_first ? c->steps - 1 : t->prof_first + c->profile_steps - 1;
-}
-
-/* Every rank takes part (the gather of each rank's timed time a step:
- * with several ranks, a slow one shows as the spread); rank 0 prints. */
+/* Rank 0: the profile table after its window (every rank takes part);
+ * profile.json is a log file as the others: exit 3 after this step's
+ * checkpoint when it cannot be written. */
 static void print_profile(Trainer *t) {
-    if (t->prof_n == 0 || t->prof_printed) return;
-    t->prof_printed = 1;
-    int W = t->dist.world;
-    double mine = profile_total_ms() / t->prof_n;
-    double *rank_ms = malloc_check((size_t)W * sizeof(double));
-    dist_gather_f64(&t->dist, &mine, rank_ms, 1);
-    if (!is_root(t)) {
-        free(rank_ms);
-        return;
-    }
-    char what[96];
-    int a = t->prof_first + 1, b = t->prof_first + t->prof_n;
-    if (a == b) snprintf(what, sizeof what, "step %d", a);
-    else snprintf(what, sizeof what, "steps %d-%d", a, b);
-    profile_print(stdout, "profile: ", what, t->prof_n, 1000 * t->prof_wall, t->peak_gflops, t->peak_gbs);
-    if (W > 1) {
-        int lo = 0, hi = 0;
-        double sum = 0;
-        for (int r = 0; r < W; r++) {
-            sum += rank_ms[r];
-            if (rank_ms[r] < rank_ms[lo]) lo = r;
-            if (rank_ms[r] > rank_ms[hi]) hi = r;
-        }
-        printf("profile: timed ms a step over the %d ranks: min %.2f (rank %d), mean %.2f, max %.2f (rank %d)%s\n", W,
-               rank_ms[lo], lo, sum / W, rank_ms[hi], hi,
-               rank_ms[hi] > 1.1 * rank_ms[lo] ? ": the slowest rank holds the others up at every collective" : "");
-    }
     char path[2048];
     snprintf(path, sizeof path, "%s/profile.json", t->cfg.log_dir);
-    if (profile_write_json(path, t->prof_first + 1, t->prof_n, 1000 * t->prof_wall, t->peak_gflops, t->peak_gbs,
-                           rank_ms, W) != 0)
-        log_failed(t, path, errno); /* a log file as the others: exit 3 after this step's checkpoint */
-    else printf("profile: %s\n", path);
-    fflush(stdout);
-    free(rank_ms);
+    if (profile_window_report(&t->prof, &t->dist, path, t->peak_gflops, t->peak_gbs) != 0) log_failed(t, path, errno);
 }
-
 
 /* MFU peak: log.peak_gflops, else the GPU's bf16 dense peak, else the
  * measured CPU sgemm rate. */
@@ -1038,7 +988,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
         t->seq_base = t->plan_cursor = t->st.seq_cursor;
     }
     t->end_cursor = run_sequences(t);
-    setup_profile(t);
+    profile_window_init(&t->prof, t->step_base, c->steps, c->profile_steps);
     shard_refresh_working(&t->sh, t->step_base);
     open_metrics(t, resumed);
     print_header(t);
@@ -1112,21 +1062,6 @@ static void step_test_hooks(Trainer *t, int step) {
     t->sh.poison = dist_fault_nan(&t->dist, step);
 }
 
-/* train_step, timed for log.profile_steps inside its window (from an idle
- * stream to the end of its last kernel). */
-static StepStats timed_step(Trainer *t, int step) {
-    int profiled = step >= t->prof_first && step <= t->prof_last && t->prof_first >= 0;
-    double w0 = 0;
-    if (profiled) { profile_set(1); w0 = now_s(); }
-    StepStats s = train_step(t, step);
-    if (profiled) {
-        profile_set(0);
-        t->prof_n++;
-        t->prof_wall += now_s() - w0;
-    }
-    return s;
-}
-
 /* One iteration of the loop, each policy a call: the step, the checkpoint
  * and stop agreement, non-finite steps, checkpoint, evaluation, logging,
  * a late stop. Returns 1 when the run stops after this step. */
@@ -1134,7 +1069,9 @@ static int loop_step(Trainer *t, int step) {
     const Config *c = &t->cfg;
     dist_phase(&t->dist, step + 1, "forward");
     step_test_hooks(t, step + 1);
-    StepStats s = timed_step(t, step);
+    int timed = profile_window_begin(&t->prof, step);
+    StepStats s = train_step(t, step);
+    profile_window_end(&t->prof, timed);
     track_spikes(t, &s);
     int last = step + 1 == c->steps, stop = 0, due = 0;
     dist_phase(&t->dist, step + 1, "checkpoint");
@@ -1157,7 +1094,7 @@ static int loop_step(Trainer *t, int step) {
     if (eval) dist_phase(&t->dist, step + 1, "eval");
     if (eval && t->have_val && c->eval_batches > 0) evaluate(t, &s, step + 1);
     log_step(t, &s);
-    if (step == t->prof_last) print_profile(t);
+    if (step == t->prof.last) print_profile(t);
     if (eval && !t->eval_stopped) print_sample(t, step + 1);
     /* asked to stop while evaluating or sampling, or a log write failed
      * (a full log.dir: exit 3): this step's checkpoint now (if it was not

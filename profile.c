@@ -432,3 +432,64 @@ int profile_write_json(const char *path, int first_step, int steps, double wall_
     errno = err;
     return ok ? 0 : -1;
 }
+
+void profile_window_init(ProfileWindow *w, int step_base, int steps, int profile_steps) {
+    *w = (ProfileWindow){.first = -1, .last = -1};
+    if (profile_steps <= 0 || step_base >= steps) return;
+    w->first = step_base + (steps - step_base > 1);
+    /* at most the run's last step; compared before adding, as first +
+     * profile_steps overflows an int after a resume when profile_steps is
+     * near its maximum (every step) */
+    w->last = profile_steps > steps - w->first ? steps - 1 : w->first + profile_steps - 1;
+}
+
+int profile_window_begin(ProfileWindow *w, int step) {
+    if (w->first < 0 || step < w->first || step > w->last) return 0;
+    profile_set(1);
+    w->t0 = now_s();
+    return 1;
+}
+
+void profile_window_end(ProfileWindow *w, int timed) {
+    if (!timed) return;
+    profile_set(0);
+    w->n++;
+    w->wall += now_s() - w->t0;
+}
+
+int profile_window_report(ProfileWindow *w, Dist *d, const char *json_path, double peak_gflops, double peak_gbs) {
+    if (w->n == 0 || w->printed) return 0;
+    w->printed = 1;
+    int W = d->world, rc = 0;
+    double mine = profile_total_ms() / w->n;
+    double *rank_ms = malloc_check((size_t)W * sizeof(double));
+    dist_gather_f64(d, &mine, rank_ms, 1);
+    if (d->rank != 0) {
+        free(rank_ms);
+        return 0;
+    }
+    char what[96];
+    int a = w->first + 1, b = w->first + w->n;
+    if (a == b) snprintf(what, sizeof what, "step %d", a);
+    else snprintf(what, sizeof what, "steps %d-%d", a, b);
+    profile_print(stdout, "profile: ", what, w->n, 1000 * w->wall, peak_gflops, peak_gbs);
+    if (W > 1) {
+        int lo = 0, hi = 0;
+        double sum = 0;
+        for (int r = 0; r < W; r++) {
+            sum += rank_ms[r];
+            if (rank_ms[r] < rank_ms[lo]) lo = r;
+            if (rank_ms[r] > rank_ms[hi]) hi = r;
+        }
+        printf("profile: timed ms a step over the %d ranks: min %.2f (rank %d), mean %.2f, max %.2f (rank %d)%s\n", W,
+               rank_ms[lo], lo, sum / W, rank_ms[hi], hi,
+               rank_ms[hi] > 1.1 * rank_ms[lo] ? ": the slowest rank holds the others up at every collective" : "");
+    }
+    if (profile_write_json(json_path, w->first + 1, w->n, 1000 * w->wall, peak_gflops, peak_gbs, rank_ms, W) != 0) rc = -1;
+    else printf("profile: %s\n", json_path);
+    fflush(stdout);
+    int e = errno;
+    free(rank_ms);
+    errno = e;
+    return rc;
+}

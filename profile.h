@@ -16,6 +16,7 @@
 #ifndef LLMTRAIN_PROFILE_H
 #define LLMTRAIN_PROFILE_H
 #include "kernels.h"
+#include "parallel.h"
 #include <stdio.h>
 
 /* One wrapper per process: wrapping twice, or a second table, is exit 70. */
@@ -55,5 +56,26 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
  * renamed): 0, or -1 with errno set. */
 int profile_write_json(const char *path, int first_step, int steps, double wall_ms, double peak_gflops,
                        double peak_gbs, const double *rank_ms, int world);
+
+/* The window of steps a run times: from its second step (the first builds
+ * plans, grows scratch and warms caches) unless it has only one, for
+ * log.profile_steps steps at most up to its last. Steps [first, last]
+ * (0-based; -1: none) are timed, n of them so far in wall seconds (from an
+ * idle stream to the end of each step's last kernel); printed once the
+ * table is out. */
+typedef struct ProfileWindow {
+    int first, last, n, printed;
+    double wall, t0;           /* t0: when the step being timed began */
+} ProfileWindow;
+void profile_window_init(ProfileWindow *w, int step_base, int steps, int profile_steps);
+/* Around a step: begin turns timing on inside the window and returns
+ * whether it did; end turns it off and counts the step. */
+int profile_window_begin(ProfileWindow *w, int step);
+void profile_window_end(ProfileWindow *w, int timed);
+/* Once, after the window or at a stop inside it: every rank's timed ms a
+ * step gathered (a slow rank shows as the spread); rank 0 prints the table
+ * and writes it to json_path. Returns 0, or -1 with errno set when the
+ * file could not be written. Collective; nothing when no step was timed. */
+int profile_window_report(ProfileWindow *w, Dist *d, const char *json_path, double peak_gflops, double peak_gbs);
 
 #endif
