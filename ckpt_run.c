@@ -354,7 +354,7 @@ double ckpt_begin(CkptRun *r, const TrainState *st) {
 /* Resumed from the local checkpoint of step S (path) while durable_dir has
  * no complete step S: the run that wrote it died during its durable copy,
  * or the copy failed. Make that copy again, in the background as any
- * durable phase (ck_control advances it; the step's final check waits for
+ * durable phase (ckpt_control advances it; the step's final check waits for
  * it when S is the last step), when the layout is the one that wrote it
  * (rank r copies rank r's file); another layout's ranks own other files,
  * and the next checkpoint is the first copied. */

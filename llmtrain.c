@@ -1,4 +1,5 @@
-/* llmtrain.c — main: job -> topology -> model -> train loop -> exit code.
+/* llmtrain.c — main: the command line, setup, the train loop, one step,
+ * evaluation and sampling, logging; the export and check commands.
  *
  * One training step, top to bottom (train_step below):
  *   gradients start at zero (grads_fresh); for each micro-batch: forward, backward (accumulating)
@@ -7,7 +8,10 @@
  *   forward/backward and reduce-scatter its gradients into the local shard
  *   after its backward; all-reduce over replicas) -> global norm -> clip
  *   -> AdamW at the scheduled LR -> log.
- * Everything numeric is in model.c/kernels; everything collective in parallel.c. */
+ * Everything numeric is in model.c/kernels; everything collective in parallel.c;
+ * the sharding runtime in shard.c; the job's layout checks and memory plan in
+ * layout.c; the checkpoint protocol and resume in ckpt_run.c. train() below
+ * is setup, then one call a policy each step (loop_step), then finish. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
