@@ -12,7 +12,7 @@
  *
  * A folder is written as step_%08d.tmp and renamed only after the manifest
  * (written last, after every rank reported success) is durable. Nothing here
- * calls MPI: the trainer drives the protocol across ranks. */
+ * calls MPI: ckpt_run.c drives the protocol across ranks. */
 #ifndef LLMTRAIN_CKPT_H
 #define LLMTRAIN_CKPT_H
 #include <stddef.h>
@@ -51,7 +51,7 @@ void ckpt_owned_range(const Model *m, int c, int S, int si, int R, int ri, size_
 size_t ckpt_owned_floats(const Model *m, int S, int si, int R, int ri);
 
 /* ---- background writer (one per rank) ----
- * The trainer fills the staging buffer (3 x owned floats: params, exp_avg,
+ * ckpt_begin (ckpt_run.c) fills the staging buffer (3 x owned floats: params, exp_avg,
  * exp_avg_sq), then asks for a write; the thread writes, fsyncs and
  * checksums. A copy job copies a finished file (durable_dir). */
 typedef struct CkptWriter CkptWriter;

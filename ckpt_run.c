@@ -78,6 +78,10 @@ void ckpt_run_setup(CkptRun *r, Sharding *sh, void (*event)(void *ctx, const cha
 }
 
 void ckpt_run_free(CkptRun *r) {
+    if (g_run == r) { /* nothing is in flight any more: no clean-up at a later die() */
+        g_run = NULL;
+        die_set_cleanup(NULL);
+    }
     ckpt_writer_free(r->w);
     free(r->manifest);
     free(r->bytes);
@@ -120,7 +124,7 @@ static void flip_first_byte(const char *path) {
 
 /* The durable phase of the checkpoint of `step`, complete in
  * checkpoint.dir: each rank copies its file to durable_dir's step .tmp
- * folder; ck_advance commits it with ck_manifest once every copy is done. */
+ * folder; ck_advance commits it with r->manifest once every copy is done. */
 static void ck_start_copy(CkptRun *r, int step) {
     r->phase = CK_DURABLE;
     snprintf(r->root, sizeof r->root, "%s", r->cfg->ckpt_durable_dir);

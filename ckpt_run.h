@@ -54,6 +54,7 @@ void ckpt_claim_dirs(const Config *c, Dist *d);
  * that died left half-written, start the writer thread, and register the
  * clean-up that removes the checkpoint in flight when this rank dies. */
 void ckpt_run_setup(CkptRun *r, Sharding *sh, void (*event)(void *ctx, const char *line), void *event_ctx);
+/* Not collective: the writer thread and the buffers (after ckpt_drain). */
 void ckpt_run_free(CkptRun *r);
 /* checkpoint.resume: the newest checkpoint every rank can read and verify,
  * loaded into this layout; *st gets its state. Returns 1 when resumed, 0

@@ -56,7 +56,7 @@ typedef struct Trainer {
     int accum;                 /* micro-batches per rank per step at train.global_batch (a ramp's steps take fewer) */
     int threads;               /* CPU threads of this rank */
     int *tok, *tgt;            /* host batch [B*T] */
-    float *host_flat;          /* host copy of a flat array (dump, checkpoints) */
+    float *host_flat;          /* host copy of a flat array (debug.dump) */
     FILE *metrics;
     TBoard tb;                 /* log.tensorboard_dir (rank 0); tb.f NULL: off */
     char metrics_path[1200];

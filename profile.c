@@ -1,4 +1,6 @@
-/* profile.c — the timing kernel table of log.profile_steps (profile.h).
+/* profile.c — the timing kernel table of log.profile_steps (profile.h), and
+ * the window of steps it times with its report (collective: every rank's
+ * timed ms gathered).
  *
  * Each timed call takes two of the backend's timer slots, one before and one
  * after; when the slots run out, or timing goes off, they are read back
@@ -485,10 +487,14 @@ int profile_window_report(ProfileWindow *w, Dist *d, const char *json_path, doub
                rank_ms[lo], lo, sum / W, rank_ms[hi], hi,
                rank_ms[hi] > 1.1 * rank_ms[lo] ? ": the slowest rank holds the others up at every collective" : "");
     }
-    if (profile_write_json(json_path, w->first + 1, w->n, 1000 * w->wall, peak_gflops, peak_gbs, rank_ms, W) != 0) rc = -1;
-    else printf("profile: %s\n", json_path);
+    int e = 0;
+    if (profile_write_json(json_path, w->first + 1, w->n, 1000 * w->wall, peak_gflops, peak_gbs, rank_ms, W) != 0) {
+        e = errno; /* the write's, not a later call's */
+        rc = -1;
+    } else {
+        printf("profile: %s\n", json_path);
+    }
     fflush(stdout);
-    int e = errno;
     free(rank_ms);
     errno = e;
     return rc;

@@ -1,6 +1,6 @@
 /* profile.h — log.profile_steps: where a training step's compute time goes,
  * per entry of the kernel table, on any backend and any GPU runtime (no
- * profiler needed).
+ * profiler needed); the window of steps a run times, and its report.
  *
  * profile_wrap returns a kernel table that calls the given one and, while
  * timing is on, brackets every call that does work with the backend's

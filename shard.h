@@ -6,8 +6,8 @@
  * sharded step gathers into, the collectives in flight, and the gradient
  * norm's sums of squares. layout_check (layout.c) sets cfg, dist and
  * model and the layout's S, sharded and reshard, the trainer k before
- * shard_setup; train_step drives in_step, micro, step_accum, poison and
- * chunks_done. */
+ * shard_setup; train_step drives in_step, micro, step_accum and
+ * chunks_done, the step's test hooks poison. */
 #ifndef LLMTRAIN_SHARD_H
 #define LLMTRAIN_SHARD_H
 #include <stddef.h>

@@ -38,7 +38,7 @@ void die_format(char *line, size_t n, const char *fmt, va_list ap);
  * one line; an error of this rank alone is still printed after the wait. */
 void die_replicated(int linger);
 /* A function die() calls once, before its line, to take back what the
- * process leaves half-done (the trainer: the checkpoint folder in flight);
+ * process leaves half-done (ckpt_run.c: the checkpoint folder in flight);
  * NULL: none. */
 void die_set_cleanup(void (*fn)(void));
 
