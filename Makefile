@@ -13,9 +13,9 @@ BLAS_LIBS = -lopenblas
 LIBS = -lcjson $(BLAS_LIBS) -lm
 PY = /usr/bin/python3
 
-SRC = llmtrain.c config.c model.c kernels_cpu.c kernels_cuda_sizes.c parallel.c shard.c layout.c data.c hf.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
+SRC = llmtrain.c config.c model.c kernels_cpu.c fp8.c kernels_cuda_sizes.c parallel.c shard.c layout.c data.c hf.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
 HDR = $(wildcard *.h)
-TEST_BINS = tests/test_kernels tests/test_model tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
+TEST_BINS = tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
             tests/fuzz_replay tests/llmtrain_asan tests/nolock.so
 
@@ -124,6 +124,10 @@ tests/llmtrain_emu: $(SRC) dist_nccl.c $(HDR) $(EMU_OBJ) $(EMU)/nccl_emu.c $(EMU
 tests/test_kernels: tests/test_kernels.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< kernels_cpu.c util.c $(BLAS_LIBS) -lm -o $@
 
+# fp8.c on the command line, for tests/test_fp8.py's numpy reference
+tests/fp8_tool: tests/fp8_tool.c fp8.c fp8.h
+	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< fp8.c -lm -o $@
+
 tests/test_model: tests/test_model.c tests/check.h model.c config.c kernels_cpu.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< model.c config.c kernels_cpu.c util.c $(LIBS) -o $@
 
@@ -182,7 +186,7 @@ test: deps
 
 # the inner loop's tier, a few minutes: units and a training smoke
 test-quick: deps
-	$(MAKE) llmtrain tests/test_kernels tests/test_model tests/test_data tests/test_ckpt
+	$(MAKE) llmtrain tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_ckpt
 	tests/run_all.sh quick
 
 demo: deps-demo

@@ -3,7 +3,7 @@
 # Prints the totals the same way and exits non-zero if anything failed.
 #   tests/run_all.sh         every suite (make test, CI)
 #   tests/run_all.sh quick   the inner loop's tier (make test-quick): the
-#                            kernel, model, data, config and checkpoint units
+#                            kernel, FP8, model, data, config and checkpoint units
 #                            and a 1-rank and 2-rank training smoke
 cd "$(dirname "$0")/.." || exit 2
 case "${1:-all}" in all|quick) ;; *) echo "usage: tests/run_all.sh [quick]" >&2; exit 2;; esac
@@ -33,6 +33,7 @@ run kernels tests/test_kernels
 run model tests/test_model
 run data tests/test_data
 run ckpt tests/test_ckpt
+run fp8 "$PY" tests/test_fp8.py
 if [ "${1:-all}" = quick ]; then
     run cli tests/test_cli.sh
     run smoke tests/test_smoke.sh
