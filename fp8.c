@@ -4,6 +4,7 @@
 #include "fp8.h"
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 typedef struct Fmt {
     int mbits, bias;
@@ -15,20 +16,22 @@ static const Fmt FMTS[2] = {{3, 7, 448.0f}, {2, 15, 57344.0f}};
 float fp8_max(Fp8Format f) { return FMTS[f].max; }
 
 /* The magnitude a >= 0 (not NaN) rounded to the format's grid, to nearest
- * with ties to even (rintf in the default rounding mode), saturating at
- * max (infinity too). Powers of two scale exactly, so the only rounding is
- * rintf's. */
+ * with ties to even, saturating at max (infinity too). The grid's step
+ * near a is q = 2^(e - mbits), e a's exponent (at least the smallest
+ * normal's: subnormals share its step); adding M = 2^23 q puts a's last
+ * kept bit at the sum's last mantissa bit, so the fp32 add rounds a to a
+ * multiple of q, to nearest even (the default rounding mode), and
+ * subtracting M again is exact. */
 static inline float round_mag(float a, const Fmt *p) {
-    if (a >= p->max) return p->max;
-    int emin = 1 - p->bias; /* the smallest normal's exponent */
-    int e;
-    if (a < ldexpf(1.0f, emin)) {
-        e = emin; /* subnormal: the quantum is 2^(emin - mbits) */
-    } else {
-        frexpf(a, &e);
-        e -= 1; /* a = 1.f * 2^e */
-    }
-    float r = ldexpf(rintf(ldexpf(a, p->mbits - e)), e - p->mbits);
+    if (!(a < p->max)) return p->max;
+    uint32_t u, mu;
+    memcpy(&u, &a, sizeof u);
+    int e = (int)(u >> 23) - 127, emin = 1 - p->bias;
+    if (e < emin) e = emin;
+    mu = (uint32_t)(e - p->mbits + 23 + 127) << 23;
+    float M;
+    memcpy(&M, &mu, sizeof M);
+    float r = (a + M) - M;
     return r > p->max ? p->max : r;
 }
 
