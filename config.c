@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #endif
 #include "config.h"
+#include "fp8.h"
 #include "kernels.h"
 #include "model.h"
 #include "util.h"
@@ -83,7 +84,8 @@ static const Key KEYS[] = {
     {"train.activation_offload", K_BOOL, OFF(act_offload), 0, "false", 0, 0, NULL, "keep each layer's saved activations in host memory between its forward and its backward, the copies overlapping compute; the device holds 3 layers'; with activation_checkpointing full only the layer inputs move, as SMP's activation offloading (see the notes below)"},
     {"train.lm_head_chunk", K_INT, OFF(lm_head_chunk), 0, "0", 0, 1 << 30, NULL, "token rows the LM head and the cross-entropy process at a time, so logits exist for this many tokens only (nothing is recomputed); 0 = the whole micro-batch while its logits take at most 2 GiB per rank, else the fewest equal chunks (a multiple of 64 rows) that do"},
     {"train.param_dtype", K_ENUM, OFF(param_dtype), 0, "\"fp32\"", 0, 0, "fp32|bf16", "the working copy of the weights that forward and backward read: fp32, or rounded to bf16 precision from the fp32 master weights after every step (gradients, master weights and AdamW moments stay fp32; sharded, the weight all-gathers move bf16 words, half the bytes)"},
-    {"train.compute_dtype", K_STR, STR(compute_dtype), "\"bf16\"", 0, 0, "bf16|tf32|fp32", "the CUDA backend's matrix products and the activations only they read: bf16 (fp32 accumulation; those activations and the logits stored as bf16; norms, softmax and the loss in fp32), tf32 (TF32 tensor cores) or fp32 (none); the CPU backend computes in fp32 whatever this says"},
+    {"train.compute_dtype", K_STR, STR(compute_dtype), "\"bf16\"", 0, 0, "bf16|tf32|fp32|fp8", "the CUDA backend's matrix products and the activations only they read: bf16 (fp32 accumulation; those activations and the logits bf16; norms, softmax, loss fp32), tf32 (TF32 tensor cores) or fp32 (none), all fp32 on the CPU; fp8: the layers' linears in FP8 (CPU only so far; see the notes)"},
+    {"train.fp8_recipe", K_ENUM, OFF(fp8_recipe), 0, "\"tensorwise\"", 0, 0, FP8_RECIPES, "compute_dtype fp8: what each FP8 scale (largest finite value / largest magnitude) covers: tensorwise (a tensor), blockwise (1 x 128 blocks of activations and gradients along the product's contraction, 128 x 128 tiles of weights: DeepSeek-V3's) or rowwise (a row of each operand as read)"},
     {"train.attention_mask", K_ENUM, OFF(attention_mask), 0, "\"causal\"", 0, 0, "causal|block_causal", "which earlier tokens a token attends to: causal (all of its sequence's) or block_causal (its own document's only, documents ending at data.eod_token: Llama 3's document masking); positions still count from the row's start unless train.reset_position_ids is set"},
     {"train.eod_mask_loss", K_BOOL, OFF(eod_mask_loss), 0, "false", 0, 0, NULL, "no loss on the prediction that follows data.eod_token (the next document's first token, which nothing before it predicts; Megatron's --eod-mask-loss); the step's loss and gradients are the mean over the targets that remain in the whole global batch, whatever its split into micro-batches and ranks"},
     {"train.reset_position_ids", K_BOOL, OFF(reset_position_ids), 0, "false", 0, 0, NULL, "positions count from each document's first token (the one after data.eod_token, or the row's first) instead of from the row's start: GPT-2's learned position rows and Llama's RoPE angles (Megatron's --reset-position-ids)"},
@@ -537,6 +539,12 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
         die(EXIT_USAGE, "%s: train.recompute_modules is set but train.activation_checkpointing is \"%s\" (it applies only with "
             "\"selective\")", origin, config_enum_name(ACT_CKPT_MODES, cfg->act_ckpt, name, sizeof name));
     }
+    if (strcmp(cfg->compute_dtype, "fp8") != 0 && root && lookup(root, "train.fp8_recipe"))
+        die(EXIT_USAGE, "%s: train.fp8_recipe is set but train.compute_dtype is \"%s\" (it applies only with \"fp8\")", origin,
+            cfg->compute_dtype);
+    if (config_fp8_recipe(cfg) >= 0 && cfg->tp > 1)
+        die(EXIT_USAGE, "%s: train.compute_dtype \"fp8\" with parallel.tensor %d: the FP8 scales of split tensors are not yet "
+            "agreed across the tensor-parallel group (use parallel.tensor 1)", origin, cfg->tp);
     if (cfg->attention_mask == ATT_MASK_BLOCK_CAUSAL && cfg->eod_token < 0)
         die(EXIT_USAGE, "%s: train.attention_mask \"block_causal\" needs data.eod_token (the token that ends a document; got -1)",
             origin);
@@ -647,6 +655,8 @@ void config_load_string(Config *cfg, const char *json, const char *origin) {
 }
 
 /* True when the job file set this key explicitly (init.from conflicts). */
+int config_fp8_recipe(const Config *cfg) { return strcmp(cfg->compute_dtype, "fp8") == 0 ? cfg->fp8_recipe : -1; }
+
 int config_has_key(const Config *cfg, const char *path) {
     cJSON *root = cJSON_Parse(cfg->json_text);
     int has = root && lookup(root, path) != NULL;

@@ -69,7 +69,8 @@ typedef struct Config {
     int lm_head_chunk;   /* token rows of the LM head + cross-entropy at a time (0: the micro-batch) */
     int act_offload;     /* train.activation_offload */
     int param_dtype;     /* 0 fp32, 1 bf16: precision of the working weights (master stays fp32) */
-    char compute_dtype[8];    /* bf16|tf32|fp32: the CUDA backend's products and [a] buffers */
+    char compute_dtype[8];    /* bf16|tf32|fp32|fp8: the CUDA backend's products and [a] buffers; fp8 the layers' linears */
+    int fp8_recipe;           /* train.fp8_recipe: FP8_TENSORWISE | FP8_BLOCKWISE | FP8_ROWWISE (fp8.h), by index */
     int attention_mask;       /* ATT_MASK_CAUSAL | ATT_MASK_BLOCK_CAUSAL, by index of causal|block_causal */
     int eod_mask_loss;        /* train.eod_mask_loss: no loss on the prediction after data.eod_token */
     int reset_position_ids;   /* train.reset_position_ids: positions count from each document's first token */
@@ -140,6 +141,9 @@ void config_model_defaults(ModelConfig *m);
 /* Print every key, its type, default and description (README table). */
 void config_print_keys(void);
 /* True when the job (after --set) names this key explicitly. */
+/* train.fp8_recipe (FP8_TENSORWISE ...: fp8.h) under train.compute_dtype
+ * fp8, else -1 */
+int config_fp8_recipe(const Config *cfg);
 int config_has_key(const Config *cfg, const char *path);
 /* init.from: adopt the model section of a Hugging Face config; an explicit
  * job value that disagrees is an error naming the key. */

@@ -107,6 +107,16 @@ static inline ROPE_HOST_DEVICE double rope_mscale(const Rope *r) {
     return r->factor <= 1 ? 1.0 : 0.1 * log((double)r->factor) + 1.0;
 }
 
+/* What a backend's FP8 products need room for (Kernels.fp8_setup), in
+ * floats: the largest activation or output-gradient operand of a layer's
+ * linear products (rows x width) and the largest weight; the weights of
+ * those products together and how many there are; the largest dimension
+ * of any of their operands. */
+typedef struct Fp8Sizes {
+    size_t act_floats, weight_max, weight_floats;
+    int n_weights, max_dim;
+} Fp8Sizes;
+
 typedef struct Kernels {
     const char *name; /* "cpu", "cuda" */
     /* Bytes per element of the [a] buffers: the activations that only
@@ -392,6 +402,24 @@ typedef struct Kernels {
      * recompute's). Freeing the memory drops its copies. The CPU keeps none. */
     void (*weights_stable)(const float *p, size_t n);
 
+    /* ---- FP8 linears (train.compute_dtype fp8; docs/fp8.md) ----
+     * Both NULL in a backend without FP8 products (model_build then exits
+     * 2). fp8_setup(recipe, sizes): from model_build, once, before any
+     * product: recipe FP8_TENSORWISE, FP8_BLOCKWISE or FP8_ROWWISE (fp8.h),
+     * or -1: FP8 off and what it held freed; the backend allocates what the
+     * products need here, never in the step. fp8_scope(on): the matrix
+     * products (matmul_*) called from now to the next fp8_scope are a
+     * transformer layer's linears (on 1), whose operands are quantized
+     * with the recipe's scales, dequantized, then multiplied as ever:
+     * activations and weights E4M3, output gradients (dout) E5M2, each
+     * grouped along the product's contraction dimension (fp8.h); a weight's
+     * copy is made once while weights_stable's range holds it (once a step
+     * unsharded). Or not (0; the default): every other product (the LM
+     * head) in the backend's precision. A bias gradient sums the
+     * unquantized dout. */
+    void (*fp8_setup)(int recipe, const struct Fp8Sizes *sizes);
+    void (*fp8_scope)(int on);
+
     /* ---- gradients that start at zero without a zeroing pass ----
      * grads_fresh(g, n): the n floats at g are gradient memory that is to
      * start the backward at zero (in place of zero()); what it holds no
@@ -463,6 +491,9 @@ const Kernels *kernels_cpu(void);
 /* Threads for the CPU kernels (OpenMP). n <= 0: cores / ranks on this
  * node, unless OMP_NUM_THREADS is set. Returns the count in use. */
 int kernels_cpu_set_threads(int n, int ranks_on_node);
+/* The CPU's FP8 weight copies (Kernels.fp8_setup) made so far, and in
+ * *hits (may be NULL) how many products found one already made; for tests. */
+long kernels_cpu_fp8_weight_copies(long *hits);
 /* Name of the BLAS core in use, e.g. "OpenBLAS 0.3.21 SkylakeX (2 threads)". */
 const char *kernels_cpu_blas_info(void);
 /* Call first thing in main(): when OpenBLAS would not recognise this CPU and

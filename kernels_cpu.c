@@ -2,6 +2,7 @@
  * with OpenMP over rows/tokens, OpenBLAS sgemm for every matrix product. */
 #define _GNU_SOURCE
 #include "kernels.h"
+#include "fp8.h"
 #include "util.h"
 #include <cblas.h>
 #include <immintrin.h>
@@ -56,10 +57,128 @@ static void *cpu_alloc(size_t bytes) {
 
 static void cpu_free(void *p) { free(p); }
 
-/* the CPU's products read the fp32 weights: nothing to keep */
+// ----------------------------------------------------------------------------
+// FP8 linears (Kernels.fp8_setup / fp8_scope; docs/fp8.md): the operands of
+// a layer's products fake-quantized (fp8.c) into scratch, then the fp32
+// products below. A weight's copy is kept, keyed by its address and its
+// groups, while a weights_stable range holds it.
+
+typedef struct Fp8Copy {
+    const float *w;     /* the weight it was made from (NULL: a free entry) */
+    int gr, gc, valid;  /* its groups; made since w's range was declared */
+    size_t n;           /* floats */
+    float *q;           /* in the arena */
+} Fp8Copy;
+
+typedef struct Fp8State {
+    int recipe, on;          /* -1: FP8 off; in a layer's linears (fp8_scope) */
+    float *x, *d, *w;        /* scratch: an activation, an output gradient, a weight with no kept copy */
+    float *scales;           /* one group's scale each, scales_cap of them */
+    size_t scales_cap;
+    float *arena;            /* the kept weight copies */
+    size_t arena_cap, arena_used;
+    Fp8Copy *copies;
+    int n_copies, cap_copies;
+    const float **rng_p;     /* the weights_stable ranges that hold: [rng_p[i], +rng_n[i]) */
+    size_t *rng_n;
+    int n_rng, cap_rng;
+    long made, hits;         /* weight copies made and reused (tests) */
+} Fp8State;
+static Fp8State f8 = {.recipe = -1};
+
+static void fp8_forget(const float *p, size_t n) { /* copies inside [p, p + n) are stale; NULL: all */
+    for (int i = 0; i < f8.n_copies; i++) {
+        Fp8Copy *c = &f8.copies[i];
+        if (!p || (c->w < p + n && p < c->w + c->n)) c->valid = 0;
+    }
+}
+
+/* the CPU's products read the fp32 weights: nothing to keep but, under
+ * FP8, the ranges the weights' quantized copies may be kept for */
 static void cpu_weights_stable(const float *p, size_t n) {
-    (void)p;
-    (void)n;
+    if (f8.recipe < 0) return;
+    fp8_forget(p, n);
+    if (!p) { f8.n_rng = 0; return; }
+    int k = 0;
+    for (int i = 0; i < f8.n_rng; i++) /* a new range ends the ones it overlaps */
+        if (!(f8.rng_p[i] < p + n && p < f8.rng_p[i] + f8.rng_n[i])) f8.rng_p[k] = f8.rng_p[i], f8.rng_n[k++] = f8.rng_n[i];
+    f8.n_rng = k;
+    if (f8.n_rng == f8.cap_rng) { fp8_forget(NULL, 0); f8.n_rng = 0; } /* full: start again (copies are only ever dropped) */
+    f8.rng_p[f8.n_rng] = p;
+    f8.rng_n[f8.n_rng++] = n;
+}
+
+static void fp8_setup(int recipe, const Fp8Sizes *z) {
+    float **bufs[] = {&f8.x, &f8.d, &f8.w, &f8.scales, &f8.arena};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(*bufs[i]), *bufs[i] = NULL;
+    free(f8.copies);
+    free(f8.rng_p);
+    free(f8.rng_n);
+    f8 = (Fp8State){.recipe = -1};
+    if (recipe < 0) return;
+    f8.recipe = recipe;
+    f8.x = cpu_alloc(z->act_floats * sizeof(float));
+    f8.d = cpu_alloc(z->act_floats * sizeof(float));
+    f8.w = cpu_alloc(z->weight_max * sizeof(float));
+    /* groups of an operand of e elements and largest dimension D: at most
+     * e / 128 + D (1 x 128 blocks: rows x ceil(cols / 128)), or D (rowwise) */
+    size_t e = z->act_floats > z->weight_max ? z->act_floats : z->weight_max;
+    f8.scales_cap = e / FP8_BLOCK + 2 * (size_t)z->max_dim + 1;
+    f8.scales = cpu_alloc(f8.scales_cap * sizeof(float));
+    int orient = recipe == FP8_ROWWISE ? 2 : 1; /* rowwise: a copy for the forward and one for the input gradient */
+    f8.arena_cap = z->weight_floats * orient;
+    f8.arena = cpu_alloc(f8.arena_cap * sizeof(float));
+    f8.cap_copies = z->n_weights * orient;
+    f8.copies = cpu_alloc((size_t)f8.cap_copies * sizeof(Fp8Copy) + 1);
+    f8.cap_rng = z->n_weights + 8;
+    f8.rng_p = cpu_alloc((size_t)f8.cap_rng * sizeof *f8.rng_p);
+    f8.rng_n = cpu_alloc((size_t)f8.cap_rng * sizeof *f8.rng_n);
+}
+
+static void fp8_scope(int on) { f8.on = on; }
+
+static int fp8_active(void) { return f8.recipe >= 0 && f8.on; }
+
+/* src (rows x cols, contracted along its columns: kdim 1, or rows: 0)
+ * fake-quantized into dst with the recipe's groups */
+static const float *fp8_q(float *dst, const float *src, int rows, int cols, int weight, int kdim, Fp8Format f) {
+    int gr, gc;
+    fp8_groups(f8.recipe, weight, kdim, rows, cols, &gr, &gc);
+    if (fp8_n_groups(rows, cols, gr, gc) > f8.scales_cap)
+        die(EXIT_INTERNAL, "fp8: a %d x %d operand has more scale groups than fp8_setup made room for", rows, cols);
+    fp8_fake_quant(dst, src, f8.scales, rows, cols, gr, gc, f);
+    return dst;
+}
+
+/* Weight w [rows, cols] in E4M3 for a product contracting its columns
+ * (kdim 1: the forward) or its rows (0: the input gradient): the copy kept
+ * while a weights_stable range holds w, made by the first product that
+ * reads it (tensorwise and blockwise groups are the same both ways, so one
+ * copy serves both); outside any range (or with no room left) made again
+ * in scratch. */
+static const float *fp8_weight(const float *w, int rows, int cols, int kdim) {
+    size_t n = (size_t)rows * cols;
+    int gr, gc, held = 0;
+    fp8_groups(f8.recipe, 1, kdim, rows, cols, &gr, &gc);
+    for (int i = 0; i < f8.n_rng && !held; i++) held = w >= f8.rng_p[i] && w + n <= f8.rng_p[i] + f8.rng_n[i];
+    Fp8Copy *c = NULL;
+    for (int i = 0; held && i < f8.n_copies && !c; i++)
+        if (f8.copies[i].w == w && f8.copies[i].gr == gr && f8.copies[i].gc == gc && f8.copies[i].n == n) c = &f8.copies[i];
+    if (held && !c && f8.n_copies < f8.cap_copies && f8.arena_used + n <= f8.arena_cap) {
+        c = &f8.copies[f8.n_copies++];
+        *c = (Fp8Copy){w, gr, gc, 0, n, f8.arena + f8.arena_used};
+        f8.arena_used += n;
+    }
+    if (!c) return fp8_q(f8.w, w, rows, cols, 1, kdim, FP8_E4M3);
+    if (c->valid) { f8.hits++; return c->q; }
+    f8.made++;
+    c->valid = 1;
+    return fp8_q(c->q, w, rows, cols, 1, kdim, FP8_E4M3);
+}
+
+long kernels_cpu_fp8_weight_copies(long *hits) {
+    if (hits) *hits = f8.hits;
+    return f8.made;
 }
 
 /* Activation offload on the CPU: host and backend memory are the same, so a
@@ -348,6 +467,10 @@ static void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, f
 static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                            int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
+    if (fp8_active() && C > 0) { /* a layer's linear: E4M3 operands along C */
+        inp = fp8_q(f8.x, inp, N, C, 0, 1, FP8_E4M3);
+        w = fp8_weight(w, OC, C, 1);
+    }
     float beta = 0.0f;
     if (bias) {
         // start from the bias and let sgemm accumulate onto it
@@ -358,13 +481,30 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
     sgemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
 }
 
+/* A layer's linear under FP8: the input gradient's operands, dout E5M2 and
+ * w E4M3, grouped along OC, its contraction (dout into f8.d) */
+static void fp8_dgrad_operands(const float **dout, const float **w, int N, int C, int OC) {
+    if (!fp8_active()) return;
+    *dout = fp8_q(f8.d, *dout, N, OC, 0, 1, FP8_E5M2);
+    *w = fp8_weight(*w, OC, C, 0);
+}
+
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
-    if (dinp)
-        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C); /* overwritten */
-    if (dw)
-        sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (dinp) {
+        const float *d = dout, *wq = w;
+        fp8_dgrad_operands(&d, &wq, N, C, OC);
+        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, d, OC, wq, C, 0.0f, dinp, C); /* overwritten */
+    }
+    if (dw) {
+        const float *d = dout, *x = inp;
+        if (fp8_active()) { /* the weight gradient's: dout E5M2 and inp E4M3 along N, its contraction */
+            d = fp8_q(f8.d, dout, N, OC, 0, 0, FP8_E5M2);
+            x = fp8_q(f8.x, inp, N, C, 0, 0, FP8_E4M3);
+        }
+        sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, d, OC, x, C, 1.0f, dw, C);
+    }
     if (dbias) {
         int nblocks = (OC + COLBLOCK - 1) / COLBLOCK;
         #pragma omp parallel for
@@ -742,7 +882,9 @@ static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const flo
     if (dpre && OC <= 0) memset(dpre, 0, (size_t)N * C * sizeof(float));
     if (OC <= 0) return;
     if (dpre) {
-        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dpre, C);
+        const float *d = dout, *wq = w;
+        fp8_dgrad_operands(&d, &wq, N, C, OC);
+        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, d, OC, wq, C, 0.0f, dpre, C);
         size_t n = (size_t)N * C;
         #pragma omp parallel for simd schedule(static)
         for (size_t i = 0; i < n; i++) dpre[i] = dpre[i] * gelu_grad(pre[i]);
@@ -759,7 +901,9 @@ static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const f
     if (dpre && OC <= 0) memset(dpre, 0, (size_t)N * 2 * C * sizeof(float));
     if (OC <= 0) return;
     if (dpre) {
-        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dpre, 2 * C);
+        const float *d = dout, *wq = w;
+        fp8_dgrad_operands(&d, &wq, N, C, OC);
+        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, d, OC, wq, C, 0.0f, dpre, 2 * C);
         #pragma omp parallel for
         for (int n = 0; n < N; n++) {
             const float *g = pre + (size_t)n * 2 * C, *u = g + C;
@@ -1104,6 +1248,8 @@ static const Kernels cpu_kernels = {
     .pack_bf16 = pack_bf16,
     .unpack_bf16 = unpack_bf16,
     .weights_stable = cpu_weights_stable,
+    .fp8_setup = fp8_setup,
+    .fp8_scope = fp8_scope,
     .grads_fresh = cpu_grads_fresh,
     .grads_settle = cpu_grads_settle,
     .host_alloc = cpu_alloc,

@@ -964,6 +964,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
 #endif
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->sh.S, !t->sh.sharded, t->dist.tp, t->dist.tp_rank,
                    (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules});
+    model_fp8(&t->model, config_fp8_recipe(c)); /* train.compute_dtype fp8 */
     t->model.block_causal = c->attention_mask == ATT_MASK_BLOCK_CAUSAL;
     t->model.reset_pos = c->reset_position_ids;
     t->model.eod_token = t->model.block_causal || t->model.reset_pos ? c->eod_token : -1;

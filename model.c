@@ -420,6 +420,31 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
     for (int s = 0; s < OFFLOAD_SLOTS; s++) m->slot_layer[s] = m->slot_out[s] = m->slot_in[s] = -1;
 }
 
+/* the backend's room for the layers' linears: the sizes of their operands */
+void model_fp8(Model *m, int recipe) {
+    if (recipe < 0) return;
+    if (!m->k->fp8_setup)
+        die(EXIT_USAGE, "train.compute_dtype \"fp8\": the %s backend has no FP8 products yet (the cpu backend has them)", m->k->name);
+    int N = m->B * m->T, width = m->cfg.n_embd, w[] = {m->nh * m->hd, m->F, m->qkv_dim, m->fc_dim};
+    for (size_t i = 0; i < sizeof w / sizeof *w; i++) width = w[i] > width ? w[i] : width;
+    Fp8Sizes z = {(size_t)N * width, 0, 0, 0, N > width ? N : width};
+    for (int i = 0; i < m->n_specs; i++) {
+        ParamKind kind = m->specs[i].kind;
+        if (kind != P_QKV_W && kind != P_ATTN_OUT_W && kind != P_FC_W && kind != P_PROJ_W) continue;
+        z.weight_floats += m->specs[i].numel;
+        z.weight_max = m->specs[i].numel > z.weight_max ? m->specs[i].numel : z.weight_max;
+        z.n_weights++;
+    }
+    m->k->fp8_setup(recipe, &z);
+    m->fp8 = 1;
+}
+
+/* The products between fp8_scope(m, 1) and (m, 0) are a layer's linears:
+ * FP8 under train.compute_dtype fp8 (kernels.h) */
+static void fp8_scope(const Model *m, int on) {
+    if (m->fp8) m->k->fp8_scope(on);
+}
+
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
                     int tp, int tp_rank, ModelMem mem) {
     mem.act_bytes = k->act_bytes;
@@ -464,6 +489,7 @@ void model_free(Model *m) {
         k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets); k->free(m->qstart);
         k->free(m->pos);
         if (m->offload_host) k->host_free(m->offload_host);
+        if (m->fp8) k->fp8_setup(-1, NULL);
     }
     free(m->p.layers); free(m->g.layers); free(m->la);
     free(m->specs); free(m->chunk_offset); free(m->chunk_size);
@@ -673,6 +699,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
     int llama = c->arch == ARCH_LLAMA, tp = m->tp > 1, root = m->tp_rank == 0;
     const LayerPtrs *w = &m->p.layers[l];
     LayerActs *a = &m->la[l];
+    fp8_scope(m, 1);
         /* attention block: res2 = x + out_proj(attn(qkv(norm1(x)))); x, res2
          * and the norms' outputs have S rows (N but under sequence parallelism) */
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, S);
@@ -712,6 +739,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         } else {
             k->matmul_forward_res(a->res3, a->res2, a->fch_act, w->proj_w, w->proj_b, N, F, C);
         }
+    fp8_scope(m, 0);
 }
 
 /* Rows of the LM head and cross-entropy at a time for N rows. */
@@ -929,6 +957,7 @@ void model_backward(Model *m, float loss_scale) {
         const int again = l < L - 1;
         const int rc = again && m->act_ckpt == ACT_SELECTIVE ? m->recompute : 0;
         if (again && m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T);
+        fp8_scope(m, 1); /* (after the recompute's layer_forward, which ends its own) */
         if (rc & RC_ATTENTION) k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, nh, nkv, hd);
         if (rc & RC_MLP_ACT) {
             if (llama) k->swiglu_forward(a->fch_act, a->fch, N, F);
@@ -963,6 +992,7 @@ void model_backward(Model *m, float loss_scale) {
         /* (the embeddings' backward reads dres as it is: no copy below layer 0) */
         norm_backward_rows(m, m->dres, l > 0 ? m->dres_a : NULL, g->ln1_w, g->ln1_b, dln, x, w->ln1_w, a->ln1_mean,
                            a->ln1_rstd, S);
+        fp8_scope(m, 0);
         chunk_event(m, l + 1, CHUNK_POST_BACKWARD);
     }
     if (!tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD);

@@ -148,6 +148,7 @@ typedef struct Model {
                                * next micro-batch of a gradient accumulation), so backend copies derived
                                * from them (kernels.h weights_stable) still hold; the next forward clears it */
     int act_bytes;            /* bytes per element of the [a] buffers (kernels.h): ln1, atty, ln2, fch_act, lnf */
+    int fp8;                  /* the layers' linear products in FP8 (model_fp8) */
     float *offload_host;      /* host copy of every layer's kept activations [n_layer][offload_layer_floats] */
     size_t offload_layer_floats, offload_floats;
     int slot_layer[OFFLOAD_SLOTS]; /* the layer whose activations a slot holds (-1: none) */
@@ -249,6 +250,13 @@ void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
 /* Only the layout table and the activation size (acts_floats): no backend
  * memory, so `llmtrain check` can size a 70B model. Free with model_free. */
 void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multiple, int tp, int tp_rank, ModelMem mem);
+/* train.compute_dtype fp8: from now on the layers' linear products (QKV,
+ * attention out, MLP up and down; forward and both backward products) run
+ * with FP8 operands under recipe FP8_TENSORWISE, FP8_BLOCKWISE or
+ * FP8_ROWWISE (fp8.h; Kernels.fp8_setup allocates the backend's room
+ * now); -1: nothing (not fp8). Call after model_build_tp. Exit 2 when the
+ * backend has no FP8 products. */
+void model_fp8(Model *m, int recipe);
 void model_free(Model *m);
 /* Only the layout table (specs, chunks, TP geometry) of TP rank tp_rank of
  * tp: nothing allocated on the backend. Free with model_free. */

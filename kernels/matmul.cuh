@@ -148,6 +148,8 @@ static int mm_parse(const char *e) {
 static int matmul_mode(void) { return mm_mode; }
 
 extern "C" void kernels_cuda_set_compute_dtype(const char *dtype) {
+    if (dtype && strcmp(dtype, "fp8") == 0) /* issue 59: the CPU backend has them first */
+        die(EXIT_USAGE, "train.compute_dtype \"fp8\": the CUDA backend has no FP8 products yet (train.device \"cpu\" has them)");
     int m = mm_parse(dtype);
     if (m == -2) die(EXIT_INTERNAL, "kernels_cuda_set_compute_dtype(\"%s\"): expected bf16, tf32 or fp32", dtype ? dtype : "(null)");
     if (mm_fixed && m != mm_mode)

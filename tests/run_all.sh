@@ -46,6 +46,7 @@ fi
 run rendezvous tests/test_rendezvous
 run cli tests/test_cli.sh
 run torch "$PY" tests/test_torch.py --bin ./llmtrain
+run fp8_model "$PY" tests/test_fp8_model.py --bin ./llmtrain
 run plot "$PY" tests/test_plot.py --bin ./llmtrain
 run tensorboard "$PY" tests/test_tensorboard.py --bin ./llmtrain
 for t in tests/test_*.sh; do

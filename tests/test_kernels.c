@@ -5,6 +5,7 @@
  * attention's input gradients are overwritten). Prints one line per check, then
  * "N passed, M failed"; exits non-zero when anything failed. */
 #define _GNU_SOURCE
+#include "fp8.h"
 #include "kernels.h"
 #include "util.h"
 #include <math.h>
@@ -740,6 +741,109 @@ static void test_matmul_act_backward(int N, int C, int OC, int swiglu, int with_
     free(dout); free(inp); free(w); free(pre); free(dpre); free(dw); free(db); free(dw2); free(db2); free(dh); free(dpre2);
 }
 
+/* FP8 linears (Kernels.fp8_setup / fp8_scope): each of the three products
+ * reads its operands fake-quantized by fp8.c (tests/test_fp8.py checks fp8.c
+ * itself) in the format and with the groups docs/fp8.md gives, written out
+ * here per product: forward x and w E4M3 along C, the input gradient's dout
+ * E5M2 along OC and w E4M3 along OC, the weight gradient's dout E5M2 and x
+ * E4M3 along N; the bias gradient sums the unquantized dout. Then the weight
+ * copies: one a stable range and orientation, made again after the range
+ * is declared anew, none kept outside a range; out of scope, the plain
+ * products bit for bit. */
+static void fq_ref(double *dst, const float *src, int rows, int cols, int gr, int gc, Fp8Format f) {
+    size_t n = (size_t)rows * cols;
+    float *q = zerov(n), *sc = zerov(fp8_n_groups(rows, cols, gr, gc));
+    fp8_fake_quant(q, src, sc, rows, cols, gr, gc, f);
+    for (size_t i = 0; i < n; i++) dst[i] = q[i];
+    free(q); free(sc);
+}
+
+static void test_fp8_products(int N, int C, int OC, int recipe) {
+    static const char *names[] = {"tensorwise", "blockwise", "rowwise"};
+    /* {gr, gc} of x and w forward, dout and w (input gradient), dout and x (weight gradient) */
+    int g[3][6][2] = {{{N, C}, {OC, C}, {N, OC}, {OC, C}, {N, OC}, {N, C}},
+                      {{1, 128}, {128, 128}, {1, 128}, {128, 128}, {128, 1}, {128, 1}},
+                      {{1, C}, {1, C}, {1, OC}, {OC, 1}, {N, 1}, {N, 1}}};
+    int (*G)[2] = g[recipe];
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    float *x = randv(nx, 1), *w = randv(nw, 0.5f), *b = randv(OC, 1), *dout = randv(ny, 1e-3f);
+    for (size_t i = 0; i < nx; i += 7) x[i] *= 40; /* outliers: groups differ in scale */
+    float *y = zerov(ny), *dx = zerov(nx), *dw = zerov(nw), *db = zerov(OC), *y0 = zerov(ny), *y1 = zerov(ny);
+    double *xf = calloc_check(nx, sizeof(double)), *wf = calloc_check(nw, sizeof(double));
+    double *dyr = calloc_check(ny, sizeof(double)), *wr = calloc_check(nw, sizeof(double));
+    double *dyc = calloc_check(ny, sizeof(double)), *xc = calloc_check(nx, sizeof(double));
+    double *ry = calloc_check(ny, sizeof(double)), *rdx = calloc_check(nx, sizeof(double));
+    double *rdw = calloc_check(nw, sizeof(double)), *rdb = calloc_check(OC, sizeof(double));
+    fq_ref(xf, x, N, C, G[0][0], G[0][1], FP8_E4M3);
+    fq_ref(wf, w, OC, C, G[1][0], G[1][1], FP8_E4M3);
+    fq_ref(dyr, dout, N, OC, G[2][0], G[2][1], FP8_E5M2);
+    fq_ref(wr, w, OC, C, G[3][0], G[3][1], FP8_E4M3);
+    fq_ref(dyc, dout, N, OC, G[4][0], G[4][1], FP8_E5M2);
+    fq_ref(xc, x, N, C, G[5][0], G[5][1], FP8_E4M3);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double a = b[o];
+            for (int c = 0; c < C; c++) a += xf[(size_t)n * C + c] * wf[(size_t)o * C + c];
+            ry[(size_t)n * OC + o] = a;
+            rdb[o] += dout[(size_t)n * OC + o];
+        }
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            double a = 0;
+            for (int o = 0; o < OC; o++) a += dyr[(size_t)n * OC + o] * wr[(size_t)o * C + c];
+            rdx[(size_t)n * C + c] = a;
+        }
+    for (int o = 0; o < OC; o++)
+        for (int c = 0; c < C; c++) {
+            double a = 0;
+            for (int n = 0; n < N; n++) a += dyc[(size_t)n * OC + o] * xc[(size_t)n * C + c];
+            rdw[(size_t)o * C + c] = a;
+        }
+    Fp8Sizes z = {(size_t)N * (C > OC ? C : OC), nw, nw, 1, N > C ? (N > OC ? N : OC) : (C > OC ? C : OC)};
+    K->matmul_forward(y0, x, w, b, N, C, OC); /* before FP8: the plain product */
+    K->fp8_setup(recipe, &z);
+    K->weights_stable(w, nw);
+    K->fp8_scope(1);
+    long made0, hits0, made1, hits1, made2, hits2, made3;
+    made0 = kernels_cpu_fp8_weight_copies(&hits0);
+    K->matmul_forward(y, x, w, b, N, C, OC);
+    K->matmul_backward(dx, dw, db, dout, x, w, N, C, OC);
+    made1 = kernels_cpu_fp8_weight_copies(&hits1);
+    char name[96];
+    snprintf(name, sizeof name, "fp8 %s %dx%dx%d", names[recipe], N, C, OC);
+    const char *what[] = {"out", "dinp", "dweight", "dbias (unquantized dout)"};
+    const float *got[] = {y, dx, dw, db};
+    const double *want[] = {ry, rdx, rdw, rdb};
+    size_t cnt[] = {ny, nx, nw, (size_t)OC};
+    for (int i = 0; i < 4; i++) {
+        char nm[128];
+        snprintf(nm, sizeof nm, "%s %s", name, what[i]);
+        check_close(nm, got[i], want[i], cnt[i], 1e-5);
+    }
+    K->matmul_forward(y1, x, w, b, N, C, OC); /* a second micro-batch: the copies again */
+    K->matmul_backward(dx, NULL, NULL, dout, x, w, N, C, OC);
+    made2 = kernels_cpu_fp8_weight_copies(&hits2);
+    int orient = recipe == FP8_ROWWISE ? 2 : 1;
+    report(made1 - made0 == orient && hits1 - hits0 == 2 - orient && made2 == made1 && hits2 - hits1 == 2 &&
+               memcmp(y, y1, ny * sizeof(float)) == 0,
+           name, "weight copies: %ld made by the first forward and backward (%ld reused), then %ld more and %ld reused",
+           made1 - made0, hits1 - hits0, made2 - made1, hits2 - hits1);
+    K->weights_stable(w, nw); /* written again: made again */
+    K->matmul_forward(y1, x, w, b, N, C, OC);
+    made3 = kernels_cpu_fp8_weight_copies(NULL);
+    K->weights_stable(NULL, 0); /* no range: nothing kept */
+    K->matmul_forward(y1, x, w, b, N, C, OC);
+    K->matmul_forward(y1, x, w, b, N, C, OC);
+    report(made3 == made2 + 1 && kernels_cpu_fp8_weight_copies(NULL) == made3 && memcmp(y, y1, ny * sizeof(float)) == 0, name,
+           "a range declared anew makes the copy again; outside any range none is kept; the same bits each time");
+    K->fp8_scope(0);
+    K->matmul_forward(y1, x, w, b, N, C, OC);
+    report(memcmp(y0, y1, ny * sizeof(float)) == 0, name, "out of scope (the LM head's) the plain product, bit for bit");
+    K->fp8_setup(-1, NULL);
+    free(x); free(w); free(b); free(dout); free(y); free(dx); free(dw); free(db); free(y0); free(y1);
+    free(xf); free(wf); free(dyr); free(wr); free(dyc); free(xc); free(ry); free(rdx); free(rdw); free(rdb);
+}
+
 /* add_layernorm_forward / add_rmsnorm_forward are add then the norm, bit for
  * bit, also in place (res aliasing a), with and without a bias */
 static void test_add_norm(int N, int C, int rms, int with_bias, int in_place) {
@@ -1197,6 +1301,18 @@ int main(int argc, char **argv) {
     test_matmul_act_backward(7, 5, 9, 1, 0);
     test_matmul_act_backward(64, 96, 200, 1, 0);
     test_matmul_act_backward(300, 64, 40, 1, 1);
+    for (int r = FP8_TENSORWISE; r <= FP8_ROWWISE; r++) {
+        test_fp8_products(7, 5, 9, r);
+        test_fp8_products(150, 130, 260, r); /* off the 128 grid every way */
+    }
+    { /* the fused MLP backwards under FP8: the unfused calls' bits still */
+        Fp8Sizes z = {300 * 200, 200 * 96, 200 * 96, 1, 300};
+        K->fp8_setup(FP8_BLOCKWISE, &z);
+        K->fp8_scope(1);
+        test_matmul_act_backward(64, 96, 200, 0, 1);
+        test_matmul_act_backward(64, 96, 200, 1, 0);
+        K->fp8_setup(-1, NULL);
+    }
     test_add_norm(7, 33, 0, 1, 0);
     test_add_norm(64, 768, 0, 0, 1);
     test_add_norm(7, 33, 1, 0, 0);
