@@ -122,6 +122,10 @@ void fp8_group_scales(float *scales, const float *src, int rows, int cols, int g
         int r1 = (ti + 1) * gr < rows ? (ti + 1) * gr : rows;
         for (int r = ti * gr; r < r1; r++) {
             const float *row = src + (size_t)r * cols;
+            if (gc == 1) { /* a group a column (along the rows): one pass down the row */
+                for (int c = 0; c < cols; c++) s[c] = amax_step(s[c], row[c]);
+                continue;
+            }
             for (int j = 0; j < nct; j++) {
                 int c1 = (j + 1) * gc < cols ? (j + 1) * gc : cols;
                 float m = s[j];
@@ -140,6 +144,10 @@ void fp8_apply(float *dst, const float *src, const float *scales, int rows, int 
     for (int r = 0; r < rows; r++) {
         const float *s = scales + (size_t)(r / gr) * nct, *x = src + (size_t)r * cols;
         float *y = dst + (size_t)r * cols;
+        if (gc == 1) {
+            for (int c = 0; c < cols; c++) y[c] = round_fp8(x[c] * s[c], p) * (1.0f / s[c]);
+            continue;
+        }
         for (int j = 0; j < nct; j++) {
             float sc = s[j], inv = 1.0f / sc;
             int c1 = (j + 1) * gc < cols ? (j + 1) * gc : cols;
