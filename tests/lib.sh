@@ -21,6 +21,17 @@ h = np.zeros(256, np.int32); h[:3] = (20240520, 1, len(t))
 open(path, "wb").write(h.tobytes() + t.astype(np.uint16).tobytes())
 PYEOF
 }
+# learnable_shard PATH: 20000 tokens below 96, each the last one times 5
+# plus 3 (mod 96), one in 10 random: a shard the small models learn from
+learnable_shard() {
+    $PY - "$1" <<'PYEOF'
+import sys, numpy as np
+rng = np.random.default_rng(1); t = np.zeros(20000, np.int64)
+for i in range(1, len(t)): t[i] = rng.integers(0, 96) if rng.random() < 0.1 else (t[i - 1] * 5 + 3) % 96
+h = np.zeros(256, np.int32); h[:3] = (20240520, 1, len(t))
+open(sys.argv[1], "wb").write(h.tobytes() + t.astype(np.uint16).tobytes())
+PYEOF
+}
 # wait_steps FILE N SECONDS: until metrics.jsonl FILE has logged N steps, at
 # most SECONDS (polled every 50 ms); non-zero if it did not
 wait_steps() {

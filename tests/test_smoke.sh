@@ -6,13 +6,7 @@
 . "$(dirname "$0")/lib.sh"
 
 # a learnable shard: each token the last one times 5 plus 3 (mod 96), one in 10 random
-$PY - "$TMP/train.bin" <<'PYEOF'
-import sys, numpy as np
-rng = np.random.default_rng(1); t = np.zeros(20000, np.int64)
-for i in range(1, len(t)): t[i] = rng.integers(0, 96) if rng.random() < 0.1 else (t[i - 1] * 5 + 3) % 96
-h = np.zeros(256, np.int32); h[:3] = (20240520, 1, len(t))
-open(sys.argv[1], "wb").write(h.tobytes() + t.astype(np.uint16).tobytes())
-PYEOF
+learnable_shard "$TMP/train.bin"
 ckpt_job "$TMP/job.json" "$TMP/train.bin" 10 5
 $BIN "$TMP/job.json" --set log.dir="$TMP/one" >"$TMP/one.out" 2>&1; rc1=$?
 $MPIRUN 2 $BIN "$TMP/job.json" --set log.dir="$TMP/two" --set parallel.strategy=FULL_SHARD >"$TMP/two.out" 2>&1; rc2=$?
