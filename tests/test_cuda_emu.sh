@@ -18,7 +18,9 @@
 #      (the emulator runs a step of the small jobs in about 0.75 s);
 #   3. what the GPU suite cannot stage: device memory running out (an
 #      emulated 34 MiB device) is exit 3 and one line naming the allocation,
-#      and 2 ranks on a node of 1 emulated device is exit 2 and one line.
+#      and 2 ranks on a node of 1 emulated device is exit 2 and one line;
+#      train.compute_dtype fp8 (no FP8 products on CUDA yet) is exit 2 and
+#      one line.
 # What it cannot show: speed, races between streams, and the hardware's own
 # rounding (the tolerances are the GPU suite's).
 . "$(dirname "$0")/lib.sh"
@@ -48,6 +50,11 @@ if [ $rc -eq 3 ] && [ "$(wc -l <"$TMP/oom.err")" -eq 1 ] &&
    grep -q '^llmtrain: CUDA out of memory at kernels[^ ]*\.cuh*:[0-9]* allocating [0-9.]* GiB ([0-9.]* of 0.03 GiB free on the device, [0-9.]* GiB held by llmtrain)$' "$TMP/oom.err"; then
     echo "ok   device memory runs out (34 MiB emulated): exit 3, $(cat "$TMP/oom.err")"; pass=$((pass + 1))
 else echo "FAIL out of device memory: exit $rc, expected 3 and one line: $(head -c 400 "$TMP/oom.err")"; fail=$((fail + 1)); fi
+tests/llmtrain_emu "$TMP/job.json" --set train.compute_dtype=fp8 >"$TMP/fp8.out" 2>"$TMP/fp8.err"; rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/fp8.err")" -eq 1 ] &&
+   grep -q '^llmtrain: train.compute_dtype "fp8": the CUDA backend has no FP8 products yet' "$TMP/fp8.err"; then
+    echo "ok   train.compute_dtype fp8 on CUDA: exit 2, $(cat "$TMP/fp8.err")"; pass=$((pass + 1))
+else echo "FAIL fp8 on CUDA: exit $rc, expected 2 and one line: $(head -c 400 "$TMP/fp8.err")"; fail=$((fail + 1)); fi
 LLMTRAIN_CUDA_EMU_DEVICES=1 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" >"$TMP/one.out" 2>"$TMP/one.err"; rc=$?
 if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/one.err")" -eq 1 ] &&
    grep -q "^llmtrain: .*train.device \"cuda\": ranks 0 and 1 on host $(hostname) would share GPU GPU-656d752d-6375-6461-2d64-657669636500 (2 ranks on this node, 1 CUDA device visible to this rank" "$TMP/one.err"; then
