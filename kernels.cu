@@ -142,6 +142,9 @@ static Kernels cuda_kernels = {
     /* .offload_wait = */ cu_offload_wait,
     /* .timer_mark = */ cu_timer_mark,
     /* .timer_read = */ cu_timer_read,
+    /* .attention_part_forward = */ NULL, /* context parallelism: not on CUDA yet (layout.c refuses it) */
+    /* .attention_part_backward = */ NULL,
+    /* .copy_2d = */ NULL,
 };
 
 /* No CUDA call happens before this, kernels_cuda_available or kernels_cuda:

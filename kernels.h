@@ -460,6 +460,37 @@ typedef struct Kernels {
      * mark until the next. */
     void (*timer_mark)(int slot);
     void (*timer_read)(int n, double *ms);
+
+    /* ---- context parallelism (cp.c's ring attention; last in the table,
+     * so a backend without them leaves them NULL: the CPU has them) ----
+     * attention_part_forward: the attention of one segment of a rank's
+     * queries to one segment of keys and values, merged into what out and
+     * lse hold, so that a query's attention over several key segments is
+     * built a segment at a time (the online softmax). Queries: rows [qrow,
+     * qrow + nq) of each batch row of qkv ([B, Tq, (nh + 2 nkv) hd], heads
+     * as attention_forward's), at positions q0 .. q0 + nq - 1 of their
+     * sequence. Keys and values: rows [krow, krow + nk) of kv ([B, Tk,
+     * 2 nkv hd]: the k heads, then the v heads), at positions k0 .. k0 +
+     * nk - 1. A query at position p sees the keys at positions [qstart, p]
+     * (qstart[b * Tq + row]: a position in the sequence, in the backend's
+     * memory; NULL: 0). out [B, Tq, nh hd] and lse [B, nh, Tq], fp32: with
+     * merge 0 the segment's rows are overwritten by this part (a row that
+     * sees no key: out 0, lse -inf); with merge 1 combined with it: lse' =
+     * log(e^lse + e^part's lse), out' = out e^(lse - lse') + P V with P =
+     * e^(s - lse'). Rows outside the segment are untouched. */
+    void (*attention_part_forward)(float *out, float *lse, const float *qkv, int qrow, int q0, int nq, const float *kv,
+                                   int krow, int k0, int nk, const int *qstart, int B, int Tq, int Tk, int nh, int nkv,
+                                   int hd, int merge);
+    /* Its backward under the final (merged) out and lse: the segment
+     * pair's dQ is ADDED into dqkv's q columns (rows [qrow, qrow + nq)),
+     * its dK and dV into dkv (rows [krow, krow + nk), laid out as kv). */
+    void (*attention_part_backward)(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out,
+                                    const float *lse, int qrow, int q0, int nq, const float *kv, int krow, int k0, int nk,
+                                    const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd);
+    /* rows x width bytes from src (rows spitch bytes apart) to dst (dpitch
+     * apart), in backend memory: the k and v columns out of qkv, their
+     * gradients back into dqkv's */
+    void (*copy_2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
 } Kernels;
 
 #define KERNEL_TIMER_SLOTS 8192

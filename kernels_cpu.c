@@ -726,6 +726,132 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
     }
 }
 
+/* Context parallelism's attention parts (kernels.h): a segment of queries
+ * against a segment of keys, merged into out and lse by the online
+ * softmax. A query at position p sees the segment's keys [lo, hi) (local
+ * indices): those at positions [qstart, p]. */
+static inline void att_part_range(const int *qs, int t, int p, int k0, int nk, int *lo, int *hi) {
+    int a = (qs ? qs[t] : 0) - k0, b = p - k0 + 1;
+    *lo = a > 0 ? a : 0;
+    *hi = b < nk ? b : nk;
+}
+
+/* Scores of a segment's query rows [r0, r0 + M) against its nk keys: P[M, nk] = scale q k^T */
+static void att_part_scores(float *P, const float *q, const float *k, int S, int KS, int r0, int M, int nk, int hd,
+                            float scale) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, hd, scale, q + (size_t)r0 * S, S, k, KS, 0.0f, P, nk);
+}
+
+static void attention_part_forward(float *out, float *lse, const float *qkv, int qrow, int q0, int nq, const float *kv,
+                                   int krow, int k0, int nk, const int *qstart, int B, int Tq, int Tk, int nh, int nkv,
+                                   int hd, int merge) {
+    check_heads(nh, nkv);
+    const int S = (nh + 2 * nkv) * hd, KS = 2 * nkv * hd, OS = nh * hd, group = nh / nkv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const size_t need = (size_t)(nq < ATT_BLOCK ? nq : ATT_BLOCK) * nk;
+    #pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < nh; h++) {
+            float *P = att_scratch_get(need);
+            int kh = h / group;
+            const int *qs = qstart ? qstart + (size_t)b * Tq + qrow : NULL;
+            const float *q = qkv + ((size_t)b * Tq + qrow) * S + (size_t)h * hd;
+            const float *k = kv + ((size_t)b * Tk + krow) * KS + (size_t)kh * hd;
+            const float *v = kv + ((size_t)b * Tk + krow) * KS + (size_t)(nkv + kh) * hd;
+            float *o = out + ((size_t)b * Tq + qrow) * OS + (size_t)h * hd;
+            float *L = lse + ((size_t)b * nh + h) * Tq + qrow;
+            for (int r0 = 0; r0 < nq; r0 += ATT_BLOCK) {
+                int r1 = r0 + ATT_BLOCK < nq ? r0 + ATT_BLOCK : nq, M = r1 - r0;
+                att_part_scores(P, q, k, S, KS, r0, M, nk, hd, scale);
+                for (int t = r0; t < r1; t++) {
+                    float *row = P + (size_t)(t - r0) * nk, *ot = o + (size_t)t * OS;
+                    int lo, hi;
+                    att_part_range(qs, t, q0 + t, k0, nk, &lo, &hi);
+                    double old = merge ? (double)L[t] : -INFINITY, nw = old;
+                    if (hi > lo) { /* this part's log-sum-exp, then the merged one */
+                        float m = row_max(row + lo, hi - lo);
+                        double part = m + log(row_exp_sum(row + lo, hi - lo, m));
+                        nw = old == -INFINITY ? part : old > part ? old + log1p(exp(part - old)) : part + log1p(exp(old - part));
+                        float e = (float)exp((double)m - nw); /* row holds exp(s - m): P = exp(s - nw) */
+                        for (int j = lo; j < hi; j++) row[j] *= e;
+                    }
+                    for (int j = 0; j < lo && j < nk; j++) row[j] = 0.0f;
+                    for (int j = hi > lo ? hi : lo; j < nk; j++) row[j] = 0.0f;
+                    if (old == -INFINITY) memset(ot, 0, (size_t)hd * sizeof(float));
+                    else if (nw != old) {
+                        float f = (float)exp(old - nw);
+                        for (int i = 0; i < hd; i++) ot[i] *= f;
+                    }
+                    L[t] = (float)nw;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, nk, 1.0f, P, nk, v, KS, 1.0f,
+                            o + (size_t)r0 * OS, OS);
+            }
+        }
+    }
+}
+
+static void attention_part_backward(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out,
+                                    const float *lse, int qrow, int q0, int nq, const float *kv, int krow, int k0, int nk,
+                                    const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd) {
+    check_heads(nh, nkv);
+    const int S = (nh + 2 * nkv) * hd, KS = 2 * nkv * hd, OS = nh * hd, group = nh / nkv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const size_t blk = (size_t)(nq < ATT_BLOCK ? nq : ATT_BLOCK) * nk;
+    /* a kv head's query heads all add into its dK and dV: a thread owns a (b, kv head) */
+    #pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int b = 0; b < B; b++) {
+        for (int kh = 0; kh < nkv; kh++) {
+            float *P = att_scratch_get(2 * blk), *dS = P + blk;
+            const int *qs = qstart ? qstart + (size_t)b * Tq + qrow : NULL;
+            size_t kbase = ((size_t)b * Tk + krow) * KS, qbase = ((size_t)b * Tq + qrow) * S;
+            const float *k = kv + kbase + (size_t)kh * hd, *v = kv + kbase + (size_t)(nkv + kh) * hd;
+            float *dk = dkv + kbase + (size_t)kh * hd, *dv = dkv + kbase + (size_t)(nkv + kh) * hd;
+            for (int h = kh * group; h < (kh + 1) * group; h++) {
+                const float *q = qkv + qbase + (size_t)h * hd;
+                float *dq = dqkv + qbase + (size_t)h * hd;
+                const float *L = lse + ((size_t)b * nh + h) * Tq + qrow;
+                const float *O = out + ((size_t)b * Tq + qrow) * OS + (size_t)h * hd;
+                const float *dO = dout + ((size_t)b * Tq + qrow) * OS + (size_t)h * hd;
+                for (int r0 = 0; r0 < nq; r0 += ATT_BLOCK) {
+                    int r1 = r0 + ATT_BLOCK < nq ? r0 + ATT_BLOCK : nq, M = r1 - r0;
+                    att_part_scores(P, q, k, S, KS, r0, M, nk, hd, scale);
+                    for (int t = r0; t < r1; t++) { /* P = exp(s - lse), zero outside the row's keys */
+                        float *row = P + (size_t)(t - r0) * nk, l = L[t];
+                        int lo, hi;
+                        att_part_range(qs, t, q0 + t, k0, nk, &lo, &hi);
+                        for (int j = 0; j < nk; j++) row[j] = j >= lo && j < hi ? exp_f(row[j] - l) : 0.0f;
+                    }
+                    /* dP = dO V^T, dV += P^T dO */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, hd, 1.0f, dO + (size_t)r0 * OS, OS, v, KS,
+                                0.0f, dS, nk);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, M, 1.0f, P, nk, dO + (size_t)r0 * OS, OS,
+                                1.0f, dv, KS);
+                    /* dS = P (dP - D) scale, D = dO . O (the final output's) */
+                    for (int t = r0; t < r1; t++) {
+                        const float *p = P + (size_t)(t - r0) * nk, *ot = O + (size_t)t * OS, *gt = dO + (size_t)t * OS;
+                        float *ds = dS + (size_t)(t - r0) * nk;
+                        double dd = 0.0;
+                        #pragma omp simd reduction(+:dd)
+                        for (int i = 0; i < hd; i++) dd += (double)ot[i] * gt[i];
+                        float D = (float)dd;
+                        for (int j = 0; j < nk; j++) ds[j] = p[j] * (ds[j] - D) * scale;
+                    }
+                    /* dQ += dS K, dK += dS^T Q */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, nk, 1.0f, dS, nk, k, KS, 1.0f,
+                                dq + (size_t)r0 * S, S);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, M, 1.0f, dS, nk, q + (size_t)r0 * S, S,
+                                1.0f, dk, KS);
+                }
+            }
+        }
+    }
+}
+
+static void cpu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
+
 /* Rotate the q and k heads of every row by its position's angles; dir = +1
  * forward, -1 the inverse (= transpose) rotation for the backward pass.
  * The rows read their position's cos and sin from a table over positions
@@ -1259,6 +1385,9 @@ static const Kernels cpu_kernels = {
     .offload_wait = cpu_offload_wait,
     .timer_mark = cpu_timer_mark,
     .timer_read = cpu_timer_read,
+    .attention_part_forward = attention_part_forward,
+    .attention_part_backward = attention_part_backward,
+    .copy_2d = cpu_copy_2d,
 };
 
 const Kernels *kernels_cpu(void) {

@@ -515,6 +515,88 @@ static void test_attention(int B, int T, int nh, int nkv, int hd, int nsub, int 
     free(c.out); free(c.lse); free(c.qkv); free(c.R);
 }
 
+/* Context parallelism's attention parts: a sequence of T = 2 cp Tc rows cut
+ * into 2 cp chunks, "rank" r holding chunks r and 2cp-1-r (cp.c's order);
+ * each rank's queries attend to every rank's key/value block a segment pair
+ * at a time (pairs wholly in the future skipped, the blocks visited in ring
+ * order r, r-1, ...), merged by attention_part_forward, must give
+ * attention_forward's out and lse on the whole sequence; the part backwards
+ * (dQ per rank, dK/dV per block) its dqkv. */
+static void cp_rows(int cp, int Tc, int r, int *g) { /* local row -> position */
+    for (int i = 0; i < 2 * Tc; i++) g[i] = (i < Tc ? r : 2 * cp - 1 - r) * Tc + i % Tc;
+}
+
+static void test_attention_parts(int B, int cp, int Tc, int nh, int nkv, int hd, int doclen) {
+    char name[192], shape[96];
+    const int T = 2 * cp * Tc, Tl = 2 * Tc, S = (nh + 2 * nkv) * hd, KS = 2 * nkv * hd, OS = nh * hd;
+    size_t nqkv = (size_t)B * T * S, nout = (size_t)B * T * OS, nlse = (size_t)B * nh * T;
+    int *qs = doclen ? random_docs(B, T, doclen) : NULL;
+    float *qkv = randv(nqkv, 1.5f), *dout = randv(nout, 1), *out = zerov(nout), *lse = zerov(nlse), *dqkv = zerov(nqkv);
+    K->attention_forward(out, lse, qkv, qs, B, T, nh, nkv, hd);
+    K->attention_backward(dqkv, dout, qkv, out, lse, qs, B, T, nh, nkv, hd);
+    /* every rank's local rows and packed k|v block */
+    float *lq = zerov((size_t)cp * B * Tl * S), *lkv = zerov((size_t)cp * B * Tl * KS), *ldkv = zerov((size_t)cp * B * Tl * KS);
+    float *lo = zerov((size_t)cp * B * Tl * OS), *ll = zerov((size_t)cp * B * nh * Tl), *ldo = zerov((size_t)cp * B * Tl * OS);
+    float *ldq = zerov((size_t)cp * B * Tl * S);
+    int *lqs = malloc_check(sizeof(int) * (size_t)cp * B * Tl), g[4096];
+    for (int r = 0; r < cp; r++) {
+        cp_rows(cp, Tc, r, g);
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < Tl; i++) {
+                size_t src = (size_t)b * T + g[i], dst = ((size_t)r * B + b) * Tl + i;
+                memcpy(lq + dst * S, qkv + src * S, sizeof(float) * S);
+                memcpy(lkv + dst * KS, qkv + src * S + nh * hd, sizeof(float) * KS);
+                memcpy(ldo + dst * OS, dout + src * OS, sizeof(float) * OS);
+                lqs[dst] = qs ? qs[src] : 0;
+            }
+    }
+    for (int r = 0; r < cp; r++) { /* the forward's ring, then the backward's */
+        size_t off = (size_t)r * B * Tl;
+        int init[2] = {0, 0};
+        for (int pass = 0; pass < 2; pass++)
+            for (int s = 0; s < cp; s++)
+                for (int pair = 0, j = (r - s + cp) % cp; pair < 4; pair++) {
+                    int a = pair / 2, qc = a ? 2 * cp - 1 - r : r, kc = pair % 2 ? 2 * cp - 1 - j : j;
+                    float *kvj = lkv + (size_t)j * B * Tl * KS, *lr = ll + (size_t)r * B * nh * Tl;
+                    if (kc > qc) continue;
+                    if (pass == 0)
+                        K->attention_part_forward(lo + off * OS, lr, lq + off * S, a * Tc, qc * Tc, Tc, kvj, pair % 2 * Tc,
+                                                  kc * Tc, Tc, qs ? lqs + off : NULL, B, Tl, Tl, nh, nkv, hd, init[a]);
+                    else
+                        K->attention_part_backward(ldq + off * S, ldkv + (size_t)j * B * Tl * KS, ldo + off * OS,
+                                                   lq + off * S, lo + off * OS, lr, a * Tc, qc * Tc, Tc, kvj, pair % 2 * Tc,
+                                                   kc * Tc, Tc, qs ? lqs + off : NULL, B, Tl, Tl, nh, nkv, hd);
+                    init[a] = 1;
+                }
+    }
+    /* back to sequence order, against the whole-sequence kernels */
+    float *go = zerov(nout), *gl = zerov(nlse), *gd = zerov(nqkv);
+    for (int r = 0; r < cp; r++) {
+        cp_rows(cp, Tc, r, g);
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < Tl; i++) {
+                size_t dst = (size_t)b * T + g[i], src = ((size_t)r * B + b) * Tl + i;
+                memcpy(go + dst * OS, lo + src * OS, sizeof(float) * OS);
+                memcpy(gd + dst * S, ldq + src * S, sizeof(float) * nh * hd);
+                memcpy(gd + dst * S + nh * hd, ldkv + src * KS, sizeof(float) * KS);
+                for (int h = 0; h < nh; h++) gl[((size_t)b * nh + h) * T + g[i]] = ll[(((size_t)r * B + b) * nh + h) * Tl + i];
+            }
+    }
+    snprintf(shape, sizeof shape, "cp=%d Tc=%d nh=%d nkv=%d%s", cp, Tc, nh, nkv, doclen ? " block-causal" : "");
+    double *ref = malloc_check(sizeof(double) * nqkv);
+    for (size_t i = 0; i < nout; i++) ref[i] = out[i];
+    snprintf(name, sizeof name, "attention_part_forward out %s", shape);
+    check_close(name, go, ref, nout, 1e-5);
+    for (size_t i = 0; i < nlse; i++) ref[i] = lse[i];
+    snprintf(name, sizeof name, "attention_part_forward lse %s", shape);
+    check_close(name, gl, ref, nlse, 1e-5);
+    for (size_t i = 0; i < nqkv; i++) ref[i] = dqkv[i];
+    snprintf(name, sizeof name, "attention_part_backward dqkv %s", shape);
+    check_close(name, gd, ref, nqkv, 1e-4);
+    free(ref); free(go); free(gl); free(gd); free(lq); free(lkv); free(ldkv); free(lo); free(ll); free(ldo); free(ldq);
+    free(lqs); free(qkv); free(dout); free(out); free(lse); free(dqkv); free(qs);
+}
+
 // ----------------------------------------------------------------------------
 // rope
 
@@ -1289,6 +1371,10 @@ int main(int argc, char **argv) {
     test_attention(1, 300, 2, 1, 8, 60, 0); // more rows than one attention block
     test_attention(2, 9, 4, 2, 8, 0, 3);   // block-causal: documents of 1..3 tokens
     test_attention(2, 300, 2, 1, 8, 60, 90); // block-causal, documents across attention blocks
+    test_attention_parts(2, 2, 4, 4, 2, 8, 0);  // context parallelism: cp 2, GQA
+    test_attention_parts(1, 4, 3, 2, 2, 8, 0);  // cp 4
+    test_attention_parts(2, 3, 5, 4, 1, 8, 7);  // cp 3, block-causal documents across chunks
+    test_attention_parts(1, 2, 150, 2, 1, 8, 0); // chunks over one attention block
     test_rope();
     test_gelu();
     test_matmul_fused(7, 5, 9, 1);
