@@ -379,11 +379,15 @@ static void read_tokens(const DataSet *d, uint64_t pos, int *out, uint64_t count
 }
 
 void dataset_sequence(const DataSet *d, uint64_t seq, int *inputs, int *targets) {
+    dataset_sequence_part(d, seq, 0, d->T, inputs, targets);
+}
+
+void dataset_sequence_part(const DataSet *d, uint64_t seq, int off, int len, int *inputs, int *targets) {
     if (d->n_src) {
         int i;
         uint64_t k;
         dataset_blend_pick(d, seq, &i, &k);
-        dataset_sequence(&d->src[i], k, inputs, targets);
+        dataset_sequence_part(&d->src[i], k, off, len, inputs, targets);
         return;
     }
     const uint64_t T = (uint64_t)d->T, n = d->n_tokens;
@@ -394,10 +398,11 @@ void dataset_sequence(const DataSet *d, uint64_t seq, int *inputs, int *targets)
         uint64_t epoch = seq / d->n_seqs, j = seq % d->n_seqs;
         start = permute(j, d->n_seqs, d->seed, epoch) * T;
     }
-    /* targets = tokens [start+1, start+T], inputs = [start, start+T) */
+    /* targets = tokens [start+1, start+T], inputs = [start, start+T); the part from off */
+    start = (start + (uint64_t)off) % n;
     read_tokens(d, start, inputs, 1);
-    read_tokens(d, (start + 1) % n, targets, T);
-    if (T > 1) memcpy(inputs + 1, targets, (size_t)(T - 1) * sizeof *inputs);
+    read_tokens(d, (start + 1) % n, targets, (uint64_t)len);
+    if (len > 1) memcpy(inputs + 1, targets, (size_t)(len - 1) * sizeof *inputs);
 }
 
 /* ---------------------------------------------------------------- vocab */

@@ -67,6 +67,9 @@ void dataset_close(DataSet *d);
  * seeded permutation of sequence starts per epoch (shuffle on).
  * A token id >= vocab_size: one line naming file and offset, exit(EXIT_USAGE). */
 void dataset_sequence(const DataSet *d, uint64_t seq, int *inputs, int *targets);
+/* Tokens [off, off + n) of sequence seq and their targets: what
+ * dataset_sequence writes there, read alone (context parallelism's chunks). */
+void dataset_sequence_part(const DataSet *d, uint64_t seq, int off, int n, int *inputs, int *targets);
 /* A blend: which source sequence seq comes from, and its number there
  * (dataset_sequence(&d->src[*src], *n) is sequence seq). */
 void dataset_blend_pick(const DataSet *d, uint64_t seq, int *src, uint64_t *n);

@@ -20,10 +20,10 @@
 #include <unistd.h>
 
 struct DistGroups {
-    MPI_Comm shard, replicate, tp, dp;
+    MPI_Comm shard, replicate, tp, dp, cp;
     /* launch without MPI: each group's TCP rendezvous (NULL: one member, or
      * MPI; the world's own when the group is the world) */
-    Rendezvous *tcp[DIST_N_GROUPS];
+    Rendezvous *tcp[DIST_N_GROUPS_CP];
     /* non-blocking collectives: handle i is reqs[i], named req_name[i] (NULL: free) */
     MPI_Request *reqs;
     const char **req_name;
@@ -341,6 +341,7 @@ void dist_init(Dist *d, int *argc, char ***argv) {
     d->dp = d->world;
     d->dp_rank = d->rank;
     d->tp = 1;
+    d->cp = 1;
     d->shard_size = 1;
     d->replicate_size = d->dp;
     d->shard_group = d->rank;
@@ -380,8 +381,9 @@ void dist_finalize(Dist *d) {
             MPI_Comm_free(&d->groups->replicate);
             MPI_Comm_free(&d->groups->tp);
             MPI_Comm_free(&d->groups->dp);
+            MPI_Comm_free(&d->groups->cp);
         }
-        for (int g = 0; g < DIST_N_GROUPS; g++)
+        for (int g = 0; g < DIST_N_GROUPS_CP; g++)
             if (d->groups->tcp[g] != d->rdzv) rdzv_close(d->groups->tcp[g]);
         free(d->groups->reqs);
         free(d->groups->req_name);
@@ -432,7 +434,8 @@ static Xc xc_group(const Dist *d, int g) {
     if (!c) die(EXIT_INTERNAL, "group %d used before dist_setup_groups", g);
     int r, n;
     dist_group_rank(d, g, &r, &n);
-    MPI_Comm m = g == DIST_GROUP_TP ? c->tp : g == DIST_GROUP_SHARD ? c->shard : g == DIST_GROUP_REPLICATE ? c->replicate : c->dp;
+    MPI_Comm m = g == DIST_GROUP_TP ? c->tp : g == DIST_GROUP_SHARD ? c->shard : g == DIST_GROUP_REPLICATE ? c->replicate
+               : g == DIST_GROUP_CP ? c->cp : c->dp;
     return (Xc){m, c->tcp[g], n, g};
 }
 
@@ -443,6 +446,7 @@ static int member_rank(const Dist *d, int g, int i) {
     case DIST_GROUP_TP: return d->dp_rank * tp + i;
     case DIST_GROUP_SHARD: return (d->shard_group * S + i) * tp + d->tp_rank;
     case DIST_GROUP_REPLICATE: return (i * S + d->shard_index) * tp + d->tp_rank;
+    case DIST_GROUP_CP: return (d->dp_rank / d->cp * d->cp + i) * tp + d->tp_rank;
     default: return i * tp + d->tp_rank; /* DIST_GROUP_DP */
     }
 }
@@ -452,7 +456,7 @@ static int member_rank(const Dist *d, int g, int i) {
  * exit 6; the peers see this rank's connections close. */
 static void tcp_check(Dist *d, Xc c, int rc, const char *what, const char *why) {
     if (rc == 0) return;
-    static const char *names[DIST_N_GROUPS] = {"tp", "shard", "replicate", "dp"};
+    static const char *names[DIST_N_GROUPS_CP] = {"tp", "shard", "replicate", "dp", "cp"};
     char members[200] = "";
     if (c.kind >= 0 && c.size < d->world) {
         size_t len = (size_t)snprintf(members, sizeof members, " (its ranks 0..%d are world ranks", c.size - 1);
@@ -653,6 +657,7 @@ void dist_group_rank(const Dist *d, int g, int *rank, int *size) {
     case DIST_GROUP_SHARD: *rank = d->shard_index; *size = d->shard_size; break;
     case DIST_GROUP_REPLICATE: *rank = d->shard_group; *size = d->replicate_size; break;
     case DIST_GROUP_DP: *rank = d->dp_rank; *size = d->dp; break;
+    case DIST_GROUP_CP: *rank = d->cp_rank; *size = d->cp; break;
     default: die(EXIT_INTERNAL, "dist_group_rank: unknown group %d", g);
     }
 }
@@ -696,27 +701,31 @@ void dist_setup_groups(Dist *d, int S) {
     struct DistGroups *g = calloc_check(1, sizeof *g);
     int tp = d->tp;
     /* color (the group) and key (the rank's place in it) of each kind */
-    const int color[DIST_N_GROUPS] = {[DIST_GROUP_SHARD] = d->shard_group * tp + d->tp_rank,
-                                      [DIST_GROUP_REPLICATE] = d->shard_index * tp + d->tp_rank,
-                                      [DIST_GROUP_TP] = d->dp_rank, [DIST_GROUP_DP] = d->tp_rank};
-    const int key[DIST_N_GROUPS] = {[DIST_GROUP_SHARD] = d->shard_index, [DIST_GROUP_REPLICATE] = d->shard_group,
-                                    [DIST_GROUP_TP] = d->tp_rank, [DIST_GROUP_DP] = d->dp_rank};
+    const int color[DIST_N_GROUPS_CP] = {[DIST_GROUP_SHARD] = d->shard_group * tp + d->tp_rank,
+                                         [DIST_GROUP_REPLICATE] = d->shard_index * tp + d->tp_rank,
+                                         [DIST_GROUP_TP] = d->dp_rank, [DIST_GROUP_DP] = d->tp_rank,
+                                         [DIST_GROUP_CP] = d->dp_rank / d->cp * tp + d->tp_rank};
+    const int key[DIST_N_GROUPS_CP] = {[DIST_GROUP_SHARD] = d->shard_index, [DIST_GROUP_REPLICATE] = d->shard_group,
+                                       [DIST_GROUP_TP] = d->tp_rank, [DIST_GROUP_DP] = d->dp_rank,
+                                       [DIST_GROUP_CP] = d->cp_rank};
     if (d->use_mpi) {
         watch_collective(d, "MPI_Comm_split");
         check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_SHARD], key[DIST_GROUP_SHARD], &g->shard), "MPI_Comm_split");
         check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_REPLICATE], key[DIST_GROUP_REPLICATE], &g->replicate), "MPI_Comm_split");
         check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_TP], key[DIST_GROUP_TP], &g->tp), "MPI_Comm_split");
         check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_DP], key[DIST_GROUP_DP], &g->dp), "MPI_Comm_split");
+        check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_CP], key[DIST_GROUP_CP], &g->cp), "MPI_Comm_split");
         watch_collective(d, NULL);
         MPI_Comm_set_errhandler(g->shard, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(g->replicate, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(g->tp, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(g->dp, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(g->cp, MPI_ERRORS_RETURN);
     } else {
         /* every rank splits every kind in the same order; a kind whose
          * groups are the world (or single ranks) needs no split on any rank */
         watch_collective(d, "TCP split");
-        for (int k = 0; k < DIST_N_GROUPS; k++) {
+        for (int k = 0; k < DIST_N_GROUPS_CP; k++) {
             int r, n;
             dist_group_rank(d, k, &r, &n);
             if (n == d->world) { g->tcp[k] = d->rdzv; continue; }
@@ -752,10 +761,10 @@ static double host_time_allreduce(Dist *d, Xc c, size_t n) {
 
 int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
     if ((!d->use_mpi && !d->rdzv) || d->world < 2 || !d->groups) return 1;
-    const char *kinds[DIST_N_GROUPS] = {"tp", "shard", "replicate", "dp"};
+    const char *kinds[DIST_N_GROUPS_CP] = {"tp", "shard", "replicate", "dp", "cp"};
     size_t n = bytes / sizeof(float);
     int ok = 1;
-    for (int k = 0; k < DIST_N_GROUPS; k++) {
+    for (int k = 0; k < DIST_N_GROUPS_CP; k++) {
         Xc c = xc_group(d, k);
         int gn = c.size;
         /* every rank takes part in the world reductions below, so a kind
@@ -794,6 +803,7 @@ int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
 void dist_comm_reset(Dist *d) {
     d->bytes_allgather = d->bytes_reduce_scatter = d->bytes_allreduce = d->bytes_tp_allreduce = 0;
     d->bytes_tp_allgather = d->bytes_tp_reduce_scatter = 0;
+    d->bytes_cp = 0;
     d->comm_wait_s = 0;
 }
 
@@ -805,6 +815,41 @@ void dist_set_tp(Dist *d, int tp) {
     d->dp_rank = d->rank / tp;
     d->replicate_size = d->dp;
     d->shard_group = d->dp_rank;
+    d->cp = 1;
+    d->cp_rank = 0;
+}
+
+void dist_set_cp(Dist *d, int cp) {
+    if (cp < 1 || d->dp % cp != 0) die(EXIT_INTERNAL, "dist_set_cp: %d does not divide %d data-parallel ranks", cp, d->dp);
+    d->cp = cp;
+    d->cp_rank = d->dp_rank % cp;
+}
+
+void dist_cp_shift(Dist *d, const void *send, void *recv, size_t bytes) {
+    int cp = d->cp;
+    if (cp == 1 || !d->groups) {
+        if (recv != send) memcpy(recv, send, bytes);
+        return;
+    }
+    if (d->dev) die(EXIT_INTERNAL, "dist_cp_shift: context parallelism over a device communicator");
+    Xc c = xc_group(d, DIST_GROUP_CP);
+    int next = (d->cp_rank + 1) % cp, prev = (d->cp_rank + cp - 1) % cp;
+    if (d->use_mpi) {
+        const size_t most = (size_t)1 << 30; /* MPI counts are ints */
+        watch_collective(d, "MPI_Sendrecv");
+        for (size_t off = 0; off < bytes; off += most) {
+            int cnt = (int)(bytes - off < most ? bytes - off : most);
+            check(d, MPI_Sendrecv((const char *)send + off, cnt, MPI_BYTE, next, 58, (char *)recv + off, cnt, MPI_BYTE, prev, 58,
+                                  c.mpi, MPI_STATUS_IGNORE), "MPI_Sendrecv");
+        }
+        watch_collective(d, NULL);
+    } else { /* the rendezvous has no point-to-point: every member's block to all, the previous one's kept */
+        unsigned char *all = malloc_check((size_t)cp * bytes);
+        x_allgather(d, c, send, all, bytes, 1);
+        memcpy(recv, all + (size_t)prev * bytes, bytes);
+        free(all);
+    }
+    d->bytes_cp += (double)bytes;
 }
 
 void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max) {

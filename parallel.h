@@ -7,8 +7,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The process groups of a layout (dist_setup_groups, dist_set_tp). */
-enum { DIST_GROUP_TP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_DP, DIST_N_GROUPS };
+/* The process groups of a layout (dist_setup_groups, dist_set_tp). The
+ * context group (dist_set_cp) comes after DIST_N_GROUPS: it lives on the
+ * host transport only (no device communicator: the CUDA backend does not
+ * run context parallelism yet). */
+enum { DIST_GROUP_TP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_DP, DIST_N_GROUPS,
+       DIST_GROUP_CP = DIST_N_GROUPS, DIST_N_GROUPS_CP };
 
 /* Operations of a device communication library: on float32 elements, but
  * DIST_OP_ALLGATHER_BF16 gathers 16-bit words (bf16; NCCL's ncclBfloat16). */
@@ -51,10 +55,17 @@ typedef struct Dist {
     /* tensor parallelism (dist_set_tp): world = tp x dp, tp innermost:
      * tp_rank = rank % tp, dp_rank = rank / tp, dp = world / tp */
     int tp, tp_rank;
+    /* context parallelism (dist_set_cp): world = tp x cp x (dp / cp), tp
+     * innermost, then cp: cp_rank = dp_rank % cp. dp and dp_rank above
+     * count data-parallel and context ranks together (Megatron's dp-cp
+     * group: gradients are reduced and state sharded over it); the ranks
+     * of a context group read the same sequences (dist_seq_dp) */
+    int cp, cp_rank;
     /* communication volume of the current step in bus bytes (NCCL-tests
      * convention), reset by dist_comm_reset */
     double bytes_allgather, bytes_reduce_scatter, bytes_allreduce, bytes_tp_allreduce;
     double bytes_tp_allgather, bytes_tp_reduce_scatter; /* sequence parallelism's */
+    double bytes_cp; /* context parallelism's ring: bytes this rank sent (dist_cp_shift) */
     /* seconds this rank spent blocked in collectives and waits since
      * dist_comm_reset: communication that compute did not hide */
     double comm_wait_s, coll_t0;
@@ -105,6 +116,20 @@ void dist_setup_groups(Dist *d, int S);
  * world). Shard / replicate / data-parallel groups are then formed among
  * ranks of the same tp_rank, and a TP group of the tp consecutive ranks. */
 void dist_set_tp(Dist *d, int tp);
+/* Set the context-parallel degree (after dist_set_tp, before
+ * dist_setup_groups; cp divides world / tp). A context group is the cp
+ * consecutive data-parallel indices of one tp_rank. */
+void dist_set_cp(Dist *d, int cp);
+/* The batch arithmetic's data-parallel degree and this rank's index in it:
+ * sequences are split over dp / cp slots, not over dp x cp ranks. */
+static inline int dist_seq_dp(const Dist *d) { return d->dp / (d->cp > 0 ? d->cp : 1); }
+static inline int dist_seq_rank(const Dist *d) { return d->dp_rank / (d->cp > 0 ? d->cp : 1); }
+/* Context group, host memory: send `bytes` to the next member of the ring
+ * (cp_rank + 1 mod cp) and receive as many from the previous one into recv
+ * (MPI_Sendrecv; over TCP, which has no point-to-point, an all-gather of
+ * the group whose previous member's block is kept). Blocking. Counted in
+ * bytes_cp as the bytes sent. */
+void dist_cp_shift(Dist *d, const void *send, void *recv, size_t bytes);
 /* TP group: in place over the tp ranks, sum (max = 0) or max (max = 1)
  * of floats; sum of doubles; gather n floats of HOST memory to tp_rank 0
  * (recv[tp*n]; always MPI). */
