@@ -109,6 +109,7 @@ typedef struct Config {
     char ckpt_resume[1024];
     /* parallel */
     int tp;
+    int cp; /* parallel.context: context-parallel degree (cp.c) */
     int seq_parallel; /* parallel.sequence_parallel (needs tp > 1) */
     char strategy[32];
     int shard_degree;

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #endif
 #include "layout.h"
+#include "cp.h"
 #include "util.h"
 #include <limits.h>
 #include <stdio.h>
@@ -71,6 +72,17 @@ int layout_check(Sharding *sh, Config *c, Dist *d, Model *m) {
     const ModelConfig *mc = &c->model;
     if (d->world % c->tp != 0)
         die(EXIT_USAGE, "%s: parallel.tensor %d does not divide the %d ranks", c->path, c->tp, d->world);
+    if (d->world % (c->tp * c->cp) != 0)
+        die(EXIT_USAGE, "%s: parallel.tensor %d x parallel.context %d = %d does not divide the %d ranks (world = tp x cp x dp)",
+            c->path, c->tp, c->cp, c->tp * c->cp, d->world);
+    if (c->cp > 1 && c->seq_len % (2 * c->cp) != 0)
+        die(EXIT_USAGE, "%s: train.seq_len %d is not divisible by 2 x parallel.context %d = %d (each sequence is cut into 2 cp "
+            "equal chunks)", c->path, c->seq_len, c->cp, 2 * c->cp);
+    if (c->cp > 1 && strcmp(c->device, "cuda") == 0)
+        die(EXIT_USAGE, "%s: parallel.context %d with train.device \"cuda\": context parallelism runs on the CPU backend only so far "
+            "(expected train.device \"cpu\", or parallel.context 1)", c->path, c->cp);
+    if (c->cp > 1 && c->debug_dump[0])
+        die(EXIT_USAGE, "%s: debug.dump is not available with parallel.context %d (expected 1)", c->path, c->cp);
     if (mc->n_kv_head % c->tp != 0 || mc->n_head % c->tp != 0)
         die(EXIT_USAGE, "%s: model.n_kv_head %d (n_head %d) is not divisible by parallel.tensor %d", c->path, mc->n_kv_head,
             mc->n_head, c->tp);
@@ -85,6 +97,7 @@ int layout_check(Sharding *sh, Config *c, Dist *d, Model *m) {
     if (c->tp > 1 && c->debug_dump[0])
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
     dist_set_tp(d, c->tp);
+    dist_set_cp(d, c->cp);
     if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
         sh->S = d->dp;
     } else if (strcmp(c->strategy, "NO_SHARD") == 0) {
@@ -92,8 +105,8 @@ int layout_check(Sharding *sh, Config *c, Dist *d, Model *m) {
     } else if (strcmp(c->strategy, "HYBRID_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD_ZERO2") == 0) {
         sh->S = c->shard_degree > 0 ? c->shard_degree : d->dp;
         if (d->dp % sh->S != 0)
-            die(EXIT_USAGE, "%s: parallel.shard_degree %d does not divide the %d data-parallel ranks (parallel.strategy %s)",
-                c->path, c->shard_degree, d->dp, c->strategy);
+            die(EXIT_USAGE, "%s: parallel.shard_degree %d does not divide the %d data-parallel%s ranks (parallel.strategy %s)",
+                c->path, c->shard_degree, d->dp, d->cp > 1 ? " x context" : "", c->strategy);
     } else {
         die(EXIT_USAGE, "%s: parallel.strategy \"%s\": expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2",
             c->path, c->strategy);
@@ -102,24 +115,25 @@ int layout_check(Sharding *sh, Config *c, Dist *d, Model *m) {
     /* parallel.reshard_after_forward: auto (0) = PyTorch's default per strategy, 1 true, 2 false */
     sh->reshard = c->reshard_after_forward == 0 ? strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "HYBRID_SHARD") == 0
                                                : c->reshard_after_forward == 1;
-    long long micro_all = (long long)c->micro_batch * d->dp; /* up to 2^20 x 2^24: computed wide */
+    const int dp = dist_seq_dp(d); /* sequences split over the data-parallel slots; a context group shares its own */
+    long long micro_all = (long long)c->micro_batch * dp; /* up to 2^20 x 2^24: computed wide */
     if (c->global_batch == 0 && micro_all > INT_MAX)
         die(EXIT_USAGE, "%s: train.micro_batch %d x data-parallel ranks %d = %lld sequences a step exceeds train.global_batch's "
-            "maximum %d", c->path, c->micro_batch, d->dp, micro_all, INT_MAX);
+            "maximum %d", c->path, c->micro_batch, dp, micro_all, INT_MAX);
     if (c->global_batch == 0) c->global_batch = (int)micro_all;
     if (c->global_batch % micro_all != 0) /* so from here micro_batch x dp <= global_batch fits in an int */
         die(EXIT_USAGE, "%s: train.global_batch %d is not divisible by train.micro_batch %d x data-parallel ranks %d",
-            c->path, c->global_batch, c->micro_batch, d->dp);
-    int accum = c->global_batch / (c->micro_batch * d->dp);
+            c->path, c->global_batch, c->micro_batch, dp);
+    int accum = c->global_batch / (c->micro_batch * dp);
     if (c->rampup_start) { /* every batch of the ramp must split into whole micro-batches per rank */
-        int unit = c->micro_batch * d->dp;
+        int unit = c->micro_batch * dp;
         if (c->rampup_start >= c->global_batch)
             die(EXIT_USAGE, "%s: train.rampup_start_batch %d is not below train.global_batch %d (a ramp-up grows to it)", c->path,
                 c->rampup_start, c->global_batch);
         if (c->rampup_start % unit != 0 || c->rampup_increment % unit != 0)
             die(EXIT_USAGE, "%s: train.%s %d is not divisible by train.micro_batch %d x data-parallel ranks %d", c->path,
                 c->rampup_start % unit ? "rampup_start_batch" : "rampup_batch_increment",
-                c->rampup_start % unit ? c->rampup_start : c->rampup_increment, c->micro_batch, d->dp);
+                c->rampup_start % unit ? c->rampup_start : c->rampup_increment, c->micro_batch, dp);
         if ((c->global_batch - c->rampup_start) % c->rampup_increment != 0)
             die(EXIT_USAGE, "%s: train.rampup_batch_increment %d does not divide train.global_batch %d - train.rampup_start_batch %d",
                 c->path, c->rampup_increment, c->global_batch, c->rampup_start);
@@ -246,7 +260,8 @@ void layout_rank_bytes(const Sharding *sh, const Kernels *k, double out[LAYOUT_R
     out[1] = sh->sharded ? shard : cf->param_dtype == 1 ? full : 0; /* NO_SHARD fp32: the params are the master */
     out[2] = sh->sharded ? shard_pool_bytes(sh, 1) + shard : full;
     out[3] = 2 * (sh->sharded ? shard : full);
-    out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * cf->micro_batch * cf->seq_len * sizeof(int);
+    out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * cf->micro_batch * (cf->seq_len / cf->cp) * sizeof(int) +
+             cp_ring_bytes(m, cf->cp);
     out[5] = (double)m->offload_floats * sizeof(float);
     out[6] = k && strcmp(k->name, "cuda") == 0 ? layout_cuda_scratch_bytes(sh) : 0; /* training on cuda only (check prints its own) */
 }
@@ -280,6 +295,19 @@ void layout_print(const Sharding *sh, const Kernels *k) {
             for (int i = 0; i < P; i++) printf(" %d", g * P + i);
             printf("\n");
         }
+    }
+    int cp = d->cp;
+    if (cp > 1) {
+        printf("context parallel: %d ranks per context group (after tp); each sequence in %d chunks of %d tokens, context rank r "
+               "holding chunks r and %d-r; attention as a ring of key/value blocks over the group\n", cp, 2 * cp,
+               sh->cfg->seq_len / (2 * cp), 2 * cp - 1);
+        for (int tr = 0; tr < P; tr++)
+            for (int g = 0; g < d->dp / cp; g++) {
+                if (P > 1) printf("  tp_rank %d", tr);
+                printf("  context group %d: ranks", g);
+                for (int i = 0; i < cp; i++) printf(" %d", (g * cp + i) * P + tr);
+                printf("\n");
+            }
     }
     for (int tr = 0; tr < P; tr++) {
         for (int g = 0; g < R; g++) {

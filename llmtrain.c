@@ -19,6 +19,7 @@
 #include "ckpt_run.h"
 #include "hf.h"
 #include "config.h"
+#include "cp.h"
 #include "data.h"
 #ifdef LLMTRAIN_CUDA
 #include "dist_nccl.h"
@@ -55,7 +56,9 @@ typedef struct Trainer {
     int have_vocab;
     int accum;                 /* micro-batches per rank per step at train.global_batch (a ramp's steps take fewer) */
     int threads;               /* CPU threads of this rank */
-    int *tok, *tgt;            /* host batch [B*T] */
+    int *tok, *tgt;            /* host batch [B*T] (B x seq_len: a sample's context reads whole sequences into it) */
+    int *seq_tok, *seq_tgt;    /* context parallelism with documents: one whole sequence [seq_len] */
+    int *doc0;                 /* ... and each local token's document start in its sequence [B*T] (Model.cp_doc0) */
     float *host_flat;          /* host copy of a flat array (debug.dump) */
     FILE *metrics;
     TBoard tb;                 /* log.tensorboard_dir (rank 0); tb.f NULL: off */
@@ -159,8 +162,23 @@ static int logs_failed_agreed(Trainer *t) {
  * and G_k is train.global_batch, or the ramp's batch at c_k; rank r owns
  * c_k + [r*G_k/dp, (r+1)*G_k/dp). */
 static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
-    int B = t->model.B, T = t->model.T;
-    for (int b = 0; b < B; b++) dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
+    int B = t->model.B, T = t->model.T, cp = t->model.cp;
+    for (int b = 0; b < B && cp == 1; b++) dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
+    for (int b = 0; b < B && cp > 1; b++) { /* context parallelism: this rank's two chunks of T/2 tokens */
+        uint64_t seq = first_seq + (uint64_t)b;
+        for (int h = 0; h < 2; h++)
+            dataset_sequence_part(ds, seq, cp_pos(h * T / 2, T, cp, t->model.cp_rank), T / 2, t->tok + (size_t)b * T + h * T / 2,
+                                  t->tgt + (size_t)b * T + h * T / 2);
+        if (t->model.eod_token < 0) continue;
+        /* a document may start on another rank's chunk: its start comes from the whole sequence */
+        dataset_sequence(ds, seq, t->seq_tok, t->seq_tgt);
+        for (int i = 0, p = 0, s = 0; i < T; i++) {
+            int q = cp_pos(i, T, cp, t->model.cp_rank);
+            for (; p < q; p++)
+                if (t->seq_tok[p] == t->model.eod_token) s = p + 1;
+            t->doc0[(size_t)b * T + i] = s;
+        }
+    }
     if (t->cfg.eod_mask_loss) /* what follows a document's end is not predicted */
         for (size_t i = 0; i < (size_t)B * T; i++)
             if (t->tok[i] == t->cfg.eod_token) t->tgt[i] = CE_NO_TARGET;
@@ -183,7 +201,8 @@ static int step_batch(Trainer *t, int step) { return config_batch_at(&t->cfg, st
 
 static uint64_t micro_first_seq(Trainer *t, int step, int j) {
     uint64_t G = (uint64_t)step_batch(t, step);
-    return step_cursor(t, step) + (uint64_t)t->dist.dp_rank * (G / (uint64_t)t->dist.dp) + (uint64_t)j * (uint64_t)t->model.B;
+    uint64_t dp = (uint64_t)dist_seq_dp(&t->dist); /* a context group's ranks read the same sequences */
+    return step_cursor(t, step) + (uint64_t)dist_seq_rank(&t->dist) * (G / dp) + (uint64_t)j * (uint64_t)t->model.B;
 }
 
 /* How many targets of step `step`'s whole global batch have a loss: all
@@ -238,9 +257,9 @@ static double eval_loss(Trainer *t, const DataSet *ds) {
      * chunk gathers are collectives of the shard group): a rank whose
      * batches ran out runs batch 0 again and does not count it. 64-bit: an
      * eval.batches near 2^31 must not wrap the count to nothing. */
-    int64_t dp = t->dist.dp, n = ((int64_t)t->cfg.eval_batches + dp - 1) / dp;
+    int64_t dp = dist_seq_dp(&t->dist), n = ((int64_t)t->cfg.eval_batches + dp - 1) / dp; /* a context group: one batch */
     forward_only(t, 1);
-    for (int64_t i = 0, j = t->dist.dp_rank; i < n; i++, j += dp) {
+    for (int64_t i = 0, j = dist_seq_rank(&t->dist); i < n; i++, j += dp) {
         if (stop_agreed(t)) {
             t->eval_stopped = 1;
             break;
@@ -315,6 +334,10 @@ static void print_sample(Trainer *t, int step) {
     float *row = malloc_check((size_t)V * sizeof(float));
     float *mine = tp > 1 ? malloc_check((size_t)m->V * sizeof(float)) : NULL; /* this rank's vocabulary slice */
     forward_only(t, 1);
+    /* context parallelism: each rank runs the sample alone over the last T
+     * (seq_len / cp) tokens of the context */
+    int cp = m->cp;
+    m->cp = 1;
     for (int n = prompt; n < total; n++) {
         int len = n < T ? n : T;
         model_forward_bt(m, ctx + (n - len), NULL, 1, len);
@@ -338,6 +361,7 @@ static void print_sample(Trainer *t, int step) {
             break;
         }
     }
+    m->cp = cp;
     forward_only(t, 0);
     if (is_root(t)) {
         printf("--- sample%s ---\n", total < prompt + c->sample_tokens ? " (cut short: stop requested)" : "");
@@ -407,6 +431,7 @@ typedef struct StepStats {
     int clipped, skipped;
     double comm_ag, comm_rs, comm_ar, comm_tp; /* bus bytes of this step per collective kind */
     double comm_tp_ag, comm_tp_rs;             /* ... and sequence parallelism's (the step line's tp counts all three) */
+    double comm_cp;                            /* context parallelism's ring: bytes sent */
     double comm_wait;  /* seconds blocked in collectives and waits (exposed communication) */
     double ck_block;   /* seconds training was blocked by a checkpoint begun after this step */
     double norm_mean;  /* running mean of the previous CKPT_SPIKE_WINDOW norms (NAN: none yet) */
@@ -475,11 +500,11 @@ static void log_step(Trainer *t, const StepStats *s) {
     if ((s->step + 1) % c->log_every == 0 || s->step + 1 == c->steps || s->skipped) {
         char comm[160] = ""; /* a world of one does not communicate */
         if (t->dist.world > 1) {
-            const double kind[4] = {s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp + s->comm_tp_ag + s->comm_tp_rs};
-            const char *name[4] = {"ag", "rs", "ar", "tp"};
-            int n = snprintf(comm, sizeof comm, " | comm %.2f MB (", (kind[0] + kind[1] + kind[2] + kind[3]) / 1e6);
+            const double kind[5] = {s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp + s->comm_tp_ag + s->comm_tp_rs, s->comm_cp};
+            const char *name[5] = {"ag", "rs", "ar", "tp", "cp"};
+            int n = snprintf(comm, sizeof comm, " | comm %.2f MB (", (kind[0] + kind[1] + kind[2] + kind[3] + kind[4]) / 1e6);
             const char *sep = "";
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 5; i++)
                 if (kind[i] > 0) {
                     n += snprintf(comm + n, sizeof comm - (size_t)n, "%s%s %.2f", sep, name[i], kind[i] / 1e6);
                     sep = " ";
@@ -548,6 +573,10 @@ static void log_step(Trainer *t, const StepStats *s) {
     buf_add(&line, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f,\"tp_allreduce\":%.0f,"
                "\"tp_allgather\":%.0f,\"tp_reduce_scatter\":%.0f}",
             s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp, s->comm_tp_ag, s->comm_tp_rs);
+    if (t->dist.cp > 1) { /* inside comm_bytes */
+        line.s[--line.len] = '\0';
+        buf_add(&line, ",\"cp_sendrecv\":%.0f}", s->comm_cp);
+    }
     buf_add(&line, "}\n");
     metrics_line(t, line.s);
     free(line.s);
@@ -590,7 +619,7 @@ static StepStats train_step(Trainer *t, int step) {
     Model *m = &t->model;
     const Kernels *k = t->k;
     StepStats s = {.step = step, .batch = step_batch(t, step), .val_loss = NAN};
-    int accum = s.batch / (c->micro_batch * t->dist.dp); /* layout_check: a whole number at every batch */
+    int accum = s.batch / (c->micro_batch * dist_seq_dp(&t->dist)); /* layout_check: a whole number at every batch */
     t->sh.step_accum = accum;
     t->sh.chunks_done = 0;
     double t0 = now_s();
@@ -703,6 +732,7 @@ static StepStats train_step(Trainer *t, int step) {
     s.comm_tp = t->dist.bytes_tp_allreduce;
     s.comm_tp_ag = t->dist.bytes_tp_allgather;
     s.comm_tp_rs = t->dist.bytes_tp_reduce_scatter;
+    s.comm_cp = t->dist.bytes_cp;
     s.comm_wait = t->dist.comm_wait_s;
     s.dt = now_s() - t0;
     return s;
@@ -812,7 +842,8 @@ static void print_model_batch(const Trainer *t) {
            mc->arch == ARCH_GPT2 ? "gpt2" : "llama", mc->n_layer, mc->n_embd, mc->n_head, mc->n_kv_head,
            mc->ffn_hidden, mc->vocab_size, n / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "", rope);
     printf("batch: %d seqs x %d tokens = %lld tokens/step; micro %d x accum %d x dp %d | world %d", c->global_batch, c->seq_len,
-           (long long)c->global_batch * c->seq_len, c->micro_batch, t->accum, t->dist.dp, t->dist.world);
+           (long long)c->global_batch * c->seq_len, c->micro_batch, t->accum, dist_seq_dp(&t->dist), t->dist.world);
+    if (c->cp > 1) printf(" | context parallel %d: %d tokens of each sequence a rank", c->cp, c->seq_len / c->cp);
     if (c->rampup_start) { /* where the ramp ends, walked from this run's start (a resume: its checkpoint) */
         int k = t->step_base, g = 0;
         uint64_t cur = t->seq_base;
@@ -882,6 +913,8 @@ static void tp_allgather_cb(void *ctx, const void *send, void *recv, size_t n, i
 static void tp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size_t n) {
     dist_tp_reduce_scatter_f32(ctx, send, recv, n);
 }
+
+static void cp_shift_cb(void *ctx, const void *send, void *recv, size_t bytes) { dist_cp_shift(ctx, send, recv, bytes); }
 
 /* `JOB [--set k=v ...]` (and `--world N` when world is not NULL): load the
  * job into t->cfg, take init.from's model section and freeze the model. */
@@ -962,8 +995,12 @@ static void setup(Trainer *t, int *argc, char ***argv) {
 #ifdef LLMTRAIN_CUDA
     if (backend_is_cuda(t) && t->dist.world > 1) dist_nccl_attach(&t->dist); /* device collectives through NCCL */
 #endif
-    model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len, t->sh.S, !t->sh.sharded, t->dist.tp, t->dist.tp_rank,
-                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules});
+    if (c->cp > 1 && backend_is_cuda(t)) /* train.device auto found GPUs */
+        die(EXIT_USAGE, "%s: parallel.context %d on the CUDA backend: context parallelism runs on the CPU backend only so far "
+            "(expected train.device \"cpu\", or parallel.context 1)", c->path, c->cp);
+    model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len / c->cp, t->sh.S, !t->sh.sharded, t->dist.tp,
+                   t->dist.tp_rank, (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules});
+    cp_setup(&t->model, c->cp, t->dist.cp_rank);
     model_fp8(&t->model, config_fp8_recipe(c)); /* train.compute_dtype fp8 */
     t->model.block_causal = c->attention_mask == ATT_MASK_BLOCK_CAUSAL;
     t->model.reset_pos = c->reset_position_ids;
@@ -973,7 +1010,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
         die(EXIT_USAGE, "%s: debug.dump writes the whole micro-batch's logits, but the LM head takes %d of its %d rows at a time "
             "(train.lm_head_chunk %d; expected at least %d, or 0 with the logits within %zu MiB)", c->path,
             t->model.head_rows, mb_rows, c->lm_head_chunk, mb_rows, HEAD_AUTO_BYTES >> 20);
-    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL};
+    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL, cp_shift_cb};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
     t->sh.k = t->k;
@@ -983,6 +1020,12 @@ static void setup(Trainer *t, int *argc, char ***argv) {
     t->tok = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->tgt = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->host_flat = malloc_check(t->model.n_params * sizeof(float));
+    if (c->cp > 1) {
+        t->seq_tok = malloc_check((size_t)c->seq_len * sizeof(int));
+        t->seq_tgt = malloc_check((size_t)c->seq_len * sizeof(int));
+        t->doc0 = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
+        t->model.cp_doc0 = t->doc0;
+    }
     t->flops_per_token = model_flops_per_token(&c->model, c->seq_len);
     t->peak_gflops = select_peak(t, &t->peak_source);
     if (c->profile_steps > 0) t->peak_gbs = select_peak_gbs(t);
@@ -1221,14 +1264,17 @@ static int cmd_check(int argc, char **argv) {
     /* no backend: the job is checked for the cluster it names, not for this
      * machine's devices (a GPU job checks on a laptop), and nothing is allocated */
     int act_bytes = strcmp(c->device, "cpu") != 0 && layout_cuda_bf16(c) ? 2 : 4; /* the [a] activations on CUDA */
-    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len, t->sh.S, t->dist.tp, 0,
+    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len / c->cp, t->sh.S, t->dist.tp, 0,
                   (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes, c->seq_parallel, c->recompute_modules});
     printf("check: %s: valid for %d ranks\n", c->path, world);
     if (c->description[0]) printf("description: %s\n", c->description);
     print_model_batch(t);
-    int tp = t->dist.tp, dp = t->dist.dp;
-    printf("parallel: tensor %d%s x data-parallel %d | strategy %s: shard groups of %d x %d replicas\n", tp,
-           c->seq_parallel ? " (sequence parallel)" : "", dp, c->strategy, t->sh.S, dp / t->sh.S);
+    int tp = t->dist.tp, dp = t->dist.dp, cp = t->dist.cp;
+    char ctx[96] = "";
+    if (cp > 1) snprintf(ctx, sizeof ctx, " x context %d (%d tokens of each sequence a rank)", cp, c->seq_len / cp);
+    printf("parallel: tensor %d%s%s x data-parallel %d | strategy %s: shard groups of %d x %d replicas%s\n", tp,
+           c->seq_parallel ? " (sequence parallel)" : "", ctx, dp / cp, c->strategy, t->sh.S, dp / t->sh.S,
+           cp > 1 ? " (over data-parallel x context ranks)" : "");
     double b[LAYOUT_RANK_BYTES];
     char off[64];
     layout_rank_bytes(&t->sh, NULL, b);

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #endif
 #include "model.h"
+#include "cp.h"
 #include "util.h"
 #include <math.h>
 #include <string.h>
@@ -488,6 +489,7 @@ void model_free(Model *m) {
         if (m->v) k->free(m->v);
         k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets); k->free(m->qstart);
         k->free(m->pos);
+        for (int i = 0; i < 2; i++) if (m->cp_ring[i]) k->free(m->cp_ring[i]);
         if (m->offload_host) k->host_free(m->offload_host);
         if (m->fp8) k->fp8_setup(-1, NULL);
     }
@@ -688,7 +690,14 @@ static const int *att_qstart(const Model *m) { return m->block_causal ? m->qstar
 
 /* the embeddings' and RoPE's positions: the last forward's, counted from
  * each document's first token, under reset_pos, else NULL (the row's) */
-static const int *positions(const Model *m) { return m->reset_pos ? m->pos : NULL; }
+static const int *positions(const Model *m) { return m->reset_pos || m->cp > 1 ? m->pos : NULL; }
+
+/* Attention of a layer's rows: over the whole sequence by the context
+ * group's ring under context parallelism (cp.c), else the kernel's. */
+static void attn_forward(Model *m, LayerActs *a, int B, int T) {
+    if (m->cp > 1) cp_attention_forward(m, a->atty, a->lse, a->qkv, att_qstart(m), B, T);
+    else m->k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, m->nh, m->nkv, m->hd);
+}
 
 /* One transformer layer's forward from its input x into m->la[l] (under
  * activation checkpointing the backward calls it again to recompute). */
@@ -708,7 +717,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
             Rope rope = rope_of(c);
             k->rope_forward(a->qkv, positions(m), B, T, nh, nkv, hd, &rope);
         }
-        k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, nh, nkv, hd);
+        attn_forward(m, a, B, T);
         if (tp) { /* row-parallel: partial sums, the replicated bias added once (rank 0) */
             k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, root ? w->attn_out_b : NULL, N, nh * hd, C);
             const float *y = tp_reduce_rows(m, m->dbuf1, N, S);
@@ -808,7 +817,16 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     m->cur_T = T;
     k->from_host(m->tokens, tokens, (size_t)N * sizeof(int));
     if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
-    if (m->eod_token >= 0) { /* documents: one starts after each eod_token, and at each row's start */
+    if (m->cp > 1) { /* this rank's chunks: positions in the sequence, documents from the caller's starts */
+        if (T != m->T) die(EXIT_INTERNAL, "model_forward: %d rows a sequence under context parallelism (built %d)", T, m->T);
+        for (int n = 0; n < N; n++) {
+            int p = cp_pos(n % T, T, m->cp, m->cp_rank), s = m->eod_token >= 0 ? m->cp_doc0[n] : 0;
+            m->qstart_host[n] = s;
+            m->pos_host[n] = m->reset_pos ? p - s : p;
+        }
+        k->from_host(m->pos, m->pos_host, (size_t)N * sizeof(int));
+        if (m->block_causal) k->from_host(m->qstart, m->qstart_host, (size_t)N * sizeof(int));
+    } else if (m->eod_token >= 0) { /* documents: one starts after each eod_token, and at each row's start */
         for (int b = 0; b < B; b++)
             for (int t = 0, s = 0; t < T; t++) {
                 m->qstart_host[b * T + t] = s;
@@ -958,7 +976,7 @@ void model_backward(Model *m, float loss_scale) {
         const int rc = again && m->act_ckpt == ACT_SELECTIVE ? m->recompute : 0;
         if (again && m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T);
         fp8_scope(m, 1); /* (after the recompute's layer_forward, which ends its own) */
-        if (rc & RC_ATTENTION) k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, nh, nkv, hd);
+        if (rc & RC_ATTENTION) attn_forward(m, &m->la[l], B, T);
         if (rc & RC_MLP_ACT) {
             if (llama) k->swiglu_forward(a->fch_act, a->fch, N, F);
             else k->gelu_forward(a->fch_act, a->fch, (size_t)N * F);
@@ -981,7 +999,8 @@ void model_backward(Model *m, float loss_scale) {
          * in dbuf2 are [a] */
         k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, dres_rows(m, S), m->dres_a, a->atty,
                                   w->attn_out_w, N, nh * hd, C);
-        k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, att_qstart(m), B, T, nh, nkv, hd);
+        if (m->cp > 1) cp_attention_backward(m, m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, att_qstart(m), B, T);
+        else k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, att_qstart(m), B, T, nh, nkv, hd);
         if (llama) {
             Rope rope = rope_of(c);
             k->rope_backward(m->dbuf2, positions(m), B, T, nh, nkv, hd, &rope);

@@ -88,7 +88,10 @@ enum { CHUNK_PRE_FORWARD, CHUNK_POST_FORWARD, CHUNK_PRE_BACKWARD, CHUNK_POST_BAC
  * when both are set): chunk c's gradients for this backward are all
  * written, and no later work of this backward touches them (the
  * unsharded trainer starts their data-parallel all-reduce there); it may
- * not move the chunk's pointers. */
+ * not move the chunk's pointers.
+ * cp_shift (context parallelism, Model.cp > 1): over the context group,
+ * send `bytes` of backend memory to the next member of the ring and
+ * receive as many from the previous one into recv (cp.c's ring). */
 typedef struct ModelComm {
     void *ctx;
     void (*allreduce)(void *ctx, float *x, size_t n, int max);
@@ -97,6 +100,7 @@ typedef struct ModelComm {
     void *hook_ctx;
     void (*chunk)(void *hook_ctx, int chunk, int event);
     void (*grads_done)(void *hook_ctx, int chunk);
+    void (*cp_shift)(void *ctx, const void *send, void *recv, size_t bytes);
 } ModelComm;
 
 /* Activation checkpointing (train.activation_checkpointing): which saved
@@ -227,6 +231,14 @@ typedef struct Model {
                                * position less qstart; kernels.h's pos), computed by every forward under
                                * reset_pos */
     int *pos_host;            /* [N] host memory: the same whenever eod_token >= 0 */
+    /* context parallelism (cp_setup, cp.c; cp 1: off): the model's T rows
+     * of a sequence are chunks cp_rank and 2 cp - 1 - cp_rank of the
+     * sequence's 2 cp chunks of T/2 tokens; positions (pos), qstart and
+     * attention are the sequence's (cp_pos) */
+    int cp, cp_rank;
+    float *cp_ring[2];        /* the ring's two buffers: a k|v block [B*T, 2 nkv hd] and its gradient after it */
+    const int *cp_doc0;       /* set by the caller before a forward when eod_token >= 0: [N] host memory,
+                               * each token's document's first position in its whole sequence */
 } Model;
 
 /* train.lm_head_chunk 0: the rows of N the LM head takes at a time so that
