@@ -1,0 +1,160 @@
+#!/bin/bash
+# Context parallelism (parallel.context, cp.c): each sequence cut into 2 cp
+# chunks, context rank r holding chunks r and 2cp-1-r, attention as a ring
+# of key/value blocks merged by their log-sum-exp. Against one process: the
+# losses, gradient norms, validation losses and exported weights of a small
+# GPT-2 and a small Llama with GQA under cp 2, cp 4, cp 2 x tp 2 (sequence
+# parallel), cp 2 x FULL_SHARD 2, cp 2 x HYBRID_SHARD (shard groups of 2)
+# and 8 ranks of tp 2 x cp 2 x dp 2; activation recompute (full, and
+# selective attention: the ring again in the backward); block-causal
+# documents with reset positions and eod_mask_loss, which straddle the
+# chunks and the ranks; a checkpoint written under cp 2 resumed under cp 1
+# and cp 4; the TCP rendezvous (no MPI); the ring's bytes per step against
+# docs/layouts.md's formula; the context groups printed; activation bytes
+# per rank falling with cp in `llmtrain check`; impossible layouts as one
+# line and exit 2.
+. "$(dirname "$0")/lib.sh"
+
+write_shard "$TMP/train.bin" 96 20000 1
+write_shard "$TMP/docs.bin" 8 20000 2 # token 5 ends documents: about 8 tokens each, chunks of 4 and 8
+
+# job ARCH: 2 layers, 64 wide, 4 heads (Llama: 2 kv heads), 32 tokens, 6
+# steps of 4 sequences in micro-batches of 2, validation at steps 3 and 6
+job() {
+    cat >"$TMP/$1.json" <<EOF
+{"model": {"arch": "$1", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": $([ "$1" = llama ] && echo 2 || echo 4),
+           "vocab_size": 96, "max_seq_len": 32},
+ "data": {"train": "$TMP/train.bin", "val": "$TMP/train.bin"},
+ "train": {"steps": 6, "seq_len": 32, "micro_batch": 2, "global_batch": 4},
+ "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
+ "eval": {"sample_tokens": 0, "batches": 2, "every_steps": 3},
+ "parallel": {"health_check": false}}
+EOF
+}
+
+# train NAME ARCH NP [--set ...]: one run into $TMP/NAME (metrics, checkpoint, export)
+train() {
+    local name=$1 arch=$2 np=$3; shift 3
+    local cmd="$BIN"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
+    $cmd "$TMP/$arch.json" --set log.dir="$TMP/$name" --set checkpoint.dir="$TMP/$name/ckpt" "$@" </dev/null >"$TMP/$name.out" 2>&1 ||
+        echo "(run $name exited non-zero: $(grep llmtrain: "$TMP/$name.out" | head -1))"
+    $BIN export "$TMP/$name/ckpt" "$TMP/$name/hf" >/dev/null 2>&1
+}
+
+# same REF NAME WHAT: NAME's losses, norms, val losses and weights are REF's
+same() {
+    if [ -s "$TMP/$2/metrics.jsonl" ] && $PY tests/compare_runs.py "$TMP/$1" "$TMP/$2" --steps 6 --loss-rtol 2e-5 --weight-rtol 1e-3 \
+        >"$TMP/$2.cmp" && grep -q '"val_loss"' "$TMP/$2/metrics.jsonl"; then
+        ok "$3 matches 1 rank (losses, norms, val losses, weights)"
+    else
+        bad "$3 differs from 1 rank: $(head -2 "$TMP/$2.cmp" 2>/dev/null | tr '\n' ' ')"
+    fi
+}
+
+for arch in gpt2 llama; do
+    job $arch
+    train $arch-1 $arch 1
+    # name: ranks, then the layout's settings
+    while read -r name np sets; do
+        train "$arch-$name" $arch "$np" $sets
+        same "$arch-1" "$arch-$name" "$arch $name ($np ranks)"
+    done <<EOF
+cp2 2 --set parallel.context=2
+cp4 4 --set parallel.context=4 --set parallel.health_check=true
+cp2-tp2-sp 4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
+cp2-full-shard 4 --set parallel.context=2 --set parallel.strategy=FULL_SHARD
+cp2-hybrid 4 --set parallel.context=2 --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=2
+cp2-recompute 2 --set parallel.context=2 --set train.activation_checkpointing=selective --set train.recompute_modules=attention,norm
+EOF
+done
+train llama-tp2-cp2-dp2 llama 8 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true \
+    --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=2 --set train.activation_checkpointing=full
+same llama-1 llama-tp2-cp2-dp2 "llama tp 2 x cp 2 x dp 2 (8 ranks, HYBRID_SHARD, full recompute)"
+
+# documents: block-causal attention, positions reset at each document and
+# no loss after token 5; a document's start may lie on another rank's chunk
+for arch in llama gpt2; do
+    docs="--set data.train=$TMP/docs.bin --set data.val=$TMP/docs.bin --set data.eod_token=5 --set train.eod_mask_loss=true
+          --set train.attention_mask=block_causal --set train.reset_position_ids=true"
+    train $arch-docs-1 $arch 1 $docs
+    train $arch-docs-cp2 $arch 2 $docs --set parallel.context=2
+    same $arch-docs-1 $arch-docs-cp2 "$arch block-causal documents across chunks, cp 2"
+    train $arch-docs-cp4 $arch 4 $docs --set parallel.context=4
+    same $arch-docs-1 $arch-docs-cp4 "$arch block-causal documents across chunks, cp 4 (chunks of 4 tokens)"
+done
+
+# a checkpoint of cp 2 at step 3 resumed under cp 1 and cp 4: steps 4-6 and
+# the weights of the uninterrupted run (checkpoints hold no layout)
+train ck-cp2 llama 2 --set parallel.context=2 --set train.steps=3
+for r in 1 4; do
+    mkdir -p "$TMP/ck-resume$r" && cp -r "$TMP/ck-cp2/ckpt" "$TMP/ck-resume$r/ckpt"
+    train ck-resume$r llama $r --set parallel.context=$r
+    if [ "$(grep -c '"loss"' "$TMP/ck-resume$r/metrics.jsonl" 2>/dev/null)" = 3 ] &&
+       $PY tests/compare_runs.py "$TMP/llama-1" "$TMP/ck-resume$r" --loss-rtol 2e-5 --weight-rtol 1e-3 >"$TMP/ck$r.cmp"; then
+        ok "checkpoint of cp 2 resumed under cp $r: steps 4-6 and weights of the uninterrupted run"
+    else bad "resume under cp $r: $(head -2 "$TMP/ck$r.cmp" | tr '\n' ' ') $(grep llmtrain: "$TMP/ck-resume$r.out" | head -1)"; fi
+done
+
+# the TCP rendezvous (a torchrun-style launch, no MPI): the ring over its all-gather
+mkdir -p "$TMP/tcp"
+trun tcp 2 $BIN "$TMP/llama.json" --set parallel.context=2 --set log.dir="$TMP/tcp" --set checkpoint.dir="$TMP/tcp/ckpt" >"$TMP/tcp.out" 2>&1
+$BIN export "$TMP/tcp/ckpt" "$TMP/tcp/hf" >/dev/null 2>&1
+same llama-1 tcp "llama cp 2 over the TCP rendezvous"
+
+# the ring's bytes per step (docs/layouts.md): a k|v block is KV = B (T/cp)
+# 2 (nkv/tp) hd 4 bytes; per layer and micro-batch the forward sends cp - 1
+# blocks, the backward cp - 1 blocks with their gradients and the gradients
+# home once: (3 cp - 2) KV; a recomputed attention (all layers but the last) adds cp - 1
+if $PY - "$TMP" <<'PYEOF'
+import json, sys
+tmp = sys.argv[1]
+L, B, T, hd, accum = 2, 2, 32, 16, 2
+def want(cp, nkv, recompute=0):
+    kv = B * (T // cp) * 2 * nkv * hd * 4
+    return accum * (L * (3 * cp - 2) + recompute * (L - 1) * (cp - 1)) * kv
+cases = {"llama-cp2": want(2, 2), "llama-cp4": want(4, 2), "gpt2-cp2": want(2, 4), "llama-cp2-tp2-sp": want(2, 1),
+         "llama-cp2-recompute": want(2, 2, 1), "llama-docs-cp4": want(4, 2)}
+for run, w in cases.items():
+    got = [json.loads(l)["comm_bytes"].get("cp_sendrecv") for l in open(f"{tmp}/{run}/metrics.jsonl") if '"comm_bytes"' in l]
+    if len(got) != 6 or any(g != w for g in got):
+        sys.exit(f"{run}: want {w} a step, got {got}")
+PYEOF
+then ok "cp_sendrecv bytes per step are docs/layouts.md's (3 cp - 2) KV per layer and micro-batch"
+else bad "cp_sendrecv bytes differ from docs/layouts.md's count"; fi
+if grep -qE '^step +6/6 .*comm [0-9.]+ MB \(.*cp 0\.[0-9]+\)' "$TMP/llama-cp2.out" &&
+   grep -q "context group 0: ranks 0 1 2 3" "$TMP/llama-cp4.out" &&
+   grep -qE "^health: cp all-reduce 1048576 over 4 ranks: [0-9.]+ GB/s" "$TMP/llama-cp4.out" &&
+   grep -q "tp_rank 1  context group 1: ranks 5 7" "$TMP/llama-tp2-cp2-dp2.out"; then
+    ok "the step line counts the ring (cp), the context groups are printed, the health check times them"
+else bad "step line's cp bytes or the context groups missing: $(grep -m1 'context group' "$TMP/llama-tp2-cp2-dp2.out")"; fi
+
+# activation bytes per rank fall with cp
+acts() { $BIN check "$TMP/llama.json" --world "$1" --set parallel.context="$1" | grep -o 'activations_bytes [0-9]*' | cut -d' ' -f2; }
+a1=$(acts 1) a2=$(acts 2) a4=$(acts 4)
+if [ -n "$a4" ] && [ "$a2" -lt "$a1" ] && [ "$a4" -lt "$a2" ] &&
+   $BIN check "$TMP/llama.json" --world 4 --set parallel.context=2 | grep -q "x context 2 (16 tokens of each sequence a rank) x data-parallel 2"; then
+    ok "llmtrain check: activations_bytes $a1 (cp 1) > $a2 (cp 2) > $a4 (cp 4)"
+else bad "llmtrain check's activation bytes under cp: $a1 $a2 $a4"; fi
+
+# impossible layouts: one line, exit 2 (check, then a launch)
+reject() { # name world message set-args...
+    local name=$1 world=$2 msg=$3; shift 3
+    $BIN check "$TMP/llama.json" --world "$world" "$@" >"$TMP/bad-$name.out" 2>&1
+    local rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/bad-$name.out")" -eq 1 ] && grep -q "$msg" "$TMP/bad-$name.out"; then ok "$name rejected: one line, exit 2"
+    else bad "$name: rc=$rc $(head -2 "$TMP/bad-$name.out")"; fi
+}
+reject seq_len 3 "train.seq_len 32 is not divisible by 2 x parallel.context 3 = 6" --set parallel.context=3
+reject world 6 "parallel.tensor 2 x parallel.context 2 = 4 does not divide the 6 ranks" --set parallel.context=2 --set parallel.tensor=2
+reject cuda 2 "parallel.context 2 with train.device \"cuda\"" --set parallel.context=2 --set train.device=cuda
+reject shard 4 "parallel.shard_degree 3 does not divide the 4 data-parallel x context ranks" --set parallel.context=2 \
+    --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=3
+reject batch 4 "train.global_batch 6 is not divisible by train.micro_batch 2 x data-parallel ranks 2" --set parallel.context=2 \
+    --set train.global_batch=6
+$MPIRUN 2 $BIN "$TMP/llama.json" --set parallel.context=2 --set train.seq_len=30 --set log.dir="$TMP/bad-run" >"$TMP/bad-run.out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c llmtrain "$TMP/bad-run.out")" -eq 1 ] && grep -q "not divisible by 2 x parallel.context 2 = 4" "$TMP/bad-run.out" &&
+   [ ! -e "$TMP/bad-run/metrics.jsonl" ]; then ok "a launch of 2 ranks with seq_len 30 under cp 2: one line, exit 2"
+else bad "bad launch: rc=$rc $(head -2 "$TMP/bad-run.out")"; fi
+
+echo "$pass passed, $fail failed"
