@@ -6,7 +6,8 @@
 # GPT-2 and a small Llama with GQA under cp 2, cp 4, cp 2 x tp 2 (sequence
 # parallel), cp 2 x FULL_SHARD 2, cp 2 x HYBRID_SHARD (shard groups of 2)
 # and 8 ranks of tp 2 x cp 2 x dp 2; activation recompute (full, and
-# selective attention: the ring again in the backward); block-causal
+# selective attention: the ring again in the backward), offload and the LM
+# head in chunks; a hung context rank (watchdog, exit 5); block-causal
 # documents with reset positions and eod_mask_loss, which straddle the
 # chunks and the ranks; a checkpoint written under cp 2 resumed under cp 1
 # and cp 4; the TCP rendezvous (no MPI); the ring's bytes per step against
@@ -82,6 +83,20 @@ for arch in llama gpt2; do
     train $arch-docs-cp4 $arch 4 $docs --set parallel.context=4
     same $arch-docs-1 $arch-docs-cp4 "$arch block-causal documents across chunks, cp 4 (chunks of 4 tokens)"
 done
+
+# 4 layers in 3 offload slots and the LM head 16 rows at a time, under cp 2
+off="--set model.n_layer=4 --set train.activation_offload=true --set train.lm_head_chunk=16"
+train off-1 llama 1 $off
+train off-cp2 llama 2 $off --set parallel.context=2
+same off-1 off-cp2 "llama cp 2 with activation offload (4 layers) and the LM head in chunks of 16 rows"
+
+# a hung context rank: the other waits in the ring's shift, and the watchdog ends the job (exit 5)
+LLMTRAIN_FAULT="rank=1,step=2,kind=hang" timeout 60 $MPIRUN 2 $BIN "$TMP/llama.json" --set parallel.context=2 \
+    --set parallel.timeout_s=2 --set log.dir="$TMP/hang" --set checkpoint.dir="$TMP/hang/ckpt" </dev/null >"$TMP/hang.out" 2>&1
+rc=$?
+if [ $rc -eq 5 ] && grep -qE "^llmtrain: rank [01]: watchdog: step 2 phase [a-z_]+ \(collective [A-Za-z_]+\) exceeded parallel.timeout_s=2 s" \
+    "$TMP/hang.out"; then ok "a hung context rank ends the job with exit 5 ($(grep -o 'collective [A-Za-z_]*' "$TMP/hang.out" | head -1))"
+else bad "hung context rank: rc=$rc $(grep llmtrain: "$TMP/hang.out" | head -2)"; fi
 
 # a checkpoint of cp 2 at step 3 resumed under cp 1 and cp 4: steps 4-6 and
 # the weights of the uninterrupted run (checkpoints hold no layout)
