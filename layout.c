@@ -261,7 +261,7 @@ void layout_rank_bytes(const Sharding *sh, const Kernels *k, double out[LAYOUT_R
     out[2] = sh->sharded ? shard_pool_bytes(sh, 1) + shard : full;
     out[3] = 2 * (sh->sharded ? shard : full);
     out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * cf->micro_batch * (cf->seq_len / cf->cp) * sizeof(int) +
-             cp_ring_bytes(m, cf->cp);
+             cp_ring_bytes(m, cf->cp, cf->cp_mode);
     out[5] = (double)m->offload_floats * sizeof(float);
     out[6] = k && strcmp(k->name, "cuda") == 0 ? layout_cuda_scratch_bytes(sh) : 0; /* training on cuda only (check prints its own) */
 }
@@ -299,8 +299,9 @@ void layout_print(const Sharding *sh, const Kernels *k) {
     int cp = d->cp;
     if (cp > 1) {
         printf("context parallel: %d ranks per context group (after tp); each sequence in %d chunks of %d tokens, context rank r "
-               "holding chunks r and %d-r; attention as a ring of key/value blocks over the group\n", cp, 2 * cp,
-               sh->cfg->seq_len / (2 * cp), 2 * cp - 1);
+               "holding chunks r and %d-r; attention %s\n", cp, 2 * cp, sh->cfg->seq_len / (2 * cp), 2 * cp - 1,
+               sh->cfg->cp_mode == CP_ALL_GATHER ? "over the key/value blocks all-gathered in the group (context_mode all_gather)"
+                                                 : "as a ring of key/value blocks over the group");
         for (int tr = 0; tr < P; tr++)
             for (int g = 0; g < d->dp / cp; g++) {
                 if (P > 1) printf("  tp_rank %d", tr);

@@ -915,6 +915,10 @@ static void tp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size
 }
 
 static void cp_shift_cb(void *ctx, const void *send, void *recv, size_t bytes) { dist_cp_shift(ctx, send, recv, bytes); }
+static void cp_allgather_cb(void *ctx, const void *send, void *recv, size_t bytes) { dist_cp_allgather(ctx, send, recv, bytes); }
+static void cp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size_t n) {
+    dist_cp_reduce_scatter_f32(ctx, send, recv, n);
+}
 
 /* `JOB [--set k=v ...]` (and `--world N` when world is not NULL): load the
  * job into t->cfg, take init.from's model section and freeze the model. */
@@ -1000,7 +1004,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
             "(expected train.device \"cpu\", or parallel.context 1)", c->path, c->cp);
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len / c->cp, t->sh.S, !t->sh.sharded, t->dist.tp,
                    t->dist.tp_rank, (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules});
-    cp_setup(&t->model, c->cp, t->dist.cp_rank);
+    cp_setup(&t->model, c->cp, t->dist.cp_rank, c->cp_mode);
     model_fp8(&t->model, config_fp8_recipe(c)); /* train.compute_dtype fp8 */
     t->model.block_causal = c->attention_mask == ATT_MASK_BLOCK_CAUSAL;
     t->model.reset_pos = c->reset_position_ids;
@@ -1010,7 +1014,8 @@ static void setup(Trainer *t, int *argc, char ***argv) {
         die(EXIT_USAGE, "%s: debug.dump writes the whole micro-batch's logits, but the LM head takes %d of its %d rows at a time "
             "(train.lm_head_chunk %d; expected at least %d, or 0 with the logits within %zu MiB)", c->path,
             t->model.head_rows, mb_rows, c->lm_head_chunk, mb_rows, HEAD_AUTO_BYTES >> 20);
-    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL, cp_shift_cb};
+    t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL, cp_shift_cb,
+                                cp_allgather_cb, cp_reduce_scatter_cb};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
     t->sh.k = t->k;

@@ -91,7 +91,10 @@ enum { CHUNK_PRE_FORWARD, CHUNK_POST_FORWARD, CHUNK_PRE_BACKWARD, CHUNK_POST_BAC
  * not move the chunk's pointers.
  * cp_shift (context parallelism, Model.cp > 1): over the context group,
  * send `bytes` of backend memory to the next member of the ring and
- * receive as many from the previous one into recv (cp.c's ring). */
+ * receive as many from the previous one into recv (cp.c's ring);
+ * cp_allgather, every member's `bytes` into recv[cp * bytes] in member
+ * order; cp_reduce_scatter, the members' send[cp * n] floats summed,
+ * block cp_rank into recv[n] (parallel.context_mode all_gather). */
 typedef struct ModelComm {
     void *ctx;
     void (*allreduce)(void *ctx, float *x, size_t n, int max);
@@ -101,6 +104,8 @@ typedef struct ModelComm {
     void (*chunk)(void *hook_ctx, int chunk, int event);
     void (*grads_done)(void *hook_ctx, int chunk);
     void (*cp_shift)(void *ctx, const void *send, void *recv, size_t bytes);
+    void (*cp_allgather)(void *ctx, const void *send, void *recv, size_t bytes);
+    void (*cp_reduce_scatter)(void *ctx, const float *send, float *recv, size_t n);
 } ModelComm;
 
 /* Activation checkpointing (train.activation_checkpointing): which saved
@@ -235,8 +240,9 @@ typedef struct Model {
      * of a sequence are chunks cp_rank and 2 cp - 1 - cp_rank of the
      * sequence's 2 cp chunks of T/2 tokens; positions (pos), qstart and
      * attention are the sequence's (cp_pos) */
-    int cp, cp_rank;
-    float *cp_ring[2];        /* the ring's two buffers: a k|v block [B*T, 2 nkv hd] and its gradient after it */
+    int cp, cp_rank, cp_mode; /* cp_mode: CP_RING | CP_ALL_GATHER (cp.h) */
+    float *cp_ring[2];        /* ring: two buffers of a k|v block [B*T, 2 nkv hd] and its gradient after it;
+                               * all_gather: [0] the own block and its gradient, [1] every block, then every gradient */
     const int *cp_doc0;       /* set by the caller before a forward when eod_token >= 0: [N] host memory,
                                * each token's document's first position in its whole sequence */
 } Model;

@@ -852,6 +852,24 @@ void dist_cp_shift(Dist *d, const void *send, void *recv, size_t bytes) {
     d->bytes_cp += (double)bytes;
 }
 
+void dist_cp_allgather(Dist *d, const void *send, void *recv, size_t bytes) {
+    if (d->cp == 1 || !d->groups) {
+        if (recv != send) memcpy(recv, send, bytes);
+        return;
+    }
+    x_allgather(d, xc_group(d, DIST_GROUP_CP), send, recv, bytes, 1);
+    d->bytes_cp += (double)(d->cp - 1) * (double)bytes;
+}
+
+void dist_cp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
+    if (d->cp == 1 || !d->groups) {
+        if (recv != send) memcpy(recv, send, n * sizeof(float));
+        return;
+    }
+    x_reduce_scatter_f32(d, xc_group(d, DIST_GROUP_CP), send, recv, n);
+    d->bytes_cp += (double)(d->cp - 1) * (double)n * sizeof(float);
+}
+
 void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max) {
     int P = d->tp;
     if (P == 1 || !d->groups) return;

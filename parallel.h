@@ -130,6 +130,12 @@ static inline int dist_seq_rank(const Dist *d) { return d->dp_rank / (d->cp > 0 
  * the group whose previous member's block is kept). Blocking. Counted in
  * bytes_cp as the bytes sent. */
 void dist_cp_shift(Dist *d, const void *send, void *recv, size_t bytes);
+/* Context group, host memory (parallel.context_mode all_gather): every
+ * member's `bytes` into recv[cp * bytes] in member order; the members'
+ * send[cp * n] floats summed, block cp_rank into recv[n]. Counted in
+ * bytes_cp as bus bytes ((cp - 1) x the block each). */
+void dist_cp_allgather(Dist *d, const void *send, void *recv, size_t bytes);
+void dist_cp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
 /* TP group: in place over the tp ranks, sum (max = 0) or max (max = 1)
  * of floats; sum of doubles; gather n floats of HOST memory to tp_rank 0
  * (recv[tp*n]; always MPI). */

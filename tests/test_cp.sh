@@ -6,7 +6,8 @@
 # GPT-2 and a small Llama with GQA under cp 2, cp 4, cp 2 x tp 2 (sequence
 # parallel), cp 2 x FULL_SHARD 2, cp 2 x HYBRID_SHARD (shard groups of 2)
 # and 8 ranks of tp 2 x cp 2 x dp 2; activation recompute (full, and
-# selective attention: the ring again in the backward), offload and the LM
+# selective attention: the ring again in the backward), parallel.context_mode
+# all_gather (cp 4, and with documents), offload and the LM
 # head in chunks; a hung context rank (watchdog, exit 5); block-causal
 # documents with reset positions and eod_mask_loss, which straddle the
 # chunks and the ranks; a checkpoint written under cp 2 resumed under cp 1
@@ -66,6 +67,7 @@ cp2-tp2-sp 4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.seq
 cp2-full-shard 4 --set parallel.context=2 --set parallel.strategy=FULL_SHARD
 cp2-hybrid 4 --set parallel.context=2 --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=2
 cp2-recompute 2 --set parallel.context=2 --set train.activation_checkpointing=selective --set train.recompute_modules=attention,norm
+cp4-all-gather 4 --set parallel.context=4 --set parallel.context_mode=all_gather
 EOF
 done
 train llama-tp2-cp2-dp2 llama 8 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true \
@@ -82,6 +84,8 @@ for arch in llama gpt2; do
     same $arch-docs-1 $arch-docs-cp2 "$arch block-causal documents across chunks, cp 2"
     train $arch-docs-cp4 $arch 4 $docs --set parallel.context=4
     same $arch-docs-1 $arch-docs-cp4 "$arch block-causal documents across chunks, cp 4 (chunks of 4 tokens)"
+    train $arch-docs-ag $arch 2 $docs --set parallel.context=2 --set parallel.context_mode=all_gather
+    same $arch-docs-1 $arch-docs-ag "$arch block-causal documents across chunks, cp 2 all_gather"
 done
 
 # 4 layers in 3 offload slots and the LM head 16 rows at a time, under cp 2
@@ -119,22 +123,25 @@ same llama-1 tcp "llama cp 2 over the TCP rendezvous"
 # the ring's bytes per step (docs/layouts.md): a k|v block is KV = B (T/cp)
 # 2 (nkv/tp) hd 4 bytes; per layer and micro-batch the forward sends cp - 1
 # blocks, the backward cp - 1 blocks with their gradients and the gradients
-# home once: (3 cp - 2) KV; a recomputed attention (all layers but the last) adds cp - 1
+# home once: (3 cp - 2) KV; a recomputed attention (all layers but the last) adds cp - 1;
+# all_gather: (cp - 1) KV for each gather (forward, backward) and the
+# gradients' reduce-scatter, 3 (cp - 1) KV
 if $PY - "$TMP" <<'PYEOF'
 import json, sys
 tmp = sys.argv[1]
 L, B, T, hd, accum = 2, 2, 32, 16, 2
-def want(cp, nkv, recompute=0):
+def want(cp, nkv, recompute=0, gather=False):
     kv = B * (T // cp) * 2 * nkv * hd * 4
-    return accum * (L * (3 * cp - 2) + recompute * (L - 1) * (cp - 1)) * kv
+    return accum * (L * (3 * (cp - 1) if gather else 3 * cp - 2) + recompute * (L - 1) * (cp - 1)) * kv
 cases = {"llama-cp2": want(2, 2), "llama-cp4": want(4, 2), "gpt2-cp2": want(2, 4), "llama-cp2-tp2-sp": want(2, 1),
-         "llama-cp2-recompute": want(2, 2, 1), "llama-docs-cp4": want(4, 2)}
+         "llama-cp2-recompute": want(2, 2, 1), "llama-docs-cp4": want(4, 2),
+         "llama-cp4-all-gather": want(4, 2, gather=True), "gpt2-docs-ag": want(2, 4, gather=True)}
 for run, w in cases.items():
     got = [json.loads(l)["comm_bytes"].get("cp_sendrecv") for l in open(f"{tmp}/{run}/metrics.jsonl") if '"comm_bytes"' in l]
     if len(got) != 6 or any(g != w for g in got):
         sys.exit(f"{run}: want {w} a step, got {got}")
 PYEOF
-then ok "cp_sendrecv bytes per step are docs/layouts.md's (3 cp - 2) KV per layer and micro-batch"
+then ok "cp_sendrecv bytes per step are docs/layouts.md's: ring (3 cp - 2) KV, all_gather 3 (cp - 1) KV a layer and micro-batch"
 else bad "cp_sendrecv bytes differ from docs/layouts.md's count"; fi
 if grep -qE '^step +6/6 .*comm [0-9.]+ MB \(.*cp 0\.[0-9]+\)' "$TMP/llama-cp2.out" &&
    grep -q "context group 0: ranks 0 1 2 3" "$TMP/llama-cp4.out" &&
