@@ -7,7 +7,8 @@
 # FLOPs per token = 6 x (parameters in matrix products) + 12 x L x C x T.
 # Environment: BENCH_STEPS (default 6; the first is warm-up),
 # BENCH_MULTIRANK_ONLY=1 (only the multi-rank table), BENCH_MULTIRANK_SPECS
-# (its rows, "RANKS:STRATEGY:SHARD_DEGREE ...", default every strategy at 1, 2, 4),
+# (its rows, "RANKS:STRATEGY:SHARD_DEGREE[:CONTEXT[:CONTEXT_MODE]] ...", default every
+# strategy at 1, 2, 4 and context parallelism 2 and 4, ring and all_gather),
 # BENCH_CKPT=0 (skip the checkpoint benchmark), BENCH_CKPT_ONLY=1 (only it),
 # BENCH_CKPT_DIR (where it writes its checkpoints; see bench/ckpt_bench.sh).
 set -e
@@ -75,7 +76,9 @@ fi
 
 # Multi-rank: the same model and global batch at 1, 2 and 4 ranks under each
 # strategy: tokens/s and communication bytes per step (bus bytes as
-# nccl-tests counts them), so the saving of hybrid over full sharding shows.
+# nccl-tests counts them), so the saving of hybrid over full sharding shows;
+# context parallelism's rows add the ring's (or the all-gather's) bytes,
+# whose formula docs/layouts.md gives and tests/test_bench.sh checks.
 # On a 2-core machine ranks share cores, so tokens/s says little; bytes are exact.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MR_MODEL='{"arch": "gpt2", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 50257, "max_seq_len": 128}'
@@ -86,25 +89,27 @@ cat >"$TMP/multirank.json" <<EOF2
  "eval": {"sample_tokens": 0}, "checkpoint": {"every_steps": 0}}
 EOF2
 echo "multi-rank (gpt2 4x256, vocab 50257, 8 x 64 tokens/step):"
-SPECS=${BENCH_MULTIRANK_SPECS:-"1:NO_SHARD:0 2:NO_SHARD:0 2:FULL_SHARD:0 2:SHARD_GRAD_OP:0 4:NO_SHARD:0 4:FULL_SHARD:0 4:SHARD_GRAD_OP:0 4:HYBRID_SHARD:2 4:HYBRID_SHARD_ZERO2:2"}
+SPECS=${BENCH_MULTIRANK_SPECS:-"1:NO_SHARD:0 2:NO_SHARD:0 2:FULL_SHARD:0 2:SHARD_GRAD_OP:0 4:NO_SHARD:0 4:FULL_SHARD:0 4:SHARD_GRAD_OP:0 4:HYBRID_SHARD:2 4:HYBRID_SHARD_ZERO2:2 2:NO_SHARD:0:2 4:NO_SHARD:0:4 4:FULL_SHARD:0:2 2:NO_SHARD:0:2:all_gather 4:NO_SHARD:0:4:all_gather"}
 for spec in $SPECS; do
     spec=${spec//:/ }
     set -- $spec
-    np=$1; strat=$2; sd=$3
-    dir="$TMP/mr_${np}_${strat}"
-    args="--set parallel.strategy=$strat --set parallel.shard_degree=$sd --set log.dir=$dir --set checkpoint.dir=$dir/ckpt"
+    np=$1; strat=$2; sd=$3; cp=${4:-1}; mode=${5:-ring}
+    dir="$TMP/mr_${np}_${strat}_${cp}_$mode"
+    args="--set parallel.strategy=$strat --set parallel.shard_degree=$sd --set parallel.context=$cp --set parallel.context_mode=$mode"
+    args="$args --set log.dir=$dir --set checkpoint.dir=$dir/ckpt"
     if [ "$np" = 1 ]; then ./llmtrain "$TMP/multirank.json" $args >"$dir.out" 2>&1 || { cat "$dir.out"; exit 1; }
     else OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np "$np" ./llmtrain "$TMP/multirank.json" $args >"$dir.out" 2>&1 || { cat "$dir.out"; exit 1; }
     fi
-    $PY - "$np" "$strat" "$sd" "$dir/metrics.jsonl" <<'EOF2'
+    $PY - "$np" "$strat" "$sd" "$dir/metrics.jsonl" "$cp" "$mode" <<'EOF2'
 import json, statistics, sys
-np_, strat, sd, path = sys.argv[1:5]
+np_, strat, sd, path, cp, mode = sys.argv[1:7]
 steps = [d for d in map(json.loads, open(path)) if "tokens_per_s" in d]  # step lines, not events
 tps = statistics.median(s["tokens_per_s"] for s in steps[1:])
 comm = steps[-1].get("comm_bytes", {}) or {}
 total = sum(v for v in comm.values() if isinstance(v, (int, float)))
 kinds = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in comm.items() if v)
 layout = f"{strat}" + (f" {sd}x{int(np_) // int(sd)}" if strat.startswith("HYBRID") else "")
+layout += f" cp {cp}" + (" all_gather" if mode == "all_gather" else "") if cp != "1" else ""
 print(f"  ranks {np_} {layout:<24} {tps:8.0f} tokens/s | comm {total / 1e6:7.1f} MB/step ({kinds or 'none'})")
 EOF2
 done

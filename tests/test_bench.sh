@@ -2,7 +2,8 @@
 # make bench still runs: the multi-rank table (three of its rows, 2 steps)
 # parses each run's metrics.jsonl and prints tokens/s and communication
 # bytes per step: none at 1 rank, fewer for HYBRID_SHARD 2x2 than for
-# FULL_SHARD at 4 ranks. (No timing is checked: the numbers are the
+# FULL_SHARD at 4 ranks; its context-parallel rows' bytes are the
+# analytic counts. (No timing is checked: the numbers are the
 # benchmark's to print.)
 . "$(dirname "$0")/lib.sh"
 out=$(BENCH_MULTIRANK_ONLY=1 BENCH_STEPS=2 BENCH_MULTIRANK_SPECS="1:NO_SHARD:0 4:FULL_SHARD:0 4:HYBRID_SHARD:2" bench/run_bench.sh 2>&1)
@@ -13,6 +14,21 @@ full=$(mb 4 FULL_SHARD); hyb=$(mb 4 "HYBRID_SHARD 2x2"); one=$(mb 1 NO_SHARD)
 if [ $rc -eq 0 ] && [ "$one" = "0.0" ] && [ -n "$full" ] && [ -n "$hyb" ] && awk -v f="$full" -v h="$hyb" 'BEGIN { exit !(h > 0 && h < f) }'; then
     ok "bench multi-rank table: 1 rank 0 MB, 4 ranks FULL_SHARD $full MB > HYBRID_SHARD 2x2 $hyb MB per step"
 else bad "bench multi-rank table: rc $rc: $(echo "$out" | tail -3)"; fi
+
+# context parallelism's rows: the bytes of the ring and of the all-gather
+# per step are docs/layouts.md's, (3 cp - 2) KV and 3 (cp - 1) KV per layer
+# and micro-batch, KV = B (T/cp) 2 nkv hd 4 bytes (the bench's GPT-2: 4
+# layers, 4 heads of 64, B 2, T 64, 4 micro-batches a step at cp 2)
+out=$(BENCH_MULTIRANK_ONLY=1 BENCH_STEPS=2 BENCH_MULTIRANK_SPECS="2:NO_SHARD:0:2 2:NO_SHARD:0:2:all_gather" bench/run_bench.sh 2>&1)
+rc=$?
+echo "$out" | tail -2
+kv=$((2 * 32 * 2 * 4 * 64 * 4))
+want_ring=$(awk -v b=$((4 * 4 * 4 * kv)) 'BEGIN { printf "%.1f", b / 1e6 }')
+want_ag=$(awk -v b=$((4 * 4 * 3 * kv)) 'BEGIN { printf "%.1f", b / 1e6 }')
+if [ $rc -eq 0 ] && echo "$out" | grep -E "ranks 2 NO_SHARD cp 2 " | grep -v all_gather | grep -q "cp_sendrecv $want_ring MB" &&
+   echo "$out" | grep -E "ranks 2 NO_SHARD cp 2 all_gather" | grep -q "cp_sendrecv $want_ag MB"; then
+    ok "bench multi-rank table: cp 2 rows, ring $want_ring MB and all_gather $want_ag MB a step, the analytic counts"
+else bad "bench cp rows: rc $rc, want ring $want_ring all_gather $want_ag MB: $(echo "$out" | tail -2)"; fi
 
 # bench/ncu_table.py (BENCH_PROFILE=1 make bench-gpu) on a hand-made ncu CSV:
 # step 2 is the launches after the first run of AdamW launches up to the end
