@@ -8,7 +8,7 @@
 # and 8 ranks of tp 2 x cp 2 x dp 2; activation recompute (full, and
 # selective attention: the ring again in the backward), parallel.context_mode
 # all_gather (cp 4, and with documents), offload and the LM
-# head in chunks; a hung context rank (watchdog, exit 5); block-causal
+# head in chunks; sampling; a hung context rank (watchdog, exit 5); block-causal
 # documents with reset positions and eod_mask_loss, which straddle the
 # chunks and the ranks; a checkpoint written under cp 2 resumed under cp 1
 # and cp 4; the TCP rendezvous (no MPI); the ring's bytes per step against
@@ -93,6 +93,15 @@ off="--set model.n_layer=4 --set train.activation_offload=true --set train.lm_he
 train off-1 llama 1 $off
 train off-cp2 llama 2 $off --set parallel.context=2
 same off-1 off-cp2 "llama cp 2 with activation offload (4 layers) and the LM head in chunks of 16 rows"
+
+# sampling: each rank alone over the last T / cp tokens of the context;
+# a prompt of 8 and 8 new tokens stay within 16 = T / 2, so 1 rank samples the same
+sample() { sed -n '/^--- sample ---$/,+1p' "$1"; }
+train smp-1 llama 1 --set eval.sample_tokens=8 --set train.steps=3
+train smp-cp2 llama 2 --set eval.sample_tokens=8 --set train.steps=3 --set parallel.context=2 --set parallel.strategy=FULL_SHARD
+if [ -n "$(sample "$TMP/smp-1.out")" ] && [ "$(sample "$TMP/smp-1.out")" = "$(sample "$TMP/smp-cp2.out")" ]; then
+    ok "sampling under cp 2 x FULL_SHARD: the tokens of 1 rank"
+else bad "sampling under cp 2: $(sample "$TMP/smp-cp2.out" | tail -1) vs $(sample "$TMP/smp-1.out" | tail -1)"; fi
 
 # a hung context rank: the other waits in the ring's shift, and the watchdog ends the job (exit 5)
 LLMTRAIN_FAULT="rank=1,step=2,kind=hang" timeout 60 $MPIRUN 2 $BIN "$TMP/llama.json" --set parallel.context=2 \
