@@ -22,7 +22,7 @@
     X(crossentropy_backward) X(crossentropy_fused) X(crossentropy_vp_max) X(crossentropy_vp_expsum)                  \
     X(crossentropy_vp_finish) X(crossentropy_vp_backward) X(sumsq) X(sumsq_queue) X(sumsq_take) X(sum) X(scale)      \
     X(adamw) X(adamw_multi) X(round_bf16) X(pack_bf16) X(unpack_bf16) X(grads_fresh) X(grads_settle) X(offload_copy) \
-    X(offload_wait)
+    X(offload_wait) X(attention_part_forward) X(attention_part_backward) X(copy_2d)
 
 
 #define X(n) E_##n,
@@ -291,6 +291,27 @@ static void w_offload_copy(void *host, void *dev, size_t bytes, int to_host) {
 }
 /* the compute stream waiting for an offload copy: its time is the stall */
 static void w_offload_wait(int mark) { TIMED(offload_wait, 0, 0, P.in->offload_wait(mark)); }
+/* context parallelism's segment pairs: QK^T (or PV) causal on the diagonal
+ * (q0 == k0), else over every query-key pair; forward 2 products, backward 5 */
+static double att_part(int B, int nh, int hd, int q0, int nq, int k0, int nk) {
+    return q0 == k0 ? att(B, nq, nh, hd) : 2.0 * B * nh * hd * nq * nk;
+}
+static void w_attention_part_forward(float *out, float *lse, const float *qkv, int qrow, int q0, int nq, const float *kv,
+                                     int krow, int k0, int nk, const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd,
+                                     int merge) {
+    TIMED(attention_part_forward, 2 * att_part(B, nh, hd, q0, nq, k0, nk), 0,
+          P.in->attention_part_forward(out, lse, qkv, qrow, q0, nq, kv, krow, k0, nk, qstart, B, Tq, Tk, nh, nkv, hd, merge));
+}
+static void w_attention_part_backward(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out,
+                                      const float *lse, int qrow, int q0, int nq, const float *kv, int krow, int k0, int nk,
+                                      const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd) {
+    TIMED(attention_part_backward, 5 * att_part(B, nh, hd, q0, nq, k0, nk), 0,
+          P.in->attention_part_backward(dqkv, dkv, dout, qkv, out, lse, qrow, q0, nq, kv, krow, k0, nk, qstart, B, Tq, Tk, nh,
+                                        nkv, hd));
+}
+static void w_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    TIMED(copy_2d, 0, 2.0 * width * rows, P.in->copy_2d(dst, dpitch, src, spitch, width, rows));
+}
 #undef A
 
 const Kernels *profile_wrap(const Kernels *inner) {
@@ -302,6 +323,11 @@ const Kernels *profile_wrap(const Kernels *inner) {
 #define X(n) k->n = w_##n;
     ENTRIES(X)
 #undef X
+    if (!inner->attention_part_forward) { /* a backend without context parallelism's parts (CUDA) keeps saying so */
+        k->attention_part_forward = NULL;
+        k->attention_part_backward = NULL;
+        k->copy_2d = NULL;
+    }
     return k;
 }
 

@@ -8,7 +8,7 @@
 # and 8 ranks of tp 2 x cp 2 x dp 2; activation recompute (full, and
 # selective attention: the ring again in the backward), parallel.context_mode
 # all_gather (cp 4, and with documents), offload and the LM
-# head in chunks; sampling; a hung context rank (watchdog, exit 5); block-causal
+# head in chunks; sampling; the profile table; a hung context rank (watchdog, exit 5); block-causal
 # documents with reset positions and eod_mask_loss, which straddle the
 # chunks and the ranks; a checkpoint written under cp 2 resumed under cp 1
 # and cp 4; the TCP rendezvous (no MPI); the ring's bytes per step against
@@ -102,6 +102,12 @@ train smp-cp2 llama 2 --set eval.sample_tokens=8 --set train.steps=3 --set paral
 if [ -n "$(sample "$TMP/smp-1.out")" ] && [ "$(sample "$TMP/smp-1.out")" = "$(sample "$TMP/smp-cp2.out")" ]; then
     ok "sampling under cp 2 x FULL_SHARD: the tokens of 1 rank"
 else bad "sampling under cp 2: $(sample "$TMP/smp-cp2.out" | tail -1) vs $(sample "$TMP/smp-1.out" | tail -1)"; fi
+
+# log.profile_steps times the attention parts and the k|v copies
+train prof llama 2 --set parallel.context=2 --set log.profile_steps=2
+if grep -qE "^profile: .* attention_part_forward$" "$TMP/prof.out" && grep -qE "^profile: .* attention_part_backward$" "$TMP/prof.out" &&
+   grep -qE "^profile: .* copy_2d$" "$TMP/prof.out"; then ok "log.profile_steps times attention_part_forward/backward and copy_2d"
+else bad "profile table under cp: $(grep -c '^profile:' "$TMP/prof.out") profile lines, no part entries"; fi
 
 # a hung context rank: the other waits in the ring's shift, and the watchdog ends the job (exit 5)
 LLMTRAIN_FAULT="rank=1,step=2,kind=hang" timeout 60 $MPIRUN 2 $BIN "$TMP/llama.json" --set parallel.context=2 \
