@@ -547,6 +547,9 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
     if (config_fp8_recipe(cfg) >= 0 && cfg->tp > 1)
         die(EXIT_USAGE, "%s: train.compute_dtype \"fp8\" with parallel.tensor %d: the FP8 scales of split tensors are not yet "
             "agreed across the tensor-parallel group (use parallel.tensor 1)", origin, cfg->tp);
+    if (config_fp8_recipe(cfg) >= 0 && cfg->cp > 1)
+        die(EXIT_USAGE, "%s: train.compute_dtype \"fp8\" with parallel.context %d: the FP8 scales of tensors whose tokens the "
+            "context group splits are not yet agreed across it (use parallel.context 1)", origin, cfg->cp);
     if (cfg->attention_mask == ATT_MASK_BLOCK_CAUSAL && cfg->eod_token < 0)
         die(EXIT_USAGE, "%s: train.attention_mask \"block_causal\" needs data.eod_token (the token that ends a document; got -1)",
             origin);
