@@ -12,9 +12,10 @@ total_pass=0; total_fail=0; broken=""
 run() {
     local name="$1"; shift
     echo "=== $name: $*"
-    local out rc
+    local out rc t0=$SECONDS
     out=$("$@" 2>&1); rc=$?
     echo "$out" | tail -n 40
+    echo "--- $name: $((SECONDS - t0)) s" # where make test's time goes
     local line
     line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
     if [ -z "$line" ]; then
