@@ -163,22 +163,24 @@ static int logs_failed_agreed(Trainer *t) {
  * c_k + [r*G_k/dp, (r+1)*G_k/dp). */
 static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
     int B = t->model.B, T = t->model.T, cp = t->model.cp;
-    for (int b = 0; b < B && cp == 1; b++) dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
-    for (int b = 0; b < B && cp > 1; b++) { /* context parallelism: this rank's two chunks of T/2 tokens */
-        uint64_t seq = first_seq + (uint64_t)b;
-        for (int h = 0; h < 2; h++)
-            dataset_sequence_part(ds, seq, cp_pos(h * T / 2, T, cp, t->model.cp_rank), T / 2, t->tok + (size_t)b * T + h * T / 2,
-                                  t->tgt + (size_t)b * T + h * T / 2);
-        if (t->model.eod_token < 0) continue;
-        /* a document may start on another rank's chunk: its start comes from the whole sequence */
-        dataset_sequence(ds, seq, t->seq_tok, t->seq_tgt);
-        for (int i = 0, p = 0, s = 0; i < T; i++) {
-            int q = cp_pos(i, T, cp, t->model.cp_rank);
-            for (; p < q; p++)
-                if (t->seq_tok[p] == t->model.eod_token) s = p + 1;
-            t->doc0[(size_t)b * T + i] = s;
+    if (cp == 1)
+        for (int b = 0; b < B; b++) dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
+    else /* context parallelism: this rank's two chunks of T/2 tokens */
+        for (int b = 0; b < B; b++) {
+            uint64_t seq = first_seq + (uint64_t)b;
+            for (int h = 0; h < 2; h++)
+                dataset_sequence_part(ds, seq, cp_pos(h * T / 2, T, cp, t->model.cp_rank), T / 2, t->tok + (size_t)b * T + h * T / 2,
+                                      t->tgt + (size_t)b * T + h * T / 2);
+            if (t->model.eod_token < 0) continue;
+            /* a document may start on another rank's chunk: its start comes from the whole sequence */
+            dataset_sequence(ds, seq, t->seq_tok, t->seq_tgt);
+            for (int i = 0, p = 0, s = 0; i < T; i++) {
+                int q = cp_pos(i, T, cp, t->model.cp_rank);
+                for (; p < q; p++)
+                    if (t->seq_tok[p] == t->model.eod_token) s = p + 1;
+                t->doc0[(size_t)b * T + i] = s;
+            }
         }
-    }
     if (t->cfg.eod_mask_loss) /* what follows a document's end is not predicted */
         for (size_t i = 0; i < (size_t)B * T; i++)
             if (t->tok[i] == t->cfg.eod_token) t->tgt[i] = CE_NO_TARGET;
@@ -571,13 +573,10 @@ static void log_step(Trainer *t, const StepStats *s) {
     if (t->dist.world > 1) step_num(t, &line, "comm_wait_ms", "perf/comm_wait_ms", 1000 * s->comm_wait);
     if (tb_write(&t->tb)) log_failed(t, t->tb.path, t->tb.err);
     buf_add(&line, ",\"comm_bytes\":{\"allgather\":%.0f,\"reduce_scatter\":%.0f,\"allreduce\":%.0f,\"tp_allreduce\":%.0f,"
-               "\"tp_allgather\":%.0f,\"tp_reduce_scatter\":%.0f}",
+               "\"tp_allgather\":%.0f,\"tp_reduce_scatter\":%.0f",
             s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp, s->comm_tp_ag, s->comm_tp_rs);
-    if (t->dist.cp > 1) { /* inside comm_bytes */
-        line.s[--line.len] = '\0';
-        buf_add(&line, ",\"cp_sendrecv\":%.0f}", s->comm_cp);
-    }
-    buf_add(&line, "}\n");
+    if (t->dist.cp > 1) buf_add(&line, ",\"cp_sendrecv\":%.0f", s->comm_cp);
+    buf_add(&line, "}}\n");
     metrics_line(t, line.s);
     free(line.s);
 }

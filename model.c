@@ -692,11 +692,17 @@ static const int *att_qstart(const Model *m) { return m->block_causal ? m->qstar
  * each document's first token, under reset_pos, else NULL (the row's) */
 static const int *positions(const Model *m) { return m->reset_pos || m->cp > 1 ? m->pos : NULL; }
 
-/* Attention of a layer's rows: over the whole sequence by the context
- * group's ring under context parallelism (cp.c), else the kernel's. */
+/* Attention of a layer's rows (forward, backward): over the whole sequence
+ * by the context group's ring under context parallelism (cp.c), else the
+ * kernel's. */
 static void attn_forward(Model *m, LayerActs *a, int B, int T) {
     if (m->cp > 1) cp_attention_forward(m, a->atty, a->lse, a->qkv, att_qstart(m), B, T);
     else m->k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, m->nh, m->nkv, m->hd);
+}
+
+static void attn_backward(Model *m, float *dqkv, const float *dout, const LayerActs *a, int B, int T) {
+    if (m->cp > 1) cp_attention_backward(m, dqkv, dout, a->qkv, a->atty, a->lse, att_qstart(m), B, T);
+    else m->k->attention_backward(dqkv, dout, a->qkv, a->atty, a->lse, att_qstart(m), B, T, m->nh, m->nkv, m->hd);
 }
 
 /* One transformer layer's forward from its input x into m->la[l] (under
@@ -999,8 +1005,7 @@ void model_backward(Model *m, float loss_scale) {
          * in dbuf2 are [a] */
         k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, dres_rows(m, S), m->dres_a, a->atty,
                                   w->attn_out_w, N, nh * hd, C);
-        if (m->cp > 1) cp_attention_backward(m, m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, att_qstart(m), B, T);
-        else k->attention_backward(m->dbuf2, m->dbuf1, a->qkv, a->atty, a->lse, att_qstart(m), B, T, nh, nkv, hd);
+        attn_backward(m, m->dbuf2, m->dbuf1, a, B, T);
         if (llama) {
             Rope rope = rope_of(c);
             k->rope_backward(m->dbuf2, positions(m), B, T, nh, nkv, hd, &rope);
