@@ -10,6 +10,7 @@
  *   LLMTRAIN_CUDA_EMU_MEM_MIB  device memory (default 81920 MiB): cudaMalloc
  *                              past it is cudaErrorMemoryAllocation */
 #include "include/cublasLt.h"
+#include "include/cuda_fp8.h"
 #include "emu.h"
 #include <errno.h>
 #include <stdarg.h>
@@ -548,6 +549,13 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
     p->multiProcessorCount = 132;
     p->major = 9;
     p->minor = 0;
+    /* LLMTRAIN_CUDA_EMU_CC=8.0 and the like: another compute capability
+     * (tests of what needs a newer GPU) */
+    const char *cc = getenv("LLMTRAIN_CUDA_EMU_CC");
+    if (cc && *cc && sscanf(cc, "%d.%d", &p->major, &p->minor) != 2) {
+        fprintf(stderr, "llmtrain: CUDA emulator: LLMTRAIN_CUDA_EMU_CC=%s: expected MAJOR.MINOR\n", cc);
+        exit(70);
+    }
     p->maxThreadsPerBlock = 1024;
     p->warpSize = 32;
     memcpy(p->uuid.bytes, "emu-cuda-device", 15);
@@ -738,6 +746,9 @@ struct EmuLtDesc {
     const void *bias; /* the bias vector and the GELU aux matrix have D's type */
     void *aux;
     int64_t aux_ld;
+    const float *scale[2]; /* FP8 A and B: the device fp32 scalar each is multiplied by (NULL: 1) */
+    int32_t scale_mode[2];
+    int8_t fast_accum;
 };
 struct EmuLtLayout {
     cudaDataType_t type;
@@ -800,13 +811,20 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: ok = get_attr(&d->bias, buf, n); break;
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: ok = get_attr(&d->aux, buf, n); break;
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: ok = get_attr(&d->aux_ld, buf, n); break;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: ok = get_attr(&d->scale[0], buf, n); break;
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: ok = get_attr(&d->scale[1], buf, n); break;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE: ok = get_attr(&d->scale_mode[0], buf, n); break;
+    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE: ok = get_attr(&d->scale_mode[1], buf, n); break;
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: ok = get_attr(&d->fast_accum, buf, n); break;
     }
     return ok ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type, uint64_t rows, uint64_t cols,
                                           int64_t ld) {
-    if ((type != CUDA_R_32F && type != CUDA_R_16BF) || ld < (int64_t)rows || ld < 1) return CUBLAS_STATUS_INVALID_VALUE;
+    if ((type != CUDA_R_32F && type != CUDA_R_16BF && type != CUDA_R_8F_E4M3 && type != CUDA_R_8F_E5M2) ||
+        ld < (int64_t)rows || ld < 1)
+        return CUBLAS_STATUS_INVALID_VALUE;
     EmuLtLayout *p = (EmuLtLayout *)calloc(1, sizeof *p);
     p->type = type;
     p->rows = rows;
@@ -847,12 +865,28 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     return ok ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
+static int is_fp8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+
+/* FP8 as Hopper's cuBLASLt takes it: A and B E4M3 or E5M2 (not both
+ * E5M2), the "TN" layout (A transposed, B not: both K-major), fp32
+ * compute, C and D bf16 or fp32, unbatched, each scale a scalar */
+static int fp8_ok(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                  cublasLtMatrixLayout_t c) {
+    return is_fp8(a->type) && is_fp8(b->type) && !(a->type == CUDA_R_8F_E5M2 && b->type == CUDA_R_8F_E5M2) &&
+           d->ta == 1 && d->tb == 0 && d->compute == CUBLAS_COMPUTE_32F && a->batch == 1 &&
+           (c->type == CUDA_R_32F || c->type == CUDA_R_16BF);
+}
+
 /* op(A) is m x k, op(B) k x n, C and D m x n; C and D fp32, or both bf16
- * with bf16 A and B (the result rounded to nearest) */
+ * with bf16 A and B (the result rounded to nearest); or FP8 A and B
+ * (fp8_ok) */
 static int shapes_ok(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                      cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl) {
     uint64_t m = d->ta ? a->cols : a->rows, k = d->ta ? a->rows : a->cols;
     uint64_t kb = d->tb ? b->cols : b->rows, n = d->tb ? b->rows : b->cols;
+    if (is_fp8(a->type) || is_fp8(b->type))
+        return fp8_ok(d, a, b, c) && k == kb && c->rows == m && c->cols == n && dl->rows == m && dl->cols == n &&
+               c->type == dl->type && b->batch == 1 && c->batch == 1 && dl->batch == 1;
     return k == kb && c->rows == m && c->cols == n && dl->rows == m && dl->cols == n && a->type == b->type &&
            c->type == dl->type && (c->type == CUDA_R_32F || (c->type == CUDA_R_16BF && a->type == CUDA_R_16BF)) &&
            a->batch == b->batch && a->batch == c->batch &&
@@ -877,7 +911,13 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     /* tensor-core (TF32) kernels want 16-byte operands; the plain fp32 ones
      * take 4 */
     uint32_t need = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? 16 : (a->type == CUDA_R_16BF ? 2 : 4);
-    const uint32_t need_c = c->type == CUDA_R_16BF ? 2 : 4;
+    uint32_t need_c = c->type == CUDA_R_16BF ? 2 : 4;
+    if (is_fp8(a->type)) { /* 16-byte operands and leading dimensions, scalar scales, no epilogue */
+        need = need_c = 16;
+        if (d->scale_mode[0] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
+            d->scale_mode[1] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || d->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
     if (p->al[0] < need || p->al[1] < need || p->al[2] < need_c || p->al[3] < need_c) return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(res, 0, sizeof *res);
     for (int i = 0; i < 4; i++) res->algo.data[i] = p->al[i];
@@ -890,6 +930,7 @@ static float tf32(float f) { return nvcuda::wmma::__float_to_tf32(f); }
 
 static float load_elem(const void *base, cudaDataType_t t, size_t i) {
     if (t == CUDA_R_16BF) return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
+    if (is_fp8(t)) return emu_fp8_to_float(((const uint8_t *)base)[i], t == CUDA_R_8F_E5M2 ? __NV_E5M2 : __NV_E4M3);
     return ((const float *)base)[i];
 }
 
@@ -908,13 +949,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     (void)s;
     if (!h || !algo || algo->data[4] != 0x454d55) return CUBLAS_STATUS_INVALID_VALUE;
     if (!shapes_ok(d, la, lb, lc, ld)) return CUBLAS_STATUS_INVALID_VALUE;
-    const int es = la->type == CUDA_R_16BF ? 2 : 4;
+    const int es = la->type == CUDA_R_16BF ? 2 : is_fp8(la->type) ? 1 : 4;
     /* every address the product touches must have the alignment the
      * algorithm was chosen for */
     const void *ptrs[4] = {A, B, C, D};
     const int64_t lds[4] = {la->ld, lb->ld, lc->ld, ld->ld}, sts[4] = {la->stride, lb->stride, lc->stride, ld->stride};
     const int ces = lc->type == CUDA_R_16BF ? 2 : 4;
     const int esz[4] = {es, es, ces, ces};
+    /* FP8: dequantized (the code's value times its scale, in fp32), then
+     * the fp32 product as any other: the CPU reference's arithmetic */
+    const float fa = d->scale[0] && is_fp8(la->type) ? *d->scale[0] : 1.0f;
+    const float fb = d->scale[1] && is_fp8(lb->type) ? *d->scale[1] : 1.0f;
     for (int i = 0; i < 4; i++) {
         uint32_t al = (uint32_t)algo->data[i];
         if (!aligned_to(ptrs[i], al) || (lds[i] * esz[i]) % al != 0 || (la->batch > 1 && (sts[i] * esz[i]) % al != 0)) {
@@ -937,12 +982,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
             for (uint64_t p = 0; p < k; p++) {
                 size_t idx = (size_t)bi * la->stride + (d->ta ? p + i * la->ld : i + p * la->ld);
                 float v = load_elem(A, la->type, idx);
+                if (is_fp8(la->type)) v *= fa;
                 at[i * k + p] = tf ? tf32(v) : v;
             }
         for (uint64_t j = 0; j < n; j++)
             for (uint64_t p = 0; p < k; p++) {
                 size_t idx = (size_t)bi * lb->stride + (d->tb ? j + p * lb->ld : p + j * lb->ld);
                 float v = load_elem(B, lb->type, idx);
+                if (is_fp8(lb->type)) v *= fb;
                 bt[j * k + p] = tf ? tf32(v) : v;
             }
         for (uint64_t j = 0; j < n; j++)

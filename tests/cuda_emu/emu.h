@@ -47,7 +47,14 @@
  *     against them (a plan reused for a less aligned pointer is an error),
  *     computes in fp32 (inputs rounded to TF32 under
  *     CUBLAS_COMPUTE_32F_FAST_TF32, bf16 inputs widened) with the BIAS and
- *     GELU_AUX(_BIAS) and DGELU epilogues, batched and strided.
+ *     GELU_AUX(_BIAS) and DGELU epilogues, batched and strided; FP8 A and
+ *     B (E4M3 / E5M2, as Hopper takes them: the "TN" layout, 16-byte
+ *     operands, scalar scales, no epilogue) dequantized (a code's value
+ *     times its scale pointer's, in fp32) and multiplied in fp32, the CPU
+ *     reference's arithmetic. The FP8 casts of cuda_fp8.h (include/) round
+ *     to nearest even and saturate as fp8.h specifies, written apart from
+ *     fp8.c. LLMTRAIN_CUDA_EMU_CC=8.0 (say) reports another compute
+ *     capability than the default 9.0.
  *   - CUB's DeviceRadixSort::SortKeys over the bits asked for.
  *   - cuDNN's backend (graph) API (include/cudnn.h, cudnn_emu.cpp): the
  *     descriptors checked as the library checks them, and an interpreter
