@@ -61,6 +61,7 @@ extern "C" {
 #include "kernels/common.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/matmul.cuh"
+#include "kernels/fp8.cuh"
 #include "kernels/attention_gemm.cuh"
 #include "kernels/attention_flash.cuh"
 #include "kernels/attention_flash_bf16.cuh"
@@ -131,8 +132,8 @@ static Kernels cuda_kernels = {
     /* .pack_bf16 = */ pack_bf16,
     /* .unpack_bf16 = */ unpack_bf16,
     /* .weights_stable = */ cu_weights_stable,
-    /* .fp8_setup = */ NULL, /* no FP8 products yet (issue 59): model_fp8 exits 2 */
-    /* .fp8_scope = */ NULL,
+    /* .fp8_setup = */ cu_fp8_setup,
+    /* .fp8_scope = */ cu_fp8_scope,
     /* .grads_fresh = */ grads_fresh,
     /* .grads_settle = */ grads_settle,
     /* .host_alloc = */ cu_host_alloc,
@@ -252,7 +253,8 @@ extern "C" const char *kernels_cuda_device_info(void) {
     snprintf(info, sizeof info, "device %d: %.200s, %d SMs, cc %d.%d, %.1f GiB; matmuls %s (cuBLASLt %zu); attention %s",
              G.dev, G.prop.name, G.prop.multiProcessorCount, G.prop.major, G.prop.minor,
              (double)G.prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
-             matmul_mode() == MM_BF16   ? "bf16 tensor cores (train.compute_dtype bf16)"
+             F8.wanted                  ? "FP8 layer linears, else bf16 (train.compute_dtype fp8)"
+             : matmul_mode() == MM_BF16 ? "bf16 tensor cores (train.compute_dtype bf16)"
              : matmul_mode() == MM_FP32 ? "plain fp32 (train.compute_dtype fp32)"
                                         : "TF32 tensor cores (train.compute_dtype tf32)",
              cublasLtGetVersion(),

@@ -670,6 +670,16 @@ long kernels_cuda_cudnn_attention_calls(void);
  * environment variable LLMTRAIN_CUDA_WEIGHT_CACHE=0 turns the copies off
  * (every bf16 product converts its weights into scratch again). */
 void kernels_cuda_weight_cache_stats(long *hits, long *made, size_t *bytes);
+/* FP8 (train.compute_dtype fp8, kernels/fp8.cuh): the weights' FP8 copies
+ * made so far (*made), the products that found one current (*hits), and
+ * the products whose output went through the fp32 stage (a bias, or an
+ * output cuBLASLt's FP8 kernels cannot write: *staged); for tests. Any
+ * pointer may be NULL. */
+void kernels_cuda_fp8_stats(long *made, long *hits, long *staged);
+/* The tensorwise FP8 codes (E5M2 when e5m2, else E4M3) of the n device
+ * values at x (bf16 words when x16) into host memory, and the scale in
+ * *scale: the casts the products run, for tests (after fp8_setup). */
+void kernels_cuda_fp8_codes(uint8_t *host, const float *x, int x16, size_t n, int e5m2, float *scale);
 #endif
 
 #endif

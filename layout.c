@@ -234,7 +234,7 @@ const Kernels *layout_select_backend(const Config *c, Dist *d) {
     return kernels_cpu();
 }
 
-int layout_cuda_bf16(const Config *c) { return strcmp(c->compute_dtype, "bf16") == 0; }
+int layout_cuda_bf16(const Config *c) { return strcmp(c->compute_dtype, "bf16") == 0 || strcmp(c->compute_dtype, "fp8") == 0; }
 
 double layout_cuda_scratch_bytes(const Sharding *sh) {
     const Model *m = sh->model;

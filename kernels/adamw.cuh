@@ -263,6 +263,7 @@ static int adamw_multi(float *p, const float *g, float *m, float *v, const AdamW
                                  partial);
     LAUNCH_CHECK();
     if (w16) wc_flat_written(host, k);
+    for (int j = 0; j < k; j++) f8_stale(p + host[j].offset, host[j].n * sizeof(float)); /* FP8 copies: made anew */
     if (sumsq) {
         reduce_final_k<<<1, RED_THREADS>>>(partial, (int)grid, G.red_out);
         LAUNCH_CHECK();

@@ -59,6 +59,28 @@ static void plan_destroy(GemmPlan *p) {
     p->used = 0;
 }
 
+/* The heuristic's first algorithm for desc and the layouts (D as C) in the
+ * workspace, the operands (cuBLASLt's A, B, C and D) aligned to al_a,
+ * al_b and al_c bytes: 1, or 0 when it has none */
+static int lt_algo(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                   cublasLtMatrixLayout_t lc, uint32_t al_a, uint32_t al_b, uint32_t al_c, cublasLtMatmulAlgo_t *algo) {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = G.ws_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(G.lt, desc, la, lb, lc, lc, pref, 1, &res, &nres);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (st != CUBLAS_STATUS_SUCCESS || nres < 1) return 0;
+    *algo = res.algo;
+    return 1;
+}
+
 /* Build desc + layouts for the column-major product D[m=N, n=M] (see
  * rm_gemm) and ask the heuristic; returns 0 when it has no algorithm.
  * epi_gelu: GEMM_GELU_AUX, the GELU_AUX epilogue writing the GELU's input
@@ -87,25 +109,11 @@ static int plan_build(GemmPlan *p, int epi_bias, int epi_gelu, const void *aux, 
     layout_create(&p->la, in, p->tb ? p->K : p->N, p->tb ? p->N : p->K, p->ldb, p->batch, p->sB);
     layout_create(&p->lb, in, p->ta ? p->M : p->K, p->ta ? p->K : p->M, p->lda, p->batch, p->sA);
     layout_create(&p->lc, p->c_bf16 ? CUDA_R_16BF : CUDA_R_32F, p->N, p->M, p->ldc, p->batch, p->sC);
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = G.ws_bytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    uint32_t al_a = (uint32_t)p->al_b, al_b = (uint32_t)p->al_a, al_c = (uint32_t)p->al_c;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
-    cublasLtMatmulHeuristicResult_t res;
-    int nres = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(G.lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     p->used = 1;
-    if (st != CUBLAS_STATUS_SUCCESS || nres < 1) {
+    if (!lt_algo(p->desc, p->la, p->lb, p->lc, (uint32_t)p->al_b, (uint32_t)p->al_a, (uint32_t)p->al_c, &p->algo)) {
         plan_destroy(p);
         return 0;
     }
-    p->algo = res.algo;
     p->epi_bias = epi_bias;
     p->epi_gelu = epi_gelu;
     return 1;
@@ -137,6 +145,8 @@ template <typename OT> __global__ void add_bias_k(OT *out, const float *bias, in
  *         file);
  *   fp32  every GEMM in plain fp32 without tensor cores: for telling TF32
  *         rounding from a bug when comparing with the CPU.
+ *   fp8   as bf16, and a transformer layer's linears (Kernels.fp8_scope)
+ *         multiply FP8 codes (kernels/fp8.cuh).
  * Fixed once kernels_cuda() has handed out act_bytes. */
 enum { MM_TF32 = 0, MM_BF16 = 1, MM_FP32 = 2 };
 static int mm_mode = MM_BF16, mm_fixed;
@@ -147,14 +157,25 @@ static int mm_parse(const char *e) {
 
 static int matmul_mode(void) { return mm_mode; }
 
+/* FP8 linears (kernels/fp8.cuh, after this file): under compute dtype fp8
+ * the backend runs as under bf16, and the products of fp8_scope take these */
+static void f8_want(int on);
+static int f8_active(void);
+static void f8_stale(const void *p, size_t bytes);
+static void f8_forward(void *out, int out16, const float *c_in, const float *inp, const float *w, const float *bias,
+                       int N, int C, int OC);
+static void f8_backward(float *dinp, int ldd, int dinp16, float *dw, const float *dout, int dout16, const float *inp,
+                        const float *w, int N, int C, int OC);
+
 extern "C" void kernels_cuda_set_compute_dtype(const char *dtype) {
-    if (dtype && strcmp(dtype, "fp8") == 0) /* issue 59: the CPU backend has them first */
-        die(EXIT_USAGE, "train.compute_dtype \"fp8\": the CUDA backend has no FP8 products yet (train.device \"cpu\" has them)");
+    const int fp8 = dtype && strcmp(dtype, "fp8") == 0;
+    if (fp8) dtype = "bf16";
     int m = mm_parse(dtype);
     if (m == -2) die(EXIT_INTERNAL, "kernels_cuda_set_compute_dtype(\"%s\"): expected bf16, tf32 or fp32", dtype ? dtype : "(null)");
     if (mm_fixed && m != mm_mode)
         die(EXIT_INTERNAL, "kernels_cuda_set_compute_dtype(\"%s\") after kernels_cuda() (the [a] buffers' width is handed out)", dtype);
     mm_mode = m;
+    f8_want(fp8);
 }
 
 static int matmul_bf16(void) { return matmul_mode() == MM_BF16; }
@@ -278,6 +299,7 @@ static void wc_end_ranges(const void *p, size_t bytes) {
 
 static void cu_weights_stable(const float *p, size_t n) {
     wc_stale(p, n * sizeof(float));
+    f8_stale(p, n * sizeof(float));
     wc_end_ranges(p, n * sizeof(float));
     if (!p || !n) return;
     if (wc_nr == WC_RANGES) { /* full: the oldest range ends (its products are long done) */
@@ -317,6 +339,7 @@ static void wc_forget(const void *p, size_t bytes) {
         }
     }
     wc_end_ranges(p, bytes);
+    f8_stale(p, bytes);
 }
 
 /* [w, w + n) lies in [p, p + np) */
@@ -523,6 +546,7 @@ static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const floa
 /* inp is [a]: under bf16 it goes to cuBLASLt as it is */
 static void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
+    if (f8_active() && C > 0) return f8_forward(out, 0, NULL, inp, w, bias, N, C, OC);
     const int bf16 = act_bf16();
     rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, bf16, NULL, bf16 ? inp : NULL,
                  bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, 0, NULL);
@@ -534,6 +558,7 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
 static void matmul_forward_res(float *out, const float *res, const float *inp, const float *w, const float *bias,
                                int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
+    if (f8_active() && C > 0) return f8_forward(out, 0, res, inp, w, bias, N, C, OC);
     const int bf16 = act_bf16();
     rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 1.0f, out, OC, 0, 1, bias, bf16, NULL, bf16 ? inp : NULL,
                  bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, 0, res);
@@ -548,6 +573,11 @@ static void matmul_forward_res(float *out, const float *res, const float *inp, c
 static void matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
                                 int C, int OC) {
     if (N <= 0 || OC <= 0) return;
+    if (f8_active() && C > 0) { /* the product (and bias) into pre, then the GELU kernel */
+        f8_forward(pre, act_bf16(), NULL, inp, w, bias, N, C, OC);
+        gelu_into(out, pre, (size_t)N * OC, act_bf16());
+        return;
+    }
     const int bf16 = act_bf16();
     rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, bf16, pre, bf16 ? inp : NULL,
                  bf16 ? wc_get(w, (size_t)OC * C) : NULL, NULL, bf16, NULL);
@@ -566,6 +596,15 @@ extern "C" long kernels_cuda_dout_convert_calls(void) { return dout_convert_call
 static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, float *dw, float *dbias,
                                  const float *dout, const float *dout_a, const float *inp, const float *w, int N,
                                  int C, int OC, int dout_bf16, int dinp_bf16) {
+    if (f8_active()) { /* FP8 from dout itself (fp32 unless [a]), the GELU's backward and the bias after */
+        f8_backward(dinp, ldd, dinp_bf16, dw, dout, dout_bf16, inp, w, N, C, OC);
+        if (dinp && dgelu_pre) {
+            if (ldd != C) die(EXIT_INTERNAL, "cuda fp8: the GELU backward wants a dense product");
+            dgelu_inplace(dinp, dgelu_pre, (size_t)N * C, dinp_bf16);
+        }
+        if (dbias) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, dout_bf16);
+        return;
+    }
     int bf16 = matmul_bf16();
     if (dout_bf16 && !bf16) die(EXIT_INTERNAL, "cuda matmul backward: a bf16 dout without bf16 GEMMs");
     /* bf16: dout, the A operand of both products, is converted once (but
@@ -606,6 +645,7 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
  * backward reads the bf16 dout as it is (its bias gradient too) */
 static void matmul_forward_a(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
+    if (f8_active() && C > 0) return f8_forward(out, act_bf16(), NULL, inp, w, bias, N, C, OC);
     if (!act_bf16()) {
         matmul_forward(out, inp, w, bias, N, C, OC);
         return;

@@ -90,8 +90,9 @@ LOSS_RTOL_BF16=3e-2  # bf16 (the default)
 LOSS_RTOL_FP32=1e-4  # fp32 (summation order only)
 
 # synchronous launches: a kernel fault is reported at its own line; under
-# each compute dtype (TF32, bf16 GEMMs of the linear layers, plain fp32)
-for mm in tf32 bf16 fp32; do
+# each compute dtype (TF32, bf16 GEMMs of the linear layers, plain fp32),
+# and the FP8 linears' checks (tests/test_gpu_fp8.c)
+for mm in tf32 bf16 fp32 fp8; do
     echo "--- $TEST_GPU $mm"
     out=$(LLMTRAIN_CUDA_SYNC=1 $TEST_GPU $mm 2>&1); rc=$?
     echo "$out"

@@ -2178,12 +2178,16 @@ static void test_mem_stats(void) {
     if (ok) pass++; else fail++;
 }
 
-/* tests/test_gpu [bf16|tf32|fp32]: the compute dtype (train.compute_dtype)
- * the CUDA kernels run under; bf16, the backend's default, when not given */
+int test_gpu_fp8(const Kernels *kc, const Kernels *kg, int *npass, int *nfail); /* tests/test_gpu_fp8.c */
+
+/* tests/test_gpu [bf16|tf32|fp32|fp8]: the compute dtype (train.compute_dtype)
+ * the CUDA kernels run under; bf16, the backend's default, when not given.
+ * fp8: only the FP8 linears' checks (tests/test_gpu_fp8.c) */
 int main(int argc, char **argv) {
     const char *mm = argc > 1 ? argv[1] : "bf16";
-    if (argc > 2 || (strcmp(mm, "bf16") != 0 && strcmp(mm, "tf32") != 0 && strcmp(mm, "fp32") != 0)) {
-        fprintf(stderr, "usage: %s [bf16|tf32|fp32] (the compute dtype; default bf16)\n", argv[0]);
+    const int fp8 = strcmp(mm, "fp8") == 0;
+    if (argc > 2 || (strcmp(mm, "bf16") != 0 && strcmp(mm, "tf32") != 0 && strcmp(mm, "fp32") != 0 && !fp8)) {
+        fprintf(stderr, "usage: %s [bf16|tf32|fp32|fp8] (the compute dtype; default bf16)\n", argv[0]);
         return 2;
     }
     char why[320];
@@ -2198,6 +2202,18 @@ int main(int argc, char **argv) {
     KC = kernels_cpu();
     KG = kernels_cuda();
     printf("device: %s\n", kernels_cuda_device_info());
+    int ccmaj = 0, ccmin = 0;
+    const char *cc = strstr(kernels_cuda_device_info(), ", cc ");
+    if (fp8 && cc && sscanf(cc, ", cc %d.%d", &ccmaj, &ccmin) == 2 && ccmaj * 10 + ccmin < 89) {
+        printf("fp8: compute capability %d.%d has no FP8 tensor cores: nothing to check (train.compute_dtype fp8 "
+               "is exit 2 there)\n0 passed, 0 failed\n", ccmaj, ccmin);
+        return 0;
+    }
+    if (fp8) {
+        test_gpu_fp8(KC, KG, &pass, &fail);
+        printf("%d passed, %d failed\n", pass, fail);
+        return fail ? 1 : 0;
+    }
     test_mem_stats();
     test_embed();
     test_embed_det(16, 1024, 64, 7, 0, 0, 0);       /* N = 16384 tokens from a vocabulary of 7 */
