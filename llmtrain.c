@@ -896,8 +896,8 @@ static void print_header(Trainer *t) {
     if (t->dist.world > 1) printf("launch: %s | %d ranks, %d on this node\n", t->dist.launch, t->dist.world, t->dist.local_size);
     char data[1024];
     dataset_describe(&t->train, c->data_train, (double)run_sequences(t) * c->seq_len, data, sizeof data);
-    printf("data: %s%s | peak for MFU %.1f GFLOP/s (%s)\n", data, t->have_val ? ", val on" : "", t->peak_gflops,
-           t->peak_source);
+    printf("data: %s%s | peak for MFU %.1f GFLOP/s (%s)%s\n", data, t->have_val ? ", val on" : "", t->peak_gflops,
+           t->peak_source, config_fp8_recipe(c) >= 0 ? "; under fp8 too (no FP8 peak: as FP8 MFU is quoted)" : "");
     if (t->have_val && t->val.n_src) { /* val_loss lines then add each source's, in this order */
         dataset_describe(&t->val, c->data_val, 0, data, sizeof data);
         printf("val: %s\n", data);

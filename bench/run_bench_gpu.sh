@@ -41,6 +41,15 @@
 # products' and attention's TFLOP/s and share of the peak, the memory-bound
 # entries' GB/s and share of the memory bandwidth, and what the calls would
 # take at those peaks (how far faster kernels alone could go).
+# FP8 (train.compute_dtype fp8, tensorwise; issue 59) beside bf16, after
+# the rest: GPT-2 124M and the Llama 3.2 1B shape as above (cuDNN attention)
+# and a Llama 3.2 3B shape (28 layers, 3072 embd, 24 heads / 8 kv, ffn 8192,
+# vocab 128256, tied; B=1, T=4096, selective checkpointing), each trained
+# BENCH_FP8_STEPS steps (default 200) under bf16 and under fp8 on the same
+# data: the two result lines, then one line with the FP8/bf16 tokens/s
+# ratio and the loss curves' largest relative gap and where (every 20th
+# step from 20, and the last). Needs an sm_89+ GPU; BENCH_FP8=0 leaves the
+# section out, BENCH_FP8=only runs it alone.
 # BENCH_BIN (default ./llmtrain): the binary to time. BENCH_SMOKE=1 checks
 # this script, not the GPU: tiny models of the same architectures (2 layers,
 # 64 channels, vocabulary 96) at T=64 and B of 2 at most, every case and
@@ -67,6 +76,10 @@ esac
 PROFILE_STEPS=0
 [ "$PROFILE" = kernels ] && PROFILE_STEPS=2
 MATMUL=${BENCH_MATMUL:-bf16 tf32}
+FP8=${BENCH_FP8:-1}
+FP8_STEPS=${BENCH_FP8_STEPS:-200}
+case $FP8 in 0|1|only) ;; *) echo "bench-gpu: FAIL: BENCH_FP8=$FP8: expected 0, 1 or only" >&2; exit 1;; esac
+case $FP8_STEPS in ''|*[!0-9]*|0|1) echo "bench-gpu: FAIL: BENCH_FP8_STEPS=$FP8_STEPS: expected 2 or more" >&2; exit 1;; esac
 ATTENTION=${BENCH_ATTENTION:-cudnn flash gemm}
 for m in $MATMUL; do
     case $m in bf16|tf32|fp32) ;; *) echo "bench-gpu: FAIL: BENCH_MATMUL=$m: expected bf16, tf32 and/or fp32" >&2; exit 1;; esac
@@ -84,7 +97,8 @@ $PY - "$TMP" "$SMOKE" <<'PYEOF' || { echo "bench-gpu: FAIL: writing the token fi
 import sys, numpy as np
 d, smoke = sys.argv[1], sys.argv[2] == "1"
 for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16),
-                                    ("llama_1B", 128256, 20240801, 7, np.uint32)):
+                                    ("llama_1B", 128256, 20240801, 7, np.uint32),
+                                    ("llama_3B", 128256, 20240801, 7, np.uint32)):
     t = np.random.default_rng(0).integers(0, 96 if smoke else vocab, 300_000)
     h = np.zeros(256, np.int32); h[:3] = (magic, ver, len(t))
     with open(f"{d}/{name}.bin", "wb") as f:
@@ -145,6 +159,38 @@ PYEOF
     return 0
 }
 
+GPT2='{"arch": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304, "max_seq_len": 1024}'
+LLAMA1B='{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
+          "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}'
+LLAMA3B='{"arch": "llama", "n_layer": 28, "n_embd": 3072, "n_head": 24, "n_kv_head": 8, "ffn_hidden": 8192,
+          "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}'
+
+# fp8_case NAME MODEL B T AC: NAME's model FP8_STEPS steps under bf16, then
+# fp8 (cuDNN attention): their result lines, then the comparison line
+fp8_case() {
+    local name=$1 model=$2 B=$3 T=$4 ac=$5 mm line tps=""
+    for mm in bf16 fp8; do
+        line=$(STEPS=$FP8_STEPS run_case "$name" "$model" "$B" "$T" $mm "$ac" cudnn) || exit 1
+        echo "$line"
+        tps="$tps $(sed -n 's/.* \([0-9]*\) tokens\/s,.*/\1/p' <<<"$line" | head -1)"
+        cp "$TMP/run_$name/metrics.jsonl" "$TMP/$name-$mm.jsonl"
+    done
+    # shellcheck disable=SC2086 # the two tokens/s figures as two arguments
+    $PY - "$name" "$TMP/$name-bf16.jsonl" "$TMP/$name-fp8.jsonl" $tps <<'PYEOF' || { echo "bench-gpu: FAIL: $name: comparing the fp8 run with bf16" >&2; exit 1; }
+import json, sys
+name, fb, ff, tb, tf = sys.argv[1:6]
+loss = lambda f: {d["step"]: d["loss"] for d in map(json.loads, open(f)) if "loss" in d and "step" in d}
+b, f = loss(fb), loss(ff)
+last = max(b)
+pts = sorted({s for s in b if s % 20 == 0 and s in f} | {last})
+gap = max(pts, key=lambda s: abs(f[s] - b[s]) / abs(b[s]))
+print(f"fp8 vs bf16 {name}: tokens/s {float(tf):.0f} vs {float(tb):.0f} (x{float(tf) / float(tb):.2f}); loss over {last} steps "
+      f"(every 20th): largest gap {100 * (f[gap] - b[gap]) / b[gap]:+.2f}% at step {gap}, "
+      f"last {f[last]:.4f} vs {b[last]:.4f} ({100 * (f[last] - b[last]) / b[last]:+.2f}%)")
+PYEOF
+}
+
+if [ "$FP8" = only ]; then MATMUL=""; fi
 # vocabulary padded to 50304 (= 64 x 786) as llm.c does, so the LM-head GEMM
 # operands are 16-byte aligned rows (50257 floats per row is only 4-byte aligned)
 for mm in $MATMUL; do
@@ -172,3 +218,8 @@ for mm in $MATMUL; do
                             "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm" selective "$att" 8
     done
 done
+if [ "$FP8" != 0 ]; then
+    fp8_case gpt2_124M "$GPT2" 16 1024 none
+    fp8_case llama_1B "$LLAMA1B" 1 4096 selective
+    fp8_case llama_3B "$LLAMA3B" 1 4096 selective
+fi

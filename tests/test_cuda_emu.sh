@@ -121,7 +121,7 @@ else echo "FAIL per-rank GPU binding: exit codes $rc1 $rc2 $rc3 $rc4: $(grep -hE
 # none without.
 res_re='^(gpt2_124M|llama_1B) \(0\.[0-9]+M params\) B=[12] T=64( \(8 micro-batches a step\))?(, selective checkpointing \((attention|norm, mlp_act)\))? (bf16|tf32) GEMMs, (cudnn|flash|gemm) attention on device 0: host emulation of CUDA .*: [0-9]+ ms/step, [0-9]+ tokens/s, MFU [0-9.]+% of 1071 TFLOP/s bf16 dense \(median of 2 steps after warm-up\)$'
 bench_smoke() { # OUT PROFILE MATMUL ATTENTION
-    BENCH_BIN=tests/llmtrain_emu BENCH_SMOKE=1 BENCH_STEPS=3 BENCH_PROFILE=$2 BENCH_MATMUL=$3 BENCH_ATTENTION=$4 \
+    BENCH_BIN=tests/llmtrain_emu BENCH_SMOKE=1 BENCH_STEPS=3 BENCH_PROFILE=$2 BENCH_MATMUL=$3 BENCH_ATTENTION=$4 BENCH_FP8=0 \
         bench/run_bench_gpu.sh >"$1" 2>&1
 }
 bench_smoke "$TMP/bk.out" kernels bf16 "cudnn flash"; rc=$?
