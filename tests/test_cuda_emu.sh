@@ -71,7 +71,9 @@ else echo "FAIL fp8 blockwise on CUDA: exit $rc, expected 2 and one line: $(head
 # 2.6e-3, held to 5e-4 and 1e-2. Weight copies left stale across steps
 # (made once, never again) moved the gradient norm by 7e-2 by step 5. And
 # the Llama run without the FP8 weight copies (LLMTRAIN_CUDA_WEIGHT_CACHE=0:
-# every product quantizes its weight) bit-identical to the run with them.
+# every product quantizes its weight) and with full activation
+# checkpointing (the recompute quantizes the same values again)
+# bit-identical to the run with the copies and without checkpointing.
 fp8_ok=1
 for arch in gpt2 llama; do
     kv=$([ $arch = gpt2 ] && echo 4 || echo 2)
@@ -87,11 +89,12 @@ done
 grep -q 'matmuls FP8 layer linears, else bf16 (train.compute_dtype fp8)' "$TMP/f8-llama-cuda.out" ||
     { echo "  the fp8 header does not name the FP8 products: $(grep -m1 backend "$TMP/f8-llama-cuda.out")"; fp8_ok=0; }
 LLMTRAIN_CUDA_WEIGHT_CACHE=0 tests/llmtrain_emu "$TMP/job.json" --set train.steps=6 --set train.compute_dtype=fp8 \
-    --set log.dir="$TMP/f8-nocopy" --set checkpoint.dir="$TMP/f8-nocopy/ckpt" >"$TMP/f8-nocopy.out" 2>&1 || fp8_ok=0
+    --set train.activation_checkpointing=full --set log.dir="$TMP/f8-nocopy" --set checkpoint.dir="$TMP/f8-nocopy/ckpt" \
+    >"$TMP/f8-nocopy.out" 2>&1 || fp8_ok=0
 $PY tests/compare_runs.py "$TMP/f8-llama-cuda" "$TMP/f8-nocopy" --steps 6 --exact ||
-    { echo "  (above: fp8 llama with the weight copies vs without)"; fp8_ok=0; }
+    { echo "  (above: fp8 llama with the weight copies, no checkpointing vs without them, full checkpointing)"; fp8_ok=0; }
 if [ $fp8_ok = 1 ]; then
-    ok "train.compute_dtype fp8 on CUDA: GPT-2 and Llama 6 steps vs cpu fp8 (loss 5e-4, grad norm 1e-2); Llama without the FP8 weight copies bit-identical"
+    ok "train.compute_dtype fp8 on CUDA: GPT-2 and Llama 6 steps vs cpu fp8 (loss 5e-4, grad norm 1e-2); Llama without the FP8 weight copies and with full checkpointing bit-identical"
 else bad "train.compute_dtype fp8 on CUDA (above)"; fi
 LLMTRAIN_CUDA_EMU_DEVICES=1 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" >"$TMP/one.out" 2>"$TMP/one.err"; rc=$?
 if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/one.err")" -eq 1 ] &&
