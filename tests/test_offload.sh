@@ -5,10 +5,11 @@
 # slots are reused, so a layer that read another layer's activations would
 # change the gradients: losses, gradient norms and exported weights must be
 # bit-identical to the same run without offload, under each checkpointing
-# mode (selective also with train.recompute_modules norm,mlp_act), for
-# GPT-2 and Llama (GQA), on 1 rank, tp 2 and FULL_SHARD 2, with
-# gradient accumulation and evaluation in between. The device activations
-# fall and the host copy is n_layer x one layer's kept buffers.
+# mode (selective also with train.recompute_modules norm,mlp_act) on 1
+# rank, none and norm,mlp_act on tp 2, none on FULL_SHARD 2, for GPT-2
+# and Llama (GQA), with gradient accumulation and evaluation in between.
+# The device activations fall and the host copy is n_layer x one layer's
+# kept buffers.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -22,10 +23,14 @@ for arch in gpt2 llama; do
  "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
  "eval": {"every_steps": 3, "batches": 2, "sample_tokens": 0}}
 EOF2
-    for layout in "1" "2 --set parallel.tensor=2" "2 --set parallel.strategy=FULL_SHARD"; do
-        read -r np rest <<<"$layout"
+    # layout:modes. Every mode on 1 rank; tp 2 shards the kept buffers
+    # (everything kept, and the norms and MLP activation recomputed);
+    # FULL_SHARD keeps 1 rank's buffers and adds the gathers' ordering
+    for layout in "1:none selective full norm_act" "2 --set parallel.tensor=2:none norm_act" \
+                  "2 --set parallel.strategy=FULL_SHARD:none"; do
+        read -r np rest <<<"${layout%%:*}"
         cmd="$BIN"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
-        for mode in none selective full norm_act; do
+        for mode in ${layout#*:}; do
             tag=$arch-np$np-$(echo "$rest" | tr -dc 'a-zA-Z0-9_')-$mode
             ck=(--set train.activation_checkpointing=$mode) # norm_act: the norms and the MLP activation recomputed, not offloaded
             [ $mode = norm_act ] && ck=(--set train.activation_checkpointing=selective --set train.recompute_modules=norm,mlp_act)
