@@ -432,9 +432,12 @@ for kind in yarn linear; do
             echo "FAIL llama rope_scaling $kind: $name and cpu loss trajectories differ by more than $tol"; fail=$((fail + 1))
         fi
     done
-    if ! $PY tests/compare_runs.py "$TMP/fa-llama-cpu" "$TMP/rs-$kind-cpu" --steps $STEPS --loss-rtol 1e-3 >/dev/null 2>&1 &&
+    # (the CPU runs are deterministic: a run that left the scaling out would
+    # be the unscaled run's bits; at T 100 scaling by 4 moves the 5-step
+    # trajectory by 1.5e-4 (linear) and 3.9e-4 (YaRN) in the grad norm)
+    if ! $PY tests/compare_runs.py "$TMP/fa-llama-cpu" "$TMP/rs-$kind-cpu" --steps $STEPS --loss-rtol 1e-5 >/dev/null 2>&1 &&
        grep -q "scaled $kind (factor 4" "$TMP/rs-$kind-cpu.out"; then
-        echo "ok   llama rope_scaling $kind: the header says so, and the losses are not the unscaled run's (beyond 1e-3)"; pass=$((pass + 1))
+        echo "ok   llama rope_scaling $kind: the header says so, and the losses are not the unscaled run's (beyond 1e-5)"; pass=$((pass + 1))
     else echo "FAIL llama rope_scaling $kind: the header lacks it, or the run's losses are the unscaled run's"; fail=$((fail + 1)); fi
 done
 if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=cudnn --set train.compute_dtype=tf32 \

@@ -14,7 +14,7 @@
 #      (NO_SHARD, FULL_SHARD, tp 2 with and without sequence parallelism)
 #      and the 4-rank HYBRID_SHARD run against MPI on the CPU, tp 2's
 #      sequence parallelism in bf16 against tp 2 alone, and the hung-rank
-#      watchdog. 8 steps per run instead of 20
+#      watchdog. 5 steps per run instead of 20
 #      (the emulator runs a step of the small jobs in about 0.75 s);
 #   3. what the GPU suite cannot stage: device memory running out (an
 #      emulated 34 MiB device) is exit 3 and one line naming the allocation,
@@ -39,7 +39,7 @@ suite() {
 }
 suite selftest tests/cuda_emu/selftest.sh
 suite "tests/gpu_tests.sh on the emulation" env LLMTRAIN_GPU_BIN="$PWD/tests/llmtrain_emu" TEST_GPU_BIN=tests/test_gpu_emu \
-    TEST_GPU_MAX_T=256 GPU_TEST_STEPS=8 GPU_COUNT=4 LLMTRAIN_CUDA_EMU_DEVICES=4 GPU_TESTS_EMULATED=1 tests/gpu_tests.sh
+    TEST_GPU_MAX_T=256 GPU_TEST_STEPS=5 GPU_COUNT=4 LLMTRAIN_CUDA_EMU_DEVICES=4 GPU_TESTS_EMULATED=1 tests/gpu_tests.sh
 
 write_shard "$TMP/train.bin" 96 4000 3
 cat >"$TMP/job.json" <<JSON
