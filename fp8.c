@@ -97,27 +97,27 @@ static inline float amax_step(float m, float x) {
     return a > m || a != a ? a : m;
 }
 
-void fp8_group_scales(float *scales, const float *src, int rows, int cols, int gr, int gc, Fp8Format f) {
+void fp8_group_amax(float *amax, const float *src, int rows, int cols, int gr, int gc) {
     int nrt = (rows + gr - 1) / gr, nct = (cols + gc - 1) / gc;
     if (rows <= 0 || cols <= 0) return;
     if (nrt == 1 && nct == 1) { /* one group (tensorwise): the threads split the rows */
-        float amax = 0.0f;
+        float m = 0.0f;
         int nan = 0;
-        #pragma omp parallel for reduction(max : amax) reduction(| : nan) schedule(static)
+        #pragma omp parallel for reduction(max : m) reduction(| : nan) schedule(static)
         for (int r = 0; r < rows; r++) {
             const float *row = src + (size_t)r * cols;
             for (int c = 0; c < cols; c++) {
                 float a = fabsf(row[c]);
                 nan |= a != a;
-                amax = a > amax ? a : amax;
+                m = a > m ? a : m;
             }
         }
-        scales[0] = fp8_scale(nan ? NAN : amax, f);
+        amax[0] = nan ? NAN : m;
         return;
     }
     #pragma omp parallel for schedule(static) if (nrt > 1)
     for (int ti = 0; ti < nrt; ti++) {
-        float *s = scales + (size_t)ti * nct;
+        float *s = amax + (size_t)ti * nct;
         for (int j = 0; j < nct; j++) s[j] = 0.0f;
         int r1 = (ti + 1) * gr < rows ? (ti + 1) * gr : rows;
         for (int r = ti * gr; r < r1; r++) {
@@ -133,8 +133,17 @@ void fp8_group_scales(float *scales, const float *src, int rows, int cols, int g
                 s[j] = m;
             }
         }
-        for (int j = 0; j < nct; j++) s[j] = fp8_scale(s[j], f);
     }
+}
+
+void fp8_amax_scales(float *x, size_t n, Fp8Format f) {
+    for (size_t i = 0; i < n; i++) x[i] = fp8_scale(x[i], f);
+}
+
+void fp8_group_scales(float *scales, const float *src, int rows, int cols, int gr, int gc, Fp8Format f) {
+    if (rows <= 0 || cols <= 0) return;
+    fp8_group_amax(scales, src, rows, cols, gr, gc);
+    fp8_amax_scales(scales, fp8_n_groups(rows, cols, gr, gc), f);
 }
 
 void fp8_apply(float *dst, const float *src, const float *scales, int rows, int cols, int gr, int gc, Fp8Format f) {

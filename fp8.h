@@ -65,6 +65,12 @@ void fp8_group_scales(float *scales, const float *src, int rows, int cols, int g
 /* dst = decode(encode(src * scale)) * (1 / scale), scale its group's:
  * the fake quantization (dst == src allowed). */
 void fp8_apply(float *dst, const float *src, const float *scales, int rows, int cols, int gr, int gc, Fp8Format f);
+/* The two halves of fp8_group_scales: each group's amax (its largest
+ * magnitude; NaN if it holds one) into amax, laid out as the scales; then
+ * n amaxes into their scales in place (tensor parallelism reduces the
+ * amaxes of split groups between the two). */
+void fp8_group_amax(float *amax, const float *src, int rows, int cols, int gr, int gc);
+void fp8_amax_scales(float *x, size_t n, Fp8Format f);
 /* Both: the scales into scales (fp8_n_groups of them), then dst. */
 void fp8_fake_quant(float *dst, const float *src, float *scales, int rows, int cols, int gr, int gc, Fp8Format f);
 
