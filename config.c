@@ -544,9 +544,6 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
     if (strcmp(cfg->compute_dtype, "fp8") != 0 && root && lookup(root, "train.fp8_recipe"))
         die(EXIT_USAGE, "%s: train.fp8_recipe is set but train.compute_dtype is \"%s\" (it applies only with \"fp8\")", origin,
             cfg->compute_dtype);
-    if (config_fp8_recipe(cfg) >= 0 && cfg->tp > 1)
-        die(EXIT_USAGE, "%s: train.compute_dtype \"fp8\" with parallel.tensor %d: the FP8 scales of split tensors are not yet "
-            "agreed across the tensor-parallel group (use parallel.tensor 1)", origin, cfg->tp);
     if (config_fp8_recipe(cfg) >= 0 && cfg->cp > 1)
         die(EXIT_USAGE, "%s: train.compute_dtype \"fp8\" with parallel.context %d: the FP8 scales of tensors whose tokens the "
             "context group splits are not yet agreed across it (use parallel.context 1)", origin, cfg->cp);

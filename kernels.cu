@@ -134,6 +134,7 @@ static Kernels cuda_kernels = {
     /* .weights_stable = */ cu_weights_stable,
     /* .fp8_setup = */ cu_fp8_setup,
     /* .fp8_scope = */ cu_fp8_scope,
+    /* .fp8_tp = */ NULL,
     /* .grads_fresh = */ grads_fresh,
     /* .grads_settle = */ grads_settle,
     /* .host_alloc = */ cu_host_alloc,

@@ -112,6 +112,8 @@ static inline ROPE_HOST_DEVICE double rope_mscale(const Rope *r) {
  * linear products (rows x width) and the largest weight; the weights of
  * those products together and how many there are; the largest dimension
  * of any of their operands. */
+/* Kernels.fp8_scope's on under tensor parallelism: which linear follows */
+enum { FP8_COLUMN = 2, FP8_ROW = 3 };
 typedef struct Fp8Sizes {
     size_t act_floats, weight_max, weight_floats;
     int n_weights, max_dim;
@@ -416,9 +418,19 @@ typedef struct Kernels {
      * copy is made once while weights_stable's range holds it (once a step
      * unsharded). Or not (0; the default): every other product (the LM
      * head) in the backend's precision. A bias gradient sums the
-     * unquantized dout. */
+     * unquantized dout. Under tensor parallelism on is FP8_COLUMN or
+     * FP8_ROW: the next products are a column-parallel linear's (the
+     * weight's rows and dout's columns split over the TP group; the input
+     * whole) or a row-parallel one's (the weight's and the input's columns
+     * split; dout whole). fp8_tp(reduce, ctx) (NULL: the backend's FP8
+     * runs no tensor parallelism; model_fp8 exits 2): from model_fp8 under
+     * tp > 1; every scale group that spans the split takes its amax over
+     * the group: reduce(ctx, amax, n) all-reduces n amaxes (a NaN given as
+     * +inf) with max over the TP group before the scales are computed, so
+     * the quantized values are the 1-rank run's. */
     void (*fp8_setup)(int recipe, const struct Fp8Sizes *sizes);
     void (*fp8_scope)(int on);
+    void (*fp8_tp)(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx);
 
     /* ---- gradients that start at zero without a zeroing pass ----
      * grads_fresh(g, n): the n floats at g are gradient memory that is to

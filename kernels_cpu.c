@@ -44,7 +44,9 @@ typedef struct Fp8Copy {
 } Fp8Copy;
 
 typedef struct Fp8State {
-    int recipe, on;          /* -1: FP8 off; in a layer's linears (fp8_scope) */
+    int recipe, on;          /* -1: FP8 off; in a layer's linears (fp8_scope: 1, FP8_COLUMN, FP8_ROW) */
+    void (*reduce)(void *ctx, float *amax, size_t n); /* tp > 1: the TP group's max (fp8_tp) */
+    void *reduce_ctx;
     float *x, *d, *w;        /* scratch: an activation, an output gradient, a weight with no kept copy */
     float *scales;           /* one group's scale each, scales_cap of them */
     size_t scales_cap;
@@ -110,16 +112,38 @@ static void fp8_setup(int recipe, const Fp8Sizes *z) {
 
 static void fp8_scope(int on) { f8.on = on; }
 
+static void fp8_tp(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx) {
+    f8.reduce = reduce;
+    f8.reduce_ctx = ctx;
+}
+
+/* The dimension of an operand the TP group splits (fp8_scope's on: column-
+ * or row-parallel), -1 none: the weight's rows or columns, the input's
+ * columns (row-parallel), dout's columns (column-parallel) */
+#define SPLIT_W (f8.on == FP8_COLUMN ? 0 : f8.on == FP8_ROW ? 1 : -1)
+#define SPLIT_X (f8.on == FP8_ROW ? 1 : -1)
+#define SPLIT_D (f8.on == FP8_COLUMN ? 1 : -1)
+
 static int fp8_active(void) { return f8.recipe >= 0 && f8.on; }
 
 /* src (rows x cols, contracted along its columns: kdim 1, or rows: 0)
- * fake-quantized into dst with the recipe's groups */
-static const float *fp8_q(float *dst, const float *src, int rows, int cols, int weight, int kdim, Fp8Format f) {
+ * fake-quantized into dst with the recipe's groups. split (SPLIT_*): the
+ * dimension the TP group splits; a group that spans it (tensorwise, or
+ * rowwise along the split K; blockwise tiles end at rank boundaries,
+ * model_fp8) takes the group's max of the ranks' amaxes. */
+static const float *fp8_q(float *dst, const float *src, int rows, int cols, int weight, int kdim, int split, Fp8Format f) {
     int gr, gc;
     fp8_groups(f8.recipe, weight, kdim, rows, cols, &gr, &gc);
-    if (fp8_n_groups(rows, cols, gr, gc) > f8.scales_cap)
+    size_t n = fp8_n_groups(rows, cols, gr, gc);
+    if (n > f8.scales_cap)
         die(EXIT_INTERNAL, "fp8: a %d x %d operand has more scale groups than fp8_setup made room for", rows, cols);
-    fp8_fake_quant(dst, src, f8.scales, rows, cols, gr, gc, f);
+    fp8_group_amax(f8.scales, src, rows, cols, gr, gc);
+    if (f8.reduce && split >= 0 && (f8.recipe == FP8_TENSORWISE || (f8.recipe == FP8_ROWWISE && split == kdim))) {
+        for (size_t i = 0; i < n; i++) f8.scales[i] = f8.scales[i] != f8.scales[i] ? INFINITY : f8.scales[i];
+        f8.reduce(f8.reduce_ctx, f8.scales, n);
+    }
+    fp8_amax_scales(f8.scales, n, f);
+    fp8_apply(dst, src, f8.scales, rows, cols, gr, gc, f);
     return dst;
 }
 
@@ -142,11 +166,11 @@ static const float *fp8_weight(const float *w, int rows, int cols, int kdim) {
         *c = (Fp8Copy){w, gr, gc, 0, n, f8.arena + f8.arena_used};
         f8.arena_used += n;
     }
-    if (!c) return fp8_q(f8.w, w, rows, cols, 1, kdim, FP8_E4M3);
+    if (!c) return fp8_q(f8.w, w, rows, cols, 1, kdim, SPLIT_W, FP8_E4M3);
     if (c->valid) { f8.hits++; return c->q; }
     f8.made++;
     c->valid = 1;
-    return fp8_q(c->q, w, rows, cols, 1, kdim, FP8_E4M3);
+    return fp8_q(c->q, w, rows, cols, 1, kdim, SPLIT_W, FP8_E4M3);
 }
 
 long kernels_cpu_fp8_weight_copies(long *hits) {
@@ -441,7 +465,7 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
                            int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     if (fp8_active() && C > 0) { /* a layer's linear: E4M3 operands along C */
-        inp = fp8_q(f8.x, inp, N, C, 0, 1, FP8_E4M3);
+        inp = fp8_q(f8.x, inp, N, C, 0, 1, SPLIT_X, FP8_E4M3);
         w = fp8_weight(w, OC, C, 1);
     }
     float beta = 0.0f;
@@ -458,7 +482,7 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
  * w E4M3, grouped along OC, its contraction (dout into f8.d) */
 static void fp8_dgrad_operands(const float **dout, const float **w, int N, int C, int OC) {
     if (!fp8_active()) return;
-    *dout = fp8_q(f8.d, *dout, N, OC, 0, 1, FP8_E5M2);
+    *dout = fp8_q(f8.d, *dout, N, OC, 0, 1, SPLIT_D, FP8_E5M2);
     *w = fp8_weight(*w, OC, C, 0);
 }
 
@@ -473,8 +497,8 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
     if (dw) {
         const float *d = dout, *x = inp;
         if (fp8_active()) { /* the weight gradient's: dout E5M2 and inp E4M3 along N, its contraction */
-            d = fp8_q(f8.d, dout, N, OC, 0, 0, FP8_E5M2);
-            x = fp8_q(f8.x, inp, N, C, 0, 0, FP8_E4M3);
+            d = fp8_q(f8.d, dout, N, OC, 0, 0, SPLIT_D, FP8_E5M2);
+            x = fp8_q(f8.x, inp, N, C, 0, 0, SPLIT_X, FP8_E4M3);
         }
         sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, d, OC, x, C, 1.0f, dw, C);
     }
@@ -1048,6 +1072,7 @@ static const Kernels cpu_kernels = {
     .weights_stable = cpu_weights_stable,
     .fp8_setup = fp8_setup,
     .fp8_scope = fp8_scope,
+    .fp8_tp = fp8_tp,
     .grads_fresh = cpu_grads_fresh,
     .grads_settle = cpu_grads_settle,
     .host_alloc = cpu_alloc,

@@ -7,6 +7,7 @@
 #endif
 #include "model.h"
 #include "cp.h"
+#include "fp8.h"
 #include "util.h"
 #include <math.h>
 #include <string.h>
@@ -421,6 +422,13 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
     for (int s = 0; s < OFFLOAD_SLOTS; s++) m->slot_layer[s] = m->slot_out[s] = m->slot_in[s] = -1;
 }
 
+/* FP8 under tp: a split tensor's amaxes, max over the TP group (read
+ * through m->comm when called: the trainer sets it after model_fp8) */
+static void fp8_amax_max(void *ctx, float *amax, size_t n) {
+    Model *m = ctx;
+    m->comm.allreduce(m->comm.ctx, amax, n, 1);
+}
+
 /* the backend's room for the layers' linears: the sizes of their operands */
 void model_fp8(Model *m, int recipe) {
     if (recipe < 0) return;
@@ -436,7 +444,18 @@ void model_fp8(Model *m, int recipe) {
         z.weight_max = m->specs[i].numel > z.weight_max ? m->specs[i].numel : z.weight_max;
         z.n_weights++;
     }
+    if (m->tp > 1 && !m->k->fp8_tp)
+        die(EXIT_USAGE, "train.compute_dtype \"fp8\" with parallel.tensor %d: the %s backend's FP8 runs no tensor "
+            "parallelism yet (the cpu backend's does)", m->tp, m->k->name);
+    /* blockwise: each rank's part of a split dimension (its q, k and v
+     * heads, its MLP width) whole 128-blocks, so that no block or weight
+     * tile spans two ranks (then none is reduced) */
+    if (m->tp > 1 && recipe == FP8_BLOCKWISE && ((m->nh * m->hd) % FP8_BLOCK || (m->nkv * m->hd) % FP8_BLOCK || m->F % FP8_BLOCK))
+        die(EXIT_USAGE, "train.fp8_recipe \"blockwise\" with parallel.tensor %d: a rank's q heads (%d rows), k and v heads (%d) "
+            "and MLP width (%d) must be multiples of %d, or a 128-block would span two ranks", m->tp, m->nh * m->hd,
+            m->nkv * m->hd, m->F, FP8_BLOCK);
     m->k->fp8_setup(recipe, &z);
+    if (m->tp > 1) m->k->fp8_tp(fp8_amax_max, m);
     m->fp8 = 1;
 }
 
@@ -444,6 +463,12 @@ void model_fp8(Model *m, int recipe) {
  * FP8 under train.compute_dtype fp8 (kernels.h) */
 static void fp8_scope(const Model *m, int on) {
     if (m->fp8) m->k->fp8_scope(on);
+}
+
+/* Under tp, the next products are a column-parallel linear's (FP8_COLUMN)
+ * or a row-parallel one's (FP8_ROW): which operands are split (kernels.h) */
+static void fp8_linear(const Model *m, int kind) {
+    if (m->fp8 && m->tp > 1) m->k->fp8_scope(kind);
 }
 
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
@@ -718,6 +743,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         /* attention block: res2 = x + out_proj(attn(qkv(norm1(x)))); x, res2
          * and the norms' outputs have S rows (N but under sequence parallelism) */
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, S);
+        fp8_linear(m, FP8_COLUMN);
         k->matmul_forward_a(a->qkv, tp_gather_rows(m, a->ln1, S), w->qkv_w, w->qkv_b, N, C, m->qkv_dim); /* qkv is [a] */
         if (llama) {
             Rope rope = rope_of(c);
@@ -725,6 +751,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         }
         attn_forward(m, a, B, T);
         if (tp) { /* row-parallel: partial sums, the replicated bias added once (rank 0) */
+            fp8_linear(m, FP8_ROW);
             k->matmul_forward(m->dbuf1, a->atty, w->attn_out_w, root ? w->attn_out_b : NULL, N, nh * hd, C);
             const float *y = tp_reduce_rows(m, m->dbuf1, N, S);
             /* the residual add fused with norm2 */
@@ -735,6 +762,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         }
         /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))) */
         const float *ln2 = tp_gather_rows(m, a->ln2, S);
+        fp8_linear(m, FP8_COLUMN);
         if (llama) {
             k->matmul_forward_a(a->fch, ln2, w->fc_w, NULL, N, C, m->fc_dim); /* no bias; fch is [a] */
             k->swiglu_forward(a->fch_act, a->fch, N, F);
@@ -748,6 +776,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
             k->matmul_gelu_forward(a->fch_act, a->fch, ln2, w->fc_w, w->fc_b, N, C, F);
         }
         if (tp) {
+            fp8_linear(m, FP8_ROW);
             k->matmul_forward(m->dbuf1, a->fch_act, w->proj_w, root ? w->proj_b : NULL, N, F, C);
             const float *y = tp_reduce_rows(m, m->dbuf1, N, S);
             k->add(a->res3, a->res2, y, (size_t)S * C);
@@ -992,17 +1021,20 @@ void model_backward(Model *m, float loss_scale) {
          * the activation's in one call), [a]: the up-projection's backward
          * reads it as it is (Llama has no biases: NULL) */
         const float *dout = dres_rows(m, S);
+        fp8_linear(m, FP8_ROW);
         if (llama)
             k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, m->dres_a, a->fch_act, w->proj_w, a->fch, N,
                                       F, C);
         else k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, m->dres_a, a->fch_act, w->proj_w, a->fch, N, F, C);
         if (rc & RC_NORM) norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, S);
+        fp8_linear(m, FP8_COLUMN);
         k->matmul_backward_a(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, tp_gather_rows(m, a->ln2, S), w->fc_w, N, C, m->fc_dim);
         /* column-parallel: partial input gradient */
         const float *dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
         norm_backward_rows(m, m->dres, m->dres_a, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, S);
         /* attention block; m->dres becomes d(x); d(atty) in dbuf1 and d(qkv)
          * in dbuf2 are [a] */
+        fp8_linear(m, FP8_ROW);
         k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, dres_rows(m, S), m->dres_a, a->atty,
                                   w->attn_out_w, N, nh * hd, C);
         attn_backward(m, m->dbuf2, m->dbuf1, a, B, T);
@@ -1011,6 +1043,7 @@ void model_backward(Model *m, float loss_scale) {
             k->rope_backward(m->dbuf2, positions(m), B, T, nh, nkv, hd, &rope);
         }
         if (rc & RC_NORM) norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, S);
+        fp8_linear(m, FP8_COLUMN);
         k->matmul_backward_a(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, tp_gather_rows(m, a->ln1, S), w->qkv_w, N, C, m->qkv_dim);
         dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
         /* (the embeddings' backward reads dres as it is: no copy below layer 0) */

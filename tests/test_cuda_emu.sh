@@ -19,8 +19,9 @@
 #   3. what the GPU suite cannot stage: device memory running out (an
 #      emulated 34 MiB device) is exit 3 and one line naming the allocation,
 #      and 2 ranks on a node of 1 emulated device is exit 2 and one line;
-#      train.compute_dtype fp8 on an emulated sm_80 (LLMTRAIN_CUDA_EMU_CC)
-#      and train.fp8_recipe blockwise on CUDA are exit 2 and one line;
+#      train.compute_dtype fp8 on an emulated sm_80 (LLMTRAIN_CUDA_EMU_CC),
+#      train.fp8_recipe blockwise and parallel.tensor 2 on CUDA are exit 2
+#      and one line (a rank);
 #      FP8 training (GPT-2, Llama) against the CPU's FP8, and with the FP8
 #      weight copies against without them (bit-identical).
 # What it cannot show: speed, races between streams, and the hardware's own
@@ -64,6 +65,12 @@ if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/fp8b.err")" -eq 1 ] &&
    grep -q '^llmtrain: train.fp8_recipe "blockwise": the CUDA backend runs "tensorwise" only so far' "$TMP/fp8b.err"; then
     echo "ok   train.fp8_recipe blockwise on CUDA: exit 2, one line"; pass=$((pass + 1))
 else echo "FAIL fp8 blockwise on CUDA: exit $rc, expected 2 and one line: $(head -c 400 "$TMP/fp8b.err")"; fail=$((fail + 1)); fi
+LLMTRAIN_CUDA_EMU_DEVICES=2 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" --set train.compute_dtype=fp8 --set parallel.tensor=2 \
+    >"$TMP/fp8tp.out" 2>"$TMP/fp8tp.err"; rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/fp8tp.err")" -le 2 ] &&
+   grep -q '^llmtrain: train.compute_dtype "fp8" with parallel.tensor 2: the cuda backend.s FP8 runs no tensor parallelism yet' "$TMP/fp8tp.err"; then
+    echo "ok   train.compute_dtype fp8 with parallel.tensor 2 on CUDA: exit 2, one line a rank"; pass=$((pass + 1))
+else echo "FAIL fp8 tp 2 on CUDA: exit $rc, expected 2 and one line a rank: $(head -c 400 "$TMP/fp8tp.err")"; fail=$((fail + 1)); fi
 # FP8 training on the emulation against the CPU's FP8 (fake quantization,
 # fp32 activations), 6 steps of GPT-2 and Llama: the CUDA run's [a]
 # activations are bf16, so some values quantize to the neighbouring FP8
