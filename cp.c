@@ -11,7 +11,21 @@
  * The backward sends each block round again with its gradient, which every
  * rank adds to and which lands back at its owner after the last step.
  * parallel.context_mode all_gather gathers every block at once instead
- * and reduce-scatters their gradients (cp blocks held, no shifts). */
+ * and reduce-scatters their gradients (cp blocks held, no shifts).
+ *
+ * Overlap: the next step's block is sent (ModelComm.cp_shift) before this
+ * step's pairs are computed and waited for after them (cp_wait), so a
+ * device communicator moves it while the attention runs; a gradient can
+ * only leave once its step's pairs have added to it.
+ *
+ * Element sizes: a block holds k and v as qkv does, act_bytes an element
+ * (bf16 under CUDA's default compute dtype: the bytes the ring moves
+ * halve, and the block is qkv's own values, already rounded). Its
+ * gradient is fp32: it sums the contributions of every rank of the ring
+ * (cp steps, or all_gather's reduce-scatter), which in bf16 would be
+ * rounded at each, and the reduce-scatter is the float32 collective; it
+ * is rounded to act_bytes once, where it lands in d(qkv). On the CPU both
+ * are fp32 (act_bytes 4). */
 #include "cp.h"
 #include "util.h"
 
@@ -24,15 +38,18 @@ void cp_setup(Model *m, int cp, int cp_rank, int mode) {
     if (!k->attention_part_forward || !k->attention_part_backward || !k->copy_2d)
         die(EXIT_INTERNAL, "context parallelism: the %s backend has no attention parts", k->name);
     if (m->T % 2) die(EXIT_INTERNAL, "context parallelism: %d rows per sequence is odd", m->T);
-    double block = cp_ring_bytes(m, cp, CP_RING) / 4; /* one k|v block's bytes */
-    m->cp_ring[0] = k->alloc((size_t)(2 * block));
-    m->cp_ring[1] = k->alloc((size_t)((mode == CP_ALL_GATHER ? cp : 1) * 2 * block));
+    double slot = cp_ring_bytes(m, cp, CP_RING) / 2; /* one k|v block and its gradient */
+    m->cp_ring[0] = k->alloc((size_t)slot);
+    m->cp_ring[1] = k->alloc((size_t)((mode == CP_ALL_GATHER ? cp : 1) * slot));
 }
+
+/* The elements of a k|v block of n rows. */
+static size_t kv_elems(const Model *m, size_t n) { return n * 2 * (size_t)m->nkv * m->hd; }
 
 double cp_ring_bytes(const Model *m, int cp, int mode) {
     if (cp == 1) return 0;
-    double block = (double)m->B * m->T * 2.0 * m->nkv * m->hd * sizeof(float);
-    return (mode == CP_ALL_GATHER ? cp + 1 : 2) * 2 * block; /* each buffer: blocks, then as many gradients */
+    double e = (double)kv_elems(m, (size_t)m->B * m->T), slot = e * m->act_bytes + e * sizeof(float);
+    return (mode == CP_ALL_GATHER ? cp + 1 : 2) * slot; /* each buffer: blocks, then as many gradients */
 }
 
 /* One segment pair of a ring step: this rank's query chunk a (0: chunk r, 1:
@@ -52,42 +69,58 @@ static int cp_pairs(const Model *m, int s, int T, CpPair pair[4]) {
     return n;
 }
 
-/* This rank's k|v block into buf: the k and v columns of qkv's rows. */
-static void own_block(Model *m, float *buf, const float *qkv, int N) {
-    size_t KS = (size_t)2 * m->nkv * m->hd;
-    m->k->copy_2d(buf, KS * sizeof(float), qkv + (size_t)m->nh * m->hd, (size_t)m->qkv_dim * sizeof(float), KS * sizeof(float),
-                  (size_t)N);
+static char *at(void *p, size_t bytes) { return (char *)p + bytes; }
+
+/* The buffers' layout: a ring buffer is a block (KVa bytes) then its
+ * gradient (KV4 bytes); all_gather's cp_ring[0] is the own block and its
+ * gradient, cp_ring[1] every block, then every gradient. */
+typedef struct CpBufs { size_t E, KVa, KV4; } CpBufs;
+static CpBufs cp_bufs(const Model *m, int N) {
+    size_t E = kv_elems(m, (size_t)N);
+    return (CpBufs){E, E * (size_t)m->act_bytes, E * sizeof(float)};
 }
 
-/* The k|v block of ring step s: the ring buffer it arrived in, or under
- * all_gather its owner's place among the gathered blocks. */
-static float *step_block(const Model *m, int s, size_t KV) {
+/* This rank's k|v block into buf: the k and v columns of qkv's rows. */
+static void own_block(Model *m, void *buf, const float *qkv, int N) {
+    size_t ab = (size_t)m->act_bytes, KS = (size_t)2 * m->nkv * m->hd;
+    m->k->copy_2d(buf, KS * ab, at((void *)qkv, (size_t)m->nh * m->hd * ab), (size_t)m->qkv_dim * ab, KS * ab, (size_t)N);
+}
+
+/* The k|v block of ring step s and its gradient: the ring buffer it
+ * arrived in, or under all_gather its owner's place among the gathered
+ * blocks. */
+static float *step_block(const Model *m, int s, const CpBufs *b) {
     if (m->cp_mode == CP_RING) return m->cp_ring[s % 2];
-    return m->cp_ring[1] + (size_t)((m->cp_rank - s + m->cp) % m->cp) * KV;
+    return (float *)at(m->cp_ring[1], (size_t)((m->cp_rank - s + m->cp) % m->cp) * b->KVa);
+}
+static float *step_grad(const Model *m, int s, const CpBufs *b) {
+    if (m->cp_mode == CP_RING) return (float *)at(m->cp_ring[s % 2], b->KVa);
+    return (float *)at(m->cp_ring[1], (size_t)m->cp * b->KVa + (size_t)((m->cp_rank - s + m->cp) % m->cp) * b->KV4);
 }
 
 /* Every rank's k|v block into cp_ring[1] in rank order (all_gather). */
-static void gather_blocks(Model *m, const float *qkv, int N, size_t KV) {
+static void gather_blocks(Model *m, const float *qkv, int N, const CpBufs *b) {
     own_block(m, m->cp_ring[0], qkv, N);
-    m->comm.cp_allgather(m->comm.ctx, m->cp_ring[0], m->cp_ring[1], KV * sizeof(float));
+    m->comm.cp_allgather(m->comm.ctx, m->cp_ring[0], m->cp_ring[1], b->KVa);
 }
 
 void cp_attention_forward(Model *m, float *out, float *lse, const float *qkv, const int *qstart, int B, int T) {
     const Kernels *k = m->k;
     int cp = m->cp, Tc = T / 2, merge[2] = {0, 0}, ring = m->cp_mode == CP_RING;
-    size_t KV = (size_t)B * T * 2 * m->nkv * m->hd;
+    CpBufs b = cp_bufs(m, B * T);
     if (ring) own_block(m, m->cp_ring[0], qkv, B * T);
-    else gather_blocks(m, qkv, B * T, KV);
+    else gather_blocks(m, qkv, B * T, &b);
     for (int s = 0; s < cp; s++) {
-        float *cur = step_block(m, s, KV);
-        /* blocking: the next block is in before this one's pairs run */
-        if (ring && s + 1 < cp) m->comm.cp_shift(m->comm.ctx, cur, m->cp_ring[(s + 1) % 2], KV * sizeof(float));
+        float *cur = step_block(m, s, &b);
+        /* the next block travels while this one's pairs run */
+        int h = ring && s + 1 < cp ? m->comm.cp_shift(m->comm.ctx, cur, m->cp_ring[(s + 1) % 2], b.KVa) : -1;
         CpPair p[4];
         for (int i = 0, n = cp_pairs(m, s, T, p); i < n; i++) {
             k->attention_part_forward(out, lse, qkv, p[i].qrow, p[i].q0, Tc, cur, p[i].krow, p[i].k0, Tc, qstart, B, T, T, m->nh,
                                       m->nkv, m->hd, merge[p[i].a]);
             merge[p[i].a] = 1;
         }
+        if (h >= 0) m->comm.cp_wait(m->comm.ctx, h);
     }
 }
 
@@ -95,31 +128,41 @@ void cp_attention_backward(Model *m, float *dqkv, const float *dout, const float
                            const int *qstart, int B, int T) {
     const Kernels *k = m->k;
     int cp = m->cp, Tc = T / 2, N = B * T, ring = m->cp_mode == CP_RING;
-    size_t KV = (size_t)N * 2 * m->nkv * m->hd, KS = (size_t)2 * m->nkv * m->hd;
-    k->zero(dqkv, (size_t)N * m->qkv_dim * sizeof(float)); /* dQ adds up over the steps */
-    /* ring: a block's gradient follows it in its buffer; all_gather: the
-     * gradients of all blocks follow all blocks */
-    size_t grad = ring ? KV : (size_t)cp * KV;
+    size_t ab = (size_t)m->act_bytes, KS = (size_t)2 * m->nkv * m->hd;
+    CpBufs b = cp_bufs(m, N);
+    k->zero(dqkv, (size_t)N * m->qkv_dim * ab); /* dQ adds up over the steps */
     if (ring) own_block(m, m->cp_ring[0], qkv, N);
-    else gather_blocks(m, qkv, N, KV);
-    k->zero((ring ? m->cp_ring[0] : m->cp_ring[1]) + grad, grad * sizeof(float));
+    else gather_blocks(m, qkv, N, &b);
+    k->zero(step_grad(m, ring ? 0 : m->cp_rank, &b), (ring ? 1 : (size_t)cp) * b.KV4); /* all_gather: every gradient */
     for (int s = 0; s < cp; s++) {
-        float *cur = step_block(m, s, KV), *next = m->cp_ring[(s + 1) % 2];
+        float *cur = step_block(m, s, &b), *grad = step_grad(m, s, &b), *next = m->cp_ring[(s + 1) % 2];
+        /* ring: the next block travels while this one's pairs run; then
+         * this block's gradient follows it (after the last step, home to
+         * its owner) */
+        int h = ring && s + 1 < cp ? m->comm.cp_shift(m->comm.ctx, cur, next, b.KVa) : -1;
         CpPair p[4];
         for (int i = 0, n = cp_pairs(m, s, T, p); i < n; i++)
-            k->attention_part_backward(dqkv, cur + grad, dout, qkv, out, lse, p[i].qrow, p[i].q0, Tc, cur, p[i].krow, p[i].k0, Tc,
+            k->attention_part_backward(dqkv, grad, dout, qkv, out, lse, p[i].qrow, p[i].q0, Tc, cur, p[i].krow, p[i].k0, Tc,
                                        qstart, B, T, T, m->nh, m->nkv, m->hd);
         if (!ring) continue;
-        /* the block and its gradient on; after the last step only the gradient, home to its owner */
-        if (s + 1 < cp) m->comm.cp_shift(m->comm.ctx, cur, next, 2 * KV * sizeof(float));
-        else m->comm.cp_shift(m->comm.ctx, cur + KV, next + KV, KV * sizeof(float));
+        int hg = m->comm.cp_shift(m->comm.ctx, grad, at(next, b.KVa), b.KV4);
+        if (h >= 0) m->comm.cp_wait(m->comm.ctx, h);
+        if (hg >= 0) m->comm.cp_wait(m->comm.ctx, hg);
     }
-    /* this rank's own block's gradient, every rank's share added */
-    const float *home = m->cp_ring[cp % 2] + KV;
+    /* this rank's own block's gradient, every rank's share added, in the
+     * gradient half of a buffer whose block half is free */
+    void *home = m->cp_ring[cp % 2];
     if (!ring) {
-        m->comm.cp_reduce_scatter(m->comm.ctx, m->cp_ring[1] + grad, m->cp_ring[0] + KV, KV);
-        home = m->cp_ring[0] + KV;
+        m->comm.cp_reduce_scatter(m->comm.ctx, (float *)at(m->cp_ring[1], (size_t)cp * b.KVa), (float *)at(m->cp_ring[0], b.KVa),
+                                  b.E);
+        home = m->cp_ring[0];
     }
-    k->copy_2d(dqkv + (size_t)m->nh * m->hd, (size_t)m->qkv_dim * sizeof(float), home, KS * sizeof(float), KS * sizeof(float),
-               (size_t)N);
+    const void *src = at(home, b.KVa);
+    if (ab == 2) { /* rounded once to the [a] bf16 of d(qkv), in the free block half */
+        k->pack_bf16((uint16_t *)home, (const float *)src, b.E, 0, 0);
+        src = home;
+    } else if (ab != sizeof(float)) {
+        die(EXIT_INTERNAL, "context parallelism: [a] elements of %zu bytes", ab);
+    }
+    k->copy_2d(at(dqkv, (size_t)m->nh * m->hd * ab), (size_t)m->qkv_dim * ab, src, KS * ab, KS * ab, (size_t)N);
 }

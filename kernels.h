@@ -474,28 +474,31 @@ typedef struct Kernels {
     void (*timer_read)(int n, double *ms);
 
     /* ---- context parallelism (cp.c's ring attention; last in the table,
-     * so a backend without them leaves them NULL: the CPU has them) ----
+     * so a backend without them leaves them NULL) ----
      * attention_part_forward: the attention of one segment of a rank's
      * queries to one segment of keys and values, merged into what out and
      * lse hold, so that a query's attention over several key segments is
      * built a segment at a time (the online softmax). Queries: rows [qrow,
-     * qrow + nq) of each batch row of qkv ([B, Tq, (nh + 2 nkv) hd], heads
-     * as attention_forward's), at positions q0 .. q0 + nq - 1 of their
-     * sequence. Keys and values: rows [krow, krow + nk) of kv ([B, Tk,
+     * qrow + nq) of each batch row of qkv [a] ([B, Tq, (nh + 2 nkv) hd],
+     * heads as attention_forward's), at positions q0 .. q0 + nq - 1 of their
+     * sequence. Keys and values: rows [krow, krow + nk) of kv [a] ([B, Tk,
      * 2 nkv hd]: the k heads, then the v heads), at positions k0 .. k0 +
      * nk - 1. A query at position p sees the keys at positions [qstart, p]
      * (qstart[b * Tq + row]: a position in the sequence, in the backend's
-     * memory; NULL: 0). out [B, Tq, nh hd] and lse [B, nh, Tq], fp32: with
-     * merge 0 the segment's rows are overwritten by this part (a row that
-     * sees no key: out 0, lse -inf); with merge 1 combined with it: lse' =
-     * log(e^lse + e^part's lse), out' = out e^(lse - lse') + P V with P =
-     * e^(s - lse'). Rows outside the segment are untouched. */
+     * memory; NULL: 0). out [a] [B, Tq, nh hd] and lse [B, nh, Tq], fp32:
+     * with merge 0 the segment's rows are overwritten by this part (a row
+     * that sees no key: out 0, lse -inf); with merge 1 combined with it:
+     * lse' = log(e^lse + e^part's lse), out' = out e^(lse - lse') + P V with
+     * P = e^(s - lse') (computed in fp32; a bf16 out is rounded where it is
+     * stored, once a call). Rows outside the segment are untouched. */
     void (*attention_part_forward)(float *out, float *lse, const float *qkv, int qrow, int q0, int nq, const float *kv,
                                    int krow, int k0, int nk, const int *qstart, int B, int Tq, int Tk, int nh, int nkv,
                                    int hd, int merge);
     /* Its backward under the final (merged) out and lse: the segment
-     * pair's dQ is ADDED into dqkv's q columns (rows [qrow, qrow + nq)),
-     * its dK and dV into dkv (rows [krow, krow + nk), laid out as kv). */
+     * pair's dQ is ADDED into dqkv [a]'s q columns (rows [qrow, qrow +
+     * nq)), its dK and dV into dkv (rows [krow, krow + nk), laid out as kv
+     * but fp32 whatever act_bytes is: it sums the parts of every rank).
+     * dout, qkv, out and kv are [a]. */
     void (*attention_part_backward)(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out,
                                     const float *lse, int qrow, int q0, int nq, const float *kv, int krow, int k0, int nk,
                                     const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd);

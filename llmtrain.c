@@ -913,7 +913,8 @@ static void tp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size
     dist_tp_reduce_scatter_f32(ctx, send, recv, n);
 }
 
-static void cp_shift_cb(void *ctx, const void *send, void *recv, size_t bytes) { dist_cp_shift(ctx, send, recv, bytes); }
+static int cp_shift_cb(void *ctx, const void *send, void *recv, size_t bytes) { return dist_cp_shift_start(ctx, send, recv, bytes); }
+static void cp_wait_cb(void *ctx, int h) { dist_cp_wait(ctx, h); }
 static void cp_allgather_cb(void *ctx, const void *send, void *recv, size_t bytes) { dist_cp_allgather(ctx, send, recv, bytes); }
 static void cp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size_t n) {
     dist_cp_reduce_scatter_f32(ctx, send, recv, n);
@@ -1014,7 +1015,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
             "(train.lm_head_chunk %d; expected at least %d, or 0 with the logits within %zu MiB)", c->path,
             t->model.head_rows, mb_rows, c->lm_head_chunk, mb_rows, HEAD_AUTO_BYTES >> 20);
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL, cp_shift_cb,
-                                cp_allgather_cb, cp_reduce_scatter_cb};
+                                cp_wait_cb, cp_allgather_cb, cp_reduce_scatter_cb};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
     t->sh.k = t->k;

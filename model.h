@@ -90,11 +90,15 @@ enum { CHUNK_PRE_FORWARD, CHUNK_POST_FORWARD, CHUNK_PRE_BACKWARD, CHUNK_POST_BAC
  * unsharded trainer starts their data-parallel all-reduce there); it may
  * not move the chunk's pointers.
  * cp_shift (context parallelism, Model.cp > 1): over the context group,
- * send `bytes` of backend memory to the next member of the ring and
- * receive as many from the previous one into recv (cp.c's ring);
- * cp_allgather, every member's `bytes` into recv[cp * bytes] in member
- * order; cp_reduce_scatter, the members' send[cp * n] floats summed,
- * block cp_rank into recv[n] (parallel.context_mode all_gather). */
+ * start sending `bytes` of backend memory to the next member of the ring
+ * and receiving as many from the previous one into recv (cp.c's ring); it
+ * returns a handle for cp_wait, after which the backend's later work sees
+ * recv (a device communicator overlaps the transfer with the work queued
+ * between the two; MPI's is done at the start, handle -1); neither buffer
+ * may be touched in between. cp_allgather, every member's `bytes` into
+ * recv[cp * bytes] in member order; cp_reduce_scatter, the members'
+ * send[cp * n] floats summed, block cp_rank into recv[n]
+ * (parallel.context_mode all_gather). */
 typedef struct ModelComm {
     void *ctx;
     void (*allreduce)(void *ctx, float *x, size_t n, int max);
@@ -103,7 +107,8 @@ typedef struct ModelComm {
     void *hook_ctx;
     void (*chunk)(void *hook_ctx, int chunk, int event);
     void (*grads_done)(void *hook_ctx, int chunk);
-    void (*cp_shift)(void *ctx, const void *send, void *recv, size_t bytes);
+    int (*cp_shift)(void *ctx, const void *send, void *recv, size_t bytes);
+    void (*cp_wait)(void *ctx, int h);
     void (*cp_allgather)(void *ctx, const void *send, void *recv, size_t bytes);
     void (*cp_reduce_scatter)(void *ctx, const float *send, float *recv, size_t n);
 } ModelComm;

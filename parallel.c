@@ -825,13 +825,14 @@ void dist_set_cp(Dist *d, int cp) {
     d->cp_rank = d->dp_rank % cp;
 }
 
-void dist_cp_shift(Dist *d, const void *send, void *recv, size_t bytes) {
+int dist_cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes) {
     int cp = d->cp;
     if (cp == 1 || !d->groups) {
-        if (recv != send) memcpy(recv, send, bytes);
-        return;
+        copy_bytes(d, recv, send, bytes);
+        return -1;
     }
-    if (d->dev) die(EXIT_INTERNAL, "dist_cp_shift: context parallelism over a device communicator");
+    d->bytes_cp += (double)bytes;
+    if (d->dev) return dev_start(d, "ncclSend/ncclRecv", DIST_OP_SENDRECV, DIST_GROUP_CP, send, recv, bytes);
     Xc c = xc_group(d, DIST_GROUP_CP);
     int next = (d->cp_rank + 1) % cp, prev = (d->cp_rank + cp - 1) % cp;
     if (d->use_mpi) {
@@ -849,24 +850,32 @@ void dist_cp_shift(Dist *d, const void *send, void *recv, size_t bytes) {
         memcpy(recv, all + (size_t)prev * bytes, bytes);
         free(all);
     }
-    d->bytes_cp += (double)bytes;
+    return -1;
 }
+
+void dist_cp_wait(Dist *d, int h) { wait_handle(d, h, 0); }
 
 void dist_cp_allgather(Dist *d, const void *send, void *recv, size_t bytes) {
     if (d->cp == 1 || !d->groups) {
-        if (recv != send) memcpy(recv, send, bytes);
+        copy_bytes(d, recv, send, bytes);
         return;
     }
-    x_allgather(d, xc_group(d, DIST_GROUP_CP), send, recv, bytes, 1);
+    if (d->dev) {
+        if (bytes % 2) die(EXIT_INTERNAL, "dist_cp_allgather: %zu bytes over a device communicator (16-bit words)", bytes);
+        dev_collective(d, "ncclAllGather", DIST_OP_ALLGATHER_BF16, DIST_GROUP_CP, send, recv, bytes / 2);
+    } else {
+        x_allgather(d, xc_group(d, DIST_GROUP_CP), send, recv, bytes, 1);
+    }
     d->bytes_cp += (double)(d->cp - 1) * (double)bytes;
 }
 
 void dist_cp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
     if (d->cp == 1 || !d->groups) {
-        if (recv != send) memcpy(recv, send, n * sizeof(float));
+        copy_bytes(d, recv, send, n * sizeof(float));
         return;
     }
-    x_reduce_scatter_f32(d, xc_group(d, DIST_GROUP_CP), send, recv, n);
+    if (d->dev) dev_collective(d, "ncclReduceScatter", DIST_OP_REDUCE_SCATTER, DIST_GROUP_CP, send, recv, n);
+    else x_reduce_scatter_f32(d, xc_group(d, DIST_GROUP_CP), send, recv, n);
     d->bytes_cp += (double)(d->cp - 1) * (double)n * sizeof(float);
 }
 

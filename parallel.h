@@ -8,15 +8,18 @@
 #include <stdint.h>
 
 /* The process groups of a layout (dist_setup_groups, dist_set_tp). The
- * context group (dist_set_cp) comes after DIST_N_GROUPS: it lives on the
- * host transport only (no device communicator: the CUDA backend does not
- * run context parallelism yet). */
+ * context group (dist_set_cp) comes after DIST_N_GROUPS, the data-parallel
+ * groups' count; a device communicator has one for it too. */
 enum { DIST_GROUP_TP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_DP, DIST_N_GROUPS,
        DIST_GROUP_CP = DIST_N_GROUPS, DIST_N_GROUPS_CP };
 
 /* Operations of a device communication library: on float32 elements, but
- * DIST_OP_ALLGATHER_BF16 gathers 16-bit words (bf16; NCCL's ncclBfloat16). */
-enum { DIST_OP_ALLREDUCE_SUM, DIST_OP_ALLREDUCE_MAX, DIST_OP_ALLGATHER, DIST_OP_REDUCE_SCATTER, DIST_OP_ALLGATHER_BF16 };
+ * DIST_OP_ALLGATHER_BF16 gathers 16-bit words (bf16; NCCL's ncclBfloat16)
+ * and DIST_OP_SENDRECV moves n bytes: send to the next member of the group
+ * (index + 1 mod size), recv from the previous one (NCCL's ncclSend and
+ * ncclRecv in one group call). */
+enum { DIST_OP_ALLREDUCE_SUM, DIST_OP_ALLREDUCE_MAX, DIST_OP_ALLGATHER, DIST_OP_REDUCE_SCATTER, DIST_OP_ALLGATHER_BF16,
+       DIST_OP_SENDRECV };
 
 /* The float32 collectives (and the bf16 all-gather) on backend memory
  * through the backend's own library (the CUDA backend: NCCL, dist_nccl.c),
@@ -65,7 +68,7 @@ typedef struct Dist {
      * convention), reset by dist_comm_reset */
     double bytes_allgather, bytes_reduce_scatter, bytes_allreduce, bytes_tp_allreduce;
     double bytes_tp_allgather, bytes_tp_reduce_scatter; /* sequence parallelism's */
-    double bytes_cp; /* context parallelism's ring: bytes this rank sent (dist_cp_shift) */
+    double bytes_cp; /* context parallelism's ring: bytes this rank sent (dist_cp_shift_start) */
     /* seconds this rank spent blocked in collectives and waits since
      * dist_comm_reset: communication that compute did not hide */
     double comm_wait_s, coll_t0;
@@ -124,16 +127,24 @@ void dist_set_cp(Dist *d, int cp);
  * sequences are split over dp / cp slots, not over dp x cp ranks. */
 static inline int dist_seq_dp(const Dist *d) { return d->dp / (d->cp > 0 ? d->cp : 1); }
 static inline int dist_seq_rank(const Dist *d) { return d->dp_rank / (d->cp > 0 ? d->cp : 1); }
-/* Context group, host memory: send `bytes` to the next member of the ring
- * (cp_rank + 1 mod cp) and receive as many from the previous one into recv
- * (MPI_Sendrecv; over TCP, which has no point-to-point, an all-gather of
- * the group whose previous member's block is kept). Blocking. Counted in
- * bytes_cp as the bytes sent. */
-void dist_cp_shift(Dist *d, const void *send, void *recv, size_t bytes);
-/* Context group, host memory (parallel.context_mode all_gather): every
- * member's `bytes` into recv[cp * bytes] in member order; the members'
- * send[cp * n] floats summed, block cp_rank into recv[n]. Counted in
- * bytes_cp as bus bytes ((cp - 1) x the block each). */
+/* Context group, backend memory: send `bytes` to the next member of the
+ * ring (cp_rank + 1 mod cp) and receive as many from the previous one into
+ * recv, started: a handle for dist_cp_wait. Over a device communicator
+ * (NCCL) it is queued on the communication stream after the backend's
+ * work so far and the backend's later work keeps running beside it until
+ * dist_cp_wait; over MPI it is MPI_Sendrecv, done before this returns
+ * (handle -1); over TCP, which has no point-to-point, an all-gather of the
+ * group whose previous member's block is kept (-1). Counted in bytes_cp as
+ * the bytes sent. */
+int dist_cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes);
+/* The backend's later work after shift h (-1: nothing); the host does not
+ * wait for a device communicator's. */
+void dist_cp_wait(Dist *d, int h);
+/* Context group, backend memory (parallel.context_mode all_gather): every
+ * member's `bytes` (even: a device communicator moves 16-bit words) into
+ * recv[cp * bytes] in member order; the members' send[cp * n] floats
+ * summed, block cp_rank into recv[n]. Counted in bytes_cp as bus bytes
+ * ((cp - 1) x the block each). */
 void dist_cp_allgather(Dist *d, const void *send, void *recv, size_t bytes);
 void dist_cp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
 /* TP group: in place over the tp ranks, sum (max = 0) or max (max = 1)
