@@ -1,15 +1,17 @@
 /* dist_nccl.c — the DistDevComm of the CUDA backend: float32 collectives
  * (and the bf16 all-gather of the working weights) on device memory through
- * NCCL.
+ * NCCL, and the context group's ring shift (ncclSend to the next member,
+ * ncclRecv from the previous one, in one group call).
  *
  * Communicators: one per process group with more than one member, created
- * at start in the same order on every rank (dp, shard, replicate, tp): the
+ * at start in the same order on every rank (dp, shard, replicate, tp, cp): the
  * group's first member makes the ncclUniqueId, the host transport (MPI, or
  * TCP under a launch without MPI) broadcasts it over the
  * group (parallel.c), each member joins with its index in the group as its
  * NCCL rank, so block i of an all-gather is member i's, as with MPI. A group
  * with the data-parallel group's members (the shard group of FULL_SHARD, the
- * replicate group of NO_SHARD) uses the dp communicator. Communicators are
+ * replicate group of NO_SHARD, the context group when every data-parallel
+ * rank is a context rank) uses the dp communicator. Communicators are
  * non-blocking (ncclConfig_t.blocking = 0): no NCCL call waits on a peer in
  * the host; the calls that answer ncclInProgress are polled to completion.
  *
@@ -51,11 +53,11 @@
 typedef struct DistNccl {
     Dist *d;
     DistDevComm dev;                  /* what parallel.c calls */
-    ncclComm_t comm[DIST_N_GROUPS];   /* NULL: a group of one */
-    int owner[DIST_N_GROUPS];         /* the group whose communicator comm[g] is (g, or DIST_GROUP_DP) */
-    int rank[DIST_N_GROUPS], size[DIST_N_GROUPS];
-    const char *last[DIST_N_GROUPS];  /* per owner: the newest collective started on it, and on which group */
-    int last_group[DIST_N_GROUPS];
+    ncclComm_t comm[DIST_N_GROUPS_CP]; /* NULL: a group of one */
+    int owner[DIST_N_GROUPS_CP];       /* the group whose communicator comm[g] is (g, or DIST_GROUP_DP) */
+    int rank[DIST_N_GROUPS_CP], size[DIST_N_GROUPS_CP];
+    const char *last[DIST_N_GROUPS_CP]; /* per owner: the newest collective started on it, and on which group */
+    int last_group[DIST_N_GROUPS_CP];
     int device;
     cudaStream_t compute, stream;     /* the kernels' stream; the collectives' stream */
     cudaEvent_t ready;                /* the compute stream's work up to a collective's start */
@@ -66,7 +68,7 @@ typedef struct DistNccl {
     char name[32];                    /* "NCCL 2.28.9" */
 } DistNccl;
 
-static const char *group_name[DIST_N_GROUPS] = {"tp", "shard", "replicate", "dp"};
+static const char *group_name[DIST_N_GROUPS_CP] = {"tp", "shard", "replicate", "dp", "cp"};
 
 static void cuda_check(cudaError_t e, const char *what, int line) {
     if (e == cudaSuccess) return;
@@ -122,7 +124,7 @@ static void settle(DistNccl *x, int g, ncclResult_t r, const char *what) {
 
 /* Every communicator's asynchronous error state (lock held). */
 static void check_async(DistNccl *x) {
-    for (int g = 0; g < DIST_N_GROUPS; g++) {
+    for (int g = 0; g < DIST_N_GROUPS_CP; g++) {
         if (!x->comm[g] || x->owner[g] != g) continue;
         ncclResult_t st = ncclSuccess, e = ncclCommGetAsyncError(x->comm[g], &st);
         if (e != ncclSuccess) st = e;
@@ -154,7 +156,24 @@ static void drain(DistNccl *x) {
 }
 
 static const char *op_name(int op) {
-    return op == DIST_OP_ALLGATHER || op == DIST_OP_ALLGATHER_BF16 ? "ncclAllGather" : op == DIST_OP_REDUCE_SCATTER ? "ncclReduceScatter" : "ncclAllReduce";
+    return op == DIST_OP_ALLGATHER || op == DIST_OP_ALLGATHER_BF16 ? "ncclAllGather"
+           : op == DIST_OP_REDUCE_SCATTER                        ? "ncclReduceScatter"
+           : op == DIST_OP_SENDRECV                              ? "ncclSend/ncclRecv"
+                                                                 : "ncclAllReduce";
+}
+
+/* The ring shift: n bytes to the next member of group g, as many from the
+ * previous one, one group call (both in flight at once, so no member
+ * waits on its receiver). */
+static ncclResult_t send_recv(DistNccl *x, int g, const void *send, void *recv, size_t n) {
+    ncclComm_t c = x->comm[g];
+    int next = (x->rank[g] + 1) % x->size[g], prev = (x->rank[g] + x->size[g] - 1) % x->size[g];
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    r = ncclSend(send, n, ncclInt8, next, c, x->stream);
+    if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(recv, n, ncclInt8, prev, c, x->stream);
+    ncclResult_t e = ncclGroupEnd(); /* always: a group started is ended */
+    return r == ncclSuccess || r == ncclInProgress ? e : r;
 }
 
 /* Queue collective op on group g's communicator after the compute stream's
@@ -184,6 +203,7 @@ static void enqueue(DistNccl *x, int op, int g, const void *send, void *recv, si
         }
         r = ncclReduceScatter(send, recv, n, ncclFloat32, ncclSum, c, x->stream);
         break;
+    case DIST_OP_SENDRECV: r = send_recv(x, g, send, recv, n); break;
     default: die(EXIT_INTERNAL, "NCCL: unknown operation %d", op);
     }
     int o = x->owner[g];
@@ -260,7 +280,7 @@ static void nccl_abort(void *ctx) {
     pthread_mutex_lock(&x->mu);
     x->aborting = 1;
     (void)cudaSetDevice(x->device); /* this thread's device */
-    for (int g = 0; g < DIST_N_GROUPS; g++)
+    for (int g = 0; g < DIST_N_GROUPS_CP; g++)
         if (x->comm[g] && x->owner[g] == g) (void)ncclCommAbort(x->comm[g]);
     pthread_mutex_unlock(&x->mu);
 }
@@ -271,9 +291,9 @@ static void nccl_close(void *ctx) {
     kernels_cuda_set_host_wait(NULL, NULL);
     nccl_lock(x);
     drain(x);
-    for (int g = 0; g < DIST_N_GROUPS; g++)
+    for (int g = 0; g < DIST_N_GROUPS_CP; g++)
         if (x->comm[g] && x->owner[g] == g) settle(x, g, ncclCommFinalize(x->comm[g]), "ncclCommFinalize");
-    for (int g = 0; g < DIST_N_GROUPS; g++) {
+    for (int g = 0; g < DIST_N_GROUPS_CP; g++) {
         if (x->comm[g] && x->owner[g] == g) (void)ncclCommDestroy(x->comm[g]);
         x->comm[g] = NULL;
     }
@@ -297,15 +317,15 @@ void dist_nccl_attach(Dist *d) {
     int v = 0;
     if (ncclGetVersion(&v) != ncclSuccess) die(EXIT_INTERNAL, "NCCL: ncclGetVersion failed");
     snprintf(x->name, sizeof x->name, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
-    const int order[DIST_N_GROUPS] = {DIST_GROUP_DP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_TP};
-    for (int i = 0; i < DIST_N_GROUPS; i++) {
+    const int order[DIST_N_GROUPS_CP] = {DIST_GROUP_DP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_TP, DIST_GROUP_CP};
+    for (int i = 0; i < DIST_N_GROUPS_CP; i++) {
         int g = order[i];
         dist_group_rank(d, g, &x->rank[g], &x->size[g]);
         x->owner[g] = g;
         if (x->size[g] < 2) continue;
-        /* a shard or replicate group as large as the data-parallel group is it:
-         * the same ranks (those of this tp_rank) in the same order */
-        if ((g == DIST_GROUP_SHARD || g == DIST_GROUP_REPLICATE) && x->size[g] == x->size[DIST_GROUP_DP]) {
+        /* a shard, replicate or context group as large as the data-parallel
+         * group is it: the same ranks (those of this tp_rank) in the same order */
+        if ((g == DIST_GROUP_SHARD || g == DIST_GROUP_REPLICATE || g == DIST_GROUP_CP) && x->size[g] == x->size[DIST_GROUP_DP]) {
             x->comm[g] = x->comm[DIST_GROUP_DP];
             x->owner[g] = DIST_GROUP_DP;
             continue;

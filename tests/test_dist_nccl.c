@@ -10,6 +10,7 @@
  * errors and the watchdog's abort.
  *
  *   mpirun -np N test_dist_nccl TP S       layout tp x shard S: results, communicators, streams
+ *   mpirun -np N test_dist_nccl cp CP      context groups of CP: the ring shift, all-gather, reduce-scatter
  *   mpirun -np 2 test_dist_nccl error      an asynchronous error met in a host wait: one line, exit 6
  *   mpirun -np 2 test_dist_nccl hang FILE  rank 1's host wait never ends: its watchdog aborts the
  *                                          communicators (writes FILE.1) and exits 5
@@ -181,6 +182,42 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t n, ncclDataT
     return done(c);
 }
 
+/* point-to-point: queued between ncclGroupStart and ncclGroupEnd, run at
+ * the end (MPI_Isend / MPI_Irecv, then a wait); the group end answers
+ * ncclInProgress as a non-blocking communicator's does */
+typedef struct { int send, peer; void *buf; size_t n; ncclComm_t c; } FakeP2p;
+static FakeP2p p2p[8];
+static int n_p2p, in_group, n_group_calls;
+ncclResult_t ncclGroupStart(void) { in_group++; return ncclSuccess; }
+ncclResult_t ncclGroupEnd(void) {
+    if (!in_group) return ncclInvalidUsage;
+    if (--in_group) return ncclSuccess;
+    MPI_Request req[8];
+    for (int i = 0; i < n_p2p; i++) {
+        if (p2p[i].send) MPI_Isend(p2p[i].buf, (int)p2p[i].n, MPI_BYTE, p2p[i].peer, 9, p2p[i].c->comm, &req[i]);
+        else MPI_Irecv(p2p[i].buf, (int)p2p[i].n, MPI_BYTE, p2p[i].peer, 9, p2p[i].c->comm, &req[i]);
+    }
+    MPI_Waitall(n_p2p, req, MPI_STATUSES_IGNORE);
+    ncclComm_t c = n_p2p ? p2p[0].c : NULL;
+    n_p2p = 0;
+    n_group_calls++;
+    if (c) c->pending = 1;
+    return c ? ncclInProgress : ncclSuccess;
+}
+static ncclResult_t p2p_add(int send, const void *buf, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+    if (!in_group || n_p2p == 8 || c->pending) return ncclInvalidUsage; /* only grouped here (a lone send would block) */
+    if (t != ncclInt8 || !s || peer < 0 || peer >= c->size) return ncclInvalidArgument;
+    tr('N');
+    p2p[n_p2p++] = (FakeP2p){send, peer, (void *)buf, n, c};
+    return ncclSuccess;
+}
+ncclResult_t ncclSend(const void *send, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+    return p2p_add(1, send, n, t, peer, c, s);
+}
+ncclResult_t ncclRecv(void *recv, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+    return p2p_add(0, recv, n, t, peer, c, s);
+}
+
 /* ------------------------------------------------------------------ */
 /* the checks                                                          */
 
@@ -295,6 +332,59 @@ static void layout(Dist *d, int tp, int S) {
     CHECK(n_destroyed == want && d->dev == NULL && g_poll == NULL, "finalize: %d of %d communicators destroyed", n_destroyed, want);
 }
 
+/* Context parallelism of degree cp (tp 1, no sharding): the ring shift's
+ * send to the next member and receive from the previous one (one group
+ * call of ncclSend and ncclRecv on the communication stream, after the
+ * compute stream, waited by it), the all-gather of bytes and the
+ * reduce-scatter over the context group; its communicator is the dp one
+ * when every data-parallel rank is a context rank, else its own. */
+static void cp_layout(Dist *d, int cp) {
+    dist_set_tp(d, 1);
+    dist_set_cp(d, cp);
+    dist_setup_groups(d, 1);
+    dist_nccl_attach(d);
+    int dp = d->dp, want = (dp > 1) + (cp > 1 && cp != dp), base = d->dp_rank / cp * cp;
+    CHECK(n_comms == want && rank_ok == want, "cp %d: %d communicators (%d with the group's rank and size), expected %d", cp, n_comms,
+          rank_ok, want);
+    float x[8], y[64];
+    for (int i = 0; i < 8; i++) x[i] = val(d->rank, (size_t)i);
+    trace[0] = 0;
+    int calls0 = n_group_calls;
+    double b0 = d->bytes_cp;
+    int h = dist_cp_shift_start(d, x, y, 5 * sizeof(float));
+    CHECK(h >= 0, "cp shift over NCCL: handle %d (expected one to wait for)", h);
+    dist_cp_wait(d, h);
+    int prev = base + (d->cp_rank + cp - 1) % cp, ok = 1;
+    for (int i = 0; i < 5; i++) ok &= y[i] == val(prev, (size_t)i);
+    CHECK(ok, "cp shift: got %g, expected rank %d's %g", y[0], prev, val(prev, 0));
+    CHECK(strcmp(trace, "RwNNrW") == 0 && n_group_calls == calls0 + 1,
+          "cp shift: stream trace %s, expected RwNNrW (send and recv in one group call after the compute stream, waited by it)", trace);
+    CHECK(d->bytes_cp - b0 == 5 * sizeof(float), "cp shift: %g bytes counted, expected 20", d->bytes_cp - b0);
+    unsigned char xb[6], yb[6 * 8];
+    for (int i = 0; i < 6; i++) xb[i] = (unsigned char)(d->rank * 16 + i);
+    dist_cp_allgather(d, xb, yb, 6);
+    ok = 1;
+    for (int k = 0; k < cp; k++)
+        for (int i = 0; i < 6; i++) ok &= yb[k * 6 + i] == (unsigned char)((base + k) * 16 + i);
+    CHECK(ok, "cp all-gather of bytes: block order");
+    for (int i = 0; i < 64; i++) y[i] = val(d->rank, (size_t)i);
+    dist_cp_reduce_scatter_f32(d, y, x, 2);
+    ok = 1;
+    for (int i = 0; i < 2; i++) {
+        float s = 0;
+        for (int k = 0; k < cp; k++) s += val(base + k, (size_t)(d->cp_rank * 2 + i));
+        ok &= x[i] == s;
+    }
+    CHECK(ok, "cp reduce-scatter: x[0] %g", x[0]);
+    CHECK(dist_health_check(d, 4096, 0) == 1, "health check with a context group");
+    total[0] = pass;
+    total[1] = fail;
+    dist_allreduce_sum_f64(d, total, 2);
+    pass = fail = 0;
+    dist_finalize(d);
+    CHECK(n_destroyed == want, "finalize: %d of %d communicators destroyed", n_destroyed, want);
+}
+
 int main(int argc, char **argv) {
     Dist d;
     dist_init(&d, &argc, &argv);
@@ -324,8 +414,9 @@ int main(int argc, char **argv) {
         printf("rank %d: the watchdog did not end the job\n", d.rank);
         return 1;
     }
-    if (argc != 3) die(EXIT_USAGE, "usage: test_dist_nccl TP S | error | hang FILE");
-    layout(&d, atoi(argv[1]), atoi(argv[2]));
+    if (argc != 3) die(EXIT_USAGE, "usage: test_dist_nccl TP S | cp CP | error | hang FILE");
+    if (strcmp(argv[1], "cp") == 0) cp_layout(&d, atoi(argv[2]));
+    else layout(&d, atoi(argv[1]), atoi(argv[2]));
     /* every rank's counts before dist_finalize, rank 0's own after it */
     if (d.rank == 0) printf("%d passed, %d failed\n", (int)total[0] + pass, (int)total[1] + fail);
     return fail || total[1] ? 1 : 0;

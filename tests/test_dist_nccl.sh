@@ -9,7 +9,8 @@
 # included; each collective ordered after the compute stream on its own
 # stream and waited by the compute stream (event trace); not-ready queries
 # polled and cleared; the backend's host wait polling; health check and
-# finalize. An asynchronous NCCL error met in a host wait is one line naming
+# finalize; context groups' ring shift (ncclSend/ncclRecv in one group
+# call), byte all-gather and reduce-scatter. An asynchronous NCCL error met in a host wait is one line naming
 # the collective and group, exit 6; a host wait that never ends is the
 # watchdog's: communicators aborted, exit 5. It checks dist_nccl.c's logic,
 # not NCCL or a GPU (make test-gpu does).
@@ -21,6 +22,15 @@ for layout in "4 2 2" "4 1 2" "4 2 1" "4 1 4" "4 4 1" "4 1 1" "2 1 1" "2 2 1"; d
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' <<<"$out")
     if [ $rc -eq 0 ] && grep -q ' passed, 0 failed$' <<<"$line"; then ok "$1 ranks, tp $2 x shard $3: $line"
     else bad "$1 ranks, tp $2 x shard $3: exit $rc: $(grep -E 'FAIL|llmtrain' <<<"$out" | head -5)"; fi
+done
+# context parallelism: groups of 2 inside 4 ranks (a communicator of their
+# own), and of 2 on 2 ranks (the dp communicator)
+for layout in "4 2" "2 2"; do
+    set -- $layout
+    out=$(timeout 120 $MPIRUN "$1" tests/test_dist_nccl cp "$2" 2>&1); rc=$?
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' <<<"$out")
+    if [ $rc -eq 0 ] && grep -q ' passed, 0 failed$' <<<"$line"; then ok "$1 ranks, context groups of $2 (ring shift, all-gather, reduce-scatter): $line"
+    else bad "$1 ranks, cp $2: exit $rc: $(grep -E 'FAIL|llmtrain' <<<"$out" | head -5)"; fi
 done
 timeout 60 $MPIRUN 2 tests/test_dist_nccl error >"$TMP/err.out" 2>&1; rc=$?
 n=$(grep -c '^llmtrain: rank [01]: NCCL error in ncclAllReduce on the replicate group (2 ranks): remote process exited or there was a network error (fake detail second line)$' "$TMP/err.out")

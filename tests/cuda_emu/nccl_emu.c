@@ -8,11 +8,15 @@
  * forms them. Needs an MPI launch: without MPI (a torchrun-style launch)
  * ncclCommInitRankConfig fails with ncclSystemError and says why. Calls
  * complete at once; ncclCommAbort (the watchdog's) only marks the
- * communicator, as nothing can wait. */
+ * communicator, as nothing can wait. Point-to-point: ncclSend and ncclRecv
+ * between ncclGroupStart and ncclGroupEnd are queued and run at the end as
+ * MPI_Isend / MPI_Irecv and one MPI_Waitall (so a ring of sends cannot
+ * deadlock); outside a group each runs alone (blocking). */
 #include "nccl/nccl.h"
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 
 struct EmuNcclComm {
     MPI_Comm comm;
@@ -155,4 +159,65 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t n, ncclDataT
     memcpy(recv, tmp, n * sizeof(float));
     free(tmp);
     return ncclSuccess;
+}
+
+/* ---- point-to-point: the group calls' queue ---- */
+typedef struct P2p {
+    int send, peer;
+    void *buf;
+    size_t bytes;
+    ncclComm_t c;
+} P2p;
+static P2p *p2p;
+static int n_p2p, cap_p2p, group_depth;
+
+static size_t elem_bytes(ncclDataType_t t) { return t == ncclInt8 ? 1 : t == ncclBfloat16 ? 2 : 4; }
+
+static ncclResult_t p2p_run(void) {
+    MPI_Request *req = calloc((size_t)(n_p2p ? n_p2p : 1), sizeof *req);
+    if (!req) return ncclSystemError;
+    for (int i = 0; i < n_p2p; i++) {
+        P2p *o = &p2p[i];
+        if (o->send) MPI_Isend(o->buf, (int)o->bytes, MPI_BYTE, o->peer, 77, o->c->comm, &req[i]);
+        else MPI_Irecv(o->buf, (int)o->bytes, MPI_BYTE, o->peer, 77, o->c->comm, &req[i]);
+    }
+    MPI_Waitall(n_p2p, req, MPI_STATUSES_IGNORE);
+    free(req);
+    n_p2p = 0;
+    return ncclSuccess;
+}
+
+static ncclResult_t p2p_add(int send, const void *buf, size_t n, ncclDataType_t t, int peer, ncclComm_t c) {
+    if (!c || c->aborted) return ncclInvalidUsage;
+    if (!(t == ncclInt8 || t == ncclFloat32 || t == ncclBfloat16) || n * elem_bytes(t) > 0x7fffffff) return ncclInvalidArgument;
+    if (peer < 0 || peer >= c->size) return ncclInvalidArgument;
+    if (n_p2p == cap_p2p) {
+        int cap = cap_p2p ? 2 * cap_p2p : 8;
+        P2p *np = realloc(p2p, (size_t)cap * sizeof *np);
+        if (!np) return ncclSystemError;
+        p2p = np;
+        cap_p2p = cap;
+    }
+    p2p[n_p2p++] = (P2p){send, peer, (void *)(uintptr_t)buf, n * elem_bytes(t), c};
+    return group_depth ? ncclSuccess : p2p_run();
+}
+
+ncclResult_t ncclGroupStart(void) {
+    group_depth++;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    if (group_depth <= 0) return ncclInvalidUsage;
+    return --group_depth ? ncclSuccess : p2p_run();
+}
+
+ncclResult_t ncclSend(const void *send, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+    (void)s;
+    return p2p_add(1, send, n, t, peer, c);
+}
+
+ncclResult_t ncclRecv(void *recv, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+    (void)s;
+    return p2p_add(0, recv, n, t, peer, c);
 }

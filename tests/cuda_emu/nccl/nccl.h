@@ -20,7 +20,7 @@ typedef enum {
     ncclRemoteError = 6,
     ncclInProgress = 7
 } ncclResult_t;
-typedef enum { ncclFloat32 = 7, ncclBfloat16 = 9 } ncclDataType_t;
+typedef enum { ncclInt8 = 0, ncclFloat32 = 7, ncclBfloat16 = 9 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclMax = 3 } ncclRedOp_t;
 typedef struct {
     int blocking;
@@ -40,6 +40,10 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t n, ncclDataType_
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t s);
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
                                cudaStream_t s);
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
+ncclResult_t ncclSend(const void *send, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s);
+ncclResult_t ncclRecv(void *recv, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s);
 #ifdef __cplusplus
 }
 #endif
