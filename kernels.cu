@@ -31,6 +31,9 @@
  * scratch: the forward saves each row's log-sum-exp, the backward recomputes
  * them. On an H100 the fused kernels were 6% faster for the Llama 3.2 1B
  * shape at T=4096 and level with the GEMMs for GPT-2 124M at T=1024.
+ * Context parallelism's attention parts (a segment of queries against a
+ * segment of keys, merged by the log-sum-exp) and copy_2d:
+ * kernels/attention_part.cuh.
  *
  * Everything that needs scratch memory (cuBLASLt workspace, reduction
  * partials, attention's P and dP blocks, column-sum partials, AdamW
@@ -67,6 +70,7 @@ extern "C" {
 #include "kernels/attention_flash_bf16.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/attention_cudnn.cuh"
+#include "kernels/attention_part.cuh"
 #include "kernels/pointwise.cuh"
 #include "kernels/loss.cuh"
 #include "kernels/reduce.cuh"
@@ -144,9 +148,9 @@ static Kernels cuda_kernels = {
     /* .offload_wait = */ cu_offload_wait,
     /* .timer_mark = */ cu_timer_mark,
     /* .timer_read = */ cu_timer_read,
-    /* .attention_part_forward = */ NULL, /* context parallelism: not on CUDA yet (layout.c refuses it) */
-    /* .attention_part_backward = */ NULL,
-    /* .copy_2d = */ NULL,
+    /* .attention_part_forward = */ attention_part_forward,
+    /* .attention_part_backward = */ attention_part_backward,
+    /* .copy_2d = */ copy_2d,
 };
 
 /* No CUDA call happens before this, kernels_cuda_available or kernels_cuda:
