@@ -562,6 +562,8 @@ typedef struct CudaScratchShape {
     const char *attention;              /* train.attention_kernel */
     int weight_copies;                  /* layers whose weights' bf16 copies are kept (sharded: the pool's slots - 2) */
     int sharded, off_grid;              /* sharded weights; a 2-D weight off the 8-float grid */
+    int cp;                             /* parallel.context (T is then the rank's seq_len / cp): > 1, the attention
+                                         * parts run instead of the whole-sequence attention, with no scratch */
 } CudaScratchShape;
 double kernels_cuda_scratch_bytes(const CudaScratchShape *s);
 

@@ -21,15 +21,16 @@ double kernels_cuda_scratch_bytes(const CudaScratchShape *m) {
     const double B = m->B, T = m->T, N = B * T, C = m->C, grow = (double)cuda_scratch_grow(1 << 20) / (1 << 20);
     double s = (double)CUDA_WORKSPACE_BYTES + 2.0 * CUDA_RED_MAX_BLOCKS * 8 + 8; /* the reductions and the sum-of-squares queue */
     const char *att = m->attention;
-    int flash = strcmp(att, "gemm") != 0 && cuda_flash_head_dim(m->hd);
-    s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
+    if (m->cp > 1) att = "parts"; /* context parallelism: no whole-sequence attention, no scratch for it */
+    int flash = m->cp > 1 || (strcmp(att, "gemm") != 0 && cuda_flash_head_dim(m->hd));
+    if (m->cp <= 1) s += grow * (flash ? N * m->nh * 4.0 : 2.0 * B * T * T * 4.0);
     /* attention's fp32 output and output gradient beside the bf16 ones, and
      * its fp32 qkv and d(qkv) beside the bf16 [a] ones */
     if (m->bf16 && !flash) s += grow * (2.0 * N * m->nh * m->hd * 4.0 + 2.0 * N * m->qkv_dim * 4.0);
     /* cuDNN's attention (train.attention_kernel cudnn, the default under
      * bf16): unless they are bf16 [a], bf16 copies of qkv, dqkv, out and dO;
      * the rows' dO.O sums, the fp32 dQ accumulator, the plan's workspace */
-    int cudnn = strcmp(att, "auto") != 0 ? strcmp(att, "cudnn") == 0 : m->bf16;
+    int cudnn = m->cp > 1 ? 0 : strcmp(att, "auto") != 0 ? strcmp(att, "cudnn") == 0 : m->bf16;
     if (cudnn && cuda_cudnn_head_dim(m->hd)) {
         double S = m->qkv_dim, OS = (double)m->nh * m->hd;
         s += grow * ((m->bf16 ? 0.0 : 2.0 * N * (S + OS) * 2.0) + N * m->nh * 4.0 + N * OS * 4.0 + (double)CUDA_DN_WS_CAP);

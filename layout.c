@@ -78,9 +78,9 @@ int layout_check(Sharding *sh, Config *c, Dist *d, Model *m) {
     if (c->cp > 1 && c->seq_len % (2 * c->cp) != 0)
         die(EXIT_USAGE, "%s: train.seq_len %d is not divisible by 2 x parallel.context %d = %d (each sequence is cut into 2 cp "
             "equal chunks)", c->path, c->seq_len, c->cp, 2 * c->cp);
-    if (c->cp > 1 && strcmp(c->device, "cuda") == 0)
-        die(EXIT_USAGE, "%s: parallel.context %d with train.device \"cuda\": context parallelism runs on the CPU backend only so far "
-            "(expected train.device \"cpu\", or parallel.context 1)", c->path, c->cp);
+    if (c->cp > 1 && strcmp(c->device, "cuda") == 0 && mc->n_embd / mc->n_head > 128)
+        die(EXIT_USAGE, "%s: parallel.context %d with train.device \"%s\": head dim %d (the CUDA attention parts take head dims "
+            "up to 128; expected train.device \"cpu\", or parallel.context 1)", c->path, c->cp, c->device, mc->n_embd / mc->n_head);
     if (c->cp > 1 && c->debug_dump[0])
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.context %d (expected 1)", c->path, c->cp);
     if (mc->n_kv_head % c->tp != 0 || mc->n_head % c->tp != 0)
@@ -242,10 +242,10 @@ double layout_cuda_scratch_bytes(const Sharding *sh) {
     int np, ng, off_grid = 0;
     shard_pool_slots(sh, &np, &ng);
     for (int i = 0; i < m->n_specs; i++) off_grid |= m->specs[i].ndim == 2 && m->specs[i].offset % 8 != 0;
-    CudaScratchShape shape = {.B = c->micro_batch, .T = c->seq_len, .C = c->model.n_embd, .nh = m->nh, .hd = m->hd,
+    CudaScratchShape shape = {.B = c->micro_batch, .T = c->seq_len / c->cp, .C = c->model.n_embd, .nh = m->nh, .hd = m->hd,
                               .qkv_dim = m->qkv_dim, .fc_dim = m->fc_dim, .F = m->F, .V = m->V, .n_params = m->n_params,
                               .gpt2 = c->model.arch == ARCH_GPT2, .bf16 = layout_cuda_bf16(c), .attention = c->attention_kernel,
-                              .weight_copies = sh->sharded ? np - 2 : c->model.n_layer, .sharded = sh->sharded, .off_grid = off_grid};
+                              .weight_copies = sh->sharded ? np - 2 : c->model.n_layer, .sharded = sh->sharded, .off_grid = off_grid, .cp = c->cp};
     return kernels_cuda_scratch_bytes(&shape);
 }
 

@@ -999,9 +999,6 @@ static void setup(Trainer *t, int *argc, char ***argv) {
 #ifdef LLMTRAIN_CUDA
     if (backend_is_cuda(t) && t->dist.world > 1) dist_nccl_attach(&t->dist); /* device collectives through NCCL */
 #endif
-    if (c->cp > 1 && backend_is_cuda(t)) /* train.device auto found GPUs */
-        die(EXIT_USAGE, "%s: parallel.context %d on the CUDA backend: context parallelism runs on the CPU backend only so far "
-            "(expected train.device \"cpu\", or parallel.context 1)", c->path, c->cp);
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len / c->cp, t->sh.S, !t->sh.sharded, t->dist.tp,
                    t->dist.tp_rank, (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules});
     cp_setup(&t->model, c->cp, t->dist.cp_rank, c->cp_mode);

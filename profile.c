@@ -323,7 +323,7 @@ const Kernels *profile_wrap(const Kernels *inner) {
 #define X(n) k->n = w_##n;
     ENTRIES(X)
 #undef X
-    if (!inner->attention_part_forward) { /* a backend without context parallelism's parts (CUDA) keeps saying so */
+    if (!inner->attention_part_forward) { /* a backend without context parallelism's parts keeps saying so */
         k->attention_part_forward = NULL;
         k->attention_part_backward = NULL;
         k->copy_2d = NULL;
