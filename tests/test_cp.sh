@@ -13,9 +13,11 @@
 # chunks and the ranks; a checkpoint written under cp 2 resumed under cp 1
 # and cp 4; the TCP rendezvous (no MPI); the ring's bytes per step against
 # docs/layouts.md's formula; the context groups printed; activation bytes
-# per rank falling with cp in `llmtrain check`; the CUDA backend on the
-# host emulation (the attention parts, the emulated NCCL's send/recv)
-# against one emulated device; impossible layouts as one line and exit 2.
+# per rank falling with cp in `llmtrain check`, and the shipped 131072-token
+# Llama 3.1 8B job fitting in 80 GB a GPU at its cp 4, not at cp 2; the
+# CUDA backend on the host emulation (the attention parts, the emulated
+# NCCL's send/recv) against one emulated device; impossible layouts as one
+# line and exit 2.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -214,6 +216,17 @@ if [ -n "$a4" ] && [ "$a2" -lt "$a1" ] && [ "$a4" -lt "$a2" ] &&
    $BIN check "$TMP/llama.json" --world 4 --set parallel.context=2 | grep -q "x context 2 (16 tokens of each sequence a rank) x data-parallel 2"; then
     ok "llmtrain check: activations_bytes $a1 (cp 1) > $a2 (cp 2) > $a4 (cp 4)"
 else bad "llmtrain check's activation bytes under cp: $a1 $a2 $a4"; fi
+
+# the shipped long-context job (configs/llama3.1_8b_128k_h100.json: Llama 3.1
+# 8B, 131072 tokens, tp 4 x cp 4 x dp 4 on 64 H100 80GB): `llmtrain check`'s
+# total a GPU (the layout's bytes and the CUDA scratch) is within 80 GB
+# (74.5 GiB) as shipped and over it at cp 2 (docs/layouts.md's table)
+gib() { $BIN check configs/llama3.1_8b_128k_h100.json --world "$1" --set parallel.context="$2" |
+        sed -n 's/^on CUDA also (estimate): .* | total \([0-9.]*\) GiB$/\1/p'; }
+g4=$(gib 64 4) g2=$(gib 32 2)
+if [ -n "$g4" ] && [ -n "$g2" ] && awk -v a="$g4" -v b="$g2" 'BEGIN { exit !(a < 74.5 && b > 74.5) }'; then
+    ok "Llama 3.1 8B at 131072 tokens: $g4 GiB a GPU at cp 4 fits in 80 GB, $g2 GiB at cp 2 does not"
+else bad "Llama 3.1 8B at 131072 tokens: '$g4' GiB at cp 4, '$g2' GiB at cp 2 (expected < 74.5 and > 74.5)"; fi
 
 # impossible layouts: one line, exit 2 (check, then a launch)
 reject() { # name world message set-args...
