@@ -564,6 +564,7 @@ typedef struct CudaScratchShape {
     int sharded, off_grid;              /* sharded weights; a 2-D weight off the 8-float grid */
     int cp;                             /* parallel.context (T is then the rank's seq_len / cp): > 1, the attention
                                          * parts run instead of the whole-sequence attention, with no scratch */
+    const Fp8Sizes *fp8;                /* train.compute_dtype fp8: the FP8 buffers' sizes (model_fp8_sizes); else NULL */
 } CudaScratchShape;
 double kernels_cuda_scratch_bytes(const CudaScratchShape *s);
 

@@ -15,7 +15,8 @@
  * of the bias and norm gradients, the embedding backward's sort keys and
  * CUB's temporary storage (taken as N x 8 bytes + 1 MiB), and under compute
  * dtype bf16 the bf16 copies of GEMM operands: scratch for the output
- * gradients, and the weights' kept copies. An upper bound, which
+ * gradients, and the weights' kept copies; under compute dtype fp8 the FP8
+ * products' buffers (kernels_cuda_sizes.h). An upper bound, which
  * tests/gpu_tests.sh holds against the device's measured peak. */
 double kernels_cuda_scratch_bytes(const CudaScratchShape *m) {
     const double B = m->B, T = m->T, N = B * T, C = m->C, grow = (double)cuda_scratch_grow(1 << 20) / (1 << 20);
@@ -68,6 +69,11 @@ double kernels_cuda_scratch_bytes(const CudaScratchShape *m) {
         } else {
             s += grow * 2.0 * wmax;
         }
+    }
+    if (m->fp8) { /* allocated once, exactly (fp8_setup) */
+        const CudaFp8Caps cap = cuda_fp8_caps(m->fp8->act_floats, m->fp8->weight_max, m->fp8->weight_floats,
+                                              m->fp8->n_weights, m->fp8->max_dim);
+        s += (double)cuda_fp8_bytes(&cap);
     }
     return s;
 }

@@ -14,6 +14,42 @@
 #define CUDA_DN_WS_CAP ((long long)64 << 20)    /* the most workspace a cuDNN attention plan may take */
 #define CUDA_WEIGHT_COPIES 4096                 /* bf16 weight copies kept (kernels.h weights_stable) */
 
+#define CUDA_FP8_SLOTS 3                        /* FP8 scale slots of the scratch operands: activation, output gradient, weight */
+#define CUDA_FP8_PARTS 1024                     /* partials of an FP8 amax */
+#define CUDA_FP8_ALLOC_PAD 256                  /* bytes the FP8 buffers each take past their size */
+
+/* The FP8 products' device buffers (kernels/fp8.cuh fp8_setup), from
+ * kernels.h Fp8Sizes: the codes of a scratch activation and output
+ * gradient (each in both layouts) and of a weight, with room for leading
+ * dimensions padded to 16; the fp32 stage of a product before its bias or
+ * unaligned output; the arena of the weights' kept copies (both layouts)
+ * and their scales. */
+typedef struct CudaFp8Caps {
+    size_t act, w, stage_floats, arena, n_copies; /* bytes, bytes, floats, bytes, copies */
+} CudaFp8Caps;
+static inline CudaFp8Caps cuda_fp8_caps(size_t act_floats, size_t weight_max, size_t weight_floats, int n_weights,
+                                        int max_dim) {
+    const size_t pad = 16 * (size_t)max_dim + 16;
+    CudaFp8Caps c;
+    c.act = act_floats + pad;
+    c.w = weight_max + pad;
+    c.stage_floats = (act_floats > weight_max ? act_floats : weight_max) + 4 * (size_t)max_dim;
+    c.arena = 2 * (weight_floats + (size_t)n_weights * (pad + 512));
+    c.n_copies = (size_t)n_weights;
+    return c;
+}
+/* Every byte fp8_setup allocates for caps c, in its order: x, xt, d, dt,
+ * w, the scales, the amax partials, the stage, the arena, the copies'
+ * scales. */
+static inline size_t cuda_fp8_bytes(const CudaFp8Caps *c) {
+    const size_t sizes[] = {c->act, c->act, c->act, c->act, c->w, 2 * CUDA_FP8_SLOTS * sizeof(float),
+                            CUDA_FP8_PARTS * sizeof(unsigned), c->stage_floats * sizeof(float), c->arena,
+                            2 * (c->n_copies + 1) * sizeof(float)};
+    size_t s = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) s += sizes[i] + CUDA_FP8_ALLOC_PAD;
+    return s;
+}
+
 /* A scratch buffer grows to a request plus an eighth, and never shrinks. */
 static inline size_t cuda_scratch_grow(size_t bytes) { return bytes + bytes / 8; }
 /* Head dims the fused (flash) attention kernels are built for. */

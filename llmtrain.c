@@ -1286,7 +1286,8 @@ static int cmd_check(int argc, char **argv) {
     if (strcmp(c->device, "cpu") != 0) {
         double sc = layout_cuda_scratch_bytes(&t->sh);
         printf("on CUDA also (estimate): cuda_scratch_bytes %.0f (cuBLASLt workspace, attention, gradient and sort "
-               "scratch) | total %.1f GiB\n", sc, (b[0] + b[1] + b[2] + b[3] + b[4] + sc) / (1 << 30));
+               "scratch%s) | total %.1f GiB\n", sc, config_fp8_recipe(c) >= 0 ? ", FP8 codes and stage" : "",
+               (b[0] + b[1] + b[2] + b[3] + b[4] + sc) / (1 << 30));
     }
     model_free(&t->model);
     config_free(&t->cfg);

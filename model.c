@@ -429,12 +429,8 @@ static void fp8_amax_max(void *ctx, float *amax, size_t n) {
     m->comm.allreduce(m->comm.ctx, amax, n, 1);
 }
 
-/* the backend's room for the layers' linears: the sizes of their operands */
-void model_fp8(Model *m, int recipe) {
-    if (recipe < 0) return;
-    if (!m->k->fp8_setup)
-        die(EXIT_USAGE, "train.compute_dtype \"fp8\": the %s backend has no FP8 products yet (the cpu backend has them)", m->k->name);
-    int N = m->B * m->T, width = m->cfg.n_embd, w[] = {m->nh * m->hd, m->F, m->qkv_dim, m->fc_dim};
+Fp8Sizes model_fp8_sizes(const Model *m, int N) {
+    int width = m->cfg.n_embd, w[] = {m->nh * m->hd, m->F, m->qkv_dim, m->fc_dim};
     for (size_t i = 0; i < sizeof w / sizeof *w; i++) width = w[i] > width ? w[i] : width;
     Fp8Sizes z = {(size_t)N * width, 0, 0, 0, N > width ? N : width};
     for (int i = 0; i < m->n_specs; i++) {
@@ -444,6 +440,15 @@ void model_fp8(Model *m, int recipe) {
         z.weight_max = m->specs[i].numel > z.weight_max ? m->specs[i].numel : z.weight_max;
         z.n_weights++;
     }
+    return z;
+}
+
+/* the backend's room for the layers' linears: the sizes of their operands */
+void model_fp8(Model *m, int recipe) {
+    if (recipe < 0) return;
+    if (!m->k->fp8_setup)
+        die(EXIT_USAGE, "train.compute_dtype \"fp8\": the %s backend has no FP8 products yet (the cpu backend has them)", m->k->name);
+    Fp8Sizes z = model_fp8_sizes(m, m->B * m->T);
     if (m->tp > 1 && !m->k->fp8_tp)
         die(EXIT_USAGE, "train.compute_dtype \"fp8\" with parallel.tensor %d: the %s backend's FP8 runs no tensor "
             "parallelism yet (the cpu backend's does)", m->tp, m->k->name);

@@ -280,6 +280,10 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
  * now); -1: nothing (not fp8). Call after model_build_tp. Exit 2 when the
  * backend has no FP8 products. */
 void model_fp8(Model *m, int recipe);
+/* The sizes model_fp8 hands the backend's fp8_setup for N tokens a
+ * micro-batch: the layers' linears' operands (llmtrain check sizes the
+ * CUDA backend's FP8 buffers by them). */
+Fp8Sizes model_fp8_sizes(const Model *m, int N);
 void model_free(Model *m);
 /* Only the layout table (specs, chunks, TP geometry) of TP rank tp_rank of
  * tp: nothing allocated on the backend. Free with model_free. */

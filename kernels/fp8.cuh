@@ -28,8 +28,8 @@ extern "C" {
 #include "fp8.h"
 }
 
-#define F8_SLOTS 3 /* scale slots of the scratch operands: activation, output gradient, weight */
-#define F8_PARTS 1024
+#define F8_SLOTS CUDA_FP8_SLOTS /* kernels_cuda_sizes.h, which `llmtrain check` sizes the buffers by */
+#define F8_PARTS CUDA_FP8_PARTS
 
 /* FP8 leading dimensions: a multiple of 16 elements (bytes) */
 static int f8_pad(int n) { return (n + 15) & ~15; }
@@ -377,9 +377,9 @@ static void f8_free_all(void) {
 
 static void *f8_alloc(size_t bytes) {
     void *p = NULL;
-    DEV_MALLOC(&p, bytes + 256);
+    DEV_MALLOC(&p, bytes + CUDA_FP8_ALLOC_PAD);
     F8.mem[F8.n_mem] = p;
-    F8.mem_bytes[F8.n_mem++] = bytes + 256;
+    F8.mem_bytes[F8.n_mem++] = bytes + CUDA_FP8_ALLOC_PAD;
     return p;
 }
 
@@ -394,10 +394,10 @@ static void cu_fp8_setup(int recipe, const Fp8Sizes *z) {
         die(EXIT_USAGE, "train.fp8_recipe \"%s\": the CUDA backend runs \"tensorwise\" only so far (train.device \"cpu\" "
             "runs every recipe)", recipe == FP8_BLOCKWISE ? "blockwise" : "rowwise");
     if (!F8.wanted) die(EXIT_INTERNAL, "fp8_setup without kernels_cuda_set_compute_dtype(\"fp8\")");
-    const size_t pad = 16 * (size_t)z->max_dim + 16;
-    F8.act_cap = z->act_floats + pad;
-    F8.w_cap = z->weight_max + pad;
-    F8.stage_cap = (z->act_floats > z->weight_max ? z->act_floats : z->weight_max) + 4 * (size_t)z->max_dim;
+    const CudaFp8Caps cap = cuda_fp8_caps(z->act_floats, z->weight_max, z->weight_floats, z->n_weights, z->max_dim);
+    F8.act_cap = cap.act;
+    F8.w_cap = cap.w;
+    F8.stage_cap = cap.stage_floats;
     F8.x = (uint8_t *)f8_alloc(F8.act_cap);
     F8.xt = (uint8_t *)f8_alloc(F8.act_cap);
     F8.d = (uint8_t *)f8_alloc(F8.act_cap);
@@ -406,10 +406,15 @@ static void cu_fp8_setup(int recipe, const Fp8Sizes *z) {
     F8.sc = (float *)f8_alloc(2 * F8_SLOTS * sizeof(float));
     F8.part = (uint32_t *)f8_alloc(F8_PARTS * sizeof(uint32_t));
     F8.stage = (float *)f8_alloc(F8.stage_cap * sizeof(float));
-    F8.cap_copies = z->n_weights;
-    F8.arena_cap = 2 * (z->weight_floats + (size_t)z->n_weights * (pad + 512));
+    F8.cap_copies = (int)cap.n_copies;
+    F8.arena_cap = cap.arena;
     F8.arena = (uint8_t *)f8_alloc(F8.arena_cap);
-    F8.csc = (float *)f8_alloc(2 * (size_t)(z->n_weights + 1) * sizeof(float));
+    F8.csc = (float *)f8_alloc(2 * (cap.n_copies + 1) * sizeof(float));
+    size_t got = 0;
+    for (int i = 0; i < F8.n_mem; i++) got += F8.mem_bytes[i];
+    if (got != cuda_fp8_bytes(&cap)) /* what llmtrain check counts must be what is allocated */
+        die(EXIT_INTERNAL, "fp8_setup: %zu bytes allocated, kernels_cuda_sizes.h cuda_fp8_bytes counts %zu", got,
+            cuda_fp8_bytes(&cap));
     F8.copies = (F8Copy *)calloc((size_t)z->n_weights + 1, sizeof(F8Copy));
     if (!F8.copies) die(EXIT_INTERNAL, "fp8: out of host memory");
     F8.recipe = recipe;

@@ -38,9 +38,9 @@
 #      same shape: the fused kernels under TF32 and bf16 (cuDNN passing the
 #      mask to them) against cpu.
 #   3d. under bf16 GEMMs: the memory estimate with the weights' bf16 copies
-#      (Llama, n_embd 256); runs with the copies (Llama; checkpointing none
-#      and full) are the runs without them (LLMTRAIN_CUDA_WEIGHT_CACHE=0) to
-#      1e-7.
+#      (Llama, n_embd 256), and under fp8 with the FP8 buffers; runs with
+#      the copies (Llama; checkpointing none and full) are the runs without
+#      them (LLMTRAIN_CUDA_WEIGHT_CACHE=0) to 1e-7.
 #   3e. checkpoint and resume on cuda: a bf16 run (bf16 working weights
 #      rounded stochastically, the fused attention) killed at step 8 resumes
 #      from step 6 bit-identical to the uninterrupted run, losses and
@@ -452,13 +452,18 @@ else echo "FAIL llama T 512 with cuDNN attention: $memline $(tail -2 "$TMP/mem51
 # The scratch estimate under bf16 GEMMs: the output gradients' bf16 scratch
 # and the weights' bf16 copies, exactly their size (n_embd 256: 3.2 MB of
 # copies, so an estimate without them falls below the peak); the GEMM
-# attention (cuDNN's workspace cap would hide them)
-if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=gemm --set train.compute_dtype=bf16 --set train.steps=2 \
-     --set model.n_embd=256 --set eval.batches=0 --set eval.sample_tokens=0 \
-     --set log.dir="$TMP/mem-bf16" --set checkpoint.dir="$TMP/mem-bf16/ckpt" >"$TMP/mem-bf16.out" 2>&1 &&
-   memline=$(mem_check "$TMP/mem-bf16" "$TMP/mem-bf16.out"); then
-    echo "ok   llama n_embd 256 on cuda under bf16 GEMMs: the memory estimate with the weights' bf16 copies bounds the peak: $memline"; pass=$((pass + 1))
-else echo "FAIL llama n_embd 256 under bf16 GEMMs: $memline $(tail -2 "$TMP/mem-bf16.out")"; fail=$((fail + 1)); fi
+# attention (cuDNN's workspace cap would hide them). Under fp8 also the FP8
+# products' codes, fp32 stage and the weights' FP8 copies (fp8_setup
+# allocates them once, exactly: 7.2 MB here, missed they too fall below it)
+for dt in "bf16:the weights' bf16 copies" "fp8:the FP8 buffers"; do
+    d=${dt%%:*}
+    if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=gemm --set train.compute_dtype=$d --set train.steps=2 \
+         --set model.n_embd=256 --set eval.batches=0 --set eval.sample_tokens=0 \
+         --set log.dir="$TMP/mem-$d" --set checkpoint.dir="$TMP/mem-$d/ckpt" >"$TMP/mem-$d.out" 2>&1 &&
+       memline=$(mem_check "$TMP/mem-$d" "$TMP/mem-$d.out"); then
+        echo "ok   llama n_embd 256 on cuda under $d GEMMs: the memory estimate with ${dt#*:} bounds the peak: $memline"; pass=$((pass + 1))
+    else echo "FAIL llama n_embd 256 under $d GEMMs: $memline $(tail -2 "$TMP/mem-$d.out")"; fail=$((fail + 1)); fi
+done
 
 # The weights' bf16 copies (kernels.h weights_stable; under bf16 GEMMs a
 # product's weights are converted once and the copy kept until they change):
