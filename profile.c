@@ -25,17 +25,34 @@
     X(offload_wait) X(attention_part_forward) X(attention_part_backward) X(copy_2d)
 
 
+/* the matrix products a layer's linears call, each with a twin entry that
+ * takes the calls made between fp8_scope on and off under compute dtype
+ * fp8 (rated at the FP8 peak) */
+#define FP8_ENTRIES(X)                                                                                                 \
+    X(matmul_forward) X(matmul_backward) X(matmul_forward_res) X(matmul_forward_a) X(matmul_backward_a)              \
+    X(matmul_backward_dinp_a) X(matmul_gelu_forward) X(matmul_gelu_backward) X(matmul_swiglu_backward)
+
 #define X(n) E_##n,
-enum { ENTRIES(X) E_COUNT };
+#define X8(n) E_##n##_fp8,
+enum { ENTRIES(X) FP8_ENTRIES(X8) E_COUNT };
 #undef X
+#undef X8
 #define X(n) #n,
-static const char *const entry_name[E_COUNT] = {ENTRIES(X)};
+#define X8(n) #n "_fp8",
+static const char *const entry_name[E_COUNT] = {ENTRIES(X) FP8_ENTRIES(X8)};
 #undef X
+#undef X8
+#define X8(n) [E_##n] = E_##n##_fp8,
+static const int fp8_twin[E_COUNT] = {FP8_ENTRIES(X8)}; /* 0: none */
+#undef X8
+static int is_fp8(int e) { return e >= E_matmul_forward_fp8; } /* the twins come last */
 
 static struct {
     const Kernels *in;
     Kernels table;
     int on;
+    int fp8;                         /* between fp8_scope on and off: the products go to their _fp8 twins */
+    double fp8_x;                    /* the FP8 peak as a multiple of the products' peak (profile_set_fp8_peak) */
     int n;                           /* slots marked since the last read */
     int pair[KERNEL_TIMER_SLOTS / 2]; /* the entry of each pair of slots */
     double mark[KERNEL_TIMER_SLOTS];
@@ -59,6 +76,7 @@ static int begin(void) {
 
 static void end(int timed, int e, double flops, double bytes) {
     if (!timed) return;
+    if (P.fp8 && fp8_twin[e]) e = fp8_twin[e];
     P.in->timer_mark(P.n + 1);
     P.pair[P.n / 2] = e;
     P.n += 2;
@@ -313,6 +331,10 @@ static void w_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, 
     TIMED(copy_2d, 0, 2.0 * width * rows, P.in->copy_2d(dst, dpitch, src, spitch, width, rows));
 }
 #undef A
+static void w_fp8_scope(int on) {
+    P.fp8 = on != 0;
+    P.in->fp8_scope(on);
+}
 
 const Kernels *profile_wrap(const Kernels *inner) {
     if (P.in) die(EXIT_INTERNAL, "profile_wrap: the %s table is wrapped already", P.in->name);
@@ -328,8 +350,12 @@ const Kernels *profile_wrap(const Kernels *inner) {
         k->attention_part_backward = NULL;
         k->copy_2d = NULL;
     }
+    if (inner->fp8_scope) k->fp8_scope = w_fp8_scope;
+    P.fp8_x = 1.0;
     return k;
 }
+
+void profile_set_fp8_peak(double times) { P.fp8_x = times; }
 
 void profile_set(int on) {
     if (!P.in) die(EXIT_INTERNAL, "profile_set: no table wrapped");
@@ -367,7 +393,7 @@ int profile_rows(ProfileRow *rows, int max) {
     ProfileRow all[E_COUNT];
     int n = 0;
     for (int e = 0; e < E_COUNT; e++)
-        if (P.calls[e] > 0) all[n++] = (ProfileRow){entry_name[e], P.calls[e], P.ms[e], P.flops[e], P.bytes[e]};
+        if (P.calls[e] > 0) all[n++] = (ProfileRow){entry_name[e], P.calls[e], P.ms[e], P.flops[e], P.bytes[e], is_fp8(e)};
     qsort(all, (size_t)n, sizeof all[0], by_time);
     if (n > max) n = max;
     memcpy(rows, all, (size_t)n * sizeof all[0]);
@@ -378,12 +404,22 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
                    double peak_gbs) {
     ProfileRow r[E_COUNT];
     int n = profile_rows(r, E_COUNT);
-    double ms = 0, calls = 0, fl = 0, fl_ms = 0, by = 0, by_ms = 0;
+    /* the FP8 products' rate against the FP8 peak, the others' against peak_gflops */
+    const double peak_fp8 = peak_gflops * P.fp8_x;
+    double ms = 0, calls = 0, fl = 0, fl_ms = 0, fl_floor = 0, by = 0, by_ms = 0;
+    int fp8_rows = 0;
     for (int i = 0; i < n; i++) {
         ms += r[i].ms;
         calls += (double)r[i].calls;
-        if (r[i].flops > 0) { fl += r[i].flops; fl_ms += r[i].ms; }
-        else if (r[i].bytes > 0) { by += r[i].bytes; by_ms += r[i].ms; }
+        if (r[i].flops > 0) {
+            fl += r[i].flops;
+            fl_ms += r[i].ms;
+            fl_floor += r[i].flops / ((r[i].fp8 ? peak_fp8 : peak_gflops) * 1e6);
+            fp8_rows += r[i].fp8;
+        } else if (r[i].bytes > 0) {
+            by += r[i].bytes;
+            by_ms += r[i].ms;
+        }
     }
     double s = steps > 0 ? steps : 1;
     const char *clock = strcmp(P.in->name, "cuda") == 0 ? "timed on the CUDA compute stream" : "timed by the host clock";
@@ -393,8 +429,11 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
     if (fl > 0)
         fprintf(f, "%smatrix products and attention: %.4g TFLOP a step in %.2f ms, %.4g TFLOP/s%s", prefix, fl / s / 1e12,
                 fl_ms / s, fl / (fl_ms * 1e9), peak_gflops > 0 ? "" : "\n");
-    if (fl > 0 && peak_gflops > 0)
+    if (fl > 0 && peak_gflops > 0 && !fp8_rows)
         fprintf(f, " (%.1f%% of the %.4g TFLOP/s peak)\n", 100 * fl / (fl_ms * 1e6) / peak_gflops, peak_gflops / 1e3);
+    else if (fl > 0 && peak_gflops > 0) /* the share of the peaks: their time at the peaks over the time taken */
+        fprintf(f, " (%.1f%% of the peaks: %.4g TFLOP/s, FP8 products %.4g)\n", 100 * fl_floor / fl_ms, peak_gflops / 1e3,
+                peak_fp8 / 1e3);
     if (by > 0)
         fprintf(f, "%smemory-bound entries: %.4g GB a step in %.2f ms, %.4g GB/s%s", prefix, by / s / 1e9, by_ms / s,
                 by / (by_ms * 1e6), peak_gbs > 0 ? "" : "\n");
@@ -403,7 +442,7 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
     /* The floor: the products at the compute peak, the memory-bound entries
      * at the bandwidth peak, the rest (neither counted) as timed. */
     if (fl > 0 && by > 0 && peak_gflops > 0 && peak_gbs > 0) {
-        double fl_floor = fl / (peak_gflops * 1e6), by_floor = by / (peak_gbs * 1e6), rest = ms - fl_ms - by_ms;
+        double by_floor = by / (peak_gbs * 1e6), rest = ms - fl_ms - by_ms;
         double floor = fl_floor + by_floor + rest;
         fprintf(f,
                 "%sat the peaks these calls would take %.2f ms a step (the products and attention %.2f, the memory-bound "
@@ -417,7 +456,7 @@ void profile_print(FILE *f, const char *prefix, const char *what, int steps, dou
         if (r[i].flops > 0 && r[i].ms > 0) {
             double tf = r[i].flops / (r[i].ms * 1e9);
             snprintf(rate, sizeof rate, "%.4g", tf);
-            if (peak_gflops > 0) snprintf(pk, sizeof pk, "%.1f%%", 100 * tf * 1e3 / peak_gflops);
+            if (peak_gflops > 0) snprintf(pk, sizeof pk, "%.1f%%", 100 * tf * 1e3 / (r[i].fp8 ? peak_fp8 : peak_gflops));
         } else if (r[i].bytes > 0 && r[i].ms > 0) {
             double gbs = r[i].bytes / (r[i].ms * 1e6);
             snprintf(bw, sizeof bw, "%.4g", gbs);
@@ -435,11 +474,11 @@ int profile_write_json(const char *path, int first_step, int steps, double wall_
     int n = profile_rows(r, E_COUNT);
     Buf b = {0};
     buf_add(&b, "{\"backend\":\"%s\",\"first_step\":%d,\"steps\":%d,\"wall_ms\":%.17g,\"peak_gflops\":%.17g,"
-                "\"peak_gbs\":%.17g,\"entries\":[",
-            P.in->name, first_step, steps, wall_ms, peak_gflops, peak_gbs);
+                "\"peak_fp8_gflops\":%.17g,\"peak_gbs\":%.17g,\"entries\":[",
+            P.in->name, first_step, steps, wall_ms, peak_gflops, peak_gflops * P.fp8_x, peak_gbs);
     for (int i = 0; i < n; i++)
-        buf_add(&b, "%s\n{\"name\":\"%s\",\"calls\":%ld,\"ms\":%.17g,\"flops\":%.17g,\"bytes\":%.17g}", i ? "," : "",
-                r[i].name, r[i].calls, r[i].ms, r[i].flops, r[i].bytes);
+        buf_add(&b, "%s\n{\"name\":\"%s\",\"calls\":%ld,\"ms\":%.17g,\"flops\":%.17g,\"bytes\":%.17g,\"fp8\":%s}",
+                i ? "," : "", r[i].name, r[i].calls, r[i].ms, r[i].flops, r[i].bytes, r[i].fp8 ? "true" : "false");
     buf_add(&b, "]");
     if (world > 1) {
         buf_add(&b, ",\n\"rank_ms\":[");

@@ -35,6 +35,7 @@ typedef struct {
     double ms;        /* on the backend's clock, summed */
     double flops;     /* matrix products and attention only, else 0 */
     double bytes;     /* the memory-bound entries' least traffic (profile.c), else 0 */
+    int fp8;          /* an FP8 product's entry (its name ends _fp8): rated at the FP8 peak */
 } ProfileRow;
 
 /* The time of every call timed since the last reset, in ms. */
@@ -48,10 +49,15 @@ int profile_rows(ProfileRow *rows, int max);
  * above 0, and with both the time the calls would take at those peaks. */
 void profile_print(FILE *f, const char *prefix, const char *what, int steps, double wall_ms, double peak_gflops,
                    double peak_gbs);
+/* Under compute dtype fp8 the layers' linears' products are timed in
+ * entries of their own (matmul_forward_fp8 and so on), rated against
+ * `times` x peak_gflops (CUDA: 2, FP8 tensor cores' dense rate; the CPU's
+ * fake-quantized fp32 products: 1). Default 1. */
+void profile_set_fp8_peak(double times);
 
 /* The same totals as JSON ({"backend", "first_step" (1-based), "steps",
- * "wall_ms", "peak_gflops", "peak_gbs" (0: none), "entries": [{"name", "calls", "ms", "flops",
- * "bytes"}], and with world > 1 "rank_ms": each rank's timed ms a step},
+ * "wall_ms", "peak_gflops", "peak_fp8_gflops", "peak_gbs" (0: none), "entries": [{"name", "calls",
+ * "ms", "flops", "bytes", "fp8"}], and with world > 1 "rank_ms": each rank's timed ms a step},
  * sums over the steps, most time first), written whole (a temporary file
  * renamed): 0, or -1 with errno set. */
 int profile_write_json(const char *path, int first_step, int steps, double wall_ms, double peak_gflops,

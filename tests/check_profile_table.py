@@ -5,7 +5,8 @@ usage: check_profile_table.py OUT JSON
 
 Recomputes from the JSON's sums (in its order, so the same doubles as
 llmtrain's) every figure the table prints: each row's ms a step, share,
-calls, us a call, the products' TFLOP/s and share of peak_gflops, the
+calls, us a call, the products' TFLOP/s and share of peak_gflops (the FP8
+products', names ending _fp8, of peak_fp8_gflops), the
 memory-bound entries' GB/s and share of peak_gbs (blank with no peak), the
 two summary lines and, with both peaks, the line of what the calls would take
 at them. Prints what differs and exits 1, else a one-line summary.
@@ -19,16 +20,23 @@ def main():
     p = json.load(open(path))
     lines = [ln[len("profile: "):] for ln in open(out, errors="replace").read().splitlines() if ln.startswith("profile: ")]
     s = p["steps"] or 1
-    pf, pb = p["peak_gflops"], p["peak_gbs"]
+    pf, pb, p8 = p["peak_gflops"], p["peak_gbs"], p["peak_fp8_gflops"]
     E = p["entries"]
     errs = []
+    peak = lambda e: p8 if e["fp8"] else pf
+    bad8 = [e["name"] for e in E if e["fp8"] != e["name"].endswith("_fp8")]
+    if bad8:
+        errs.append(f"fp8 flags and names disagree: {bad8}")
 
-    ms = fl = fl_ms = by = by_ms = 0.0
+    ms = fl = fl_ms = ff = by = by_ms = 0.0
+    n8 = 0
     for e in E:
         ms += e["ms"]
         if e["flops"] > 0:
             fl += e["flops"]
             fl_ms += e["ms"]
+            ff += e["flops"] / (peak(e) * 1e6) if pf > 0 else 0.0
+            n8 += e["fp8"]
         elif e["bytes"] > 0:
             by += e["bytes"]
             by_ms += e["ms"]
@@ -43,8 +51,10 @@ def main():
 
     if fl > 0:
         t = f"matrix products and attention: {fl / s / 1e12:.4g} TFLOP a step in {fl_ms / s:.2f} ms, {fl / (fl_ms * 1e9):.4g} TFLOP/s"
-        if pf > 0:
+        if pf > 0 and not n8:
             t += f" ({100 * fl / (fl_ms * 1e6) / pf:.1f}% of the {pf / 1e3:.4g} TFLOP/s peak)"
+        elif pf > 0:
+            t += f" ({100 * ff / fl_ms:.1f}% of the peaks: {pf / 1e3:.4g} TFLOP/s, FP8 products {p8 / 1e3:.4g})"
         want_line("matrix products and attention:", t)
     if by > 0:
         t = f"memory-bound entries: {by / s / 1e9:.4g} GB a step in {by_ms / s:.2f} ms, {by / (by_ms * 1e6):.4g} GB/s"
@@ -53,7 +63,7 @@ def main():
         want_line("memory-bound entries:", t)
     floor = None
     if fl > 0 and by > 0 and pf > 0 and pb > 0:
-        ff, bf, rest = fl / (pf * 1e6), by / (pb * 1e6), ms - fl_ms - by_ms
+        bf, rest = by / (pb * 1e6), ms - fl_ms - by_ms
         floor = ff + bf + rest
         want_line("at the peaks", f"at the peaks these calls would take {floor / s:.2f} ms a step (the products and attention "
                   f"{ff / s:.2f}, the memory-bound entries {bf / s:.2f}, the rest {rest / s:.2f} as timed): "
@@ -77,7 +87,7 @@ def main():
             tf = e["flops"] / (e["ms"] * 1e9)
             want.append(f"{tf:.4g}")
             if pf > 0:
-                want.append(f"{100 * tf * 1e3 / pf:.1f}%")
+                want.append(f"{100 * tf * 1e3 / peak(e):.1f}%")
         elif e["bytes"] > 0 and e["ms"] > 0:
             gbs = e["bytes"] / (e["ms"] * 1e6)
             if pb > 0:

@@ -51,7 +51,8 @@
 #      per kernel-table entry (the bytes of its bf16 norm outputs at 2 an
 #      element), the GB/s held against the device's memory bandwidth and
 #      every printed figure as profile.json's, and bit-identical to the run
-#      unprofiled.
+#      unprofiled; under fp8 the layers' linears in _fp8 entries at twice
+#      the bf16 peak.
 #   4. with two GPUs or more: 2-rank CUDA runs (NCCL) under NO_SHARD,
 #      FULL_SHARD (also with bf16 working weights, gathered as bf16 words)
 #      and tp 2 (also with sequence parallelism) against the same jobs'
@@ -577,6 +578,16 @@ PYEOF
    $PY tests/compare_runs.py "$TMP/prof-cuda-0" "$TMP/prof-cuda-2" --steps 4 --exact >/dev/null; then
     echo "ok   log.profile_steps on cuda: the CPU's calls and FLOPs per entry, timed on the compute stream, the GB/s against the device's memory bandwidth, the run's bits unchanged"; pass=$((pass + 1))
 else echo "FAIL log.profile_steps on cuda: $(grep '^profile: steps' "$TMP/prof-cuda-2.out")"; fail=$((fail + 1)); fi
+# ... and under fp8: the layers' linears in their _fp8 entries
+# (tests/check_profile_fp8.py: each entry's calls and FLOPs those of the
+# bf16 run above, split) rated at twice the bf16 dense peak, every printed
+# figure as profile.json says
+$BIN "${pjob[@]}" --set train.device=cuda --set train.compute_dtype=fp8 --set log.profile_steps=2 --set log.dir="$TMP/prof-fp8" \
+    >"$TMP/prof-fp8.out" 2>&1 || echo "  profile run fp8 exited non-zero: $(grep llmtrain: "$TMP/prof-fp8.out" | head -2)"
+if t=$($PY tests/check_profile_fp8.py "$TMP/prof-cuda-2/profile.json" "$TMP/prof-fp8/profile.json" 2) &&
+   $PY tests/check_profile_table.py "$TMP/prof-fp8.out" "$TMP/prof-fp8/profile.json" >/dev/null; then
+    echo "ok   log.profile_steps on cuda under fp8: $t"; pass=$((pass + 1))
+else echo "FAIL log.profile_steps on cuda under fp8: ${t:-} $(grep '^profile: matrix' "$TMP/prof-fp8.out")"; fail=$((fail + 1)); fi
 
 # multi-rank: NCCL (2 GPUs or more) or the refusal (1 GPU)
 ngpu=${GPU_COUNT:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}

@@ -131,6 +131,20 @@ if t0=$($PY tests/check_profile_table.py "$TMP/g1.out" "$TMP/g1/profile.json") &
        "$TMP/g1/profile.json" "$TMP/gb/profile.json"; then
     ok "gpt2: the table's figures as profile.json's ($t0); with log.peak_gbs=5: $t1"
 else bad "the table against profile.json: ${t0:-} / ${t1:-} $(grep -E '^profile: (memory|at the)' "$TMP/gb.out")"; fi
+# under fp8 the layers' linears are timed in their own _fp8 entries
+# (tests/check_profile_fp8.py: calls and FLOPs split from the plain run's,
+# the LM head's left out) at the FP8 peak, which on the CPU (fake-quantized
+# fp32 products) is the products' peak; the table's figures as profile.json's
+for a in gpt2 llama; do
+    run ${a}p "$TMP/$a.json" --set train.steps=3 --set log.profile_steps=2 --set log.peak_gbs=5 --set log.peak_gflops=50
+    run ${a}8 "$TMP/$a.json" --set train.steps=3 --set log.profile_steps=2 --set log.peak_gbs=5 --set log.peak_gflops=50 \
+        --set train.compute_dtype=fp8
+    if t0=$($PY tests/check_profile_fp8.py "$TMP/${a}p/profile.json" "$TMP/${a}8/profile.json" 1) &&
+       t1=$($PY tests/check_profile_table.py "$TMP/${a}8.out" "$TMP/${a}8/profile.json") &&
+       grep -q "^profile: matrix products and attention: .* of the peaks: 0.05 TFLOP/s, FP8 products 0.05)$" "$TMP/${a}8.out"; then
+        ok "$a under fp8: $t0; $t1"
+    else bad "$a under fp8: ${t0:-} / ${t1:-} $(grep -E '^profile: matrix' "$TMP/${a}8.out")"; fi
+done
 $BIN export "$TMP/g0/checkpoints" "$TMP/g0/hf" >/dev/null 2>&1; $BIN export "$TMP/g1/checkpoints" "$TMP/g1/hf" >/dev/null 2>&1
 if $PY tests/compare_runs.py "$TMP/g0" "$TMP/g1" --steps 5 --exact >/dev/null; then
     ok "gpt2: profiled run bit-identical to the unprofiled one (losses, norms, weights)"
