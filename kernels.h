@@ -565,6 +565,7 @@ typedef struct CudaScratchShape {
     int cp;                             /* parallel.context (T is then the rank's seq_len / cp): > 1, the attention
                                          * parts run instead of the whole-sequence attention, with no scratch */
     const Fp8Sizes *fp8;                /* train.compute_dtype fp8: the FP8 buffers' sizes (model_fp8_sizes); else NULL */
+    int fp8_recipe;                     /* with fp8: train.fp8_recipe (fp8.h FP8_TENSORWISE, ...) */
 } CudaScratchShape;
 double kernels_cuda_scratch_bytes(const CudaScratchShape *s);
 
@@ -698,6 +699,14 @@ void kernels_cuda_fp8_stats(long *made, long *hits, long *staged);
  * values at x (bf16 words when x16) into host memory, and the scale in
  * *scale: the casts the products run, for tests (after fp8_setup). */
 void kernels_cuda_fp8_codes(uint8_t *host, const float *x, int x16, size_t n, int e5m2, float *scale);
+/* x [rows, cols] on the device (bf16 words when x16) quantized under
+ * fp8_setup's recipe as an operand (a weight when weight) whose K is its
+ * columns (kdim 1) or its rows (kdim 0): its codes as the product reads
+ * them ([rows, pad16(cols)] or [cols, pad16(rows)]) into codes, and its
+ * inverse scales in cuBLASLt's layout for the recipe's scale mode
+ * (docs/fp8.md; padding 0) into inv, *n_inv of them; for tests. */
+void kernels_cuda_fp8_quant(uint8_t *codes, float *inv, size_t *n_inv, const float *x, int x16, int rows, int cols,
+                            int e5m2, int weight, int kdim);
 #endif
 
 #endif

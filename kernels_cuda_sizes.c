@@ -3,6 +3,7 @@
  * (kernels_cuda_sizes.h). Built in every binary: `llmtrain check` sizes a
  * CUDA run on a machine without CUDA too. */
 #include "kernels.h"
+#include "fp8.h"
 #include "kernels_cuda_sizes.h"
 #include <math.h>
 #include <stdlib.h>
@@ -72,7 +73,7 @@ double kernels_cuda_scratch_bytes(const CudaScratchShape *m) {
     }
     if (m->fp8) { /* allocated once, exactly (fp8_setup) */
         const CudaFp8Caps cap = cuda_fp8_caps(m->fp8->act_floats, m->fp8->weight_max, m->fp8->weight_floats,
-                                              m->fp8->n_weights, m->fp8->max_dim);
+                                              m->fp8->n_weights, m->fp8->max_dim, m->fp8_recipe != FP8_TENSORWISE);
         s += (double)cuda_fp8_bytes(&cap);
     }
     return s;

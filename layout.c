@@ -247,7 +247,7 @@ double layout_cuda_scratch_bytes(const Sharding *sh) {
                               .gpt2 = c->model.arch == ARCH_GPT2, .bf16 = layout_cuda_bf16(c), .attention = c->attention_kernel,
                               .weight_copies = sh->sharded ? np - 2 : c->model.n_layer, .sharded = sh->sharded, .off_grid = off_grid, .cp = c->cp};
     Fp8Sizes z = model_fp8_sizes(m, shape.B * shape.T);
-    if (config_fp8_recipe(c) >= 0) shape.fp8 = &z;
+    if (config_fp8_recipe(c) >= 0) shape.fp8 = &z, shape.fp8_recipe = config_fp8_recipe(c);
     return kernels_cuda_scratch_bytes(&shape);
 }
 

@@ -455,10 +455,11 @@ else echo "FAIL llama T 512 with cuDNN attention: $memline $(tail -2 "$TMP/mem51
 # copies, so an estimate without them falls below the peak); the GEMM
 # attention (cuDNN's workspace cap would hide them). Under fp8 also the FP8
 # products' codes, fp32 stage and the weights' FP8 copies (fp8_setup
-# allocates them once, exactly: 7.2 MB here, missed they too fall below it)
-for dt in "bf16:the weights' bf16 copies" "fp8:the FP8 buffers"; do
-    d=${dt%%:*}
-    if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=gemm --set train.compute_dtype=$d --set train.steps=2 \
+# allocates them once, exactly: 7.2 MB here, missed they too fall below it);
+# under blockwise their scales in cuBLASLt's layouts as well
+for dt in "bf16:the weights' bf16 copies" "fp8:the FP8 buffers" "fp8-blockwise:the FP8 buffers and block scales"; do
+    d=${dt%%:*} r=(); [ "$d" = fp8-blockwise ] && r=(--set train.fp8_recipe=blockwise)
+    if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=gemm --set train.compute_dtype=${d%-*} "${r[@]}" --set train.steps=2 \
          --set model.n_embd=256 --set eval.batches=0 --set eval.sample_tokens=0 \
          --set log.dir="$TMP/mem-$d" --set checkpoint.dir="$TMP/mem-$d/ckpt" >"$TMP/mem-$d.out" 2>&1 &&
        memline=$(mem_check "$TMP/mem-$d" "$TMP/mem-$d.out"); then

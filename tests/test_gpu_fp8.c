@@ -1,5 +1,5 @@
 /* test_gpu_fp8.c — the CUDA backend's FP8 linears (kernels/fp8.cuh,
- * train.compute_dtype fp8, tensorwise) against the CPU backend's, which
+ * train.compute_dtype fp8, each recipe) against the CPU backend's, which
  * fake-quantize with fp8.c: `tests/test_gpu fp8` (tests/test_gpu.c's
  * main calls test_gpu_fp8; on the host emulation in make test).
  *
@@ -8,10 +8,23 @@
  *           and the scale's bits: random tensors, every tie between two
  *           neighbouring codes of each format, all-zero, NaN, infinity and
  *           subnormal-amax tensors, bf16 sources. Must be identical.
+ *   groups  rowwise and blockwise (kernels_cuda_fp8_quant): each operand
+ *           kind (activation or gradient, weight; K along its columns or
+ *           its rows) of shapes on and off the 128 grid, with an all-zero
+ *           row, column and 128 x 128 tile and an outlier in one block:
+ *           the codes against fp8_encode with fp8.c's group scales
+ *           (fp8_groups, fp8_group_scales) and the inverse scales against
+ *           cuBLASLt's layout for the mode (OUTER_VEC_32F a row;
+ *           VEC128_32F [K / 128][R padded to 4]; BLK128x128_32F [R /
+ *           128][K / 128 padded to 4]) written here from its description,
+ *           bit for bit: a mis-sized group or a transposed layout differs.
  *   products matmul_forward_res / _a, matmul_gelu_forward, matmul_backward
  *           and _a under fp8_scope against the CPU's on the same values
  *           (the [a] operands rounded to bf16 for both), shapes that are
- *           not multiples of 16 or 128. Error metric as test_gpu.c's
+ *           not multiples of 16 or 128, under each recipe (the emulated
+ *           cuBLASLt reads the scales in the layout cuBLASLt documents,
+ *           so a layout the products wrote wrong would show here; with
+ *           zero groups and outliers in each operand). Error metric as test_gpu.c's
  *           (max |gpu - cpu| / max |cpu|), within TOL_FP8 1e-3 for fp32
  *           outputs: both sides multiply the same FP8 values (each a
  *           product of two FP8 numbers is exact in fp32), so only the
@@ -44,6 +57,8 @@
 int test_gpu_fp8(const Kernels *kc, const Kernels *kg, int *npass, int *nfail);
 
 static const Kernels *KC, *KG;
+static int RECIPE;
+static const char *RNAME = "tensorwise";
 static uint64_t rs = 0x243F6A8885A308D3ull;
 
 static float rnd_normal(void) {
@@ -111,7 +126,7 @@ static double rel_err(const float *ref, const float *got, size_t n) {
 
 static void cmp(const char *what, const float *ref, const float *got, size_t n, double tol) {
     double e = rel_err(ref, got, n);
-    check(e <= tol, "fp8 %-44s max err %.2e of max |cpu| (tol %.0e)", what, e, tol);
+    check(e <= tol, "fp8 %-10s %-44s max err %.2e of max |cpu| (tol %.0e)", RNAME, what, e, tol);
 }
 
 /* ---- codes ---- */
@@ -174,9 +189,94 @@ static void test_codes(void) {
     free(x);
 }
 
+/* ---- the groups of rowwise and blockwise ---- */
+
+static int pad16(int n) { return (n + 15) & ~15; }
+static int cdiv(int a, int b) { return (a + b - 1) / b; }
+static int r4(int n) { return (n + 3) & ~3; }
+
+/* x [rows, cols] as an operand (weight, kdim as fp8_groups takes them)
+ * against fp8.c and cuBLASLt's scale layouts */
+static void quant_case(const float *x0, int rows, int cols, int weight, int kdim, int e5m2, int x16) {
+    Fp8Format f = e5m2 ? FP8_E5M2 : FP8_E4M3;
+    size_t n = (size_t)rows * cols;
+    float *x = malloc_check(n * 4 + 16);
+    for (size_t i = 0; i < n; i++) x[i] = x16 ? bf16r(x0[i]) : x0[i];
+    int gr, gc;
+    fp8_groups(RECIPE, weight, kdim, rows, cols, &gr, &gc);
+    const int nct = cdiv(cols, gc);
+    float *s = malloc_check(fp8_n_groups(rows, cols, gr, gc) * 4 + 16);
+    fp8_group_scales(s, x, rows, cols, gr, gc, f);
+    /* the operand as the product reads it: R x K, K contiguous */
+    const int R = kdim ? rows : cols, K = kdim ? cols : rows, ld = kdim ? pad16(cols) : pad16(rows);
+    size_t nq = (size_t)R * ld, want_n;
+    if (RECIPE == FP8_ROWWISE) want_n = r4(R);
+    else if (weight) want_n = (size_t)cdiv(R, 128) * r4(cdiv(K, 128));
+    else want_n = (size_t)cdiv(K, 128) * r4(R);
+    uint8_t *want_q = calloc(nq + 16, 1), *got_q = malloc_check(nq + 16);
+    float *want_i = calloc(want_n + 16, 4), *got_i = malloc_check((want_n + 4096) * 4);
+    for (int i = 0; i < R; i++)
+        for (int p = 0; p < K; p++) {
+            int r = kdim ? i : p, c = kdim ? p : i; /* the source element */
+            float sc = s[(size_t)(r / gr) * nct + c / gc];
+            want_q[(size_t)i * ld + p] = fp8_encode(x[(size_t)r * cols + c] * sc, f);
+            size_t o = RECIPE == FP8_ROWWISE ? (size_t)i
+                       : weight             ? (size_t)(i / 128) * r4(cdiv(K, 128)) + p / 128
+                                            : (size_t)(p / 128) * r4(R) + i;
+            want_i[o] = 1.0f / sc;
+        }
+    void *d = x16 ? dev16(x0, n) : dev(x0, n);
+    size_t got_n = 0;
+    kernels_cuda_fp8_quant(got_q, got_i, &got_n, d, x16, rows, cols, e5m2, weight, kdim);
+    size_t bad_q = 0, bad_i = 0;
+    for (size_t i = 0; i < nq; i++) bad_q += got_q[i] != want_q[i];
+    for (size_t i = 0; got_n == want_n && i < want_n; i++) bad_i += memcmp(&got_i[i], &want_i[i], 4) != 0;
+    check(!bad_q && !bad_i && got_n == want_n,
+          "fp8 %-10s groups %3dx%-3d %s K its %s (%dx%d groups), %s%s: %zu of %zu codes, %zu of %zu inverse scales "
+          "differ from fp8.c's in cuBLASLt's layout (%zu scales, want %zu)",
+          RNAME, rows, cols, weight ? "weight,    " : "activation,", kdim ? "cols" : "rows", gr, gc,
+          e5m2 ? "E5M2" : "E4M3", x16 ? " from bf16" : "", bad_q, nq, bad_i, want_n, got_n, want_n);
+    KG->free(d);
+    free(x), free(s), free(want_q), free(got_q), free(want_i), free(got_i);
+}
+
+static void test_groups(void) {
+    const int shapes[][2] = {{130, 257}, {256, 384}, {37, 50}};
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        const int rows = shapes[k][0], cols = shapes[k][1];
+        float *x = malloc_check((size_t)rows * cols * 4 + 16);
+        for (int r = 0; r < rows; r++) /* magnitudes that differ by row and by 128-block */
+            for (int c = 0; c < cols; c++)
+                x[(size_t)r * cols + c] = rnd_normal() * (float)(1 + r % 5) * (float)(1 + (c / 128 + r / 128) % 3);
+        for (int c = 0; c < cols; c++) x[(size_t)2 * cols + c] = 0.0f; /* an all-zero row */
+        for (int r = 0; r < rows; r++) x[(size_t)r * cols + 1] = 0.0f; /* and column */
+        for (int r = 0; r < 128 && r < rows; r++) /* and 128 x 128 tile */
+            for (int c = 128; c < 256 && c < cols; c++) x[(size_t)r * cols + c] = 0.0f;
+        x[(size_t)5 * cols + cols - 1] = 700.0f; /* an outlier in one block */
+        for (int weight = 0; weight < 2; weight++)
+            for (int kdim = 0; kdim < 2; kdim++)
+                for (int e5 = 0; e5 < (weight ? 1 : 2); e5++) quant_case(x, rows, cols, weight, kdim, e5, 0);
+        quant_case(x, rows, cols, 0, 1, 0, 1);
+        quant_case(x, rows, cols, 0, 0, 1, 1);
+        free(x);
+    }
+}
+
 /* ---- products ---- */
 
-static void test_products(int N, int C, int OC) {
+/* zero groups and outliers in each operand (spice): the scales of
+ * neighbouring groups far apart, so one read for another shows */
+static void spice_up(float *inp, float *w, float *dout, int N, int C, int OC) {
+    for (int c = 0; c < C; c++) inp[(size_t)3 % N * C + c] = 0.0f;
+    inp[(size_t)5 % N * C + (C > 130 ? 130 : C - 1)] = bf16r(300.0f);
+    for (int r = 0; r < (OC < 128 ? OC : 128); r++)
+        for (int c = 128; c < (C < 256 ? C : 256); c++) w[(size_t)r * C + c] = 0.0f;
+    w[(size_t)1 % OC * C + 1 % C] = 5.0f;
+    for (int c = 0; c < OC; c++) dout[(size_t)2 % N * OC + c] = 0.0f;
+    dout[(size_t)7 % N * OC + 3 % OC] = 3.0f;
+}
+
+static void test_products(int N, int C, int OC, int spice) {
     char what[96];
     size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
     float *inp = malloc_check(ni * 4 + 16), *w = malloc_check(nw * 4 + 16), *b = malloc_check(OC * 4 + 16);
@@ -186,6 +286,7 @@ static void test_products(int N, int C, int OC) {
     for (int i = 0; i < OC; i++) b[i] = 0.1f * rnd_normal();
     for (size_t i = 0; i < no; i++) res[i] = rnd_normal(), dout[i] = 0.01f * rnd_normal();
     for (size_t i = 0; i < nw; i++) dw0[i] = 0.01f * rnd_normal();
+    if (spice) spice_up(inp, w, dout, N, C, OC);
     void *d_inp = dev16(inp, ni), *d_w = dev(w, nw), *d_b = dev(b, OC), *d_res = dev(res, no), *d_dout = dev(dout, no);
     float *ref = malloc_check((no > nw ? no : nw) * 4 + ni * 4 + 16), *got;
     void *d_out = KG->alloc(no * 4 + 256);
@@ -314,35 +415,54 @@ static void test_copies(void) {
     kernels_cuda_fp8_stats(&m3, &h3, NULL);
     KG->weights_stable(NULL, 0);
     check(m1 == m0 && h1 == h0 && m2 - m1 == 1 && h2 - h1 == 2 && m3 - m2 == 1 && h3 == h2 && same,
-           "fp8 weight copy: none outside a range (%ld made), made once for 2 micro-batches and the backward "
+           "fp8 %s weight copy: none outside a range (%ld made), made once for 2 micro-batches and the backward "
            "(%ld made, %ld reused), again after weights_stable (%ld); products %s the scratch copy's",
-           m1 - m0, m2 - m1, h2 - h1, m3 - m2, same ? "bit-identical to" : "DIFFER from");
+           RNAME, m1 - m0, m2 - m1, h2 - h1, m3 - m2, same ? "bit-identical to" : "DIFFER from");
     KG->free(d_inp), KG->free(d_w), KG->free(d_dout), KG->free(o1), KG->free(o2), KG->free(dinp), KG->free(dw);
     free(inp), free(w), free(dout), free(a), free(b);
+}
+
+/* the device is sm_90, where cuBLASLt has rowwise's and blockwise's scale
+ * modes (tests/test_gpu.c runs none of this before sm_89) */
+static int sm_90(void) {
+    const char *cc = strstr(kernels_cuda_device_info(), ", cc ");
+    int major = 0, minor = 0;
+    return cc && sscanf(cc, ", cc %d.%d", &major, &minor) == 2 && major == 9 && minor == 0;
 }
 
 int test_gpu_fp8(const Kernels *kc, const Kernels *kg, int *npass, int *nfail) {
     KC = kc, KG = kg;
     Fp8Sizes z = {(size_t)256 * 768, (size_t)768 * 384, 4 * (size_t)768 * 384, 4, 8192};
-    KC->fp8_setup(FP8_TENSORWISE, &z);
-    KG->fp8_setup(FP8_TENSORWISE, &z);
-    KC->fp8_scope(1);
-    KG->fp8_scope(1);
-    test_codes();
-    test_products(64, 128, 96);
-    test_products(37, 50, 29);    /* nothing a multiple of 16: padded K, staged outputs */
-    test_products(130, 200, 136); /* past 128 in every dimension, no multiple of it */
-    test_products(256, 384, 768); /* dinp and dw written by cuBLASLt straight (16-byte rows, no bias) */
-    test_gelu(64, 128, 96);
-    test_gelu(37, 50, 29);
-    test_copies();
-    long made, hits, staged;
-    kernels_cuda_fp8_stats(&made, &hits, &staged);
-    check(staged > 0, "fp8 products with a bias or an unaligned output went through the fp32 stage (%ld)", staged);
-    KC->fp8_scope(0);
-    KG->fp8_scope(0);
-    KC->fp8_setup(-1, NULL);
-    KG->fp8_setup(-1, NULL);
+    const int recipes[] = {FP8_TENSORWISE, FP8_BLOCKWISE, FP8_ROWWISE};
+    const char *names[] = {"tensorwise", "blockwise", "rowwise"};
+    for (int ri = 0; ri < 3; ri++) {
+        const int tw = recipes[ri] == FP8_TENSORWISE;
+        RECIPE = recipes[ri], RNAME = names[ri];
+        if (!tw && !sm_90()) {
+            printf("fp8 %s: cuBLASLt scales it on sm_90 only: not checked on this device\n", RNAME);
+            continue;
+        }
+        KC->fp8_setup(RECIPE, &z);
+        KG->fp8_setup(RECIPE, &z);
+        KC->fp8_scope(1);
+        KG->fp8_scope(1);
+        if (tw) test_codes();
+        else test_groups();
+        test_products(64, 128, 96, 0);
+        test_products(37, 50, 29, !tw);    /* nothing a multiple of 16: padded K, staged outputs */
+        test_products(130, 200, 136, !tw); /* past 128 in every dimension, no multiple of it */
+        test_products(256, 384, 768, !tw); /* dinp and dw written by cuBLASLt straight (16-byte rows, no bias) */
+        test_gelu(64, 128, 96);
+        if (tw) test_gelu(37, 50, 29);
+        test_copies();
+        long made, hits, staged;
+        kernels_cuda_fp8_stats(&made, &hits, &staged);
+        if (tw) check(staged > 0, "fp8 products with a bias or an unaligned output went through the fp32 stage (%ld)", staged);
+        KC->fp8_scope(0);
+        KG->fp8_scope(0);
+        KC->fp8_setup(-1, NULL);
+        KG->fp8_setup(-1, NULL);
+    }
     *npass += n_pass;
     *nfail += n_fail;
     return n_fail;

@@ -756,7 +756,7 @@ struct EmuLtDesc {
     const void *bias; /* the bias vector and the GELU aux matrix have D's type */
     void *aux;
     int64_t aux_ld;
-    const float *scale[2]; /* FP8 A and B: the device fp32 scalar each is multiplied by (NULL: 1) */
+    const float *scale[2]; /* FP8 A and B: their device fp32 scales (NULL: 1), laid out as scale_mode says */
     int32_t scale_mode[2];
     int8_t fast_accum;
 };
@@ -905,6 +905,48 @@ static int shapes_ok(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtM
 
 static int aligned_to(const void *p, uint32_t al) { return al == 0 || (uintptr_t)p % al == 0; }
 
+static int is_block_mode(int32_t m) {
+    return m == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F || m == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+
+/* FP8 scale modes as cuBLASLt documents them for Hopper: both scalars
+ * (sm_89 and newer); both outer vectors; or 128-element blocks along K
+ * (VEC128_32F) and 128 x 128 tiles (BLK128x128_32F) in any pairing but
+ * tiles with tiles, without fast accumulation. The vector and block modes
+ * need sm_90 (Ada has tensorwide scaling only, Blackwell the MX formats). */
+static int fp8_modes_ok(cublasLtMatmulDesc_t d) {
+    const int32_t a = d->scale_mode[0], b = d->scale_mode[1];
+    if (a == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && b == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) return 1;
+    int dev = 0;
+    cudaDeviceProp p;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return 0;
+    if (p.major != 9 || p.minor != 0) return 0;
+    if (a == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F && b == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) return 1;
+    return is_block_mode(a) && is_block_mode(b) &&
+           !(a == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F && b == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F) &&
+           !d->fast_accum;
+}
+
+/* The scale of element (i, p) of an FP8 operand whose op() has `outer`
+ * rows i and k columns p (K the contraction), stored by its mode:
+ *   SCALAR_32F      s[0];
+ *   OUTER_VEC_32F   s[i], one a row;
+ *   VEC128_32F      s[(p / 128) * ld + i], ld = outer rounded up to 4: a
+ *                   scale a 128-element block of a row, the rows
+ *                   contiguous for each block of K;
+ *   BLK128x128_32F  s[(i / 128) * ld + p / 128], ld = ceil(k / 128)
+ *                   rounded up to 4: a scale a 128 x 128 tile, K's blocks
+ *                   contiguous. */
+static float fp8_scale_at(const float *s, int32_t mode, uint64_t i, uint64_t p, uint64_t outer, uint64_t k) {
+    if (!s) return 1.0f;
+    switch (mode) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: return s[i];
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: return s[(p / 128) * ((outer + 3) & ~(uint64_t)3) + i];
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: return s[(i / 128) * (((k + 127) / 128 + 3) & ~(uint64_t)3) + p / 128];
+    default: return s[0];
+    }
+}
+
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
                                               cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t p, int want,
@@ -924,9 +966,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     uint32_t need_c = c->type == CUDA_R_16BF ? 2 : 4;
     if (is_fp8(a->type)) { /* 16-byte operands and leading dimensions, scalar scales, no epilogue */
         need = need_c = 16;
-        if (d->scale_mode[0] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
-            d->scale_mode[1] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || d->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
-            return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (!fp8_modes_ok(d) || d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     if (p->al[0] < need || p->al[1] < need || p->al[2] < need_c || p->al[3] < need_c) return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(res, 0, sizeof *res);
@@ -968,8 +1008,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     const int esz[4] = {es, es, ces, ces};
     /* FP8: dequantized (the code's value times its scale, in fp32), then
      * the fp32 product as any other: the CPU reference's arithmetic */
-    const float fa = d->scale[0] && is_fp8(la->type) ? *d->scale[0] : 1.0f;
-    const float fb = d->scale[1] && is_fp8(lb->type) ? *d->scale[1] : 1.0f;
     for (int i = 0; i < 4; i++) {
         uint32_t al = (uint32_t)algo->data[i];
         if (!aligned_to(ptrs[i], al) || (lds[i] * esz[i]) % al != 0 || (la->batch > 1 && (sts[i] * esz[i]) % al != 0)) {
@@ -992,14 +1030,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
             for (uint64_t p = 0; p < k; p++) {
                 size_t idx = (size_t)bi * la->stride + (d->ta ? p + i * la->ld : i + p * la->ld);
                 float v = load_elem(A, la->type, idx);
-                if (is_fp8(la->type)) v *= fa;
+                if (is_fp8(la->type)) v *= fp8_scale_at(d->scale[0], d->scale_mode[0], i, p, m, k);
                 at[i * k + p] = tf ? tf32(v) : v;
             }
         for (uint64_t j = 0; j < n; j++)
             for (uint64_t p = 0; p < k; p++) {
                 size_t idx = (size_t)bi * lb->stride + (d->tb ? j + p * lb->ld : p + j * lb->ld);
                 float v = load_elem(B, lb->type, idx);
-                if (is_fp8(lb->type)) v *= fb;
+                if (is_fp8(lb->type)) v *= fp8_scale_at(d->scale[1], d->scale_mode[1], j, p, n, k);
                 bt[j * k + p] = tf ? tf32(v) : v;
             }
         for (uint64_t j = 0; j < n; j++)
