@@ -41,15 +41,17 @@
 # products' and attention's TFLOP/s and share of the peak, the memory-bound
 # entries' GB/s and share of the memory bandwidth, and what the calls would
 # take at those peaks (how far faster kernels alone could go).
-# FP8 (train.compute_dtype fp8, tensorwise; issue 59) beside bf16, after
+# FP8 (train.compute_dtype fp8; issue 59) beside bf16, after
 # the rest: GPT-2 124M and the Llama 3.2 1B shape as above (cuDNN attention)
 # and a Llama 3.2 3B shape (28 layers, 3072 embd, 24 heads / 8 kv, ffn 8192,
 # vocab 128256, tied; B=1, T=4096, selective checkpointing), each trained
 # BENCH_FP8_STEPS steps (default 200) under bf16 and under fp8 on the same
 # data: the two result lines, then one line with the FP8/bf16 tokens/s
 # ratio and the loss curves' largest relative gap and where (every 20th
-# step from 20, and the last). Needs an sm_89+ GPU; BENCH_FP8=0 leaves the
-# section out, BENCH_FP8=only runs it alone.
+# step from 20, and the last). BENCH_FP8_RECIPES (default tensorwise): the
+# train.fp8_recipe values to run, each its fp8 run and line against the one
+# bf16 run. Needs an sm_89+ GPU (rowwise and blockwise: sm_90);
+# BENCH_FP8=0 leaves the section out, BENCH_FP8=only runs it alone.
 # BENCH_BIN (default ./llmtrain): the binary to time. BENCH_SMOKE=1 checks
 # this script, not the GPU: tiny models of the same architectures (2 layers,
 # 64 channels, vocabulary 96) at T=64 and B of 2 at most, every case and
@@ -78,6 +80,10 @@ PROFILE_STEPS=0
 MATMUL=${BENCH_MATMUL:-bf16 tf32}
 FP8=${BENCH_FP8:-1}
 FP8_STEPS=${BENCH_FP8_STEPS:-200}
+FP8_RECIPES=${BENCH_FP8_RECIPES:-tensorwise}
+for r in $FP8_RECIPES; do
+    case $r in tensorwise|blockwise|rowwise) ;; *) echo "bench-gpu: FAIL: BENCH_FP8_RECIPES: \"$r\": expected tensorwise, blockwise or rowwise" >&2; exit 1;; esac
+done
 case $FP8 in 0|1|only) ;; *) echo "bench-gpu: FAIL: BENCH_FP8=$FP8: expected 0, 1 or only" >&2; exit 1;; esac
 case $FP8_STEPS in ''|*[!0-9]*|0|1) echo "bench-gpu: FAIL: BENCH_FP8_STEPS=$FP8_STEPS: expected 2 or more" >&2; exit 1;; esac
 ATTENTION=${BENCH_ATTENTION:-cudnn flash gemm}
@@ -105,10 +111,11 @@ for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16)
         f.write(h.tobytes()); f.write(t.astype(dt).tobytes())
 PYEOF
 
-# name | model json | B | T | compute dtype | activation checkpointing[:recompute modules] | attention kernel | micro-batches a step
+# name | model json | B | T | compute dtype (fp8-RECIPE: fp8 under that recipe) | activation checkpointing[:recompute modules] | attention kernel | micro-batches a step
 run_case() {
     local name="$1" model="$2" B="$3" T="$4" mm="$5" ac="$6" att="$7" accum="${8:-1}"
-    local tag="$name-$mm-$att" mods="" mods_json=""
+    local tag="$name-$mm-$att" mods="" mods_json="" dtype_json="\"compute_dtype\": \"$5\""
+    case $mm in fp8-*) dtype_json="\"compute_dtype\": \"fp8\", \"fp8_recipe\": \"${mm#fp8-}\"";; esac
     case $ac in *:*) mods=${ac#*:}; ac=${ac%%:*}; mods_json=", \"recompute_modules\": \"$mods\""; tag="$tag-${mods//,/-}";; esac
     if [ "$SMOKE" = 1 ]; then
         model=$("$PY" -c 'import json, sys; m = json.loads(sys.argv[1]); m.update(n_layer=2, n_embd=64, n_head=4, vocab_size=96, max_seq_len=64)
@@ -122,7 +129,7 @@ print(json.dumps(m))' "$model") || exit 1
 {"model": $model,
  "data": {"train": "$TMP/$name.bin"},
  "train": {"steps": $STEPS, "seq_len": $T, "micro_batch": $B, "global_batch": $((B * accum)), "device": "cuda", "activation_checkpointing": "$ac"$mods_json,
-           "compute_dtype": "$mm", "attention_kernel": "$att"},
+           $dtype_json, "attention_kernel": "$att"},
  "optim": {"lr": 3e-4, "warmup_steps": 0},
  "eval": {"sample_tokens": 0}, "log": {"dir": "$TMP/run_$name", "profile_steps": $PROFILE_STEPS}, "checkpoint": {"dir": "$TMP/ck_$name"}}
 JSON
@@ -147,7 +154,7 @@ params = re.search(r"([0-9.]+)M parameters", text).group(1)
 steps = [json.loads(l) for l in open(metrics) if '"loss"' in l]
 timed = steps[1:] if len(steps) > 1 else steps
 med = lambda k: statistics.median(s[k] for s in timed)
-print(f"{name} ({params}M params) {shape} {mm} GEMMs, {att} attention on {dev}: {med('step_ms'):.0f} ms/step, "
+print(f"{name} ({params}M params) {shape} {mm.replace('fp8-', 'fp8 ')} GEMMs, {att} attention on {dev}: {med('step_ms'):.0f} ms/step, "
       f"{med('tokens_per_s'):.0f} tokens/s, MFU {100 * med('mfu'):.1f}% of {peak / 1e3:.0f} TFLOP/s bf16 dense "
       f"(median of {len(timed)} steps after warm-up)")
 PYEOF
@@ -166,28 +173,29 @@ LLAMA3B='{"arch": "llama", "n_layer": 28, "n_embd": 3072, "n_head": 24, "n_kv_he
           "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}'
 
 # fp8_case NAME MODEL B T AC: NAME's model FP8_STEPS steps under bf16, then
-# fp8 (cuDNN attention): their result lines, then the comparison line
+# under fp8 with each of FP8_RECIPES (cuDNN attention): the result lines,
+# each fp8 run's followed by its comparison line with the bf16 run
 fp8_case() {
-    local name=$1 model=$2 B=$3 T=$4 ac=$5 mm line tps=""
-    for mm in bf16 fp8; do
+    local name=$1 model=$2 B=$3 T=$4 ac=$5 mm line tps tb=""
+    for mm in bf16 $(printf 'fp8-%s ' $FP8_RECIPES); do
         line=$(STEPS=$FP8_STEPS run_case "$name" "$model" "$B" "$T" $mm "$ac" cudnn) || exit 1
         echo "$line"
-        tps="$tps $(sed -n 's/.* \([0-9]*\) tokens\/s,.*/\1/p' <<<"$line" | head -1)"
+        tps=$(sed -n 's/.* \([0-9]*\) tokens\/s,.*/\1/p' <<<"$line" | head -1)
         cp "$TMP/run_$name/metrics.jsonl" "$TMP/$name-$mm.jsonl"
-    done
-    # shellcheck disable=SC2086 # the two tokens/s figures as two arguments
-    $PY - "$name" "$TMP/$name-bf16.jsonl" "$TMP/$name-fp8.jsonl" $tps <<'PYEOF' || { echo "bench-gpu: FAIL: $name: comparing the fp8 run with bf16" >&2; exit 1; }
+        if [ "$mm" = bf16 ]; then tb=$tps; continue; fi
+        $PY - "$name" "${mm#fp8-}" "$TMP/$name-bf16.jsonl" "$TMP/$name-$mm.jsonl" "$tb" "$tps" <<'PYEOF' || { echo "bench-gpu: FAIL: $name: comparing the $mm run with bf16" >&2; exit 1; }
 import json, sys
-name, fb, ff, tb, tf = sys.argv[1:6]
+name, recipe, fb, ff, tb, tf = sys.argv[1:7]
 loss = lambda f: {d["step"]: d["loss"] for d in map(json.loads, open(f)) if "loss" in d and "step" in d}
 b, f = loss(fb), loss(ff)
 last = max(b)
 pts = sorted({s for s in b if s % 20 == 0 and s in f} | {last})
 gap = max(pts, key=lambda s: abs(f[s] - b[s]) / abs(b[s]))
-print(f"fp8 vs bf16 {name}: tokens/s {float(tf):.0f} vs {float(tb):.0f} (x{float(tf) / float(tb):.2f}); loss over {last} steps "
+print(f"fp8 ({recipe}) vs bf16 {name}: tokens/s {float(tf):.0f} vs {float(tb):.0f} (x{float(tf) / float(tb):.2f}); loss over {last} steps "
       f"(every 20th): largest gap {100 * (f[gap] - b[gap]) / b[gap]:+.2f}% at step {gap}, "
       f"last {f[last]:.4f} vs {b[last]:.4f} ({100 * (f[last] - b[last]) / b[last]:+.2f}%)")
 PYEOF
+    done
 }
 
 if [ "$FP8" = only ]; then MATMUL=""; fi

@@ -80,6 +80,10 @@ t=$(BENCH_SMOKE=yes bench/run_bench_gpu.sh 2>&1); rc=$?
 if [ $rc -eq 1 ] && [ "$t" = "bench-gpu: FAIL: BENCH_SMOKE=yes: expected 0 or 1" ]; then
     ok "BENCH_SMOKE=yes: exit 1, one line"
 else bad "BENCH_SMOKE=yes: rc $rc: $t"; fi
+t=$(BENCH_FP8_RECIPES="tensorwise delayed" bench/run_bench_gpu.sh 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$t" = 'bench-gpu: FAIL: BENCH_FP8_RECIPES: "delayed": expected tensorwise, blockwise or rowwise' ]; then
+    ok "BENCH_FP8_RECIPES naming no recipe: exit 1, one line"
+else bad "BENCH_FP8_RECIPES=\"tensorwise delayed\": rc $rc: $t"; fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

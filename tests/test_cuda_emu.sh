@@ -168,6 +168,27 @@ if [ $rc -eq 0 ] && [ "$cases" -eq 4 ] && [ "$(grep -c ' tf32 GEMMs, gemm attent
    ! grep -q '^profile:' "$TMP/bt.out"; then
     ok "BENCH_SMOKE=1 bench-gpu on the emulation, tf32 and the GEMM attention: 4 result lines, no profile"
 else bad "bench-gpu smoke, tf32 gemm: exit $rc, $cases result lines: $(head -c 1500 "$TMP/bt.out")"; fi
+# the FP8 section (BENCH_FP8=only) under two recipes: for each of the three
+# shapes the bf16 line, then each recipe's line and its comparison with bf16
+BENCH_BIN=tests/llmtrain_emu BENCH_SMOKE=1 BENCH_FP8=only BENCH_FP8_STEPS=3 BENCH_FP8_RECIPES="tensorwise blockwise" \
+    bench/run_bench_gpu.sh >"$TMP/b8.out" 2>&1; rc=$?
+want=""
+for n in gpt2_124M llama_1B llama_3B; do want="$want $n:bf16 $n:fp8:tensorwise $n:vs:tensorwise $n:fp8:blockwise $n:vs:blockwise"; done
+got=$($PY - "$TMP/b8.out" <<'PYEOF'
+import re, sys
+out = []
+for ln in open(sys.argv[1]):
+    m = re.match(r"^(\w+) \(0\.[0-9]+M params\) B=[12] T=64.* (bf16|fp8 (tensorwise|blockwise)) GEMMs, cudnn attention on device 0: .* [0-9]+ tokens/s, ", ln)
+    if m: out.append(f"{m[1]}:{m[2].replace(' ', ':')}")
+    m = re.match(r"^fp8 \((tensorwise|blockwise)\) vs bf16 (\w+): tokens/s [0-9]+ vs [0-9]+ \(x[0-9.]+\); loss over 3 steps \(every 20th\): "
+                 r"largest gap [-+][0-9.]+% at step [0-9]+, last [0-9.]+ vs [0-9.]+ \([-+][0-9.]+%\)$", ln)
+    if m: out.append(f"{m[2]}:vs:{m[1]}")
+print(" " + " ".join(out))
+PYEOF
+)
+if [ $rc -eq 0 ] && [ "$got" = "$want" ]; then
+    ok "BENCH_SMOKE=1 BENCH_FP8=only BENCH_FP8_RECIPES=\"tensorwise blockwise\" bench-gpu on the emulation: GPT-2, Llama 1B and 3B shapes, each a bf16 line and per recipe its fp8 line and comparison"
+else bad "bench-gpu FP8 smoke: exit $rc, lines [$got], expected [$want]: $(head -c 1500 "$TMP/b8.out")"; fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
