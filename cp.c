@@ -15,8 +15,12 @@
  *
  * Overlap: the next step's block is sent (ModelComm.cp_shift) before this
  * step's pairs are computed and waited for after them (cp_wait), so a
- * device communicator moves it while the attention runs; a gradient can
- * only leave once its step's pairs have added to it.
+ * device communicator moves it while the attention runs. In the
+ * backward a gradient leaves once its step's pairs have added to it and is
+ * waited for after the next step's pairs, which add into a part of their
+ * own (cp_part) that joins the arrived gradient after them: a rank's
+ * contribution is summed with the ring's so far as one term (the sum's
+ * order is not a serial ring's, a rounding's difference).
  *
  * Element sizes: a block holds k and v as qkv does, act_bytes an element
  * (bf16 under CUDA's default compute dtype: the bytes the ring moves
@@ -38,9 +42,9 @@ void cp_setup(Model *m, int cp, int cp_rank, int mode) {
     if (!k->attention_part_forward || !k->attention_part_backward || !k->copy_2d)
         die(EXIT_INTERNAL, "context parallelism: the %s backend has no attention parts", k->name);
     if (m->T % 2) die(EXIT_INTERNAL, "context parallelism: %d rows per sequence is odd", m->T);
-    double slot = cp_ring_bytes(m, cp, CP_RING) / 2; /* one k|v block and its gradient */
+    double slot = cp_ring_bytes(m, cp, CP_ALL_GATHER) / (cp + 1); /* one k|v block and its gradient */
     m->cp_ring[0] = k->alloc((size_t)slot);
-    m->cp_ring[1] = k->alloc((size_t)((mode == CP_ALL_GATHER ? cp : 1) * slot));
+    m->cp_ring[1] = k->alloc((size_t)(cp_ring_bytes(m, cp, mode) - slot));
 }
 
 /* The elements of a k|v block of n rows. */
@@ -49,7 +53,9 @@ static size_t kv_elems(const Model *m, size_t n) { return n * 2 * (size_t)m->nkv
 double cp_ring_bytes(const Model *m, int cp, int mode) {
     if (cp == 1) return 0;
     double e = (double)kv_elems(m, (size_t)m->B * m->T), slot = e * m->act_bytes + e * sizeof(float);
-    return (mode == CP_ALL_GATHER ? cp + 1 : 2) * slot; /* each buffer: blocks, then as many gradients */
+    /* each buffer: blocks, then as many gradients; the ring's second one
+     * also a step's part of a gradient (cp_part) */
+    return mode == CP_ALL_GATHER ? (cp + 1) * slot : 2 * slot + e * sizeof(float);
 }
 
 /* One segment pair of a ring step: this rank's query chunk a (0: chunk r, 1:
@@ -72,7 +78,7 @@ static int cp_pairs(const Model *m, int s, int T, CpPair pair[4]) {
 static char *at(void *p, size_t bytes) { return (char *)p + bytes; }
 
 /* The buffers' layout: a ring buffer is a block (KVa bytes) then its
- * gradient (KV4 bytes); all_gather's cp_ring[0] is the own block and its
+ * gradient (KV4 bytes), cp_ring[1] then a part (KV4, cp_part); all_gather's cp_ring[0] is the own block and its
  * gradient, cp_ring[1] every block, then every gradient. */
 typedef struct CpBufs { size_t E, KVa, KV4; } CpBufs;
 static CpBufs cp_bufs(const Model *m, int N) {
@@ -97,6 +103,10 @@ static float *step_grad(const Model *m, int s, const CpBufs *b) {
     if (m->cp_mode == CP_RING) return (float *)at(m->cp_ring[s % 2], b->KVa);
     return (float *)at(m->cp_ring[1], (size_t)m->cp * b->KVa + (size_t)((m->cp_rank - s + m->cp) % m->cp) * b->KV4);
 }
+/* The ring's part of a gradient: what a step's pairs add to the block's
+ * gradient while that gradient is still on its way (after cp_ring[1]'s
+ * block and gradient). */
+static float *cp_part(const Model *m, const CpBufs *b) { return (float *)at(m->cp_ring[1], b->KVa + b->KV4); }
 
 /* Every rank's k|v block into cp_ring[1] in rank order (all_gather). */
 static void gather_blocks(Model *m, const float *qkv, int N, const CpBufs *b) {
@@ -127,7 +137,7 @@ void cp_attention_forward(Model *m, float *out, float *lse, const float *qkv, co
 void cp_attention_backward(Model *m, float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                            const int *qstart, int B, int T) {
     const Kernels *k = m->k;
-    int cp = m->cp, Tc = T / 2, N = B * T, ring = m->cp_mode == CP_RING;
+    int cp = m->cp, Tc = T / 2, N = B * T, ring = m->cp_mode == CP_RING, hg = -1;
     size_t ab = (size_t)m->act_bytes, KS = (size_t)2 * m->nkv * m->hd;
     CpBufs b = cp_bufs(m, N);
     k->zero(dqkv, (size_t)N * m->qkv_dim * ab); /* dQ adds up over the steps */
@@ -136,19 +146,26 @@ void cp_attention_backward(Model *m, float *dqkv, const float *dout, const float
     k->zero(step_grad(m, ring ? 0 : m->cp_rank, &b), (ring ? 1 : (size_t)cp) * b.KV4); /* all_gather: every gradient */
     for (int s = 0; s < cp; s++) {
         float *cur = step_block(m, s, &b), *grad = step_grad(m, s, &b), *next = m->cp_ring[(s + 1) % 2];
-        /* ring: the next block travels while this one's pairs run; then
-         * this block's gradient follows it (after the last step, home to
-         * its owner) */
+        /* ring: the next block travels while this one's pairs run, and so
+         * does the gradient of the previous step's block, arriving here as
+         * this step's: the pairs add into a part of their own (the own
+         * block's at step 0), summed with the arrived gradient after them */
         int h = ring && s + 1 < cp ? m->comm.cp_shift(m->comm.ctx, cur, next, b.KVa) : -1;
+        float *acc = ring && s > 0 ? cp_part(m, &b) : grad;
+        if (acc != grad) k->zero(acc, b.KV4);
         CpPair p[4];
         for (int i = 0, n = cp_pairs(m, s, T, p); i < n; i++)
-            k->attention_part_backward(dqkv, grad, dout, qkv, out, lse, p[i].qrow, p[i].q0, Tc, cur, p[i].krow, p[i].k0, Tc,
+            k->attention_part_backward(dqkv, acc, dout, qkv, out, lse, p[i].qrow, p[i].q0, Tc, cur, p[i].krow, p[i].k0, Tc,
                                        qstart, B, T, T, m->nh, m->nkv, m->hd);
         if (!ring) continue;
-        int hg = m->comm.cp_shift(m->comm.ctx, grad, at(next, b.KVa), b.KV4);
         if (h >= 0) m->comm.cp_wait(m->comm.ctx, h);
         if (hg >= 0) m->comm.cp_wait(m->comm.ctx, hg);
+        if (acc != grad) k->add(grad, grad, acc, b.E);
+        /* this block's gradient on to the next rank (after the last step,
+         * home to its owner), waited after the next step's pairs */
+        hg = m->comm.cp_shift(m->comm.ctx, grad, at(next, b.KVa), b.KV4);
     }
+    if (hg >= 0) m->comm.cp_wait(m->comm.ctx, hg);
     /* this rank's own block's gradient, every rank's share added, in the
      * gradient half of a buffer whose block half is free */
     void *home = m->cp_ring[cp % 2];

@@ -21,8 +21,8 @@ static inline int cp_pos(int i, int T, int cp, int r) {
     return (i < Tc ? r : 2 * cp - 1 - r) * Tc + i % Tc;
 }
 /* Bytes of the buffers for a model of m's shape under cp and mode (0 for
- * cp 1): the ring's 2 x (block + gradient), all_gather's (cp + 1) x (block
- * + gradient). `llmtrain check` and the start-up report count them with
+ * cp 1): the ring's 2 x (block + gradient) + a gradient, all_gather's
+ * (cp + 1) x (block + gradient). `llmtrain check` and the start-up report count them with
  * the activations. */
 double cp_ring_bytes(const Model *m, int cp, int mode);
 /* Attention of this rank's rows over the whole sequence (ring: cp - 1

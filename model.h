@@ -94,8 +94,8 @@ enum { CHUNK_PRE_FORWARD, CHUNK_POST_FORWARD, CHUNK_PRE_BACKWARD, CHUNK_POST_BAC
  * and receiving as many from the previous one into recv (cp.c's ring); it
  * returns a handle for cp_wait, after which the backend's later work sees
  * recv (a device communicator overlaps the transfer with the work queued
- * between the two; MPI's is done at the start, handle -1); neither buffer
- * may be touched in between. cp_allgather, every member's `bytes` into
+ * between the two, MPI's with the host's); recv may not be touched in
+ * between, send only read. cp_allgather, every member's `bytes` into
  * recv[cp * bytes] in member order; cp_reduce_scatter, the members'
  * send[cp * n] floats summed, block cp_rank into recv[n]
  * (parallel.context_mode all_gather). */
@@ -246,7 +246,8 @@ typedef struct Model {
      * sequence's 2 cp chunks of T/2 tokens; positions (pos), qstart and
      * attention are the sequence's (cp_pos) */
     int cp, cp_rank, cp_mode; /* cp_mode: CP_RING | CP_ALL_GATHER (cp.h) */
-    float *cp_ring[2];        /* ring: two buffers of a k|v block [B*T, 2 nkv hd] and its gradient after it;
+    float *cp_ring[2];        /* ring: two buffers of a k|v block [B*T, 2 nkv hd] and its gradient after it
+                               * ([1] then a gradient's part, the backward's);
                                * all_gather: [0] the own block and its gradient, [1] every block, then every gradient */
     const int *cp_doc0;       /* set by the caller before a forward when eod_token >= 0: [N] host memory,
                                * each token's document's first position in its whole sequence */

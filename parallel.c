@@ -11,6 +11,7 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/resource.h>
@@ -24,7 +25,9 @@ struct DistGroups {
     /* launch without MPI: each group's TCP rendezvous (NULL: one member, or
      * MPI; the world's own when the group is the world) */
     Rendezvous *tcp[DIST_N_GROUPS_CP];
-    /* non-blocking collectives: handle i is reqs[i], named req_name[i] (NULL: free) */
+    /* non-blocking collectives: handle i is reqs[2i] and reqs[2i+1] (a ring
+     * shift's receive and send; one collective's second is null), named
+     * req_name[i] (NULL: free) */
     MPI_Request *reqs;
     const char **req_name;
     int n_reqs;
@@ -835,8 +838,19 @@ int dist_cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes) {
     if (d->dev) return dev_start(d, "ncclSend/ncclRecv", DIST_OP_SENDRECV, DIST_GROUP_CP, send, recv, bytes);
     Xc c = xc_group(d, DIST_GROUP_CP);
     int next = (d->cp_rank + 1) % cp, prev = (d->cp_rank + cp - 1) % cp;
-    if (d->use_mpi) {
-        const size_t most = (size_t)1 << 30; /* MPI counts are ints */
+    if (d->use_mpi && bytes <= INT_MAX) { /* started: the receive and the send under one handle */
+        const char *name = "MPI_Isend_Irecv";
+        int h = req_slot(d);
+        MPI_Request *r = &d->groups->reqs[2 * h];
+        watch_collective(d, name);
+        check(d, MPI_Irecv(recv, (int)bytes, MPI_BYTE, prev, 58, c.mpi, &r[0]), "MPI_Irecv");
+        check(d, MPI_Isend(send, (int)bytes, MPI_BYTE, next, 58, c.mpi, &r[1]), "MPI_Isend");
+        watch_collective(d, NULL);
+        d->groups->req_name[h] = name;
+        return h;
+    }
+    if (d->use_mpi) { /* MPI counts are ints: done here, a GiB at a time */
+        const size_t most = (size_t)1 << 30;
         watch_collective(d, "MPI_Sendrecv");
         for (size_t off = 0; off < bytes; off += most) {
             int cnt = (int)(bytes - off < most ? bytes - off : most);
@@ -969,9 +983,10 @@ static int req_slot(Dist *d) {
     for (int i = 0; i < g->n_reqs; i++)
         if (!g->req_name[i]) return i; /* a handle is taken from its start to its dist_wait */
     int n = g->n_reqs ? 2 * g->n_reqs : 16;
-    MPI_Request *r = malloc_check((size_t)n * sizeof *r);
+    MPI_Request *r = malloc_check((size_t)n * 2 * sizeof *r);
     const char **nm = malloc_check((size_t)n * sizeof *nm);
-    for (int i = 0; i < n; i++) { r[i] = i < g->n_reqs ? g->reqs[i] : MPI_REQUEST_NULL; nm[i] = i < g->n_reqs ? g->req_name[i] : NULL; }
+    for (int i = 0; i < 2 * n; i++) r[i] = i < 2 * g->n_reqs ? g->reqs[i] : MPI_REQUEST_NULL;
+    for (int i = 0; i < n; i++) nm[i] = i < g->n_reqs ? g->req_name[i] : NULL;
     free(g->reqs);
     free(g->req_name);
     g->reqs = r;
@@ -1005,7 +1020,7 @@ static int shard_istart(Dist *d, int op, const void *send, void *recv, size_t n)
         MPI_Datatype t = mpi_elem(es);
         int cnt = count_of(n, name);
         h = req_slot(d);
-        MPI_Request *r = &d->groups->reqs[h];
+        MPI_Request *r = &d->groups->reqs[2 * h];
         watch_collective(d, name);
         check(d, rs ? MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, cnt, t, MPI_SUM, d->groups->shard, r)
                     : MPI_Iallgather(send, cnt, t, recv, cnt, t, d->groups->shard, r), name);
@@ -1048,7 +1063,7 @@ static int iallreduce(Dist *d, int g, const char *gname, float *x, size_t n) {
         h = req_slot(d);
         watch_collective(d, name);
         check(d, MPI_Iallreduce(MPI_IN_PLACE, x, cnt, MPI_FLOAT, MPI_SUM, g == DIST_GROUP_DP ? d->groups->dp : d->groups->replicate,
-                                &d->groups->reqs[h]), name);
+                                &d->groups->reqs[2 * h]), name);
         watch_collective(d, NULL);
         d->groups->req_name[h] = name;
     }
@@ -1070,9 +1085,9 @@ static void wait_handle(Dist *d, int h, int traced) {
     if (traced) trace(d, NULL, NULL, 0, h);
     watch_collective(d, g->req_name[h]); /* the watchdog names the collective a hung wait is for */
     if (d->dev) d->dev->wait(d->dev->ctx, h);
-    else check(d, MPI_Wait(&g->reqs[h], MPI_STATUS_IGNORE), g->req_name[h]);
+    else check(d, MPI_Waitall(2, &g->reqs[2 * h], MPI_STATUSES_IGNORE), g->req_name[h]);
     watch_collective(d, NULL);
-    g->reqs[h] = MPI_REQUEST_NULL;
+    g->reqs[2 * h] = g->reqs[2 * h + 1] = MPI_REQUEST_NULL;
     g->req_name[h] = NULL;
 }
 
@@ -1082,7 +1097,7 @@ int dist_test(Dist *d, int h) {
     if (h < 0 || !d->groups) return 1;
     if (d->dev) return d->dev->test(d->dev->ctx, h);
     int done = 0;
-    check(d, MPI_Test(&d->groups->reqs[h], &done, MPI_STATUS_IGNORE), "MPI_Test");
+    check(d, MPI_Testall(2, &d->groups->reqs[2 * h], &done, MPI_STATUSES_IGNORE), "MPI_Testall");
     return done; /* the handle stays taken until dist_wait (MPI_Wait on a completed request returns at once) */
 }
 

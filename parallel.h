@@ -132,10 +132,13 @@ static inline int dist_seq_rank(const Dist *d) { return d->dp_rank / (d->cp > 0 
  * recv, started: a handle for dist_cp_wait. Over a device communicator
  * (NCCL) it is queued on the communication stream after the backend's
  * work so far and the backend's later work keeps running beside it until
- * dist_cp_wait; over MPI it is MPI_Sendrecv, done before this returns
- * (handle -1); over TCP, which has no point-to-point, an all-gather of the
- * group whose previous member's block is kept (-1). Counted in bytes_cp as
- * the bytes sent. */
+ * dist_cp_wait; over MPI it is MPI_Irecv and MPI_Isend under one handle
+ * (a shift over 2^31 - 1 bytes: MPI_Sendrecv, done before this returns,
+ * handle -1); over TCP, which has no point-to-point, an all-gather of the
+ * group whose previous member's block is kept (-1). Shifts in flight
+ * together pair up in the order they were started (MPI's message order:
+ * every member starts them in the same order). Counted in bytes_cp as the
+ * bytes sent. */
 int dist_cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes);
 /* The backend's later work after shift h (-1: nothing); the host does not
  * wait for a device communicator's. */

@@ -353,6 +353,10 @@ static void cp_layout(Dist *d, int cp) {
     double b0 = d->bytes_cp;
     int h = dist_cp_shift_start(d, x, y, 5 * sizeof(float));
     CHECK(h >= 0, "cp shift over NCCL: handle %d (expected one to wait for)", h);
+    /* started: queued on the communication stream, the compute stream not
+     * held until the wait (cp.c's parts run between the two) */
+    CHECK(strcmp(trace, "RwNNr") == 0, "cp shift started: stream trace %s, expected RwNNr (the compute stream waits only in dist_cp_wait)",
+          trace);
     dist_cp_wait(d, h);
     int prev = base + (d->cp_rank + cp - 1) % cp, ok = 1;
     for (int i = 0; i < 5; i++) ok &= y[i] == val(prev, (size_t)i);

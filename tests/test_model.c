@@ -13,7 +13,12 @@
  *   - train.lm_head_chunk 0 (model_head_rows_auto): the whole micro-batch
  *     while its logits take at most HEAD_AUTO_BYTES, else the fewest chunks
  *     that do, equal and a multiple of 64 rows;
- *   - sequence parallelism's activation buffers (test_sp_acts). */
+ *   - sequence parallelism's activation buffers (test_sp_acts);
+ *   - cp.c's ring schedule (test_cp_ring): every k|v block shift, and every
+ *     gradient shift but the last (home), is started before a pair of
+ *     attention parts and waited after it, so a device communicator moves
+ *     it while they run; no part or add writes a buffer in flight or reads
+ *     one being received; the shifts' bytes are docs/layouts.md's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +26,7 @@
 
 #include "check.h"
 #include "config.h"
+#include "cp.h"
 #include "kernels.h"
 #include "model.h"
 #include "util.h"
@@ -124,6 +130,125 @@ static Pass train_pass(const char *name, const ModelConfig *c, const Kernels *k,
     return p;
 }
 
+/* cp.c's ring through a fake ModelComm (one rank of the ring: a shift's
+ * receive is a copy of what was sent, made at its wait) and part kernels
+ * that log themselves: the log holds S (shift started), W (waited), P (a
+ * part kernel), A (an add) in order; zero and add are checked for hazards
+ * too. */
+#define RING_MAX 16
+typedef struct { int h, parts; const char *send; char *recv; size_t bytes; } RingShift;
+static struct {
+    int n; /* shifts in flight */
+    RingShift f[RING_MAX];
+    int next_h, parts, overlapped, waited, hazards;
+    double bytes;
+    char log[512];
+} ring;
+static void ring_log(char c) {
+    size_t n = strlen(ring.log);
+    if (n + 1 < sizeof ring.log) { ring.log[n] = c; ring.log[n + 1] = 0; }
+}
+static int ring_meets(const void *p, size_t bytes, const void *q, size_t qbytes) {
+    const char *a = p, *b = q;
+    return a < b + qbytes && b < a + bytes;
+}
+/* A kernel writes w[wb] and reads r[rb]: neither a buffer in flight written
+ * nor one being received read. */
+static void ring_touch(const void *w, size_t wb, const void *r, size_t rb) {
+    for (int i = 0; i < ring.n; i++) {
+        ring.hazards += ring_meets(w, wb, ring.f[i].send, ring.f[i].bytes) || ring_meets(w, wb, ring.f[i].recv, ring.f[i].bytes);
+        ring.hazards += r && ring_meets(r, rb, ring.f[i].recv, ring.f[i].bytes);
+    }
+}
+static void ring_part(void) {
+    for (int i = 0; i < ring.n; i++) ring.f[i].parts++;
+    ring_log('P');
+}
+static int ring_shift(void *ctx, const void *send, void *recv, size_t bytes) {
+    (void)ctx;
+    if (ring.n == RING_MAX) die(EXIT_INTERNAL, "test_cp_ring: %d shifts in flight", RING_MAX);
+    ring_touch(recv, bytes, NULL, 0);
+    ring.f[ring.n++] = (RingShift){ring.next_h, 0, send, recv, bytes};
+    ring.bytes += (double)bytes;
+    ring_log('S');
+    return ring.next_h++;
+}
+static void ring_wait(void *ctx, int h) {
+    (void)ctx;
+    for (int i = 0; i < ring.n; i++)
+        if (ring.f[i].h == h) {
+            memcpy(ring.f[i].recv, ring.f[i].send, ring.f[i].bytes);
+            ring.overlapped += ring.f[i].parts > 0;
+            ring.waited++;
+            ring.f[i] = ring.f[--ring.n];
+            ring_log('W');
+            return;
+        }
+    die(EXIT_INTERNAL, "test_cp_ring: wait for handle %d, not in flight", h);
+}
+static const Model *ring_m;
+static size_t kv_bytes(int es) { return (size_t)ring_m->B * ring_m->T * 2 * ring_m->nkv * ring_m->hd * es; }
+static void ring_part_fwd(float *out, float *lse, const float *qkv, int qrow, int q0, int nq, const float *kv, int krow, int k0,
+                          int nk, const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd, int merge) {
+    ring_touch(out, (size_t)B * Tq * nh * hd * 4, kv, kv_bytes(4));
+    ring_part();
+    cpu->attention_part_forward(out, lse, qkv, qrow, q0, nq, kv, krow, k0, nk, qstart, B, Tq, Tk, nh, nkv, hd, merge);
+}
+static void ring_part_bwd(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                          int qrow, int q0, int nq, const float *kv, int krow, int k0, int nk, const int *qstart, int B, int Tq,
+                          int Tk, int nh, int nkv, int hd) {
+    ring_touch(dkv, kv_bytes(4), kv, kv_bytes(4));
+    ring_touch(dqkv, (size_t)B * Tq * ring_m->qkv_dim * 4, NULL, 0);
+    ring_part();
+    cpu->attention_part_backward(dqkv, dkv, dout, qkv, out, lse, qrow, q0, nq, kv, krow, k0, nk, qstart, B, Tq, Tk, nh, nkv, hd);
+}
+static void ring_zero(void *p, size_t bytes) {
+    ring_touch(p, bytes, NULL, 0);
+    cpu->zero(p, bytes);
+}
+static void ring_add(float *out, const float *a, const float *b, size_t n) {
+    ring_touch(out, n * 4, a, n * 4);
+    ring_touch(NULL, 0, b, n * 4);
+    ring_log('A');
+    cpu->add(out, a, b, n);
+}
+
+static void test_cp_ring(void) {
+    Kernels k = *cpu;
+    k.attention_part_forward = ring_part_fwd;
+    k.attention_part_backward = ring_part_bwd;
+    k.add = ring_add;
+    k.zero = ring_zero;
+    for (int cp = 2; cp <= 4; cp += 2)
+        for (int r = 0; r < cp; r += cp - 1) {
+            Model m = {0};
+            m.k = &k;
+            m.B = 2; m.T = 8; m.nh = 4; m.nkv = 2; m.hd = 8; m.qkv_dim = (m.nh + 2 * m.nkv) * m.hd; m.act_bytes = 4;
+            m.comm = (ModelComm){.cp_shift = ring_shift, .cp_wait = ring_wait};
+            cp_setup(&m, cp, r, CP_RING);
+            ring_m = &m;
+            size_t N = (size_t)m.B * m.T, nq = N * m.qkv_dim, no = N * m.nh * m.hd;
+            float *qkv = k.alloc(nq * 4), *dqkv = k.alloc(nq * 4), *out = k.alloc(no * 4), *dout = k.alloc(no * 4),
+                  *lse = k.alloc(N * m.nh * 4);
+            for (size_t i = 0; i < nq; i++) qkv[i] = (float)((i * 37 + 11) % 19) / 19.0f - 0.5f;
+            for (size_t i = 0; i < no; i++) dout[i] = (float)((i * 53 + 7) % 23) / 23.0f - 0.5f;
+            for (int bwd = 0; bwd < 2; bwd++) {
+                memset(&ring, 0, sizeof ring);
+                if (bwd) cp_attention_backward(&m, dqkv, dout, qkv, out, lse, NULL, m.B, m.T);
+                else cp_attention_forward(&m, out, lse, qkv, NULL, m.B, m.T);
+                /* forward: cp - 1 block shifts; backward: as many, and cp gradients */
+                int shifts = bwd ? 2 * cp - 1 : cp - 1, overlap = bwd ? 2 * cp - 2 : cp - 1;
+                double want = (double)(cp - 1) * kv_bytes(4) + (bwd ? cp * (double)kv_bytes(4) : 0);
+                check(ring.waited == shifts && ring.n == 0 && ring.overlapped == overlap && ring.hazards == 0 && ring.bytes == want,
+                      "cp %d rank %d %s: %d shifts waited (want %d), %d of them across part kernels (want %d), %d buffer "
+                      "hazards, %.0f bytes (want %.0f): %s", cp, r, bwd ? "backward" : "forward", ring.waited, shifts,
+                      ring.overlapped, overlap, ring.hazards, ring.bytes, want, ring.log);
+            }
+            k.free(qkv); k.free(dqkv); k.free(out); k.free(dout); k.free(lse);
+            for (int i = 0; i < 2; i++) k.free(m.cp_ring[i]);
+        }
+}
+
 /* train.lm_head_chunk 0: the whole micro-batch while its logits fit in
  * HEAD_AUTO_BYTES, else the fewest chunks that fit, equal and a multiple of
  * 64 rows (against a search over the chunk counts) */
@@ -179,6 +304,7 @@ int main(void) {
     test_head_rows_auto();
     test_sp_acts();
     cpu = kernels_cpu();
+    test_cp_ring();
     Kernels k = *cpu;
     k.matmul_forward_a = count_forward_a;
     k.matmul_backward_a = count_backward_a;
