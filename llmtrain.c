@@ -315,17 +315,48 @@ static uint64_t sample_key(uint64_t seed, int step) {
     return splitmix64(splitmix64(seed ^ 0x73616D706C65ull) + (uint64_t)step) | 1;
 }
 
+/* Context parallelism: the sampling forward over the window of len
+ * tokens, the context group together (the ring, as training's), padded
+ * to 2 cp chunks of ceil(len / 2cp) tokens (under the causal mask the
+ * padding after the last token changes nothing before it); the local row
+ * of the window's last token on the context rank that holds it (its
+ * logits computed), -1 on the others. */
+static int cp_sample_forward(Trainer *t, const int *win, int len, int *start) {
+    Model *m = &t->model;
+    int cp = m->cp, r = m->cp_rank, ch = (len + 2 * cp - 1) / (2 * cp), Tl = 2 * ch, q = (len - 1) / ch;
+    for (int p = 0, s = 0; p < len; p++) { /* documents, as the model finds them in a window */
+        start[p] = s;
+        if (win[p] == m->eod_token) s = p + 1;
+    }
+    for (int i = 0; i < Tl; i++) {
+        int p = cp_pos(i, Tl, cp, r);
+        t->tok[i] = p < len ? win[p] : win[len - 1];
+        if (t->doc0) t->doc0[i] = p < len ? start[p] : start[len - 1];
+    }
+    int row = q < cp ? (len - 1) % ch : ch + (len - 1) % ch, mine = (q < cp ? q : 2 * cp - 1 - q) == r;
+    m->logits_end = mine ? row + 1 : 0;
+    model_forward_bt(m, t->tok, NULL, 1, Tl);
+    m->logits_end = 0;
+    return mine ? row - m->logits_row0 : -1;
+}
+
 /* Generate sample_tokens tokens after a short prompt taken from the data,
- * and print them (rank 0). Uses B = 1 forwards over the growing context.
+ * and print them (rank 0). Uses B = 1 forwards over the growing context
+ * (the last seq_len tokens of it).
  * Tensor parallel: the TP group of data-parallel rank 0 runs the forwards;
  * rank 0 gathers the last row's vocabulary slices, picks, and shares it.
+ * Context parallel: the context group of data-parallel slot 0 runs them
+ * over the whole context (cp_sample_forward); the row comes to rank 0 in
+ * a sum over the group (the others' zeros), the choice goes back in one.
  * Sharded: every rank runs the same forwards (the chunk gathers are
  * collectives of the shard group) and rank 0 shares its choice with all. */
 static void print_sample(Trainer *t, int step) {
     const Config *c = &t->cfg;
     t->sample_rng = sample_key((uint64_t)c->seed, step);
     Model *m = &t->model;
-    int T = m->T, V = m->cfg.vocab_size, tp = t->dist.tp, dp0 = t->dist.dp_rank == 0;
+    /* dp0: data-parallel slot 0 (its context group, under cp); T: seq_len */
+    int cp = m->cp, T = m->T * cp, V = m->cfg.vocab_size, tp = t->dist.tp, dp0 = dist_seq_rank(&t->dist) == 0;
+    int tp0 = t->dist.tp_rank == 0;
     if (c->sample_tokens <= 0 || (!dp0 && !t->sh.sharded)) return;
     const DataSet *ds = t->have_val ? &t->val : &t->train;
     int prompt = T < 16 ? (T > 1 ? T / 2 : 1) : 8;
@@ -335,27 +366,36 @@ static void print_sample(Trainer *t, int step) {
     memcpy(ctx, t->tok, (size_t)prompt * sizeof(int));
     float *row = malloc_check((size_t)V * sizeof(float));
     float *mine = tp > 1 ? malloc_check((size_t)m->V * sizeof(float)) : NULL; /* this rank's vocabulary slice */
+    double *sum = cp > 1 ? malloc_check((size_t)V * sizeof(double)) : NULL;
+    int *start = cp > 1 ? malloc_check((size_t)T * sizeof(int)) : NULL;
     forward_only(t, 1);
-    /* context parallelism: each rank runs the sample alone over the last T
-     * (seq_len / cp) tokens of the context */
-    int cp = m->cp;
-    m->cp = 1;
     for (int n = prompt; n < total; n++) {
-        int len = n < T ? n : T;
-        model_forward_bt(m, ctx + (n - len), NULL, 1, len);
-        int last = len - 1 - m->logits_row0;
-        if (tp > 1 && dp0) {
+        int len = n < T ? n : T, last;
+        if (cp > 1) {
+            last = cp_sample_forward(t, ctx + (n - len), len, start);
+        } else {
+            model_forward_bt(m, ctx + (n - len), NULL, 1, len);
+            last = len - 1 - m->logits_row0;
+        }
+        if (tp > 1 && dp0 && last >= 0) { /* the TP group holding the row */
             model_logits_to_host(m, last, 1, mine);
-            dist_tp_gather_f32(&t->dist, mine, is_root(t) ? row : NULL, (size_t)m->V);
-        } else if (is_root(t)) {
+            dist_tp_gather_f32(&t->dist, mine, tp0 ? row : NULL, (size_t)m->V);
+        } else if (tp == 1 && dp0 && last >= 0) {
             model_logits_to_host(m, last, 1, row);
+        }
+        if (cp > 1 && dp0 && tp0) { /* the row to context rank 0 */
+            for (int v = 0; v < V; v++) sum[v] = last >= 0 ? row[v] : 0.0;
+            dist_cp_allreduce_sum_f64(&t->dist, sum, (size_t)V);
+            for (int v = 0; v < V; v++) row[v] = (float)sum[v];
         }
         /* the choice, and whether rank 0 was asked to stop (the sample then
          * ends here; the caller agrees on the stop with every rank) */
         double f[2] = {is_root(t) ? (double)pick_token(t, row, V) : 0, is_root(t) && g_stop_signal != 0};
-        if (t->sh.sharded || tp > 1) { /* shared: only rank 0 contributes (host memory: float64 sums) */
-            if (t->sh.sharded) dist_allreduce_sum_f64(&t->dist, f, 2);
-            else dist_tp_allreduce_sum_f64(&t->dist, f, 2);
+        if (t->sh.sharded) { /* shared: only rank 0 contributes (host memory: float64 sums) */
+            dist_allreduce_sum_f64(&t->dist, f, 2);
+        } else {
+            if (cp > 1 && tp0) dist_cp_allreduce_sum_f64(&t->dist, f, 2);
+            dist_tp_allreduce_sum_f64(&t->dist, f, 2);
         }
         ctx[n] = (int)f[0];
         if (f[1] > 0) {
@@ -363,7 +403,6 @@ static void print_sample(Trainer *t, int step) {
             break;
         }
     }
-    m->cp = cp;
     forward_only(t, 0);
     if (is_root(t)) {
         printf("--- sample%s ---\n", total < prompt + c->sample_tokens ? " (cut short: stop requested)" : "");
@@ -376,6 +415,8 @@ static void print_sample(Trainer *t, int step) {
         fflush(stdout);
     }
     free(mine);
+    free(sum);
+    free(start);
     free(ctx);
     free(row);
 }

@@ -858,7 +858,7 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     k->from_host(m->tokens, tokens, (size_t)N * sizeof(int));
     if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
     if (m->cp > 1) { /* this rank's chunks: positions in the sequence, documents from the caller's starts */
-        if (T != m->T) die(EXIT_INTERNAL, "model_forward: %d rows a sequence under context parallelism (built %d)", T, m->T);
+        if (T % 2) die(EXIT_INTERNAL, "model_forward: %d rows a sequence under context parallelism (odd)", T);
         for (int n = 0; n < N; n++) {
             int p = cp_pos(n % T, T, m->cp, m->cp_rank), s = m->eod_token >= 0 ? m->cp_doc0[n] : 0;
             m->qstart_host[n] = s;
@@ -929,7 +929,8 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
             die(EXIT_INTERNAL, "crossentropy: target %d out of range [0, %d)", targets[n], c->vocab_size);
         m->n_targets++;
     }
-    m->logits_row0 = targets ? 0 : N - R;
+    int end = m->logits_end > 0 && m->logits_end < N ? m->logits_end : N;
+    m->logits_row0 = targets ? 0 : end < R ? 0 : end - R;
     if (targets && !m->forward_only && m->loss_scale != 0.0f) {
         /* a training forward: the backward of the final chunk starts here,
          * with the LM head's (so no POST_FORWARD: the chunk stays for the
@@ -939,8 +940,8 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
         head_train(m, N, m->loss_scale);
         return forward_loss(m, N);
     }
-    if (!targets) /* the logits of the last R rows (sampling reads the last one) */
-        k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)(N - R) * C), m->p.lm_head, NULL, R, C, m->V);
+    if (!targets) /* the logits of the R rows up to end (sampling reads the last one) */
+        k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)m->logits_row0 * C), m->p.lm_head, NULL, R, C, m->V);
     else
         for (int r0 = 0; r0 < N; r0 += R) /* full logits never exist when R < N */
             head_forward(m, r0, N - r0 < R ? N - r0 : R, 0.0f);

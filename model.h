@@ -211,6 +211,7 @@ typedef struct Model {
     float *lnf, *lnf_mean, *lnf_rstd;   /* lnf is [a] */
     float *logits;            /* [R,V] [a] (local V; R = N, or head_rows) logits -> probs -> dlogits */
     int logits_row0;          /* after a forward without targets: logits holds rows [logits_row0, N) */
+    int logits_end;           /* set by the caller (0: N): a forward without targets ends its rows there instead */
     float *losses;            /* [N] */
     float *ce_max, *ce_sum;   /* [R], [2R] vocab-parallel cross-entropy pieces (tp > 1) */
     /* backward scratch */
@@ -305,9 +306,12 @@ const ParamSpec *model_find(const Model *m, const char *name);
  * NaN if none), and leaves their sum and count in loss_sum and n_targets
  * (targets may be NULL: no loss;
  * then m->logits holds the logits of the last rows [logits_row0, B*T): all
- * of them, or the last head_rows). */
+ * of them, or the last head_rows; with logits_end > 0, the rows up to
+ * logits_end). */
 float model_forward(Model *m, const int *tokens, const int *targets);
-/* The same for a smaller B x T (sampling runs B = 1, growing T). */
+/* The same for a smaller B x T (sampling runs B = 1, growing T; under
+ * context parallelism T is even, the rows per sequence of a shorter
+ * sequence's chunks). */
 float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, int T);
 /* Rows [row, row + n) of the logits a forward without targets left (row
  * counted from logits_row0; local V each) as floats in host memory: the

@@ -869,6 +869,11 @@ int dist_cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes) {
 
 void dist_cp_wait(Dist *d, int h) { wait_handle(d, h, 0); }
 
+void dist_cp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
+    if (d->cp == 1 || !d->groups) return;
+    x_allreduce(d, xc_group(d, DIST_GROUP_CP), x, n, X_F64, X_SUM);
+}
+
 void dist_cp_allgather(Dist *d, const void *send, void *recv, size_t bytes) {
     if (d->cp == 1 || !d->groups) {
         copy_bytes(d, recv, send, bytes);

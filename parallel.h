@@ -143,6 +143,9 @@ int dist_cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes);
 /* The backend's later work after shift h (-1: nothing); the host does not
  * wait for a device communicator's. */
 void dist_cp_wait(Dist *d, int h);
+/* Context group, HOST memory: a sum of doubles in place (sampling moves a
+ * row of logits and the choice with it). */
+void dist_cp_allreduce_sum_f64(Dist *d, double *x, size_t n);
 /* Context group, backend memory (parallel.context_mode all_gather): every
  * member's `bytes` (even: a device communicator moves 16-bit words) into
  * recv[cp * bytes] in member order; the members' send[cp * n] floats

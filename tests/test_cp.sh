@@ -7,9 +7,10 @@
 # parallel), cp 2 x FULL_SHARD 2, cp 2 x HYBRID_SHARD (shard groups of 2)
 # and 8 ranks of tp 2 x cp 2 x dp 2; activation recompute (full, and
 # selective attention: the ring again in the backward), parallel.context_mode
-# all_gather (cp 4, and with documents), offload and the LM
-# head in chunks; sampling; the profile table; a hung context rank (watchdog, exit 5); block-causal
-# documents with reset positions and eod_mask_loss, which straddle the
+# all_gather (cp 4, and with documents), offload and the LM head in
+# chunks; sampling (1 rank's tokens, over the whole context); the profile
+# table; a hung context rank (watchdog, exit 5); block-causal documents
+# with reset positions and eod_mask_loss, which straddle the
 # chunks and the ranks; a checkpoint written under cp 2 resumed under cp 1
 # and cp 4; the TCP rendezvous (no MPI); the ring's bytes per step against
 # docs/layouts.md's formula; the context groups printed; activation bytes
@@ -97,14 +98,34 @@ train off-1 llama 1 $off
 train off-cp2 llama 2 $off --set parallel.context=2
 same off-1 off-cp2 "llama cp 2 with activation offload (4 layers) and the LM head in chunks of 16 rows"
 
-# sampling: each rank alone over the last T / cp tokens of the context;
-# a prompt of 8 and 8 new tokens stay within 16 = T / 2, so 1 rank samples the same
+# sampling: the context group of data-parallel slot 0 runs each forward
+# over the whole context (the ring), so a prompt of 8 and 40 new tokens
+# (48 > seq_len 32 > T / cp 16: the window slides, and a rank alone over
+# its T / cp tokens would see less; the old sampling's tokens differed from
+# the 21st on) give 1 rank's tokens: cp 2, cp 2 x FULL_SHARD (every rank
+# runs the forwards), cp 4 (the last token on any context rank) and
+# cp 2 x tp 2 sequence parallel (the row's vocabulary slices gathered on
+# the rank holding it, then moved to rank 0)
 sample() { sed -n '/^--- sample ---$/,+1p' "$1"; }
-train smp-1 llama 1 --set eval.sample_tokens=8 --set train.steps=3
-train smp-cp2 llama 2 --set eval.sample_tokens=8 --set train.steps=3 --set parallel.context=2 --set parallel.strategy=FULL_SHARD
-if [ -n "$(sample "$TMP/smp-1.out")" ] && [ "$(sample "$TMP/smp-1.out")" = "$(sample "$TMP/smp-cp2.out")" ]; then
-    ok "sampling under cp 2 x FULL_SHARD: the tokens of 1 rank"
-else bad "sampling under cp 2: $(sample "$TMP/smp-cp2.out" | tail -1) vs $(sample "$TMP/smp-1.out" | tail -1)"; fi
+smp="--set eval.sample_tokens=40 --set train.steps=3"
+train smp-1 llama 1 $smp
+while read -r name np sets; do
+    train "smp-$name" llama "$np" $smp $sets
+    if [ "$(sample "$TMP/smp-1.out" | wc -w)" -eq 52 ] && [ "$(sample "$TMP/smp-1.out")" = "$(sample "$TMP/smp-$name.out")" ]; then
+        ok "sampling under $name: the 48 tokens of 1 rank"
+    else bad "sampling under $name: $(sample "$TMP/smp-$name.out" | tail -1) vs $(sample "$TMP/smp-1.out" | tail -1)"; fi
+done <<EOF
+cp2 2 --set parallel.context=2
+cp2-full-shard 4 --set parallel.context=2 --set parallel.strategy=FULL_SHARD
+cp4 4 --set parallel.context=4
+cp2-tp2-sp 4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
+EOF
+# ... and with documents (block-causal, positions reset after token 5, found in the window)
+train smp-docs-1 llama 1 $smp $docs
+train smp-docs-cp2 llama 2 $smp $docs --set parallel.context=2
+if [ "$(sample "$TMP/smp-docs-1.out" | wc -w)" -eq 52 ] && [ "$(sample "$TMP/smp-docs-1.out")" = "$(sample "$TMP/smp-docs-cp2.out")" ]; then
+    ok "sampling under cp 2 with block-causal documents: the 48 tokens of 1 rank"
+else bad "sampling with documents under cp 2: $(sample "$TMP/smp-docs-cp2.out" | tail -1) vs $(sample "$TMP/smp-docs-1.out" | tail -1)"; fi
 
 # log.profile_steps times the attention parts and the k|v copies
 train prof llama 2 --set parallel.context=2 --set log.profile_steps=2
@@ -174,6 +195,13 @@ emu emu-docs-cp2 2 $docs --set parallel.context=2
 emu_same emu-1 emu-cp2 2e-3 3e-2 "emulated CUDA cp 2 ring (bf16, NCCL send/recv)"
 emu_same emu-1 emu-cp2-ag 2e-3 3e-2 "emulated CUDA cp 2 all_gather (bf16)"
 emu_same emu-docs-1 emu-docs-cp2 1e-5 1e-4 "emulated CUDA cp 2 ring, fp32, block-causal documents across chunks"
+# sampling on the emulated CUDA backend under fp32 (under bf16 the part
+# kernels' rounding is not cuDNN's, and a draw near a boundary may differ)
+emu emu-smp-1 1 --set eval.sample_tokens=40 --set train.compute_dtype=fp32
+emu emu-smp-cp2 2 --set eval.sample_tokens=40 --set train.compute_dtype=fp32 --set parallel.context=2
+if [ "$(sample "$TMP/emu-smp-1.out" | wc -w)" -eq 104 ] && [ "$(sample "$TMP/emu-smp-1.out")" = "$(sample "$TMP/emu-smp-cp2.out")" ]; then
+    ok "sampling on the emulated CUDA backend under cp 2 (fp32): 1 device's tokens, both samples"
+else bad "emulated sampling under cp 2: $(sample "$TMP/emu-smp-cp2.out" | tail -1) vs $(sample "$TMP/emu-smp-1.out" | tail -1)"; fi
 
 # the ring's bytes per step (docs/layouts.md): a k|v block is E = B (T/cp) 2
 # (nkv/tp) hd elements, KVa = E act_bytes (4 on the CPU, 2 under CUDA's
