@@ -17,8 +17,9 @@
 # per rank falling with cp in `llmtrain check`, and the shipped 131072-token
 # Llama 3.1 8B job fitting in 80 GB a GPU at its cp 4, not at cp 2; the
 # CUDA backend on the host emulation (the attention parts, the emulated
-# NCCL's send/recv) against one emulated device; impossible layouts as one
-# line and exit 2.
+# NCCL's send/recv; cp 2, all_gather, documents, tp 2 x cp 2 sequence
+# parallel on 4 devices, selective recompute) against one emulated device;
+# impossible layouts as one line and exit 2.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -165,16 +166,20 @@ same llama-1 tcp "llama cp 2 over the TCP rendezvous"
 # against one emulated device, 4 steps of the llama job with GQA. Under
 # compute dtype bf16 (the default: [a] qkv and out in bf16, the 1-rank run
 # on the emulated cuDNN attention) the losses and val losses agree within
-# 2e-3 and the gradient norms within 3e-2 (measured: 1.4e-4 and 6.0e-3);
-# under fp32 with block-causal documents that straddle the chunks, within
-# 1e-5 and 1e-4 (measured: 1.4e-8 and 6.8e-8).
+# 2e-3 and the gradient norms within 3e-2 (measured: 1.4e-4 and 6.0e-3;
+# tp 2 x cp 2 with sequence parallelism on 4 emulated devices, whose bf16
+# activations also meet the TP collectives: 1.0e-3 and 7.5e-3); under fp32
+# with block-causal documents that straddle the chunks, within 1e-5 and
+# 1e-4 (measured: 1.4e-8 and 6.8e-8). Selective recompute of the attention
+# (the ring run again in the backward) and the norms under cp 2 is the
+# run without recompute bit for bit, as on one device (test_actckpt.sh).
 # Their bytes are checked with the CPU's below.
 EMU=$PWD/tests/llmtrain_emu
 [ -x "$EMU" ] || make -s tests/llmtrain_emu >/dev/null 2>&1
 emu() { # NAME NP ARGS...: an emulated CUDA run of the llama job on NP devices
     local name=$1 np=$2; shift 2
     local cmd="$EMU"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $EMU"
-    LLMTRAIN_CUDA_EMU_DEVICES=2 LLMTRAIN_CUDA_EMU_THREADS=1 $cmd "$TMP/llama.json" --set train.device=cuda --set train.steps=4 \
+    LLMTRAIN_CUDA_EMU_DEVICES=$((np > 2 ? np : 2)) LLMTRAIN_CUDA_EMU_THREADS=1 $cmd "$TMP/llama.json" --set train.device=cuda --set train.steps=4 \
         --set eval.every_steps=2 --set log.dir="$TMP/$name" --set checkpoint.dir="$TMP/$name/ckpt" "$@" </dev/null >"$TMP/$name.out" 2>&1 ||
         echo "(emulated run $name exited non-zero: $(grep llmtrain: "$TMP/$name.out" | head -1))"
 }
@@ -192,8 +197,15 @@ emu emu-cp2 2 --set parallel.context=2
 emu emu-cp2-ag 2 --set parallel.context=2 --set parallel.context_mode=all_gather
 emu emu-docs-1 1 $docs
 emu emu-docs-cp2 2 $docs --set parallel.context=2
+emu emu-tp2-cp2-sp 4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
+emu emu-cp2-recompute 2 --set parallel.context=2 --set train.activation_checkpointing=selective --set train.recompute_modules=attention,norm
 emu_same emu-1 emu-cp2 2e-3 3e-2 "emulated CUDA cp 2 ring (bf16, NCCL send/recv)"
 emu_same emu-1 emu-cp2-ag 2e-3 3e-2 "emulated CUDA cp 2 all_gather (bf16)"
+emu_same emu-1 emu-tp2-cp2-sp 2e-3 3e-2 "emulated CUDA tp 2 x cp 2, sequence parallel (4 devices, bf16)"
+emu_same emu-1 emu-cp2-recompute 2e-3 3e-2 "emulated CUDA cp 2 with selective recompute of attention and norms (bf16)"
+if $PY tests/compare_runs.py "$TMP/emu-cp2" "$TMP/emu-cp2-recompute" --steps 4 --exact >"$TMP/emu-rc.cmp"; then
+    ok "emulated CUDA cp 2: selective recompute (attention, norm) is the run without it bit for bit"
+else bad "emulated CUDA cp 2 recompute differs from the run without: $(head -2 "$TMP/emu-rc.cmp" | tr '\n' ' ')"; fi
 emu_same emu-docs-1 emu-docs-cp2 1e-5 1e-4 "emulated CUDA cp 2 ring, fp32, block-causal documents across chunks"
 # sampling on the emulated CUDA backend under fp32 (under bf16 the part
 # kernels' rounding is not cuDNN's, and a draw near a boundary may differ)
@@ -222,7 +234,8 @@ def want(cp, nkv, recompute=0, gather=False, ab=4):
 cases = {"llama-cp2": want(2, 2), "llama-cp4": want(4, 2), "gpt2-cp2": want(2, 4), "llama-cp2-tp2-sp": want(2, 1),
          "llama-cp2-recompute": want(2, 2, 1), "llama-docs-cp4": want(4, 2),
          "llama-cp4-all-gather": want(4, 2, gather=True), "gpt2-docs-ag": want(2, 4, gather=True),
-         "emu-cp2": want(2, 2, ab=2), "emu-cp2-ag": want(2, 2, gather=True, ab=2), "emu-docs-cp2": want(2, 2)}
+         "emu-cp2": want(2, 2, ab=2), "emu-cp2-ag": want(2, 2, gather=True, ab=2), "emu-docs-cp2": want(2, 2),
+         "emu-tp2-cp2-sp": want(2, 1, ab=2), "emu-cp2-recompute": want(2, 2, 1, ab=2)}
 for run, w in cases.items():
     got = [json.loads(l)["comm_bytes"].get("cp_sendrecv") for l in open(f"{tmp}/{run}/metrics.jsonl") if '"comm_bytes"' in l]
     if len(got) != (4 if run.startswith("emu") else 6) or any(g != w for g in got):
