@@ -32,7 +32,8 @@
  * them. On an H100 the fused kernels were 6% faster for the Llama 3.2 1B
  * shape at T=4096 and level with the GEMMs for GPT-2 124M at T=1024.
  * Context parallelism's attention parts (a segment of queries against a
- * segment of keys, merged by the log-sum-exp) and copy_2d:
+ * segment of keys, merged by the log-sum-exp; the bf16 tensor-core kernels
+ * above under bf16, else fp32 tiles) and copy_2d:
  * kernels/attention_part.cuh.
  *
  * Everything that needs scratch memory (cuBLASLt workspace, reduction

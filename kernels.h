@@ -681,6 +681,10 @@ void kernels_cuda_set_attention(const char *mode);
 /* How many attention_forward / attention_backward calls so far ran the
  * fused kernels (the rest took cuDNN or the GEMMs); for tests. */
 long kernels_cuda_flash_attention_calls(void);
+/* How many attention_part_forward / attention_part_backward calls so far
+ * ran on the bf16 tensor-core kernels (the rest took the fp32 tiles); for
+ * tests. */
+long kernels_cuda_attention_part_tc_calls(void);
 /* How many ran through cuDNN; for tests. */
 long kernels_cuda_cudnn_attention_calls(void);
 /* The bf16 weight copies of Kernels.weights_stable: products that found a

@@ -10,12 +10,15 @@ static int flash_attention_forward(float *out, float *lse, const float *qkv, con
     if (B <= 0 || T <= 0) return 1;
     if (!aligned16(qkv) || !aligned16(out) || (size_t)B * nh > 0x7fffffffu) return 0;
     const int tc = fl_tensor_cores();
-    if (fl_bf16()) switch (hd) {
-        case 32: return fb_forward<32>(out, lse, qkv, qstart, B, T, nh, nkv);
-        case 64: return fb_forward<64>(out, lse, qkv, qstart, B, T, nh, nkv);
-        case 128: return fb_forward<128>(out, lse, qkv, qstart, B, T, nh, nkv);
+    if (fl_bf16()) {
+        const FbSeg g = fb_whole(qkv, T, nh, nkv, hd);
+        switch (hd) {
+        case 32: return fb_forward<32>(out, lse, qkv, qstart, g, B, nh, nkv);
+        case 64: return fb_forward<64>(out, lse, qkv, qstart, g, B, nh, nkv);
+        case 128: return fb_forward<128>(out, lse, qkv, qstart, g, B, nh, nkv);
         default: return 0;
         }
+    }
 #define FL_FWD(TC, HD) fl_forward<TC, HD>(out, lse, qkv, qstart, B, T, nh, nkv)
     switch (hd) {
     case 32: return tc ? FL_FWD(true, 32) : FL_FWD(false, 32);
@@ -33,12 +36,15 @@ static int flash_attention_backward(float *dqkv, const float *dout, const float 
         (size_t)B * nh > 0x7fffffffu)
         return 0;
     const int tc = fl_tensor_cores();
-    if (fl_bf16()) switch (hd) {
-        case 32: return fb_backward<32>(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv);
-        case 64: return fb_backward<64>(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv);
-        case 128: return fb_backward<128>(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv);
+    if (fl_bf16()) {
+        const FbSeg g = fb_whole(qkv, T, nh, nkv, hd);
+        switch (hd) {
+        case 32: return fb_backward<32>(dqkv, NULL, dout, qkv, out, lse, qstart, g, B, nh, nkv);
+        case 64: return fb_backward<64>(dqkv, NULL, dout, qkv, out, lse, qstart, g, B, nh, nkv);
+        case 128: return fb_backward<128>(dqkv, NULL, dout, qkv, out, lse, qstart, g, B, nh, nkv);
         default: return 0;
         }
+    }
 #define FL_BWD(TC, HD) fl_backward<TC, HD>(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv)
     switch (hd) {
     case 32: return tc ? FL_BWD(true, 32) : FL_BWD(false, 32);

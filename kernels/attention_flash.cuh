@@ -468,15 +468,16 @@ __global__ void __launch_bounds__(FL_THREADS)
     }
 }
 
-/* D[(b*nh + h)*T + t] = dout[b,t,h,:] . out[b,t,h,:]; one warp per row.
- * OT, DT: float, or bf16 for [a] out and dout under bf16 */
+/* D[(b*nh + h)*T + t] = dout[b,t,h,:] . out[b,t,h,:] for t in [t0, t0 +
+ * nt) (the whole sequence: 0, T); one warp per row. OT, DT: float, or
+ * bf16 for [a] out and dout under bf16 */
 template <typename OT, typename DT>
 __global__ void flash_dot_k(float *__restrict__ D, const OT *__restrict__ out, const DT *__restrict__ dout,
-                            int B, int T, int nh, int hd) {
+                            int B, int T, int nh, int hd, int t0, int nt) {
     const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = (int)(threadIdx.x & 31);
-    if (row >= (size_t)B * nh * T) return; /* the whole warp */
-    const int t = (int)(row % T), h = (int)(row / T % nh), b = (int)(row / T / nh);
+    if (row >= (size_t)B * nh * nt) return; /* the whole warp */
+    const int t = t0 + (int)(row % nt), h = (int)(row / nt % nh), b = (int)(row / nt / nh);
     const size_t off = ((size_t)b * T + t) * nh * hd + (size_t)h * hd;
     float s = 0.0f;
     for (int d = lane; d < hd; d += 32) s = fmaf(act_ld(out, off + d), act_ld(dout, off + d), s);
@@ -485,7 +486,7 @@ __global__ void flash_dot_k(float *__restrict__ D, const OT *__restrict__ out, c
     s += __shfl_xor_sync(0xffffffffu, s, 4);
     s += __shfl_xor_sync(0xffffffffu, s, 2);
     s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if (lane == 0) D[row] = s;
+    if (lane == 0) D[((size_t)b * nh + h) * T + t] = s;
 }
 
 /* dQ: grid (B * nh, query tiles), last query tile first; dq += sum over
@@ -676,7 +677,7 @@ static int fl_backward(float *dqkv, const float *dout, const float *qkv, const f
     const float scale = 1.0f / sqrtf((float)HD);
     const size_t rows = (size_t)B * nh * T;
     float *D = fl_scratch(rows * sizeof(float));
-    launch_smem(flash_dot_k<float, float>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD);
+    launch_smem(flash_dot_k<float, float>, dim3((unsigned)((rows + 7) / 8)), 256, 0, D, out, dout, B, T, nh, HD, 0, T);
     launch_smem(flash_bwd_dq_k<TC, HD, C::DQ_M, C::DQ_N>, dim3((unsigned)(B * nh), (unsigned)nqt), FL_THREADS, smem_dq,
               dqkv, dout, qkv, lse, (const float *)D, qstart, T, nh, nkv, scale);
     launch_smem(flash_bwd_dkv_k<TC, HD, C::DKV_N, C::DKV_M>, dim3((unsigned)(B * nkv), (unsigned)nkt), FL_THREADS,

@@ -2,7 +2,11 @@
  * Part of kernels.cu, the CUDA backend's one compile unit: included there
  * in order, after the files before it in its list; not a header of its own.
  *
- * Flash-style, fp32 FMA in shared-memory tiles, no T x T scratch. The [a]
+ * Under compute dtype bf16 on sm_80 and newer, head dims 32, 64 and 128
+ * take the whole-sequence attention's bf16 tensor-core kernels
+ * (attention_flash_bf16.cuh, FbSeg: where the segments lie, and the merge);
+ * everything else the kernels of this file:
+ * flash-style, fp32 FMA in shared-memory tiles, no T x T scratch. The [a]
  * operands (qkv, kv, out, dout, dqkv) are read and written as T (float, or
  * __nv_bfloat16 under compute dtype bf16) and widened to fp32 in shared
  * memory; lse and dkv are fp32. A block of AP_THREADS = 128 threads is 32
@@ -325,11 +329,46 @@ static ApShape ap_shape(int qrow, int q0, int nq, int krow, int k0, int nk, int 
         }                                                                                                   \
     } while (0)
 
+/* The tensor-core parts: the whole sequence's bf16 mma.sync kernels
+ * (attention_flash_bf16.cuh) on the segment pair, under compute dtype bf16
+ * on sm_80 and newer, for head dims 32, 64 and 128 with 16-byte aligned
+ * operands; 0 (nothing ran) otherwise, and the fp32 tiles above take the
+ * call. part_tc_calls counts the calls they took (tests). */
+static long part_tc_calls;
+extern "C" long kernels_cuda_attention_part_tc_calls(void) { return part_tc_calls; }
+
+static int ap_tc(int hd, const void *a, const void *b, const void *c) {
+    return fl_bf16() && (hd == 32 || hd == 64 || hd == 128) && aligned16(a) && aligned16(b) && aligned16(c);
+}
+
+static FbSeg ap_seg(const float *kv, int qrow, int q0, int nq, int krow, int k0, int nk, int Tq, int Tk, int nkv, int hd,
+                    int merge) {
+    return FbSeg{CACT16(kv), (size_t)2 * nkv * hd, qrow, q0, nq, krow, k0, nk, Tq, Tk, merge};
+}
+
+#define AP_TC_SWITCH(CALL)                                                                                      \
+    switch (hd) {                                                                                               \
+    case 32: ran = CALL(32); break;                                                                             \
+    case 64: ran = CALL(64); break;                                                                             \
+    default: ran = CALL(128); break;                                                                            \
+    }
+
 static void attention_part_forward(float *out, float *lse, const float *qkv, int qrow, int q0, int nq, const float *kv,
                                    int krow, int k0, int nk, const int *qstart, int B, int Tq, int Tk, int nh, int nkv,
                                    int hd, int merge) {
     if (B <= 0 || nq <= 0) return;
     const ApShape a = ap_shape(qrow, q0, nq, krow, k0, nk, Tq, Tk, nh, nkv, hd);
+    if (ap_tc(hd, qkv, kv, out)) {
+        const FbSeg g = ap_seg(kv, qrow, q0, nq, krow, k0, nk, Tq, Tk, nkv, hd, merge);
+        int ran;
+#define AP_FWD(HD) fb_forward<HD>(out, lse, qkv, qstart, g, B, nh, nkv)
+        AP_TC_SWITCH(AP_FWD)
+#undef AP_FWD
+        if (ran) {
+            part_tc_calls++;
+            return;
+        }
+    }
     const dim3 grid((unsigned)((nq + AP_ROWS - 1) / AP_ROWS), (unsigned)nh, (unsigned)B);
     const size_t smem = ap_fwd_floats(hd) * sizeof(float);
     if (act_bf16()) AP_LAUNCH(att_part_fwd_k, __nv_bfloat16, grid, smem, ACT16(out), lse, CACT16(qkv), CACT16(kv), qstart, a, merge);
@@ -341,6 +380,17 @@ static void attention_part_backward(float *dqkv, float *dkv, const float *dout, 
                                     const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd) {
     if (B <= 0 || nq <= 0 || nk <= 0) return;
     const ApShape a = ap_shape(qrow, q0, nq, krow, k0, nk, Tq, Tk, nh, nkv, hd);
+    if (ap_tc(hd, qkv, kv, dout) && aligned16(out)) {
+        const FbSeg g = ap_seg(kv, qrow, q0, nq, krow, k0, nk, Tq, Tk, nkv, hd, 1);
+        int ran;
+#define AP_BWD(HD) fb_backward<HD>(dqkv, dkv, dout, qkv, out, lse, qstart, g, B, nh, nkv)
+        AP_TC_SWITCH(AP_BWD)
+#undef AP_BWD
+        if (ran) {
+            part_tc_calls++;
+            return;
+        }
+    }
     const dim3 gq((unsigned)((nq + AP_ROWS - 1) / AP_ROWS), (unsigned)nh, (unsigned)B);
     const dim3 gk((unsigned)((nk + AP_ROWS - 1) / AP_ROWS), (unsigned)nkv, (unsigned)B);
     const size_t sq = ap_dq_floats(hd) * sizeof(float), sk = ap_dkv_floats(hd) * sizeof(float);

@@ -170,9 +170,12 @@ same llama-1 tcp "llama cp 2 over the TCP rendezvous"
 # tp 2 x cp 2 with sequence parallelism on 4 emulated devices, whose bf16
 # activations also meet the TP collectives: 1.0e-3 and 7.5e-3); under fp32
 # with block-causal documents that straddle the chunks, within 1e-5 and
-# 1e-4 (measured: 1.4e-8 and 6.8e-8). Selective recompute of the attention
-# (the ring run again in the backward) and the norms under cp 2 is the
-# run without recompute bit for bit, as on one device (test_actckpt.sh).
+# 1e-4 (measured: 1.4e-8 and 6.8e-8); with those documents under bf16 at
+# head dim 32 (the cp run's parts on the bf16 tensor-core kernels, the
+# 1-rank run on the emulated cuDNN) within 2e-3 and 3e-2 (measured: 2.5e-4
+# and 9.3e-4). Selective recompute of the attention (the ring run again in
+# the backward) and the norms under cp 2 is the run without recompute bit
+# for bit, as on one device (test_actckpt.sh).
 # Their bytes are checked with the CPU's below.
 EMU=$PWD/tests/llmtrain_emu
 [ -x "$EMU" ] || make -s tests/llmtrain_emu >/dev/null 2>&1
@@ -199,6 +202,12 @@ emu emu-docs-1 1 $docs
 emu emu-docs-cp2 2 $docs --set parallel.context=2
 emu emu-tp2-cp2-sp 4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
 emu emu-cp2-recompute 2 --set parallel.context=2 --set train.activation_checkpointing=selective --set train.recompute_modules=attention,norm
+# head dim 32 (2 heads, 1 kv head) under bf16: the ring's parts on the
+# bf16 tensor-core kernels (kernels/attention_flash_bf16.cuh), documents
+# across the chunks
+tc="--set model.n_head=2 --set model.n_kv_head=1 ${docs/--set train.compute_dtype=fp32/}"
+emu emu-tc-1 1 $tc
+emu emu-tc-cp2 2 $tc --set parallel.context=2
 emu_same emu-1 emu-cp2 2e-3 3e-2 "emulated CUDA cp 2 ring (bf16, NCCL send/recv)"
 emu_same emu-1 emu-cp2-ag 2e-3 3e-2 "emulated CUDA cp 2 all_gather (bf16)"
 emu_same emu-1 emu-tp2-cp2-sp 2e-3 3e-2 "emulated CUDA tp 2 x cp 2, sequence parallel (4 devices, bf16)"
@@ -207,6 +216,7 @@ if $PY tests/compare_runs.py "$TMP/emu-cp2" "$TMP/emu-cp2-recompute" --steps 4 -
     ok "emulated CUDA cp 2: selective recompute (attention, norm) is the run without it bit for bit"
 else bad "emulated CUDA cp 2 recompute differs from the run without: $(head -2 "$TMP/emu-rc.cmp" | tr '\n' ' ')"; fi
 emu_same emu-docs-1 emu-docs-cp2 1e-5 1e-4 "emulated CUDA cp 2 ring, fp32, block-causal documents across chunks"
+emu_same emu-tc-1 emu-tc-cp2 2e-3 3e-2 "emulated CUDA cp 2 ring, bf16 tensor-core parts (head dim 32), documents"
 # sampling on the emulated CUDA backend under fp32 (under bf16 the part
 # kernels' rounding is not cuDNN's, and a draw near a boundary may differ)
 emu emu-smp-1 1 --set eval.sample_tokens=40 --set train.compute_dtype=fp32

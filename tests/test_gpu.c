@@ -23,6 +23,7 @@
  *   the fused kernels) under compute dtype fp32
  *   TOL_RED  1e-9  sum / sumsq (both accumulate in double)  */
 #include "kernels.h"
+#include "test_gpu.h"
 #include "model.h"
 #include "util.h"
 #include <cuda_runtime_api.h>
@@ -33,19 +34,16 @@
 
 #define TOL_F32 1e-5
 #define TOL_TF32 5e-3
-#define TOL_BF16 1e-2
 #define TOL_RED 1e-9
-
-#define TOL_FP32MM 1e-4
 
 static double tol_mm = TOL_TF32;  /* the linear layers' GEMMs */
 static double tol_att = TOL_TF32; /* attention (always TF32 unless fp32) */
 
-static const Kernels *KC, *KG;
-static int pass, fail;
+const Kernels *KC, *KG;
+int pass, fail;
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
-static uint32_t rnd_u32(void) {
+uint32_t rnd_u32(void) {
     rng_state ^= rng_state << 13;
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
@@ -57,7 +55,7 @@ static float rnd_normal(void) {
     return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
 }
 
-static float *hrand(size_t n, float sd) {
+float *hrand(size_t n, float sd) {
     float *x = malloc_check(n * sizeof(float) + 16);
     for (size_t i = 0; i < n; i++) x[i] = sd * rnd_normal();
     return x;
@@ -77,8 +75,8 @@ static float *dcopy_off(const float *h, size_t n, int off) {
     KG->from_host(base + off, h, n * sizeof(float));
     return base + off;
 }
-static float *dcopy(const float *h, size_t n) { return dcopy_off(h, n, 0); }
-static int *dcopy_int(const int *h, size_t n) {
+float *dcopy(const float *h, size_t n) { return dcopy_off(h, n, 0); }
+int *dcopy_int(const int *h, size_t n) {
     int *d = KG->alloc(n * sizeof(int));
     dbase[nbase++] = (float *)d;
     KG->from_host(d, h, n * sizeof(int));
@@ -112,7 +110,7 @@ static float bf16_val(uint16_t b) {
     memcpy(&f, &u, 4);
     return f;
 }
-static int act16(void) { return KG->act_bytes == 2; }
+int act16(void) { return KG->act_bytes == 2; }
 
 /* a device [a] buffer holding h (rounded to bf16 when [a] is bf16); off
  * shifts it by off elements, as dcopy_off */
@@ -126,10 +124,10 @@ static float *dcopy_act_off(const float *h, size_t n, int off) {
     free(t);
     return (float *)(base + (size_t)off * 2);
 }
-static float *dcopy_act(const float *h, size_t n) { return dcopy_act_off(h, n, 0); }
+float *dcopy_act(const float *h, size_t n) { return dcopy_act_off(h, n, 0); }
 
 /* the values of a device [a] buffer, widened to floats (malloc'd) */
-static float *act_to_host(const float *dev, size_t n) {
+float *act_to_host(const float *dev, size_t n) {
     float *h = malloc_check(n * sizeof(float) + 16);
     if (!act16()) {
         KG->to_host(h, dev, n * sizeof(float));
@@ -143,7 +141,7 @@ static float *act_to_host(const float *dev, size_t n) {
 }
 
 /* max |gpu - cpu| / max(max |cpu|, floor) within tol */
-static void check_host_floor(const char *name, const float *ref, const float *h, size_t n, double tol, double floor) {
+void check_host_floor(const char *name, const float *ref, const float *h, size_t n, double tol, double floor) {
     double maxerr = 0.0, maxref = 0.0;
     size_t worst = 0;
     int nonfinite = 0;
@@ -175,19 +173,19 @@ static void check_floor(const char *name, const float *ref, const float *dev, si
     free(h);
 }
 
-static void check(const char *name, const float *ref, const float *dev, size_t n, double tol) {
+void check(const char *name, const float *ref, const float *dev, size_t n, double tol) {
     check_floor(name, ref, dev, n, tol, 1e-30);
 }
 
 /* n floats rounded to bf16 in place when [a] is bf16 (what dcopy_act
  * stores), so the CPU starts from the device's values */
-static void act_round(float *h, size_t n) {
+void act_round(float *h, size_t n) {
     if (act16())
         for (size_t i = 0; i < n; i++) h[i] = bf16_val(bf16_rn(h[i]));
 }
 
 /* a device [a] buffer against the CPU's values */
-static void check_act(const char *name, const float *ref, const float *dev, size_t n, double tol) {
+void check_act(const char *name, const float *ref, const float *dev, size_t n, double tol) {
     float *h = act_to_host(dev, n);
     check_host(name, ref, h, n, tol);
     free(h);
@@ -1061,95 +1059,6 @@ static void test_attention(void) {
     printf("%s kernels_cuda_device_info names the attention mode (flash, gemm, cudnn, auto)\n", ok ? "ok  " : "FAIL");
     if (ok) pass++; else fail++;
     kernels_cuda_set_attention("auto");
-}
-
-/* Context parallelism's attention parts (kernels.h attention_part_*): one
- * call of each on both backends from the same random inputs ([a] ones
- * rounded as the device holds them): a segment of nq query rows at
- * sequence positions from q0 against nk key rows from k0, merged into
- * random out and lse (merge 1) or overwriting them (merge 0); block-causal
- * document starts (random, some past every key of the segment: those rows
- * see nothing); GQA. The backward from the CPU forward's out and lse adds
- * into random dqkv [a] and fp32 dkv. Tolerances: the device computes in
- * fp32 from the same values, so fp32 within TOL_FP32MM (1e-4: summation
- * order, expf), a bf16 [a] output within TOL_BF16 (its one rounding where
- * it is stored); lse within 1e-4 absolutely (floor 1); dkv (fp32) within
- * 1e-4. Rows outside the segment must stay as they were (they are part of
- * the compared buffers). */
-static void test_attention_part_case(int B, int Tq, int Tk, int qrow, int q0, int nq, int krow, int k0, int nk, int nh,
-                                     int nkv, int hd, int docs, int merge) {
-    char name[160], shape[112];
-    const int S = (nh + 2 * nkv) * hd, KS = 2 * nkv * hd, OS = nh * hd;
-    size_t nqkv = (size_t)B * Tq * S, nkv_ = (size_t)B * Tk * KS, nout = (size_t)B * Tq * OS, nlse = (size_t)B * nh * Tq;
-    int *qs = NULL, *gqs = NULL;
-    if (docs) { /* each row's document start: up to `docs` positions back, clamped at 0 */
-        qs = malloc_check((size_t)B * Tq * sizeof(int));
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < Tq; t++) {
-                int p = q0 + t - qrow, back = (int)(rnd_u32() % (uint32_t)docs);
-                qs[b * Tq + t] = p - back > 0 ? p - back : 0;
-            }
-        gqs = dcopy_int(qs, (size_t)B * Tq);
-    }
-    float *qkv = hrand(nqkv, 1), *kv = hrand(nkv_, 1), *out = hrand(nout, 1), *lse = hrand(nlse, 1);
-    for (size_t i = 0; i < nlse; i++) lse[i] += 2.0f;
-    float *gqkv = dcopy_act(qkv, nqkv), *gkv = dcopy_act(kv, nkv_), *gout = dcopy_act(out, nout), *glse = dcopy(lse, nlse);
-    act_round(qkv, nqkv);
-    act_round(kv, nkv_);
-    act_round(out, nout);
-    KC->attention_part_forward(out, lse, qkv, qrow, q0, nq, kv, krow, k0, nk, qs, B, Tq, Tk, nh, nkv, hd, merge);
-    KG->attention_part_forward(gout, glse, gqkv, qrow, q0, nq, gkv, krow, k0, nk, gqs, B, Tq, Tk, nh, nkv, hd, merge);
-    double tol = act16() ? TOL_BF16 : TOL_FP32MM;
-    snprintf(shape, sizeof shape, "B%d q[%d+%d @%d] k[%d+%d @%d] h%d/%d hd%d%s merge %d", B, qrow, nq, q0, krow, nk, k0, nh,
-             nkv, hd, docs ? " docs" : "", merge);
-    snprintf(name, sizeof name, "attention_part_fwd out %s", shape);
-    check_act(name, out, gout, nout, tol);
-    /* -inf (a row that saw nothing) must be -inf on both sides */
-    float *hl = malloc_check(nlse * sizeof(float));
-    KG->to_host(hl, glse, nlse * sizeof(float));
-    size_t inf_diff = 0, ninf = 0;
-    for (size_t i = 0; i < nlse; i++) {
-        ninf += isinf(lse[i]) != 0;
-        inf_diff += (isinf(lse[i]) != 0) != (isinf(hl[i]) != 0);
-        if (isinf(lse[i])) hl[i] = lse[i] = 0.0f;
-    }
-    snprintf(name, sizeof name, "attention_part_fwd lse %s", shape);
-    if (inf_diff) {
-        printf("FAIL %s: %zu rows -inf on one side only\n", name, inf_diff);
-        fail++;
-    } else check_host_floor(name, lse, hl, nlse, 1e-4, 1.0);
-    if (docs && !merge && (ninf == 0 || ninf == (size_t)B * nh * nq)) {
-        printf("FAIL %s: %zu rows without keys (the case is meant to have some, not all)\n", name, ninf);
-        fail++;
-    }
-    /* the backward under the CPU's out (as the device holds it) and lse */
-    act_round(out, nout);
-    float *dout = hrand(nout, 1), *dqkv = hrand(nqkv, 1), *dkv = hrand(nkv_, 1);
-    float *gdout = dcopy_act(dout, nout), *gdqkv = dcopy_act(dqkv, nqkv), *gdkv = dcopy(dkv, nkv_);
-    act_round(dout, nout);
-    act_round(dqkv, nqkv);
-    float *gout2 = dcopy_act(out, nout), *glse2 = dcopy(lse, nlse);
-    for (size_t i = 0; i < nlse; i++) /* the rows without keys again: no part of the backward reads them */
-        if (hl[i] == 0.0f && lse[i] == 0.0f) lse[i] = -INFINITY;
-    KG->from_host(glse2, lse, nlse * sizeof(float));
-    KC->attention_part_backward(dqkv, dkv, dout, qkv, out, lse, qrow, q0, nq, kv, krow, k0, nk, qs, B, Tq, Tk, nh, nkv, hd);
-    KG->attention_part_backward(gdqkv, gdkv, gdout, gqkv, gout2, glse2, qrow, q0, nq, gkv, krow, k0, nk, gqs, B, Tq, Tk, nh, nkv,
-                                hd);
-    snprintf(name, sizeof name, "attention_part_bwd dqkv %s", shape);
-    check_act(name, dqkv, gdqkv, nqkv, tol);
-    snprintf(name, sizeof name, "attention_part_bwd dkv (fp32) %s", shape);
-    check(name, dkv, gdkv, nkv_, 1e-4);
-    free(hl); free(qkv); free(kv); free(out); free(lse); free(dout); free(dqkv); free(dkv); free(qs);
-}
-
-static void test_attention_parts(void) {
-    /* B, Tq, Tk, qrow, q0, nq, krow, k0, nk, nh, nkv, hd, docs, merge */
-    test_attention_part_case(2, 48, 48, 24, 72, 24, 0, 24, 24, 4, 2, 16, 0, 1);      /* keys all before the queries, GQA */
-    test_attention_part_case(1, 80, 80, 0, 40, 40, 40, 40, 40, 4, 1, 32, 0, 0);      /* the causal diagonal over 2 tiles, MQA */
-    test_attention_part_case(2, 64, 64, 32, 96, 32, 0, 32, 32, 4, 2, 16, 60, 1);     /* documents: some rows see none of it */
-    test_attention_part_case(2, 64, 64, 32, 96, 32, 0, 32, 32, 4, 2, 16, 60, 0);     /* ... overwriting: out 0, lse -inf */
-    test_attention_part_case(1, 70, 66, 0, 100, 70, 33, 60, 33, 8, 2, 64, 0, 1);     /* ragged tiles, keys past some queries */
-    test_attention_part_case(1, 40, 40, 0, 7, 33, 0, 0, 40, 2, 1, 128, 0, 0);        /* head dim 128 */
 }
 
 /* activation offload copies: out to pinned host memory and back into another
