@@ -78,7 +78,7 @@ tests/test_gpu: tests/test_gpu.c tests/test_gpu_fp8.c tests/test_gpu_cp.c tests/
 test-gpu: check-deps llmtrain tests/test_gpu
 	tests/gpu_tests.sh
 
-bench-gpu: check-deps llmtrain
+bench-gpu: check-deps llmtrain tests/test_gpu
 	bench/run_bench_gpu.sh
 
 # The CUDA backend on the host, for machines without a GPU (make test): the

@@ -52,6 +52,14 @@
 # train.fp8_recipe values to run, each its fp8 run and line against the one
 # bf16 run. Needs an sm_89+ GPU (rowwise and blockwise: sm_90);
 # BENCH_FP8=0 leaves the section out, BENCH_FP8=only runs it alone.
+# Context parallelism's attention parts (issue 58), after the rest:
+# `tests/test_gpu cp-bench` times the part calls one context rank makes
+# over the ring (cp 2 and 4) against the whole-sequence attention at T =
+# 16384 with Llama 3.1 8B's heads (32 / 8, head dim 128), both on the bf16
+# tensor-core kernels, and prints for each cp and direction both TFLOP/s
+# and their ratio (tests/test_gpu_cp.c). BENCH_TEST_GPU names the binary
+# (default tests/test_gpu); BENCH_CP=0 leaves the section out, BENCH_CP=only
+# runs it alone.
 # BENCH_BIN (default ./llmtrain): the binary to time. BENCH_SMOKE=1 checks
 # this script, not the GPU: tiny models of the same architectures (2 layers,
 # 64 channels, vocabulary 96) at T=64 and B of 2 at most, every case and
@@ -85,6 +93,10 @@ for r in $FP8_RECIPES; do
     case $r in tensorwise|blockwise|rowwise) ;; *) echo "bench-gpu: FAIL: BENCH_FP8_RECIPES: \"$r\": expected tensorwise, blockwise or rowwise" >&2; exit 1;; esac
 done
 case $FP8 in 0|1|only) ;; *) echo "bench-gpu: FAIL: BENCH_FP8=$FP8: expected 0, 1 or only" >&2; exit 1;; esac
+CP=${BENCH_CP:-1}
+case $CP in 0|1|only) ;; *) echo "bench-gpu: FAIL: BENCH_CP=$CP: expected 0, 1 or only" >&2; exit 1;; esac
+if [ "$FP8" = only ] && [ "$CP" = 1 ]; then CP=0; fi
+if [ "$CP" = only ]; then FP8=0; fi
 case $FP8_STEPS in ''|*[!0-9]*|0|1) echo "bench-gpu: FAIL: BENCH_FP8_STEPS=$FP8_STEPS: expected 2 or more" >&2; exit 1;; esac
 ATTENTION=${BENCH_ATTENTION:-cudnn flash gemm}
 for m in $MATMUL; do
@@ -198,7 +210,7 @@ PYEOF
     done
 }
 
-if [ "$FP8" = only ]; then MATMUL=""; fi
+if [ "$FP8" = only ] || [ "$CP" = only ]; then MATMUL=""; fi
 # vocabulary padded to 50304 (= 64 x 786) as llm.c does, so the LM-head GEMM
 # operands are 16-byte aligned rows (50257 floats per row is only 4-byte aligned)
 for mm in $MATMUL; do
@@ -230,4 +242,16 @@ if [ "$FP8" != 0 ]; then
     fp8_case gpt2_124M "$GPT2" 16 1024 none
     fp8_case llama_1B "$LLAMA1B" 1 4096 selective
     fp8_case llama_3B "$LLAMA3B" 1 4096 selective
+fi
+if [ "$CP" != 0 ]; then
+    # under BENCH_SMOKE T = 256, 4 / 2 heads, head dim 64
+    TEST_GPU=${BENCH_TEST_GPU:-tests/test_gpu}
+    args="16384"; [ "$SMOKE" = 1 ] && args="256 4 2 64"
+    out=$("$TEST_GPU" cp-bench $args 2>&1); rc=$?
+    lines=$(grep -E '^cp-bench (forward|backward) cp [24]: ' <<<"$out")
+    if [ $rc -ne 0 ] || [ "$(grep -c . <<<"$lines")" -ne 4 ]; then
+        echo "bench-gpu: FAIL: $TEST_GPU cp-bench $args: exit $rc, expected 4 result lines: $(tail -c 600 <<<"$out")" >&2
+        exit 1
+    fi
+    echo "$lines"
 fi

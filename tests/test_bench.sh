@@ -84,6 +84,10 @@ t=$(BENCH_FP8_RECIPES="tensorwise delayed" bench/run_bench_gpu.sh 2>&1); rc=$?
 if [ $rc -eq 1 ] && [ "$t" = 'bench-gpu: FAIL: BENCH_FP8_RECIPES: "delayed": expected tensorwise, blockwise or rowwise' ]; then
     ok "BENCH_FP8_RECIPES naming no recipe: exit 1, one line"
 else bad "BENCH_FP8_RECIPES=\"tensorwise delayed\": rc $rc: $t"; fi
+t=$(BENCH_CP=yes bench/run_bench_gpu.sh 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$t" = "bench-gpu: FAIL: BENCH_CP=yes: expected 0, 1 or only" ]; then
+    ok "BENCH_CP=yes: exit 1, one line"
+else bad "BENCH_CP=yes: rc $rc: $t"; fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -141,11 +141,11 @@ else echo "FAIL per-rank GPU binding: exit codes $rc1 $rc2 $rc3 $rc4: $(grep -hE
 # line, with the profile's summary and table under BENCH_PROFILE=kernels and
 # none without.
 res_re='^(gpt2_124M|llama_1B) \(0\.[0-9]+M params\) B=[12] T=64( \(8 micro-batches a step\))?(, selective checkpointing \((attention|norm, mlp_act)\))? (bf16|tf32) GEMMs, (cudnn|flash|gemm) attention on device 0: host emulation of CUDA .*: [0-9]+ ms/step, [0-9]+ tokens/s, MFU [0-9.]+% of 1071 TFLOP/s bf16 dense \(median of 2 steps after warm-up\)$'
-bench_smoke() { # OUT PROFILE MATMUL ATTENTION
-    BENCH_BIN=tests/llmtrain_emu BENCH_SMOKE=1 BENCH_STEPS=3 BENCH_PROFILE=$2 BENCH_MATMUL=$3 BENCH_ATTENTION=$4 BENCH_FP8=0 \
-        bench/run_bench_gpu.sh >"$1" 2>&1
+bench_smoke() { # OUT PROFILE MATMUL ATTENTION CP
+    BENCH_BIN=tests/llmtrain_emu BENCH_TEST_GPU=tests/test_gpu_emu BENCH_SMOKE=1 BENCH_STEPS=3 BENCH_PROFILE=$2 BENCH_MATMUL=$3 \
+        BENCH_ATTENTION=$4 BENCH_FP8=0 BENCH_CP=$5 bench/run_bench_gpu.sh >"$1" 2>&1
 }
-bench_smoke "$TMP/bk.out" kernels bf16 "cudnn flash"; rc=$?
+bench_smoke "$TMP/bk.out" kernels bf16 "cudnn flash" 1; rc=$?
 cases=$(grep -cE "$res_re" "$TMP/bk.out")
 order=$(grep -E "$res_re" "$TMP/bk.out" | sed -E 's/ \(0\.[0-9]+M params\) B=[12] T=64//; s/ on device 0.*//')
 want=$'gpt2_124M bf16 GEMMs, cudnn attention\ngpt2_124M bf16 GEMMs, flash attention
@@ -158,14 +158,16 @@ llama_1B (8 micro-batches a step), selective checkpointing (attention) bf16 GEMM
 sums=$(grep -cE '^profile: steps 2-3 \(2 steps\): [0-9.]+ ms a step in [0-9]+ calls of the kernel table \(timed on the CUDA compute stream\)' "$TMP/bk.out")
 rows=$(grep -cE '^profile: +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9.]+ +[0-9.e-]+ +[0-9.]+% +matmul_forward_a$' "$TMP/bk.out")
 floors=$(grep -cE '^profile: at the peaks these calls would take [0-9.]+ ms a step .*% of their timed [0-9.]+ ms$' "$TMP/bk.out")
+# and the ring's attention parts against the whole-sequence call (tests/test_gpu cp-bench)
+cpl=$(grep -cE '^cp-bench (forward|backward) cp [24]: B 1 T 256 heads 4/2 hd 64: whole sequence [0-9.]+ ms [0-9.e+-]+ TFLOP/s; ring parts \(rank 0, (5 pairs of 64|9 pairs of 32) rows\) [0-9.]+ ms [0-9.e+-]+ TFLOP/s; parts/whole [0-9.]+$' "$TMP/bk.out")
 if [ $rc -eq 0 ] && [ "$cases" -eq 8 ] && [ "$order" = "$want" ] && [ "$sums" -eq 8 ] && [ "$rows" -eq 8 ] && [ "$floors" -eq 8 ] &&
-   ! grep -q 'profile\.json$' "$TMP/bk.out"; then
-    ok "BENCH_SMOKE=1 BENCH_PROFILE=kernels bench-gpu on the emulation: 8 cases (GPT-2, Llama, Llama recomputing norm and mlp_act, Llama x 8 micro-batches; cudnn, flash), each its result line and profile table with the time at the GPU's peaks"
-else bad "bench-gpu smoke, BENCH_PROFILE=kernels: exit $rc, $cases result lines, $sums profile summaries, $rows matmul rows, $floors lines of the peaks' time: $(grep -v '^profile:  ' "$TMP/bk.out" | head -c 1500)"; fi
-bench_smoke "$TMP/bt.out" 0 tf32 gemm; rc=$?
+   [ "$cpl" -eq 4 ] && ! grep -q 'profile\.json$' "$TMP/bk.out"; then
+    ok "BENCH_SMOKE=1 BENCH_PROFILE=kernels bench-gpu on the emulation: 8 cases (GPT-2, Llama, Llama recomputing norm and mlp_act, Llama x 8 micro-batches; cudnn, flash), each its result line and profile table with the time at the GPU's peaks; the 4 cp-bench lines (cp 2, 4; forward, backward)"
+else bad "bench-gpu smoke, BENCH_PROFILE=kernels: exit $rc, $cases result lines, $sums profile summaries, $rows matmul rows, $floors lines of the peaks' time, $cpl cp-bench lines: $(grep -v '^profile:  ' "$TMP/bk.out" | head -c 1500)"; fi
+bench_smoke "$TMP/bt.out" 0 tf32 gemm 0; rc=$?
 cases=$(grep -cE "$res_re" "$TMP/bt.out")
 if [ $rc -eq 0 ] && [ "$cases" -eq 4 ] && [ "$(grep -c ' tf32 GEMMs, gemm attention ' "$TMP/bt.out")" -eq 4 ] &&
-   ! grep -q '^profile:' "$TMP/bt.out"; then
+   ! grep -q '^profile:' "$TMP/bt.out" && ! grep -q '^cp-bench' "$TMP/bt.out"; then
     ok "BENCH_SMOKE=1 bench-gpu on the emulation, tf32 and the GEMM attention: 4 result lines, no profile"
 else bad "bench-gpu smoke, tf32 gemm: exit $rc, $cases result lines: $(head -c 1500 "$TMP/bt.out")"; fi
 # the FP8 section (BENCH_FP8=only) under two recipes: for each of the three

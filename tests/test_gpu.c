@@ -2183,9 +2183,11 @@ int test_gpu_fp8(const Kernels *kc, const Kernels *kg, int *npass, int *nfail); 
  * fp8: only the FP8 linears' checks (tests/test_gpu_fp8.c) */
 int main(int argc, char **argv) {
     const char *mm = argc > 1 ? argv[1] : "bf16";
-    const int fp8 = strcmp(mm, "fp8") == 0;
-    if (argc > 2 || (strcmp(mm, "bf16") != 0 && strcmp(mm, "tf32") != 0 && strcmp(mm, "fp32") != 0 && !fp8)) {
-        fprintf(stderr, "usage: %s [bf16|tf32|fp32|fp8] (the compute dtype; default bf16)\n", argv[0]);
+    const int fp8 = strcmp(mm, "fp8") == 0, bench = strcmp(mm, "cp-bench") == 0;
+    if (bench) mm = "bf16";
+    if ((argc > 2 && !bench) || (strcmp(mm, "bf16") != 0 && strcmp(mm, "tf32") != 0 && strcmp(mm, "fp32") != 0 && !fp8)) {
+        fprintf(stderr, "usage: %s [bf16|tf32|fp32|fp8] (the compute dtype; default bf16) | cp-bench [T [nh nkv hd [B]]]\n",
+                argv[0]);
         return 2;
     }
     char why[320];
@@ -2207,6 +2209,7 @@ int main(int argc, char **argv) {
                "is exit 2 there)\n0 passed, 0 failed\n", ccmaj, ccmin);
         return 0;
     }
+    if (bench) return cp_bench(argc, argv);
     if (fp8) {
         test_gpu_fp8(KC, KG, &pass, &fail);
         printf("%d passed, %d failed\n", pass, fail);

@@ -30,6 +30,8 @@ void check(const char *name, const float *ref, const float *dev, size_t n, doubl
 void check_act(const char *name, const float *ref, const float *dev, size_t n, double tol);
 
 /* tests/test_gpu_cp.c: context parallelism's attention parts against the
- * CPU's */
+ * CPU's; and `tests/test_gpu cp-bench ...`, their speed (returns the exit
+ * status) */
 void test_attention_parts(void);
+int cp_bench(int argc, char **argv);
 #endif

@@ -2,7 +2,8 @@
  * (kernels.h attention_part_forward / attention_part_backward,
  * kernels/attention_part.cuh) against the CPU's (kernels_cpu_attention.c),
  * run by tests/test_gpu (make test-gpu; tests/test_gpu_emu on the host
- * emulation in make test). */
+ * emulation in make test); and `tests/test_gpu cp-bench`, the ring's part
+ * calls' TFLOP/s against the whole-sequence attention's (make bench-gpu). */
 #include "kernels.h"
 #include "test_gpu.h"
 #include "util.h"
@@ -144,3 +145,130 @@ void test_attention_parts(void) {
 }
 
 
+/* ---- cp-bench: the ring's part calls against the whole-sequence call ----
+ * `tests/test_gpu cp-bench [T [nh nkv hd [B]]]` (default 16384, 32 / 8,
+ * 128, 1: Llama 3.1 8B's attention heads), under compute dtype bf16 with
+ * train.attention_kernel flash (the bf16 mma.sync kernels): the whole
+ * sequence's causal attention_forward and attention_backward, then for cp
+ * 2 and 4 the part calls context rank 0 makes over the ring's cp steps
+ * (cp.c's schedule: its chunks 0 and 2cp-1 of T / 2cp rows against every
+ * rank's two chunks, the pairs whose keys are not all after the queries),
+ * which together do 1/cp of the whole call's causal work. Each is timed
+ * over `reps` runs after one warm-up (CUDA events); TFLOP/s counts the
+ * visible (query, key) pairs: the forward 4 hd flops a pair and head (Q K^T
+ * and P V), the backward 10 (the scores again, dP, dV, dK, dQ). One line
+ * per cp and direction: both times, both TFLOP/s and the parts' share of
+ * the whole call's rate. */
+
+/* visible (query, key) pairs of a causal segment pair: nq queries from
+ * position q0 against n keys from k0 (no documents) */
+static double cp_visible(int q0, int nq, int k0, int n) {
+    double v = 0.0;
+    for (int i = 0; i < nq; i++) {
+        int last = q0 + i - k0; /* the last key index the query sees */
+        v += last < 0 ? 0 : last >= n ? n : last + 1;
+    }
+    return v;
+}
+
+typedef struct CpBenchPair { int qrow, q0, krow, k0, a; } CpBenchPair;
+
+/* rank 0's pairs over the ring's cp steps (as cp.c's cp_pairs), Tc rows a chunk */
+static int cp_bench_pairs(int cp, int Tc, CpBenchPair *p) {
+    int n = 0;
+    for (int s = 0; s < cp; s++) {
+        int j = (cp - s) % cp;
+        for (int a = 0; a < 2; a++)
+            for (int c = 0; c < 2; c++) {
+                int qc = a ? 2 * cp - 1 : 0, kc = c ? 2 * cp - 1 - j : j;
+                if (kc <= qc) p[n++] = (CpBenchPair){a * Tc, qc * Tc, c * Tc, kc * Tc, a};
+            }
+    }
+    return n;
+}
+
+static double cp_elapsed_ms(void) {
+    double ms[2];
+    KG->timer_read(2, ms);
+    return ms[1];
+}
+
+static int cp_arg(int argc, char **argv, int i, int dflt) {
+    if (argc <= i) return dflt;
+    char *end;
+    long v = strtol(argv[i], &end, 10);
+    if (*end || v <= 0 || v > (1 << 24)) {
+        fprintf(stderr, "test_gpu cp-bench: argument %d \"%s\": expected a positive integer (usage: cp-bench [T [nh nkv hd [B]]])\n",
+                i - 1, argv[i]);
+        exit(EXIT_USAGE);
+    }
+    return (int)v;
+}
+
+int cp_bench(int argc, char **argv) {
+    const int T = cp_arg(argc, argv, 2, 16384), nh = cp_arg(argc, argv, 3, 32), nkv = cp_arg(argc, argv, 4, 8);
+    const int hd = cp_arg(argc, argv, 5, 128), B = cp_arg(argc, argv, 6, 1), reps = T >= 4096 ? 5 : 1;
+    if (argc > 7 || T % 8 || nh % nkv || (hd != 32 && hd != 64 && hd != 128)) {
+        fprintf(stderr, "test_gpu cp-bench: T %d, heads %d / %d, head dim %d: expected T a multiple of 8, nh a multiple of "
+                        "nkv, head dim 32, 64 or 128 (usage: cp-bench [T [nh nkv hd [B]]])\n", T, nh, nkv, hd);
+        return EXIT_USAGE;
+    }
+    if (!act16()) {
+        fprintf(stderr, "test_gpu cp-bench: runs under compute dtype bf16 (the tensor-core parts)\n");
+        return EXIT_USAGE;
+    }
+    kernels_cuda_set_attention("flash");
+    const int S = (nh + 2 * nkv) * hd, KS = 2 * nkv * hd, OS = nh * hd;
+    const size_t nq = (size_t)B * T * S, no = (size_t)B * T * OS;
+    float *h = hrand(nq, 1.0f);
+    float *qkv = dcopy_act(h, nq), *dqkv = dcopy_act(h, nq), *out = dcopy_act(h, no), *dout = dcopy_act(h, no);
+    float *lse = dcopy(h, (size_t)B * nh * T), *dkv = dcopy(h, (size_t)B * T * KS), *kv = dcopy_act(h, (size_t)B * T * KS);
+    const double whole = (double)B * nh * hd * cp_visible(0, T, 0, T);
+    double wf = 0.0, wb = 0.0;
+    for (int r = 0; r <= reps; r++) { /* r 0: the warm-up */
+        KG->timer_mark(0);
+        KG->attention_forward(out, lse, qkv, NULL, B, T, nh, nkv, hd);
+        KG->timer_mark(1);
+        if (r) wf += cp_elapsed_ms() / reps;
+        KG->timer_mark(0);
+        KG->attention_backward(dqkv, dout, qkv, out, lse, NULL, B, T, nh, nkv, hd);
+        KG->timer_mark(1);
+        if (r) wb += cp_elapsed_ms() / reps;
+    }
+    const double wtf[2] = {4.0 * whole / (wf * 1e9), 10.0 * whole / (wb * 1e9)};
+    const long tc0 = kernels_cuda_attention_part_tc_calls();
+    for (int cp = 2; cp <= 4; cp *= 2) {
+        if (T % (2 * cp)) continue;
+        const int Tl = T / cp, Tc = Tl / 2;
+        CpBenchPair p[16];
+        const int n = cp_bench_pairs(cp, Tc, p);
+        double work = 0.0, pf = 0.0, pb = 0.0;
+        for (int i = 0; i < n; i++) work += (double)B * nh * hd * cp_visible(p[i].q0, Tc, p[i].k0, Tc);
+        for (int r = 0; r <= reps; r++) {
+            int merge[2] = {0, 0};
+            KG->timer_mark(0);
+            for (int i = 0; i < n; i++) {
+                KG->attention_part_forward(out, lse, qkv, p[i].qrow, p[i].q0, Tc, kv, p[i].krow, p[i].k0, Tc, NULL, B, Tl, Tl,
+                                           nh, nkv, hd, merge[p[i].a]);
+                merge[p[i].a] = 1;
+            }
+            KG->timer_mark(1);
+            if (r) pf += cp_elapsed_ms() / reps;
+            KG->timer_mark(0);
+            for (int i = 0; i < n; i++)
+                KG->attention_part_backward(dqkv, dkv, dout, qkv, out, lse, p[i].qrow, p[i].q0, Tc, kv, p[i].krow, p[i].k0, Tc,
+                                            NULL, B, Tl, Tl, nh, nkv, hd);
+            KG->timer_mark(1);
+            if (r) pb += cp_elapsed_ms() / reps;
+        }
+        const double ptf[2] = {4.0 * work / (pf * 1e9), 10.0 * work / (pb * 1e9)}, pms[2] = {pf, pb}, wms[2] = {wf, wb};
+        for (int d = 0; d < 2; d++)
+            printf("cp-bench %s cp %d: B %d T %d heads %d/%d hd %d: whole sequence %.3f ms %.4g TFLOP/s; ring parts "
+                   "(rank 0, %d pairs of %d rows) %.3f ms %.4g TFLOP/s; parts/whole %.3f\n",
+                   d ? "backward" : "forward", cp, B, T, nh, nkv, hd, wms[d], wtf[d], n, Tc, pms[d], ptf[d], ptf[d] / wtf[d]);
+    }
+    const long tc = kernels_cuda_attention_part_tc_calls() - tc0;
+    printf("cp-bench: %ld part calls on the tensor cores\n", tc);
+    free(h);
+    return tc > 0 ? 0 : 1;
+}
