@@ -544,9 +544,6 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
     if (strcmp(cfg->compute_dtype, "fp8") != 0 && root && lookup(root, "train.fp8_recipe"))
         die(EXIT_USAGE, "%s: train.fp8_recipe is set but train.compute_dtype is \"%s\" (it applies only with \"fp8\")", origin,
             cfg->compute_dtype);
-    if (config_fp8_recipe(cfg) >= 0 && cfg->cp > 1)
-        die(EXIT_USAGE, "%s: train.compute_dtype \"fp8\" with parallel.context %d: the FP8 scales of tensors whose tokens the "
-            "context group splits are not yet agreed across it (use parallel.context 1)", origin, cfg->cp);
     if (cfg->attention_mask == ATT_MASK_BLOCK_CAUSAL && cfg->eod_token < 0)
         die(EXIT_USAGE, "%s: train.attention_mask \"block_causal\" needs data.eod_token (the token that ends a document; got -1)",
             origin);

@@ -140,6 +140,7 @@ static Kernels cuda_kernels = {
     /* .fp8_setup = */ cu_fp8_setup,
     /* .fp8_scope = */ cu_fp8_scope,
     /* .fp8_tp = */ NULL,
+    /* .fp8_cp = */ NULL,
     /* .grads_fresh = */ grads_fresh,
     /* .grads_settle = */ grads_settle,
     /* .host_alloc = */ cu_host_alloc,

@@ -427,10 +427,21 @@ typedef struct Kernels {
      * tp > 1; every scale group that spans the split takes its amax over
      * the group: reduce(ctx, amax, n) all-reduces n amaxes (a NaN given as
      * +inf) with max over the TP group before the scales are computed, so
-     * the quantized values are the 1-rank run's. */
+     * the quantized values are the 1-rank run's. fp8_cp(reduce, ctx) (NULL:
+     * no context parallelism; model_fp8 exits 2): likewise from model_fp8
+     * under cp > 1 for the context group, which splits the tokens (the
+     * rows) of every activation and output gradient: each group of theirs
+     * that spans the tokens (tensorwise; rowwise contracting over them, the
+     * weight gradient's) takes its max over the context group, after the
+     * TP group's where both split it (max of maxes: the tp x cp max).
+     * Blockwise 1 x 128 blocks along the tokens are each rank's own
+     * (model_fp8 makes the chunks whole blocks). reduce may do nothing
+     * (the model runs alone: sampling); it is called on every rank of the
+     * group in the same order. */
     void (*fp8_setup)(int recipe, const struct Fp8Sizes *sizes);
     void (*fp8_scope)(int on);
     void (*fp8_tp)(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx);
+    void (*fp8_cp)(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx);
 
     /* ---- gradients that start at zero without a zeroing pass ----
      * grads_fresh(g, n): the n floats at g are gradient memory that is to

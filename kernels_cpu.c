@@ -47,6 +47,8 @@ typedef struct Fp8State {
     int recipe, on;          /* -1: FP8 off; in a layer's linears (fp8_scope: 1, FP8_COLUMN, FP8_ROW) */
     void (*reduce)(void *ctx, float *amax, size_t n); /* tp > 1: the TP group's max (fp8_tp) */
     void *reduce_ctx;
+    void (*reduce_cp)(void *ctx, float *amax, size_t n); /* cp > 1: the context group's (fp8_cp) */
+    void *reduce_cp_ctx;
     float *x, *d, *w;        /* scratch: an activation, an output gradient, a weight with no kept copy */
     float *scales;           /* one group's scale each, scales_cap of them */
     size_t scales_cap;
@@ -117,6 +119,11 @@ static void fp8_tp(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx) 
     f8.reduce_ctx = ctx;
 }
 
+static void fp8_cp(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx) {
+    f8.reduce_cp = reduce;
+    f8.reduce_cp_ctx = ctx;
+}
+
 /* The dimension of an operand the TP group splits (fp8_scope's on: column-
  * or row-parallel), -1 none: the weight's rows or columns, the input's
  * columns (row-parallel), dout's columns (column-parallel) */
@@ -126,11 +133,18 @@ static void fp8_tp(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx) 
 
 static int fp8_active(void) { return f8.recipe >= 0 && f8.on; }
 
+/* Whether a group of the recipe spans a split of dimension `split` of an
+ * operand contracted along kdim: tensorwise's, and rowwise's along the
+ * split K (blockwise blocks and tiles end at the split, model_fp8). */
+static int fp8_spans(int split, int kdim) {
+    return split >= 0 && (f8.recipe == FP8_TENSORWISE || (f8.recipe == FP8_ROWWISE && split == kdim));
+}
+
 /* src (rows x cols, contracted along its columns: kdim 1, or rows: 0)
  * fake-quantized into dst with the recipe's groups. split (SPLIT_*): the
- * dimension the TP group splits; a group that spans it (tensorwise, or
- * rowwise along the split K; blockwise tiles end at rank boundaries,
- * model_fp8) takes the group's max of the ranks' amaxes. */
+ * dimension the TP group splits; the context group splits the rows (the
+ * tokens) of an activation or gradient (not a weight). A group that spans
+ * a split takes the group's max of the ranks' amaxes. */
 static const float *fp8_q(float *dst, const float *src, int rows, int cols, int weight, int kdim, int split, Fp8Format f) {
     int gr, gc;
     fp8_groups(f8.recipe, weight, kdim, rows, cols, &gr, &gc);
@@ -138,9 +152,11 @@ static const float *fp8_q(float *dst, const float *src, int rows, int cols, int 
     if (n > f8.scales_cap)
         die(EXIT_INTERNAL, "fp8: a %d x %d operand has more scale groups than fp8_setup made room for", rows, cols);
     fp8_group_amax(f8.scales, src, rows, cols, gr, gc);
-    if (f8.reduce && split >= 0 && (f8.recipe == FP8_TENSORWISE || (f8.recipe == FP8_ROWWISE && split == kdim))) {
+    int tp = f8.reduce && fp8_spans(split, kdim), cp = f8.reduce_cp && !weight && fp8_spans(0, kdim);
+    if (tp || cp) {
         for (size_t i = 0; i < n; i++) f8.scales[i] = f8.scales[i] != f8.scales[i] ? INFINITY : f8.scales[i];
-        f8.reduce(f8.reduce_ctx, f8.scales, n);
+        if (tp) f8.reduce(f8.reduce_ctx, f8.scales, n);
+        if (cp) f8.reduce_cp(f8.reduce_cp_ctx, f8.scales, n);
     }
     fp8_amax_scales(f8.scales, n, f);
     fp8_apply(dst, src, f8.scales, rows, cols, gr, gc, f);
@@ -1073,6 +1089,7 @@ static const Kernels cpu_kernels = {
     .fp8_setup = fp8_setup,
     .fp8_scope = fp8_scope,
     .fp8_tp = fp8_tp,
+    .fp8_cp = fp8_cp,
     .grads_fresh = cpu_grads_fresh,
     .grads_settle = cpu_grads_settle,
     .host_alloc = cpu_alloc,

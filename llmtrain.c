@@ -960,6 +960,7 @@ static void cp_allgather_cb(void *ctx, const void *send, void *recv, size_t byte
 static void cp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size_t n) {
     dist_cp_reduce_scatter_f32(ctx, send, recv, n);
 }
+static void cp_allreduce_max_cb(void *ctx, float *x, size_t n) { dist_cp_allreduce_max_f32(ctx, x, n); }
 
 /* `JOB [--set k=v ...]` (and `--world N` when world is not NULL): load the
  * job into t->cfg, take init.from's model section and freeze the model. */
@@ -1053,7 +1054,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
             "(train.lm_head_chunk %d; expected at least %d, or 0 with the logits within %zu MiB)", c->path,
             t->model.head_rows, mb_rows, c->lm_head_chunk, mb_rows, HEAD_AUTO_BYTES >> 20);
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL, cp_shift_cb,
-                                cp_wait_cb, cp_allgather_cb, cp_reduce_scatter_cb};
+                                cp_wait_cb, cp_allgather_cb, cp_reduce_scatter_cb, cp_allreduce_max_cb};
     if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
     else model_init_random(&t->model, c->init_std, c->seed);
     t->sh.k = t->k;

@@ -429,6 +429,13 @@ static void fp8_amax_max(void *ctx, float *amax, size_t n) {
     m->comm.allreduce(m->comm.ctx, amax, n, 1);
 }
 
+/* ... and under cp, over the context group (whose ranks run a sample's
+ * forward together too) */
+static void fp8_amax_max_cp(void *ctx, float *amax, size_t n) {
+    Model *m = ctx;
+    if (m->cp > 1) m->comm.cp_allreduce_max(m->comm.ctx, amax, n);
+}
+
 Fp8Sizes model_fp8_sizes(const Model *m, int N) {
     int width = m->cfg.n_embd, w[] = {m->nh * m->hd, m->F, m->qkv_dim, m->fc_dim};
     for (size_t i = 0; i < sizeof w / sizeof *w; i++) width = w[i] > width ? w[i] : width;
@@ -459,8 +466,26 @@ void model_fp8(Model *m, int recipe) {
         die(EXIT_USAGE, "train.fp8_recipe \"blockwise\" with parallel.tensor %d: a rank's q heads (%d rows), k and v heads (%d) "
             "and MLP width (%d) must be multiples of %d, or a 128-block would span two ranks", m->tp, m->nh * m->hd,
             m->nkv * m->hd, m->F, FP8_BLOCK);
+    if (m->cp > 1 && !m->k->fp8_cp)
+        die(EXIT_USAGE, "train.compute_dtype \"fp8\" with parallel.context %d: the %s backend's FP8 runs no context "
+            "parallelism yet (the cpu backend's does)", m->cp, m->k->name);
+    /* blockwise: the weight gradient's 1 x 128 blocks along the tokens
+     * are the 1-rank run's when each of a rank's two chunks of a sequence
+     * (T/2 of its T rows) is whole blocks (then none is reduced) */
+    if (m->cp > 1 && recipe == FP8_BLOCKWISE && (m->T / 2) % FP8_BLOCK)
+        die(EXIT_USAGE, "train.fp8_recipe \"blockwise\" with parallel.context %d: a context chunk (train.seq_len / %d = %d "
+            "tokens) must be a multiple of %d, or a 128-token block of the weight gradient would span two chunks", m->cp,
+            2 * m->cp, m->T / 2, FP8_BLOCK);
     m->k->fp8_setup(recipe, &z);
-    if (m->tp > 1) m->k->fp8_tp(fp8_amax_max, m);
+    /* LLMTRAIN_FP8_AGREE=0 (tests only): each rank's own amaxes, so that
+     * the tests see what the agreement changes */
+    const char *agree = getenv("LLMTRAIN_FP8_AGREE");
+    if (agree && strcmp(agree, "0") && strcmp(agree, "1"))
+        die(EXIT_USAGE, "LLMTRAIN_FP8_AGREE: expected 0 or 1, got \"%s\"", agree);
+    if (!agree || agree[0] == '1') {
+        if (m->tp > 1) m->k->fp8_tp(fp8_amax_max, m);
+        if (m->cp > 1) m->k->fp8_cp(fp8_amax_max_cp, m);
+    }
     m->fp8 = 1;
 }
 

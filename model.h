@@ -98,7 +98,8 @@ enum { CHUNK_PRE_FORWARD, CHUNK_POST_FORWARD, CHUNK_PRE_BACKWARD, CHUNK_POST_BAC
  * between, send only read. cp_allgather, every member's `bytes` into
  * recv[cp * bytes] in member order; cp_reduce_scatter, the members'
  * send[cp * n] floats summed, block cp_rank into recv[n]
- * (parallel.context_mode all_gather). */
+ * (parallel.context_mode all_gather). cp_allreduce_max, n floats of
+ * backend memory, max in place over the context group (FP8 amaxes). */
 typedef struct ModelComm {
     void *ctx;
     void (*allreduce)(void *ctx, float *x, size_t n, int max);
@@ -111,6 +112,7 @@ typedef struct ModelComm {
     void (*cp_wait)(void *ctx, int h);
     void (*cp_allgather)(void *ctx, const void *send, void *recv, size_t bytes);
     void (*cp_reduce_scatter)(void *ctx, const float *send, float *recv, size_t n);
+    void (*cp_allreduce_max)(void *ctx, float *x, size_t n);
 } ModelComm;
 
 /* Activation checkpointing (train.activation_checkpointing): which saved

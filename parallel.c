@@ -898,6 +898,14 @@ void dist_cp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t 
     d->bytes_cp += (double)(d->cp - 1) * (double)n * sizeof(float);
 }
 
+void dist_cp_allreduce_max_f32(Dist *d, float *x, size_t n) {
+    int P = d->cp;
+    if (P == 1 || !d->groups) return;
+    if (d->dev) dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_MAX, DIST_GROUP_CP, x, x, n);
+    else x_allreduce(d, xc_group(d, DIST_GROUP_CP), x, n, X_F32, X_MAX);
+    d->bytes_cp += 2.0 * (P - 1) / P * (double)n * sizeof(float);
+}
+
 void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max) {
     int P = d->tp;
     if (P == 1 || !d->groups) return;

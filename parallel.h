@@ -153,6 +153,10 @@ void dist_cp_allreduce_sum_f64(Dist *d, double *x, size_t n);
  * ((cp - 1) x the block each). */
 void dist_cp_allgather(Dist *d, const void *send, void *recv, size_t bytes);
 void dist_cp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
+/* Context group, backend memory: the max of n floats in place (FP8 amaxes
+ * of tensors whose tokens the group splits). Counted in bytes_cp as bus
+ * bytes (2 (cp - 1) / cp x the floats). */
+void dist_cp_allreduce_max_f32(Dist *d, float *x, size_t n);
 /* TP group: in place over the tp ranks, sum (max = 0) or max (max = 1)
  * of floats; sum of doubles; gather n floats of HOST memory to tp_rank 0
  * (recv[tp*n]; always MPI). */

@@ -43,6 +43,14 @@ wait_steps() {
 }
 ok() { echo "ok   $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+# refused WHAT PATTERN CMD...: CMD exits 2 with a line `llmtrain: PATTERN...`
+# (grep's regex) among its output (each rank prints its own)
+refused() {
+    local what=$1 pat=$2 rc; shift 2
+    "$@" >"$TMP/refused.out" 2>&1; rc=$?
+    if [ $rc -eq 2 ] && grep -q "^llmtrain: $pat" "$TMP/refused.out"; then ok "$what: exit 2 with the line"
+    else bad "$what: rc $rc, expected 2 and llmtrain: $pat: $(grep llmtrain: "$TMP/refused.out" | head -2)"; fi
+}
 
 # tiny_job ARCH PATH DATA [EXTRA]: the small test model (2 layers, 32 wide,
 # 4 heads, Llama with 2 KV heads; vocab 96, 16 tokens), 10 steps of 8
