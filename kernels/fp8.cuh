@@ -255,12 +255,40 @@ __global__ void f8_cast_t_k(uint8_t *qt, int ldt, const ST *x, int rows, int col
     }
 }
 
+/* ---- the amaxes' agreement (Kernels.fp8_tp, fp8_cp; docs/fp8.md) ----
+ * Under tp / cp a tensorwise scale of a tensor split over a group takes
+ * the max of its ranks' amaxes: reduce [0] (the TP group's all-reduce max)
+ * and [1] (the context group's), on the one amax in device memory, queued
+ * on the stream (no host sync). Which group splits which operand: the
+ * weight the TP group (column- or row-parallel); the input the TP group
+ * (row-parallel) and the context group (its tokens); dout the TP group
+ * (column-parallel) and the context group. Blockwise groups never span a
+ * split (model_fp8 refuses the layouts where one would); rowwise under a
+ * split is refused on CUDA (cu_fp8_tp, cu_fp8_cp). */
+enum { F8_SPLIT_TP = 1, F8_SPLIT_CP = 2 };
+static struct {
+    void (*fn[2])(void *ctx, float *amax, size_t n);
+    void *ctx[2];
+} F8R;
+static int f8_split_w(void) { return F8.on == FP8_COLUMN || F8.on == FP8_ROW ? F8_SPLIT_TP : 0; }
+static int f8_split_x(void) { return (F8.on == FP8_ROW ? F8_SPLIT_TP : 0) | F8_SPLIT_CP; }
+static int f8_split_d(void) { return (F8.on == FP8_COLUMN ? F8_SPLIT_TP : 0) | F8_SPLIT_CP; }
+
+/* part[0] = the largest of np partials as a float the all-reduce (max)
+ * takes: a NaN's bits become +inf's (which takes scale 1, as NaN does) */
+__global__ void f8_fold_k(uint32_t *part, int np) {
+    uint32_t m = 0;
+    for (int i = 0; i < np; i++) m = part[i] > m ? part[i] : m;
+    part[0] = m > 0x7f800000u ? 0x7f800000u : m;
+}
+
 /* One pass of x [rows, cols] (bf16 when x16) with groups gr x gc: the
  * scales into F8.gs, then the codes into q [rows, pad(cols)] (q not
  * NULL), with their inverse scales into iq in the layout of mode, and
- * into qt [cols, pad(rows)], inverse scales iqt (mode t) */
+ * into qt [cols, pad(rows)], inverse scales iqt (mode t); split
+ * (F8_SPLIT_*): the groups that split x, whose max a tensorwise amax takes */
 static void f8_pass(const float *x, int x16, int rows, int cols, int e5m2, int gr, int gc, uint8_t *q, float *iq,
-                    int mq, uint8_t *qt, float *iqt, int mt) {
+                    int mq, uint8_t *qt, float *iqt, int mt, int split) {
     const int nrt = f8_cdiv(rows, gr), nct = f8_cdiv(cols, gc);
     const size_t n = (size_t)nrt * nct;
     const float fmax = e5m2 ? 57344.0f : 448.0f;
@@ -271,6 +299,15 @@ static void f8_pass(const float *x, int x16, int rows, int cols, int e5m2, int g
         if (x16) f8_amax_k<__nv_bfloat16><<<g, 256>>>(CACT16(x), ne, F8.part);
         else f8_amax_k<float><<<g, 256>>>(x, ne, F8.part);
         LAUNCH_CHECK();
+        const int tw = F8.recipe == FP8_TENSORWISE, tp = tw && (split & F8_SPLIT_TP) && F8R.fn[0],
+                  cp = tw && (split & F8_SPLIT_CP) && F8R.fn[1];
+        if (tp || cp) {
+            f8_fold_k<<<1, 1>>>(F8.part, (int)g);
+            LAUNCH_CHECK();
+            if (tp) F8R.fn[0](F8R.ctx[0], (float *)F8.part, 1);
+            if (cp) F8R.fn[1](F8R.ctx[1], (float *)F8.part, 1);
+            g = 1;
+        }
         f8_scale_k<<<1, 256>>>(F8.part, (int)g, fmax, F8.gs, q ? iq : NULL, qt ? iqt : NULL);
         LAUNCH_CHECK();
     } else {
@@ -314,14 +351,14 @@ static void f8_pass(const float *x, int x16, int rows, int cols, int e5m2, int g
  * wanted). Both in one pass where the groups agree (tensorwise, a
  * blockwise weight's tiles), else a pass each. */
 static void f8_quant(const float *x, int x16, int rows, int cols, int e5m2, int weight, uint8_t *q, float *iq,
-                     uint8_t *qt, float *iqt) {
+                     uint8_t *qt, float *iqt, int split) {
     int r1, c1, r0, c0;
     fp8_groups(F8.recipe, weight, 1, rows, cols, &r1, &c1);
     fp8_groups(F8.recipe, weight, 0, rows, cols, &r0, &c0);
     const int m = f8_mode(weight);
-    if (q && qt && r1 == r0 && c1 == c0) return f8_pass(x, x16, rows, cols, e5m2, r1, c1, q, iq, m, qt, iqt, m);
-    if (q) f8_pass(x, x16, rows, cols, e5m2, r1, c1, q, iq, m, NULL, NULL, m);
-    if (qt) f8_pass(x, x16, rows, cols, e5m2, r0, c0, NULL, NULL, m, qt, iqt, m);
+    if (q && qt && r1 == r0 && c1 == c0) return f8_pass(x, x16, rows, cols, e5m2, r1, c1, q, iq, m, qt, iqt, m, split);
+    if (q) f8_pass(x, x16, rows, cols, e5m2, r1, c1, q, iq, m, NULL, NULL, m, split);
+    if (qt) f8_pass(x, x16, rows, cols, e5m2, r0, c0, NULL, NULL, m, qt, iqt, m, split);
 }
 
 /* tests: the tensorwise codes of n device values (bf16 when x16) in host
@@ -329,7 +366,7 @@ static void f8_quant(const float *x, int x16, int rows, int cols, int e5m2, int 
 extern "C" void kernels_cuda_fp8_codes(uint8_t *host, const float *x, int x16, size_t n, int e5m2, float *scale) {
     if (!F8.set) die(EXIT_INTERNAL, "kernels_cuda_fp8_codes before fp8_setup");
     if (n > F8.act_cap) die(EXIT_INTERNAL, "kernels_cuda_fp8_codes: %zu values, room for %zu", n, F8.act_cap);
-    f8_pass(x, x16, 1, (int)n, e5m2, 1, (int)n, F8.x, F8.inv[F8_X], CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, NULL, NULL, 0);
+    f8_pass(x, x16, 1, (int)n, e5m2, 1, (int)n, F8.x, F8.inv[F8_X], CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, NULL, NULL, 0, 0);
     cu_to_host(host, F8.x, n);
     cu_to_host(scale, F8.gs, sizeof(float));
 }
@@ -349,8 +386,8 @@ extern "C" void kernels_cuda_fp8_quant(uint8_t *codes, float *inv, size_t *n_inv
     if (m == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) ni = 1;
     if (ni > F8.g_cap) die(EXIT_INTERNAL, "kernels_cuda_fp8_quant: %zu scales, room for %zu", ni, F8.g_cap);
     cu_zero(F8.inv[F8_X], ni * sizeof(float)); /* the padding reads back as 0 */
-    if (kdim) f8_quant(x, x16, rows, cols, e5m2, weight, F8.x, F8.inv[F8_X], NULL, NULL);
-    else f8_quant(x, x16, rows, cols, e5m2, weight, NULL, NULL, F8.x, F8.inv[F8_X]);
+    if (kdim) f8_quant(x, x16, rows, cols, e5m2, weight, F8.x, F8.inv[F8_X], NULL, NULL, 0);
+    else f8_quant(x, x16, rows, cols, e5m2, weight, NULL, NULL, F8.x, F8.inv[F8_X], 0);
     cu_to_host(codes, F8.x, nq);
     cu_to_host(inv, F8.inv[F8_X], ni * sizeof(float));
     *n_inv = ni;
@@ -393,14 +430,14 @@ static const uint8_t *f8_weight(const float *w, int rows, int cols, int trans, c
         F8.cinv_used += ni + nt;
     }
     if (!c) { /* no kept copy: the one layout wanted, into scratch */
-        f8_quant(w, 0, rows, cols, 0, 1, trans ? NULL : F8.w, F8.inv[F8_W], trans ? F8.w : NULL, F8.inv[F8_W]);
+        f8_quant(w, 0, rows, cols, 0, 1, trans ? NULL : F8.w, F8.inv[F8_W], trans ? F8.w : NULL, F8.inv[F8_W], f8_split_w());
         *inv = F8.inv[F8_W];
         return F8.w;
     }
     if (c->valid) {
         F8.hits++;
     } else {
-        f8_quant(w, 0, rows, cols, 0, 1, c->q, c->iq, c->qt, c->iqt);
+        f8_quant(w, 0, rows, cols, 0, 1, c->q, c->iq, c->qt, c->iqt, f8_split_w());
         c->valid = 1;
         F8.made++;
     }
@@ -515,7 +552,7 @@ static void f8_gemm(int M, int N, int K, const uint8_t *X, int e5x, const float 
 /* out [N, OC] (bf16 when out16) = inp [N, C] w^T + bias (+ c_in): inp [a] */
 static void f8_forward(void *out, int out16, const float *c_in, const float *inp, const float *w, const float *bias,
                        int N, int C, int OC) {
-    f8_quant(inp, act_bf16(), N, C, 0, 0, F8.x, F8.inv[F8_X], NULL, NULL);
+    f8_quant(inp, act_bf16(), N, C, 0, 0, F8.x, F8.inv[F8_X], NULL, NULL, f8_split_x());
     const float *iw;
     const uint8_t *wq = f8_weight(w, OC, C, 0, &iw);
     f8_gemm(N, OC, f8_pad(C), F8.x, 0, F8.inv[F8_X], f8_mode(0), wq, 0, iw, f8_mode(1), c_in ? 1.0f : 0.0f, out, OC,
@@ -527,7 +564,7 @@ static void f8_forward(void *out, int out16, const float *c_in, const float *inp
  * and w E4M3 */
 static void f8_backward(float *dinp, int ldd, int dinp16, float *dw, const float *dout, int dout16, const float *inp,
                         const float *w, int N, int C, int OC) {
-    f8_quant(dout, dout16, N, OC, 1, 0, dinp ? F8.d : NULL, F8.inv[F8_D], dw ? F8.dt : NULL, F8.inv[F8_DT]);
+    f8_quant(dout, dout16, N, OC, 1, 0, dinp ? F8.d : NULL, F8.inv[F8_D], dw ? F8.dt : NULL, F8.inv[F8_DT], f8_split_d());
     if (dinp) {
         const float *iw;
         const uint8_t *wt = f8_weight(w, OC, C, 1, &iw);
@@ -535,7 +572,7 @@ static void f8_backward(float *dinp, int ldd, int dinp16, float *dw, const float
                 NULL, NULL);
     }
     if (dw) {
-        f8_quant(inp, act_bf16(), N, C, 0, 0, NULL, NULL, F8.xt, F8.inv[F8_XT]);
+        f8_quant(inp, act_bf16(), N, C, 0, 0, NULL, NULL, F8.xt, F8.inv[F8_XT], f8_split_x());
         const float beta = grad_first(dw, (size_t)OC * C) ? 0.0f : 1.0f;
         f8_gemm(OC, C, f8_pad(N), F8.dt, 1, F8.inv[F8_DT], f8_mode(0), F8.xt, 0, F8.inv[F8_XT], f8_mode(0), beta, dw, C,
                 0, NULL, NULL);
@@ -547,6 +584,7 @@ static void f8_backward(float *dinp, int ldd, int dinp16, float *dw, const float
 static void f8_free_all(void) {
     for (int i = 0; i < F8.n_mem; i++) dev_free(F8.mem[i], F8.mem_bytes[i]);
     free(F8.copies);
+    memset(&F8R, 0, sizeof F8R);
     const int wanted = F8.wanted;
     memset(&F8, 0, sizeof F8);
     F8.wanted = wanted;
@@ -605,3 +643,23 @@ static void cu_fp8_setup(int recipe, const Fp8Sizes *z) {
 }
 
 static void cu_fp8_scope(int on) { F8.on = on; }
+
+/* rowwise under a split: its groups along the split dimension would need
+ * agreeing group by group, which the CUDA backend does not do yet */
+static void f8_no_rowwise(const char *key) {
+    if (F8.recipe == FP8_ROWWISE)
+        die(EXIT_USAGE, "train.fp8_recipe \"rowwise\" with %s > 1: the cuda backend does not yet agree rowwise scales "
+            "across the group (tensorwise and blockwise do; the cpu backend runs rowwise there)", key);
+}
+
+static void cu_fp8_tp(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx) {
+    f8_no_rowwise("parallel.tensor");
+    F8R.fn[0] = reduce;
+    F8R.ctx[0] = ctx;
+}
+
+static void cu_fp8_cp(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx) {
+    f8_no_rowwise("parallel.context");
+    F8R.fn[1] = reduce;
+    F8R.ctx[1] = ctx;
+}

@@ -21,10 +21,11 @@
 #      and 2 ranks on a node of 1 emulated device is exit 2 and one line;
 #      train.compute_dtype fp8 on an emulated sm_80 (LLMTRAIN_CUDA_EMU_CC),
 #      train.fp8_recipe blockwise and rowwise on an emulated sm_89 and
-#      parallel.tensor 2 on CUDA are exit 2 and one line (a rank);
-#      FP8 training (GPT-2, Llama; Llama under each recipe) against the
-#      CPU's FP8, and with the FP8 weight copies against without them
-#      (bit-identical).
+#      rowwise under parallel.tensor 2 are exit 2 and one line (a rank);
+#      FP8 at parallel.tensor 2 and parallel.context 2 against one emulated
+#      device, the amax all-reduces counted; FP8 training (GPT-2, Llama;
+#      Llama under each recipe) against the CPU's FP8, and with the FP8
+#      weight copies against without them (bit-identical).
 # What it cannot show: speed, races between streams, and the hardware's own
 # rounding (the tolerances are the GPU suite's).
 . "$(dirname "$0")/lib.sh"
@@ -70,12 +71,12 @@ for r in blockwise rowwise; do
         echo "ok   train.fp8_recipe $r on an emulated sm_89: exit 2, $(cat "$TMP/fp8b.err")"; pass=$((pass + 1))
     else echo "FAIL fp8 $r on sm_89: exit $rc, expected 2 and one line: $(head -c 400 "$TMP/fp8b.err")"; fail=$((fail + 1)); fi
 done
-LLMTRAIN_CUDA_EMU_DEVICES=2 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" --set train.compute_dtype=fp8 --set parallel.tensor=2 \
-    >"$TMP/fp8tp.out" 2>"$TMP/fp8tp.err"; rc=$?
+LLMTRAIN_CUDA_EMU_DEVICES=2 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" --set train.compute_dtype=fp8 --set train.fp8_recipe=rowwise \
+    --set parallel.tensor=2 >"$TMP/fp8tp.out" 2>"$TMP/fp8tp.err"; rc=$?
 if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/fp8tp.err")" -le 2 ] &&
-   grep -q '^llmtrain: train.compute_dtype "fp8" with parallel.tensor 2: the cuda backend.s FP8 runs no tensor parallelism yet' "$TMP/fp8tp.err"; then
-    echo "ok   train.compute_dtype fp8 with parallel.tensor 2 on CUDA: exit 2, one line a rank"; pass=$((pass + 1))
-else echo "FAIL fp8 tp 2 on CUDA: exit $rc, expected 2 and one line a rank: $(head -c 400 "$TMP/fp8tp.err")"; fail=$((fail + 1)); fi
+   grep -q '^llmtrain: train.fp8_recipe "rowwise" with parallel.tensor > 1: the cuda backend does not yet agree rowwise scales across the group' "$TMP/fp8tp.err"; then
+    echo "ok   train.fp8_recipe rowwise with parallel.tensor 2 on CUDA: exit 2, one line a rank"; pass=$((pass + 1))
+else echo "FAIL fp8 rowwise tp 2 on CUDA: exit $rc, expected 2 and one line a rank: $(head -c 400 "$TMP/fp8tp.err")"; fail=$((fail + 1)); fi
 # FP8 training on the emulation against the CPU's FP8 (fake quantization,
 # fp32 activations), 6 steps of GPT-2 and Llama under tensorwise, Llama
 # under blockwise and rowwise (its 256-token batch and 256-wide MLP make
@@ -114,6 +115,45 @@ $PY tests/compare_runs.py "$TMP/f8-llama-cuda" "$TMP/f8-nocopy" --steps 6 --exac
 if [ $fp8_ok = 1 ]; then
     ok "train.compute_dtype fp8 on CUDA: GPT-2 and Llama 6 steps vs cpu fp8 (loss 5e-4, grad norm 1e-2), Llama also blockwise and rowwise; Llama without the FP8 weight copies and with full checkpointing bit-identical"
 else bad "train.compute_dtype fp8 on CUDA (above)"; fi
+# FP8 under tp 2 and cp 2 on the emulation (Kernels.fp8_tp / fp8_cp: the
+# amax all-reduced over the group, ncclMax, on the device): a step of the
+# Llama job against the first step of the one-device run above. tp 2's
+# loss (the forward's) is the one device's bit for bit (measured; with
+# LLMTRAIN_FP8_AGREE=0 it parts by 7.2e-6), held to 1e-6; the rest as that
+# section holds CUDA against the CPU (loss 5e-4, grad norm 1e-2; measured:
+# tp 2's grad norm 1.4e-4, cp 2's loss 4.0e-6 and grad norm 1.9e-4: its
+# bf16 ring attention's merge order moves more than the agreement, so cp 2
+# is held by its bytes, and the agreement by test_fp8_cp.sh). cp 2's
+# cp_sendrecv a step is the ring's (docs/layouts.md: 2 (cp - 1) KVa + cp
+# KV4 a layer and micro-batch, KVa = B (T/cp) 2 nkv hd x 2 bytes, KV4 twice
+# that) plus 4 bytes per tensorwise amax: 12 a layer and micro-batch (the
+# 4 linears' inputs forward, their douts and inputs for the weight
+# gradient).
+f8par_ok=1
+for run in tp2:parallel.tensor cp2:parallel.context; do
+    IFS=: read -r name key <<<"$run"
+    LLMTRAIN_CUDA_EMU_DEVICES=2 LLMTRAIN_CUDA_EMU_THREADS=1 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" --set train.compute_dtype=fp8 \
+        --set train.steps=1 --set log.dir="$TMP/f8p-$name" --set checkpoint.dir="$TMP/f8p-$name/ckpt" --set $key=2 \
+        >"$TMP/f8p-$name.out" 2>&1 || { echo "  fp8 $name on the emulation: exit $?: $(grep llmtrain: "$TMP/f8p-$name.out" | head -2)"; f8par_ok=0; }
+done
+$PY - "$TMP/f8-llama-cuda" "$TMP/f8p-tp2" "$TMP/f8p-cp2" <<'PYEOF' || f8par_ok=0
+import json, sys
+def step1(run):
+    return next(json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"step":1,' in l and '"loss"' in l)
+one = step1(sys.argv[1])
+for run, loss_rtol in ((sys.argv[2], 1e-6), (sys.argv[3], 5e-4)):
+    got = step1(run)
+    for key, tol in (("loss", loss_rtol), ("grad_norm", 1e-2)):
+        if abs(got[key] - one[key]) > tol * abs(one[key]):
+            sys.exit(f"  fp8 {run.split('-')[-1]} step 1 {key} {got[key]} against one device's {one[key]} (rtol {tol})")
+PYEOF
+e=$((4 * 32 * 2 * 2 * 16)) # B (T/cp) 2 nkv hd
+want=$((2 * 2 * (2 * e * 2 + 2 * 4 * e) + 4 * 12 * 2 * 2)) # accum 2 x L 2 x the ring's, + 4 bytes x 12 x L x accum
+got=$(grep -o '"cp_sendrecv":[0-9]*' "$TMP/f8p-cp2/metrics.jsonl" | sort -u | tr '\n' ' ')
+[ "$got" = "\"cp_sendrecv\":$want " ] || { echo "  fp8 cp 2: cp_sendrecv a step $got, want $want (the ring's and 48 amaxes of 4 bytes)"; f8par_ok=0; }
+if [ $f8par_ok = 1 ]; then
+    ok "train.compute_dtype fp8 on CUDA under tp 2 and cp 2 matches one emulated device (tp 2's loss 1e-6, else loss 5e-4, grad norm 1e-2); cp 2 moves the ring's bytes and 48 amaxes a step"
+else bad "fp8 under tp 2 / cp 2 on the emulation (above)"; fi
 LLMTRAIN_CUDA_EMU_DEVICES=1 $MPIRUN 2 tests/llmtrain_emu "$TMP/job.json" >"$TMP/one.out" 2>"$TMP/one.err"; rc=$?
 if [ $rc -eq 2 ] && [ "$(grep -c '^llmtrain:' "$TMP/one.err")" -eq 1 ] &&
    grep -q "^llmtrain: .*train.device \"cuda\": ranks 0 and 1 on host $(hostname) would share GPU GPU-656d752d-6375-6461-2d64-657669636500 (2 ranks on this node, 1 CUDA device visible to this rank" "$TMP/one.err"; then
