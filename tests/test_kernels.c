@@ -926,6 +926,66 @@ static void test_fp8_products(int N, int C, int OC, int recipe) {
     free(xf); free(wf); free(dyr); free(wr); free(dyc); free(xc); free(ry); free(rdx); free(rdw); free(rdb);
 }
 
+/* Under context parallelism (Kernels.fp8_cp) a product hands the callback
+ * the amaxes of the groups that span the tokens (an activation's or dout's
+ * rows), never a weight's: tensorwise each such operand's one, rowwise the
+ * weight gradient's (dout's OC columns, then x's C), blockwise none; and
+ * quantizes with what comes back: here each amax times 3, as another rank
+ * with larger values would make it (not a power of 2, which would give the
+ * same values), so the forward is checked against x quantized with 3 x its
+ * amax (tensorwise) or its own (the others). */
+static size_t cp_sent[8];
+static int cp_calls;
+static void cp_amax_x3(void *ctx, float *amax, size_t n) {
+    (void)ctx;
+    if (cp_calls < 8) cp_sent[cp_calls] = n;
+    cp_calls++;
+    for (size_t i = 0; i < n; i++) amax[i] *= 3;
+}
+
+static void test_fp8_cp_groups(int N, int C, int OC, int recipe) {
+    const size_t want[3][4] = {{1, 1, 1, 1}, {0}, {(size_t)OC, (size_t)C}};
+    const int n_want[3] = {4, 0, 2};
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    float *x = randv(nx, 1), *w = randv(nw, 0.5f), *dout = randv(ny, 1e-3f), *y = zerov(ny), *dx = zerov(nx), *dw = zerov(nw);
+    float *xq = zerov(nx), *wq = zerov(nw), *sc = zerov(nx + nw);
+    double *ry = calloc_check(ny, sizeof(double));
+    int gr, gc;
+    fp8_groups(recipe, 0, 1, N, C, &gr, &gc);
+    size_t ng = fp8_n_groups(N, C, gr, gc);
+    fp8_group_amax(sc, x, N, C, gr, gc);
+    for (size_t i = 0; i < ng && recipe == FP8_TENSORWISE; i++) sc[i] *= 3;
+    fp8_amax_scales(sc, ng, FP8_E4M3);
+    fp8_apply(xq, x, sc, N, C, gr, gc, FP8_E4M3);
+    fp8_groups(recipe, 1, 1, OC, C, &gr, &gc);
+    fp8_fake_quant(wq, w, sc, OC, C, gr, gc, FP8_E4M3);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double a = 0;
+            for (int c = 0; c < C; c++) a += (double)xq[(size_t)n * C + c] * wq[(size_t)o * C + c];
+            ry[(size_t)n * OC + o] = a;
+        }
+    Fp8Sizes z = {(size_t)N * (C > OC ? C : OC), nw, nw, 1, N > C ? (N > OC ? N : OC) : (C > OC ? C : OC)};
+    K->fp8_setup(recipe, &z);
+    K->fp8_cp(cp_amax_x3, NULL);
+    K->fp8_scope(1);
+    cp_calls = 0;
+    memset(cp_sent, 0, sizeof cp_sent);
+    K->matmul_forward(y, x, w, NULL, N, C, OC);
+    K->matmul_backward(dx, dw, NULL, dout, x, w, N, C, OC);
+    int ok = cp_calls == n_want[recipe];
+    for (int i = 0; i < cp_calls && i < 8 && ok; i++) ok = cp_sent[i] == want[recipe][i];
+    char name[96];
+    const char *rn = recipe == FP8_TENSORWISE ? "tensorwise" : recipe == FP8_ROWWISE ? "rowwise" : "blockwise";
+    snprintf(name, sizeof name, "fp8 cp %s %dx%dx%d", rn, N, C, OC);
+    report(ok, name, "%d amax all-reduces (%zu, %zu, ... floats), expected %d (%zu, %zu, ...)", cp_calls, cp_sent[0], cp_sent[1],
+           n_want[recipe], want[recipe][0], want[recipe][1]);
+    check_close(name, y, ry, ny, 1e-5);
+    K->fp8_scope(0);
+    K->fp8_setup(-1, NULL);
+    free(x); free(w); free(dout); free(y); free(dx); free(dw); free(xq); free(wq); free(sc); free(ry);
+}
+
 /* add_layernorm_forward / add_rmsnorm_forward are add then the norm, bit for
  * bit, also in place (res aliasing a), with and without a bias */
 static void test_add_norm(int N, int C, int rms, int with_bias, int in_place) {
@@ -1390,6 +1450,7 @@ int main(int argc, char **argv) {
     for (int r = FP8_TENSORWISE; r <= FP8_ROWWISE; r++) {
         test_fp8_products(7, 5, 9, r);
         test_fp8_products(150, 130, 260, r); /* off the 128 grid every way */
+        test_fp8_cp_groups(150, 130, 260, r);
     }
     { /* the fused MLP backwards under FP8: the unfused calls' bits still */
         Fp8Sizes z = {300 * 200, 200 * 96, 200 * 96, 1, 300};
