@@ -338,7 +338,7 @@ static long part_tc_calls;
 extern "C" long kernels_cuda_attention_part_tc_calls(void) { return part_tc_calls; }
 
 static int ap_tc(int hd, const void *a, const void *b, const void *c) {
-    return fl_bf16() && (hd == 32 || hd == 64 || hd == 128) && aligned16(a) && aligned16(b) && aligned16(c);
+    return fl_bf16() && cuda_flash_head_dim(hd) && aligned16(a) && aligned16(b) && aligned16(c);
 }
 
 static FbSeg ap_seg(const float *kv, int qrow, int q0, int nq, int krow, int k0, int nk, int Tq, int Tk, int nkv, int hd,
