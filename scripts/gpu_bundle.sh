@@ -13,6 +13,10 @@
 #   there: . gpu-bundle/env.sh && tests/gpu_tests.sh && bench/run_bench_gpu.sh
 # (carry llmtrain, tests/test_gpu and gpu-bundle; the scripts are what
 # `make test-gpu` and `make bench-gpu` run, without make's dependency check).
+# GPU_BUNDLE_BASELINE=COMMIT: also build llmtrain as of COMMIT (a detached
+# worktree, `make llmtrain` with GPU_BUNDLE_MAKE, e.g. "CUDA_ARCH=90") into
+# gpu-bundle/llmtrain-base, the build bench-gpu compares with
+# (BENCH_BASELINE_BIN; bench/run_bench_gpu.sh).
 set -e
 cd "$(dirname "$0")/.."
 out=gpu-bundle
@@ -20,6 +24,21 @@ rm -rf "$out"
 mkdir -p "$out/lib"
 bins="llmtrain"
 [ -x tests/test_gpu ] && bins="$bins tests/test_gpu"
+if [ -n "${GPU_BUNDLE_BASELINE:-}" ]; then
+    base=$(git rev-parse --verify -q "${GPU_BUNDLE_BASELINE}^{commit}") ||
+        { echo "gpu-bundle: GPU_BUNDLE_BASELINE=$GPU_BUNDLE_BASELINE: not a commit of this repository" >&2; exit 1; }
+    wt=$(mktemp -d)
+    git worktree add -q --detach "$wt" "$base"
+    # shellcheck disable=SC2086
+    if ! make -C "$wt" -s ${GPU_BUNDLE_MAKE:-} llmtrain >"$wt.log" 2>&1; then
+        echo "gpu-bundle: building llmtrain at $base failed: $(tail -n 3 "$wt.log")" >&2
+        git worktree remove --force "$wt"; exit 1
+    fi
+    cp "$wt/llmtrain" "$out/llmtrain-base"
+    git worktree remove --force "$wt"; rm -f "$wt.log"
+    bins="$bins $out/llmtrain-base"
+    echo "gpu-bundle: $out/llmtrain-base is llmtrain at $(git log -1 --format='%h %s' "$base")"
+fi
 ldd $bins | awk '$3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
         libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libgcc_s.so*|libstdc++.so*|libcublasLt.so*|libcudnn*.so*|libnccl.so*) continue;;

@@ -84,6 +84,14 @@ t=$(BENCH_FP8_RECIPES="tensorwise delayed" bench/run_bench_gpu.sh 2>&1); rc=$?
 if [ $rc -eq 1 ] && [ "$t" = 'bench-gpu: FAIL: BENCH_FP8_RECIPES: "delayed": expected tensorwise, blockwise or rowwise' ]; then
     ok "BENCH_FP8_RECIPES naming no recipe: exit 1, one line"
 else bad "BENCH_FP8_RECIPES=\"tensorwise delayed\": rc $rc: $t"; fi
+t=$(BENCH_BASELINE_BIN=/nonexistent/llmtrain bench/run_bench_gpu.sh 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$t" = "bench-gpu: FAIL: BENCH_BASELINE_BIN=/nonexistent/llmtrain: not an executable file" ]; then
+    ok "BENCH_BASELINE_BIN naming no binary: exit 1, one line"
+else bad "BENCH_BASELINE_BIN=/nonexistent/llmtrain: rc $rc: $t"; fi
+t=$(BENCH_BASELINE_BIN=./llmtrain BENCH_PROFILE=kernels bench/run_bench_gpu.sh 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$t" = "bench-gpu: FAIL: BENCH_BASELINE_BIN with BENCH_PROFILE=kernels: a profiled step's time is not a timing to compare" ]; then
+    ok "BENCH_BASELINE_BIN under BENCH_PROFILE: exit 1, one line"
+else bad "BENCH_BASELINE_BIN with BENCH_PROFILE=kernels: rc $rc: $t"; fi
 t=$(BENCH_CP=yes bench/run_bench_gpu.sh 2>&1); rc=$?
 if [ $rc -eq 1 ] && [ "$t" = "bench-gpu: FAIL: BENCH_CP=yes: expected 0, 1 or only" ]; then
     ok "BENCH_CP=yes: exit 1, one line"

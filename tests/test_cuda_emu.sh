@@ -199,17 +199,23 @@ sums=$(grep -cE '^profile: steps 2-3 \(2 steps\): [0-9.]+ ms a step in [0-9]+ ca
 rows=$(grep -cE '^profile: +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9.]+ +[0-9.e-]+ +[0-9.]+% +matmul_forward_a$' "$TMP/bk.out")
 floors=$(grep -cE '^profile: at the peaks these calls would take [0-9.]+ ms a step .*% of their timed [0-9.]+ ms$' "$TMP/bk.out")
 # and the ring's attention parts against the whole-sequence call (tests/test_gpu cp-bench)
-cpl=$(grep -cE '^cp-bench (forward|backward) cp [24]: B 1 T 256 heads 4/2 hd 64: whole sequence [0-9.]+ ms [0-9.e+-]+ TFLOP/s; ring parts \(rank 0, (5 pairs of 64|9 pairs of 32) rows\) [0-9.]+ ms [0-9.e+-]+ TFLOP/s; parts/whole [0-9.]+$' "$TMP/bk.out")
+cpl=$(grep -cE '^cp-bench (forward|backward) cp [24]: B 1 T 256 heads 4/2 hd 64: whole sequence [0-9.]+ ms [0-9.e+-]+ TFLOP/s; ring parts \(rank 0, (5 pairs of 64|9 pairs of 32) rows\) [0-9.]+ ms [0-9.e+-]+ TFLOP/s; parts/whole [0-9.]+; parts/cudnn [0-9.]+$' "$TMP/bk.out")
+cpd=$(grep -cE '^cp-bench whole sequence on cudnn: B 1 T 256 heads 4/2 hd 64: forward [0-9.]+ ms [0-9.e+-]+ TFLOP/s, backward [0-9.]+ ms [0-9.e+-]+ TFLOP/s$' "$TMP/bk.out")
 if [ $rc -eq 0 ] && [ "$cases" -eq 8 ] && [ "$order" = "$want" ] && [ "$sums" -eq 8 ] && [ "$rows" -eq 8 ] && [ "$floors" -eq 8 ] &&
-   [ "$cpl" -eq 4 ] && ! grep -q 'profile\.json$' "$TMP/bk.out"; then
-    ok "BENCH_SMOKE=1 BENCH_PROFILE=kernels bench-gpu on the emulation: 8 cases (GPT-2, Llama, Llama recomputing norm and mlp_act, Llama x 8 micro-batches; cudnn, flash), each its result line and profile table with the time at the GPU's peaks; the 4 cp-bench lines (cp 2, 4; forward, backward)"
-else bad "bench-gpu smoke, BENCH_PROFILE=kernels: exit $rc, $cases result lines, $sums profile summaries, $rows matmul rows, $floors lines of the peaks' time, $cpl cp-bench lines: $(grep -v '^profile:  ' "$TMP/bk.out" | head -c 1500)"; fi
-bench_smoke "$TMP/bt.out" 0 tf32 gemm 0; rc=$?
+   [ "$cpl" -eq 4 ] && [ "$cpd" -eq 1 ] && ! grep -q 'profile\.json$' "$TMP/bk.out"; then
+    ok "BENCH_SMOKE=1 BENCH_PROFILE=kernels bench-gpu on the emulation: 8 cases (GPT-2, Llama, Llama recomputing norm and mlp_act, Llama x 8 micro-batches; cudnn, flash), each its result line and profile table with the time at the GPU's peaks; the 4 cp-bench lines (cp 2, 4; forward, backward) and the whole call on cuDNN"
+else bad "bench-gpu smoke, BENCH_PROFILE=kernels: exit $rc, $cases result lines, $sums profile summaries, $rows matmul rows, $floors lines of the peaks' time, $cpl cp-bench lines, $cpd cuDNN lines: $(grep -v '^profile:  ' "$TMP/bk.out" | head -c 1500)"; fi
+# with a baseline build to compare (the same binary here): after each case
+# the baseline's result line and the comparison line
+BENCH_BASELINE_BIN=tests/llmtrain_emu bench_smoke "$TMP/bt.out" 0 tf32 gemm 0; rc=$?
 cases=$(grep -cE "$res_re" "$TMP/bt.out")
-if [ $rc -eq 0 ] && [ "$cases" -eq 4 ] && [ "$(grep -c ' tf32 GEMMs, gemm attention ' "$TMP/bt.out")" -eq 4 ] &&
+based=$(sed -n 's/^baseline: //p' "$TMP/bt.out" | grep -cE "$res_re")
+vs=$(grep -cE '^(gpt2_124M|llama_1B) tf32 gemm (none|selective|selective:norm,mlp_act)( x8)? vs baseline tests/llmtrain_emu: [0-9]+ vs [0-9]+ ms/step, [0-9]+ vs [0-9]+ tokens/s \(x[0-9.]+ the baseline.s\)$' "$TMP/bt.out")
+if [ $rc -eq 0 ] && [ "$cases" -eq 4 ] && [ "$based" -eq 4 ] && [ "$vs" -eq 4 ] &&
+   [ "$(grep -c ' tf32 GEMMs, gemm attention ' "$TMP/bt.out")" -eq 8 ] &&
    ! grep -q '^profile:' "$TMP/bt.out" && ! grep -q '^cp-bench' "$TMP/bt.out"; then
-    ok "BENCH_SMOKE=1 bench-gpu on the emulation, tf32 and the GEMM attention: 4 result lines, no profile"
-else bad "bench-gpu smoke, tf32 gemm: exit $rc, $cases result lines: $(head -c 1500 "$TMP/bt.out")"; fi
+    ok "BENCH_SMOKE=1 BENCH_BASELINE_BIN bench-gpu on the emulation, tf32 and the GEMM attention: 4 result lines, each followed by the baseline's and the comparison, no profile"
+else bad "bench-gpu smoke, tf32 gemm with a baseline: exit $rc, $cases result lines, $based baseline lines, $vs comparisons: $(head -c 1500 "$TMP/bt.out")"; fi
 # the FP8 section (BENCH_FP8=only) under two recipes: for each of the three
 # shapes the bf16 line, then each recipe's line and its comparison with bf16
 BENCH_BIN=tests/llmtrain_emu BENCH_SMOKE=1 BENCH_FP8=only BENCH_FP8_STEPS=3 BENCH_FP8_RECIPES="tensorwise blockwise" \
@@ -223,8 +229,9 @@ for ln in open(sys.argv[1]):
     m = re.match(r"^(\w+) \(0\.[0-9]+M params\) B=[12] T=64.* (bf16|fp8 (tensorwise|blockwise)) GEMMs, cudnn attention on device 0: .* [0-9]+ tokens/s, ", ln)
     if m: out.append(f"{m[1]}:{m[2].replace(' ', ':')}")
     m = re.match(r"^fp8 \((tensorwise|blockwise)\) vs bf16 (\w+): tokens/s [0-9]+ vs [0-9]+ \(x[0-9.]+\); loss over 3 steps \(every 20th\): "
-                 r"largest gap [-+][0-9.]+% at step [0-9]+, last [0-9.]+ vs [0-9.]+ \([-+][0-9.]+%\)$", ln)
-    if m: out.append(f"{m[2]}:vs:{m[1]}")
+                 r"largest gap [-+][0-9.]+% at step [0-9]+, last [0-9.]+ vs [0-9.]+ \([-+][0-9.]+%\)"
+                 r"(; goal x1\.3 tokens/s and the loss within 1%: (met|not met))?$", ln)
+    if m and (m[3] is not None) == (m[2] == "llama_3B"): out.append(f"{m[2]}:vs:{m[1]}")
 print(" " + " ".join(out))
 PYEOF
 )

@@ -153,7 +153,10 @@ void test_attention_parts(void) {
  * 2 and 4 the part calls context rank 0 makes over the ring's cp steps
  * (cp.c's schedule: its chunks 0 and 2cp-1 of T / 2cp rows against every
  * rank's two chunks, the pairs whose keys are not all after the queries),
- * which together do 1/cp of the whole call's causal work. Each is timed
+ * which together do 1/cp of the whole call's causal work. The whole call
+ * is timed on cuDNN's fused attention too (what one GPU runs under bf16 by
+ * default, attention_kernel auto), and each line gives the parts' rate
+ * against both. Each is timed
  * over `reps` runs after one warm-up (CUDA events); TFLOP/s counts the
  * visible (query, key) pairs: the forward 4 hd flops a pair and head (Q K^T
  * and P V), the backward 10 (the scores again, dP, dV, dK, dQ). One line
@@ -205,6 +208,23 @@ static int cp_arg(int argc, char **argv, int i, int dflt) {
     return (int)v;
 }
 
+/* ms[0], ms[1]: the whole sequence's attention forward and backward under
+ * the attention kernel set, the mean of reps runs after one warm-up */
+static void cp_time_whole(double ms[2], float *out, float *lse, const float *qkv, float *dqkv, const float *dout, int B,
+                          int T, int nh, int nkv, int hd, int reps) {
+    ms[0] = ms[1] = 0.0;
+    for (int r = 0; r <= reps; r++) { /* r 0: the warm-up */
+        KG->timer_mark(0);
+        KG->attention_forward(out, lse, qkv, NULL, B, T, nh, nkv, hd);
+        KG->timer_mark(1);
+        if (r) ms[0] += cp_elapsed_ms() / reps;
+        KG->timer_mark(0);
+        KG->attention_backward(dqkv, dout, qkv, out, lse, NULL, B, T, nh, nkv, hd);
+        KG->timer_mark(1);
+        if (r) ms[1] += cp_elapsed_ms() / reps;
+    }
+}
+
 int cp_bench(int argc, char **argv) {
     const int T = cp_arg(argc, argv, 2, 16384), nh = cp_arg(argc, argv, 3, 32), nkv = cp_arg(argc, argv, 4, 8);
     const int hd = cp_arg(argc, argv, 5, 128), B = cp_arg(argc, argv, 6, 1), reps = T >= 4096 ? 5 : 1;
@@ -224,18 +244,21 @@ int cp_bench(int argc, char **argv) {
     float *qkv = dcopy_act(h, nq), *dqkv = dcopy_act(h, nq), *out = dcopy_act(h, no), *dout = dcopy_act(h, no);
     float *lse = dcopy(h, (size_t)B * nh * T), *dkv = dcopy(h, (size_t)B * T * KS), *kv = dcopy_act(h, (size_t)B * T * KS);
     const double whole = (double)B * nh * hd * cp_visible(0, T, 0, T);
-    double wf = 0.0, wb = 0.0;
-    for (int r = 0; r <= reps; r++) { /* r 0: the warm-up */
-        KG->timer_mark(0);
-        KG->attention_forward(out, lse, qkv, NULL, B, T, nh, nkv, hd);
-        KG->timer_mark(1);
-        if (r) wf += cp_elapsed_ms() / reps;
-        KG->timer_mark(0);
-        KG->attention_backward(dqkv, dout, qkv, out, lse, NULL, B, T, nh, nkv, hd);
-        KG->timer_mark(1);
-        if (r) wb += cp_elapsed_ms() / reps;
-    }
-    const double wtf[2] = {4.0 * whole / (wf * 1e9), 10.0 * whole / (wb * 1e9)};
+    double wms[2], dms[2];
+    cp_time_whole(wms, out, lse, qkv, dqkv, dout, B, T, nh, nkv, hd, reps);
+    /* the whole call as one GPU runs it by default under bf16 (attention_kernel auto: cuDNN's fused attention) */
+    kernels_cuda_set_attention("cudnn");
+    const long dn0 = kernels_cuda_cudnn_attention_calls();
+    cp_time_whole(dms, out, lse, qkv, dqkv, dout, B, T, nh, nkv, hd, reps);
+    const long dn = kernels_cuda_cudnn_attention_calls() - dn0;
+    kernels_cuda_set_attention("flash");
+    const double wtf[2] = {4.0 * whole / (wms[0] * 1e9), 10.0 * whole / (wms[1] * 1e9)};
+    const double dtf[2] = {4.0 * whole / (dms[0] * 1e9), 10.0 * whole / (dms[1] * 1e9)};
+    if (dn > 0)
+        printf("cp-bench whole sequence on cudnn: B %d T %d heads %d/%d hd %d: forward %.3f ms %.4g TFLOP/s, backward %.3f ms "
+               "%.4g TFLOP/s\n", B, T, nh, nkv, hd, dms[0], dtf[0], dms[1], dtf[1]);
+    else
+        printf("cp-bench whole sequence on cudnn: not run (cuDNN's fused attention declined the shape)\n");
     const long tc0 = kernels_cuda_attention_part_tc_calls();
     for (int cp = 2; cp <= 4; cp *= 2) {
         if (T % (2 * cp)) continue;
@@ -261,11 +284,12 @@ int cp_bench(int argc, char **argv) {
             KG->timer_mark(1);
             if (r) pb += cp_elapsed_ms() / reps;
         }
-        const double ptf[2] = {4.0 * work / (pf * 1e9), 10.0 * work / (pb * 1e9)}, pms[2] = {pf, pb}, wms[2] = {wf, wb};
+        const double ptf[2] = {4.0 * work / (pf * 1e9), 10.0 * work / (pb * 1e9)}, pms[2] = {pf, pb};
         for (int d = 0; d < 2; d++)
             printf("cp-bench %s cp %d: B %d T %d heads %d/%d hd %d: whole sequence %.3f ms %.4g TFLOP/s; ring parts "
-                   "(rank 0, %d pairs of %d rows) %.3f ms %.4g TFLOP/s; parts/whole %.3f\n",
-                   d ? "backward" : "forward", cp, B, T, nh, nkv, hd, wms[d], wtf[d], n, Tc, pms[d], ptf[d], ptf[d] / wtf[d]);
+                   "(rank 0, %d pairs of %d rows) %.3f ms %.4g TFLOP/s; parts/whole %.3f; parts/cudnn %.3f\n",
+                   d ? "backward" : "forward", cp, B, T, nh, nkv, hd, wms[d], wtf[d], n, Tc, pms[d], ptf[d], ptf[d] / wtf[d],
+                   dn > 0 ? ptf[d] / dtf[d] : 0.0);
     }
     const long tc = kernels_cuda_attention_part_tc_calls() - tc0;
     printf("cp-bench: %ld part calls on the tensor cores\n", tc);
