@@ -70,10 +70,13 @@ kernels_cuda.o: kernels.cu $(KERNEL_PARTS) kernels.h kernels_cuda_sizes.h util.h
 	$(NVCC) $(NVCCFLAGS) -std=c++17 $(CUDA_GENCODE) $(NVCC_WARN) $(CUDA_DEFS) -I. -c $< -o $@
 
 # CUDA kernels against the CPU backend, then whole training runs cuda vs cpu:
-# fails (non-zero, one line) without a GPU or without nvcc
-tests/test_gpu: tests/test_gpu.c tests/test_gpu_fp8.c tests/test_gpu_cp.c tests/test_gpu.h $(CPU_KERNELS) fp8.c model.c cp.c util.c $(HDR) $(CUDA_OBJ)
+# fails (non-zero, one line) without a GPU or without nvcc. GPU_TEST_SRC:
+# tests/test_gpu's sources (main in tests/test_gpu.c), tests/test_gpu_emu's too
+GPU_TEST_SRC = tests/test_gpu.c tests/test_gpu_layers.c tests/test_gpu_matmul.c tests/test_gpu_model.c \
+               tests/test_gpu_cp.c tests/test_gpu_fp8.c
+tests/test_gpu: $(GPU_TEST_SRC) tests/test_gpu.h $(CPU_KERNELS) fp8.c model.c cp.c util.c $(HDR) $(CUDA_OBJ)
 	@[ -n "$(CUDA_OBJ)" ] || { echo "make test-gpu: FAIL: nvcc not found, this build has no CUDA backend" >&2; exit 1; }
-	$(CC) -O2 -march=native $(WARN) $(OMP) $(CUDA_DEFS) -I. -I$(CUDA_INCDIR) $< tests/test_gpu_fp8.c tests/test_gpu_cp.c $(CPU_KERNELS) fp8.c model.c cp.c util.c $(CUDA_LIBS) $(BLAS_LIBS) -lm -o $@
+	$(CC) -O2 -march=native $(WARN) $(OMP) $(CUDA_DEFS) -I. -I$(CUDA_INCDIR) $(GPU_TEST_SRC) $(CPU_KERNELS) fp8.c model.c cp.c util.c $(CUDA_LIBS) $(BLAS_LIBS) -lm -o $@
 
 test-gpu: check-deps llmtrain tests/test_gpu
 	tests/gpu_tests.sh
@@ -116,8 +119,8 @@ $(EMU)/build/selftest: $(EMU)/selftest.cu $(EMU)/cu2cpp.py $(EMU_HDR) $(EMU)/bui
 	$(PY) $(EMU)/cu2cpp.py $(EMU)/selftest.cu $(EMU)/build/selftest.cpp
 	$(EMU_CXX) $(EMU_DEFS) $(EMU)/build/selftest.cpp $(EMU)/build/emu.o -o $@
 
-tests/test_gpu_emu: tests/test_gpu.c tests/test_gpu_fp8.c tests/test_gpu_cp.c tests/test_gpu.h $(CPU_KERNELS) fp8.c model.c cp.c util.c $(HDR) $(EMU_OBJ)
-	$(CC) -O2 -march=native $(WARN) $(OMP) $(EMU_DEFS) -I. $< tests/test_gpu_fp8.c tests/test_gpu_cp.c $(CPU_KERNELS) fp8.c model.c cp.c util.c $(EMU_OBJ) $(BLAS_LIBS) -lm -lstdc++ -lpthread -o $@
+tests/test_gpu_emu: $(GPU_TEST_SRC) tests/test_gpu.h $(CPU_KERNELS) fp8.c model.c cp.c util.c $(HDR) $(EMU_OBJ)
+	$(CC) -O2 -march=native $(WARN) $(OMP) $(EMU_DEFS) -I. $(GPU_TEST_SRC) $(CPU_KERNELS) fp8.c model.c cp.c util.c $(EMU_OBJ) $(BLAS_LIBS) -lm -lstdc++ -lpthread -o $@
 
 tests/llmtrain_emu: $(SRC) dist_nccl.c $(HDR) $(EMU_OBJ) $(EMU)/nccl_emu.c $(EMU_HDR)
 	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(EMU_DEFS) $(SRC) dist_nccl.c $(EMU)/nccl_emu.c $(EMU_OBJ) $(LIBS) -lstdc++ -lpthread -o $@
