@@ -18,7 +18,10 @@
  *     gradient shift but the last (home), is started before a pair of
  *     attention parts and waited after it, so a device communicator moves
  *     it while they run; no part or add writes a buffer in flight or reads
- *     one being received; the shifts' bytes are docs/layouts.md's. */
+ *     one being received; the shifts' bytes are docs/layouts.md's;
+ *   - the load-balanced chunk order (test_cp_balance): rank r holds chunks
+ *     r and 2cp-1-r, the ring's parts compute every causal pair once, each
+ *     rank as many. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -249,6 +252,89 @@ static void test_cp_ring(void) {
         }
 }
 
+/* The load-balanced layout against a reference written here: context
+ * rank r's rows are chunk r of the sequence's 2cp chunks, then chunk
+ * 2cp-1-r (cp_pos), the ranks together every position once; and the
+ * attention parts cp.c runs over the ring (a fake part kernel records
+ * them): each query row at its own position, every causal (query, key)
+ * pair of the sequence computed exactly once over all ranks and steps,
+ * and every rank computing as many pairs (the balance the layout is for;
+ * contiguous chunks would give rank cp-1 about 2cp-1 times rank 0's). */
+#define BAL_T 8 /* rows a rank */
+static struct { int r, cp, T, pairs, badq; unsigned char *cov; } bal;
+static void bal_part_fwd(float *out, float *lse, const float *qkv, int qrow, int q0, int nq, const float *kv, int krow, int k0,
+                         int nk, const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd, int merge) {
+    const int Tg = bal.T * bal.cp;
+    for (int i = 0; i < nq; i++) {
+        bal.badq += cp_pos(qrow + i, bal.T, bal.cp, bal.r) != q0 + i;
+        for (int j = 0; j < nk && k0 + j <= q0 + i; j++) {
+            bal.cov[(size_t)(q0 + i) * Tg + k0 + j]++;
+            bal.pairs++;
+        }
+    }
+    (void)krow;
+    ring_part_fwd(out, lse, qkv, qrow, q0, nq, kv, krow, k0, nk, qstart, B, Tq, Tk, nh, nkv, hd, merge);
+}
+
+static void test_cp_balance(void) {
+    const int cps[] = {1, 2, 3, 4, 8};
+    for (size_t c = 0; c < sizeof cps / sizeof cps[0]; c++) {
+        const int cp = cps[c], T = BAL_T, Tc = T / 2, Tg = T * cp;
+        int seen[8 * BAL_T] = {0}, bad = 0;
+        for (int r = 0; r < cp; r++)
+            for (int i = 0; i < T; i++) {
+                int chunk = i < Tc ? r : 2 * cp - 1 - r, want = chunk * Tc + (i - (i < Tc ? 0 : Tc));
+                int p = cp_pos(i, T, cp, r);
+                bad += p != want;
+                if (p >= 0 && p < Tg) seen[p]++;
+            }
+        for (int p = 0; p < Tg; p++) bad += seen[p] != 1;
+        check(bad == 0, "cp %d: rank r's rows are chunks r and %d-r of %d, every position once (%d mismatches)", cp,
+              2 * cp - 1, 2 * cp, bad);
+        if (cp == 1) continue;
+        Kernels k = *cpu;
+        k.attention_part_forward = bal_part_fwd;
+        k.add = ring_add;
+        k.zero = ring_zero;
+        bal.cov = calloc((size_t)Tg * Tg, 1);
+        bal.cp = cp;
+        bal.T = T;
+        int pairs[8], badq = 0;
+        for (int r = 0; r < cp; r++) {
+            Model m = {0};
+            m.k = &k;
+            m.B = 1; m.T = T; m.nh = 2; m.nkv = 1; m.hd = 4; m.qkv_dim = (m.nh + 2 * m.nkv) * m.hd; m.act_bytes = 4;
+            m.comm = (ModelComm){.cp_shift = ring_shift, .cp_wait = ring_wait};
+            cp_setup(&m, cp, r, CP_RING);
+            ring_m = &m;
+            size_t N = (size_t)m.B * m.T, nq = N * m.qkv_dim, no = N * m.nh * m.hd;
+            float *qkv = k.alloc(nq * 4), *out = k.alloc(no * 4), *lse = k.alloc(N * m.nh * 4);
+            for (size_t i = 0; i < nq; i++) qkv[i] = (float)((i * 37 + 11) % 19) / 19.0f - 0.5f;
+            memset(&ring, 0, sizeof ring);
+            bal.r = r;
+            bal.pairs = bal.badq = 0;
+            cp_attention_forward(&m, out, lse, qkv, NULL, m.B, m.T);
+            pairs[r] = bal.pairs;
+            badq += bal.badq;
+            k.free(qkv); k.free(out); k.free(lse);
+            for (int i = 0; i < 2; i++) k.free(m.cp_ring[i]);
+        }
+        int once = 0, other = 0, unequal = 0;
+        for (int q = 0; q < Tg; q++)
+            for (int kk = 0; kk < Tg; kk++) {
+                int n = bal.cov[(size_t)q * Tg + kk];
+                if (kk <= q) once += n == 1;
+                other += kk <= q ? n != 1 : n != 0;
+            }
+        for (int r = 1; r < cp; r++) unequal += pairs[r] != pairs[0];
+        check(badq == 0 && once == Tg * (Tg + 1) / 2 && other == 0 && unequal == 0,
+              "cp %d, the ring's parts: %d query rows at another position, %d of %d causal pairs computed once (%d "
+              "pairs missed, repeated or past the mask), pairs a rank %d (rank 0) to %d (rank %d): %d ranks unequal",
+              cp, badq, once, Tg * (Tg + 1) / 2, other, pairs[0], pairs[cp - 1], cp - 1, unequal);
+        free(bal.cov);
+    }
+}
+
 /* train.lm_head_chunk 0: the whole micro-batch while its logits fit in
  * HEAD_AUTO_BYTES, else the fewest chunks that fit, equal and a multiple of
  * 64 rows (against a search over the chunk counts) */
@@ -305,6 +391,7 @@ int main(void) {
     test_sp_acts();
     cpu = kernels_cpu();
     test_cp_ring();
+    test_cp_balance();
     Kernels k = *cpu;
     k.matmul_forward_a = count_forward_a;
     k.matmul_backward_a = count_backward_a;
