@@ -256,23 +256,42 @@ __global__ void f8_cast_t_k(uint8_t *qt, int ldt, const ST *x, int rows, int col
 }
 
 /* ---- the amaxes' agreement (Kernels.fp8_tp, fp8_cp; docs/fp8.md) ----
- * Under tp / cp a tensorwise scale of a tensor split over a group takes
- * the max of its ranks' amaxes: reduce [0] (the TP group's all-reduce max)
- * and [1] (the context group's), on the one amax in device memory, queued
- * on the stream (no host sync). Which group splits which operand: the
- * weight the TP group (column- or row-parallel); the input the TP group
- * (row-parallel) and the context group (its tokens); dout the TP group
- * (column-parallel) and the context group. Blockwise groups never span a
- * split (model_fp8 refuses the layouts where one would); rowwise under a
- * split is refused on CUDA (cu_fp8_tp, cu_fp8_cp). */
-enum { F8_SPLIT_TP = 1, F8_SPLIT_CP = 2 };
+ * Under tp / cp a scale group that spans a split takes the max of its
+ * ranks' amaxes: reduce [0] (the TP group's all-reduce max) and [1] (the
+ * context group's), on the amaxes in device memory, queued on the stream
+ * (no host sync). Which dimension splits which operand: the weight's rows
+ * (column-parallel) or columns (row-parallel) the TP group; the input's
+ * columns (row-parallel) the TP group and its rows (tokens) the context
+ * group; dout's columns (column-parallel) the TP group and its rows the
+ * context group. A tensorwise group spans every split of its operand; a
+ * rowwise group (a row of the operand as the product reads it) the split
+ * of K, the contraction, and then every group of the pass spans it;
+ * blockwise groups never span one (model_fp8 refuses the layouts where
+ * one would): kernels_cpu.c's fp8_spans. */
+enum { F8_SPLIT_TP_R = 1, F8_SPLIT_TP_C = 2, F8_SPLIT_CP = 4 }; /* an operand's splits: its rows or columns over TP, rows over cp */
+enum { F8_RED_TP = 1, F8_RED_CP = 2 };                           /* a pass's all-reduces */
 static struct {
     void (*fn[2])(void *ctx, float *amax, size_t n);
     void *ctx[2];
 } F8R;
-static int f8_split_w(void) { return F8.on == FP8_COLUMN || F8.on == FP8_ROW ? F8_SPLIT_TP : 0; }
-static int f8_split_x(void) { return (F8.on == FP8_ROW ? F8_SPLIT_TP : 0) | F8_SPLIT_CP; }
-static int f8_split_d(void) { return (F8.on == FP8_COLUMN ? F8_SPLIT_TP : 0) | F8_SPLIT_CP; }
+static int f8_split_w(void) { return F8.on == FP8_COLUMN ? F8_SPLIT_TP_R : F8.on == FP8_ROW ? F8_SPLIT_TP_C : 0; }
+static int f8_split_x(void) { return (F8.on == FP8_ROW ? F8_SPLIT_TP_C : 0) | F8_SPLIT_CP; }
+static int f8_split_d(void) { return (F8.on == FP8_COLUMN ? F8_SPLIT_TP_C : 0) | F8_SPLIT_CP; }
+
+/* the all-reduces (F8_RED_*) of a pass over an operand split as split
+ * (F8_SPLIT_*) contracted along its columns (kdim 1) or rows (0), those
+ * whose callback is set */
+static int f8_reduces(int split, int kdim) {
+    int tp = 0, cp = 0;
+    if (F8.recipe == FP8_TENSORWISE) {
+        tp = (split & (F8_SPLIT_TP_R | F8_SPLIT_TP_C)) != 0;
+        cp = (split & F8_SPLIT_CP) != 0;
+    } else if (F8.recipe == FP8_ROWWISE) {
+        tp = (split & (kdim ? F8_SPLIT_TP_C : F8_SPLIT_TP_R)) != 0;
+        cp = !kdim && (split & F8_SPLIT_CP);
+    }
+    return (tp && F8R.fn[0] ? F8_RED_TP : 0) | (cp && F8R.fn[1] ? F8_RED_CP : 0);
+}
 
 /* part[0] = the largest of np partials as a float the all-reduce (max)
  * takes: a NaN's bits become +inf's (which takes scale 1, as NaN does) */
@@ -282,13 +301,27 @@ __global__ void f8_fold_k(uint32_t *part, int np) {
     part[0] = m > 0x7f800000u ? 0x7f800000u : m;
 }
 
+/* the same for n group amaxes (non-negative fp32 bits), in place */
+__global__ void f8_nan_inf_k(float *gs, size_t n) {
+    uint32_t *u = (uint32_t *)gs;
+    GRID_STRIDE(i, n) if (u[i] > 0x7f800000u) u[i] = 0x7f800000u;
+}
+
+/* n amaxes in device memory (no NaN) all-reduced (max) over the TP group
+ * and then the context group, as red (F8_RED_*) says */
+static void f8_agree(float *amax, size_t n, int red) {
+    if (red & F8_RED_TP) F8R.fn[0](F8R.ctx[0], amax, n);
+    if (red & F8_RED_CP) F8R.fn[1](F8R.ctx[1], amax, n);
+}
+
 /* One pass of x [rows, cols] (bf16 when x16) with groups gr x gc: the
  * scales into F8.gs, then the codes into q [rows, pad(cols)] (q not
  * NULL), with their inverse scales into iq in the layout of mode, and
- * into qt [cols, pad(rows)], inverse scales iqt (mode t); split
- * (F8_SPLIT_*): the groups that split x, whose max a tensorwise amax takes */
+ * into qt [cols, pad(rows)], inverse scales iqt (mode t); red
+ * (F8_RED_*, f8_reduces): the groups whose amaxes the TP and context
+ * groups all-reduce (max) before they become scales */
 static void f8_pass(const float *x, int x16, int rows, int cols, int e5m2, int gr, int gc, uint8_t *q, float *iq,
-                    int mq, uint8_t *qt, float *iqt, int mt, int split) {
+                    int mq, uint8_t *qt, float *iqt, int mt, int red) {
     const int nrt = f8_cdiv(rows, gr), nct = f8_cdiv(cols, gc);
     const size_t n = (size_t)nrt * nct;
     const float fmax = e5m2 ? 57344.0f : 448.0f;
@@ -299,13 +332,10 @@ static void f8_pass(const float *x, int x16, int rows, int cols, int e5m2, int g
         if (x16) f8_amax_k<__nv_bfloat16><<<g, 256>>>(CACT16(x), ne, F8.part);
         else f8_amax_k<float><<<g, 256>>>(x, ne, F8.part);
         LAUNCH_CHECK();
-        const int tw = F8.recipe == FP8_TENSORWISE, tp = tw && (split & F8_SPLIT_TP) && F8R.fn[0],
-                  cp = tw && (split & F8_SPLIT_CP) && F8R.fn[1];
-        if (tp || cp) {
+        if (red) {
             f8_fold_k<<<1, 1>>>(F8.part, (int)g);
             LAUNCH_CHECK();
-            if (tp) F8R.fn[0](F8R.ctx[0], (float *)F8.part, 1);
-            if (cp) F8R.fn[1](F8R.ctx[1], (float *)F8.part, 1);
+            f8_agree((float *)F8.part, 1, red);
             g = 1;
         }
         f8_scale_k<<<1, 256>>>(F8.part, (int)g, fmax, F8.gs, q ? iq : NULL, qt ? iqt : NULL);
@@ -322,6 +352,11 @@ static void f8_pass(const float *x, int x16, int rows, int cols, int e5m2, int g
             else f8_gamax_k<float><<<(unsigned)n, 256>>>(x, rows, cols, gr, gc, nct, F8.gs);
         }
         LAUNCH_CHECK();
+        if (red) {
+            f8_nan_inf_k<<<grid_for(n, 256), 256>>>(F8.gs, n);
+            LAUNCH_CHECK();
+            f8_agree(F8.gs, n, red);
+        }
         f8_gscale_k<<<grid_for(n, 256), 256>>>(F8.gs, n, fmax);
         LAUNCH_CHECK();
         if (q) f8_inv_k<<<grid_for(n, 256), 256>>>(iq, F8.gs, mq, rows, cols, gr, gc, nct, 0);
@@ -348,17 +383,19 @@ static void f8_pass(const float *x, int x16, int rows, int cols, int e5m2, int g
  * recipe's groups (fp8_groups): into q [rows, pad(cols)], the layout of a
  * product whose K is x's columns, inverse scales iq; and into qt [cols,
  * pad(rows)], K its rows, inverse scales iqt (either pair NULL: not
- * wanted). Both in one pass where the groups agree (tensorwise, a
- * blockwise weight's tiles), else a pass each. */
+ * wanted). Both in one pass where the groups and their all-reduces agree
+ * (tensorwise, a blockwise weight's tiles), else a pass each. split
+ * (F8_SPLIT_*): the dimensions the TP and context groups split. */
 static void f8_quant(const float *x, int x16, int rows, int cols, int e5m2, int weight, uint8_t *q, float *iq,
                      uint8_t *qt, float *iqt, int split) {
     int r1, c1, r0, c0;
     fp8_groups(F8.recipe, weight, 1, rows, cols, &r1, &c1);
     fp8_groups(F8.recipe, weight, 0, rows, cols, &r0, &c0);
-    const int m = f8_mode(weight);
-    if (q && qt && r1 == r0 && c1 == c0) return f8_pass(x, x16, rows, cols, e5m2, r1, c1, q, iq, m, qt, iqt, m, split);
-    if (q) f8_pass(x, x16, rows, cols, e5m2, r1, c1, q, iq, m, NULL, NULL, m, split);
-    if (qt) f8_pass(x, x16, rows, cols, e5m2, r0, c0, NULL, NULL, m, qt, iqt, m, split);
+    const int m = f8_mode(weight), red1 = f8_reduces(split, 1), red0 = f8_reduces(split, 0);
+    if (q && qt && r1 == r0 && c1 == c0 && red1 == red0)
+        return f8_pass(x, x16, rows, cols, e5m2, r1, c1, q, iq, m, qt, iqt, m, red1);
+    if (q) f8_pass(x, x16, rows, cols, e5m2, r1, c1, q, iq, m, NULL, NULL, m, red1);
+    if (qt) f8_pass(x, x16, rows, cols, e5m2, r0, c0, NULL, NULL, m, qt, iqt, m, red0);
 }
 
 /* tests: the tensorwise codes of n device values (bf16 when x16) in host
@@ -644,22 +681,12 @@ static void cu_fp8_setup(int recipe, const Fp8Sizes *z) {
 
 static void cu_fp8_scope(int on) { F8.on = on; }
 
-/* rowwise under a split: its groups along the split dimension would need
- * agreeing group by group, which the CUDA backend does not do yet */
-static void f8_no_rowwise(const char *key) {
-    if (F8.recipe == FP8_ROWWISE)
-        die(EXIT_USAGE, "train.fp8_recipe \"rowwise\" with %s > 1: the cuda backend does not yet agree rowwise scales "
-            "across the group (tensorwise and blockwise do; the cpu backend runs rowwise there)", key);
-}
-
 static void cu_fp8_tp(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx) {
-    f8_no_rowwise("parallel.tensor");
     F8R.fn[0] = reduce;
     F8R.ctx[0] = ctx;
 }
 
 static void cu_fp8_cp(void (*reduce)(void *ctx, float *amax, size_t n), void *ctx) {
-    f8_no_rowwise("parallel.context");
     F8R.fn[1] = reduce;
     F8R.ctx[1] = ctx;
 }
