@@ -5,14 +5,16 @@
 # losses, gradient norms, validation losses and exported weights of a small
 # GPT-2 and a small Llama with GQA under cp 2, cp 4, cp 2 x tp 2 (sequence
 # parallel), cp 2 x FULL_SHARD 2, cp 2 x HYBRID_SHARD (shard groups of 2)
-# and 8 ranks of tp 2 x cp 2 x dp 2; activation recompute (full, and
+# and 8 ranks of tp 2 x cp 2 x dp 2 (the Llama also tp 2 x cp 2 without
+# sequence parallelism, SHARD_GRAD_OP, HYBRID_SHARD_ZERO2, YaRN and Llama 3
+# RoPE scaling, bf16 working weights); activation recompute (full, and
 # selective attention: the ring again in the backward), parallel.context_mode
 # all_gather (cp 4, and with documents), offload and the LM head in
 # chunks; sampling (1 rank's tokens, over the whole context); the profile
 # table; a hung context rank (watchdog, exit 5); block-causal documents
 # with reset positions and eod_mask_loss, which straddle the
 # chunks and the ranks; a checkpoint written under cp 2 resumed under cp 1
-# and cp 4; the TCP rendezvous (no MPI); the ring's bytes per step against
+# and cp 4, and written under cp 1 and cp 4 resumed under cp 2; the TCP rendezvous (no MPI); the ring's bytes per step against
 # docs/layouts.md's formula; the context groups printed; activation bytes
 # per rank falling with cp in `llmtrain check`, and the shipped 131072-token
 # Llama 3.1 8B job fitting in 80 GB a GPU at its cp 4, not at cp 2; the
@@ -48,13 +50,17 @@ train() {
     $BIN export "$TMP/$name/ckpt" "$TMP/$name/hf" >/dev/null 2>&1
 }
 
-# same REF NAME WHAT: NAME's losses, norms, val losses and weights are REF's
+# same REF NAME WHAT [compare_runs options]: NAME's losses, norms, val
+# losses and weights are REF's (both exports there: compare_runs.py skips
+# weights it cannot find)
 same() {
-    if [ -s "$TMP/$2/metrics.jsonl" ] && $PY tests/compare_runs.py "$TMP/$1" "$TMP/$2" --steps 6 --loss-rtol 2e-5 --weight-rtol 1e-3 \
-        >"$TMP/$2.cmp" && grep -q '"val_loss"' "$TMP/$2/metrics.jsonl"; then
-        ok "$3 matches 1 rank (losses, norms, val losses, weights)"
+    local ref=$1 name=$2 what=$3; shift 3
+    if [ -s "$TMP/$name/metrics.jsonl" ] && [ -s "$TMP/$ref/hf/model.safetensors" ] && [ -s "$TMP/$name/hf/model.safetensors" ] &&
+        $PY tests/compare_runs.py "$TMP/$ref" "$TMP/$name" --steps 6 --loss-rtol 2e-5 --weight-rtol 1e-3 "$@" \
+        >"$TMP/$name.cmp" && grep -q '"val_loss"' "$TMP/$name/metrics.jsonl"; then
+        ok "$what matches 1 rank (losses, norms, val losses, weights)"
     else
-        bad "$3 differs from 1 rank: $(head -2 "$TMP/$2.cmp" 2>/dev/null | tr '\n' ' ')"
+        bad "$what differs from 1 rank: $(head -2 "$TMP/$name.cmp" 2>/dev/null | tr '\n' ' ') $([ -s "$TMP/$name/hf/model.safetensors" ] || echo "(no export)")"
     fi
 }
 
@@ -78,6 +84,32 @@ done
 train llama-tp2-cp2-dp2 llama 8 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true \
     --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=2 --set train.activation_checkpointing=full
 same llama-1 llama-tp2-cp2-dp2 "llama tp 2 x cp 2 x dp 2 (8 ranks, HYBRID_SHARD, full recompute)"
+# the Llama's other layouts: tp 2 x cp 2 without sequence parallelism, the
+# strategies that keep the weights gathered (ZeRO-2: SHARD_GRAD_OP, and
+# HYBRID_SHARD_ZERO2 in shard groups of 2)
+while read -r name np sets; do
+    train "llama-$name" llama "$np" $sets
+    same llama-1 "llama-$name" "llama $name ($np ranks)"
+done <<EOF
+cp2-tp2 4 --set parallel.context=2 --set parallel.tensor=2
+cp2-shard-grad-op 4 --set parallel.context=2 --set parallel.strategy=SHARD_GRAD_OP
+cp2-hybrid-zero2 4 --set parallel.context=2 --set parallel.strategy=HYBRID_SHARD_ZERO2 --set parallel.shard_degree=2
+EOF
+# RoPE scaled (positions global: a scaled angle at a wrong position would
+# show), and bf16 working weights: each against its own 1-rank run. bf16's
+# gradient norms are held to 1e-4: its stochastic rounding of the
+# reduced gradients' sums in another order parts them by up to 5.2e-5
+# under tp 2 as under cp 2 (data-parallel ranks, which sum in the same
+# order, match exactly)
+while read -r name rel sets; do
+    train "llama-$name-1" llama 1 $sets
+    train "llama-$name-cp2" llama 2 $sets --set parallel.context=2
+    same "llama-$name-1" "llama-$name-cp2" "llama $name, cp 2" --norm-rtol "$rel"
+done <<EOF
+yarn 2e-5 --set model.rope_scaling=yarn --set model.rope_scaling_factor=4 --set model.rope_original_max_seq_len=8
+llama3 2e-5 --set model.rope_scaling=llama3 --set model.rope_scaling_factor=8 --set model.rope_original_max_seq_len=16
+bf16 1e-4 --set train.param_dtype=bf16
+EOF
 
 # documents: block-causal attention, positions reset at each document and
 # no loss after token 5; a document's start may lie on another rank's chunk
@@ -142,16 +174,19 @@ if [ $rc -eq 5 ] && grep -qE "^llmtrain: rank [01]: watchdog: step 2 phase [a-z_
     "$TMP/hang.out"; then ok "a hung context rank ends the job with exit 5 ($(grep -o 'collective [A-Za-z_]*' "$TMP/hang.out" | head -1))"
 else bad "hung context rank: rc=$rc $(grep llmtrain: "$TMP/hang.out" | head -2)"; fi
 
-# a checkpoint of cp 2 at step 3 resumed under cp 1 and cp 4: steps 4-6 and
-# the weights of the uninterrupted run (checkpoints hold no layout)
-train ck-cp2 llama 2 --set parallel.context=2 --set train.steps=3
-for r in 1 4; do
-    mkdir -p "$TMP/ck-resume$r" && cp -r "$TMP/ck-cp2/ckpt" "$TMP/ck-resume$r/ckpt"
-    train ck-resume$r llama $r --set parallel.context=$r
-    if [ "$(grep -c '"loss"' "$TMP/ck-resume$r/metrics.jsonl" 2>/dev/null)" = 3 ] &&
-       $PY tests/compare_runs.py "$TMP/llama-1" "$TMP/ck-resume$r" --loss-rtol 2e-5 --weight-rtol 1e-3 >"$TMP/ck$r.cmp"; then
-        ok "checkpoint of cp 2 resumed under cp $r: steps 4-6 and weights of the uninterrupted run"
-    else bad "resume under cp $r: $(head -2 "$TMP/ck$r.cmp" | tr '\n' ' ') $(grep llmtrain: "$TMP/ck-resume$r.out" | head -1)"; fi
+# a checkpoint at step 3 resumed under another cp degree: written under cp
+# 2, resumed under cp 1 and cp 4, and the reverse, written under cp 1 and
+# cp 4, resumed under cp 2: steps 4-6 and the weights of the uninterrupted
+# run (checkpoints hold no layout)
+for w in 1 2 4; do train ck-cp$w llama $w --set parallel.context=$w --set train.steps=3; done
+for wr in 2:1 2:4 1:2 4:2; do
+    w=${wr%:*} r=${wr#*:}
+    mkdir -p "$TMP/ck-$w-$r" && cp -r "$TMP/ck-cp$w/ckpt" "$TMP/ck-$w-$r/ckpt"
+    train ck-$w-$r llama $r --set parallel.context=$r
+    if [ "$(grep -c '"loss"' "$TMP/ck-$w-$r/metrics.jsonl" 2>/dev/null)" = 3 ] && [ -s "$TMP/ck-$w-$r/hf/model.safetensors" ] &&
+       $PY tests/compare_runs.py "$TMP/llama-1" "$TMP/ck-$w-$r" --loss-rtol 2e-5 --weight-rtol 1e-3 >"$TMP/ck-$w-$r.cmp"; then
+        ok "checkpoint of cp $w resumed under cp $r: steps 4-6 and weights of the uninterrupted run"
+    else bad "cp $w resumed under cp $r: $(head -2 "$TMP/ck-$w-$r.cmp" | tr '\n' ' ') $(grep llmtrain: "$TMP/ck-$w-$r.out" | head -1)"; fi
 done
 
 # the TCP rendezvous (a torchrun-style launch, no MPI): the ring over its all-gather
