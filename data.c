@@ -383,6 +383,7 @@ void dataset_sequence(const DataSet *d, uint64_t seq, int *inputs, int *targets)
 }
 
 void dataset_sequence_part(const DataSet *d, uint64_t seq, int off, int len, int *inputs, int *targets) {
+    if (d->trace) fprintf(d->trace, "%s %llu %d %d\n", d->what, (unsigned long long)seq, off, len);
     if (d->n_src) {
         int i;
         uint64_t k;

@@ -5,6 +5,7 @@
 #define LLMTRAIN_DATA_H
 #include <stdint.h>
 #include <stddef.h>
+#include <stdio.h>
 
 /* Shard header: 256 x int32: [0] magic, [1] version, [2] token count.
  *   magic 20240520 version 1: uint16 tokens
@@ -50,6 +51,10 @@ typedef struct DataSet {
     uint8_t *pat_src;
     uint32_t *pat_idx;
     uint32_t *pat_cnt;
+    /* LLMTRAIN_DATA_TRACE (tests, debugging; set by llmtrain.c, not
+     * closed here): one line a read, `WHAT SEQ OFF N` (tokens [OFF, OFF +
+     * N) of sequence SEQ and their targets); NULL: off */
+    FILE *trace;
 } DataSet;
 
 /* Open every file matching pattern (a path or a glob), validate headers and

@@ -57,8 +57,8 @@ typedef struct Trainer {
     int accum;                 /* micro-batches per rank per step at train.global_batch (a ramp's steps take fewer) */
     int threads;               /* CPU threads of this rank */
     int *tok, *tgt;            /* host batch [B*T] (B x seq_len: a sample's context reads whole sequences into it) */
-    int *seq_tok, *seq_tgt;    /* context parallelism with documents: one whole sequence [seq_len] */
-    int *doc0;                 /* ... and each local token's document start in its sequence [B*T] (Model.cp_doc0) */
+    int *doc0;                 /* context parallelism with documents: each local token's document start in its sequence [B*T] (Model.cp_doc0) */
+    double *doc_end;           /* ... and each chunk's last document end, shared by the context group [B x 2 cp] (cp_doc_starts) */
     float *host_flat;          /* host copy of a flat array (debug.dump) */
     FILE *metrics;
     TBoard tb;                 /* log.tensorboard_dir (rank 0); tb.f NULL: off */
@@ -155,32 +155,60 @@ static int logs_failed_agreed(Trainer *t) {
 /* ------------------------------------------------------------------ */
 /* data                                                                */
 
+/* Context parallelism with documents: each local token's document start
+ * (t->doc0: the position after the last end-of-document token before it
+ * in its sequence, 0 if none). A document may start on another rank's
+ * chunk, and a rank reads its own two chunks only: for each sequence and
+ * chunk c the position after c's last end-of-document token (0: none) is
+ * filled in by c's owner and shared in one float64 sum over the context
+ * group ([B x 2 cp] entries, each from one rank: exact); a chunk's scan
+ * starts from the largest entry of the chunks before it. A collective:
+ * every rank of the context group loads the same batches in the same
+ * order (training's micro-batches, step_targets' second reading, eval;
+ * debug.dump, which loads on rank 0 alone, is refused under cp). */
+static void cp_doc_starts(Trainer *t) {
+    int B = t->model.B, T = t->model.T, cp = t->model.cp, r = t->model.cp_rank, C = 2 * cp, Tc = T / 2, eod = t->model.eod_token;
+    double *end = t->doc_end;
+    memset(end, 0, (size_t)B * C * sizeof *end);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < 2; h++) {
+            const int *tok = t->tok + (size_t)b * T + (size_t)h * Tc;
+            int c = h ? C - 1 - r : r;
+            for (int i = Tc - 1; i >= 0; i--)
+                if (tok[i] == eod) { end[(size_t)b * C + c] = c * Tc + i + 1; break; }
+        }
+    dist_cp_allreduce_sum_f64(&t->dist, end, (size_t)B * C);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < 2; h++) {
+            const int *tok = t->tok + (size_t)b * T + (size_t)h * Tc;
+            int c = h ? C - 1 - r : r, s = 0;
+            for (int k = 0; k < c; k++)
+                if (end[(size_t)b * C + k] > s) s = (int)end[(size_t)b * C + k];
+            for (int i = 0; i < Tc; i++) {
+                t->doc0[(size_t)b * T + (size_t)h * Tc + i] = s;
+                if (tok[i] == eod) s = c * Tc + i + 1;
+            }
+        }
+}
+
 /* Fill the host batch with micro-batch j of this rank for step `step`:
  * step k reads the G_k global sequences from the data cursor c_k on, where
  * c_k counts the sequences the run consumed before it (from the resumed
  * checkpoint's cursor on, so a changed global batch continues the data)
  * and G_k is train.global_batch, or the ramp's batch at c_k; rank r owns
- * c_k + [r*G_k/dp, (r+1)*G_k/dp). */
+ * c_k + [r*G_k/dp, (r+1)*G_k/dp). Under context parallelism a rank reads
+ * its two chunks of each sequence only (documents: cp_doc_starts). */
 static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
     int B = t->model.B, T = t->model.T, cp = t->model.cp;
     if (cp == 1)
         for (int b = 0; b < B; b++) dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
-    else /* context parallelism: this rank's two chunks of T/2 tokens */
-        for (int b = 0; b < B; b++) {
-            uint64_t seq = first_seq + (uint64_t)b;
+    else { /* context parallelism: this rank's two chunks of T/2 tokens */
+        for (int b = 0; b < B; b++)
             for (int h = 0; h < 2; h++)
-                dataset_sequence_part(ds, seq, cp_pos(h * T / 2, T, cp, t->model.cp_rank), T / 2, t->tok + (size_t)b * T + h * T / 2,
-                                      t->tgt + (size_t)b * T + h * T / 2);
-            if (t->model.eod_token < 0) continue;
-            /* a document may start on another rank's chunk: its start comes from the whole sequence */
-            dataset_sequence(ds, seq, t->seq_tok, t->seq_tgt);
-            for (int i = 0, p = 0, s = 0; i < T; i++) {
-                int q = cp_pos(i, T, cp, t->model.cp_rank);
-                for (; p < q; p++)
-                    if (t->seq_tok[p] == t->model.eod_token) s = p + 1;
-                t->doc0[(size_t)b * T + i] = s;
-            }
-        }
+                dataset_sequence_part(ds, first_seq + (uint64_t)b, cp_pos(h * T / 2, T, cp, t->model.cp_rank), T / 2,
+                                      t->tok + (size_t)b * T + h * T / 2, t->tgt + (size_t)b * T + h * T / 2);
+        if (t->model.eod_token >= 0) cp_doc_starts(t);
+    }
     if (t->cfg.eod_mask_loss) /* what follows a document's end is not predicted */
         for (size_t i = 0; i < (size_t)B * T; i++)
             if (t->tok[i] == t->cfg.eod_token) t->tgt[i] = CE_NO_TARGET;
@@ -362,8 +390,7 @@ static void print_sample(Trainer *t, int step) {
     int prompt = T < 16 ? (T > 1 ? T / 2 : 1) : 8;
     int total = prompt + c->sample_tokens;
     int *ctx = malloc_check((size_t)total * sizeof(int));
-    dataset_sequence(ds, 0, t->tok, t->tgt);
-    memcpy(ctx, t->tok, (size_t)prompt * sizeof(int));
+    dataset_sequence_part(ds, 0, 0, prompt, ctx, t->tgt); /* the prompt: sequence 0's first tokens */
     float *row = malloc_check((size_t)V * sizeof(float));
     float *mine = tp > 1 ? malloc_check((size_t)m->V * sizeof(float)) : NULL; /* this rank's vocabulary slice */
     double *sum = cp > 1 ? malloc_check((size_t)V * sizeof(double)) : NULL;
@@ -1036,6 +1063,14 @@ static void setup(Trainer *t, int *argc, char ***argv) {
         t->have_val = 1;
     }
     if (c->data_vocab[0]) { vocab_load(&t->vocab, c->data_vocab); t->have_vocab = 1; }
+    const char *dtr = getenv("LLMTRAIN_DATA_TRACE"); /* tests: the tokens this rank reads (data.h) */
+    if (dtr && *dtr) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.%d", dtr, t->dist.rank);
+        FILE *f = fopen(path, "w");
+        if (!f) die(EXIT_USAGE, "LLMTRAIN_DATA_TRACE: cannot open %s for writing: %s", path, strerror(errno));
+        t->train.trace = t->val.trace = f; /* closed at exit */
+    }
 
     dist_setup_groups(&t->dist, t->sh.S);
 #ifdef LLMTRAIN_CUDA
@@ -1065,9 +1100,8 @@ static void setup(Trainer *t, int *argc, char ***argv) {
     t->tgt = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
     t->host_flat = malloc_check(t->model.n_params * sizeof(float));
     if (c->cp > 1) {
-        t->seq_tok = malloc_check((size_t)c->seq_len * sizeof(int));
-        t->seq_tgt = malloc_check((size_t)c->seq_len * sizeof(int));
         t->doc0 = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
+        t->doc_end = malloc_check((size_t)c->micro_batch * 2 * c->cp * sizeof(double));
         t->model.cp_doc0 = t->doc0;
     }
     t->flops_per_token = model_flops_per_token(&c->model, c->seq_len);

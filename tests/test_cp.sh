@@ -12,9 +12,11 @@
 # all_gather (cp 4, and with documents), offload and the LM head in
 # chunks; sampling (1 rank's tokens, over the whole context); the profile
 # table; a hung context rank (watchdog, exit 5); block-causal documents
-# with reset positions and eod_mask_loss, which straddle the
-# chunks and the ranks; a checkpoint written under cp 2 resumed under cp 1
-# and cp 4, and written under cp 1 and cp 4 resumed under cp 2; the TCP rendezvous (no MPI); the ring's bytes per step against
+# with reset positions and eod_mask_loss, which straddle the chunks and
+# the ranks, each rank reading only its own chunks (LLMTRAIN_DATA_TRACE);
+# a checkpoint written under cp 2 resumed under cp 1 and cp 4, and written
+# under cp 1 and cp 4 resumed under cp 2; the TCP rendezvous (no MPI); the
+# ring's bytes per step against
 # docs/layouts.md's formula; the context groups printed; activation bytes
 # per rank falling with cp in `llmtrain check`, and the shipped 131072-token
 # Llama 3.1 8B job fitting in 80 GB a GPU at its cp 4, not at cp 2; the
@@ -117,9 +119,29 @@ for arch in llama gpt2; do
     docs="--set data.train=$TMP/docs.bin --set data.val=$TMP/docs.bin --set data.eod_token=5 --set train.eod_mask_loss=true
           --set train.attention_mask=block_causal --set train.reset_position_ids=true"
     train $arch-docs-1 $arch 1 $docs
-    train $arch-docs-cp2 $arch 2 $docs --set parallel.context=2
+    for cp in 2 4; do
+        LLMTRAIN_DATA_TRACE="$TMP/trace-$arch-cp$cp" train $arch-docs-cp$cp $arch $cp $docs --set parallel.context=$cp
+        # each rank read its own two chunks of every sequence, and nothing
+        # else (LLMTRAIN_DATA_TRACE: a line a read, WHAT SEQ OFF N)
+        reads=$($PY - "$TMP/trace-$arch-cp$cp" $cp 32 <<'PYEOF'
+import sys
+pre, cp, T = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tc, n, wrong = T // (2 * cp), 0, []
+for r in range(cp):
+    for line in open(f"{pre}.{r}"):
+        what, seq, off, ln = line.split()
+        n += 1
+        if int(ln) != tc or int(off) not in (r * tc, (2 * cp - 1 - r) * tc):
+            wrong.append(f"rank {r}: {line.strip()}")
+print(f"{n} reads" + (f", {len(wrong)} outside the rank's chunks: " + "; ".join(wrong[:3]) if wrong else "") if n else "no reads traced")
+PYEOF
+)
+        case "$reads" in
+        *outside*|"no reads"*|"") bad "$arch documents under cp $cp: a rank read more than its chunks: $reads";;
+        *) ok "$arch documents under cp $cp: each rank read its two chunks of $((32 / (2 * cp))) tokens only ($reads)";;
+        esac
+    done
     same $arch-docs-1 $arch-docs-cp2 "$arch block-causal documents across chunks, cp 2"
-    train $arch-docs-cp4 $arch 4 $docs --set parallel.context=4
     same $arch-docs-1 $arch-docs-cp4 "$arch block-causal documents across chunks, cp 4 (chunks of 4 tokens)"
     train $arch-docs-ag $arch 2 $docs --set parallel.context=2 --set parallel.context_mode=all_gather
     same $arch-docs-1 $arch-docs-ag "$arch block-causal documents across chunks, cp 2 all_gather"
