@@ -56,7 +56,7 @@ typedef struct Trainer {
     int have_vocab;
     int accum;                 /* micro-batches per rank per step at train.global_batch (a ramp's steps take fewer) */
     int threads;               /* CPU threads of this rank */
-    int *tok, *tgt;            /* host batch [B*T] (B x seq_len: a sample's context reads whole sequences into it) */
+    int *tok, *tgt;            /* host batch [B*T] (B x seq_len: under cp a sample's window of up to seq_len tokens goes into it) */
     int *doc0;                 /* context parallelism with documents: each local token's document start in its sequence [B*T] (Model.cp_doc0) */
     double *doc_end;           /* ... and each chunk's last document end, shared by the context group [B x 2 cp] (cp_doc_starts) */
     float *host_flat;          /* host copy of a flat array (debug.dump) */

@@ -51,8 +51,9 @@
 # step from 20, and the last); the largest shape's line ends with whether
 # it meets the issue's goal (x1.3 the tokens/s, the loss within 1%).
 # BENCH_FP8_RECIPES (default tensorwise): the train.fp8_recipe values to
-# run, each its fp8 run and line against the one bf16 run. Needs an sm_89+ GPU (rowwise and blockwise: sm_90);
-# BENCH_FP8=0 leaves the section out, BENCH_FP8=only runs it alone.
+# run, each its fp8 run and line against the one bf16 run. Needs an sm_89+
+# GPU (rowwise and blockwise: sm_90); BENCH_FP8=0 leaves the section out,
+# BENCH_FP8=only runs it alone.
 # Context parallelism's attention parts (issue 58), after the rest:
 # `tests/test_gpu cp-bench` times the part calls one context rank makes
 # over the ring (cp 2 and 4) against the whole-sequence attention at T =

@@ -156,8 +156,8 @@ void test_attention_parts(void) {
  * which together do 1/cp of the whole call's causal work. The whole call
  * is timed on cuDNN's fused attention too (what one GPU runs under bf16 by
  * default, attention_kernel auto), and each line gives the parts' rate
- * against both. Each is timed
- * over `reps` runs after one warm-up (CUDA events); TFLOP/s counts the
+ * against both. Each is timed over `reps` runs after one warm-up (CUDA
+ * events); TFLOP/s counts the
  * visible (query, key) pairs: the forward 4 hd flops a pair and head (Q K^T
  * and P V), the backward 10 (the scores again, dP, dV, dK, dQ). One line
  * per cp and direction: both times, both TFLOP/s and the parts' share of
