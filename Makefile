@@ -14,9 +14,9 @@ LIBS = -lcjson $(BLAS_LIBS) -lm
 PY = /usr/bin/python3
 
 CPU_KERNELS = kernels_cpu.c kernels_cpu_attention.c
-SRC = llmtrain.c config.c model.c cp.c $(CPU_KERNELS) fp8.c kernels_cuda_sizes.c parallel.c shard.c layout.c data.c hf.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
+SRC = llmtrain.c config.c model.c cp.c $(CPU_KERNELS) fp8.c kernels_cuda_sizes.c parallel.c shard.c layout.c data.c indexed.c hf.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
 HDR = $(wildcard *.h)
-TEST_BINS = tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
+TEST_BINS = tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_indexed tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
             tests/fuzz_replay tests/llmtrain_asan tests/nolock.so
 
@@ -135,8 +135,10 @@ tests/fp8_tool: tests/fp8_tool.c fp8.c fp8.h
 tests/test_model: tests/test_model.c tests/check.h model.c cp.c config.c $(CPU_KERNELS) fp8.c util.c $(HDR)
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< model.c cp.c config.c $(CPU_KERNELS) fp8.c util.c $(LIBS) -o $@
 
-tests/test_data: tests/test_data.c tests/check.h data.c util.c $(HDR)
-	$(CC) -O2 $(WARN) -I. $< data.c util.c -o $@
+tests/test_data: tests/test_data.c tests/check.h data.c indexed.c util.c $(HDR)
+	$(CC) -O2 $(WARN) -I. $< data.c indexed.c util.c -o $@
+tests/test_indexed: tests/test_indexed.c tests/check.h data.c indexed.c util.c $(HDR)
+	$(CC) -O2 $(WARN) -I. $< data.c indexed.c util.c -o $@
 
 tests/test_rendezvous: tests/test_rendezvous.c tests/check.h rendezvous.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< rendezvous.c util.c -o $@
@@ -162,7 +164,7 @@ tests/nolock.so: tests/nolock.c
 # sanitizers (tests/fuzz/fuzz.c). tests/fuzz_replay (gcc) replays the
 # committed corpus in make test; make fuzz runs clang's libFuzzer on each
 # target for FUZZ_SECONDS (tests/fuzz/run.sh).
-FUZZ_SRC = tests/fuzz/fuzz.c config.c hf.c ckpt.c model.c cp.c data.c $(CPU_KERNELS) fp8.c util.c
+FUZZ_SRC = tests/fuzz/fuzz.c config.c hf.c ckpt.c model.c cp.c data.c indexed.c $(CPU_KERNELS) fp8.c util.c
 FUZZ_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all $(WARN) -fopenmp -I. \
              -Wl,--wrap=die,--wrap=mmap,--wrap=munmap
 tests/fuzz_replay: $(FUZZ_SRC) $(HDR)
@@ -190,7 +192,7 @@ test: deps
 
 # the inner loop's tier, a few minutes: units and a training smoke
 test-quick: deps
-	$(MAKE) llmtrain tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_ckpt
+	$(MAKE) llmtrain tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_indexed tests/test_ckpt
 	tests/run_all.sh quick
 
 demo: deps-demo

@@ -66,11 +66,11 @@ static const Key KEYS[] = {
     {"init.std", K_FLOAT, OFF(init_std), 0, "0.02", 0, 10, NULL, "std of the normal init; residual output projections use std/sqrt(2*n_layer)"},
     {"init.seed", K_U64, OFF(seed), 0, "1337", 0, 9007199254740991.0, NULL, "seed of the init and of data shuffling (at most 2^53 - 1: a JSON number above it is not an exact integer)"},
     /* data */
-    {"data.train", K_STR, STR(data_train), "\"\"", 0, 0, NULL, "training token shards: a path or a glob (llm.c format, uint16 or uint32 tokens), or a blend of them as weight-path pairs, \"0.7 web/*.bin 0.3 code/*.bin\" (see Data)"},
+    {"data.train", K_STR, STR(data_train), "\"\"", 0, 0, NULL, "training data: token shards as a path or a glob (llm.c format, uint16 or uint32 tokens) or Megatron indexed datasets (a prefix, or its .bin or .idx; see Data), or a blend of them as weight-path pairs, \"0.7 web/*.bin 0.3 code/*.bin\" (see Data)"},
     {"data.val", K_STR, STR(data_val), "\"\"", 0, 0, NULL, "validation token shards, a path, glob or blend as data.train (empty: no validation loss)"},
     {"data.vocab", K_STR, STR(data_vocab), "\"\"", 0, 0, NULL, "token-to-bytes table for printing samples (llm.c tokenizer format; empty: print ids)"},
     {"data.shuffle", K_BOOL, OFF(data_shuffle), 0, "false", 0, 0, NULL, "visit sequences in a seeded random order per epoch instead of in file order"},
-    {"data.eod_token", K_INT, OFF(eod_token), 0, "-1", -1, BIG, NULL, "the token that ends each document in the shards (GPT-2's endoftext is 50256, Llama 3's end_of_text 128001; -1 = none; must be below model.vocab_size): the document boundaries of train.attention_mask block_causal, train.eod_mask_loss and train.reset_position_ids"},
+    {"data.eod_token", K_INT, OFF(eod_token), 0, "-1", -1, BIG, NULL, "the token that ends each document in the shards (GPT-2's endoftext is 50256, Llama 3's end_of_text 128001; -1 = none; must be below model.vocab_size): the document boundaries of train.attention_mask block_causal, train.eod_mask_loss and train.reset_position_ids; -1 with Megatron indexed datasets (named by prefix or .idx): their document index gives the boundaries"},
     /* train */
     {"train.steps", K_INT, OFF(steps), 0, "100", 0, BIG, NULL, "optimizer steps"},
     {"train.seq_len", K_INT, OFF(seq_len), 0, "0", 0, 1 << 24, NULL, "sequence length T (0 = model.max_seq_len)"},
@@ -511,6 +511,33 @@ static void micro_tokens_check(const Config *cfg, const char *where, const char 
             cfg->micro_batch, cfg->seq_len, from, n, MAX_MICRO_TOKENS);
 }
 
+/* Whether every path of a data pattern (a blend's too) names a Megatron
+ * indexed dataset by its form alone: ending in .idx, or a prefix (no dot
+ * in its last component). A .bin may be an llm.c shard, so it does not. */
+static int names_indexed(const char *pattern) {
+    int paths = 0;
+    for (const char *w = pattern; *w;) {
+        while (*w == ' ' || *w == '\t') w++;
+        const char *e = w;
+        while (*e && *e != ' ' && *e != '\t') e++;
+        if (e == w) break;
+        char *end;
+        strtod(w, &end);
+        if (end != e) { /* not a blend's weight */
+            const char *slash = w, *dot = NULL;
+            for (const char *q = w; q < e; q++) {
+                if (*q == '/') slash = q + 1;
+                if (*q == '.') dot = q;
+            }
+            int idx = e - w >= 4 && strncmp(e - 4, ".idx", 4) == 0;
+            if (!idx && dot && dot >= slash) return 0;
+            paths++;
+        }
+        w = e;
+    }
+    return paths > 0;
+}
+
 /* Fill values that default to other values, and check cross-key rules. */
 static void finish(Config *cfg, const char *origin, const cJSON *root) {
     rope_scaling_unused(&cfg->model, origin);
@@ -544,13 +571,17 @@ static void finish(Config *cfg, const char *origin, const cJSON *root) {
     if (strcmp(cfg->compute_dtype, "fp8") != 0 && root && lookup(root, "train.fp8_recipe"))
         die(EXIT_USAGE, "%s: train.fp8_recipe is set but train.compute_dtype is \"%s\" (it applies only with \"fp8\")", origin,
             cfg->compute_dtype);
-    if (cfg->attention_mask == ATT_MASK_BLOCK_CAUSAL && cfg->eod_token < 0)
-        die(EXIT_USAGE, "%s: train.attention_mask \"block_causal\" needs data.eod_token (the token that ends a document; got -1)",
-            origin);
-    if (cfg->eod_mask_loss && cfg->eod_token < 0)
-        die(EXIT_USAGE, "%s: train.eod_mask_loss needs data.eod_token (the token that ends a document; got -1)", origin);
-    if (cfg->reset_position_ids && cfg->eod_token < 0)
-        die(EXIT_USAGE, "%s: train.reset_position_ids needs data.eod_token (the token that ends a document; got -1)", origin);
+    /* without an end token the documents come from an indexed dataset's
+     * index: named by its prefix or .idx, it is checked when opened */
+    int indexed = names_indexed(cfg->data_train) && (!cfg->data_val[0] || names_indexed(cfg->data_val));
+    const char *needs = "needs data.eod_token (the token that ends a document; got -1), or data.train and data.val "
+                        "naming Megatron indexed datasets by prefix or .idx";
+    if (cfg->attention_mask == ATT_MASK_BLOCK_CAUSAL && cfg->eod_token < 0 && !indexed)
+        die(EXIT_USAGE, "%s: train.attention_mask \"block_causal\" %s", origin, needs);
+    if (cfg->eod_mask_loss && cfg->eod_token < 0 && !indexed)
+        die(EXIT_USAGE, "%s: train.eod_mask_loss %s", origin, needs);
+    if (cfg->reset_position_ids && cfg->eod_token < 0 && !indexed)
+        die(EXIT_USAGE, "%s: train.reset_position_ids %s", origin, needs);
     if (cfg->attention_mask != ATT_MASK_BLOCK_CAUSAL && !cfg->eod_mask_loss && !cfg->reset_position_ids && cfg->eod_token >= 0)
         die(EXIT_USAGE,
             "%s: data.eod_token is set but unused (it applies with train.attention_mask \"block_causal\", train.eod_mask_loss "

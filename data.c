@@ -33,6 +33,7 @@
 #define _GNU_SOURCE
 #endif
 #include "data.h"
+#include "indexed.h"
 #include "util.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -240,7 +241,8 @@ void dataset_open(DataSet *d, const char *pattern, const char *what, int vocab_s
     glob_t g;
     int globbed = 0;
     struct stat st;
-    if (stat(pattern, &st) == 0) {
+    char pre[1024];
+    if (indexed_prefix(pattern, pre, sizeof pre) || stat(pattern, &st) == 0) {
         paths = malloc_check(sizeof *paths);
         paths[0] = (char *)pattern;
         n = 1;
@@ -257,13 +259,21 @@ void dataset_open(DataSet *d, const char *pattern, const char *what, int vocab_s
     }
 
     d->shards = calloc_check((size_t)n, sizeof(Shard));
-    d->n_shards = n;
     uint64_t total = 0;
+    char last[1024] = "";
     for (int i = 0; i < n; i++) {
-        shard_open(&d->shards[i], paths[i], what);
-        d->shards[i].start = total;
-        total += d->shards[i].n_tokens;
-        madvise((void *)d->shards[i].map, d->shards[i].map_len, shuffle ? MADV_NORMAL : MADV_SEQUENTIAL);
+        Shard *s = &d->shards[d->n_shards];
+        if (indexed_prefix(paths[i], pre, sizeof pre)) { /* a glob matches its .bin and .idx both: once */
+            if (strcmp(pre, last) == 0) continue;
+            snprintf(last, sizeof last, "%s", pre);
+            indexed_open(s, pre, what, vocab_size);
+        } else {
+            shard_open(s, paths[i], what);
+        }
+        s->start = total;
+        total += s->n_tokens;
+        madvise((void *)s->map, s->map_len, shuffle ? MADV_NORMAL : MADV_SEQUENTIAL);
+        d->n_shards++;
     }
     free(paths);
     if (globbed) globfree(&g);
@@ -287,8 +297,10 @@ void dataset_close(DataSet *d) {
     free(d->pat_idx);
     free(d->pat_cnt);
     if (d->shards) {
-        for (int i = 0; i < d->n_shards; i++)
+        for (int i = 0; i < d->n_shards; i++) {
             if (d->shards[i].map) munmap((void *)d->shards[i].map, d->shards[i].map_len);
+            indexed_close(&d->shards[i]);
+        }
         free(d->shards);
     }
     memset(d, 0, sizeof *d);
@@ -342,9 +354,30 @@ static int find_shard(const DataSet *d, uint64_t pos) {
     return lo;
 }
 
-static void bad_token(const DataSet *d, const Shard *s, uint64_t tok, uint64_t off) {
-    die(EXIT_USAGE, "%s: %s: token %llu at token offset %llu >= model.vocab_size %d", ds_what(d), s->path,
-        (unsigned long long)tok, (unsigned long long)off, d->vocab_size);
+static void bad_token(const DataSet *d, const Shard *s, int64_t tok, uint64_t off) {
+    die(EXIT_USAGE, "%s: %s: token %lld at token offset %llu %s model.vocab_size %d", ds_what(d), s->path, (long long)tok,
+        (unsigned long long)off, tok < 0 ? "is negative, expected [0," : ">=", d->vocab_size);
+}
+
+/* An indexed dataset's tokens of 1 or 8 bytes, or signed: one by one. */
+static void read_any(const DataSet *d, const Shard *s, uint64_t off, int *out, uint64_t m) {
+    const char *base = (const char *)s->tokens;
+    const int64_t V = d->vocab_size;
+    for (uint64_t i = 0; i < m; i++) {
+        const char *p = base + (off + i) * (uint64_t)s->token_bytes;
+        int64_t v;
+        switch (s->token_bytes * 2 + s->token_signed) {
+        case 2: v = *(const uint8_t *)p; break;
+        case 3: v = *(const int8_t *)p; break;
+        case 4: v = *(const uint16_t *)p; break;
+        case 5: v = *(const int16_t *)p; break;
+        case 8: v = *(const uint32_t *)p; break;
+        case 9: v = *(const int32_t *)p; break;
+        default: memcpy(&v, p, 8); break;
+        }
+        if (v < 0 || v >= V) bad_token(d, s, v, off + i);
+        out[i] = (int)v;
+    }
 }
 
 /* out[0..count) = tok[(pos + i) mod n]; find the shard once, then walk. */
@@ -356,7 +389,9 @@ static void read_tokens(const DataSet *d, uint64_t pos, int *out, uint64_t count
         const Shard *s = &d->shards[si];
         uint64_t m = s->n_tokens - off;
         if (m > count) m = count;
-        if (s->token_bytes == 2) {
+        if (s->token_signed || s->token_bytes == 1 || s->token_bytes == 8) {
+            read_any(d, s, off, out, m);
+        } else if (s->token_bytes == 2) {
             const uint16_t *t = (const uint16_t *)s->tokens + off;
             for (uint64_t i = 0; i < m; i++) {
                 uint32_t v = t[i];
@@ -382,6 +417,13 @@ void dataset_sequence(const DataSet *d, uint64_t seq, int *inputs, int *targets)
     dataset_sequence_part(d, seq, 0, d->T, inputs, targets);
 }
 
+/* Where sequence seq of a plain (not blended) set starts. */
+static uint64_t seq_start(const DataSet *d, uint64_t seq) {
+    const uint64_t T = (uint64_t)d->T;
+    if (!d->shuffle) return (uint64_t)(((__uint128_t)seq * T) % d->n_tokens);
+    return permute(seq % d->n_seqs, d->n_seqs, d->seed, seq / d->n_seqs) * T;
+}
+
 void dataset_sequence_part(const DataSet *d, uint64_t seq, int off, int len, int *inputs, int *targets) {
     if (d->trace) fprintf(d->trace, "%s %llu %d %d\n", d->what, (unsigned long long)seq, off, len);
     if (d->n_src) {
@@ -391,19 +433,45 @@ void dataset_sequence_part(const DataSet *d, uint64_t seq, int off, int len, int
         dataset_sequence_part(&d->src[i], k, off, len, inputs, targets);
         return;
     }
-    const uint64_t T = (uint64_t)d->T, n = d->n_tokens;
-    uint64_t start;
-    if (!d->shuffle) {
-        start = (uint64_t)(((__uint128_t)seq * T) % n);
-    } else {
-        uint64_t epoch = seq / d->n_seqs, j = seq % d->n_seqs;
-        start = permute(j, d->n_seqs, d->seed, epoch) * T;
-    }
+    const uint64_t n = d->n_tokens;
     /* targets = tokens [start+1, start+T], inputs = [start, start+T); the part from off */
-    start = (start + (uint64_t)off) % n;
+    uint64_t start = (seq_start(d, seq) + (uint64_t)off) % n;
     read_tokens(d, start, inputs, 1);
     read_tokens(d, (start + 1) % n, targets, (uint64_t)len);
     if (len > 1) memcpy(inputs + 1, targets, (size_t)(len - 1) * sizeof *inputs);
+}
+
+/* --------------------------------------------------------- documents */
+
+int dataset_has_docs(const DataSet *d) {
+    for (int i = 0; i < d->n_src; i++)
+        if (!dataset_has_docs(&d->src[i])) return 0;
+    for (int i = 0; i < d->n_shards; i++)
+        if (!d->shards[i].idx_map) return 0;
+    return d->n_src || d->n_shards;
+}
+
+void dataset_sequence_ends(const DataSet *d, uint64_t seq, int off, int len, unsigned char *ends) {
+    if (d->n_src) {
+        int i;
+        uint64_t k;
+        dataset_blend_pick(d, seq, &i, &k);
+        dataset_sequence_ends(&d->src[i], k, off, len, ends);
+        return;
+    }
+    uint64_t pos = (seq_start(d, seq) + (uint64_t)off) % d->n_tokens, count = (uint64_t)len;
+    int si = find_shard(d, pos);
+    uint64_t o = pos - d->shards[si].start;
+    while (count) { /* as read_tokens walks, wrapping at the end of the data */
+        const Shard *s = &d->shards[si];
+        uint64_t m = s->n_tokens - o;
+        if (m > count) m = count;
+        indexed_ends(s, o, m, ends);
+        ends += m;
+        count -= m;
+        o = 0;
+        if (++si == d->n_shards) si = 0;
+    }
 }
 
 /* ---------------------------------------------------------------- vocab */

@@ -21,9 +21,17 @@ typedef struct Shard {
     const void *map;      /* whole file mapping */
     size_t map_len;
     const void *tokens;   /* map + header */
-    int token_bytes;      /* 2 or 4 */
+    int token_bytes;      /* 2 or 4; an indexed dataset's 1, 2, 4 or 8 */
+    int token_signed;     /* an indexed dataset's int8/16/32/64 tokens */
     uint64_t n_tokens;
     uint64_t start;       /* global offset of its first token */
+    /* a Megatron indexed dataset (indexed.h; path is its .bin): the mapped
+     * index, its pointer and document-index arrays and their counts; NULL
+     * idx_map for an llm.c shard */
+    const void *idx_map;
+    size_t idx_len;
+    const void *idx_ptrs, *idx_docs;
+    uint64_t n_seq, n_docidx;
 } Shard;
 
 /* A blend's pattern repeats every BLEND_PERIOD sequences (see data.c). */
@@ -58,7 +66,9 @@ typedef struct DataSet {
 } DataSet;
 
 /* Open every file matching pattern (a path or a glob), validate headers and
- * sizes. Errors: one line naming the file, exit(EXIT_USAGE). `what` names
+ * sizes. A Megatron indexed dataset (its prefix, or its .bin or .idx) is
+ * one shard of its documents in index order (indexed.h); a glob may
+ * match both of its files. Errors: one line naming the file, exit(EXIT_USAGE). `what` names
  * the config key for messages ("data.train"). A pattern of weight-path
  * pairs separated by blanks ("0.7 web/shard_*.bin 0.3 code/shard_*.bin", Megatron's
  * --data-path form) opens a blend: source i is opened as above (shuffled
@@ -75,6 +85,12 @@ void dataset_sequence(const DataSet *d, uint64_t seq, int *inputs, int *targets)
 /* Tokens [off, off + n) of sequence seq and their targets: what
  * dataset_sequence writes there, read alone (context parallelism's chunks). */
 void dataset_sequence_part(const DataSet *d, uint64_t seq, int off, int n, int *inputs, int *targets);
+/* Whether the data knows its documents' ends without an end-of-document
+ * token: every shard (of every source of a blend) an indexed dataset. */
+int dataset_has_docs(const DataSet *d);
+/* For the inputs dataset_sequence_part(d, seq, off, n) reads: ends[i] = 1
+ * when input i is the last token of its document (dataset_has_docs). */
+void dataset_sequence_ends(const DataSet *d, uint64_t seq, int off, int n, unsigned char *ends);
 /* A blend: which source sequence seq comes from, and its number there
  * (dataset_sequence(&d->src[*src], *n) is sequence seq). */
 void dataset_blend_pick(const DataSet *d, uint64_t seq, int *src, uint64_t *n);

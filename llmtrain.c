@@ -57,6 +57,8 @@ typedef struct Trainer {
     int accum;                 /* micro-batches per rank per step at train.global_batch (a ramp's steps take fewer) */
     int threads;               /* CPU threads of this rank */
     int *tok, *tgt;            /* host batch [B*T] (B x seq_len: under cp a sample's window of up to seq_len tokens goes into it) */
+    unsigned char *ends;       /* documents from an indexed dataset's index (data.eod_token -1): 1 where a
+                                * token of tok ends its document [B*T] (NULL: documents from eod_token) */
     int *doc0;                 /* context parallelism with documents: each local token's document start in its sequence [B*T] (Model.cp_doc0) */
     double *doc_end;           /* ... and each chunk's last document end, shared by the context group [B x 2 cp] (cp_doc_starts) */
     float *host_flat;          /* host copy of a flat array (debug.dump) */
@@ -166,27 +168,32 @@ static int logs_failed_agreed(Trainer *t) {
  * every rank of the context group loads the same batches in the same
  * order (training's micro-batches, step_targets' second reading, eval;
  * debug.dump, which loads on rank 0 alone, is refused under cp). */
+/* Whether local token i ends its document: the index's ends, or eod_token. */
+static int doc_end_at(const Trainer *t, size_t i) {
+    return t->ends ? t->ends[i] : t->tok[i] == t->cfg.eod_token;
+}
+
 static void cp_doc_starts(Trainer *t) {
-    int B = t->model.B, T = t->model.T, cp = t->model.cp, r = t->model.cp_rank, C = 2 * cp, Tc = T / 2, eod = t->model.eod_token;
+    int B = t->model.B, T = t->model.T, cp = t->model.cp, r = t->model.cp_rank, C = 2 * cp, Tc = T / 2;
     double *end = t->doc_end;
     memset(end, 0, (size_t)B * C * sizeof *end);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < 2; h++) {
-            const int *tok = t->tok + (size_t)b * T + (size_t)h * Tc;
+            size_t at = (size_t)b * T + (size_t)h * Tc;
             int c = h ? C - 1 - r : r;
             for (int i = Tc - 1; i >= 0; i--)
-                if (tok[i] == eod) { end[(size_t)b * C + c] = c * Tc + i + 1; break; }
+                if (doc_end_at(t, at + (size_t)i)) { end[(size_t)b * C + c] = c * Tc + i + 1; break; }
         }
     dist_cp_allreduce_sum_f64(&t->dist, end, (size_t)B * C);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < 2; h++) {
-            const int *tok = t->tok + (size_t)b * T + (size_t)h * Tc;
+            size_t at = (size_t)b * T + (size_t)h * Tc;
             int c = h ? C - 1 - r : r, s = 0;
             for (int k = 0; k < c; k++)
                 if (end[(size_t)b * C + k] > s) s = (int)end[(size_t)b * C + k];
             for (int i = 0; i < Tc; i++) {
-                t->doc0[(size_t)b * T + (size_t)h * Tc + i] = s;
-                if (tok[i] == eod) s = c * Tc + i + 1;
+                t->doc0[at + (size_t)i] = s;
+                if (doc_end_at(t, at + (size_t)i)) s = c * Tc + i + 1;
             }
         }
 }
@@ -201,17 +208,25 @@ static void cp_doc_starts(Trainer *t) {
 static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
     int B = t->model.B, T = t->model.T, cp = t->model.cp;
     if (cp == 1)
-        for (int b = 0; b < B; b++) dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
+        for (int b = 0; b < B; b++) {
+            dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
+            if (t->ends) dataset_sequence_ends(ds, first_seq + (uint64_t)b, 0, T, t->ends + (size_t)b * T);
+        }
     else { /* context parallelism: this rank's two chunks of T/2 tokens */
         for (int b = 0; b < B; b++)
-            for (int h = 0; h < 2; h++)
-                dataset_sequence_part(ds, first_seq + (uint64_t)b, cp_pos(h * T / 2, T, cp, t->model.cp_rank), T / 2,
-                                      t->tok + (size_t)b * T + h * T / 2, t->tgt + (size_t)b * T + h * T / 2);
-        if (t->model.eod_token >= 0) cp_doc_starts(t);
+            for (int h = 0; h < 2; h++) {
+                int off = cp_pos(h * T / 2, T, cp, t->model.cp_rank);
+                size_t at = (size_t)b * T + (size_t)h * T / 2;
+                dataset_sequence_part(ds, first_seq + (uint64_t)b, off, T / 2, t->tok + at, t->tgt + at);
+                if (t->ends) dataset_sequence_ends(ds, first_seq + (uint64_t)b, off, T / 2, t->ends + at);
+            }
     }
+    int docs = t->model.block_causal || t->model.reset_pos; /* the model's documents */
+    t->model.doc_ends = docs ? t->ends : NULL; /* cleared again by the sampling forwards */
+    if (cp > 1 && docs && (t->model.eod_token >= 0 || t->ends)) cp_doc_starts(t);
     if (t->cfg.eod_mask_loss) /* what follows a document's end is not predicted */
         for (size_t i = 0; i < (size_t)B * T; i++)
-            if (t->tok[i] == t->cfg.eod_token) t->tgt[i] = CE_NO_TARGET;
+            if (doc_end_at(t, i)) t->tgt[i] = CE_NO_TARGET;
 }
 
 /* c_k: steps only move forward, so the walk from the resume point is done
@@ -386,6 +401,7 @@ static void print_sample(Trainer *t, int step) {
     int cp = m->cp, T = m->T * cp, V = m->cfg.vocab_size, tp = t->dist.tp, dp0 = dist_seq_rank(&t->dist) == 0;
     int tp0 = t->dist.tp_rank == 0;
     if (c->sample_tokens <= 0 || (!dp0 && !t->sh.sharded)) return;
+    m->doc_ends = NULL; /* the generated text is one document (an index knows none of it) */
     const DataSet *ds = t->have_val ? &t->val : &t->train;
     int prompt = T < 16 ? (T > 1 ? T / 2 : 1) : 8;
     int total = prompt + c->sample_tokens;
@@ -1061,6 +1077,17 @@ static void setup(Trainer *t, int *argc, char ***argv) {
     if (c->data_val[0]) {
         dataset_open(&t->val, c->data_val, "data.val", c->model.vocab_size, c->seq_len, 0, c->seed);
         t->have_val = 1;
+    }
+    if (c->eod_token < 0 && (c->attention_mask == ATT_MASK_BLOCK_CAUSAL || c->eod_mask_loss || c->reset_position_ids)) {
+        /* documents without an end token: an indexed dataset's index */
+        for (int v = 0; v < 1 + t->have_val; v++)
+            if (!dataset_has_docs(v ? &t->val : &t->train))
+                die(EXIT_USAGE, "%s: %s '%s' has no document index (an llm.c shard among it): %s needs data.eod_token, or Megatron "
+                    "indexed datasets whose index gives the documents", c->path, v ? "data.val" : "data.train",
+                    v ? c->data_val : c->data_train,
+                    c->attention_mask == ATT_MASK_BLOCK_CAUSAL ? "train.attention_mask block_causal"
+                    : c->eod_mask_loss ? "train.eod_mask_loss" : "train.reset_position_ids");
+        t->ends = malloc_check((size_t)c->micro_batch * c->seq_len);
     }
     if (c->data_vocab[0]) { vocab_load(&t->vocab, c->data_vocab); t->have_vocab = 1; }
     const char *dtr = getenv("LLMTRAIN_DATA_TRACE"); /* tests: the tokens this rank reads (data.h) */

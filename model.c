@@ -885,18 +885,19 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     if (m->cp > 1) { /* this rank's chunks: positions in the sequence, documents from the caller's starts */
         if (T % 2) die(EXIT_INTERNAL, "model_forward: %d rows a sequence under context parallelism (odd)", T);
         for (int n = 0; n < N; n++) {
-            int p = cp_pos(n % T, T, m->cp, m->cp_rank), s = m->eod_token >= 0 ? m->cp_doc0[n] : 0;
+            int p = cp_pos(n % T, T, m->cp, m->cp_rank), s = m->eod_token >= 0 || m->doc_ends ? m->cp_doc0[n] : 0;
             m->qstart_host[n] = s;
             m->pos_host[n] = m->reset_pos ? p - s : p;
         }
         k->from_host(m->pos, m->pos_host, (size_t)N * sizeof(int));
         if (m->block_causal) k->from_host(m->qstart, m->qstart_host, (size_t)N * sizeof(int));
-    } else if (m->eod_token >= 0) { /* documents: one starts after each eod_token, and at each row's start */
+    } else if (m->eod_token >= 0 || m->doc_ends) { /* documents: one starts after each end, and at each row's start */
         for (int b = 0; b < B; b++)
             for (int t = 0, s = 0; t < T; t++) {
-                m->qstart_host[b * T + t] = s;
-                m->pos_host[b * T + t] = t - s;
-                if (tokens[b * T + t] == m->eod_token) s = t + 1;
+                int n = b * T + t;
+                m->qstart_host[n] = s;
+                m->pos_host[n] = t - s;
+                if (m->doc_ends ? m->doc_ends[n] : tokens[n] == m->eod_token) s = t + 1;
             }
         if (m->block_causal) k->from_host(m->qstart, m->qstart_host, (size_t)N * sizeof(int));
         if (m->reset_pos) k->from_host(m->pos, m->pos_host, (size_t)N * sizeof(int));

@@ -232,6 +232,9 @@ typedef struct Model {
     int *tokens, *targets;    /* [N] backend memory */
     int eod_token;            /* set by the caller: the token that ends a document when documents matter
                                * (block_causal or reset_pos), -1 (model_build's) when they do not */
+    const unsigned char *doc_ends; /* set by the caller for each forward, or NULL: host [N], 1 where a
+                               * token ends its document (an indexed dataset's documents, used in
+                               * place of eod_token) */
     int block_causal;         /* set by the caller: attention sees only the query's document
                                * (train.attention_mask block_causal; needs eod_token) */
     int reset_pos;            /* set by the caller: positions count from each document's first token

@@ -44,6 +44,7 @@ export LLMTRAIN_DEVICE=cpu
 run kernels tests/test_kernels
 run model tests/test_model
 run data tests/test_data
+run indexed tests/test_indexed
 run ckpt tests/test_ckpt
 run fp8 "$PY" tests/test_fp8.py
 if [ "${1:-all}" = quick ]; then

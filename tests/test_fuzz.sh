@@ -13,7 +13,7 @@ REPLAY=$PWD/tests/fuzz_replay
 CORPUS=$PWD/tests/fuzz/corpus
 export ASAN_OPTIONS=detect_leaks=0:max_allocation_size_mb=2048:allocator_may_return_null=0:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-export TMPDIR=$TMP
+export TMPDIR=$TMP LLMTRAIN_CACHE_DIR=$TMP/cache
 
 [ -x "$REPLAY" ] || { bad "tests/fuzz_replay not built (make test builds it)"; echo "$pass passed, $fail failed"; exit 1; }
 if ASAN_OPTIONS=help=1 "$REPLAY" 2>&1 | grep -q "Available flags for AddressSanitizer"; then
@@ -56,7 +56,7 @@ sed 's/if (len - p < l)$/if (0)/' data.c >"$TMP/broken/data.c"
 grep -q 'if (0)$' "$TMP/broken/data.c" || bad "could not take the truncation check out of a copy of data.c"
 if ${CC:-cc} -O1 -g -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -std=c11 -fopenmp -I. \
         -Wl,--wrap=die,--wrap=mmap,--wrap=munmap tests/fuzz/fuzz.c config.c hf.c ckpt.c model.c cp.c \
-        "$TMP/broken/data.c" kernels_cpu.c kernels_cpu_attention.c fp8.c "$TMP/broken/util.c" -lcjson -lopenblas -lm -lpthread -o "$TMP/broken/replay" 2>"$TMP/broken/cc.err"; then
+        "$TMP/broken/data.c" indexed.c kernels_cpu.c kernels_cpu_attention.c fp8.c "$TMP/broken/util.c" -lcjson -lopenblas -lm -lpthread -o "$TMP/broken/replay" 2>"$TMP/broken/cc.err"; then
     printf '{"model": {"n_la\\nyer": 2}}' >"$TMP/newline.json"
     out=$("$TMP/broken/replay" config "$TMP/newline.json" 2>"$TMP/err"); rc=$?
     if [ $rc -ne 0 ] && grep -q "not one printable line" "$TMP/err"; then

@@ -1,7 +1,7 @@
 /* tests/fuzz/fuzz.c — fuzz targets for every reader of bytes a user (or a
  * crash, or a full disk) hands llmtrain: the job file, a Hugging Face
  * config.json and safetensors file, a checkpoint's manifest.json, a token
- * shard and a vocab file.
+ * shard, a Megatron indexed dataset and a vocab file.
  *
  * Each input must end in one of two ways: the reader accepts it, or it
  * refuses it with one line (die() or the error text a reader returns):
@@ -196,6 +196,33 @@ static void t_shard(const uint8_t *data, size_t size) {
     }
 }
 
+/* a Megatron indexed dataset: the input's first two bytes the .bin's
+ * length (little-endian; its bytes i % 7, ids of every dtype below the
+ * vocabulary), the rest the .idx; then a few sequences and their document
+ * ends, in order and shuffled */
+static void t_indexed(const uint8_t *data, size_t size) {
+    if (size < 2) return;
+    size_t blen = (size_t)data[0] | (size_t)data[1] << 8;
+    uint8_t *bin = malloc(blen + 1);
+    for (size_t i = 0; i < blen; i++) bin[i] = (uint8_t)(i % 7);
+    put("ds.bin", bin, blen);
+    free(bin);
+    const char *idx = put("ds.idx", data + 2, size - 2);
+    char prefix[1024];
+    snprintf(prefix, sizeof prefix, "%.*s", (int)(strlen(idx) - 4), idx);
+    for (int shuffle = 0; shuffle < 2; shuffle++) {
+        DataSet d;
+        dataset_open(&d, prefix, "data.train", 1 << 30, 8, shuffle, 1234);
+        int in[8], tgt[8];
+        unsigned char ends[8];
+        for (uint64_t s = 0; s < 4; s++) {
+            dataset_sequence(&d, s * 7, in, tgt);
+            dataset_sequence_ends(&d, s * 7, 0, 8, ends);
+        }
+        dataset_close(&d);
+    }
+}
+
 /* a vocab file (llm.c's tokenizer format), every token printed */
 static void t_vocab(const uint8_t *data, size_t size) {
     const char *path = put("tokenizer.bin", data, size);
@@ -209,7 +236,7 @@ static void t_vocab(const uint8_t *data, size_t size) {
 
 static const struct { const char *name; void (*run)(const uint8_t *, size_t); } TARGETS[] = {
     {"config", t_config}, {"safetensors", t_safetensors}, {"hf_config", t_hf_config},
-    {"manifest", t_manifest}, {"shard", t_shard}, {"vocab", t_vocab},
+    {"manifest", t_manifest}, {"shard", t_shard}, {"indexed", t_indexed}, {"vocab", t_vocab},
 };
 static int g_target = -1;
 
