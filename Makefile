@@ -14,7 +14,7 @@ LIBS = -lcjson $(BLAS_LIBS) -lm
 PY = /usr/bin/python3
 
 CPU_KERNELS = kernels_cpu.c kernels_cpu_attention.c
-SRC = llmtrain.c config.c model.c cp.c $(CPU_KERNELS) fp8.c kernels_cuda_sizes.c parallel.c shard.c layout.c data.c indexed.c hf.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
+SRC = llmtrain.c config.c model.c cp.c $(CPU_KERNELS) fp8.c kernels_cuda_sizes.c parallel.c shard.c layout.c data.c indexed.c hf.c export.c init.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_indexed tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
@@ -152,8 +152,8 @@ tests/test_dist_nccl: tests/test_dist_nccl.c dist_nccl.c parallel.c rendezvous.c
 
 # --wrap=fsync: the test logs which directories the checkpoint code syncs;
 # --wrap=malloc: it makes one allocation fail.
-tests/test_ckpt: tests/test_ckpt.c tests/check.h hf.c ckpt.c model.c cp.c config.c $(CPU_KERNELS) fp8.c util.c $(HDR)
-	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< hf.c ckpt.c model.c cp.c config.c $(CPU_KERNELS) fp8.c util.c $(LIBS) -lpthread -Wl,--wrap=fsync,--wrap=malloc -o $@
+tests/test_ckpt: tests/test_ckpt.c tests/check.h hf.c export.c ckpt.c model.c cp.c config.c $(CPU_KERNELS) fp8.c util.c $(HDR)
+	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< hf.c export.c ckpt.c model.c cp.c config.c $(CPU_KERNELS) fp8.c util.c $(LIBS) -lpthread -Wl,--wrap=fsync,--wrap=malloc -o $@
 
 # A file system without locks, for tests/test_ckdir.sh (LD_PRELOAD).
 tests/nolock.so: tests/nolock.c

@@ -441,6 +441,7 @@ char *ckpt_manifest_text(const Model *m, const CkptLayout *L, const uint64_t *by
         }
     }
     buf_add(&b, "\n],\n\"config\": %s,\n", cfg->json_text ? cfg->json_text : "{}");
+    if (cfg->origin_json) buf_add(&b, "\"origin\": %s,\n", cfg->origin_json);
     CkptHash h;
     ckpt_hash_init(&h);
     ckpt_hash_update(&h, b.s, b.len);
@@ -728,6 +729,7 @@ struct CkptManifest {
     TrainState st;
     CkptLayout layout;
     char *config;
+    char *origin; /* NULL: none (a run before origin records) */
     MFile *files;
     int n_files;
     MTensor *tensors;
@@ -740,6 +742,7 @@ void ckpt_manifest_close(CkptManifest *mf) {
     free(mf->tensors);
     free(mf->files);
     free(mf->config);
+    free(mf->origin);
     free(mf);
 }
 
@@ -905,6 +908,9 @@ CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
     const cJSON *config = cJSON_GetObjectItemCaseSensitive(root, "config");
     if (!cJSON_IsObject(config)) BAD("%s: key config: expected an object", path);
     mf->config = cJSON_PrintUnformatted(config);
+    const cJSON *origin = cJSON_GetObjectItemCaseSensitive(root, "origin");
+    if (origin && !cJSON_IsObject(origin)) BAD("%s: key origin: expected an object", path);
+    if (origin) mf->origin = cJSON_PrintUnformatted(origin);
     cJSON_Delete(root);
     free(text);
     return mf;
@@ -953,6 +959,7 @@ int ckpt_manifest_verify(const CkptManifest *mf, int rank, int world, char *why,
 }
 
 const char *ckpt_manifest_config(const CkptManifest *mf) { return mf->config; }
+const char *ckpt_manifest_origin(const CkptManifest *mf) { return mf->origin; }
 int ckpt_manifest_sealed(const CkptManifest *mf) { return mf->sealed; }
 const TrainState *ckpt_manifest_state(const CkptManifest *mf) { return &mf->st; }
 CkptLayout ckpt_manifest_layout(const CkptManifest *mf) { return mf->layout; }
@@ -1057,6 +1064,66 @@ static void read_local(const CkptManifest *mf, const int *fds, const MTensor *T,
             KIND_NAME[T->kind], tr, covered, a, b);
 }
 
+/* The writer's layout must divide this model (else no writer's layout). */
+static void check_writer_tp(const CkptManifest *mf, const Model *m) {
+    int wtp = mf->layout.tp;
+    const ModelConfig *mc = &m->cfg;
+    if (mc->n_kv_head % wtp || mc->n_head % wtp || mc->ffn_hidden % wtp || mc->vocab_size % wtp)
+        die(EXIT_USAGE, "%s/manifest.json: key layout.tp: %d does not divide the model's n_head %d, n_kv_head %d, ffn_hidden %d "
+            "and vocab_size %d (damaged?)", mf->dir, wtp, mc->n_head, mc->n_kv_head, mc->ffn_hidden, mc->vocab_size);
+}
+
+static int *open_files(const CkptManifest *mf) {
+    int *fds = malloc_check(((size_t)mf->n_files + 1) * sizeof(int));
+    for (int i = 0; i < mf->n_files; i++) {
+        char path[PATH_BUF + 80];
+        snprintf(path, sizeof path, "%s/%s", mf->dir, mf->files[i].name);
+        fds[i] = open(path, O_RDONLY);
+        if (fds[i] < 0) die(EXIT_IO, "%s: cannot open (%s)", path, strerror(errno));
+    }
+    return fds;
+}
+
+static void close_files(const CkptManifest *mf, int *fds) {
+    for (int i = 0; i < mf->n_files; i++) close(fds[i]);
+    free(fds);
+}
+
+/* Elements [a, b) of tensor s (kind k) of m's layout into out, from the
+ * writer's slices (wl: the writer's TP layout). */
+static void load_part(const CkptManifest *mf, const int *fds, Model *wl, const Model *m, const ParamSpec *s, int k, size_t a, size_t b,
+                      float *out) {
+    const MTensor *T = find_tensor(mf, s->name, k);
+    if (!T) die(EXIT_USAGE, "%s/manifest.json: no tensor %s (%s) (a checkpoint of a different model?)", mf->dir, s->name, KIND_NAME[k]);
+    const ParamSpec *ws = model_find(wl, s->name);
+    size_t gnum = model_global_numel(m, s);
+    int64_t gsz = T->shape[0] * (T->ndim == 2 ? T->shape[1] : 1);
+    if (!ws || T->ndim != s->ndim || (size_t)gsz != gnum || (size_t)(T->local_shape[0] * (T->ndim == 2 ? T->local_shape[1] : 1)) != ws->numel)
+        die(EXIT_USAGE, "%s/manifest.json: tensor %s has %lld elements, this model expects %zu (a checkpoint of a different model?)",
+            mf->dir, s->name, (long long)gsz, gnum);
+    if (wl->tp == m->tp) { /* same TP split: read just the wanted elements of this rank's slices */
+        read_local(mf, fds, T, s->tp_axis < 0 ? 0 : m->tp_rank, s->numel, a, b, out);
+        return;
+    }
+    /* another TP split: assemble the global tensor from the writer's TP
+     * ranks, cut this rank's slice, keep the wanted part (the global
+     * tensor straight into out when it is all that is wanted) */
+    int whole = m->tp == 1 && a == 0 && b == s->numel;
+    float *global = whole ? out : malloc_check(gnum * sizeof(float)), *local = malloc_check(ws->numel * sizeof(float));
+    for (int r = 0; r < (ws->tp_axis < 0 ? 1 : wl->tp); r++) {
+        read_local(mf, fds, T, r, ws->numel, 0, ws->numel, local);
+        wl->tp_rank = r;
+        model_tp_copy(wl, ws, global, local, 1);
+    }
+    free(local);
+    if (whole) return;
+    float *mine = malloc_check(s->numel * sizeof(float));
+    model_tp_copy(m, s, global, mine, 0);
+    memcpy(out, mine + a, (b - a) * sizeof(float));
+    free(global);
+    free(mine);
+}
+
 void ckpt_manifest_load(const CkptManifest *mf, const Model *m, const size_t *lo, const size_t *hi, float *params, float *exp_avg,
                         float *exp_avg_sq) {
     float *dst[3] = {params, exp_avg, exp_avg_sq};
@@ -1068,61 +1135,52 @@ void ckpt_manifest_load(const CkptManifest *mf, const Model *m, const size_t *lo
         base[c] = pos;
         pos += hi[c] - lo[c];
     }
-    int *fds = malloc_check(((size_t)mf->n_files + 1) * sizeof(int));
-    for (int i = 0; i < mf->n_files; i++) {
-        char path[PATH_BUF + 80];
-        snprintf(path, sizeof path, "%s/%s", mf->dir, mf->files[i].name);
-        fds[i] = open(path, O_RDONLY);
-        if (fds[i] < 0) die(EXIT_IO, "%s: cannot open (%s)", path, strerror(errno));
-    }
-    int wtp = mf->layout.tp;
-    const ModelConfig *mc = &m->cfg;
-    if (mc->n_kv_head % wtp || mc->n_head % wtp || mc->ffn_hidden % wtp || mc->vocab_size % wtp) /* no writer's layout */
-        die(EXIT_USAGE, "%s/manifest.json: key layout.tp: %d does not divide the model's n_head %d, n_kv_head %d, ffn_hidden %d "
-            "and vocab_size %d (damaged?)", mf->dir, wtp, mc->n_head, mc->n_kv_head, mc->ffn_hidden, mc->vocab_size);
+    int *fds = open_files(mf);
+    check_writer_tp(mf, m);
     Model wl; /* the writer's TP layout, to place its slices in the global tensor */
-    model_layout(&wl, &m->cfg, 1, wtp, 0);
+    model_layout(&wl, &m->cfg, 1, mf->layout.tp, 0);
     for (int k = 0; k < 3; k++) {
         if (!dst[k]) continue;
         for (int i = 0; i < m->n_specs; i++) {
             const ParamSpec *s = &m->specs[i];
-            const MTensor *T = find_tensor(mf, s->name, k);
-            if (!T) die(EXIT_USAGE, "%s/manifest.json: no tensor %s (%s) (a checkpoint of a different model?)", mf->dir, s->name, KIND_NAME[k]);
-            const ParamSpec *ws = model_find(&wl, s->name);
-            size_t gnum = model_global_numel(m, s);
-            int64_t gsz = T->shape[0] * (T->ndim == 2 ? T->shape[1] : 1);
-            if (!ws || T->ndim != s->ndim || (size_t)gsz != gnum || (size_t)(T->local_shape[0] * (T->ndim == 2 ? T->local_shape[1] : 1)) != ws->numel)
-                die(EXIT_USAGE, "%s/manifest.json: tensor %s has %lld elements, this model expects %zu (a checkpoint of a different model?)",
-                    mf->dir, s->name, (long long)gsz, gnum);
             /* the part of this tensor inside the wanted range of its chunk */
             size_t a = s->offset > lo[s->chunk] ? s->offset : lo[s->chunk];
             size_t b = s->offset + s->numel < hi[s->chunk] ? s->offset + s->numel : hi[s->chunk];
             if (a >= b) continue;
-            float *out = dst[k] + base[s->chunk] + (a - lo[s->chunk]);
-            if (wtp == m->tp) { /* same TP split: read just the wanted elements of this rank's slices */
-                read_local(mf, fds, T, s->tp_axis < 0 ? 0 : m->tp_rank, s->numel, a - s->offset, b - s->offset, out);
-                continue;
-            }
-            /* another TP split: assemble the global tensor from the writer's TP
-             * ranks, cut this rank's slice, keep the wanted part */
-            float *global = malloc_check(gnum * sizeof(float)), *local = malloc_check(ws->numel * sizeof(float));
-            float *mine = malloc_check(s->numel * sizeof(float));
-            for (int r = 0; r < (ws->tp_axis < 0 ? 1 : wtp); r++) {
-                read_local(mf, fds, T, r, ws->numel, 0, ws->numel, local);
-                wl.tp_rank = r;
-                model_tp_copy(&wl, ws, global, local, 1);
-            }
-            model_tp_copy(m, s, global, mine, 0);
-            memcpy(out, mine + (a - s->offset), (b - a) * sizeof(float));
-            free(global);
-            free(local);
-            free(mine);
+            load_part(mf, fds, &wl, m, s, k, a - s->offset, b - s->offset, dst[k] + base[s->chunk] + (a - lo[s->chunk]));
         }
     }
     model_free(&wl);
-    for (int i = 0; i < mf->n_files; i++) close(fds[i]);
-    free(fds);
+    close_files(mf, fds);
     free(base);
+}
+
+struct CkptTensorReader {
+    const CkptManifest *mf;
+    const Model *m;
+    Model wl;
+    int *fds;
+};
+
+CkptTensorReader *ckpt_tensor_reader(const CkptManifest *mf, const Model *m) {
+    CkptTensorReader *r = calloc_check(1, sizeof *r);
+    r->mf = mf;
+    r->m = m;
+    r->fds = open_files(mf);
+    check_writer_tp(mf, m);
+    model_layout(&r->wl, &m->cfg, 1, mf->layout.tp, 0);
+    return r;
+}
+
+void ckpt_tensor_read(CkptTensorReader *r, const ParamSpec *s, int kind, float *out) {
+    load_part(r->mf, r->fds, &r->wl, r->m, s, kind, 0, s->numel, out);
+}
+
+void ckpt_tensor_reader_free(CkptTensorReader *r) {
+    if (!r) return;
+    model_free(&r->wl);
+    close_files(r->mf, r->fds);
+    free(r);
 }
 
 void ckpt_full_ranges(const Model *m, size_t *lo, size_t *hi) {

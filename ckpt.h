@@ -160,6 +160,9 @@ int ckpt_manifest_check(const CkptManifest *mf, const Model *m, char *why, size_
  * format /2 manifest, read unverified (its files' checksums still hold). */
 int ckpt_manifest_sealed(const CkptManifest *mf);
 const char *ckpt_manifest_config(const CkptManifest *mf); /* config JSON text */
+/* The run's origin record (init.h: token ids, tokenizer files; JSON text),
+ * NULL for a checkpoint written before manifests carried one. */
+const char *ckpt_manifest_origin(const CkptManifest *mf);
 const TrainState *ckpt_manifest_state(const CkptManifest *mf);
 CkptLayout ckpt_manifest_layout(const CkptManifest *mf);
 /* The size and checksum the manifest records for rank r's file
@@ -173,6 +176,15 @@ void ckpt_manifest_rank_file(const CkptManifest *mf, int r, uint64_t *bytes, uin
  * exit(EXIT_USAGE). */
 void ckpt_manifest_load(const CkptManifest *mf, const Model *m, const size_t *lo, const size_t *hi, float *params, float *exp_avg,
                         float *exp_avg_sq);
+/* The same a tensor at a time, with memory of about that tensor (and one
+ * of the writer's TP slices of it where the TP split differs): every
+ * tensor s of m's layout (this TP rank's slice) whole into out (s->numel
+ * floats), kind 0 params, 1 exp_avg, 2 exp_avg_sq. The reader keeps the
+ * rank files open until freed. */
+typedef struct CkptTensorReader CkptTensorReader;
+CkptTensorReader *ckpt_tensor_reader(const CkptManifest *mf, const Model *m);
+void ckpt_tensor_read(CkptTensorReader *r, const ParamSpec *s, int kind, float *out);
+void ckpt_tensor_reader_free(CkptTensorReader *r);
 /* Ranges covering every chunk whole (packed = the flat layout itself). */
 void ckpt_full_ranges(const Model *m, size_t *lo, size_t *hi);
 /* A step folder, or a root (its newest complete step). 0, or -1 when none. */

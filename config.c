@@ -69,6 +69,7 @@ static const Key KEYS[] = {
     {"data.train", K_STR, STR(data_train), "\"\"", 0, 0, NULL, "training data: token shards as a path or a glob (llm.c format, uint16 or uint32 tokens) or Megatron indexed datasets (a prefix, or its .bin or .idx; see Data), or a blend of them as weight-path pairs, \"0.7 web/*.bin 0.3 code/*.bin\" (see Data)"},
     {"data.val", K_STR, STR(data_val), "\"\"", 0, 0, NULL, "validation token shards, a path, glob or blend as data.train (empty: no validation loss)"},
     {"data.vocab", K_STR, STR(data_vocab), "\"\"", 0, 0, NULL, "token-to-bytes table for printing samples (llm.c tokenizer format; empty: print ids)"},
+    {"data.tokenizer", K_STR, STR(data_tokenizer), "\"\"", 0, 0, NULL, "folder of the Hugging Face tokenizer the shards were made with (tokenizer.json, tokenizer_config.json, ...): checkpoints record its files for llmtrain export to copy (empty: init.from's, if it has any)"},
     {"data.shuffle", K_BOOL, OFF(data_shuffle), 0, "false", 0, 0, NULL, "visit sequences in a seeded random order per epoch instead of in file order"},
     {"data.eod_token", K_INT, OFF(eod_token), 0, "-1", -1, BIG, NULL, "the token that ends each document in the shards (GPT-2's endoftext is 50256, Llama 3's end_of_text 128001; -1 = none; must be below model.vocab_size): the document boundaries of train.attention_mask block_causal, train.eod_mask_loss and train.reset_position_ids; -1 with Megatron indexed datasets (named by prefix or .idx): their document index gives the boundaries"},
     /* train */
@@ -788,6 +789,8 @@ int config_canonical_diff(const char *a, const char *b, const char *a_name, cons
 void config_free(Config *cfg) {
     free(cfg->json_text);
     cfg->json_text = NULL;
+    free(cfg->origin_json);
+    cfg->origin_json = NULL;
 }
 
 /* init.from: the model section comes from the Hugging Face config; a value

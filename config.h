@@ -53,6 +53,7 @@ typedef struct Config {
     char data_train[1024];
     char data_val[1024];
     char data_vocab[1024];
+    char data_tokenizer[1024]; /* data.tokenizer: the HF tokenizer folder the shards came from (export copies its files) */
     int data_shuffle;
     int eod_token;       /* data.eod_token: the token that ends a document (-1: none) */
     /* train */
@@ -122,6 +123,7 @@ typedef struct Config {
     char debug_dump[1024]; /* write step-0 logits, loss and grads here (tests) */
 
     char *json_text;     /* the effective config (after --set), for checkpoints */
+    char *origin_json;   /* what export needs that the job does not say (init.h's origin record), for checkpoints; NULL: none */
 } Config;
 
 /* Parse job file + overrides ("a.b=value"; value parsed as JSON, else a

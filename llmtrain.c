@@ -17,7 +17,9 @@
 #endif
 #include "ckpt.h"
 #include "ckpt_run.h"
+#include "export.h"
 #include "hf.h"
+#include "init.h"
 #include "config.h"
 #include "cp.h"
 #include "data.h"
@@ -47,6 +49,7 @@
 
 typedef struct Trainer {
     Config cfg;
+    InitFrom init; /* init.from: what it names */
     Dist dist;
     const Kernels *k;
     Model model;
@@ -1043,13 +1046,7 @@ static void load_job(Trainer *t, int argc, char **argv, int *world, const char *
     Config *c = &t->cfg;
     config_load(c, job, n_set, sets);
     free(sets);
-    if (c->init_from[0]) {
-        ModelConfig hf;
-        char note[1200];
-        hf_read_config_note(c->init_from, &hf, note, sizeof note);
-        if (note[0] && t->dist.rank == 0) fprintf(stderr, "llmtrain: warning: %s\n", note);
-        config_take_model(c, &hf, c->init_from);
-    }
+    init_from_model(c, &t->init, t->dist.rank); /* its model section */
     config_freeze_model(c);
     if (c->eod_token >= c->model.vocab_size)
         die(EXIT_USAGE, "%s: data.eod_token %d is not a token of the model (expected below model.vocab_size %d)", c->path,
@@ -1117,8 +1114,9 @@ static void setup(Trainer *t, int *argc, char ***argv) {
             t->model.head_rows, mb_rows, c->lm_head_chunk, mb_rows, HEAD_AUTO_BYTES >> 20);
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL, cp_shift_cb,
                                 cp_wait_cb, cp_allgather_cb, cp_reduce_scatter_cb, cp_allreduce_max_cb};
-    if (c->init_from[0]) hf_load_weights(&t->model, c->init_from);
+    if (t->init.kind) init_from_load(&t->init, &t->model, &t->dist);
     else model_init_random(&t->model, c->init_std, c->seed);
+    init_origin(c, &t->init); /* the ids and tokenizer files the checkpoints carry for export */
     t->sh.k = t->k;
     shard_setup(&t->sh);
     shard_opt_ranges_build(&t->sh);
@@ -1323,37 +1321,7 @@ static int train(int argc, char **argv) {
 /* ------------------------------------------------------------------ */
 /* export                                                              */
 
-static int cmd_export(int argc, char **argv) {
-    if (argc != 2) die(EXIT_USAGE, "usage: llmtrain export CHECKPOINT_DIR OUT_DIR");
-    char step_dir[2048], why[1400];
-    if (ckpt_resolve(argv[0], step_dir, sizeof step_dir) != 0)
-        die(EXIT_USAGE, "export: %s: no complete checkpoint found (expected a step folder with manifest.json, or a root holding step_* folders)", argv[0]);
-    CkptManifest *mf = ckpt_manifest_open(step_dir, why, sizeof why);
-    if (!mf || ckpt_manifest_verify(mf, 0, 1, why, sizeof why) != 0) die(EXIT_USAGE, "export: %s", why);
-    Config c;
-    config_load_string(&c, ckpt_manifest_config(mf), step_dir);
-    Model m; /* the global (tp = 1) layout: any written layout is reassembled into it */
-    model_layout(&m, &c.model, 1, 1, 0);
-    if (ckpt_manifest_check(mf, &m, why, sizeof why) != 0) die(EXIT_USAGE, "export: %s", why);
-    if (!ckpt_manifest_sealed(mf))
-        fprintf(stderr, "llmtrain: warning: %s/manifest.json is format llmtrain-checkpoint/2 (before manifests carried their own checksum): "
-                        "its text is read unverified\n", step_dir);
-    float *host = calloc_check(m.n_params, sizeof(float));
-    size_t *lo = malloc_check((size_t)m.n_chunks * sizeof(size_t)), *hi = malloc_check((size_t)m.n_chunks * sizeof(size_t));
-    ckpt_full_ranges(&m, lo, hi);
-    ckpt_manifest_load(mf, &m, lo, hi, host, NULL, NULL);
-    free(lo);
-    free(hi);
-    hf_export(&m, host, argv[1]);
-    CkptLayout L = ckpt_manifest_layout(mf);
-    printf("exported %s (step %d, written by %d ranks: tp %d x shard %d x replicate %d) -> %s\n", step_dir, ckpt_manifest_state(mf)->step,
-           L.world, L.tp, L.shard, L.replicate, argv[1]);
-    free(host);
-    model_free(&m);
-    ckpt_manifest_close(mf);
-    config_free(&c);
-    return EXIT_OK;
-}
+static int cmd_export(int argc, char **argv) { return export_main(argc, argv); } /* export.c */
 
 /* ------------------------------------------------------------------ */
 /* check: validate a job and its parallel layout for N ranks, no MPI     */

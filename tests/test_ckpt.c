@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #endif
 #include "ckpt.h"
+#include "export.h"
 #include "hf.h"
 #include "config.h"
 #include "kernels.h"
