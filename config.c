@@ -62,7 +62,7 @@ static const Key KEYS[] = {
     {"model.rope_truncate", K_BOOL, OFF(model.rope_truncate), 0, "true", 0, 0, NULL, "rope_scaling yarn: round the ramp's ends to whole frequency indices (Hugging Face's truncate; false for gpt-oss)"},
     {"model.tie_embeddings", K_BOOL, OFF(model.tie_embeddings), 0, "false", 0, 0, NULL, "share the token embedding with the LM head (GPT-2: always true)"},
     /* init */
-    {"init.from", K_STR, STR(init_from), "\"\"", 0, 0, NULL, "Hugging Face folder (config.json + model.safetensors, F32, BF16 or F16) to start from; the model section then comes from it"},
+    {"init.from", K_STR, STR(init_from), "\"\"", 0, 0, NULL, "weights to start from: a Hugging Face folder (config.json + model.safetensors or its shards, F32, BF16 or F16) or an llmtrain checkpoint (a step folder or a checkpoint.dir: its weights only, new optimizer state, step 0); the model section then comes from it"},
     {"init.std", K_FLOAT, OFF(init_std), 0, "0.02", 0, 10, NULL, "std of the normal init; residual output projections use std/sqrt(2*n_layer)"},
     {"init.seed", K_U64, OFF(seed), 0, "1337", 0, 9007199254740991.0, NULL, "seed of the init and of data shuffling (at most 2^53 - 1: a JSON number above it is not an exact integer)"},
     /* data */
@@ -793,9 +793,10 @@ void config_free(Config *cfg) {
     cfg->origin_json = NULL;
 }
 
-/* init.from: the model section comes from the Hugging Face config; a value
- * the job file also sets must agree with it. */
-void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir) {
+/* init.from: the model section comes from the Hugging Face config (or the
+ * checkpoint's manifest), the file src; a value the job file also sets must
+ * agree with it. */
+void config_take_model(Config *cfg, const ModelConfig *hf, const char *src) {
     cJSON *root = cJSON_Parse(cfg->json_text);
     Config tmp = *cfg;
     tmp.model = *hf;
@@ -809,7 +810,7 @@ void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir) {
         size_t sz = k->type == K_ENUM || k->type == K_INT || k->type == K_BOOL ? sizeof(int) : sizeof(float);
         if (memcmp((char *)&mine + k->off, (char *)&tmp + k->off, sz) != 0) {
             char *s = cJSON_PrintUnformatted(v);
-            die(EXIT_USAGE, "%s: %s = %s conflicts with init.from %s/config.json", cfg->path, k->path, s, hf_dir);
+            die(EXIT_USAGE, "%s: %s = %s conflicts with init.from %s", cfg->path, k->path, s, src);
         }
     }
     cJSON_Delete(root);
@@ -817,9 +818,9 @@ void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir) {
     int hf_len = !config_has_key(cfg, "train.seq_len") || cfg->seq_len == 0;
     if (hf_len) cfg->seq_len = cfg->model.max_seq_len;
     if (cfg->seq_len > cfg->model.max_seq_len)
-        die(EXIT_USAGE, "%s: train.seq_len %d exceeds the model's max_seq_len %d (from %s)", cfg->path, cfg->seq_len, cfg->model.max_seq_len, hf_dir);
-    char from[64 + sizeof cfg->init_from];
-    snprintf(from, sizeof from, " (the max_seq_len of init.from %s)", hf_dir);
+        die(EXIT_USAGE, "%s: train.seq_len %d exceeds the model's max_seq_len %d (from %s)", cfg->path, cfg->seq_len, cfg->model.max_seq_len, src);
+    char from[64 + 2 * sizeof cfg->init_from];
+    snprintf(from, sizeof from, " (the max_seq_len of init.from %s)", src);
     micro_tokens_check(cfg, cfg->path, hf_len ? from : "");
 }
 

@@ -149,9 +149,10 @@ void config_print_keys(void);
  * fp8, else -1 */
 int config_fp8_recipe(const Config *cfg);
 int config_has_key(const Config *cfg, const char *path);
-/* init.from: adopt the model section of a Hugging Face config; an explicit
- * job value that disagrees is an error naming the key. */
-void config_take_model(Config *cfg, const ModelConfig *hf, const char *hf_dir);
+/* init.from: adopt the model section of a Hugging Face config (or an
+ * llmtrain checkpoint's manifest), the file src; an explicit job value that
+ * disagrees is an error naming the key and src. */
+void config_take_model(Config *cfg, const ModelConfig *hf, const char *src);
 /* Put the resolved model section into json_text (checkpoints rebuild the
  * model from it, without the job file or init.from). */
 void config_freeze_model(Config *cfg);

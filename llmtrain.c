@@ -49,7 +49,7 @@
 
 typedef struct Trainer {
     Config cfg;
-    InitFrom init; /* init.from: what it names */
+    InitFrom init; /* init.from: what it named, for the header */
     Dist dist;
     const Kernels *k;
     Model model;
@@ -989,6 +989,11 @@ static void print_header(Trainer *t) {
         dataset_describe(&t->val, c->data_val, 0, data, sizeof data);
         printf("val: %s\n", data);
     }
+    if (t->init.kind) {
+        char line[4400];
+        init_from_describe(&t->init, line, sizeof line);
+        printf("%s%s\n", line, t->step_base > 0 ? " (replaced by the resumed checkpoint's weights)" : "");
+    }
     printf("metrics: %s\n", t->metrics_path); /* the whole line is the path: scripts/run_resilient.sh reads it */
     if (t->tb.f) printf("tensorboard: %s\n", t->tb.path);
     fflush(stdout);
@@ -1046,7 +1051,7 @@ static void load_job(Trainer *t, int argc, char **argv, int *world, const char *
     Config *c = &t->cfg;
     config_load(c, job, n_set, sets);
     free(sets);
-    init_from_model(c, &t->init, t->dist.rank); /* its model section */
+    init_from_model(c, &t->init, t->dist.rank); /* a Hugging Face folder or a checkpoint: its model section */
     config_freeze_model(c);
     if (c->eod_token >= c->model.vocab_size)
         die(EXIT_USAGE, "%s: data.eod_token %d is not a token of the model (expected below model.vocab_size %d)", c->path,

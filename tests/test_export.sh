@@ -5,10 +5,14 @@
 # F32 export's tensors bit for bit, its index names every tensor in the file
 # that holds it and total_size their bytes, stale files of the other layout
 # go; bos/eos ids in config.json and generation_config.json come from
-# data.eod_token, or from init.from's config.json; the tokenizer files of
-# data.tokenizer or init.from are copied byte for byte, a gone or changed
-# one is exit 2 before any weight is written; peak RSS of an export stays
-# near its largest tensor, far below the model.
+# data.eod_token, or from init.from's config.json (through a checkpoint
+# too); the tokenizer files of data.tokenizer or init.from are copied byte
+# for byte, a gone or changed one is exit 2 before any weight is written;
+# peak RSS of an export stays near its largest tensor, far below the model.
+# init.from a checkpoint (2-rank FULL_SHARD) on 1 rank and tp 2: the losses
+# of init.from its Hugging Face export (same weights, new optimizer) step
+# for step, step 1 first, and the header names the folder, its format,
+# tensor count and dtype.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
@@ -151,20 +155,66 @@ $PY - "$TMP/imp/config.json" <<'EOF'
 import json, sys
 p = sys.argv[1]; c = json.load(open(p)); c["bos_token_id"] = 1; c["eos_token_id"] = [2, 5]; json.dump(c, open(p, "w"))
 EOF
-train imp1 1 "$TMP/llama.json" --set init.from="$TMP/imp" --set train.steps=2 --set data.eod_token=7 --set train.eod_mask_loss=true &&
-    $BIN export "$TMP/imp1/checkpoints" "$TMP/imp1/hf" >/dev/null 2>&1 || bad "init.from the edited folder: $(tail -2 "$TMP/imp1.out")"
+train imp1 1 "$TMP/llama.json" --set init.from="$TMP/imp" --set train.steps=2 &&
+    train imp2 1 "$TMP/llama.json" --set init.from="$TMP/imp1/checkpoints" --set train.steps=2 --set data.eod_token=7 --set train.eod_mask_loss=true &&
+    $BIN export "$TMP/imp1/checkpoints" "$TMP/imp1/hf" >/dev/null 2>&1 && $BIN export "$TMP/imp2/checkpoints" "$TMP/imp2/hf" >/dev/null 2>&1 ||
+    bad "init.from the edited folder: $(tail -2 "$TMP/imp1.out" "$TMP/imp2.out")"
 if $PY - "$TMP" <<'EOF'
 import json, sys
 T = sys.argv[1]
-for run in ["imp1"]:
+for run in ["imp1", "imp2"]:
     for fn in ["config.json", "generation_config.json"]:
         c = json.load(open(f"{T}/{run}/hf/{fn}"))
         assert c["bos_token_id"] == 1 and c["eos_token_id"] == [2, 5], (run, fn, c)
     for fn in ["tokenizer.json", "tokenizer_config.json"]:
         assert open(f"{T}/{run}/hf/{fn}", "rb").read() == open(f"{T}/imp/{fn}", "rb").read(), (run, fn)
 EOF
-then ok "init.from a folder with bos 1 / eos [2, 5]: its export keeps them (over data.eod_token) and its tokenizer files"
+then ok "init.from a folder with bos 1 / eos [2, 5]: its export and that of a run from its checkpoint keep them and its tokenizer files"
 else bad "imported ids or tokenizer lost"; fi
+
+# ---- init.from a checkpoint: weights only, any layout ----
+$BIN export "$TMP/ll/checkpoints" "$TMP/ll/hfx" --tokenizer none >/dev/null 2>&1
+for lay in "1 1" "2 2"; do
+    read -r np tp <<<"$lay"
+    train nat$np $np "$TMP/llama.json" --set init.from="$TMP/ll/checkpoints" --set parallel.tensor=$tp &&
+        train hfi$np $np "$TMP/llama.json" --set init.from="$TMP/ll/hfx" --set parallel.tensor=$tp ||
+        bad "init.from on $np rank(s): $(tail -2 "$TMP/nat$np.out" "$TMP/hfi$np.out")"
+    if $PY - "$TMP/nat$np/metrics.jsonl" "$TMP/hfi$np/metrics.jsonl" "$TMP/ll/metrics.jsonl" <<'EOF'
+import json, sys
+def steps(p): return [json.loads(l) for l in open(p) if '"loss"' in l]
+a, b, src = steps(sys.argv[1]), steps(sys.argv[2]), steps(sys.argv[3])
+assert [d["step"] for d in a] == [1, 2, 3, 4], [d["step"] for d in a]
+for x, y in zip(a, b):
+    assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"] and x["lr"] == y["lr"], (x, y)
+assert a[0]["lr"] == src[0]["lr"], "the schedule starts over"
+EOF
+    then ok "init.from a 2-rank FULL_SHARD checkpoint on $np rank(s), tp $tp: steps 1..4 with the losses, norms and lr of init.from its export (fresh optimizer, step 1 first)"
+    else bad "init.from checkpoint on $np rank(s): $(grep -E 'init.from|error' "$TMP/nat$np.out" | head -3)"; fi
+done
+if grep -q "^resume: no complete checkpoint" "$TMP/nat1.out" && ! grep -q "^resume: .*(written by" "$TMP/nat1.out"; then
+    ok "init.from a checkpoint is no resume (its step and data cursor stay behind)"; else bad "init.from checkpoint resumed: $(grep resume "$TMP/nat1.out")"; fi
+# the header: folder, format, tensor count (counted here) and dtype
+n_ck=$($PY -c 'import json, sys; print(sum(t["kind"] == "param" for t in json.load(open(sys.argv[1]))["tensors"]))' "$TMP/ll/checkpoints/step_00000004/manifest.json")
+n_hf=$($PY -c 'import sys; sys.path.insert(0, "tests"); import hfio; print(len(hfio.read_safetensors_np(sys.argv[1])[0]))' "$TMP/ll/hfx/model.safetensors")
+train hbf 1 "$TMP/llama.json" --set init.from="$TMP/ll/bf16" --set train.steps=1
+train hsh 1 "$TMP/llama.json" --set init.from="$TMP/ll/shbf" --set train.steps=1
+nsh=$(ls "$TMP/ll/shbf" | grep -c 'of-')
+if grep -q "^init.from: $TMP/ll/checkpoints/step_00000004 | llmtrain checkpoint of step 4, written by 2 ranks (tp 1 x shard 2 x replicate 1); weights only: new optimizer state, step 0 | $n_ck tensors | F32$" "$TMP/nat1.out" &&
+   grep -q "^init.from: $TMP/ll/hfx | Hugging Face safetensors, 1 file | $n_hf tensors | F32$" "$TMP/hfi1.out" &&
+   grep -q "^init.from: $TMP/ll/bf16 | Hugging Face safetensors, 1 file | $n_hf tensors | BF16$" "$TMP/hbf.out" &&
+   grep -q "^init.from: $TMP/ll/shbf | Hugging Face safetensors, $nsh files | $n_hf tensors | F32$" "$TMP/hsh.out"; then
+    ok "the header names init.from's folder, format, tensor count ($n_ck checkpoint, $n_hf safetensors) and dtype"
+else bad "init.from header: $(grep -h '^init.from' "$TMP"/nat1.out "$TMP"/hfi1.out "$TMP"/hbf.out "$TMP"/hsh.out)"; fi
+# the sharded F32 export loads like the single file: same step-1 loss
+$BIN export "$TMP/ll/checkpoints" "$TMP/ll/sh32" --max-shard-size 20KB --tokenizer none >/dev/null 2>&1
+train hsh32 1 "$TMP/llama.json" --set init.from="$TMP/ll/sh32" --set train.steps=1
+l1=$(grep -o '"loss":[^,]*' "$TMP/hsh32/metrics.jsonl" | head -1); l2=$(grep -o '"loss":[^,]*' "$TMP/hfi1/metrics.jsonl" | head -1)
+if [ -n "$l1" ] && [ "$l1" = "$l2" ]; then ok "init.from the sharded export: the step-1 loss of the single file ($l1)"; else bad "sharded init.from: $l1 vs $l2"; fi
+expect_exit "init.from neither kind" "neither a Hugging Face folder (no config.json) nor an llmtrain checkpoint" $BIN "$TMP/llama.json" --set init.from="$TMP/tok_keep" --set log.dir="$TMP/nk"
+expect_exit "init.from a checkpoint of another model" "model.n_layer = 3 conflicts with init.from $TMP/ll/checkpoints/step_00000004/manifest.json" \
+    $BIN "$TMP/llama.json" --set init.from="$TMP/ll/checkpoints" --set model.n_layer=3 --set log.dir="$TMP/nm"
+cp -r "$TMP/ll/checkpoints" "$TMP/ck_bad" && printf 'x' | dd of="$TMP/ck_bad/step_00000004/rank_00001.bin" bs=1 seek=100 conv=notrunc 2>/dev/null
+expect_exit "init.from a damaged checkpoint (2 ranks)" "rank_00001.bin: checksum" $MPIRUN 2 $BIN "$TMP/llama.json" --set init.from="$TMP/ck_bad" --set log.dir="$TMP/nb"
 
 # ---- peak memory: export streams a tensor at a time ----
 # (peak RSS over the binary's own: what `llmtrain --version` peaks at, the
