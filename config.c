@@ -159,23 +159,6 @@ static const char *type_name(KeyType t) {
 /* "a number", "an integer" */
 static const char *type_article(KeyType t) { return t == K_INT || t == K_U64 ? "an" : "a"; }
 
-/* "did you mean" for unknown keys: the closest known key by edit distance. */
-static int edit_distance(const char *a, const char *b) {
-    int la = (int)strlen(a), lb = (int)strlen(b);
-    if (la > 63 || lb > 63) return 99;
-    int d[64][64];
-    for (int i = 0; i <= la; i++) d[i][0] = i;
-    for (int j = 0; j <= lb; j++) d[0][j] = j;
-    for (int i = 1; i <= la; i++)
-        for (int j = 1; j <= lb; j++) {
-            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
-            d[i][j] = c;
-        }
-    return d[la][lb];
-}
-
 static const Key *find_key(const char *path) {
     for (int i = 0; i < NKEYS; i++)
         if (strcmp(KEYS[i].path, path) == 0) return &KEYS[i];
@@ -189,6 +172,7 @@ static int is_section(const char *path) {
     return 0;
 }
 
+/* an unknown key, with the closest known one as "did you mean" */
 static void die_unknown(const char *origin, const char *path) {
     const char *best = NULL;
     int bestd = 4;

@@ -1013,31 +1013,46 @@ static void cp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size
 }
 static void cp_allreduce_max_cb(void *ctx, float *x, size_t n) { dist_cp_allreduce_max_f32(ctx, x, n); }
 
-/* `JOB [--set k=v ...]` (and `--world N` when world is not NULL): load the
- * job into t->cfg, take init.from's model section and freeze the model. */
+/* Option `name` at argv[*i], as `name VALUE` or `name=VALUE`: 1 with *val
+ * VALUE and *i at its last word; 0 when argv[*i] is another word. */
+static int cli_option(int argc, char **argv, int *i, const char *name, const char **val) {
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0) return 0;
+    if (argv[*i][n] == '=') {
+        *val = argv[*i] + n + 1;
+        return 1;
+    }
+    if (argv[*i][n]) return 0;
+    if (*i + 1 >= argc) die(EXIT_USAGE, "%s: expected a value after it (%s VALUE or %s=VALUE)", name, name, name);
+    *val = argv[++*i];
+    return 1;
+}
+
+/* `JOB [--set k=v ...]`, and for check (world not NULL) `--world N`, each
+ * option also as --opt=value: load the job into
+ * t->cfg, take init.from's model section and freeze the model. */
 static void load_job(Trainer *t, int argc, char **argv, int *world, const char *usage_line) {
-    const char *job = NULL;
+    const char *job = NULL, *v;
     char **sets = malloc_check((size_t)argc * sizeof(char *));
     int n_set = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--set") == 0) {
-            if (i + 1 >= argc) die(EXIT_USAGE, "--set: expected key=value after it");
-            sets[n_set++] = argv[++i];
-        } else if (strncmp(argv[i], "--set=", 6) == 0) {
-            sets[n_set++] = argv[i] + 6;
-        } else if (world && strcmp(argv[i], "--world") == 0) {
+        if (cli_option(argc, argv, &i, "--set", &v)) {
+            sets[n_set++] = (char *)v;
+        } else if (world && cli_option(argc, argv, &i, "--world", &v)) {
             char *end = NULL;
-            long n = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
-            if (!end || *end || n < 1 || n > (1 << 24))
-                die(EXIT_USAGE, "--world: expected a number of ranks in [1, %d], got '%s'", 1 << 24, i + 1 < argc ? argv[i + 1] : "");
+            long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 1 || n > (1 << 24))
+                die(EXIT_USAGE, "--world: expected a number of ranks in [1, %d], got '%s'", 1 << 24, v);
             *world = (int)n;
-            i++;
+        } else if (!world && cli_option(argc, argv, &i, "--world", &v)) {
+            die(EXIT_USAGE, "--world is llmtrain check's option: a training run takes its ranks from its launcher (mpirun -np N, "
+                "torchrun, srun)");
         } else if (argv[i][0] == '-') {
-            die(EXIT_USAGE, "unknown option '%s' (see llmtrain --help)", argv[i]);
+            die(EXIT_USAGE, "unknown option '%s' (expected %s; see llmtrain --help)", argv[i], world ? "--set or --world" : "--set");
         } else if (!job) {
             job = argv[i];
         } else {
-            die(EXIT_USAGE, "unexpected argument '%s': one job file only", argv[i]);
+            die(EXIT_USAGE, "unexpected argument '%s': one job file only (usage: %s)", argv[i], usage_line);
         }
     }
     if (!job) die(EXIT_USAGE, "no job file given (usage: %s)", usage_line);
@@ -1381,7 +1396,28 @@ static void usage(FILE *f) {
             "       llmtrain check JOB.json [--world N] [--set key=value ...]\n"
             "                                                 validate the job and its layout for N ranks\n"
             "       llmtrain keys                             list every config key with its default\n"
-            "       llmtrain --version\n");
+            "       llmtrain --version\n"
+            "every option takes its value as --opt VALUE or --opt=VALUE\n");
+}
+
+/* The first argument when it is no command: a job file to train when it
+ * names a file, or looks like a path or a .json; else a mistyped command,
+ * refused with the commands and the closest of them. */
+static void check_job_word(const char *arg) {
+    static const char *commands[] = {"check", "export", "keys"};
+    struct stat st;
+    size_t n = strlen(arg);
+    if (arg[0] == '-' || stat(arg, &st) == 0 || strchr(arg, '/') || (n > 5 && strcmp(arg + n - 5, ".json") == 0)) return;
+    const char *best = NULL;
+    int bestd = 3;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        int d = edit_distance(arg, commands[i]);
+        if (d < bestd && d < (int)strlen(commands[i]) - 1) { bestd = d; best = commands[i]; }
+    }
+    char hint[64] = "";
+    if (best) snprintf(hint, sizeof hint, " (did you mean '%s'?)", best);
+    die(EXIT_USAGE, "'%s' is not a command, nor a job file%s: the commands are check, export and keys, and `llmtrain JOB.json` "
+        "trains (see llmtrain --help)", arg, hint);
 }
 
 int main(int argc, char **argv) {
@@ -1392,5 +1428,6 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "keys") == 0) { config_print_keys(); return EXIT_OK; }
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
     if (strcmp(argv[1], "check") == 0) return cmd_check(argc - 1, argv + 1);
+    check_job_word(argv[1]);
     return train(argc, argv);
 }

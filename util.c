@@ -269,3 +269,47 @@ void buf_json_string(Buf *b, const char *s) {
     }
     buf_add(b, "\"");
 }
+
+int edit_distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
+/* the length of the well-formed UTF-8 sequence at s (n bytes left) of a
+ * printable character, else 0: no overlong forms, surrogates or code points
+ * past U+10FFFF; C0 controls but tab and newline, DEL and C1 are not printable */
+static size_t utf8_printable(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    if (c < 0x80) return c == '\n' || c == '\t' || (c >= 0x20 && c != 0x7f);
+    size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (!len || len > n) return 0;
+    unsigned cp = c & (0x7f >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    static const unsigned lowest[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < lowest[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || (cp >= 0x80 && cp <= 0x9f)) return 0;
+    return len;
+}
+
+void fwrite_printable(const char *s, size_t n, FILE *f) {
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        size_t len = utf8_printable(p + i, n - i);
+        if (len) fwrite(p + i, 1, len, f);
+        else fprintf(f, "\\x%02x", p[i]);
+        i += len ? len : 1;
+    }
+}

@@ -72,6 +72,14 @@ void buf_add(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)))
  * escaped, control bytes as \u00XX (safetensors names, metrics.jsonl's paths) */
 void buf_json_string(Buf *b, const char *s);
 
+/* Levenshtein distance of two strings (99 past 63 bytes): "did you mean". */
+int edit_distance(const char *a, const char *b);
+/* n bytes of text to f as they are where they are printable UTF-8 (tab and
+ * newline included; a character split over two calls is not), each other
+ * byte as \xHH: C0 controls, DEL, C1 controls and bytes of no well-formed
+ * sequence (the printed sample: stdout stays text for grep and terminals). */
+void fwrite_printable(const char *s, size_t n, FILE *f);
+
 /* 64-bit FNV-1a of a string's bytes (tensor names' init streams, the ranks'
  * job texts, the rendezvous job id) */
 uint64_t fnv1a64(const char *s);

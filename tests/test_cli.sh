@@ -114,6 +114,24 @@ expect_fail "truncated shard" "trunc.bin" $BIN "$TMP/job.json" --set data.train=
 expect_fail "token id out of range" "token 100 at token offset 1500 >= model.vocab_size 64" $BIN "$TMP/job.json" --set data.train="$TMP/oob.bin" --set train.steps=40
 expect_fail "missing init folder" "config.json" $BIN "$TMP/job.json" --set init.from="$TMP/nohf"
 expect_fail "unknown option" "unknown option '--bogus'" $BIN "$TMP/job.json" --bogus
+# a first word that is no command: a job when it names a file, a path or a .json; else a mistyped command
+expect_fail "mistyped command" "'chek' is not a command, nor a job file (did you mean 'check'?): the commands are check, export and keys, and \`llmtrain JOB.json\` trains" $BIN chek "$TMP/job.json"
+expect_fail "'train' is no command" "'train' is not a command, nor a job file: the commands are check, export and keys" $BIN train "$TMP/job.json"
+expect_fail "mistyped export" "'exprot' is not a command, nor a job file (did you mean 'export'?)" $BIN exprot "$TMP/ckpt" "$TMP/out_hf"
+expect_fail "a bare .json that does not exist is a job file" "nope.json: cannot read job file" $BIN nope.json
+cp "$TMP/job.json" "$TMP/jobnoext"
+if (cd "$TMP" && "$OLDPWD/$BIN" jobnoext --set train.steps=1 --set log.dir="$TMP/noext" --set checkpoint.dir="$TMP/noext/ck" >"$TMP/noext.out" 2>&1) &&
+   grep -q '"step":1' "$TMP/noext/metrics.jsonl"; then ok "a bare word naming a file (no .json) trains"
+else bad "bare job file name: $(tail -2 "$TMP/noext.out")"; fi
+# every option as --opt VALUE and --opt=VALUE
+if $BIN check "$TMP/job.json" --world 2 --set train.micro_batch=1 >"$TMP/w_sp.out" 2>&1 &&
+   $BIN check "$TMP/job.json" --world=2 --set=train.micro_batch=1 >"$TMP/w_eq.out" 2>&1 && cmp -s "$TMP/w_sp.out" "$TMP/w_eq.out" &&
+   grep -q "valid for 2 ranks" "$TMP/w_eq.out"; then ok "check: --world=2 --set=k=v print what --world 2 --set k=v do"
+else bad "--opt=value: $(head -2 "$TMP/w_eq.out")"; fi
+expect_fail "--world= empty" "--world: expected a number of ranks in [1, 16777216], got ''" $BIN check "$TMP/job.json" --world=
+expect_fail "--world without its value" "--world: expected a value after it (--world VALUE or --world=VALUE)" $BIN check "$TMP/job.json" --world
+expect_fail "--world for training" "--world is llmtrain check's option: a training run takes its ranks from its launcher" $BIN "$TMP/job.json" --world=2
+expect_fail "a second job file" "unexpected argument 'x.json': one job file only (usage: llmtrain check JOB.json" $BIN check "$TMP/job.json" x.json
 # a directory or a FIFO where a file belongs: one line, never a wait for a
 # FIFO's writer (timeout 20) or an allocation of a directory's "size"
 mkfifo "$TMP/fifo"
