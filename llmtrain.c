@@ -1087,7 +1087,6 @@ static void setup(Trainer *t, int *argc, char ***argv) {
     if (c->profile_steps > 0) t->k = profile_wrap(t->k); /* timing off until its window */
     die_replicated(0); /* from here errors may differ per rank or host (data paths, memory) */
     t->threads = kernels_cpu_set_threads(0, t->dist.local_size);
-    ckpt_claim_dirs(c, &t->dist);
 
     /* data first: a bad path should fail before minutes of setup */
     dataset_open(&t->train, c->data_train, "data.train", c->model.vocab_size, c->seq_len, c->data_shuffle, c->seed);
@@ -1149,6 +1148,9 @@ static void setup(Trainer *t, int *argc, char ***argv) {
         t->doc_end = malloc_check((size_t)c->micro_batch * 2 * c->cp * sizeof(double));
         t->model.cp_doc0 = t->doc0;
     }
+    /* the run's folders only now, with the job, data, vocab and weights read:
+     * a start that fails on them leaves nothing behind */
+    ckpt_claim_dirs(c, &t->dist);
     t->flops_per_token = model_flops_per_token(&c->model, c->seq_len);
     t->peak_gflops = select_peak(t, &t->peak_source);
     if (c->profile_steps > 0) t->peak_gbs = select_peak_gbs(t);

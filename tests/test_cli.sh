@@ -342,6 +342,21 @@ import json, sys
 p = sys.argv[1]; c = json.load(open(p)); c["intermediate_size"] = c["intermediate_size"] + 8; json.dump(c, open(p, "w"))
 EOF
 expect_fail "init weights with wrong shape" "has shape" $BIN "$TMP/job.json" --set init.from="$TMP/hf_bad"
+# a start that fails on its job, data, vocab or weights creates no log or checkpoint folder (no empty
+# metrics.jsonl, no checkpoints/ with a lock file in it)
+printf 'not a vocab table %.0s' $(seq 100) >"$TMP/badvocab.bin"
+n_left=0
+for set in train.steps=abc data.train="$TMP/none.bin" data.val="$TMP/badmagic.bin" data.vocab="$TMP/nope.bin" \
+           data.vocab="$TMP/badvocab.bin" init.from="$TMP/nohf" init.from="$TMP/hf_bad"; do
+    rm -rf "$TMP/left"
+    $BIN "$TMP/job.json" --set "$set" --set log.dir="$TMP/left" --set checkpoint.dir="$TMP/left/checkpoints" >/dev/null 2>"$TMP/left.err"; rc=$?
+    if [ $rc -eq 2 ] && [ ! -e "$TMP/left" ]; then n_left=$((n_left + 1))
+    else bad "a failed start (--set $set) left: rc $rc, $(find "$TMP/left" 2>/dev/null | tr '\n' ' ') $(cat "$TMP/left.err")"; fi
+done
+[ $n_left -eq 7 ] && ok "7 failed starts (a bad key value, data, val, vocab, init.from folder and weights) leave no log.dir"
+$BIN "$TMP/job.json" --set train.steps=1 --set log.dir="$TMP/left" --set checkpoint.dir="$TMP/left/checkpoints" >/dev/null 2>&1
+if [ -s "$TMP/left/metrics.jsonl" ] && [ -d "$TMP/left/checkpoints/step_00000001" ]; then ok "the same start, valid, makes them"
+else bad "valid start: $(find "$TMP/left" 2>/dev/null | tr '\n' ' ')"; fi
 rm -f "$TMP/hf_bad/model.safetensors"
 expect_fail "init weights missing" "hf_bad" $BIN "$TMP/job.json" --set init.from="$TMP/hf_bad"
 # config.json's values are held to the ranges of the model.* keys they fill, as a job's are
