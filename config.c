@@ -630,6 +630,79 @@ static void parse_position(const char *text, const char *at, int *line, int *col
     }
 }
 
+/* A text that is no JSON at all, by its first line that is not blank or a
+ * # comment: TOML (`[section]`, `key = value`) or YAML (`key: value`,
+ * `- item`, `---`); its name and that line into why, *at that line. */
+static int not_json(const char *text, const char *e, char *why, size_t n, const char **at) {
+    for (const char *l = text; l < e;) {
+        const char *eol = memchr(l, '\n', (size_t)(e - l));
+        if (!eol) eol = e;
+        while (l < eol && isspace((unsigned char)*l)) l++;
+        const char *r = eol;
+        while (r > l && isspace((unsigned char)r[-1])) r--;
+        if (l == r || *l == '#') { l = eol + 1; continue; }
+        const char *k = l;
+        while (k < r && (isalnum((unsigned char)*k) || strchr("_-.\"'", *k))) k++;
+        const char *v = k;
+        while (v < r && (*v == ' ' || *v == '\t')) v++;
+        const char *kind = NULL;
+        if (*l == '[' && r[-1] == ']' && r - l > 2) kind = "TOML: a [section] header";
+        else if (k > l && v < r && *v == '=') kind = "TOML: key = value";
+        else if (r - l >= 3 && !strncmp(l, "---", 3)) kind = "YAML: a --- document start";
+        else if (k > l && v < r && *v == ':' && (v + 1 == r || v[1] == ' ' || v[1] == '\t')) kind = "YAML: key: value";
+        else if (*l == '-' && r - l > 1 && l[1] == ' ') kind = "YAML: a - list item";
+        if (!kind) return 0;
+        snprintf(why, n, "not JSON: this looks like %s (%.*s%s)", kind, (int)(r - l > 40 ? 40 : r - l), l, r - l > 40 ? "..." : "");
+        *at = l;
+        return 1;
+    }
+    return 0;
+}
+
+/* What in a job file's text is not strict JSON, at or before err (where
+ * the parser stopped): a // or block comment, a # comment, a trailing comma,
+ * a key without double quotes or a single-quoted string, outside strings;
+ * or a text that is no JSON at all. Its name into why and *at its place;
+ * 0 when none of these explains the error. */
+static int json_mistake(const char *text, size_t len, const char *err, char *why, size_t n, const char **at) {
+    const char *e = text + len, *p = text;
+    while (p < e && isspace((unsigned char)*p)) p++;
+    if (p < e && *p != '{' && not_json(text, e, why, n, at)) return 1;
+    if (p == e) {
+        snprintf(why, n, "not JSON: the file is empty");
+        *at = text;
+        return 1;
+    }
+    char stack[64]; /* the open brackets */
+    int depth = 0;
+    for (; p < e && p <= err; p++) {
+        const char *what = NULL;
+        if (*p == '"') { /* a string: to its closing quote */
+            for (p++; p < e && *p != '"'; p++)
+                if (*p == '\\' && p + 1 < e) p++;
+            if (p >= e) break;
+            continue;
+        }
+        const char *q = p + 1; /* the next token */
+        while (q < e && isspace((unsigned char)*q)) q++;
+        if ((*p == '{' || *p == '[') && depth < 64) stack[depth++] = *p;
+        else if ((*p == '}' || *p == ']') && depth > 0) depth--;
+        if (*p == '/' && p + 1 < e && p[1] == '/') what = "a // comment";
+        else if (*p == '/' && p + 1 < e && p[1] == '*') what = "a /* */ comment";
+        else if (*p == '#') what = "a # comment";
+        else if (*p == '\'') what = "a single-quoted string (JSON strings take double quotes)";
+        else if (*p == ',' && q < e && (*q == '}' || *q == ']')) what = *q == '}' ? "a trailing comma before '}'" : "a trailing comma before ']'";
+        else if ((*p == '{' || (*p == ',' && depth > 0 && stack[depth - 1] == '{')) && q < e && (isalpha((unsigned char)*q) || *q == '_'))
+            what = "a key without double quotes", p = q;
+        if (what) {
+            snprintf(why, n, "%s", what);
+            *at = p;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 void config_load(Config *cfg, const char *path, int n_set, char **sets) {
     size_t len;
     char *text = read_text_file(path, &len);
@@ -637,9 +710,14 @@ void config_load(Config *cfg, const char *path, int n_set, char **sets) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     int line, col;
-    if (!root) {
-        parse_position(text, cJSON_GetErrorPtr(), &line, &col);
-        die(EXIT_USAGE, "%s:%d:%d: malformed JSON", path, line, col);
+    if (!root) { /* what was found, where */
+        const char *at = cJSON_GetErrorPtr();
+        char why[160];
+        int named = json_mistake(text, len, at, why, sizeof why, &at);
+        parse_position(text, at, &line, &col);
+        int plain = named && strncmp(why, "not JSON", 8) == 0;
+        die(EXIT_USAGE, "%s:%d:%d: %s%s%s (a job file is strict JSON: one object, no comments, no trailing commas)", path, line, col,
+            plain ? "" : "malformed JSON", named && !plain ? ": " : "", named ? why : "");
     }
     while (end < text + len && isspace((unsigned char)*end)) end++;
     if (end < text + len) {

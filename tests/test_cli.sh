@@ -68,6 +68,21 @@ else bad "log.param_norm=false: $(grep '^step' "$TMP/nopn.out")"; fi
 printf '{"model": {"arch": "llama",\n "n_layer": 1,, }}' >"$TMP/malformed.json"
 expect_fail "malformed JSON" "malformed.json:2:" $BIN "$TMP/malformed.json"
 expect_fail "missing job file" "nope.json" $BIN "$TMP/nope.json"
+# a job file is strict JSON: what was found instead, and where
+strict() { # strict NAME TEXT MESSAGE: a job file of TEXT (printf's) is refused with "NAME:MESSAGE"
+    printf "$2" >"$TMP/$1"
+    expect_fail "strict JSON: $1" "$1:$3 (a job file is strict JSON: one object, no comments, no trailing commas)" $BIN check "$TMP/$1"
+}
+strict line_comment.json '{\n  // the model\n  "model": {"n_layer": 2}\n}\n' "2:3: malformed JSON: a // comment"
+strict block_comment.json '{"model": {"n_layer": 2, /* two */ "n_embd": 32}}' "1:26: malformed JSON: a /* */ comment"
+strict trailing_comma.json '{"model": {"n_layer": 2,\n  "n_embd": 32,\n  },\n "data": {}}' "2:15: malformed JSON: a trailing comma before '}'"
+strict trailing_comma_list.json '{"train": {"recompute_modules": ["norm",]}}' "1:40: malformed JSON: a trailing comma before ']'"
+strict unquoted.json '{model: {"n_layer": 2}}' "1:2: malformed JSON: a key without double quotes"
+strict job.toml '# the job\n\n[model]\nn_layer = 2\n' "3:1: not JSON: this looks like TOML: a [section] header ([model])"
+strict key.toml 'description = "x"\n' '1:1: not JSON: this looks like TOML: key = value (description = "x")'
+strict job.yaml '# the job\nmodel:\n  n_layer: 2\n' "2:1: not JSON: this looks like YAML: key: value (model:)"
+strict empty.json '  \n' "1:1: not JSON: the file is empty"
+strict plain.json '{"model": {"n_layer": 2 "n_embd": 3}}' "1:25: malformed JSON"
 # the job file's JSON: one top-level object, each key once, nested (a dotted name is --set's)
 printf '{"train": {"steps": 2}}\n  {"train": {"steps": 3}}' >"$TMP/trailing.json"
 expect_fail "text after the top-level object" "trailing.json:2:3: malformed JSON: text after the top-level object (expected one JSON object)" $BIN check "$TMP/trailing.json"

@@ -140,6 +140,14 @@ static void t_config(const uint8_t *data, size_t size) {
     free(s);
 }
 
+/* the job file as a file (config_load): strict JSON's diagnosis of what
+ * is not (comments, trailing commas, TOML, YAML), then the whole job */
+static void t_job(const uint8_t *data, size_t size) {
+    Config cfg;
+    config_load(&cfg, put("job.json", data, size), 0, NULL);
+    config_free(&cfg);
+}
+
 /* a safetensors file: the header's JSON, dtypes, shapes and byte ranges,
  * then every tensor read back as fp32 */
 static void t_safetensors(const uint8_t *data, size_t size) {
@@ -235,7 +243,7 @@ static void t_vocab(const uint8_t *data, size_t size) {
 }
 
 static const struct { const char *name; void (*run)(const uint8_t *, size_t); } TARGETS[] = {
-    {"config", t_config}, {"safetensors", t_safetensors}, {"hf_config", t_hf_config},
+    {"config", t_config}, {"job", t_job}, {"safetensors", t_safetensors}, {"hf_config", t_hf_config},
     {"manifest", t_manifest}, {"shard", t_shard}, {"indexed", t_indexed}, {"vocab", t_vocab},
 };
 static int g_target = -1;

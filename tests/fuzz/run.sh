@@ -1,7 +1,7 @@
 #!/bin/bash
 # make fuzz: clang's libFuzzer on each reader (tests/fuzz/fuzz.c) for
 # FUZZ_SECONDS (default 60) each, from the seeds in tests/fuzz/corpus/<target>/;
-# FUZZ_TARGETS picks some (default: all six). New inputs that grow coverage
+# FUZZ_TARGETS picks some (default: all seven). New inputs that grow coverage
 # go to a scratch corpus, not the committed one; a finding stops the run with
 # its input saved as tests/fuzz/build/<target>-crash-<sha1> (exit 1). To keep
 # one as a regression, fix the reader and copy the input into the target's
@@ -9,7 +9,7 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 SECONDS_EACH=${FUZZ_SECONDS:-60}
-TARGETS=${FUZZ_TARGETS:-config safetensors hf_config manifest shard vocab}
+TARGETS=${FUZZ_TARGETS:-config job safetensors hf_config manifest shard vocab}
 BIN=tests/fuzz/build/fuzz
 [ -x "$BIN" ] || { echo "fuzz: FAIL: $BIN not built (make fuzz builds it)" >&2; exit 1; }
 case $SECONDS_EACH in ''|*[!0-9]*) echo "fuzz: FAIL: FUZZ_SECONDS=$SECONDS_EACH: expected a whole number of seconds" >&2; exit 1;; esac
