@@ -452,10 +452,17 @@ static void print_sample(Trainer *t, int step) {
     forward_only(t, 0);
     if (is_root(t)) {
         printf("--- sample%s ---\n", total < prompt + c->sample_tokens ? " (cut short: stop requested)" : "");
-        for (int n = 0; n < total; n++) {
-            if (n == prompt) printf("%s", t->have_vocab ? "" : "| ");
-            if (t->have_vocab) vocab_print(&t->vocab, ctx[n], stdout);
-            else printf("%d ", ctx[n]);
+        if (t->have_vocab) { /* the text whole, then escaped: a character may span tokens */
+            char *text = NULL;
+            size_t len = 0;
+            FILE *m = open_memstream(&text, &len);
+            if (!m) die(EXIT_IO, "out of memory for the sample's text");
+            for (int n = 0; n < total; n++) vocab_print(&t->vocab, ctx[n], m);
+            fclose(m);
+            fwrite_printable(text, len, stdout);
+            free(text);
+        } else {
+            for (int n = 0; n < total; n++) printf("%s%d ", n == prompt ? "| " : "", ctx[n]);
         }
         printf("\n--------------\n");
         fflush(stdout);

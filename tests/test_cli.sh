@@ -292,6 +292,37 @@ if [ -n "$s_gemm" ] && [ "$s_gemm" -gt "$s_flash" ] && [ "$s_tf" = "$s_flash" ] 
     ok "check: cuda_scratch_bytes follows train.attention_kernel (tf32: gemm $s_gemm > flash $s_flash = auto; cudnn $s_dn; bf16: auto $s_bf = cudnn, flash $s_bflash)"
 else bad "check: scratch by attention kernel: gemm '$s_gemm' flash '$s_flash' auto-tf32 '$s_tf' cudnn '$s_dn' auto-bf16 '$s_bf' flash-bf16 '$s_bflash'"; fi
 
+# the printed sample escapes the bytes that are not printable UTF-8 (\xHH), keeping valid characters
+# whole even across tokens: a byte-level vocab, a prompt of é (two tokens), NUL, ESC, 0xff, A and
+# U+0085 (a C1 control), then 300 tokens of a model at random init (every byte value likely)
+$PY - "$TMP" <<'EOF'
+import sys, numpy as np
+d = sys.argv[1]
+h = np.zeros(256, np.uint32); h[:4] = (20240328, 2, 256, 0xFFFFFFFF)
+open(f"{d}/bytes_vocab.bin", "wb").write(h.tobytes() + b"".join(bytes([1, i]) for i in range(256)))
+t = np.concatenate([[0xC3, 0xA9, 0x00, 0x1B, 0xFF, 0x41, 0xC2, 0x85], np.random.default_rng(3).integers(0, 256, 2000)])
+h = np.zeros(256, np.int32); h[:3] = (20240520, 1, len(t))
+open(f"{d}/bytes.bin", "wb").write(h.tobytes() + t.astype(np.uint16).tobytes())
+EOF
+$BIN "$TMP/job.json" --set model.vocab_size=256 --set data.train="$TMP/bytes.bin" --set data.vocab="$TMP/bytes_vocab.bin" \
+    --set train.steps=1 --set eval.sample_tokens=300 --set eval.temperature=2 --set log.dir="$TMP/smp" \
+    --set checkpoint.dir="$TMP/smp/ck" >"$TMP/smp.out" 2>&1
+if smp=$($PY - "$TMP/smp.out" <<'EOF'
+import re, sys
+raw = open(sys.argv[1], "rb").read()
+m = re.search(rb"--- sample ---\n(.*)\n--------------\n", raw, re.S)
+assert m, raw[-300:]
+text = m.group(1).decode("utf-8")  # strict: the sample is valid UTF-8
+assert text.startswith("\u00e9\\x00\\x1b\\xffA\\xc2\\x85"), text[:40]
+bad = [c for c in raw.decode("utf-8") if (ord(c) < 0x20 and c not in "\n\t") or 0x7f <= ord(c) <= 0x9f]
+assert not bad, bad[:5]
+esc = len(re.findall(r"\\x[0-9a-f]{2}", text))
+assert esc >= 20, esc  # a random-init byte model draws control and stray bytes
+print(f"{esc} bytes escaped in its {len(text)} characters; the output has no control byte but newline and tab")
+EOF
+); then ok "sample: the prompt printed as é\\x00\\x1b\\xffA\\xc2\\x85, valid UTF-8; $smp"
+else bad "sample escaping: $smp"; fi
+
 # uint32 shards are read too
 if $BIN "$TMP/job.json" --set data.train="$TMP/u32.bin" --set log.dir="$TMP/run32" >/dev/null 2>&1; then ok "uint32 shard trains"; else bad "uint32 shard failed"; fi
 

@@ -266,6 +266,30 @@ static int print_matches(const Vocab *v, int id, const char *expect, size_t elen
     return ok;
 }
 
+/* fwrite_printable (the printed sample): printable UTF-8 as it is, every
+ * other byte \xHH; each case against the text written out by hand */
+static void test_printable(void) {
+    static const struct { const char *in; size_t n; const char *out, *what; } cases[] = {
+        {"plain text\tand\nlines", 20, "plain text\tand\nlines", "ASCII, tab and newline kept"},
+        {"a\0b\x1b[0m\x7f\r", 9, "a\\x00b\\x1b[0m\\x7f\\x0d", "NUL, ESC, DEL and CR escaped"},
+        {"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 9, "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", "2-, 3- and 4-byte characters kept"},
+        {"\xc2\x85\xc2\x9f\xc2\xa0", 6, "\\xc2\\x85\\xc2\\x9f\xc2\xa0", "C1 controls escaped, U+00A0 kept"},
+        {"\xc0\xaf\xe0\x80\xaf\xed\xa0\x80", 8, "\\xc0\\xaf\\xe0\\x80\\xaf\\xed\\xa0\\x80", "overlong forms and a surrogate escaped"},
+        {"\xf4\x90\x80\x80\xff\xfe", 6, "\\xf4\\x90\\x80\\x80\\xff\\xfe", "past U+10FFFF, 0xff and 0xfe escaped"},
+        {"x\xe2\x82", 3, "x\\xe2\\x82", "a character cut at the end escaped"},
+        {"\xe2\x82x\xa9", 4, "\\xe2\\x82x\\xa9", "a lead byte without its continuation, a stray continuation"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *buf = NULL;
+        size_t sz = 0;
+        FILE *f = open_memstream(&buf, &sz);
+        fwrite_printable(cases[i].in, cases[i].n, f);
+        fclose(f);
+        check(sz == strlen(cases[i].out) && memcmp(buf, cases[i].out, sz) == 0, "fwrite_printable: %s", cases[i].what);
+        free(buf);
+    }
+}
+
 static void test_vocab(void) {
     const char *toks[4] = {"a", "hello", "x\0y", "<|endoftext|>"};
     const unsigned char lens[4] = {1, 5, 3, 13};
@@ -610,6 +634,7 @@ int main(int argc, char **argv) {
     test_shuffle_case(4003, 4, 3);  /* n_seqs 1000 */
     test_shuffle_case(1025, 1, 2);  /* n_seqs 1025 = 2^10 + 1, T = 1 */
     test_shuffle_case(13, 7, 1);    /* n_seqs 1 */
+    test_printable();
     test_vocab();
     test_blend();
     test_errors();
