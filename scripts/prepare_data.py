@@ -32,7 +32,12 @@ import os
 import re
 import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    print("prepare_data.py: error: needs numpy, which this python3 lacks "
+          "(apt-get install python3-numpy, or python3 -m pip install numpy)", file=sys.stderr)
+    sys.exit(2)
 
 SHARD_MAGIC_U16, SHARD_VERSION_U16 = 20240520, 1
 SHARD_MAGIC_U32, SHARD_VERSION_U32 = 20240801, 7

@@ -323,6 +323,13 @@ EOF
 ); then ok "sample: the prompt printed as é\\x00\\x1b\\xffA\\xc2\\x85, valid UTF-8; $smp"
 else bad "sample escaping: $smp"; fi
 
+# scripts/prepare_data.py without numpy (hidden from its import): one line saying so and how to install, exit 2
+$PY -c 'import runpy, sys; sys.modules["numpy"] = None; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")' \
+    scripts/prepare_data.py --input data/tinyshakespeare.txt --out-dir "$TMP/pd" >"$TMP/pd.out" 2>"$TMP/pd.err"; rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/pd.err")" -eq 1 ] && grep -q "^prepare_data.py: error: needs numpy, .*apt-get install python3-numpy" "$TMP/pd.err" &&
+   [ ! -e "$TMP/pd" ]; then ok "prepare_data.py without numpy: exit 2, one line: $(cat "$TMP/pd.err")"
+else bad "prepare_data.py without numpy: rc $rc: $(head -3 "$TMP/pd.err")"; fi
+
 # uint32 shards are read too
 if $BIN "$TMP/job.json" --set data.train="$TMP/u32.bin" --set log.dir="$TMP/run32" >/dev/null 2>&1; then ok "uint32 shard trains"; else bad "uint32 shard failed"; fi
 
