@@ -9,7 +9,7 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 SECONDS_EACH=${FUZZ_SECONDS:-60}
-TARGETS=${FUZZ_TARGETS:-config job safetensors hf_config manifest shard vocab}
+TARGETS=${FUZZ_TARGETS:-config job safetensors hf_config manifest shard indexed vocab}
 BIN=tests/fuzz/build/fuzz
 [ -x "$BIN" ] || { echo "fuzz: FAIL: $BIN not built (make fuzz builds it)" >&2; exit 1; }
 case $SECONDS_EACH in ''|*[!0-9]*) echo "fuzz: FAIL: FUZZ_SECONDS=$SECONDS_EACH: expected a whole number of seconds" >&2; exit 1;; esac
