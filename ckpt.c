@@ -440,7 +440,9 @@ char *ckpt_manifest_text(const Model *m, const CkptLayout *L, const uint64_t *by
             buf_add(&b, "]}");
         }
     }
-    buf_add(&b, "\n],\n\"config\": %s,\n", cfg->json_text ? cfg->json_text : "{}");
+    char *sched = config_schedule_json(cfg);
+    buf_add(&b, "\n],\n\"schedule\": %s,\n\"config\": %s,\n", sched, cfg->json_text ? cfg->json_text : "{}");
+    free(sched);
     if (cfg->origin_json) buf_add(&b, "\"origin\": %s,\n", cfg->origin_json);
     CkptHash h;
     ckpt_hash_init(&h);
@@ -730,6 +732,7 @@ struct CkptManifest {
     CkptLayout layout;
     char *config;
     char *origin; /* NULL: none (a run before origin records) */
+    char *schedule; /* NULL: written before manifests recorded it */
     MFile *files;
     int n_files;
     MTensor *tensors;
@@ -743,6 +746,7 @@ void ckpt_manifest_close(CkptManifest *mf) {
     free(mf->files);
     free(mf->config);
     free(mf->origin);
+    free(mf->schedule);
     free(mf);
 }
 
@@ -911,6 +915,9 @@ CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
     const cJSON *origin = cJSON_GetObjectItemCaseSensitive(root, "origin");
     if (origin && !cJSON_IsObject(origin)) BAD("%s: key origin: expected an object", path);
     if (origin) mf->origin = cJSON_PrintUnformatted(origin);
+    const cJSON *sched = cJSON_GetObjectItemCaseSensitive(root, "schedule");
+    if (sched && !cJSON_IsObject(sched)) BAD("%s: key schedule: expected an object", path);
+    if (sched) mf->schedule = cJSON_PrintUnformatted(sched);
     cJSON_Delete(root);
     free(text);
     return mf;
@@ -960,6 +967,7 @@ int ckpt_manifest_verify(const CkptManifest *mf, int rank, int world, char *why,
 
 const char *ckpt_manifest_config(const CkptManifest *mf) { return mf->config; }
 const char *ckpt_manifest_origin(const CkptManifest *mf) { return mf->origin; }
+const char *ckpt_manifest_schedule(const CkptManifest *mf) { return mf->schedule; }
 int ckpt_manifest_sealed(const CkptManifest *mf) { return mf->sealed; }
 const TrainState *ckpt_manifest_state(const CkptManifest *mf) { return &mf->st; }
 CkptLayout ckpt_manifest_layout(const CkptManifest *mf) { return mf->layout; }

@@ -7,7 +7,8 @@
  *   <root>/step_%08d/manifest.json   every tensor, its global shape and which
  *                                    file / byte range holds which slice; a
  *                                    checksum per file; step, data cursor, RNG,
- *                                    config and the layout it was written with;
+ *                                    LR and batch schedule, config and the
+ *                                    layout it was written with;
  *                                    last, a checksum of its own text
  *
  * A folder is written as step_%08d.tmp and renamed only after the manifest
@@ -163,6 +164,9 @@ const char *ckpt_manifest_config(const CkptManifest *mf); /* config JSON text */
 /* The run's origin record (init.h: token ids, tokenizer files; JSON text),
  * NULL for a checkpoint written before manifests carried one. */
 const char *ckpt_manifest_origin(const CkptManifest *mf);
+/* The LR and batch schedule it was trained with (config_schedule_json's
+ * text); NULL from a manifest written before manifests recorded it. */
+const char *ckpt_manifest_schedule(const CkptManifest *mf);
 const TrainState *ckpt_manifest_state(const CkptManifest *mf);
 CkptLayout ckpt_manifest_layout(const CkptManifest *mf);
 /* The size and checksum the manifest records for rank r's file

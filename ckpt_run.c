@@ -573,6 +573,19 @@ int ckpt_resume(CkptRun *r, TrainState *out) {
                                c->ckpt_durable_dir[0] ? " or " : "", c->ckpt_durable_dir);
         return 0;
     }
+    /* the schedule it was trained with (a manifest from before it was
+     * recorded: the job config it stored); every rank has the same job and
+     * manifest, so one line */
+    const char *sched = ckpt_manifest_schedule(mf);
+    char first[400], all[sizeof r->sched_change];
+    if (config_schedule_diff(sched ? sched : ckpt_manifest_config(mf), c, path, first, sizeof first, all, sizeof all)) {
+        if (!c->override_schedule) {
+            die_replicated(!is_root(r));
+            die(EXIT_USAGE, "checkpoint.resume: %s was trained with another schedule, %s; set optim.override_schedule=true to "
+                "take this job's from step %d on, or give the key the checkpoint's value", path, first, ckpt_manifest_state(mf)->step);
+        }
+        snprintf(r->sched_change, sizeof r->sched_change, "%s", all);
+    }
     if (is_root(r) && !ckpt_manifest_sealed(mf))
         fprintf(stderr, "llmtrain: warning: %s/manifest.json is format llmtrain-checkpoint/2, written before manifests carried "
                         "their own checksum: its text is read unverified (the next checkpoint is format /3)\n", path);

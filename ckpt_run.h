@@ -42,6 +42,7 @@ typedef struct CkptRun {
     int durable_step;          /* newest step this run copied to (or wrote in) durable_dir (-1: none) */
     int recopy;                /* the resumed checkpoint's durable copy is being made again (ck_recopy) */
     size_t progress;           /* this rank's writer's bytes written, at the last wait (ckpt_control) */
+    char sched_change[1024];   /* ckpt_resume under optim.override_schedule: "key: old -> new, ..." where this job's schedule differs ("": none) */
 } CkptRun;
 
 /* Before anything is loaded, trained or removed there: each node's first
@@ -59,7 +60,9 @@ void ckpt_run_free(CkptRun *r);
 /* checkpoint.resume: the newest checkpoint every rank can read and verify,
  * loaded into this layout; *st gets its state. Returns 1 when resumed, 0
  * for a new run; a checkpoint of another model, an explicit one that fails,
- * or every one damaged: exit 2. */
+ * every one damaged, or one trained with another LR or batch schedule
+ * without optim.override_schedule (then r->sched_change says what
+ * differs): exit 2. */
 int ckpt_resume(CkptRun *r, TrainState *st);
 /* Begin a checkpoint of *st (its step, data cursor and counters): wait for
  * the one in flight, stage what this rank owns, hand it to the writer.

@@ -100,6 +100,7 @@ static const Key KEYS[] = {
     {"optim.lr_decay_style", K_ENUM, OFF(lr_decay_style), 0, "\"cosine\"", 0, 0, LR_STYLES, "the LR after the warmup (Megatron's --lr-decay-style): cosine or linear from lr to min_lr at decay_steps; constant; inverse_sqrt; wsd (warmup-stable-decay), lr until the last wsd_decay_steps before decay_steps, then down to min_lr (formulas under Exact semantics)"},
     {"optim.wsd_decay_steps", K_INT, OFF(wsd_decay_steps), 0, "0", 0, BIG, NULL, "lr_decay_style wsd: steps of the final decay, which ends at decay_steps (Megatron's --lr-wsd-decay-iters; required, at most decay_steps - warmup_steps)"},
     {"optim.wsd_decay_style", K_ENUM, OFF(wsd_decay_style), 0, "\"linear\"", 0, 0, WSD_STYLES, "lr_decay_style wsd: the final decay's shape, from lr to min_lr: linear, cosine, exponential (2 * 0.5^q - 1 of the way) or minus_sqrt (1 - sqrt(q)), q the fraction of the decay done (Megatron's --lr-wsd-decay-style)"},
+    {"optim.override_schedule", K_BOOL, OFF(override_schedule), 0, "false", 0, 0, NULL, "on resume, take this job's LR and batch schedule where it differs from the one the checkpoint was trained with (Megatron's --override-opt_param-scheduler), and say so in the header; false: such a difference is exit 2 naming the key, its old and new value (extending train.steps where it ends the decay is one; the keys compared: docs/checkpoints.md, A changed schedule)"},
     {"optim.weight_decay", K_FLOAT, OFF(weight_decay), 0, "0.1", 0, 10, NULL, "AdamW decoupled weight decay"},
     {"optim.decay_all", K_BOOL, OFF(decay_all), 0, "false", 0, 0, NULL, "decay every parameter (Llama 2 recipe) instead of 2-D weights only"},
     {"optim.beta1", K_FLOAT, OFF(beta1), 0, "0.9", 0, 0.999999, NULL, "AdamW beta1"},
@@ -449,17 +450,27 @@ static void set_defaults(Config *cfg) {
 /* The wsd keys apply only with lr_decay_style wsd, which needs a decay that
  * fits after the warmup. */
 static void lr_schedule_check(const Config *cfg, const char *where, int decay_set) {
+    char name[32];
+    const char *style = config_enum_name(LR_STYLES, cfg->lr_decay_style, name, sizeof name);
+    /* a warmup longer than the run, or than a decay that ends at train.steps */
+    int decays = cfg->lr_decay_style != LR_CONSTANT && cfg->lr_decay_style != LR_INVERSE_SQRT;
+    if (decays && !decay_set && cfg->warmup_steps > cfg->decay_steps)
+        die(EXIT_USAGE, "%s: optim.warmup_steps %d exceeds train.steps %d, where the %s decay ends (optim.decay_steps 0): it would "
+            "end before the warmup does (to run part of a longer schedule, set optim.decay_steps to its end)", where,
+            cfg->warmup_steps, cfg->steps, style);
+    if (!decays && cfg->warmup_steps > cfg->steps)
+        die(EXIT_USAGE, "%s: optim.warmup_steps %d exceeds train.steps %d (the run would end before the warmup does)", where,
+            cfg->warmup_steps, cfg->steps);
     if (cfg->lr_decay_style != LR_WSD) {
-        char name[32];
         const char *set = cfg->wsd_decay_steps ? "wsd_decay_steps" : cfg->wsd_decay_style != WSD_LINEAR ? "wsd_decay_style" : NULL;
         if (set)
             die(EXIT_USAGE, "%s: optim.%s is set but optim.lr_decay_style is \"%s\" (it applies only with \"wsd\")", where, set,
-                config_enum_name(LR_STYLES, cfg->lr_decay_style, name, sizeof name));
+                style);
         /* a decay that ends before the warmup does (one set, not train.steps': a short run of a long schedule is fine) */
         if ((cfg->lr_decay_style == LR_COSINE || cfg->lr_decay_style == LR_LINEAR) && decay_set &&
             cfg->decay_steps < cfg->warmup_steps)
             die(EXIT_USAGE, "%s: optim.decay_steps %d is below optim.warmup_steps %d (the %s decay would end before the warmup "
-                "does)", where, cfg->decay_steps, cfg->warmup_steps, config_enum_name(LR_STYLES, cfg->lr_decay_style, name, sizeof name));
+                "does)", where, cfg->decay_steps, cfg->warmup_steps, style);
         return;
     }
     if (cfg->wsd_decay_steps == 0)
@@ -1024,4 +1035,121 @@ uint64_t config_cursor_at(const Config *c, int step0, uint64_t cursor0, int step
         cur += (uint64_t)g;
     }
     return cur;
+}
+
+/* ------------------------------------------------------------------ */
+/* the schedule a checkpoint was trained with                          */
+
+/* What shapes the LR (config_lr_at) and the batch (config_batch_at), in
+ * the order a difference is reported. */
+static const char *const SCHEDULE_KEYS[] = {
+    "optim.lr_decay_style", "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.decay_steps", "optim.wsd_decay_steps",
+    "optim.wsd_decay_style", "train.rampup_start_batch", "train.rampup_batch_increment", "train.rampup_samples",
+    "train.global_batch", "train.steps",
+};
+#define N_SCHEDULE_KEYS (int)(sizeof SCHEDULE_KEYS / sizeof SCHEDULE_KEYS[0])
+
+/* key k's value in c as JSON (the types the schedule keys have) */
+static cJSON *key_json(const Config *c, const Key *k) {
+    const char *field = (const char *)c + k->off;
+    char buf[32];
+    switch (k->type) {
+    case K_INT: return cJSON_CreateNumber(*(const int *)field);
+    case K_FLOAT: { /* the shortest text that reads back as the same float (0.01, not 0.00999999977648258) */
+        float x = *(const float *)field;
+        for (int digits = 6;; digits++) {
+            snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
+            if (strtof(buf, NULL) == x || digits == 9) return cJSON_CreateRaw(buf);
+        }
+    }
+    case K_ENUM: return cJSON_CreateString(config_enum_name(k->choices, *(const int *)field, buf, sizeof buf));
+    default: die(EXIT_INTERNAL, "key_json: unexpected type of %s", k->path);
+    }
+}
+
+/* key k's value in c as text ("0.01", "cosine") */
+static void key_text(const Config *c, const Key *k, char *out, size_t n) {
+    const char *field = (const char *)c + k->off;
+    if (k->type == K_FLOAT) snprintf(out, n, "%g", (double)*(const float *)field);
+    else if (k->type == K_ENUM) config_enum_name(k->choices, *(const int *)field, out, n);
+    else snprintf(out, n, "%d", *(const int *)field);
+}
+
+char *config_schedule_json(const Config *c) {
+    cJSON *root = cJSON_CreateObject();
+    for (int i = 0; i < N_SCHEDULE_KEYS; i++) {
+        const Key *k = find_key(SCHEDULE_KEYS[i]);
+        char sec[16];
+        snprintf(sec, sizeof sec, "%.*s", (int)(strchr(k->path, '.') - k->path), k->path);
+        cJSON *s = cJSON_GetObjectItemCaseSensitive(root, sec);
+        if (!s) s = cJSON_AddObjectToObject(root, sec);
+        cJSON_AddItemToObject(s, strchr(k->path, '.') + 1, key_json(c, k));
+    }
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+/* Whether key path shapes the schedule of style st: the decay's end only
+ * where the style decays, min_lr where it is read, the wsd keys under
+ * wsd; train.steps never itself (it moves the schedule only as the
+ * decay's end, which optim.decay_steps 0 makes it). */
+static int schedule_reads(const char *path, int st) {
+    if (!strcmp(path, "optim.min_lr")) return st != LR_CONSTANT;
+    if (!strcmp(path, "optim.decay_steps")) return st != LR_CONSTANT && st != LR_INVERSE_SQRT;
+    if (!strncmp(path, "optim.wsd_", 10)) return st == LR_WSD;
+    return strcmp(path, "train.steps") != 0;
+}
+
+int config_schedule_diff(const char *ckpt, const Config *c, const char *origin, char *first, size_t n1, char *all, size_t n2) {
+    cJSON *root = cJSON_Parse(ckpt);
+    if (!cJSON_IsObject(root)) die(EXIT_USAGE, "%s: malformed schedule JSON", origin);
+    Config o;
+    memset(&o, 0, sizeof o);
+    set_defaults(&o);
+    for (int i = 0; i < N_SCHEDULE_KEYS; i++) {
+        const cJSON *v = lookup(root, SCHEDULE_KEYS[i]);
+        if (v) store(&o, find_key(SCHEDULE_KEYS[i]), v, origin);
+    }
+    cJSON_Delete(root);
+    if (o.decay_steps == 0) o.decay_steps = o.steps; /* a stored job config (a schedule object has it resolved) */
+    cJSON *job = cJSON_Parse(c->json_text);
+    const cJSON *d = job ? lookup(job, "optim.decay_steps") : NULL;
+    int mine = d && cJSON_IsNumber(d) && d->valuedouble != 0; /* this job sets the decay's end */
+    cJSON_Delete(job);
+    int nd = 0;
+    first[0] = all[0] = '\0';
+    for (int i = 0; i < N_SCHEDULE_KEYS; i++) {
+        const Key *k = find_key(SCHEDULE_KEYS[i]);
+        if (!schedule_reads(k->path, o.lr_decay_style) && !schedule_reads(k->path, c->lr_decay_style)) continue;
+        /* global_batch is the ramp's target: compared under a ramp, and not
+         * from a stored job's 0 (micro_batch x dp of a layout it does not keep) */
+        if (!strcmp(k->path, "train.global_batch") && (!(o.rampup_start || c->rampup_start) || !o.global_batch)) continue;
+        const char *fo = (const char *)&o + k->off, *fc = (const char *)c + k->off;
+        if (memcmp(fo, fc, k->type == K_FLOAT ? sizeof(float) : sizeof(int)) == 0) continue;
+        char a[40], b[40], why[160] = "";
+        key_text(&o, k, a, sizeof a);
+        key_text(c, k, b, sizeof b);
+        if (!strcmp(a, b)) { /* floats that %g rounds alike */
+            snprintf(a, sizeof a, "%.9g", (double)*(const float *)fo);
+            snprintf(b, sizeof b, "%.9g", (double)*(const float *)fc);
+        }
+        const char *name = k->path;
+        if (!strcmp(name, "optim.decay_steps")) { /* the decay's end: the key this job sets it with */
+            char style[32];
+            config_enum_name(LR_STYLES, c->lr_decay_style, style, sizeof style);
+            if (!mine && o.decay_steps == o.steps) {
+                name = "train.steps";
+                snprintf(why, sizeof why, " (where the %s decay ends, optim.decay_steps being 0; optim.decay_steps=%d keeps the "
+                         "checkpoint's end)", style, o.decay_steps);
+            } else {
+                snprintf(why, sizeof why, " (where the %s decay ends%s)", style, mine ? "" : "; 0 in this job: train.steps");
+            }
+        }
+        if (!nd) snprintf(first, n1, "%s: %s -> %s%s", name, a, b, why);
+        size_t l = strlen(all);
+        snprintf(all + l, n2 - l, "%s%s: %s -> %s", nd ? ", " : "", name, a, b);
+        nd++;
+    }
+    return nd;
 }

@@ -82,6 +82,7 @@ typedef struct Config {
     int lr_decay_style;  /* index of LR_STYLES: LR_COSINE ... LR_WSD */
     int wsd_decay_steps; /* wsd: length of the final decay */
     int wsd_decay_style; /* index of WSD_STYLES: WSD_LINEAR ... WSD_MINUS_SQRT */
+    int override_schedule; /* optim.override_schedule: on resume, this job's schedule where the checkpoint's differs */
     float weight_decay;
     int decay_all;
     int stochastic_rounding; /* bf16 working weights rounded stochastically */
@@ -186,5 +187,18 @@ int config_batch_at(const Config *c, uint64_t consumed);
 /* The data cursor (sequences consumed) before step `step` of a run whose
  * step step0 began at cursor0: each step takes config_batch_at(cursor). */
 uint64_t config_cursor_at(const Config *c, int step0, uint64_t cursor0, int step);
+/* The keys that shape the LR and batch schedule, resolved (decay_steps 0
+ * as train.steps, global_batch 0 as micro_batch x dp), as a JSON object
+ * nested as a job's ({"optim": {...}, "train": {...}}): what a checkpoint
+ * records it was trained with. The caller frees. */
+char *config_schedule_json(const Config *c);
+/* How c's schedule differs from a checkpoint's: ckpt is a schedule object
+ * (config_schedule_json) or, from a checkpoint written before those,
+ * the job config it stored, read with this build's defaults for the keys
+ * it leaves out. Only what shapes the LR of c's style is compared
+ * (train.steps only where it ends the decay, global_batch only under a
+ * ramp). Returns the number of keys that differ; the first as "key: old
+ * -> new (why)" into first, all as "key: old -> new, ..." into all. */
+int config_schedule_diff(const char *ckpt, const Config *c, const char *origin, char *first, size_t n1, char *all, size_t n2);
 
 #endif

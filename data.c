@@ -524,6 +524,19 @@ void vocab_load(Vocab *v, const char *path) {
     free(buf);
 }
 
+void vocab_fit(const Vocab *v, const char *what, const char *path, int vocab_size) {
+    long long n = v->n, padded = (n + VOCAB_PAD - 1) / VOCAB_PAD * VOCAB_PAD;
+    if (n > vocab_size)
+        die(EXIT_USAGE, "%s: %s has %lld tokens, more than model.vocab_size %d (a table of another tokenizer? expected at most "
+            "%d)", what, path, n, vocab_size, vocab_size);
+    if (vocab_size > padded && padded > n)
+        die(EXIT_USAGE, "%s: %s has %lld tokens but model.vocab_size is %d (expected %lld, or up to %lld: a vocabulary padded "
+            "to the next multiple of %d, as GPT-2's 50257 to 50304)", what, path, n, vocab_size, n, padded, VOCAB_PAD);
+    if (vocab_size > padded)
+        die(EXIT_USAGE, "%s: %s has %lld tokens but model.vocab_size is %d (expected %lld, a multiple of %d that no padding "
+            "rounds up)", what, path, n, vocab_size, n, VOCAB_PAD);
+}
+
 void vocab_print(const Vocab *v, int id, void *file) {
     FILE *f = (FILE *)file;
     if (v && v->tok && id >= 0 && id < v->n) fwrite(v->tok[id], 1, v->len[id], f);

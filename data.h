@@ -112,6 +112,12 @@ typedef struct Vocab {
 } Vocab;
 /* On error prints one line and exits(EXIT_USAGE). Version 1 (no eot) and 2. */
 void vocab_load(Vocab *v, const char *path);
+/* The table (read from path, named by the key `what`) against the model's
+ * vocab_size: as many tokens, or fewer where vocab_size is the table padded
+ * up to the next multiple of VOCAB_PAD (GPT-2's 50257 to 50304); else one
+ * line naming both sizes and exit(EXIT_USAGE). */
+#define VOCAB_PAD 128
+void vocab_fit(const Vocab *v, const char *what, const char *path, int vocab_size);
 /* Write the bytes of token id (or "<id>" when unknown) to f. */
 void vocab_print(const Vocab *v, int id, void *file);
 void vocab_free(Vocab *v);

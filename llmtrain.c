@@ -537,7 +537,9 @@ typedef struct StepStats {
 
 /* Gradient-norm spikes as the Llama 2 recipe tracks them: the running mean
  * r of the norm over the previous 20 steps; a spike is a norm above r + 0.1,
- * lasting until the norm is back below it. Skipped steps do not count. */
+ * lasting until the norm is back below it, flagged only once 20 steps are
+ * behind it (r over fewer is logged, not held against). Skipped steps do
+ * not count. */
 static void track_spikes(Trainer *t, StepStats *s) {
     TrainState *st = &t->st;
     s->norm_mean = NAN;
@@ -547,7 +549,7 @@ static void track_spikes(Trainer *t, StepStats *s) {
         double sum = 0;
         for (int i = 0; i < n; i++) sum += st->norm_hist[i];
         s->norm_mean = sum / n;
-        s->spike = s->norm > s->norm_mean + 0.1;
+        s->spike = n == CKPT_SPIKE_WINDOW && s->norm > s->norm_mean + 0.1; /* flagged once the window is full */
     }
     if (s->spike) {
         st->spike_len++;
@@ -987,6 +989,8 @@ static void print_header(Trainer *t) {
     printf("llmtrain %s | %s | backend %s, %d threads/rank | %s\n", LLMTRAIN_VERSION, c->path, t->k->name, t->threads,
            kernels_cpu_blas_info());
     print_model_batch(t);
+    if (t->ck.sched_change[0]) /* ckpt_resume under optim.override_schedule */
+        printf("schedule: this job's, not the checkpoint's (optim.override_schedule): %s\n", t->ck.sched_change);
     if (t->dist.world > 1) printf("launch: %s | %d ranks, %d on this node\n", t->dist.launch, t->dist.world, t->dist.local_size);
     char data[1024];
     dataset_describe(&t->train, c->data_train, (double)run_sequences(t) * c->seq_len, data, sizeof data);
@@ -1112,7 +1116,11 @@ static void setup(Trainer *t, int *argc, char ***argv) {
                     : c->eod_mask_loss ? "train.eod_mask_loss" : "train.reset_position_ids");
         t->ends = malloc_check((size_t)c->micro_batch * c->seq_len);
     }
-    if (c->data_vocab[0]) { vocab_load(&t->vocab, c->data_vocab); t->have_vocab = 1; }
+    if (c->data_vocab[0]) {
+        vocab_load(&t->vocab, c->data_vocab);
+        vocab_fit(&t->vocab, "data.vocab", c->data_vocab, c->model.vocab_size);
+        t->have_vocab = 1;
+    }
     const char *dtr = getenv("LLMTRAIN_DATA_TRACE"); /* tests: the tokens this rank reads (data.h) */
     if (dtr && *dtr) {
         char path[4096];
@@ -1181,9 +1189,12 @@ static void setup(Trainer *t, int *argc, char ***argv) {
         dist_finalize(&t->dist);
         exit(EXIT_SLOW_FABRIC);
     }
-    if (t->step_base >= c->steps && is_root(t))
-        printf("resume: the checkpoint is at step %d and train.steps is %d: nothing to train (raise train.steps to continue)\n",
-               t->step_base, c->steps);
+    if (t->step_base >= c->steps && is_root(t)) {
+        if (resumed)
+            printf("resume: the checkpoint is at step %d and train.steps is %d: nothing to train (raise train.steps to continue)\n",
+                   t->step_base, c->steps);
+        else printf("train.steps is 0: nothing to train\n");
+    }
 }
 
 /* Asked to stop before the first step: the newest checkpoint (or none, for

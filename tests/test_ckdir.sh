@@ -51,7 +51,8 @@ else bad "job A after the others: rc $rca, $(ls "$TMP/a/checkpoints" | tr '\n' '
 LLMTRAIN_FAULT="step=2-4,kind=slow" $BIN "$TMP/job.json" --set log.dir="$TMP/w" --set train.steps=4 >"$TMP/w.out" 2>&1 &
 wpid=$!
 wait_steps "$TMP/w/metrics.jsonl" 1 60 || bad "job W did not reach step 1"
-$BIN "$TMP/job.json" --set log.dir="$TMP/w2" --set checkpoint.dir="$TMP/w/checkpoints" --set train.steps=6 >"$TMP/w2.out" 2>&1; rc=$?
+$BIN "$TMP/job.json" --set log.dir="$TMP/w2" --set checkpoint.dir="$TMP/w/checkpoints" --set train.steps=6 \
+    --set optim.override_schedule=true >"$TMP/w2.out" 2>&1; rc=$?
 wait $wpid; rcw=$?
 if [ $rc -eq 0 ] && [ $rcw -eq 0 ] && grep -q "is in use by another job: llmtrain pid $wpid .*; waiting up to 60 s" "$TMP/w2.out" &&
    grep -q "^resume: $TMP/w/checkpoints/step_00000004 at step 4" "$TMP/w2.out" && [ "$(steps_in "$TMP/w2")" -eq 2 ]; then

@@ -126,7 +126,7 @@ expect_fail "micro_batch x ranks above global_batch (check)" "train.global_batch
 expect_fail "missing data" "data.train: no file matches" $BIN "$TMP/job.json" --set data.train="$TMP/none*.bin"
 expect_fail "bad magic" "bad magic 1234" $BIN "$TMP/job.json" --set data.train="$TMP/badmagic.bin"
 expect_fail "truncated shard" "trunc.bin" $BIN "$TMP/job.json" --set data.train="$TMP/trunc.bin"
-expect_fail "token id out of range" "token 100 at token offset 1500 >= model.vocab_size 64" $BIN "$TMP/job.json" --set data.train="$TMP/oob.bin" --set train.steps=40
+expect_fail "token id out of range" "token 100 at token offset 1500 >= model.vocab_size 64" $BIN "$TMP/job.json" --set data.train="$TMP/oob.bin" --set train.steps=40 --set checkpoint.resume=none
 expect_fail "missing init folder" "config.json" $BIN "$TMP/job.json" --set init.from="$TMP/nohf"
 expect_fail "unknown option" "unknown option '--bogus'" $BIN "$TMP/job.json" --bogus
 # a first word that is no command: a job when it names a file, a path or a .json; else a mistyped command
@@ -188,7 +188,7 @@ expect_fail "resume with another rope scaling" "was written for another model (c
 for kind in llama3 linear yarn; do
     RS=(--set model.rope_scaling=$kind --set model.rope_scaling_factor=32 --set checkpoint.dir="$TMP/ckpt_$kind" --set log.dir="$TMP/run_$kind")
     [ $kind != linear ] && RS+=(--set model.rope_original_max_seq_len=8)
-    if $BIN "$TMP/job.json" "${RS[@]}" >"$TMP/out" 2>"$TMP/err" && $BIN "$TMP/job.json" "${RS[@]}" --set train.steps=3 >"$TMP/out2" 2>&1 &&
+    if $BIN "$TMP/job.json" "${RS[@]}" >"$TMP/out" 2>"$TMP/err" && $BIN "$TMP/job.json" "${RS[@]}" --set train.steps=3 --set optim.override_schedule=true >"$TMP/out2" 2>&1 &&
        grep -q "resume: .*step_00000002 at step 2" "$TMP/out2" && grep -q '"step":3' "$TMP/run_$kind/metrics.jsonl" &&
        grep -q "scaled $kind (factor 32" "$TMP/out2" &&
        { [ $kind != yarn ] || grep -q "scaled yarn (factor 32, original 8, beta 32/1, attention factor 1.347)" "$TMP/out2"; }; then
@@ -219,8 +219,20 @@ expect_fail "wsd without wsd_decay_steps" 'optim.lr_decay_style "wsd" needs opti
 expect_fail "wsd decay longer than decay_steps - warmup_steps" "optim.wsd_decay_steps 9 exceeds optim.decay_steps 10 - optim.warmup_steps 2 (the decay would begin before the warmup ends)" $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=9 --set optim.decay_steps=10 --set optim.warmup_steps=2
 expect_fail "cosine decay_steps below warmup_steps" "optim.decay_steps 5 is below optim.warmup_steps 10 (the cosine decay would end before the warmup does)" $BIN check "$TMP/job.json" --set optim.decay_steps=5 --set optim.warmup_steps=10
 expect_fail "linear decay_steps below warmup_steps" "optim.decay_steps 5 is below optim.warmup_steps 10 (the linear decay would end before the warmup does)" $BIN check "$TMP/job.json" --set optim.lr_decay_style=linear --set optim.decay_steps=5 --set optim.warmup_steps=10
-if $BIN check "$TMP/job.json" --set optim.warmup_steps=10 >"$TMP/out" 2>&1; then ok "check: a run shorter than its warmup (decay_steps = train.steps) is valid"
-else bad "check: warmup past train.steps: $(cat "$TMP/out")"; fi
+# a warmup longer than the run: refused by check and by training alike, for
+# every style (the decay ending at train.steps, or none); a short run of a
+# longer schedule that optim.decay_steps names, or a warmup of the whole run, is valid
+W="optim.warmup_steps 10 exceeds train.steps 2, where the cosine decay ends (optim.decay_steps 0): it would end before the warmup does (to run part of a longer schedule, set optim.decay_steps to its end)"
+expect_fail "check: warmup_steps past train.steps" "$W" $BIN check "$TMP/job.json" --set optim.warmup_steps=10
+expect_fail "training: warmup_steps past train.steps" "$W" $BIN "$TMP/job.json" --set optim.warmup_steps=10
+expect_fail "wsd: warmup_steps past train.steps" "optim.warmup_steps 3 exceeds train.steps 2, where the wsd decay ends (optim.decay_steps 0)" $BIN check "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=1 --set optim.warmup_steps=3
+for style in constant inverse_sqrt; do
+    expect_fail "$style: warmup_steps past train.steps" "optim.warmup_steps 3 exceeds train.steps 2 (the run would end before the warmup does)" $BIN check "$TMP/job.json" --set optim.lr_decay_style=$style --set optim.warmup_steps=3
+done
+for ok_set in "optim.warmup_steps=10 --set optim.decay_steps=100" "optim.warmup_steps=2"; do
+    if $BIN check "$TMP/job.json" --set $ok_set >"$TMP/out" 2>&1; then ok "check: --set $ok_set on a 2-step run is valid"
+    else bad "check --set $ok_set: $(cat "$TMP/out")"; fi
+done
 expect_fail "bad wsd_decay_style" 'optim.wsd_decay_style: expected one of linear|cosine|exponential|minus_sqrt, got "sqrt"' $BIN "$TMP/job.json" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=1 --set optim.wsd_decay_style=sqrt
 # a batch-size ramp-up: its three keys together, every batch whole micro-batches per rank, below global_batch
 R="--set train.rampup_start_batch=2 --set train.rampup_batch_increment=2 --set train.rampup_samples=8"
@@ -428,8 +440,37 @@ hf_range num_key_value_heads 0 "an integer in [1, 4096] (the range of model.n_kv
 hf_range rms_norm_eps 50 "a number in (0, 1] (the range of model.norm_eps, above 0), got 50"
 hf_range rope_theta 0.001 "a number in [1, 1e+12] (the range of model.rope_theta, above 0), got 0.001"
 
+# data.vocab against model.vocab_size: as many tokens, or fewer where the
+# model pads the table to the next multiple of 128 (GPT-2's 50257 -> 50304);
+# a larger table, or one the model exceeds by more than the padding, is exit 2
+$PY - "$TMP" <<'PYEOF'
+import sys, numpy as np
+for n in (64, 65, 128, 50257):
+    h = np.zeros(256, np.uint32); h[:4] = (20240328, 2, n, n - 1)
+    with open(f"{sys.argv[1]}/vocab{n}.bin", "wb") as f:
+        f.write(h.tobytes())
+        for i in range(n): f.write(bytes([1, 97 + i % 26]))
+PYEOF
+V=(--set checkpoint.resume=none --set train.steps=1)
+expect_fail "data.vocab larger than the model's vocabulary" "data.vocab: $TMP/vocab65.bin has 65 tokens, more than model.vocab_size 64 (a table of another tokenizer? expected at most 64)" $BIN "$TMP/job.json" "${V[@]}" --set data.vocab="$TMP/vocab65.bin"
+expect_fail "data.vocab smaller than the model's vocabulary past its padding" "data.vocab: $TMP/vocab64.bin has 64 tokens but model.vocab_size is 256 (expected 64, or up to 128: a vocabulary padded to the next multiple of 128, as GPT-2's 50257 to 50304)" $BIN "$TMP/job.json" "${V[@]}" --set data.vocab="$TMP/vocab64.bin" --set model.vocab_size=256
+expect_fail "data.vocab of a multiple of 128 under a larger model.vocab_size" "data.vocab: $TMP/vocab128.bin has 128 tokens but model.vocab_size is 256 (expected 128, a multiple of 128 that no padding rounds up)" $BIN "$TMP/job.json" "${V[@]}" --set data.vocab="$TMP/vocab128.bin" --set model.vocab_size=256
+for vs in "64 64" "50257 50304"; do
+    read -r n m <<<"$vs"
+    if $BIN "$TMP/job.json" "${V[@]}" --set data.vocab="$TMP/vocab$n.bin" --set model.vocab_size=$m --set eval.sample_tokens=4 \
+        --set log.dir="$TMP/run_vocab$n" >"$TMP/out" 2>&1 && grep -q '"step":1' "$TMP/run_vocab$n/metrics.jsonl"; then
+        ok "a $n-token data.vocab on model.vocab_size $m trains"
+    else bad "$n-token data.vocab on model.vocab_size $m: $(grep llmtrain: "$TMP/out" | head -2)"; fi
+done
+
+# train.steps 0 and no checkpoint: says so, not that a checkpoint is at step 0
+if $BIN "$TMP/job.json" --set train.steps=0 --set log.dir="$TMP/run0" --set checkpoint.dir="$TMP/ckpt0" >"$TMP/out" 2>&1 &&
+   grep -qx "train.steps is 0: nothing to train" "$TMP/out" && ! grep -q "checkpoint is at step" "$TMP/out"; then
+    ok "train.steps=0 without a checkpoint: exit 0, 'train.steps is 0: nothing to train'"
+else bad "train.steps=0 without a checkpoint: $(grep -E 'nothing|llmtrain:' "$TMP/out")"; fi
+
 # --set really overrides (the run has 3 steps, not 2)
-$BIN "$TMP/job.json" --set train.steps=3 --set log.dir="$TMP/run3" >/dev/null 2>&1
+$BIN "$TMP/job.json" --set train.steps=3 --set log.dir="$TMP/run3" --set checkpoint.resume=none >/dev/null 2>&1
 if grep -q '"step":3' "$TMP/run3/metrics.jsonl" 2>/dev/null; then ok "--set train.steps=3 overrides"; else bad "--set did not override"; fi
 
 # checkpoint.keep_last: 4 steps, a checkpoint each, keep the newest 2

@@ -199,8 +199,9 @@ else bad "hung context rank: rc=$rc $(grep llmtrain: "$TMP/hang.out" | head -2)"
 # a checkpoint at step 3 resumed under another cp degree: written under cp
 # 2, resumed under cp 1 and cp 4, and the reverse, written under cp 1 and
 # cp 4, resumed under cp 2: steps 4-6 and the weights of the uninterrupted
-# run (checkpoints hold no layout)
-for w in 1 2 4; do train ck-cp$w llama $w --set parallel.context=$w --set train.steps=3; done
+# run (checkpoints hold no layout; the first 3 steps of its schedule, whose
+# cosine ends at step 6)
+for w in 1 2 4; do train ck-cp$w llama $w --set parallel.context=$w --set train.steps=3 --set optim.decay_steps=6; done
 for wr in 2:1 2:4 1:2 4:2; do
     w=${wr%:*} r=${wr#*:}
     mkdir -p "$TMP/ck-$w-$r" && cp -r "$TMP/ck-cp$w/ckpt" "$TMP/ck-$w-$r/ckpt"

@@ -41,13 +41,13 @@ b = bytearray(open(sys.argv[1], "rb").read()); i = len(b) // 2; b[i] ^= 8; open(
 PYEOF
 }
 # resume_from NAME NP REF: a copy of REF's checkpoints with NAME's damage
-# applied by the caller, then a run of 3 steps over it (nothing to train
+# applied by the caller, then a run of 3 steps of the same schedule over it (nothing to train
 # when it resumes from step 3; it would say step 6 if it took the damaged one)
 fresh() { rm -rf "$TMP/$1" && mkdir -p "$TMP/$1" && cp -r "$TMP/$2/checkpoints" "$TMP/$1/checkpoints"; }
 resume3() {
     local name=$1 np=$2 cmd="$BIN"; shift 2
     [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
-    $cmd "$TMP/job.json" --set log.dir="$TMP/$name" --set train.steps=3 "$@" >"$TMP/$name.out" 2>&1
+    $cmd "$TMP/job.json" --set log.dir="$TMP/$name" --set train.steps=3 --set optim.decay_steps=6 "$@" >"$TMP/$name.out" 2>&1
 }
 falls_back() { # falls_back NAME NP RC WHAT REASON: skipped step 6 (REASON), resumed from step 3
     if [ "$3" -eq 0 ] && grep -q "warning: skipping checkpoint $TMP/$1/checkpoints/step_00000006: .*$5" "$TMP/$1.out" &&
@@ -119,7 +119,7 @@ t = t.replace('"llmtrain-checkpoint/3"', '"llmtrain-checkpoint/2"', 1)
 open(p, "w").write(t[:t.rindex(',\n"manifest_checksum"')] + "\n}\n")
 PYEOF
 fresh v3 ref1
-run7() { $BIN "$TMP/job.json" --set log.dir="$TMP/$1" --set train.steps=7 >"$TMP/$1.out" 2>&1; }
+run7() { $BIN "$TMP/job.json" --set log.dir="$TMP/$1" --set train.steps=7 --set optim.decay_steps=6 >"$TMP/$1.out" 2>&1; }
 run7 v2; rc2=$?; run7 v3; rc3=$?
 l2=$(grep '"step":7,' "$TMP/v2/metrics.jsonl" | grep -o '"loss":[^,]*'); l3=$(grep '"step":7,' "$TMP/v3/metrics.jsonl" | grep -o '"loss":[^,]*')
 if [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && grep -q "^resume: $TMP/v2/checkpoints/step_00000006 at step 6" "$TMP/v2.out" &&

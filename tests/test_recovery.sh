@@ -120,7 +120,7 @@ pkill -KILL -f "log.dir=$TMP/orphan" # (the old launcher left them training)
 wait $lp 2>/dev/null
 k=$(ls "$TMP/orphan/checkpoints" 2>/dev/null | tr '\n' ' '); n=${k#step_}; n=$((10#${n%% *}))
 last=$(grep '"loss"' "$TMP/orphan/metrics.jsonl" | tail -1 | grep -o '"step":[0-9]*' | cut -d: -f2)
-launch orphan -- --set train.steps=$((n + 2)); rc=$?
+launch orphan -- --set train.steps=$((n + 2)) --set optim.override_schedule=true; rc=$?
 if [ "$left" -eq 0 ] && [ "$(echo $k | wc -w)" -eq 1 ] && [ -f "$TMP/orphan/checkpoints/${k% }/manifest.json" ] && [ "$n" = "$last" ] &&
    grep -q "run_resilient: the launcher (pid $lp) is gone; stopping the command (SIGUSR1)" "$TMP/orphan.out" &&
    grep -q "stopped by signal after step $n; checkpoint written, exiting 143" "$TMP/orphan.out" &&

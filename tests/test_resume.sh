@@ -56,7 +56,35 @@ done
 if ! ls -d "$TMP"/cut-np*/checkpoints/*.tmp >/dev/null 2>&1; then ok "no .tmp folder left after the restarts"; else bad "a .tmp folder was left"; fi
 
 # ---- metrics.jsonl appended: a resume event, every step present, spikes recomputed ----
-if $PY - "$TMP/cut-np1/metrics.jsonl" <<'PYEOF'
+# spikes_match METRICS STEPS: the final lineage's (the last line of each
+# step) grad_norm_mean20, grad_spike and grad_spike_steps against the rule
+# recomputed from the logged norms: the mean of the previous 20 (fewer while
+# fewer are behind), a spike only once 20 are, above the mean + 0.1; prints
+# how many steps a mean over fewer than 20 would have flagged
+spikes_match() {
+    $PY - "$@" <<'PYEOF'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+last = {}
+for l in lines:
+    if "loss" in l: last[l["step"]] = l
+hist, run_len, early = [], 0, 0
+for s in range(1, int(sys.argv[2]) + 1):
+    l = last[s]; g = l["grad_norm"]
+    mean = sum(hist[-20:]) / len(hist[-20:]) if hist else None
+    early += mean is not None and len(hist) < 20 and g > mean + 0.1
+    spike = len(hist) >= 20 and g > mean + 0.1
+    assert l["grad_spike"] == spike, (s, l, mean)
+    if mean is not None: assert abs(l["grad_norm_mean20"] - mean) <= 1e-8 * mean, (s, l, mean)  # of norms logged to 9 digits
+    else: assert "grad_norm_mean20" not in l
+    ended = run_len if (not spike and run_len) else 0
+    assert l.get("grad_spike_steps", 0) == ended, (s, l, ended)
+    run_len = run_len + 1 if spike else 0
+    hist.append(g)
+print(early)
+PYEOF
+}
+if $PY - "$TMP/cut-np1/metrics.jsonl" <<'PYEOF' && spikes_match "$TMP/cut-np1/metrics.jsonl" 10 >/dev/null
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 ev = [l for l in lines if l.get("event") == "resume"]
@@ -64,25 +92,19 @@ assert len(ev) == 1 and ev[0]["step"] == 6, ev
 steps = [l["step"] for l in lines if "loss" in l]
 assert steps[:7] == list(range(1, 8)) and steps[7:] == list(range(7, 11)), steps
 assert any(l.get("event") == "checkpoint" and l["step"] == 9 for l in lines)
-# the final lineage: the last line of each step, in order
-last = {}
-for l in lines:
-    if "loss" in l: last[l["step"]] = l
-hist, run_len = [], 0
-for s in range(1, 11):
-    l = last[s]; g = l["grad_norm"]
-    mean = sum(hist[-20:]) / len(hist[-20:]) if hist else None
-    spike = mean is not None and g > mean + 0.1
-    assert l["grad_spike"] == spike, (s, l, mean)
-    if mean is not None: assert abs(l["grad_norm_mean20"] - mean) <= 1e-9 * mean, (s, l, mean)
-    else: assert "grad_norm_mean20" not in l
-    ended = run_len if (not spike and run_len) else 0
-    assert l.get("grad_spike_steps", 0) == ended, (s, l, ended)
-    run_len = run_len + 1 if spike else 0
-    hist.append(g)
 PYEOF
 then ok "metrics.jsonl appended on resume (resume event, steps 7-10 re-logged); spike fields match a recomputation across the restart"
 else bad "metrics.jsonl after resume"; fi
+# 30 steps, killed at step 24 and resumed from 21: no spike is flagged
+# before 20 norms are behind a step (steps whose mean over fewer a norm
+# exceeds by 0.1 are there: the count must be above 0), and after that the
+# tracker continues across the restart
+LLMTRAIN_FAULT="rank=0,step=24,kind=die" run spk 1 --set train.steps=30 --set checkpoint.async=false
+run spk 1 --set train.steps=30; rc=$?
+early=$(spikes_match "$TMP/spk/metrics.jsonl" 30)
+if [ $rc -eq 0 ] && grep -q "resume: .*step_00000021 at step 21" "$TMP/spk.out" && [ "${early:-0}" -gt 0 ]; then
+    ok "grad-norm spikes: none flagged before the 20-step window is full ($early steps above a shorter mean + 0.1), the rule recomputed over 30 steps and a restart at 21"
+else bad "spikes over 30 steps: rc $rc, early '$early'; $(grep -E 'resume|llmtrain:' "$TMP/spk.out" | head -3)"; fi
 
 # ---- reshard chain: tp2 x FULL_SHARD 2 (4) -> 1 rank -> 2 ranks HYBRID_SHARD (2 replicas) ----
 LLMTRAIN_FAULT="rank=1,step=5,kind=die" run chain 4 --set parallel.tensor=2 --set parallel.strategy=FULL_SHARD --set checkpoint.async=false
@@ -174,7 +196,8 @@ else bad "durable copy not redone: rc $rc; $(ls "$TMP/rotdur" | tr '\n' ' '); $(
 # the same on 2 ranks (FULL_SHARD: each copies its own file), with steps left to train
 run rc2 2 --set train.steps=6 --set parallel.strategy=FULL_SHARD --set checkpoint.durable_dir="$TMP/rc2dur"
 rm -rf "$TMP/rc2dur/step_00000006"
-run rc2 2 --set train.steps=8 --set parallel.strategy=FULL_SHARD --set checkpoint.durable_dir="$TMP/rc2dur"; rc=$?
+run rc2 2 --set train.steps=8 --set parallel.strategy=FULL_SHARD --set checkpoint.durable_dir="$TMP/rc2dur" \
+    --set optim.override_schedule=true; rc=$?
 if [ $rc -eq 0 ] && grep -q "^resume: $TMP/rc2dur has no complete step 6; copying it there again" "$TMP/rc2.out" &&
    cmp -s "$TMP/rc2dur/step_00000006/rank_00001.bin" "$TMP/rc2/checkpoints/step_00000006/rank_00001.bin" &&
    cmp -s "$TMP/rc2dur/step_00000006/rank_00000.bin" "$TMP/rc2/checkpoints/step_00000006/rank_00000.bin" &&
@@ -265,8 +288,8 @@ else bad "full0: cannot mount a tmpfs"; fi
 run lin 1 --set train.steps=6 --set checkpoint.keep_last=2
 head -c 20 "$TMP/lin/checkpoints/step_00000006/manifest.json" >"$TMP/m" && mv "$TMP/m" "$TMP/lin/checkpoints/step_00000006/manifest.json"
 LLMTRAIN_FAULT="rank=0,step=6,kind=die" run lin 1 --set train.steps=8 --set checkpoint.every_steps=4 --set checkpoint.keep_last=1 \
-    --set checkpoint.async=false
-run lin 1 --set train.steps=8 --set checkpoint.every_steps=4 --set checkpoint.keep_last=1; rc=$?
+    --set checkpoint.async=false --set optim.override_schedule=true
+run lin 1 --set train.steps=8 --set checkpoint.every_steps=4 --set checkpoint.keep_last=1 --set optim.override_schedule=true; rc=$?
 if [ $rc -eq 0 ] && grep -q "resume: $TMP/lin/checkpoints/step_00000003 at step 3" "$TMP/lin.out" &&
    grep -q "resume: $TMP/lin/checkpoints/step_00000004 at step 4" "$TMP/lin.out"; then
     ok "resumed from step 3 below a damaged step 6: step 4 kept by keep_last=1, the next resume takes it"
@@ -383,7 +406,7 @@ else bad "rerun of a finished job: rc $rc"; fi
 # ---- a checkpoint folder with a quote, a backslash and a tab: metrics.jsonl stays JSON ----
 odd="$TMP/odd \"ck\\x	y"
 run odd 1 --set train.steps=4 --set "checkpoint.dir=$odd"; rc1=$?
-run odd 1 --set train.steps=6 --set "checkpoint.dir=$odd"; rc2=$?
+run odd 1 --set train.steps=6 --set "checkpoint.dir=$odd" --set optim.override_schedule=true; rc2=$?
 if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && $PY - "$TMP/odd/metrics.jsonl" "$odd" <<'PYEOF'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
@@ -393,6 +416,82 @@ assert [l["step"] for l in lines if l.get("event") == "resume"] == [4], lines
 PYEOF
 then ok "a checkpoint.dir with '\"', '\\' and a tab: every metrics.jsonl line parses, the paths as written, resumed"
 else bad "odd checkpoint.dir: rc $rc1/$rc2; $(grep -E 'error' "$TMP/odd.out" | head -2)"; fi
+
+# ---- resume with another LR / batch schedule: exit 2 naming the key,
+# unless optim.override_schedule takes the job's ----
+run sch 1 --set train.steps=6
+run sch8 1 --set train.steps=8
+if $PY - "$TMP/sch/checkpoints/step_00000006/manifest.json" <<'PYEOF'
+import json, sys
+s = json.load(open(sys.argv[1]))["schedule"]
+want = {"optim": {"lr_decay_style": "cosine", "lr": 0.01, "min_lr": 0, "warmup_steps": 2, "decay_steps": 6,
+                  "wsd_decay_steps": 0, "wsd_decay_style": "linear"},
+        "train": {"rampup_start_batch": 0, "rampup_batch_increment": 0, "rampup_samples": 0, "global_batch": 8, "steps": 6}}
+assert s == want, s
+PYEOF
+then ok "the manifest records the schedule resolved (decay_steps 0 as train.steps 6, global_batch 8)"
+else bad "manifest schedule: $(grep '"schedule"' "$TMP/sch/checkpoints/step_00000006/manifest.json")"; fi
+S6="checkpoint.resume: $TMP/sch/checkpoints/step_00000006 was trained with another schedule"
+tail6="; set optim.override_schedule=true to take this job's from step 6 on, or give the key the checkpoint's value"
+# sched_refused WHAT NP ARGS...: exit 2, the line once, nothing trained
+sched_refused() {
+    local what=$1 np=$2; shift 2
+    local cmd="$BIN"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
+    $cmd "$TMP/job.json" --set log.dir="$TMP/sch" "$@" >"$TMP/schr.out" 2>&1; local rc=$?
+    if [ $rc -eq 2 ] && [ "$(grep -cxF "llmtrain: $S6, $what$tail6" "$TMP/schr.out")" -eq 1 ] &&
+       [ "$(grep -c '"loss"' "$TMP/sch/metrics.jsonl")" -eq 6 ]; then ok "resume with $what on $np rank(s): exit 2, the line once"
+    else bad "resume with $what: rc $rc: $(grep llmtrain: "$TMP/schr.out" | head -2)"; fi
+}
+sched_refused "train.steps: 6 -> 8 (where the cosine decay ends, optim.decay_steps being 0; optim.decay_steps=6 keeps the checkpoint's end)" 1 --set train.steps=8
+sched_refused "train.steps: 6 -> 8 (where the cosine decay ends, optim.decay_steps being 0; optim.decay_steps=6 keeps the checkpoint's end)" 2 --set train.steps=8 --set parallel.strategy=FULL_SHARD
+sched_refused "optim.lr: 0.01 -> 0.02" 1 --set train.steps=6 --set optim.lr=2e-2
+sched_refused "optim.min_lr: 0 -> 0.001" 1 --set train.steps=6 --set optim.min_lr=1e-3
+sched_refused "optim.warmup_steps: 2 -> 3" 1 --set train.steps=6 --set optim.warmup_steps=3
+sched_refused "optim.lr_decay_style: cosine -> linear" 1 --set train.steps=6 --set optim.lr_decay_style=linear
+sched_refused "optim.decay_steps: 6 -> 12 (where the cosine decay ends)" 1 --set train.steps=6 --set optim.decay_steps=12
+sched_refused "train.rampup_start_batch: 0 -> 4" 1 --set train.steps=6 --set train.rampup_start_batch=4 \
+    --set train.rampup_batch_increment=4 --set train.rampup_samples=16
+# lr_at LOG STEP: the lr metrics.jsonl logged for STEP (its last line)
+lr_at() { grep '"loss"' "$1/metrics.jsonl" | grep "\"step\":$2," | tail -1 | grep -o '"lr":[^,]*' | cut -d: -f2; }
+from6=(--set checkpoint.resume="$TMP/sch/checkpoints/step_00000006" --set train.steps=8)
+# the old decay's end kept: train.steps is then no part of the schedule, steps 7-8 at min_lr
+run schk 1 "${from6[@]}" --set optim.decay_steps=6; rc=$?
+if [ $rc -eq 0 ] && ! grep -q "^schedule:" "$TMP/schk.out" && [ "$(lr_at "$TMP/schk" 7)" = "0" ] && [ "$(lr_at "$TMP/schk" 8)" = "0" ]; then
+    ok "train.steps 6 -> 8 with optim.decay_steps=6 (the checkpoint's end): resumed, steps 7-8 at min_lr 0"
+else bad "extension keeping the decay's end: rc $rc, lr $(lr_at "$TMP/schk" 7) $(lr_at "$TMP/schk" 8); $(grep llmtrain: "$TMP/schk.out" | head -2)"; fi
+# the override: the header says what changed; steps 7-8 take the 8-step run's LR
+run scho 1 "${from6[@]}" --set optim.override_schedule=true; rc=$?
+a7=$(lr_at "$TMP/scho" 7); a8=$(lr_at "$TMP/scho" 8)
+if [ $rc -eq 0 ] && grep -qx "schedule: this job's, not the checkpoint's (optim.override_schedule): train.steps: 6 -> 8" "$TMP/scho.out" &&
+   [ -n "$a7" ] && [ "$a7" = "$(lr_at "$TMP/sch8" 7)" ] && [ "$a8" = "$(lr_at "$TMP/sch8" 8)" ] && [ "$a7" != "0" ] &&
+   grep -q '"decay_steps":8,' "$TMP/scho/checkpoints/step_00000008/manifest.json" &&
+   run scho 1 --set train.steps=8 && grep -q "nothing to train" "$TMP/scho.out"; then
+    ok "optim.override_schedule: header 'train.steps: 6 -> 8', steps 7-8 at the 8-step run's lr ($a7, $a8); its checkpoint records the new schedule"
+else bad "override: rc $rc, lr $a7 $a8 vs $(lr_at "$TMP/sch8" 7) $(lr_at "$TMP/sch8" 8); $(grep -E '^schedule|llmtrain:' "$TMP/scho.out" | head -2)"; fi
+# a checkpoint from before manifests recorded the schedule: compared through
+# the job config it stored; it still loads and continues bit-identically
+mkdir -p "$TMP/old" && cp -r "$TMP/sch/checkpoints/step_00000003" "$TMP/old/"
+$PY - "$TMP/old/step_00000003/manifest.json" <<'PYEOF'
+import sys
+sys.path.insert(0, "tests")
+import manifest_seal
+p = sys.argv[1]
+lines = open(p).read().split("\n")
+kept = [l for l in lines if not l.startswith('"schedule": ')]
+assert len(kept) == len(lines) - 1
+open(p, "w").write("\n".join(kept))
+manifest_seal.reseal(p)
+PYEOF
+$BIN "$TMP/job.json" --set log.dir="$TMP/oldr" --set checkpoint.resume="$TMP/old/step_00000003" --set train.steps=8 >"$TMP/oldr.out" 2>&1; rc1=$?
+run oldok 1 --set checkpoint.resume="$TMP/old/step_00000003" --set train.steps=6; rc2=$?
+if [ $rc1 -eq 2 ] && grep -qxF "llmtrain: checkpoint.resume: $TMP/old/step_00000003 was trained with another schedule, train.steps: 6 -> 8 (where the cosine decay ends, optim.decay_steps being 0; optim.decay_steps=6 keeps the checkpoint's end); set optim.override_schedule=true to take this job's from step 3 on, or give the key the checkpoint's value" "$TMP/oldr.out" &&
+   [ $rc2 -eq 0 ] && $PY - "$TMP/sch/metrics.jsonl" "$TMP/oldok/metrics.jsonl" <<'PYEOF'; then
+import json, sys
+a, b = ({l["step"]: l["loss"] for l in map(json.loads, open(p)) if "loss" in l} for p in sys.argv[1:])
+assert sorted(b) == [4, 5, 6] and all(a[k] == b[k] for k in b), (a, b)
+PYEOF
+    ok "a manifest without a schedule: train.steps 6 -> 8 refused from its stored config; the same schedule resumes at step 3, steps 4-6 bit-identical"
+else bad "manifest without a schedule: rc $rc1/$rc2: $(grep llmtrain: "$TMP/oldr.out" "$TMP/oldok.out" | head -2)"; fi
 
 # ---- errors: one line, exit 2 ----
 run other 1 --set train.steps=2

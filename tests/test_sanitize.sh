@@ -49,7 +49,7 @@ L=(--set train.steps=6 --set checkpoint.every_steps=2 --set checkpoint.async=tru
 run "llama: checkpoints, durable copies, eval, samples, profile, selective, bf16" 0 "$ASAN" "$TMP/llama.json" "${L[@]}"
 ls "$TMP"/tb/events.out.tfevents.* >/dev/null 2>&1 || bad "llama: no TensorBoard event file in $TMP/tb"
 ls "$TMP/dur/step_00000006/manifest.json" >/dev/null 2>&1 || bad "llama: no durable step 6 ($(ls "$TMP/dur" 2>&1 | tr '\n' ' '))"
-run "llama: resumed from step 6 to 8" 0 "$ASAN" "$TMP/llama.json" "${L[@]}" --set train.steps=8
+run "llama: resumed from step 6 to 8" 0 "$ASAN" "$TMP/llama.json" "${L[@]}" --set train.steps=8 --set optim.override_schedule=true
 grep -q "^resume: .*step_00000006 at step 6" "$TMP/llama: resumed from step 6 to 8.out" && grep -qE "^step +8/8 " "$TMP/llama: resumed from step 6 to 8.out" ||
     bad "llama: not resumed from step 6 to step 8: $(grep -m1 '^resume' "$TMP/llama: resumed from step 6 to 8.out")"
 run "export of the checkpoint root" 0 "$ASAN" export "$TMP/ck" "$TMP/hf"

@@ -1067,7 +1067,8 @@ def run_schedules(binary, root):
     torch_lr_schedule) and docs/layouts.md's formulas (torch_ref.lr_at); the
     check command's optim line; and WSD's cooldown from a checkpoint of the
     stable phase (a run planned with a far decay_steps, resumed with the
-    decay moved to now) reproducing a run planned with that decay."""
+    decay moved to now under optim.override_schedule, refused without it)
+    reproducing a run planned with that decay."""
     tag = "schedule"
     work = os.path.join(root, tag)
     os.makedirs(work)
@@ -1115,9 +1116,17 @@ def run_schedules(binary, root):
     ok1, out1 = run_bin(binary, job("planned", 11, 2, MIN_LR, wsd, decay=10), work, "planned")
     ck = os.path.join(work, "stable", "ckpt")
     ok2, out2 = run_bin(binary, job("stable", 6, 2, MIN_LR, wsd, decay=1000, ckpt=ck), work, "stable")
-    ok3, out3 = run_bin(binary, job("cooldown", 11, 2, MIN_LR, wsd, decay=10, ckpt=ck), work, "cooldown")
-    if CK.check(ok1 and ok2 and ok3 and "resume: " in out3, f"{tag} wsd: planned run, stable run to step 6, "
-                f"cooldown resumed from its checkpoint" + ("" if ok1 and ok2 and ok3 else f": {out1} {out2} {out3}")):
+    # the decay moved: another schedule, refused unless optim.override_schedule takes it
+    ok_r, out_r = run_bin(binary, job("refused", 11, 2, MIN_LR, wsd, decay=10, ckpt=ck), work, "refused")
+    refusal = "was trained with another schedule, optim.decay_steps: 1000 -> 10 (where the wsd decay ends)"
+    CK.check(ok2 and not ok_r and refusal in out_r, f"{tag} wsd: the cooldown without optim.override_schedule is refused "
+             f"('{refusal}')" + ("" if not ok_r and refusal in out_r else f": {out_r}"))
+    ok3, out3 = run_bin(binary, job("cooldown", 11, 2, MIN_LR, dict(wsd, override_schedule=True), decay=10, ckpt=ck), work,
+                        "cooldown")
+    header = "schedule: this job's, not the checkpoint's (optim.override_schedule): optim.decay_steps: 1000 -> 10"
+    if CK.check(ok1 and ok2 and ok3 and "resume: " in out3 and header in out3, f"{tag} wsd: planned run, stable run to step 6, "
+                f"cooldown resumed from its checkpoint under optim.override_schedule ('{header}')" +
+                ("" if ok1 and ok2 and ok3 and header in out3 else f": {out1} {out2} {out3}")):
         a = read_metrics(os.path.join(work, "planned", "log")) or {}
         b = dict(read_metrics(os.path.join(work, "stable", "log")) or {})
         b.update({k: v for k, v in (read_metrics(os.path.join(work, "cooldown", "log")) or {}).items() if k > 6})
