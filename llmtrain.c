@@ -961,7 +961,7 @@ static void print_model_batch(const Trainer *t) {
             }
         printf(")");
     }
-    int mb_rows = c->micro_batch * c->seq_len;
+    int mb_rows = c->micro_batch * (c->seq_len / c->cp); /* a rank's micro-batch: under cp its share of each sequence */
     if (m->head_rows < mb_rows) /* the chunked LM head: how many rows, and the logits it holds */
         printf(" | lm head %d rows at a time (%.0f MiB of logits%s)", m->head_rows,
                (double)m->head_rows * m->V * m->act_bytes / (1 << 20), m->tp > 1 ? " per rank" : "");

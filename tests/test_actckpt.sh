@@ -173,6 +173,15 @@ if grep -q "^batch: .* | lm head 8192 rows at a time (1572 MiB of logits)$" <<<"
    ! grep -q "lm head" <<<"$g0$c1" && [ -n "$(act "$g0")" ] && [ "$(act "$g0")" = "$(act "$g1")" ]; then
     echo "ok   lm_head_chunk 0: GPT-2 124M at 16 x 1024 in fp32 takes 2 chunks of 8192 rows ($(act "$c0") activation bytes, $(act "$c1") whole), in bf16 one"; pass=$((pass + 1))
 else echo "FAIL lm_head_chunk 0: cpu '$(grep -o 'lm head.*' <<<"$c0")' $(act "$c0") vs $(act "$c1"); cuda $(act "$g0") vs $(act "$g1")"; fail=$((fail + 1)); fi
+# under context parallelism a rank's micro-batch is micro_batch x seq_len / cp
+# rows: cp 2 halves GPT-2 124M's 16 x 1024 to 8192 rows, which the fp32 head
+# takes whole (no "lm head" note), while lm_head_chunk 4096 takes 2 chunks
+p0=$($BIN check "$TMP/g124.json" --world 2 --set parallel.context=2 --set train.device=cpu 2>&1)
+p1=$($BIN check "$TMP/g124.json" --world 2 --set parallel.context=2 --set train.device=cpu --set train.lm_head_chunk=4096 2>&1)
+if grep -q "^batch: .*context parallel 2: 512 tokens of each sequence a rank" <<<"$p0" && ! grep -q "lm head" <<<"$p0" &&
+   grep -q "^batch: .* | lm head 4096 rows at a time (786 MiB of logits)$" <<<"$p1"; then
+    echo "ok   cp 2: the rank's whole 8192-row micro-batch is not called a chunk; 4096 rows is"; pass=$((pass + 1))
+else echo "FAIL cp 2 lm head: '$(grep -o 'context parallel.*' <<<"$p0")' / '$(grep -o 'lm head.*' <<<"$p1")'"; fail=$((fail + 1)); fi
 $BIN "$TMP/llama.json" --set train.activation_checkpointing=some >"$TMP/bad.out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q "train.activation_checkpointing" "$TMP/bad.out" && [ "$(wc -l <"$TMP/bad.out")" -eq 1 ]; then
     echo "ok   an unknown mode is one line, exit 2"; pass=$((pass + 1))
