@@ -92,6 +92,8 @@ static const Key KEYS[] = {
     {"train.reset_position_ids", K_BOOL, OFF(reset_position_ids), 0, "false", 0, 0, NULL, "positions count from each document's first token (the one after data.eod_token, or the row's first) instead of from the row's start: GPT-2's learned position rows and Llama's RoPE angles (Megatron's --reset-position-ids)"},
     {"train.attention_kernel", K_STR, STR(attention_kernel), "\"auto\"", 0, 0, "auto|cudnn|flash|gemm", "the CUDA backend's attention: cudnn (cuDNN's fused attention; shapes it declines take flash), flash (llmtrain's fused kernels, head dims 32/64/128; others take gemm), gemm (cuBLASLt GEMMs and softmax kernels) or auto (cudnn under compute_dtype bf16, else flash); the CPU backend has one attention"},
     {"train.device", K_STR, STR(device), "\"auto\"", 0, 0, "auto|cpu|cuda", "compute backend: auto (CUDA when every rank has a GPU of its own, else CPU), cpu or cuda (rank r takes device local_rank % GPUs)"},
+    {"train.instance", K_STR, STR(instance), "\"\"", 0, 0, NULL, "the instance type the job is laid out for (ml.p4d.24xlarge, ml.p5.48xlarge...; docs/layouts.md has the table): `llmtrain check` fits the job to its GPU memory and fails a job that does not fit (training does not read it)"},
+    {"train.gpu_mem", K_STR, STR(gpu_mem), "\"\"", 0, 0, NULL, "a GPU's memory for `llmtrain check` to fit the job to, as 40GiB, 80GB or 81559MiB (in place of train.instance's; training does not read it)"},
     /* optim */
     {"optim.lr", K_FLOAT, OFF(lr), 0, "6e-4", 0, 10, NULL, "peak learning rate"},
     {"optim.min_lr", K_FLOAT, OFF(min_lr), 0, "0", 0, 10, NULL, "learning rate at the end of the decay (inverse_sqrt: its floor; constant: unused)"},
@@ -783,7 +785,8 @@ char *config_canonical(const Config *cfg) {
     Buf b = {0};
     for (int i = 0; i < NKEYS; i++) {
         const Key *k = &KEYS[i];
-        if (strcmp(k->path, "description") == 0) continue; /* training ignores it */
+        if (strcmp(k->path, "description") == 0 || strcmp(k->path, "train.instance") == 0 || strcmp(k->path, "train.gpu_mem") == 0)
+            continue; /* training ignores them */
         const char *field = (const char *)cfg + k->off;
         char name[64];
         buf_add(&b, "%s=", k->path);

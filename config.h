@@ -65,6 +65,8 @@ typedef struct Config {
     int rampup_increment; /* train.rampup_batch_increment */
     int rampup_samples;   /* train.rampup_samples: sequences over which the batch reaches global_batch */
     char device[16];
+    char instance[64];   /* train.instance: what `llmtrain check` fits the job to (fit.c) */
+    char gpu_mem[32];    /* train.gpu_mem: a GPU's memory, "40GiB" (fit.c) */
     int act_ckpt;        /* ACT_NONE | ACT_SELECTIVE | ACT_FULL (model.h), by index of none|selective|full */
     int recompute_modules; /* train.recompute_modules: RC_ATTENTION | RC_NORM | RC_MLP_ACT (model.h) */
     int lm_head_chunk;   /* token rows of the LM head + cross-entropy at a time (0: the micro-batch) */

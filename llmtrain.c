@@ -27,6 +27,7 @@
 #include "dist_nccl.h"
 #endif
 #include "kernels.h"
+#include "fit.h"
 #include "layout.h"
 #include "model.h"
 #include "parallel.h"
@@ -1373,16 +1374,14 @@ static int cmd_check(int argc, char **argv) {
     static Trainer tr;
     Trainer *t = &tr;
     int world = 1;
-    load_job(t, argc, argv, &world, "llmtrain check JOB.json [--world N] [--set key=value ...]");
+    const char *gpu_mem, *instance;
+    fit_take_flags(&argc, argv, &gpu_mem, &instance);
+    load_job(t, argc, argv, &world, "llmtrain check JOB.json [--world N] [--gpu-mem 40GiB | --instance TYPE] [--set key=value ...]");
     const Config *c = &t->cfg;
-    t->dist.world = world;
-    t->dist.local_size = 1;
-    t->accum = layout_check(&t->sh, &t->cfg, &t->dist, &t->model);
-    /* no backend: the job is checked for the cluster it names, not for this
-     * machine's devices (a GPU job checks on a laptop), and nothing is allocated */
-    int act_bytes = strcmp(c->device, "cpu") != 0 && layout_cuda_bf16(c) ? 2 : 4; /* the [a] activations on CUDA */
-    model_plan_tp(&t->model, &c->model, c->micro_batch, c->seq_len / c->cp, t->sh.S, t->dist.tp, 0,
-                  (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes, c->seq_parallel, c->recompute_modules});
+    char what[256];
+    double gpu = fit_gpu_bytes(c, gpu_mem, instance, what, sizeof what);
+    double b[LAYOUT_RANK_BYTES], sc;
+    t->accum = fit_estimate(&t->cfg, world, &t->sh, &t->dist, &t->model, b, &sc);
     printf("check: %s: valid for %d ranks\n", c->path, world);
     if (c->description[0]) printf("description: %s\n", c->description);
     print_model_batch(t);
@@ -1392,18 +1391,23 @@ static int cmd_check(int argc, char **argv) {
     printf("parallel: tensor %d%s%s x data-parallel %d | strategy %s: shard groups of %d x %d replicas%s\n", tp,
            c->seq_parallel ? " (sequence parallel)" : "", ctx, dp / cp, c->strategy, t->sh.S, dp / t->sh.S,
            cp > 1 ? " (over data-parallel x context ranks)" : "");
-    double b[LAYOUT_RANK_BYTES];
     char off[64];
-    layout_rank_bytes(&t->sh, NULL, b);
     printf("per rank (estimate): params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f "
            "activations_bytes %.0f%s | total %.1f GiB\n", b[0], b[1], b[2], b[3], b[4], layout_offload_field(b[5], off, sizeof off),
-           (b[0] + b[1] + b[2] + b[3] + b[4]) / (1 << 30));
-    if (strcmp(c->device, "cpu") != 0) {
-        double sc = layout_cuda_scratch_bytes(&t->sh);
+           fit_device_bytes(b, 0) / (1 << 30));
+    if (strcmp(c->device, "cpu") != 0)
         printf("on CUDA also (estimate): cuda_scratch_bytes %.0f (cuBLASLt workspace, attention, gradient and sort "
                "scratch%s) | total %.1f GiB\n", sc, config_fp8_recipe(c) >= 0 ? ", FP8 codes and stage" : "",
-               (b[0] + b[1] + b[2] + b[3] + b[4] + sc) / (1 << 30));
-    }
+               fit_device_bytes(b, sc) / (1 << 30));
+    fit_print_bf16_cost(c, world, fit_device_bytes(b, sc), t->sh.sharded);
+    int fits = 1;
+    if (gpu > 0) fits = fit_report(c, world, fit_device_bytes(b, sc), gpu, what);
+    else if (strcmp(c->device, "cpu") != 0)
+        printf("fit: not checked against a GPU (give --gpu-mem 40GiB or --instance ml.p4d.24xlarge, or train.instance in the job)\n");
+    fflush(stdout);
+    if (!fits)
+        die(EXIT_USAGE, "%s: does not fit %s: %.1f GiB a rank by the estimate, over the %.1f GiB a rank may use (expected a layout "
+            "that fits: the nearest are above)", c->path, what, fit_device_bytes(b, sc) / (1 << 30), FIT_USABLE * gpu / (1 << 30));
     model_free(&t->model);
     config_free(&t->cfg);
     return EXIT_OK;

@@ -111,6 +111,25 @@ if cmp -s "$TMP/dump/params0/model.safetensors" "$TMP/dumpfs/params0/model.safet
     ok "FULL_SHARD 2: the step-0 working weights gathered as bf16 words equal the 1-rank ones bit for bit"
 else bad "FULL_SHARD 2 bf16 dump differs from 1 rank: $(ls "$TMP/dumpfs" 2>&1 | head -2)"; fi
 
+# what bf16 working weights cost, against a formula written here: one rank of a model of P = 19,928,064 parameters
+# (2 layers of 1024 wide, 8 heads, 4 kv heads, MLP 2048, vocabulary 512,
+# untied) holds a whole fp32 master copy (4P bytes) beside its working
+# weights; check's estimate says 4P more and why; FULL_SHARD 2 adds the shard's bf16 words
+# (2 bytes a parameter over 2 ranks: P bytes a rank)
+C=1024; L=2; F=2048; V=512; KV=$((C / 8 * 4))
+P=$(( V * C * 2 + C + L * (2 * C + 2 * C * C + 2 * C * KV + 3 * C * F) ))
+cat >"$TMP/big.json" <<EOF2
+{"model": {"arch": "llama", "n_layer": $L, "n_embd": $C, "n_head": 8, "n_kv_head": 4, "ffn_hidden": $F, "vocab_size": $V, "max_seq_len": 16, "tie_embeddings": false},
+ "data": {"train": "$TMP/big.bin"}, "train": {"steps": 1, "seq_len": 16, "micro_batch": 1, "device": "cpu"},
+ "checkpoint": {"every_steps": 0}, "eval": {"sample_tokens": 0}}
+EOF2
+e1=$($BIN check "$TMP/big.json" --set train.param_dtype=bf16 2>&1); e2=$($BIN check "$TMP/big.json" --world 2 --set train.param_dtype=bf16 --set parallel.strategy=FULL_SHARD 2>&1)
+if grep -q "^per rank (estimate): params_bytes $((4 * P)) master_bytes $((4 * P)) " <<<"$e1" &&
+   grep -q "^param_dtype bf16: $((4 * P)) bytes a rank more than fp32 working weights .* so bf16 adds a whole fp32 master copy beside the working weights; .*, not memory$" <<<"$e1" &&
+   grep -q "^param_dtype bf16: $P bytes a rank more than fp32 working weights .* bf16 adds the bf16 words of the rank's shard" <<<"$e2"; then
+    ok "check, P = $P: 1 rank bf16 params_bytes = master_bytes = 4P and says it costs 4P more; FULL_SHARD 2 P more a rank"
+else bad "bf16 estimate against P = $P: $(grep -E 'params_bytes|param_dtype' <<<"$e1$e2")"; fi
+
 $BIN "$TMP/job.json" --set train.param_dtype=fp32 >"$TMP/bad.out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/bad.out")" -eq 1 ] && grep -q "optim.stochastic_rounding needs train.param_dtype" "$TMP/bad.out"; then
     ok "stochastic rounding without bf16: one line, exit 2"

@@ -8,35 +8,114 @@ BIN=./llmtrain
 pass=0; fail=0
 ok() { echo "ok   $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
 
-# model nodes tp shard_degree expected-parameters(M)
-while read -r model nodes tp sdp params; do
+# model nodes tp shard_degree activation_checkpointing offload expected-parameters(M):
+# each row fits a p4d's A100 40GB by check's own estimate (exit 0, "fits")
+while read -r model nodes tp sdp ckpt offload params; do
     world=$((nodes * 8))
-    out=$($BIN check "configs/llama2_$model.json" --world $world --set parallel.tensor=$tp --set parallel.shard_degree=$sdp 2>&1)
+    out=$($BIN check "configs/llama2_$model.json" --world $world --set parallel.tensor=$tp --set parallel.shard_degree=$sdp \
+          --set train.activation_checkpointing=$ckpt --set train.activation_offload=$offload 2>&1)
     rc=$?
     dp=$((world / tp))
     if [ $rc -eq 0 ] && echo "$out" | grep -q "^check: configs/llama2_$model.json: valid for $world ranks" &&
        echo "$out" | grep -q "^parallel: tensor $tp x data-parallel $dp | strategy HYBRID_SHARD: shard groups of $sdp x $((dp / sdp)) replicas" &&
        echo "$out" | grep -q "vocab 32000, ${params}M parameters" &&
        echo "$out" | grep -q "^batch: 1024 seqs x 4096 tokens = 4194304 tokens/step" &&
-       echo "$out" | grep -q "^per rank (estimate): params_bytes [0-9]* .*optimizer_state_bytes [0-9]*"; then
-        ok "llama2_$model on $nodes p4d nodes ($world ranks): tp $tp, sdp $sdp"
+       echo "$out" | grep -q "^per rank (estimate): params_bytes [0-9]* .*optimizer_state_bytes [0-9]*" &&
+       echo "$out" | grep -q "^fit: ml.p4d.24xlarge: 8 x A100 40GB, 40.0 GiB a GPU; .* GiB a rank: fits, "; then
+        ok "llama2_$model on $nodes p4d nodes ($world ranks): tp $tp, sdp $sdp, $ckpt checkpointing, offload $offload: $(echo "$out" | grep -o 'estimate [0-9.]* GiB a rank: fits.*')"
     else
         bad "llama2_$model on $nodes nodes: rc=$rc $out"
     fi
 done <<'EOF'
-7b 16 1 32 6738.42
-7b 32 1 64 6738.42
-7b 64 1 64 6738.42
-7b 128 1 64 6738.42
-13b 16 1 32 13015.86
-13b 32 1 256 13015.86
-13b 64 1 128 13015.86
-13b 128 1 128 13015.86
-70b 32 1 256 68976.65
-70b 64 1 256 68976.65
-70b 128 2 64 68976.65
+7b 16 1 32 selective false 6738.42
+7b 32 1 64 selective false 6738.42
+7b 64 1 64 selective false 6738.42
+7b 128 1 64 selective false 6738.42
+13b 16 1 32 full true 13015.86
+13b 32 1 256 full false 13015.86
+13b 64 1 128 full false 13015.86
+13b 128 1 128 full false 13015.86
+70b 32 1 256 full true 68976.65
+70b 64 1 256 full true 68976.65
+70b 128 2 64 full false 68976.65
 EOF
+
+# every shipped config fits the hardware it names, by check's own estimate:
+# the ranks its description gives (--world N) on its train.instance, which
+# the description names too; a CPU job names no GPU and gets no fit line
+for f in configs/*.json; do
+    read -r world inst dev < <(/usr/bin/python3 -c '
+import json, re, sys
+j = json.load(open(sys.argv[1])); t = j.get("train", {}); d = j.get("description", "")
+m = re.search(r"--world (\d+)", d)
+print(m.group(1) if m else 1, t.get("instance", "-"), t.get("device", "auto"))' "$f")
+    out=$($BIN check "$f" --world "$world" 2>&1); rc=$?
+    if [ "$dev" = cpu ]; then
+        if [ $rc -eq 0 ] && ! grep -q "^fit:" <<<"$out"; then ok "$f: a CPU job, no GPU to fit"; else bad "$f (cpu): rc=$rc $out"; fi
+    elif [ "$inst" != - ] && [ $rc -eq 0 ] && grep -q "^description: .*${inst#ml.}" <<<"$out" &&
+         grep -q "^fit: $inst: .* GiB a rank: fits, [0-9.]* GiB left$" <<<"$out"; then
+        ok "$f on $world ranks of $inst: $(grep -o 'estimate [0-9.]* GiB a rank: fits.*' <<<"$out")"
+    else
+        bad "$f on $world ranks of '$inst': rc=$rc $out"
+    fi
+done
+
+# the fit check: a job that does not fit its GPUs is exit 2 with one line on
+# stderr; stdout says by how much (the estimate's bytes summed here, against
+# 90% of the GPU) and lists the nearest layouts that fit, each of which
+# check itself then passes with the GiB it was listed with
+fitsum() { /usr/bin/python3 -c '
+import re, sys
+t = sys.stdin.read()
+b = sum(int(x) for x in re.search(r"params_bytes (\d+) master_bytes (\d+) grads_bytes (\d+) optimizer_state_bytes (\d+) activations_bytes (\d+)", t).groups())
+b += int(re.search(r"cuda_scratch_bytes (\d+)", t).group(1))
+print(f"{b / 2**30:.1f} {(float(sys.argv[1]) * 0.9 * 2**30 - b) / 2**30:.1f}")' "$1"; }
+out=$($BIN check configs/llama2_70b.json --world 1024 --set train.activation_checkpointing=selective 2>"$TMP/err"); rc=$?
+read -r need left <<<"$(fitsum 40 <<<"$out")"
+over=$(awk -v l="$left" 'BEGIN { printf "%.1f", -l }')
+if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] &&
+   grep -q "llama2_70b.json: does not fit ml.p4d.24xlarge: 8 x A100 40GB: $need GiB a rank by the estimate, over the 36.0 GiB a rank may use" "$TMP/err" &&
+   grep -q "^fit: ml.p4d.24xlarge: .* | estimate $need GiB a rank: does not fit, $over GiB over$" <<<"$out" &&
+   grep -q "^fit: the nearest layouts that fit" <<<"$out"; then
+    ok "70B with selective checkpointing on p4d: exit 2, $need GiB a rank, $over GiB over: $(cat "$TMP/err")"
+else bad "70B selective on p4d: rc=$rc $(cat "$TMP/err") $out"; fi
+n=0; good=0
+while read -r sets; do
+    want=$(sed 's/.*: \([0-9.]*\) GiB a rank.*/\1/' <<<"$sets")
+    # shellcheck disable=SC2086
+    o=$($BIN check configs/llama2_70b.json --world 1024 --set train.activation_checkpointing=selective ${sets%%:*} 2>&1)
+    n=$((n + 1))
+    grep -q "^fit: .* | estimate $want GiB a rank: fits, " <<<"$o" && good=$((good + 1))
+done < <(grep '^  --set' <<<"$out" | sed 's/^  //')
+if [ "$n" -ge 3 ] && [ "$good" -eq "$n" ] && grep -q "^  --set train.activation_checkpointing=full: 30.4 GiB a rank" <<<"$out"; then
+    ok "70B on p4d: each of the $n nearest layouts listed fits when checked (first: full checkpointing)"
+else bad "70B nearest layouts: $good of $n fit: $out"; fi
+# the GPU's memory by flag (both option forms) and by key; the flag wins
+out=$($BIN check configs/llama2_70b.json --world 1024 --set train.activation_checkpointing=selective --gpu-mem 96GiB 2>&1); rc=$?
+read -r need left <<<"$(fitsum 96 <<<"$out")"
+out2=$($BIN check configs/llama2_70b.json --world 1024 --instance=p5e.48xlarge 2>&1); rc2=$?
+read -r need2 left2 <<<"$(fitsum 140.4013671875 <<<"$out2")"
+if [ $rc -eq 0 ] && grep -q "^fit: --gpu-mem 96GiB, 96.0 GiB a GPU; a rank may use 86.4 GiB .* | estimate $need GiB a rank: fits, $left GiB left$" <<<"$out" &&
+   [ $rc2 -eq 0 ] && grep -q "^fit: ml.p5e.48xlarge: 8 x H200 141GB, 140.4 GiB a GPU; .* | estimate $need2 GiB a rank: fits, $left2 GiB left$" <<<"$out2"; then
+    ok "--gpu-mem 96GiB: $need GiB fits, $left GiB left; --instance=p5e.48xlarge over the job's train.instance: $left2 GiB left"
+else bad "--gpu-mem / --instance: rc=$rc/$rc2 $out $out2"; fi
+out=$($BIN check configs/llama2_7b.json --world 1024 --set train.gpu_mem=24GB 2>&1); rc=$?
+if [ $rc -eq 2 ] && grep -q "^fit: configs/llama2_7b.json: train.gpu_mem 24GB, 22.4 GiB a GPU; a rank may use 20.1 GiB" <<<"$out"; then
+    ok "train.gpu_mem 24GB: 22.4 GiB, 7B at 25.8 GiB does not fit, exit 2"
+else bad "train.gpu_mem 24GB: rc=$rc $out"; fi
+expect_one() { # what rc-and-line-pattern command...
+    local what=$1 pat=$2; shift 2
+    "$@" >/dev/null 2>"$TMP/err"; local rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q -- "$pat" "$TMP/err"; then ok "$what: exit 2: $(cat "$TMP/err")"
+    else bad "$what: rc=$rc $(cat "$TMP/err")"; fi
+}
+expect_one "--gpu-mem without a unit" '--gpu-mem: "40": expected a GPU.s memory as a number and a unit, such as 40GiB' $BIN check configs/llama2_7b.json --world 1024 --gpu-mem 40
+expect_one "--gpu-mem without a value" '--gpu-mem: expected a value after it (a GPU.s memory, such as 40GiB)' $BIN check configs/llama2_7b.json --world 1024 --gpu-mem
+expect_one "unknown --instance" '--instance: unknown instance type "ml.p9.48xlarge" (expected one of ml.p4d.24xlarge, ml.p4de.24xlarge, ml.p5.48xlarge, ml.p5e.48xlarge, ml.p5en.48xlarge, ml.g5.xlarge' $BIN check configs/llama2_7b.json --world 1024 --instance ml.p9.48xlarge
+expect_one "unknown train.instance" 'llama2_7b.json: train.instance: unknown instance type "p3.2xlarge"' $BIN check configs/llama2_7b.json --world 1024 --set train.instance=p3.2xlarge
 
 # each file as shipped is laid out for 128 nodes and says so
 for model in 7b 13b 70b; do
@@ -66,8 +145,6 @@ else bad "config shapes or recipe"; fi
 # scaling. The file agrees with Meta's config.json as published with the
 # weights (below, verbatim), so --set init.from=<that folder> takes it, and a
 # folder whose scaling differs is refused naming the key.
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$TMP/l32" "$TMP/l32_x8"
 cat >"$TMP/l32/config.json" <<'EOF'
 {

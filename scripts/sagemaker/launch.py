@@ -94,13 +94,15 @@ def check(args, hp, world):
     binary = os.path.join(ROOT, "llmtrain")
     if args.no_check or not os.access(binary, os.X_OK):
         return
-    cmd = [binary, "check", os.path.join(ROOT, hp["job"]), "--world", str(world)]
+    # fits the job to the instance type's GPU memory too (exit 2 when it does not fit)
+    cmd = [binary, "check", os.path.join(ROOT, hp["job"]), "--world", str(world), "--instance", args.instance_type]
     for k, v in hp.items():
         if "." in k:
             cmd += ["--set", f"{k}={v}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        sys.exit(f"launch.py: the job does not fit {world} ranks: {r.stderr.strip()}")
+        fit = "\n".join(l for l in r.stdout.splitlines() if l.startswith(("fit:", "  --set")))
+        sys.exit(f"{fit}\nlaunch.py: the job does not fit {world} ranks of {args.instance_type}: {r.stderr.strip()}".lstrip())
 
 
 def main():
