@@ -211,6 +211,18 @@ else
     bad "EFA env: rc=$rc got '$(tr '\n' ' ' <"$TMP/efa.env" 2>&1)'"
 fi
 
+# 5a. launch.py --dry-run fits the job to the instance type's GPUs: 70B with
+# selective checkpointing (79.2 GiB a rank) is refused on 128 p4d (40 GB),
+# naming the nearest layouts, and taken on 128 p5e (H200 141GB)
+dry70() { $PY scripts/sagemaker/launch.py --job configs/llama2_70b.json --image-uri x --role arn:aws:iam::1:role/r --instance-count 128 \
+    --train s3://b/train --checkpoint-s3-uri s3://b/ck --set train.activation_checkpointing=selective --dry-run "$@"; }
+dry70 >"$TMP/d70.json" 2>"$TMP/d70.err"; rc=$?
+dry70 --instance-type ml.p5e.48xlarge >"$TMP/d70e.json" 2>"$TMP/d70e.err"; rc2=$?
+if [ $rc -ne 0 ] && [ ! -s "$TMP/d70.json" ] && grep -q "^launch.py: the job does not fit 1024 ranks of ml.p4d.24xlarge: .*79.2 GiB a rank" "$TMP/d70.err" &&
+   grep -q "^  --set train.activation_checkpointing=full: 30.4 GiB a rank" "$TMP/d70.err" &&
+   [ $rc2 -eq 0 ] && grep -q '"instance_type": "ml.p5e.48xlarge"' "$TMP/d70e.json"; then
+    ok "launch.py --dry-run: 70B selective refused on p4d with the nearest layouts, taken on p5e"
+else bad "launch.py fit: rc=$rc/$rc2 $(cat "$TMP/d70.err" "$TMP/d70e.err")"; fi
 # 5. launch.py --dry-run: the Estimator's arguments, without importing sagemaker
 mkdir -p "$TMP/fakesdk/sagemaker"
 echo 'raise ImportError("the dry run must not import sagemaker")' >"$TMP/fakesdk/sagemaker/__init__.py"
