@@ -66,7 +66,7 @@ llmtrain: $(SRC) $(CUDA_SRC) $(HDR) $(CUDA_OBJ)
 	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(CUDA_DEFS) $(CUDA_INC) $(SRC) $(CUDA_SRC) $(CUDA_LIBS) $(NCCL_LIBS) $(LIBS) -o $@
 
 KERNEL_PARTS = $(wildcard kernels/*.cuh)
-kernels_cuda.o: kernels.cu $(KERNEL_PARTS) kernels.h kernels_cuda_sizes.h util.h
+kernels_cuda.o: kernels.cu $(KERNEL_PARTS) kernels.h kernels_ops.h kernels_cuda_sizes.h util.h
 	$(NVCC) $(NVCCFLAGS) -std=c++17 $(CUDA_GENCODE) $(NVCC_WARN) $(CUDA_DEFS) -I. -c $< -o $@
 
 # CUDA kernels against the CPU backend, then whole training runs cuda vs cpu:
@@ -100,7 +100,7 @@ $(EMU)/build/kernels_emu.cpp: kernels.cu $(KERNEL_PARTS) $(EMU)/cu2cpp.py
 	@mkdir -p $(EMU)/build
 	$(PY) $(EMU)/cu2cpp.py kernels.cu $@
 
-$(EMU)/build/kernels_emu.o: $(EMU)/build/kernels_emu.cpp $(EMU_HDR) kernels.h kernels_cuda_sizes.h util.h
+$(EMU)/build/kernels_emu.o: $(EMU)/build/kernels_emu.cpp $(EMU_HDR) kernels.h kernels_ops.h kernels_cuda_sizes.h util.h
 	$(EMU_CXX) $(EMU_DEFS) -I. -c $< -o $@
 
 $(EMU)/build/emu.o: $(EMU)/emu.cpp $(EMU_HDR)

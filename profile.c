@@ -11,19 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the entries that do work on the backend, in the kernel table's order */
-#define ENTRIES(X)                                                                                                     \
-    X(zero) X(copy) X(to_host) X(from_host) X(embed_forward) X(embed_backward) X(embed_forward_vp)                    \
-    X(embed_backward_vp) X(layernorm_forward) X(layernorm_backward) X(rmsnorm_forward) X(rmsnorm_backward)           \
-    X(add_layernorm_forward) X(add_rmsnorm_forward) X(matmul_forward) X(matmul_backward) X(matmul_forward_res)       \
-    X(matmul_forward_a) X(matmul_backward_a) X(matmul_backward_dinp_a) X(attention_forward) X(attention_backward)    \
-    X(rope_forward) X(rope_backward) X(gelu_forward) X(gelu_backward) X(matmul_gelu_forward) X(swiglu_forward)       \
-    X(swiglu_backward) X(matmul_gelu_backward) X(matmul_swiglu_backward) X(add) X(crossentropy_forward)              \
-    X(crossentropy_backward) X(crossentropy_fused) X(crossentropy_vp_max) X(crossentropy_vp_expsum)                  \
-    X(crossentropy_vp_finish) X(crossentropy_vp_backward) X(sumsq) X(sumsq_queue) X(sumsq_take) X(sum) X(scale)      \
-    X(adamw) X(adamw_multi) X(round_bf16) X(pack_bf16) X(unpack_bf16) X(grads_fresh) X(grads_settle) X(offload_copy) \
-    X(offload_wait) X(attention_part_forward) X(attention_part_backward) X(copy_2d)
-
+/* the entries that do work on the backend: the op list's KERNEL_OP and
+ * KERNEL_OP_RET entries (kernels_ops.h), in the kernel table's order; each
+ * include of the list below reads them as ENTRY(name) */
+#define KERNEL_OP(ret, name, params, args) ENTRY(name)
+#define KERNEL_OP_RET(ret, name, params, args) ENTRY(name)
+#define KERNEL_CTL(ret, name, params, args)
 
 /* the matrix products a layer's linears call, each with a twin entry that
  * takes the calls made between fp8_scope on and off under compute dtype
@@ -32,15 +25,20 @@
     X(matmul_forward) X(matmul_backward) X(matmul_forward_res) X(matmul_forward_a) X(matmul_backward_a)              \
     X(matmul_backward_dinp_a) X(matmul_gelu_forward) X(matmul_gelu_backward) X(matmul_swiglu_backward)
 
-#define X(n) E_##n,
+#define ENTRY(n) E_##n,
 #define X8(n) E_##n##_fp8,
-enum { ENTRIES(X) FP8_ENTRIES(X8) E_COUNT };
-#undef X
+enum {
+#include "kernels_ops.h"
+    FP8_ENTRIES(X8) E_COUNT
+};
+#undef ENTRY
 #undef X8
-#define X(n) #n,
+#define ENTRY(n) #n,
 #define X8(n) #n "_fp8",
-static const char *const entry_name[E_COUNT] = {ENTRIES(X) FP8_ENTRIES(X8)};
-#undef X
+static const char *const entry_name[E_COUNT] = {
+#include "kernels_ops.h"
+    FP8_ENTRIES(X8)};
+#undef ENTRY
 #undef X8
 #define X8(n) [E_##n] = E_##n##_fp8,
 static const int fp8_twin[E_COUNT] = {FP8_ENTRIES(X8)}; /* 0: none */
@@ -85,11 +83,14 @@ static void end(int timed, int e, double flops, double bytes) {
     P.bytes[e] += bytes;
 }
 
-#define TIMED(e, flops, bytes, call)                                                                                   \
+/* the call, timed as entry e, counting cost's FLOPs and bytes (its COST_e:
+ * "flops, bytes", in the op's parameters and, for a KERNEL_OP_RET, its
+ * result) */
+#define TIMED(e, cost, call)                                                                                           \
     do {                                                                                                               \
         int timed_ = begin();                                                                                          \
         call;                                                                                                          \
-        end(timed_, E_##e, (flops), (bytes));                                                                          \
+        end(timed_, E_##e, cost);                                                                                      \
     } while (0)
 
 /* 2 FLOPs a multiply-add of an [N, C] x [C, OC] product, times how many */
@@ -108,228 +109,98 @@ static double adamw_bytes(const AdamWRange *r, int n, double each) { /* p, g, m,
     return b;
 }
 
-static void w_zero(void *p, size_t b) { TIMED(zero, 0, b, P.in->zero(p, b)); }
-static void w_copy(void *d, const void *s, size_t b) { TIMED(copy, 0, 2.0 * b, P.in->copy(d, s, b)); }
-static void w_to_host(void *d, const void *s, size_t b) { TIMED(to_host, 0, 0, P.in->to_host(d, s, b)); }
-static void w_from_host(void *d, const void *s, size_t b) { TIMED(from_host, 0, 0, P.in->from_host(d, s, b)); }
-static void w_embed_forward(float *out, const int *tok, const int *pos, const float *wte, const float *wpe, int N, int T,
-                            int C) {
-    TIMED(embed_forward, 0, by(N, pos ? 8 : 4) + by((size_t)N * C, wpe ? 12 : 8),
-          P.in->embed_forward(out, tok, pos, wte, wpe, N, T, C));
-}
-static void w_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tok, const int *pos, int N, int T,
-                             int C) {
-    TIMED(embed_backward, 0, 0, P.in->embed_backward(dwte, dwpe, dout, tok, pos, N, T, C));
-}
-static void w_embed_forward_vp(float *out, const int *tok, const int *pos, const float *wte, const float *wpe, int N,
-                               int T, int C, int v0, int V) {
-    TIMED(embed_forward_vp, 0, by(N, pos ? 8 : 4) + by((size_t)N * C, wpe ? 12 : 8),
-          P.in->embed_forward_vp(out, tok, pos, wte, wpe, N, T, C, v0, V));
-}
-static void w_embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tok, const int *pos, int N,
-                                int T, int C, int v0, int V) {
-    TIMED(embed_backward_vp, 0, 0, P.in->embed_backward_vp(dwte, dwpe, dout, tok, pos, N, T, C, v0, V));
-}
-static void w_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
-                                int N, int C, float eps) {
-    TIMED(layernorm_forward, 0, by((size_t)N * C, 4 + A) + by(N, 8) + by(C, 8),
-          P.in->layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps));
-}
+/* Each timed op's cost, "FLOPs, least bytes", in the op list's parameter
+ * names (kernels_ops.h). */
+#define COST_zero 0, bytes
+#define COST_copy 0, 2.0 * bytes
+#define COST_to_host 0, 0
+#define COST_from_host 0, 0
+#define COST_embed_forward 0, by(N, pos ? 8 : 4) + by((size_t)N * C, wpe ? 12 : 8)
+#define COST_embed_backward 0, 0
+#define COST_embed_forward_vp COST_embed_forward
+#define COST_embed_backward_vp 0, 0
+#define COST_layernorm_forward 0, by((size_t)N * C, 4 + A) + by(N, 8) + by(C, 8)
 /* the norms' backward: dout and inp read, dinp read and written, dinp_a written */
-static void w_layernorm_backward(float *dinp, float *dinp_a, float *dw, float *db, const float *dout, const float *inp,
-                                 const float *w, const float *mean, const float *rstd, int N, int C) {
-    TIMED(layernorm_backward, 0, by((size_t)N * C, 16 + (dinp_a ? A : 0)) + by(N, 8) + by(C, 20),
-          P.in->layernorm_backward(dinp, dinp_a, dw, db, dout, inp, w, mean, rstd, N, C));
-}
-static void w_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
-    TIMED(rmsnorm_forward, 0, by((size_t)N * C, 4 + A) + by(N, 4) + by(C, 4),
-          P.in->rmsnorm_forward(out, rstd, inp, w, N, C, eps));
-}
-static void w_rmsnorm_backward(float *dinp, float *dinp_a, float *dw, const float *dout, const float *inp,
-                               const float *w, const float *rstd, int N, int C) {
-    TIMED(rmsnorm_backward, 0, by((size_t)N * C, 16 + (dinp_a ? A : 0)) + by(N, 4) + by(C, 12),
-          P.in->rmsnorm_backward(dinp, dinp_a, dw, dout, inp, w, rstd, N, C));
-}
-static void w_add_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
-                                    const float *w, const float *bias, int N, int C, float eps) {
-    TIMED(add_layernorm_forward, 0, by((size_t)N * C, 12 + A) + by(N, 8) + by(C, 8),
-          P.in->add_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, eps));
-}
-static void w_add_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
-                                  int N, int C, float eps) {
-    TIMED(add_rmsnorm_forward, 0, by((size_t)N * C, 12 + A) + by(N, 4) + by(C, 4),
-          P.in->add_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps));
-}
-static void w_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
-    TIMED(matmul_forward, mm(N, C, OC, 1), 0, P.in->matmul_forward(out, inp, w, bias, N, C, OC));
-}
-static void w_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                              const float *w, int N, int C, int OC) {
-    TIMED(matmul_backward, mm(N, C, OC, (dinp != NULL) + (dw != NULL)), 0,
-          P.in->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC));
-}
-static void w_matmul_forward_res(float *out, const float *res, const float *inp, const float *w, const float *bias,
-                                 int N, int C, int OC) {
-    TIMED(matmul_forward_res, mm(N, C, OC, 1), 0, P.in->matmul_forward_res(out, res, inp, w, bias, N, C, OC));
-}
-static void w_matmul_forward_a(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
-    TIMED(matmul_forward_a, mm(N, C, OC, 1), 0, P.in->matmul_forward_a(out, inp, w, bias, N, C, OC));
-}
-static void w_matmul_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                                const float *w, int N, int C, int OC) {
-    TIMED(matmul_backward_a, mm(N, C, OC, (dinp != NULL) + (dw != NULL)), 0,
-          P.in->matmul_backward_a(dinp, dw, dbias, dout, inp, w, N, C, OC));
-}
-static void w_matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *dout_a,
-                                     const float *inp, const float *w, int N, int C, int OC) {
-    TIMED(matmul_backward_dinp_a, mm(N, C, OC, (dinp != NULL) + (dw != NULL)), 0,
-          P.in->matmul_backward_dinp_a(dinp, dw, dbias, dout, dout_a, inp, w, N, C, OC));
-}
+#define COST_layernorm_backward 0, by((size_t)N * C, 16 + (dinp_a ? A : 0)) + by(N, 8) + by(C, 20)
+#define COST_rmsnorm_forward 0, by((size_t)N * C, 4 + A) + by(N, 4) + by(C, 4)
+#define COST_rmsnorm_backward 0, by((size_t)N * C, 16 + (dinp_a ? A : 0)) + by(N, 4) + by(C, 12)
+#define COST_add_layernorm_forward 0, by((size_t)N * C, 12 + A) + by(N, 8) + by(C, 8)
+#define COST_add_rmsnorm_forward 0, by((size_t)N * C, 12 + A) + by(N, 4) + by(C, 4)
+#define COST_matmul_forward mm(N, C, OC, 1), 0
+#define COST_matmul_backward mm(N, C, OC, (dinp != NULL) + (dw != NULL)), 0
+#define COST_matmul_forward_res mm(N, C, OC, 1), 0
+#define COST_matmul_forward_a mm(N, C, OC, 1), 0
+#define COST_matmul_backward_a COST_matmul_backward
+#define COST_matmul_backward_dinp_a COST_matmul_backward
 /* attention's FLOPs are the causal mask's under a block-causal one too (as
  * MFU counts them): the documents' lengths live in the backend's memory */
-static void w_attention_forward(float *out, float *lse, const float *qkv, const int *qstart, int B, int T, int nh,
-                                int nkv, int hd) {
-    TIMED(attention_forward, 2 * att(B, T, nh, hd), 0,
-          P.in->attention_forward(out, lse, qkv, qstart, B, T, nh, nkv, hd));
-}
-static void w_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                                 const int *qstart, int B, int T, int nh, int nkv, int hd) {
-    TIMED(attention_backward, 5 * att(B, T, nh, hd), 0,
-          P.in->attention_backward(dqkv, dout, qkv, out, lse, qstart, B, T, nh, nkv, hd));
-}
-static void w_rope_forward(float *qkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
-    TIMED(rope_forward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A) + (pos ? by((size_t)B * T, 4) : 0),
-          P.in->rope_forward(qkv, pos, B, T, nh, nkv, hd, rope));
-}
-static void w_rope_backward(float *dqkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
-    TIMED(rope_backward, 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A) + (pos ? by((size_t)B * T, 4) : 0),
-          P.in->rope_backward(dqkv, pos, B, T, nh, nkv, hd, rope));
-}
-static void w_gelu_forward(float *out, const float *inp, size_t n) {
-    TIMED(gelu_forward, 0, by(n, 2 * A), P.in->gelu_forward(out, inp, n));
-}
-static void w_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-    TIMED(gelu_backward, 0, by(n, 12), P.in->gelu_backward(dinp, inp, dout, n));
-}
-static void w_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
-                                  int C, int OC) {
-    TIMED(matmul_gelu_forward, mm(N, C, OC, 1), 0, P.in->matmul_gelu_forward(out, pre, inp, w, bias, N, C, OC));
-}
-static void w_swiglu_forward(float *out, const float *inp, int N, int F) {
-    TIMED(swiglu_forward, 0, by((size_t)N * F, 3 * A), P.in->swiglu_forward(out, inp, N, F));
-}
-static void w_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
-    TIMED(swiglu_backward, 0, by((size_t)N * F, 2 * A + 20), P.in->swiglu_backward(dinp, inp, dout, N, F));
-}
-static void w_matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
-                                   const float *inp, const float *w, const float *pre, int N, int C, int OC) {
-    TIMED(matmul_gelu_backward, mm(N, C, OC, (dpre != NULL) + (dw != NULL)), 0,
-          P.in->matmul_gelu_backward(dpre, dw, dbias, dout, dout_a, inp, w, pre, N, C, OC));
-}
-static void w_matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
-                                     const float *inp, const float *w, const float *pre, int N, int C, int OC) {
-    TIMED(matmul_swiglu_backward, mm(N, C, OC, (dpre != NULL) + (dw != NULL)), 0,
-          P.in->matmul_swiglu_backward(dpre, dw, dbias, dout, dout_a, inp, w, pre, N, C, OC));
-}
-static void w_add(float *out, const float *a, const float *b, size_t n) {
-    TIMED(add, 0, by(n, 12), P.in->add(out, a, b, n));
-}
-static void w_crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
-    TIMED(crossentropy_forward, 0, by((size_t)N * V, 2 * A) + by(N, 8),
-          P.in->crossentropy_forward(losses, logits, targets, N, V));
-}
-static void w_crossentropy_backward(float *probs, const int *targets, float dloss, int N, int V) {
-    TIMED(crossentropy_backward, 0, by((size_t)N * V, 2 * A) + by(N, 4),
-          P.in->crossentropy_backward(probs, targets, dloss, N, V));
-}
-static void w_crossentropy_fused(float *losses, float *logits, const int *targets, float dloss, int N, int V) {
-    TIMED(crossentropy_fused, 0, by((size_t)N * V, 2 * A) + by(N, 8),
-          P.in->crossentropy_fused(losses, logits, targets, dloss, N, V));
-}
-static void w_crossentropy_vp_max(float *rowmax, const float *logits, int N, int V) {
-    TIMED(crossentropy_vp_max, 0, by((size_t)N * V, A) + by(N, 4), P.in->crossentropy_vp_max(rowmax, logits, N, V));
-}
-static void w_crossentropy_vp_expsum(float *sums, float *tgt, float *logits, const float *rowmax, const int *targets,
-                                     int N, int V, int v0) {
-    TIMED(crossentropy_vp_expsum, 0, by((size_t)N * V, 2 * A) + by(N, 16),
-          P.in->crossentropy_vp_expsum(sums, tgt, logits, rowmax, targets, N, V, v0));
-}
-static void w_crossentropy_vp_finish(float *losses, float *logits, const float *rowmax, const float *sums,
-                                     const float *tgt, const int *targets, int N, int V) {
-    TIMED(crossentropy_vp_finish, 0, by((size_t)N * V, 2 * A) + by(N, 20),
-          P.in->crossentropy_vp_finish(losses, logits, rowmax, sums, tgt, targets, N, V));
-}
-static void w_crossentropy_vp_backward(float *probs, const int *targets, float dloss, int N, int V, int v0) {
-    TIMED(crossentropy_vp_backward, 0, by((size_t)N * V, 2 * A) + by(N, 4),
-          P.in->crossentropy_vp_backward(probs, targets, dloss, N, V, v0));
-}
-static double w_sumsq(const float *x, size_t n) {
-    double r;
-    TIMED(sumsq, 0, by(n, 4), r = P.in->sumsq(x, n));
-    return r;
-}
+#define COST_attention_forward 2 * att(B, T, nh, hd), 0
+#define COST_attention_backward 5 * att(B, T, nh, hd), 0
+#define COST_rope_forward 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A) + (pos ? by((size_t)B * T, 4) : 0)
+#define COST_rope_backward COST_rope_forward
+#define COST_gelu_forward 0, by(n, 2 * A)
+#define COST_gelu_backward 0, by(n, 12)
+#define COST_matmul_gelu_forward mm(N, C, OC, 1), 0
+#define COST_swiglu_forward 0, by((size_t)N * F, 3 * A)
+#define COST_swiglu_backward 0, by((size_t)N * F, 2 * A + 20)
+#define COST_matmul_gelu_backward mm(N, C, OC, (dpre != NULL) + (dw != NULL)), 0
+#define COST_matmul_swiglu_backward COST_matmul_gelu_backward
+#define COST_add 0, by(n, 12)
+#define COST_crossentropy_forward 0, by((size_t)N * V, 2 * A) + by(N, 8)
+#define COST_crossentropy_backward 0, by((size_t)N * V, 2 * A) + by(N, 4)
+#define COST_crossentropy_fused 0, by((size_t)N * V, 2 * A) + by(N, 8)
+#define COST_crossentropy_vp_max 0, by((size_t)N * V, A) + by(N, 4)
+#define COST_crossentropy_vp_expsum 0, by((size_t)N * V, 2 * A) + by(N, 16)
+#define COST_crossentropy_vp_finish 0, by((size_t)N * V, 2 * A) + by(N, 20)
+#define COST_crossentropy_vp_backward 0, by((size_t)N * V, 2 * A) + by(N, 4)
+#define COST_sumsq 0, by(n, 4)
 /* no least traffic: on CUDA the sums run beside the compute stream, whose
  * time shows only the queuing (the CPU's is the pass itself), and the take's
  * is how long the compute stream then waits for them */
-static void w_sumsq_queue(const float *x, size_t n, double *dst) { TIMED(sumsq_queue, 0, 0, P.in->sumsq_queue(x, n, dst)); }
-static void w_sumsq_take(double *host, const double *dst, int n) { TIMED(sumsq_take, 0, 0, P.in->sumsq_take(host, dst, n)); }
-static double w_sum(const float *x, size_t n) {
-    double r;
-    TIMED(sum, 0, by(n, 4), r = P.in->sum(x, n));
-    return r;
-}
-static void w_scale(float *x, float s, size_t n) { TIMED(scale, 0, by(n, 8), P.in->scale(x, s, n)); }
-static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
-                    float eps, float wd, int t, float grad_scale) {
-    TIMED(adamw, 0, by(n, 28), P.in->adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, grad_scale));
-}
-/* kept: the bf16 copies written beside the weights, 2 bytes more each */
-static int w_adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int n_ranges,
-                         float lr, float beta1, float beta2, float eps, int t, float grad_scale, double *sumsq) {
-    int kept = 0;
-    TIMED(adamw_multi, 0, adamw_bytes(ranges, n_ranges, kept ? 30 : 28),
-          kept = P.in->adamw_multi(p, g, m, v, ranges, n_ranges, lr, beta1, beta2, eps, t, grad_scale, sumsq));
-    return kept;
-}
-static void w_round_bf16(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
-    TIMED(round_bf16, 0, by(n, 8), P.in->round_bf16(dst, src, n, seed, index0));
-}
-static void w_pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
-    TIMED(pack_bf16, 0, by(n, 6), P.in->pack_bf16(dst, src, n, seed, index0));
-}
-static void w_unpack_bf16(float *dst, const uint16_t *src, size_t n) {
-    TIMED(unpack_bf16, 0, by(n, 6), P.in->unpack_bf16(dst, src, n));
-}
+#define COST_sumsq_queue 0, 0
+#define COST_sumsq_take 0, 0
+#define COST_sum 0, by(n, 4)
+#define COST_scale 0, by(n, 8)
+#define COST_adamw 0, by(n, 28)
+/* result: the bf16 copies written beside the weights, 2 bytes more each */
+#define COST_adamw_multi 0, adamw_bytes(ranges, n_ranges, result ? 30 : 28)
+#define COST_round_bf16 0, by(n, 8)
+#define COST_pack_bf16 0, by(n, 6)
+#define COST_unpack_bf16 0, by(n, 6)
 /* no least traffic: CUDA writes nothing at grads_fresh and zeroes at
  * grads_settle only what no kernel stored (the CPU zeroes at grads_fresh) */
-static void w_grads_fresh(float *g, size_t n) { TIMED(grads_fresh, 0, 0, P.in->grads_fresh(g, n)); }
-static void w_grads_settle(float *g, size_t n) { TIMED(grads_settle, 0, 0, P.in->grads_settle(g, n)); }
-static void w_offload_copy(void *host, void *dev, size_t bytes, int to_host) {
-    TIMED(offload_copy, 0, 0, P.in->offload_copy(host, dev, bytes, to_host));
-}
+#define COST_grads_fresh 0, 0
+#define COST_grads_settle 0, 0
+#define COST_offload_copy 0, 0
 /* the compute stream waiting for an offload copy: its time is the stall */
-static void w_offload_wait(int mark) { TIMED(offload_wait, 0, 0, P.in->offload_wait(mark)); }
+#define COST_offload_wait 0, 0
 /* context parallelism's segment pairs: QK^T (or PV) causal on the diagonal
  * (q0 == k0), else over every query-key pair; forward 2 products, backward 5 */
 static double att_part(int B, int nh, int hd, int q0, int nq, int k0, int nk) {
     return q0 == k0 ? att(B, nq, nh, hd) : 2.0 * B * nh * hd * nq * nk;
 }
-static void w_attention_part_forward(float *out, float *lse, const float *qkv, int qrow, int q0, int nq, const float *kv,
-                                     int krow, int k0, int nk, const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd,
-                                     int merge) {
-    TIMED(attention_part_forward, 2 * att_part(B, nh, hd, q0, nq, k0, nk), 0,
-          P.in->attention_part_forward(out, lse, qkv, qrow, q0, nq, kv, krow, k0, nk, qstart, B, Tq, Tk, nh, nkv, hd, merge));
-}
-static void w_attention_part_backward(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out,
-                                      const float *lse, int qrow, int q0, int nq, const float *kv, int krow, int k0, int nk,
-                                      const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd) {
-    TIMED(attention_part_backward, 5 * att_part(B, nh, hd, q0, nq, k0, nk), 0,
-          P.in->attention_part_backward(dqkv, dkv, dout, qkv, out, lse, qrow, q0, nq, kv, krow, k0, nk, qstart, B, Tq, Tk, nh,
-                                        nkv, hd));
-}
-static void w_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
-    TIMED(copy_2d, 0, 2.0 * width * rows, P.in->copy_2d(dst, dpitch, src, spitch, width, rows));
-}
+#define COST_attention_part_forward 2 * att_part(B, nh, hd, q0, nq, k0, nk), 0
+#define COST_attention_part_backward 5 * att_part(B, nh, hd, q0, nq, k0, nk), 0
+#define COST_copy_2d 0, 2.0 * width * rows
+
+/* the wrappers, w_NAME for each timed op */
+#undef ENTRY
+#undef KERNEL_OP
+#undef KERNEL_OP_RET
+#define TIMED_OP(name, call) TIMED(name, COST_##name, call)
+#define KERNEL_OP(ret, name, params, args)                                                                             \
+    static void w_##name params { TIMED_OP(name, P.in->name args); }
+#define KERNEL_OP_RET(ret, name, params, args)                                                                         \
+    static ret w_##name params {                                                                                       \
+        ret result;                                                                                                    \
+        TIMED_OP(name, result = P.in->name args);                                                                      \
+        return result;                                                                                                 \
+    }
+#include "kernels_ops.h"
+#undef KERNEL_OP
+#undef KERNEL_OP_RET
+#define KERNEL_OP(ret, name, params, args) ENTRY(name)
+#define KERNEL_OP_RET(ret, name, params, args) ENTRY(name)
 #undef A
 static void w_fp8_scope(int on) {
     P.fp8 = on != 0;
@@ -342,9 +213,9 @@ const Kernels *profile_wrap(const Kernels *inner) {
     P.in = inner;
     Kernels *k = &P.table;
     *k = *inner; /* name, act_bytes and the entries that do no work on the backend */
-#define X(n) k->n = w_##n;
-    ENTRIES(X)
-#undef X
+#define ENTRY(n) k->n = w_##n;
+#include "kernels_ops.h"
+#undef ENTRY
     if (!inner->attention_part_forward) { /* a backend without context parallelism's parts keeps saying so */
         k->attention_part_forward = NULL;
         k->attention_part_backward = NULL;

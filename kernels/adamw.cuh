@@ -144,7 +144,7 @@ static AdamK adam_k(AdamConsts c, float beta1, float beta2, float eps, float gra
     return k;
 }
 
-static void adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+static void cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                   float eps, float wd, int t, float grad_scale) {
     if (!n) return;
     AdamConsts c = adam_consts(lr, beta1, beta2, t);
@@ -213,7 +213,7 @@ static Scratch sc_adam_red;
 
 /* The range table goes to the device only when it changes (the trainer's is
  * built once), so a step makes no synchronous upload. */
-static int adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int nr, float lr,
+static int cu_adamw_multi(float *p, const float *g, float *m, float *v, const AdamWRange *ranges, int nr, float lr,
                        float beta1, float beta2, float eps, int t, float grad_scale, double *sumsq) {
     if (sumsq) *sumsq = 0.0;
     if (nr <= 0) return 0;

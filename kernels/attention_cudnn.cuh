@@ -527,7 +527,7 @@ static void attention_forward_gemm(float *out, float *lse, const float *qkv, con
  * and write them as bf16; any other path reads an fp32 copy of qkv and
  * writes fp32 into sc_att32, converted after. cuDNN's graphs are causal
  * only: a block-causal mask (qstart) takes the fused kernels. */
-static void attention_forward(float *out, float *lse, const float *qkv, const int *qstart, int B, int T, int nh,
+static void cu_attention_forward(float *out, float *lse, const float *qkv, const int *qstart, int B, int T, int nh,
                               int nkv, int hd) {
     check_heads(nh, nkv);
     const int mode = attention_mode(), flash = mode != ATT_GEMM;
@@ -584,7 +584,7 @@ static Scratch sc_att_dqkv, sc_att_do32;
  * qkv, out and dout and write dqkv as bf16; any other path under bf16 reads
  * fp32 copies of qkv, out and dout and writes fp32 scratch, rounded into
  * dqkv after */
-static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+static void cu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                const int *qstart, int B, int T, int nh, int nkv, int hd) {
     if (!dqkv) return;
     check_heads(nh, nkv);

@@ -353,7 +353,7 @@ static FbSeg ap_seg(const float *kv, int qrow, int q0, int nq, int krow, int k0,
     default: ran = CALL(128); break;                                                                            \
     }
 
-static void attention_part_forward(float *out, float *lse, const float *qkv, int qrow, int q0, int nq, const float *kv,
+static void cu_attention_part_forward(float *out, float *lse, const float *qkv, int qrow, int q0, int nq, const float *kv,
                                    int krow, int k0, int nk, const int *qstart, int B, int Tq, int Tk, int nh, int nkv,
                                    int hd, int merge) {
     if (B <= 0 || nq <= 0) return;
@@ -375,7 +375,7 @@ static void attention_part_forward(float *out, float *lse, const float *qkv, int
     else AP_LAUNCH(att_part_fwd_k, float, grid, smem, out, lse, qkv, kv, qstart, a, merge);
 }
 
-static void attention_part_backward(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out,
+static void cu_attention_part_backward(float *dqkv, float *dkv, const float *dout, const float *qkv, const float *out,
                                     const float *lse, int qrow, int q0, int nq, const float *kv, int krow, int k0, int nk,
                                     const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd) {
     if (B <= 0 || nq <= 0 || nk <= 0) return;
@@ -403,6 +403,6 @@ static void attention_part_backward(float *dqkv, float *dkv, const float *dout, 
     }
 }
 
-static void copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+static void cu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
     if (width && rows) CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, 0));
 }

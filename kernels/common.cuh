@@ -445,7 +445,7 @@ static int grad_first(const float *g, size_t n) {
 
 /* Kernels.grads_fresh: the regions it overlaps end first (one it does not
  * contain settled: its part outside keeps its meaning) */
-static void grads_fresh(float *g, size_t n) {
+static void cu_grads_fresh(float *g, size_t n) {
     uintptr_t lo = (uintptr_t)g, hi = lo + n * sizeof(float);
     if (!g || !n) return;
     for (int i = gf_n - 1; i >= 0; i--) {
@@ -465,7 +465,7 @@ static void grads_fresh(float *g, size_t n) {
 
 /* Kernels.grads_settle: the unwritten parts zeroed; a region left all
  * written ends */
-static void grads_settle(float *g, size_t n) {
+static void cu_grads_settle(float *g, size_t n) {
     if (!g || !n) return;
     grad_ready(g, n * sizeof(float));
     for (int i = gf_n - 1; i >= 0; i--)

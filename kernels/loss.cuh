@@ -195,15 +195,15 @@ static void ce_fwd(float *losses, float *logits, const int *targets, int N, int 
     if (vec) vec_ce_calls++;
 }
 
-static void crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
+static void cu_crossentropy_forward(float *losses, float *logits, const int *targets, int N, int V) {
     ce_fwd(losses, logits, targets, N, V, 0, 0.0f);
 }
 
-static void crossentropy_fused(float *losses, float *logits, const int *targets, float dloss, int N, int V) {
+static void cu_crossentropy_fused(float *losses, float *logits, const int *targets, float dloss, int N, int V) {
     ce_fwd(losses, logits, targets, N, V, 1, dloss);
 }
 
-static void crossentropy_vp_backward(float *probs, const int *targets, float dloss, int N, int V, int v0) {
+static void cu_crossentropy_vp_backward(float *probs, const int *targets, float dloss, int N, int V, int v0) {
     if (N <= 0) return;
     const unsigned grid = grid_for((size_t)N * V, 256);
     if (act_bf16()) ce_bwd_k<__nv_bfloat16><<<grid, 256>>>(ACT16(probs), targets, dloss, N, V, v0);
@@ -211,18 +211,18 @@ static void crossentropy_vp_backward(float *probs, const int *targets, float dlo
     LAUNCH_CHECK();
 }
 
-static void crossentropy_backward(float *probs, const int *targets, float dloss, int N, int V) {
-    crossentropy_vp_backward(probs, targets, dloss, N, V, 0);
+static void cu_crossentropy_backward(float *probs, const int *targets, float dloss, int N, int V) {
+    cu_crossentropy_vp_backward(probs, targets, dloss, N, V, 0);
 }
 
-static void crossentropy_vp_max(float *rowmax, const float *logits, int N, int V) {
+static void cu_crossentropy_vp_max(float *rowmax, const float *logits, int N, int V) {
     if (N <= 0) return;
     if (act_bf16()) ce_vp_max_k<__nv_bfloat16><<<N, CE_THREADS>>>(rowmax, CACT16(logits), V);
     else ce_vp_max_k<float><<<N, CE_THREADS>>>(rowmax, logits, V);
     LAUNCH_CHECK();
 }
 
-static void crossentropy_vp_expsum(float *sums, float *tgt, float *logits, const float *rowmax, const int *targets,
+static void cu_crossentropy_vp_expsum(float *sums, float *tgt, float *logits, const float *rowmax, const int *targets,
                                    int N, int V, int v0) {
     if (N <= 0) return;
     if (act_bf16()) ce_vp_expsum_k<__nv_bfloat16><<<N, CE_THREADS>>>(sums, tgt, ACT16(logits), rowmax, targets, V, v0);
@@ -230,7 +230,7 @@ static void crossentropy_vp_expsum(float *sums, float *tgt, float *logits, const
     LAUNCH_CHECK();
 }
 
-static void crossentropy_vp_finish(float *losses, float *logits, const float *rowmax, const float *sums,
+static void cu_crossentropy_vp_finish(float *losses, float *logits, const float *rowmax, const float *sums,
                                    const float *tgt, const int *targets, int N, int V) {
     if (N <= 0) return;
     if (act_bf16())

@@ -544,7 +544,7 @@ static void rm_gemm(int ta, int tb, int M, int N, int K, float alpha, const floa
 }
 
 /* inp is [a]: under bf16 it goes to cuBLASLt as it is */
-static void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
+static void cu_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     if (f8_active() && C > 0) return f8_forward(out, 0, NULL, inp, w, bias, N, C, OC);
     const int bf16 = act_bf16();
@@ -555,7 +555,7 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
 /* out = res + inp @ w^T (+ bias): one GEMM, beta 1 reading res as its C
  * and writing out as its D, so the product never goes through memory on
  * its own (inp is [a]; res and out fp32, the residual stream) */
-static void matmul_forward_res(float *out, const float *res, const float *inp, const float *w, const float *bias,
+static void cu_matmul_forward_res(float *out, const float *res, const float *inp, const float *w, const float *bias,
                                int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     if (f8_active() && C > 0) return f8_forward(out, 0, res, inp, w, bias, N, C, OC);
@@ -570,7 +570,7 @@ static void matmul_forward_res(float *out, const float *res, const float *inp, c
  * outputs as bf16 (pre rounded, out the GELU of the fp32 pre rounded; the
  * bias a bf16 copy), and the next GEMM reads out, the backward's DGELU
  * epilogue pre, with no conversion pass. */
-static void matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
+static void cu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
                                 int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     if (f8_active() && C > 0) { /* the product (and bias) into pre, then the GELU kernel */
@@ -633,7 +633,7 @@ static void matmul_backward_core(float *dinp, int ldd, const float *dgelu_pre, f
     if (dbias && !sum_copy) colsum_add(COL_PLAIN, dbias, NULL, dout, NULL, NULL, NULL, N, OC, dout_bf16);
 }
 
-static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
+static void cu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                             int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     matmul_backward_core(dinp, C, NULL, dw, dbias, dout, NULL, inp, w, N, C, OC, 0, 0);
@@ -643,18 +643,18 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
  * projection): under bf16 the GEMM writes bf16 out (cuBLASLt rounds the
  * fp32 accumulator plus the bias, a bf16 copy, to nearest), and the
  * backward reads the bf16 dout as it is (its bias gradient too) */
-static void matmul_forward_a(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
+static void cu_matmul_forward_a(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     if (f8_active() && C > 0) return f8_forward(out, act_bf16(), NULL, inp, w, bias, N, C, OC);
     if (!act_bf16()) {
-        matmul_forward(out, inp, w, bias, N, C, OC);
+        cu_matmul_forward(out, inp, w, bias, N, C, OC);
         return;
     }
     rm_gemm_core(0, 1, N, OC, C, 1.0f, inp, C, 0, w, C, 0, 0.0f, out, OC, 0, 1, bias, 1, NULL, inp,
                  wc_get(w, (size_t)OC * C), NULL, 1, NULL);
 }
 
-static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+static void cu_matmul_backward_a(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                               const float *w, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     matmul_backward_core(dinp, C, NULL, dw, dbias, dout, NULL, inp, w, N, C, OC, act_bf16(), 0);
@@ -663,7 +663,7 @@ static void matmul_backward_a(float *dinp, float *dw, float *dbias, const float 
 /* dinp is [a] (the attention output projection's: attention_backward's
  * dout): under bf16 the input-gradient GEMM writes it as bf16, cuBLASLt
  * rounding the fp32 accumulator to nearest */
-static void matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *dout_a,
+static void cu_matmul_backward_dinp_a(float *dinp, float *dw, float *dbias, const float *dout, const float *dout_a,
                                    const float *inp, const float *w, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     matmul_backward_core(dinp, C, NULL, dw, dbias, dout, dout_a, inp, w, N, C, OC, 0, act_bf16());
@@ -677,7 +677,7 @@ static Scratch sc_dh;
  * input-gradient GEMM (or the GEMM and dgelu_inplace). pre and dpre are
  * [a]: under bf16 the epilogue reads the bf16 pre and writes the bf16
  * gradient, which the up-projection's matmul_backward_a takes as it is */
-static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
+static void cu_matmul_gelu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
                                  const float *inp, const float *w, const float *pre, int N, int C, int OC) {
     if (N <= 0 || C <= 0) return;
     if (OC <= 0) {
@@ -696,7 +696,7 @@ static void matmul_gelu_backward(float *dpre, float *dw, float *dbias, const flo
  * arithmetic, the up-projection's backward then reading them with no
  * conversion pass). dh in bf16, not fp32: on the Llama 1B shape a
  * layer's dh is 134 MB as fp32, written by the GEMM and read back. */
-static void matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
+static void cu_matmul_swiglu_backward(float *dpre, float *dw, float *dbias, const float *dout, const float *dout_a,
                                    const float *inp, const float *w, const float *pre, int N, int C, int OC) {
     if (N <= 0 || C <= 0) return;
     if (OC <= 0) {

@@ -508,7 +508,7 @@ static int norm_forward_vec(int ln, int add, float *res, float *out, float *mean
     return 1;
 }
 
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
+static void cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                               int N, int C, float eps) {
     if (N <= 0 || norm_forward_vec(1, 0, NULL, out, mean, rstd, inp, NULL, w, b, N, C, eps)) return;
     if (act_bf16())
@@ -528,7 +528,7 @@ static void dinp_a_after(float *dinp_a, const float *dinp, size_t n) {
     else cu_copy(dinp_a, dinp, n * sizeof(float));
 }
 
-static void layernorm_backward(float *dinp, float *dinp_a, float *dw, float *db, const float *dout, const float *inp,
+static void cu_layernorm_backward(float *dinp, float *dinp_a, float *dw, float *db, const float *dout, const float *inp,
                                const float *w, const float *mean, const float *rstd, int N, int C) {
     if (N <= 0) return;
     if (!norm_backward_fused(COL_LN, dinp, &dinp_a, dw, db, dout, inp, w, mean, rstd, N, C)) {
@@ -541,14 +541,14 @@ static void layernorm_backward(float *dinp, float *dinp_a, float *dw, float *db,
     dinp_a_after(dinp_a, dinp, (size_t)N * C);
 }
 
-static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+static void cu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     if (N <= 0 || norm_forward_vec(0, 0, NULL, out, NULL, rstd, inp, NULL, w, NULL, N, C, eps)) return;
     if (act_bf16()) rmsnorm_fwd_k<__nv_bfloat16><<<norm_grid(N), NORM_THREADS>>>(ACT16(out), rstd, inp, w, N, C, eps);
     else rmsnorm_fwd_k<float><<<norm_grid(N), NORM_THREADS>>>(out, rstd, inp, w, N, C, eps);
     LAUNCH_CHECK();
 }
 
-static void add_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+static void cu_add_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
                                   const float *w, const float *bias, int N, int C, float eps) {
     if (N <= 0 || norm_forward_vec(1, 1, res, out, mean, rstd, a, b, w, bias, N, C, eps)) return;
     if (act_bf16())
@@ -558,7 +558,7 @@ static void add_layernorm_forward(float *res, float *out, float *mean, float *rs
     LAUNCH_CHECK();
 }
 
-static void add_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
+static void cu_add_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
                                 int N, int C, float eps) {
     if (N <= 0 || norm_forward_vec(0, 1, res, out, NULL, rstd, a, b, w, NULL, N, C, eps)) return;
     if (act_bf16())
@@ -567,7 +567,7 @@ static void add_rmsnorm_forward(float *res, float *out, float *rstd, const float
     LAUNCH_CHECK();
 }
 
-static void rmsnorm_backward(float *dinp, float *dinp_a, float *dw, const float *dout, const float *inp, const float *w,
+static void cu_rmsnorm_backward(float *dinp, float *dinp_a, float *dw, const float *dout, const float *inp, const float *w,
                              const float *rstd, int N, int C) {
     if (N <= 0) return;
     if (!norm_backward_fused(COL_RMS, dinp, &dinp_a, dw, NULL, dout, inp, w, NULL, rstd, N, C)) {

@@ -95,7 +95,7 @@ __global__ void embed_bwd_wpe_k(float *dwpe, const float *dout, int N, int T, in
 
 static Scratch sc_embed;
 
-static void embed_forward_vp(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe, int N,
+static void cu_embed_forward_vp(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe, int N,
                              int T, int C, int v0, int V) {
     if (N <= 0 || C <= 0) return;
     embed_fwd_k<<<grid_for((size_t)N * C, 256), 256>>>(out, tokens, pos, wte, wpe, N, T, C, v0, V);
@@ -121,7 +121,7 @@ static void embed_sorted_add(float *dst, const float *dout, const int *ids, int 
     LAUNCH_CHECK();
 }
 
-static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos, int N,
+static void cu_embed_backward_vp(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos, int N,
                               int T, int C, int v0, int V) {
     if (N <= 0 || C <= 0) return;
     /* rows added into: a fresh gradient zeroed (embed_backward's vocabulary
@@ -142,14 +142,14 @@ static void embed_backward_vp(float *dwte, float *dwpe, const float *dout, const
     if (dwte && V > 0) embed_sorted_add(dwte, dout, tokens, N, C, v0, V);
 }
 
-static void embed_forward(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe, int N,
+static void cu_embed_forward(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe, int N,
                           int T, int C) {
-    embed_forward_vp(out, tokens, pos, wte, wpe, N, T, C, 0, 0x7fffffff);
+    cu_embed_forward_vp(out, tokens, pos, wte, wpe, N, T, C, 0, 0x7fffffff);
 }
 
-static void embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos, int N, int T,
+static void cu_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos, int N, int T,
                            int C) {
-    embed_backward_vp(dwte, dwpe, dout, tokens, pos, N, T, C, 0, 0x7fffffff);
+    cu_embed_backward_vp(dwte, dwpe, dout, tokens, pos, N, T, C, 0, 0x7fffffff);
 }
 
 // ----------------------------------------------------------------------------
@@ -249,12 +249,12 @@ static void rope_apply(float *x, int x16, const int *pos, int B, int T, int nh, 
 }
 
 /* qkv is [a] */
-static void rope_forward(float *qkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
+static void cu_rope_forward(float *qkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
     rope_apply(qkv, act_bf16(), pos, B, T, nh, nkv, hd, rope, 1.0f);
 }
 
 /* dqkv is [a] */
-static void rope_backward(float *dqkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
+static void cu_rope_backward(float *dqkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope) {
     rope_apply(dqkv, act_bf16(), pos, B, T, nh, nkv, hd, rope, -1.0f);
 }
 
@@ -390,9 +390,9 @@ static void gelu_into(float *out, const float *pre, size_t n, int bf16) {
     LAUNCH_CHECK();
 }
 
-static void gelu_forward(float *out, const float *inp, size_t n) { gelu_into(out, inp, n, act_bf16()); }
+static void cu_gelu_forward(float *out, const float *inp, size_t n) { gelu_into(out, inp, n, act_bf16()); }
 
-static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+static void cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     if (!n || !dinp) return;
     gelu_bwd_k<<<grid_for(n, 256), 256>>>(dinp, inp, dout, n);
     LAUNCH_CHECK();
@@ -438,19 +438,19 @@ template <typename T> static void swiglu_fwd_launch(T *out, const T *inp, int N,
     LAUNCH_CHECK();
 }
 
-static void swiglu_forward(float *out, const float *inp, int N, int F) {
+static void cu_swiglu_forward(float *out, const float *inp, int N, int F) {
     if (N <= 0 || F <= 0) return;
     if (act_bf16()) swiglu_fwd_launch(ACT16(out), CACT16(inp), N, F);
     else swiglu_fwd_launch(out, inp, N, F);
 }
 
-static void swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
+static void cu_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F) {
     if (!dinp) return;
     if (act_bf16()) swiglu_bwd_launch<float, true, __nv_bfloat16, float>(dinp, CACT16(inp), dout, (size_t)F, N, F);
     else swiglu_bwd_launch<float, true, float, float>(dinp, inp, dout, (size_t)F, N, F);
 }
 
-static void add(float *out, const float *a, const float *b, size_t n) {
+static void cu_add(float *out, const float *a, const float *b, size_t n) {
     if (!n) return;
     /* a fresh gradient read (model.c's sequence-parallel norm weights) */
     grad_ready(a, n * sizeof(float));
@@ -460,7 +460,7 @@ static void add(float *out, const float *a, const float *b, size_t n) {
     LAUNCH_CHECK();
 }
 
-static void scale(float *x, float s, size_t n) {
+static void cu_scale(float *x, float s, size_t n) {
     if (!n) return;
     scale_k<<<grid_for(n, 256), 256>>>(x, s, n);
     LAUNCH_CHECK();
@@ -471,7 +471,7 @@ __global__ void round_bf16_k(float *dst, const float *src, size_t n, uint64_t se
     GRID_STRIDE(i, n) dst[i] = __uint_as_float(round_bf16_word(__float_as_uint(src[i]), seed, index0 + i));
 }
 
-static void round_bf16(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
+static void cu_round_bf16(float *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
     if (!n) return;
     round_bf16_k<<<grid_for(n, 256), 256>>>(dst, src, n, seed, index0);
     LAUNCH_CHECK();
@@ -500,7 +500,7 @@ __global__ void pack_bf16_k(uint16_t *dst, const float *src, size_t n, uint64_t 
         dst[done + i] = (uint16_t)(round_bf16_word(__float_as_uint(src[done + i]), seed, index0 + done + i) >> 16);
 }
 
-static void pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
+static void cu_pack_bf16(uint16_t *dst, const float *src, size_t n, uint64_t seed, uint64_t index0) {
     if (!n) return;
     if (aligned16(dst) && aligned16(src)) {
         pack_bf16_k<true><<<grid_for(n / PW_E + 1, 256), 256>>>(dst, src, n, seed, index0);
@@ -525,7 +525,7 @@ __global__ void unpack_bf16_tail_k(float *dst, const uint16_t *src, size_t lo, s
 /* to_f32 (bf16 -> fp32 is exact). In place (src == (uint16_t *)dst + n):
  * halves of what is left, each a to_f32 whose writes miss every word not
  * yet read, then the tail in one block (the CPU backend's order). */
-static void unpack_bf16(float *dst, const uint16_t *src, size_t n) {
+static void cu_unpack_bf16(float *dst, const uint16_t *src, size_t n) {
     if (src != (const uint16_t *)(void *)dst + n) {
         to_f32(dst, src, n);
         return;

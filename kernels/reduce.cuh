@@ -64,7 +64,7 @@ static double reduce(const float *x, size_t n, int sq) {
     return h;
 }
 
-static double sumsq(const float *x, size_t n) { return reduce(x, n, 1); }
+static double cu_sumsq(const float *x, size_t n) { return reduce(x, n, 1); }
 
 /* sumsq beside the compute: the same two kernels and grid on a
  * non-blocking stream of the lowest priority (the compute stream's pending
@@ -80,7 +80,7 @@ static struct {
     double *partial; /* [RED_MAX_BLOCKS] */
 } SIDE;
 
-static void sumsq_queue(const float *x, size_t n, double *dst) {
+static void cu_sumsq_queue(const float *x, size_t n, double *dst) {
     CUDA_CHECK(cudaEventRecord(SIDE.after_compute, 0));
     CUDA_CHECK(cudaStreamWaitEvent(SIDE.s, SIDE.after_compute, 0));
     if (!n) {
@@ -94,11 +94,11 @@ static void sumsq_queue(const float *x, size_t n, double *dst) {
     LAUNCH_CHECK();
 }
 
-static void sumsq_take(double *host, const double *dst, int n) {
+static void cu_sumsq_take(double *host, const double *dst, int n) {
     if (n <= 0) return;
     CUDA_CHECK(cudaEventRecord(SIDE.done, SIDE.s));
     CUDA_CHECK(cudaStreamWaitEvent(0, SIDE.done, 0));
     cu_to_host(host, dst, (size_t)n * sizeof *host);
 }
 
-static double sum(const float *x, size_t n) { return reduce(x, n, 0); }
+static double cu_sum(const float *x, size_t n) { return reduce(x, n, 0); }
