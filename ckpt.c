@@ -1109,18 +1109,18 @@ static void load_part(const CkptManifest *mf, const int *fds, Model *wl, const M
     if (!ws || T->ndim != s->ndim || (size_t)gsz != gnum || (size_t)(T->local_shape[0] * (T->ndim == 2 ? T->local_shape[1] : 1)) != ws->numel)
         die(EXIT_USAGE, "%s/manifest.json: tensor %s has %lld elements, this model expects %zu (a checkpoint of a different model?)",
             mf->dir, s->name, (long long)gsz, gnum);
-    if (wl->tp == m->tp) { /* same TP split: read just the wanted elements of this rank's slices */
-        read_local(mf, fds, T, s->tp_axis < 0 ? 0 : m->tp_rank, s->numel, a, b, out);
+    if (wl->tp.size == m->tp.size) { /* same TP split: read just the wanted elements of this rank's slices */
+        read_local(mf, fds, T, s->tp_axis < 0 ? 0 : m->tp.rank, s->numel, a, b, out);
         return;
     }
     /* another TP split: assemble the global tensor from the writer's TP
      * ranks, cut this rank's slice, keep the wanted part (the global
      * tensor straight into out when it is all that is wanted) */
-    int whole = m->tp == 1 && a == 0 && b == s->numel;
+    int whole = m->tp.size == 1 && a == 0 && b == s->numel;
     float *global = whole ? out : malloc_check(gnum * sizeof(float)), *local = malloc_check(ws->numel * sizeof(float));
-    for (int r = 0; r < (ws->tp_axis < 0 ? 1 : wl->tp); r++) {
+    for (int r = 0; r < (ws->tp_axis < 0 ? 1 : wl->tp.size); r++) {
         read_local(mf, fds, T, r, ws->numel, 0, ws->numel, local);
-        wl->tp_rank = r;
+        wl->tp.rank = r;
         model_tp_copy(wl, ws, global, local, 1);
     }
     free(local);

@@ -34,17 +34,17 @@
 #include "util.h"
 
 void cp_setup(Model *m, int cp, int cp_rank, int mode) {
-    m->cp = cp;
-    m->cp_rank = cp_rank;
-    m->cp_mode = mode;
+    m->cp.size = cp;
+    m->cp.rank = cp_rank;
+    m->cp.mode = mode;
     if (cp == 1) return;
     const Kernels *k = m->k;
     if (!k->attention_part_forward || !k->attention_part_backward || !k->copy_2d)
         die(EXIT_INTERNAL, "context parallelism: the %s backend has no attention parts", k->name);
     if (m->T % 2) die(EXIT_INTERNAL, "context parallelism: %d rows per sequence is odd", m->T);
     double slot = cp_ring_bytes(m, cp, CP_ALL_GATHER) / (cp + 1); /* one k|v block and its gradient */
-    m->cp_ring[0] = k->alloc((size_t)slot);
-    m->cp_ring[1] = k->alloc((size_t)(cp_ring_bytes(m, cp, mode) - slot));
+    m->cp.ring[0] = k->alloc((size_t)slot);
+    m->cp.ring[1] = k->alloc((size_t)(cp_ring_bytes(m, cp, mode) - slot));
 }
 
 /* The elements of a k|v block of n rows. */
@@ -66,7 +66,7 @@ typedef struct CpPair { int a, qrow, q0, krow, k0; } CpPair;
 /* The pairs of ring step s with something to compute (keys not all after
  * the queries): 3 at step 0 (the own block), 2 after it. */
 static int cp_pairs(const Model *m, int s, int T, CpPair pair[4]) {
-    int cp = m->cp, r = m->cp_rank, j = (r - s + cp) % cp, Tc = T / 2, n = 0;
+    int cp = m->cp.size, r = m->cp.rank, j = (r - s + cp) % cp, Tc = T / 2, n = 0;
     for (int a = 0; a < 2; a++)
         for (int c = 0; c < 2; c++) {
             int qc = a ? 2 * cp - 1 - r : r, kc = c ? 2 * cp - 1 - j : j;
@@ -78,8 +78,8 @@ static int cp_pairs(const Model *m, int s, int T, CpPair pair[4]) {
 static char *at(void *p, size_t bytes) { return (char *)p + bytes; }
 
 /* The buffers' layout: a ring buffer is a block (KVa bytes) then its
- * gradient (KV4 bytes), cp_ring[1] then a part (KV4, cp_part); all_gather's cp_ring[0] is the own block and its
- * gradient, cp_ring[1] every block, then every gradient. */
+ * gradient (KV4 bytes), cp.ring[1] then a part (KV4, cp_part); all_gather's cp.ring[0] is the own block and its
+ * gradient, cp.ring[1] every block, then every gradient. */
 typedef struct CpBufs { size_t E, KVa, KV4; } CpBufs;
 static CpBufs cp_bufs(const Model *m, int N) {
     size_t E = kv_elems(m, (size_t)N);
@@ -96,34 +96,34 @@ static void own_block(Model *m, void *buf, const float *qkv, int N) {
  * arrived in, or under all_gather its owner's place among the gathered
  * blocks. */
 static float *step_block(const Model *m, int s, const CpBufs *b) {
-    if (m->cp_mode == CP_RING) return m->cp_ring[s % 2];
-    return (float *)at(m->cp_ring[1], (size_t)((m->cp_rank - s + m->cp) % m->cp) * b->KVa);
+    if (m->cp.mode == CP_RING) return m->cp.ring[s % 2];
+    return (float *)at(m->cp.ring[1], (size_t)((m->cp.rank - s + m->cp.size) % m->cp.size) * b->KVa);
 }
 static float *step_grad(const Model *m, int s, const CpBufs *b) {
-    if (m->cp_mode == CP_RING) return (float *)at(m->cp_ring[s % 2], b->KVa);
-    return (float *)at(m->cp_ring[1], (size_t)m->cp * b->KVa + (size_t)((m->cp_rank - s + m->cp) % m->cp) * b->KV4);
+    if (m->cp.mode == CP_RING) return (float *)at(m->cp.ring[s % 2], b->KVa);
+    return (float *)at(m->cp.ring[1], (size_t)m->cp.size * b->KVa + (size_t)((m->cp.rank - s + m->cp.size) % m->cp.size) * b->KV4);
 }
 /* The ring's part of a gradient: what a step's pairs add to the block's
- * gradient while that gradient is still on its way (after cp_ring[1]'s
+ * gradient while that gradient is still on its way (after cp.ring[1]'s
  * block and gradient). */
-static float *cp_part(const Model *m, const CpBufs *b) { return (float *)at(m->cp_ring[1], b->KVa + b->KV4); }
+static float *cp_part(const Model *m, const CpBufs *b) { return (float *)at(m->cp.ring[1], b->KVa + b->KV4); }
 
-/* Every rank's k|v block into cp_ring[1] in rank order (all_gather). */
+/* Every rank's k|v block into cp.ring[1] in rank order (all_gather). */
 static void gather_blocks(Model *m, const float *qkv, int N, const CpBufs *b) {
-    own_block(m, m->cp_ring[0], qkv, N);
-    m->comm.cp_allgather(m->comm.ctx, m->cp_ring[0], m->cp_ring[1], b->KVa);
+    own_block(m, m->cp.ring[0], qkv, N);
+    m->comm.cp_allgather(m->comm.ctx, m->cp.ring[0], m->cp.ring[1], b->KVa);
 }
 
 void cp_attention_forward(Model *m, float *out, float *lse, const float *qkv, const int *qstart, int B, int T) {
     const Kernels *k = m->k;
-    int cp = m->cp, Tc = T / 2, merge[2] = {0, 0}, ring = m->cp_mode == CP_RING;
+    int cp = m->cp.size, Tc = T / 2, merge[2] = {0, 0}, ring = m->cp.mode == CP_RING;
     CpBufs b = cp_bufs(m, B * T);
-    if (ring) own_block(m, m->cp_ring[0], qkv, B * T);
+    if (ring) own_block(m, m->cp.ring[0], qkv, B * T);
     else gather_blocks(m, qkv, B * T, &b);
     for (int s = 0; s < cp; s++) {
         float *cur = step_block(m, s, &b);
         /* the next block travels while this one's pairs run */
-        int h = ring && s + 1 < cp ? m->comm.cp_shift(m->comm.ctx, cur, m->cp_ring[(s + 1) % 2], b.KVa) : -1;
+        int h = ring && s + 1 < cp ? m->comm.cp_shift(m->comm.ctx, cur, m->cp.ring[(s + 1) % 2], b.KVa) : -1;
         CpPair p[4];
         for (int i = 0, n = cp_pairs(m, s, T, p); i < n; i++) {
             k->attention_part_forward(out, lse, qkv, p[i].qrow, p[i].q0, Tc, cur, p[i].krow, p[i].k0, Tc, qstart, B, T, T, m->nh,
@@ -137,15 +137,15 @@ void cp_attention_forward(Model *m, float *out, float *lse, const float *qkv, co
 void cp_attention_backward(Model *m, float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                            const int *qstart, int B, int T) {
     const Kernels *k = m->k;
-    int cp = m->cp, Tc = T / 2, N = B * T, ring = m->cp_mode == CP_RING, hg = -1;
+    int cp = m->cp.size, Tc = T / 2, N = B * T, ring = m->cp.mode == CP_RING, hg = -1;
     size_t ab = (size_t)m->act_bytes, KS = (size_t)2 * m->nkv * m->hd;
     CpBufs b = cp_bufs(m, N);
     k->zero(dqkv, (size_t)N * m->qkv_dim * ab); /* dQ adds up over the steps */
-    if (ring) own_block(m, m->cp_ring[0], qkv, N);
+    if (ring) own_block(m, m->cp.ring[0], qkv, N);
     else gather_blocks(m, qkv, N, &b);
-    k->zero(step_grad(m, ring ? 0 : m->cp_rank, &b), (ring ? 1 : (size_t)cp) * b.KV4); /* all_gather: every gradient */
+    k->zero(step_grad(m, ring ? 0 : m->cp.rank, &b), (ring ? 1 : (size_t)cp) * b.KV4); /* all_gather: every gradient */
     for (int s = 0; s < cp; s++) {
-        float *cur = step_block(m, s, &b), *grad = step_grad(m, s, &b), *next = m->cp_ring[(s + 1) % 2];
+        float *cur = step_block(m, s, &b), *grad = step_grad(m, s, &b), *next = m->cp.ring[(s + 1) % 2];
         /* ring: the next block travels while this one's pairs run, and so
          * does the gradient of the previous step's block, arriving here as
          * this step's: the pairs add into a part of their own (the own
@@ -168,11 +168,11 @@ void cp_attention_backward(Model *m, float *dqkv, const float *dout, const float
     if (hg >= 0) m->comm.cp_wait(m->comm.ctx, hg);
     /* this rank's own block's gradient, every rank's share added, in the
      * gradient half of a buffer whose block half is free */
-    void *home = m->cp_ring[cp % 2];
+    void *home = m->cp.ring[cp % 2];
     if (!ring) {
-        m->comm.cp_reduce_scatter(m->comm.ctx, (float *)at(m->cp_ring[1], (size_t)cp * b.KVa), (float *)at(m->cp_ring[0], b.KVa),
+        m->comm.cp_reduce_scatter(m->comm.ctx, (float *)at(m->cp.ring[1], (size_t)cp * b.KVa), (float *)at(m->cp.ring[0], b.KVa),
                                   b.E);
-        home = m->cp_ring[0];
+        home = m->cp.ring[0];
     }
     const void *src = at(home, b.KVa);
     if (ab == 2) { /* rounded once to the [a] bf16 of d(qkv), in the free block half */

@@ -914,7 +914,7 @@ HfLoaded hf_load_weights(Model *m, const char *dir) {
      * under tensor parallelism, keep this rank's slices */
     Model global;
     const Model *g = m;
-    if (m->tp > 1) {
+    if (m->tp.size > 1) {
         model_layout(&global, &m->cfg, 1, 1, 0);
         g = &global;
     }
@@ -935,7 +935,7 @@ HfLoaded hf_load_weights(Model *m, const char *dir) {
                 got.dtypes |= 1u << h.f[i].t[j].dtype;
             }
     got.n_files = h.nf;
-    if (m->tp > 1) {
+    if (m->tp.size > 1) {
         float *local = calloc_check(m->n_params, sizeof(float));
         for (int i = 0; i < m->n_specs; i++) {
             const ParamSpec *s = &m->specs[i];

@@ -264,7 +264,7 @@ void layout_rank_bytes(const Sharding *sh, const Kernels *k, double out[LAYOUT_R
     out[3] = 2 * (sh->sharded ? shard : full);
     out[4] = (double)m->acts_floats * sizeof(float) + 2.0 * cf->micro_batch * (cf->seq_len / cf->cp) * sizeof(int) +
              cp_ring_bytes(m, cf->cp, cf->cp_mode);
-    out[5] = (double)m->offload_floats * sizeof(float);
+    out[5] = (double)m->offload.floats * sizeof(float);
     out[6] = k && strcmp(k->name, "cuda") == 0 ? layout_cuda_scratch_bytes(sh) : 0; /* training on cuda only (check prints its own) */
 }
 

@@ -178,7 +178,7 @@ static int doc_end_at(const Trainer *t, size_t i) {
 }
 
 static void cp_doc_starts(Trainer *t) {
-    int B = t->model.B, T = t->model.T, cp = t->model.cp, r = t->model.cp_rank, C = 2 * cp, Tc = T / 2;
+    int B = t->model.B, T = t->model.T, cp = t->model.cp.size, r = t->model.cp.rank, C = 2 * cp, Tc = T / 2;
     double *end = t->doc_end;
     memset(end, 0, (size_t)B * C * sizeof *end);
     for (int b = 0; b < B; b++)
@@ -210,7 +210,7 @@ static void cp_doc_starts(Trainer *t) {
  * c_k + [r*G_k/dp, (r+1)*G_k/dp). Under context parallelism a rank reads
  * its two chunks of each sequence only (documents: cp_doc_starts). */
 static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
-    int B = t->model.B, T = t->model.T, cp = t->model.cp;
+    int B = t->model.B, T = t->model.T, cp = t->model.cp.size;
     if (cp == 1)
         for (int b = 0; b < B; b++) {
             dataset_sequence(ds, first_seq + (uint64_t)b, t->tok + (size_t)b * T, t->tgt + (size_t)b * T);
@@ -219,7 +219,7 @@ static void load_batch(Trainer *t, const DataSet *ds, uint64_t first_seq) {
     else { /* context parallelism: this rank's two chunks of T/2 tokens */
         for (int b = 0; b < B; b++)
             for (int h = 0; h < 2; h++) {
-                int off = cp_pos(h * T / 2, T, cp, t->model.cp_rank);
+                int off = cp_pos(h * T / 2, T, cp, t->model.cp.rank);
                 size_t at = (size_t)b * T + (size_t)h * T / 2;
                 dataset_sequence_part(ds, first_seq + (uint64_t)b, off, T / 2, t->tok + at, t->tgt + at);
                 if (t->ends) dataset_sequence_ends(ds, first_seq + (uint64_t)b, off, T / 2, t->ends + at);
@@ -370,7 +370,7 @@ static uint64_t sample_key(uint64_t seed, int step) {
  * logits computed), -1 on the others. */
 static int cp_sample_forward(Trainer *t, const int *win, int len, int *start) {
     Model *m = &t->model;
-    int cp = m->cp, r = m->cp_rank, ch = (len + 2 * cp - 1) / (2 * cp), Tl = 2 * ch, q = (len - 1) / ch;
+    int cp = m->cp.size, r = m->cp.rank, ch = (len + 2 * cp - 1) / (2 * cp), Tl = 2 * ch, q = (len - 1) / ch;
     for (int p = 0, s = 0; p < len; p++) { /* documents, as the model finds them in a window */
         start[p] = s;
         if (win[p] == m->eod_token) s = p + 1;
@@ -402,7 +402,7 @@ static void print_sample(Trainer *t, int step) {
     t->sample_rng = sample_key((uint64_t)c->seed, step);
     Model *m = &t->model;
     /* dp0: data-parallel slot 0 (its context group, under cp); T: seq_len */
-    int cp = m->cp, T = m->T * cp, V = m->cfg.vocab_size, tp = t->dist.tp, dp0 = dist_seq_rank(&t->dist) == 0;
+    int cp = m->cp.size, T = m->T * cp, V = m->cfg.vocab_size, tp = t->dist.tp, dp0 = dist_seq_rank(&t->dist) == 0;
     int tp0 = t->dist.tp_rank == 0;
     if (c->sample_tokens <= 0 || (!dp0 && !t->sh.sharded)) return;
     m->doc_ends = NULL; /* the generated text is one document (an index knows none of it) */
@@ -965,7 +965,7 @@ static void print_model_batch(const Trainer *t) {
     int mb_rows = c->micro_batch * (c->seq_len / c->cp); /* a rank's micro-batch: under cp its share of each sequence */
     if (m->head_rows < mb_rows) /* the chunked LM head: how many rows, and the logits it holds */
         printf(" | lm head %d rows at a time (%.0f MiB of logits%s)", m->head_rows,
-               (double)m->head_rows * m->V * m->act_bytes / (1 << 20), m->tp > 1 ? " per rank" : "");
+               (double)m->head_rows * m->V * m->act_bytes / (1 << 20), m->tp.size > 1 ? " per rank" : "");
     printf("\n");
     /* the run's whole budget (a resumed run: its earlier steps too), against the parameters (Chinchilla: ~20) */
     double seqs = (double)run_sequences(t), tokens = seqs * c->seq_len;
@@ -1162,7 +1162,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
     if (c->cp > 1) {
         t->doc0 = malloc_check((size_t)c->micro_batch * c->seq_len * sizeof(int));
         t->doc_end = malloc_check((size_t)c->micro_batch * 2 * c->cp * sizeof(double));
-        t->model.cp_doc0 = t->doc0;
+        t->model.cp.doc0 = t->doc0;
     }
     /* the run's folders only now, with the job, data, vocab and weights read:
      * a start that fails on them leaves nothing behind */

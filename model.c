@@ -186,7 +186,7 @@ typedef struct { float **ptr; size_t n; unsigned drop; int act; } ActBuf; /* act
 #define MAX_ACT_BUFS 16
 
 static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
-    size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd, S = (size_t)m->S; /* S: the residual stream's rows */
+    size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd, S = (size_t)m->tp.S; /* S: the residual stream's rows */
     int gpt2 = m->cfg.arch == ARCH_GPT2, n = 0;
     const unsigned L = RC_LAYER, NORM = RC_NORM | RC_LAYER;
 #define BUF(p, sz, drop, act) (b[n++] = (ActBuf){&a->p, (sz), (drop), (act)})
@@ -238,7 +238,7 @@ static size_t carve_acts(Model *m, float *base) {
     size_t N = (size_t)m->B * m->T, C = (size_t)c->n_embd, off = 0;
     /* sequence parallelism: the residual stream's S rows a rank, and the
      * all-gathered / reduce-scattered buffers' Np = tp * S >= N */
-    size_t S = (size_t)m->S, Np = m->sp ? S * (size_t)m->tp : N;
+    size_t S = (size_t)m->tp.S, Np = m->tp.sp ? S * (size_t)m->tp.size : N;
     size_t widest = N * (size_t)(m->fc_dim > m->qkv_dim ? m->fc_dim : m->qkv_dim);
     if (widest < N * C) widest = N * C;
     int gpt2 = c->arch == ARCH_GPT2;
@@ -253,7 +253,7 @@ static size_t carve_acts(Model *m, float *base) {
     layer_bufs(m, &m->la[0], b0);
     for (int l = 0; l < c->n_layer; l++) {
         LayerActs *a = &m->la[l];
-        if (m->offload && l >= OFFLOAD_SLOTS) {
+        if (m->offload.on && l >= OFFLOAD_SLOTS) {
             *a = m->la[l % OFFLOAD_SLOTS];
             continue;
         }
@@ -270,27 +270,27 @@ static size_t carve_acts(Model *m, float *base) {
     size_t R = m->head_rows > 0 && (size_t)m->head_rows < N ? (size_t)m->head_rows : N;
     TAKE(m->logits, act_floats(m, R * (size_t)m->V)); /* [a] */
     TAKE(m->losses, N);
-    if (m->tp > 1) { TAKE(m->ce_max, R); TAKE(m->ce_sum, 2 * R); }
-    else m->ce_max = m->ce_sum = NULL;
+    if (m->tp.size > 1) { TAKE(m->tp.ce_max, R); TAKE(m->tp.ce_sum, 2 * R); }
+    else m->tp.ce_max = m->tp.ce_sum = NULL;
     TAKE(m->dres, S * C);
     /* bf16 [a]: the norms' backward writes dres's bf16 copy too, which the
      * output projections' backward GEMMs read (no conversion of their own);
      * not under sequence parallelism, where they read dres's rows gathered */
-    if (m->act_bytes < (int)sizeof(float) && !m->sp) TAKE(m->dres_a, act_floats(m, S * C));
+    if (m->act_bytes < (int)sizeof(float) && !m->tp.sp) TAKE(m->dres_a, act_floats(m, S * C));
     else m->dres_a = NULL;
     /* dbuf1: [N, C] outputs (Np rows: a reduce-scatter's input) and [N,
      * nh*hd] gradients; dbuf2 the widest (d(fch), d(qkv)) */
-    TAKE(m->dbuf1, (m->sp ? Np : N) * (size_t)(C > (size_t)m->nh * m->hd ? C : (size_t)m->nh * m->hd));
+    TAKE(m->dbuf1, (m->tp.sp ? Np : N) * (size_t)(C > (size_t)m->nh * m->hd ? C : (size_t)m->nh * m->hd));
     TAKE(m->dbuf2, widest);
     TAKE(m->dlnf, Np * C);
-    if (m->sp) {
-        TAKE(m->sp_gath, act_floats(m, Np * C));
-        TAKE(m->sp_dgath, Np * C);
-        TAKE(m->sp_part, S * C);
-        TAKE(m->sp_lnf, act_floats(m, S * C));
-        TAKE(m->sp_dnorm, 2 * C);
+    if (m->tp.sp) {
+        TAKE(m->tp.sp_gath, act_floats(m, Np * C));
+        TAKE(m->tp.sp_dgath, Np * C);
+        TAKE(m->tp.sp_part, S * C);
+        TAKE(m->tp.sp_lnf, act_floats(m, S * C));
+        TAKE(m->tp.sp_dnorm, 2 * C);
     } else {
-        m->sp_gath = m->sp_dgath = m->sp_part = m->sp_lnf = m->sp_dnorm = NULL;
+        m->tp.sp_gath = m->tp.sp_dgath = m->tp.sp_part = m->tp.sp_lnf = m->tp.sp_dnorm = NULL;
     }
 #undef TAKE
     return off;
@@ -304,7 +304,7 @@ static size_t carve_acts(Model *m, float *base) {
 static void offload_layer(Model *m, int l, int to_host) {
     ActBuf b[MAX_ACT_BUFS];
     int nb = layer_bufs(m, &m->la[l], b);
-    float *h = m->offload_host + (size_t)l * m->offload_layer_floats;
+    float *h = m->offload.host + (size_t)l * m->offload.layer_floats;
     for (int i = 0; i < nb; i++)
         if (buf_kept(m, &b[i])) {
             m->k->offload_copy(h, *b[i].ptr, buf_bytes(m, &b[i]), to_host);
@@ -323,37 +323,37 @@ static void slot_wait(Model *m, int *mark) {
 
 static void offload_pre_forward(Model *m, int l) {
     int s = l % OFFLOAD_SLOTS;
-    slot_wait(m, &m->slot_out[s]);
-    slot_wait(m, &m->slot_in[s]);
+    slot_wait(m, &m->offload.slot_out[s]);
+    slot_wait(m, &m->offload.slot_in[s]);
 }
 
 /* A forward no backward follows (evaluation, sampling) keeps the slots to
  * itself: nothing goes to the host, and afterwards no slot holds a layer. */
 static void offload_forward_only(Model *m) {
     for (int s = 0; s < OFFLOAD_SLOTS; s++) {
-        slot_wait(m, &m->slot_out[s]);
-        slot_wait(m, &m->slot_in[s]);
-        m->slot_layer[s] = -1;
+        slot_wait(m, &m->offload.slot_out[s]);
+        slot_wait(m, &m->offload.slot_in[s]);
+        m->offload.slot_layer[s] = -1;
     }
 }
 
 static void offload_post_forward(Model *m, int l) {
     int s = l % OFFLOAD_SLOTS;
     offload_layer(m, l, 1);
-    m->slot_out[s] = m->k->offload_mark();
-    m->slot_layer[s] = l;
+    m->offload.slot_out[s] = m->k->offload_mark();
+    m->offload.slot_layer[s] = l;
 }
 
 /* Backward: load layer l into its slot unless it is there; wait: compute
  * after this call may read it. */
 static void offload_fetch(Model *m, int l, int wait) {
     int s = l % OFFLOAD_SLOTS;
-    if (m->slot_layer[s] != l) {
+    if (m->offload.slot_layer[s] != l) {
         offload_layer(m, l, 0);
-        m->slot_in[s] = m->k->offload_mark();
-        m->slot_layer[s] = l;
+        m->offload.slot_in[s] = m->k->offload_mark();
+        m->offload.slot_layer[s] = l;
     }
-    if (wait) slot_wait(m, &m->slot_in[s]);
+    if (wait) slot_wait(m, &m->offload.slot_in[s]);
 }
 
 /* Before layer l's backward: it and layer l-1 (whose output is its input)
@@ -363,7 +363,7 @@ static void offload_pre_backward(Model *m, int l) {
     offload_fetch(m, l, 1);
     /* full recompute rewrites the layer's output, which may still be on its
      * way out (not the last layer's: model_backward does not recompute it) */
-    if (m->act_ckpt == ACT_FULL && l < m->cfg.n_layer - 1) slot_wait(m, &m->slot_out[l % OFFLOAD_SLOTS]);
+    if (m->act_ckpt == ACT_FULL && l < m->cfg.n_layer - 1) slot_wait(m, &m->offload.slot_out[l % OFFLOAD_SLOTS]);
     if (l >= 1) offload_fetch(m, l - 1, 1);
     if (l >= 2) offload_fetch(m, l - 2, 0);
 }
@@ -381,13 +381,13 @@ void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, in
     m->cfg = *cfg;
     if (tp < 1 || cfg->n_kv_head % tp || cfg->n_head % tp || cfg->ffn_hidden % tp || cfg->vocab_size % tp)
         die(EXIT_INTERNAL, "model_build: tensor-parallel degree %d does not divide the model", tp);
-    m->tp = tp;
-    m->tp_rank = tp_rank;
+    m->tp.size = tp;
+    m->tp.rank = tp_rank;
     m->nh = cfg->n_head / tp;
     m->nkv = cfg->n_kv_head / tp;
     m->F = cfg->ffn_hidden / tp;
     m->V = cfg->vocab_size / tp;
-    m->v0 = tp_rank * m->V;
+    m->tp.v0 = tp_rank * m->V;
     m->hd = cfg->n_embd / cfg->n_head;
     m->qkv_dim = (m->nh + 2 * m->nkv) * m->hd;
     m->fc_dim = cfg->arch == ARCH_LLAMA ? 2 * m->F : m->F;
@@ -410,16 +410,16 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
     m->recompute = mem.act_ckpt == ACT_FULL ? RC_LAYER
                  : mem.act_ckpt == ACT_SELECTIVE ? (mem.recompute ? mem.recompute : RC_ATTENTION) : 0;
     m->head_rows = mem.head_rows > 0 ? mem.head_rows : model_head_rows_auto(B * T, m->V, m->act_bytes);
-    m->offload = mem.offload && cfg->n_layer > OFFLOAD_SLOTS;
+    m->offload.on = mem.offload && cfg->n_layer > OFFLOAD_SLOTS;
     m->B = B;
     m->T = T;
-    m->sp = mem.seq_parallel && tp > 1;
-    m->S = m->sp ? (B * T + tp - 1) / tp : B * T;
+    m->tp.sp = mem.seq_parallel && tp > 1;
+    m->tp.S = m->tp.sp ? (B * T + tp - 1) / tp : B * T;
     m->la = calloc_check((size_t)cfg->n_layer, sizeof(LayerActs));
     m->acts_floats = carve_acts(m, NULL);
-    m->offload_layer_floats = layer_kept_floats(m);
-    m->offload_floats = m->offload ? (size_t)cfg->n_layer * m->offload_layer_floats : 0;
-    for (int s = 0; s < OFFLOAD_SLOTS; s++) m->slot_layer[s] = m->slot_out[s] = m->slot_in[s] = -1;
+    m->offload.layer_floats = layer_kept_floats(m);
+    m->offload.floats = m->offload.on ? (size_t)cfg->n_layer * m->offload.layer_floats : 0;
+    for (int s = 0; s < OFFLOAD_SLOTS; s++) m->offload.slot_layer[s] = m->offload.slot_out[s] = m->offload.slot_in[s] = -1;
 }
 
 /* FP8 under tp: a split tensor's amaxes, max over the TP group (read
@@ -433,7 +433,7 @@ static void fp8_amax_max(void *ctx, float *amax, size_t n) {
  * forward together too) */
 static void fp8_amax_max_cp(void *ctx, float *amax, size_t n) {
     Model *m = ctx;
-    if (m->cp > 1) m->comm.cp_allreduce_max(m->comm.ctx, amax, n);
+    if (m->cp.size > 1) m->comm.cp_allreduce_max(m->comm.ctx, amax, n);
 }
 
 Fp8Sizes model_fp8_sizes(const Model *m, int N) {
@@ -456,26 +456,26 @@ void model_fp8(Model *m, int recipe) {
     if (!m->k->fp8_setup)
         die(EXIT_USAGE, "train.compute_dtype \"fp8\": the %s backend has no FP8 products yet (the cpu backend has them)", m->k->name);
     Fp8Sizes z = model_fp8_sizes(m, m->B * m->T);
-    if (m->tp > 1 && !m->k->fp8_tp)
+    if (m->tp.size > 1 && !m->k->fp8_tp)
         die(EXIT_USAGE, "train.compute_dtype \"fp8\" with parallel.tensor %d: the %s backend's FP8 runs no tensor "
-            "parallelism yet (the cpu backend's does)", m->tp, m->k->name);
+            "parallelism yet (the cpu backend's does)", m->tp.size, m->k->name);
     /* blockwise: each rank's part of a split dimension (its q, k and v
      * heads, its MLP width) whole 128-blocks, so that no block or weight
      * tile spans two ranks (then none is reduced) */
-    if (m->tp > 1 && recipe == FP8_BLOCKWISE && ((m->nh * m->hd) % FP8_BLOCK || (m->nkv * m->hd) % FP8_BLOCK || m->F % FP8_BLOCK))
+    if (m->tp.size > 1 && recipe == FP8_BLOCKWISE && ((m->nh * m->hd) % FP8_BLOCK || (m->nkv * m->hd) % FP8_BLOCK || m->F % FP8_BLOCK))
         die(EXIT_USAGE, "train.fp8_recipe \"blockwise\" with parallel.tensor %d: a rank's q heads (%d rows), k and v heads (%d) "
-            "and MLP width (%d) must be multiples of %d, or a 128-block would span two ranks", m->tp, m->nh * m->hd,
+            "and MLP width (%d) must be multiples of %d, or a 128-block would span two ranks", m->tp.size, m->nh * m->hd,
             m->nkv * m->hd, m->F, FP8_BLOCK);
-    if (m->cp > 1 && !m->k->fp8_cp)
+    if (m->cp.size > 1 && !m->k->fp8_cp)
         die(EXIT_USAGE, "train.compute_dtype \"fp8\" with parallel.context %d: the %s backend's FP8 runs no context "
-            "parallelism yet (the cpu backend's does)", m->cp, m->k->name);
+            "parallelism yet (the cpu backend's does)", m->cp.size, m->k->name);
     /* blockwise: the weight gradient's 1 x 128 blocks along the tokens
      * are the 1-rank run's when each of a rank's two chunks of a sequence
      * (T/2 of its T rows) is whole blocks (then none is reduced) */
-    if (m->cp > 1 && recipe == FP8_BLOCKWISE && (m->T / 2) % FP8_BLOCK)
+    if (m->cp.size > 1 && recipe == FP8_BLOCKWISE && (m->T / 2) % FP8_BLOCK)
         die(EXIT_USAGE, "train.fp8_recipe \"blockwise\" with parallel.context %d: a context chunk (train.seq_len / %d = %d "
-            "tokens) must be a multiple of %d, or a 128-token block of the weight gradient would span two chunks", m->cp,
-            2 * m->cp, m->T / 2, FP8_BLOCK);
+            "tokens) must be a multiple of %d, or a 128-token block of the weight gradient would span two chunks", m->cp.size,
+            2 * m->cp.size, m->T / 2, FP8_BLOCK);
     m->k->fp8_setup(recipe, &z);
     /* LLMTRAIN_FP8_AGREE=0 (tests only): each rank's own amaxes, so that
      * the tests see what the agreement changes */
@@ -483,22 +483,22 @@ void model_fp8(Model *m, int recipe) {
     if (agree && strcmp(agree, "0") && strcmp(agree, "1"))
         die(EXIT_USAGE, "LLMTRAIN_FP8_AGREE: expected 0 or 1, got \"%s\"", agree);
     if (!agree || agree[0] == '1') {
-        if (m->tp > 1) m->k->fp8_tp(fp8_amax_max, m);
-        if (m->cp > 1) m->k->fp8_cp(fp8_amax_max_cp, m);
+        if (m->tp.size > 1) m->k->fp8_tp(fp8_amax_max, m);
+        if (m->cp.size > 1) m->k->fp8_cp(fp8_amax_max_cp, m);
     }
-    m->fp8 = 1;
+    m->fp8.on = 1;
 }
 
 /* The products between fp8_scope(m, 1) and (m, 0) are a layer's linears:
  * FP8 under train.compute_dtype fp8 (kernels.h) */
 static void fp8_scope(const Model *m, int on) {
-    if (m->fp8) m->k->fp8_scope(on);
+    if (m->fp8.on) m->k->fp8_scope(on);
 }
 
 /* Under tp, the next products are a column-parallel linear's (FP8_COLUMN)
  * or a row-parallel one's (FP8_ROW): which operands are split (kernels.h) */
 static void fp8_linear(const Model *m, int kind) {
-    if (m->fp8 && m->tp > 1) m->k->fp8_scope(kind);
+    if (m->fp8.on && m->tp.size > 1) m->k->fp8_scope(kind);
 }
 
 void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments,
@@ -526,7 +526,7 @@ void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
 
     m->acts_mem = k->alloc(m->acts_floats * sizeof(float));
     carve_acts(m, m->acts_mem);
-    if (m->offload) m->offload_host = k->host_alloc(m->offload_floats * sizeof(float));
+    if (m->offload.on) m->offload.host = k->host_alloc(m->offload.floats * sizeof(float));
     m->tokens = k->alloc((size_t)B * T * sizeof(int));
     m->targets = k->alloc((size_t)B * T * sizeof(int));
     m->qstart = k->alloc((size_t)B * T * sizeof(int));
@@ -544,9 +544,9 @@ void model_free(Model *m) {
         if (m->v) k->free(m->v);
         k->free(m->acts_mem); k->free(m->tokens); k->free(m->targets); k->free(m->qstart);
         k->free(m->pos);
-        for (int i = 0; i < 2; i++) if (m->cp_ring[i]) k->free(m->cp_ring[i]);
-        if (m->offload_host) k->host_free(m->offload_host);
-        if (m->fp8) k->fp8_setup(-1, NULL);
+        for (int i = 0; i < 2; i++) if (m->cp.ring[i]) k->free(m->cp.ring[i]);
+        if (m->offload.host) k->host_free(m->offload.host);
+        if (m->fp8.on) k->fp8_setup(-1, NULL);
     }
     free(m->p.layers); free(m->g.layers); free(m->la);
     free(m->specs); free(m->chunk_offset); free(m->chunk_size);
@@ -559,11 +559,11 @@ void model_free(Model *m) {
 /* init                                                                */
 
 size_t model_global_numel(const Model *m, const ParamSpec *s) {
-    return s->tp_axis >= 0 ? s->numel * (size_t)m->tp : s->numel;
+    return s->tp_axis >= 0 ? s->numel * (size_t)m->tp.size : s->numel;
 }
 
 void model_tp_copy(const Model *m, const ParamSpec *s, float *global, float *local, int to_global) {
-    size_t tp = (size_t)m->tp, r = (size_t)m->tp_rank;
+    size_t tp = (size_t)m->tp.size, r = (size_t)m->tp.rank;
     if (s->tp_axis < 0 || tp == 1) {
         if (to_global) memcpy(global, local, s->numel * sizeof(float));
         else memcpy(local, global, s->numel * sizeof(float));
@@ -612,7 +612,7 @@ void model_init_random(Model *m, float std, uint64_t seed) {
     for (int i = 0; i < m->n_specs; i++) {
         const ParamSpec *s = &m->specs[i];
         /* tensor parallel: generate the GLOBAL tensor, keep the local slice */
-        int split = m->tp > 1 && s->tp_axis >= 0;
+        int split = m->tp.size > 1 && s->tp_axis >= 0;
         size_t numel = model_global_numel(m, s);
         float *p = split ? calloc_check(numel, sizeof(float)) : host + s->offset;
         switch (s->kind) {
@@ -666,11 +666,11 @@ static void norm_backward(const Model *m, float *dinp, float *dinp_a, float *dw,
 }
 
 static void tp_allreduce(const Model *m, float *x, size_t n, int max) {
-    if (m->tp > 1) m->comm.allreduce(m->comm.ctx, x, n, max);
+    if (m->tp.size > 1) m->comm.allreduce(m->comm.ctx, x, n, max);
 }
 
 /* Sequence parallelism: the rows of N this rank's residual stream holds. */
-static int sp_rows(const Model *m, int N) { return m->sp ? (N + m->tp - 1) / m->tp : N; }
+static int sp_rows(const Model *m, int N) { return m->tp.sp ? (N + m->tp.size - 1) / m->tp.size : N; }
 
 /* Every TP rank's S rows of C elements (es bytes each) into full [tp * S, C]. */
 static void sp_gather(const Model *m, void *full, const void *rows, int S, int es) {
@@ -680,7 +680,7 @@ static void sp_gather(const Model *m, void *full, const void *rows, int S, int e
 /* The TP ranks' partial sums full[N, C] summed, this rank's S rows into
  * rows[S, C] (rows [N, tp * S) of full are zeroed first: the padding). */
 static void sp_scatter(const Model *m, float *rows, float *full, int N, int S) {
-    size_t C = (size_t)m->cfg.n_embd, Np = (size_t)S * (size_t)m->tp;
+    size_t C = (size_t)m->cfg.n_embd, Np = (size_t)S * (size_t)m->tp.size;
     if (Np > (size_t)N) m->k->zero(full + (size_t)N * C, (Np - (size_t)N) * C * sizeof(float));
     m->comm.reduce_scatter(m->comm.ctx, full, rows, (size_t)S * C);
 }
@@ -689,9 +689,9 @@ static void sp_scatter(const Model *m, float *rows, float *full, int N, int S) {
  * in place (returns full), or under sequence parallelism reduce-scattered
  * into sp_part (returns it: this rank's S rows). */
 static const float *tp_reduce_rows(Model *m, float *full, int N, int S) {
-    if (m->sp) {
-        sp_scatter(m, m->sp_part, full, N, S);
-        return m->sp_part;
+    if (m->tp.sp) {
+        sp_scatter(m, m->tp.sp_part, full, N, S);
+        return m->tp.sp_part;
     }
     tp_allreduce(m, full, (size_t)N * m->cfg.n_embd, 0);
     return full;
@@ -700,9 +700,9 @@ static const float *tp_reduce_rows(Model *m, float *full, int N, int S) {
 /* The input a column-parallel product reads: a norm's output of S rows,
  * all-gathered under sequence parallelism (into sp_gath), else itself. */
 static const float *tp_gather_rows(Model *m, const float *ln, int S) {
-    if (!m->sp) return ln;
-    sp_gather(m, m->sp_gath, ln, S, m->act_bytes);
-    return m->sp_gath;
+    if (!m->tp.sp) return ln;
+    sp_gather(m, m->tp.sp_gath, ln, S, m->act_bytes);
+    return m->tp.sp_gath;
 }
 
 /* The norm's backward over S rows. Under sequence parallelism its weight
@@ -711,13 +711,13 @@ static const float *tp_gather_rows(Model *m, const float *ln, int S) {
  * same gradient of the replicated norm. */
 static void norm_backward_rows(Model *m, float *dinp, float *dinp_a, float *dw, float *db, const float *dout,
                                const float *inp, const float *w, const float *mean, const float *rstd, int S) {
-    if (!m->sp) {
+    if (!m->tp.sp) {
         norm_backward(m, dinp, dinp_a, dw, db, dout, inp, w, mean, rstd, S);
         return;
     }
     const Kernels *k = m->k;
     size_t C = (size_t)m->cfg.n_embd, n = db ? 2 * C : C;
-    float *pw = m->sp_dnorm, *pb = db ? pw + C : NULL;
+    float *pw = m->tp.sp_dnorm, *pb = db ? pw + C : NULL;
     k->zero(pw, n * sizeof(float));
     norm_backward(m, dinp, dinp_a, pw, pb, dout, inp, w, mean, rstd, S);
     tp_allreduce(m, pw, n, 0);
@@ -745,18 +745,18 @@ static const int *att_qstart(const Model *m) { return m->block_causal ? m->qstar
 
 /* the embeddings' and RoPE's positions: the last forward's, counted from
  * each document's first token, under reset_pos, else NULL (the row's) */
-static const int *positions(const Model *m) { return m->reset_pos || m->cp > 1 ? m->pos : NULL; }
+static const int *positions(const Model *m) { return m->reset_pos || m->cp.size > 1 ? m->pos : NULL; }
 
 /* Attention of a layer's rows (forward, backward): over the whole sequence
  * by the context group's ring under context parallelism (cp.c), else the
  * kernel's. */
 static void attn_forward(Model *m, LayerActs *a, int B, int T) {
-    if (m->cp > 1) cp_attention_forward(m, a->atty, a->lse, a->qkv, att_qstart(m), B, T);
+    if (m->cp.size > 1) cp_attention_forward(m, a->atty, a->lse, a->qkv, att_qstart(m), B, T);
     else m->k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, m->nh, m->nkv, m->hd);
 }
 
 static void attn_backward(Model *m, float *dqkv, const float *dout, const LayerActs *a, int B, int T) {
-    if (m->cp > 1) cp_attention_backward(m, dqkv, dout, a->qkv, a->atty, a->lse, att_qstart(m), B, T);
+    if (m->cp.size > 1) cp_attention_backward(m, dqkv, dout, a->qkv, a->atty, a->lse, att_qstart(m), B, T);
     else m->k->attention_backward(dqkv, dout, a->qkv, a->atty, a->lse, att_qstart(m), B, T, m->nh, m->nkv, m->hd);
 }
 
@@ -766,7 +766,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
     int N = B * T, S = sp_rows(m, N), C = c->n_embd, F = m->F, nh = m->nh, nkv = m->nkv, hd = m->hd;
-    int llama = c->arch == ARCH_LLAMA, tp = m->tp > 1, root = m->tp_rank == 0;
+    int llama = c->arch == ARCH_LLAMA, tp = m->tp.size > 1, root = m->tp.rank == 0;
     const LayerPtrs *w = &m->p.layers[l];
     LayerActs *a = &m->la[l];
     fp8_scope(m, 1);
@@ -829,13 +829,13 @@ static void head_forward(Model *m, int r0, int n, float dloss) {
     const int *tg = m->targets + r0;
     k->matmul_forward_a(m->logits, act_at(m, m->lnf, (size_t)r0 * m->cfg.n_embd), m->p.lm_head, NULL, n, m->cfg.n_embd,
                         m->V);
-    if (m->tp > 1) {
-        float *tgt = m->ce_sum + n; /* sums and target logits: one all-reduce of 2n */
-        k->crossentropy_vp_max(m->ce_max, m->logits, n, m->V);
-        tp_allreduce(m, m->ce_max, (size_t)n, 1);
-        k->crossentropy_vp_expsum(m->ce_sum, tgt, m->logits, m->ce_max, tg, n, m->V, m->v0);
-        tp_allreduce(m, m->ce_sum, 2 * (size_t)n, 0);
-        k->crossentropy_vp_finish(m->losses + r0, m->logits, m->ce_max, m->ce_sum, tgt, tg, n, m->V);
+    if (m->tp.size > 1) {
+        float *tgt = m->tp.ce_sum + n; /* sums and target logits: one all-reduce of 2n */
+        k->crossentropy_vp_max(m->tp.ce_max, m->logits, n, m->V);
+        tp_allreduce(m, m->tp.ce_max, (size_t)n, 1);
+        k->crossentropy_vp_expsum(m->tp.ce_sum, tgt, m->logits, m->tp.ce_max, tg, n, m->V, m->tp.v0);
+        tp_allreduce(m, m->tp.ce_sum, 2 * (size_t)n, 0);
+        k->crossentropy_vp_finish(m->losses + r0, m->logits, m->tp.ce_max, m->tp.ce_sum, tgt, tg, n, m->V);
     } else if (dloss != 0.0f) {
         k->crossentropy_fused(m->losses + r0, m->logits, tg, dloss, n, m->cfg.vocab_size);
     } else {
@@ -854,11 +854,11 @@ static void head_forward(Model *m, int r0, int n, float dloss) {
  * tied, the embeddings') gradient buffers: CHUNK_PRE_BACKWARD. */
 static void head_train(Model *m, int N, float loss_scale) {
     const Kernels *k = m->k;
-    const int C = m->cfg.n_embd, R = head_rows(m, N), tp = m->tp > 1;
+    const int C = m->cfg.n_embd, R = head_rows(m, N), tp = m->tp.size > 1;
     for (int r0 = 0; r0 < N; r0 += R) {
         int n = N - r0 < R ? N - r0 : R;
         head_forward(m, r0, n, tp ? 0.0f : loss_scale);
-        if (tp) k->crossentropy_vp_backward(m->logits, m->targets + r0, loss_scale, n, m->V, m->v0);
+        if (tp) k->crossentropy_vp_backward(m->logits, m->targets + r0, loss_scale, n, m->V, m->tp.v0);
         k->matmul_backward_a(m->dlnf + (size_t)r0 * C, m->g.lm_head, NULL, m->logits, act_at(m, m->lnf, (size_t)r0 * C),
                              m->p.lm_head, n, C, m->V);
     }
@@ -877,15 +877,15 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     const ModelConfig *c = &m->cfg;
     if (B > m->B || T > m->T) die(EXIT_INTERNAL, "model_forward: %dx%d exceeds the built %dx%d", B, T, m->B, m->T);
     int N = B * T, S = sp_rows(m, N), C = c->n_embd;
-    int tp = m->tp > 1, root = m->tp_rank == 0;
+    int tp = m->tp.size > 1, root = m->tp.rank == 0;
     m->cur_B = B;
     m->cur_T = T;
     k->from_host(m->tokens, tokens, (size_t)N * sizeof(int));
     if (targets) k->from_host(m->targets, targets, (size_t)N * sizeof(int));
-    if (m->cp > 1) { /* this rank's chunks: positions in the sequence, documents from the caller's starts */
+    if (m->cp.size > 1) { /* this rank's chunks: positions in the sequence, documents from the caller's starts */
         if (T % 2) die(EXIT_INTERNAL, "model_forward: %d rows a sequence under context parallelism (odd)", T);
         for (int n = 0; n < N; n++) {
-            int p = cp_pos(n % T, T, m->cp, m->cp_rank), s = m->eod_token >= 0 || m->doc_ends ? m->cp_doc0[n] : 0;
+            int p = cp_pos(n % T, T, m->cp.size, m->cp.rank), s = m->eod_token >= 0 || m->doc_ends ? m->cp.doc0[n] : 0;
             m->qstart_host[n] = s;
             m->pos_host[n] = m->reset_pos ? p - s : p;
         }
@@ -916,11 +916,11 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     }
     m->same_weights = 0;
     chunk_event(m, 0, CHUNK_PRE_FORWARD);
-    if (m->sp) { /* vocab-parallel lookup; wpe added once (tp rank 0); this rank's rows of the sum */
-        k->embed_forward_vp(m->dbuf1, m->tokens, positions(m), m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0, m->V);
+    if (m->tp.sp) { /* vocab-parallel lookup; wpe added once (tp rank 0); this rank's rows of the sum */
+        k->embed_forward_vp(m->dbuf1, m->tokens, positions(m), m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->tp.v0, m->V);
         sp_scatter(m, m->encoded, m->dbuf1, N, S);
     } else if (tp) {
-        k->embed_forward_vp(m->encoded, m->tokens, positions(m), m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->v0,
+        k->embed_forward_vp(m->encoded, m->tokens, positions(m), m->p.wte, root ? m->p.wpe : NULL, N, T, C, m->tp.v0,
                             m->V);
         tp_allreduce(m, m->encoded, (size_t)N * C, 0);
     } else {
@@ -928,8 +928,8 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     }
     chunk_event(m, 0, CHUNK_POST_FORWARD);
     const float *x = m->encoded;
-    int offload = m->offload && !m->forward_only;
-    if (m->offload && m->forward_only) offload_forward_only(m);
+    int offload = m->offload.on && !m->forward_only;
+    if (m->offload.on && m->forward_only) offload_forward_only(m);
     for (int l = 0; l < L; l++) {
         chunk_event(m, l + 1, CHUNK_PRE_FORWARD);
         if (offload) offload_pre_forward(m, l);
@@ -940,9 +940,9 @@ float model_forward_bt(Model *m, const int *tokens, const int *targets, int B, i
     }
     chunk_event(m, L + 1, CHUNK_PRE_FORWARD);
     if (tied) chunk_event(m, 0, CHUNK_PRE_FORWARD); /* the LM head reads wte */
-    if (m->sp) { /* the LM head reads every row */
-        norm_forward(m, m->sp_lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, S);
-        sp_gather(m, m->lnf, m->sp_lnf, S, m->act_bytes);
+    if (m->tp.sp) { /* the LM head reads every row */
+        norm_forward(m, m->tp.sp_lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, S);
+        sp_gather(m, m->lnf, m->tp.sp_lnf, S, m->act_bytes);
     } else {
         norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, x, m->p.lnf_w, m->p.lnf_b, N);
     }
@@ -999,9 +999,9 @@ float model_forward(Model *m, const int *tokens, const int *targets) {
  * or under sequence parallelism every TP rank's S rows of it gathered into
  * sp_dgath. */
 static const float *dres_rows(Model *m, int S) {
-    if (!m->sp) return m->dres;
-    sp_gather(m, m->sp_dgath, m->dres, S, (int)sizeof(float));
-    return m->sp_dgath;
+    if (!m->tp.sp) return m->dres;
+    sp_gather(m, m->tp.sp_dgath, m->dres, S, (int)sizeof(float));
+    return m->tp.sp_dgath;
 }
 
 void model_backward(Model *m, float loss_scale) {
@@ -1009,7 +1009,7 @@ void model_backward(Model *m, float loss_scale) {
     const ModelConfig *c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, N = B * T, S = sp_rows(m, N), C = c->n_embd, F = m->F;
     int nh = m->nh, nkv = m->nkv, hd = m->hd;
-    int llama = c->arch == ARCH_LLAMA, tp = m->tp > 1;
+    int llama = c->arch == ARCH_LLAMA, tp = m->tp.size > 1;
     int L = c->n_layer, tied = c->tie_embeddings;
 
     /* the training forward ran the LM head's backward (head_train) */
@@ -1030,7 +1030,7 @@ void model_backward(Model *m, float loss_scale) {
 
     for (int l = L - 1; l >= 0; l--) {
         chunk_event(m, l + 1, CHUNK_PRE_BACKWARD);
-        if (m->offload) offload_pre_backward(m, l);
+        if (m->offload.on) offload_pre_backward(m, l);
         const LayerPtrs *w = &m->p.layers[l];
         const LayerPtrs *g = &m->g.layers[l];
         const LayerActs *a = &m->la[l];
@@ -1085,7 +1085,7 @@ void model_backward(Model *m, float loss_scale) {
         chunk_event(m, l + 1, CHUNK_POST_BACKWARD);
     }
     if (!tied) chunk_event(m, 0, CHUNK_PRE_BACKWARD);
-    if (tp) k->embed_backward_vp(m->g.wte, m->g.wpe, dres_rows(m, S), m->tokens, positions(m), N, T, C, m->v0, m->V);
+    if (tp) k->embed_backward_vp(m->g.wte, m->g.wpe, dres_rows(m, S), m->tokens, positions(m), N, T, C, m->tp.v0, m->V);
     else k->embed_backward(m->g.wte, m->g.wpe, m->dres, m->tokens, positions(m), N, T, C);
     chunk_event(m, 0, CHUNK_POST_BACKWARD);
 }

@@ -51,7 +51,7 @@ typedef struct ModelPtrs {
 
 /* Saved activations of one layer (NULL where an arch has no such tensor).
  * ln1, atty, ln2 and fch_act are [a] buffers (kernels.h): act_bytes an
- * element, never read here. Under sequence parallelism (Model.sp) ln1,
+ * element, never read here. Under sequence parallelism (Model.tp.sp) ln1,
  * res2, ln2, res3 and the norms' statistics hold this rank's S rows. */
 typedef struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd;   /* [N,C], [N], [N] */
@@ -89,7 +89,7 @@ enum { CHUNK_PRE_FORWARD, CHUNK_POST_FORWARD, CHUNK_PRE_BACKWARD, CHUNK_POST_BAC
  * written, and no later work of this backward touches them (the
  * unsharded trainer starts their data-parallel all-reduce there); it may
  * not move the chunk's pointers.
- * cp_shift (context parallelism, Model.cp > 1): over the context group,
+ * cp_shift (context parallelism, Model.cp.size > 1): over the context group,
  * start sending `bytes` of backend memory to the next member of the ring
  * and receiving as many from the previous one into recv (cp.c's ring); it
  * returns a handle for cp_wait, after which the backend's later work sees
@@ -137,7 +137,7 @@ typedef struct ModelMem {
     int head_rows;
     int offload; /* train.activation_offload: layers' kept activations in host memory */
     int act_bytes; /* bytes per element of the [a] activations (kernels.h; 0: 4); model_build_tp takes the backend's */
-    int seq_parallel; /* parallel.sequence_parallel (with tp > 1): see Model.sp */
+    int seq_parallel; /* parallel.sequence_parallel (with tp > 1): see Model.tp.sp */
     int recompute; /* ACT_SELECTIVE: RC_ATTENTION | RC_NORM | RC_MLP_ACT (0: RC_ATTENTION) */
 } ModelMem;
 
@@ -146,12 +146,66 @@ typedef struct ModelMem {
  * (its input) and one in flight to or from the host. */
 #define OFFLOAD_SLOTS 3
 
+/* Tensor parallelism and Megatron's sequence parallelism (Model.tp): the
+ * rank's place in the TP group, its vocabulary slice and what the split
+ * activations need. */
+typedef struct ModelTP {
+    /* the size ranks each hold nh = n_head/size query heads, nkv = n_kv_head/size
+     * kv heads, F = ffn_hidden/size hidden units and the vocabulary rows
+     * [v0, v0 + V) of V = vocab_size/size (Model's; size 1: the full model) */
+    int size, rank, v0;
+    /* Megatron's sequence parallelism (size > 1): the residual stream, the
+     * norms and their outputs hold only this rank's S = ceil(N / size) of the
+     * N rows, rows [rank * S, +S) (the last rank's beyond N are zero
+     * padding). A norm's output is all-gathered into sp_gath before the
+     * column-parallel product that reads it (again in the backward, for the
+     * weight gradient), and a row-parallel product's partial sums are
+     * reduce-scattered instead of all-reduced; the backward mirrors it. The
+     * norms' weight gradients, partial over the rows, are all-reduced. */
+    int sp, S;                /* S: rows per rank at the built B x T (N when sp is 0) */
+    float *ce_max, *ce_sum;   /* [R], [2R] vocab-parallel cross-entropy pieces (size > 1) */
+    /* sequence parallelism (NULL without): Np = size * S rows */
+    float *sp_gath;           /* [Np, C] [a]: a norm's output all-gathered */
+    float *sp_dgath;          /* [Np, C]: d(residual stream) all-gathered */
+    float *sp_part;           /* [S, C]: a reduce-scatter's rows */
+    float *sp_lnf;            /* [S, C] [a]: the final norm's own rows */
+    float *sp_dnorm;          /* [2C]: a norm's weight (and bias) gradient over this rank's rows */
+} ModelTP;
+
+/* Context parallelism (Model.cp; cp_setup, cp.c; size 1: off): the model's
+ * T rows of a sequence are chunks rank and 2 size - 1 - rank of the
+ * sequence's 2 size chunks of T/2 tokens; positions (pos), qstart and
+ * attention are the sequence's (cp_pos) */
+typedef struct ModelCP {
+    int size, rank, mode;     /* mode: CP_RING | CP_ALL_GATHER (cp.h) */
+    float *ring[2];           /* ring: two buffers of a k|v block [B*T, 2 nkv hd] and its gradient after it
+                               * ([1] then a gradient's part, the backward's);
+                               * all_gather: [0] the own block and its gradient, [1] every block, then every gradient */
+    const int *doc0;          /* set by the caller before a forward when eod_token >= 0: [N] host memory,
+                               * each token's document's first position in its whole sequence */
+} ModelCP;
+
+/* Activation offload (Model.offload; train.activation_offload). */
+typedef struct ModelOffload {
+    int on;                   /* activation offload on (and n_layer > OFFLOAD_SLOTS) */
+    float *host;              /* host copy of every layer's kept activations [n_layer][layer_floats] */
+    size_t layer_floats, floats;
+    int slot_layer[OFFLOAD_SLOTS]; /* the layer whose activations a slot holds (-1: none) */
+    int slot_out[OFFLOAD_SLOTS];   /* offload_mark of the slot's store to the host not yet waited for (-1: none) */
+    int slot_in[OFFLOAD_SLOTS];    /* ... of its load from the host not yet waited for (-1: none) */
+} ModelOffload;
+
+/* FP8 linears (Model.fp8; train.compute_dtype fp8). */
+typedef struct ModelFP8 {
+    int on;                   /* the layers' linear products in FP8 (model_fp8) */
+} ModelFP8;
+
 typedef struct Model {
     ModelConfig cfg;
     int act_ckpt;             /* ACT_NONE | ACT_SELECTIVE | ACT_FULL */
     int recompute;            /* RC_* the backward recomputes: 0 (none), ModelMem.recompute (selective), RC_LAYER (full) */
     int head_rows;            /* LM head / cross-entropy rows at a time (ModelMem.head_rows, 0 resolved) */
-    int offload;              /* activation offload on (and n_layer > OFFLOAD_SLOTS) */
+    ModelOffload offload;
     int forward_only;         /* set by the caller around forwards no backward follows (no offload then) */
     float loss_scale;         /* set by the caller: the next backward's loss_scale. A forward with targets,
                                * not forward_only, with it set is a training forward: it runs the LM head's
@@ -164,29 +218,13 @@ typedef struct Model {
                                * next micro-batch of a gradient accumulation), so backend copies derived
                                * from them (kernels.h weights_stable) still hold; the next forward clears it */
     int act_bytes;            /* bytes per element of the [a] buffers (kernels.h): ln1, atty, ln2, fch_act, lnf */
-    int fp8;                  /* the layers' linear products in FP8 (model_fp8) */
-    float *offload_host;      /* host copy of every layer's kept activations [n_layer][offload_layer_floats] */
-    size_t offload_layer_floats, offload_floats;
-    int slot_layer[OFFLOAD_SLOTS]; /* the layer whose activations a slot holds (-1: none) */
-    int slot_out[OFFLOAD_SLOTS];   /* offload_mark of the slot's store to the host not yet waited for (-1: none) */
-    int slot_in[OFFLOAD_SLOTS];    /* ... of its load from the host not yet waited for (-1: none) */
+    ModelFP8 fp8;
     const Kernels *k;
     int B, T;                 /* micro-batch shape activations are sized for */
     int cur_B, cur_T;         /* shape of the last forward, which backward reuses */
     int hd, qkv_dim, fc_dim;  /* head dim, fused qkv rows, fc rows (F or 2F): LOCAL (per TP rank) */
-    /* tensor parallelism: tp ranks each hold nh = n_head/tp query heads,
-     * nkv = n_kv_head/tp kv heads, F = ffn_hidden/tp hidden units and the
-     * vocabulary rows [v0, v0 + V) of V = vocab_size/tp (tp = 1: the full model) */
-    int tp, tp_rank, nh, nkv, F, V, v0;
-    /* Megatron's sequence parallelism (tp > 1): the residual stream, the
-     * norms and their outputs hold only this rank's S = ceil(N / tp) of the
-     * N rows, rows [tp_rank * S, +S) (the last rank's beyond N are zero
-     * padding). A norm's output is all-gathered into sp_gath before the
-     * column-parallel product that reads it (again in the backward, for the
-     * weight gradient), and a row-parallel product's partial sums are
-     * reduce-scattered instead of all-reduced; the backward mirrors it. The
-     * norms' weight gradients, partial over the rows, are all-reduced. */
-    int sp, S;                /* S: rows per rank at the built B x T (N when sp is 0) */
+    int nh, nkv, F, V;        /* LOCAL query and kv heads, hidden units, vocabulary rows (ModelTP) */
+    ModelTP tp;               /* tensor and sequence parallelism */
     ModelComm comm;
 
     ParamSpec *specs;
@@ -215,7 +253,6 @@ typedef struct Model {
     int logits_row0;          /* after a forward without targets: logits holds rows [logits_row0, N) */
     int logits_end;           /* set by the caller (0: N): a forward without targets ends its rows there instead */
     float *losses;            /* [N] */
-    float *ce_max, *ce_sum;   /* [R], [2R] vocab-parallel cross-entropy pieces (tp > 1) */
     /* backward scratch */
     float *dres;              /* [N,C] gradient of the residual stream */
     float *dres_a;            /* [N,C] [a]: dres as the norms' backward last wrote it, for the output
@@ -223,12 +260,6 @@ typedef struct Model {
     float *dbuf1;             /* [N, max(C, nh * hd)] */
     float *dbuf2;             /* [N, max(qkv_dim, fc_dim, C)] */
     float *dlnf;              /* [N,C] */
-    /* sequence parallelism (NULL without): Np = tp * S rows */
-    float *sp_gath;           /* [Np, C] [a]: a norm's output all-gathered */
-    float *sp_dgath;          /* [Np, C]: d(residual stream) all-gathered */
-    float *sp_part;           /* [S, C]: a reduce-scatter's rows */
-    float *sp_lnf;            /* [S, C] [a]: the final norm's own rows */
-    float *sp_dnorm;          /* [2C]: a norm's weight (and bias) gradient over this rank's rows */
     int *tokens, *targets;    /* [N] backend memory */
     int eod_token;            /* set by the caller: the token that ends a document when documents matter
                                * (block_causal or reset_pos), -1 (model_build's) when they do not */
@@ -247,16 +278,7 @@ typedef struct Model {
                                * position less qstart; kernels.h's pos), computed by every forward under
                                * reset_pos */
     int *pos_host;            /* [N] host memory: the same whenever eod_token >= 0 */
-    /* context parallelism (cp_setup, cp.c; cp 1: off): the model's T rows
-     * of a sequence are chunks cp_rank and 2 cp - 1 - cp_rank of the
-     * sequence's 2 cp chunks of T/2 tokens; positions (pos), qstart and
-     * attention are the sequence's (cp_pos) */
-    int cp, cp_rank, cp_mode; /* cp_mode: CP_RING | CP_ALL_GATHER (cp.h) */
-    float *cp_ring[2];        /* ring: two buffers of a k|v block [B*T, 2 nkv hd] and its gradient after it
-                               * ([1] then a gradient's part, the backward's);
-                               * all_gather: [0] the own block and its gradient, [1] every block, then every gradient */
-    const int *cp_doc0;       /* set by the caller before a forward when eod_token >= 0: [N] host memory,
-                               * each token's document's first position in its whole sequence */
+    ModelCP cp;               /* context parallelism */
 } Model;
 
 /* train.lm_head_chunk 0: the rows of N the LM head takes at a time so that

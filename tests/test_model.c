@@ -84,7 +84,7 @@ static void test_sp_acts(void) {
         long saved = L * (N - S) * (4 * C + 2 * stats) + 2 * (N - S) * C + (N - S) * stats;
         long added = 2 * N * C + 2 * S * C + 2 * C;
         long got = (long)tp.acts_floats - (long)sp.acts_floats;
-        check(sp.sp == 1 && sp.S == S && tp.sp == 0 && got == saved - added,
+        check(sp.tp.sp == 1 && sp.tp.S == S && tp.tp.sp == 0 && got == saved - added,
               "%s, tp 2, sequence parallel: %ld fewer activation floats a rank (want %ld saved - %ld added = %ld)",
               llama ? "llama" : "gpt2", got, saved, added, saved - added);
         model_free(&tp);
@@ -248,7 +248,7 @@ static void test_cp_ring(void) {
                       ring.overlapped, overlap, ring.hazards, ring.bytes, want, ring.log);
             }
             k.free(qkv); k.free(dqkv); k.free(out); k.free(dout); k.free(lse);
-            for (int i = 0; i < 2; i++) k.free(m.cp_ring[i]);
+            for (int i = 0; i < 2; i++) k.free(m.cp.ring[i]);
         }
 }
 
@@ -317,7 +317,7 @@ static void test_cp_balance(void) {
             pairs[r] = bal.pairs;
             badq += bal.badq;
             k.free(qkv); k.free(out); k.free(lse);
-            for (int i = 0; i < 2; i++) k.free(m.cp_ring[i]);
+            for (int i = 0; i < 2; i++) k.free(m.cp.ring[i]);
         }
         int once = 0, other = 0, unequal = 0;
         for (int q = 0; q < Tg; q++)
