@@ -156,7 +156,7 @@ void ckpt_control(CkptRun *r, int wait, int stop_here, int *stop, int *due) {
     }
     ctl[2] = stop_here != 0;
     ctl[3] = is_root(r) && r->cfg->ckpt_every_minutes > 0 && now_s() - r->last >= 60.0 * r->cfg->ckpt_every_minutes;
-    dist_allreduce_sum_f64(r->dist, ctl, 5);
+    dist_allreduce(r->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, ctl, 5);
     if (wait && ctl[4] > 0) dist_phase(r->dist, r->dist->phase_step, r->dist->phase);
     if (stop) *stop = ctl[2] > 0;
     if (due) *due = ctl[3] > 0;
@@ -188,7 +188,7 @@ static int ck_make_room(CkptRun *r, int step) {
     double removed = 0;
     if (node_leader(r))
         removed = ckpt_remove_step(root, step) + ckpt_prune(root, r->cfg->ckpt_keep_last - 1, good >= 0 ? good : step - 1);
-    dist_allreduce_sum_f64(r->dist, &removed, 1);
+    dist_allreduce(r->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &removed, 1);
     if (removed == 0) return 0;
     if (is_root(r))
         fprintf(stderr, "llmtrain: checkpoint step %d: no space left in %s; removed its oldest complete checkpoint(s) now rather "
@@ -214,7 +214,7 @@ static void ck_advance(CkptRun *r, int any_failed) {
         x[2] = (double)(res.checksum & 0xffffffffu);
         x[3] = res.seconds;
     }
-    dist_allreduce_sum_f64(d, info, (size_t)W * 4);
+    dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, info, (size_t)W * 4);
     char tmp[1100], fin[1100], why[600] = "";
     ckpt_step_dir(tmp, sizeof tmp, r->root, step, 1);
     ckpt_step_dir(fin, sizeof fin, r->root, step, 0);
@@ -260,7 +260,7 @@ static void ck_advance(CkptRun *r, int any_failed) {
         double bad = cr != 0;
         commit_full = cr == -ENOSPC || cr == -EDQUOT; /* the manifest found the disk (or its inodes, or quota) full */
         if (bad) fprintf(stderr, "llmtrain: rank %d: checkpoint step %d: %s\n", d->rank, step, why);
-        dist_allreduce_sum_f64(d, &bad, 1);
+        dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &bad, 1);
         failed = bad > 0;
     }
     free(bytes);
@@ -269,7 +269,7 @@ static void ck_advance(CkptRun *r, int any_failed) {
     if (failed) {
         if (node_leader(r)) ckpt_remove(tmp);
         double full = commit_full || (res.state == CKPT_FAILED && (res.err == ENOSPC || res.err == EDQUOT));
-        dist_allreduce_sum_f64(d, &full, 1);
+        dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &full, 1);
         if (full > 0 && ck_make_room(r, step)) return;
         dist_barrier(d);
         if (r->phase == CK_LOCAL && durable && !r->direct) {
@@ -372,7 +372,7 @@ static void ck_recopy(CkptRun *r, const TrainState *st, const CkptManifest *mf, 
     ckpt_step_dir(dur, sizeof dur, c->ckpt_durable_dir, S, 0);
     /* rank 0 decides for all (ranks see the same folders) */
     double need = is_root(r) && strcmp(path, local) == 0 && ckpt_resolve(dur, found, sizeof found) != 0;
-    dist_allreduce_sum_f64(d, &need, 1);
+    dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &need, 1);
     if (need == 0) return;
     CkptLayout L = ckpt_manifest_layout(mf), now = ck_layout(r);
     if (L.world != now.world || L.tp != now.tp || L.shard != now.shard || L.replicate != now.replicate) {
@@ -387,7 +387,7 @@ static void ck_recopy(CkptRun *r, const TrainState *st, const CkptManifest *mf, 
     size_t len;
     char *text = read_text_file(man, &len);
     double bad = text == NULL;
-    dist_allreduce_sum_f64(d, &bad, 1);
+    dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &bad, 1);
     if (bad > 0) { /* verified a moment ago: gone since */
         free(text);
         if (is_root(r)) fprintf(stderr, "llmtrain: warning: %s: cannot read again; step %d is not copied to %s\n", man, S, c->ckpt_durable_dir);
@@ -465,7 +465,7 @@ void ckpt_claim_dirs(const Config *c, Dist *d) {
         }
         double waited = now_s() - began;
         if (code == CLAIM_HELD && waited >= c->ckpt_lock_wait_s) code = EXIT_USAGE;
-        dist_allgather_bytes(d, &code, codes, sizeof code);
+        dist_allgather(d, DIST_GROUP_WORLD, DIST_BYTE, &code, codes, sizeof code);
         int first = -1, held = 0;
         for (int r = 0; r < d->world; r++) {
             if (codes[r] == CLAIM_HELD) held = 1;
@@ -474,7 +474,7 @@ void ckpt_claim_dirs(const Config *c, Dist *d) {
         if (first >= 0) { /* that rank's line, to every rank (an all-reduce of its bytes) */
             double *bytes = calloc_check(CLAIM_LINE, sizeof *bytes);
             for (int i = 0; d->rank == first && i < CLAIM_LINE; i++) bytes[i] = (unsigned char)line[i];
-            dist_allreduce_sum_f64(d, bytes, CLAIM_LINE);
+            dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, bytes, CLAIM_LINE);
             for (int i = 0; i < CLAIM_LINE; i++) line[i] = (char)(unsigned char)bytes[i];
             line[CLAIM_LINE - 1] = '\0';
             free(bytes);
@@ -531,7 +531,7 @@ int ckpt_resume(CkptRun *r, TrainState *out) {
         memset(path, 0, sizeof path);
         why[0] = '\0';
         if (is_root(r) && i < nc) snprintf(path, sizeof path, "%s", cand + (size_t)i * PN);
-        dist_bcast_bytes(d, path, sizeof path);
+        dist_bcast(d, DIST_GROUP_WORLD, path, sizeof path);
         if (!path[0]) break;
         mf = ckpt_manifest_open(path, why, sizeof why);
         if (mf && ckpt_manifest_verify(mf, d->rank, d->world, why, sizeof why) != 0) { ckpt_manifest_close(mf); mf = NULL; }
@@ -551,7 +551,7 @@ int ckpt_resume(CkptRun *r, TrainState *out) {
             if (explicit) die(EXIT_USAGE, "checkpoint.resume: %s", why);
             fprintf(stderr, "llmtrain: rank %d: warning: skipping checkpoint %s: %s\n", d->rank, path, why);
         }
-        dist_allreduce_sum_f64(d, &bad, 1);
+        dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &bad, 1);
         if (bad == 0) break;
         ckpt_manifest_close(mf);
         mf = NULL;
@@ -562,7 +562,7 @@ int ckpt_resume(CkptRun *r, TrainState *out) {
     if (!mf && n_skipped > 0) {
         /* every checkpoint there is damaged: starting over would train past
          * them silently; that is the user's call, not the launcher's */
-        dist_bcast_bytes(d, skipped, sizeof skipped);
+        dist_bcast(d, DIST_GROUP_WORLD, skipped, sizeof skipped);
         die_replicated(!is_root(r));
         die(EXIT_USAGE, "checkpoint.resume: every checkpoint in %s%s%s failed verification (%d; newest %s); to train from step 0 anyway "
             "set checkpoint.resume=none (or move the folders away)", c->ckpt_dir, c->ckpt_durable_dir[0] ? " and " : "",

@@ -336,7 +336,7 @@ void dist_nccl_attach(Dist *d) {
             ncclResult_t r = ncclGetUniqueId(&id);
             if (r != ncclSuccess) nccl_fail(x, r, "ncclGetUniqueId", g);
         }
-        dist_group_bcast_bytes(d, g, &id, sizeof id);
+        dist_bcast(d, g, &id, sizeof id);
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
         cfg.blocking = 0;
         nccl_lock(x);

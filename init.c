@@ -64,7 +64,7 @@ static void load_ckpt(InitFrom *f, Model *m, Dist *d) {
         mf = NULL;
     }
     double bad = mf == NULL;
-    dist_allreduce_sum_f64(d, &bad, 1);
+    dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &bad, 1);
     if (!mf) die(EXIT_USAGE, "init.from: %s", why);
     if (bad > 0) {
         die_replicated(1); /* the rank that failed says why */

@@ -29,7 +29,7 @@ void layout_check_same_job(const Config *c, Dist *d) {
     size_t len = strlen(text) + 1;
     uint64_t h = fnv1a64(text);
     uint64_t *hashes = malloc_check((size_t)d->world * sizeof *hashes);
-    dist_allgather_bytes(d, &h, hashes, sizeof h);
+    dist_allgather(d, DIST_GROUP_WORLD, DIST_BYTE, &h, hashes, sizeof h);
     int differ = 0, first = 0;
     for (int r = d->world - 1; r >= 1; r--)
         if (hashes[r] != hashes[0]) differ++, first = r;
@@ -39,14 +39,14 @@ void layout_check_same_job(const Config *c, Dist *d) {
         return;
     }
     uint64_t root_len = len;
-    dist_bcast_bytes(d, &root_len, sizeof root_len);
+    dist_bcast(d, DIST_GROUP_WORLD, &root_len, sizeof root_len);
     char *root = malloc_check((size_t)root_len), host0[64] = "", diff[JOB_DIFF_BYTES] = "";
     if (d->rank == 0) {
         memcpy(root, text, len);
         host_name(host0, sizeof host0);
     }
-    dist_bcast_bytes(d, root, (size_t)root_len);
-    dist_bcast_bytes(d, host0, sizeof host0);
+    dist_bcast(d, DIST_GROUP_WORLD, root, (size_t)root_len);
+    dist_bcast(d, DIST_GROUP_WORLD, host0, sizeof host0);
     root[root_len - 1] = '\0';
     host0[sizeof host0 - 1] = '\0';
     if (d->rank == first) {
@@ -58,7 +58,7 @@ void layout_check_same_job(const Config *c, Dist *d) {
     }
     double *bytes = calloc_check(JOB_DIFF_BYTES, sizeof *bytes);
     for (int i = 0; i < JOB_DIFF_BYTES; i++) bytes[i] = (unsigned char)diff[i];
-    dist_allreduce_sum_f64(d, bytes, JOB_DIFF_BYTES);
+    dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, bytes, JOB_DIFF_BYTES);
     for (int i = 0; i < JOB_DIFF_BYTES; i++) diff[i] = (char)(unsigned char)bytes[i];
     diff[JOB_DIFF_BYTES - 1] = '\0';
     die(EXIT_USAGE, "%s: %s (%d of %d ranks differ from rank 0; expected every rank to read the same job file with the same --set "
@@ -171,7 +171,7 @@ static int gpu_shared(Dist *d, int dev, int count, char *msg, size_t n) {
     host_name(mine.host, sizeof mine.host);
     if (dev >= 0 && kernels_cuda_device_uuid(mine.id, sizeof mine.id) < 0)
         snprintf(mine.id, sizeof mine.id, "device %d of %d visible (UUID unreadable)", dev, count);
-    dist_allgather_bytes(d, &mine, all, sizeof mine);
+    dist_allgather(d, DIST_GROUP_WORLD, DIST_BYTE, &mine, all, sizeof mine);
     qsort(all, (size_t)d->world, sizeof *all, claim_cmp); /* the same GPU of a host: neighbours */
     int clash = 0;
     for (int i = 0; i + 1 < d->world && !clash; i++)
@@ -217,7 +217,7 @@ const Kernels *layout_select_backend(const Config *c, Dist *d) {
         if (want && !use) die(EXIT_USAGE, "%s: train.device \"cuda\": no usable CUDA device (%s)", c->path, why);
         if (!want && d->world > 1) { /* auto: CUDA only when every rank can */
             double n = use;
-            dist_allreduce_sum_f64(d, &n, 1);
+            dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &n, 1);
             use = n == d->world;
         }
         if (use) {
@@ -281,7 +281,7 @@ void layout_print(const Sharding *sh, const Kernels *k) {
     double mine[LAYOUT_RANK_BYTES];
     layout_rank_bytes(sh, k, mine);
     double *all = d->rank == 0 ? malloc_check((size_t)d->world * LAYOUT_RANK_BYTES * sizeof(double)) : NULL;
-    dist_gather_f64(d, mine, all, LAYOUT_RANK_BYTES);
+    dist_gather(d, DIST_GROUP_WORLD, DIST_F64, mine, all, LAYOUT_RANK_BYTES);
     if (d->rank != 0) return;
     int S = d->shard_size, R = d->replicate_size;
     printf("parallel: strategy %s | shard groups of %d x %d replicas | %s\n", sh->cfg->strategy, S, R,

@@ -154,7 +154,7 @@ static void ck_event(void *ctx, const char *line) { metrics_line(ctx, line); }
  * world, once a step): every rank stops at the same step. */
 static int logs_failed_agreed(Trainer *t) {
     double f = t->log_errno != 0;
-    dist_allreduce_sum_f64(&t->dist, &f, 1);
+    dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &f, 1);
     return f > 0;
 }
 
@@ -188,7 +188,7 @@ static void cp_doc_starts(Trainer *t) {
             for (int i = Tc - 1; i >= 0; i--)
                 if (doc_end_at(t, at + (size_t)i)) { end[(size_t)b * C + c] = c * Tc + i + 1; break; }
         }
-    dist_cp_allreduce_sum_f64(&t->dist, end, (size_t)B * C);
+    dist_allreduce(&t->dist, DIST_GROUP_CP, DIST_F64, DIST_SUM, end, (size_t)B * C);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < 2; h++) {
             size_t at = (size_t)b * T + (size_t)h * Tc;
@@ -270,7 +270,7 @@ static double step_targets(Trainer *t, int step, int batch, int accum) {
         load_batch(t, &t->train, micro_first_seq(t, step, j));
         for (size_t i = 0; i < N; i++) n += t->tgt[i] != CE_NO_TARGET;
     }
-    dist_allreduce_sum_f64(&t->dist, &n, 1);
+    dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &n, 1);
     return n / t->dist.tp;
 }
 
@@ -290,7 +290,7 @@ static void forward_only(Trainer *t, int on) {
  * collective of the whole world. */
 static int stop_agreed(Trainer *t) {
     double f = g_stop_signal != 0;
-    dist_allreduce_sum_f64(&t->dist, &f, 1);
+    dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &f, 1);
     return f > 0;
 }
 
@@ -321,7 +321,7 @@ static double eval_loss(Trainer *t, const DataSet *ds) {
     }
     forward_only(t, 0);
     if (t->eval_stopped) return NAN; /* every rank broke at the same batch */
-    dist_allreduce_sum_f64(&t->dist, sum, 2); /* a TP group's ranks count the same targets */
+    dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, sum, 2); /* a TP group's ranks count the same targets */
     return sum[1] > 0 ? sum[0] / sum[1] : NAN;
 }
 
@@ -426,23 +426,23 @@ static void print_sample(Trainer *t, int step) {
         }
         if (tp > 1 && dp0 && last >= 0) { /* the TP group holding the row */
             model_logits_to_host(m, last, 1, mine);
-            dist_tp_gather_f32(&t->dist, mine, tp0 ? row : NULL, (size_t)m->V);
+            dist_gather(&t->dist, DIST_GROUP_TP, DIST_F32, mine, tp0 ? row : NULL, (size_t)m->V);
         } else if (tp == 1 && dp0 && last >= 0) {
             model_logits_to_host(m, last, 1, row);
         }
         if (cp > 1 && dp0 && tp0) { /* the row to context rank 0 */
             for (int v = 0; v < V; v++) sum[v] = last >= 0 ? row[v] : 0.0;
-            dist_cp_allreduce_sum_f64(&t->dist, sum, (size_t)V);
+            dist_allreduce(&t->dist, DIST_GROUP_CP, DIST_F64, DIST_SUM, sum, (size_t)V);
             for (int v = 0; v < V; v++) row[v] = (float)sum[v];
         }
         /* the choice, and whether rank 0 was asked to stop (the sample then
          * ends here; the caller agrees on the stop with every rank) */
         double f[2] = {is_root(t) ? (double)pick_token(t, row, V) : 0, is_root(t) && g_stop_signal != 0};
         if (t->sh.sharded) { /* shared: only rank 0 contributes (host memory: float64 sums) */
-            dist_allreduce_sum_f64(&t->dist, f, 2);
+            dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, f, 2);
         } else {
-            if (cp > 1 && tp0) dist_cp_allreduce_sum_f64(&t->dist, f, 2);
-            dist_tp_allreduce_sum_f64(&t->dist, f, 2);
+            if (cp > 1 && tp0) dist_allreduce(&t->dist, DIST_GROUP_CP, DIST_F64, DIST_SUM, f, 2);
+            dist_allreduce(&t->dist, DIST_GROUP_TP, DIST_F64, DIST_SUM, f, 2);
         }
         ctx[n] = (int)f[0];
         if (f[1] > 0) {
@@ -768,14 +768,14 @@ static StepStats train_step(Trainer *t, int step) {
         /* each chunk's norm sum was queued when its shard was final;
          * replicas hold identical shards: summed over the shard group only */
         double sq = shard_sumsq_slots_take(&t->sh);
-        dist_allreduce_sum_f64(&t->dist, red, 1);
+        dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, red, 1);
         red[1] = sq;
     } else {
         /* every chunk's all-reduce began after its backward (shard.c's gradient hook),
          * and its gradient norm's sum was queued when its gradients were final */
         shard_ar_wait_all(&t->sh, step);
         red[1] = shard_sumsq_slots_take(&t->sh);
-        dist_allreduce_sum_f64(&t->dist, red, 1);
+        dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, red, 1);
     }
     /* every TP rank of a data-parallel slot holds the same loss */
     s.loss = red[0] / t->dist.tp / n_targets;
@@ -788,7 +788,7 @@ static StepStats train_step(Trainer *t, int step) {
         if (t->sh.sharded) { /* the summed gradient, gathered from the shards */
             float *g = k->alloc(m->n_params * sizeof(float));
             for (int ch = 0; ch < m->n_chunks; ch++)
-                dist_shard_allgather_f32(&t->dist, t->sh.gshard + t->sh.shard_off[ch], g + m->chunk_offset[ch], shard_len(&t->sh, ch));
+                dist_allgather(&t->dist, DIST_GROUP_SHARD, DIST_F32, t->sh.gshard + t->sh.shard_off[ch], g + m->chunk_offset[ch], shard_len(&t->sh, ch));
             if (is_root(t)) dump_flat(t, g, "grads");
             k->free(g);
         } else {
@@ -1011,19 +1011,19 @@ static void print_header(Trainer *t) {
     fflush(stdout);
 }
 
-static void tp_allreduce_cb(void *ctx, float *x, size_t n, int max) { dist_tp_allreduce_f32(ctx, x, n, max); }
-static void tp_allgather_cb(void *ctx, const void *send, void *recv, size_t n, int es) { dist_tp_allgather(ctx, send, recv, n, es); }
+static void tp_allreduce_cb(void *ctx, float *x, size_t n, int max) { dist_allreduce(ctx, DIST_GROUP_TP, DIST_F32, max, x, n); }
+static void tp_allgather_cb(void *ctx, const void *send, void *recv, size_t n, int es) { dist_allgather(ctx, DIST_GROUP_TP, es == 2 ? DIST_BF16 : DIST_F32, send, recv, n); }
 static void tp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size_t n) {
-    dist_tp_reduce_scatter_f32(ctx, send, recv, n);
+    dist_reduce_scatter(ctx, DIST_GROUP_TP, send, recv, n);
 }
 
-static int cp_shift_cb(void *ctx, const void *send, void *recv, size_t bytes) { return dist_cp_shift_start(ctx, send, recv, bytes); }
-static void cp_wait_cb(void *ctx, int h) { dist_cp_wait(ctx, h); }
-static void cp_allgather_cb(void *ctx, const void *send, void *recv, size_t bytes) { dist_cp_allgather(ctx, send, recv, bytes); }
+static int cp_shift_cb(void *ctx, const void *send, void *recv, size_t bytes) { return dist_shift_start(ctx, DIST_GROUP_CP, send, recv, bytes); }
+static void cp_wait_cb(void *ctx, int h) { dist_shift_wait(ctx, h); }
+static void cp_allgather_cb(void *ctx, const void *send, void *recv, size_t bytes) { dist_allgather(ctx, DIST_GROUP_CP, DIST_BYTE, send, recv, bytes); }
 static void cp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size_t n) {
-    dist_cp_reduce_scatter_f32(ctx, send, recv, n);
+    dist_reduce_scatter(ctx, DIST_GROUP_CP, send, recv, n);
 }
-static void cp_allreduce_max_cb(void *ctx, float *x, size_t n) { dist_cp_allreduce_max_f32(ctx, x, n); }
+static void cp_allreduce_max_cb(void *ctx, float *x, size_t n) { dist_allreduce(ctx, DIST_GROUP_CP, DIST_F32, DIST_MAX, x, n); }
 
 /* Option `name` at argv[*i], as `name VALUE` or `name=VALUE`: 1 with *val
  * VALUE and *i at its last word; 0 when argv[*i] is another word. */

@@ -661,13 +661,14 @@ void dist_group_rank(const Dist *d, int g, int *rank, int *size) {
     case DIST_GROUP_REPLICATE: *rank = d->shard_group; *size = d->replicate_size; break;
     case DIST_GROUP_DP: *rank = d->dp_rank; *size = d->dp; break;
     case DIST_GROUP_CP: *rank = d->cp_rank; *size = d->cp; break;
+    case DIST_GROUP_WORLD: *rank = d->rank; *size = d->world; break;
     default: die(EXIT_INTERNAL, "dist_group_rank: unknown group %d", g);
     }
 }
 
-void dist_group_bcast_bytes(Dist *d, int g, void *buf, size_t n) { x_bcast(d, xc_group(d, g), buf, n); }
+static void group_bcast_bytes(Dist *d, int g, void *buf, size_t n) { x_bcast(d, xc_group(d, g), buf, n); }
 
-void dist_allreduce_sum_f32(Dist *d, float *x, size_t n) {
+static void dp_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     if (d->dp == 1) return;
     trace(d, "allreduce", "dp", n, -1);
     if (d->dev) dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
@@ -675,7 +676,7 @@ void dist_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     d->bytes_allreduce += 2.0 * (d->dp - 1) / d->dp * (double)n * sizeof(float);
 }
 
-void dist_allreduce_sum_f64(Dist *d, double *x, size_t n) {
+static void world_allreduce_sum_f64(Dist *d, double *x, size_t n) {
     if (d->world == 1) return;
     x_allreduce(d, xc_world(d), x, n, X_F64, X_SUM);
 }
@@ -828,7 +829,7 @@ void dist_set_cp(Dist *d, int cp) {
     d->cp_rank = d->dp_rank % cp;
 }
 
-int dist_cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes) {
+static int cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes) {
     int cp = d->cp;
     if (cp == 1 || !d->groups) {
         copy_bytes(d, recv, send, bytes);
@@ -867,20 +868,20 @@ int dist_cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes) {
     return -1;
 }
 
-void dist_cp_wait(Dist *d, int h) { wait_handle(d, h, 0); }
+static void cp_wait(Dist *d, int h) { wait_handle(d, h, 0); }
 
-void dist_cp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
+static void cp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
     if (d->cp == 1 || !d->groups) return;
     x_allreduce(d, xc_group(d, DIST_GROUP_CP), x, n, X_F64, X_SUM);
 }
 
-void dist_cp_allgather(Dist *d, const void *send, void *recv, size_t bytes) {
+static void cp_allgather(Dist *d, const void *send, void *recv, size_t bytes) {
     if (d->cp == 1 || !d->groups) {
         copy_bytes(d, recv, send, bytes);
         return;
     }
     if (d->dev) {
-        if (bytes % 2) die(EXIT_INTERNAL, "dist_cp_allgather: %zu bytes over a device communicator (16-bit words)", bytes);
+        if (bytes % 2) die(EXIT_INTERNAL, "dist_allgather: %zu bytes over the cp group's device communicator (16-bit words)", bytes);
         dev_collective(d, "ncclAllGather", DIST_OP_ALLGATHER_BF16, DIST_GROUP_CP, send, recv, bytes / 2);
     } else {
         x_allgather(d, xc_group(d, DIST_GROUP_CP), send, recv, bytes, 1);
@@ -888,7 +889,7 @@ void dist_cp_allgather(Dist *d, const void *send, void *recv, size_t bytes) {
     d->bytes_cp += (double)(d->cp - 1) * (double)bytes;
 }
 
-void dist_cp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
+static void cp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
     if (d->cp == 1 || !d->groups) {
         copy_bytes(d, recv, send, n * sizeof(float));
         return;
@@ -898,7 +899,7 @@ void dist_cp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t 
     d->bytes_cp += (double)(d->cp - 1) * (double)n * sizeof(float);
 }
 
-void dist_cp_allreduce_max_f32(Dist *d, float *x, size_t n) {
+static void cp_allreduce_max_f32(Dist *d, float *x, size_t n) {
     int P = d->cp;
     if (P == 1 || !d->groups) return;
     if (d->dev) dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_MAX, DIST_GROUP_CP, x, x, n);
@@ -906,7 +907,7 @@ void dist_cp_allreduce_max_f32(Dist *d, float *x, size_t n) {
     d->bytes_cp += 2.0 * (P - 1) / P * (double)n * sizeof(float);
 }
 
-void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max) {
+static void tp_allreduce_f32(Dist *d, float *x, size_t n, int max) {
     int P = d->tp;
     if (P == 1 || !d->groups) return;
     if (d->dev) dev_collective(d, "ncclAllReduce", max ? DIST_OP_ALLREDUCE_MAX : DIST_OP_ALLREDUCE_SUM, DIST_GROUP_TP, x, x, n);
@@ -923,12 +924,12 @@ static void gather_f32_in(Dist *d, int g, int size, const float *send, float *re
     x_gather(d, xc_group(d, g), send, recv, n, X_F32);
 }
 
-void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
+static void tp_allreduce_sum_f64(Dist *d, double *x, size_t n) {
     if (d->tp == 1 || !d->groups) return;
     x_allreduce(d, xc_group(d, DIST_GROUP_TP), x, n, X_F64, X_SUM);
 }
 
-void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) { gather_f32_in(d, DIST_GROUP_TP, d->tp, send, recv, n); }
+static void tp_gather_f32(Dist *d, const float *send, float *recv, size_t n) { gather_f32_in(d, DIST_GROUP_TP, d->tp, send, recv, n); }
 
 /* Bytes of an element of collective op: bf16 words for DIST_OP_ALLGATHER_BF16, else floats. */
 static size_t op_elem_bytes(int op) { return op == DIST_OP_ALLGATHER_BF16 ? 2 : sizeof(float); }
@@ -966,26 +967,26 @@ static void shard_allgather(Dist *d, int op, const void *send, void *recv, size_
     group_allgather(d, DIST_GROUP_SHARD, op, send, recv, n, &d->bytes_allgather);
 }
 
-void dist_tp_allgather(Dist *d, const void *send, void *recv, size_t n, int es) {
-    if (es != 2 && es != 4) die(EXIT_INTERNAL, "dist_tp_allgather: elements of %d bytes (expected 2 or 4)", es);
+static void tp_allgather(Dist *d, const void *send, void *recv, size_t n, int es) {
+    if (es != 2 && es != 4) die(EXIT_INTERNAL, "dist_allgather: tp elements of %d bytes (expected 2 or 4)", es);
     group_allgather(d, DIST_GROUP_TP, es == 2 ? DIST_OP_ALLGATHER_BF16 : DIST_OP_ALLGATHER, send, recv, n, &d->bytes_tp_allgather);
 }
 
-void dist_tp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
+static void tp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
     group_reduce_scatter(d, DIST_GROUP_TP, send, recv, n, &d->bytes_tp_reduce_scatter);
 }
 
-void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n) {
+static void shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n) {
     if (d->shard_size > 1) trace(d, "allgather", "shard", n, -1);
     shard_allgather(d, DIST_OP_ALLGATHER, send, recv, n);
 }
 
-void dist_shard_allgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n) {
+static void shard_allgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n) {
     if (d->shard_size > 1) trace(d, "allgather_bf16", "shard", n, -1);
     shard_allgather(d, DIST_OP_ALLGATHER_BF16, send, recv, n);
 }
 
-void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
+static void shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
     if (d->shard_size > 1) trace(d, "reduce_scatter", "shard", n, -1);
     group_reduce_scatter(d, DIST_GROUP_SHARD, send, recv, n, &d->bytes_reduce_scatter);
 }
@@ -1045,20 +1046,20 @@ static int shard_istart(Dist *d, int op, const void *send, void *recv, size_t n)
     return h;
 }
 
-int dist_shard_iallgather_f32(Dist *d, const float *send, float *recv, size_t n) {
+static int shard_iallgather_f32(Dist *d, const float *send, float *recv, size_t n) {
     return shard_istart(d, DIST_OP_ALLGATHER, send, recv, n);
 }
 
-int dist_shard_iallgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n) {
+static int shard_iallgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n) {
     return shard_istart(d, DIST_OP_ALLGATHER_BF16, send, recv, n);
 }
 
-int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
+static int shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n) {
     return shard_istart(d, DIST_OP_REDUCE_SCATTER, send, recv, n);
 }
 
 /* A non-blocking sum of n floats in place over group g: DIST_GROUP_DP (the
- * group dist_allreduce_sum_f32 uses) or DIST_GROUP_REPLICATE, traced as
+ * group dp_allreduce_sum_f32 uses) or DIST_GROUP_REPLICATE, traced as
  * gname; -1 when the group has one member or it is already done (over TCP,
  * the collective itself). */
 static int iallreduce(Dist *d, int g, const char *gname, float *x, size_t n) {
@@ -1085,9 +1086,9 @@ static int iallreduce(Dist *d, int g, const char *gname, float *x, size_t n) {
     return h;
 }
 
-int dist_iallreduce_sum_f32(Dist *d, float *x, size_t n) { return iallreduce(d, DIST_GROUP_DP, "dp", x, n); }
+static int dp_iallreduce_sum_f32(Dist *d, float *x, size_t n) { return iallreduce(d, DIST_GROUP_DP, "dp", x, n); }
 
-int dist_replicate_iallreduce_sum_f32(Dist *d, float *x, size_t n) { return iallreduce(d, DIST_GROUP_REPLICATE, "replicate", x, n); }
+static int replicate_iallreduce_sum_f32(Dist *d, float *x, size_t n) { return iallreduce(d, DIST_GROUP_REPLICATE, "replicate", x, n); }
 
 /* dist_wait; traced: a handle the caller started (a blocking
  * collective's own handle is not traced) */
@@ -1114,16 +1115,16 @@ int dist_test(Dist *d, int h) {
     return done; /* the handle stays taken until dist_wait (MPI_Wait on a completed request returns at once) */
 }
 
-void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n) {
+static void shard_allreduce_sum_f64(Dist *d, double *x, size_t n) {
     if (d->shard_size == 1 || !d->groups) return;
     x_allreduce(d, xc_group(d, DIST_GROUP_SHARD), x, n, X_F64, X_SUM);
 }
 
-void dist_shard_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
+static void shard_gather_f32(Dist *d, const float *send, float *recv, size_t n) {
     gather_f32_in(d, DIST_GROUP_SHARD, d->shard_size, send, recv, n);
 }
 
-void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n) {
+static void replicate_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     int R = d->replicate_size;
     if (R == 1 || !d->groups) return;
     trace(d, "allreduce", "replicate", n, -1);
@@ -1132,7 +1133,7 @@ void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n) {
     d->bytes_allreduce += 2.0 * (R - 1) / R * (double)n * sizeof(float);
 }
 
-void dist_gather_f64(Dist *d, const double *send, double *recv, size_t n) {
+static void world_gather_f64(Dist *d, const double *send, double *recv, size_t n) {
     if (d->world == 1) {
         memcpy(recv, send, n * sizeof(double));
         return;
@@ -1140,7 +1141,7 @@ void dist_gather_f64(Dist *d, const double *send, double *recv, size_t n) {
     x_gather(d, xc_world(d), send, recv, n, X_F64);
 }
 
-void dist_allgather_bytes(Dist *d, const void *send, void *recv, size_t n) {
+static void world_allgather_bytes(Dist *d, const void *send, void *recv, size_t n) {
     if (d->world == 1) {
         memcpy(recv, send, n);
         return;
@@ -1148,6 +1149,91 @@ void dist_allgather_bytes(Dist *d, const void *send, void *recv, size_t n) {
     x_allgather(d, xc_world(d), send, recv, n, 1);
 }
 
-void dist_bcast_bytes(Dist *d, void *buf, size_t n) {
+static void world_bcast_bytes(Dist *d, void *buf, size_t n) {
     if (d->world > 1) x_bcast(d, xc_world(d), buf, n);
 }
+
+/* ------------------------------------------------------------------ */
+/* the collectives over named groups (parallel.h): each (group, type,   */
+/* operation) the layouts use, routed to its implementation above      */
+
+static const char *group_name(int g) {
+    static const char *const names[] = {"tp", "shard", "replicate", "dp", "cp", "world"};
+    return g >= 0 && g <= DIST_GROUP_WORLD ? names[g] : "unknown";
+}
+static const char *type_name(int type) {
+    return type == DIST_F32 ? "f32" : type == DIST_BF16 ? "bf16" : type == DIST_F64 ? "f64" : type == DIST_BYTE ? "byte" : "unknown";
+}
+static void no_such(const char *what, int g, int type) {
+    die(EXIT_INTERNAL, "%s: no %s collective over the %s group (%d)", what, type_name(type), group_name(g), g);
+}
+
+void dist_allreduce(Dist *d, int g, int type, int op, void *x, size_t n) {
+    if (op != DIST_SUM && op != DIST_MAX) die(EXIT_INTERNAL, "dist_allreduce: operation %d", op);
+    if (type == DIST_F32 && g == DIST_GROUP_TP) tp_allreduce_f32(d, x, n, op == DIST_MAX);
+    else if (type == DIST_F32 && g == DIST_GROUP_CP && op == DIST_MAX) cp_allreduce_max_f32(d, x, n);
+    else if (type == DIST_F32 && g == DIST_GROUP_DP && op == DIST_SUM) dp_allreduce_sum_f32(d, x, n);
+    else if (type == DIST_F32 && g == DIST_GROUP_REPLICATE && op == DIST_SUM) replicate_allreduce_sum_f32(d, x, n);
+    else if (type == DIST_F64 && op == DIST_SUM && g == DIST_GROUP_WORLD) world_allreduce_sum_f64(d, x, n);
+    else if (type == DIST_F64 && op == DIST_SUM && g == DIST_GROUP_TP) tp_allreduce_sum_f64(d, x, n);
+    else if (type == DIST_F64 && op == DIST_SUM && g == DIST_GROUP_CP) cp_allreduce_sum_f64(d, x, n);
+    else if (type == DIST_F64 && op == DIST_SUM && g == DIST_GROUP_SHARD) shard_allreduce_sum_f64(d, x, n);
+    else no_such(op == DIST_MAX ? "dist_allreduce (max)" : "dist_allreduce (sum)", g, type);
+}
+
+int dist_iallreduce(Dist *d, int g, float *x, size_t n) {
+    if (g == DIST_GROUP_DP) return dp_iallreduce_sum_f32(d, x, n);
+    if (g == DIST_GROUP_REPLICATE) return replicate_iallreduce_sum_f32(d, x, n);
+    no_such("dist_iallreduce", g, DIST_F32);
+    return -1;
+}
+
+void dist_allgather(Dist *d, int g, int type, const void *send, void *recv, size_t n) {
+    if (g == DIST_GROUP_TP && (type == DIST_F32 || type == DIST_BF16)) tp_allgather(d, send, recv, n, type == DIST_BF16 ? 2 : 4);
+    else if (g == DIST_GROUP_SHARD && type == DIST_F32) shard_allgather_f32(d, send, recv, n);
+    else if (g == DIST_GROUP_SHARD && type == DIST_BF16) shard_allgather_bf16(d, send, recv, n);
+    else if (g == DIST_GROUP_CP && type == DIST_BYTE) cp_allgather(d, send, recv, n);
+    else if (g == DIST_GROUP_WORLD && type == DIST_BYTE) world_allgather_bytes(d, send, recv, n);
+    else no_such("dist_allgather", g, type);
+}
+
+int dist_iallgather(Dist *d, int g, int type, const void *send, void *recv, size_t n) {
+    if (g == DIST_GROUP_SHARD && type == DIST_F32) return shard_iallgather_f32(d, send, recv, n);
+    if (g == DIST_GROUP_SHARD && type == DIST_BF16) return shard_iallgather_bf16(d, send, recv, n);
+    no_such("dist_iallgather", g, type);
+    return -1;
+}
+
+void dist_reduce_scatter(Dist *d, int g, const float *send, float *recv, size_t n) {
+    if (g == DIST_GROUP_TP) tp_reduce_scatter_f32(d, send, recv, n);
+    else if (g == DIST_GROUP_SHARD) shard_reduce_scatter_f32(d, send, recv, n);
+    else if (g == DIST_GROUP_CP) cp_reduce_scatter_f32(d, send, recv, n);
+    else no_such("dist_reduce_scatter", g, DIST_F32);
+}
+
+int dist_ireduce_scatter(Dist *d, int g, const float *send, float *recv, size_t n) {
+    if (g == DIST_GROUP_SHARD) return shard_ireduce_scatter_f32(d, send, recv, n);
+    no_such("dist_ireduce_scatter", g, DIST_F32);
+    return -1;
+}
+
+void dist_gather(Dist *d, int g, int type, const void *send, void *recv, size_t n) {
+    if (g == DIST_GROUP_TP && type == DIST_F32) tp_gather_f32(d, send, recv, n);
+    else if (g == DIST_GROUP_SHARD && type == DIST_F32) shard_gather_f32(d, send, recv, n);
+    else if (g == DIST_GROUP_WORLD && type == DIST_F64) world_gather_f64(d, send, recv, n);
+    else no_such("dist_gather", g, type);
+}
+
+void dist_bcast(Dist *d, int g, void *buf, size_t n) {
+    if (g == DIST_GROUP_WORLD) world_bcast_bytes(d, buf, n);
+    else if (g >= 0 && g < DIST_N_GROUPS_CP) group_bcast_bytes(d, g, buf, n);
+    else no_such("dist_bcast", g, DIST_BYTE);
+}
+
+int dist_shift_start(Dist *d, int g, const void *send, void *recv, size_t bytes) {
+    if (g == DIST_GROUP_CP) return cp_shift_start(d, send, recv, bytes);
+    no_such("dist_shift_start", g, DIST_BYTE);
+    return -1;
+}
+
+void dist_shift_wait(Dist *d, int h) { cp_wait(d, h); }

@@ -7,11 +7,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The process groups of a layout (dist_setup_groups, dist_set_tp). The
- * context group (dist_set_cp) comes after DIST_N_GROUPS, the data-parallel
- * groups' count; a device communicator has one for it too. */
+/* The named process groups of a layout, which every collective below
+ * takes (as torchtitan names its mesh axes): tp (dist_set_tp), shard,
+ * replicate and dp (dist_setup_groups), cp (dist_set_cp), and the world.
+ * The context group comes after DIST_N_GROUPS, the data-parallel groups'
+ * count; a device communicator has one for each group before
+ * DIST_N_GROUPS_CP, none for the world (a new axis goes before it). */
 enum { DIST_GROUP_TP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_DP, DIST_N_GROUPS,
-       DIST_GROUP_CP = DIST_N_GROUPS, DIST_N_GROUPS_CP };
+       DIST_GROUP_CP = DIST_N_GROUPS, DIST_N_GROUPS_CP, DIST_GROUP_WORLD = DIST_N_GROUPS_CP };
+/* A collective's elements (n counts them): float32, bf16 words, float64, bytes. */
+enum { DIST_F32, DIST_BF16, DIST_F64, DIST_BYTE };
+/* An all-reduce's operation. */
+enum { DIST_SUM = 0, DIST_MAX = 1 };
 
 /* Operations of a device communication library: on float32 elements, but
  * DIST_OP_ALLGATHER_BF16 gathers 16-bit words (bf16; NCCL's ncclBfloat16)
@@ -68,7 +75,7 @@ typedef struct Dist {
      * convention), reset by dist_comm_reset */
     double bytes_allgather, bytes_reduce_scatter, bytes_allreduce, bytes_tp_allreduce;
     double bytes_tp_allgather, bytes_tp_reduce_scatter; /* sequence parallelism's */
-    double bytes_cp; /* context parallelism's ring: bytes this rank sent (dist_cp_shift_start) */
+    double bytes_cp; /* context parallelism's ring: bytes this rank sent (dist_shift_start) */
     /* seconds this rank spent blocked in collectives and waits since
      * dist_comm_reset: communication that compute did not hide */
     double comm_wait_s, coll_t0;
@@ -105,13 +112,80 @@ void dist_init(Dist *d, int *argc, char ***argv);
  * elements per member; H the handle, -1 for a blocking one or one already
  * done) and `step S phase P wait hH`. A file that cannot be opened: exit 2. */
 void dist_finalize(Dist *d);
-/* Sum in place: float32 over the data-parallel group (ranks of the same
- * tp_rank), float64 over the world. Every float32 collective below takes
- * backend memory (device memory under an attached DistDevComm); every
- * float64 one, the gathers and the broadcast take host memory. */
-void dist_allreduce_sum_f32(Dist *d, float *x, size_t n);
-void dist_allreduce_sum_f64(Dist *d, double *x, size_t n);
+/* The collectives: one family over the named groups. Each (group, type,
+ * operation) the layouts use is below; any other is exit 70 (EXIT_INTERNAL)
+ * naming it. float32 and bf16 collectives take backend memory (device
+ * memory under an attached DistDevComm); float64, byte, gather and
+ * broadcast collectives take host memory, but the context group's byte
+ * all-gather (backend memory). A group of one member copies (or does
+ * nothing in place).
+ *
+ * dist_allreduce, in place over group g:
+ *   dp       F32 SUM  (ranks of the same tp_rank: the data-parallel sum)
+ *   replicate F32 SUM (HYBRID_SHARD's sum of a chunk's gradient shard)
+ *   tp       F32 SUM or MAX
+ *   cp       F32 MAX  (FP8 amaxes of tensors whose tokens the group
+ *                      splits; counted in bytes_cp as bus bytes, 2 (cp - 1)
+ *                      / cp x the floats)
+ *   world, tp, cp, shard  F64 SUM (host memory; cp's: sampling moves a row
+ *                      of logits and the choice with it) */
+void dist_allreduce(Dist *d, int g, int type, int op, void *x, size_t n);
+/* Non-blocking float32 sum in place over dp or replicate (counted when
+ * started): a handle for dist_wait / dist_test, or -1 when the group has
+ * one member or it is already done (over TCP, the collective itself). x
+ * stays untouched until the wait. */
+int dist_iallreduce(Dist *d, int g, float *x, size_t n);
+/* dist_allgather, every member's n elements into recv[size * n] (member i's
+ * block at i * n):
+ *   tp     F32 or BF16 (sequence parallelism)
+ *   shard  F32 or BF16 (the working weights under train.param_dtype bf16,
+ *          2 bytes each, counted so)
+ *   cp     BYTE, backend memory (parallel.context_mode all_gather; n even: a
+ *          device communicator moves 16-bit words; counted in bytes_cp as
+ *          bus bytes, (cp - 1) x the block each)
+ *   world  BYTE, host memory
+ * dist_reduce_scatter (float32 sum) of send[size * n], block index into
+ * recv[n]: tp, shard, cp (counted in bytes_cp as (cp - 1) x the block). */
+void dist_allgather(Dist *d, int g, int type, const void *send, void *recv, size_t n);
+void dist_reduce_scatter(Dist *d, int g, const float *send, float *recv, size_t n);
+/* Non-blocking shard-group all-gather (F32, BF16) / reduce-scatter (same
+ * buffers and byte counts as the blocking ones, counted when started). They
+ * return a handle for dist_wait / dist_test, or -1 when the group has one
+ * member (the copy is already done). Buffers stay untouched until the wait.
+ * A reduce-scatter with recv == send runs in place: the result lands in
+ * send[0, n). */
+int dist_iallgather(Dist *d, int g, int type, const void *send, void *recv, size_t n);
+int dist_ireduce_scatter(Dist *d, int g, const float *send, float *recv, size_t n);
+/* Gather n elements of HOST memory to the group's first member
+ * (recv[size * n] there; always MPI or TCP): tp F32, shard F32, world F64. */
+void dist_gather(Dist *d, int g, int type, const void *send, void *recv, size_t n);
+/* Broadcast n bytes of host memory from the group's first member: the world,
+ * or any other group (bootstraps a device communicator; needs
+ * dist_setup_groups). */
+void dist_bcast(Dist *d, int g, void *buf, size_t n);
+/* The context group's ring, backend memory: send `bytes` to the next member
+ * (cp_rank + 1 mod cp) and receive as many from the previous one into
+ * recv, started: a handle for dist_shift_wait. Over a device communicator
+ * (NCCL) it is queued on the communication stream after the backend's
+ * work so far and the backend's later work keeps running beside it until
+ * dist_shift_wait; over MPI it is MPI_Irecv and MPI_Isend under one handle
+ * (a shift over 2^31 - 1 bytes: MPI_Sendrecv, done before this returns,
+ * handle -1); over TCP, which has no point-to-point, an all-gather of the
+ * group whose previous member's block is kept (-1). Shifts in flight
+ * together pair up in the order they were started (MPI's message order:
+ * every member starts them in the same order). Counted in bytes_cp as the
+ * bytes sent. g: DIST_GROUP_CP. */
+int dist_shift_start(Dist *d, int g, const void *send, void *recv, size_t bytes);
+/* The backend's later work after shift h (-1: nothing); the host does not
+ * wait for a device communicator's. */
+void dist_shift_wait(Dist *d, int h);
+/* Complete and release a handle (-1: nothing); the watchdog names its
+ * collective while waiting. dist_test only drives progress and says whether
+ * it has completed: every handle still needs its dist_wait. */
+void dist_wait(Dist *d, int h);
+int dist_test(Dist *d, int h);
 void dist_barrier(Dist *d);
+void dist_comm_reset(Dist *d);
 /* Split the data-parallel ranks into shard groups of S consecutive ranks
  * and replicate groups (same rank % S). S must divide dp. Collective. */
 void dist_setup_groups(Dist *d, int S);
@@ -127,85 +201,6 @@ void dist_set_cp(Dist *d, int cp);
  * sequences are split over dp / cp slots, not over dp x cp ranks. */
 static inline int dist_seq_dp(const Dist *d) { return d->dp / (d->cp > 0 ? d->cp : 1); }
 static inline int dist_seq_rank(const Dist *d) { return d->dp_rank / (d->cp > 0 ? d->cp : 1); }
-/* Context group, backend memory: send `bytes` to the next member of the
- * ring (cp_rank + 1 mod cp) and receive as many from the previous one into
- * recv, started: a handle for dist_cp_wait. Over a device communicator
- * (NCCL) it is queued on the communication stream after the backend's
- * work so far and the backend's later work keeps running beside it until
- * dist_cp_wait; over MPI it is MPI_Irecv and MPI_Isend under one handle
- * (a shift over 2^31 - 1 bytes: MPI_Sendrecv, done before this returns,
- * handle -1); over TCP, which has no point-to-point, an all-gather of the
- * group whose previous member's block is kept (-1). Shifts in flight
- * together pair up in the order they were started (MPI's message order:
- * every member starts them in the same order). Counted in bytes_cp as the
- * bytes sent. */
-int dist_cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes);
-/* The backend's later work after shift h (-1: nothing); the host does not
- * wait for a device communicator's. */
-void dist_cp_wait(Dist *d, int h);
-/* Context group, HOST memory: a sum of doubles in place (sampling moves a
- * row of logits and the choice with it). */
-void dist_cp_allreduce_sum_f64(Dist *d, double *x, size_t n);
-/* Context group, backend memory (parallel.context_mode all_gather): every
- * member's `bytes` (even: a device communicator moves 16-bit words) into
- * recv[cp * bytes] in member order; the members' send[cp * n] floats
- * summed, block cp_rank into recv[n]. Counted in bytes_cp as bus bytes
- * ((cp - 1) x the block each). */
-void dist_cp_allgather(Dist *d, const void *send, void *recv, size_t bytes);
-void dist_cp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
-/* Context group, backend memory: the max of n floats in place (FP8 amaxes
- * of tensors whose tokens the group splits). Counted in bytes_cp as bus
- * bytes (2 (cp - 1) / cp x the floats). */
-void dist_cp_allreduce_max_f32(Dist *d, float *x, size_t n);
-/* TP group: in place over the tp ranks, sum (max = 0) or max (max = 1)
- * of floats; sum of doubles; gather n floats of HOST memory to tp_rank 0
- * (recv[tp*n]; always MPI). */
-void dist_tp_allreduce_f32(Dist *d, float *x, size_t n, int max);
-void dist_tp_allreduce_sum_f64(Dist *d, double *x, size_t n);
-/* TP group, backend memory (sequence parallelism): all-gather n elements
- * of es bytes (4: float32, 2: bf16 words) from every member into recv[tp*n]
- * (member i's block at i*n); reduce-scatter (sum) send[tp*n] into recv[n]. */
-void dist_tp_allgather(Dist *d, const void *send, void *recv, size_t n, int es);
-void dist_tp_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
-void dist_tp_gather_f32(Dist *d, const float *send, float *recv, size_t n);
-void dist_comm_reset(Dist *d);
-/* Shard group: all-gather n floats from every member into recv[S*n]
- * (member i's block at i*n); reduce-scatter (sum) send[S*n] into recv[n];
- * float64 sum in place; gather n floats of HOST memory to shard index 0
- * (recv[S*n] there; always MPI). */
-void dist_shard_allgather_f32(Dist *d, const float *send, float *recv, size_t n);
-void dist_shard_reduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
-void dist_shard_allreduce_sum_f64(Dist *d, double *x, size_t n);
-/* Non-blocking shard-group all-gather / reduce-scatter (same buffers and
- * byte counts as the blocking ones, counted when started). They return a
- * handle for dist_wait / dist_test, or -1 when the group has one member
- * (the copy is already done). Buffers stay untouched until the wait. A
- * reduce-scatter with recv == send runs in place: the result lands in
- * send[0, n). */
-int dist_shard_iallgather_f32(Dist *d, const float *send, float *recv, size_t n);
-/* The same all-gathers of n bf16 words per member (2 bytes each, counted
- * so): the working weights under train.param_dtype bf16. */
-void dist_shard_allgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n);
-int dist_shard_iallgather_bf16(Dist *d, const uint16_t *send, uint16_t *recv, size_t n);
-int dist_shard_ireduce_scatter_f32(Dist *d, const float *send, float *recv, size_t n);
-/* Non-blocking data-parallel all-reduce (sum of n floats in place, over the
- * group dist_allreduce_sum_f32 uses, counted when started): a handle as
- * above, or -1 when there is one data-parallel rank or it is already done
- * (over TCP, the collective itself). x stays untouched until the wait. */
-int dist_iallreduce_sum_f32(Dist *d, float *x, size_t n);
-/* Complete and release a handle (-1: nothing); the watchdog names its
- * collective while waiting. dist_test only drives progress and says whether
- * it has completed: every handle still needs its dist_wait. */
-void dist_wait(Dist *d, int h);
-int dist_test(Dist *d, int h);
-void dist_shard_gather_f32(Dist *d, const float *send, float *recv, size_t n);
-/* Replicate group: sum n floats in place; the non-blocking form as
- * dist_iallreduce_sum_f32 (HYBRID_SHARD's all-reduce of a chunk's gradient
- * shard over the replicas). */
-void dist_replicate_allreduce_sum_f32(Dist *d, float *x, size_t n);
-int dist_replicate_iallreduce_sum_f32(Dist *d, float *x, size_t n);
-/* World: gather n doubles from every rank to rank 0 (recv[world*n] there). */
-void dist_gather_f64(Dist *d, const double *send, double *recv, size_t n);
 /* Watchdog: a background thread that ends the job with exit code 5
  * (EXIT_TIMEOUT) when the phase recorded by dist_phase has lasted longer
  * than timeout_s seconds, printing one line naming rank, step, phase and the
@@ -243,15 +238,8 @@ int dist_fault_low_peak(Dist *d, int step);
  * group kind with the slowest group's bus bandwidth. Returns 1 when every
  * group reaches min_gbps, else 0 (rank 0 has printed the failure line). */
 int dist_health_check(Dist *d, size_t bytes, double min_gbps);
-/* World: broadcast n bytes from rank 0. */
-void dist_bcast_bytes(Dist *d, void *buf, size_t n);
-/* World: every rank's n bytes to every rank's recv[world * n], rank i's at recv + i * n. */
-void dist_allgather_bytes(Dist *d, const void *send, void *recv, size_t n);
 /* This rank's index in group g (DIST_GROUP_*) and the group's size. */
 void dist_group_rank(const Dist *d, int g, int *rank, int *size);
-/* Group g: broadcast n bytes from its first member (bootstraps a device
- * communicator). Needs dist_setup_groups. */
-void dist_group_bcast_bytes(Dist *d, int g, void *buf, size_t n);
 /* Route the float32 collectives through dev (after dist_setup_groups; dev
  * outlives the Dist) and give the watchdog its abort. */
 void dist_attach_device(Dist *d, const DistDevComm *dev);

@@ -401,7 +401,7 @@ int profile_window_report(ProfileWindow *w, Dist *d, const char *json_path, doub
     int W = d->world, rc = 0;
     double mine = profile_total_ms() / w->n;
     double *rank_ms = malloc_check((size_t)W * sizeof(double));
-    dist_gather_f64(d, &mine, rank_ms, 1);
+    dist_gather(d, DIST_GROUP_WORLD, DIST_F64, &mine, rank_ms, 1);
     if (d->rank != 0) {
         free(rank_ms);
         return 0;

@@ -94,10 +94,10 @@ void shard_gather_params(Sharding *sh) {
         size_t o = sh->shard_off[c], n = m->chunk_size[c];
         float *p = sh->full + m->chunk_offset[c];
         if (sh->wshard) { /* bf16 working weights: bf16 words into the chunk's upper half, widened in place */
-            dist_shard_allgather_bf16(sh->dist, sh->wshard + o, upper_half(p, n), shard_len(sh, c));
+            dist_allgather(sh->dist, DIST_GROUP_SHARD, DIST_BF16, sh->wshard + o, upper_half(p, n), shard_len(sh, c));
             sh->k->unpack_bf16(p, upper_half(p, n), n);
         } else {
-            dist_shard_allgather_f32(sh->dist, sh->master + o, p, shard_len(sh, c));
+            dist_allgather(sh->dist, DIST_GROUP_SHARD, DIST_F32, sh->master + o, p, shard_len(sh, c));
         }
         m->chunk_params[c] = p;
     }
@@ -171,10 +171,10 @@ static void chunk_fetch(Sharding *sh, int c) {
     m->chunk_params[c] = sh->pbuf[i];
     size_t o = sh->shard_off[c];
     if (sh->wshard) { /* bf16 words into the slot's upper half, widened in place at chunk_ready */
-        sh->ag_req[c] = dist_shard_iallgather_bf16(sh->dist, sh->wshard + o, upper_half(sh->pbuf[i], m->chunk_size[c]), shard_len(sh, c));
+        sh->ag_req[c] = dist_iallgather(sh->dist, DIST_GROUP_SHARD, DIST_BF16, sh->wshard + o, upper_half(sh->pbuf[i], m->chunk_size[c]), shard_len(sh, c));
         sh->ag_unpack[c] = 1;
     } else {
-        sh->ag_req[c] = dist_shard_iallgather_f32(sh->dist, sh->master + o, sh->pbuf[i], shard_len(sh, c));
+        sh->ag_req[c] = dist_iallgather(sh->dist, DIST_GROUP_SHARD, DIST_F32, sh->master + o, sh->pbuf[i], shard_len(sh, c));
     }
 }
 
@@ -216,7 +216,7 @@ static void ar_start(Sharding *sh, int c, float *x, size_t n) {
     if (c == 0 && sh->poison) { float nan = NAN; sh->k->from_host(x, &nan, sizeof nan); }
     if (sh->ar_req[c] >= 0) die(EXIT_INTERNAL, "step: chunk %d's gradient all-reduce started twice", c);
     sh->chunks_done++;
-    sh->ar_req[c] = sh->sharded ? dist_replicate_iallreduce_sum_f32(sh->dist, x, n) : dist_iallreduce_sum_f32(sh->dist, x, n);
+    sh->ar_req[c] = sh->sharded ? dist_iallreduce(sh->dist, DIST_GROUP_REPLICATE, x, n) : dist_iallreduce(sh->dist, DIST_GROUP_DP, x, n);
     if (sh->ar_req[c] < 0) gnorm_queue(sh, c); /* no replicas to all-reduce over: final now */
 }
 
@@ -270,7 +270,7 @@ static void rs_start(Sharding *sh, int c) {
     float *g = sh->gbuf[sh->gslot[c]];
     sh->k->grads_settle(g, sh->model->chunk_size[c]);
     sh->rs_state[c] = sh->micro > 0 ? 2 : 1;
-    sh->rs_req[c] = dist_shard_ireduce_scatter_f32(sh->dist, g, sh->micro > 0 ? g : sh->gshard + sh->shard_off[c], shard_len(sh, c));
+    sh->rs_req[c] = dist_ireduce_scatter(sh->dist, DIST_GROUP_SHARD, g, sh->micro > 0 ? g : sh->gshard + sh->shard_off[c], shard_len(sh, c));
     sh->model->chunk_grads[c] = NULL;
 }
 
@@ -364,8 +364,8 @@ static void sumsq_chunk_queue(Sharding *sh, const float *a, int c) {
 /* this rank's part of a model-wide sum of squares, summed over the shard
  * group when sharded and over the TP group */
 double shard_model_sumsq_ranks(Sharding *sh, double sq) {
-    if (sh->sharded) dist_shard_allreduce_sum_f64(sh->dist, &sq, 1);
-    dist_tp_allreduce_sum_f64(sh->dist, &sq, 1);
+    if (sh->sharded) dist_allreduce(sh->dist, DIST_GROUP_SHARD, DIST_F64, DIST_SUM, &sq, 1);
+    dist_allreduce(sh->dist, DIST_GROUP_TP, DIST_F64, DIST_SUM, &sq, 1);
     return sq;
 }
 

@@ -94,88 +94,88 @@ static void routing(Dist *d, int tp, int S) {
     dist_comm_reset(d);
 
     int c0 = n_calls;
-    dist_allreduce_sum_f32(d, x, n);
-    if (dp > 1) expect_blocking("dist_allreduce_sum_f32", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
-    else CHECK(n_calls == c0, "dist_allreduce_sum_f32 with dp 1 called the device");
+    dist_allreduce(d, DIST_GROUP_DP, DIST_F32, DIST_SUM, x, n);
+    if (dp > 1) expect_blocking("dist_allreduce dp", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_DP, x, x, n);
+    else CHECK(n_calls == c0, "dist_allreduce dp with dp 1 called the device");
     CHECK(d->bytes_allreduce == (dp > 1 ? 2.0 * (dp - 1) / dp * n * sizeof(float) : 0), "allreduce bytes %g", d->bytes_allreduce);
     /* its non-blocking form (NO_SHARD's all-reduce of a chunk's gradients):
      * started on the data-parallel group in place, tested, waited later */
     c0 = n_calls;
-    int ha = dist_iallreduce_sum_f32(d, x, n);
+    int ha = dist_iallreduce(d, DIST_GROUP_DP, x, n);
     if (dp > 1) {
         CHECK(ha >= 0 && n_calls == c0 + 1 && calls[c0].what == 's' && calls[c0].h == ha && calls[c0].op == DIST_OP_ALLREDUCE_SUM &&
                   calls[c0].group == DIST_GROUP_DP && calls[c0].send == x && calls[c0].recv == x && calls[c0].n == n,
-              "dist_iallreduce_sum_f32: not one start of an in-place all-reduce on the dp group (handle %d)", ha);
-        CHECK(dist_test(d, ha) == 1 && calls[n_calls - 1].what == 't' && calls[n_calls - 1].h == ha, "dist_iallreduce_sum_f32: test not routed");
+              "dist_iallreduce dp: not one start of an in-place all-reduce on the dp group (handle %d)", ha);
+        CHECK(dist_test(d, ha) == 1 && calls[n_calls - 1].what == 't' && calls[n_calls - 1].h == ha, "dist_iallreduce dp: test not routed");
         dist_wait(d, ha);
         CHECK(ha >= 0 && ha < 64 && live[ha] == 0 && calls[n_calls - 1].what == 'w' && calls[n_calls - 1].h == ha,
-              "dist_iallreduce_sum_f32: handle %d not waited once", ha);
+              "dist_iallreduce dp: handle %d not waited once", ha);
     } else {
-        CHECK(ha == -1 && n_calls == c0, "dist_iallreduce_sum_f32 with dp 1: handle %d, %d device calls", ha, n_calls - c0);
+        CHECK(ha == -1 && n_calls == c0, "dist_iallreduce dp with dp 1: handle %d, %d device calls", ha, n_calls - c0);
     }
     CHECK(d->bytes_allreduce == (dp > 1 ? 2 * 2.0 * (dp - 1) / dp * n * sizeof(float) : 0), "allreduce bytes %g after the non-blocking one",
           d->bytes_allreduce);
 
     c0 = n_calls;
-    dist_tp_allreduce_f32(d, x, n, 1);
-    if (tp > 1) expect_blocking("dist_tp_allreduce_f32 max", c0, DIST_OP_ALLREDUCE_MAX, DIST_GROUP_TP, x, x, n);
+    dist_allreduce(d, DIST_GROUP_TP, DIST_F32, DIST_MAX, x, n);
+    if (tp > 1) expect_blocking("dist_allreduce tp max", c0, DIST_OP_ALLREDUCE_MAX, DIST_GROUP_TP, x, x, n);
     c0 = n_calls;
-    dist_tp_allreduce_f32(d, x, n, 0);
-    if (tp > 1) expect_blocking("dist_tp_allreduce_f32 sum", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_TP, x, x, n);
+    dist_allreduce(d, DIST_GROUP_TP, DIST_F32, DIST_SUM, x, n);
+    if (tp > 1) expect_blocking("dist_allreduce tp sum", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_TP, x, x, n);
     else CHECK(n_calls == c0, "tp all-reduce with tp 1 called the device");
     CHECK(d->bytes_tp_allreduce == (tp > 1 ? 2 * 2.0 * (tp - 1) / tp * n * sizeof(float) : 0), "tp bytes %g", d->bytes_tp_allreduce);
 
     /* sequence parallelism's TP-group all-gathers (float32, bf16 words) and reduce-scatter */
     c0 = n_calls;
-    dist_tp_allgather(d, x, y, n, 4);
-    if (tp > 1) expect_blocking("dist_tp_allgather f32", c0, DIST_OP_ALLGATHER, DIST_GROUP_TP, x, y, n);
+    dist_allgather(d, DIST_GROUP_TP, DIST_F32, x, y, n);
+    if (tp > 1) expect_blocking("dist_allgather tp f32", c0, DIST_OP_ALLGATHER, DIST_GROUP_TP, x, y, n);
     else CHECK(n_calls == c0 + 1 && calls[c0].what == 'c' && calls[c0].recv == y, "tp 1 all-gather: not one device copy");
     c0 = n_calls;
-    dist_tp_allgather(d, x, y, n, 2);
-    if (tp > 1) expect_blocking("dist_tp_allgather bf16", c0, DIST_OP_ALLGATHER_BF16, DIST_GROUP_TP, x, y, n);
+    dist_allgather(d, DIST_GROUP_TP, DIST_BF16, x, y, n);
+    if (tp > 1) expect_blocking("dist_allgather tp bf16", c0, DIST_OP_ALLGATHER_BF16, DIST_GROUP_TP, x, y, n);
     c0 = n_calls;
-    dist_tp_reduce_scatter_f32(d, x, y, n);
-    if (tp > 1) expect_blocking("dist_tp_reduce_scatter_f32", c0, DIST_OP_REDUCE_SCATTER, DIST_GROUP_TP, x, y, n);
+    dist_reduce_scatter(d, DIST_GROUP_TP, x, y, n);
+    if (tp > 1) expect_blocking("dist_reduce_scatter tp", c0, DIST_OP_REDUCE_SCATTER, DIST_GROUP_TP, x, y, n);
     else CHECK(n_calls == c0 + 1 && calls[c0].what == 'c' && calls[c0].recv == y, "tp 1 reduce-scatter: not one device copy");
     CHECK(d->bytes_tp_allgather == (tp - 1) * (double)n * (4 + 2) && d->bytes_tp_reduce_scatter == (tp - 1) * (double)n * 4,
           "tp all-gather bytes %g, reduce-scatter bytes %g", d->bytes_tp_allgather, d->bytes_tp_reduce_scatter);
 
     c0 = n_calls;
-    dist_replicate_allreduce_sum_f32(d, x, n);
-    if (R > 1) expect_blocking("dist_replicate_allreduce_sum_f32", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_REPLICATE, x, x, n);
+    dist_allreduce(d, DIST_GROUP_REPLICATE, DIST_F32, DIST_SUM, x, n);
+    if (R > 1) expect_blocking("dist_allreduce replicate", c0, DIST_OP_ALLREDUCE_SUM, DIST_GROUP_REPLICATE, x, x, n);
     else CHECK(n_calls == c0, "replicate all-reduce with R 1 called the device");
     /* its non-blocking form (HYBRID_SHARD's all-reduce of a chunk's
      * gradient shard over the replicas): started on the replicate group in
      * place, tested, waited later, counted as the blocking one */
     double ar0 = d->bytes_allreduce;
     c0 = n_calls;
-    int hr = dist_replicate_iallreduce_sum_f32(d, x + 1, n);
+    int hr = dist_iallreduce(d, DIST_GROUP_REPLICATE, x + 1, n);
     if (R > 1) {
         CHECK(hr >= 0 && n_calls == c0 + 1 && calls[c0].what == 's' && calls[c0].h == hr && calls[c0].op == DIST_OP_ALLREDUCE_SUM &&
                   calls[c0].group == DIST_GROUP_REPLICATE && calls[c0].send == x + 1 && calls[c0].recv == x + 1 && calls[c0].n == n,
-              "dist_replicate_iallreduce_sum_f32: not one start of an in-place all-reduce on the replicate group (handle %d)", hr);
+              "dist_iallreduce replicate: not one start of an in-place all-reduce on the replicate group (handle %d)", hr);
         CHECK(dist_test(d, hr) == 1 && calls[n_calls - 1].what == 't' && calls[n_calls - 1].h == hr,
-              "dist_replicate_iallreduce_sum_f32: test not routed");
+              "dist_iallreduce replicate: test not routed");
         dist_wait(d, hr);
         CHECK(hr < 64 && live[hr] == 0 && calls[n_calls - 1].what == 'w' && calls[n_calls - 1].h == hr,
-              "dist_replicate_iallreduce_sum_f32: handle %d not waited once", hr);
+              "dist_iallreduce replicate: handle %d not waited once", hr);
     } else {
-        CHECK(hr == -1 && n_calls == c0, "dist_replicate_iallreduce_sum_f32 with R 1: handle %d, %d device calls", hr, n_calls - c0);
+        CHECK(hr == -1 && n_calls == c0, "dist_iallreduce replicate with R 1: handle %d, %d device calls", hr, n_calls - c0);
     }
     CHECK(d->bytes_allreduce - ar0 == (R > 1 ? 2.0 * (R - 1) / R * n * sizeof(float) : 0), "replicate all-reduce bytes %g",
           d->bytes_allreduce - ar0);
 
     c0 = n_calls;
-    dist_shard_allgather_f32(d, x, y, n);
+    dist_allgather(d, DIST_GROUP_SHARD, DIST_F32, x, y, n);
     if (S > 1) {
-        expect_blocking("dist_shard_allgather_f32", c0, DIST_OP_ALLGATHER, DIST_GROUP_SHARD, x, y, n);
+        expect_blocking("dist_allgather shard f32", c0, DIST_OP_ALLGATHER, DIST_GROUP_SHARD, x, y, n);
     } else {
         CHECK(n_calls == c0 + 1 && calls[c0].what == 'c' && calls[c0].recv == y && memcmp(x, y, n * sizeof(float)) == 0,
               "one-member all-gather: not one device copy");
     }
     c0 = n_calls;
-    dist_shard_reduce_scatter_f32(d, x, y, n);
-    if (S > 1) expect_blocking("dist_shard_reduce_scatter_f32", c0, DIST_OP_REDUCE_SCATTER, DIST_GROUP_SHARD, x, y, n);
+    dist_reduce_scatter(d, DIST_GROUP_SHARD, x, y, n);
+    if (S > 1) expect_blocking("dist_reduce_scatter shard", c0, DIST_OP_REDUCE_SCATTER, DIST_GROUP_SHARD, x, y, n);
     double ag = S > 1 ? (double)(S - 1) * n * sizeof(float) : 0;
     CHECK(d->bytes_allgather == ag && d->bytes_reduce_scatter == ag, "shard bytes %g %g, expected %g", d->bytes_allgather,
           d->bytes_reduce_scatter, ag);
@@ -183,18 +183,18 @@ static void routing(Dist *d, int tp, int S) {
     uint16_t x16[64], y16[64];
     for (size_t i = 0; i < 64; i++) x16[i] = (uint16_t)(d->rank * 64 + i);
     c0 = n_calls;
-    dist_shard_allgather_bf16(d, x16, y16, n);
+    dist_allgather(d, DIST_GROUP_SHARD, DIST_BF16, x16, y16, n);
     if (S > 1) {
-        expect_blocking("dist_shard_allgather_bf16", c0, DIST_OP_ALLGATHER_BF16, DIST_GROUP_SHARD, x16, y16, n);
+        expect_blocking("dist_allgather shard bf16", c0, DIST_OP_ALLGATHER_BF16, DIST_GROUP_SHARD, x16, y16, n);
         c0 = n_calls;
-        int hb = dist_shard_iallgather_bf16(d, x16, y16, n);
+        int hb = dist_iallgather(d, DIST_GROUP_SHARD, DIST_BF16, x16, y16, n);
         CHECK(hb >= 0 && n_calls == c0 + 1 && calls[c0].op == DIST_OP_ALLGATHER_BF16 && calls[c0].h == hb, "bf16 non-blocking start");
         dist_wait(d, hb);
     } else {
         CHECK(n_calls == c0 + 1 && calls[c0].what == 'c' && calls[c0].recv == y16 && calls[c0].n == n * 2 &&
                   memcmp(x16, y16, n * 2) == 0,
               "one-member bf16 all-gather: not one device copy of 2n bytes");
-        CHECK(dist_shard_iallgather_bf16(d, x16, y16, n) == -1, "one-member bf16 all-gather: a handle");
+        CHECK(dist_iallgather(d, DIST_GROUP_SHARD, DIST_BF16, x16, y16, n) == -1, "one-member bf16 all-gather: a handle");
     }
     CHECK(d->bytes_allgather == ag + 2 * (S > 1 ? (double)(S - 1) * n * 2 : 0), "bf16 all-gather bytes %g, expected %g",
           d->bytes_allgather, ag + 2 * (S > 1 ? (double)(S - 1) * n * 2 : 0));
@@ -202,8 +202,8 @@ static void routing(Dist *d, int tp, int S) {
 
     /* non-blocking: started now, tested, waited later, handles reused */
     c0 = n_calls;
-    int h1 = dist_shard_iallgather_f32(d, x, y, n);
-    int h2 = dist_shard_ireduce_scatter_f32(d, x, x, n); /* in place: the device gets recv == send */
+    int h1 = dist_iallgather(d, DIST_GROUP_SHARD, DIST_F32, x, y, n);
+    int h2 = dist_ireduce_scatter(d, DIST_GROUP_SHARD, x, x, n); /* in place: the device gets recv == send */
     if (S > 1) {
         CHECK(h1 >= 0 && h2 >= 0 && h1 != h2, "handles %d %d", h1, h2);
         CHECK(n_calls == c0 + 2 && calls[c0].op == DIST_OP_ALLGATHER && calls[c0 + 1].op == DIST_OP_REDUCE_SCATTER &&
@@ -213,7 +213,7 @@ static void routing(Dist *d, int tp, int S) {
         dist_wait(d, h2);
         dist_wait(d, h1);
         CHECK(live[h1] == 0 && live[h2] == 0, "handles not waited once each");
-        int h3 = dist_shard_iallgather_f32(d, x, y, n);
+        int h3 = dist_iallgather(d, DIST_GROUP_SHARD, DIST_F32, x, y, n);
         CHECK(h3 == h1 || h3 == h2, "handle %d not reused (%d, %d free)", h3, h1, h2);
         dist_wait(d, h3);
     } else {
@@ -223,34 +223,34 @@ static void routing(Dist *d, int tp, int S) {
     /* host memory: MPI, never the device */
     c0 = n_calls;
     double v = 1.0, w[2] = {1.0, (double)d->rank};
-    dist_allreduce_sum_f64(d, &v, 1);
-    CHECK(v == d->world, "dist_allreduce_sum_f64: %g", v);
+    dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, &v, 1);
+    CHECK(v == d->world, "dist_allreduce world f64: %g", v);
     v = 1.0;
-    dist_tp_allreduce_sum_f64(d, &v, 1);
-    CHECK(v == tp, "dist_tp_allreduce_sum_f64: %g", v);
+    dist_allreduce(d, DIST_GROUP_TP, DIST_F64, DIST_SUM, &v, 1);
+    CHECK(v == tp, "dist_allreduce tp f64: %g", v);
     v = 1.0;
-    dist_shard_allreduce_sum_f64(d, &v, 1);
-    CHECK(v == S, "dist_shard_allreduce_sum_f64: %g", v);
+    dist_allreduce(d, DIST_GROUP_SHARD, DIST_F64, DIST_SUM, &v, 1);
+    CHECK(v == S, "dist_allreduce shard f64: %g", v);
     double all[2 * 64];
-    dist_gather_f64(d, w, all, 2);
-    if (d->rank == 0) CHECK(all[2 * (d->world - 1) + 1] == d->world - 1, "dist_gather_f64");
+    dist_gather(d, DIST_GROUP_WORLD, DIST_F64, w, all, 2);
+    if (d->rank == 0) CHECK(all[2 * (d->world - 1) + 1] == d->world - 1, "dist_gather world f64");
     float mine = (float)d->rank, got[64];
-    dist_tp_gather_f32(d, &mine, got, 1);
-    if (d->tp_rank == 0) CHECK(got[tp - 1] == (float)(d->rank + tp - 1), "dist_tp_gather_f32: %g", got[tp - 1]);
-    dist_shard_gather_f32(d, &mine, got, 1);
-    if (d->shard_index == 0 && S > 1) CHECK(got[1] == (float)(d->rank + tp), "dist_shard_gather_f32: %g", got[1]);
+    dist_gather(d, DIST_GROUP_TP, DIST_F32, &mine, got, 1);
+    if (d->tp_rank == 0) CHECK(got[tp - 1] == (float)(d->rank + tp - 1), "dist_gather tp: %g", got[tp - 1]);
+    dist_gather(d, DIST_GROUP_SHARD, DIST_F32, &mine, got, 1);
+    if (d->shard_index == 0 && S > 1) CHECK(got[1] == (float)(d->rank + tp), "dist_gather shard: %g", got[1]);
     char b[8] = {0};
     if (d->rank == 0) strcpy(b, "hello");
-    dist_bcast_bytes(d, b, sizeof b);
-    CHECK(strcmp(b, "hello") == 0, "dist_bcast_bytes");
+    dist_bcast(d, DIST_GROUP_WORLD, b, sizeof b);
+    CHECK(strcmp(b, "hello") == 0, "dist_bcast world");
     int gr, gs;
     dist_group_rank(d, DIST_GROUP_SHARD, &gr, &gs);
     char id[16] = {0};
     if (gr == 0) snprintf(id, sizeof id, "s%d", d->rank);
-    dist_group_bcast_bytes(d, DIST_GROUP_SHARD, id, sizeof id);
+    dist_bcast(d, DIST_GROUP_SHARD, id, sizeof id);
     char want[16];
     snprintf(want, sizeof want, "s%d", d->rank - d->shard_index * tp);
-    CHECK(gs == S && gr == d->shard_index && strcmp(id, want) == 0, "dist_group_bcast_bytes over the shard group: '%s'", id);
+    CHECK(gs == S && gr == d->shard_index && strcmp(id, want) == 0, "dist_bcast over the shard group: '%s'", id);
     dist_barrier(d);
     CHECK(n_calls == c0, "host collectives called the device %d times", n_calls - c0);
 
@@ -278,7 +278,7 @@ int main(int argc, char **argv) {
     if (argc != 3) die(EXIT_USAGE, "usage: test_dist_dev TP S | test_dist_dev watchdog FILE");
     routing(&d, atoi(argv[1]), atoi(argv[2]));
     double tot[2] = {pass, fail};
-    dist_allreduce_sum_f64(&d, tot, 2); /* every rank's counts */
+    dist_allreduce(&d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, tot, 2); /* every rank's counts */
     dist_finalize(&d);
     int before = fail;
     CHECK(closed == 1 && d.dev == NULL, "dist_finalize: close called %d times", closed);

@@ -240,7 +240,7 @@ static void layout(Dist *d, int tp, int S) {
 
     if (dp > 1) {
         trace[0] = 0;
-        dist_allreduce_sum_f32(d, x, n);
+        dist_allreduce(d, DIST_GROUP_DP, DIST_F32, DIST_SUM, x, n);
         int ok = 1;
         for (size_t i = 0; i < n; i++) {
             float s = 0;
@@ -252,21 +252,21 @@ static void layout(Dist *d, int tp, int S) {
     }
     if (tp > 1) {
         for (size_t i = 0; i < n; i++) x[i] = val(d->rank, i);
-        dist_tp_allreduce_f32(d, x, n, 1);
+        dist_allreduce(d, DIST_GROUP_TP, DIST_F32, DIST_MAX, x, n);
         CHECK(x[0] == val(d->dp_rank * tp + tp - 1, 0) && x[n - 1] == val(d->dp_rank * tp + tp - 1, n - 1), "tp max: %g", x[0]);
         for (size_t i = 0; i < n; i++) x[i] = 1;
-        dist_tp_allreduce_f32(d, x, n, 0);
+        dist_allreduce(d, DIST_GROUP_TP, DIST_F32, DIST_SUM, x, n);
         CHECK(x[0] == tp, "tp sum: %g", x[0]);
     }
     if (R > 1) {
         for (size_t i = 0; i < n; i++) x[i] = 1;
-        dist_replicate_allreduce_sum_f32(d, x, n);
+        dist_allreduce(d, DIST_GROUP_REPLICATE, DIST_F32, DIST_SUM, x, n);
         CHECK(x[0] == R && x[n - 1] == R, "replicate sum: %g", x[0]);
     }
     if (S > 1) {
         int base = d->shard_group * S; /* dp rank of the group's first member */
         for (size_t i = 0; i < 64; i++) x[i] = val(d->rank, i);
-        dist_shard_allgather_f32(d, x, y, n);
+        dist_allgather(d, DIST_GROUP_SHARD, DIST_F32, x, y, n);
         int ok = 1;
         for (int k = 0; k < S; k++)
             for (size_t i = 0; i < n; i++) ok &= y[k * n + i] == val((base + k) * tp + d->tp_rank, i);
@@ -276,8 +276,8 @@ static void layout(Dist *d, int tp, int S) {
         for (size_t i = 0; i < 64; i++) x16[i] = (uint16_t)(0x3f80 + d->rank * 64 + i);
         memset(y16, 0, sizeof y16);
         double ag0 = d->bytes_allgather;
-        dist_shard_allgather_bf16(d, x16, y16, n);
-        int h16 = dist_shard_iallgather_bf16(d, x16 + 8, y16 + 64, 3);
+        dist_allgather(d, DIST_GROUP_SHARD, DIST_BF16, x16, y16, n);
+        int h16 = dist_iallgather(d, DIST_GROUP_SHARD, DIST_BF16, x16 + 8, y16 + 64, 3);
         dist_wait(d, h16);
         ok = 1;
         for (int k = 0; k < S; k++) {
@@ -293,7 +293,7 @@ static void layout(Dist *d, int tp, int S) {
         for (int inplace = 0; inplace < 2; inplace++) {
             for (size_t i = 0; i < 64; i++) x[i] = val(d->rank, i);
             trace[0] = 0;
-            int h = dist_shard_ireduce_scatter_f32(d, x, inplace ? x : y, n);
+            int h = dist_ireduce_scatter(d, DIST_GROUP_SHARD, x, inplace ? x : y, n);
             CHECK(dist_test(d, h) == 1, "dist_test of a finished reduce-scatter");
             dist_wait(d, h);
             const float *r = inplace ? x : y;
@@ -309,7 +309,7 @@ static void layout(Dist *d, int tp, int S) {
         }
         /* several in flight, tested before their wait (not ready at first: polled) */
         not_ready = 1;
-        int h1 = dist_shard_iallgather_f32(d, x, y, n), h2 = dist_shard_iallgather_f32(d, x + 8, y + 32, 2);
+        int h1 = dist_iallgather(d, DIST_GROUP_SHARD, DIST_F32, x, y, n), h2 = dist_iallgather(d, DIST_GROUP_SHARD, DIST_F32, x + 8, y + 32, 2);
         CHECK(dist_test(d, h1) == 0 && cudaGetLastError() == cudaSuccess, "not-ready test: answered done, or left the last error set");
         CHECK(dist_test(d, h2) == 1, "ready test answered not done");
         dist_wait(d, h2);
@@ -326,7 +326,7 @@ static void layout(Dist *d, int tp, int S) {
     CHECK(dist_health_check(d, 4096, 0) == 1 && cudaGetLastError() == cudaSuccess, "health check");
     total[0] = pass;
     total[1] = fail;
-    dist_allreduce_sum_f64(d, total, 2); /* every rank's counts, while MPI is up */
+    dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, total, 2); /* every rank's counts, while MPI is up */
     pass = fail = 0;
     dist_finalize(d);
     CHECK(n_destroyed == want && d->dev == NULL && g_poll == NULL, "finalize: %d of %d communicators destroyed", n_destroyed, want);
@@ -351,13 +351,13 @@ static void cp_layout(Dist *d, int cp) {
     trace[0] = 0;
     int calls0 = n_group_calls;
     double b0 = d->bytes_cp;
-    int h = dist_cp_shift_start(d, x, y, 5 * sizeof(float));
+    int h = dist_shift_start(d, DIST_GROUP_CP, x, y, 5 * sizeof(float));
     CHECK(h >= 0, "cp shift over NCCL: handle %d (expected one to wait for)", h);
     /* started: queued on the communication stream, the compute stream not
      * held until the wait (cp.c's parts run between the two) */
-    CHECK(strcmp(trace, "RwNNr") == 0, "cp shift started: stream trace %s, expected RwNNr (the compute stream waits only in dist_cp_wait)",
+    CHECK(strcmp(trace, "RwNNr") == 0, "cp shift started: stream trace %s, expected RwNNr (the compute stream waits only in dist_shift_wait)",
           trace);
-    dist_cp_wait(d, h);
+    dist_shift_wait(d, h);
     int prev = base + (d->cp_rank + cp - 1) % cp, ok = 1;
     for (int i = 0; i < 5; i++) ok &= y[i] == val(prev, (size_t)i);
     CHECK(ok, "cp shift: got %g, expected rank %d's %g", y[0], prev, val(prev, 0));
@@ -366,13 +366,13 @@ static void cp_layout(Dist *d, int cp) {
     CHECK(d->bytes_cp - b0 == 5 * sizeof(float), "cp shift: %g bytes counted, expected 20", d->bytes_cp - b0);
     unsigned char xb[6], yb[6 * 8];
     for (int i = 0; i < 6; i++) xb[i] = (unsigned char)(d->rank * 16 + i);
-    dist_cp_allgather(d, xb, yb, 6);
+    dist_allgather(d, DIST_GROUP_CP, DIST_BYTE, xb, yb, 6);
     ok = 1;
     for (int k = 0; k < cp; k++)
         for (int i = 0; i < 6; i++) ok &= yb[k * 6 + i] == (unsigned char)((base + k) * 16 + i);
     CHECK(ok, "cp all-gather of bytes: block order");
     for (int i = 0; i < 64; i++) y[i] = val(d->rank, (size_t)i);
-    dist_cp_reduce_scatter_f32(d, y, x, 2);
+    dist_reduce_scatter(d, DIST_GROUP_CP, y, x, 2);
     ok = 1;
     for (int i = 0; i < 2; i++) {
         float s = 0;
@@ -383,7 +383,7 @@ static void cp_layout(Dist *d, int cp) {
     CHECK(dist_health_check(d, 4096, 0) == 1, "health check with a context group");
     total[0] = pass;
     total[1] = fail;
-    dist_allreduce_sum_f64(d, total, 2);
+    dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, total, 2);
     pass = fail = 0;
     dist_finalize(d);
     CHECK(n_destroyed == want, "finalize: %d of %d communicators destroyed", n_destroyed, want);
@@ -397,7 +397,7 @@ int main(int argc, char **argv) {
         dist_setup_groups(&d, 1);
         dist_nccl_attach(&d);
         float x[4] = {1, 2, 3, 4};
-        dist_replicate_allreduce_sum_f32(&d, x, 4); /* the replicate group is the dp communicator */
+        dist_allreduce(&d, DIST_GROUP_REPLICATE, DIST_F32, DIST_SUM, x, 4); /* the replicate group is the dp communicator */
         comms[0]->async = ncclRemoteError;
         not_ready = -1;
         host_wait(); /* ends the job: exit 6 */
