@@ -378,8 +378,8 @@ static void ck_recopy(CkptRun *r, const TrainState *st, const CkptManifest *mf, 
     if (L.world != now.world || L.tp != now.tp || L.shard != now.shard || L.replicate != now.replicate) {
         if (is_root(r))
             fprintf(stderr, "llmtrain: warning: %s has no complete copy of step %d and this layout cannot make it "
-                            "(written by %d ranks, now %d); the next checkpoint is copied there\n", c->ckpt_durable_dir, S, L.world,
-                    d->world);
+                            "(written by %d rank%s, now %d); the next checkpoint is copied there\n", c->ckpt_durable_dir, S, L.world,
+                    L.world == 1 ? "" : "s", d->world);
         return;
     }
     char man[1200];
@@ -612,8 +612,8 @@ int ckpt_resume(CkptRun *r, TrainState *out) {
     *out = *st;
     r->done_step = st->step;
     if (is_root(r)) {
-        printf("resume: %s at step %d (written by %d ranks: tp %d x shard %d x replicate %d; now %d: tp %d x shard %d x replicate %d)\n",
-               path, st->step, L.world, L.tp, L.shard, L.replicate, d->world, d->tp, d->shard_size, d->replicate_size);
+        printf("resume: %s at step %d (written by %d rank%s: tp %d x shard %d x replicate %d; now %d: tp %d x shard %d x replicate %d)\n",
+               path, st->step, L.world, L.world == 1 ? "" : "s", L.tp, L.shard, L.replicate, d->world, d->tp, d->shard_size, d->replicate_size);
         fflush(stdout);
     }
     if (!explicit) ck_recopy(r, out, mf, path);

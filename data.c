@@ -480,26 +480,26 @@ void vocab_load(Vocab *v, const char *path) {
     memset(v, 0, sizeof *v);
     size_t len;
     char *buf = read_text_file(path, &len);
-    if (!buf) die(EXIT_USAGE, "%s: cannot read vocab file (%s)", path, read_text_why());
+    if (!buf) die(EXIT_USAGE, "data.vocab: %s: cannot read vocab file (%s)", path, read_text_why());
     const size_t hb = 256 * sizeof(uint32_t);
     if (len < hb)
-        die(EXIT_USAGE, "%s: vocab file has %zu bytes, shorter than the %zu-byte header", path, len, hb);
+        die(EXIT_USAGE, "data.vocab: %s: vocab file has %zu bytes, shorter than the %zu-byte header", path, len, hb);
     uint32_t h[256];
     memcpy(h, buf, hb);
     if (h[0] != VOCAB_MAGIC)
-        die(EXIT_USAGE, "%s: bad vocab magic %u (expected %d)", path, h[0], VOCAB_MAGIC);
-    if (h[1] != 1 && h[1] != 2) die(EXIT_USAGE, "%s: bad vocab version %u (expected 1 or 2)", path, h[1]);
-    if (h[2] == 0 || h[2] > (1u << 30)) die(EXIT_USAGE, "%s: bad vocab size %u in header", path, h[2]);
+        die(EXIT_USAGE, "data.vocab: %s: bad vocab magic %u (expected %d)", path, h[0], VOCAB_MAGIC);
+    if (h[1] != 1 && h[1] != 2) die(EXIT_USAGE, "data.vocab: %s: bad vocab version %u (expected 1 or 2)", path, h[1]);
+    if (h[2] == 0 || h[2] > (1u << 30)) die(EXIT_USAGE, "data.vocab: %s: bad vocab size %u in header", path, h[2]);
     /* each token takes at least its length byte: a size past that is a
      * damaged header, refused before the tables are allocated for it */
     if (h[2] > len - hb)
-        die(EXIT_USAGE, "%s: vocab header says %u tokens but the file has only %zu bytes after the header (at least one a token)",
+        die(EXIT_USAGE, "data.vocab: %s: vocab header says %u tokens but the file has only %zu bytes after the header (at least one a token)",
             path, h[2], len - hb);
     int n = (int)h[2];
     int eot = -1;
     if (h[1] == 2 && h[3] != 0xFFFFFFFFu) {
         if (h[3] >= h[2])
-            die(EXIT_USAGE, "%s: eot token %u >= vocab size %u (expected < vocab size, or 0xFFFFFFFF for none)",
+            die(EXIT_USAGE, "data.vocab: %s: eot token %u >= vocab size %u (expected < vocab size, or 0xFFFFFFFF for none)",
                 path, h[3], h[2]);
         eot = (int)h[3];
     }
@@ -510,10 +510,10 @@ void vocab_load(Vocab *v, const char *path) {
     size_t p = hb;
     for (int i = 0; i < n; i++) {
         if (p >= len)
-            die(EXIT_USAGE, "%s: truncated vocab file: ends at token %d of %d (expected a length byte)", path, i, n);
+            die(EXIT_USAGE, "data.vocab: %s: truncated vocab file: ends at token %d of %d (expected a length byte)", path, i, n);
         unsigned l = (unsigned char)buf[p++];
         if (len - p < l)
-            die(EXIT_USAGE, "%s: truncated vocab file: token %d needs %u bytes, file has %zu left", path, i, l,
+            die(EXIT_USAGE, "data.vocab: %s: truncated vocab file: token %d needs %u bytes, file has %zu left", path, i, l,
                 len - p);
         v->tok[i] = malloc_check(l + 1);
         memcpy(v->tok[i], buf + p, l);
@@ -527,13 +527,13 @@ void vocab_load(Vocab *v, const char *path) {
 void vocab_fit(const Vocab *v, const char *what, const char *path, int vocab_size) {
     long long n = v->n, padded = (n + VOCAB_PAD - 1) / VOCAB_PAD * VOCAB_PAD;
     if (n > vocab_size)
-        die(EXIT_USAGE, "%s: %s has %lld tokens, more than model.vocab_size %d (a table of another tokenizer? expected at most "
+        die(EXIT_USAGE, "data.vocab: %s: %s has %lld tokens, more than model.vocab_size %d (a table of another tokenizer? expected at most "
             "%d)", what, path, n, vocab_size, vocab_size);
     if (vocab_size > padded && padded > n)
-        die(EXIT_USAGE, "%s: %s has %lld tokens but model.vocab_size is %d (expected %lld, or up to %lld: a vocabulary padded "
+        die(EXIT_USAGE, "data.vocab: %s: %s has %lld tokens but model.vocab_size is %d (expected %lld, or up to %lld: a vocabulary padded "
             "to the next multiple of %d, as GPT-2's 50257 to 50304)", what, path, n, vocab_size, n, padded, VOCAB_PAD);
     if (vocab_size > padded)
-        die(EXIT_USAGE, "%s: %s has %lld tokens but model.vocab_size is %d (expected %lld, a multiple of %d that no padding "
+        die(EXIT_USAGE, "data.vocab: %s: %s has %lld tokens but model.vocab_size is %d (expected %lld, a multiple of %d that no padding "
             "rounds up)", what, path, n, vocab_size, n, VOCAB_PAD);
 }
 

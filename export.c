@@ -452,8 +452,8 @@ int export_main(int argc, char **argv) {
     else if (!origin) snprintf(tk, sizeof tk, "no tokenizer files (the checkpoint predates origin records)");
     char sh[96] = "model.safetensors";
     if (files > 1) snprintf(sh, sizeof sh, "%d shards of at most %.0f bytes + index", files, shard);
-    printf("exported %s (step %d, written by %d ranks: tp %d x shard %d x replicate %d) -> %s | %s, %s | %s\n", step_dir,
-           ckpt_manifest_state(mf)->step, L.world, L.tp, L.shard, L.replicate, pos[1], bf16 ? "bf16" : "fp32", sh, tk);
+    printf("exported %s (step %d, written by %d rank%s: tp %d x shard %d x replicate %d) -> %s | %s, %s | %s\n", step_dir,
+           ckpt_manifest_state(mf)->step, L.world, L.world == 1 ? "" : "s", L.tp, L.shard, L.replicate, pos[1], bf16 ? "bf16" : "fp32", sh, tk);
     cJSON_Delete(tok);
     cJSON_Delete(or);
     model_free(&m);

@@ -107,8 +107,9 @@ void init_from_describe(const InitFrom *f, char *out, size_t n) {
         snprintf(out, n, "init.from: %s | Hugging Face safetensors, %d file%s | %d tensors | %s", f->dir, f->n_files,
                  f->n_files == 1 ? "" : "s", f->n_tensors, f->dtype);
     else if (f->kind == INIT_CKPT)
-        snprintf(out, n, "init.from: %s | llmtrain checkpoint of step %d, written by %d ranks (tp %d x shard %d x replicate %d); "
-                 "weights only: new optimizer state, step 0 | %d tensors | %s", f->dir, f->step, f->layout.world, f->layout.tp,
+        snprintf(out, n, "init.from: %s | llmtrain checkpoint of step %d, written by %d rank%s (tp %d x shard %d x replicate %d); "
+                 "weights only: new optimizer state, step 0 | %d tensors | %s", f->dir, f->step, f->layout.world,
+                 f->layout.world == 1 ? "" : "s", f->layout.tp,
                  f->layout.shard, f->layout.replicate, f->n_tensors, f->dtype);
     else
         snprintf(out, n, "init.from: none");

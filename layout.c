@@ -71,10 +71,10 @@ int layout_check(Sharding *sh, Config *c, Dist *d, Model *m) {
     sh->model = m;
     const ModelConfig *mc = &c->model;
     if (d->world % c->tp != 0)
-        die(EXIT_USAGE, "%s: parallel.tensor %d does not divide the %d ranks", c->path, c->tp, d->world);
+        die(EXIT_USAGE, "%s: parallel.tensor %d does not divide the %d rank%s", c->path, c->tp, d->world, d->world == 1 ? "" : "s");
     if (d->world % (c->tp * c->cp) != 0)
-        die(EXIT_USAGE, "%s: parallel.tensor %d x parallel.context %d = %d does not divide the %d ranks (world = tp x cp x dp)",
-            c->path, c->tp, c->cp, c->tp * c->cp, d->world);
+        die(EXIT_USAGE, "%s: parallel.tensor %d x parallel.context %d = %d does not divide the %d rank%s (world = tp x cp x dp)",
+            c->path, c->tp, c->cp, c->tp * c->cp, d->world, d->world == 1 ? "" : "s");
     if (c->cp > 1 && c->seq_len % (2 * c->cp) != 0)
         die(EXIT_USAGE, "%s: train.seq_len %d is not divisible by 2 x parallel.context %d = %d (each sequence is cut into 2 cp "
             "equal chunks)", c->path, c->seq_len, c->cp, 2 * c->cp);

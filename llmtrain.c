@@ -1382,7 +1382,7 @@ static int cmd_check(int argc, char **argv) {
     double gpu = fit_gpu_bytes(c, gpu_mem, instance, what, sizeof what);
     double b[LAYOUT_RANK_BYTES], sc;
     t->accum = fit_estimate(&t->cfg, world, &t->sh, &t->dist, &t->model, b, &sc);
-    printf("check: %s: valid for %d ranks\n", c->path, world);
+    printf("check: %s: valid for %d rank%s\n", c->path, world, world == 1 ? "" : "s");
     if (c->description[0]) printf("description: %s\n", c->description);
     print_model_batch(t);
     int tp = t->dist.tp, dp = t->dist.dp, cp = t->dist.cp;

@@ -155,8 +155,9 @@ expect_fail "job file is a directory" "$TMP: cannot read job file (is a director
 expect_fail "job file is a FIFO" "fifo: cannot read job file (is a FIFO, expected a regular file)" timeout 20 $BIN check "$TMP/fifo"
 expect_fail "data.train is a FIFO" "data.train: $TMP/fifo: not a regular file (expected a token shard)" timeout 20 $BIN "$TMP/job.json" --set data.train="$TMP/fifo"
 expect_fail "data.val is a directory" "data.val: $TMP: not a regular file (expected a token shard)" timeout 20 $BIN "$TMP/job.json" --set data.val="$TMP"
-expect_fail "data.vocab is a directory" "$TMP: cannot read vocab file (is a directory, expected a file)" timeout 20 $BIN "$TMP/job.json" --set data.vocab="$TMP"
+expect_fail "data.vocab is a directory" "llmtrain: data.vocab: $TMP: cannot read vocab file (is a directory, expected a file)" timeout 20 $BIN "$TMP/job.json" --set data.vocab="$TMP"
 expect_fail "data.vocab is a FIFO" "fifo: cannot read vocab file (is a FIFO, expected a regular file)" timeout 20 $BIN "$TMP/job.json" --set data.vocab="$TMP/fifo"
+expect_fail "data.vocab missing" "llmtrain: data.vocab: $TMP/nope.bin: cannot read vocab file (" timeout 20 $BIN "$TMP/job.json" --set data.vocab="$TMP/nope.bin"
 expect_fail "init.from config.json is a directory" "hf_dir/config.json: cannot read (is a directory, expected a file)" timeout 20 $BIN "$TMP/job.json" --set init.from="$TMP/hf_dir"
 expect_fail "checkpoint manifest.json is a directory" "step_00000001/manifest.json: cannot read (is a directory, expected a file)" timeout 20 $BIN "$TMP/job.json" --set checkpoint.resume="$TMP/ck_dir/step_00000001"
 # no GPU here (CPU-only build, or CUDA build without a device): one line, exit 2
@@ -556,6 +557,11 @@ stale=""
 while IFS= read -r row; do grep -qxF -- "$row" docs/config.md || stale="$stale $(cut -d'`' -f2 <<<"$row")"; done < <($BIN keys)
 if [ -z "$stale" ]; then ok "docs/config.md's key table rows are the rows of llmtrain keys, word for word"
 else bad "docs/config.md's key table differs from llmtrain keys (regenerate it) at:$stale"; fi
+
+# one rank is "1 rank", in check's verdict and in a layout's refusal
+if $BIN check "$TMP/job.json" --world 1 2>&1 | grep -q ": valid for 1 rank$"; then ok "check --world 1 says 'valid for 1 rank'"
+else bad "check --world 1: $($BIN check "$TMP/job.json" --world 1 2>&1 | grep valid)"; fi
+expect_fail "tp 2 on one rank" "parallel.tensor 2 does not divide the 1 rank" $BIN check "$TMP/job.json" --world 1 --set parallel.tensor=2
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

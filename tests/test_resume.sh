@@ -113,7 +113,7 @@ run chain 2 --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=1
 rc=$?
 export_run chain
 if [ $rc -eq 0 ] && grep -q "resume: .*step_00000003 at step 3 (written by 4 ranks: tp 2 x shard 2 x replicate 1; now 1" "$TMP/chain.out" &&
-   grep -q "resume: .*step_00000006 at step 6 (written by 1 ranks: tp 1 x shard 1 x replicate 1; now 2: tp 1 x shard 1 x replicate 2)" "$TMP/chain.out" &&
+   grep -q "resume: .*step_00000006 at step 6 (written by 1 rank: tp 1 x shard 1 x replicate 1; now 2: tp 1 x shard 1 x replicate 2)" "$TMP/chain.out" &&
    $PY tests/compare_runs.py "$TMP/ref-np1" "$TMP/chain" --steps 10 --loss-rtol 1e-5 --weight-rtol 1e-3; then
     ok "reshard: tp2 x FULL_SHARD 2 -> 1 rank -> HYBRID_SHARD 2 replicas continues the uninterrupted losses and weights"
 else
