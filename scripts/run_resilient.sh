@@ -198,6 +198,8 @@ if [ -n "$metrics" ] && [ -f "$metrics" ]; then
             printf "run_resilient: %s after %d attempt(s), %d restart(s) | goodput %.1f%%: %.1f s of %d training steps that count over %.1f s wall | %d step(s) redone after rollbacks (%.1f s)\n",
                    how, attempts, restarts, pct, good, n, wall, redone, redone_ms / 1000
         }' "$metrics" >&2
+elif [ "$rc" -eq 2 ] || [ "$rc" -eq 126 ] || [ "$rc" -eq 127 ]; then
+    : # the job never started training: the attempt's line said why, and no goodput applies
 else
     echo "run_resilient: $([ "$rc" -eq 0 ] && echo finished || echo "ended with exit code $rc") after $attempt attempt(s), $restarts restart(s) | goodput unknown: no metrics.jsonl (pass --metrics FILE)" >&2
 fi

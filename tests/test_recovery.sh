@@ -175,8 +175,9 @@ else bad "temporary file: rc $rc, it held $(wc -c <"$TMP/quiet.kept") bytes, $(c
 
 # ---- no restart after bad input; SIGTERM is forwarded and ends the launcher ----
 "$RES" --delay 0 -- "$BIN" "$TMP/job.json" --set optim.lrr=1 >"$TMP/badin.out" 2>&1; rc=$?
-if [ $rc -eq 2 ] && [ "$(grep -c 'did you mean' "$TMP/badin.out")" -eq 1 ] && grep -q "a restart would fail the same way" "$TMP/badin.out"; then
-    ok "bad input: exit 2 after one attempt"
+if [ $rc -eq 2 ] && [ "$(grep -c 'did you mean' "$TMP/badin.out")" -eq 1 ] && grep -q "a restart would fail the same way" "$TMP/badin.out" &&
+   [ "$(grep -c '^run_resilient:' "$TMP/badin.out")" -eq 1 ] && ! grep -q goodput "$TMP/badin.out"; then
+    ok "bad input: exit 2 after one attempt, one line of the launcher's (no goodput for a job that never started)"
 else bad "bad input: rc $rc: $(cat "$TMP/badin.out")"; fi
 "$RES" --delay 0 -- "$BIN" "$TMP/job.json" --set log.dir="$TMP/term" --set train.steps=100000 --set parallel.strategy=NO_SHARD \
     --set checkpoint.every_steps=0 >"$TMP/term.out" 2>&1 &
