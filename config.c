@@ -816,6 +816,73 @@ char *config_canonical(const Config *cfg) {
     return b.s;
 }
 
+int config_key_applies(const Config *cfg, const char *path) {
+    if (strcmp(path, "train.recompute_modules") == 0) return cfg->act_ckpt == ACT_SELECTIVE;
+    if (strcmp(path, "train.fp8_recipe") == 0) return strcmp(cfg->compute_dtype, "fp8") == 0;
+    return 1;
+}
+
+/* Whether the job gave optim.decay_steps a value of its own (not 0). */
+static int decay_given(const Config *cfg) {
+    cJSON *root = cJSON_Parse(cfg->json_text);
+    const cJSON *v = root ? lookup(root, "optim.decay_steps") : NULL;
+    int given = cJSON_IsNumber(v) && v->valuedouble != 0;
+    cJSON_Delete(root);
+    return given;
+}
+
+/* The object at a key's section ("train" of "train.steps"), made on the
+ * way; the key's last name into *leaf. */
+static cJSON *section_of(cJSON *root, const char *path, const char **leaf) {
+    cJSON *at = root;
+    const char *p = path, *dot;
+    while ((dot = strchr(p, '.')) != NULL) {
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(dot - p), p);
+        cJSON *sub = cJSON_GetObjectItemCaseSensitive(at, name);
+        if (!sub) sub = cJSON_AddObjectToObject(at, name);
+        at = sub;
+        p = dot + 1;
+    }
+    *leaf = p;
+    return at;
+}
+
+char *config_resolved_json(const Config *cfg) {
+    cJSON *root = cJSON_CreateObject();
+    for (int i = 0; i < NKEYS; i++) {
+        const Key *k = &KEYS[i];
+        if (!config_key_applies(cfg, k->path)) continue;
+        const char *field = (const char *)cfg + k->off, *leaf;
+        cJSON *sec = section_of(root, k->path, &leaf), *v = NULL;
+        char name[64];
+        switch (k->type) {
+        case K_INT: /* optim.decay_steps as the job gave it: 0 (train.steps') is not the same job as its value */
+            v = cJSON_CreateNumber(strcmp(k->path, "optim.decay_steps") == 0 && !decay_given(cfg) ? 0 : *(const int *)field);
+            break;
+        case K_BOOL: v = cJSON_CreateBool(*(const int *)field); break;
+        case K_U64: v = cJSON_CreateNumber((double)*(const uint64_t *)field); break;
+        case K_FLOAT: v = cJSON_CreateNumber((double)*(const float *)field); break;
+        case K_DOUBLE: v = cJSON_CreateNumber(*(const double *)field); break;
+        case K_STR: v = cJSON_CreateString(field); break;
+        case K_ENUM: v = cJSON_CreateString(config_enum_name(k->choices, *(const int *)field, name, sizeof name)); break;
+        case K_SET:
+            v = cJSON_CreateArray();
+            for (int j = 0; j < 31; j++)
+                if (*(const int *)field >> j & 1)
+                    cJSON_AddItemToArray(v, cJSON_CreateString(config_enum_name(k->choices, j, name, sizeof name)));
+            break;
+        }
+        cJSON_AddItemToObject(sec, leaf, v);
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    char *out = malloc_check(strlen(text) + 2);
+    sprintf(out, "%s\n", text);
+    free(text);
+    return out;
+}
+
 /* a canonical line's key and value ("path=value"; a line without '=' is
  * all key, a text that ended is the key "(none)") */
 static void canon_split(const char *line, size_t len, const char **key, int *klen, const char **val, size_t *vlen) {

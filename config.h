@@ -167,6 +167,14 @@ int config_model_diff(const ModelConfig *a, const ModelConfig *b, char *out, siz
  * values as JSON text: two ranks whose texts are equal train the same job.
  * The caller frees. */
 char *config_canonical(const Config *cfg);
+/* Every key's resolved value (defaults, --set, init.from's model section)
+ * as a job file: nested JSON in the key table's order, less the keys that
+ * do not apply to this job (config_key_applies), so it loads back as the
+ * same job. The caller frees. */
+char *config_resolved_json(const Config *cfg);
+/* Whether a key applies to the job as configured: a key the job would
+ * refuse to be given (a wsd key under cosine, say) does not. */
+int config_key_applies(const Config *cfg, const char *path);
 /* The first line on which two config_canonical texts differ, into out:
  * "path is A <a_name>, B <b_name>" ("train.steps is 1000 on rank 3, 500
  * on rank 0"), or, where the texts name different keys (builds of another

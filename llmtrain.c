@@ -871,6 +871,21 @@ static double select_peak_gbs(Trainer *t) {
 
 /* A resumed run appends (a resume event line marks where; steps after the
  * checkpoint that the failed attempt logged stay, and are logged again). */
+/* log.dir/config.json: every key's value this start runs with
+ * (config_resolved_json), written whole under a temporary name and
+ * renamed, so it is the last start's or the one before, never half. */
+static void write_resolved_config(Trainer *t) {
+    char path[1200], tmp[1300];
+    snprintf(path, sizeof path, "%s/config.json", t->cfg.log_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char *text = config_resolved_json(&t->cfg);
+    FILE *f = fopen(tmp, "w");
+    int bad = !f || fputs(text, f) < 0;
+    if (f) bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) die(EXIT_IO, "%s: cannot write (%s)", path, strerror(errno));
+    free(text);
+}
+
 static void open_metrics(Trainer *t, int resumed) {
     if (!is_root(t)) return;
     if (mkdir_p(t->cfg.log_dir) != 0) die(EXIT_IO, "log.dir: cannot create %s (%s)", t->cfg.log_dir, strerror(errno));
@@ -879,6 +894,7 @@ static void open_metrics(Trainer *t, int resumed) {
     t->metrics = fopen(path, resumed ? "a" : "w");
     if (!t->metrics) die(EXIT_IO, "%s: cannot open for writing (%s)", path, strerror(errno));
     t->metrics_good = log_end(t->metrics);
+    write_resolved_config(t);
     if (resumed) {
         char line[96];
         snprintf(line, sizeof line, "{\"event\":\"resume\",\"step\":%d,\"world\":%d}\n", t->step_base, t->dist.world);
@@ -1376,12 +1392,27 @@ static int cmd_check(int argc, char **argv) {
     int world = 1;
     const char *gpu_mem, *instance;
     fit_take_flags(&argc, argv, &gpu_mem, &instance);
-    load_job(t, argc, argv, &world, "llmtrain check JOB.json [--world N] [--gpu-mem 40GiB | --instance TYPE] [--set key=value ...]");
+    int print_config = 0; /* --print-config: the resolved job as JSON, not the report */
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--print-config") == 0) {
+            print_config = 1;
+            memmove(argv + i, argv + i + 1, (size_t)(argc - i) * sizeof *argv);
+            argc--, i--;
+        }
+    load_job(t, argc, argv, &world, "llmtrain check JOB.json [--world N] [--gpu-mem 40GiB | --instance TYPE] [--print-config] [--set key=value ...]");
     const Config *c = &t->cfg;
     char what[256];
     double gpu = fit_gpu_bytes(c, gpu_mem, instance, what, sizeof what);
     double b[LAYOUT_RANK_BYTES], sc;
     t->accum = fit_estimate(&t->cfg, world, &t->sh, &t->dist, &t->model, b, &sc);
+    if (print_config) { /* valid for the world: the job, every key resolved */
+        char *text = config_resolved_json(c);
+        fputs(text, stdout);
+        free(text);
+        model_free(&t->model);
+        config_free(&t->cfg);
+        return EXIT_OK;
+    }
     printf("check: %s: valid for %d rank%s\n", c->path, world, world == 1 ? "" : "s");
     if (c->description[0]) printf("description: %s\n", c->description);
     print_model_batch(t);
@@ -1416,8 +1447,9 @@ static int cmd_check(int argc, char **argv) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: llmtrain JOB.json [--set key=value ...]   train (mpirun -np N for several ranks)\n"
-            "       llmtrain export CHECKPOINT_DIR OUT_DIR    write a Hugging Face folder\n"
-            "       llmtrain check JOB.json [--world N] [--set key=value ...]\n"
+            "       llmtrain export CHECKPOINT_DIR OUT_DIR [--dtype fp32|bf16] [--max-shard-size SIZE] [--tokenizer DIR|none]\n"
+            "                                                 write a Hugging Face folder\n"
+            "       llmtrain check JOB.json [--world N] [--gpu-mem SIZE | --instance TYPE] [--print-config] [--set key=value ...]\n"
             "                                                 validate the job and its layout for N ranks\n"
             "       llmtrain keys                             list every config key with its default\n"
             "       llmtrain --version\n"

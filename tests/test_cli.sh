@@ -563,5 +563,44 @@ if $BIN check "$TMP/job.json" --world 1 2>&1 | grep -q ": valid for 1 rank$"; th
 else bad "check --world 1: $($BIN check "$TMP/job.json" --world 1 2>&1 | grep valid)"; fi
 expect_fail "tp 2 on one rank" "parallel.tensor 2 does not divide the 1 rank" $BIN check "$TMP/job.json" --world 1 --set parallel.tensor=2
 
+# the resolved config: check --print-config is every applying key's value as
+# a job file that loads back as the same job, under several schedules and
+# modes; a training run writes the same text to log.dir/config.json
+roundtrip() {
+    local what=$1; shift
+    if $BIN check "$TMP/job.json" --print-config "$@" >"$TMP/pc1.json" 2>"$TMP/pc.err" &&
+       $BIN check "$TMP/pc1.json" --print-config >"$TMP/pc2.json" 2>>"$TMP/pc.err" && cmp -s "$TMP/pc1.json" "$TMP/pc2.json"; then
+        ok "check --print-config ($what) loads back as the same job"
+    else bad "check --print-config ($what): $(cat "$TMP/pc.err") $(diff "$TMP/pc1.json" "$TMP/pc2.json" 2>&1 | head -4)"; fi
+}
+roundtrip "defaults"
+roundtrip "selective recompute" --set train.activation_checkpointing=selective --set 'train.recompute_modules=["attention"]'
+roundtrip "FP8 rowwise" --set train.compute_dtype=fp8 --set train.fp8_recipe=rowwise
+roundtrip "wsd" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=1 --set optim.warmup_steps=0
+roundtrip "a decay of its own" --set optim.decay_steps=40
+$BIN check "$TMP/job.json" --print-config --set train.steps=3 --set=optim.lr=0.002 >"$TMP/pc.json" 2>&1
+$BIN keys | sed -n 's/^| `\([^`]*\)`.*/\1/p' >"$TMP/keys.txt"
+if "$PY" - "$TMP/pc.json" "$TMP/keys.txt" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+def flat(o, pre=""):
+    for k, v in o.items():
+        if isinstance(v, dict): yield from flat(v, pre + k + ".")
+        else: yield pre + k, v
+got = dict(flat(d))
+want = [k for k in open(sys.argv[2]).read().split() if k not in ("train.recompute_modules", "train.fp8_recipe")]
+assert list(got) == want, set(want) ^ set(got)
+assert got["train.steps"] == 3 and abs(got["optim.lr"] - 0.002) < 1e-9 and got["model.n_layer"] == 1, got
+assert got["model.ffn_hidden"] > 0 and got["optim.decay_steps"] == 0  # resolved; decay_steps as the job gave it
+PYEOF
+then ok "check --print-config: every key in the key table's order less the two that do not apply, --set values in"
+else bad "check --print-config's keys or values: $(head -c 300 "$TMP/pc.json")"; fi
+rm -rf "$TMP/pcrun"
+$BIN "$TMP/job.json" --set log.dir="$TMP/pcrun" --set checkpoint.dir="$TMP/pcrun/ck" --set train.steps=3 >/dev/null 2>&1
+$BIN check "$TMP/job.json" --print-config --set log.dir="$TMP/pcrun" --set checkpoint.dir="$TMP/pcrun/ck" --set train.steps=3 >"$TMP/pc3.json" 2>&1
+if cmp -s "$TMP/pcrun/config.json" "$TMP/pc3.json" && ! ls "$TMP/pcrun"/config.json.tmp >/dev/null 2>&1; then
+    ok "a run writes log.dir/config.json, check --print-config's text for the same job"
+else bad "log.dir/config.json: $(diff "$TMP/pcrun/config.json" "$TMP/pc3.json" 2>&1 | head -4)"; fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
