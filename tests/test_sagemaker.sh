@@ -223,6 +223,20 @@ if [ $rc -ne 0 ] && [ ! -s "$TMP/d70.json" ] && grep -q "^launch.py: the job doe
    [ $rc2 -eq 0 ] && grep -q '"instance_type": "ml.p5e.48xlarge"' "$TMP/d70e.json"; then
     ok "launch.py --dry-run: 70B selective refused on p4d with the nearest layouts, taken on p5e"
 else bad "launch.py fit: rc=$rc/$rc2 $(cat "$TMP/d70.err" "$TMP/d70e.err")"; fi
+# 5b. launch.py's GPUs an instance are check's instance table, type for type
+# (a missing type once became 1 rank a host); an unknown type is refused
+names=$($BIN check configs/llama2_7b.json --instance ml.none 2>&1 | sed -n 's/.*expected one of \(.*\); or give.*/\1/p' | tr -d ',')
+mismatch=""
+for n in $names; do
+    c=$($BIN check configs/llama2_7b.json --world 64 --instance "$n" 2>/dev/null | sed -n "s/^fit: $n: \([0-9]*\) x .*/\1/p")
+    p=$($PY -c "import sys; sys.path.insert(0, 'scripts/sagemaker'); import launch; print(launch.GPUS.get('$n', 0))")
+    [ -n "$c" ] && [ "$c" = "$p" ] || mismatch="$mismatch $n:$c/$p"
+done
+dry70 --instance-type ml.p9.nope >/dev/null 2>"$TMP/dnope.err"; rc=$?
+if [ -n "$names" ] && [ -z "$mismatch" ] && [ $rc -ne 0 ] && [ "$(wc -l <"$TMP/dnope.err")" -eq 1 ] &&
+   grep -q "^launch.py: --instance-type ml.p9.nope: GPUs an instance unknown" "$TMP/dnope.err"; then
+    ok "launch.py knows the GPUs of each of check's $(wc -w <<<"$names") instance types; an unknown type is one line"
+else bad "launch.py's instance table: mismatch$mismatch; unknown type rc $rc: $(cat "$TMP/dnope.err")"; fi
 # 5. launch.py --dry-run: the Estimator's arguments, without importing sagemaker
 mkdir -p "$TMP/fakesdk/sagemaker"
 echo 'raise ImportError("the dry run must not import sagemaker")' >"$TMP/fakesdk/sagemaker/__init__.py"

@@ -24,7 +24,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # not sent from the job file: the entry point sets the paths (channels, SageMaker's
 # folders), and the image's copy of the file already carries its description
 SKIP_KEYS = ("description", "data.train", "data.val", "data.vocab", "log.dir", "checkpoint.dir", "checkpoint.durable_dir")
-GPUS = {"ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8, "ml.p5.48xlarge": 8, "ml.g5.48xlarge": 8, "ml.g5.12xlarge": 4}
+# GPUs an instance, the instance table of llmtrain check (fit.c), which
+# tests/test_sagemaker.sh holds this to
+GPUS = {"ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8, "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8, "ml.p5en.48xlarge": 8,
+        "ml.g5.xlarge": 1, "ml.g5.2xlarge": 1, "ml.g5.4xlarge": 1, "ml.g5.8xlarge": 1, "ml.g5.16xlarge": 1,
+        "ml.g5.12xlarge": 4, "ml.g5.24xlarge": 4, "ml.g5.48xlarge": 8,
+        "ml.g6e.xlarge": 1, "ml.g6e.2xlarge": 1, "ml.g6e.4xlarge": 1, "ml.g6e.8xlarge": 1, "ml.g6e.16xlarge": 1,
+        "ml.g6e.12xlarge": 4, "ml.g6e.24xlarge": 4, "ml.g6e.48xlarge": 8}
 
 
 def flatten(prefix, obj, out):
@@ -86,7 +92,10 @@ def build(args):
     if args.tensorboard_s3_uri:  # the entry point's log.tensorboard_dir, synced while the job runs
         est["tensorboard_output_config"] = {"s3_output_path": args.tensorboard_s3_uri,
                                             "container_local_output_path": "/opt/ml/output/tensorboard"}
-    ranks = args.ranks_per_host or GPUS.get(args.instance_type, 1)
+    ranks = args.ranks_per_host or GPUS.get(args.instance_type, 0)
+    if not ranks:  # a guess of 1 would size every layout check for the wrong world
+        sys.exit(f"launch.py: --instance-type {args.instance_type}: GPUs an instance unknown "
+                 f"(expected one of {', '.join(GPUS)}, or give --ranks-per-host N)")
     return est, inputs, args.instance_count * ranks
 
 
