@@ -114,7 +114,9 @@ def real_run(tmp, binary):
                            env=dict(env, LLMTRAIN_FAULT="step=3,kind=nan"))
     # the restart resumes from the newest checkpoint: drop step 6's, keep 4's
     shutil.rmtree(os.path.join(tmp, "ck", "step_00000006"), ignore_errors=True)
-    second = subprocess.run([binary, "job.json"], cwd=tmp, capture_output=True, text=True, env=env)
+    # (steps 6 -> 12 moves the cosine's end: a schedule change, taken on purpose)
+    second = subprocess.run([binary, "job.json", "--set", "optim.override_schedule=true"], cwd=tmp, capture_output=True,
+                            text=True, env=env)
     check(first.returncode == 0 and second.returncode == 0,
           f"real run: two attempts exit 0 ({first.returncode}, {second.returncode}) {second.stderr.strip()[-200:]}")
     return os.path.join(tmp, "run", "metrics.jsonl")
