@@ -29,8 +29,8 @@ run() { # name np [args]
 export_run() { $BIN export "$TMP/$1/checkpoints" "$TMP/$1/hf" >/dev/null 2>&1; }
 
 # step-0 working weights: bf16 values, the stochastic rounding of the fp32 init
-run dump 1 --set train.steps=1 --set debug.dump="$TMP/dump" --set checkpoint.every_steps=0
-run dump32 1 --set train.steps=1 --set debug.dump="$TMP/dump32" --set checkpoint.every_steps=0 --set train.param_dtype=fp32 \
+run dump 1 --set train.steps=1 --set optim.decay_steps=10 --set debug.dump="$TMP/dump" --set checkpoint.every_steps=0
+run dump32 1 --set train.steps=1 --set optim.decay_steps=10 --set debug.dump="$TMP/dump32" --set checkpoint.every_steps=0 --set train.param_dtype=fp32 \
     --set optim.stochastic_rounding=false
 if $PY - "$TMP/dump/params0/model.safetensors" "$TMP/dump32/params0/model.safetensors" <<'PYEOF'
 import sys
@@ -106,7 +106,7 @@ if grep -q "^launch: torchrun-style" "$TMP/tcp.out" &&
    $PY tests/compare_runs.py "$TMP/ref2" "$TMP/tcp" --steps 10 --loss-rtol 1e-4 --weight-rtol 1e-2; then
     ok "FULL_SHARD 2 stochastic bf16 over the TCP rendezvous (bf16 words) matches the MPI run"
 else bad "torchrun-style FULL_SHARD bf16: $(grep -E 'launch|llmtrain:' "$TMP/tcp.out" | head -3)"; fi
-run dumpfs 2 --set train.steps=1 --set debug.dump="$TMP/dumpfs" --set checkpoint.every_steps=0 --set parallel.strategy=FULL_SHARD
+run dumpfs 2 --set train.steps=1 --set optim.decay_steps=10 --set debug.dump="$TMP/dumpfs" --set checkpoint.every_steps=0 --set parallel.strategy=FULL_SHARD
 if cmp -s "$TMP/dump/params0/model.safetensors" "$TMP/dumpfs/params0/model.safetensors"; then
     ok "FULL_SHARD 2: the step-0 working weights gathered as bf16 words equal the 1-rank ones bit for bit"
 else bad "FULL_SHARD 2 bf16 dump differs from 1 rank: $(ls "$TMP/dumpfs" 2>&1 | head -2)"; fi
