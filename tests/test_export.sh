@@ -196,8 +196,8 @@ if grep -q "^resume: no complete checkpoint" "$TMP/nat1.out" && ! grep -q "^resu
 # the header: folder, format, tensor count (counted here) and dtype
 n_ck=$($PY -c 'import json, sys; print(sum(t["kind"] == "param" for t in json.load(open(sys.argv[1]))["tensors"]))' "$TMP/ll/checkpoints/step_00000004/manifest.json")
 n_hf=$($PY -c 'import sys; sys.path.insert(0, "tests"); import hfio; print(len(hfio.read_safetensors_np(sys.argv[1])[0]))' "$TMP/ll/hfx/model.safetensors")
-train hbf 1 "$TMP/llama.json" --set init.from="$TMP/ll/bf16" --set train.steps=1
-train hsh 1 "$TMP/llama.json" --set init.from="$TMP/ll/shbf" --set train.steps=1
+train hbf 1 "$TMP/llama.json" --set init.from="$TMP/ll/bf16" --set train.steps=1 --set optim.warmup_steps=0
+train hsh 1 "$TMP/llama.json" --set init.from="$TMP/ll/shbf" --set train.steps=1 --set optim.warmup_steps=0
 nsh=$(ls "$TMP/ll/shbf" | grep -c 'of-')
 if grep -q "^init.from: $TMP/ll/checkpoints/step_00000004 | llmtrain checkpoint of step 4, written by 2 ranks (tp 1 x shard 2 x replicate 1); weights only: new optimizer state, step 0 | $n_ck tensors | F32$" "$TMP/nat1.out" &&
    grep -q "^init.from: $TMP/ll/hfx | Hugging Face safetensors, 1 file | $n_hf tensors | F32$" "$TMP/hfi1.out" &&
@@ -207,7 +207,7 @@ if grep -q "^init.from: $TMP/ll/checkpoints/step_00000004 | llmtrain checkpoint 
 else bad "init.from header: $(grep -h '^init.from' "$TMP"/nat1.out "$TMP"/hfi1.out "$TMP"/hbf.out "$TMP"/hsh.out)"; fi
 # the sharded F32 export loads like the single file: same step-1 loss
 $BIN export "$TMP/ll/checkpoints" "$TMP/ll/sh32" --max-shard-size 20KB --tokenizer none >/dev/null 2>&1
-train hsh32 1 "$TMP/llama.json" --set init.from="$TMP/ll/sh32" --set train.steps=1
+train hsh32 1 "$TMP/llama.json" --set init.from="$TMP/ll/sh32" --set train.steps=1 --set optim.warmup_steps=0
 l1=$(grep -o '"loss":[^,]*' "$TMP/hsh32/metrics.jsonl" | head -1); l2=$(grep -o '"loss":[^,]*' "$TMP/hfi1/metrics.jsonl" | head -1)
 if [ -n "$l1" ] && [ "$l1" = "$l2" ]; then ok "init.from the sharded export: the step-1 loss of the single file ($l1)"; else bad "sharded init.from: $l1 vs $l2"; fi
 expect_exit "init.from neither kind" "neither a Hugging Face folder (no config.json) nor an llmtrain checkpoint" $BIN "$TMP/llama.json" --set init.from="$TMP/tok_keep" --set log.dir="$TMP/nk"
