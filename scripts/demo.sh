@@ -6,7 +6,7 @@ set -e
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
 if [ ! -f data/build/tinyshakespeare_train.bin ]; then
-    $PY scripts/prepare_data.py --input data/tinyshakespeare.txt --out-dir data/build --name tinyshakespeare
+    $PY scripts/prepare_data.py --input data/tinyshakespeare.txt --text-docs paragraphs --out-dir data/build --name tinyshakespeare
 fi
 # a demo trains from scratch each time (a real job resumes by itself: checkpoint.resume=auto)
 ./llmtrain configs/shakespeare_llama.json --set checkpoint.resume=none "$@"

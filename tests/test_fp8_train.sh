@@ -62,7 +62,7 @@ done
 
 # ---- the shipped job, shortened, with and without FP8
 [ -f data/build/tinyshakespeare_train.bin ] ||
-    $PY scripts/prepare_data.py --input data/tinyshakespeare.txt --out-dir data/build --name tinyshakespeare >/dev/null
+    $PY scripts/prepare_data.py --input data/tinyshakespeare.txt --text-docs paragraphs --out-dir data/build --name tinyshakespeare >/dev/null
 S="--set checkpoint.resume=none --set train.steps=$STEPS --set optim.warmup_steps=$((STEPS / 10)) --set eval.every_steps=0
    --set eval.sample_tokens=0 --set checkpoint.every_steps=0"
 run_job() { # NAME [SETS...]: the shipped job into $TMP/NAME; prints its wall seconds
