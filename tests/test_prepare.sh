@@ -6,7 +6,8 @@
 # split is by whole documents and seeded; --workers 1 and 2 write the same
 # bytes; a damaged JSONL line / Parquet file is one line naming it; the
 # same corpus as one shard, as several and as a Megatron dataset trains to
-# bit-identical losses; tokens/s with 1 and 2 workers is printed.
+# bit-identical losses, and resumes exactly from the shards; tokens/s
+# with 1 and 2 workers is printed.
 . "$(dirname "$0")/lib.sh"
 PREP="$PY scripts/prepare_data.py"
 have_pa=0; $PY -c 'import pyarrow.parquet' 2>/dev/null && have_pa=1
@@ -184,11 +185,12 @@ cat >"$TMP/job.json" <<EOF
  "train": {"steps": 8, "seq_len": 32, "micro_batch": 2, "global_batch": 4},
  "optim": {"lr": 1e-2, "warmup_steps": 2},
  "eval": {"sample_tokens": 0, "batches": 2, "every_steps": 4},
- "checkpoint": {"every_steps": 100}, "parallel": {"health_check": false}}
+ "checkpoint": {"every_steps": 4}, "parallel": {"health_check": false}}
 EOF
 train() {
-    $BIN "$TMP/job.json" --set log.dir="$TMP/run-$1" --set checkpoint.dir="$TMP/run-$1/ck" \
-        --set "data.train=$2" --set "data.val=$3" </dev/null >"$TMP/run-$1.out" 2>&1
+    local n=$1 t=$2 v=$3; shift 3
+    $BIN "$TMP/job.json" --set log.dir="$TMP/run-$n" --set checkpoint.dir="$TMP/run-$n/ck" \
+        --set "data.train=$t" --set "data.val=$v" "$@" </dev/null >>"$TMP/run-$n.out" 2>&1
 }
 train one "$TMP/one/c_train.bin" "$TMP/one/c_val.bin"
 nsh=$(ls "$TMP/sh"/c_train_*.bin | wc -l)
@@ -199,6 +201,15 @@ for r in sh mgt; do
         ok "trains on the $r output (sh: $nsh shards) to the one shard's losses, norms and val losses"
     else bad "$r vs one shard: $(head -2 "$TMP/$r.cmp") $(grep llmtrain: "$TMP/run-$r.out" | head -1)"; fi
 done
+# the shards, shuffled, killed at step 6 and resumed from step 4's checkpoint
+train shuf "$TMP/sh/c_train_*.bin" "$TMP/sh/c_val_*.bin" --set data.shuffle=true
+(LLMTRAIN_FAULT="rank=0,step=6,kind=die" train cut "$TMP/sh/c_train_*.bin" "$TMP/sh/c_val_*.bin" \
+    --set data.shuffle=true --set checkpoint.async=false) 2>/dev/null
+train cut "$TMP/sh/c_train_*.bin" "$TMP/sh/c_val_*.bin" --set data.shuffle=true
+if grep -q "resume: .*step_00000004 at step 4" "$TMP/run-cut.out" &&
+    $PY tests/compare_runs.py "$TMP/run-shuf" "$TMP/run-cut" --steps 8 --exact >"$TMP/cut.cmp" 2>&1; then
+    ok "$nsh shards, shuffled, killed at step 6 and resumed from step 4: bit-identical"
+else bad "resume on shards: $(head -2 "$TMP/cut.cmp") $(grep -E 'resume|llmtrain:' "$TMP/run-cut.out" | head -2)"; fi
 
 # tokens/s with 1 and 2 workers: the shipped text, a JSONL corpus of it
 $PY - data/tinyshakespeare.txt "$TMP/big.jsonl" <<'PYEOF'
