@@ -37,7 +37,7 @@ Output (every file written to NAME.tmp first, then renamed):
   * NAME_vocab.bin: 256 x uint32 header (magic 20240328, version 2,
     vocab_size, eot token), then per token a uint8 length and its bytes.
 
---workers N tokenizes in N processes; batches are written in input order,
+--workers N parses JSONL and tokenizes in N processes; batches are written in input order,
 so the output is byte-identical for every N. A progress line (documents/s,
 tokens/s) goes to stderr, a summary to stdout. Bad input: one error line
 naming the file (and line or row) and exit status 2.
@@ -160,21 +160,25 @@ def text_docs(path, mode):
         yield "".join(para), path, first
 
 
-def jsonl_docs(path, field):
+def jsonl_docs(path):
+    """The file's lines, unparsed: the workers parse them (parse_jsonl)."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as e:
-                msg = getattr(e, "msg", None) or type(e).__name__
-                raise BadInput(f"{path}: line {n}: not valid JSON ({msg})")
-            if not isinstance(row, dict) or field not in row:
-                raise BadInput(f"{path}: line {n}: no \"{field}\" field (--field names it)")
-            if not isinstance(row[field], str):
-                raise BadInput(f"{path}: line {n}: \"{field}\" is a {type(row[field]).__name__}, expected a string")
-            yield row[field], path, n
+            if raw.strip():
+                yield raw, path, n
+
+
+def parse_jsonl(raw, path, n, field):
+    try:
+        row = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        msg = getattr(e, "msg", None) or type(e).__name__
+        raise BadInput(f"{path}: line {n}: not valid JSON ({msg})")
+    if not isinstance(row, dict) or field not in row:
+        raise BadInput(f"{path}: line {n}: no \"{field}\" field (--field names it)")
+    if not isinstance(row[field], str):
+        raise BadInput(f"{path}: line {n}: \"{field}\" is a {type(row[field]).__name__}, expected a string")
+    return row[field]
 
 
 def parquet_docs(path, field):
@@ -207,7 +211,7 @@ def documents(paths, field, text_mode):
     for p in paths:
         k = kind_of(p)
         if k == "jsonl":
-            yield from jsonl_docs(p, field)
+            yield from jsonl_docs(p)
         elif k == "parquet":
             yield from parquet_docs(p, field)
         else:
@@ -228,22 +232,27 @@ def batches(docs):
 
 # ------------------------------------------------------------ tokenizing (in workers)
 
-_TK = None  # (kind, tokenizer or None, eod)
+_TK = None  # (kind, tokenizer or None, eod, JSONL field)
 
 
-def worker_init(tok_spec, eod):
+def worker_init(tok_spec, eod, field):
     global _TK
     if tok_spec == "byte":
-        _TK = ("byte", None, eod)
+        _TK = ("byte", None, eod, field)
     else:
         from tokenizers import Tokenizer
-        _TK = ("json", Tokenizer.from_file(tok_spec), eod)
+        _TK = ("json", Tokenizer.from_file(tok_spec), eod, field)
 
 
 def tokenize_batch(batch):
-    """batch: [(text, path, where)] -> (per-document lengths, the tokens
-    with an end-of-document token after each), or a BadInput message."""
-    kind, tk, eod = _TK
+    """batch: [(text, or a JSONL line as bytes, path, where)] -> (per-document
+    lengths, the tokens with an end-of-document token after each), or the
+    BadInput message of the batch's first bad line."""
+    kind, tk, eod, field = _TK
+    try:
+        batch = [(parse_jsonl(t, p, w, field) if isinstance(t, bytes) else t, p, w) for t, p, w in batch]
+    except BadInput as e:
+        return str(e)
     if kind == "byte":
         parts = []
         for text, path, where in batch:
@@ -555,10 +564,10 @@ def main():
     try:
         work = batches(documents(paths, args.field, args.text_docs))
         if args.workers > 1:
-            pool = multiprocessing.Pool(args.workers, worker_init, (args.tokenizer, eod))
+            pool = multiprocessing.Pool(args.workers, worker_init, (args.tokenizer, eod, args.field))
             results = pool.imap(tokenize_batch, work)
         else:
-            worker_init(args.tokenizer, eod)
+            worker_init(args.tokenizer, eod, args.field)
             results = map(tokenize_batch, work)
         first = 0
         for res in results:

@@ -166,6 +166,7 @@ oneline() {
 }
 { head -4 "$TMP/rows.jsonl"; echo '{"text": "cut'; tail -3 "$TMP/rows.jsonl"; } >"$TMP/bad.jsonl"
 oneline "a damaged JSONL line" "$TMP/bad.jsonl: line 5: not valid JSON" --input "$TMP/rows.jsonl" "$TMP/bad.jsonl"
+oneline "a damaged JSONL line, --workers 2" "$TMP/bad.jsonl: line 5: not valid JSON" --input "$TMP/rows.jsonl" "$TMP/bad.jsonl" --workers 2
 echo '{"body": "x"}' >"$TMP/nofield.jsonl"
 oneline "a JSONL row without the field" "$TMP/nofield.jsonl: line 1: no \"text\" field" --input "$TMP/nofield.jsonl"
 if [ $have_pa = 1 ]; then
