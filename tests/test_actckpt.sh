@@ -144,7 +144,7 @@ for layout in "1" "2 --set parallel.tensor=2"; do
     read -r np rest <<<"$layout"
     cmd="$BIN"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
     for ch in 0 5; do
-        $cmd "$TMP/llama.json" $rest --set train.steps=1 --set optim.lr=0 --set eval.sample_tokens=12 --set eval.temperature=0 \
+        $cmd "$TMP/llama.json" $rest --set train.steps=1 --set optim.warmup_steps=0 --set optim.lr=0 --set eval.sample_tokens=12 --set eval.temperature=0 \
             --set train.lm_head_chunk=$ch --set log.dir="$TMP/s$np-$ch" >"$TMP/s$np-$ch.out" 2>&1
     done
     a=$(sed -n '/^--- sample ---$/,/^-----*$/p' "$TMP/s$np-0.out"); b=$(sed -n '/^--- sample ---$/,/^-----*$/p' "$TMP/s$np-5.out")

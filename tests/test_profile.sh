@@ -175,18 +175,18 @@ if t=$(check_json "$TMP/many/profile.json" gpt2 300 none 1 2 1); then ok "300 mi
 # after a resume the window starts at the resumed run's second step; a
 # one-step run times its only step
 run r "$TMP/gpt2.json" --set train.steps=3
-run r "$TMP/gpt2.json" --set train.steps=6 --set log.profile_steps=1
+run r "$TMP/gpt2.json" --set train.steps=6 --set optim.override_schedule=true --set log.profile_steps=1
 if t=$(check_json "$TMP/r/profile.json" gpt2 4 none 1 5 1) && grep -q "^resume" "$TMP/r.out" && grep -q "^profile: step 5 (1 step)" "$TMP/r.out"; then
     ok "resumed at step 3: step 5 timed: $t"
 else bad "resumed window: $t $(grep '^profile: step' "$TMP/r.out")"; fi
 # a window of every step (log.profile_steps at its maximum) after a resume:
 # the resumed step plus the window's length is past INT_MAX
-run r "$TMP/gpt2.json" --set train.steps=9 --set log.profile_steps=2147483647
+run r "$TMP/gpt2.json" --set train.steps=9 --set optim.override_schedule=true --set log.profile_steps=2147483647
 if t=$(check_json "$TMP/r/profile.json" gpt2 4 none 1 8 2) && grep -q "^resume: .* at step 6" "$TMP/r.out" &&
    grep -q "^profile: steps 8-9 (2 steps)" "$TMP/r.out"; then
     ok "resumed at step 6 with log.profile_steps 2147483647: steps 8-9 timed: $t"
 else bad "resumed window of every step: $t $(grep -E '^(resume|profile): ' "$TMP/r.out" | head -3)"; fi
-run one "$TMP/gpt2.json" --set train.steps=1 --set log.profile_steps=4
+run one "$TMP/gpt2.json" --set train.steps=1 --set optim.warmup_steps=0 --set log.profile_steps=4
 if t=$(check_json "$TMP/one/profile.json" gpt2 4 none 1 1 1); then ok "one-step run: step 1 timed: $t"; else bad "one-step run: $t"; fi
 
 # 2 ranks, FULL_SHARD: one table for the job, the same bits as unprofiled

@@ -66,7 +66,7 @@ run "gpt2: full checkpointing, LM head in chunks" 0 "$ASAN" "$TMP/gpt2.json" --s
 TCK=(--set parallel.strategy=FULL_SHARD --set train.steps=4 --set checkpoint.every_steps=2 --set checkpoint.dir="$TMP/ck_tcp"
      --set log.dir="$TMP/tcp")
 run "TCP FULL_SHARD 2 with checkpoints" 0 trun tcp 2 "$ASAN" "$TMP/llama.json" "${TCK[@]}"
-run "TCP FULL_SHARD 2 resumed" 0 trun tcpr 2 "$ASAN" "$TMP/llama.json" "${TCK[@]}" --set train.steps=6
+run "TCP FULL_SHARD 2 resumed" 0 trun tcpr 2 "$ASAN" "$TMP/llama.json" "${TCK[@]}" --set train.steps=6 --set optim.override_schedule=true
 grep -q "^resume: .*step_00000004 at step 4" "$TMP/TCP FULL_SHARD 2 resumed.out" || bad "TCP FULL_SHARD 2: not resumed from step 4"
 run "TCP tp 2 with sequence parallelism" 0 trun tp 2 "$ASAN" "$TMP/llama.json" --set parallel.tensor=2 \
     --set parallel.sequence_parallel=true --set train.steps=3 --set log.dir="$TMP/tp" --set checkpoint.dir="$TMP/ck_tp"

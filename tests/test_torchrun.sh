@@ -55,9 +55,9 @@ else
 fi
 
 # ---- ranks per node ----
-LOCAL_WORLD_SIZE=2 trun lws 4 $BIN "$TMP/gpt2.json" --set train.steps=1 --set log.dir="$TMP/lws" >"$TMP/lws.out" 2>&1
+LOCAL_WORLD_SIZE=2 trun lws 4 $BIN "$TMP/gpt2.json" --set train.steps=1 --set optim.warmup_steps=0 --set log.dir="$TMP/lws" >"$TMP/lws.out" 2>&1
 a=$(grep -o "4 ranks, [0-9]* on this node" "$TMP/lws.out")
-trun hn 4 $BIN "$TMP/gpt2.json" --set train.steps=1 --set log.dir="$TMP/hn" >"$TMP/hn.out" 2>&1
+trun hn 4 $BIN "$TMP/gpt2.json" --set train.steps=1 --set optim.warmup_steps=0 --set log.dir="$TMP/hn" >"$TMP/hn.out" 2>&1
 b=$(grep -o "4 ranks, [0-9]* on this node" "$TMP/hn.out")
 if [ "$a" = "4 ranks, 2 on this node" ] && [ "$b" = "4 ranks, 4 on this node" ]; then
     ok "ranks per node: LOCAL_WORLD_SIZE=2 (2 nodes of 2) says 2; unset, the 4 ranks sharing this host name"
