@@ -216,7 +216,7 @@ PYEOF
 done
 
 # the scratch estimate where attention's [B, T, T] blocks are most of it (T 512)
-if $BIN "$TMP/llama.json" --set train.device=cuda --set train.compute_dtype=tf32 --set train.steps=2 --set train.seq_len=512 --set model.max_seq_len=512 \
+if $BIN "$TMP/llama.json" --set train.device=cuda --set train.compute_dtype=tf32 --set train.steps=2 --set optim.warmup_steps=0 --set train.seq_len=512 --set model.max_seq_len=512 \
      --set train.micro_batch=2 --set train.global_batch=2 --set eval.batches=0 --set eval.sample_tokens=0 \
      --set log.dir="$TMP/mem512" --set checkpoint.dir="$TMP/mem512/ckpt" >"$TMP/mem512.out" 2>&1 &&
    memline=$(mem_check "$TMP/mem512" "$TMP/mem512.out"); then
@@ -448,7 +448,7 @@ for kind in yarn linear; do
     else echo "FAIL llama rope_scaling $kind: the header lacks it, or the run's losses are the unscaled run's"; fail=$((fail + 1)); fi
 done
 if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=cudnn --set train.compute_dtype=tf32 \
-     --set train.steps=2 --set train.seq_len=512 \
+     --set train.steps=2 --set optim.warmup_steps=0 --set train.seq_len=512 \
      --set model.max_seq_len=512 --set model.n_embd=128 --set model.n_head=2 --set model.n_kv_head=1 \
      --set train.micro_batch=2 --set train.global_batch=2 --set eval.batches=0 --set eval.sample_tokens=0 \
      --set log.dir="$TMP/mem512dn" --set checkpoint.dir="$TMP/mem512dn/ckpt" >"$TMP/mem512dn.out" 2>&1 &&
@@ -465,7 +465,7 @@ else echo "FAIL llama T 512 with cuDNN attention: $memline $(tail -2 "$TMP/mem51
 # under blockwise their scales in cuBLASLt's layouts as well
 for dt in "bf16:the weights' bf16 copies" "fp8:the FP8 buffers" "fp8-blockwise:the FP8 buffers and block scales"; do
     d=${dt%%:*} r=(); [ "$d" = fp8-blockwise ] && r=(--set train.fp8_recipe=blockwise)
-    if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=gemm --set train.compute_dtype=${d%-*} "${r[@]}" --set train.steps=2 \
+    if $BIN "$TMP/llama.json" --set train.device=cuda --set train.attention_kernel=gemm --set train.compute_dtype=${d%-*} "${r[@]}" --set train.steps=2 --set optim.warmup_steps=0 \
          --set model.n_embd=256 --set eval.batches=0 --set eval.sample_tokens=0 \
          --set log.dir="$TMP/mem-$d" --set checkpoint.dir="$TMP/mem-$d/ckpt" >"$TMP/mem-$d.out" 2>&1 &&
        memline=$(mem_check "$TMP/mem-$d" "$TMP/mem-$d.out"); then
@@ -733,7 +733,7 @@ if [ "${ngpu:-0}" -ge 2 ]; then
     if resume_case fs 2 --set parallel.strategy=FULL_SHARD; then
         echo "ok   2 ranks FULL_SHARD on NCCL, rank 1 killed at step 8: resumed from step 6, losses and weights bit-identical"; pass=$((pass + 1))
     else echo "FAIL 2 ranks FULL_SHARD resume on NCCL: the resumed run is not the uninterrupted one"; fail=$((fail + 1)); fi
-    $MPIRUN 2 $BIN "$TMP/llama.json" --set train.steps=2 --set log.dir="$TMP/mr-auto" --set checkpoint.dir="$TMP/mr-auto/ckpt" \
+    $MPIRUN 2 $BIN "$TMP/llama.json" --set train.steps=2 --set optim.warmup_steps=0 --set log.dir="$TMP/mr-auto" --set checkpoint.dir="$TMP/mr-auto/ckpt" \
         >"$TMP/mr-auto.out" 2>&1; rc=$?
     if [ $rc -eq 0 ] && grep -q "backend cuda, collectives NCCL" "$TMP/mr-auto.out"; then
         echo "ok   2 ranks, train.device=auto on $ngpu GPUs: backend cuda with NCCL"; pass=$((pass + 1))
@@ -776,7 +776,7 @@ elif [ "${ngpu:-0}" -eq 1 ]; then
     else
         echo "FAIL 2 ranks on 1 GPU: exit $rc, expected 2 and one line naming the ranks and the GPU: $(head -c 300 "$TMP/mr.err")"; fail=$((fail + 1))
     fi
-    launch2 mr-auto $BIN "$TMP/llama.json" --set train.steps=2 --set log.dir="$TMP/mr-auto" --set checkpoint.dir="$TMP/mr-auto/ckpt" \
+    launch2 mr-auto $BIN "$TMP/llama.json" --set train.steps=2 --set optim.warmup_steps=0 --set log.dir="$TMP/mr-auto" --set checkpoint.dir="$TMP/mr-auto/ckpt" \
         >"$TMP/mr-auto.out" 2>&1; rc=$?
     if [ $rc -eq 0 ] && grep -q "backend cpu" "$TMP/mr-auto.out"; then
         echo "ok   2 ranks on 1 GPU, train.device=auto: the CPU on both"; pass=$((pass + 1))
