@@ -361,20 +361,9 @@ static void bad_token(const DataSet *d, const Shard *s, int64_t tok, uint64_t of
 
 /* An indexed dataset's tokens of 1 or 8 bytes, or signed: one by one. */
 static void read_any(const DataSet *d, const Shard *s, uint64_t off, int *out, uint64_t m) {
-    const char *base = (const char *)s->tokens;
     const int64_t V = d->vocab_size;
     for (uint64_t i = 0; i < m; i++) {
-        const char *p = base + (off + i) * (uint64_t)s->token_bytes;
-        int64_t v;
-        switch (s->token_bytes * 2 + s->token_signed) {
-        case 2: v = *(const uint8_t *)p; break;
-        case 3: v = *(const int8_t *)p; break;
-        case 4: v = *(const uint16_t *)p; break;
-        case 5: v = *(const int16_t *)p; break;
-        case 8: v = *(const uint32_t *)p; break;
-        case 9: v = *(const int32_t *)p; break;
-        default: memcpy(&v, p, 8); break;
-        }
+        int64_t v = indexed_token_at(s, off + i);
         if (v < 0 || v >= V) bad_token(d, s, v, off + i);
         out[i] = (int)v;
     }

@@ -133,13 +133,14 @@ static Range scan_range(const void *tok, uint64_t n, int bytes, int sgn) {
     return r;
 }
 
-static int64_t token_at(const Shard *s, uint64_t i) {
+int64_t indexed_token_at(const Shard *s, uint64_t i) {
     const char *p = (const char *)s->tokens + i * (uint64_t)s->token_bytes;
     switch (s->token_bytes * 2 + s->token_signed) {
     case 2: return *(const uint8_t *)p;
     case 3: return *(const int8_t *)p;
     case 4: return *(const uint16_t *)p;
     case 5: return *(const int16_t *)p;
+    case 8: return *(const uint32_t *)p;
     case 9: return *(const int32_t *)p;
     default: return *(const int64_t *)p;
     }
@@ -300,7 +301,7 @@ void indexed_open(Shard *s, const char *prefix, const char *what, int vocab_size
     }
     if (r.lo < 0 || r.hi >= vocab_size) { /* find the first offender for the line */
         for (uint64_t i = 0; i < n; i++) {
-            int64_t v = token_at(s, i);
+            int64_t v = indexed_token_at(s, i);
             if (v < 0 || v >= vocab_size)
                 die(EXIT_USAGE, "%s: %s: token %lld at token offset %llu is outside [0, model.vocab_size %d)", what, bp, (long long)v,
                     (unsigned long long)i, vocab_size);

@@ -34,6 +34,9 @@ int indexed_prefix(const char *path, char *prefix, size_t n);
  * docs/data.md). Errors: one line naming the file, exit(EXIT_USAGE). */
 void indexed_open(Shard *s, const char *prefix, const char *what, int vocab_size);
 void indexed_close(Shard *s);
+/* Token i of a shard of any token dtype (indexed.h's, or llm.c's 2 and 4
+ * bytes unsigned), sign-extended. */
+int64_t indexed_token_at(const Shard *s, uint64_t i);
 
 /* ends[i] = 1 when token off + i of the shard is the last one of its
  * document (0 otherwise), for i < n, n <= the shard's tokens from off. */
