@@ -13,8 +13,8 @@ BLAS_LIBS = -lopenblas
 LIBS = -lcjson $(BLAS_LIBS) -lm
 PY = /usr/bin/python3
 
-CPU_KERNELS = kernels_cpu.c kernels_cpu_attention.c
-SRC = llmtrain.c config.c model.c cp.c $(CPU_KERNELS) fp8.c kernels_cuda_sizes.c parallel.c shard.c layout.c fit.c data.c indexed.c hf.c export.c init.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
+CPU_KERNELS = kernels_cpu.c kernels_cpu_attention.c kernels_cpu_moe.c
+SRC = llmtrain.c config.c model.c cp.c moe.c $(CPU_KERNELS) fp8.c kernels_cuda_sizes.c parallel.c shard.c layout.c fit.c data.c indexed.c hf.c export.c init.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_indexed tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
@@ -74,9 +74,9 @@ kernels_cuda.o: kernels.cu $(KERNEL_PARTS) kernels.h kernels_ops.h kernels_cuda_
 # tests/test_gpu's sources (main in tests/test_gpu.c), tests/test_gpu_emu's too
 GPU_TEST_SRC = tests/test_gpu.c tests/test_gpu_layers.c tests/test_gpu_matmul.c tests/test_gpu_model.c \
                tests/test_gpu_cp.c tests/test_gpu_fp8.c
-tests/test_gpu: $(GPU_TEST_SRC) tests/test_gpu.h $(CPU_KERNELS) fp8.c model.c cp.c util.c $(HDR) $(CUDA_OBJ)
+tests/test_gpu: $(GPU_TEST_SRC) tests/test_gpu.h $(CPU_KERNELS) fp8.c model.c cp.c moe.c util.c $(HDR) $(CUDA_OBJ)
 	@[ -n "$(CUDA_OBJ)" ] || { echo "make test-gpu: FAIL: nvcc not found, this build has no CUDA backend" >&2; exit 1; }
-	$(CC) -O2 -march=native $(WARN) $(OMP) $(CUDA_DEFS) -I. -I$(CUDA_INCDIR) $(GPU_TEST_SRC) $(CPU_KERNELS) fp8.c model.c cp.c util.c $(CUDA_LIBS) $(BLAS_LIBS) -lm -o $@
+	$(CC) -O2 -march=native $(WARN) $(OMP) $(CUDA_DEFS) -I. -I$(CUDA_INCDIR) $(GPU_TEST_SRC) $(CPU_KERNELS) fp8.c model.c cp.c moe.c util.c $(CUDA_LIBS) $(BLAS_LIBS) -lm -o $@
 
 test-gpu: check-deps llmtrain tests/test_gpu
 	tests/gpu_tests.sh
@@ -119,8 +119,8 @@ $(EMU)/build/selftest: $(EMU)/selftest.cu $(EMU)/cu2cpp.py $(EMU_HDR) $(EMU)/bui
 	$(PY) $(EMU)/cu2cpp.py $(EMU)/selftest.cu $(EMU)/build/selftest.cpp
 	$(EMU_CXX) $(EMU_DEFS) $(EMU)/build/selftest.cpp $(EMU)/build/emu.o -o $@
 
-tests/test_gpu_emu: $(GPU_TEST_SRC) tests/test_gpu.h $(CPU_KERNELS) fp8.c model.c cp.c util.c $(HDR) $(EMU_OBJ)
-	$(CC) -O2 -march=native $(WARN) $(OMP) $(EMU_DEFS) -I. $(GPU_TEST_SRC) $(CPU_KERNELS) fp8.c model.c cp.c util.c $(EMU_OBJ) $(BLAS_LIBS) -lm -lstdc++ -lpthread -o $@
+tests/test_gpu_emu: $(GPU_TEST_SRC) tests/test_gpu.h $(CPU_KERNELS) fp8.c model.c cp.c moe.c util.c $(HDR) $(EMU_OBJ)
+	$(CC) -O2 -march=native $(WARN) $(OMP) $(EMU_DEFS) -I. $(GPU_TEST_SRC) $(CPU_KERNELS) fp8.c model.c cp.c moe.c util.c $(EMU_OBJ) $(BLAS_LIBS) -lm -lstdc++ -lpthread -o $@
 
 tests/llmtrain_emu: $(SRC) dist_nccl.c $(HDR) $(EMU_OBJ) $(EMU)/nccl_emu.c $(EMU_HDR)
 	OMPI_CC=$(CC) $(MPICC) $(CFLAGS) $(WARN) $(OMP) $(EMU_DEFS) $(SRC) dist_nccl.c $(EMU)/nccl_emu.c $(EMU_OBJ) $(LIBS) -lstdc++ -lpthread -o $@
@@ -132,8 +132,8 @@ tests/test_kernels: tests/test_kernels.c $(CPU_KERNELS) fp8.c util.c $(HDR)
 tests/fp8_tool: tests/fp8_tool.c fp8.c fp8.h
 	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< fp8.c -lm -o $@
 
-tests/test_model: tests/test_model.c tests/check.h model.c cp.c config.c $(CPU_KERNELS) fp8.c util.c $(HDR)
-	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< model.c cp.c config.c $(CPU_KERNELS) fp8.c util.c $(LIBS) -o $@
+tests/test_model: tests/test_model.c tests/check.h model.c cp.c moe.c config.c $(CPU_KERNELS) fp8.c util.c $(HDR)
+	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< model.c cp.c moe.c config.c $(CPU_KERNELS) fp8.c util.c $(LIBS) -o $@
 
 tests/test_data: tests/test_data.c tests/check.h data.c indexed.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< data.c indexed.c util.c -o $@
@@ -152,8 +152,8 @@ tests/test_dist_nccl: tests/test_dist_nccl.c dist_nccl.c parallel.c rendezvous.c
 
 # --wrap=fsync: the test logs which directories the checkpoint code syncs;
 # --wrap=malloc: it makes one allocation fail.
-tests/test_ckpt: tests/test_ckpt.c tests/check.h hf.c export.c ckpt.c model.c cp.c config.c $(CPU_KERNELS) fp8.c util.c $(HDR)
-	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< hf.c export.c ckpt.c model.c cp.c config.c $(CPU_KERNELS) fp8.c util.c $(LIBS) -lpthread -Wl,--wrap=fsync,--wrap=malloc -o $@
+tests/test_ckpt: tests/test_ckpt.c tests/check.h hf.c export.c ckpt.c model.c cp.c moe.c config.c $(CPU_KERNELS) fp8.c util.c $(HDR)
+	$(CC) -O2 -march=native $(WARN) $(OMP) -I. $< hf.c export.c ckpt.c model.c cp.c moe.c config.c $(CPU_KERNELS) fp8.c util.c $(LIBS) -lpthread -Wl,--wrap=fsync,--wrap=malloc -o $@
 
 # A file system without locks, for tests/test_ckdir.sh (LD_PRELOAD).
 tests/nolock.so: tests/nolock.c
@@ -164,7 +164,7 @@ tests/nolock.so: tests/nolock.c
 # sanitizers (tests/fuzz/fuzz.c). tests/fuzz_replay (gcc) replays the
 # committed corpus in make test; make fuzz runs clang's libFuzzer on each
 # target for FUZZ_SECONDS (tests/fuzz/run.sh).
-FUZZ_SRC = tests/fuzz/fuzz.c config.c hf.c ckpt.c model.c cp.c data.c indexed.c $(CPU_KERNELS) fp8.c util.c
+FUZZ_SRC = tests/fuzz/fuzz.c config.c hf.c ckpt.c model.c cp.c moe.c data.c indexed.c $(CPU_KERNELS) fp8.c util.c
 FUZZ_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all $(WARN) -fopenmp -I. \
              -Wl,--wrap=die,--wrap=mmap,--wrap=munmap
 tests/fuzz_replay: $(FUZZ_SRC) $(HDR)

@@ -61,6 +61,13 @@ static const Key KEYS[] = {
     {"model.rope_attention_factor", K_FLOAT, OFF(model.rope_attention_factor), 0, "0", 0, 1e6, NULL, "rope_scaling yarn: the factor on RoPE's cos and sin, so on the attention logits squared (0 = YaRN's 0.1 ln(rope_scaling_factor) + 1)"},
     {"model.rope_truncate", K_BOOL, OFF(model.rope_truncate), 0, "true", 0, 0, NULL, "rope_scaling yarn: round the ramp's ends to whole frequency indices (Hugging Face's truncate; false for gpt-oss)"},
     {"model.tie_embeddings", K_BOOL, OFF(model.tie_embeddings), 0, "false", 0, 0, NULL, "share the token embedding with the LM head (GPT-2: always true)"},
+    {"model.moe_experts", K_INT, OFF(model.moe_experts), 0, "0", 0, 65536, NULL, "routed experts of a mixture-of-experts MLP (0 = dense; Llama arch only; docs/moe.md)"},
+    {"model.moe_top_k", K_INT, OFF(model.moe_top_k), 0, "2", 1, 65536, NULL, "experts each token is routed to (at most moe_experts)"},
+    {"model.moe_ffn_hidden", K_INT, OFF(model.moe_ffn_hidden), 0, "0", 0, 1 << 24, NULL, "each expert's SwiGLU width (0 = ffn_hidden)"},
+    {"model.moe_shared_experts", K_INT, OFF(model.moe_shared_experts), 0, "0", 0, 1024, NULL, "always-on experts every token passes through beside its routed ones (DeepSeek, Qwen2-MoE), one SwiGLU of moe_shared_experts * moe_ffn_hidden"},
+    {"model.moe_norm_topk", K_BOOL, OFF(model.moe_norm_topk), 0, "true", 0, 0, NULL, "divide a token's top-k router probabilities by their sum (Mixtral: true; Qwen3-MoE's norm_topk_prob)"},
+    {"model.moe_layer_freq", K_INT, OFF(model.moe_layer_freq), 0, "1", 1, 4096, NULL, "a layer l is MoE when (l + 1) % moe_layer_freq == 0 (Qwen's decoder_sparse_step); the others are dense with ffn_hidden"},
+    {"model.moe_dense_layers", K_STR, STR(model.moe_dense_layers), "\"\"", 0, 0, NULL, "layers kept dense whatever moe_layer_freq says, as \"0,1\" (Qwen's mlp_only_layers; DeepSeek's first dense layers)"},
     /* init */
     {"init.from", K_STR, STR(init_from), "\"\"", 0, 0, NULL, "weights to start from: a Hugging Face folder (config.json + model.safetensors or its shards, F32, BF16 or F16) or an llmtrain checkpoint (a step folder or a checkpoint.dir: its weights only, new optimizer state, step 0); the model section then comes from it"},
     {"init.std", K_FLOAT, OFF(init_std), 0, "0.02", 0, 10, NULL, "std of the normal init; residual output projections use std/sqrt(2*n_layer)"},
@@ -80,6 +87,9 @@ static const Key KEYS[] = {
     {"train.rampup_start_batch", K_INT, OFF(rampup_start), 0, "0", 0, BIG, NULL, "batch-size ramp-up (Megatron's --rampup-batch-size, first value): the global batch of the first steps, raised by rampup_batch_increment in equal stages until global_batch is reached after rampup_samples sequences (0 = no ramp; a multiple of micro_batch x dp below global_batch; see the notes below)"},
     {"train.rampup_batch_increment", K_INT, OFF(rampup_increment), 0, "0", 0, BIG, NULL, "batch-size ramp-up: sequences added at each stage (a multiple of micro_batch x dp that divides global_batch - rampup_start_batch)"},
     {"train.rampup_samples", K_INT, OFF(rampup_samples), 0, "0", 0, BIG, NULL, "batch-size ramp-up: sequences consumed over which the batch grows from rampup_start_batch to global_batch (the stages are equal shares of it)"},
+    {"train.moe_aux_loss_coef", K_FLOAT, OFF(moe_aux_loss_coef), 0, "-1", -1, 1e6, NULL, "the load-balancing loss's coefficient, E * sum_e f_e P_e averaged over MoE layers (-1 = the imported config's router_aux_loss_coef, else 0.01; 0 = off; docs/moe.md)"},
+    {"train.moe_z_loss_coef", K_FLOAT, OFF(moe_z_loss_coef), 0, "0", 0, 1e6, NULL, "the router z-loss's coefficient: mean over tokens of logsumexp(router logits)^2, averaged over MoE layers (0 = off)"},
+    {"train.moe_capacity_factor", K_FLOAT, OFF(moe_capacity_factor), 0, "0", 0, 1e6, NULL, "each expert takes at most ceil(factor * tokens * top_k / experts) of a micro-batch's choices, first come first served, and drops the rest (counted; 0 = dropless)"},
     {"train.activation_checkpointing", K_ENUM, OFF(act_ckpt), 0, "\"none\"", 0, 0, ACT_CKPT_MODES, "recompute activations in the backward instead of keeping them: selective = what train.recompute_modules names, full = everything but each layer's output (one more forward per layer); the last layer is not recomputed (see the notes below)"},
     {"train.recompute_modules", K_SET, OFF(recompute_modules), 0, "[\"attention\"]", 0, 0, RECOMPUTE_MODULES, "activation_checkpointing selective: which saved activations of each layer the backward recomputes (Megatron's --recompute-modules): attention (its output and log-sum-exp), norm (both norms' outputs and statistics), mlp_act (the MLP's activation output); see the notes below"},
     {"train.activation_offload", K_BOOL, OFF(act_offload), 0, "false", 0, 0, NULL, "keep each layer's saved activations in host memory between its forward and its backward, the copies overlapping compute; the device holds 3 layers'; with activation_checkpointing full only the layer inputs move, as SMP's activation offloading (see the notes below)"},
@@ -405,6 +415,8 @@ static void rope_scaling_unused(const ModelConfig *m, const char *where) {
     }
 }
 
+static void moe_config_finish(ModelConfig *m, const char *where);
+
 void model_config_finish(ModelConfig *m, const char *where) {
     if (m->rope_scaling && m->arch == ARCH_GPT2)
         die(EXIT_USAGE, "%s: model.rope_scaling \"%s\": GPT-2 has no RoPE (expected \"none\")", where,
@@ -439,6 +451,55 @@ void model_config_finish(ModelConfig *m, const char *where) {
             m->ffn_hidden = (int)(mo * ((h + mo - 1) / mo));
         }
     }
+    moe_config_finish(m, where);
+}
+
+/* "0,1,5" into bits of dense[] (n_layer entries); 0 when malformed or out of range */
+static int moe_dense_parse(const ModelConfig *m, unsigned char *dense, int *bad) {
+    const char *p = m->moe_dense_layers;
+    if (dense) memset(dense, 0, (size_t)m->n_layer);
+    while (*p) {
+        while (*p == ' ' || *p == ',') p++;
+        if (!*p) break;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= m->n_layer) { *bad = (int)(p - m->moe_dense_layers); return 0; }
+        if (dense) dense[v] = 1;
+        p = end;
+        if (*p && *p != ',' && *p != ' ') { *bad = (int)(p - m->moe_dense_layers); return 0; }
+    }
+    return 1;
+}
+
+float config_moe_aux_coef(const Config *c) {
+    if (c->moe_aux_loss_coef >= 0) return c->moe_aux_loss_coef;
+    return c->model.router_aux_set ? c->model.router_aux_loss_coef : 0.01f;
+}
+
+/* The mixture-of-experts keys' rules (model_config_finish). */
+static void moe_config_finish(ModelConfig *m, const char *where) {
+    if (m->moe_experts == 0) {
+        static const char *const keys[] = {"moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers"};
+        int set[] = {m->moe_shared_experts != 0, m->moe_ffn_hidden != 0, m->moe_dense_layers[0] != 0};
+        for (int i = 0; i < 3; i++)
+            if (set[i]) die(EXIT_USAGE, "%s: model.%s is set but model.moe_experts is 0 (a dense model; set moe_experts)", where, keys[i]);
+        return;
+    }
+    if (m->arch != ARCH_LLAMA)
+        die(EXIT_USAGE, "%s: model.moe_experts %d: mixture of experts needs model.arch \"llama\" (SwiGLU experts), not \"gpt2\"", where,
+            m->moe_experts);
+    if (m->moe_experts < 2) die(EXIT_USAGE, "%s: model.moe_experts %d: a mixture needs at least 2 experts (0 = dense)", where, m->moe_experts);
+    if (m->moe_top_k > m->moe_experts)
+        die(EXIT_USAGE, "%s: model.moe_top_k %d exceeds model.moe_experts %d (a token cannot choose more experts than there are)",
+            where, m->moe_top_k, m->moe_experts);
+    if (m->moe_ffn_hidden == 0) m->moe_ffn_hidden = m->ffn_hidden;
+    int bad = 0;
+    if (!moe_dense_parse(m, NULL, &bad))
+        die(EXIT_USAGE, "%s: model.moe_dense_layers \"%s\": at character %d: expected layer indices below n_layer %d, as \"0,1\"",
+            where, m->moe_dense_layers, bad + 1, m->n_layer);
+    if (moe_layer_count(m) == 0)
+        die(EXIT_USAGE, "%s: model.moe_experts %d but no layer is MoE (moe_layer_freq %d, moe_dense_layers \"%s\" over %d layers)",
+            where, m->moe_experts, m->moe_layer_freq, m->moe_dense_layers, m->n_layer);
 }
 
 static void set_defaults(Config *cfg) {
@@ -951,7 +1012,8 @@ void config_take_model(Config *cfg, const ModelConfig *hf, const char *src) {
         Config mine = *cfg;
         store(&mine, k, v, cfg->path);
         size_t sz = k->type == K_ENUM || k->type == K_INT || k->type == K_BOOL ? sizeof(int) : sizeof(float);
-        if (memcmp((char *)&mine + k->off, (char *)&tmp + k->off, sz) != 0) {
+        const char *a = (char *)&mine + k->off, *b = (char *)&tmp + k->off;
+        if (k->type == K_STR ? strcmp(a, b) != 0 : memcmp(a, b, sz) != 0) {
             char *s = cJSON_PrintUnformatted(v);
             die(EXIT_USAGE, "%s: %s = %s conflicts with init.from %s", cfg->path, k->path, s, src);
         }
@@ -997,6 +1059,7 @@ void config_freeze_model(Config *cfg) {
         case K_INT: cJSON_AddNumberToObject(model, name, *(const int *)field); break;
         case K_FLOAT: cJSON_AddNumberToObject(model, name, *(const float *)field); break;
         case K_BOOL: cJSON_AddBoolToObject(model, name, *(const int *)field); break;
+        case K_STR: cJSON_AddStringToObject(model, name, field); break;
         default: die(EXIT_INTERNAL, "config_freeze_model: unexpected type of %s", k->path);
         }
     }
@@ -1021,6 +1084,8 @@ int config_model_diff(const ModelConfig *a, const ModelConfig *b, char *out, siz
         if (k->type == K_FLOAT) {
             float x = *(const float *)fa, y = *(const float *)fb;
             if (x != y) { snprintf(out, n, "%s %g vs %g", k->path, x, y); return 1; }
+        } else if (k->type == K_STR) {
+            if (strcmp(fa, fb)) { snprintf(out, n, "%s \"%s\" vs \"%s\"", k->path, fa, fb); return 1; }
         } else if (*(const int *)fa != *(const int *)fb) {
             char x[32], y[32];
             if (k->type == K_ENUM)

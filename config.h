@@ -26,7 +26,25 @@ typedef struct ModelConfig {
     float rope_beta_fast, rope_beta_slow, rope_attention_factor; /* yarn's */
     int rope_truncate;                                           /* yarn's */
     int tie_embeddings;  /* GPT-2 always tied */
+    /* mixture of experts (moe.c; docs/moe.md): Llama's MLP replaced, in the
+     * layers moe_layer() names, by moe_experts routed SwiGLU experts of
+     * moe_ffn_hidden, moe_top_k a token, plus moe_shared_experts always-on
+     * ones (one SwiGLU of moe_shared_experts * moe_ffn_hidden) */
+    int moe_experts;     /* 0: a dense model */
+    int moe_top_k;
+    int moe_ffn_hidden;  /* 0 resolved: ffn_hidden */
+    int moe_shared_experts;
+    int moe_norm_topk;   /* the k weights divided by their sum (Mixtral; Qwen3-MoE's norm_topk_prob) */
+    int moe_layer_freq;  /* MoE where (layer + 1) % moe_layer_freq == 0 (Qwen's decoder_sparse_step) */
+    char moe_dense_layers[256]; /* ... but these layers, "0,1" (Qwen's mlp_only_layers) */
+    int router_aux_set;  /* an imported config said router_aux_loss_coef (not a key) */
+    float router_aux_loss_coef;
 } ModelConfig;
+
+/* Whether layer l's MLP is a mixture of experts (moe.c). */
+int moe_layer(const ModelConfig *m, int l);
+/* MoE layers of the model. */
+int moe_layer_count(const ModelConfig *m);
 
 /* optim.lr_decay_style and optim.wsd_decay_style: the choices, in the order
  * of their int values */
@@ -77,6 +95,9 @@ typedef struct Config {
     int attention_mask;       /* ATT_MASK_CAUSAL | ATT_MASK_BLOCK_CAUSAL, by index of causal|block_causal */
     int eod_mask_loss;        /* train.eod_mask_loss: no loss on the prediction after data.eod_token */
     int reset_position_ids;   /* train.reset_position_ids: positions count from each document's first token */
+    float moe_aux_loss_coef;  /* train.moe_aux_loss_coef (-1: the imported config's, else 0.01; config_moe_aux_coef) */
+    float moe_z_loss_coef;    /* train.moe_z_loss_coef */
+    float moe_capacity_factor; /* train.moe_capacity_factor (0: dropless) */
     char attention_kernel[8]; /* auto|cudnn|flash|gemm: the CUDA backend's attention */
     /* optim */
     float lr, min_lr;
@@ -128,6 +149,10 @@ typedef struct Config {
     char *json_text;     /* the effective config (after --set), for checkpoints */
     char *origin_json;   /* what export needs that the job does not say (init.h's origin record), for checkpoints; NULL: none */
 } Config;
+
+/* train.moe_aux_loss_coef resolved: the job's, else the imported config's,
+ * else 0.01. */
+float config_moe_aux_coef(const Config *c);
 
 /* Parse job file + overrides ("a.b=value"; value parsed as JSON, else a
  * string). On any error: one line on stderr and exit(EXIT_USAGE). */

@@ -55,6 +55,30 @@ static void add_ids(cJSON *o, const Model *m, const cJSON *origin) {
     }
 }
 
+/* A mixture-of-experts model's architecture and keys: Mixtral's, or with
+ * QK-norm Qwen3-MoE's (hf_moe_qwen); export_check has refused what
+ * neither can say. */
+static void moe_config_json(cJSON *o, cJSON *arch, const ModelConfig *c) {
+    if (hf_moe_qwen(c)) {
+        cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen3MoeForCausalLM"));
+        cJSON_AddStringToObject(o, "model_type", "qwen3_moe");
+        cJSON_AddNumberToObject(o, "num_experts", c->moe_experts);
+        cJSON_AddNumberToObject(o, "moe_intermediate_size", c->moe_ffn_hidden);
+        cJSON_AddBoolToObject(o, "norm_topk_prob", c->moe_norm_topk);
+        cJSON_AddNumberToObject(o, "decoder_sparse_step", c->moe_layer_freq);
+        cJSON *dl = cJSON_AddArrayToObject(o, "mlp_only_layers");
+        for (int l = 0; l < c->n_layer; l++)
+            if (!moe_layer(c, l) && (l + 1) % c->moe_layer_freq == 0) cJSON_AddItemToArray(dl, cJSON_CreateNumber(l));
+    } else {
+        cJSON_AddItemToArray(arch, cJSON_CreateString("MixtralForCausalLM"));
+        cJSON_AddStringToObject(o, "model_type", "mixtral");
+        cJSON_AddNumberToObject(o, "num_local_experts", c->moe_experts);
+        cJSON_AddNullToObject(o, "sliding_window");
+    }
+    cJSON_AddNumberToObject(o, "num_experts_per_tok", c->moe_top_k);
+    if (c->router_aux_set) cJSON_AddItemToObject(o, "router_aux_loss_coef", json_float(c->router_aux_loss_coef));
+}
+
 static cJSON *config_json(const Model *m, const cJSON *origin, int bf16) {
     const ModelConfig *c = &m->cfg;
     cJSON *o = cJSON_CreateObject();
@@ -73,10 +97,13 @@ static cJSON *config_json(const Model *m, const cJSON *origin, int bf16) {
         cJSON_AddStringToObject(o, "activation_function", "gelu_new");
         cJSON_AddTrueToObject(o, "tie_word_embeddings");
     } else {
-        cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
-        cJSON_AddStringToObject(o, "model_type", "llama");
+        if (m->moe.on) moe_config_json(o, arch, c);
+        else {
+            cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
+            cJSON_AddStringToObject(o, "model_type", "llama");
+        }
         cJSON_AddNumberToObject(o, "hidden_size", c->n_embd);
-        cJSON_AddNumberToObject(o, "intermediate_size", c->ffn_hidden);
+        cJSON_AddNumberToObject(o, "intermediate_size", m->moe.on && !hf_moe_qwen(c) ? c->moe_ffn_hidden : c->ffn_hidden);
         cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layer);
         cJSON_AddNumberToObject(o, "num_attention_heads", c->n_head);
         cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_head);
@@ -251,7 +278,27 @@ static void shard_name(char *out, size_t n, int i, int of) {
     else snprintf(out, n, "model-%05d-of-%05d.safetensors", i + 1, of);
 }
 
+const char *export_refusal(const Model *m, char *why, size_t n) {
+    const ModelConfig *c = &m->cfg;
+    if (!m->moe.on || hf_moe_qwen(c)) return NULL;
+    if (c->moe_shared_experts)
+        snprintf(why, n, "model.moe_shared_experts %d: neither Mixtral nor Qwen3-MoE has shared experts (no Hugging Face "
+                 "architecture to write; keep the llmtrain checkpoint)", c->moe_shared_experts);
+    else if (m->moe.n_layers < c->n_layer || !c->moe_norm_topk)
+        snprintf(why, n, "an MoE model with %s is written as Qwen3-MoE, which needs model.qk_norm (Mixtral has every layer "
+                 "MoE and renormalised top-k weights)", m->moe.n_layers < c->n_layer ? "dense layers" : "model.moe_norm_topk false");
+    else return NULL;
+    return why;
+}
+
+/* What no Hugging Face architecture export writes can hold: one line, exit 2. */
+static void export_check(const Model *m) {
+    char why[300];
+    if (export_refusal(m, why, sizeof why)) die(EXIT_USAGE, "export: %s", why);
+}
+
 int export_hf(const Model *m, ExportReadFn read, void *ctx, const ExportOpts *o, const char *dir) {
+    export_check(m);
     if (mkdir_p_durable(dir) != 0) die(EXIT_IO, "%s: cannot create directory (%s)", dir, strerror(errno));
     cJSON *origin = o->origin_json ? cJSON_Parse(o->origin_json) : NULL;
     int dtype = o->bf16 ? ST_BF16 : ST_F32;
@@ -259,13 +306,14 @@ int export_hf(const Model *m, ExportReadFn read, void *ctx, const ExportOpts *o,
     /* the plan: every HF tensor, in order, and the shard it goes to (a new
      * one where it would take the current one past the size; a tensor
      * larger than the size alone in its own, as Hugging Face does) */
-    Part *parts = malloc_check((size_t)m->n_specs * 3 * sizeof *parts);
+    size_t most_parts = (size_t)hf_parts_max(m);
+    Part *parts = malloc_check((size_t)m->n_specs * most_parts * sizeof *parts);
+    HfPart *hp = malloc_check(most_parts * sizeof *hp);
     int np = 0, n_shards = 1;
     uint64_t in_shard = 0, total = 0;
     size_t most = 0, most_t = 0;
     for (int i = 0; i < m->n_specs; i++) {
         const ParamSpec *s = &m->specs[i];
-        HfPart hp[3];
         int k = hf_parts(m, s, "transformer.", hp);
         most = s->numel > most ? s->numel : most;
         for (int j = 0; j < k; j++) {
@@ -341,6 +389,7 @@ int export_hf(const Model *m, ExportReadFn read, void *ctx, const ExportOpts *o,
     for (int i = 0; i < n_shards; i++) st_writer_free(&w[i]);
     free(w);
     free(parts);
+    free(hp);
     cJSON_Delete(origin);
     return n_shards;
 }

@@ -37,4 +37,7 @@ char *export_tokenizer_record(const char *dir, const char *from);
  * SIZE] [--tokenizer DIR|none]` (argv without "export"). */
 int export_main(int argc, char **argv);
 
+/* Why no Hugging Face architecture can hold the model (into why), or NULL. */
+const char *export_refusal(const Model *m, char *why, size_t n);
+
 #endif

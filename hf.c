@@ -430,6 +430,38 @@ static int hf_parts_gpt2(const ParamSpec *s, const char *pre, HfPart *p) {
     die(EXIT_INTERNAL, "%s: no GPT-2 Hugging Face name for this tensor", s->name);
 }
 
+/* A mixture-of-experts layer's tensors under MixtralForCausalLM's names
+ * (block_sparse_moe.gate, experts.N.w1 | w3 | w2) or, with QK-norm,
+ * Qwen3MoeForCausalLM's (mlp.gate, mlp.experts.N.gate_proj | up_proj |
+ * down_proj): each expert by its index, our stacked gate|up and down
+ * projections split into row blocks. */
+static int hf_parts_moe(const Model *m, const ParamSpec *s, HfPart *p) {
+    const ModelMoE *x = &m->moe;
+    size_t F = (size_t)x->F, C = (size_t)m->cfg.n_embd;
+    int L = s->layer, qwen = hf_moe_qwen(&m->cfg);
+    const char *pre = qwen ? "mlp" : "block_sparse_moe";
+    const char *gate = qwen ? "gate_proj" : "w1", *up = qwen ? "up_proj" : "w3", *down = qwen ? "down_proj" : "w2";
+    switch (s->kind) {
+    case P_ROUTER_W: hf_part(p, s, 0, (size_t)x->E, 0, "model.layers.%d.%s.gate.weight", L, pre); return 1;
+    case P_EXP_FC_W:
+        for (int e = 0; e < x->E; e++) {
+            hf_part(&p[2 * e], s, (size_t)e * 2 * F, F, 0, "model.layers.%d.%s.experts.%d.%s.weight", L, pre, e, gate);
+            hf_part(&p[2 * e + 1], s, (size_t)e * 2 * F + F, F, 0, "model.layers.%d.%s.experts.%d.%s.weight", L, pre, e, up);
+        }
+        return 2 * x->E;
+    case P_EXP_PROJ_W:
+        for (int e = 0; e < x->E; e++)
+            hf_part(&p[e], s, (size_t)e * C, C, 0, "model.layers.%d.%s.experts.%d.%s.weight", L, pre, e, down);
+        return x->E;
+    default: break;
+    }
+    die(EXIT_INTERNAL, "%s: not a mixture-of-experts tensor", s->name);
+}
+
+int hf_parts_max(const Model *m) { return m->moe.on && 2 * m->moe.E > 3 ? 2 * m->moe.E : 3; }
+
+int hf_moe_qwen(const ModelConfig *c) { (void)c; return 0; }
+
 /* LlamaForCausalLM names; our fused qkv and gate|up split into row blocks. */
 static int hf_parts_llama(const Model *m, const ParamSpec *s, HfPart *p) {
     size_t rows = (size_t)s->shape[0];
@@ -453,6 +485,7 @@ static int hf_parts_llama(const Model *m, const ParamSpec *s, HfPart *p) {
         hf_part(&p[1], s, F, F, 0, "model.layers.%d.mlp.up_proj.weight", L);
         return 2;
     case P_PROJ_W: hf_part(p, s, 0, rows, 0, "model.layers.%d.mlp.down_proj.weight", L); return 1;
+    case P_ROUTER_W: case P_EXP_FC_W: case P_EXP_PROJ_W: return hf_parts_moe(m, s, p);
     case P_LNF_W: hf_part(p, s, 0, rows, 0, "model.norm.weight"); return 1;
     case P_LM_HEAD: hf_part(p, s, 0, rows, 0, "lm_head.weight"); return 1;
     default: break;
@@ -460,7 +493,7 @@ static int hf_parts_llama(const Model *m, const ParamSpec *s, HfPart *p) {
     die(EXIT_INTERNAL, "%s: no Llama Hugging Face name for this tensor", s->name);
 }
 
-int hf_parts(const Model *m, const ParamSpec *s, const char *gpt2_prefix, HfPart p[3]) {
+int hf_parts(const Model *m, const ParamSpec *s, const char *gpt2_prefix, HfPart *p) {
     return m->cfg.arch == ARCH_GPT2 ? hf_parts_gpt2(s, gpt2_prefix, p) : hf_parts_llama(m, s, p);
 }
 
@@ -714,7 +747,46 @@ static void hf_ignored(const HfCfg *c, char *note, size_t n) {
     }
 }
 
-static void llama_config(const HfCfg *c, ModelConfig *o) {
+/* A mixture-of-experts config.json's keys: Mixtral's (moe 1) or
+ * Qwen3-MoE's (moe 2); both the 4.x and the 5.x layouts name them so. */
+static void moe_config(const HfCfg *c, ModelConfig *o, int moe) {
+    if (moe == 1) {
+        o->moe_experts = cfg_int(c, "num_local_experts", "model.moe_experts", true, 0);
+        o->moe_ffn_hidden = o->ffn_hidden;
+        o->moe_norm_topk = 1;
+        const cJSON *sw = cfg_get(c, "sliding_window", false);
+        if (cJSON_IsNumber(sw) && sw->valuedouble < o->max_seq_len)
+            die(EXIT_USAGE, HF_CTX "%s: key sliding_window: %g is not supported (sliding-window attention is not built; expected null "
+                "or at least max_position_embeddings %d)", c->path, sw->valuedouble, o->max_seq_len);
+    } else {
+        o->moe_experts = cfg_int(c, "num_experts", "model.moe_experts", true, 0);
+        o->moe_ffn_hidden = cfg_int(c, "moe_intermediate_size", "model.moe_ffn_hidden", true, 0);
+        o->moe_norm_topk = cfg_bool(c, "norm_topk_prob", false);
+        o->moe_layer_freq = cfg_int(c, "decoder_sparse_step", "model.moe_layer_freq", false, 1);
+        const cJSON *dl = cfg_get(c, "mlp_only_layers", false);
+        if (dl && !cJSON_IsArray(dl))
+            die(EXIT_USAGE, HF_CTX "%s: key mlp_only_layers: expected an array of layer indices", c->path);
+        size_t n = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, dl) {
+            if (!cJSON_IsNumber(it) || it->valuedouble != (int)it->valuedouble)
+                die(EXIT_USAGE, HF_CTX "%s: key mlp_only_layers: expected integer layer indices", c->path);
+            n += (size_t)snprintf(o->moe_dense_layers + n, sizeof o->moe_dense_layers > n ? sizeof o->moe_dense_layers - n : 0,
+                                  "%s%d", n ? "," : "", (int)it->valuedouble);
+            if (n >= sizeof o->moe_dense_layers)
+                die(EXIT_USAGE, HF_CTX "%s: key mlp_only_layers: too many layers (at most %zu characters as a list)", c->path,
+                    sizeof o->moe_dense_layers - 1);
+        }
+    }
+    o->moe_top_k = cfg_int(c, "num_experts_per_tok", "model.moe_top_k", true, 0);
+    const cJSON *coef = cfg_get(c, "router_aux_loss_coef", false);
+    if (cJSON_IsNumber(coef)) {
+        o->router_aux_set = 1;
+        o->router_aux_loss_coef = (float)coef->valuedouble;
+    }
+}
+
+static void llama_config(const HfCfg *c, ModelConfig *o, int moe) {
     o->arch = ARCH_LLAMA;
     o->n_embd = cfg_int(c, "hidden_size", "model.n_embd", true, 0);
     o->ffn_hidden = cfg_int(c, "intermediate_size", "model.ffn_hidden", true, 0);
@@ -735,6 +807,7 @@ static void llama_config(const HfCfg *c, ModelConfig *o) {
     llama_rope(c, o);
     if (o->n_embd % o->n_head != 0)
         die(EXIT_USAGE, HF_CTX "%s: key num_attention_heads: %d does not divide hidden_size %d", c->path, o->n_head, o->n_embd);
+    if (moe) moe_config(c, o, moe);
     int hd = cfg_int(c, "head_dim", NULL, false, o->n_embd / o->n_head);
     if (hd != o->n_embd / o->n_head)
         die(EXIT_USAGE, HF_CTX "%s: key head_dim: %d is not supported (must be hidden_size/num_attention_heads = %d)", c->path,
@@ -773,8 +846,10 @@ void hf_read_config_note(const char *dir, ModelConfig *out, char *note, size_t n
     const char *type = cfg_str(&c, "model_type", NULL);
     if (!type) die(EXIT_USAGE, HF_CTX "%s: missing key model_type", path);
     if (strcmp(type, "gpt2") == 0) gpt2_config(&c, out);
-    else if (strcmp(type, "llama") == 0) llama_config(&c, out);
-    else die(EXIT_USAGE, HF_CTX "%s: key model_type: \"%s\" is not supported (gpt2 or llama)", path, type);
+    else if (strcmp(type, "llama") == 0) llama_config(&c, out, 0);
+    else if (strcmp(type, "mixtral") == 0) llama_config(&c, out, 1);
+    else if (strcmp(type, "qwen3_moe") == 0) llama_config(&c, out, 2);
+    else die(EXIT_USAGE, HF_CTX "%s: key model_type: \"%s\" is not supported (gpt2, llama, mixtral or qwen3_moe)", path, type);
     if (note && note_n) {
         note[0] = '\0';
         char ign[400] = "";
@@ -922,11 +997,12 @@ HfLoaded hf_load_weights(Model *m, const char *dir) {
     const char *pre = (m->cfg.arch == ARCH_GPT2 && !hf_has(&h, "transformer.wte.weight") && hf_has(&h, "wte.weight"))
                           ? "" : "transformer.";
     float *flat = calloc_check(g->n_params, sizeof(float));
+    HfPart *parts = malloc_check((size_t)hf_parts_max(g) * sizeof *parts);
     for (int i = 0; i < g->n_specs; i++) {
-        HfPart parts[3];
         int np = hf_parts(g, &g->specs[i], pre, parts);
         for (int j = 0; j < np; j++) hf_load_part(&h, &g->specs[i], &parts[j], flat);
     }
+    free(parts);
     hf_check_unused(g, &h);
     for (int i = 0; i < h.nf; i++)
         for (int j = 0; j < h.f[i].n; j++)

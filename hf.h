@@ -84,9 +84,13 @@ typedef struct HfPart {
     size_t row0, rows, cols; /* rows [row0, row0+rows) of our [rows_total, cols] tensor */
     int transpose;
 } HfPart;
-/* The HF tensors of our tensor s (1 to 3; gpt2_prefix "transformer." or
- * "" for GPT2Model files). */
-int hf_parts(const Model *m, const ParamSpec *s, const char *gpt2_prefix, HfPart p[3]);
+/* The HF tensors of our tensor s (gpt2_prefix "transformer." or "" for
+ * GPT2Model files) into p, which has room for hf_parts_max(m): 1 to 3,
+ * or a mixture-of-experts tensor's one a expert (two for gate|up). */
+int hf_parts(const Model *m, const ParamSpec *s, const char *gpt2_prefix, HfPart *p);
+int hf_parts_max(const Model *m);
+/* Whether an MoE model takes Qwen3-MoE's names (else Mixtral's). */
+int hf_moe_qwen(const ModelConfig *c);
 /* dst[c*rows + r] = src[r*cols + c] */
 void hf_transpose(float *dst, const float *src, size_t rows, size_t cols);
 

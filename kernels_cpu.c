@@ -1102,6 +1102,13 @@ static const Kernels cpu_kernels = {
     .attention_part_forward = cpu_attention_part_forward,
     .attention_part_backward = cpu_attention_part_backward,
     .copy_2d = cpu_copy_2d,
+    .moe_route = cpu_moe_route,
+    .moe_route_backward = cpu_moe_route_backward,
+    .moe_colsum = cpu_moe_colsum,
+    .moe_permute = cpu_moe_permute,
+    .moe_combine = cpu_moe_combine,
+    .moe_combine_backward = cpu_moe_combine_backward,
+    .moe_unpermute_add = cpu_moe_unpermute_add,
 };
 
 const Kernels *kernels_cpu(void) {

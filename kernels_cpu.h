@@ -66,4 +66,18 @@ void cpu_attention_part_backward(float *dqkv, float *dkv, const float *dout, con
                                  const float *lse, int qrow, int q0, int nq, const float *kv, int krow, int k0, int nk,
                                  const int *qstart, int B, int Tq, int Tk, int nh, int nkv, int hd);
 
+
+/* kernels.h's mixture-of-experts entries (kernels_cpu_moe.c) */
+void cpu_moe_route(float *probs, float *lse, int *idx, float *wts, const float *logits, const float *bias, int N, int E,
+                   int k, int norm_topk);
+void cpu_moe_route_backward(float *dlogits, const float *probs, const float *lse, const int *idx, const float *wts,
+                            const float *dwts, const float *dprob, float dz, int N, int E, int k, int norm_topk);
+void cpu_moe_colsum(float *out, const float *x, int N, int E);
+void cpu_moe_permute(float *xp, const float *x, const int *src, int n, int C);
+void cpu_moe_combine(float *out, const float *res, const float *yp, const float *wts, const int *slot, int N, int k,
+                     int C);
+void cpu_moe_combine_backward(float *dyp, float *dwts, const float *dout, const float *yp, const float *wts,
+                              const int *slot, int N, int k, int C);
+void cpu_moe_unpermute_add(float *dx, const float *dxp, const int *slot, int N, int k, int C);
+
 #endif

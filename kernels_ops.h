@@ -413,3 +413,44 @@ KERNEL_OP(void, attention_part_backward, (float *dqkv, float *dkv, const float *
  * gradients back into dqkv's */
 KERNEL_OP(void, copy_2d, (void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows), (dst,
     dpitch, src, spitch, width, rows))
+
+/* ---- mixture of experts (moe.c; docs/moe.md). A layer's N tokens each
+ * choose k of E experts; the chosen (token, choice) pairs are laid out
+ * expert by expert in a permuted buffer of rows, and slot[n * k + j] is
+ * the row of token n's choice j there (-1: dropped by the capacity, it
+ * reaches no expert). idx, slot and src are int arrays in the backend's
+ * memory. ----
+ * The router: probs[N, E] = softmax(logits[N, E]) (fp32), lse[N] the
+ * rows' log-sum-exp of logits (the z-loss), idx[N, k] the k experts of
+ * largest probs + bias (bias[E], NULL: none; it only chooses; ties to the
+ * lower index) in that order, wts[N, k] their probabilities, divided by
+ * their sum when norm_topk. */
+KERNEL_OP(void, moe_route, (float *probs, float *lse, int *idx, float *wts, const float *logits, const float *bias,
+    int N, int E, int k, int norm_topk), (probs, lse, idx, wts, logits, bias, N, E, k, norm_topk))
+/* Its backward, dlogits[N, E] OVERWRITTEN: d(probs) is dprob[e] for every
+ * token (the load-balancing loss's term; NULL: 0) plus what dwts[N, k]
+ * gives through the top-k weights (and their renormalisation); then the
+ * softmax's backward, plus the z-loss dz * lse^2's 2 dz lse probs. */
+KERNEL_OP(void, moe_route_backward, (float *dlogits, const float *probs, const float *lse, const int *idx,
+    const float *wts, const float *dwts, const float *dprob, float dz, int N, int E, int k, int norm_topk), (dlogits,
+    probs, lse, idx, wts, dwts, dprob, dz, N, E, k, norm_topk))
+/* out[e] = sum over n of x[n, e] (OVERWRITTEN, fp32): the router
+ * probabilities' column sums */
+KERNEL_OP(void, moe_colsum, (float *out, const float *x, int N, int E), (out, x, N, E))
+/* xp[r, :] = x[src[r], :] for r < n (both [a], C wide): tokens to their
+ * experts' rows */
+KERNEL_OP(void, moe_permute, (float *xp, const float *x, const int *src, int n, int C), (xp, x, src, n, C))
+/* out[n, :] = res[n, :] (NULL: 0; out may alias res) + sum over j of
+ * wts[n, j] yp[slot[n, j], :] in increasing j (fp32; dropped choices
+ * add nothing): the experts' outputs back to their tokens */
+KERNEL_OP(void, moe_combine, (float *out, const float *res, const float *yp, const float *wts, const int *slot, int N,
+    int k, int C), (out, res, yp, wts, slot, N, k, C))
+/* Its backward (fp32): dyp[slot[n, j], :] = wts[n, j] dout[n, :]
+ * (OVERWRITTEN; rows no slot names untouched) and dwts[n, j] =
+ * dout[n, :] . yp[slot[n, j], :] (0 for a dropped choice) */
+KERNEL_OP(void, moe_combine_backward, (float *dyp, float *dwts, const float *dout, const float *yp, const float *wts,
+    const int *slot, int N, int k, int C), (dyp, dwts, dout, yp, wts, slot, N, k, C))
+/* dx[n, :] += sum over j of dxp[slot[n, j], :] in increasing j (fp32):
+ * the permutation's backward */
+KERNEL_OP(void, moe_unpermute_add, (float *dx, const float *dxp, const int *slot, int N, int k, int C), (dx, dxp, slot,
+    N, k, C))

@@ -30,6 +30,7 @@
 #include "fit.h"
 #include "layout.h"
 #include "model.h"
+#include "moe.h"
 #include "parallel.h"
 #include "profile.h"
 #include "shard.h"
@@ -96,6 +97,7 @@ typedef struct Trainer {
     uint64_t end_cursor;       /* the cursor after the last step (run_sequences, once), for the ETA */
     TrainState st;             /* counters and the spike tracker, saved with every checkpoint */
     CkptRun ck;                /* the checkpoint protocol (ckpt_run.c): the checkpoint in flight */
+    double *moe_red;           /* [5 + n_layer]: a step's MoE statistics, reduced (moe_step_stats) */
 } Trainer;
 
 static volatile sig_atomic_t g_stop_signal; /* SIGTERM / SIGUSR1 / SIGINT / SIGHUP: checkpoint and stop */
@@ -529,6 +531,11 @@ typedef struct StepStats {
     double comm_ag, comm_rs, comm_ar, comm_tp; /* bus bytes of this step per collective kind */
     double comm_tp_ag, comm_tp_rs;             /* ... and sequence parallelism's (the step line's tp counts all three) */
     double comm_cp;                            /* context parallelism's ring: bytes sent */
+    /* mixture of experts (moe.on): the balance losses' values (unscaled, each
+     * the mean over MoE layers and micro-batches), the expert load (max over
+     * mean tokens an expert) per layer and its mean, the choices dropped */
+    double moe_aux, moe_z, moe_load, moe_dropped, moe_routed;
+    double *moe_layer_load;                    /* [n_layer] (NULL: no MoE); the Trainer's */
     double comm_wait;  /* seconds blocked in collectives and waits (exposed communication) */
     double ck_block;   /* seconds training was blocked by a checkpoint begun after this step */
     double norm_mean;  /* running mean of the previous CKPT_SPIKE_WINDOW norms (NAN: none yet) */
@@ -610,12 +617,17 @@ static void log_step(Trainer *t, const StepStats *s) {
                 }
             snprintf(comm + n, sizeof comm - (size_t)n, ") wait %.0f ms", 1000 * s->comm_wait);
         }
-        char ck[48] = "", batch[32] = "", pn[48] = "";
+        char ck[48] = "", batch[32] = "", pn[48] = "", moe[96] = "";
+        if (s->moe_layer_load)
+            snprintf(moe, sizeof moe, " | aux %.3f load %.2f%s", s->moe_aux, s->moe_load,
+                     c->moe_capacity_factor > 0 ? "" : "");
+        if (s->moe_layer_load && c->moe_capacity_factor > 0)
+            snprintf(moe + strlen(moe), sizeof moe - strlen(moe), " drop %.2f%%", 100 * s->moe_dropped / s->moe_routed);
         if (c->rampup_start) snprintf(batch, sizeof batch, " | batch %d", s->batch);
         if (c->log_param_norm) snprintf(pn, sizeof pn, " | pnorm %.2f", s->pnorm);
         if (s->ck_block > 0) snprintf(ck, sizeof ck, " | ckpt blocked %.0f ms", 1000 * s->ck_block);
-        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f%s%s%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s%s | %.0f ms%s | ETA %s%s\n",
-               s->step + 1, c->steps, s->loss, s->lr, s->norm, s->clipped ? "*" : "", s->spike ? " SPIKE" : "", pn, batch, tps, 100 * mfu,
+        printf("step %5d/%d | loss %.4f%s | lr %.2e | norm %.3f%s%s%s%s | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s%s | %.0f ms%s | ETA %s%s\n",
+               s->step + 1, c->steps, s->loss, moe, s->lr, s->norm, s->clipped ? "*" : "", s->spike ? " SPIKE" : "", pn, batch, tps, 100 * mfu,
                mem / (1 << 30), gpu_mem >= 0 ? " gpu" : "", comm, 1000 * s->dt, ck, eta, s->skipped ? " | SKIPPED (non-finite)" : "");
         if (isfinite(s->val_loss)) {
             printf("step %5d/%d | val_loss %.4f", s->step + 1, c->steps, s->val_loss);
@@ -631,6 +643,16 @@ static void log_step(Trainer *t, const StepStats *s) {
     step_num(t, &line, "loss", "train/loss", s->loss);
     step_num(t, &line, "lr", "train/lr", s->lr);
     step_num(t, &line, "grad_norm", "train/grad_norm", s->norm);
+    if (s->moe_layer_load) { /* mixture of experts */
+        step_num(t, &line, "moe_aux_loss", "moe/aux_loss", s->moe_aux);
+        step_num(t, &line, "moe_z_loss", "moe/z_loss", s->moe_z);
+        step_num(t, &line, "moe_load", "moe/load", s->moe_load);
+        step_num(t, &line, "moe_dropped", "moe/dropped", s->moe_dropped);
+        buf_add(&line, ",\"moe_layer_load\":[");
+        for (int l = 0, n = 0; l < c->model.n_layer; l++)
+            if (moe_layer(&c->model, l)) buf_add(&line, "%s%.6g", n++ ? "," : "", s->moe_layer_load[l]);
+        buf_add(&line, "]");
+    }
     if (c->log_param_norm) step_num(t, &line, "param_norm", "train/param_norm", s->pnorm);
     buf_add(&line, ",\"global_batch\":%d,\"consumed_samples\":%llu", s->batch, (unsigned long long)next);
     tb_scalar(&t->tb, "train/global_batch", s->batch);
@@ -685,7 +707,23 @@ static void dump_flat(Trainer *t, const float *flat, const char *sub) {
     char dir[1200];
     snprintf(dir, sizeof dir, "%s/%s", t->cfg.debug_dump, sub);
     t->k->to_host(t->host_flat, flat, t->model.n_params * sizeof(float));
-    hf_export(&t->model, t->host_flat, dir);
+    char why[300];
+    if (!export_refusal(&t->model, why, sizeof why)) {
+        hf_export(&t->model, t->host_flat, dir);
+        return;
+    }
+    /* a model no Hugging Face architecture holds: its tensors under llmtrain's names */
+    if (mkdir_p_durable(dir) != 0) die(EXIT_IO, "%s: cannot create directory (%s)", dir, strerror(errno));
+    StWriter w = {0};
+    for (int i = 0; i < t->model.n_specs; i++) {
+        const ParamSpec *s = &t->model.specs[i];
+        int64_t shape[2] = {s->shape[0], s->shape[1]};
+        st_writer_add(&w, s->name, s->ndim, shape, t->host_flat + s->offset);
+    }
+    char path[1300];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_writer_write(&w, path, NULL);
+    st_writer_free(&w);
 }
 
 static void dump_logits(Trainer *t, double loss) {
@@ -709,6 +747,31 @@ static void dump_logits(Trainer *t, double loss) {
 
 /* ------------------------------------------------------------------ */
 /* one step                                                            */
+
+/* The step's MoE statistics over every rank: a micro-batch's balance
+ * losses and loads are held alike by its tp and cp ranks (counted as
+ * often in the forwards), its choices counted by each of its tp ranks
+ * (which all route every row). */
+static void moe_step_stats(Trainer *t, StepStats *s) {
+    const ModelMoE *x = &t->model.moe;
+    int L = t->model.cfg.n_layer;
+    double *v = t->moe_red;
+    if (!v) v = t->moe_red = malloc_check((5 + (size_t)L) * sizeof(double));
+    v[0] = x->aux_sum; v[1] = x->z_sum; v[2] = (double)x->forwards; v[3] = (double)x->dropped; v[4] = (double)x->routed;
+    for (int l = 0; l < L; l++) v[5 + l] = x->load[l];
+    dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, v, 5 + (size_t)L);
+    double f = v[2] > 0 ? v[2] : 1.0;
+    s->moe_aux = v[0] / f;
+    s->moe_z = v[1] / f;
+    s->moe_dropped = v[3] / t->dist.tp;
+    s->moe_routed = v[4] / t->dist.tp;
+    s->moe_layer_load = v + 5;
+    s->moe_load = 0.0;
+    for (int l = 0; l < L; l++) {
+        v[5 + l] /= f;
+        s->moe_load += v[5 + l] / x->n_layers;
+    }
+}
 
 static StepStats train_step(Trainer *t, int step) {
     Config *c = &t->cfg;
@@ -740,6 +803,8 @@ static StepStats train_step(Trainer *t, int step) {
      * forward need not declare the weights again */
     const int kept = t->sh.weights_kept;
     t->sh.weights_kept = 0;
+    moe_stats_reset(m);
+    m->moe.aux_scale = 1.0f / (float)(accum * dist_seq_dp(&t->dist)); /* the balance losses: a mean over micro-batches */
     for (int j = 0; j < accum; j++) {
         t->sh.micro = j;
         dist_phase(&t->dist, step + 1, "forward");
@@ -779,6 +844,7 @@ static StepStats train_step(Trainer *t, int step) {
     }
     /* every TP rank of a data-parallel slot holds the same loss */
     s.loss = red[0] / t->dist.tp / n_targets;
+    if (m->moe.on) moe_step_stats(t, &s);
     s.norm = sqrt(red[1]);
     s.lr = (float)config_lr_at(c, step);
     if (dump) {
@@ -1040,6 +1106,7 @@ static void cp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size
     dist_reduce_scatter(ctx, DIST_GROUP_CP, send, recv, n);
 }
 static void cp_allreduce_max_cb(void *ctx, float *x, size_t n) { dist_allreduce(ctx, DIST_GROUP_CP, DIST_F32, DIST_MAX, x, n); }
+static void mb_allreduce_cb(void *ctx, double *x, size_t n) { dist_allreduce(ctx, DIST_GROUP_CP, DIST_F64, DIST_SUM, x, n); }
 
 /* Option `name` at argv[*i], as `name VALUE` or `name=VALUE`: 1 with *val
  * VALUE and *i at its last word; 0 when argv[*i] is another word. */
@@ -1164,7 +1231,8 @@ static void setup(Trainer *t, int *argc, char ***argv) {
             "(train.lm_head_chunk %d; expected at least %d, or 0 with the logits within %zu MiB)", c->path,
             t->model.head_rows, mb_rows, c->lm_head_chunk, mb_rows, HEAD_AUTO_BYTES >> 20);
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL, cp_shift_cb,
-                                cp_wait_cb, cp_allgather_cb, cp_reduce_scatter_cb, cp_allreduce_max_cb};
+                                cp_wait_cb, cp_allgather_cb, cp_reduce_scatter_cb, cp_allreduce_max_cb, mb_allreduce_cb};
+    moe_set_losses(&t->model, c->moe_capacity_factor, config_moe_aux_coef(c), c->moe_z_loss_coef);
     if (t->init.kind) init_from_load(&t->init, &t->model, &t->dist);
     else model_init_random(&t->model, c->init_std, c->seed);
     init_origin(c, &t->init); /* the ids and tokenizer files the checkpoints carry for export */

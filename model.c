@@ -8,6 +8,7 @@
 #include "model.h"
 #include "cp.h"
 #include "fp8.h"
+#include "moe.h"
 #include "util.h"
 #include <math.h>
 #include <string.h>
@@ -87,10 +88,21 @@ static void build_layout(Model *m, int pad_multiple) {
         if (gpt2) add_spec(&lb, L("attn.out.bias"), P_ATTN_OUT_B, l, ch, C, 0, -1, 1);
         add_spec(&lb, L("ln2.weight"), P_LN2_W, l, ch, C, 0, -1, 1);
         if (gpt2) add_spec(&lb, L("ln2.bias"), P_LN2_B, l, ch, C, 0, -1, 1);
-        add_spec(&lb, L("mlp.fc.weight"), P_FC_W, l, ch, m->fc_dim, C, 0, gpt2 ? 1 : 2);
-        if (gpt2) add_spec(&lb, L("mlp.fc.bias"), P_FC_B, l, ch, m->fc_dim, 0, 0, 1);
-        add_spec(&lb, L("mlp.proj.weight"), P_PROJ_W, l, ch, C, F, 1, 1);
-        if (gpt2) add_spec(&lb, L("mlp.proj.bias"), P_PROJ_B, l, ch, C, 0, -1, 1);
+        if (moe_layer(c, l)) { /* moe.c: the router, E experts, shared experts; whole on every TP rank */
+            const ModelMoE *x = &m->moe;
+            add_spec(&lb, L("moe.router.weight"), P_ROUTER_W, l, ch, x->E, C, -1, 1);
+            add_spec(&lb, L("moe.experts.fc.weight"), P_EXP_FC_W, l, ch, x->E * 2 * x->F, C, -1, 1);
+            add_spec(&lb, L("moe.experts.proj.weight"), P_EXP_PROJ_W, l, ch, x->E * C, x->F, -1, 1);
+            if (x->Fs) {
+                add_spec(&lb, L("moe.shared.fc.weight"), P_SH_FC_W, l, ch, 2 * x->Fs, C, -1, 1);
+                add_spec(&lb, L("moe.shared.proj.weight"), P_SH_PROJ_W, l, ch, C, x->Fs, -1, 1);
+            }
+        } else {
+            add_spec(&lb, L("mlp.fc.weight"), P_FC_W, l, ch, m->fc_dim, C, 0, gpt2 ? 1 : 2);
+            if (gpt2) add_spec(&lb, L("mlp.fc.bias"), P_FC_B, l, ch, m->fc_dim, 0, 0, 1);
+            add_spec(&lb, L("mlp.proj.weight"), P_PROJ_W, l, ch, C, F, 1, 1);
+            if (gpt2) add_spec(&lb, L("mlp.proj.bias"), P_PROJ_B, l, ch, C, 0, -1, 1);
+        }
 #undef L
         end_chunk(&lb, ch, start, pad);
     }
@@ -131,6 +143,11 @@ static void set_ptr(ModelPtrs *out, const ParamSpec *s, float *p) {
     case P_FC_B: L->fc_b = p; break;
     case P_PROJ_W: L->proj_w = p; break;
     case P_PROJ_B: L->proj_b = p; break;
+    case P_ROUTER_W: L->router_w = p; break;
+    case P_EXP_FC_W: L->exp_fc_w = p; break;
+    case P_EXP_PROJ_W: L->exp_proj_w = p; break;
+    case P_SH_FC_W: L->sh_fc_w = p; break;
+    case P_SH_PROJ_W: L->sh_proj_w = p; break;
     default: die(EXIT_INTERNAL, "bind: unknown tensor kind %d", (int)s->kind);
     }
 }
@@ -183,7 +200,7 @@ const ParamSpec *model_find(const Model *m, const char *name) {
  * is kept per layer unless Model.recompute holds one of them, else the
  * backward recomputes it and every layer shares layer 0's buffer. */
 typedef struct { float **ptr; size_t n; unsigned drop; int act; } ActBuf; /* act: an [a] buffer of n elements */
-#define MAX_ACT_BUFS 16
+#define MAX_ACT_BUFS 32
 
 static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
     size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd, S = (size_t)m->tp.S; /* S: the residual stream's rows */
@@ -203,8 +220,26 @@ static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
     /* the MLP pre-activation, [a]: only the activation's kernels read it
      * (SwiGLU's written by matmul_forward_a, GELU's by matmul_gelu_forward, or
      * under mlp_act recompute by matmul_forward_a) */
-    BUF(fch, N * (size_t)m->fc_dim, L, 1);
-    BUF(fch_act, N * (size_t)m->F, RC_MLP_ACT | L, 1);
+    size_t dense = m->moe.n_layers < m->cfg.n_layer; /* the dense MLP's buffers: some layer has one */
+    BUF(fch, dense * N * (size_t)m->fc_dim, L, 1);
+    BUF(fch_act, dense * N * (size_t)m->F, RC_MLP_ACT | L, 1);
+    if (m->moe.on) { /* every layer's, when some layer is MoE (the recompute shares them by index) */
+        const ModelMoE *x = &m->moe;
+        size_t Nk = N * (size_t)x->k, E = (size_t)x->E;
+        BUF(probs, N * E, L, 0);
+        BUF(mlse, N, L, 0);
+        BUF(wts, Nk, L, 0);
+        b[n++] = (ActBuf){(float **)&a->idx, Nk, L, 0}; /* ints: a float's size */
+        b[n++] = (ActBuf){(float **)&a->slot, Nk, L, 0};
+        b[n++] = (ActBuf){(float **)&a->src, Nk, L, 0};
+        BUF(xh, Nk * 2 * (size_t)x->F, L, 1);
+        BUF(xact, Nk * (size_t)x->F, RC_MLP_ACT | L, 1);
+        BUF(yp, Nk * C, L, 0);
+        if (x->Fs) {
+            BUF(sh_h, N * 2 * (size_t)x->Fs, L, 1);
+            BUF(sh_act, N * (size_t)x->Fs, RC_MLP_ACT | L, 1);
+        }
+    }
     BUF(res3, S * C, 0, 0);
 #undef BUF
     if (!gpt2) a->ln1_mean = a->ln2_mean = NULL;
@@ -283,6 +318,20 @@ static size_t carve_acts(Model *m, float *base) {
     TAKE(m->dbuf1, (m->tp.sp ? Np : N) * (size_t)(C > (size_t)m->nh * m->hd ? C : (size_t)m->nh * m->hd));
     TAKE(m->dbuf2, widest);
     TAKE(m->dlnf, Np * C);
+    if (m->moe.on) { /* moe.c's scratch */
+        ModelMoE *x = &m->moe;
+        size_t Nk = N * (size_t)x->k, E = (size_t)x->E, dh = Nk * 2 * (size_t)x->F;
+        if (dh < N * 2 * (size_t)x->Fs) dh = N * 2 * (size_t)x->Fs;
+        TAKE(x->logits, N * E);
+        TAKE(x->dlogits, N * E);
+        TAKE(x->xp, act_floats(m, Nk * C));
+        TAKE(x->dxp, Nk * C);
+        TAKE(x->dyp, Nk * C);
+        TAKE(x->dh, act_floats(m, dh));
+        TAKE(x->dwts, Nk);
+        TAKE(x->dprob, E);
+        TAKE(x->psum, E);
+    }
     if (m->tp.sp) {
         TAKE(m->tp.sp_gath, act_floats(m, Np * C));
         TAKE(m->tp.sp_dgath, Np * C);
@@ -391,6 +440,7 @@ void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, in
     m->hd = cfg->n_embd / cfg->n_head;
     m->qkv_dim = (m->nh + 2 * m->nkv) * m->hd;
     m->fc_dim = cfg->arch == ARCH_LLAMA ? 2 * m->F : m->F;
+    moe_plan(m);
     build_layout(m, pad_multiple);
 }
 
@@ -455,6 +505,9 @@ void model_fp8(Model *m, int recipe) {
     if (recipe < 0) return;
     if (!m->k->fp8_setup)
         die(EXIT_USAGE, "train.compute_dtype \"fp8\": the %s backend has no FP8 products yet (the cpu backend has them)", m->k->name);
+    if (m->moe.on)
+        die(EXIT_USAGE, "train.compute_dtype \"fp8\" with model.moe_experts %d: FP8 products inside the experts are not built yet "
+            "(use bf16)", m->moe.E);
     Fp8Sizes z = model_fp8_sizes(m, m->B * m->T);
     if (m->tp.size > 1 && !m->k->fp8_tp)
         die(EXIT_USAGE, "train.compute_dtype \"fp8\" with parallel.tensor %d: the %s backend's FP8 runs no tensor "
@@ -534,6 +587,7 @@ void model_build_tp(Model *m, const ModelConfig *cfg, const Kernels *k, int B, i
     m->pos = k->alloc((size_t)B * T * sizeof(int));
     m->pos_host = malloc_check((size_t)B * T * sizeof(int));
     m->eod_token = -1;
+    moe_alloc(m, B * T);
 }
 
 void model_free(Model *m) {
@@ -552,6 +606,7 @@ void model_free(Model *m) {
     free(m->specs); free(m->chunk_offset); free(m->chunk_size);
     free(m->chunk_params); free(m->chunk_grads); free(m->chunk_spec0); free(m->qstart_host);
     free(m->pos_host);
+    moe_free(m);
     memset(m, 0, sizeof *m);
 }
 
@@ -622,7 +677,8 @@ void model_init_random(Model *m, float std, uint64_t seed) {
         case P_LN1_B: case P_LN2_B: case P_LNF_B: case P_QKV_B: case P_ATTN_OUT_B: case P_FC_B: case P_PROJ_B:
             break; /* zero */
         default: {
-            float sd = (s->kind == P_ATTN_OUT_W || s->kind == P_PROJ_W) ? resid_std : std;
+            int resid = s->kind == P_ATTN_OUT_W || s->kind == P_PROJ_W || s->kind == P_EXP_PROJ_W || s->kind == P_SH_PROJ_W;
+            float sd = resid ? resid_std : std;
             uint64_t st = seed ^ fnv1a64(s->name);
             for (size_t j = 0; j < numel; j += 2) { /* Box-Muller pairs */
                 double u1 = ((splitmix64_next(&st) >> 11) + 1.0) * 0x1.0p-53;
@@ -760,6 +816,33 @@ static void attn_backward(Model *m, float *dqkv, const float *dout, const LayerA
     else m->k->attention_backward(dqkv, dout, a->qkv, a->atty, a->lse, att_qstart(m), B, T, m->nh, m->nkv, m->hd);
 }
 
+/* A mixture-of-experts layer's MLP (moe.c): res3 = res2 + moe(ln2). The
+ * experts are whole on every TP rank, and each routes all N rows (ln2
+ * gathered under sequence parallelism), so no product is split: under
+ * sequence parallelism a rank then keeps its own S rows of the output
+ * (dbuf1, whose padding rows past N are zeroed). */
+static void moe_block_forward(Model *m, int l, const float *ln2, int N, int S) {
+    LayerActs *a = &m->la[l];
+    if (!m->tp.sp) {
+        moe_forward(m, l, a->res3, a->res2, ln2, N);
+        return;
+    }
+    size_t C = (size_t)m->cfg.n_embd, Np = (size_t)S * (size_t)m->tp.size;
+    moe_forward(m, l, m->dbuf1, NULL, ln2, N);
+    if (Np > (size_t)N) m->k->zero(m->dbuf1 + (size_t)N * C, (Np - (size_t)N) * C * sizeof(float));
+    m->k->add(a->res3, a->res2, m->dbuf1 + (size_t)m->tp.rank * S * C, (size_t)S * C);
+}
+
+/* Its backward from d(res3) (all N rows: dres_rows): d(ln2) of this rank's
+ * S rows, in dbuf1 (every TP rank computed all of it: nothing to reduce). */
+static const float *moe_block_backward(Model *m, int l, const float *dout, const float *ln2, int N, int S, int rc) {
+    moe_backward(m, l, m->dbuf1, dout, ln2, N, rc);
+    if (!m->tp.sp) return m->dbuf1;
+    size_t C = (size_t)m->cfg.n_embd, Np = (size_t)S * (size_t)m->tp.size;
+    if (Np > (size_t)N) m->k->zero(m->dbuf1 + (size_t)N * C, (Np - (size_t)N) * C * sizeof(float));
+    return m->dbuf1 + (size_t)m->tp.rank * S * C;
+}
+
 /* One transformer layer's forward from its input x into m->la[l] (under
  * activation checkpointing the backward calls it again to recompute). */
 static void layer_forward(Model *m, int l, const float *x, int B, int T) {
@@ -792,6 +875,11 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         }
         /* MLP block: res3 = res2 + proj(act(fc(norm2(res2)))) */
         const float *ln2 = tp_gather_rows(m, a->ln2, S);
+        if (moe_layer(c, l)) {
+            moe_block_forward(m, l, ln2, N, S);
+            fp8_scope(m, 0);
+            return;
+        }
         fp8_linear(m, FP8_COLUMN);
         if (llama) {
             k->matmul_forward_a(a->fch, ln2, w->fc_w, NULL, N, C, m->fc_dim); /* no bias; fch is [a] */
@@ -1041,10 +1129,15 @@ void model_backward(Model *m, float loss_scale) {
          * final norm and the LM head write buffers of their own) */
         const int again = l < L - 1;
         const int rc = again && m->act_ckpt == ACT_SELECTIVE ? m->recompute : 0;
-        if (again && m->act_ckpt == ACT_FULL) layer_forward(m, l, x, B, T);
+        const int moe = moe_layer(c, l);
+        if (again && m->act_ckpt == ACT_FULL) {
+            m->moe.recomputing = 1; /* the same routing again; its statistics are the forward's */
+            layer_forward(m, l, x, B, T);
+            m->moe.recomputing = 0;
+        }
         fp8_scope(m, 1); /* (after the recompute's layer_forward, which ends its own) */
         if (rc & RC_ATTENTION) attn_forward(m, &m->la[l], B, T);
-        if (rc & RC_MLP_ACT) {
+        if ((rc & RC_MLP_ACT) && !moe) {
             if (llama) k->swiglu_forward(a->fch_act, a->fch, N, F);
             else k->gelu_forward(a->fch_act, a->fch, (size_t)N * F);
         }
@@ -1052,17 +1145,25 @@ void model_backward(Model *m, float loss_scale) {
         /* d(fch) into dbuf2 (overwritten: the down-projection's backward and
          * the activation's in one call), [a]: the up-projection's backward
          * reads it as it is (Llama has no biases: NULL) */
-        const float *dout = dres_rows(m, S);
-        fp8_linear(m, FP8_ROW);
-        if (llama)
-            k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, m->dres_a, a->fch_act, w->proj_w, a->fch, N,
-                                      F, C);
-        else k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, m->dres_a, a->fch_act, w->proj_w, a->fch, N, F, C);
-        if (rc & RC_NORM) norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, S);
-        fp8_linear(m, FP8_COLUMN);
-        k->matmul_backward_a(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, tp_gather_rows(m, a->ln2, S), w->fc_w, N, C, m->fc_dim);
-        /* column-parallel: partial input gradient */
-        const float *dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
+        const float *dout = dres_rows(m, S), *dln;
+        if (moe) {
+            if (rc & RC_NORM) norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, S);
+            dln = moe_block_backward(m, l, dout, tp_gather_rows(m, a->ln2, S), N, S, rc);
+        } else {
+            fp8_linear(m, FP8_ROW);
+            if (llama)
+                k->matmul_swiglu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, m->dres_a, a->fch_act, w->proj_w, a->fch,
+                                          N, F, C);
+            else
+                k->matmul_gelu_backward(m->dbuf2, g->proj_w, g->proj_b, dout, m->dres_a, a->fch_act, w->proj_w, a->fch, N, F,
+                                        C);
+            if (rc & RC_NORM) norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, S);
+            fp8_linear(m, FP8_COLUMN);
+            k->matmul_backward_a(m->dbuf1, g->fc_w, g->fc_b, m->dbuf2, tp_gather_rows(m, a->ln2, S), w->fc_w, N, C,
+                                 m->fc_dim);
+            /* column-parallel: partial input gradient */
+            dln = tp ? tp_reduce_rows(m, m->dbuf1, N, S) : m->dbuf1;
+        }
         norm_backward_rows(m, m->dres, m->dres_a, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, S);
         /* attention block; m->dres becomes d(x); d(atty) in dbuf1 and d(qkv)
          * in dbuf2 are [a] */
@@ -1097,7 +1198,9 @@ double model_flops_per_token(const ModelConfig *c, int T) {
     double C = c->n_embd, hd = C / c->n_head;
     double qkv = (c->n_head + 2.0 * c->n_kv_head) * hd;
     double fc = c->arch == ARCH_LLAMA ? 2.0 * c->ffn_hidden : c->ffn_hidden;
-    double per_layer = qkv * C + C * C + fc * C + c->ffn_hidden * C;
-    double matmul_params = c->n_layer * per_layer + (double)c->vocab_size * C;
+    double attn = qkv * C + C * C, mlp = fc * C + c->ffn_hidden * C;
+    double matmul_params = (double)c->vocab_size * C;
+    for (int l = 0; l < c->n_layer; l++) /* an MoE layer's active parameters: the router, k experts, the shared */
+        matmul_params += attn + (moe_layer(c, l) ? moe_active_mlp_params(c, l) : mlp);
     return 6.0 * matmul_params + 12.0 * c->n_layer * C * T;
 }

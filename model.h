@@ -19,6 +19,11 @@ typedef enum {
     P_PROJ_W, P_PROJ_B,               /* [C, F] */
     P_LNF_W, P_LNF_B,                 /* last chunk: final norm, untied lm_head */
     P_LM_HEAD,                        /* [V, C], only when untied */
+    /* a mixture-of-experts layer's MLP (moe.c), instead of FC and PROJ */
+    P_ROUTER_W,                       /* [E, C] */
+    P_EXP_FC_W,                       /* [E * 2Fe, C]: expert e's gate|up at rows e * 2Fe */
+    P_EXP_PROJ_W,                     /* [E * C, Fe]: expert e's down projection at rows e * C */
+    P_SH_FC_W, P_SH_PROJ_W,           /* shared experts: [2Fs, C], [C, Fs] */
     P_NKINDS
 } ParamKind;
 
@@ -42,6 +47,7 @@ typedef struct ParamSpec {
 typedef struct LayerPtrs {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attn_out_w, *attn_out_b;
     float *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;
+    float *router_w, *exp_fc_w, *exp_proj_w, *sh_fc_w, *sh_proj_w; /* MoE layers (NULL else) */
 } LayerPtrs;
 
 typedef struct ModelPtrs {
@@ -63,6 +69,14 @@ typedef struct LayerActs {
     float *fch;                         /* [N, F] (gpt2) or [N, 2F] (llama) */
     float *fch_act;                     /* [N, F] after gelu / swiglu */
     float *res3;                        /* [N,C] layer output */
+    /* a mixture-of-experts layer's (moe.c; every layer has them when any
+     * layer is MoE). N here is all of the micro-batch's rows (under
+     * sequence parallelism too); Nk = N * top_k rows of the experts */
+    float *probs, *mlse, *wts;          /* [N, E] router softmax, [N] its logits' log-sum-exp, [N, k] the top-k weights */
+    int *idx, *slot, *src;              /* [N, k] chosen experts, their rows in the permuted buffer (-1: dropped); [Nk] each row's token */
+    float *xh, *xact;                   /* [Nk, 2Fe] [a] the experts' gate|up, [Nk, Fe] [a] after SwiGLU */
+    float *yp;                          /* [Nk, C] the experts' outputs (fp32) */
+    float *sh_h, *sh_act;               /* shared experts: [N, 2Fs] [a], [N, Fs] [a] */
 } LayerActs;
 
 /* Events of chunk hooks: chunk c's parameters are read between PRE and POST
@@ -113,6 +127,10 @@ typedef struct ModelComm {
     void (*cp_allgather)(void *ctx, const void *send, void *recv, size_t bytes);
     void (*cp_reduce_scatter)(void *ctx, const float *send, float *recv, size_t n);
     void (*cp_allreduce_max)(void *ctx, float *x, size_t n);
+    /* mb_allreduce (mixture of experts): n doubles of host memory, summed
+     * in place over the ranks that hold parts of one micro-batch (the
+     * context group); NULL when one rank holds it all */
+    void (*mb_allreduce)(void *ctx, double *x, size_t n);
 } ModelComm;
 
 /* Activation checkpointing (train.activation_checkpointing): which saved
@@ -194,6 +212,36 @@ typedef struct ModelOffload {
     int slot_out[OFFLOAD_SLOTS];   /* offload_mark of the slot's store to the host not yet waited for (-1: none) */
     int slot_in[OFFLOAD_SLOTS];    /* ... of its load from the host not yet waited for (-1: none) */
 } ModelOffload;
+
+/* Mixture of experts (Model.moe; moe.c). */
+typedef struct ModelMoE {
+    int on;                   /* some layer is MoE */
+    int E, k, F, Fs;          /* experts, top-k, an expert's width, the shared experts' (0: none) */
+    int n_layers, first;      /* MoE layers, and the first */
+    int norm_topk;
+    /* set by the caller (moe_set_losses; model_build_tp: 0, 0, 0 and 1) */
+    float capacity_factor, aux_coef, z_coef;
+    float aux_scale;          /* this micro-batch's balance losses' weight in the step's loss */
+    int recomputing;          /* set inside a backward's recompute: no statistics, same routing */
+    int *counts;              /* [n_layer][E] host: choices routed to each expert by the layer's last forward */
+    int *kept;                /* [n_layer][E] host: rows each expert computed (counts within the capacity) */
+    int *idx_host, *src_host, *slot_host; /* [N k] host scratch */
+    double *stats;            /* [2E] host: a layer's counts and summed probabilities (all-reduced over cp) */
+    double *f;                /* [n_layer][E] host: each layer's share of the micro-batch's choices per expert */
+    float *psum_host;         /* [E] host */
+    /* backend scratch */
+    float *logits, *dlogits;  /* [N, E] */
+    float *xp;                /* [Nk, C] [a]: the tokens' rows for their experts */
+    float *dxp, *dyp;         /* [Nk, C] (fp32) */
+    float *dh;                /* [max(Nk 2Fe, N 2Fs)] [a] */
+    float *dwts;              /* [N, k] */
+    float *dprob, *psum;      /* [E] */
+    /* statistics of the training forwards since moe_stats_reset */
+    double aux_sum, z_sum;    /* the balance losses' values (each averaged over MoE layers), summed over forwards */
+    long forwards;
+    long dropped, routed;     /* choices dropped by the capacity, and all of them */
+    double *load;             /* [n_layer]: max over mean of each forward's expert counts, summed over forwards */
+} ModelMoE;
 
 /* FP8 linears (Model.fp8; train.compute_dtype fp8). */
 typedef struct ModelFP8 {
@@ -279,6 +327,7 @@ typedef struct Model {
                                * reset_pos */
     int *pos_host;            /* [N] host memory: the same whenever eod_token >= 0 */
     ModelCP cp;               /* context parallelism */
+    ModelMoE moe;             /* mixture of experts */
 } Model;
 
 /* train.lm_head_chunk 0: the rows of N the LM head takes at a time so that

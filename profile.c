@@ -182,6 +182,15 @@ static double att_part(int B, int nh, int hd, int q0, int nq, int k0, int nk) {
 #define COST_attention_part_forward 2 * att_part(B, nh, hd, q0, nq, k0, nk), 0
 #define COST_attention_part_backward 5 * att_part(B, nh, hd, q0, nq, k0, nk), 0
 #define COST_copy_2d 0, 2.0 * width * rows
+/* mixture of experts: probs, logits, the top-k; the permuted rows each
+ * read and written once */
+#define COST_moe_route 0, by((size_t)N * E, 8) + by((size_t)N * k, 8) + by(N, 4)
+#define COST_moe_route_backward 0, by((size_t)N * E, 12) + by((size_t)N * k, 12) + by(N, 4)
+#define COST_moe_colsum 0, by((size_t)N * E, 4)
+#define COST_moe_permute 0, by((size_t)n * C, 2 * A) + by(n, 4)
+#define COST_moe_combine 0, by((size_t)N * C, 8) + by((size_t)N * k, 8) + by((size_t)N * k * C, 4)
+#define COST_moe_combine_backward 0, by((size_t)N * C, 4) + by((size_t)N * k * C, 8) + by((size_t)N * k, 12)
+#define COST_moe_unpermute_add 0, by((size_t)N * C, 8) + by((size_t)N * k * C, 4) + by((size_t)N * k, 4)
 
 /* the wrappers, w_NAME for each timed op */
 #undef ENTRY

@@ -47,6 +47,7 @@ run data tests/test_data
 run indexed tests/test_indexed
 run ckpt tests/test_ckpt
 run fp8 "$PY" tests/test_fp8.py
+run moe "$PY" tests/test_moe.py --bin ./llmtrain
 if [ "${1:-all}" = quick ]; then
     run cli tests/test_cli.sh
     run smoke tests/test_smoke.sh

@@ -1,0 +1,276 @@
+/* moe.c — a layer's mixture-of-experts MLP over flat arrays: the router
+ * (a linear, softmax, top-k, renormalised or not), the routing of the
+ * (token, choice) pairs to their experts on the host (counts, an
+ * optional capacity that drops overflow first come first served), the
+ * experts' SwiGLU products expert by expert over their tokens' rows, the
+ * shared experts, and the load-balancing and z losses, whose gradients
+ * enter through the router's backward. Orchestration only: kernels.h
+ * does the arithmetic, and statistics that span ranks go through the
+ * model's comm. */
+#include "moe.h"
+#include "util.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int moe_layer(const ModelConfig *m, int l) {
+    if (m->moe_experts <= 0 || (l + 1) % (m->moe_layer_freq > 0 ? m->moe_layer_freq : 1) != 0) return 0;
+    for (const char *p = m->moe_dense_layers; *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        if (!*p) break;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        if (v == l) return 0;
+        p = end;
+    }
+    return 1;
+}
+
+int moe_layer_count(const ModelConfig *m) {
+    int n = 0;
+    for (int l = 0; l < m->n_layer; l++) n += moe_layer(m, l);
+    return n;
+}
+
+void moe_plan(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    ModelMoE *x = &m->moe;
+    memset(x, 0, sizeof *x);
+    x->n_layers = moe_layer_count(c);
+    if (!x->n_layers) return;
+    x->on = 1;
+    x->E = c->moe_experts;
+    x->k = c->moe_top_k;
+    x->F = c->moe_ffn_hidden;
+    x->Fs = c->moe_shared_experts * c->moe_ffn_hidden;
+    x->norm_topk = c->moe_norm_topk;
+    x->aux_scale = 1.0f;
+    while (!moe_layer(c, x->first)) x->first++;
+}
+
+void moe_alloc(Model *m, int N) {
+    ModelMoE *x = &m->moe;
+    if (!x->on) return;
+    size_t L = (size_t)m->cfg.n_layer, E = (size_t)x->E, Nk = (size_t)N * x->k;
+    x->counts = calloc_check(L * E, sizeof(int));
+    x->kept = calloc_check(L * E, sizeof(int));
+    x->idx_host = calloc_check(Nk, sizeof(int));
+    x->src_host = calloc_check(Nk, sizeof(int));
+    x->slot_host = calloc_check(Nk, sizeof(int));
+    x->stats = calloc_check(2 * E, sizeof(double));
+    x->psum_host = calloc_check(E, sizeof(float));
+    x->load = calloc_check(L, sizeof(double));
+    x->f = calloc_check(L * E, sizeof(double));
+}
+
+void moe_free(Model *m) {
+    ModelMoE *x = &m->moe;
+    free(x->counts); free(x->kept); free(x->idx_host); free(x->src_host); free(x->slot_host);
+    free(x->stats); free(x->psum_host); free(x->load); free(x->f);
+    x->f = NULL;
+    x->counts = x->kept = x->idx_host = x->src_host = x->slot_host = NULL;
+    x->stats = NULL;
+    x->psum_host = NULL;
+    x->load = NULL;
+}
+
+void moe_set_losses(Model *m, float capacity_factor, float aux_coef, float z_coef) {
+    m->moe.capacity_factor = capacity_factor;
+    m->moe.aux_coef = aux_coef;
+    m->moe.z_coef = z_coef;
+}
+
+void moe_stats_reset(Model *m) {
+    ModelMoE *x = &m->moe;
+    x->aux_sum = x->z_sum = 0.0;
+    x->forwards = x->dropped = x->routed = 0;
+    if (x->load) memset(x->load, 0, (size_t)m->cfg.n_layer * sizeof(double));
+}
+
+/* element i of an [a] buffer */
+static float *act_at(const Model *m, const float *base, size_t i) {
+    return (float *)((char *)base + i * (size_t)m->act_bytes);
+}
+
+/* The tokens of one micro-batch, wherever its rows sit: this rank's N
+ * times the context group's size. */
+static double mb_tokens(const Model *m, int N) { return (double)N * (m->cp.size > 1 ? m->cp.size : 1); }
+
+/* The host side of the routing: from the chosen experts (idx), each
+ * expert's count, the capacity's cut, and the permuted layout: expert by
+ * expert, tokens in order; slot[n k + j] the row of token n's choice j
+ * (-1: dropped), src[r] the token of row r. Returns the rows. */
+static int route_host(Model *m, int l, int N) {
+    ModelMoE *x = &m->moe;
+    int E = x->E, k = x->k, *cnt = x->counts + (size_t)l * E, *kept = x->kept + (size_t)l * E;
+    long cap = x->capacity_factor > 0 ? (long)ceil((double)x->capacity_factor * N * k / E) : (long)N * k;
+    memset(cnt, 0, (size_t)E * sizeof(int));
+    for (int i = 0; i < N * k; i++) {
+        int e = x->idx_host[i];
+        if (e < 0 || e >= E) die(EXIT_INTERNAL, "moe: layer %d routed a token to expert %d of %d", l, e, E);
+        cnt[e]++;
+    }
+    int rows = 0;
+    for (int e = 0; e < E; e++) {
+        kept[e] = cnt[e] < cap ? cnt[e] : (int)cap;
+        rows += kept[e];
+    }
+    /* each choice in token order takes its expert's next row, while the expert has room */
+    int *fill = calloc_check((size_t)E, sizeof(int)), *start = calloc_check((size_t)E, sizeof(int));
+    for (int e = 0, r = 0; e < E; e++) { start[e] = fill[e] = r; r += kept[e]; }
+    for (int i = 0; i < N * k; i++) {
+        int e = x->idx_host[i];
+        if (fill[e] - start[e] < kept[e]) {
+            x->slot_host[i] = fill[e];
+            x->src_host[fill[e]] = i / k;
+            fill[e]++;
+        } else {
+            x->slot_host[i] = -1;
+        }
+    }
+    free(fill);
+    free(start);
+    return rows;
+}
+
+/* The balance statistics of the layer's forward, over the whole
+ * micro-batch: the counts and summed probabilities (all-reduced over the
+ * ranks that hold parts of it), into x->stats [counts | psum]. */
+static void layer_stats(Model *m, int l, const float *probs, int N) {
+    ModelMoE *x = &m->moe;
+    int E = x->E;
+    double tokens = mb_tokens(m, N);
+    m->k->moe_colsum(x->psum, probs, N, E);
+    m->k->to_host(x->psum_host, x->psum, (size_t)E * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        x->stats[e] = x->counts[(size_t)l * E + e];
+        x->stats[E + e] = x->psum_host[e];
+    }
+    if (m->cp.size > 1 && m->comm.mb_allreduce) m->comm.mb_allreduce(m->comm.ctx, x->stats, 2 * (size_t)E);
+    for (int e = 0; e < E; e++) x->f[(size_t)l * E + e] = x->stats[e] / (tokens * x->k);
+}
+
+/* The load-balancing loss of the layer from x->stats: E sum_e f_e P_e with
+ * f_e the share of the micro-batch's choices routed to e and P_e the mean
+ * router probability (uniform routing gives 1). */
+static double aux_value(const Model *m, double tokens) {
+    const ModelMoE *x = &m->moe;
+    double s = 0.0;
+    for (int e = 0; e < x->E; e++) s += x->stats[e] / (tokens * x->k) * (x->stats[x->E + e] / tokens);
+    return x->E * s;
+}
+
+void moe_forward(Model *m, int l, float *out, const float *res, const float *ln, int N) {
+    const Kernels *k = m->k;
+    ModelMoE *x = &m->moe;
+    LayerActs *a = &m->la[l];
+    const LayerPtrs *w = &m->p.layers[l];
+    int C = m->cfg.n_embd, E = x->E, K = x->k, F = x->F;
+    if (!k->moe_route) die(EXIT_USAGE, "model.moe_experts: the %s backend has no mixture-of-experts kernels yet", k->name);
+    /* the router: fp32 logits, softmax, top-k */
+    k->matmul_forward(x->logits, ln, w->router_w, NULL, N, C, E);
+    k->moe_route(a->probs, a->mlse, a->idx, a->wts, x->logits, NULL, N, E, K, x->norm_topk);
+    k->to_host(x->idx_host, a->idx, (size_t)N * K * sizeof(int));
+    int rows = route_host(m, l, N);
+    k->from_host(a->slot, x->slot_host, (size_t)N * K * sizeof(int));
+    k->from_host(a->src, x->src_host, (size_t)rows * sizeof(int));
+    if (!x->recomputing && !m->forward_only) {
+        layer_stats(m, l, a->probs, N);
+        if (l == x->first) x->forwards++;
+        double tokens = mb_tokens(m, N), lse2 = k->sumsq(a->mlse, (size_t)N);
+        if (m->cp.size > 1 && m->comm.mb_allreduce) m->comm.mb_allreduce(m->comm.ctx, &lse2, 1);
+        x->aux_sum += aux_value(m, tokens) / x->n_layers;
+        x->z_sum += lse2 / tokens / x->n_layers;
+        double most = 0.0, all = 0.0;
+        for (int e = 0; e < E; e++) {
+            most = x->stats[e] > most ? x->stats[e] : most;
+            all += x->stats[e];
+        }
+        x->load[l] += all > 0 ? most / (all / E) : 0.0;
+        x->routed += (long)N * K;
+        x->dropped += (long)N * K - rows;
+    }
+    /* the experts, each over its rows */
+    k->moe_permute(x->xp, ln, a->src, rows, C);
+    for (int e = 0, r0 = 0; e < E; e++) {
+        int n = x->kept[(size_t)l * E + e];
+        if (!n) continue;
+        k->matmul_forward_a(act_at(m, a->xh, (size_t)r0 * 2 * F), act_at(m, x->xp, (size_t)r0 * C),
+                            w->exp_fc_w + (size_t)e * 2 * F * C, NULL, n, C, 2 * F);
+        r0 += n;
+    }
+    k->swiglu_forward(a->xact, a->xh, rows, F);
+    for (int e = 0, r0 = 0; e < E; e++) {
+        int n = x->kept[(size_t)l * E + e];
+        if (!n) continue;
+        k->matmul_forward(a->yp + (size_t)r0 * C, act_at(m, a->xact, (size_t)r0 * F), w->exp_proj_w + (size_t)e * C * F,
+                          NULL, n, F, C);
+        r0 += n;
+    }
+    /* the shared experts, then the routed ones' weighted sum */
+    if (x->Fs) {
+        k->matmul_forward_a(a->sh_h, ln, w->sh_fc_w, NULL, N, C, 2 * x->Fs);
+        k->swiglu_forward(a->sh_act, a->sh_h, N, x->Fs);
+        if (res && res != out) k->matmul_forward_res(out, res, a->sh_act, w->sh_proj_w, NULL, N, x->Fs, C);
+        else if (res) { /* out aliases res: the product apart, then added */
+            k->matmul_forward(x->dyp, a->sh_act, w->sh_proj_w, NULL, N, x->Fs, C);
+            k->add(out, out, x->dyp, (size_t)N * C);
+        } else k->matmul_forward(out, a->sh_act, w->sh_proj_w, NULL, N, x->Fs, C);
+        res = out;
+    }
+    k->moe_combine(out, res, a->yp, a->wts, a->slot, N, K, C);
+}
+
+void moe_backward(Model *m, int l, float *dln, const float *dout, const float *ln, int N, int rc) {
+    const Kernels *k = m->k;
+    ModelMoE *x = &m->moe;
+    const LayerActs *a = &m->la[l];
+    const LayerPtrs *w = &m->p.layers[l], *g = &m->g.layers[l];
+    int C = m->cfg.n_embd, E = x->E, K = x->k, F = x->F, rows = 0;
+    for (int e = 0; e < E; e++) rows += x->kept[(size_t)l * E + e];
+    if (rc & RC_MLP_ACT) k->swiglu_forward(a->xact, a->xh, rows, F);
+    /* the weighted sum's backward: d(expert outputs), d(weights) */
+    k->moe_combine_backward(x->dyp, x->dwts, dout, a->yp, a->wts, a->slot, N, K, C);
+    /* each expert's products: d(gate|up) into dh, d(its input rows) into dxp */
+    k->moe_permute(x->xp, ln, a->src, rows, C);
+    for (int e = 0, r0 = 0; e < E; e++) {
+        int n = x->kept[(size_t)l * E + e];
+        if (!n) continue;
+        float *dh = act_at(m, x->dh, (size_t)r0 * 2 * F);
+        k->matmul_swiglu_backward(dh, g->exp_proj_w + (size_t)e * C * F, NULL, x->dyp + (size_t)r0 * C, NULL,
+                                  act_at(m, a->xact, (size_t)r0 * F), w->exp_proj_w + (size_t)e * C * F,
+                                  act_at(m, a->xh, (size_t)r0 * 2 * F), n, F, C);
+        k->matmul_backward_a(x->dxp + (size_t)r0 * C, g->exp_fc_w + (size_t)e * 2 * F * C, NULL, dh,
+                             act_at(m, x->xp, (size_t)r0 * C), w->exp_fc_w + (size_t)e * 2 * F * C, n, C, 2 * F);
+        r0 += n;
+    }
+    /* the router, with the balance losses: d(probs) = aux_scale coef / n_layers
+     * E f_e / tokens for every token; the z-loss's per-token coefficient */
+    double tokens = mb_tokens(m, N);
+    const float *dprob = NULL;
+    if (x->aux_coef > 0) { /* f_e: the layer's training forward's */
+        float *h = x->psum_host;
+        for (int e = 0; e < E; e++)
+            h[e] = (float)((double)x->aux_scale * x->aux_coef / x->n_layers * E * x->f[(size_t)l * E + e] / tokens);
+        k->from_host(x->dprob, h, (size_t)E * sizeof(float));
+        dprob = x->dprob;
+    }
+    float dz = (float)((double)x->aux_scale * x->z_coef / x->n_layers / tokens);
+    k->moe_route_backward(x->dlogits, a->probs, a->mlse, a->idx, a->wts, x->dwts, dprob, dz, N, E, K, x->norm_topk);
+    k->matmul_backward(dln, g->router_w, NULL, x->dlogits, ln, w->router_w, N, C, E);
+    k->moe_unpermute_add(dln, x->dxp, a->slot, N, K, C);
+    if (x->Fs) {
+        if (rc & RC_MLP_ACT) k->swiglu_forward(a->sh_act, a->sh_h, N, x->Fs);
+        k->matmul_swiglu_backward(x->dh, g->sh_proj_w, NULL, dout, NULL, a->sh_act, w->sh_proj_w, a->sh_h, N, x->Fs, C);
+        k->matmul_backward_a(x->dxp, g->sh_fc_w, NULL, x->dh, ln, w->sh_fc_w, N, C, 2 * x->Fs);
+        k->add(dln, dln, x->dxp, (size_t)N * C);
+    }
+}
+
+double moe_active_mlp_params(const ModelConfig *c, int l) {
+    double C = c->n_embd;
+    if (!moe_layer(c, l)) return 3.0 * c->ffn_hidden * C;
+    double Fe = c->moe_ffn_hidden, Fs = (double)c->moe_shared_experts * Fe;
+    return (double)c->moe_experts * C + c->moe_top_k * 3.0 * Fe * C + 3.0 * Fs * C;
+}

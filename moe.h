@@ -1,0 +1,34 @@
+/* moe.h — the mixture-of-experts MLP of a layer (Mixtral, Qwen3-MoE,
+ * DeepSeek-style shared experts): the router, top-k routing with an
+ * optional capacity, the experts' SwiGLU products over the tokens
+ * permuted to them, the load-balancing and z losses, and the statistics
+ * the trainer logs. Orchestration only, as model.c: kernels.h does the
+ * arithmetic. docs/moe.md has the formulas. */
+#ifndef LLMTRAIN_MOE_H
+#define LLMTRAIN_MOE_H
+#include "model.h"
+
+/* Model.moe's geometry from the model config (model_layout). */
+void moe_plan(Model *m);
+/* Host state for micro-batch rows N (model_build_tp), and its release. */
+void moe_alloc(Model *m, int N);
+void moe_free(Model *m);
+/* The balance options of train.*: capacity factor (0: dropless), the
+ * load-balancing loss's and the z-loss's coefficients. */
+void moe_set_losses(Model *m, float capacity_factor, float aux_coef, float z_coef);
+/* Layer l's MoE MLP over N rows: out = res (NULL: 0) + shared(ln) +
+ * sum over the chosen experts of weight x expert(ln); out may alias res.
+ * ln is [a]. The routing is the layer's until its next forward. */
+void moe_forward(Model *m, int l, float *out, const float *res, const float *ln, int N);
+/* Its backward: dln (OVERWRITTEN, fp32, [N, C]) from dout, plus the
+ * weights' gradients; the balance losses' gradients (scaled by
+ * m->moe.aux_scale) enter through the router. rc: RC_MLP_ACT to
+ * recompute the experts' activation first. */
+void moe_backward(Model *m, int l, float *dln, const float *dout, const float *ln, int N, int rc);
+/* Clear the statistics the training forwards gather. */
+void moe_stats_reset(Model *m);
+/* Active parameters a token's products use (the router, k experts and
+ * the shared ones in MoE layers), for the FLOPs: model_flops_per_token. */
+double moe_active_mlp_params(const ModelConfig *c, int l);
+
+#endif
