@@ -14,7 +14,7 @@ LIBS = -lcjson $(BLAS_LIBS) -lm
 PY = /usr/bin/python3
 
 CPU_KERNELS = kernels_cpu.c kernels_cpu_attention.c kernels_cpu_moe.c
-SRC = llmtrain.c config.c model.c cp.c moe.c $(CPU_KERNELS) fp8.c kernels_cuda_sizes.c parallel.c shard.c layout.c fit.c data.c indexed.c hf.c export.c init.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
+SRC = llmtrain.c steplog.c config.c model.c cp.c moe.c $(CPU_KERNELS) fp8.c kernels_cuda_sizes.c parallel.c shard.c layout.c fit.c data.c indexed.c hf.c export.c init.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
 HDR = $(wildcard *.h)
 TEST_BINS = tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_indexed tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
