@@ -1,17 +1,21 @@
 /* dist_nccl.c — the DistDevComm of the CUDA backend: float32 collectives
  * (and the bf16 all-gather of the working weights) on device memory through
- * NCCL, and the context group's ring shift (ncclSend to the next member,
- * ncclRecv from the previous one, in one group call).
+ * NCCL, the context group's ring shift (ncclSend to the next member,
+ * ncclRecv from the previous one, in one group call) and the expert group's
+ * all-to-all (ncclSend and ncclRecv per peer with bytes to move, in one
+ * group call; this rank's own block a copy on the communication stream).
  *
  * Communicators: one per process group with more than one member, created
- * at start in the same order on every rank (dp, shard, replicate, tp, cp): the
+ * at start in the same order on every rank (dp, shard, replicate, tp, cp, ep): the
  * group's first member makes the ncclUniqueId, the host transport (MPI, or
  * TCP under a launch without MPI) broadcasts it over the
  * group (parallel.c), each member joins with its index in the group as its
  * NCCL rank, so block i of an all-gather is member i's, as with MPI. A group
  * with the data-parallel group's members (the shard group of FULL_SHARD, the
- * replicate group of NO_SHARD, the context group when every data-parallel
- * rank is a context rank) uses the dp communicator. Communicators are
+ * replicate group of NO_SHARD, the context or expert group when every
+ * data-parallel rank is in it) uses the dp communicator, and an expert
+ * group of the context group's size (the same ep consecutive
+ * data-parallel indices) the context group's. Communicators are
  * non-blocking (ncclConfig_t.blocking = 0): no NCCL call waits on a peer in
  * the host; the calls that answer ncclInProgress are polled to completion.
  *
@@ -68,7 +72,7 @@ typedef struct DistNccl {
     char name[32];                    /* "NCCL 2.28.9" */
 } DistNccl;
 
-static const char *group_name[DIST_N_GROUPS_CP] = {"tp", "shard", "replicate", "dp", "cp"};
+static const char *group_name[DIST_N_GROUPS_CP] = {"tp", "shard", "replicate", "dp", "cp", "ep"};
 
 static void cuda_check(cudaError_t e, const char *what, int line) {
     if (e == cudaSuccess) return;
@@ -162,6 +166,16 @@ static const char *op_name(int op) {
                                                                  : "ncclAllReduce";
 }
 
+/* A completion event for handle h (lock held). */
+static void grow_done(DistNccl *x, int h) {
+    if (h < x->n_done) return;
+    int m = h + 16;
+    x->done = realloc(x->done, (size_t)m * sizeof *x->done);
+    if (!x->done) die(EXIT_INTERNAL, "out of host memory");
+    for (int i = x->n_done; i < m; i++) CU(cudaEventCreateWithFlags(&x->done[i], cudaEventDisableTiming));
+    x->n_done = m;
+}
+
 /* The ring shift: n bytes to the next member of group g, as many from the
  * previous one, one group call (both in flight at once, so no member
  * waits on its receiver). */
@@ -174,6 +188,43 @@ static ncclResult_t send_recv(DistNccl *x, int g, const void *send, void *recv, 
     if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(recv, n, ncclInt8, prev, c, x->stream);
     ncclResult_t e = ncclGroupEnd(); /* always: a group started is ended */
     return r == ncclSuccess || r == ncclInProgress ? e : r;
+}
+
+#define ALLTOALL_NAME "ncclSend/ncclRecv (all-to-all)"
+
+/* dist_alltoallv on group g under handle h, after the compute stream's work
+ * so far: one group call of an ncclSend to each peer with bytes for it and
+ * an ncclRecv from each with bytes for this rank (none when nothing moves);
+ * this rank's own block a copy on the communication stream. */
+static void nccl_alltoallv(void *ctx, int h, int g, const void *send, const size_t *scount, const size_t *sdispl, void *recv,
+                           const size_t *rcount, const size_t *rdispl) {
+    DistNccl *x = ctx;
+    ncclComm_t c = x->comm[g];
+    if (!c) die(EXIT_INTERNAL, "NCCL: " ALLTOALL_NAME " on the %s group, which has one member", group_name[g]);
+    nccl_lock(x);
+    grow_done(x, h);
+    CU(cudaEventRecord(x->ready, x->compute));
+    CU(cudaStreamWaitEvent(x->stream, x->ready, 0));
+    int me = x->rank[g], n = x->size[g], peers = 0;
+    if (scount[me])
+        CU(cudaMemcpyAsync((char *)recv + rdispl[me], (const char *)send + sdispl[me], scount[me], cudaMemcpyDeviceToDevice, x->stream));
+    for (int p = 0; p < n; p++) peers += p != me && (scount[p] || rcount[p]);
+    if (peers) {
+        ncclResult_t r = ncclGroupStart();
+        for (int p = 0; p < n && (r == ncclSuccess || r == ncclInProgress); p++) {
+            if (p == me) continue;
+            if (scount[p]) r = ncclSend((const char *)send + sdispl[p], scount[p], ncclInt8, p, c, x->stream);
+            if (rcount[p] && (r == ncclSuccess || r == ncclInProgress))
+                r = ncclRecv((char *)recv + rdispl[p], rcount[p], ncclInt8, p, c, x->stream);
+        }
+        ncclResult_t e = ncclGroupEnd(); /* always: a group started is ended */
+        int o = x->owner[g];
+        x->last[o] = ALLTOALL_NAME;
+        x->last_group[o] = g;
+        settle(x, g, r == ncclSuccess || r == ncclInProgress ? e : r, ALLTOALL_NAME);
+    }
+    CU(cudaEventRecord(x->done[h], x->stream));
+    nccl_unlock(x);
 }
 
 /* Queue collective op on group g's communicator after the compute stream's
@@ -216,13 +267,7 @@ static void enqueue(DistNccl *x, int op, int g, const void *send, void *recv, si
 static void nccl_start(void *ctx, int h, int op, int g, const void *send, void *recv, size_t n) {
     DistNccl *x = ctx;
     nccl_lock(x);
-    if (h >= x->n_done) {
-        int m = h + 16;
-        x->done = realloc(x->done, (size_t)m * sizeof *x->done);
-        if (!x->done) die(EXIT_INTERNAL, "out of host memory");
-        for (int i = x->n_done; i < m; i++) CU(cudaEventCreateWithFlags(&x->done[i], cudaEventDisableTiming));
-        x->n_done = m;
-    }
+    grow_done(x, h);
     enqueue(x, op, g, send, recv, n);
     CU(cudaEventRecord(x->done[h], x->stream));
     nccl_unlock(x);
@@ -317,17 +362,23 @@ void dist_nccl_attach(Dist *d) {
     int v = 0;
     if (ncclGetVersion(&v) != ncclSuccess) die(EXIT_INTERNAL, "NCCL: ncclGetVersion failed");
     snprintf(x->name, sizeof x->name, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
-    const int order[DIST_N_GROUPS_CP] = {DIST_GROUP_DP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_TP, DIST_GROUP_CP};
+    const int order[DIST_N_GROUPS_CP] = {DIST_GROUP_DP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_TP, DIST_GROUP_CP, DIST_GROUP_EP};
     for (int i = 0; i < DIST_N_GROUPS_CP; i++) {
         int g = order[i];
         dist_group_rank(d, g, &x->rank[g], &x->size[g]);
         x->owner[g] = g;
         if (x->size[g] < 2) continue;
-        /* a shard, replicate or context group as large as the data-parallel
-         * group is it: the same ranks (those of this tp_rank) in the same order */
-        if ((g == DIST_GROUP_SHARD || g == DIST_GROUP_REPLICATE || g == DIST_GROUP_CP) && x->size[g] == x->size[DIST_GROUP_DP]) {
-            x->comm[g] = x->comm[DIST_GROUP_DP];
-            x->owner[g] = DIST_GROUP_DP;
+        /* a shard, replicate, context or expert group as large as the
+         * data-parallel group is it: the same ranks (those of this tp_rank)
+         * in the same order; an expert group as large as the context group
+         * is that (both: blocks of consecutive data-parallel indices) */
+        int same = (g == DIST_GROUP_SHARD || g == DIST_GROUP_REPLICATE || g == DIST_GROUP_CP || g == DIST_GROUP_EP) &&
+                           x->size[g] == x->size[DIST_GROUP_DP] ? DIST_GROUP_DP
+                   : g == DIST_GROUP_EP && x->size[g] == x->size[DIST_GROUP_CP] ? DIST_GROUP_CP
+                                                                                   : -1;
+        if (same >= 0) {
+            x->comm[g] = x->comm[same];
+            x->owner[g] = x->owner[same];
             continue;
         }
         ncclUniqueId id;
@@ -345,7 +396,8 @@ void dist_nccl_attach(Dist *d) {
         settle(x, g, r, "ncclCommInitRankConfig");
         nccl_unlock(x);
     }
-    x->dev = (DistDevComm){x, x->name, nccl_start, nccl_wait, nccl_test, nccl_copy, nccl_time_allreduce, nccl_abort, nccl_close};
+    x->dev = (DistDevComm){x, x->name, nccl_start, nccl_wait, nccl_test, nccl_copy, nccl_time_allreduce, nccl_abort, nccl_close,
+                           nccl_alltoallv};
     kernels_cuda_set_host_wait(host_poll, x);
     dist_attach_device(d, &x->dev);
 }

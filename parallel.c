@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 struct DistGroups {
-    MPI_Comm shard, replicate, tp, dp, cp;
+    MPI_Comm shard, replicate, tp, dp, cp, ep;
     /* launch without MPI: each group's TCP rendezvous (NULL: one member, or
      * MPI; the world's own when the group is the world) */
     Rendezvous *tcp[DIST_N_GROUPS_CP];
@@ -345,6 +345,7 @@ void dist_init(Dist *d, int *argc, char ***argv) {
     d->dp_rank = d->rank;
     d->tp = 1;
     d->cp = 1;
+    d->ep = 1;
     d->shard_size = 1;
     d->replicate_size = d->dp;
     d->shard_group = d->rank;
@@ -385,6 +386,7 @@ void dist_finalize(Dist *d) {
             MPI_Comm_free(&d->groups->tp);
             MPI_Comm_free(&d->groups->dp);
             MPI_Comm_free(&d->groups->cp);
+            MPI_Comm_free(&d->groups->ep);
         }
         for (int g = 0; g < DIST_N_GROUPS_CP; g++)
             if (d->groups->tcp[g] != d->rdzv) rdzv_close(d->groups->tcp[g]);
@@ -438,7 +440,7 @@ static Xc xc_group(const Dist *d, int g) {
     int r, n;
     dist_group_rank(d, g, &r, &n);
     MPI_Comm m = g == DIST_GROUP_TP ? c->tp : g == DIST_GROUP_SHARD ? c->shard : g == DIST_GROUP_REPLICATE ? c->replicate
-               : g == DIST_GROUP_CP ? c->cp : c->dp;
+               : g == DIST_GROUP_CP ? c->cp : g == DIST_GROUP_EP ? c->ep : c->dp;
     return (Xc){m, c->tcp[g], n, g};
 }
 
@@ -450,6 +452,7 @@ static int member_rank(const Dist *d, int g, int i) {
     case DIST_GROUP_SHARD: return (d->shard_group * S + i) * tp + d->tp_rank;
     case DIST_GROUP_REPLICATE: return (i * S + d->shard_index) * tp + d->tp_rank;
     case DIST_GROUP_CP: return (d->dp_rank / d->cp * d->cp + i) * tp + d->tp_rank;
+    case DIST_GROUP_EP: return (d->dp_rank / d->ep * d->ep + i) * tp + d->tp_rank;
     default: return i * tp + d->tp_rank; /* DIST_GROUP_DP */
     }
 }
@@ -459,7 +462,7 @@ static int member_rank(const Dist *d, int g, int i) {
  * exit 6; the peers see this rank's connections close. */
 static void tcp_check(Dist *d, Xc c, int rc, const char *what, const char *why) {
     if (rc == 0) return;
-    static const char *names[DIST_N_GROUPS_CP] = {"tp", "shard", "replicate", "dp", "cp"};
+    static const char *names[DIST_N_GROUPS_CP] = {"tp", "shard", "replicate", "dp", "cp", "ep"};
     char members[200] = "";
     if (c.kind >= 0 && c.size < d->world) {
         size_t len = (size_t)snprintf(members, sizeof members, " (its ranks 0..%d are world ranks", c.size - 1);
@@ -661,6 +664,7 @@ void dist_group_rank(const Dist *d, int g, int *rank, int *size) {
     case DIST_GROUP_REPLICATE: *rank = d->shard_group; *size = d->replicate_size; break;
     case DIST_GROUP_DP: *rank = d->dp_rank; *size = d->dp; break;
     case DIST_GROUP_CP: *rank = d->cp_rank; *size = d->cp; break;
+    case DIST_GROUP_EP: *rank = d->ep_rank; *size = d->ep; break;
     case DIST_GROUP_WORLD: *rank = d->rank; *size = d->world; break;
     default: die(EXIT_INTERNAL, "dist_group_rank: unknown group %d", g);
     }
@@ -708,10 +712,11 @@ void dist_setup_groups(Dist *d, int S) {
     const int color[DIST_N_GROUPS_CP] = {[DIST_GROUP_SHARD] = d->shard_group * tp + d->tp_rank,
                                          [DIST_GROUP_REPLICATE] = d->shard_index * tp + d->tp_rank,
                                          [DIST_GROUP_TP] = d->dp_rank, [DIST_GROUP_DP] = d->tp_rank,
-                                         [DIST_GROUP_CP] = d->dp_rank / d->cp * tp + d->tp_rank};
+                                         [DIST_GROUP_CP] = d->dp_rank / d->cp * tp + d->tp_rank,
+                                         [DIST_GROUP_EP] = d->dp_rank / d->ep * tp + d->tp_rank};
     const int key[DIST_N_GROUPS_CP] = {[DIST_GROUP_SHARD] = d->shard_index, [DIST_GROUP_REPLICATE] = d->shard_group,
                                        [DIST_GROUP_TP] = d->tp_rank, [DIST_GROUP_DP] = d->dp_rank,
-                                       [DIST_GROUP_CP] = d->cp_rank};
+                                       [DIST_GROUP_CP] = d->cp_rank, [DIST_GROUP_EP] = d->ep_rank};
     if (d->use_mpi) {
         watch_collective(d, "MPI_Comm_split");
         check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_SHARD], key[DIST_GROUP_SHARD], &g->shard), "MPI_Comm_split");
@@ -719,12 +724,14 @@ void dist_setup_groups(Dist *d, int S) {
         check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_TP], key[DIST_GROUP_TP], &g->tp), "MPI_Comm_split");
         check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_DP], key[DIST_GROUP_DP], &g->dp), "MPI_Comm_split");
         check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_CP], key[DIST_GROUP_CP], &g->cp), "MPI_Comm_split");
+        check(d, MPI_Comm_split(MPI_COMM_WORLD, color[DIST_GROUP_EP], key[DIST_GROUP_EP], &g->ep), "MPI_Comm_split");
         watch_collective(d, NULL);
         MPI_Comm_set_errhandler(g->shard, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(g->replicate, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(g->tp, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(g->dp, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(g->cp, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(g->ep, MPI_ERRORS_RETURN);
     } else {
         /* every rank splits every kind in the same order; a kind whose
          * groups are the world (or single ranks) needs no split on any rank */
@@ -765,7 +772,7 @@ static double host_time_allreduce(Dist *d, Xc c, size_t n) {
 
 int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
     if ((!d->use_mpi && !d->rdzv) || d->world < 2 || !d->groups) return 1;
-    const char *kinds[DIST_N_GROUPS_CP] = {"tp", "shard", "replicate", "dp", "cp"};
+    const char *kinds[DIST_N_GROUPS_CP] = {"tp", "shard", "replicate", "dp", "cp", "ep"};
     size_t n = bytes / sizeof(float);
     int ok = 1;
     for (int k = 0; k < DIST_N_GROUPS_CP; k++) {
@@ -807,7 +814,7 @@ int dist_health_check(Dist *d, size_t bytes, double min_gbps) {
 void dist_comm_reset(Dist *d) {
     d->bytes_allgather = d->bytes_reduce_scatter = d->bytes_allreduce = d->bytes_tp_allreduce = 0;
     d->bytes_tp_allgather = d->bytes_tp_reduce_scatter = 0;
-    d->bytes_cp = 0;
+    d->bytes_cp = d->bytes_ep = 0;
     d->comm_wait_s = 0;
 }
 
@@ -821,12 +828,21 @@ void dist_set_tp(Dist *d, int tp) {
     d->shard_group = d->dp_rank;
     d->cp = 1;
     d->cp_rank = 0;
+    d->ep = 1;
+    d->ep_rank = 0;
 }
 
 void dist_set_cp(Dist *d, int cp) {
     if (cp < 1 || d->dp % cp != 0) die(EXIT_INTERNAL, "dist_set_cp: %d does not divide %d data-parallel ranks", cp, d->dp);
     d->cp = cp;
     d->cp_rank = d->dp_rank % cp;
+}
+
+void dist_set_ep(Dist *d, int ep) {
+    if (ep < 1 || d->dp % ep != 0)
+        die(EXIT_INTERNAL, "dist_set_ep: %d does not divide %d data-parallel x context ranks", ep, d->dp);
+    d->ep = ep;
+    d->ep_rank = d->dp_rank % ep;
 }
 
 static int cp_shift_start(Dist *d, const void *send, void *recv, size_t bytes) {
@@ -905,6 +921,135 @@ static void cp_allreduce_max_f32(Dist *d, float *x, size_t n) {
     if (d->dev) dev_collective(d, "ncclAllReduce", DIST_OP_ALLREDUCE_MAX, DIST_GROUP_CP, x, x, n);
     else x_allreduce(d, xc_group(d, DIST_GROUP_CP), x, n, X_F32, X_MAX);
     d->bytes_cp += 2.0 * (P - 1) / P * (double)n * sizeof(float);
+}
+
+/* ------------------------------------------------------------------ */
+/* the expert group's all-to-all of variable sizes                     */
+
+static const char *group_name(int g);
+
+/* MPI's all-to-all: int counts and displacements of bytes (a block past
+ * 2^31 - 1 is an internal error, named). Over TCP: every member's counts
+ * to all (an n x n matrix, m[i * n + j] the bytes i sends j), each
+ * member's blocks packed in member order and gathered to the first member,
+ * which repacks them by receiver and scatters them; blocks as large as the
+ * largest sender's and receiver's total. */
+static void x_alltoallv(Dist *d, Xc c, int me, const unsigned char *send, const size_t *scount, const size_t *sdispl,
+                        unsigned char *recv, const size_t *rcount, const size_t *rdispl) {
+    int n = c.size;
+    if (d->use_mpi) {
+        int *v = malloc_check(4 * (size_t)n * sizeof *v), *sc = v, *sd = v + n, *rc = v + 2 * n, *rd = v + 3 * n;
+        for (int i = 0; i < n; i++) {
+            if (scount[i] > INT_MAX || sdispl[i] > INT_MAX || rcount[i] > INT_MAX || rdispl[i] > INT_MAX)
+                die(EXIT_INTERNAL, "dist_alltoallv: member %d's blocks (%zu bytes at %zu sent, %zu at %zu received) are past "
+                    "MPI_Alltoallv's int counts and displacements (2^31 - 1 bytes)", i, scount[i], sdispl[i], rcount[i], rdispl[i]);
+            sc[i] = (int)scount[i], sd[i] = (int)sdispl[i], rc[i] = (int)rcount[i], rd[i] = (int)rdispl[i];
+        }
+        watch_collective(d, "MPI_Alltoallv");
+        check(d, MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, c.mpi), "MPI_Alltoallv");
+        watch_collective(d, NULL);
+        free(v);
+        return;
+    }
+    char why[1024];
+    size_t *m = malloc_check((size_t)n * (size_t)n * sizeof *m), most_out = 0, most_in = 0;
+    watch_collective(d, "TCP alltoallv");
+    tcp_check(d, c, rdzv_allgather(c.tcp, scount, m, (size_t)n * sizeof *m, why, sizeof why), "TCP alltoallv", why);
+    for (int i = 0; i < n; i++) {
+        size_t out = 0, in = 0;
+        for (int j = 0; j < n; j++) out += m[(size_t)i * n + j], in += m[(size_t)j * n + i];
+        if (out > most_out) most_out = out;
+        if (in > most_in) most_in = in;
+        if (m[(size_t)i * n + me] != rcount[i])
+            die(EXIT_INTERNAL, "dist_alltoallv: member %d of the %s group sends %zu bytes to member %d, which expects %zu", i,
+                group_name(c.kind), m[(size_t)i * n + me], me, rcount[i]);
+    }
+    if (most_out > 0) { /* every member sees the same matrix: all skip, or none */
+        int lead = rdzv_rank(c.tcp) == 0;
+        unsigned char *pack = malloc_check(most_out), *in = malloc_check(most_in);
+        unsigned char *all = lead ? malloc_check((size_t)n * most_out) : NULL, *out = lead ? malloc_check((size_t)n * most_in) : NULL;
+        size_t off = 0;
+        for (int j = 0; j < n; j++) {
+            if (scount[j]) memcpy(pack + off, send + sdispl[j], scount[j]);
+            off += scount[j];
+        }
+        tcp_check(d, c, rdzv_gather(c.tcp, pack, all, most_out, why, sizeof why), "TCP alltoallv", why);
+        if (lead) /* receiver j's pack: sender i's block for j, i in order */
+            for (int j = 0; j < n; j++) {
+                size_t at = 0;
+                for (int i = 0; i < n; i++) {
+                    size_t from = 0;
+                    for (int k = 0; k < j; k++) from += m[(size_t)i * n + k];
+                    memcpy(out + (size_t)j * most_in + at, all + (size_t)i * most_out + from, m[(size_t)i * n + j]);
+                    at += m[(size_t)i * n + j];
+                }
+            }
+        tcp_check(d, c, rdzv_scatter(c.tcp, out, in, most_in, why, sizeof why), "TCP alltoallv", why);
+        off = 0;
+        for (int i = 0; i < n; i++) {
+            if (rcount[i]) memcpy(recv + rdispl[i], in + off, rcount[i]);
+            off += rcount[i];
+        }
+        free(pack);
+        free(in);
+        free(all);
+        free(out);
+    }
+    watch_collective(d, NULL);
+    free(m);
+}
+
+/* One size_t per member each way: recv[i] = member i's send[me]. */
+static void x_alltoall_counts(Dist *d, Xc c, int me, const size_t *send, size_t *recv) {
+    int n = c.size;
+    if (d->use_mpi) {
+        watch_collective(d, "MPI_Alltoall");
+        check(d, MPI_Alltoall(send, (int)sizeof *send, MPI_BYTE, recv, (int)sizeof *recv, MPI_BYTE, c.mpi), "MPI_Alltoall");
+        watch_collective(d, NULL);
+        return;
+    }
+    char why[1024];
+    size_t *m = malloc_check((size_t)n * (size_t)n * sizeof *m);
+    watch_collective(d, "TCP alltoall");
+    tcp_check(d, c, rdzv_allgather(c.tcp, send, m, (size_t)n * sizeof *m, why, sizeof why), "TCP alltoall", why);
+    watch_collective(d, NULL);
+    for (int i = 0; i < n; i++) recv[i] = m[(size_t)i * n + me];
+    free(m);
+}
+
+static void ep_alltoallv(Dist *d, const void *send, const size_t *scount, const size_t *sdispl, void *recv, const size_t *rcount,
+                         const size_t *rdispl) {
+    int me, n;
+    dist_group_rank(d, DIST_GROUP_EP, &me, &n);
+    if (scount[me] != rcount[me])
+        die(EXIT_INTERNAL, "dist_alltoallv: member %d sends itself %zu bytes but expects %zu", me, scount[me], rcount[me]);
+    if (n == 1 || !d->groups) {
+        if (scount[0]) copy_bytes(d, (unsigned char *)recv + rdispl[0], (const unsigned char *)send + sdispl[0], scount[0]);
+        return;
+    }
+    double sent = 0;
+    for (int j = 0; j < n; j++) sent += j == me ? 0 : (double)scount[j];
+    trace(d, "alltoallv", "ep", (size_t)sent, -1);
+    if (d->dev) {
+        const char *name = "ncclSend/ncclRecv (all-to-all)";
+        if (!d->dev->alltoallv) die(EXIT_INTERNAL, "dist_alltoallv: the device communicator (%s) has no all-to-all", d->dev->name);
+        int h = req_slot(d);
+        watch_collective(d, name);
+        d->dev->alltoallv(d->dev->ctx, h, DIST_GROUP_EP, send, scount, sdispl, recv, rcount, rdispl);
+        watch_collective(d, NULL);
+        d->groups->req_name[h] = name;
+        wait_handle(d, h, 0);
+    } else {
+        x_alltoallv(d, xc_group(d, DIST_GROUP_EP), me, send, scount, sdispl, recv, rcount, rdispl);
+    }
+    d->bytes_ep += sent;
+}
+
+static void ep_alltoall_counts(Dist *d, const size_t *send, size_t *recv) {
+    int me, n;
+    dist_group_rank(d, DIST_GROUP_EP, &me, &n);
+    if (n == 1 || !d->groups) recv[0] = send[0];
+    else x_alltoall_counts(d, xc_group(d, DIST_GROUP_EP), me, send, recv);
 }
 
 static void tp_allreduce_f32(Dist *d, float *x, size_t n, int max) {
@@ -1158,7 +1303,7 @@ static void world_bcast_bytes(Dist *d, void *buf, size_t n) {
 /* operation) the layouts use, routed to its implementation above      */
 
 static const char *group_name(int g) {
-    static const char *const names[] = {"tp", "shard", "replicate", "dp", "cp", "world"};
+    static const char *const names[] = {"tp", "shard", "replicate", "dp", "cp", "ep", "world"};
     return g >= 0 && g <= DIST_GROUP_WORLD ? names[g] : "unknown";
 }
 static const char *type_name(int type) {
@@ -1237,3 +1382,14 @@ int dist_shift_start(Dist *d, int g, const void *send, void *recv, size_t bytes)
 }
 
 void dist_shift_wait(Dist *d, int h) { cp_wait(d, h); }
+
+void dist_alltoallv(Dist *d, int g, const void *send, const size_t *scount, const size_t *sdispl, void *recv,
+                    const size_t *rcount, const size_t *rdispl) {
+    if (g == DIST_GROUP_EP) ep_alltoallv(d, send, scount, sdispl, recv, rcount, rdispl);
+    else no_such("dist_alltoallv", g, DIST_BYTE);
+}
+
+void dist_alltoall_counts(Dist *d, int g, const size_t *send, size_t *recv) {
+    if (g == DIST_GROUP_EP) ep_alltoall_counts(d, send, recv);
+    else no_such("dist_alltoall_counts", g, DIST_BYTE);
+}

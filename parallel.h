@@ -9,12 +9,13 @@
 
 /* The named process groups of a layout, which every collective below
  * takes (as torchtitan names its mesh axes): tp (dist_set_tp), shard,
- * replicate and dp (dist_setup_groups), cp (dist_set_cp), and the world.
- * The context group comes after DIST_N_GROUPS, the data-parallel groups'
- * count; a device communicator has one for each group before
- * DIST_N_GROUPS_CP, none for the world (a new axis goes before it). */
+ * replicate and dp (dist_setup_groups), cp (dist_set_cp), ep (dist_set_ep)
+ * and the world. The context and expert groups come after DIST_N_GROUPS,
+ * the data-parallel groups' count; a device communicator has one for each
+ * group before DIST_N_GROUPS_CP, none for the world (a new axis goes
+ * before it). */
 enum { DIST_GROUP_TP, DIST_GROUP_SHARD, DIST_GROUP_REPLICATE, DIST_GROUP_DP, DIST_N_GROUPS,
-       DIST_GROUP_CP = DIST_N_GROUPS, DIST_N_GROUPS_CP, DIST_GROUP_WORLD = DIST_N_GROUPS_CP };
+       DIST_GROUP_CP = DIST_N_GROUPS, DIST_GROUP_EP, DIST_N_GROUPS_CP, DIST_GROUP_WORLD = DIST_N_GROUPS_CP };
 /* A collective's elements (n counts them): float32, bf16 words, float64, bytes. */
 enum { DIST_F32, DIST_BF16, DIST_F64, DIST_BYTE };
 /* An all-reduce's operation. */
@@ -42,7 +43,9 @@ enum { DIST_OP_ALLREDUCE_SUM, DIST_OP_ALLREDUCE_MAX, DIST_OP_ALLGATHER, DIST_OP_
  * time_allreduce: seconds per all-reduce of n floats on a group (health
  * check), after `warmup` untimed ones. abort: called by the watchdog thread
  * before it exits (the main thread may be blocked on the device). close:
- * called by dist_finalize. */
+ * called by dist_finalize. alltoallv: start dist_alltoallv's exchange on
+ * group g under handle h (byte counts and displacements per member, host
+ * arrays read before it returns; buffers in backend memory). */
 typedef struct DistDevComm {
     void *ctx;
     const char *name; /* "NCCL 2.28.9" */
@@ -53,6 +56,8 @@ typedef struct DistDevComm {
     double (*time_allreduce)(void *ctx, int group, size_t n, int warmup, int iters);
     void (*abort)(void *ctx);
     void (*close)(void *ctx);
+    void (*alltoallv)(void *ctx, int h, int group, const void *send, const size_t *scount, const size_t *sdispl, void *recv,
+                      const size_t *rcount, const size_t *rdispl);
 } DistDevComm;
 
 typedef struct Dist {
@@ -71,11 +76,16 @@ typedef struct Dist {
      * group: gradients are reduced and state sharded over it); the ranks
      * of a context group read the same sequences (dist_seq_dp) */
     int cp, cp_rank;
+    /* expert parallelism (dist_set_ep): an expert group is ep consecutive
+     * data-parallel indices (dp x cp) of one tp_rank, innermost: ep_rank =
+     * dp_rank % ep, its group dp_rank / ep */
+    int ep, ep_rank;
     /* communication volume of the current step in bus bytes (NCCL-tests
      * convention), reset by dist_comm_reset */
     double bytes_allgather, bytes_reduce_scatter, bytes_allreduce, bytes_tp_allreduce;
     double bytes_tp_allgather, bytes_tp_reduce_scatter; /* sequence parallelism's */
     double bytes_cp; /* context parallelism's ring: bytes this rank sent (dist_shift_start) */
+    double bytes_ep; /* expert parallelism's all-to-all: bytes this rank sent to the other members (dist_alltoallv) */
     /* seconds this rank spent blocked in collectives and waits since
      * dist_comm_reset: communication that compute did not hide */
     double comm_wait_s, coll_t0;
@@ -110,7 +120,8 @@ void dist_init(Dist *d, int *argc, char ***argv);
  * `step S phase P start KIND GROUP N hH` (KIND allreduce, allgather,
  * allgather_bf16 or reduce_scatter; GROUP dp, shard or replicate; N
  * elements per member; H the handle, -1 for a blocking one or one already
- * done) and `step S phase P wait hH`. A file that cannot be opened: exit 2. */
+ * done; and the expert group's `alltoallv ep N h-1`, N the bytes this rank
+ * sends to the other members) and `step S phase P wait hH`. A file that cannot be opened: exit 2. */
 void dist_finalize(Dist *d);
 /* The collectives: one family over the named groups. Each (group, type,
  * operation) the layouts use is below; any other is exit 70 (EXIT_INTERNAL)
@@ -179,6 +190,25 @@ int dist_shift_start(Dist *d, int g, const void *send, void *recv, size_t bytes)
 /* The backend's later work after shift h (-1: nothing); the host does not
  * wait for a device communicator's. */
 void dist_shift_wait(Dist *d, int h);
+/* The expert group's all-to-all of variable sizes, in bytes, on backend
+ * memory (device memory under an attached DistDevComm): member j of group
+ * g gets scount[j] bytes from send + sdispl[j]; this rank gets rcount[i]
+ * bytes from member i at recv + rdispl[i] (rcount[i] must be what member
+ * i sends it: dist_alltoall_counts). Counts may be zero, a rank may send
+ * nothing at all; every member still calls it. Blocking for the backend:
+ * its later work sees the result (NCCL: ncclSend / ncclRecv per peer with
+ * a nonzero count in one group call on the communication stream, this
+ * rank's own block a copy there; MPI: MPI_Alltoallv, counts and
+ * displacements past 2^31 - 1 bytes exit 70; TCP: the members' counts
+ * all-gathered, their blocks gathered to the first member and scattered
+ * from it, which holds 2 x members x the largest member's bytes). Counted
+ * in bytes_ep: the bytes sent to the other members. g: DIST_GROUP_EP. */
+void dist_alltoallv(Dist *d, int g, const void *send, const size_t *scount, const size_t *sdispl, void *recv,
+                    const size_t *rcount, const size_t *rdispl);
+/* The count exchange before dist_alltoallv, host memory: recv[i] = member
+ * i's send[this rank's index] (one size_t per member each way). g:
+ * DIST_GROUP_EP. */
+void dist_alltoall_counts(Dist *d, int g, const size_t *send, size_t *recv);
 /* Complete and release a handle (-1: nothing); the watchdog names its
  * collective while waiting. dist_test only drives progress and says whether
  * it has completed: every handle still needs its dist_wait. */
@@ -197,6 +227,13 @@ void dist_set_tp(Dist *d, int tp);
  * dist_setup_groups; cp divides world / tp). A context group is the cp
  * consecutive data-parallel indices of one tp_rank. */
 void dist_set_cp(Dist *d, int cp);
+/* Set the expert-parallel degree (after dist_set_cp, before
+ * dist_setup_groups; ep divides dp, which counts the context ranks). An
+ * expert group is the ep consecutive data-parallel indices of one
+ * tp_rank: with tp and cp innermost of the world, its ranks are the
+ * nearest ones of that tp_rank (a node's, as Megatron places expert
+ * groups), so the all-to-all stays inside a node when ep x tp fits one. */
+void dist_set_ep(Dist *d, int ep);
 /* The batch arithmetic's data-parallel degree and this rank's index in it:
  * sequences are split over dp / cp slots, not over dp x cp ranks. */
 static inline int dist_seq_dp(const Dist *d) { return d->dp / (d->cp > 0 ? d->cp : 1); }

@@ -10,6 +10,10 @@
  * watchdog calls its abort before exiting 5; dist_finalize closes it.
  *
  *   mpirun -np N tests/test_dist_dev TP S      routing for the layout tp x shard S
+ *   mpirun -np N tests/test_dist_dev ep TP CP EP  the expert group of tp x cp x dp with ep:
+ *                                              membership, counts and all-to-all over MPI
+ *                                              (or TCP under a torchrun-style launch),
+ *                                              then routed to the device
  *   mpirun -np 2 tests/test_dist_dev watchdog FILE   rank 1's watchdog fires (exit 5) after
  *                                              writing "abort" into FILE.rank
  * Rank 0 prints "N passed, M failed" over every rank's checks (its own
@@ -33,7 +37,8 @@ static int g_rank;
 /* The fake: every call recorded. */
 typedef struct Call { char what; int h, op, group; const void *send; void *recv; size_t n; } Call;
 static Call calls[64];
-static int n_calls, live[64], closed, timed[DIST_N_GROUPS];
+static int n_calls, live[64], closed, timed[DIST_N_GROUPS_CP];
+static const size_t *a2a_args[4]; /* the last all-to-all's scount, sdispl, rcount, rdispl */
 static char abort_path[512];
 
 static void rec(Call c) {
@@ -70,7 +75,14 @@ static void fk_abort(void *ctx) { /* the watchdog thread: leave a mark */
     if (fd >= 0) { if (write(fd, "abort\n", 6) != 6) { /* the test sees the file empty */ } close(fd); }
 }
 static void fk_close(void *ctx) { (void)ctx; closed++; }
-static const DistDevComm fake = {NULL, "fake 1.0", fk_start, fk_wait, fk_test, fk_copy, fk_time, fk_abort, fk_close};
+static void fk_alltoallv(void *ctx, int h, int g, const void *send, const size_t *scount, const size_t *sdispl, void *recv,
+                         const size_t *rcount, const size_t *rdispl) {
+    (void)ctx;
+    if (h >= 0 && h < 64) live[h]++;
+    a2a_args[0] = scount, a2a_args[1] = sdispl, a2a_args[2] = rcount, a2a_args[3] = rdispl;
+    rec((Call){'a', h, -1, g, send, recv, 0});
+}
+static const DistDevComm fake = {NULL, "fake 1.0", fk_start, fk_wait, fk_test, fk_copy, fk_time, fk_abort, fk_close, fk_alltoallv};
 
 /* The last call was a start of op on group g with these buffers, followed
  * (when blocking) by the wait of its handle, which is then free. */
@@ -261,6 +273,138 @@ static void routing(Dist *d, int tp, int S) {
         CHECK(timed[g] == (sizes[g] > 1), "health check timed group %d %d times (size %d)", g, timed[g], sizes[g]);
 }
 
+/* ------------------------------------------------------------------ */
+/* the expert group: membership and the all-to-all of variable sizes    */
+
+/* Bytes world rank src sends member dst of its expert group in round r:
+ * 0..37, zero for about one pair in four; in round 1 world rank 1 sends
+ * nothing at all, in round 2 no rank sends anything. */
+static size_t a2a_count(int src, int dst, int r) {
+    if (r == 2 || (r == 1 && src == 1)) return 0;
+    unsigned h = (unsigned)(src * 7919 + dst * 104729 + r * 1299709) * 2654435761u;
+    h ^= h >> 13;
+    return h % 4 == 0 ? 0 : (size_t)(h >> 16) % 38;
+}
+static unsigned char a2a_byte(int src, int dst, size_t k, int r) { return (unsigned char)(src * 31 + dst * 7 + (int)k * 13 + r); }
+
+/* World rank of member i of this rank's expert group, written out from the
+ * layout (tp innermost, then dp x cp; blocks of ep consecutive dp indices). */
+static int ep_member(const Dist *d, int tp, int ep, int i) {
+    int dpi = d->rank / tp;
+    return (dpi / ep * ep + i) * tp + d->rank % tp;
+}
+
+/* Rounds of dist_alltoall_counts and dist_alltoallv on host memory (MPI or
+ * TCP, as launched): blocks laid out in reverse member order with gaps, so
+ * displacements are honoured and nothing outside a block is written. */
+static void a2a_host(Dist *d, int tp, int ep) {
+    int me = d->ep_rank;
+    for (int r = 0; r < 4; r++) {
+        size_t sc[64], sd[64], rc[64], rd[64], want[64], at = 0;
+        for (int j = ep - 1; j >= 0; j--) { /* send blocks: last member's first, 3 bytes apart */
+            sc[j] = a2a_count(d->rank, j, r);
+            sd[j] = at;
+            at += sc[j] + 3;
+        }
+        unsigned char *send = malloc_check(at + 1);
+        memset(send, 0x5a, at + 1);
+        for (int j = 0; j < ep; j++)
+            for (size_t k = 0; k < sc[j]; k++) send[sd[j] + k] = a2a_byte(d->rank, j, k, r);
+        for (int i = 0; i < ep; i++) rc[i] = (size_t)-1;
+        dist_alltoall_counts(d, DIST_GROUP_EP, sc, rc);
+        int ok = 1;
+        for (int i = 0; i < ep; i++) ok &= rc[i] == (want[i] = a2a_count(ep_member(d, tp, ep, i), me, r));
+        CHECK(ok, "round %d: dist_alltoall_counts: member 0 sends %zu, expected %zu", r, rc[0], want[0]);
+        size_t rat = 5;
+        for (int i = ep - 1; i >= 0; i--) {
+            rd[i] = rat;
+            rat += want[i] + 2;
+        }
+        unsigned char *recv = malloc_check(rat + 1);
+        memset(recv, 0xee, rat + 1);
+        double b0 = d->bytes_ep, sent = 0;
+        for (int j = 0; j < ep; j++) sent += j == me ? 0 : (double)sc[j];
+        dist_alltoallv(d, DIST_GROUP_EP, send, sc, sd, recv, want, rd);
+        ok = 1;
+        int bad_i = -1;
+        for (int i = 0; i < ep; i++) {
+            int src = ep_member(d, tp, ep, i);
+            for (size_t k = 0; k < want[i]; k++)
+                if (recv[rd[i] + k] != a2a_byte(src, me, k, r)) ok = 0, bad_i = i;
+        }
+        CHECK(ok, "round %d: dist_alltoallv: member %d's block (world rank %d) wrong", r, bad_i, bad_i >= 0 ? ep_member(d, tp, ep, bad_i) : -1);
+        size_t outside = 0; /* bytes outside the blocks still the fill */
+        for (size_t k = 0; k <= rat; k++) {
+            int in = 0;
+            for (int i = 0; i < ep; i++) in |= k >= rd[i] && k < rd[i] + want[i];
+            outside += !in && recv[k] != 0xee;
+        }
+        CHECK(outside == 0, "round %d: dist_alltoallv wrote %zu bytes outside the blocks", r, outside);
+        CHECK(d->bytes_ep - b0 == sent, "round %d: bytes_ep %g, expected %g (sent to the others)", r, d->bytes_ep - b0, sent);
+        free(send);
+        free(recv);
+    }
+}
+
+/* The expert group of layout tp x cp x (world / tp / cp) with ep: who is in
+ * it and in what order (an all-to-all of each member's world rank, and a
+ * broadcast from its first member, against the formula), then the
+ * exchange over the host transport, then routed to an attached device. */
+static void a2a(Dist *d, int tp, int cp, int ep) {
+    dist_set_tp(d, tp);
+    dist_set_cp(d, cp);
+    dist_set_ep(d, ep);
+    dist_setup_groups(d, 1);
+    int gr, gs;
+    dist_group_rank(d, DIST_GROUP_EP, &gr, &gs);
+    CHECK(d->ep == ep && d->ep_rank == d->rank / tp % ep && gr == d->ep_rank && gs == ep,
+          "ep %d: ep_rank %d (group rank %d of %d), expected %d", ep, d->ep_rank, gr, gs, d->rank / tp % ep);
+    /* membership: every member's world rank to every member, in member order */
+    size_t one[64], disp[64];
+    int ranks[64];
+    for (int i = 0; i < ep; i++) one[i] = sizeof(int), disp[i] = (size_t)i * sizeof(int), ranks[i] = -1;
+    int mine[64];
+    for (int i = 0; i < ep; i++) mine[i] = d->rank;
+    dist_alltoallv(d, DIST_GROUP_EP, mine, one, disp, ranks, one, disp);
+    int ok = 1;
+    for (int i = 0; i < ep; i++) ok &= ranks[i] == ep_member(d, tp, ep, i);
+    CHECK(ok, "ep %d: member 0..%d are world ranks %d,%d..., expected %d,%d...", ep, ep - 1, ranks[0], ep > 1 ? ranks[1] : -1,
+          ep_member(d, tp, ep, 0), ep > 1 ? ep_member(d, tp, ep, 1) : -1);
+    char id[16] = {0};
+    if (gr == 0) snprintf(id, sizeof id, "e%d", d->rank);
+    dist_bcast(d, DIST_GROUP_EP, id, sizeof id);
+    char want[16];
+    snprintf(want, sizeof want, "e%d", ep_member(d, tp, ep, 0));
+    CHECK(strcmp(id, want) == 0, "dist_bcast over the expert group: '%s', expected '%s'", id, want);
+    dist_comm_reset(d);
+    a2a_host(d, tp, ep);
+    dist_comm_reset(d);
+    CHECK(d->bytes_ep == 0, "dist_comm_reset left bytes_ep %g", d->bytes_ep);
+
+    /* routed to the device: one alltoallv start on the expert group with
+     * the caller's buffers and arrays, then the wait of its handle; a
+     * group of one copies its own block through the device */
+    dist_attach_device(d, &fake);
+    unsigned char s8[64], r8[64];
+    size_t sc[64], sd[64], rc[64], rd[64], sent = 0;
+    for (int j = 0; j < ep; j++) sc[j] = rc[j] = (size_t)(j + 1), sd[j] = rd[j] = (size_t)(2 * j), sent += j == gr ? 0 : sc[j];
+    for (int i = 0; i < 64; i++) s8[i] = (unsigned char)i;
+    int c0 = n_calls;
+    dist_alltoallv(d, DIST_GROUP_EP, s8, sc, sd, r8, rc, rd);
+    if (ep > 1) {
+        CHECK(n_calls == c0 + 2 && calls[c0].what == 'a' && calls[c0].group == DIST_GROUP_EP && calls[c0].send == s8 &&
+                  calls[c0].recv == r8 && a2a_args[0] == sc && a2a_args[1] == sd && a2a_args[2] == rc && a2a_args[3] == rd &&
+                  calls[c0 + 1].what == 'w' && calls[c0 + 1].h == calls[c0].h && live[calls[c0].h] == 0,
+              "ep %d: dist_alltoallv on the device: not one all-to-all start on the expert group and its wait", ep);
+    } else {
+        CHECK(n_calls == c0 + 1 && calls[c0].what == 'c' && calls[c0].send == s8 && calls[c0].recv == r8 && calls[c0].n == 1,
+              "ep 1: dist_alltoallv on the device: not one copy of its own block");
+    }
+    CHECK(d->bytes_ep == (double)sent, "ep %d: device bytes_ep %g, expected %zu", ep, d->bytes_ep, sent);
+    CHECK(dist_health_check(d, 4096, 0) == 1 && timed[DIST_GROUP_EP] == (ep > 1), "health check timed the expert group %d times",
+          timed[DIST_GROUP_EP]);
+}
+
 int main(int argc, char **argv) {
     Dist d;
     dist_init(&d, &argc, &argv);
@@ -275,8 +419,11 @@ int main(int argc, char **argv) {
         printf("rank %d: the watchdog did not fire\n", d.rank);
         dist_abort(&d, 1);
     }
-    if (argc != 3) die(EXIT_USAGE, "usage: test_dist_dev TP S | test_dist_dev watchdog FILE");
-    routing(&d, atoi(argv[1]), atoi(argv[2]));
+    if (argc == 5 && strcmp(argv[1], "ep") == 0) {
+        if (d.rank == 0) printf("launch: %s\n", d.launch); /* MPI, or the TCP rendezvous */
+        a2a(&d, atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    } else if (argc == 3) routing(&d, atoi(argv[1]), atoi(argv[2]));
+    else die(EXIT_USAGE, "usage: test_dist_dev TP S | test_dist_dev ep TP CP EP | test_dist_dev watchdog FILE");
     double tot[2] = {pass, fail};
     dist_allreduce(&d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, tot, 2); /* every rank's counts */
     dist_finalize(&d);
