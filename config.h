@@ -135,6 +135,7 @@ typedef struct Config {
     /* parallel */
     int tp;
     int cp; /* parallel.context: context-parallel degree (cp.c) */
+    int ep; /* parallel.expert: expert-parallel degree (the all-to-all group, parallel.h) */
     int cp_mode; /* parallel.context_mode: CP_RING | CP_ALL_GATHER (cp.h), by index of ring|all_gather */
     int seq_parallel; /* parallel.sequence_parallel (needs tp > 1) */
     char strategy[32];

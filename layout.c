@@ -96,8 +96,16 @@ int layout_check(Sharding *sh, Config *c, Dist *d, Model *m) {
             c->path);
     if (c->tp > 1 && c->debug_dump[0])
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
+    /* expert groups: ep consecutive indices of the data-parallel x context
+     * ranks (world / tp of them), innermost (parallel.h) */
+    if (c->ep < 1) die(EXIT_USAGE, "%s: parallel.expert %d: expected an expert-parallel degree of at least 1", c->path, c->ep);
+    if ((d->world / c->tp) % c->ep != 0)
+        die(EXIT_USAGE, "%s: parallel.expert %d does not divide the %d data-parallel x context rank%s (world %d / parallel.tensor %d; "
+            "an expert group is ep consecutive ones)", c->path, c->ep, d->world / c->tp, d->world / c->tp == 1 ? "" : "s", d->world,
+            c->tp);
     dist_set_tp(d, c->tp);
     dist_set_cp(d, c->cp);
+    dist_set_ep(d, c->ep);
     if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
         sh->S = d->dp;
     } else if (strcmp(c->strategy, "NO_SHARD") == 0) {
@@ -274,6 +282,18 @@ const char *layout_offload_field(double bytes, char *buf, size_t n) {
     return buf;
 }
 
+/* The groups of k consecutive data-parallel indices (of dp) of each of the
+ * tp ranks' P: `  [tp_rank t]  WHAT group g: ranks ...` */
+static void print_blocks(const char *what, int dp, int k, int P) {
+    for (int tr = 0; tr < P; tr++)
+        for (int g = 0; g < dp / k; g++) {
+            if (P > 1) printf("  tp_rank %d", tr);
+            printf("  %s group %d: ranks", what, g);
+            for (int i = 0; i < k; i++) printf(" %d", (g * k + i) * P + tr);
+            printf("\n");
+        }
+}
+
 /* Rank 0 prints the data-parallel layout and every rank's memory for
  * working parameters, fp32 master weights, gradients and optimizer state. */
 void layout_print(const Sharding *sh, const Kernels *k) {
@@ -304,13 +324,13 @@ void layout_print(const Sharding *sh, const Kernels *k) {
                "holding chunks r and %d-r; attention %s\n", cp, 2 * cp, sh->cfg->seq_len / (2 * cp), 2 * cp - 1,
                sh->cfg->cp_mode == CP_ALL_GATHER ? "over the key/value blocks all-gathered in the group (context_mode all_gather)"
                                                  : "as a ring of key/value blocks over the group");
-        for (int tr = 0; tr < P; tr++)
-            for (int g = 0; g < d->dp / cp; g++) {
-                if (P > 1) printf("  tp_rank %d", tr);
-                printf("  context group %d: ranks", g);
-                for (int i = 0; i < cp; i++) printf(" %d", (g * cp + i) * P + tr);
-                printf("\n");
-            }
+        print_blocks("context", d->dp, cp, P);
+    }
+    int ep = d->ep;
+    if (ep > 1) {
+        printf("expert parallel: %d ranks per expert group (consecutive data-parallel x context ranks of one tp_rank, "
+               "innermost), exchanging tokens by all-to-all\n", ep);
+        print_blocks("expert", d->dp, ep, P);
     }
     for (int tr = 0; tr < P; tr++) {
         for (int g = 0; g < R; g++) {

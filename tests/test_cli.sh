@@ -562,6 +562,16 @@ else bad "docs/config.md's key table differs from llmtrain keys (regenerate it) 
 if $BIN check "$TMP/job.json" --world 1 2>&1 | grep -q ": valid for 1 rank$"; then ok "check --world 1 says 'valid for 1 rank'"
 else bad "check --world 1: $($BIN check "$TMP/job.json" --world 1 2>&1 | grep valid)"; fi
 expect_fail "tp 2 on one rank" "parallel.tensor 2 does not divide the 1 rank" $BIN check "$TMP/job.json" --world 1 --set parallel.tensor=2
+# expert groups: ep consecutive data-parallel x context ranks (world / tp of them), at least 1
+expect_fail "ep 3 on 4 ranks" "job.json: parallel.expert 3 does not divide the 4 data-parallel x context ranks (world 4 / parallel.tensor 1; an expert group is ep consecutive ones)" \
+    $BIN check "$TMP/job.json" --world 4 --set parallel.expert=3
+expect_fail "ep 4 with tp 2 on 4 ranks" "job.json: parallel.expert 4 does not divide the 2 data-parallel x context ranks (world 4 / parallel.tensor 2; an expert group is ep consecutive ones)" \
+    $BIN check "$TMP/job.json" --world 4 --set parallel.tensor=2 --set model.n_kv_head=2 --set parallel.expert=4
+expect_fail "ep 2 on one rank" "parallel.expert 2 does not divide the 1 data-parallel x context rank (world 1" $BIN check "$TMP/job.json" --world 1 --set parallel.expert=2
+expect_fail "ep 0" "job.json: parallel.expert: expected a value in [1, 1024], got 0" $BIN check "$TMP/job.json" --world 2 --set parallel.expert=0
+if $BIN check "$TMP/job.json" --world 8 --set parallel.tensor=2 --set model.n_kv_head=2 --set parallel.context=2 --set parallel.expert=4 >"$TMP/out" 2>&1; then
+    ok "check: ep 4 with tp 2 x cp 2 on 8 ranks is valid (4 data-parallel x context ranks)"
+else bad "check: ep 4 with tp 2 x cp 2 on 8 ranks: $(grep llmtrain: "$TMP/out" | head -2)"; fi
 
 # the resolved config: check --print-config is every applying key's value as
 # a job file that loads back as the same job, under several schedules and

@@ -250,6 +250,26 @@ else
     echo "FAIL shard_degree 3 with 4 ranks: rc=$rc $(head -3 "$TMP/bad3.out")"; fail=$((fail + 1))
 fi
 
+# expert groups (parallel.expert): printed at start, timed by the health
+# check; tp 2 x ep 2 on 4 ranks puts ranks 0,2 and 1,3 together; an ep
+# that does not divide the data-parallel ranks is refused on every rank
+$MPIRUN 4 $BIN "$TMP/gpt2.json" --set train.steps=2 --set parallel.tensor=2 --set parallel.expert=2 --set log.dir="$TMP/ep" >"$TMP/ep.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^expert parallel: 2 ranks per expert group" "$TMP/ep.out" &&
+   grep -q "^  tp_rank 0  expert group 0: ranks 0 2$" "$TMP/ep.out" && grep -q "^  tp_rank 1  expert group 0: ranks 1 3$" "$TMP/ep.out" &&
+   grep -qE "^health: ep all-reduce [0-9]+ over 2 ranks: [0-9.]+ GB/s" "$TMP/ep.out"; then
+    echo "ok   tp 2 x ep 2 on 4 ranks: expert groups 0,2 and 1,3 printed, the health check times them"; pass=$((pass + 1))
+else
+    echo "FAIL tp 2 x ep 2: rc=$rc $(grep -E 'expert|health: ep|llmtrain:' "$TMP/ep.out" | head -4)"; fail=$((fail + 1))
+fi
+$MPIRUN 4 $BIN "$TMP/gpt2.json" --set parallel.expert=3 --set log.dir="$TMP/ep3" >"$TMP/ep3.out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c "parallel.expert 3 does not divide the 4 data-parallel x context ranks" "$TMP/ep3.out")" -ge 1 ]; then
+    echo "ok   parallel.expert 3 with 4 ranks rejected"; pass=$((pass + 1))
+else
+    echo "FAIL parallel.expert 3 with 4 ranks: rc=$rc $(head -3 "$TMP/ep3.out")"; fail=$((fail + 1))
+fi
+
 # startup health check and per-rank activation memory
 $MPIRUN 2 $BIN "$TMP/gpt2.json" --set train.steps=2 --set log.dir="$TMP/hc" >"$TMP/hc.out" 2>"$TMP/hc.err"
 rc=$?
