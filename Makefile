@@ -16,7 +16,7 @@ PY = /usr/bin/python3
 CPU_KERNELS = kernels_cpu.c kernels_cpu_attention.c kernels_cpu_moe.c
 SRC = llmtrain.c steplog.c config.c model.c cp.c moe.c $(CPU_KERNELS) fp8.c kernels_cuda_sizes.c parallel.c shard.c layout.c fit.c data.c indexed.c hf.c export.c init.c ckpt.c ckpt_run.c rendezvous.c profile.c tboard.c util.c
 HDR = $(wildcard *.h)
-TEST_BINS = tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_indexed tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl \
+TEST_BINS = tests/test_kernels tests/fp8_tool tests/test_model tests/test_data tests/test_indexed tests/test_ckpt tests/test_rendezvous tests/test_dist_dev tests/test_dist_nccl tests/test_nccl_emu \
             tests/test_gpu_emu tests/llmtrain_emu tests/cuda_emu/build/selftest tests/cuda_emu/build/cudnn_selftest \
             tests/fuzz_replay tests/llmtrain_asan tests/nolock.so
 
@@ -143,12 +143,16 @@ tests/test_indexed: tests/test_indexed.c tests/check.h data.c indexed.c util.c $
 tests/test_rendezvous: tests/test_rendezvous.c tests/check.h rendezvous.c util.c $(HDR)
 	$(CC) -O2 $(WARN) -I. $< rendezvous.c util.c -o $@
 
-tests/test_dist_dev: tests/test_dist_dev.c parallel.c rendezvous.c util.c $(HDR)
+tests/test_dist_dev: tests/test_dist_dev.c tests/a2a_check.h parallel.c rendezvous.c util.c $(HDR)
 	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) -I. $< parallel.c rendezvous.c util.c -lpthread -o $@
 
 # dist_nccl.c against the fake CUDA runtime and NCCL in tests/fake_cuda (no GPU, any build)
-tests/test_dist_nccl: tests/test_dist_nccl.c dist_nccl.c parallel.c rendezvous.c util.c tests/fake_cuda/cuda_runtime.h tests/fake_cuda/nccl.h $(HDR)
+tests/test_dist_nccl: tests/test_dist_nccl.c tests/a2a_check.h dist_nccl.c parallel.c rendezvous.c util.c tests/fake_cuda/cuda_runtime.h tests/fake_cuda/nccl.h $(HDR)
 	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) -DLLMTRAIN_CUDA -Itests/fake_cuda -I. $< dist_nccl.c parallel.c rendezvous.c util.c -lpthread -o $@
+
+# the expert group's all-to-all through dist_nccl.c on the emulation's NCCL and CUDA runtime
+tests/test_nccl_emu: tests/test_nccl_emu.c tests/a2a_check.h dist_nccl.c parallel.c rendezvous.c util.c $(EMU)/nccl_emu.c $(EMU)/build/emu.o $(EMU_HDR) $(HDR)
+	OMPI_CC=$(CC) $(MPICC) -O2 $(WARN) $(EMU_DEFS) -I. $< dist_nccl.c parallel.c rendezvous.c util.c $(EMU)/nccl_emu.c $(EMU)/build/emu.o -lstdc++ -lpthread -lm -o $@
 
 # --wrap=fsync: the test logs which directories the checkpoint code syncs;
 # --wrap=malloc: it makes one allocation fail.

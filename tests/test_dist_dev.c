@@ -14,12 +14,15 @@
  *                                              membership, counts and all-to-all over MPI
  *                                              (or TCP under a torchrun-style launch),
  *                                              then routed to the device
+ *   mpirun -np 2 tests/test_dist_dev ephang     rank 0 waits in an all-to-all rank 1 never
+ *                                              joins: its watchdog names it, exit 5
  *   mpirun -np 2 tests/test_dist_dev watchdog FILE   rank 1's watchdog fires (exit 5) after
  *                                              writing "abort" into FILE.rank
  * Rank 0 prints "N passed, M failed" over every rank's checks (its own
  * after dist_finalize); any failing rank exits 1. */
 #include "parallel.h"
 #include "util.h"
+#include "a2a_check.h"
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -276,76 +279,6 @@ static void routing(Dist *d, int tp, int S) {
 /* ------------------------------------------------------------------ */
 /* the expert group: membership and the all-to-all of variable sizes    */
 
-/* Bytes world rank src sends member dst of its expert group in round r:
- * 0..37, zero for about one pair in four; in round 1 world rank 1 sends
- * nothing at all, in round 2 no rank sends anything. */
-static size_t a2a_count(int src, int dst, int r) {
-    if (r == 2 || (r == 1 && src == 1)) return 0;
-    unsigned h = (unsigned)(src * 7919 + dst * 104729 + r * 1299709) * 2654435761u;
-    h ^= h >> 13;
-    return h % 4 == 0 ? 0 : (size_t)(h >> 16) % 38;
-}
-static unsigned char a2a_byte(int src, int dst, size_t k, int r) { return (unsigned char)(src * 31 + dst * 7 + (int)k * 13 + r); }
-
-/* World rank of member i of this rank's expert group, written out from the
- * layout (tp innermost, then dp x cp; blocks of ep consecutive dp indices). */
-static int ep_member(const Dist *d, int tp, int ep, int i) {
-    int dpi = d->rank / tp;
-    return (dpi / ep * ep + i) * tp + d->rank % tp;
-}
-
-/* Rounds of dist_alltoall_counts and dist_alltoallv on host memory (MPI or
- * TCP, as launched): blocks laid out in reverse member order with gaps, so
- * displacements are honoured and nothing outside a block is written. */
-static void a2a_host(Dist *d, int tp, int ep) {
-    int me = d->ep_rank;
-    for (int r = 0; r < 4; r++) {
-        size_t sc[64], sd[64], rc[64], rd[64], want[64], at = 0;
-        for (int j = ep - 1; j >= 0; j--) { /* send blocks: last member's first, 3 bytes apart */
-            sc[j] = a2a_count(d->rank, j, r);
-            sd[j] = at;
-            at += sc[j] + 3;
-        }
-        unsigned char *send = malloc_check(at + 1);
-        memset(send, 0x5a, at + 1);
-        for (int j = 0; j < ep; j++)
-            for (size_t k = 0; k < sc[j]; k++) send[sd[j] + k] = a2a_byte(d->rank, j, k, r);
-        for (int i = 0; i < ep; i++) rc[i] = (size_t)-1;
-        dist_alltoall_counts(d, DIST_GROUP_EP, sc, rc);
-        int ok = 1;
-        for (int i = 0; i < ep; i++) ok &= rc[i] == (want[i] = a2a_count(ep_member(d, tp, ep, i), me, r));
-        CHECK(ok, "round %d: dist_alltoall_counts: member 0 sends %zu, expected %zu", r, rc[0], want[0]);
-        size_t rat = 5;
-        for (int i = ep - 1; i >= 0; i--) {
-            rd[i] = rat;
-            rat += want[i] + 2;
-        }
-        unsigned char *recv = malloc_check(rat + 1);
-        memset(recv, 0xee, rat + 1);
-        double b0 = d->bytes_ep, sent = 0;
-        for (int j = 0; j < ep; j++) sent += j == me ? 0 : (double)sc[j];
-        dist_alltoallv(d, DIST_GROUP_EP, send, sc, sd, recv, want, rd);
-        ok = 1;
-        int bad_i = -1;
-        for (int i = 0; i < ep; i++) {
-            int src = ep_member(d, tp, ep, i);
-            for (size_t k = 0; k < want[i]; k++)
-                if (recv[rd[i] + k] != a2a_byte(src, me, k, r)) ok = 0, bad_i = i;
-        }
-        CHECK(ok, "round %d: dist_alltoallv: member %d's block (world rank %d) wrong", r, bad_i, bad_i >= 0 ? ep_member(d, tp, ep, bad_i) : -1);
-        size_t outside = 0; /* bytes outside the blocks still the fill */
-        for (size_t k = 0; k <= rat; k++) {
-            int in = 0;
-            for (int i = 0; i < ep; i++) in |= k >= rd[i] && k < rd[i] + want[i];
-            outside += !in && recv[k] != 0xee;
-        }
-        CHECK(outside == 0, "round %d: dist_alltoallv wrote %zu bytes outside the blocks", r, outside);
-        CHECK(d->bytes_ep - b0 == sent, "round %d: bytes_ep %g, expected %g (sent to the others)", r, d->bytes_ep - b0, sent);
-        free(send);
-        free(recv);
-    }
-}
-
 /* The expert group of layout tp x cp x (world / tp / cp) with ep: who is in
  * it and in what order (an all-to-all of each member's world rank, and a
  * broadcast from its first member, against the formula), then the
@@ -360,24 +293,17 @@ static void a2a(Dist *d, int tp, int cp, int ep) {
     CHECK(d->ep == ep && d->ep_rank == d->rank / tp % ep && gr == d->ep_rank && gs == ep,
           "ep %d: ep_rank %d (group rank %d of %d), expected %d", ep, d->ep_rank, gr, gs, d->rank / tp % ep);
     /* membership: every member's world rank to every member, in member order */
-    size_t one[64], disp[64];
-    int ranks[64];
-    for (int i = 0; i < ep; i++) one[i] = sizeof(int), disp[i] = (size_t)i * sizeof(int), ranks[i] = -1;
-    int mine[64];
-    for (int i = 0; i < ep; i++) mine[i] = d->rank;
-    dist_alltoallv(d, DIST_GROUP_EP, mine, one, disp, ranks, one, disp);
-    int ok = 1;
-    for (int i = 0; i < ep; i++) ok &= ranks[i] == ep_member(d, tp, ep, i);
-    CHECK(ok, "ep %d: member 0..%d are world ranks %d,%d..., expected %d,%d...", ep, ep - 1, ranks[0], ep > 1 ? ranks[1] : -1,
-          ep_member(d, tp, ep, 0), ep > 1 ? ep_member(d, tp, ep, 1) : -1);
+    char why[256] = "";
+    CHECK(a2a_members(d, tp, ep, why, sizeof why), "%s", why);
     char id[16] = {0};
     if (gr == 0) snprintf(id, sizeof id, "e%d", d->rank);
     dist_bcast(d, DIST_GROUP_EP, id, sizeof id);
     char want[16];
-    snprintf(want, sizeof want, "e%d", ep_member(d, tp, ep, 0));
+    snprintf(want, sizeof want, "e%d", a2a_member(d->rank, tp, ep, 0));
     CHECK(strcmp(id, want) == 0, "dist_bcast over the expert group: '%s', expected '%s'", id, want);
     dist_comm_reset(d);
-    a2a_host(d, tp, ep);
+    A2aRound got;
+    for (int r = 0; r < 4; r++) CHECK(a2a_round(d, tp, ep, r, &got, why, sizeof why), "%s", why);
     dist_comm_reset(d);
     CHECK(d->bytes_ep == 0, "dist_comm_reset left bytes_ep %g", d->bytes_ep);
 
@@ -416,6 +342,21 @@ int main(int argc, char **argv) {
         dist_attach_device(&d, &fake);
         dist_phase(&d, 1, "forward");
         sleep(5); /* rank 1's watchdog ends the job with exit 5 */
+        printf("rank %d: the watchdog did not fire\n", d.rank);
+        dist_abort(&d, 1);
+    }
+    if (argc == 2 && strcmp(argv[1], "ephang") == 0) { /* rank 0 waits in the all-to-all rank 1 never joins */
+        dist_set_ep(&d, 2);
+        dist_setup_groups(&d, 1);
+        dist_watchdog_start(&d, d.rank == 0 ? 0.5 : 30);
+        dist_phase(&d, 1, "moe_dispatch");
+        size_t c[2] = {4, 4}, o[2] = {0, 4};
+        char s8[8] = {0}, r8[8];
+        if (d.rank == 1) { /* long enough for rank 0's watchdog */
+            sleep(3);
+            _exit(0);
+        }
+        dist_alltoallv(&d, DIST_GROUP_EP, s8, c, o, r8, c, o); /* its watchdog ends the job with exit 5 */
         printf("rank %d: the watchdog did not fire\n", d.rank);
         dist_abort(&d, 1);
     }

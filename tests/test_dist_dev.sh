@@ -38,6 +38,15 @@ for layout in "2 1 1 2" "4 1 1 2" "4 1 1 4" "4 2 1 2" "4 1 2 2" "4 1 2 4" "4 1 1
         ok "TCP $1 ranks, tp $2 x cp $3, ep $4: all-to-all: $line"
     else bad "TCP $1 ranks, tp $2 x cp $3, ep $4: exit codes $(rcs ep "$1"): $(grep -E 'FAIL|llmtrain' "$TMP/ep.out" | head -5)"; fi
 done
+# a rank waiting in an all-to-all its peer never joins: the watchdog names it
+timeout 60 $MPIRUN 2 tests/test_dist_dev ephang >"$TMP/eph.out" 2>&1; rc=$?
+if [ $rc -eq 5 ] && grep -q '^llmtrain: rank 0: watchdog: step 1 phase moe_dispatch (collective MPI_Alltoallv) exceeded' "$TMP/eph.out"; then
+    ok "MPI: a hung all-to-all: the watchdog names MPI_Alltoallv, exit 5"
+else bad "MPI hung all-to-all: exit $rc: $(grep llmtrain "$TMP/eph.out" | head -2)"; fi
+trun eph 2 timeout 60 tests/test_dist_dev ephang >"$TMP/eph.out" 2>&1
+if [ "$(cat "$TMP/eph.rc.0")" = 5 ] && grep -q '^llmtrain: rank 0: watchdog: step 1 phase moe_dispatch (collective TCP alltoallv) exceeded' "$TMP/eph.out"; then
+    ok "TCP: a hung all-to-all: the watchdog names TCP alltoallv, exit 5"
+else bad "TCP hung all-to-all: exit codes $(rcs eph 2): $(grep llmtrain "$TMP/eph.out" | head -2)"; fi
 timeout 60 $MPIRUN 2 tests/test_dist_dev watchdog "$TMP/abort" >"$TMP/wd.out" 2>&1; rc=$?
 if [ $rc -eq 5 ] && grep -q '^abort$' "$TMP/abort.1" 2>/dev/null &&
    grep -q '^llmtrain: rank 1: watchdog: step 1 phase forward (collective none) exceeded' "$TMP/wd.out"; then

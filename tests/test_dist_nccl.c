@@ -11,6 +11,7 @@
  *
  *   mpirun -np N test_dist_nccl TP S       layout tp x shard S: results, communicators, streams
  *   mpirun -np N test_dist_nccl cp CP      context groups of CP: the ring shift, all-gather, reduce-scatter
+ *   mpirun -np N test_dist_nccl ep TP CP EP  expert groups of EP: communicators, the all-to-all
  *   mpirun -np 2 test_dist_nccl error      an asynchronous error met in a host wait: one line, exit 6
  *   mpirun -np 2 test_dist_nccl hang FILE  rank 1's host wait never ends: its watchdog aborts the
  *                                          communicators (writes FILE.1) and exits 5
@@ -20,6 +21,7 @@
 #include "kernels.h"
 #include "parallel.h"
 #include "util.h"
+#include "a2a_check.h"
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -186,13 +188,13 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t n, ncclDataT
  * the end (MPI_Isend / MPI_Irecv, then a wait); the group end answers
  * ncclInProgress as a non-blocking communicator's does */
 typedef struct { int send, peer; void *buf; size_t n; ncclComm_t c; } FakeP2p;
-static FakeP2p p2p[8];
+static FakeP2p p2p[32];
 static int n_p2p, in_group, n_group_calls;
 ncclResult_t ncclGroupStart(void) { in_group++; return ncclSuccess; }
 ncclResult_t ncclGroupEnd(void) {
     if (!in_group) return ncclInvalidUsage;
     if (--in_group) return ncclSuccess;
-    MPI_Request req[8];
+    MPI_Request req[32];
     for (int i = 0; i < n_p2p; i++) {
         if (p2p[i].send) MPI_Isend(p2p[i].buf, (int)p2p[i].n, MPI_BYTE, p2p[i].peer, 9, p2p[i].c->comm, &req[i]);
         else MPI_Irecv(p2p[i].buf, (int)p2p[i].n, MPI_BYTE, p2p[i].peer, 9, p2p[i].c->comm, &req[i]);
@@ -205,7 +207,8 @@ ncclResult_t ncclGroupEnd(void) {
     return c ? ncclInProgress : ncclSuccess;
 }
 static ncclResult_t p2p_add(int send, const void *buf, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
-    if (!in_group || n_p2p == 8 || c->pending) return ncclInvalidUsage; /* only grouped here (a lone send would block) */
+    if (!in_group || n_p2p == 32 || c->pending) return ncclInvalidUsage; /* only grouped here (a lone send would block) */
+    if (n == 0) return ncclInvalidArgument; /* dist_nccl.c posts none: a zero-byte pair is work for nothing */
     if (t != ncclInt8 || !s || peer < 0 || peer >= c->size) return ncclInvalidArgument;
     tr('N');
     p2p[n_p2p++] = (FakeP2p){send, peer, (void *)buf, n, c};
@@ -332,6 +335,17 @@ static void layout(Dist *d, int tp, int S) {
     CHECK(n_destroyed == want && d->dev == NULL && g_poll == NULL, "finalize: %d of %d communicators destroyed", n_destroyed, want);
 }
 
+/* Every rank's counts to rank 0 while MPI is up, then dist_finalize,
+ * which destroys the want communicators. */
+static void finish(Dist *d, int want) {
+    total[0] = pass;
+    total[1] = fail;
+    dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, total, 2);
+    pass = fail = 0;
+    dist_finalize(d);
+    CHECK(n_destroyed == want, "finalize: %d of %d communicators destroyed", n_destroyed, want);
+}
+
 /* Context parallelism of degree cp (tp 1, no sharding): the ring shift's
  * send to the next member and receive from the previous one (one group
  * call of ncclSend and ncclRecv on the communication stream, after the
@@ -381,12 +395,46 @@ static void cp_layout(Dist *d, int cp) {
     }
     CHECK(ok, "cp reduce-scatter: x[0] %g", x[0]);
     CHECK(dist_health_check(d, 4096, 0) == 1, "health check with a context group");
-    total[0] = pass;
-    total[1] = fail;
-    dist_allreduce(d, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, total, 2);
-    pass = fail = 0;
-    dist_finalize(d);
-    CHECK(n_destroyed == want, "finalize: %d of %d communicators destroyed", n_destroyed, want);
+    finish(d, want);
+}
+
+/* The expert group (tp x cp x dp with ep): its communicator (the dp one
+ * when ep is dp, the context one when ep is cp, else its own), its members
+ * through the all-to-all, and rounds of random sizes: each one group call
+ * of one ncclSend / ncclRecv per peer with bytes to move (none when
+ * nothing moves), this rank's own block a copy on the communication
+ * stream, after the compute stream and waited by it (the event trace);
+ * every byte and bytes_ep against a2a_check.h's. */
+static void ep_layout(Dist *d, int tp, int cp, int ep) {
+    dist_set_tp(d, tp);
+    dist_set_cp(d, cp);
+    dist_set_ep(d, ep);
+    dist_setup_groups(d, 1);
+    dist_nccl_attach(d);
+    int dp = d->dp, want = (dp > 1) + (tp > 1) + (cp > 1 && cp != dp) + (ep > 1 && ep != dp && ep != cp);
+    CHECK(n_comms == want && rank_ok == want, "tp %d cp %d ep %d: %d communicators (%d with the group's rank and size), expected %d",
+          tp, cp, ep, n_comms, rank_ok, want);
+    char why[256] = "";
+    CHECK(a2a_members(d, tp, ep, why, sizeof why), "%s", why);
+    for (int r = 0; r < 4; r++) {
+        A2aRound got;
+        trace[0] = 0;
+        int calls0 = n_group_calls;
+        CHECK(a2a_round(d, tp, ep, r, &got, why, sizeof why), "%s", why);
+        /* ep 1: the own block copied on the compute stream (dist_copy), no NCCL */
+        char tr_want[64] = "";
+        if (ep == 1 && got.self_bytes) strcpy(tr_want, "C");
+        if (ep > 1) {
+            strcpy(tr_want, got.self_bytes ? "Rwc" : "Rw");
+            for (int i = 0; i < got.peer_ops; i++) strcat(tr_want, "N");
+            strcat(tr_want, "rW");
+        }
+        CHECK(strcmp(trace, tr_want) == 0 && n_group_calls == calls0 + (got.peer_ops > 0),
+              "ep %d round %d: stream trace %s (%d group calls), expected %s (%d)", ep, r, trace, n_group_calls - calls0, tr_want,
+              got.peer_ops > 0);
+    }
+    CHECK(dist_health_check(d, 4096, 0) == 1, "health check with an expert group");
+    finish(d, want);
 }
 
 int main(int argc, char **argv) {
@@ -418,8 +466,9 @@ int main(int argc, char **argv) {
         printf("rank %d: the watchdog did not end the job\n", d.rank);
         return 1;
     }
-    if (argc != 3) die(EXIT_USAGE, "usage: test_dist_nccl TP S | cp CP | error | hang FILE");
-    if (strcmp(argv[1], "cp") == 0) cp_layout(&d, atoi(argv[2]));
+    if (argc == 5 && strcmp(argv[1], "ep") == 0) ep_layout(&d, atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    else if (argc != 3) die(EXIT_USAGE, "usage: test_dist_nccl TP S | cp CP | ep TP CP EP | error | hang FILE");
+    else if (strcmp(argv[1], "cp") == 0) cp_layout(&d, atoi(argv[2]));
     else layout(&d, atoi(argv[1]), atoi(argv[2]));
     /* every rank's counts before dist_finalize, rank 0's own after it */
     if (d.rank == 0) printf("%d passed, %d failed\n", (int)total[0] + pass, (int)total[1] + fail);

@@ -11,9 +11,12 @@
  * communicator, as nothing can wait. Point-to-point: ncclSend and ncclRecv
  * between ncclGroupStart and ncclGroupEnd are queued and run at the end as
  * MPI_Isend / MPI_Irecv and one MPI_Waitall (so a ring of sends cannot
- * deadlock); outside a group each runs alone (blocking). */
+ * deadlock); outside a group each runs alone (blocking). A receive whose
+ * count is not its sender's (which NCCL leaves undefined: a hang or
+ * garbage on the hardware) is ncclInvalidUsage naming both counts. */
 #include "nccl/nccl.h"
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
@@ -173,18 +176,43 @@ static int n_p2p, cap_p2p, group_depth;
 
 static size_t elem_bytes(ncclDataType_t t) { return t == ncclInt8 ? 1 : t == ncclBfloat16 ? 2 : 4; }
 
+static char p2p_error[200];
+
 static ncclResult_t p2p_run(void) {
     MPI_Request *req = calloc((size_t)(n_p2p ? n_p2p : 1), sizeof *req);
-    if (!req) return ncclSystemError;
+    MPI_Status *st = calloc((size_t)(n_p2p ? n_p2p : 1), sizeof *st);
+    if (!req || !st) {
+        free(req);
+        free(st);
+        return ncclSystemError;
+    }
     for (int i = 0; i < n_p2p; i++) {
         P2p *o = &p2p[i];
         if (o->send) MPI_Isend(o->buf, (int)o->bytes, MPI_BYTE, o->peer, 77, o->c->comm, &req[i]);
         else MPI_Irecv(o->buf, (int)o->bytes, MPI_BYTE, o->peer, 77, o->c->comm, &req[i]);
     }
-    MPI_Waitall(n_p2p, req, MPI_STATUSES_IGNORE);
+    /* the sender's count against the receiver's: a shorter message is
+     * counted, a longer one an error in its status (errors return: the
+     * world's handler, which communicators inherit) */
+    int rc = MPI_Waitall(n_p2p, req, st);
+    ncclResult_t r = ncclSuccess;
+    for (int i = 0; i < n_p2p && r == ncclSuccess; i++) {
+        P2p *o = &p2p[i];
+        int got = (int)o->bytes;
+        if (rc != MPI_SUCCESS && st[i].MPI_ERROR != MPI_SUCCESS) got = -1; /* a receive: the peer sent more */
+        else if (!o->send) MPI_Get_count(&st[i], MPI_BYTE, &got);
+        if (got == (int)o->bytes) continue;
+        if (got < 0) snprintf(p2p_error, sizeof p2p_error, "%s of %zu bytes with peer %d failed (the peer's count is larger)",
+                              o->send ? "ncclSend" : "ncclRecv", o->bytes, o->peer);
+        else snprintf(p2p_error, sizeof p2p_error, "ncclRecv of %zu bytes from peer %d got %d (the peer's ncclSend count)", o->bytes,
+                      o->peer, got);
+        last_error = p2p_error;
+        r = ncclInvalidUsage;
+    }
     free(req);
+    free(st);
     n_p2p = 0;
-    return ncclSuccess;
+    return r;
 }
 
 static ncclResult_t p2p_add(int send, const void *buf, size_t n, ncclDataType_t t, int peer, ncclComm_t c) {
