@@ -1189,9 +1189,11 @@ static int cmd_check(int argc, char **argv) {
     int tp = t->dist.tp, dp = t->dist.dp, cp = t->dist.cp;
     char ctx[96] = "";
     if (cp > 1) snprintf(ctx, sizeof ctx, " x context %d (%d tokens of each sequence a rank)", cp, c->seq_len / cp);
-    printf("parallel: tensor %d%s%s x data-parallel %d | strategy %s: shard groups of %d x %d replicas%s\n", tp,
+    char ep[64] = "";
+    if (t->dist.ep > 1) snprintf(ep, sizeof ep, " | expert groups of %d (innermost of dp x cp)", t->dist.ep);
+    printf("parallel: tensor %d%s%s x data-parallel %d | strategy %s: shard groups of %d x %d replicas%s%s\n", tp,
            c->seq_parallel ? " (sequence parallel)" : "", ctx, dp / cp, c->strategy, t->sh.S, dp / t->sh.S,
-           cp > 1 ? " (over data-parallel x context ranks)" : "");
+           cp > 1 ? " (over data-parallel x context ranks)" : "", ep);
     char off[64];
     printf("per rank (estimate): params_bytes %.0f master_bytes %.0f grads_bytes %.0f optimizer_state_bytes %.0f "
            "activations_bytes %.0f%s | total %.1f GiB\n", b[0], b[1], b[2], b[3], b[4], layout_offload_field(b[5], off, sizeof off),
