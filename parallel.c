@@ -1023,10 +1023,11 @@ static void ep_alltoallv(Dist *d, const void *send, const size_t *scount, const 
     dist_group_rank(d, DIST_GROUP_EP, &me, &n);
     if (scount[me] != rcount[me])
         die(EXIT_INTERNAL, "dist_alltoallv: member %d sends itself %zu bytes but expects %zu", me, scount[me], rcount[me]);
-    if (n == 1 || !d->groups) {
+    if (n == 1) {
         if (scount[0]) copy_bytes(d, (unsigned char *)recv + rdispl[0], (const unsigned char *)send + sdispl[0], scount[0]);
         return;
     }
+    if (!d->groups) die(EXIT_INTERNAL, "dist_alltoallv over %d members before dist_setup_groups", n);
     double sent = 0;
     for (int j = 0; j < n; j++) sent += j == me ? 0 : (double)scount[j];
     trace(d, "alltoallv", "ep", (size_t)sent, -1);
@@ -1048,7 +1049,8 @@ static void ep_alltoallv(Dist *d, const void *send, const size_t *scount, const 
 static void ep_alltoall_counts(Dist *d, const size_t *send, size_t *recv) {
     int me, n;
     dist_group_rank(d, DIST_GROUP_EP, &me, &n);
-    if (n == 1 || !d->groups) recv[0] = send[0];
+    if (n == 1) recv[0] = send[0];
+    else if (!d->groups) die(EXIT_INTERNAL, "dist_alltoall_counts over %d members before dist_setup_groups", n);
     else x_alltoall_counts(d, xc_group(d, DIST_GROUP_EP), me, send, recv);
 }
 
