@@ -96,6 +96,8 @@ int layout_check(Sharding *sh, Config *c, Dist *d, Model *m) {
             c->path);
     if (c->tp > 1 && c->debug_dump[0])
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.tensor %d (expected 1)", c->path, c->tp);
+    if (c->ep > 1 && c->debug_dump[0])
+        die(EXIT_USAGE, "%s: debug.dump is not available with parallel.expert %d (expected 1)", c->path, c->ep);
     /* expert groups: ep consecutive indices of the data-parallel x context
      * ranks (world / tp of them), innermost (parallel.h) */
     if (c->ep < 1) die(EXIT_USAGE, "%s: parallel.expert %d: expected an expert-parallel degree of at least 1", c->path, c->ep);
@@ -105,6 +107,12 @@ int layout_check(Sharding *sh, Config *c, Dist *d, Model *m) {
             c->tp);
     dist_set_tp(d, c->tp);
     dist_set_cp(d, c->cp);
+    if (c->ep > 1 && !c->model.moe_experts)
+        die(EXIT_USAGE, "%s: parallel.expert %d: the model has no experts (model.moe_experts 0; expected parallel.expert 1)", c->path,
+            c->ep);
+    if (c->model.moe_experts % c->ep != 0)
+        die(EXIT_USAGE, "%s: parallel.expert %d does not divide model.moe_experts %d (each rank of an expert group computes "
+            "moe_experts / parallel.expert of them)", c->path, c->ep, c->model.moe_experts);
     dist_set_ep(d, c->ep);
     if (strcmp(c->strategy, "FULL_SHARD") == 0 || strcmp(c->strategy, "SHARD_GRAD_OP") == 0) {
         sh->S = d->dp;

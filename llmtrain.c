@@ -225,6 +225,11 @@ static int stop_agreed(Trainer *t) {
  * t->eval_stopped set, when a stop request comes before the last of them:
  * a long evaluation (a large model, many batches) must not hold up the
  * checkpoint a preemption's grace period is for. */
+/* Whether every rank runs every forward of an evaluation or a sample: the
+ * chunk gathers (sharded) and the experts' all-to-alls (expert parallel)
+ * are collectives. */
+static int all_forward(const Trainer *t) { return t->sh.sharded || t->dist.ep > 1; }
+
 static double eval_loss(Trainer *t, const DataSet *ds) {
     double sum[2] = {0, 0};
     /* the same eval.batches micro-batches whatever the layout: dp rank r takes
@@ -241,7 +246,7 @@ static double eval_loss(Trainer *t, const DataSet *ds) {
             break;
         }
         int counted = j < t->cfg.eval_batches;
-        if (!counted && !t->sh.sharded) continue;
+        if (!counted && !all_forward(t)) continue;
         load_batch(t, ds, counted ? (uint64_t)j * (uint64_t)t->model.B : 0);
         model_forward(&t->model, t->tok, t->tgt);
         if (counted) { sum[0] += t->model.loss_sum; sum[1] += (double)t->model.n_targets; }
@@ -331,7 +336,7 @@ static void print_sample(Trainer *t, int step) {
     /* dp0: data-parallel slot 0 (its context group, under cp); T: seq_len */
     int cp = m->cp.size, T = m->T * cp, V = m->cfg.vocab_size, tp = t->dist.tp, dp0 = dist_seq_rank(&t->dist) == 0;
     int tp0 = t->dist.tp_rank == 0;
-    if (c->sample_tokens <= 0 || (!dp0 && !t->sh.sharded)) return;
+    if (c->sample_tokens <= 0 || (!dp0 && !all_forward(t))) return;
     m->doc_ends = NULL; /* the generated text is one document (an index knows none of it) */
     const DataSet *ds = t->have_val ? &t->val : &t->train;
     int prompt = T < 16 ? (T > 1 ? T / 2 : 1) : 8;
@@ -365,7 +370,7 @@ static void print_sample(Trainer *t, int step) {
         /* the choice, and whether rank 0 was asked to stop (the sample then
          * ends here; the caller agrees on the stop with every rank) */
         double f[2] = {is_root(t) ? (double)pick_token(t, row, V) : 0, is_root(t) && g_stop_signal != 0};
-        if (t->sh.sharded) { /* shared: only rank 0 contributes (host memory: float64 sums) */
+        if (all_forward(t)) { /* shared: only rank 0 contributes (host memory: float64 sums) */
             dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, f, 2);
         } else {
             if (cp > 1 && tp0) dist_allreduce(&t->dist, DIST_GROUP_CP, DIST_F64, DIST_SUM, f, 2);
@@ -597,6 +602,7 @@ static StepStats train_step(Trainer *t, int step) {
     s.comm_tp_ag = t->dist.bytes_tp_allgather;
     s.comm_tp_rs = t->dist.bytes_tp_reduce_scatter;
     s.comm_cp = t->dist.bytes_cp;
+    s.comm_ep = t->dist.bytes_ep;
     s.comm_wait = t->dist.comm_wait_s;
     s.dt = now_s() - t0;
     return s;
@@ -809,6 +815,11 @@ static void cp_reduce_scatter_cb(void *ctx, const float *send, float *recv, size
 }
 static void cp_allreduce_max_cb(void *ctx, float *x, size_t n) { dist_allreduce(ctx, DIST_GROUP_CP, DIST_F32, DIST_MAX, x, n); }
 static void mb_allreduce_cb(void *ctx, double *x, size_t n) { dist_allreduce(ctx, DIST_GROUP_CP, DIST_F64, DIST_SUM, x, n); }
+static void ep_alltoallv_cb(void *ctx, const void *send, const size_t *scount, const size_t *sdispl, void *recv, const size_t *rcount,
+                            const size_t *rdispl) {
+    dist_alltoallv(ctx, DIST_GROUP_EP, send, scount, sdispl, recv, rcount, rdispl);
+}
+static void ep_counts_cb(void *ctx, const size_t *send, size_t *recv) { dist_alltoall_counts(ctx, DIST_GROUP_EP, send, recv); }
 
 /* Option `name` at argv[*i], as `name VALUE` or `name=VALUE`: 1 with *val
  * VALUE and *i at its last word; 0 when argv[*i] is another word. */
@@ -921,7 +932,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
     if (backend_is_cuda(t) && t->dist.world > 1) dist_nccl_attach(&t->dist); /* device collectives through NCCL */
 #endif
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len / c->cp, t->sh.S, !t->sh.sharded, t->dist.tp,
-                   t->dist.tp_rank, (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules});
+                   t->dist.tp_rank, (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules, c->ep, t->dist.ep_rank});
     cp_setup(&t->model, c->cp, t->dist.cp_rank, c->cp_mode);
     model_fp8(&t->model, config_fp8_recipe(c)); /* train.compute_dtype fp8 */
     t->model.block_causal = c->attention_mask == ATT_MASK_BLOCK_CAUSAL;
@@ -933,7 +944,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
             "(train.lm_head_chunk %d; expected at least %d, or 0 with the logits within %zu MiB)", c->path,
             t->model.head_rows, mb_rows, c->lm_head_chunk, mb_rows, HEAD_AUTO_BYTES >> 20);
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL, cp_shift_cb,
-                                cp_wait_cb, cp_allgather_cb, cp_reduce_scatter_cb, cp_allreduce_max_cb, mb_allreduce_cb};
+                                cp_wait_cb, cp_allgather_cb, cp_reduce_scatter_cb, cp_allreduce_max_cb, mb_allreduce_cb, ep_alltoallv_cb, ep_counts_cb};
     moe_set_losses(&t->model, c->moe_capacity_factor, config_moe_aux_coef(c), c->moe_z_loss_coef);
     if (t->init.kind) init_from_load(&t->init, &t->model, &t->dist);
     else model_init_random(&t->model, c->init_std, c->seed);

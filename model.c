@@ -225,16 +225,17 @@ static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
     BUF(fch_act, dense * N * (size_t)m->F, RC_MLP_ACT | L, 1);
     if (m->moe.on) { /* every layer's, when some layer is MoE (the recompute shares them by index) */
         const ModelMoE *x = &m->moe;
-        size_t Nk = N * (size_t)x->k, E = (size_t)x->E;
+        size_t Nk = N * (size_t)x->k, E = (size_t)x->E, R = x->R; /* R: the rows this rank's experts may compute */
         BUF(probs, N * E, L, 0);
         BUF(mlse, N, L, 0);
         BUF(wts, Nk, L, 0);
         b[n++] = (ActBuf){(float **)&a->idx, Nk, L, 0}; /* ints: a float's size */
         b[n++] = (ActBuf){(float **)&a->slot, Nk, L, 0};
         b[n++] = (ActBuf){(float **)&a->src, Nk, L, 0};
-        BUF(xh, Nk * 2 * (size_t)x->F, L, 1);
-        BUF(xact, Nk * (size_t)x->F, RC_MLP_ACT | L, 1);
+        BUF(xh, R * 2 * (size_t)x->F, L, 1);
+        BUF(xact, R * (size_t)x->F, RC_MLP_ACT | L, 1);
         BUF(yp, Nk * C, L, 0);
+        if (x->ep > 1) BUF(xr, R * C, L, 1);
         if (x->Fs) {
             BUF(sh_h, N * 2 * (size_t)x->Fs, L, 1);
             BUF(sh_act, N * (size_t)x->Fs, RC_MLP_ACT | L, 1);
@@ -320,7 +321,7 @@ static size_t carve_acts(Model *m, float *base) {
     TAKE(m->dlnf, Np * C);
     if (m->moe.on) { /* moe.c's scratch */
         ModelMoE *x = &m->moe;
-        size_t Nk = N * (size_t)x->k, E = (size_t)x->E, dh = Nk * 2 * (size_t)x->F;
+        size_t Nk = N * (size_t)x->k, E = (size_t)x->E, dh = x->R * 2 * (size_t)x->F;
         if (dh < N * 2 * (size_t)x->Fs) dh = N * 2 * (size_t)x->Fs;
         TAKE(x->logits, N * E);
         TAKE(x->dlogits, N * E);
@@ -331,6 +332,10 @@ static size_t carve_acts(Model *m, float *base) {
         TAKE(x->dwts, Nk);
         TAKE(x->dprob, E);
         TAKE(x->psum, E);
+        if (x->ep > 1) {
+            TAKE(x->ybuf, x->R * C);
+            TAKE(x->dxr, x->R * C);
+        }
     }
     if (m->tp.sp) {
         TAKE(m->tp.sp_gath, act_floats(m, Np * C));
@@ -422,7 +427,7 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
 }
 
 void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments) {
-    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0});
+    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0, 0, 0});
 }
 
 void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, int tp_rank) {
@@ -465,6 +470,7 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
     m->T = T;
     m->tp.sp = mem.seq_parallel && tp > 1;
     m->tp.S = m->tp.sp ? (B * T + tp - 1) / tp : B * T;
+    moe_set_ep(m, mem.ep > 0 ? mem.ep : 1, mem.ep_rank, B * T);
     m->la = calloc_check((size_t)cfg->n_layer, sizeof(LayerActs));
     m->acts_floats = carve_acts(m, NULL);
     m->offload.layer_floats = layer_kept_floats(m);

@@ -77,6 +77,7 @@ typedef struct LayerActs {
     float *xh, *xact;                   /* [Nk, 2Fe] [a] the experts' gate|up, [Nk, Fe] [a] after SwiGLU */
     float *yp;                          /* [Nk, C] the experts' outputs (fp32) */
     float *sh_h, *sh_act;               /* shared experts: [N, 2Fs] [a], [N, Fs] [a] */
+    float *xr;                          /* expert parallelism: [R, C] [a] the rows this rank's experts received */
 } LayerActs;
 
 /* Events of chunk hooks: chunk c's parameters are read between PRE and POST
@@ -131,6 +132,14 @@ typedef struct ModelComm {
      * in place over the ranks that hold parts of one micro-batch (the
      * context group); NULL when one rank holds it all */
     void (*mb_allreduce)(void *ctx, double *x, size_t n);
+    /* expert parallelism (Model.moe.ep > 1), over the expert group:
+     * ep_alltoallv moves bytes of backend memory, member j getting scount[j]
+     * bytes from send + sdispl[j] and this rank rcount[i] from member i at
+     * recv + rdispl[i]; ep_counts, one size_t of host memory to and from
+     * each member (recv[i] = member i's send[this rank]) */
+    void (*ep_alltoallv)(void *ctx, const void *send, const size_t *scount, const size_t *sdispl, void *recv,
+                         const size_t *rcount, const size_t *rdispl);
+    void (*ep_counts)(void *ctx, const size_t *send, size_t *recv);
 } ModelComm;
 
 /* Activation checkpointing (train.activation_checkpointing): which saved
@@ -157,6 +166,7 @@ typedef struct ModelMem {
     int act_bytes; /* bytes per element of the [a] activations (kernels.h; 0: 4); model_build_tp takes the backend's */
     int seq_parallel; /* parallel.sequence_parallel (with tp > 1): see Model.tp.sp */
     int recompute; /* ACT_SELECTIVE: RC_ATTENTION | RC_NORM | RC_MLP_ACT (0: RC_ATTENTION) */
+    int ep, ep_rank; /* parallel.expert (0: 1) and this rank's place in its expert group (Model.moe) */
 } ModelMem;
 
 /* Activation offload: device buffers for this many layers (slots); layer l
@@ -218,6 +228,17 @@ typedef struct ModelMoE {
     int on;                   /* some layer is MoE */
     int E, k, F, Fs;          /* experts, top-k, an expert's width, the shared experts' (0: none) */
     int n_layers, first;      /* MoE layers, and the first */
+    /* expert parallelism (parallel.expert): the expert group's ep ranks each
+     * compute El = E / ep experts, [ep_rank El, +El), on the rows the group's
+     * members send them (ModelComm.ep_alltoallv); R = ep N k rows at most
+     * (every member's every choice: the dropless bound), else N k. Every rank
+     * still holds every expert's weights (their gradients are reduced as
+     * their layer's) */
+    int ep, ep_rank, El;
+    size_t R;
+    int *rc;                  /* [n_layer][ep][El] host: rows received from member i for local expert q */
+    size_t *a2a;              /* [4 ep] host: send counts, send offsets, receive counts, receive offsets (bytes) */
+    float *ybuf, *dxr;        /* [R, C] fp32: the received rows' expert outputs (then their gradients), d(received rows) */
     int norm_topk;
     /* set by the caller (moe_set_losses; model_build_tp: 0, 0, 0 and 1) */
     float capacity_factor, aux_coef, z_coef;

@@ -49,6 +49,17 @@ void moe_plan(Model *m) {
     while (!moe_layer(c, x->first)) x->first++;
 }
 
+void moe_set_ep(Model *m, int ep, int ep_rank, int N) {
+    ModelMoE *x = &m->moe;
+    if (!x->on) return;
+    if (ep < 1 || x->E % ep || ep_rank < 0 || ep_rank >= ep)
+        die(EXIT_INTERNAL, "moe_set_ep: expert-parallel degree %d (rank %d) does not divide %d experts", ep, ep_rank, x->E);
+    x->ep = ep;
+    x->ep_rank = ep_rank;
+    x->El = x->E / ep;
+    x->R = (size_t)ep * N * x->k; /* every member's every choice to this rank's experts: the dropless bound */
+}
+
 void moe_alloc(Model *m, int N) {
     ModelMoE *x = &m->moe;
     if (!x->on) return;
@@ -62,13 +73,19 @@ void moe_alloc(Model *m, int N) {
     x->psum_host = calloc_check(E, sizeof(float));
     x->load = calloc_check(L, sizeof(double));
     x->f = calloc_check(L * E, sizeof(double));
+    if (x->ep > 1) {
+        x->rc = calloc_check(L * E, sizeof(int)); /* ep x El = E a layer */
+        x->a2a = calloc_check(4 * (size_t)x->ep, sizeof(size_t));
+    }
 }
 
 void moe_free(Model *m) {
     ModelMoE *x = &m->moe;
     free(x->counts); free(x->kept); free(x->idx_host); free(x->src_host); free(x->slot_host);
-    free(x->stats); free(x->psum_host); free(x->load); free(x->f);
+    free(x->stats); free(x->psum_host); free(x->load); free(x->f); free(x->rc); free(x->a2a);
     x->f = NULL;
+    x->rc = NULL;
+    x->a2a = NULL;
     x->counts = x->kept = x->idx_host = x->src_host = x->slot_host = NULL;
     x->stats = NULL;
     x->psum_host = NULL;
@@ -161,12 +178,115 @@ static double aux_value(const Model *m, double tokens) {
     return x->E * s;
 }
 
+/* The rows this rank's experts compute for layer l, as E blocks in order:
+ * block b is expert *e's *n rows. Without expert parallelism, each
+ * expert's kept choices; with it, member i's rows for local expert q
+ * (b = i El + q), as they arrived. */
+static void block(const Model *m, int l, int b, int *e, int *n) {
+    const ModelMoE *x = &m->moe;
+    if (x->ep > 1) {
+        *e = x->ep_rank * x->El + b % x->El;
+        *n = x->rc[(size_t)l * x->E + b];
+    } else {
+        *e = b;
+        *n = x->kept[(size_t)l * x->E + b];
+    }
+}
+
+static size_t block_rows(const Model *m, int l) {
+    size_t r = 0;
+    for (int b = 0, e, n; b < m->moe.E; b++) { block(m, l, b, &e, &n); r += (size_t)n; }
+    return r;
+}
+
+/* Expert parallelism: the counts of layer l's rows for each member's
+ * experts, exchanged (rc: what each member sends this rank's experts). */
+static void ep_counts(Model *m, int l) {
+    ModelMoE *x = &m->moe;
+    size_t *send = x->a2a, *recv = x->a2a + x->ep;
+    for (int q = 0; q < x->El; q++) {
+        for (int j = 0; j < x->ep; j++) send[j] = (size_t)x->kept[(size_t)l * x->E + j * x->El + q];
+        m->comm.ep_counts(m->comm.ctx, send, recv);
+        for (int i = 0; i < x->ep; i++) x->rc[(size_t)l * x->E + i * x->El + q] = (int)recv[i];
+    }
+    if (block_rows(m, l) > x->R) die(EXIT_INTERNAL, "moe: layer %d received %zu rows, room for %zu", l, block_rows(m, l), x->R);
+}
+
+/* The all-to-all of rows of C elements of es bytes: out (back 0) this
+ * rank's permuted rows to the members that hold their experts, received
+ * in block order; back (1) the received rows' results to where they came
+ * from, into the permuted order. */
+static void ep_exchange(Model *m, int l, const void *send, void *recv, size_t es, int back) {
+    ModelMoE *x = &m->moe;
+    int P = x->ep, El = x->El;
+    size_t *sc = x->a2a, *sd = sc + P, *rcn = sc + 2 * P, *rd = sc + 3 * P, row = (size_t)m->cfg.n_embd * es;
+    for (int j = 0; j < P; j++) {
+        size_t mine = 0, theirs = 0; /* rows this rank sends member j; rows member j sends this rank */
+        for (int q = 0; q < El; q++) {
+            mine += (size_t)x->kept[(size_t)l * x->E + j * El + q];
+            theirs += (size_t)x->rc[(size_t)l * x->E + j * El + q];
+        }
+        sc[j] = (back ? theirs : mine) * row;
+        rcn[j] = (back ? mine : theirs) * row;
+        sd[j] = j ? sd[j - 1] + sc[j - 1] : 0;
+        rd[j] = j ? rd[j - 1] + rcn[j - 1] : 0;
+    }
+    m->comm.ep_alltoallv(m->comm.ctx, send, sc, sd, recv, rcn, rd);
+}
+
+/* The experts' products over rows X [a] (block order), into Y (fp32):
+ * gate|up into a->xh, SwiGLU into a->xact. */
+static void experts_forward(Model *m, int l, const float *X, float *Y) {
+    const Kernels *k = m->k;
+    LayerActs *a = &m->la[l];
+    const LayerPtrs *w = &m->p.layers[l];
+    int C = m->cfg.n_embd, F = m->moe.F;
+    size_t rows = block_rows(m, l), r0 = 0;
+    for (int b = 0, e, n; b < m->moe.E; b++) {
+        block(m, l, b, &e, &n);
+        if (!n) continue;
+        k->matmul_forward_a(act_at(m, a->xh, r0 * 2 * F), act_at(m, X, r0 * C), w->exp_fc_w + (size_t)e * 2 * F * C, NULL, n, C,
+                            2 * F);
+        r0 += (size_t)n;
+    }
+    k->swiglu_forward(a->xact, a->xh, (int)rows, F);
+    r0 = 0;
+    for (int b = 0, e, n; b < m->moe.E; b++) {
+        block(m, l, b, &e, &n);
+        if (!n) continue;
+        k->matmul_forward(Y + r0 * C, act_at(m, a->xact, r0 * F), w->exp_proj_w + (size_t)e * C * F, NULL, n, F, C);
+        r0 += (size_t)n;
+    }
+}
+
+/* Their backward: d(rows) into dX (fp32, OVERWRITTEN) from dY, the
+ * weights' gradients added. */
+static void experts_backward(Model *m, int l, const float *X, const float *dY, float *dX, int rc) {
+    const Kernels *k = m->k;
+    ModelMoE *x = &m->moe;
+    const LayerActs *a = &m->la[l];
+    const LayerPtrs *w = &m->p.layers[l], *g = &m->g.layers[l];
+    int C = m->cfg.n_embd, F = x->F;
+    size_t r0 = 0;
+    if (rc & RC_MLP_ACT) k->swiglu_forward(a->xact, a->xh, (int)block_rows(m, l), F);
+    for (int b = 0, e, n; b < x->E; b++) {
+        block(m, l, b, &e, &n);
+        if (!n) continue;
+        float *dh = act_at(m, x->dh, r0 * 2 * F);
+        k->matmul_swiglu_backward(dh, g->exp_proj_w + (size_t)e * C * F, NULL, dY + r0 * C, NULL, act_at(m, a->xact, r0 * F),
+                                  w->exp_proj_w + (size_t)e * C * F, act_at(m, a->xh, r0 * 2 * F), n, F, C);
+        k->matmul_backward_a(dX + r0 * C, g->exp_fc_w + (size_t)e * 2 * F * C, NULL, dh, act_at(m, X, r0 * C),
+                             w->exp_fc_w + (size_t)e * 2 * F * C, n, C, 2 * F);
+        r0 += (size_t)n;
+    }
+}
+
 void moe_forward(Model *m, int l, float *out, const float *res, const float *ln, int N) {
     const Kernels *k = m->k;
     ModelMoE *x = &m->moe;
     LayerActs *a = &m->la[l];
     const LayerPtrs *w = &m->p.layers[l];
-    int C = m->cfg.n_embd, E = x->E, K = x->k, F = x->F;
+    int C = m->cfg.n_embd, E = x->E, K = x->k;
     if (!k->moe_route) die(EXIT_USAGE, "model.moe_experts: the %s backend has no mixture-of-experts kernels yet", k->name);
     /* the router: fp32 logits, softmax, top-k */
     k->matmul_forward(x->logits, ln, w->router_w, NULL, N, C, E);
@@ -191,22 +311,17 @@ void moe_forward(Model *m, int l, float *out, const float *res, const float *ln,
         x->routed += (long)N * K;
         x->dropped += (long)N * K - rows;
     }
-    /* the experts, each over its rows */
+    /* the experts, each over its rows (expert parallelism: those of the
+     * members' rows for this rank's experts, sent and their results
+     * returned, in fp32) */
     k->moe_permute(x->xp, ln, a->src, rows, C);
-    for (int e = 0, r0 = 0; e < E; e++) {
-        int n = x->kept[(size_t)l * E + e];
-        if (!n) continue;
-        k->matmul_forward_a(act_at(m, a->xh, (size_t)r0 * 2 * F), act_at(m, x->xp, (size_t)r0 * C),
-                            w->exp_fc_w + (size_t)e * 2 * F * C, NULL, n, C, 2 * F);
-        r0 += n;
-    }
-    k->swiglu_forward(a->xact, a->xh, rows, F);
-    for (int e = 0, r0 = 0; e < E; e++) {
-        int n = x->kept[(size_t)l * E + e];
-        if (!n) continue;
-        k->matmul_forward(a->yp + (size_t)r0 * C, act_at(m, a->xact, (size_t)r0 * F), w->exp_proj_w + (size_t)e * C * F,
-                          NULL, n, F, C);
-        r0 += n;
+    if (x->ep > 1) {
+        ep_counts(m, l);
+        ep_exchange(m, l, x->xp, a->xr, (size_t)m->act_bytes, 0);
+        experts_forward(m, l, a->xr, x->ybuf);
+        ep_exchange(m, l, x->ybuf, a->yp, sizeof(float), 1);
+    } else {
+        experts_forward(m, l, x->xp, a->yp);
     }
     /* the shared experts, then the routed ones' weighted sum */
     if (x->Fs) {
@@ -227,23 +342,20 @@ void moe_backward(Model *m, int l, float *dln, const float *dout, const float *l
     ModelMoE *x = &m->moe;
     const LayerActs *a = &m->la[l];
     const LayerPtrs *w = &m->p.layers[l], *g = &m->g.layers[l];
-    int C = m->cfg.n_embd, E = x->E, K = x->k, F = x->F, rows = 0;
-    for (int e = 0; e < E; e++) rows += x->kept[(size_t)l * E + e];
-    if (rc & RC_MLP_ACT) k->swiglu_forward(a->xact, a->xh, rows, F);
-    /* the weighted sum's backward: d(expert outputs), d(weights) */
+    int C = m->cfg.n_embd, E = x->E, K = x->k;
+    /* the weighted sum's backward: d(expert outputs), d(weights); then the
+     * experts' (expert parallelism: the gradients of the rows sent out go
+     * to the members that computed them and back) */
     k->moe_combine_backward(x->dyp, x->dwts, dout, a->yp, a->wts, a->slot, N, K, C);
-    /* each expert's products: d(gate|up) into dh, d(its input rows) into dxp */
-    k->moe_permute(x->xp, ln, a->src, rows, C);
-    for (int e = 0, r0 = 0; e < E; e++) {
-        int n = x->kept[(size_t)l * E + e];
-        if (!n) continue;
-        float *dh = act_at(m, x->dh, (size_t)r0 * 2 * F);
-        k->matmul_swiglu_backward(dh, g->exp_proj_w + (size_t)e * C * F, NULL, x->dyp + (size_t)r0 * C, NULL,
-                                  act_at(m, a->xact, (size_t)r0 * F), w->exp_proj_w + (size_t)e * C * F,
-                                  act_at(m, a->xh, (size_t)r0 * 2 * F), n, F, C);
-        k->matmul_backward_a(x->dxp + (size_t)r0 * C, g->exp_fc_w + (size_t)e * 2 * F * C, NULL, dh,
-                             act_at(m, x->xp, (size_t)r0 * C), w->exp_fc_w + (size_t)e * 2 * F * C, n, C, 2 * F);
-        r0 += n;
+    if (x->ep > 1) {
+        ep_exchange(m, l, x->dyp, x->ybuf, sizeof(float), 0);
+        experts_backward(m, l, a->xr, x->ybuf, x->dxr, rc);
+        ep_exchange(m, l, x->dxr, x->dxp, sizeof(float), 1);
+    } else {
+        int rows = 0;
+        for (int e = 0; e < E; e++) rows += x->kept[(size_t)l * E + e];
+        k->moe_permute(x->xp, ln, a->src, rows, C); /* the experts' input rows again */
+        experts_backward(m, l, x->xp, x->dyp, x->dxp, rc);
     }
     /* the router, with the balance losses: d(probs) = aux_scale coef / n_layers
      * E f_e / tokens for every token; the z-loss's per-token coefficient */

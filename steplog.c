@@ -136,11 +136,14 @@ void log_step(Trainer *t, const StepStats *s) {
     if ((s->step + 1) % c->log_every == 0 || s->step + 1 == c->steps || s->skipped) {
         char comm[160] = ""; /* a world of one does not communicate */
         if (t->dist.world > 1) {
-            const double kind[5] = {s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp + s->comm_tp_ag + s->comm_tp_rs, s->comm_cp};
-            const char *name[5] = {"ag", "rs", "ar", "tp", "cp"};
-            int n = snprintf(comm, sizeof comm, " | comm %.2f MB (", (kind[0] + kind[1] + kind[2] + kind[3] + kind[4]) / 1e6);
+            const double kind[6] = {s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp + s->comm_tp_ag + s->comm_tp_rs, s->comm_cp,
+                                    s->comm_ep};
+            const char *name[6] = {"ag", "rs", "ar", "tp", "cp", "a2a"};
+            double all = 0;
+            for (int i = 0; i < 6; i++) all += kind[i];
+            int n = snprintf(comm, sizeof comm, " | comm %.2f MB (", all / 1e6);
             const char *sep = "";
-            for (int i = 0; i < 5; i++)
+            for (int i = 0; i < 6; i++)
                 if (kind[i] > 0) {
                     n += snprintf(comm + n, sizeof comm - (size_t)n, "%s%s %.2f", sep, name[i], kind[i] / 1e6);
                     sep = " ";
@@ -225,6 +228,7 @@ void log_step(Trainer *t, const StepStats *s) {
                "\"tp_allgather\":%.0f,\"tp_reduce_scatter\":%.0f",
             s->comm_ag, s->comm_rs, s->comm_ar, s->comm_tp, s->comm_tp_ag, s->comm_tp_rs);
     if (t->dist.cp > 1) buf_add(&line, ",\"cp_sendrecv\":%.0f", s->comm_cp);
+    if (t->dist.ep > 1) buf_add(&line, ",\"a2a\":%.0f", s->comm_ep);
     buf_add(&line, "}}\n");
     metrics_line(t, line.s);
     free(line.s);

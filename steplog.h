@@ -16,6 +16,7 @@ typedef struct StepStats {
     double comm_ag, comm_rs, comm_ar, comm_tp; /* bus bytes of this step per collective kind */
     double comm_tp_ag, comm_tp_rs;             /* ... and sequence parallelism's (the step line's tp counts all three) */
     double comm_cp;                            /* context parallelism's ring: bytes sent */
+    double comm_ep;                            /* expert parallelism's all-to-all: bytes sent to the other members */
     /* mixture of experts (moe.on): the balance losses' values (unscaled, each
      * the mean over MoE layers and micro-batches), the expert load (max over
      * mean tokens an expert) per layer and its mean, the choices dropped */
