@@ -329,6 +329,25 @@ static void a2a(Dist *d, int tp, int cp, int ep) {
     CHECK(d->bytes_ep == (double)sent, "ep %d: device bytes_ep %g, expected %zu", ep, d->bytes_ep, sent);
     CHECK(dist_health_check(d, 4096, 0) == 1 && timed[DIST_GROUP_EP] == (ep > 1), "health check timed the expert group %d times",
           timed[DIST_GROUP_EP]);
+    /* LLMTRAIN_COMM_TRACE: one line an all-to-all over more than one
+     * member, N the bytes sent to the others (membership, 4 rounds, device) */
+    const char *tr = getenv("LLMTRAIN_COMM_TRACE");
+    if (tr && *tr && ep > 1) {
+        char path[600], line[128], want_line[128];
+        snprintf(path, sizeof path, "%s.%d", tr, d->rank);
+        FILE *f = fopen(path, "r");
+        size_t bytes[6] = {(size_t)(ep - 1) * sizeof(int), 0, 0, 0, 0, sent};
+        for (int r = 0; r < 4; r++)
+            for (int j = 0; j < ep; j++) bytes[1 + r] += j == gr ? 0 : a2a_count(d->rank, j, r);
+        int n = 0, same = f != NULL;
+        while (f && fgets(line, sizeof line, f)) {
+            snprintf(want_line, sizeof want_line, "step 0 phase setup start alltoallv ep %zu h-1\n", n < 6 ? bytes[n] : 0);
+            same &= n < 6 && strcmp(line, want_line) == 0;
+            n++;
+        }
+        if (f) fclose(f);
+        CHECK(same && n == 6, "comm trace %s: %d lines, not the 6 all-to-alls' (bytes sent %zu, ...)", path, n, bytes[0]);
+    }
 }
 
 int main(int argc, char **argv) {

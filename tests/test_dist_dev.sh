@@ -23,11 +23,12 @@ done
 # one tp_rank): its members against the layout's formula, the count
 # exchange and the all-to-all of random sizes (zeros, a rank sending
 # nothing, a round where none does; displacements with gaps) against the
-# bytes the test computes, bytes_ep, then the routing to a device; over
+# bytes the test computes, bytes_ep, then the routing to a device, and
+# under MPI each one's LLMTRAIN_COMM_TRACE line (the bytes sent); over
 # MPI and over the TCP rendezvous of a torchrun-style launch
 for layout in "2 1 1 2" "4 1 1 2" "4 1 1 4" "4 2 1 2" "4 1 2 2" "4 1 2 4" "4 1 1 1"; do
     set -- $layout
-    out=$(timeout 60 $MPIRUN "$1" tests/test_dist_dev ep "$2" "$3" "$4" 2>&1); rc=$?
+    out=$(LLMTRAIN_COMM_TRACE="$TMP/tr" timeout 60 $MPIRUN "$1" -x LLMTRAIN_COMM_TRACE tests/test_dist_dev ep "$2" "$3" "$4" 2>&1); rc=$?
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' <<<"$out")
     if [ $rc -eq 0 ] && grep -q '^launch: MPI$' <<<"$out" && grep -q ' passed, 0 failed$' <<<"$line"; then
         ok "MPI $1 ranks, tp $2 x cp $3, ep $4: all-to-all: $line"
