@@ -128,7 +128,8 @@ void dist_finalize(Dist *d);
  * naming it. float32 and bf16 collectives take backend memory (device
  * memory under an attached DistDevComm); float64, byte, gather and
  * broadcast collectives take host memory, but the context group's byte
- * all-gather (backend memory). A group of one member copies (or does
+ * all-gather and the expert group's all-to-all (backend memory; its count
+ * exchange, host memory). A group of one member copies (or does
  * nothing in place).
  *
  * dist_allreduce, in place over group g:
