@@ -569,7 +569,7 @@ expect_fail "ep 4 with tp 2 on 4 ranks" "job.json: parallel.expert 4 does not di
     $BIN check "$TMP/job.json" --world 4 --set parallel.tensor=2 --set model.n_kv_head=2 --set parallel.expert=4
 expect_fail "ep 2 on one rank" "parallel.expert 2 does not divide the 1 data-parallel x context rank (world 1" $BIN check "$TMP/job.json" --world 1 --set parallel.expert=2
 expect_fail "ep 0" "job.json: parallel.expert: expected a value in [1, 1024], got 0" $BIN check "$TMP/job.json" --world 2 --set parallel.expert=0
-if $BIN check "$TMP/job.json" --world 8 --set parallel.tensor=2 --set model.n_kv_head=2 --set parallel.context=2 --set parallel.expert=4 >"$TMP/out" 2>&1 &&
+if $BIN check "$TMP/job.json" --world 8 --set parallel.tensor=2 --set model.n_kv_head=2 --set parallel.context=2 --set parallel.expert=4 --set model.moe_experts=4 >"$TMP/out" 2>&1 &&
    grep -q "^parallel: tensor 2 x context 2 .* x data-parallel 2 | .* | expert groups of 4 (innermost of dp x cp)$" "$TMP/out"; then
     ok "check: ep 4 with tp 2 x cp 2 on 8 ranks is valid (4 data-parallel x context ranks), its parallel line says so"
 else bad "check: ep 4 with tp 2 x cp 2 on 8 ranks: $(grep llmtrain: "$TMP/out" | head -2)"; fi
