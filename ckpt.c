@@ -377,7 +377,13 @@ char *ckpt_manifest_text(const Model *m, const CkptLayout *L, const uint64_t *by
     buf_add(&b, "\"state\": {\"nonfinite_total\": %d, \"norm_n\": %d, \"spike_len\": %d, \"spikes\": %d, \"norm_hist\": [",
             st->nonfinite_total, st->norm_n, st->spike_len, st->spikes);
     for (int i = 0; i < CKPT_SPIKE_WINDOW; i++) buf_add(&b, "%s%.17g", i ? ", " : "", st->norm_hist[i]);
-    buf_add(&b, "]},\n\"layout\": {\"world\": %d, \"tp\": %d, \"shard\": %d, \"replicate\": %d},\n", L->world, L->tp, L->shard,
+    buf_add(&b, "]");
+    if (st->moe_bias_n > 0) { /* aux-loss-free balancing's biases, exact (9 digits read back as the float) */
+        buf_add(&b, ", \"moe_bias\": [");
+        for (int i = 0; i < st->moe_bias_n; i++) buf_add(&b, "%s%.9g", i ? ", " : "", (double)st->moe_bias[i]);
+        buf_add(&b, "]");
+    }
+    buf_add(&b, "},\n\"layout\": {\"world\": %d, \"tp\": %d, \"shard\": %d, \"replicate\": %d},\n", L->world, L->tp, L->shard,
             L->replicate);
     /* file index of each rank that wrote something */
     int *file_of = malloc_check((size_t)L->world * sizeof(int));
@@ -733,6 +739,7 @@ struct CkptManifest {
     char *config;
     char *origin; /* NULL: none (a run before origin records) */
     char *schedule; /* NULL: written before manifests recorded it */
+    float *moe_bias; /* state.moe_bias (NULL: none), which st's view points at */
     MFile *files;
     int n_files;
     MTensor *tensors;
@@ -747,6 +754,7 @@ void ckpt_manifest_close(CkptManifest *mf) {
     free(mf->config);
     free(mf->origin);
     free(mf->schedule);
+    free(mf->moe_bias);
     free(mf);
 }
 
@@ -851,6 +859,19 @@ CkptManifest *ckpt_manifest_open(const char *dir, char *why, size_t n) {
         cJSON_GetArraySize(hist) != CKPT_SPIKE_WINDOW)
         BAD("%s: key state: expected nonfinite_total, norm_n, spike_len, spikes and %d norm_hist values", path, CKPT_SPIKE_WINDOW);
     for (int i = 0; i < CKPT_SPIKE_WINDOW; i++) mf->st.norm_hist[i] = cJSON_GetArrayItem(hist, i)->valuedouble;
+    const cJSON *bias = cJSON_GetObjectItemCaseSensitive(st, "moe_bias");
+    if (bias) { /* aux-loss-free balancing's biases (a manifest before them, or without them: none) */
+        int nb = cJSON_IsArray(bias) ? cJSON_GetArraySize(bias) : -1;
+        if (nb < 1) BAD("%s: key state.moe_bias: expected an array of numbers", path);
+        mf->moe_bias = malloc_check((size_t)nb * sizeof(float));
+        for (int i = 0; i < nb; i++) {
+            const cJSON *v = cJSON_GetArrayItem(bias, i);
+            if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) BAD("%s: key state.moe_bias[%d]: expected a finite number", path, i);
+            mf->moe_bias[i] = (float)v->valuedouble;
+        }
+        mf->st.moe_bias = mf->moe_bias;
+        mf->st.moe_bias_n = nb;
+    }
     const cJSON *lay = cJSON_GetObjectItemCaseSensitive(root, "layout");
     CkptLayout *L = &mf->layout;
     if (!get_int(lay, "world", 1, &L->world) || !get_int(lay, "tp", 1, &L->tp) || !get_int(lay, "shard", 1, &L->shard) ||

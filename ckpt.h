@@ -34,6 +34,11 @@ typedef struct TrainState {
     int norm_n;                 /* norms seen (window holds min(norm_n, WINDOW)) */
     int spike_len;              /* steps the current spike has lasted (0: none) */
     int spikes;                 /* spikes that have ended */
+    /* aux-loss-free balancing's biases (moe.c), n_layer x moe_experts of
+     * them (0: none saved): a view, of the checkpoint in flight's copy
+     * (ckpt_run.c) or of a read manifest's */
+    const float *moe_bias;
+    int moe_bias_n;
 } TrainState;
 
 /* The parallel layout a checkpoint was written with. World = tp x shard x

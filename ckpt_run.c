@@ -16,6 +16,7 @@
 #define _GNU_SOURCE
 #endif
 #include "ckpt_run.h"
+#include "moe.h"
 #include "util.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +38,22 @@ static void ck_range(const CkptRun *r, int c, size_t *lo, size_t *hi) {
     ckpt_owned_range(r->model, c, r->dist->shard_size, r->dist->shard_index, r->dist->replicate_size, r->dist->shard_group, lo, hi);
 }
 
+
+/* The checkpoint in flight's state: st, with its own copy of the n MoE
+ * biases (NULL: none), which outlives the model's next update and st's
+ * manifest. */
+static void ck_snap(CkptRun *r, const TrainState *st, const float *bias, int n) {
+    r->state = *st;
+    r->state.moe_bias = NULL;
+    r->state.moe_bias_n = 0;
+    if (n <= 0) return;
+    float *copy = malloc_check((size_t)n * sizeof(float));
+    memcpy(copy, bias, (size_t)n * sizeof(float));
+    free(r->moe_bias);
+    r->moe_bias = copy;
+    r->state.moe_bias = copy;
+    r->state.moe_bias_n = n;
+}
 /* die()'s clean-up: a rank that fails mid-run (a bad token in a shard,
  * say) removes the step folder its checkpoint in flight was writing, so
  * that nothing half-written outlives the run (the next start would remove
@@ -86,6 +103,8 @@ void ckpt_run_free(CkptRun *r) {
     free(r->manifest);
     free(r->bytes);
     free(r->sums);
+    free(r->moe_bias);
+    r->moe_bias = NULL;
     r->w = NULL;
     r->manifest = NULL;
     r->bytes = r->sums = NULL;
@@ -343,7 +362,8 @@ double ckpt_begin(CkptRun *r, const TrainState *st) {
             r->k->to_host(stage + pos, shard_state_ptr(r->sh, k, c, lo), (hi - lo) * sizeof(float));
             pos += hi - lo;
         }
-    r->state = *st;
+    ck_snap(r, st, r->model->moe.bias_rate > 0 ? r->model->moe.bias : NULL,
+            r->model->moe.bias_rate > 0 ? r->model->cfg.n_layer * r->model->moe.E : 0);
     r->phase = CK_LOCAL;
     r->direct = 0;
     r->room_tried = 0;
@@ -396,7 +416,7 @@ static void ck_recopy(CkptRun *r, const TrainState *st, const CkptManifest *mf, 
     free(r->manifest);
     r->manifest = text;
     for (int i = 0; i < d->world; i++) ckpt_manifest_rank_file(mf, i, &r->bytes[i], &r->sums[i]);
-    r->state = *st;
+    ck_snap(r, st, st->moe_bias, st->moe_bias_n);
     r->state.step = S;
     r->direct = 0;
     r->recopy = 1;
@@ -609,7 +629,10 @@ int ckpt_resume(CkptRun *r, TrainState *out) {
     free(vv);
     const TrainState *st = ckpt_manifest_state(mf);
     CkptLayout L = ckpt_manifest_layout(mf);
+    moe_bias_install(m, st->moe_bias, st->moe_bias_n, path);
     *out = *st;
+    out->moe_bias = NULL; /* the manifest's, closed below; the model holds them now */
+    out->moe_bias_n = 0;
     r->done_step = st->step;
     if (is_root(r)) {
         printf("resume: %s at step %d (written by %d rank%s: tp %d x shard %d x replicate %d; now %d: tp %d x shard %d x replicate %d)\n",

@@ -34,6 +34,7 @@ typedef struct CkptRun {
     int direct;                /* the local write failed: writing straight to durable_dir */
     int room_tried;            /* this phase of the checkpoint found its disk full once (ck_make_room) */
     TrainState state;          /* state of the checkpoint in flight */
+    float *moe_bias;           /* its copy of the MoE biases, which state.moe_bias views (ck_snap) */
     char root[1024];           /* where the phase in flight writes */
     char *manifest;            /* kept for the durable copy's commit */
     uint64_t *bytes, *sums;    /* [world]: each rank file's size and checksum in manifest */

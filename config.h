@@ -98,6 +98,7 @@ typedef struct Config {
     float moe_aux_loss_coef;  /* train.moe_aux_loss_coef (-1: the imported config's, else 0.01; config_moe_aux_coef) */
     float moe_z_loss_coef;    /* train.moe_z_loss_coef */
     float moe_capacity_factor; /* train.moe_capacity_factor (0: dropless) */
+    float moe_bias_rate;      /* train.moe_bias_update_rate: aux-loss-free balancing (0: off) */
     char attention_kernel[8]; /* auto|cudnn|flash|gemm: the CUDA backend's attention */
     /* optim */
     float lr, min_lr;

@@ -458,15 +458,19 @@ static void dump_logits(Trainer *t, double loss) {
 /* The step's MoE statistics over every rank: a micro-batch's balance
  * losses and loads are held alike by its tp and cp ranks (counted as
  * often in the forwards), its choices counted by each of its tp ranks
- * (which all route every row). */
+ * (which all route every row). Under aux-loss-free balancing the step's
+ * per-expert counts follow, for moe_bias_update (their sign is what
+ * counts: the tp copies do not change it). */
 static void moe_step_stats(Trainer *t, StepStats *s) {
     const ModelMoE *x = &t->model.moe;
     int L = t->model.cfg.n_layer;
+    size_t nc = x->bias_rate > 0 ? (size_t)L * x->E : 0, n = 5 + (size_t)L + nc;
     double *v = t->moe_red;
-    if (!v) v = t->moe_red = malloc_check((5 + (size_t)L) * sizeof(double));
+    if (!v) v = t->moe_red = malloc_check(n * sizeof(double));
     v[0] = x->aux_sum; v[1] = x->z_sum; v[2] = (double)x->forwards; v[3] = (double)x->dropped; v[4] = (double)x->routed;
     for (int l = 0; l < L; l++) v[5 + l] = x->load[l];
-    dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, v, 5 + (size_t)L);
+    if (nc) memcpy(v + 5 + L, x->step_counts, nc * sizeof(double));
+    dist_allreduce(&t->dist, DIST_GROUP_WORLD, DIST_F64, DIST_SUM, v, n);
     double f = v[2] > 0 ? v[2] : 1.0;
     s->moe_aux = v[0] / f;
     s->moe_z = v[1] / f;
@@ -584,6 +588,7 @@ static StepStats train_step(Trainer *t, int step) {
         }
         dist_phase(&t->dist, step + 1, "optimizer");
         shard_adamw_step(&t->sh, (float)s.lr, scale, step, c->log_param_norm ? &psq : NULL);
+        if (m->moe.bias_rate > 0) moe_bias_update(m, t->moe_red + 5 + m->cfg.n_layer); /* moe_step_stats' counts */
         have_psq = c->log_param_norm;
     }
     shard_refresh_working(&t->sh, step + 1);
@@ -946,6 +951,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
     t->model.comm = (ModelComm){&t->dist, tp_allreduce_cb, tp_allgather_cb, tp_reduce_scatter_cb, NULL, NULL, NULL, cp_shift_cb,
                                 cp_wait_cb, cp_allgather_cb, cp_reduce_scatter_cb, cp_allreduce_max_cb, mb_allreduce_cb, ep_alltoallv_cb, ep_counts_cb};
     moe_set_losses(&t->model, c->moe_capacity_factor, config_moe_aux_coef(c), c->moe_z_loss_coef);
+    moe_set_bias_rate(&t->model, c->moe_bias_rate);
     if (t->init.kind) init_from_load(&t->init, &t->model, &t->dist);
     else model_init_random(&t->model, c->init_std, c->seed);
     init_origin(c, &t->init); /* the ids and tokenizer files the checkpoints carry for export */

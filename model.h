@@ -243,6 +243,9 @@ typedef struct ModelMoE {
     /* set by the caller (moe_set_losses; model_build_tp: 0, 0, 0 and 1) */
     float capacity_factor, aux_coef, z_coef;
     float aux_scale;          /* this micro-batch's balance losses' weight in the step's loss */
+    float bias_rate;          /* aux-loss-free balancing (0: off): moe_bias_update after each step */
+    float *bias, *bias_dev;   /* [n_layer][E] host and backend: the biases the top-k choice adds (zeros at first) */
+    double *step_counts;      /* [n_layer][E] host: choices routed to each expert by the training forwards since moe_stats_reset */
     int recomputing;          /* set inside a backward's recompute: no statistics, same routing */
     int *counts;              /* [n_layer][E] host: choices routed to each expert by the layer's last forward */
     int *kept;                /* [n_layer][E] host: rows each expert computed (counts within the capacity) */

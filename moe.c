@@ -73,6 +73,9 @@ void moe_alloc(Model *m, int N) {
     x->psum_host = calloc_check(E, sizeof(float));
     x->load = calloc_check(L, sizeof(double));
     x->f = calloc_check(L * E, sizeof(double));
+    x->bias = calloc_check(L * E, sizeof(float));
+    x->step_counts = calloc_check(L * E, sizeof(double));
+    x->bias_dev = m->k->alloc(L * E * sizeof(float)); /* zero-filled */
     if (x->ep > 1) {
         x->rc = calloc_check(L * E, sizeof(int)); /* ep x El = E a layer */
         x->a2a = calloc_check(4 * (size_t)x->ep, sizeof(size_t));
@@ -82,7 +85,11 @@ void moe_alloc(Model *m, int N) {
 void moe_free(Model *m) {
     ModelMoE *x = &m->moe;
     free(x->counts); free(x->kept); free(x->idx_host); free(x->src_host); free(x->slot_host);
-    free(x->stats); free(x->psum_host); free(x->load); free(x->f); free(x->rc); free(x->a2a);
+    free(x->stats); free(x->psum_host); free(x->load); free(x->f); free(x->rc); free(x->a2a); free(x->bias);
+    free(x->step_counts);
+    if (x->bias_dev) m->k->free(x->bias_dev);
+    x->bias = x->bias_dev = NULL;
+    x->step_counts = NULL;
     x->f = NULL;
     x->rc = NULL;
     x->a2a = NULL;
@@ -98,8 +105,36 @@ void moe_set_losses(Model *m, float capacity_factor, float aux_coef, float z_coe
     m->moe.z_coef = z_coef;
 }
 
+void moe_set_bias_rate(Model *m, float rate) { m->moe.bias_rate = rate; }
+
+void moe_bias_update(Model *m, const double *counts) {
+    ModelMoE *x = &m->moe;
+    if (!x->on || x->bias_rate <= 0) return;
+    int E = x->E;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        if (!moe_layer(&m->cfg, l)) continue;
+        const double *c = counts + (size_t)l * E;
+        double mean = 0;
+        for (int e = 0; e < E; e++) mean += c[e] / E;
+        for (int e = 0; e < E; e++)
+            x->bias[(size_t)l * E + e] += c[e] < mean ? x->bias_rate : c[e] > mean ? -x->bias_rate : 0.0f;
+    }
+    m->k->from_host(x->bias_dev, x->bias, (size_t)m->cfg.n_layer * E * sizeof(float));
+}
+
+void moe_bias_install(Model *m, const float *bias, int n, const char *from) {
+    ModelMoE *x = &m->moe;
+    if (!x->on || n == 0) return;
+    size_t want = (size_t)m->cfg.n_layer * x->E;
+    if ((size_t)n != want)
+        die(EXIT_USAGE, "%s: moe_bias has %d values, expected %zu (n_layer %d x moe_experts %d)", from, n, want, m->cfg.n_layer, x->E);
+    memcpy(x->bias, bias, want * sizeof(float));
+    m->k->from_host(x->bias_dev, x->bias, want * sizeof(float));
+}
+
 void moe_stats_reset(Model *m) {
     ModelMoE *x = &m->moe;
+    if (x->step_counts) memset(x->step_counts, 0, (size_t)m->cfg.n_layer * x->E * sizeof(double));
     x->aux_sum = x->z_sum = 0.0;
     x->forwards = x->dropped = x->routed = 0;
     if (x->load) memset(x->load, 0, (size_t)m->cfg.n_layer * sizeof(double));
@@ -290,7 +325,8 @@ void moe_forward(Model *m, int l, float *out, const float *res, const float *ln,
     if (!k->moe_route) die(EXIT_USAGE, "model.moe_experts: the %s backend has no mixture-of-experts kernels yet", k->name);
     /* the router: fp32 logits, softmax, top-k */
     k->matmul_forward(x->logits, ln, w->router_w, NULL, N, C, E);
-    k->moe_route(a->probs, a->mlse, a->idx, a->wts, x->logits, NULL, N, E, K, x->norm_topk);
+    k->moe_route(a->probs, a->mlse, a->idx, a->wts, x->logits, x->bias_rate > 0 ? x->bias_dev + (size_t)l * E : NULL, N, E, K,
+                 x->norm_topk);
     k->to_host(x->idx_host, a->idx, (size_t)N * K * sizeof(int));
     int rows = route_host(m, l, N);
     k->from_host(a->slot, x->slot_host, (size_t)N * K * sizeof(int));
@@ -298,6 +334,7 @@ void moe_forward(Model *m, int l, float *out, const float *res, const float *ln,
     if (!x->recomputing && !m->forward_only) {
         layer_stats(m, l, a->probs, N);
         if (l == x->first) x->forwards++;
+        for (int e = 0; e < E; e++) x->step_counts[(size_t)l * E + e] += x->counts[(size_t)l * E + e];
         double tokens = mb_tokens(m, N), lse2 = k->sumsq(a->mlse, (size_t)N);
         if (m->cp.size > 1 && m->comm.mb_allreduce) m->comm.mb_allreduce(m->comm.ctx, &lse2, 1);
         x->aux_sum += aux_value(m, tokens) / x->n_layers;

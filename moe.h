@@ -29,6 +29,15 @@ void moe_forward(Model *m, int l, float *out, const float *res, const float *ln,
  * m->moe.aux_scale) enter through the router. rc: RC_MLP_ACT to
  * recompute the experts' activation first. */
 void moe_backward(Model *m, int l, float *dln, const float *dout, const float *ln, int N, int rc);
+/* Aux-loss-free balancing: rate (0: off) of moe_bias_update. */
+void moe_set_bias_rate(Model *m, float rate);
+/* After a step: each MoE layer's bias b_e += rate * sign(mean_e' c_e' -
+ * c_e), counts[l][e] (c) the step's choices over every rank (the sum of
+ * m->moe.step_counts over them). */
+void moe_bias_update(Model *m, const double *counts);
+/* Install biases read from a checkpoint (n floats: n_layer x E, or 0: none
+ * saved, zeros); exit 2 when n is another model's. */
+void moe_bias_install(Model *m, const float *bias, int n, const char *from);
 /* Clear the statistics the training forwards gather. */
 void moe_stats_reset(Model *m);
 /* Active parameters a token's products use (the router, k experts and

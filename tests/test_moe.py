@@ -116,6 +116,8 @@ class MoERef:
         self.norm_topk, self.shared, self.cap, self.fe, self.ffn = norm_topk, shared, cap, fe, ffn
         self.dropped = self.routed = 0
         self.nl = n_layer
+        self.bias = [torch.zeros(E, dtype=torch.float64) for _ in range(n_layer)]  # aux-loss-free balancing
+        self.counts = [torch.zeros(E, dtype=torch.float64) for _ in range(n_layer)]  # the step's choices
 
     def parameters(self):
         return list(self.p.values())
@@ -141,7 +143,9 @@ class MoERef:
                    for e in range(E)]
         logits = x @ wg.t()
         probs = torch.softmax(logits, dim=-1)
-        topv, topi = probs.topk(K, dim=-1)
+        topi = (probs.detach() + self.bias[i]).topk(K, dim=-1).indices  # the bias only chooses
+        topv = probs.gather(1, topi)
+        self.counts[i] += torch.bincount(topi.reshape(-1), minlength=E).to(torch.float64)
         w = topv / topv.sum(-1, keepdim=True) if self.norm_topk else topv
         # capacity: each expert takes its choices in token order while it has room
         keep = torch.ones(N, K, dtype=torch.bool)
@@ -233,7 +237,7 @@ def step_grads(model, x, y, aux=AUX, zc=ZC):
     return lm, a_sum, z_sum
 
 
-def ref_train(model, tokens, steps, aux=AUX, zc=ZC):
+def ref_train(model, tokens, steps, aux=AUX, zc=ZC, rate=0.0):
     params = model.parameters()
     groups = R.param_groups(model, WD)
     opt = torch.optim.AdamW(groups, lr=LR, betas=(B1, B2), eps=EPS, weight_decay=WD)
@@ -243,11 +247,15 @@ def ref_train(model, tokens, steps, aux=AUX, zc=ZC):
         x, y = R.global_batch(tokens, s, GB, T)
         for p in params:
             p.grad = None
+        model.counts = [torch.zeros(E, dtype=torch.float64) for _ in range(model.nl)]
         lm, a, z = step_grads(model, x, y, aux, zc)
         norm = torch.nn.utils.clip_grad_norm_(params, CLIP).item()
         for g in opt.param_groups:
             g["lr"] = lrs[s]
         opt.step()
+        for i in range(model.nl):  # b_e += rate sign(mean load - load_e)
+            c = model.counts[i]
+            model.bias[i] = model.bias[i] + rate * torch.sign(c.mean() - c)
         recs.append({"loss": lm, "aux": a, "z": z, "norm": norm})
     return recs
 
@@ -396,6 +404,32 @@ def main():
     for j in range(GB // MB):
         cnt.forward(x0[j * MB:(j + 1) * MB])
     check(abs(dropped[0] - cnt.dropped) < 0.5, f"step 1 drops {dropped[0]:.0f}, the reference's {cnt.dropped}")
+
+    # ---- aux-loss-free balancing: the bias chooses, moved by the step's loads; saved and resumed ----
+    rate = 0.05
+    rc, _ = run(binary, work, "bias", job(work, "bias", STEPS, init={"from": hf},
+                                          train={"moe_bias_update_rate": rate, "moe_aux_loss_coef": 0}))
+    mb = metrics(work, "bias")
+    bref = MoERef(cfg, ten32, "mixtral", lambda i: True)
+    brecs = ref_train(bref, tokens, STEPS, aux=0.0, rate=rate)
+    el = max(abs(m["loss"] - r["loss"]) / r["loss"] for m, r in zip(mb, brecs))
+    check(rc == 0 and el < 1e-4, f"bias balancing (rate {rate}): {STEPS} steps' losses the reference's (worst rel {el:.2e})")
+    plain = ref_train(MoERef(cfg, ten32, "mixtral", lambda i: True), tokens, STEPS, aux=0.0)
+    moved = max(abs(a["loss"] - b["loss"]) for a, b in zip(brecs[1:], plain[1:]))
+    check(moved > 1e-4, f"the bias changes the routing of the later steps (losses move by {moved:.2e})")
+    with open(os.path.join(work, "bias", "ckpt", "step_%08d" % STEPS, "manifest.json")) as f:
+        saved = json.load(f)["state"]["moe_bias"]
+    want = torch.cat(bref.bias).tolist()
+    eb = max(abs(a - b) for a, b in zip(saved, want)) if len(saved) == len(want) else float("inf")
+    check(eb < 1e-6 and max(abs(v) for v in want) > 0, f"the checkpoint's moe_bias is the reference's biases ({len(saved)} values, worst {eb:.1e})")
+    j3 = job(work, "bias3", 3, init={"from": hf}, train={"moe_bias_update_rate": rate, "moe_aux_loss_coef": 0}, dump=False)
+    j3["checkpoint"]["every_steps"] = 3
+    rc3, _ = run(binary, work, "bias3", j3)
+    j5 = dict(j3, train=dict(j3["train"], steps=STEPS))
+    rc5, _ = run(binary, work, "bias3", j5)
+    m3 = metrics(work, "bias3")
+    same = len(m3) == STEPS and all(a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] for a, b in zip(m3, mb))
+    check(rc3 == 0 and rc5 == 0 and same, "bias balancing resumed at step 3: steps 4-5 bit for bit the straight run's")
 
     # ---- a Qwen3-MoE-like native model: dense layer, no renormalisation, shared experts ----
     L3 = 3
