@@ -481,10 +481,15 @@ float config_moe_aux_coef(const Config *c) {
 /* The mixture-of-experts keys' rules (model_config_finish). */
 static void moe_config_finish(ModelConfig *m, const char *where) {
     if (m->moe_experts == 0) {
-        static const char *const keys[] = {"moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers"};
-        int set[] = {m->moe_shared_experts != 0, m->moe_ffn_hidden != 0, m->moe_dense_layers[0] != 0};
-        for (int i = 0; i < 3; i++)
-            if (set[i]) die(EXIT_USAGE, "%s: model.%s is set but model.moe_experts is 0 (a dense model; set moe_experts)", where, keys[i]);
+        static const char *const keys[] = {"moe_shared_experts", "moe_ffn_hidden"};
+        int set[] = {m->moe_shared_experts, m->moe_ffn_hidden};
+        for (int i = 0; i < 2; i++)
+            if (set[i])
+                die(EXIT_USAGE, "%s: model.%s %d is set but model.moe_experts is 0 (it applies only to a mixture of experts; "
+                    "expected it unset, or model.moe_experts >= 2)", where, keys[i], set[i]);
+        if (m->moe_dense_layers[0])
+            die(EXIT_USAGE, "%s: model.moe_dense_layers \"%s\" is set but model.moe_experts is 0 (it applies only to a mixture of "
+                "experts; expected it unset, or model.moe_experts >= 2)", where, m->moe_dense_layers);
         return;
     }
     if (m->arch != ARCH_LLAMA)
@@ -879,10 +884,34 @@ char *config_canonical(const Config *cfg) {
     return b.s;
 }
 
+/* The mixture-of-experts keys besides model.moe_experts itself. */
+static int moe_only_key(const char *path) {
+    return (strncmp(path, "model.moe_", 10) == 0 && strcmp(path, "model.moe_experts") != 0) || strncmp(path, "train.moe_", 10) == 0;
+}
+
 int config_key_applies(const Config *cfg, const char *path) {
     if (strcmp(path, "train.recompute_modules") == 0) return cfg->act_ckpt == ACT_SELECTIVE;
     if (strcmp(path, "train.fp8_recipe") == 0) return strcmp(cfg->compute_dtype, "fp8") == 0;
+    if (moe_only_key(path)) return cfg->model.moe_experts > 0;
     return 1;
+}
+
+void config_moe_check(const Config *cfg) {
+    if (cfg->model.moe_experts == 0) {
+        cJSON *root = cJSON_Parse(cfg->json_text);
+        for (int i = 0; root && i < NKEYS; i++) {
+            const cJSON *v = moe_only_key(KEYS[i].path) ? lookup(root, KEYS[i].path) : NULL;
+            if (!v) continue;
+            char *text = cJSON_PrintUnformatted(v);
+            die(EXIT_USAGE, "%s: %s %s is set but model.moe_experts is 0%s (it applies only to a mixture of experts; expected "
+                "it unset, or model.moe_experts >= 2)", cfg->path, KEYS[i].path, text, cfg->init_from[0] ? " in init.from's model" : "");
+        }
+        cJSON_Delete(root);
+        return;
+    }
+    if (strcmp(cfg->compute_dtype, "fp8") == 0)
+        die(EXIT_USAGE, "%s: train.compute_dtype \"fp8\" with model.moe_experts %d: FP8 products inside the experts are not "
+            "built yet (expected bf16, tf32 or fp32)", cfg->path, cfg->model.moe_experts);
 }
 
 /* Whether the job gave optim.decay_steps a value of its own (not 0). */

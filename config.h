@@ -186,6 +186,10 @@ void config_take_model(Config *cfg, const ModelConfig *hf, const char *src);
 /* Put the resolved model section into json_text (checkpoints rebuild the
  * model from it, without the job file or init.from). */
 void config_freeze_model(Config *cfg);
+/* The mixture-of-experts rules that need the model init.from gave (before
+ * config_freeze_model): a train.moe_* or model.moe_* key set for a dense
+ * model, FP8 with experts: exit 2 with one line. */
+void config_moe_check(const Config *cfg);
 /* The first model key on which a and b differ ("model.n_layer 4 vs 2" into
  * out); returns 0 when they describe the same model. */
 int config_model_diff(const ModelConfig *a, const ModelConfig *b, char *out, size_t n);

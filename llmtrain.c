@@ -880,6 +880,7 @@ static void load_job(Trainer *t, int argc, char **argv, int *world, const char *
     config_load(c, job, n_set, sets);
     free(sets);
     init_from_model(c, &t->init, t->dist.rank); /* a Hugging Face folder or a checkpoint: its model section */
+    config_moe_check(c);
     config_freeze_model(c);
     if (c->eod_token >= c->model.vocab_size)
         die(EXIT_USAGE, "%s: data.eod_token %d is not a token of the model (expected below model.vocab_size %d)", c->path,

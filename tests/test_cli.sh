@@ -558,6 +558,27 @@ while IFS= read -r row; do grep -qxF -- "$row" docs/config.md || stale="$stale $
 if [ -z "$stale" ]; then ok "docs/config.md's key table rows are the rows of llmtrain keys, word for word"
 else bad "docs/config.md's key table differs from llmtrain keys (regenerate it) at:$stale"; fi
 
+# bad mixture-of-experts jobs: one line naming the key, the value and what
+# was expected (job.json: a 1-layer Llama; the cases set 2 layers)
+moe() { $BIN check "$TMP/job.json" --set model.n_layer=2 "$@"; }
+expect_fail "moe_experts with gpt2" 'model.moe_experts 4: mixture of experts needs model.arch "llama" (SwiGLU experts), not "gpt2"' moe --set model.arch=gpt2 --set model.n_kv_head=2 --set model.moe_experts=4
+expect_fail "moe_top_k over moe_experts" "model.moe_top_k 5 exceeds model.moe_experts 4" moe --set model.moe_experts=4 --set model.moe_top_k=5
+expect_fail "moe_top_k 0" "model.moe_top_k: expected a value in [1, 65536], got 0" moe --set model.moe_experts=4 --set model.moe_top_k=0
+expect_fail "moe_experts 1" "model.moe_experts 1: a mixture needs at least 2 experts (0 = dense)" moe --set model.moe_experts=1 --set model.moe_top_k=1
+expect_fail "moe_dense_layers out of range" 'model.moe_dense_layers "0,2": at character 3: expected layer indices below n_layer 2, as "0,1"' moe --set model.moe_experts=4 --set model.moe_dense_layers=0,2
+expect_fail "moe_dense_layers malformed" 'model.moe_dense_layers "0;1": at character 2: expected layer indices below n_layer 2' moe --set model.moe_experts=4 --set 'model.moe_dense_layers=0;1'
+expect_fail "moe_dense_layers not a string" "model.moe_dense_layers: expected a string, got 1" moe --set model.moe_experts=4 --set model.moe_dense_layers=1
+expect_fail "no MoE layer left (dense_layers)" 'model.moe_experts 4 but no layer is MoE (moe_layer_freq 1, moe_dense_layers "0,1" over 2 layers)' moe --set model.moe_experts=4 --set model.moe_dense_layers=0,1
+expect_fail "no MoE layer left (layer_freq)" 'model.moe_experts 4 but no layer is MoE (moe_layer_freq 3, moe_dense_layers "" over 2 layers)' moe --set model.moe_experts=4 --set model.moe_layer_freq=3
+for k in model.moe_ffn_hidden=8 model.moe_shared_experts=1 model.moe_dense_layers=0, model.moe_top_k=2 model.moe_norm_topk=false \
+         model.moe_layer_freq=2 train.moe_aux_loss_coef=0.01 train.moe_z_loss_coef=0.001 train.moe_capacity_factor=1.25; do
+    v=${k#*=}; [ "${k%%=*}" = model.moe_dense_layers ] && v='"0,"'
+    expect_fail "${k%%=*} with moe_experts 0" "${k%%=*} $v is set but model.moe_experts is 0 (it applies only to a mixture of experts; expected it unset, or model.moe_experts >= 2)" moe --set "$k"
+done
+expect_fail "fp8 with MoE" 'train.compute_dtype "fp8" with model.moe_experts 4: FP8 products inside the experts are not built yet (expected bf16, tf32 or fp32)' moe --set model.moe_experts=4 --set train.compute_dtype=fp8
+expect_fail "fp8 with MoE, training" 'train.compute_dtype "fp8" with model.moe_experts 4' $BIN "$TMP/job.json" --set model.moe_experts=4 --set train.compute_dtype=fp8 --set log.dir="$TMP/fp8moe"
+expect_fail "negative capacity factor" "train.moe_capacity_factor: expected a value in [0, 1e+06], got -1" moe --set model.moe_experts=4 --set train.moe_capacity_factor=-1
+
 # one rank is "1 rank", in check's verdict and in a layout's refusal
 if $BIN check "$TMP/job.json" --world 1 2>&1 | grep -q ": valid for 1 rank$"; then ok "check --world 1 says 'valid for 1 rank'"
 else bad "check --world 1: $($BIN check "$TMP/job.json" --world 1 2>&1 | grep valid)"; fi
@@ -589,6 +610,7 @@ roundtrip "selective recompute" --set train.activation_checkpointing=selective -
 roundtrip "FP8 rowwise" --set train.compute_dtype=fp8 --set train.fp8_recipe=rowwise
 roundtrip "wsd" --set optim.lr_decay_style=wsd --set optim.wsd_decay_steps=1 --set optim.warmup_steps=0
 roundtrip "a decay of its own" --set optim.decay_steps=40
+roundtrip "mixture of experts" --set model.n_layer=2 --set model.moe_experts=4 --set 'model.moe_dense_layers="0"' --set train.moe_capacity_factor=1.5
 $BIN check "$TMP/job.json" --print-config --set train.steps=3 --set=optim.lr=0.002 >"$TMP/pc.json" 2>&1
 $BIN keys | sed -n 's/^| `\([^`]*\)`.*/\1/p' >"$TMP/keys.txt"
 if "$PY" - "$TMP/pc.json" "$TMP/keys.txt" <<'PYEOF'
@@ -599,12 +621,13 @@ def flat(o, pre=""):
         if isinstance(v, dict): yield from flat(v, pre + k + ".")
         else: yield pre + k, v
 got = dict(flat(d))
-want = [k for k in open(sys.argv[2]).read().split() if k not in ("train.recompute_modules", "train.fp8_recipe")]
+moe_only = lambda k: (k.startswith("model.moe_") and k != "model.moe_experts") or k.startswith("train.moe_")
+want = [k for k in open(sys.argv[2]).read().split() if k not in ("train.recompute_modules", "train.fp8_recipe") and not moe_only(k)]
 assert list(got) == want, set(want) ^ set(got)
 assert got["train.steps"] == 3 and abs(got["optim.lr"] - 0.002) < 1e-9 and got["model.n_layer"] == 1, got
 assert got["model.ffn_hidden"] > 0 and got["optim.decay_steps"] == 0  # resolved; decay_steps as the job gave it
 PYEOF
-then ok "check --print-config: every key in the key table's order less the two that do not apply, --set values in"
+then ok "check --print-config: every key in the key table's order less those that do not apply (a dense model: the MoE keys), --set values in"
 else bad "check --print-config's keys or values: $(head -c 300 "$TMP/pc.json")"; fi
 rm -rf "$TMP/pcrun"
 $BIN "$TMP/job.json" --set log.dir="$TMP/pcrun" --set checkpoint.dir="$TMP/pcrun/ck" --set train.steps=3 >/dev/null 2>&1
