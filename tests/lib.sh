@@ -52,6 +52,17 @@ refused() {
     else bad "$what: rc $rc, expected 2 and llmtrain: $pat: $(grep llmtrain: "$TMP/refused.out" | head -2)"; fi
 }
 
+# layout_run NAME JOB NP [--set ...]: one run of $TMP/JOB.json on NP ranks
+# into $TMP/NAME (metrics.jsonl, the checkpoint in NAME/ckpt, its export in
+# NAME/hf), its output in $TMP/NAME.out; a run that fails says so
+layout_run() {
+    local name=$1 job=$2 np=$3; shift 3
+    local cmd="$BIN"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
+    $cmd "$TMP/$job.json" --set log.dir="$TMP/$name" --set checkpoint.dir="$TMP/$name/ckpt" "$@" </dev/null >"$TMP/$name.out" 2>&1 ||
+        echo "(run $name exited non-zero: $(grep llmtrain: "$TMP/$name.out" | head -1))"
+    $BIN export "$TMP/$name/ckpt" "$TMP/$name/hf" >/dev/null 2>&1
+}
+
 # tiny_job ARCH PATH DATA [EXTRA]: the small test model (2 layers, 32 wide,
 # 4 heads, Llama with 2 KV heads; vocab 96, 16 tokens), 10 steps of 8
 # sequences in micro-batches of 2 on DATA (also the validation set);

@@ -43,14 +43,8 @@ job() {
 EOF
 }
 
-# train NAME ARCH NP [--set ...]: one run into $TMP/NAME (metrics, checkpoint, export)
-train() {
-    local name=$1 arch=$2 np=$3; shift 3
-    local cmd="$BIN"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
-    $cmd "$TMP/$arch.json" --set log.dir="$TMP/$name" --set checkpoint.dir="$TMP/$name/ckpt" "$@" </dev/null >"$TMP/$name.out" 2>&1 ||
-        echo "(run $name exited non-zero: $(grep llmtrain: "$TMP/$name.out" | head -1))"
-    $BIN export "$TMP/$name/ckpt" "$TMP/$name/hf" >/dev/null 2>&1
-}
+# train NAME ARCH NP [--set ...]: lib.sh's layout_run of $TMP/ARCH.json
+train() { layout_run "$@"; }
 
 # same REF NAME WHAT [compare_runs options]: NAME's losses, norms, val
 # losses and weights are REF's (both exports there: compare_runs.py skips
