@@ -732,6 +732,18 @@ static void print_model_batch(const Trainer *t) {
     printf("model %s: %d layers, %d embd, %d heads (%d kv), ffn %d, vocab %d, %.2fM parameters%s%s\n",
            mc->arch == ARCH_GPT2 ? "gpt2" : "llama", mc->n_layer, mc->n_embd, mc->n_head, mc->n_kv_head,
            mc->ffn_hidden, mc->vocab_size, n / 1e6, mc->tie_embeddings ? " (tied embeddings)" : "", rope);
+    if (mc->moe_experts > 0) { /* active: all but the experts a token does not choose */
+        int nm = moe_layer_count(mc);
+        double idle = (double)nm * (mc->moe_experts - mc->moe_top_k) * 3.0 * mc->moe_ffn_hidden * mc->n_embd;
+        char total[32], active[32], shared[64] = "";
+        fmt_count(total, sizeof total, n);
+        fmt_count(active, sizeof active, n - idle);
+        if (mc->moe_shared_experts)
+            snprintf(shared, sizeof shared, ", %d shared expert%s", mc->moe_shared_experts, mc->moe_shared_experts > 1 ? "s" : "");
+        printf("moe: %d experts, top-%d%s, expert width %d%s, %d of %d layers MoE | parameters %s total, %s active a token "
+               "(every rank holds every expert: no expert parallelism)\n", mc->moe_experts, mc->moe_top_k,
+               mc->moe_norm_topk ? " renormalised" : "", mc->moe_ffn_hidden, shared, nm, mc->n_layer, total, active);
+    }
     printf("batch: %d seqs x %d tokens = %lld tokens/step; micro %d x accum %d x dp %d | world %d", c->global_batch, c->seq_len,
            (long long)c->global_batch * c->seq_len, c->micro_batch, t->accum, dist_seq_dp(&t->dist), t->dist.world);
     if (c->cp > 1) printf(" | context parallel %d: %d tokens of each sequence a rank", c->cp, c->seq_len / c->cp);

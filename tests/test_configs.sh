@@ -217,5 +217,74 @@ else
     bad "tp 3 on 2 ranks: $out"
 fi
 
+# mixture of experts: check's moe line, its numbers computed here from the shapes
+moe_line() { # moe_line CONFIG WORLD: check's moe line against the counts computed from the config
+    /usr/bin/python3 - "$1" "$($BIN check "$1" --world "$2" 2>&1 | grep '^moe: ')" <<'PYEOF'
+import json, sys
+m = json.load(open(sys.argv[1]))["model"]; line = sys.argv[2]
+C, L, V, E, k, F = m["n_embd"], m["n_layer"], m["vocab_size"], m["moe_experts"], m["moe_top_k"], m["moe_ffn_hidden"]
+hd = C // m["n_head"]
+layer = 2 * C + (m["n_head"] + 2 * m["n_kv_head"]) * hd * C + m["n_head"] * hd * C + E * C + E * 3 * F * C
+total = 2 * V * C + C + L * layer
+active = total - L * (E - k) * 3 * F * C
+fmt = lambda x: next(f"{x / s:.4g}{u}" for s, u in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"), (1, "")) if x >= s)
+want = (f"moe: {E} experts, top-{k} renormalised, expert width {F}, {L} of {L} layers MoE | parameters {fmt(total)} total, "
+        f"{fmt(active)} active a token (every rank holds every expert: no expert parallelism)")
+print(line if line == want else f"got '{line}', want '{want}'")
+sys.exit(line != want)
+PYEOF
+}
+for cw in "configs/mixtral_8x7b.json 64" "configs/qwen3_30b_a3b.json 32"; do
+    # shellcheck disable=SC2086
+    if out=$(moe_line $cw); then ok "$out"; else bad "${cw% *}: $out"; fi
+done
+if ! $BIN check configs/llama2_7b.json --world 1024 2>&1 | grep -q "^moe:"; then ok "a dense model has no moe line"
+else bad "a dense model printed a moe line"; fi
+
+# check's per-rank bytes of an MoE job against CPU runs' peak RSS. top-2
+# and top-4 of 8 experts have the same parameters, and twice the MoE
+# activations and scratch (the permuted rows, the experts' SwiGLU, their
+# gradients): the peaks must differ by what the estimates differ by, within
+# 5%. 16 experts instead of 8: params, grads and both Adam moments grow by
+# exactly 4 x 4 bytes x the added experts' weights (and router rows). And no
+# run peaks below its estimate plus a start-up's RSS (a 16-wide job).
+/usr/bin/python3 - "$TMP/moe.bin" <<'PYEOF'
+import sys, numpy as np
+h = np.zeros(256, np.int32); h[:3] = (20240520, 1, 40000)
+open(sys.argv[1], "wb").write(h.tobytes() + np.random.default_rng(3).integers(0, 1024, 40000).astype(np.uint16).tobytes())
+PYEOF
+moe_job() { # moe_job NAME WIDTH EXPERTS TOP_K: a CPU job of 4 MoE layers (experts 512 wide; 16-wide: 8) on $TMP/moe.bin, one step
+    cat >"$TMP/$1.json" <<JOB
+{"model": {"arch": "llama", "n_layer": 4, "n_embd": $2, "n_head": 4, "n_kv_head": 2, "vocab_size": 1024, "max_seq_len": 256,
+           "moe_experts": $3, "moe_top_k": $4, "moe_ffn_hidden": $(($2 * 2))},
+ "data": {"train": "$TMP/moe.bin"},
+ "train": {"steps": 1, "seq_len": $([ "$2" -gt 16 ] && echo 256 || echo 16), "micro_batch": 8, "global_batch": 8, "device": "cpu"},
+ "optim": {"warmup_steps": 0}, "eval": {"sample_tokens": 0}, "parallel": {"health_check": false}}
+JOB
+}
+rss() { /usr/bin/python3 -c 'import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True); sys.exit(r.returncode) if r.returncode else print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)' "$@"; }
+moe_job base 16 8 2; moe_job k2 256 8 2; moe_job k4 256 8 4; moe_job e16 256 16 2
+for n in base k2 k4 e16; do
+    $BIN check "$TMP/$n.json" | grep -o "^per rank (estimate): .*activations_bytes [0-9]*" >"$TMP/$n.est"
+    [ $n = e16 ] || OMP_NUM_THREADS=1 rss $BIN "$TMP/$n.json" --set log.dir="$TMP/$n" --set checkpoint.dir="$TMP/$n/ck" >"$TMP/$n.rss"
+done
+if out=$(/usr/bin/python3 - "$TMP" <<'PYEOF'
+import re, sys
+d = sys.argv[1]
+est = {n: [int(x) for x in re.findall(r"_bytes (\d+)", open(f"{d}/{n}.est").read())] for n in ("k2", "k4", "e16")}
+peak = {n: int(open(f"{d}/{n}.rss").read() or 0) for n in ("base", "k2", "k4")}
+M = 2**20
+d_est, d_peak = sum(est["k4"]) - sum(est["k2"]), peak["k4"] - peak["k2"]
+C, F, L = 256, 512, 4
+d_state = sum(est["e16"][:4]) - sum(est["k2"][:4])
+want_state = 4 * 4 * L * 8 * (3 * F * C + C)
+low = all(sum(est[n]) <= peak[n] - peak["base"] for n in ("k2", "k4"))
+print(f"top-4 over top-2: estimate +{d_est / M:.1f} MiB, peak RSS +{d_peak / M:.1f} MiB; 16 experts over 8: state "
+      f"+{d_state / M:.1f} MiB (want {want_state / M:.1f}); top-2 estimate {sum(est['k2']) / M:.1f} MiB, peak "
+      f"{(peak['k2'] - peak['base']) / M:.1f} over a start-up's {peak['base'] / M:.1f}")
+sys.exit(0 if d_est > 100 * M and abs(d_peak - d_est) <= 0.05 * d_est and d_state == want_state and low else 1)
+PYEOF
+); then ok "MoE check estimate against CPU runs: $out"; else bad "MoE check estimate against CPU runs: $out"; fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
