@@ -128,8 +128,8 @@ layout_run ckpt-sel mix2 1 --set train.activation_checkpointing=selective --set 
 same one ckpt-sel "selective checkpointing mlp_act,norm (1 rank)" --exact
 layout_run one4 mix4 1
 layout_run offload4 mix4 1 --set train.activation_offload=true
-if grep -q "offload" "$TMP/offload4.out"; then same one4 offload4 "activation offload, 4 layers (1 rank)" --exact
-else bad "activation offload: no offload in the run's report"; fi
+if grep -q "rank 0: .* offload_host_bytes [1-9]" "$TMP/offload4.out"; then same one4 offload4 "activation offload, 4 layers (1 rank)" --exact
+else bad "activation offload: no offload_host_bytes in the run's layout lines"; fi
 
 # bf16 working weights: FULL_SHARD 2 against its own one-process run
 # (test_bf16.sh's tolerance for a bf16 layout change)
