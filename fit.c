@@ -129,7 +129,7 @@ int fit_estimate(Config *c, int world, Sharding *sh, Dist *d, Model *m, double b
      * machine's devices (a GPU job checks on a laptop), and nothing is allocated */
     int act_bytes = strcmp(c->device, "cpu") != 0 && layout_cuda_bf16(c) ? 2 : 4; /* the [a] activations on CUDA */
     model_plan_tp(m, &c->model, c->micro_batch, c->seq_len / c->cp, sh->S, d->tp, 0,
-                  (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes, c->seq_parallel, c->recompute_modules, c->ep, 0});
+                  (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, act_bytes, c->seq_parallel, c->recompute_modules, c->ep, 0, c->moe_capacity_factor});
     layout_rank_bytes(sh, NULL, b);
     *scratch = strcmp(c->device, "cpu") != 0 ? layout_cuda_scratch_bytes(sh) : 0;
     return accum;

@@ -735,14 +735,15 @@ static void print_model_batch(const Trainer *t) {
     if (mc->moe_experts > 0) { /* active: all but the experts a token does not choose */
         int nm = moe_layer_count(mc);
         double idle = (double)nm * (mc->moe_experts - mc->moe_top_k) * 3.0 * mc->moe_ffn_hidden * mc->n_embd;
-        char total[32], active[32], shared[64] = "";
+        char total[32], active[32], shared[64] = "", ep[64] = "";
+        if (c->ep > 1) snprintf(ep, sizeof ep, "; ep %d computes %d a rank", c->ep, mc->moe_experts / c->ep);
         fmt_count(total, sizeof total, n);
         fmt_count(active, sizeof active, n - idle);
         if (mc->moe_shared_experts)
             snprintf(shared, sizeof shared, ", %d shared expert%s", mc->moe_shared_experts, mc->moe_shared_experts > 1 ? "s" : "");
         printf("moe: %d experts, top-%d%s, expert width %d%s, %d of %d layers MoE | parameters %s total, %s active a token "
-               "(every rank holds every expert: no expert parallelism)\n", mc->moe_experts, mc->moe_top_k,
-               mc->moe_norm_topk ? " renormalised" : "", mc->moe_ffn_hidden, shared, nm, mc->n_layer, total, active);
+               "(every rank holds every expert%s)\n", mc->moe_experts, mc->moe_top_k,
+               mc->moe_norm_topk ? " renormalised" : "", mc->moe_ffn_hidden, shared, nm, mc->n_layer, total, active, ep);
     }
     printf("batch: %d seqs x %d tokens = %lld tokens/step; micro %d x accum %d x dp %d | world %d", c->global_batch, c->seq_len,
            (long long)c->global_batch * c->seq_len, c->micro_batch, t->accum, dist_seq_dp(&t->dist), t->dist.world);
@@ -950,7 +951,7 @@ static void setup(Trainer *t, int *argc, char ***argv) {
     if (backend_is_cuda(t) && t->dist.world > 1) dist_nccl_attach(&t->dist); /* device collectives through NCCL */
 #endif
     model_build_tp(&t->model, &c->model, t->k, c->micro_batch, c->seq_len / c->cp, t->sh.S, !t->sh.sharded, t->dist.tp,
-                   t->dist.tp_rank, (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules, c->ep, t->dist.ep_rank});
+                   t->dist.tp_rank, (ModelMem){c->act_ckpt, c->lm_head_chunk, c->act_offload, 0, c->seq_parallel, c->recompute_modules, c->ep, t->dist.ep_rank, c->moe_capacity_factor});
     cp_setup(&t->model, c->cp, t->dist.cp_rank, c->cp_mode);
     model_fp8(&t->model, config_fp8_recipe(c)); /* train.compute_dtype fp8 */
     t->model.block_causal = c->attention_mask == ATT_MASK_BLOCK_CAUSAL;

@@ -427,7 +427,7 @@ void model_build(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int 
 }
 
 void model_build_ex(Model *m, const ModelConfig *cfg, const Kernels *k, int B, int T, int pad_multiple, int alloc_moments) {
-    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0, 0, 0});
+    model_build_tp(m, cfg, k, B, T, pad_multiple, alloc_moments, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0, 0, 0, 0});
 }
 
 void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, int tp_rank) {
@@ -470,7 +470,7 @@ void model_plan_tp(Model *m, const ModelConfig *cfg, int B, int T, int pad_multi
     m->T = T;
     m->tp.sp = mem.seq_parallel && tp > 1;
     m->tp.S = m->tp.sp ? (B * T + tp - 1) / tp : B * T;
-    moe_set_ep(m, mem.ep > 0 ? mem.ep : 1, mem.ep_rank, B * T);
+    moe_set_ep(m, mem.ep > 0 ? mem.ep : 1, mem.ep_rank, B * T, mem.capacity);
     m->la = calloc_check((size_t)cfg->n_layer, sizeof(LayerActs));
     m->acts_floats = carve_acts(m, NULL);
     m->offload.layer_floats = layer_kept_floats(m);

@@ -167,6 +167,7 @@ typedef struct ModelMem {
     int seq_parallel; /* parallel.sequence_parallel (with tp > 1): see Model.tp.sp */
     int recompute; /* ACT_SELECTIVE: RC_ATTENTION | RC_NORM | RC_MLP_ACT (0: RC_ATTENTION) */
     int ep, ep_rank; /* parallel.expert (0: 1) and this rank's place in its expert group (Model.moe) */
+    float capacity;  /* train.moe_capacity_factor: the experts' rows are sized by it (0: dropless) */
 } ModelMem;
 
 /* Activation offload: device buffers for this many layers (slots); layer l
@@ -230,8 +231,9 @@ typedef struct ModelMoE {
     int n_layers, first;      /* MoE layers, and the first */
     /* expert parallelism (parallel.expert): the expert group's ep ranks each
      * compute El = E / ep experts, [ep_rank El, +El), on the rows the group's
-     * members send them (ModelComm.ep_alltoallv); R = ep N k rows at most
-     * (every member's every choice: the dropless bound), else N k. Every rank
+     * members send them (ModelComm.ep_alltoallv); R rows at most: ep N k
+     * (every member's every choice: the dropless bound), or under a capacity
+     * c the E ceil(c N k / E) its experts can take, if fewer. Every rank
      * still holds every expert's weights (their gradients are reduced as
      * their layer's) */
     int ep, ep_rank, El;

@@ -49,7 +49,7 @@ void moe_plan(Model *m) {
     while (!moe_layer(c, x->first)) x->first++;
 }
 
-void moe_set_ep(Model *m, int ep, int ep_rank, int N) {
+void moe_set_ep(Model *m, int ep, int ep_rank, int N, float capacity) {
     ModelMoE *x = &m->moe;
     if (!x->on) return;
     if (ep < 1 || x->E % ep || ep_rank < 0 || ep_rank >= ep)
@@ -58,6 +58,10 @@ void moe_set_ep(Model *m, int ep, int ep_rank, int N) {
     x->ep_rank = ep_rank;
     x->El = x->E / ep;
     x->R = (size_t)ep * N * x->k; /* every member's every choice to this rank's experts: the dropless bound */
+    if (capacity > 0) { /* ... or what the capacity lets this rank's experts take from the ep members */
+        size_t cap = (size_t)ceil((double)capacity * N * x->k / x->E), most = (size_t)x->E * cap;
+        if (most < x->R) x->R = most;
+    }
 }
 
 void moe_alloc(Model *m, int N) {

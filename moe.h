@@ -13,7 +13,7 @@ void moe_plan(Model *m);
 /* Expert parallelism: this rank computes experts [ep_rank E/ep, +E/ep)
  * of its expert group's ep ranks (1: all), for micro-batches of N rows
  * (model_plan_tp, before the activations are carved: it sets their rows). */
-void moe_set_ep(Model *m, int ep, int ep_rank, int N);
+void moe_set_ep(Model *m, int ep, int ep_rank, int N, float capacity);
 /* Host state for micro-batch rows N (model_build_tp), and its release. */
 void moe_alloc(Model *m, int N);
 void moe_free(Model *m);

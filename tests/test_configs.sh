@@ -221,7 +221,8 @@ fi
 moe_line() { # moe_line CONFIG WORLD: check's moe line against the counts computed from the config
     /usr/bin/python3 - "$1" "$($BIN check "$1" --world "$2" 2>&1 | grep '^moe: ')" <<'PYEOF'
 import json, sys
-m = json.load(open(sys.argv[1]))["model"]; line = sys.argv[2]
+j = json.load(open(sys.argv[1])); m = j["model"]; line = sys.argv[2]
+ep = j.get("parallel", {}).get("expert", 1)
 C, L, V, E, k, F = m["n_embd"], m["n_layer"], m["vocab_size"], m["moe_experts"], m["moe_top_k"], m["moe_ffn_hidden"]
 hd = C // m["n_head"]
 layer = 2 * C + (m["n_head"] + 2 * m["n_kv_head"]) * hd * C + m["n_head"] * hd * C + E * C + E * 3 * F * C
@@ -229,7 +230,7 @@ total = 2 * V * C + C + L * layer
 active = total - L * (E - k) * 3 * F * C
 fmt = lambda x: next(f"{x / s:.4g}{u}" for s, u in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"), (1, "")) if x >= s)
 want = (f"moe: {E} experts, top-{k} renormalised, expert width {F}, {L} of {L} layers MoE | parameters {fmt(total)} total, "
-        f"{fmt(active)} active a token (every rank holds every expert: no expert parallelism)")
+        f"{fmt(active)} active a token (every rank holds every expert" + (f"; ep {ep} computes {E // ep} a rank)" if ep > 1 else ")"))
 print(line if line == want else f"got '{line}', want '{want}'")
 sys.exit(line != want)
 PYEOF

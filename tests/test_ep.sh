@@ -159,9 +159,9 @@ refused "parallel.expert 4 not dividing 6 experts" ".*parallel.expert 4 does not
     $MPIRUN 4 $BIN "$TMP/ep.json" --set parallel.expert=4 --set init.from= --set model.arch=llama --set model.n_layer=1 \
     --set model.n_embd=32 --set model.n_head=4 --set model.vocab_size=96 --set model.max_seq_len=16 --set model.moe_experts=6 \
     --set log.dir=$TMP/bad
-refused "parallel.expert on a dense model" ".*parallel.expert 2: the model has no experts" $MPIRUN 2 $BIN "$TMP/ep.json" \
-    --set parallel.expert=2 --set init.from= --set model.arch=llama --set model.n_layer=1 --set model.n_embd=32 \
-    --set model.n_head=4 --set model.vocab_size=96 --set model.max_seq_len=16 --set log.dir=$TMP/bad
+ckpt_job "$TMP/dense.json" "$TMP/train.bin" 2 0
+refused "parallel.expert on a dense model" ".*parallel.expert 2: the model has no experts" $MPIRUN 2 $BIN "$TMP/dense.json" \
+    --set parallel.expert=2 --set log.dir=$TMP/bad
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

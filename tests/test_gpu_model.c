@@ -106,7 +106,7 @@ void test_model_weight_copies(void) {
     for (int i = 0; i < N; i++) { tok[i] = (int)(rnd_u32() % 96); tgt[i] = (int)(rnd_u32() % 96); }
     for (int ck = 0; ck < 2; ck++) {
         Model m;
-        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ck ? ACT_FULL : ACT_NONE, 0, 0, 0, 0, 0, 0, 0});
+        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ck ? ACT_FULL : ACT_NONE, 0, 0, 0, 0, 0, 0, 0, 0});
         model_init_random(&m, 0.02f, 7);
         long h0, m0, h1, m1, h2, m2, h3, m3;
         size_t b0, b1, b2;
@@ -322,7 +322,7 @@ void test_model_fresh_grads(void) {
         for (int j = 0; j < 2; j++)
             for (int i = 0; i < N; i++) { tok[j][i] = (int)(rnd_u32() % 96); tgt[j][i] = (int)(rnd_u32() % 96); }
         Model m;
-        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0, 0, 0});
+        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0, 0, 0, 0});
         model_init_random(&m, 0.02f, 7);
         float *h[2];
         long w[3];
@@ -373,7 +373,7 @@ void test_model_dres_copy(void) {
         int tok[32], tgt[32];
         for (int i = 0; i < N; i++) { tok[i] = (int)(rnd_u32() % 96); tgt[i] = (int)(rnd_u32() % 96); }
         Model m;
-        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0, 0, 0});
+        model_build_tp(&m, &c, KG, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, 0, 0, 0, 0, 0, 0, 0, 0});
         model_init_random(&m, 0.02f, 7);
         float *copy = m.dres_a, *h[2];
         long conv[2], fused[2];
@@ -423,7 +423,7 @@ void test_model_recompute(void) {
         float *h[2], loss[2];
         for (int r = 0; r < 2; r++) {
             model_build_tp(&m[r], &c, KG, B, T, 1, 1, 1, 0,
-                           (ModelMem){r ? ACT_SELECTIVE : ACT_NONE, 0, 0, 0, 0, RC_ATTENTION | RC_NORM | RC_MLP_ACT, 0, 0});
+                           (ModelMem){r ? ACT_SELECTIVE : ACT_NONE, 0, 0, 0, 0, RC_ATTENTION | RC_NORM | RC_MLP_ACT, 0, 0, 0});
             if (!r) m[r].recompute = RC_MLP_ACT; /* nothing dropped (carved above): only the forward's GELU kernel */
             model_init_random(&m[r], 0.02f, 7);
             KG->zero(m[r].grads, m[r].n_params * sizeof(float));

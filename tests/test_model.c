@@ -79,8 +79,8 @@ static void test_sp_acts(void) {
         ModelConfig c = cfg_vocab(llama, 0, 64);
         const long N = 64, S = 32, C = c.n_embd, L = c.n_layer, stats = llama ? 1 : 2;
         Model tp, sp;
-        model_plan_tp(&tp, &c, 2, 32, 1, 2, 1, (ModelMem){ACT_NONE, 0, 0, 4, 0, 0, 0, 0});
-        model_plan_tp(&sp, &c, 2, 32, 1, 2, 1, (ModelMem){ACT_NONE, 0, 0, 4, 1, 0, 0, 0});
+        model_plan_tp(&tp, &c, 2, 32, 1, 2, 1, (ModelMem){ACT_NONE, 0, 0, 4, 0, 0, 0, 0, 0});
+        model_plan_tp(&sp, &c, 2, 32, 1, 2, 1, (ModelMem){ACT_NONE, 0, 0, 4, 1, 0, 0, 0, 0});
         long saved = L * (N - S) * (4 * C + 2 * stats) + 2 * (N - S) * C + (N - S) * stats;
         long added = 2 * N * C + 2 * S * C + 2 * C;
         long got = (long)tp.acts_floats - (long)sp.acts_floats;
@@ -105,7 +105,7 @@ typedef struct {
 static Pass train_pass(const char *name, const ModelConfig *c, const Kernels *k, int head_rows, const int *tok,
                        const int *tgt, int B, int T) {
     Model m;
-    model_build_tp(&m, c, k, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, head_rows, 0, 0, 0, 0, 0, 0});
+    model_build_tp(&m, c, k, B, T, 1, 1, 1, 0, (ModelMem){ACT_NONE, head_rows, 0, 0, 0, 0, 0, 0, 0});
     model_init_random(&m, 0.02f, 11);
     head_w = m.p.lm_head;
     Pass p = {0};
