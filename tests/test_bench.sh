@@ -1,5 +1,6 @@
 #!/bin/bash
-# make bench still runs: the multi-rank table (three of its rows, 2 steps)
+# make bench still runs: bench/torch_train.py's mixture of experts against
+# a naive sum, and the multi-rank table (three of its rows, 2 steps), which
 # parses each run's metrics.jsonl and prints tokens/s and communication
 # bytes per step: none at 1 rank, fewer for HYBRID_SHARD 2x2 than for
 # FULL_SHARD at 4 ranks; its context-parallel rows' bytes are the
@@ -29,6 +30,44 @@ if [ $rc -eq 0 ] && echo "$out" | grep -E "ranks 2 NO_SHARD cp 2 " | grep -v all
    echo "$out" | grep -E "ranks 2 NO_SHARD cp 2 all_gather" | grep -q "cp_sendrecv $want_ag MB"; then
     ok "bench multi-rank table: cp 2 rows, ring $want_ring MB and all_gather $want_ag MB a step, the analytic counts"
 else bad "bench cp rows: rc $rc, want ring $want_ring all_gather $want_ag MB: $(echo "$out" | tail -2)"; fi
+
+# bench/torch_train.py's mixture of experts (the MoE row's baseline) against
+# every token through every expert, weighted by its renormalised top-2
+# router probability (0 for the others), and the load-balancing loss
+# E sum_e f_e P_e from its own counts, on a router sharp enough to route
+# unevenly; its active matrix parameters by hand (router + 2 of 4 experts)
+t=$($PY - <<'PYEOF' 2>&1
+import sys, torch
+sys.path.insert(0, "bench")
+import torch_train as tt
+E, K, C, Fe, N = 4, 2, 16, 8, 24
+m = tt.MoELlama(1, C, 2, 1, 32, E, K, Fe, 0.01, 16, seed=3)
+p = m.params
+with torch.no_grad():
+    p["l0.router"].mul_(40)
+a = torch.randn(N, C, generator=torch.Generator().manual_seed(5))
+y, aux = m.moe(0, a)
+probs = torch.softmax(a @ p["l0.router"].t(), dim=-1)
+ref, count = torch.zeros(N, C), [0] * E
+for n in range(N):
+    top = sorted(range(E), key=lambda e: -float(probs[n, e]))[:K]
+    s = sum(float(probs[n, e]) for e in top)
+    for e in top:
+        count[e] += 1
+        gu = p[f"l0.e{e}.gate_up"]
+        h = torch.nn.functional.silu(a[n] @ gu[:Fe].t()) * (a[n] @ gu[Fe:].t())
+        ref[n] += float(probs[n, e]) / s * (h @ p[f"l0.e{e}.down"].t())
+aux_ref = E * sum(count[e] / (N * K) * float(probs[:, e].mean()) for e in range(E))
+active = (16 + 8 + 8 + 16) * C + E * C + K * 3 * Fe * C + 32 * C  # q, k, v, o; router; 2 experts; head
+err = float((y - ref).abs().max() / ref.abs().max())  # relative to the largest output
+good = err < 1e-5 and abs(float(aux) - aux_ref) < 1e-6 and max(count) > min(count) and m.active_matmul_params() == active
+print(f"{'good' if good else 'wrong'}: max relative error {err:.1e}, aux {float(aux):.6f} (by hand {aux_ref:.6f}), "
+      f"expert counts {count}, active {m.active_matmul_params():.0f} (by hand {active})")
+PYEOF
+)
+if grep -q "^good: " <<<"$t"; then
+    ok "torch_train.py's MoE layer is the naive every-expert sum: ${t#good: }"
+else bad "torch_train.py's MoE layer against the naive sum: $t"; fi
 
 # bench/ncu_table.py (BENCH_PROFILE=1 make bench-gpu) on a hand-made ncu CSV:
 # step 2 is the launches after the first run of AdamW launches up to the end
