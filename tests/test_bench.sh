@@ -1,6 +1,8 @@
 #!/bin/bash
-# make bench still runs: bench/torch_train.py's mixture of experts against
-# a naive sum, and the multi-rank table (three of its rows, 2 steps), which
+# make bench still runs: its mixture-of-experts rows (the PyTorch MoE
+# against a naive sum, the throughput row well-formed, the all-to-all bytes
+# exact where every token reaches every expert), and the multi-rank table
+# (three of its rows, 2 steps), which
 # parses each run's metrics.jsonl and prints tokens/s and communication
 # bytes per step: none at 1 rank, fewer for HYBRID_SHARD 2x2 than for
 # FULL_SHARD at 4 ranks; its context-parallel rows' bytes are the
@@ -68,6 +70,38 @@ PYEOF
 if grep -q "^good: " <<<"$t"; then
     ok "torch_train.py's MoE layer is the naive every-expert sum: ${t#good: }"
 else bad "torch_train.py's MoE layer against the naive sum: $t"; fi
+
+# make bench's MoE rows (BENCH_MOE_ONLY, 2 steps, 1 thread so that neither
+# side waits on a busy core's second thread): the throughput row's active
+# parameters and FLOPs a token as counted here by hand, its GFLOP/s its
+# tokens/s times them and its speed-up their ratio; the all-to-all rows at
+# ep 2 and 4 with top-4 of 4 experts, where every token reaches every
+# expert, equal to the uniform formula exactly
+out=$(BENCH_MOE_ONLY=1 BENCH_STEPS=2 BENCH_THREADS=1 BENCH_MOE_EP_EXPERTS=4 BENCH_MOE_EP_TOPK=4 bench/run_bench.sh 2>&1)
+rc=$?
+echo "$out" | grep -E "^mixtral|ranks"
+# 4 layers: q, o 384^2, k, v 128 x 384, router 8 x 384, 2 experts 3 x 1024 x 384; head 8192 x 384
+active=$((4 * (2 * 384 * 384 + 2 * 128 * 384 + 8 * 384 + 2 * 3 * 1024 * 384) + 8192 * 384))
+fpt=$((6 * active + 12 * 4 * 384 * 128))
+want_act=$(awk -v a=$active 'BEGIN { printf "%.1f", a / 1e6 }'); want_f=$(awk -v f=$fpt 'BEGIN { printf "%.1f", f / 1e6 }')
+row=$(echo "$out" | grep "^mixtral_small: ")
+re="^mixtral_small: 8 experts top-2, [0-9.]+M params, $want_act""M active in matrix products, $want_f MFLOP/token \| llmtrain ([0-9]+) ms/step, ([0-9]+) tokens/s, ([0-9.]+) GFLOP/s, ([0-9.]+)% of sgemm peak ([0-9.]+) GFLOP/s \| PyTorch [^ ]+ ([0-9]+) ms/step, ([0-9]+) tokens/s, ([0-9.]+) GFLOP/s, ([0-9.]+)% \| speed-up ([0-9.]+)x$"
+if [ $rc -eq 0 ] && [[ $row =~ $re ]]; then
+    r=("${BASH_REMATCH[@]}")
+    if awk -v f=$fpt -v lt="${r[2]}" -v lg="${r[3]}" -v ls="${r[4]}" -v pk="${r[5]}" -v tt="${r[7]}" -v tg="${r[8]}" -v ts="${r[9]}" -v sp="${r[10]}" '
+        function near(a, b, tol) { return a >= b * (1 - tol) - 0.05 && a <= b * (1 + tol) + 0.05 }
+        BEGIN { exit !(near(lg, f * lt / 1e9, 0.01) && near(tg, f * tt / 1e9, 0.01) && near(ls, 100 * lg / pk, 0.01) &&
+                       near(ts, 100 * tg / pk, 0.01) && near(sp, lt / tt, 0.01) && lt > 0 && tt > 0) }'; then
+        ok "bench MoE row: $want_act M active, $want_f MFLOP/token; GFLOP/s, % of peak and speed-up follow from tokens/s"
+    else bad "bench MoE row's numbers do not follow from its tokens/s: $row"; fi
+else bad "bench MoE row: rc $rc: $(echo "$out" | tail -4)"; fi
+for ep in 2 4; do
+    mbs=$((8 / (2 * ep)))
+    want=$(awk -v b=$((4 * 2 * mbs * 128 * 4 * (ep - 1) * 128 * 4 / ep)) 'BEGIN { printf "%.4f", b / 1e6 }')
+    if echo "$out" | grep -Eq "^  ranks $ep ep $ep \| a2a $want MB/step measured \(rank 0, steps 2-3\) \| $want MB uniform routing = .* ratio 1\.000 \(every token reaches every expert: exact\)$"; then
+        ok "bench MoE all-to-all row, ep $ep, top-4 of 4: $want MB a step, the formula's exactly"
+    else bad "bench MoE all-to-all row ep $ep: want $want MB: $(echo "$out" | grep "ranks $ep ep")"; fi
+done
 
 # bench/ncu_table.py (BENCH_PROFILE=1 make bench-gpu) on a hand-made ncu CSV:
 # step 2 is the launches after the first run of AdamW launches up to the end
