@@ -36,6 +36,11 @@
  * above under bf16, else fp32 tiles) and copy_2d:
  * kernels/attention_part.cuh.
  *
+ * Mixture of experts (moe.c): the router's softmax and top-k a warp a
+ * token, the rows permuted to the experts and their outputs combined back
+ * in the CPU's order, so the same bits: kernels/moe.cuh. The experts'
+ * products are the GEMMs above, one an expert.
+ *
  * Everything that needs scratch memory (cuBLASLt workspace, reduction
  * partials, attention's P and dP blocks, column-sum partials, AdamW
  * range tables, the embedding backward's sort keys) allocates at first use
@@ -73,6 +78,7 @@ extern "C" {
 #include "kernels/attention_cudnn.cuh"
 #include "kernels/attention_part.cuh"
 #include "kernels/pointwise.cuh"
+#include "kernels/moe.cuh"
 #include "kernels/loss.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/adamw.cuh"
@@ -80,16 +86,6 @@ extern "C" {
 
 // ----------------------------------------------------------------------------
 // the table, device selection, probe and peak
-
-/* The mixture-of-experts entries are not on this backend yet: moe.c
- * refuses an MoE model on it with one line (its NULL moe_route). */
-#define cu_moe_route NULL
-#define cu_moe_route_backward NULL
-#define cu_moe_colsum NULL
-#define cu_moe_permute NULL
-#define cu_moe_combine NULL
-#define cu_moe_combine_backward NULL
-#define cu_moe_unpermute_add NULL
 
 /* not const: act_bytes follows the compute dtype, set by kernels_cuda() */
 static Kernels cuda_kernels = {

@@ -284,6 +284,11 @@ long kernels_cuda_vec_norm_fwd_calls(void);
  * RoPE: head_dim a multiple of 16; every operand 16-byte aligned); the
  * rest: an element at a time */
 long kernels_cuda_vec_pointwise_calls(void);
+/* How many moe_permute, moe_combine and moe_unpermute_add calls so far
+ * moved 16 bytes a thread (permute: rows of a multiple of 16 bytes;
+ * combine, unpermute_add: C a multiple of 4; every operand 16-byte
+ * aligned); the rest: a word or an element at a time */
+long kernels_cuda_moe_vec_calls(void);
 /* The grid of the last sum / sumsq / sumsq_queue reduction: a block for
  * every 16384 elements, at most 8192 blocks (each block's work bounded, so
  * the side stream's never holds an SM long); for tests */

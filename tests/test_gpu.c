@@ -550,6 +550,7 @@ int main(int argc, char **argv) {
     test_crossentropy(45, 1037);
     test_crossentropy(45, 1040);
     test_crossentropy(300, 24384);
+    test_moe();
     test_lm_head_case(64, 128, 1000, 0, 0);
     test_lm_head_case(37, 72, 96, 0, 0);
     test_lm_head_case(64, 128, 384, 1, 0); /* the qkv projection: a bias, [a] out */

@@ -67,6 +67,8 @@ void test_rope(void);
 void test_pointwise(void);
 void test_swiglu(int N, int F);
 void test_crossentropy(int N, int V);
+/* the mixture-of-experts kernels (moe_*) */
+void test_moe(void);
 
 /* tests/test_gpu_matmul.c: the linear layers' GEMMs */
 void test_dout_a_case(int kind, int N, int C, int OC, int with_bias);

@@ -735,3 +735,181 @@ void test_crossentropy(int N, int V) {
     free(tgt);
 }
 
+
+/* ---- mixture of experts (kernels_ops.h's moe_*; kernels/moe.cuh) ----
+ * The routing's host side as moe.c's route_host does it, written again
+ * here: each expert's count, the capacity (cap choices an expert; <= 0:
+ * none) taken in token order, and the permuted layout (expert by expert,
+ * tokens in order): slot[n k + j] the row of token n's choice j (-1:
+ * dropped), src[r] the token of row r. Returns the rows; counts[E] the
+ * choices routed to each expert before the cut. */
+static int moe_layout(const int *idx, int N, int k, int E, long cap, int *slot, int *src, int *counts) {
+    int *start = calloc_check((size_t)E, sizeof(int)), *fill = calloc_check((size_t)E, sizeof(int)), rows = 0;
+    memset(counts, 0, (size_t)E * sizeof(int));
+    for (int i = 0; i < N * k; i++) counts[idx[i]]++;
+    for (int e = 0; e < E; e++) {
+        int kept = cap > 0 && counts[e] > cap ? (int)cap : counts[e];
+        start[e] = fill[e] = rows;
+        rows += kept;
+    }
+    for (int i = 0; i < N * k; i++) {
+        int e = idx[i], kept = cap > 0 && counts[e] > cap ? (int)cap : counts[e];
+        if (fill[e] - start[e] < kept) { slot[i] = fill[e]; src[fill[e]++] = i / k; }
+        else slot[i] = -1;
+    }
+    free(start);
+    free(fill);
+    return rows;
+}
+
+/* host ints equal to a device array's: one ok / FAIL line */
+static void check_ints(const char *name, const int *ref, const int *dev, size_t n) {
+    int *h = malloc_check(n * sizeof(int) + 16);
+    KG->to_host(h, dev, n * sizeof(int));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != ref[i] && !bad++) first = i;
+    printf("%s %-34s %zu of %zu differ", bad ? "FAIL" : "ok  ", name, bad, n);
+    if (bad) printf(" (first [%zu]: gpu %d cpu %d)", first, h[first], ref[first]);
+    printf("\n");
+    if (bad) fail++; else pass++;
+    free(h);
+}
+
+/* The seven moe_* kernels against the CPU's on N tokens choosing k of E
+ * experts, C channels, capacity factor cf (0: dropless), off: every
+ * operand one element off the 16-byte grid (the word / element forms;
+ * aligned with C a multiple of 4 the 16-byte forms: kernels_cuda_moe_vec_
+ * calls). The router is far from uniform (a skew across the experts, the
+ * last two far below the rest, so that they get no token when E > k + 2),
+ * rows 0 and 1 hold ties (every logit equal; two experts equal at the top)
+ * that go to the lower index. The routing, the permutation, the weighted
+ * sum and the permutation's backward are the CPU's bits (copies, and fp32
+ * products and additions in its order); the rest within TOL_F32. */
+static void test_moe_case(int N, int E, int k, int C, int off, float cf) {
+    char name[128], tag[64];
+    snprintf(tag, sizeof tag, "N%d E%d k%d C%d%s%s", N, E, k, C, off ? " unaligned" : "", cf > 0 ? " capacity" : "");
+    const size_t NE = (size_t)N * E, Nk = (size_t)N * k, NC = (size_t)N * C, RC = Nk * C;
+    float *lg = hrand(NE, 2);
+    for (int n = 0; n < N; n++)
+        for (int e = 0; e < E; e++) lg[(size_t)n * E + e] += 3.0f - 6.0f * e / E - (E > k + 2 && e >= E - 2 ? 40.0f : 0.0f);
+    for (int e = 0; e < E; e++) lg[e] = 0.5f;                  /* row 0: all equal: experts 0 .. k-1 */
+    lg[(size_t)E + 1] = lg[(size_t)E + 3] = 30.0f;             /* row 1: 1 and 3 tied at the top */
+    float *bias = hrand((size_t)E, 0.05f);
+    float *glg = dcopy_off(lg, NE, off), *gbias = dcopy_off(bias, (size_t)E, off);
+    float *probs = calloc_check(NE, sizeof(float)), *lse = calloc_check((size_t)N, sizeof(float));
+    float *wts = calloc_check(Nk, sizeof(float));
+    int *idx = calloc_check(Nk, sizeof(int));
+    float *gprobs = dcopy_off(probs, NE, off), *glse = dcopy_off(lse, (size_t)N, off), *gwts = dcopy_off(wts, Nk, off);
+    int *gidx = (int *)dcopy_off((const float *)idx, Nk, off), *idx_bias = malloc_check(Nk * sizeof(int)), moved = 0;
+    /* with a bias (it only chooses), then without, for each normalisation */
+    for (int norm = 1; norm >= 0; norm--)
+        for (int b = 1; b >= 0; b--) {
+            KC->moe_route(probs, lse, idx, wts, lg, b ? bias : NULL, N, E, k, norm);
+            KG->moe_route(gprobs, glse, gidx, gwts, glg, b ? gbias : NULL, N, E, k, norm);
+            const char *what = b ? "bias" : (norm ? "norm_topk" : "no norm");
+            snprintf(name, sizeof name, "moe_route %s idx (%s)", tag, what);
+            check_ints(name, idx, gidx, Nk);
+            if (b) { memcpy(idx_bias, idx, Nk * sizeof(int)); continue; }
+            for (size_t i = 0; norm && i < Nk; i++) moved += idx_bias[i] != idx[i];
+            snprintf(name, sizeof name, "moe_route %s probs (%s)", tag, what);
+            check(name, probs, gprobs, NE, TOL_F32);
+            snprintf(name, sizeof name, "moe_route %s lse (%s)", tag, what);
+            check(name, lse, glse, (size_t)N, TOL_F32);
+            snprintf(name, sizeof name, "moe_route %s wts (%s)", tag, what);
+            check(name, wts, gwts, Nk, TOL_F32);
+            /* the router's backward from the same forward: with the aux
+             * loss's per-expert term, then without */
+            float *dw = hrand(Nk, 1), *dprob = hrand((size_t)E, 0.1f), *dl = hrand(NE, 1);
+            float *gdw = dcopy_off(dw, Nk, off), *gdprob = dcopy_off(dprob, (size_t)E, off), *gdl = dcopy_off(dl, NE, off);
+            for (int a = 1; a >= 0; a--) {
+                KC->moe_route_backward(dl, probs, lse, idx, wts, dw, a ? dprob : NULL, 0.01f, N, E, k, norm);
+                KG->moe_route_backward(gdl, gprobs, glse, gidx, gwts, gdw, a ? gdprob : NULL, 0.01f, N, E, k, norm);
+                snprintf(name, sizeof name, "moe_route_backward %s (%s%s)", tag, what, a ? ", dprob" : "");
+                check(name, dl, gdl, NE, TOL_F32);
+            }
+            free(dw); free(dprob); free(dl);
+        }
+    /* the probabilities' column sums */
+    float *ps = hrand((size_t)E, 1), *gps = dcopy_off(ps, (size_t)E, off);
+    KC->moe_colsum(ps, probs, N, E);
+    KG->moe_colsum(gps, gprobs, N, E);
+    snprintf(name, sizeof name, "moe_colsum %s", tag);
+    check(name, ps, gps, (size_t)E, TOL_F32);
+    /* the layout from the CPU's choices (the last: norm_topk off) */
+    int *slot = malloc_check(Nk * sizeof(int)), *src = malloc_check(Nk * sizeof(int)), *cnt = malloc_check((size_t)E * sizeof(int));
+    long cap = cf > 0 ? (long)ceil((double)cf * N * k / E) : 0;
+    const int rows = moe_layout(idx, N, k, E, cap, slot, src, cnt);
+    int empty = 0;
+    for (int e = 0; e < E; e++) empty += cnt[e] == 0;
+    const int want_empty = E > k + 2, ok_in = (empty > 0) == want_empty && (cf > 0) == (rows < (int)Nk) && idx[0] == 0 &&
+                           (k < 2 || idx[1] == 1) && idx[k] == 1 && (k < 2 || idx[k + 1] == 3) && moved > 0;
+    printf("%s moe %s inputs: %d of %d experts without a token (%s wanted), %d of %zu choices dropped, ties as the "
+           "CPU breaks them (row 0: 0, 1; row 1: 1, 3), %d choices the bias moved\n", ok_in ? "ok  " : "FAIL", tag, empty, E,
+           want_empty ? "some" : "none", (int)Nk - rows, Nk, moved);
+    if (ok_in) pass++; else fail++;
+    int *gslot = (int *)dcopy_off((const float *)slot, Nk, off), *gsrc = (int *)dcopy_off((const float *)src, Nk, off);
+    const long v0 = kernels_cuda_moe_vec_calls();
+    /* the permutation: [a] rows, exact copies */
+    float *x = hrand(NC, 1), *xp = hrand(RC, 1);
+    float *gx = dcopy_act_off(x, NC, off), *gxp = dcopy_act_off(xp, RC, off);
+    act_round(x, NC);
+    act_round(xp, RC);
+    KC->moe_permute(xp, x, src, rows, C);
+    KG->moe_permute(gxp, gx, gsrc, rows, C);
+    float *hxp = act_to_host(gxp, RC);
+    snprintf(name, sizeof name, "moe_permute %s ([a] rows)", tag);
+    check_host(name, xp, hxp, RC, 0.0);
+    free(hxp);
+    /* the weighted sum: no residual, one apart, one aliased (out = res) */
+    float *yp = hrand(RC, 1), *res = hrand(NC, 1), *out = hrand(NC, 1), *out2 = hdup(res, NC);
+    float *gyp = dcopy_off(yp, RC, off), *gres = dcopy_off(res, NC, off), *gout = dcopy_off(out, NC, off);
+    float *gout2 = dcopy_off(res, NC, off);
+    for (int r = 0; r < 3; r++) {
+        float *o = r == 2 ? out2 : out, *go = r == 2 ? gout2 : gout;
+        KC->moe_combine(o, r == 0 ? NULL : r == 1 ? res : out2, yp, wts, slot, N, k, C);
+        KG->moe_combine(go, r == 0 ? NULL : r == 1 ? gres : gout2, gyp, gwts, gslot, N, k, C);
+        snprintf(name, sizeof name, "moe_combine %s (%s)", tag, r == 0 ? "no res" : r == 1 ? "res" : "out = res");
+        check_bits(name, o, go, NC);
+    }
+    /* its backward: dyp's rows past the layout's untouched */
+    float *dout = hrand(NC, 1), *dyp = hrand(RC, 1), *dwts = hrand(Nk, 1);
+    float *gdout = dcopy_off(dout, NC, off), *gdyp = dcopy_off(dyp, RC, off), *gdwts = dcopy_off(dwts, Nk, off);
+    KC->moe_combine_backward(dyp, dwts, dout, yp, wts, slot, N, k, C);
+    KG->moe_combine_backward(gdyp, gdwts, gdout, gyp, gwts, gslot, N, k, C);
+    snprintf(name, sizeof name, "moe_combine_backward %s dyp", tag);
+    check_bits(name, dyp, gdyp, RC);
+    snprintf(name, sizeof name, "moe_combine_backward %s dwts", tag);
+    check(name, dwts, gdwts, Nk, TOL_F32);
+    float *hdw = malloc_check(Nk * sizeof(float));
+    KG->to_host(hdw, gdwts, Nk * sizeof(float));
+    size_t dropped = 0, nonzero = 0;
+    for (size_t i = 0; i < Nk; i++)
+        if (slot[i] < 0) { dropped++; nonzero += hdw[i] != 0.0f; }
+    printf("%s moe_combine_backward %s: %zu of %zu dropped choices' dwts not exactly 0\n", nonzero ? "FAIL" : "ok  ", tag,
+           nonzero, dropped);
+    if (nonzero) fail++; else pass++;
+    free(hdw);
+    /* the permutation's backward, added into dx */
+    float *dx = hrand(NC, 1), *dxp = hrand(RC, 1);
+    float *gdx = dcopy_off(dx, NC, off), *gdxp = dcopy_off(dxp, RC, off);
+    KC->moe_unpermute_add(dx, dxp, slot, N, k, C);
+    KG->moe_unpermute_add(gdx, gdxp, gslot, N, k, C);
+    snprintf(name, sizeof name, "moe_unpermute_add %s", tag);
+    check_bits(name, dx, gdx, NC);
+    /* permute's rows are C x act_bytes: a multiple of 16 when C is of 8 (bf16) or 4 (fp32) */
+    const long vec = kernels_cuda_moe_vec_calls() - v0;
+    const long want = off ? 0 : (C % (act16() ? 8 : 4) == 0) + 4 * (C % 4 == 0);
+    printf("%s moe %s: %ld of 5 calls moved 16 bytes a thread (%ld wanted)\n", vec == want ? "ok  " : "FAIL", tag, vec, want);
+    if (vec == want) pass++; else fail++;
+    free(lg); free(bias); free(probs); free(lse); free(wts); free(idx); free(idx_bias); free(ps); free(slot); free(src); free(cnt);
+    free(x); free(xp); free(yp); free(res); free(out); free(out2); free(dout); free(dyp); free(dwts); free(dx); free(dxp);
+}
+
+void test_moe(void) {
+    test_moe_case(300, 8, 2, 64, 0, 0.0f);   /* dropless, Mixtral's 8 choose 2 */
+    test_moe_case(300, 8, 2, 64, 0, 1.0f);   /* capacity 1: the favoured experts drop */
+    test_moe_case(257, 8, 1, 72, 0, 1.25f);  /* k 1 (Switch) */
+    test_moe_case(77, 40, 2, 37, 1, 1.0f);   /* 40 experts: two a lane; odd C, unaligned */
+    test_moe_case(64, 4, 2, 12, 1, 0.0f);    /* every expert gets tokens */
+}
