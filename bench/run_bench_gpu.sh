@@ -41,6 +41,14 @@
 # products' and attention's TFLOP/s and share of the peak, the memory-bound
 # entries' GB/s and share of the memory bandwidth, and what the calls would
 # take at those peaks (how far faster kernels alone could go).
+# Mixture of experts, after the dense Llama cases: the Llama 3.2 1B shape
+# with every layer's MLP 8 SwiGLU experts of moe_ffn_hidden 2048, each
+# token routed to 2 (2.0 B parameters, about 0.87 B active a token: the
+# per-expert width that keeps the master weights, gradients and AdamW
+# moments of all experts within one 80 GB GPU), B=1, T=4096, selective
+# checkpointing, the first of BENCH_ATTENTION, under each BENCH_MATMUL;
+# its MFU counts the active parameters (the router, 2 experts; docs/moe.md).
+# BENCH_MOE=0 leaves it out.
 # FP8 (train.compute_dtype fp8; issue 59) beside bf16, after
 # the rest: GPT-2 124M and the Llama 3.2 1B shape as above (cuDNN attention)
 # and a Llama 3.2 3B shape (28 layers, 3072 embd, 24 heads / 8 kv, ffn 8192,
@@ -110,6 +118,8 @@ if [ -n "$BASELINE" ]; then
     [ "$PROFILE" = 0 ] || { echo "bench-gpu: FAIL: BENCH_BASELINE_BIN with BENCH_PROFILE=$PROFILE: a profiled step's time is not a timing to compare" >&2; exit 1; }
 fi
 CP=${BENCH_CP:-1}
+MOE=${BENCH_MOE:-1}
+case $MOE in 0|1) ;; *) echo "bench-gpu: FAIL: BENCH_MOE=$MOE: expected 0 or 1" >&2; exit 1;; esac
 case $CP in 0|1|only) ;; *) echo "bench-gpu: FAIL: BENCH_CP=$CP: expected 0, 1 or only" >&2; exit 1;; esac
 if [ "$FP8" = only ] && [ "$CP" = 1 ]; then CP=0; fi
 if [ "$CP" = only ]; then FP8=0; fi
@@ -132,6 +142,7 @@ import sys, numpy as np
 d, smoke = sys.argv[1], sys.argv[2] == "1"
 for name, vocab, magic, ver, dt in (("gpt2_124M", 50257, 20240520, 1, np.uint16),
                                     ("llama_1B", 128256, 20240801, 7, np.uint32),
+                                    ("llama_1B_moe", 128256, 20240801, 7, np.uint32),
                                     ("llama_3B", 128256, 20240801, 7, np.uint32)):
     t = np.random.default_rng(0).integers(0, 96 if smoke else vocab, 300_000)
     h = np.zeros(256, np.int32); h[:3] = (magic, ver, len(t))
@@ -148,6 +159,7 @@ run_case() {
     if [ "$SMOKE" = 1 ]; then
         model=$("$PY" -c 'import json, sys; m = json.loads(sys.argv[1]); m.update(n_layer=2, n_embd=64, n_head=4, vocab_size=96, max_seq_len=64)
 if "n_kv_head" in m: m.update(n_kv_head=2, ffn_hidden=128)
+if "moe_experts" in m: m.update(moe_ffn_hidden=32)
 print(json.dumps(m))' "$model") || exit 1
         T=64
         [ "$B" -gt 2 ] && B=2
@@ -276,6 +288,13 @@ for mm in $MATMUL; do
                             "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true}' 1 4096 "$mm" selective "$att" 8
     done
 done
+if [ "$MOE" = 1 ]; then
+    for mm in $MATMUL; do
+        timed_case llama_1B_moe '{"arch": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_kv_head": 8, "ffn_hidden": 8192,
+                                "vocab_size": 128256, "max_seq_len": 4096, "rope_theta": 500000, "tie_embeddings": true,
+                                "moe_experts": 8, "moe_top_k": 2, "moe_ffn_hidden": 2048}' 1 4096 "$mm" selective "${ATTENTION%% *}"
+    done
+fi
 if [ "$FP8" != 0 ]; then
     fp8_case gpt2_124M "$GPT2" 16 1024 none
     fp8_case llama_1B "$LLAMA1B" 1 4096 selective

@@ -226,7 +226,7 @@ else echo "FAIL per-rank GPU binding: exit codes $rc1 $rc2 $rc3 $rc4: $(grep -hE
 # writes, the header, metrics and profile lines it parses). Each case's result
 # line, with the profile's summary and table under BENCH_PROFILE=kernels and
 # none without.
-res_re='^(gpt2_124M|llama_1B) \(0\.[0-9]+M params\) B=[12] T=64( \(8 micro-batches a step\))?(, selective checkpointing \((attention|norm, mlp_act)\))? (bf16|tf32) GEMMs, (cudnn|flash|gemm) attention on device 0: host emulation of CUDA .*: [0-9]+ ms/step, [0-9]+ tokens/s, MFU [0-9.]+% of 1071 TFLOP/s bf16 dense \(median of 2 steps after warm-up\)$'
+res_re='^(gpt2_124M|llama_1B|llama_1B_moe) \(0\.[0-9]+M params\) B=[12] T=64( \(8 micro-batches a step\))?(, selective checkpointing \((attention|norm, mlp_act)\))? (bf16|tf32) GEMMs, (cudnn|flash|gemm) attention on device 0: host emulation of CUDA .*: [0-9]+ ms/step, [0-9]+ tokens/s, MFU [0-9.]+% of 1071 TFLOP/s bf16 dense \(median of 2 steps after warm-up\)$'
 bench_smoke() { # OUT PROFILE MATMUL ATTENTION CP
     BENCH_BIN=tests/llmtrain_emu BENCH_TEST_GPU=tests/test_gpu_emu BENCH_SMOKE=1 BENCH_STEPS=3 BENCH_PROFILE=$2 BENCH_MATMUL=$3 \
         BENCH_ATTENTION=$4 BENCH_FP8=0 BENCH_CP=$5 bench/run_bench_gpu.sh >"$1" 2>&1
@@ -240,27 +240,28 @@ llama_1B, selective checkpointing (attention) bf16 GEMMs, flash attention
 llama_1B, selective checkpointing (norm, mlp_act) bf16 GEMMs, cudnn attention
 llama_1B, selective checkpointing (norm, mlp_act) bf16 GEMMs, flash attention
 llama_1B (8 micro-batches a step), selective checkpointing (attention) bf16 GEMMs, cudnn attention
-llama_1B (8 micro-batches a step), selective checkpointing (attention) bf16 GEMMs, flash attention'
+llama_1B (8 micro-batches a step), selective checkpointing (attention) bf16 GEMMs, flash attention
+llama_1B_moe, selective checkpointing (attention) bf16 GEMMs, cudnn attention'
 sums=$(grep -cE '^profile: steps 2-3 \(2 steps\): [0-9.]+ ms a step in [0-9]+ calls of the kernel table \(timed on the CUDA compute stream\)' "$TMP/bk.out")
 rows=$(grep -cE '^profile: +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9.]+ +[0-9.e-]+ +[0-9.]+% +matmul_forward_a$' "$TMP/bk.out")
 floors=$(grep -cE '^profile: at the peaks these calls would take [0-9.]+ ms a step .*% of their timed [0-9.]+ ms$' "$TMP/bk.out")
 # and the ring's attention parts against the whole-sequence call (tests/test_gpu cp-bench)
 cpl=$(grep -cE '^cp-bench (forward|backward) cp [24]: B 1 T 256 heads 4/2 hd 64: whole sequence [0-9.]+ ms [0-9.e+-]+ TFLOP/s; ring parts \(rank 0, (5 pairs of 64|9 pairs of 32) rows\) [0-9.]+ ms [0-9.e+-]+ TFLOP/s; parts/whole [0-9.]+; parts/cudnn [0-9.]+$' "$TMP/bk.out")
 cpd=$(grep -cE '^cp-bench whole sequence on cudnn: B 1 T 256 heads 4/2 hd 64: forward [0-9.]+ ms [0-9.e+-]+ TFLOP/s, backward [0-9.]+ ms [0-9.e+-]+ TFLOP/s$' "$TMP/bk.out")
-if [ $rc -eq 0 ] && [ "$cases" -eq 8 ] && [ "$order" = "$want" ] && [ "$sums" -eq 8 ] && [ "$rows" -eq 8 ] && [ "$floors" -eq 8 ] &&
+if [ $rc -eq 0 ] && [ "$cases" -eq 9 ] && [ "$order" = "$want" ] && [ "$sums" -eq 9 ] && [ "$rows" -eq 9 ] && [ "$floors" -eq 9 ] &&
    [ "$cpl" -eq 4 ] && [ "$cpd" -eq 1 ] && ! grep -q 'profile\.json$' "$TMP/bk.out"; then
-    ok "BENCH_SMOKE=1 BENCH_PROFILE=kernels bench-gpu on the emulation: 8 cases (GPT-2, Llama, Llama recomputing norm and mlp_act, Llama x 8 micro-batches; cudnn, flash), each its result line and profile table with the time at the GPU's peaks; the 4 cp-bench lines (cp 2, 4; forward, backward) and the whole call on cuDNN"
+    ok "BENCH_SMOKE=1 BENCH_PROFILE=kernels bench-gpu on the emulation: 9 cases (GPT-2, Llama, Llama recomputing norm and mlp_act, Llama x 8 micro-batches; cudnn, flash; the MoE Llama on the first attention, cudnn), each its result line and profile table with the time at the GPU's peaks; the 4 cp-bench lines (cp 2, 4; forward, backward) and the whole call on cuDNN"
 else bad "bench-gpu smoke, BENCH_PROFILE=kernels: exit $rc, $cases result lines, $sums profile summaries, $rows matmul rows, $floors lines of the peaks' time, $cpl cp-bench lines, $cpd cuDNN lines: $(grep -v '^profile:  ' "$TMP/bk.out" | head -c 1500)"; fi
 # with a baseline build to compare (the same binary here): after each case
 # the baseline's result line and the comparison line
 BENCH_BASELINE_BIN=tests/llmtrain_emu bench_smoke "$TMP/bt.out" 0 tf32 gemm 0; rc=$?
 cases=$(grep -cE "$res_re" "$TMP/bt.out")
 based=$(sed -n 's/^baseline: //p' "$TMP/bt.out" | grep -cE "$res_re")
-vs=$(grep -cE '^(gpt2_124M|llama_1B) tf32 gemm (none|selective|selective:norm,mlp_act)( x8)? vs baseline tests/llmtrain_emu: [0-9]+ vs [0-9]+ ms/step, [0-9]+ vs [0-9]+ tokens/s \(x[0-9.]+ the baseline.s\)$' "$TMP/bt.out")
-if [ $rc -eq 0 ] && [ "$cases" -eq 4 ] && [ "$based" -eq 4 ] && [ "$vs" -eq 4 ] &&
-   [ "$(grep -c ' tf32 GEMMs, gemm attention ' "$TMP/bt.out")" -eq 8 ] &&
+vs=$(grep -cE '^(gpt2_124M|llama_1B|llama_1B_moe) tf32 gemm (none|selective|selective:norm,mlp_act)( x8)? vs baseline tests/llmtrain_emu: [0-9]+ vs [0-9]+ ms/step, [0-9]+ vs [0-9]+ tokens/s \(x[0-9.]+ the baseline.s\)$' "$TMP/bt.out")
+if [ $rc -eq 0 ] && [ "$cases" -eq 5 ] && [ "$based" -eq 5 ] && [ "$vs" -eq 5 ] &&
+   [ "$(grep -c ' tf32 GEMMs, gemm attention ' "$TMP/bt.out")" -eq 10 ] &&
    ! grep -q '^profile:' "$TMP/bt.out" && ! grep -q '^cp-bench' "$TMP/bt.out"; then
-    ok "BENCH_SMOKE=1 BENCH_BASELINE_BIN bench-gpu on the emulation, tf32 and the GEMM attention: 4 result lines, each followed by the baseline's and the comparison, no profile"
+    ok "BENCH_SMOKE=1 BENCH_BASELINE_BIN bench-gpu on the emulation, tf32 and the GEMM attention: 5 result lines (the MoE Llama's last), each followed by the baseline's and the comparison, no profile"
 else bad "bench-gpu smoke, tf32 gemm with a baseline: exit $rc, $cases result lines, $based baseline lines, $vs comparisons: $(head -c 1500 "$TMP/bt.out")"; fi
 # the FP8 section (BENCH_FP8=only) under two recipes: for each of the three
 # shapes the bf16 line, then each recipe's line and its comparison with bf16
