@@ -14,6 +14,11 @@
 #      and host_mem_bytes in metrics.jsonl, "mem X GiB gpu" on the step line;
 #      the bf16 run's activations take 2 bytes less for each element of the
 #      [a] buffers (bf16 norm outputs, attention output, MLP activation).
+#   2b. mixture of experts (Llama, 4 experts top-2, the balance losses on),
+#      dropless and with a capacity factor, cuda against cpu under tf32,
+#      bf16 and fp32 within those tolerances (the losses, the aux and z
+#      losses, the dropped share); recomputing the experts' activation
+#      under bf16 bit-identical to keeping it.
 #   3. activation offload on cuda (5 layers) against cpu (fp32 GEMMs) and
 #      against cuda without offload (fp32, TF32 and bf16 GEMMs).
 #   3b. the fused attention kernels (train.attention_kernel flash) in whole
@@ -214,6 +219,65 @@ PYEOF
         fi
     done
 done
+
+# mixture of experts (docs/moe.md; kernels/moe.cuh): the Llama job with 4
+# experts, top-2, in both layers (moe_ffn_hidden 64; the balance losses
+# on: the aux loss's default 0.01, z-loss 1e-3), dropless and under a
+# capacity factor of 1 (choices dropped), on cuda against cpu: loss / grad
+# norm / val loss and the step's moe_aux_loss and moe_z_loss within the
+# compute dtype's tolerance (tf32, bf16, fp32); the capacity runs drop
+# choices, each step's count within 2% of its 2048 choices (2 layers x
+# 512 tokens x 2) of the CPU's (the TF32 or bf16 router logits tip
+# near-ties the other way: 9 seen emulated), the dropless ones none; the
+# memory estimate
+# bounds the tf32 run's peak; under bf16 the run with selective
+# checkpointing recomputing the experts' activation (mlp_act) is
+# bit-identical to the one keeping it (the GEMM attention, whose backward
+# sums in a fixed order: head dim 16)
+MOE=(--set model.moe_experts=4 --set model.moe_top_k=2 --set model.moe_ffn_hidden=64 --set train.moe_z_loss_coef=1e-3)
+moe_ok=1
+for run in cpu:cpu::none cuda:cuda:tf32:none cuda-bf16:cuda:bf16:none cuda-fp32:cuda:fp32:none cuda-bf16-rc:cuda:bf16:selective \
+           cap-cpu:cpu::none cap-cuda:cuda:tf32:none cap-cuda-bf16:cuda:bf16:none; do
+    IFS=: read -r name dev mm ac <<<"$run"
+    extra=(); [ -n "$mm" ] && extra=(--set train.compute_dtype=$mm --set train.attention_kernel=flash)
+    [ "${name#cap-}" != "$name" ] && extra+=(--set train.moe_capacity_factor=1.0)
+    [ $ac = selective ] && extra+=(--set train.activation_checkpointing=selective --set train.recompute_modules=mlp_act)
+    if ! $BIN "$TMP/llama.json" "${MOE[@]}" "${extra[@]}" --set train.device=$dev --set log.dir="$TMP/moe-$name" \
+         --set checkpoint.dir="$TMP/moe-$name/ckpt" >"$TMP/moe-$name.out" 2>&1; then
+        echo "FAIL moe $name (train.device=$dev) exited non-zero: $(tail -3 "$TMP/moe-$name.out")"; fail=$((fail + 1)); moe_ok=0
+    fi
+done
+if [ $moe_ok = 1 ]; then
+    for run in cuda:cpu:$LOSS_RTOL cuda-bf16:cpu:$LOSS_RTOL_BF16 cuda-fp32:cpu:$LOSS_RTOL_FP32 cap-cuda:cap-cpu:$LOSS_RTOL \
+               cap-cuda-bf16:cap-cpu:$LOSS_RTOL_BF16; do
+        IFS=: read -r name ref tol <<<"$run"
+        msg=""
+        if $PY tests/compare_runs.py "$TMP/moe-$ref" "$TMP/moe-$name" --steps $STEPS --loss-rtol $tol &&
+           msg=$($PY - "$TMP/moe-$ref" "$TMP/moe-$name" "$tol" "${name%%-*}" $((2 * 8 * 64 * 2)) <<'PYEOF'
+import json, sys
+a, b, tol, cap, routed = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "cap", int(sys.argv[5])
+st = lambda r: [d for d in map(json.loads, open(r + "/metrics.jsonl")) if "loss" in d and "step" in d]
+sa, sb = st(a), st(b)
+worst = {k: max(abs(x[k] - y[k]) / max(abs(x[k]), 1e-12) for x, y in zip(sa, sb)) for k in ("moe_aux_loss", "moe_z_loss")}
+drop = max(abs(x["moe_dropped"] - y["moe_dropped"]) for x, y in zip(sa, sb)) / routed
+drops = [d["moe_dropped"] for d in sa + sb]
+ok = (len(sa) == len(sb) > 0 and all(v <= tol for v in worst.values()) and drop <= 0.02
+      and (all(x > 0 for x in drops) if cap else not any(drops)))
+print("; ".join(f"{k} within {v:.1e}" for k, v in worst.items()) + f"; choices dropped a step {min(drops):.0f}..{max(drops):.0f} "
+      f"of {routed}, within {100 * drop:.2f}% of them of the reference's")
+sys.exit(0 if ok else 1)
+PYEOF
+           ); then
+            echo "ok   moe $name: $STEPS steps vs $ref, loss/grad norm/val loss within $tol; $msg"; pass=$((pass + 1))
+        else echo "FAIL moe $name: differs from $ref by more than $tol: $msg"; fail=$((fail + 1)); fi
+    done
+    if memline=$(mem_check "$TMP/moe-cuda" "$TMP/moe-cuda.out"); then
+        echo "ok   moe on cuda: the memory estimate bounds the peak: $memline"; pass=$((pass + 1))
+    else echo "FAIL moe on cuda: memory estimate: $memline"; fail=$((fail + 1)); fi
+    if $PY tests/compare_runs.py "$TMP/moe-cuda-bf16" "$TMP/moe-cuda-bf16-rc" --steps $STEPS --exact; then
+        echo "ok   moe cuda bf16: selective with recompute_modules mlp_act (the experts' SwiGLU recomputed): $STEPS steps bit-identical to keeping it"; pass=$((pass + 1))
+    else echo "FAIL moe cuda bf16: recomputing the experts' activation changed the run"; fail=$((fail + 1)); fi
+fi
 
 # the scratch estimate where attention's [B, T, T] blocks are most of it (T 512)
 if $BIN "$TMP/llama.json" --set train.device=cuda --set train.compute_dtype=tf32 --set train.steps=2 --set optim.warmup_steps=0 --set train.seq_len=512 --set model.max_seq_len=512 \
