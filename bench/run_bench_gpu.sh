@@ -43,9 +43,10 @@
 # take at those peaks (how far faster kernels alone could go).
 # Mixture of experts, after the dense Llama cases: the Llama 3.2 1B shape
 # with every layer's MLP 8 SwiGLU experts of moe_ffn_hidden 2048, each
-# token routed to 2 (2.0 B parameters, about 0.87 B active a token: the
-# per-expert width that keeps the master weights, gradients and AdamW
-# moments of all experts within one 80 GB GPU), B=1, T=4096, selective
+# token routed to 2 (2.04 B parameters, 0.83 B active a token; llmtrain
+# check estimates 40.5 GiB under bf16, 39.9 under tf32: the per-expert
+# width whose weights, gradients and AdamW moments fit one 80 GB GPU
+# with room), B=1, T=4096, selective
 # checkpointing, the first of BENCH_ATTENTION, under each BENCH_MATMUL;
 # its MFU counts the active parameters (the router, 2 experts; docs/moe.md).
 # BENCH_MOE=0 leaves it out.
