@@ -48,6 +48,8 @@ run indexed tests/test_indexed
 run ckpt tests/test_ckpt
 run fp8 "$PY" tests/test_fp8.py
 run moe "$PY" tests/test_moe.py --bin ./llmtrain
+# against transformers itself, where scripts/install_deps.sh could install it
+[ -x tests/.venv-hf/bin/python ] && run transformers tests/.venv-hf/bin/python tests/test_transformers.py --bin ./llmtrain
 if [ "${1:-all}" = quick ]; then
     run cli tests/test_cli.sh
     run smoke tests/test_smoke.sh
