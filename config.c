@@ -43,8 +43,10 @@ static const Key KEYS[] = {
     {"model.arch", K_ENUM, OFF(model.arch), 0, "\"gpt2\"", 0, 0, "gpt2|llama", "model family: GPT-2 (LayerNorm, GELU, learned positions, biases, tied embeddings) or Llama (RMSNorm, RoPE, SwiGLU, GQA)"},
     {"model.n_layer", K_INT, OFF(model.n_layer), 0, "12", 1, 4096, NULL, "transformer layers"},
     {"model.n_embd", K_INT, OFF(model.n_embd), 0, "768", 1, 1 << 20, NULL, "model width"},
-    {"model.n_head", K_INT, OFF(model.n_head), 0, "12", 1, 4096, NULL, "attention heads (must divide n_embd)"},
+    {"model.n_head", K_INT, OFF(model.n_head), 0, "12", 1, 4096, NULL, "attention heads (must divide n_embd unless head_dim is set)"},
     {"model.n_kv_head", K_INT, OFF(model.n_kv_head), 0, "0", 0, 4096, NULL, "key/value heads for grouped-query attention (0 = n_head; must divide n_head; GPT-2: n_head)"},
+    {"model.head_dim", K_INT, OFF(model.head_dim), 0, "0", 0, 65536, NULL, "channels of one attention head (0 = n_embd/n_head, which n_head must then divide; Llama: any even value, as Qwen3's 128 at n_embd 1024 and 16 heads; GPT-2: n_embd/n_head)"},
+    {"model.qk_norm", K_BOOL, OFF(model.qk_norm), 0, "false", 0, 0, NULL, "Llama: an RMSNorm (eps norm_eps) over each query head and each key head after the QKV product, before RoPE, its weight of head_dim shared by the heads (Qwen3's q_norm and k_norm); GPT-2: false"},
     {"model.ffn_hidden", K_INT, OFF(model.ffn_hidden), 0, "0", 0, 1 << 24, NULL, "MLP width (0 = GPT-2: 4*n_embd; Llama: ffn_multiple_of * ceil(8*n_embd/3 / ffn_multiple_of))"},
     {"model.ffn_multiple_of", K_INT, OFF(model.ffn_multiple_of), 0, "256", 1, 1 << 20, NULL, "Llama's rounding for the default ffn_hidden"},
     {"model.vocab_size", K_INT, OFF(model.vocab_size), 0, "50257", 2, BIG, NULL, "vocabulary size; every token id must be below it"},
@@ -431,9 +433,15 @@ void model_config_finish(ModelConfig *m, const char *where) {
             die(EXIT_USAGE, "%s: model.rope_high_freq_factor %g must exceed model.rope_low_freq_factor %g", where,
                 m->rope_high_freq_factor, m->rope_low_freq_factor);
     }
-    if (m->n_embd % m->n_head != 0)
-        die(EXIT_USAGE, "%s: model.n_head %d does not divide model.n_embd %d", where, m->n_head, m->n_embd);
+    if (m->head_dim == 0 && m->n_embd % m->n_head != 0)
+        die(EXIT_USAGE, "%s: model.n_head %d does not divide model.n_embd %d (expected a divisor, or model.head_dim set)", where,
+            m->n_head, m->n_embd);
+    if (m->head_dim == 0) m->head_dim = m->n_embd / m->n_head;
     if (m->arch == ARCH_GPT2) {
+        if (m->head_dim * m->n_head != m->n_embd)
+            die(EXIT_USAGE, "%s: model.head_dim %d: GPT-2's heads split n_embd (expected n_embd/n_head, or 0)", where,
+                m->head_dim);
+        if (m->qk_norm) die(EXIT_USAGE, "%s: model.qk_norm true: GPT-2 has no QK-norm (expected false, or model.arch \"llama\")", where);
         if (m->n_kv_head != 0 && m->n_kv_head != m->n_head)
             die(EXIT_USAGE, "%s: model.n_kv_head %d: GPT-2 has no grouped-query attention (expected %d or 0)", where, m->n_kv_head, m->n_head);
         m->n_kv_head = m->n_head;
@@ -445,8 +453,8 @@ void model_config_finish(ModelConfig *m, const char *where) {
         if (m->n_kv_head == 0) m->n_kv_head = m->n_head;
         if (m->n_head % m->n_kv_head != 0)
             die(EXIT_USAGE, "%s: model.n_kv_head %d does not divide model.n_head %d", where, m->n_kv_head, m->n_head);
-        if ((m->n_embd / m->n_head) % 2 != 0)
-            die(EXIT_USAGE, "%s: head dimension n_embd/n_head = %d must be even for RoPE", where, m->n_embd / m->n_head);
+        if (m->head_dim % 2 != 0)
+            die(EXIT_USAGE, "%s: model.head_dim %d (the head dimension) must be even for RoPE", where, m->head_dim);
         if (m->ffn_hidden == 0) {
             long h = (long)(8.0 * m->n_embd / 3.0);
             long mo = m->ffn_multiple_of > 0 ? m->ffn_multiple_of : 256;

@@ -14,6 +14,8 @@ typedef struct ModelConfig {
     int n_embd;
     int n_head;
     int n_kv_head;       /* GQA; == n_head for GPT-2 */
+    int head_dim;        /* channels a head (model_config_finish: 0 -> n_embd / n_head) */
+    int qk_norm;         /* Llama: RMSNorm of each q and k head before RoPE (Qwen3) */
     int ffn_hidden;      /* GPT-2: 4*n_embd; Llama: per Llama's rule unless set */
     int ffn_multiple_of; /* Llama's rule rounds ffn_hidden up to this */
     int vocab_size;

@@ -98,9 +98,9 @@ static cJSON *config_json(const Model *m, const cJSON *origin, int bf16) {
         cJSON_AddTrueToObject(o, "tie_word_embeddings");
     } else {
         if (m->moe.on) moe_config_json(o, arch, c);
-        else {
-            cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
-            cJSON_AddStringToObject(o, "model_type", "llama");
+        else { /* QK-norm: Qwen3's model (Llama's blocks, q_norm and k_norm) */
+            cJSON_AddItemToArray(arch, cJSON_CreateString(c->qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
+            cJSON_AddStringToObject(o, "model_type", c->qk_norm ? "qwen3" : "llama");
         }
         cJSON_AddNumberToObject(o, "hidden_size", c->n_embd);
         cJSON_AddNumberToObject(o, "intermediate_size", m->moe.on && !hf_moe_qwen(c) ? c->moe_ffn_hidden : c->ffn_hidden);
@@ -143,7 +143,12 @@ static cJSON *config_json(const Model *m, const cJSON *origin, int bf16) {
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_embeddings);
         cJSON_AddStringToObject(o, "hidden_act", "silu");
         cJSON_AddFalseToObject(o, "attention_bias");
-        cJSON_AddFalseToObject(o, "mlp_bias");
+        if (c->qk_norm) {
+            cJSON_AddFalseToObject(o, "use_sliding_window");
+            cJSON_AddNullToObject(o, "sliding_window");
+        } else {
+            cJSON_AddFalseToObject(o, "mlp_bias");
+        }
     }
     add_ids(o, m, origin);
     cJSON_AddStringToObject(o, "torch_dtype", bf16 ? "bfloat16" : "float32");

@@ -460,9 +460,10 @@ static int hf_parts_moe(const Model *m, const ParamSpec *s, HfPart *p) {
 
 int hf_parts_max(const Model *m) { return m->moe.on && 2 * m->moe.E > 3 ? 2 * m->moe.E : 3; }
 
-int hf_moe_qwen(const ModelConfig *c) { (void)c; return 0; }
+int hf_moe_qwen(const ModelConfig *c) { return c->qk_norm; }
 
-/* LlamaForCausalLM names; our fused qkv and gate|up split into row blocks. */
+/* LlamaForCausalLM (and Qwen3ForCausalLM) names; our fused qkv and gate|up
+ * split into row blocks. */
 static int hf_parts_llama(const Model *m, const ParamSpec *s, HfPart *p) {
     size_t rows = (size_t)s->shape[0];
     int L = s->layer;
@@ -478,6 +479,8 @@ static int hf_parts_llama(const Model *m, const ParamSpec *s, HfPart *p) {
         hf_part(&p[2], s, q + kv, kv, 0, "model.layers.%d.self_attn.v_proj.weight", L);
         return 3;
     case P_ATTN_OUT_W: hf_part(p, s, 0, rows, 0, "model.layers.%d.self_attn.o_proj.weight", L); return 1;
+    case P_Q_NORM_W: hf_part(p, s, 0, rows, 0, "model.layers.%d.self_attn.q_norm.weight", L); return 1;
+    case P_K_NORM_W: hf_part(p, s, 0, rows, 0, "model.layers.%d.self_attn.k_norm.weight", L); return 1;
     case P_LN2_W: hf_part(p, s, 0, rows, 0, "model.layers.%d.post_attention_layernorm.weight", L); return 1;
     case P_FC_W:
         if (rows != 2 * F) die(EXIT_INTERNAL, "%s: %zu rows, expected %zu", s->name, rows, 2 * F);
@@ -786,8 +789,12 @@ static void moe_config(const HfCfg *c, ModelConfig *o, int moe) {
     }
 }
 
-static void llama_config(const HfCfg *c, ModelConfig *o, int moe) {
+/* LlamaForCausalLM, or (qwen3) Qwen3ForCausalLM: Llama's blocks with
+ * model.qk_norm, a free head_dim and no attention biases; moe: Mixtral's
+ * (1) or Qwen3-MoE's (2) experts too (Qwen3-MoE is qwen3). */
+static void llama_config(const HfCfg *c, ModelConfig *o, int qwen3, int moe) {
     o->arch = ARCH_LLAMA;
+    o->qk_norm = qwen3;
     o->n_embd = cfg_int(c, "hidden_size", "model.n_embd", true, 0);
     o->ffn_hidden = cfg_int(c, "intermediate_size", "model.ffn_hidden", true, 0);
     o->n_layer = cfg_int(c, "num_hidden_layers", "model.n_layer", true, 0);
@@ -801,17 +808,18 @@ static void llama_config(const HfCfg *c, ModelConfig *o, int moe) {
     if (strcmp(act, "silu") != 0)
         die(EXIT_USAGE, HF_CTX "%s: key hidden_act: \"%s\" is not supported (only silu)", c->path, act);
     if (cfg_bool(c, "attention_bias", false))
-        die(EXIT_USAGE, HF_CTX "%s: key attention_bias: true is not supported (no biases in Llama)", c->path);
+        die(EXIT_USAGE, HF_CTX "%s: key attention_bias: true is not supported (no attention biases in %s)", c->path,
+            qwen3 ? "llmtrain's Qwen3" : "Llama");
+    if (qwen3 && cfg_bool(c, "use_sliding_window", false))
+        die(EXIT_USAGE, HF_CTX "%s: key use_sliding_window: true is not supported (full causal attention only)", c->path);
     if (cfg_bool(c, "mlp_bias", false))
         die(EXIT_USAGE, HF_CTX "%s: key mlp_bias: true is not supported (no biases in Llama)", c->path);
     llama_rope(c, o);
-    if (o->n_embd % o->n_head != 0)
-        die(EXIT_USAGE, HF_CTX "%s: key num_attention_heads: %d does not divide hidden_size %d", c->path, o->n_head, o->n_embd);
+    o->head_dim = cfg_int(c, "head_dim", "model.head_dim", false, 0);
+    if (!o->head_dim && o->n_embd % o->n_head != 0)
+        die(EXIT_USAGE, HF_CTX "%s: key num_attention_heads: %d does not divide hidden_size %d (and no head_dim)", c->path,
+            o->n_head, o->n_embd);
     if (moe) moe_config(c, o, moe);
-    int hd = cfg_int(c, "head_dim", NULL, false, o->n_embd / o->n_head);
-    if (hd != o->n_embd / o->n_head)
-        die(EXIT_USAGE, HF_CTX "%s: key head_dim: %d is not supported (must be hidden_size/num_attention_heads = %d)", c->path,
-            hd, o->n_embd / o->n_head);
 }
 
 /* Python's json, which Hugging Face reads these files with, keeps the last
@@ -846,10 +854,11 @@ void hf_read_config_note(const char *dir, ModelConfig *out, char *note, size_t n
     const char *type = cfg_str(&c, "model_type", NULL);
     if (!type) die(EXIT_USAGE, HF_CTX "%s: missing key model_type", path);
     if (strcmp(type, "gpt2") == 0) gpt2_config(&c, out);
-    else if (strcmp(type, "llama") == 0) llama_config(&c, out, 0);
-    else if (strcmp(type, "mixtral") == 0) llama_config(&c, out, 1);
-    else if (strcmp(type, "qwen3_moe") == 0) llama_config(&c, out, 2);
-    else die(EXIT_USAGE, HF_CTX "%s: key model_type: \"%s\" is not supported (gpt2, llama, mixtral or qwen3_moe)", path, type);
+    else if (strcmp(type, "llama") == 0) llama_config(&c, out, 0, 0);
+    else if (strcmp(type, "qwen3") == 0) llama_config(&c, out, 1, 0);
+    else if (strcmp(type, "mixtral") == 0) llama_config(&c, out, 0, 1);
+    else if (strcmp(type, "qwen3_moe") == 0) llama_config(&c, out, 1, 2);
+    else die(EXIT_USAGE, HF_CTX "%s: key model_type: \"%s\" is not supported (gpt2, llama, qwen3, mixtral or qwen3_moe)", path, type);
     if (note && note_n) {
         note[0] = '\0';
         char ign[400] = "";

@@ -435,6 +435,54 @@ static void rmsnorm_backward(float *dinp, float *dinp_a, float *dw, const float 
     }
 }
 
+/* QK-norm: each q and k head of a row its own RMSNorm over hd values */
+static void headnorm_forward(float *out, float *rstd, const float *inp, const float *qw, const float *kw, int N, int nh,
+                             int nkv, int hd, float eps) {
+    const size_t S = (size_t)(nh + 2 * nkv) * hd, H = (size_t)(nh + nkv);
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * S;
+        float *o = out + (size_t)n * S;
+        for (size_t h = 0; h < H; h++)
+            rmsnorm_row(o + h * hd, rstd + (size_t)n * H + h, x + h * hd, h < (size_t)nh ? qw : kw, hd, eps);
+        memcpy(o + H * hd, x + H * hd, (size_t)nkv * hd * sizeof(float)); /* v */
+    }
+}
+
+static void headnorm_backward(float *dqkv, float *dqw, float *dkw, const float *inp, const float *qw, const float *kw,
+                              const float *rstd, int N, int nh, int nkv, int hd) {
+    const size_t S = (size_t)(nh + 2 * nkv) * hd, H = (size_t)(nh + nkv);
+    /* the weights' gradients first (they read d(out), which the input
+     * gradient then overwrites): column j, q heads then k heads, the rows
+     * and heads in order */
+    if (dqw || dkw) {
+        #pragma omp parallel for
+        for (int j = 0; j < hd; j++) {
+            double aq = 0.0, ak = 0.0;
+            for (int n = 0; n < N; n++)
+                for (size_t h = 0; h < H; h++) {
+                    size_t i = (size_t)n * S + h * hd + (size_t)j;
+                    double t = (double)dqkv[i] * (inp[i] * rstd[(size_t)n * H + h]);
+                    if (h < (size_t)nh) aq += t;
+                    else ak += t;
+                }
+            if (dqw) dqw[j] += (float)aq;
+            if (dkw) dkw[j] += (float)ak;
+        }
+    }
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        for (size_t h = 0; h < H; h++) {
+            float *d = dqkv + (size_t)n * S + h * hd;
+            const float *x = inp + (size_t)n * S + h * hd, *w = h < (size_t)nh ? qw : kw;
+            float rs = rstd[(size_t)n * H + h];
+            double s = 0.0;
+            for (int c = 0; c < hd; c++) s += d[c] * w[c] * (x[c] * rs);
+            float mdx = (float)(s / hd);
+            for (int c = 0; c < hd; c++) d[c] = rs * (d[c] * w[c] - x[c] * rs * mdx); /* as rmsnorm_backward's */
+        }
+}
+
 // ----------------------------------------------------------------------------
 // matrix products
 
@@ -1060,6 +1108,8 @@ static const Kernels cpu_kernels = {
     .attention_backward = cpu_attention_backward,
     .rope_forward = rope_forward,
     .rope_backward = rope_backward,
+    .headnorm_forward = headnorm_forward,
+    .headnorm_backward = headnorm_backward,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,
     .matmul_gelu_forward = matmul_gelu_forward,

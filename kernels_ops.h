@@ -152,6 +152,21 @@ KERNEL_OP(void, rope_forward, (float *qkv, const int *pos, int B, int T, int nh,
     (qkv, pos, B, T, nh, nkv, hd, rope))
 KERNEL_OP(void, rope_backward, (float *dqkv, const int *pos, int B, int T, int nh, int nkv, int hd, const Rope *rope),
     (dqkv, pos, B, T, nh, nkv, hd, rope))
+/* QK-norm (Qwen3's q_norm and k_norm): each of the nh q heads and nkv k
+ * heads of a row of inp ([N, (nh+2nkv)*hd], [a], as the QKV product wrote
+ * it) RMS-normalized over its hd values, statistics in fp32, times qw
+ * (q heads) or kw (k heads), both [hd]: out's head = head *
+ * rsqrt(mean(head^2) + eps) * w; out's v heads are inp's (out [a], not
+ * inp). rstd [N, nh + nkv] saves each head's rsqrt, heads in row order.
+ * headnorm_backward: in place, dqkv's q and k heads from d(out) to
+ * d(inp) (its v heads untouched), from the forward's inp and rstd; dqw
+ * and dkw (NULL: not needed) += the weights' gradients, summed over the
+ * rows and heads. */
+KERNEL_OP(void, headnorm_forward, (float *out, float *rstd, const float *inp, const float *qw, const float *kw, int N,
+    int nh, int nkv, int hd, float eps), (out, rstd, inp, qw, kw, N, nh, nkv, hd, eps))
+KERNEL_OP(void, headnorm_backward, (float *dqkv, float *dqw, float *dkw, const float *inp, const float *qw,
+    const float *kw, const float *rstd, int N, int nh, int nkv, int hd), (dqkv, dqw, dkw, inp, qw, kw, rstd, N, nh,
+    nkv, hd))
 
 /* ---- pointwise ---- */
 /* GELU, tanh approximation (GPT-2's gelu_new); gelu_forward's inp and

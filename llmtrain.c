@@ -710,8 +710,10 @@ static void print_model_batch(const Trainer *t) {
     double n = 0;
     for (int i = 0; i < t->model.n_specs; i++) n += (double)model_global_numel(&t->model, &t->model.specs[i]);
     char rope[256] = "";
+    if (mc->head_dim * mc->n_head != mc->n_embd) snprintf(rope, sizeof rope, ", head_dim %d", mc->head_dim);
+    if (mc->qk_norm) snprintf(rope + strlen(rope), sizeof rope - strlen(rope), ", QK-norm");
     if (mc->arch == ARCH_LLAMA)
-        snprintf(rope, sizeof rope, ", RoPE theta %g", mc->rope_theta);
+        snprintf(rope + strlen(rope), sizeof rope - strlen(rope), ", RoPE theta %g", mc->rope_theta);
     if (mc->rope_scaling == ROPE_LINEAR)
         snprintf(rope + strlen(rope), sizeof rope - strlen(rope), " scaled linear (factor %g)", mc->rope_scaling_factor);
     if (mc->rope_scaling == ROPE_YARN) {

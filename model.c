@@ -84,6 +84,10 @@ static void build_layout(Model *m, int pad_multiple) {
         if (gpt2) add_spec(&lb, L("ln1.bias"), P_LN1_B, l, ch, C, 0, -1, 1);
         add_spec(&lb, L("attn.qkv.weight"), P_QKV_W, l, ch, m->qkv_dim, C, 0, 3);
         if (gpt2) add_spec(&lb, L("attn.qkv.bias"), P_QKV_B, l, ch, m->qkv_dim, 0, 0, 3);
+        if (c->qk_norm) { /* one weight for all heads: every TP rank's copy, whatever heads it holds */
+            add_spec(&lb, L("attn.q_norm.weight"), P_Q_NORM_W, l, ch, m->hd, 0, -1, 1);
+            add_spec(&lb, L("attn.k_norm.weight"), P_K_NORM_W, l, ch, m->hd, 0, -1, 1);
+        }
         add_spec(&lb, L("attn.out.weight"), P_ATTN_OUT_W, l, ch, C, m->nh * m->hd, 1, 1);
         if (gpt2) add_spec(&lb, L("attn.out.bias"), P_ATTN_OUT_B, l, ch, C, 0, -1, 1);
         add_spec(&lb, L("ln2.weight"), P_LN2_W, l, ch, C, 0, -1, 1);
@@ -137,6 +141,8 @@ static void set_ptr(ModelPtrs *out, const ParamSpec *s, float *p) {
     case P_QKV_B: L->qkv_b = p; break;
     case P_ATTN_OUT_W: L->attn_out_w = p; break;
     case P_ATTN_OUT_B: L->attn_out_b = p; break;
+    case P_Q_NORM_W: L->q_norm_w = p; break;
+    case P_K_NORM_W: L->k_norm_w = p; break;
     case P_LN2_W: L->ln2_w = p; break;
     case P_LN2_B: L->ln2_b = p; break;
     case P_FC_W: L->fc_w = p; break;
@@ -211,6 +217,10 @@ static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
     if (gpt2) BUF(ln1_mean, S, NORM, 0);
     BUF(ln1_rstd, S, NORM, 0);
     BUF(qkv, N * (size_t)m->qkv_dim, L, 1); /* [a]: RoPE and attention read it */
+    if (m->cfg.qk_norm) { /* kept unless the norms are recomputed (from qkv, as ln1 from x) */
+        BUF(qkn, N * (size_t)m->qkv_dim, NORM, 1);
+        BUF(qk_rstd, N * (size_t)(m->nh + m->nkv), NORM, 0);
+    }
     BUF(atty, N * (size_t)m->nh * m->hd, RC_ATTENTION | L, 1);
     BUF(lse, (size_t)m->B * m->nh * m->T, RC_ATTENTION | L, 0);
     BUF(res2, S * C, L, 0);
@@ -244,6 +254,7 @@ static int layer_bufs(const Model *m, LayerActs *a, ActBuf *b) {
     BUF(res3, S * C, 0, 0);
 #undef BUF
     if (!gpt2) a->ln1_mean = a->ln2_mean = NULL;
+    if (!m->cfg.qk_norm) a->qkn = a->qk_rstd = NULL;
     return n;
 }
 
@@ -346,6 +357,8 @@ static size_t carve_acts(Model *m, float *base) {
     } else {
         m->tp.sp_gath = m->tp.sp_dgath = m->tp.sp_part = m->tp.sp_lnf = m->tp.sp_dnorm = NULL;
     }
+    if (c->qk_norm && m->tp.size > 1) TAKE(m->tp.qk_dnorm, 2 * (size_t)m->hd);
+    else m->tp.qk_dnorm = NULL;
 #undef TAKE
     return off;
 }
@@ -442,7 +455,7 @@ void model_layout(Model *m, const ModelConfig *cfg, int pad_multiple, int tp, in
     m->F = cfg->ffn_hidden / tp;
     m->V = cfg->vocab_size / tp;
     m->tp.v0 = tp_rank * m->V;
-    m->hd = cfg->n_embd / cfg->n_head;
+    m->hd = cfg->head_dim > 0 ? cfg->head_dim : cfg->n_embd / cfg->n_head; /* model_config_finish sets it */
     m->qkv_dim = (m->nh + 2 * m->nkv) * m->hd;
     m->fc_dim = cfg->arch == ARCH_LLAMA ? 2 * m->F : m->F;
     moe_plan(m);
@@ -677,7 +690,7 @@ void model_init_random(Model *m, float std, uint64_t seed) {
         size_t numel = model_global_numel(m, s);
         float *p = split ? calloc_check(numel, sizeof(float)) : host + s->offset;
         switch (s->kind) {
-        case P_LN1_W: case P_LN2_W: case P_LNF_W:
+        case P_LN1_W: case P_LN2_W: case P_LNF_W: case P_Q_NORM_W: case P_K_NORM_W:
             for (size_t j = 0; j < s->numel; j++) p[j] = 1.0f;
             break;
         case P_LN1_B: case P_LN2_B: case P_LNF_B: case P_QKV_B: case P_ATTN_OUT_B: case P_FC_B: case P_PROJ_B:
@@ -809,17 +822,59 @@ static const int *att_qstart(const Model *m) { return m->block_causal ? m->qstar
  * each document's first token, under reset_pos, else NULL (the row's) */
 static const int *positions(const Model *m) { return m->reset_pos || m->cp.size > 1 ? m->pos : NULL; }
 
+/* attention's q|k|v: qkn under model.qk_norm, else qkv */
+static float *att_qkv(const LayerActs *a) { return a->qkn ? a->qkn : a->qkv; }
+
 /* Attention of a layer's rows (forward, backward): over the whole sequence
  * by the context group's ring under context parallelism (cp.c), else the
  * kernel's. */
 static void attn_forward(Model *m, LayerActs *a, int B, int T) {
-    if (m->cp.size > 1) cp_attention_forward(m, a->atty, a->lse, a->qkv, att_qstart(m), B, T);
-    else m->k->attention_forward(a->atty, a->lse, a->qkv, att_qstart(m), B, T, m->nh, m->nkv, m->hd);
+    if (m->cp.size > 1) cp_attention_forward(m, a->atty, a->lse, att_qkv(a), att_qstart(m), B, T);
+    else m->k->attention_forward(a->atty, a->lse, att_qkv(a), att_qstart(m), B, T, m->nh, m->nkv, m->hd);
 }
 
 static void attn_backward(Model *m, float *dqkv, const float *dout, const LayerActs *a, int B, int T) {
-    if (m->cp.size > 1) cp_attention_backward(m, dqkv, dout, a->qkv, a->atty, a->lse, att_qstart(m), B, T);
-    else m->k->attention_backward(dqkv, dout, a->qkv, a->atty, a->lse, att_qstart(m), B, T, m->nh, m->nkv, m->hd);
+    if (m->cp.size > 1) cp_attention_backward(m, dqkv, dout, att_qkv(a), a->atty, a->lse, att_qstart(m), B, T);
+    else m->k->attention_backward(dqkv, dout, att_qkv(a), a->atty, a->lse, att_qstart(m), B, T, m->nh, m->nkv, m->hd);
+}
+
+/* The QKV product's output qkv made attention's input: under model.qk_norm
+ * each q and k head RMS-normalized into qkn (v copied), then (Llama) RoPE
+ * on it. The backward's recompute (RC_NORM) calls it again: the same
+ * kernels on the same qkv, so the same bits. */
+static void qk_forward(Model *m, LayerActs *a, const LayerPtrs *w, int B, int T) {
+    const ModelConfig *c = &m->cfg;
+    if (a->qkn)
+        m->k->headnorm_forward(a->qkn, a->qk_rstd, a->qkv, w->q_norm_w, w->k_norm_w, B * T, m->nh, m->nkv, m->hd, c->norm_eps);
+    if (c->arch == ARCH_LLAMA) {
+        Rope rope = rope_of(c);
+        m->k->rope_forward(att_qkv(a), positions(m), B, T, m->nh, m->nkv, m->hd, &rope);
+    }
+}
+
+/* d(attention's input) in dqkv back to d(qkv): RoPE's transpose, then
+ * (model.qk_norm) the head norm's backward, in place. This rank's heads
+ * give part of the shared norm weights' gradient under tp: computed apart,
+ * all-reduced over the TP group, then added (as norm_backward_rows). */
+static void qk_backward(Model *m, float *dqkv, const LayerActs *a, const LayerPtrs *w, const LayerPtrs *g, int B, int T) {
+    const Kernels *k = m->k;
+    int hd = m->hd;
+    if (m->cfg.arch == ARCH_LLAMA) {
+        Rope rope = rope_of(&m->cfg);
+        k->rope_backward(dqkv, positions(m), B, T, m->nh, m->nkv, hd, &rope);
+    }
+    if (!a->qkn) return;
+    if (!m->tp.qk_dnorm) {
+        k->headnorm_backward(dqkv, g->q_norm_w, g->k_norm_w, a->qkv, w->q_norm_w, w->k_norm_w, a->qk_rstd, B * T, m->nh,
+                             m->nkv, hd);
+        return;
+    }
+    float *pq = m->tp.qk_dnorm, *pk = pq + hd;
+    k->zero(pq, 2 * (size_t)hd * sizeof(float));
+    k->headnorm_backward(dqkv, pq, pk, a->qkv, w->q_norm_w, w->k_norm_w, a->qk_rstd, B * T, m->nh, m->nkv, hd);
+    tp_allreduce(m, pq, 2 * (size_t)hd, 0);
+    k->add(g->q_norm_w, g->q_norm_w, pq, (size_t)hd);
+    k->add(g->k_norm_w, g->k_norm_w, pk, (size_t)hd);
 }
 
 /* A mixture-of-experts layer's MLP (moe.c): res3 = res2 + moe(ln2). The
@@ -854,7 +909,7 @@ static const float *moe_block_backward(Model *m, int l, const float *dout, const
 static void layer_forward(Model *m, int l, const float *x, int B, int T) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
-    int N = B * T, S = sp_rows(m, N), C = c->n_embd, F = m->F, nh = m->nh, nkv = m->nkv, hd = m->hd;
+    int N = B * T, S = sp_rows(m, N), C = c->n_embd, F = m->F, nh = m->nh, hd = m->hd;
     int llama = c->arch == ARCH_LLAMA, tp = m->tp.size > 1, root = m->tp.rank == 0;
     const LayerPtrs *w = &m->p.layers[l];
     LayerActs *a = &m->la[l];
@@ -864,10 +919,7 @@ static void layer_forward(Model *m, int l, const float *x, int B, int T) {
         norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, S);
         fp8_linear(m, FP8_COLUMN);
         k->matmul_forward_a(a->qkv, tp_gather_rows(m, a->ln1, S), w->qkv_w, w->qkv_b, N, C, m->qkv_dim); /* qkv is [a] */
-        if (llama) {
-            Rope rope = rope_of(c);
-            k->rope_forward(a->qkv, positions(m), B, T, nh, nkv, hd, &rope);
-        }
+        qk_forward(m, a, w, B, T);
         attn_forward(m, a, B, T);
         if (tp) { /* row-parallel: partial sums, the replicated bias added once (rank 0) */
             fp8_linear(m, FP8_ROW);
@@ -1102,7 +1154,7 @@ void model_backward(Model *m, float loss_scale) {
     const Kernels *k = m->k;
     const ModelConfig *c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, N = B * T, S = sp_rows(m, N), C = c->n_embd, F = m->F;
-    int nh = m->nh, nkv = m->nkv, hd = m->hd;
+    int nh = m->nh, hd = m->hd;
     int llama = c->arch == ARCH_LLAMA, tp = m->tp.size > 1;
     int L = c->n_layer, tied = c->tie_embeddings;
 
@@ -1142,6 +1194,7 @@ void model_backward(Model *m, float loss_scale) {
             m->moe.recomputing = 0;
         }
         fp8_scope(m, 1); /* (after the recompute's layer_forward, which ends its own) */
+        if ((rc & RC_NORM) && a->qkn) qk_forward(m, &m->la[l], w, B, T); /* attention's input, first */
         if (rc & RC_ATTENTION) attn_forward(m, &m->la[l], B, T);
         if ((rc & RC_MLP_ACT) && !moe) {
             if (llama) k->swiglu_forward(a->fch_act, a->fch, N, F);
@@ -1177,10 +1230,7 @@ void model_backward(Model *m, float loss_scale) {
         k->matmul_backward_dinp_a(m->dbuf1, g->attn_out_w, g->attn_out_b, dres_rows(m, S), m->dres_a, a->atty,
                                   w->attn_out_w, N, nh * hd, C);
         attn_backward(m, m->dbuf2, m->dbuf1, a, B, T);
-        if (llama) {
-            Rope rope = rope_of(c);
-            k->rope_backward(m->dbuf2, positions(m), B, T, nh, nkv, hd, &rope);
-        }
+        qk_backward(m, m->dbuf2, a, w, g, B, T);
         if (rc & RC_NORM) norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, S);
         fp8_linear(m, FP8_COLUMN);
         k->matmul_backward_a(m->dbuf1, g->qkv_w, g->qkv_b, m->dbuf2, tp_gather_rows(m, a->ln1, S), w->qkv_w, N, C, m->qkv_dim);
@@ -1200,13 +1250,14 @@ void model_backward(Model *m, float loss_scale) {
 double model_flops_per_token(const ModelConfig *c, int T) {
     /* 6 FLOPs per parameter that takes part in a matrix product (forward
      * 2, backward 4), plus attention's scores and weighted sum, 12*L*C*T
-     * (PaLM's count; causal masking is not subtracted). */
-    double C = c->n_embd, hd = C / c->n_head;
+     * (PaLM's count, with n_head * head_dim for C; causal masking is not
+     * subtracted). */
+    double C = c->n_embd, hd = c->head_dim > 0 ? c->head_dim : C / c->n_head, A = c->n_head * hd;
     double qkv = (c->n_head + 2.0 * c->n_kv_head) * hd;
     double fc = c->arch == ARCH_LLAMA ? 2.0 * c->ffn_hidden : c->ffn_hidden;
-    double attn = qkv * C + C * C, mlp = fc * C + c->ffn_hidden * C;
+    double attn = qkv * C + A * C, mlp = fc * C + c->ffn_hidden * C;
     double matmul_params = (double)c->vocab_size * C;
     for (int l = 0; l < c->n_layer; l++) /* an MoE layer's active parameters: the router, k experts, the shared */
         matmul_params += attn + (moe_layer(c, l) ? moe_active_mlp_params(c, l) : mlp);
-    return 6.0 * matmul_params + 12.0 * c->n_layer * C * T;
+    return 6.0 * matmul_params + 12.0 * c->n_layer * A * T; /* A = C but under model.head_dim */
 }

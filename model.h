@@ -14,6 +14,7 @@ typedef enum {
     P_LN1_W, P_LN1_B,                 /* per layer */
     P_QKV_W, P_QKV_B,                 /* fused [ (nh+2nkv)*hd, C ] rows q|k|v */
     P_ATTN_OUT_W, P_ATTN_OUT_B,       /* [C, nh*hd] */
+    P_Q_NORM_W, P_K_NORM_W,           /* [hd] QK-norm (model.qk_norm), shared by the heads, replicated under tp */
     P_LN2_W, P_LN2_B,
     P_FC_W, P_FC_B,                   /* GPT-2 c_fc [4C, C]; Llama fused gate|up [2F, C] */
     P_PROJ_W, P_PROJ_B,               /* [C, F] */
@@ -46,6 +47,7 @@ typedef struct ParamSpec {
 /* Pointers to one layer's tensors inside some flat array (params or grads). */
 typedef struct LayerPtrs {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attn_out_w, *attn_out_b;
+    float *q_norm_w, *k_norm_w;         /* NULL without model.qk_norm */
     float *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;
     float *router_w, *exp_fc_w, *exp_proj_w, *sh_fc_w, *sh_proj_w; /* MoE layers (NULL else) */
 } LayerPtrs;
@@ -61,7 +63,10 @@ typedef struct ModelPtrs {
  * res2, ln2, res3 and the norms' statistics hold this rank's S rows. */
 typedef struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd;   /* [N,C], [N], [N] */
-    float *qkv;                         /* [N, QKV] after rope */
+    float *qkv;                         /* [N, QKV] after rope; under model.qk_norm the product as it is */
+    float *qkn;                         /* model.qk_norm (else NULL): [N, QKV] [a], qkv's q and k heads
+                                         * normalized, then rope, and its v heads: attention's input */
+    float *qk_rstd;                     /* model.qk_norm: [N, nh + nkv] each q and k head's 1/rms */
     float *atty;                        /* [N, nh*hd] */
     float *lse;                         /* [B, nh, T] attention log-sum-exp */
     float *res2;                        /* [N,C] residual after attention */
@@ -199,6 +204,7 @@ typedef struct ModelTP {
     float *sp_part;           /* [S, C]: a reduce-scatter's rows */
     float *sp_lnf;            /* [S, C] [a]: the final norm's own rows */
     float *sp_dnorm;          /* [2C]: a norm's weight (and bias) gradient over this rank's rows */
+    float *qk_dnorm;          /* [2 hd] (model.qk_norm): the QK-norm weights' gradient over this rank's heads */
 } ModelTP;
 
 /* Context parallelism (Model.cp; cp_setup, cp.c; size 1: off): the model's

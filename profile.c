@@ -138,6 +138,8 @@ static double adamw_bytes(const AdamWRange *r, int n, double each) { /* p, g, m,
 #define COST_attention_backward 5 * att(B, T, nh, hd), 0
 #define COST_rope_forward 0, by((size_t)B * T * (nh + nkv) * hd, 2 * A) + (pos ? by((size_t)B * T, 4) : 0)
 #define COST_rope_backward COST_rope_forward
+#define COST_headnorm_forward 0, by((size_t)N * (nh + 2 * nkv) * hd, 2 * A) + by((size_t)N * (nh + nkv), 4) + by(hd, 8)
+#define COST_headnorm_backward 0, by((size_t)N * (nh + nkv) * hd, 3 * A) + by((size_t)N * (nh + nkv), 4) + by(hd, 16)
 #define COST_gelu_forward 0, by(n, 2 * A)
 #define COST_gelu_backward 0, by(n, 12)
 #define COST_matmul_gelu_forward mm(N, C, OC, 1), 0

@@ -579,3 +579,107 @@ static void cu_rmsnorm_backward(float *dinp, float *dinp_a, float *dw, const flo
     }
     dinp_a_after(dinp_a, dinp, (size_t)N * C);
 }
+
+// ----------------------------------------------------------------------------
+// QK-norm: an RMSNorm over each q and k head (hd values) of a qkv row, a
+// warp a head (v heads copied by a warp each); the weights' gradient as the
+// column sums above: partial sums of a block of rows each, in row and head
+// order, then colsum_finish
+
+template <typename T_>
+__global__ void headnorm_fwd_k(T_ *out, float *rstd, const T_ *inp, const float *qw, const float *kw, int N, int nh,
+                               int nkv, int hd, float eps) {
+    const int HA = nh + 2 * nkv, H = nh + nkv, lane = threadIdx.x & 31;
+    const size_t item = (size_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    if (item >= (size_t)N * HA) return;
+    const size_t n = item / HA;
+    const int h = (int)(item % HA);
+    const T_ *x = inp + item * hd;
+    T_ *o = out + item * hd;
+    if (h >= H) { /* v */
+        for (int c = lane; c < hd; c += 32) o[c] = x[c];
+        return;
+    }
+    const float *w = h < nh ? qw : kw;
+    float ss = 0.0f;
+    for (int c = lane; c < hd; c += 32) { float v = act_ld(x, (size_t)c); ss += v * v; }
+    const float rs = rsqrtf(warp_sum(ss) / hd + eps);
+    for (int c = lane; c < hd; c += 32) act_st(o, (size_t)c, act_ld(x, (size_t)c) * rs * w[c]);
+    if (lane == 0) rstd[n * H + h] = rs;
+}
+
+template <typename T_>
+__global__ void headnorm_bwd_k(T_ *d, const T_ *inp, const float *qw, const float *kw, const float *rstd, int N, int nh,
+                               int nkv, int hd) {
+    const int HA = nh + 2 * nkv, H = nh + nkv, lane = threadIdx.x & 31;
+    const size_t item = (size_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    if (item >= (size_t)N * H) return;
+    const size_t n = item / H;
+    const int h = (int)(item % H);
+    T_ *g = d + (n * HA + h) * hd;
+    const T_ *x = inp + (n * HA + h) * hd;
+    const float *w = h < nh ? qw : kw;
+    const float rs = rstd[item];
+    float s = 0.0f;
+    for (int c = lane; c < hd; c += 32) s += act_ld(g, (size_t)c) * w[c] * (act_ld(x, (size_t)c) * rs);
+    const float mdx = warp_sum(s) / hd;
+    for (int c = lane; c < hd; c += 32)
+        act_st(g, (size_t)c, rs * (act_ld(g, (size_t)c) * w[c] - act_ld(x, (size_t)c) * rs * mdx));
+}
+
+/* column j of block b: the q heads' terms of rows [b rows_per, +rows_per)
+ * into p0[b, j], the k heads' into p1[b, j] */
+template <typename T_>
+__global__ void headnorm_dw_partial_k(float *p0, float *p1, const T_ *d, const T_ *inp, const float *rstd, int N, int nh,
+                                      int nkv, int hd, int rows_per) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, HA = nh + 2 * nkv, H = nh + nkv;
+    if (j >= hd) return;
+    const int n0 = blockIdx.y * rows_per, n1 = n0 + rows_per < N ? n0 + rows_per : N;
+    float aq = 0.0f, ak = 0.0f;
+    for (int n = n0; n < n1; n++)
+        for (int h = 0; h < H; h++) {
+            const size_t i = ((size_t)n * HA + h) * hd + j;
+            const float t = act_ld(d, i) * (act_ld(inp, i) * rstd[(size_t)n * H + h]);
+            if (h < nh) aq += t;
+            else ak += t;
+        }
+    p0[(size_t)blockIdx.y * hd + j] = aq;
+    p1[(size_t)blockIdx.y * hd + j] = ak;
+}
+
+/* out, inp: [a] */
+static void cu_headnorm_forward(float *out, float *rstd, const float *inp, const float *qw, const float *kw, int N, int nh,
+                                int nkv, int hd, float eps) {
+    const size_t items = (size_t)N * (nh + 2 * nkv);
+    if (!items) return;
+    const unsigned grid = (unsigned)((items + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+    if (act_bf16())
+        headnorm_fwd_k<__nv_bfloat16><<<grid, NORM_THREADS>>>(ACT16(out), rstd, CACT16(inp), qw, kw, N, nh, nkv, hd, eps);
+    else headnorm_fwd_k<float><<<grid, NORM_THREADS>>>(out, rstd, inp, qw, kw, N, nh, nkv, hd, eps);
+    LAUNCH_CHECK();
+}
+
+/* dqkv, inp: [a]; the weights' gradient first (it reads d(out), which the
+ * input gradient then overwrites) */
+static void cu_headnorm_backward(float *dqkv, float *dqw, float *dkw, const float *inp, const float *qw, const float *kw,
+                                 const float *rstd, int N, int nh, int nkv, int hd) {
+    if (N <= 0) return;
+    const int b16 = act_bf16();
+    if (dqw || dkw) {
+        int rows_per = CUDA_COLSUM_ROWS, RB = (N + rows_per - 1) / rows_per;
+        if (RB > CUDA_COLSUM_MAX_BLOCKS) { RB = CUDA_COLSUM_MAX_BLOCKS; rows_per = (N + RB - 1) / RB; }
+        float *p0 = (float *)scratch_get(&sc_col, 2 * (size_t)RB * hd * sizeof(float)), *p1 = p0 + (size_t)RB * hd;
+        dim3 grid((unsigned)((hd + 127) / 128), (unsigned)RB);
+        if (b16)
+            headnorm_dw_partial_k<__nv_bfloat16><<<grid, 128>>>(p0, p1, CACT16(dqkv), CACT16(inp), rstd, N, nh, nkv, hd,
+                                                                rows_per);
+        else headnorm_dw_partial_k<float><<<grid, 128>>>(p0, p1, dqkv, inp, rstd, N, nh, nkv, hd, rows_per);
+        LAUNCH_CHECK();
+        colsum_finish(dqw, dkw, p0, dkw ? p1 : NULL, RB, hd);
+    }
+    const size_t items = (size_t)N * (nh + nkv);
+    const unsigned grid = (unsigned)((items + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+    if (b16) headnorm_bwd_k<__nv_bfloat16><<<grid, NORM_THREADS>>>(ACT16(dqkv), CACT16(inp), qw, kw, rstd, N, nh, nkv, hd);
+    else headnorm_bwd_k<float><<<grid, NORM_THREADS>>>(dqkv, inp, qw, kw, rstd, N, nh, nkv, hd);
+    LAUNCH_CHECK();
+}

@@ -2,7 +2,8 @@
 # Activation checkpointing (train.activation_checkpointing): selective
 # (recompute attention probabilities) and full (recompute each layer from its
 # input) give bit-identical losses, gradient norms and final weights to
-# keeping every activation, for GPT-2 and Llama (GQA), on one rank, under
+# keeping every activation, for GPT-2, Llama (GQA) and a Qwen3-shaped Llama
+# (head_dim 12 at n_embd 32 and 4 heads, QK-norm), on one rank, under
 # tensor parallelism (the recompute repeats its all-reduces) and under
 # FULL_SHARD (the recompute runs inside the per-layer gather); and the
 # activation bytes per rank fall none > selective > full. The LM head in
@@ -16,10 +17,14 @@
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
-for arch in gpt2 llama; do
-    if [ $arch = gpt2 ]; then shape='"n_layer": 3, "n_embd": 32, "n_head": 4'; else shape='"n_layer": 3, "n_embd": 32, "n_head": 4, "n_kv_head": 2'; fi
+for arch in gpt2 llama qwen3; do # qwen3: the Llama with heads of 12 (not 32 / 4) and QK-norm
+    case $arch in
+    gpt2) shape='"arch": "gpt2", "n_layer": 3, "n_embd": 32, "n_head": 4' ;;
+    llama) shape='"arch": "llama", "n_layer": 3, "n_embd": 32, "n_head": 4, "n_kv_head": 2' ;;
+    qwen3) shape='"arch": "llama", "n_layer": 3, "n_embd": 32, "n_head": 4, "n_kv_head": 2, "head_dim": 12, "qk_norm": true' ;;
+    esac
     cat >"$TMP/$arch.json" <<EOF2
-{"model": {"arch": "$arch", $shape, "vocab_size": 96, "max_seq_len": 32},
+{"model": {$shape, "vocab_size": 96, "max_seq_len": 32},
  "data": {"train": "$TMP/train.bin"},
  "train": {"steps": 6, "seq_len": 32, "micro_batch": 2, "global_batch": 8},
  "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},

@@ -914,8 +914,19 @@ static void test_hf_errors(void) {
     set_config(d, "hidden_act", "\"gelu\"");
     expect_die("hf config: hidden_act gelu", child_hf_config, d, EXIT_USAGE, "key hidden_act");
     set_config(d, "hidden_act", NULL);
+    /* a head_dim of its own (Qwen3's, and transformers' Llama's) is the
+     * model's; 0 is no head, an odd one no RoPE */
     set_config(d, "head_dim", "16");
-    expect_die("hf config: head_dim != hidden/heads", child_hf_config, d, EXIT_USAGE, "key head_dim");
+    hf_read_config(d, &rc);
+    check(rc.head_dim == 16 && rc.qk_norm == 0, "hf config: head_dim 16 != hidden/heads read as model.head_dim 16 (llama: no QK-norm)");
+    set_config(d, "model_type", "\"qwen3\"");
+    hf_read_config(d, &rc);
+    check(rc.head_dim == 16 && rc.qk_norm == 1, "hf config: model_type qwen3 read as Llama with model.qk_norm, head_dim 16");
+    set_config(d, "model_type", "\"llama\"");
+    set_config(d, "head_dim", "0");
+    expect_die("hf config: head_dim 0", child_hf_config, d, EXIT_USAGE, "key head_dim: expected an integer in [1, 65536]");
+    set_config(d, "head_dim", "7");
+    expect_die("hf config: head_dim 7", child_hf_config, d, EXIT_USAGE, "model.head_dim 7 (the head dimension) must be even for RoPE");
     set_config(d, "head_dim", NULL);
     set_config(d, "attention_bias", "true");
     expect_die("hf config: attention_bias true", child_hf_config, d, EXIT_USAGE, "key attention_bias");

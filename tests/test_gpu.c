@@ -542,6 +542,8 @@ int main(int argc, char **argv) {
     test_attention_parts();
     test_offload();
     test_rope();
+    test_headnorm(37, 4, 2, 12);
+    test_headnorm(300, 16, 8, 128); /* Qwen3-0.6B's heads; 300 rows: two blocks of the weight-gradient sums */
     test_pointwise();
     test_swiglu(50, 123); /* element at a time */
     test_swiglu(50, 128);

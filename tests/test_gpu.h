@@ -64,6 +64,7 @@ void test_norm_dinp_a_case(int N, int C, int vec, int off);
 void test_add_norms(int N, int C);
 void test_attention(void);
 void test_rope(void);
+void test_headnorm(int N, int nh, int nkv, int hd);
 void test_pointwise(void);
 void test_swiglu(int N, int F);
 void test_crossentropy(int N, int V);

@@ -1,7 +1,7 @@
 /* test_gpu_layers.c — the CUDA backend's layer kernels other than the
  * GEMMs against the CPU's: the embedding (and its deterministic backward),
  * layernorm / rmsnorm with their fused forms, attention (gemm, flash,
- * cudnn), RoPE, the pointwise kernels and reductions, SwiGLU and the
+ * cudnn), RoPE, QK-norm, the pointwise kernels and reductions, SwiGLU and the
  * cross-entropy. Run by tests/test_gpu's main (tests/test_gpu.c: the error
  * metric and the tolerances); helpers in tests/test_gpu.h. */
 #include "kernels.h"
@@ -494,6 +494,49 @@ static void test_rope_shape(int B, int T, int nh, int nkv, int hd) {
            forms_off);
     if (ok) pass++; else fail++;
     free(x); free(reset); free(far);
+}
+
+/* QK-norm (headnorm_forward / _backward) against the CPU: out ([a]) and
+ * rstd, then d(qkv) in place ([a]: q and k heads changed, v heads kept)
+ * and the two weights' gradients (added to what they held); the backward
+ * twice from the same values gives the same bits. hd 12: a warp's lanes
+ * partly idle; 128: four values a lane (Qwen3's head). */
+void test_headnorm(int N, int nh, int nkv, int hd) {
+    const int S = (nh + 2 * nkv) * hd, H = nh + nkv;
+    const size_t n = (size_t)N * S, nr = (size_t)N * H;
+    char name[128];
+    float *x = hrand(n, 2), *qw = hrand((size_t)hd, 1), *kw = hrand((size_t)hd, 1), *out = hrand(n, 1), *rstd = hrand(nr, 1);
+    float *gx = dcopy_act(x, n), *gqw = dcopy(qw, (size_t)hd), *gkw = dcopy(kw, (size_t)hd), *gout = dcopy_act(out, n),
+          *grstd = dcopy(rstd, nr);
+    act_round(x, n);
+    KC->headnorm_forward(out, rstd, x, qw, kw, N, nh, nkv, hd, 1e-6f);
+    KG->headnorm_forward(gout, grstd, gx, gqw, gkw, N, nh, nkv, hd, 1e-6f);
+    snprintf(name, sizeof name, "headnorm_forward out N %d, heads %d/%d, hd %d ([a])", N, nh, nkv, hd);
+    check_act_rn_sum(name, out, gout, n);
+    snprintf(name, sizeof name, "headnorm_forward rstd N %d, hd %d", N, hd);
+    check(name, rstd, grstd, nr, TOL_F32);
+    float *d = hrand(n, 1), *dqw = hrand((size_t)hd, 1), *dkw = hrand((size_t)hd, 1);
+    float *gd = dcopy_act(d, n), *gd2 = dcopy_act(d, n), *gdqw = dcopy(dqw, (size_t)hd), *gdkw = dcopy(dkw, (size_t)hd);
+    float *gdqw2 = dcopy(dqw, (size_t)hd), *gdkw2 = dcopy(dkw, (size_t)hd);
+    act_round(d, n);
+    KC->headnorm_backward(d, dqw, dkw, x, qw, kw, rstd, N, nh, nkv, hd);
+    KG->headnorm_backward(gd, gdqw, gdkw, gx, gqw, gkw, grstd, N, nh, nkv, hd);
+    KG->headnorm_backward(gd2, gdqw2, gdkw2, gx, gqw, gkw, grstd, N, nh, nkv, hd);
+    snprintf(name, sizeof name, "headnorm_backward dqkv N %d, heads %d/%d, hd %d ([a], in place)", N, nh, nkv, hd);
+    check_act_rn_sum(name, d, gd, n);
+    snprintf(name, sizeof name, "headnorm_backward dqw hd %d", hd);
+    check(name, dqw, gdqw, (size_t)hd, TOL_F32);
+    snprintf(name, sizeof name, "headnorm_backward dkw hd %d", hd);
+    check(name, dkw, gdkw, (size_t)hd, TOL_F32);
+    snprintf(name, sizeof name, "headnorm_backward hd %d run twice: the same bits", hd);
+    check_act_bits(name, gd, gd2, n);
+    float *h = malloc_check(2 * (size_t)hd * sizeof(float));
+    KG->to_host(h, gdqw, (size_t)hd * sizeof(float));
+    KG->to_host(h + hd, gdkw, (size_t)hd * sizeof(float));
+    size_t bad = bits_differ(h, gdqw2, (size_t)hd) + bits_differ(h + hd, gdkw2, (size_t)hd);
+    printf("%s headnorm_backward hd %d run twice: %zu weight-gradient words differ\n", bad ? "FAIL" : "ok  ", hd, bad);
+    if (bad) fail++; else pass++;
+    free(h); free(x); free(qw); free(kw); free(out); free(rstd); free(d); free(dqw); free(dkw);
 }
 
 void test_rope(void) {

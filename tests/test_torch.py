@@ -1,7 +1,7 @@
 """test_torch.py — compares llmtrain against the independent PyTorch
 reference in tests/torch_ref.py.
 
-    /usr/bin/python3 tests/test_torch.py [--bin ./llmtrain] [--cases gpt2,llama_gqa,llama_tied,llama_yarn]
+    /usr/bin/python3 tests/test_torch.py [--bin ./llmtrain] [--cases gpt2,llama_gqa,llama_tied,llama_yarn,qwen3]
                                          [--keep] [-v]
 
 For each model case it writes random token shards (llm.c format), a random
@@ -260,6 +260,11 @@ CASES = {
                        decay_all=False, model_section_in_main=True,
                        rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                      "original_max_position_embeddings": 256}),
+    # (e) Qwen3 (Qwen3ForCausalLM): GQA, tied, a head_dim of 12 (not n_embd / n_head = 8;
+    # q heads 48 wide against n_embd 32) and QK-norm before RoPE
+    "qwen3": dict(arch="llama", n_layer=2, n_embd=32, n_head=4, n_kv_head=2, head_dim=12, qk_norm=True,
+                  ffn_hidden=48, vocab=64, max_seq_len=32, eps=1e-6, theta=10000.0, tie=True,
+                  decay_all=False, model_section_in_main=True),
 }
 
 T = 16            # seq_len (< max_seq_len, so GPT-2's unused wpe rows must get zero grad)
@@ -274,8 +279,12 @@ def hf_config(c):
     if c["arch"] == "gpt2":
         return R.gpt2_config(c["n_layer"], c["n_embd"], c["n_head"], c["vocab"], c["max_seq_len"],
                              eps=c["eps"])
-    cfg = R.llama_config(c["n_layer"], c["n_embd"], c["n_head"], c["n_kv_head"], c["ffn_hidden"],
-                         c["vocab"], c["max_seq_len"], eps=c["eps"], theta=c["theta"], tie=c["tie"])
+    if c.get("qk_norm"):
+        cfg = R.qwen3_config(c["n_layer"], c["n_embd"], c["n_head"], c["n_kv_head"], c["head_dim"], c["ffn_hidden"],
+                             c["vocab"], c["max_seq_len"], eps=c["eps"], theta=c["theta"], tie=c["tie"])
+    else:
+        cfg = R.llama_config(c["n_layer"], c["n_embd"], c["n_head"], c["n_kv_head"], c["ffn_hidden"],
+                             c["vocab"], c["max_seq_len"], eps=c["eps"], theta=c["theta"], tie=c["tie"])
     # keys a real HF Llama config.json carries
     cfg.update({"rope_scaling": c.get("rope_scaling"), "torch_dtype": "float32", "bos_token_id": 1,
                 "eos_token_id": 2, "initializer_range": 0.02})
@@ -288,6 +297,8 @@ def model_section(c, ffn=True):
     if c["arch"] == "llama":
         m.update({"n_kv_head": c["n_kv_head"], "rope_theta": c["theta"],
                   "tie_embeddings": c["tie"]})
+        if c.get("qk_norm"):
+            m.update({"head_dim": c["head_dim"], "qk_norm": True})
         rs = c.get("rope_scaling")
         if rs:
             m.update({"rope_scaling": rs["rope_type"], "rope_scaling_factor": rs["factor"]})
@@ -392,7 +403,8 @@ def run_case(binary, cname, c, root):
     keys = ["model_type", "vocab_size"] + (
         ["n_layer", "n_embd", "n_head", "n_positions"] if c["arch"] == "gpt2" else
         ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-         "num_key_value_heads", "max_position_embeddings"])
+         "num_key_value_heads", "max_position_embeddings"]) + (
+        ["architectures", "head_dim"] if c.get("qk_norm") else [])
     bad = {k: (p0_cfg.get(k), cfg[k]) for k in keys if p0_cfg.get(k) != cfg[k]}
     epsk = "layer_norm_epsilon" if c["arch"] == "gpt2" else "rms_norm_eps"
     if abs(float(p0_cfg.get(epsk, -1)) - cfg[epsk]) > 1e-6 * cfg[epsk]:
@@ -414,6 +426,10 @@ def run_case(binary, cname, c, root):
     if CK.check(logits_c is not None and loss_c is not None, f"{tag} dump/logits.safetensors has logits+loss"):
         cmp_tensor(f"{tag} step0 logits [first micro-batch]", logits_c, logits_t, TOL_LOGITS)
         cmp_scalar(f"{tag} step0 loss", float(loss_c.reshape(-1)[0]), loss_t, TOL_LOSS)
+        if c.get("qk_norm"):  # QK-norm did something: the same weights without it give other logits
+            _, no_qkn, _ = torch_step0(dict(cfg, model_type="llama"), p0, train_tokens)
+            far = rel_err(logits_c, no_qkn)
+            CK.check(far > 100 * TOL_LOGITS, f"{tag} step0 logits are far from those without QK-norm (rel {far:.2g})")
         if cfg.get("rope_scaling"):  # the scaling did something: the unscaled RoPE's logits are far
             _, unscaled, _ = torch_step0(dict(cfg, rope_scaling=None), p0, train_tokens)
             far = rel_err(logits_c, unscaled)

@@ -5,7 +5,9 @@
 # (parallel.sequence_parallel), must reproduce the single-process losses,
 # gradient norms and exported final weights, for a small GPT-2 and a small
 # Llama with GQA (export reassembles the sharded checkpoint of any layout
-# into global tensors). Sequence parallelism also where the rows do not
+# into global tensors); a Qwen3-shaped Llama (head_dim 12, QK-norm) under
+# tp 2 with and without sequence parallelism, FULL_SHARD 2 and tp 2 x
+# FULL_SHARD 2. Sequence parallelism also where the rows do not
 # split evenly (15 a micro-batch: the last rank's padding), under both
 # activation checkpointing modes and offload, and in sampling (B = 1, a
 # growing T): the same losses, validation losses and sampled tokens as one
@@ -15,17 +17,21 @@
 
 write_shard "$TMP/train.bin" 96 20000 1
 
-for arch in gpt2 llama; do
+# qwen3: the Llama with heads of 12 (not 32 / 4) and QK-norm, whose shared
+# weights' gradients each TP rank sums over its own heads only
+for arch in gpt2 llama qwen3; do
+    mtype=$arch extra="" runs="1-1 2-2 4-2-FULL_SHARD 8-2-HYBRID_SHARD-2 sp-2-2 sp-4-2-FULL_SHARD sp-8-2-HYBRID_SHARD-2"
+    [ $arch = qwen3 ] && { mtype=llama; extra=', "head_dim": 12, "qk_norm": true'; runs="1-1 2-2 2-1-FULL_SHARD 4-2-FULL_SHARD sp-2-2"; }
     cat >"$TMP/$arch.json" <<EOF
-{"model": {"arch": "$arch", "n_layer": 2, "n_embd": 32, "n_head": 4, "n_kv_head": $([ $arch = llama ] && echo 2 || echo 4),
-           "vocab_size": 96, "max_seq_len": 16},
+{"model": {"arch": "$mtype", "n_layer": 2, "n_embd": 32, "n_head": 4, "n_kv_head": $([ $mtype = llama ] && echo 2 || echo 4),
+           "vocab_size": 96, "max_seq_len": 16$extra},
  "data": {"train": "$TMP/train.bin"},
  "train": {"steps": 10, "seq_len": 16, "micro_batch": 2, "global_batch": 8},
  "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
  "eval": {"sample_tokens": 0}}
 EOF
     # run name: [sp-]ranks-tp[-strategy[-shard_degree]] (sp-: sequence parallel)
-    for run in 1-1 2-2 4-2-FULL_SHARD 8-2-HYBRID_SHARD-2 sp-2-2 sp-4-2-FULL_SHARD sp-8-2-HYBRID_SHARD-2; do
+    for run in $runs; do
         IFS=- read -r np tp strategy degree <<<"${run#sp-}"
         set_args="--set log.dir=$TMP/$arch-$run --set checkpoint.dir=$TMP/$arch-$run/ckpt --set parallel.tensor=$tp"
         [ -n "$strategy" ] && set_args="$set_args --set parallel.strategy=$strategy"
@@ -62,13 +68,14 @@ fi
 # parallelism): 4L + 2 reduce-scatters and 6L + 2 all-gathers of S x C
 # floats (S = N / tp rows a rank), each (tp - 1) S C 4 bus bytes; the
 # all-reduces left are the cross-entropy's 3N floats and the 2L + 1 norms'
-# weight (GPT-2: and bias) gradients, each 2 (tp - 1) / tp n 4 bus bytes
-for arch in gpt2 llama; do
+# weight (GPT-2: and bias) gradients, each 2 (tp - 1) / tp n 4 bus bytes;
+# with QK-norm also each layer's q_norm and k_norm gradients (2 head_dim)
+for arch in gpt2 llama qwen3; do
     if $PY - "$TMP/$arch-sp-2-2/metrics.jsonl" $arch <<'PYEOF'
 import json, sys
 L, C, B, T, tp, micro = 2, 32, 2, 16, 2, 8 // 2   # the job above: global 8 of micro 2, dp 1
 N = B * T; S = N // tp; unit = (tp - 1) * S * C * 4
-norm = (2 * L + 1) * (2 * C if sys.argv[2] == "gpt2" else C)
+norm = (2 * L + 1) * (2 * C if sys.argv[2] == "gpt2" else C) + (L * 2 * 12 if sys.argv[2] == "qwen3" else 0)
 want = {"tp_reduce_scatter": micro * (4 * L + 2) * unit, "tp_allgather": micro * (6 * L + 2) * unit,
         "tp_allreduce": micro * 2 * (tp - 1) / tp * (3 * N + norm) * 4}
 got = [json.loads(l)["comm_bytes"] for l in open(sys.argv[1]) if '"comm_bytes"' in l]

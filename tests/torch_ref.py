@@ -1,6 +1,6 @@
-"""torch_ref.py — independent PyTorch reference implementations of GPT-2 and
-Llama (the math of Hugging Face's GPT2LMHeadModel / LlamaForCausalLM, written
-from the equations), built from a Hugging Face folder's config.json + tensors
+"""torch_ref.py — independent PyTorch reference implementations of GPT-2,
+Llama and Qwen3 (the math of Hugging Face's GPT2LMHeadModel / LlamaForCausalLM
+/ Qwen3ForCausalLM, written from the equations), built from a Hugging Face folder's config.json + tensors
 under HF names, plus the training-loop semantics of llmtrain (data addressing,
 micro-batching, AdamW param groups, LR schedule, gradient clipping).
 
@@ -41,11 +41,33 @@ def llama_config(n_layer, hidden, n_head, n_kv_head, ffn_hidden, vocab_size,
     }
 
 
+def qwen3_config(n_layer, hidden, n_head, n_kv_head, head_dim, ffn_hidden, vocab_size, max_pos, eps=1e-6,
+                 theta=1000000.0, tie=True):
+    """Qwen3ForCausalLM: Llama's blocks, a head_dim of its own and an RMSNorm
+    (q_norm, k_norm) over each query and key head before RoPE."""
+    cfg = llama_config(n_layer, hidden, n_head, n_kv_head, ffn_hidden, vocab_size, max_pos, eps=eps, theta=theta, tie=tie)
+    del cfg["mlp_bias"]
+    cfg.update({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": head_dim,
+                "use_sliding_window": False, "sliding_window": None, "max_window_layers": n_layer})
+    return cfg
+
+
 def arch_of(cfg):
+    """gpt2 or llama (Qwen3 is Llama's blocks with QK-norm: qk_norm_of)"""
     mt = cfg.get("model_type")
-    if mt not in ("gpt2", "llama"):
+    if mt not in ("gpt2", "llama", "qwen3"):
         raise ValueError(f"unsupported model_type {mt!r}")
-    return mt
+    return "gpt2" if mt == "gpt2" else "llama"
+
+
+def qk_norm_of(cfg):
+    return cfg.get("model_type") == "qwen3"
+
+
+def head_dim_of(cfg):
+    if arch_of(cfg) == "gpt2":
+        return cfg["n_embd"] // cfg["n_head"]
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
 def expected_shapes(cfg):
@@ -68,7 +90,7 @@ def expected_shapes(cfg):
     else:
         C, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
         nh = cfg["num_attention_heads"]; nkv = cfg.get("num_key_value_heads") or nh
-        hd = C // nh; Fh = cfg["intermediate_size"]
+        hd = head_dim_of(cfg); Fh = cfg["intermediate_size"]
         s["model.embed_tokens.weight"] = (V, C)
         for i in range(L):
             h = f"model.layers.{i}."
@@ -77,6 +99,9 @@ def expected_shapes(cfg):
             s[h + "self_attn.k_proj.weight"] = (nkv * hd, C)
             s[h + "self_attn.v_proj.weight"] = (nkv * hd, C)
             s[h + "self_attn.o_proj.weight"] = (C, nh * hd)
+            if qk_norm_of(cfg):
+                s[h + "self_attn.q_norm.weight"] = (hd,)
+                s[h + "self_attn.k_norm.weight"] = (hd,)
             s[h + "post_attention_layernorm.weight"] = (C,)
             s[h + "mlp.gate_proj.weight"] = (Fh, C)
             s[h + "mlp.up_proj.weight"] = (Fh, C)
@@ -298,7 +323,8 @@ class RefModel:
             self.rope_scaling = cfg.get("rope_scaling")
             self.max_T = cfg["max_position_embeddings"]
             self.tied = bool(cfg.get("tie_word_embeddings", False))
-        self.hd = self.C // self.nh
+        self.hd = head_dim_of(cfg)
+        self.qk_norm = qk_norm_of(cfg)
         self.V = cfg["vocab_size"]
 
     # -- parameters --
@@ -360,6 +386,9 @@ class RefModel:
             q = (a @ p[h + "self_attn.q_proj.weight"].t()).view(B, T, nh, hd).transpose(1, 2)
             k = (a @ p[h + "self_attn.k_proj.weight"].t()).view(B, T, nkv, hd).transpose(1, 2)
             v = (a @ p[h + "self_attn.v_proj.weight"].t()).view(B, T, nkv, hd).transpose(1, 2)
+            if self.qk_norm:  # Qwen3: each head's hd values RMS-normalized, one weight for all heads, before RoPE
+                q = rms_norm(q, p[h + "self_attn.q_norm.weight"], self.eps)
+                k = rms_norm(k, p[h + "self_attn.k_norm.weight"], self.eps)
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
             k = repeat_kv(k, nh // nkv)
