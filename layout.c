@@ -78,9 +78,9 @@ int layout_check(Sharding *sh, Config *c, Dist *d, Model *m) {
     if (c->cp > 1 && c->seq_len % (2 * c->cp) != 0)
         die(EXIT_USAGE, "%s: train.seq_len %d is not divisible by 2 x parallel.context %d = %d (each sequence is cut into 2 cp "
             "equal chunks)", c->path, c->seq_len, c->cp, 2 * c->cp);
-    if (c->cp > 1 && strcmp(c->device, "cuda") == 0 && mc->n_embd / mc->n_head > 128)
+    if (c->cp > 1 && strcmp(c->device, "cuda") == 0 && mc->head_dim > 128)
         die(EXIT_USAGE, "%s: parallel.context %d with train.device \"%s\": head dim %d (the CUDA attention parts take head dims "
-            "up to 128; expected train.device \"cpu\", or parallel.context 1)", c->path, c->cp, c->device, mc->n_embd / mc->n_head);
+            "up to 128; expected train.device \"cpu\", or parallel.context 1)", c->path, c->cp, c->device, mc->head_dim);
     if (c->cp > 1 && c->debug_dump[0])
         die(EXIT_USAGE, "%s: debug.dump is not available with parallel.context %d (expected 1)", c->path, c->cp);
     if (mc->n_kv_head % c->tp != 0 || mc->n_head % c->tp != 0)

@@ -19,6 +19,9 @@
 #      bf16 and fp32 within those tolerances (the losses, the aux and z
 #      losses, the dropped share); recomputing the experts' activation
 #      under bf16 bit-identical to keeping it.
+#   2c. Qwen3's attention (head_dim 24 at n_embd 64 and 4 heads, QK-norm):
+#      cuda TF32 and bf16 against cpu; bf16 with selective norm and full
+#      recompute bit-identical to keeping everything.
 #   3. activation offload on cuda (5 layers) against cpu (fp32 GEMMs) and
 #      against cuda without offload (fp32, TF32 and bf16 GEMMs).
 #   3b. the fused attention kernels (train.attention_kernel flash) in whole
@@ -277,6 +280,34 @@ PYEOF
     if $PY tests/compare_runs.py "$TMP/moe-cuda-bf16" "$TMP/moe-cuda-bf16-rc" --steps $STEPS --exact; then
         echo "ok   moe cuda bf16: selective with recompute_modules mlp_act (the experts' SwiGLU recomputed): $STEPS steps bit-identical to keeping it"; pass=$((pass + 1))
     else echo "FAIL moe cuda bf16: recomputing the experts' activation changed the run"; fail=$((fail + 1)); fi
+fi
+
+# Qwen3's attention on cuda (the Llama above with heads of 24, not 64 / 4,
+# and QK-norm): TF32 and bf16 against cpu; under bf16 the norms recomputed
+# (selective norm) and the whole layer (full) bit-identical to keeping them
+$PY -c 'import json, sys; j = json.load(open(sys.argv[1])); j["model"].update(head_dim=24, qk_norm=True); json.dump(j, open(sys.argv[2], "w"))' \
+    "$TMP/llama.json" "$TMP/qwen3.json"
+q_ok=1
+for run in cpu:cpu: cuda:cuda:tf32 cuda-bf16:cuda: cuda-norm:cuda:norm cuda-full:cuda:full; do
+    IFS=: read -r name dev how <<<"$run"
+    case $how in
+    tf32) extra=(--set train.compute_dtype=tf32) ;;
+    norm) extra=(--set train.activation_checkpointing=selective --set train.recompute_modules=norm) ;;
+    full) extra=(--set train.activation_checkpointing=full) ;;
+    *) extra=() ;;
+    esac
+    $BIN "$TMP/qwen3.json" --set train.device=$dev "${extra[@]}" --set log.dir="$TMP/qwen3-$name" \
+        --set checkpoint.dir="$TMP/qwen3-$name/ckpt" >"$TMP/qwen3-$name.out" 2>&1 ||
+        { echo "FAIL qwen3 $name exited non-zero: $(tail -2 "$TMP/qwen3-$name.out")"; fail=$((fail + 1)); q_ok=0; }
+done
+if [ $q_ok = 1 ]; then
+    for cmp in "cpu cuda --loss-rtol $LOSS_RTOL" "cpu cuda-bf16 --loss-rtol $LOSS_RTOL_BF16" "cuda-bf16 cuda-norm --exact" \
+               "cuda-bf16 cuda-full --exact"; do
+        read -r a b opts <<<"$cmp"
+        if $PY tests/compare_runs.py "$TMP/qwen3-$a" "$TMP/qwen3-$b" --steps $STEPS $opts; then
+            echo "ok   qwen3 (head_dim 24, QK-norm): $STEPS steps $b vs $a ($opts)"; pass=$((pass + 1))
+        else echo "FAIL qwen3 (head_dim 24, QK-norm): $b vs $a ($opts)"; fail=$((fail + 1)); fi
+    done
 fi
 
 # the scratch estimate where attention's [B, T, T] blocks are most of it (T 512)

@@ -112,7 +112,13 @@ expect_fail "init.seed past 2^53 - 1" "init.seed: expected a value in [0, 900719
 if $BIN check "$TMP/job.json" --set init.seed=9007199254740991 >"$TMP/out" 2>&1; then
     ok "check: init.seed 2^53 - 1 is valid"; else bad "check: init.seed 2^53 - 1: $(cat "$TMP/out")"; fi
 expect_fail "empty checkpoint.resume" 'checkpoint.resume: expected auto, none or a checkpoint folder or root, got ""' $BIN check "$TMP/job.json" --set checkpoint.resume=
-expect_fail "n_head not dividing n_embd" "model.n_head 3 does not divide model.n_embd 16" $BIN "$TMP/job.json" --set model.n_head=3
+expect_fail "n_head not dividing n_embd" "model.n_head 3 does not divide model.n_embd 16 (expected a divisor, or model.head_dim set)" $BIN "$TMP/job.json" --set model.n_head=3
+if $BIN check "$TMP/job.json" --set model.n_head=3 --set model.n_kv_head=1 --set model.head_dim=8 2>"$TMP/err" | grep -q "3 heads (1 kv), .*, head_dim 8"; then
+    ok "model.head_dim 8 with 3 heads at n_embd 16: check passes and names head_dim 8"
+else bad "model.head_dim 8 with 3 heads: $(cat "$TMP/err")"; fi
+expect_fail "odd head_dim" "model.head_dim 7 (the head dimension) must be even for RoPE" $BIN check "$TMP/job.json" --set model.head_dim=7
+expect_fail "head_dim with GPT-2" "model.head_dim 16: GPT-2's heads split n_embd (expected n_embd/n_head, or 0)" $BIN check "$TMP/job.json" --set model.arch=gpt2 --set model.n_kv_head=0 --set model.head_dim=16
+expect_fail "qk_norm with GPT-2" "model.qk_norm true: GPT-2 has no QK-norm (expected false, or model.arch \"llama\")" $BIN check "$TMP/job.json" --set model.arch=gpt2 --set model.n_kv_head=0 --set model.qk_norm=true
 expect_fail "n_kv_head not dividing n_head" "model.n_kv_head 4 does not divide model.n_head 6" $BIN "$TMP/job.json" --set model.n_embd=24 --set model.n_head=6 --set model.n_kv_head=4
 expect_fail "seq_len > max_seq_len" "train.seq_len 32 exceeds model.max_seq_len 16" $BIN "$TMP/job.json" --set train.seq_len=32
 expect_fail "global batch not divisible" "train.global_batch 5 is not a multiple of train.micro_batch 2" $BIN "$TMP/job.json" --set train.global_batch=5
@@ -377,6 +383,13 @@ done
 rope_folder hf5_dyn "c.pop('rope_theta'); c.pop('rope_scaling'); c['rope_parameters'] = {'rope_theta': 500000.0, 'rope_type': 'dynamic', 'factor': 2.0}"
 expect_fail "init.from rope_parameters rope_type dynamic" 'config.json: key rope_parameters: rope_type "dynamic" is not supported' \
     $BIN "$TMP/job.json" --set init.from="$TMP/hf5_dyn"
+# Qwen3 folders: attention biases refused; model_type qwen3 means QK-norm, whose weights must be there
+rope_folder hf_qwen_bias "c['model_type'] = 'qwen3'; c['architectures'] = ['Qwen3ForCausalLM']; c['attention_bias'] = True"
+expect_fail "init.from Qwen3 with attention_bias true" "hf_qwen_bias/config.json: key attention_bias: true is not supported (no attention biases in llmtrain's Qwen3)" \
+    $BIN "$TMP/job.json" --set init.from="$TMP/hf_qwen_bias"
+rope_folder hf_qwen_nonorm "c['model_type'] = 'qwen3'; c['architectures'] = ['Qwen3ForCausalLM']"
+expect_fail "init.from Qwen3 without q_norm tensors" "missing tensor model.layers.0.self_attn.q_norm.weight" \
+    $BIN "$TMP/job.json" --set init.from="$TMP/hf_qwen_nonorm"
 rope_folder hf_drop "c['attention_dropout'] = 0.1"
 $BIN "$TMP/job.json" --set init.from="$TMP/hf_drop" --set train.steps=1 --set log.dir="$TMP/run_drop" --set checkpoint.dir="$TMP/run_drop/ck" >/dev/null 2>"$TMP/drop.err"; rc=$?
 if [ $rc -eq 0 ] && [ "$(grep -c 'ignored, llmtrain trains without dropout: attention_dropout 0.1' "$TMP/drop.err")" -eq 1 ]; then

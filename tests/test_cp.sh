@@ -3,7 +3,8 @@
 # chunks, context rank r holding chunks r and 2cp-1-r, attention as a ring
 # of key/value blocks merged by their log-sum-exp. Against one process: the
 # losses, gradient norms, validation losses and exported weights of a small
-# GPT-2 and a small Llama with GQA under cp 2, cp 4, cp 2 x tp 2 (sequence
+# GPT-2 and a small Llama with GQA (and a Qwen3-shaped one: head_dim 24,
+# QK-norm, under cp 2, cp 2 x tp 2 sequence parallel, recompute) under cp 2, cp 4, cp 2 x tp 2 (sequence
 # parallel), cp 2 x FULL_SHARD 2, cp 2 x HYBRID_SHARD (shard groups of 2)
 # and 8 ranks of tp 2 x cp 2 x dp 2 (the Llama also tp 2 x cp 2 without
 # sequence parallelism, SHARD_GRAD_OP, HYBRID_SHARD_ZERO2, YaRN and Llama 3
@@ -30,11 +31,14 @@ write_shard "$TMP/train.bin" 96 20000 1
 write_shard "$TMP/docs.bin" 8 20000 2 # token 5 ends documents: about 8 tokens each, chunks of 4 and 8
 
 # job ARCH: 2 layers, 64 wide, 4 heads (Llama: 2 kv heads), 32 tokens, 6
-# steps of 4 sequences in micro-batches of 2, validation at steps 3 and 6
+# steps of 4 sequences in micro-batches of 2, validation at steps 3 and 6;
+# qwen3: the Llama with heads of 24 (not 64 / 4) and QK-norm
 job() {
+    local arch=$1 extra=""
+    [ "$1" = qwen3 ] && { arch=llama; extra=', "head_dim": 24, "qk_norm": true'; }
     cat >"$TMP/$1.json" <<EOF
-{"model": {"arch": "$1", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": $([ "$1" = llama ] && echo 2 || echo 4),
-           "vocab_size": 96, "max_seq_len": 32},
+{"model": {"arch": "$arch", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": $([ "$arch" = llama ] && echo 2 || echo 4),
+           "vocab_size": 96, "max_seq_len": 32$extra},
  "data": {"train": "$TMP/train.bin", "val": "$TMP/train.bin"},
  "train": {"steps": 6, "seq_len": 32, "micro_batch": 2, "global_batch": 4},
  "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
@@ -77,6 +81,17 @@ cp2-recompute 2 --set parallel.context=2 --set train.activation_checkpointing=se
 cp4-all-gather 4 --set parallel.context=4 --set parallel.context_mode=all_gather
 EOF
 done
+# Qwen3's attention (a head_dim of its own, QK-norm: per token, so the ring is unchanged)
+job qwen3
+train qwen3-1 qwen3 1
+while read -r name np sets; do
+    train "qwen3-$name" qwen3 "$np" $sets
+    same qwen3-1 "qwen3-$name" "qwen3 $name ($np ranks)"
+done <<EOF
+cp2 2 --set parallel.context=2
+cp2-tp2-sp 4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
+cp2-recompute 2 --set parallel.context=2 --set train.activation_checkpointing=selective --set train.recompute_modules=attention,norm
+EOF
 train llama-tp2-cp2-dp2 llama 8 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true \
     --set parallel.strategy=HYBRID_SHARD --set parallel.shard_degree=2 --set train.activation_checkpointing=full
 same llama-1 llama-tp2-cp2-dp2 "llama tp 2 x cp 2 x dp 2 (8 ranks, HYBRID_SHARD, full recompute)"

@@ -208,6 +208,16 @@ def read_dump_logits(dump):
     return t.get("logits"), t.get("loss")
 
 
+def raw_tensors(path):
+    """A safetensors file's tensors as name -> (dtype, shape, their bytes), read from the format itself."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    n = int.from_bytes(buf[:8], "little")
+    hdr = json.loads(buf[8:8 + n])
+    return {k: (v["dtype"], v["shape"], buf[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in hdr.items() if k != "__metadata__"}
+
+
 def read_metrics(logdir):
     p = os.path.join(logdir, "metrics.jsonl")
     steps = {}
@@ -529,6 +539,32 @@ def run_case(binary, cname, c, root):
                                            f"(fp32-torch noise whole tensor {noise:.1g})")
                 continue
             cmp_tensor(f"{tag} final {n} (fp32-torch noise {noise:.1g})", fin.get(n), fin_t[n], TOL_FINAL)
+
+    # ---- Qwen3 import -> train at lr 0 -> checkpoint -> export: the folder's tensors, byte for byte ----
+    if c.get("qk_norm"):
+        job = base_job(work, "rt_export", c, 1, 1.0, init={"from": init_dir}, dump=False)
+        job["optim"].update({"lr": 0.0, "min_lr": 0.0})
+        ok, out = run_bin(binary, job, work, "rt_export")
+        rt_dir = os.path.join(work, "rt_export", "hf")
+        if ok:
+            ok, out = run_bin(binary, None, work, "rt_export_x",
+                              args_prefix=["export", os.path.join(work, "rt_export", "ckpt"), rt_dir])
+        if CK.check(ok, f"{tag} init.from Qwen3 folder, 1 step at lr 0, export" + ("" if ok else f": {out}")):
+            a = raw_tensors(os.path.join(init_dir, "model.safetensors"))
+            b = raw_tensors(os.path.join(rt_dir, "model.safetensors"))
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            CK.check(not diff and len(a) == len(R.expected_shapes(cfg)),
+                     f"{tag} import -> export: {len(a)} tensors byte-identical (name, dtype, shape, bytes)" +
+                     (f"; differ: {diff[:4]}" if diff else ""))
+            with open(os.path.join(rt_dir, "config.json")) as f:
+                rc = json.load(f)
+            want = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": c["head_dim"],
+                    "num_attention_heads": c["n_head"], "num_key_value_heads": c["n_kv_head"], "hidden_size": c["n_embd"],
+                    "tie_word_embeddings": c["tie"], "attention_bias": False, "use_sliding_window": False}
+            bad = {k: (rc.get(k), v) for k, v in want.items() if rc.get(k) != v}
+            if abs(rc.get("rope_theta", 0) - c["theta"]) > 1e-6 * c["theta"] or abs(rc.get("rms_norm_eps", 0) - c["eps"]) > 1e-6 * c["eps"]:
+                bad["rope_theta/rms_norm_eps"] = (rc.get("rope_theta"), rc.get("rms_norm_eps"))
+            CK.check(not bad, f"{tag} export config.json: Qwen3's keys" + (f" (got, expected): {bad}" if bad else ""))
 
     # ---- init.from round trip: params0 (F32) ----
     with torch.no_grad():
