@@ -201,6 +201,57 @@ else
     bad "llama3.2_1b.json with a folder scaled by 8: rc=$rc $err"
 fi
 
+# configs/qwen3_0.6b.json is Qwen/Qwen3-0.6B's shape: check alone and with init.from its
+# config.json as published (a head_dim of 128 at 1024 wide and 16 heads, QK-norm); its parameter
+# count is the model's, 596,049,920 (0.44B without the tied embedding)
+mkdir -p "$TMP/q3"
+cat >"$TMP/q3/config.json" <<'EOF'
+{
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}
+EOF
+line="model llama: 28 layers, 1024 embd, 16 heads (8 kv), ffn 3072, vocab 151936, 596.05M parameters (tied embeddings), head_dim 128, QK-norm, RoPE theta 1e+06"
+out=$($BIN check configs/qwen3_0.6b.json --world 8 2>&1); rc=$?
+out2=$($BIN check configs/qwen3_0.6b.json --world 8 --set init.from="$TMP/q3" 2>&1); rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && echo "$out" | grep -qxF "$line" && echo "$out2" | grep -qxF "$line" &&
+   echo "$out" | grep -q "fits"; then
+    ok "qwen3_0.6b.json on 8 ranks: Qwen3-0.6B's shape (head_dim 128, QK-norm), alone and with init.from its config.json"
+else
+    bad "qwen3_0.6b.json: rc=$rc/$rc2 $out $out2"
+fi
+sed 's/"head_dim": 128/"head_dim": 64/' "$TMP/q3/config.json" >"$TMP/q3_64.json" && mkdir -p "$TMP/q3_64" && mv "$TMP/q3_64.json" "$TMP/q3_64/config.json"
+err=$($BIN check configs/qwen3_0.6b.json --world 8 --set init.from="$TMP/q3_64" 2>&1 >/dev/null); rc=$?
+if [ $rc -eq 2 ] && [ "$(echo "$err" | wc -l)" -eq 1 ] && echo "$err" | grep -q "model.head_dim = 128 conflicts with init.from"; then
+    ok "qwen3_0.6b.json with init.from a folder of head_dim 64: exit 2: $err"
+else
+    bad "qwen3_0.6b.json with a head_dim 64 folder: rc=$rc $err"
+fi
+
 # an impossible layout: the same message as a training start, exit 2, one line
 err=$($BIN check configs/llama2_70b.json --world 24 2>&1 >/dev/null)
 rc=$?
