@@ -7,17 +7,26 @@
 # bit-identical to the same run without offload, under each checkpointing
 # mode (selective also with train.recompute_modules norm,mlp_act) on 1
 # rank, none and norm,mlp_act on tp 2, none on FULL_SHARD 2, for GPT-2
-# and Llama (GQA), with gradient accumulation and evaluation in between.
+# and Llama (GQA) (a Qwen3-shaped Llama, head_dim 12 and QK-norm: none
+# and norm,mlp_act on 1 rank, none on tp 2), with gradient accumulation
+# and evaluation in between.
 # The device activations fall and the host copy is n_layer x one layer's
 # kept buffers.
 . "$(dirname "$0")/lib.sh"
 
 write_shard "$TMP/train.bin" 96 20000 1
 write_shard "$TMP/val.bin" 96 4000 2
-for arch in gpt2 llama; do
-    if [ $arch = gpt2 ]; then shape='"n_layer": 5, "n_embd": 32, "n_head": 4'; else shape='"n_layer": 5, "n_embd": 32, "n_head": 4, "n_kv_head": 2'; fi
+for arch in gpt2 llama qwen3; do
+    layouts=("1:none selective full norm_act" "2 --set parallel.tensor=2:none norm_act" "2 --set parallel.strategy=FULL_SHARD:none")
+    case $arch in
+    gpt2) shape='"arch": "gpt2", "n_layer": 5, "n_embd": 32, "n_head": 4' ;;
+    llama) shape='"arch": "llama", "n_layer": 5, "n_embd": 32, "n_head": 4, "n_kv_head": 2' ;;
+    qwen3) # the Llama with heads of 12 (not 32 / 4) and QK-norm: its normalized q|k buffer travels too
+        shape='"arch": "llama", "n_layer": 5, "n_embd": 32, "n_head": 4, "n_kv_head": 2, "head_dim": 12, "qk_norm": true'
+        layouts=("1:none norm_act" "2 --set parallel.tensor=2:none") ;;
+    esac
     cat >"$TMP/$arch.json" <<EOF2
-{"model": {"arch": "$arch", $shape, "vocab_size": 96, "max_seq_len": 32},
+{"model": {$shape, "vocab_size": 96, "max_seq_len": 32},
  "data": {"train": "$TMP/train.bin", "val": "$TMP/val.bin"},
  "train": {"steps": 6, "seq_len": 32, "micro_batch": 2, "global_batch": 8},
  "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
@@ -26,8 +35,7 @@ EOF2
     # layout:modes. Every mode on 1 rank; tp 2 shards the kept buffers
     # (everything kept, and the norms and MLP activation recomputed);
     # FULL_SHARD keeps 1 rank's buffers and adds the gathers' ordering
-    for layout in "1:none selective full norm_act" "2 --set parallel.tensor=2:none norm_act" \
-                  "2 --set parallel.strategy=FULL_SHARD:none"; do
+    for layout in "${layouts[@]}"; do
         read -r np rest <<<"${layout%%:*}"
         cmd="$BIN"; [ "$np" -gt 1 ] && cmd="$MPIRUN $np $BIN"
         for mode in ${layout#*:}; do
