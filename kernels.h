@@ -199,6 +199,7 @@ typedef struct CudaScratchShape {
     int nh, hd, qkv_dim, fc_dim, F, V;  /* heads, head dim, qkv and up-projection widths, SwiGLU hidden, vocab */
     size_t n_params;                    /* the local flat array */
     int gpt2, bf16;                     /* GPT-2 (else Llama); compute dtype bf16 */
+    int qk_norm;                        /* model.qk_norm */
     const char *attention;              /* train.attention_kernel */
     int weight_copies;                  /* layers whose weights' bf16 copies are kept (sharded: the pool's slots - 2) */
     int sharded, off_grid;              /* sharded weights; a 2-D weight off the 8-float grid */

@@ -42,7 +42,7 @@ double kernels_cuda_scratch_bytes(const CudaScratchShape *m) {
      * of the one-pass norm backward */
     double rb = fmin((double)CUDA_COLSUM_MAX_BLOCKS, ceil(N / CUDA_COLSUM_ROWS)), widest = 2 * C;
     if (m->gpt2) widest = fmax(widest, fmax(m->fc_dim, m->qkv_dim));
-    widest = fmax(widest, 2.0 * m->hd); /* QK-norm's two weight gradients (model.qk_norm) */
+    if (m->qk_norm) widest = fmax(widest, 16.0 * m->hd); /* QK-norm's two weight gradients, 8 partials a row block */
     double rbn = fmin((double)CUDA_NORM_BWD_MAX_BLOCKS, ceil(N / 8.0));
     rbn = ceil(N / ceil(N / rbn));
     s += grow * fmax(rb * widest, rbn * (m->gpt2 ? 2.0 : 1.0) * C) * 4.0;

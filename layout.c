@@ -260,7 +260,8 @@ double layout_cuda_scratch_bytes(const Sharding *sh) {
     for (int i = 0; i < m->n_specs; i++) off_grid |= m->specs[i].ndim == 2 && m->specs[i].offset % 8 != 0;
     CudaScratchShape shape = {.B = c->micro_batch, .T = c->seq_len / c->cp, .C = c->model.n_embd, .nh = m->nh, .hd = m->hd,
                               .qkv_dim = m->qkv_dim, .fc_dim = m->fc_dim, .F = m->F, .V = m->V, .n_params = m->n_params,
-                              .gpt2 = c->model.arch == ARCH_GPT2, .bf16 = layout_cuda_bf16(c), .attention = c->attention_kernel,
+                              .gpt2 = c->model.arch == ARCH_GPT2, .qk_norm = c->model.qk_norm, .bf16 = layout_cuda_bf16(c),
+                              .attention = c->attention_kernel,
                               .weight_copies = sh->sharded ? np - 2 : c->model.n_layer, .sharded = sh->sharded, .off_grid = off_grid, .cp = c->cp};
     Fp8Sizes z = model_fp8_sizes(m, shape.B * shape.T);
     if (config_fp8_recipe(c) >= 0) shape.fp8 = &z, shape.fp8_recipe = config_fp8_recipe(c);

@@ -583,8 +583,8 @@ static void cu_rmsnorm_backward(float *dinp, float *dinp_a, float *dw, const flo
 // ----------------------------------------------------------------------------
 // QK-norm: an RMSNorm over each q and k head (hd values) of a qkv row, a
 // warp a head (v heads copied by a warp each); the weights' gradient as the
-// column sums above: partial sums of a block of rows each, in row and head
-// order, then colsum_finish
+// column sums above: partial sums of every HN_TY-th row of a block of
+// rows each (32 columns by HN_TY row threads a block), then colsum_finish
 
 template <typename T_>
 __global__ void headnorm_fwd_k(T_ *out, float *rstd, const T_ *inp, const float *qw, const float *kw, int N, int nh,
@@ -627,24 +627,29 @@ __global__ void headnorm_bwd_k(T_ *d, const T_ *inp, const float *qw, const floa
         act_st(g, (size_t)c, rs * (act_ld(g, (size_t)c) * w[c] - act_ld(x, (size_t)c) * rs * mdx));
 }
 
-/* column j of block b: the q heads' terms of rows [b rows_per, +rows_per)
- * into p0[b, j], the k heads' into p1[b, j] */
+/* column j = 32 blockIdx.x + threadIdx.x, partial b = HN_TY blockIdx.y +
+ * threadIdx.y: the q heads' terms of rows r0 + threadIdx.y, + HN_TY, ...
+ * < r0 + rows_per (r0 = blockIdx.y rows_per) into p0[b, j], the k heads'
+ * into p1[b, j], for colsum_finish to add in its order */
+#define HN_TY 8
 template <typename T_>
-__global__ void headnorm_dw_partial_k(float *p0, float *p1, const T_ *d, const T_ *inp, const float *rstd, int N, int nh,
-                                      int nkv, int hd, int rows_per) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x, HA = nh + 2 * nkv, H = nh + nkv;
+__global__ void __launch_bounds__(32 * HN_TY)
+    headnorm_dw_partial_k(float *p0, float *p1, const T_ *d, const T_ *inp, const float *rstd, int N, int nh, int nkv,
+                          int hd, int rows_per) {
+    const int j = blockIdx.x * 32 + threadIdx.x, HA = nh + 2 * nkv, H = nh + nkv;
     if (j >= hd) return;
     const int n0 = blockIdx.y * rows_per, n1 = n0 + rows_per < N ? n0 + rows_per : N;
     float aq = 0.0f, ak = 0.0f;
-    for (int n = n0; n < n1; n++)
+    for (int n = n0 + (int)threadIdx.y; n < n1; n += HN_TY)
         for (int h = 0; h < H; h++) {
             const size_t i = ((size_t)n * HA + h) * hd + j;
             const float t = act_ld(d, i) * (act_ld(inp, i) * rstd[(size_t)n * H + h]);
             if (h < nh) aq += t;
             else ak += t;
         }
-    p0[(size_t)blockIdx.y * hd + j] = aq;
-    p1[(size_t)blockIdx.y * hd + j] = ak;
+    const size_t b = (size_t)blockIdx.y * HN_TY + threadIdx.y;
+    p0[b * hd + j] = aq;
+    p1[b * hd + j] = ak;
 }
 
 /* out, inp: [a] */
@@ -668,14 +673,15 @@ static void cu_headnorm_backward(float *dqkv, float *dqw, float *dkw, const floa
     if (dqw || dkw) {
         int rows_per = CUDA_COLSUM_ROWS, RB = (N + rows_per - 1) / rows_per;
         if (RB > CUDA_COLSUM_MAX_BLOCKS) { RB = CUDA_COLSUM_MAX_BLOCKS; rows_per = (N + RB - 1) / RB; }
-        float *p0 = (float *)scratch_get(&sc_col, 2 * (size_t)RB * hd * sizeof(float)), *p1 = p0 + (size_t)RB * hd;
-        dim3 grid((unsigned)((hd + 127) / 128), (unsigned)RB);
+        const size_t P = (size_t)RB * HN_TY; /* partials */
+        float *p0 = (float *)scratch_get(&sc_col, 2 * P * hd * sizeof(float)), *p1 = p0 + P * hd;
+        dim3 grid((unsigned)((hd + 31) / 32), (unsigned)RB), block(32, HN_TY);
         if (b16)
-            headnorm_dw_partial_k<__nv_bfloat16><<<grid, 128>>>(p0, p1, CACT16(dqkv), CACT16(inp), rstd, N, nh, nkv, hd,
-                                                                rows_per);
-        else headnorm_dw_partial_k<float><<<grid, 128>>>(p0, p1, dqkv, inp, rstd, N, nh, nkv, hd, rows_per);
+            headnorm_dw_partial_k<__nv_bfloat16><<<grid, block>>>(p0, p1, CACT16(dqkv), CACT16(inp), rstd, N, nh, nkv, hd,
+                                                                  rows_per);
+        else headnorm_dw_partial_k<float><<<grid, block>>>(p0, p1, dqkv, inp, rstd, N, nh, nkv, hd, rows_per);
         LAUNCH_CHECK();
-        colsum_finish(dqw, dkw, p0, dkw ? p1 : NULL, RB, hd);
+        colsum_finish(dqw, dkw, p0, dkw ? p1 : NULL, (int)P, hd);
     }
     const size_t items = (size_t)N * (nh + nkv);
     const unsigned grid = (unsigned)((items + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
