@@ -285,11 +285,11 @@ static void shard_name(char *out, size_t n, int i, int of) {
 
 const char *export_refusal(const Model *m, char *why, size_t n) {
     const ModelConfig *c = &m->cfg;
-    if (!m->moe.on || hf_moe_qwen(c)) return NULL;
+    if (!m->moe.on) return NULL;
     if (c->moe_shared_experts)
         snprintf(why, n, "model.moe_shared_experts %d: neither Mixtral nor Qwen3-MoE has shared experts (no Hugging Face "
                  "architecture to write; keep the llmtrain checkpoint)", c->moe_shared_experts);
-    else if (m->moe.n_layers < c->n_layer || !c->moe_norm_topk)
+    else if (!hf_moe_qwen(c) && (m->moe.n_layers < c->n_layer || !c->moe_norm_topk))
         snprintf(why, n, "an MoE model with %s is written as Qwen3-MoE, which needs model.qk_norm (Mixtral has every layer "
                  "MoE and renormalised top-k weights)", m->moe.n_layers < c->n_layer ? "dense layers" : "model.moe_norm_topk false");
     else return NULL;

@@ -275,8 +275,9 @@ import json, sys
 j = json.load(open(sys.argv[1])); m = j["model"]; line = sys.argv[2]
 ep = j.get("parallel", {}).get("expert", 1)
 C, L, V, E, k, F = m["n_embd"], m["n_layer"], m["vocab_size"], m["moe_experts"], m["moe_top_k"], m["moe_ffn_hidden"]
-hd = C // m["n_head"]
+hd = m.get("head_dim") or C // m["n_head"]
 layer = 2 * C + (m["n_head"] + 2 * m["n_kv_head"]) * hd * C + m["n_head"] * hd * C + E * C + E * 3 * F * C
+layer += 2 * hd if m.get("qk_norm") else 0
 total = 2 * V * C + C + L * layer
 active = total - L * (E - k) * 3 * F * C
 fmt = lambda x: next(f"{x / s:.4g}{u}" for s, u in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"), (1, "")) if x >= s)

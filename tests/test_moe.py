@@ -10,9 +10,14 @@ llmtrain's code, in float64:
   - five training steps (AdamW, clipping, two micro-batches a step, so
     the balance losses are per micro-batch): losses, grad norms, the aux
     loss and the expert load llmtrain logs, and the final weights;
-  - a Qwen3-MoE-shaped native model (dense layers among MoE ones, top-k
-    not renormalised, shared experts) from scratch: its step-0 gradients
-    through the dumped weights;
+  - a Qwen3-MoE imported from a Hugging Face folder (head_dim not
+    n_embd / heads, QK-norm, a dense layer among the MoE ones, top-k not
+    renormalised): step-0 logits and gradients, and its export's tensors
+    and config.json;
+  - a native model with a dense layer, a shared expert and top-k not
+    renormalised, from scratch: its step-0 gradients through the dumped
+    weights;
+  - aux-loss-free balancing: losses, the saved biases, a resume;
   - a capacity factor: its drops counted as the reference counts them
     and its losses the reference's with those drops (and not the
     dropless ones);
@@ -130,7 +135,12 @@ class MoERef:
         B_, T_, C_ = a.shape
         x = a.reshape(-1, C_)
         N = x.shape[0]
-        if self.names == "mixtral":
+        if self.names == "qwen3moe":
+            h = f"model.layers.{i}.mlp."
+            wg = p[h + "gate.weight"]
+            exp = [(p[h + f"experts.{e}.gate_proj.weight"], p[h + f"experts.{e}.up_proj.weight"],
+                    p[h + f"experts.{e}.down_proj.weight"]) for e in range(E)]
+        elif self.names == "mixtral":
             h = f"model.layers.{i}.block_sparse_moe."
             wg = p[h + "gate.weight"]
             exp = [(p[h + f"experts.{e}.w1.weight"], p[h + f"experts.{e}.w3.weight"], p[h + f"experts.{e}.w2.weight"])
@@ -216,6 +226,76 @@ class MoERef:
     def balance(self):
         n = len(self.aux)
         return sum(self.aux) / n, sum(self.z) / n
+
+
+class Qwen3MoERef(MoERef):
+    """Qwen3-MoE (Hugging Face names): head_dim hd (not C / heads), an
+    RMSNorm over each query and key head (q_norm, k_norm, [hd]) before
+    RoPE, MoE layers but the dense ones (mlp_only_layers), top-k not
+    renormalised."""
+
+    def __init__(self, tensors, hd, dense, ffn, n_layer):
+        super().__init__(None, tensors, "qwen3moe", lambda i: i not in dense, norm_topk=False, ffn=ffn, n_layer=n_layer)
+        self.hd = hd
+
+    def forward(self, idx):
+        p, hd = self.p, self.hd
+        B_, T_ = idx.shape
+        cos, sin = R.rope_cos_sin(T_, hd, 10000.0, torch.float64)
+        x = p["model.embed_tokens.weight"][idx]
+        self.aux, self.z = [], []
+        for i in range(self.nl):
+            h = f"model.layers.{i}."
+            a = R.rms_norm(x, p[h + "input_layernorm.weight"], 1e-5)
+            q, k, v = (a @ p[h + f"self_attn.{n}_proj.weight"].t() for n in "qkv")
+            q = R.rms_norm(q.reshape(B_, T_, NH, hd), p[h + "self_attn.q_norm.weight"], 1e-5).transpose(1, 2)
+            k = R.rms_norm(k.reshape(B_, T_, NKV, hd), p[h + "self_attn.k_norm.weight"], 1e-5).transpose(1, 2)
+            q, k = R.apply_rope(q, cos, sin), R.apply_rope(k, cos, sin)
+            v = v.reshape(B_, T_, NKV, hd).transpose(1, 2)
+            y = R.causal_attention(q, R.repeat_kv(k, NH // NKV), R.repeat_kv(v, NH // NKV))
+            x = x + y.transpose(1, 2).reshape(B_, T_, NH * hd) @ p[h + "self_attn.o_proj.weight"].t()
+            a = R.rms_norm(x, p[h + "post_attention_layernorm.weight"], 1e-5)
+            if self.moe_layers(i):
+                x = x + self._moe(i, a)
+            else:
+                g, u, d = (p[h + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
+                x = x + (R.silu(a @ g.t()) * (a @ u.t())) @ d.t()
+        x = R.rms_norm(x, p["model.norm.weight"], 1e-5)
+        return x @ p["lm_head.weight"].t()
+
+
+def qwen3moe_folder(d, hd=16, dense=(1,), ffn=40, n_layer=3, seed=5):
+    """A random Qwen3-MoE folder: config.json as transformers writes it and the tensors."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s, std=0.2: torch.randn(*s, generator=g, dtype=torch.float64) * std
+    cfg = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": C, "intermediate_size": ffn,
+           "moe_intermediate_size": FE, "num_hidden_layers": n_layer, "num_attention_heads": NH, "num_key_value_heads": NKV,
+           "head_dim": hd, "num_experts": E, "num_experts_per_tok": K, "norm_topk_prob": False, "decoder_sparse_step": 1,
+           "mlp_only_layers": list(dense), "vocab_size": V, "max_position_embeddings": T, "rms_norm_eps": 1e-5,
+           "rope_theta": 10000.0, "rope_scaling": None, "tie_word_embeddings": False, "hidden_act": "silu",
+           "attention_bias": False, "use_sliding_window": False, "sliding_window": None, "router_aux_loss_coef": AUX}
+    t = {"model.embed_tokens.weight": r(V, C, std=0.5), "lm_head.weight": r(V, C, std=0.1), "model.norm.weight": 1 + r(C, std=0.1)}
+    for i in range(n_layer):
+        h = f"model.layers.{i}."
+        t[h + "input_layernorm.weight"] = 1 + r(C, std=0.1)
+        t[h + "post_attention_layernorm.weight"] = 1 + r(C, std=0.1)
+        t[h + "self_attn.q_proj.weight"] = r(NH * hd, C)
+        t[h + "self_attn.k_proj.weight"] = r(NKV * hd, C)
+        t[h + "self_attn.v_proj.weight"] = r(NKV * hd, C)
+        t[h + "self_attn.o_proj.weight"] = r(C, NH * hd)
+        t[h + "self_attn.q_norm.weight"] = 1 + r(hd, std=0.1)
+        t[h + "self_attn.k_norm.weight"] = 1 + r(hd, std=0.1)
+        if i in dense:
+            t[h + "mlp.gate_proj.weight"], t[h + "mlp.up_proj.weight"] = r(ffn, C), r(ffn, C)
+            t[h + "mlp.down_proj.weight"] = r(C, ffn)
+        else:
+            t[h + "mlp.gate.weight"] = r(E, C, std=1.0)
+            for e in range(E):
+                x = h + f"mlp.experts.{e}."
+                t[x + "gate_proj.weight"], t[x + "up_proj.weight"] = r(FE, C), r(FE, C)
+                t[x + "down_proj.weight"] = r(C, FE)
+    hfio.write_hf_folder(d, cfg, {n: v.to(torch.float32) for n, v in t.items()})
+    return cfg, {n: v.to(torch.float32).to(torch.float64) for n, v in t.items()}
 
 
 def step_grads(model, x, y, aux=AUX, zc=ZC):
@@ -430,6 +510,28 @@ def main():
     m3 = metrics(work, "bias3")
     same = len(m3) == STEPS and all(a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] for a, b in zip(m3, mb))
     check(rc3 == 0 and rc5 == 0 and same, "bias balancing resumed at step 3: steps 4-5 bit for bit the straight run's")
+
+    # ---- Qwen3-MoE from a Hugging Face folder: head_dim, QK-norm, a dense layer, top-k not renormalised ----
+    qdir = os.path.join(work, "qwen3moe")
+    qcfg, qten = qwen3moe_folder(qdir)
+    rc, _ = run(binary, work, "q3", job(work, "q3", 1, init={"from": qdir}, train={"moe_aux_loss_coef": -1}))
+    check(rc == 0, "Qwen3-MoE from a Hugging Face folder trains")
+    qref = Qwen3MoERef(qten, 16, (1,), 40, 3)
+    d = hfio.read_safetensors(os.path.join(work, "q3", "dump", "logits.safetensors"))
+    e = rel(d["logits"], qref.forward(x[:MB]).detach())
+    check(e < 1e-4, f"Qwen3-MoE step-0 logits against the reference (rel {e:.2e})")
+    qref = Qwen3MoERef(qten, 16, (1,), 40, 3)
+    step_grads(qref, x, y, aux=AUX)
+    qcfg2, g = hfio.read_hf_folder(os.path.join(work, "q3", "dump", "grads"))
+    worst = max(rel(g[n], p.grad) for n, p in qref.p.items())
+    check(worst < 1e-3, f"Qwen3-MoE step-0 gradients of every tensor (worst rel {worst:.2e})")
+    pc, pt = hfio.read_hf_folder(os.path.join(work, "q3", "dump", "params0"))
+    check(set(pt) == set(qten) and all(np.array_equal(np.asarray(pt[n]), qten[n].to(torch.float32).numpy()) for n in pt),
+          f"Qwen3-MoE export: exactly the {len(qten)} tensors it was read from, bit for bit")
+    keys = ("architectures", "model_type", "num_experts", "moe_intermediate_size", "norm_topk_prob", "mlp_only_layers",
+            "head_dim", "intermediate_size", "num_experts_per_tok", "decoder_sparse_step")
+    bad = {k: (pc.get(k), qcfg[k]) for k in keys if pc.get(k) != qcfg[k]}
+    check(not bad, f"Qwen3-MoE export config.json says what the folder said ({bad or 'all of ' + ', '.join(keys)})")
 
     # ---- a Qwen3-MoE-like native model: dense layer, no renormalisation, shared experts ----
     L3 = 3
