@@ -253,7 +253,7 @@ fi
 # expert groups (parallel.expert): printed at start, timed by the health
 # check; tp 2 x ep 2 on 4 ranks puts ranks 0,2 and 1,3 together; an ep
 # that does not divide the data-parallel ranks is refused on every rank
-$MPIRUN 4 $BIN "$TMP/gpt2.json" --set train.steps=2 --set parallel.tensor=2 --set parallel.expert=2 --set log.dir="$TMP/ep" >"$TMP/ep.out" 2>&1
+$MPIRUN 4 $BIN "$TMP/llama.json" --set train.steps=2 --set parallel.tensor=2 --set parallel.expert=2 --set model.moe_experts=4 --set log.dir="$TMP/ep" >"$TMP/ep.out" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q "^expert parallel: 2 ranks per expert group" "$TMP/ep.out" &&
    grep -q "^  tp_rank 0  expert group 0: ranks 0 2$" "$TMP/ep.out" && grep -q "^  tp_rank 1  expert group 0: ranks 1 3$" "$TMP/ep.out" &&

@@ -55,8 +55,8 @@ grep -q 'vsnprintf(line + o' "$TMP/broken/util.c" || bad "could not put the unes
 sed 's/if (len - p < l)$/if (0)/' data.c >"$TMP/broken/data.c"
 grep -q 'if (0)$' "$TMP/broken/data.c" || bad "could not take the truncation check out of a copy of data.c"
 if ${CC:-cc} -O1 -g -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -std=c11 -fopenmp -I. \
-        -Wl,--wrap=die,--wrap=mmap,--wrap=munmap tests/fuzz/fuzz.c config.c hf.c ckpt.c model.c cp.c \
-        "$TMP/broken/data.c" indexed.c kernels_cpu.c kernels_cpu_attention.c fp8.c "$TMP/broken/util.c" -lcjson -lopenblas -lm -lpthread -o "$TMP/broken/replay" 2>"$TMP/broken/cc.err"; then
+        -Wl,--wrap=die,--wrap=mmap,--wrap=munmap tests/fuzz/fuzz.c config.c hf.c ckpt.c model.c cp.c moe.c \
+        "$TMP/broken/data.c" indexed.c kernels_cpu.c kernels_cpu_attention.c kernels_cpu_moe.c fp8.c "$TMP/broken/util.c" -lcjson -lopenblas -lm -lpthread -o "$TMP/broken/replay" 2>"$TMP/broken/cc.err"; then
     printf '{"model": {"n_la\\nyer": 2}}' >"$TMP/newline.json"
     out=$("$TMP/broken/replay" config "$TMP/newline.json" 2>"$TMP/err"); rc=$?
     if [ $rc -ne 0 ] && grep -q "not one printable line" "$TMP/err"; then
