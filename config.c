@@ -464,19 +464,15 @@ void model_config_finish(ModelConfig *m, const char *where) {
     moe_config_finish(m, where);
 }
 
-/* "0,1,5" into bits of dense[] (n_layer entries); 0 when malformed or out of range */
-static int moe_dense_parse(const ModelConfig *m, unsigned char *dense, int *bad) {
-    const char *p = m->moe_dense_layers;
-    if (dense) memset(dense, 0, (size_t)m->n_layer);
-    while (*p) {
-        while (*p == ' ' || *p == ',') p++;
-        if (!*p) break;
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v >= m->n_layer) { *bad = (int)(p - m->moe_dense_layers); return 0; }
-        if (dense) dense[v] = 1;
-        p = end;
-        if (*p && *p != ',' && *p != ' ') { *bad = (int)(p - m->moe_dense_layers); return 0; }
+/* Whether moe_dense_layers is a list of layer indices below n_layer; else
+ * 0 with *bad the offset of the first entry that is not */
+static int moe_dense_valid(const ModelConfig *m, int *bad) {
+    const char *p = m->moe_dense_layers, *at = p;
+    long v;
+    int r;
+    for (; (r = moe_dense_next(&p, &v)) != 0; at = p) {
+        while (*at == ' ' || *at == ',') at++;
+        if (r < 0 || v < 0 || v >= m->n_layer) { *bad = (int)((r < 0 ? p : at) - m->moe_dense_layers); return 0; }
     }
     return 1;
 }
@@ -509,7 +505,7 @@ static void moe_config_finish(ModelConfig *m, const char *where) {
             where, m->moe_top_k, m->moe_experts);
     if (m->moe_ffn_hidden == 0) m->moe_ffn_hidden = m->ffn_hidden;
     int bad = 0;
-    if (!moe_dense_parse(m, NULL, &bad))
+    if (!moe_dense_valid(m, &bad))
         die(EXIT_USAGE, "%s: model.moe_dense_layers \"%s\": at character %d: expected layer indices below n_layer %d, as \"0,1\"",
             where, m->moe_dense_layers, bad + 1, m->n_layer);
     if (moe_layer_count(m) == 0)

@@ -43,6 +43,10 @@ typedef struct ModelConfig {
     float router_aux_loss_coef;
 } ModelConfig;
 
+/* The next layer index of a moe_dense_layers list ("0,1 5"), from *p
+ * (moe.c): 1 with it in *v and *p past it, 0 at the list's end, -1 with *p
+ * at what is not an index, or at what follows one but is no separator. */
+int moe_dense_next(const char **p, long *v);
 /* Whether layer l's MLP is a mixture of experts (moe.c). */
 int moe_layer(const ModelConfig *m, int l);
 /* MoE layers of the model. */

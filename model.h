@@ -258,6 +258,7 @@ typedef struct ModelMoE {
     int *counts;              /* [n_layer][E] host: choices routed to each expert by the layer's last forward */
     int *kept;                /* [n_layer][E] host: rows each expert computed (counts within the capacity) */
     int *idx_host, *src_host, *slot_host; /* [N k] host scratch */
+    int *fill;                /* [2E] host scratch: each expert's next row and first row (the routing's layout) */
     double *stats;            /* [2E] host: a layer's counts and summed probabilities (all-reduced over cp) */
     double *f;                /* [n_layer][E] host: each layer's share of the micro-batch's choices per expert */
     float *psum_host;         /* [E] host */

@@ -13,17 +13,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+int moe_dense_next(const char **p, long *v) {
+    while (**p == ' ' || **p == ',') (*p)++;
+    if (!**p) return 0;
+    char *end;
+    *v = strtol(*p, &end, 10);
+    if (end == *p) return -1;
+    *p = end;
+    return **p && **p != ',' && **p != ' ' ? -1 : 1;
+}
+
 int moe_layer(const ModelConfig *m, int l) {
     if (m->moe_experts <= 0 || (l + 1) % (m->moe_layer_freq > 0 ? m->moe_layer_freq : 1) != 0) return 0;
-    for (const char *p = m->moe_dense_layers; *p;) {
-        while (*p == ' ' || *p == ',') p++;
-        if (!*p) break;
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p) break;
+    long v;
+    for (const char *p = m->moe_dense_layers; moe_dense_next(&p, &v) > 0;)
         if (v == l) return 0;
-        p = end;
-    }
     return 1;
 }
 
@@ -75,6 +79,7 @@ void moe_alloc(Model *m, int N) {
     x->slot_host = calloc_check(Nk, sizeof(int));
     x->stats = calloc_check(2 * E, sizeof(double));
     x->psum_host = calloc_check(E, sizeof(float));
+    x->fill = calloc_check(2 * E, sizeof(int));
     x->load = calloc_check(L, sizeof(double));
     x->f = calloc_check(L * E, sizeof(double));
     x->bias = calloc_check(L * E, sizeof(float));
@@ -91,6 +96,8 @@ void moe_free(Model *m) {
     free(x->counts); free(x->kept); free(x->idx_host); free(x->src_host); free(x->slot_host);
     free(x->stats); free(x->psum_host); free(x->load); free(x->f); free(x->rc); free(x->a2a); free(x->bias);
     free(x->step_counts);
+    free(x->fill);
+    x->fill = NULL;
     if (x->bias_dev) m->k->free(x->bias_dev);
     x->bias = x->bias_dev = NULL;
     x->step_counts = NULL;
@@ -173,7 +180,7 @@ static int route_host(Model *m, int l, int N) {
         rows += kept[e];
     }
     /* each choice in token order takes its expert's next row, while the expert has room */
-    int *fill = calloc_check((size_t)E, sizeof(int)), *start = calloc_check((size_t)E, sizeof(int));
+    int *fill = x->fill, *start = x->fill + E;
     for (int e = 0, r = 0; e < E; e++) { start[e] = fill[e] = r; r += kept[e]; }
     for (int i = 0; i < N * k; i++) {
         int e = x->idx_host[i];
@@ -185,8 +192,6 @@ static int route_host(Model *m, int l, int N) {
             x->slot_host[i] = -1;
         }
     }
-    free(fill);
-    free(start);
     return rows;
 }
 
